@@ -1,0 +1,1 @@
+"""opgraph: abstract convnet op graphs, lowering passes and an autotuning meta-optimizer."""

@@ -1,0 +1,167 @@
+"""The op contract.
+
+An op is a frozen ``attrs`` class that holds only static parameters; equal
+parameters compare and hash equal. Each op knows
+
+* ``infer(*input_types) -> TensorType``: the shape/dtype rule, run when the
+  node is added so bad shapes fail at model-building time;
+* ``vjp(node, gy, wanted) -> tuple``: its gradient rule in terms of abstract
+  ops (one cotangent value or ``None`` per input);
+* ``flops(input_types, output_type) -> int``: forward FLOPs, a multiply-add
+  counted as 2 (the convnet-benchmarks convention).
+
+Abstract ops are not executable. ``Lowered`` wraps an abstract op with the
+algorithm and device chosen by the lowering pass; only lowered nodes run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+
+from .errors import NotDifferentiableError, ShapeError
+from .params import describe
+from .types import TensorType
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .graph import NodeView, Value
+
+
+class Op:
+    """Base class of all ops. Subclasses are ``@attrs.frozen`` classes."""
+
+    abstract: ClassVar[bool] = True
+    #: (minimum, maximum) number of inputs; maximum None means unbounded.
+    arity: ClassVar[tuple[int, int | None]] = (1, 1)
+    #: Short builder-style name used for automatic node names.
+    kind: ClassVar[str] = "op"
+
+    def infer(self, *types: TensorType) -> TensorType:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def vjp(self, node: "NodeView", gy: "Value", wanted: tuple[bool, ...]) -> tuple:
+        """Cotangents of the inputs, given the output cotangent ``gy``.
+
+        ``wanted[i]`` is False where input ``i`` needs no gradient; the rule
+        then returns ``None`` there and adds no node for it.
+        """
+        raise NotDifferentiableError(f"{type(self).__name__} has no gradient rule")
+
+    def flops(self, types: tuple[TensorType, ...], out: TensorType) -> int:
+        """Forward FLOPs (multiply-add = 2); 0 for data-movement ops."""
+        return 0
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def params(self) -> dict[str, Any]:
+        """The static parameters, by attrs field name."""
+        return attrs.asdict(self, recurse=False)
+
+    def describe(self) -> str:
+        """``Conv2d(stride=2, padding=1)``: parameters in canonical short form."""
+        inner = ", ".join(f"{k}={describe(v)}" for k, v in self.params().items())
+        return f"{self.name}({inner})"
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def check_arity(op: Op, types: tuple[TensorType, ...]) -> None:
+    lo, hi = op.arity
+    if len(types) < lo or (hi is not None and len(types) > hi):
+        want = f"{lo}" if lo == hi else f"{lo}..{hi if hi is not None else 'n'}"
+        raise ShapeError(f"{op.name} takes {want} inputs, got {len(types)}")
+
+
+def require_ndim(op: Op, what: str, t: TensorType, ndim: int) -> None:
+    if t.ndim != ndim:
+        raise ShapeError(f"{op.name}: {what} must be {ndim}-D, got shape {t.shape}")
+
+
+def require_same_dtype(op: Op, types) -> str:
+    dtypes = {t.dtype for t in types}
+    if len(dtypes) > 1:
+        raise ShapeError(f"{op.name}: inputs have mixed dtypes {sorted(dtypes)}")
+    return types[0].dtype
+
+
+@attrs.frozen
+class Source(Op):
+    """A graph input, a trainable parameter or an output-gradient placeholder.
+
+    ``role`` is ``'input'``, ``'param'`` or ``'grad'``; sources have no inputs.
+    """
+
+    type: TensorType
+    role: str = "input"
+    arity: ClassVar = (0, 0)
+    abstract: ClassVar[bool] = False
+    kind: ClassVar[str] = "input"
+
+    def infer(self) -> TensorType:
+        return self.type
+
+    def vjp(self, node, gy, wanted):
+        return ()
+
+    @property
+    def name(self) -> str:
+        return self.role.capitalize()
+
+    def describe(self) -> str:
+        return f"{self.name}({self.type})"
+
+
+def _freeze_options(options) -> tuple:
+    if isinstance(options, dict):
+        options = options.items()
+    return tuple(sorted((str(k), v) for k, v in options))
+
+
+@attrs.frozen
+class Lowered(Op):
+    """A concrete node: abstract ``op`` run by ``algorithm`` on ``device``.
+
+    ``options`` holds the implementation's own choices (a cuDNN engine index,
+    a precision, a Winograd tile) as sorted ``(key, value)`` pairs.
+    """
+
+    op: Op
+    algorithm: str
+    device: str = "cpu"
+    options: tuple = attrs.field(default=(), converter=_freeze_options)
+    abstract: ClassVar[bool] = False
+    arity: ClassVar = (0, None)
+
+    def infer(self, *types: TensorType) -> TensorType:
+        return self.op.infer(*types)
+
+    def flops(self, types, out) -> int:
+        return self.op.flops(types, out)
+
+    def vjp(self, node, gy, wanted):
+        return self.op.vjp(node, gy, wanted)
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return self.op.kind
+
+    @property
+    def name(self) -> str:
+        return f"{self.algorithm}:{self.op.name}"
+
+    @property
+    def option_dict(self) -> dict:
+        return dict(self.options)
+
+    def describe(self) -> str:
+        extra = "".join(f", {k}={v}" for k, v in self.options)
+        return f"{self.algorithm}[{self.device}{extra}]:{self.op.describe()}"
+
+
+def abstract_of(op: Op) -> Op:
+    """The abstract op behind ``op`` (itself unless it is ``Lowered``)."""
+    return op.op if isinstance(op, Lowered) else op

@@ -1,0 +1,60 @@
+"""Static type of a graph value: shape, dtype and layout."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def _canon_shape(shape) -> tuple[int, ...]:
+    return tuple(int(s) for s in shape)
+
+
+def _canon_dtype(dtype) -> str:
+    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    if name not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {DTYPES}")
+    return name
+
+
+@attrs.frozen
+class TensorType:
+    """Shape (logical NCHW order for 4-D activations), dtype name and layout.
+
+    ``layout`` is the physical memory order chosen by the layout pass
+    (``'NCHW'`` or ``'NHWC'`` for 4-D values, ``None`` otherwise); the logical
+    shape is always NCHW so results never depend on it.
+    """
+
+    shape: tuple[int, ...] = attrs.field(converter=_canon_shape)
+    dtype: str = attrs.field(default="float32", converter=_canon_dtype)
+    layout: str | None = None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return 2 if self.dtype in ("float16", "bfloat16") else np.dtype(self.dtype).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of a dense buffer of this type."""
+        return self.size * self.itemsize
+
+    def with_shape(self, shape) -> "TensorType":
+        return attrs.evolve(self, shape=shape)
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"

@@ -34,10 +34,8 @@ def pair(name: str, value, *, minimum: int) -> Pair:
     Raises:
         ParameterError: a non-integer, a wrong length, or an entry < minimum.
     """
-    if _is_int(value):
-        value = (value, value)
     try:
-        items = tuple(value)
+        items = (value, value) if _is_int(value) else tuple(value)
     except TypeError:
         raise ParameterError(name, value, "must be an int or a pair of ints") from None
     if len(items) != 2 or not all(_is_int(v) for v in items):

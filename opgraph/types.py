@@ -7,7 +7,7 @@ import math
 import attrs
 import numpy as np
 
-DTYPES = ("float16", "bfloat16", "float32", "float64")
+DTYPES = ("float16", "bfloat16", "float32", "float64", "int64")
 
 
 def _canon_shape(shape) -> tuple[int, ...]:

@@ -1,0 +1,62 @@
+"""Registers the NumPy reference kernels as the ``reference`` lowering of every op.
+
+The convolution reference (the ``direct`` algorithm) is registered with the
+other convolution algorithms in ``opgraph.backends.conv_rules``.
+"""
+
+from __future__ import annotations
+
+from opgraph import ops
+
+from ..registry import Rule, register
+from . import elementwise, linear, loss, lrn, pool, tensor
+
+#: abstract op type -> reference function ``fn(xp, *arrays, **op.params())``.
+REFERENCE_KERNELS = {
+    ops.MaxPool2d: pool.max_pool2d,
+    ops.MaxPool2dBackward: pool.max_pool2d_backward,
+    ops.MaxPool2dSelect: pool.max_pool2d_select,
+    ops.AvgPool2d: pool.avg_pool2d,
+    ops.AvgPool2dBackward: pool.avg_pool2d_backward,
+    ops.Relu: elementwise.relu,
+    ops.ReluBackward: elementwise.relu_backward,
+    ops.Threshold: elementwise.threshold,
+    ops.ThresholdBackward: elementwise.threshold_backward,
+    ops.Add: elementwise.add,
+    ops.BiasAdd: elementwise.bias_add,
+    ops.BiasAddBackward: elementwise.bias_add_backward,
+    ops.Dropout: elementwise.dropout,
+    ops.Zeros: elementwise.zeros,
+    ops.LocalResponseNorm: lrn.local_response_norm,
+    ops.LocalResponseNormBackward: lrn.local_response_norm_backward,
+    ops.Linear: linear.linear,
+    ops.MatMul: linear.matmul,
+    ops.Softmax: loss.softmax,
+    ops.SoftmaxBackward: loss.softmax_backward,
+    ops.LogSoftmax: loss.log_softmax,
+    ops.LogSoftmaxBackward: loss.log_softmax_backward,
+    ops.CrossEntropy: loss.cross_entropy,
+    ops.CrossEntropyBackward: loss.cross_entropy_backward,
+    ops.Flatten: tensor.flatten,
+    ops.Reshape: tensor.reshape,
+    ops.Concat: tensor.concat,
+    ops.Slice: tensor.slice_,
+    ops.SliceBackward: tensor.slice_backward,
+    ops.Pad: tensor.pad,
+    ops.PadBackward: tensor.pad_backward,
+}
+
+
+def params_kernel(fn):
+    """Wrap ``fn(xp, *arrays, **params)`` as a rule kernel ``(ctx, op, *arrays)``."""
+
+    def kernel(ctx, op, *arrays):
+        return fn(ctx.xp, *arrays, **op.params())
+
+    kernel.__name__ = kernel.__qualname__ = f"reference_{fn.__name__}"
+    kernel.__doc__ = fn.__doc__
+    return kernel
+
+
+for _op_type, _fn in REFERENCE_KERNELS.items():
+    register(Rule(_op_type, "reference", params_kernel(_fn), tags={"reference"}))

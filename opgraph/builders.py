@@ -1,0 +1,161 @@
+"""The functional DSL: builders named and shaped like ``torch.nn.functional``.
+
+Each builder adds one abstract node to the graph of its inputs and returns its
+output ``Value``. ``name=`` names the node (default: the builder's name with a
+counter). Parameters are validated and canonicalised when the node is added;
+bad ones raise ``ParameterError``/``ShapeError`` naming the node, the
+parameter and the value. Shapes: activations NCHW, conv weights OIHW.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from . import ops
+from .errors import ParameterError
+from .graph import Value, graph_of
+from .params import pair, padding2d
+
+
+def _resolve_padding(node_kind: str, padding, x: Value, kernel, stride, dilation):
+    """Turn ``'same'`` into explicit pads, which needs the input size."""
+    if isinstance(padding, str) and padding.lower() == "same":
+        try:
+            return padding2d(padding, in_hw=x.shape[2:4], kernel=pair("kernel_size", kernel, minimum=1),
+                             stride=pair("stride", stride, minimum=1),
+                             dilation=pair("dilation", dilation, minimum=1))
+        except ParameterError as e:
+            raise e.with_node(node_kind) from None
+    return padding
+
+
+def conv2d(x: Value, w: Value, b: Value | None = None, *, stride=1, padding=0, dilation=1,
+           groups: int = 1, name: str | None = None) -> Value:
+    """2-D cross-correlation: x (N, C, H, W), w (O, C/groups, kH, kW), b (O,) -> (N, O, Ho, Wo).
+
+    ``padding``: int, ``(ph, pw)``, ``((top, bottom), (left, right))``, ``'valid'``
+    or ``'same'`` (TensorFlow's rule, extra pixel bottom/right). Output size
+    ``floor((in + pb + pe - d*(k-1) - 1)/s) + 1`` (SEMANTICS.md).
+
+    Raises:
+        ParameterError: stride/dilation < 1, negative padding, groups < 1.
+        ShapeError: groups not dividing the channels, kernel larger than the
+            padded input, bias of the wrong shape.
+    """
+    pad = _resolve_padding(name or "conv2d", padding, x, w.shape[2:4] if w.type.ndim == 4 else 1,
+                           stride, dilation)
+    params = dict(stride=stride, padding=pad, dilation=dilation, groups=groups)
+    return graph_of(x, w, b).apply(ops.Conv2d, params, [x, w] + ([b] if b is not None else []), name)
+
+
+def _pool(cls, x, kernel_size, stride, padding, ceil_mode, name, **extra):
+    stride = kernel_size if stride is None else stride
+    pad = _resolve_padding(name or cls.kind, padding, x, kernel_size, stride, 1)
+    params = dict(kernel_size=kernel_size, stride=stride, padding=pad, ceil_mode=ceil_mode, **extra)
+    return x.graph.apply(cls, params, [x], name)
+
+
+def max_pool2d(x: Value, kernel_size, stride=None, padding=0, ceil_mode: bool = False, *,
+               name: str | None = None) -> Value:
+    """Max pooling: (N, C, H, W) -> (N, C, Ho, Wo); stride defaults to kernel_size.
+
+    Padding counts as -inf and may be at most half the kernel per side;
+    ``ceil_mode`` follows SEMANTICS.md (a window may not start in the padding).
+
+    Raises:
+        ParameterError: bad kernel/stride/padding values.
+        ShapeError: kernel larger than the padded input.
+    """
+    return _pool(ops.MaxPool2d, x, kernel_size, stride, padding, ceil_mode, name)
+
+
+def avg_pool2d(x: Value, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True, *, name: str | None = None) -> Value:
+    """Average pooling: (N, C, H, W) -> (N, C, Ho, Wo).
+
+    Divisor: with ``count_include_pad`` the cells of input and explicit
+    padding (never the ceil-mode overhang), else in-bounds cells only.
+    """
+    return _pool(ops.AvgPool2d, x, kernel_size, stride, padding, ceil_mode, name,
+                 count_include_pad=count_include_pad)
+
+
+def relu(x: Value, *, name: str | None = None) -> Value:
+    """``max(x, 0)``; NaN propagates; gradient 0 at exactly 0."""
+    return x.graph.apply(ops.Relu, {}, [x], name)
+
+
+def threshold(x: Value, threshold: float, value: float, *, name: str | None = None) -> Value:
+    """``x if x > threshold else value`` (``torch.nn.functional.threshold``)."""
+    return x.graph.apply(ops.Threshold, dict(threshold=threshold, value=value), [x], name)
+
+
+def local_response_norm(x: Value, size: int, alpha: float = 1e-4, beta: float = 0.75,
+                        k: float = 1.0, *, name: str | None = None) -> Value:
+    """Across-channel LRN, ``x / (k + alpha/size * sum_window x^2)^beta`` (Krizhevsky 2012)."""
+    return x.graph.apply(ops.LocalResponseNorm, dict(size=size, alpha=alpha, beta=beta, k=k), [x], name)
+
+
+def linear(x: Value, w: Value, b: Value | None = None, *, name: str | None = None) -> Value:
+    """``x @ w.T + b``: x (N, in), w (out, in), b (out,) -> (N, out)."""
+    return graph_of(x, w, b).apply(ops.Linear, {}, [x, w] + ([b] if b is not None else []), name)
+
+
+def matmul(a: Value, b: Value, *, transpose_a: bool = False, transpose_b: bool = False,
+           name: str | None = None) -> Value:
+    """2-D matrix product ``op(a) @ op(b)``."""
+    return graph_of(a, b).apply(ops.MatMul, dict(transpose_a=transpose_a, transpose_b=transpose_b),
+                                [a, b], name)
+
+
+def bias_add(x: Value, b: Value, *, name: str | None = None) -> Value:
+    """``x + b`` with b (C,) broadcast along axis 1."""
+    return graph_of(x, b).apply(ops.BiasAdd, {}, [x, b], name)
+
+
+def flatten(x: Value, start_dim: int = 1, *, name: str | None = None) -> Value:
+    """Merge axes ``start_dim..``: (N, C, H, W) -> (N, C*H*W)."""
+    return x.graph.apply(ops.Flatten, dict(start_dim=start_dim), [x], name)
+
+
+def reshape(x: Value, shape: Sequence[int], *, name: str | None = None) -> Value:
+    """Same elements, new ``shape``."""
+    return x.graph.apply(ops.Reshape, dict(shape=shape), [x], name)
+
+
+def concat(xs: Sequence[Value], axis: int = 1, *, name: str | None = None) -> Value:
+    """Join ``xs`` along ``axis`` (channels by default)."""
+    return graph_of(*xs).apply(ops.Concat, dict(axis=axis), list(xs), name)
+
+
+def pad(x: Value, padding, value: float = 0.0, *, name: str | None = None) -> Value:
+    """Explicit spatial padding of an NCHW tensor."""
+    return x.graph.apply(ops.Pad, dict(padding=padding, value=value), [x], name)
+
+
+def dropout(x: Value, p: float = 0.5, training: bool = False, seed: int = 0, *,
+            name: str | None = None) -> Value:
+    """Identity unless ``training``; then a seeded mask scaled by 1/(1-p)."""
+    return x.graph.apply(ops.Dropout, dict(p=p, training=training, seed=seed), [x], name)
+
+
+def softmax(x: Value, dim: int = 1, *, name: str | None = None) -> Value:
+    """Max-subtracted softmax along ``dim``."""
+    return x.graph.apply(ops.Softmax, dict(axis=dim), [x], name)
+
+
+def log_softmax(x: Value, dim: int = 1, *, name: str | None = None) -> Value:
+    """Log-sum-exp based log-softmax along ``dim``."""
+    return x.graph.apply(ops.LogSoftmax, dict(axis=dim), [x], name)
+
+
+def cross_entropy(logits: Value, target: Value, reduction: str = "mean", *,
+                  name: str | None = None) -> Value:
+    """Softmax cross-entropy of logits (N, C) against int64 class indices (N,) -> scalar."""
+    return graph_of(logits, target).apply(ops.CrossEntropy, dict(reduction=reduction),
+                                          [logits, target], name)
+
+
+def add(a: Value, b: Value, *, name: str | None = None) -> Value:
+    """``a + b`` of equal shapes."""
+    return graph_of(a, b).apply(ops.Add, {}, [a, b], name)

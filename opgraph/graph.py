@@ -1,0 +1,322 @@
+"""The graph: integer node ids in a ``networkx.MultiDiGraph``.
+
+A node holds its op, its name and its inferred output type as node
+attributes; its inputs are the in-edges, keyed by input position (parallel
+edges allowed, so ``add(x, x)`` works). Op objects are never node keys: two
+identical convolutions stay two nodes.
+
+``Value`` is the user-facing handle of a node's (single) output; builders
+take and return values. ``NodeView`` is a read-only view used by passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from typing import Iterable, Iterator, Sequence
+
+import attrs
+import networkx as nx
+
+from .errors import OpgraphError, ParameterError, ShapeError
+from .op import Op, Source, check_arity
+from .types import TensorType
+
+
+@attrs.frozen(repr=False)
+class Value:
+    """The output of node ``node`` in ``graph``."""
+
+    graph: "Graph" = attrs.field(eq=False, hash=False)
+    node: int
+    _graph_id: int = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self):
+        object.__setattr__(self, "_graph_id", id(self.graph))
+
+    @property
+    def type(self) -> TensorType:
+        return self.graph.node(self.node).type
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.type.shape
+
+    @property
+    def dtype(self) -> str:
+        return self.type.dtype
+
+    @property
+    def name(self) -> str:
+        return self.graph.node(self.node).name
+
+    @property
+    def op(self) -> Op:
+        return self.graph.node(self.node).op
+
+    def __repr__(self) -> str:
+        return f"<Value %{self.node} {self.name}: {self.type}>"
+
+
+@attrs.frozen(repr=False)
+class NodeView:
+    """Read-only view of one node for passes and reports."""
+
+    graph: "Graph" = attrs.field(eq=False, hash=False)
+    id: int
+
+    @property
+    def _data(self) -> dict:
+        return self.graph.nx.nodes[self.id]
+
+    @property
+    def op(self) -> Op:
+        return self._data["op"]
+
+    @property
+    def name(self) -> str:
+        return self._data["name"]
+
+    @property
+    def type(self) -> TensorType:
+        return self._data["type"]
+
+    @property
+    def inputs(self) -> list[Value]:
+        return [Value(self.graph, u) for u in self.graph.input_ids(self.id)]
+
+    @property
+    def input_types(self) -> tuple[TensorType, ...]:
+        return tuple(v.type for v in self.inputs)
+
+    @property
+    def output(self) -> Value:
+        return Value(self.graph, self.id)
+
+    def __repr__(self) -> str:
+        return f"<Node %{self.id} {self.name} = {self.op.describe()}>"
+
+
+class Graph:
+    """A dataflow graph of ops. Build it with ``input``/``param`` and builders.
+
+    Attributes:
+        param_values: name -> array given to ``param(..., value=)``, used when
+            a run does not feed that parameter.
+        grad_inputs: output node id -> node id of the ``grad`` source that
+            ``opgraph.grad`` created for its cotangent.
+    """
+
+    def __init__(self, name: str = "graph"):
+        self.name = name
+        self.nx = nx.MultiDiGraph()
+        self._ids = itertools.count()
+        self._by_name: dict[str, int] = {}
+        self._scope: list[str] = []
+        self.param_values: dict[str, object] = {}
+        self.grad_inputs: dict[int, int] = {}
+
+    # ---- construction -------------------------------------------------
+    def input(self, name: str, shape: Sequence[int], dtype: str = "float32") -> Value:
+        """Add a graph input (fed at run time by ``name``)."""
+        return self.add_node(Source(TensorType(shape, dtype), "input"), [], name=name)
+
+    def param(self, name: str, shape: Sequence[int], dtype: str = "float32", value=None) -> Value:
+        """Add a trainable parameter; ``value`` (array) is its default feed.
+
+        Raises:
+            ShapeError: ``value`` has another shape than ``shape``.
+        """
+        if value is not None and tuple(getattr(value, "shape", ())) != tuple(shape):
+            raise ShapeError(f"param value shape {getattr(value, 'shape', None)} != {tuple(shape)}", name)
+        v = self.add_node(Source(TensorType(shape, dtype), "param"), [], name=name)
+        if value is not None:
+            self.param_values[v.name] = value
+        return v
+
+    def apply(self, op_cls: type, params: dict, inputs: Sequence[Value], name: str | None = None) -> Value:
+        """Construct ``op_cls(**params)`` and add it as a node over ``inputs``.
+
+        Errors from the op's validators and shape rule are re-raised naming
+        the node, e.g. ``node conv1 (Conv2d): parameter stride=0: ...``.
+        """
+        name = self._fresh_name(name, getattr(op_cls, "kind", op_cls.__name__.lower()))
+        try:
+            op = op_cls(**params)
+        except ParameterError as e:
+            raise e.with_node(f"{name} ({op_cls.__name__})") from None
+        return self._add(op, inputs, name)
+
+    def add_node(self, op: Op, inputs: Sequence[Value], name: str | None = None) -> Value:
+        """Add a node running ``op`` on ``inputs``; its type is inferred now.
+
+        Raises:
+            ShapeError: the op rejects the input types (message names the node).
+            OpgraphError: an input belongs to another graph.
+        """
+        return self._add(op, inputs, self._fresh_name(name, op.kind))
+
+    def _add(self, op: Op, inputs: Sequence[Value], name: str) -> Value:
+        for v in inputs:
+            if not isinstance(v, Value) or v.graph is not self:
+                raise OpgraphError(f"node {name}: input {v!r} is not a value of graph {self.name!r}")
+        types = tuple(v.type for v in inputs)
+        try:
+            check_arity(op, types)
+            out_type = op.infer(*types)
+        except ShapeError as e:
+            raise e.with_node(f"{name} ({op.name})") from None
+        node = next(self._ids)
+        self.nx.add_node(node, op=op, name=name, type=out_type)
+        for pos, v in enumerate(inputs):
+            self.nx.add_edge(v.node, node, key=pos)
+        self._by_name[name] = node
+        return Value(self, node)
+
+    def _fresh_name(self, name: str | None, kind: str) -> str:
+        """``name`` (scoped) if given and free; else ``kind``, ``kind_2``, ...
+
+        Raises:
+            OpgraphError: an explicit name is already taken.
+        """
+        base = "".join(self._scope) + (name or kind)
+        if name is not None and base in self._by_name:
+            raise OpgraphError(f"a node named {base!r} already exists in graph {self.name!r}")
+        if base not in self._by_name:
+            return base
+        return next(f"{base}_{k}" for k in itertools.count(2) if f"{base}_{k}" not in self._by_name)
+
+    @contextlib.contextmanager
+    def scope(self, prefix: str):
+        """Prefix the names of nodes added inside the block with ``prefix/``."""
+        self._scope.append(prefix.rstrip("/") + "/")
+        try:
+            yield
+        finally:
+            self._scope.pop()
+
+    # ---- queries ---------------------------------------------------------
+    def node(self, node: int) -> NodeView:
+        if node not in self.nx:
+            raise KeyError(f"graph {self.name!r} has no node %{node}")
+        return NodeView(self, node)
+
+    def __getitem__(self, name: str) -> Value:
+        """The value of the node called ``name``."""
+        try:
+            return Value(self, self._by_name[name])
+        except KeyError:
+            raise KeyError(f"graph {self.name!r} has no node named {name!r}") from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+    def __len__(self) -> int:
+        return self.nx.number_of_nodes()
+
+    def input_ids(self, node: int) -> list[int]:
+        """Input node ids of ``node`` in input-position order."""
+        edges = sorted(self.nx.in_edges(node, keys=True), key=lambda e: e[2])
+        return [u for u, _, _ in edges]
+
+    def users(self, node: int) -> list[int]:
+        """Nodes that read ``node``'s output (each listed once)."""
+        return sorted(set(self.nx.successors(node)))
+
+    def topological(self, nodes: Iterable[int] | None = None) -> list[int]:
+        """Node ids in a deterministic topological order (ties by id)."""
+        g = self.nx if nodes is None else self.nx.subgraph(nodes)
+        return list(nx.lexicographical_topological_sort(g))
+
+    def nodes_in_order(self, outputs: Sequence[Value] | None = None) -> Iterator[NodeView]:
+        """Views in topological order; only ancestors of ``outputs`` if given."""
+        ids = None if outputs is None else self.ancestors(outputs)
+        for n in self.topological(ids):
+            yield NodeView(self, n)
+
+    def ancestors(self, outputs: Sequence[Value]) -> set[int]:
+        """Ids of ``outputs`` and every node they depend on."""
+        keep: set[int] = set()
+        for v in outputs:
+            keep.add(v.node)
+            keep |= nx.ancestors(self.nx, v.node)
+        return keep
+
+    def sources(self, role: str | None = None) -> list[NodeView]:
+        """Source nodes (inputs, params, grad placeholders), by id order."""
+        out = [NodeView(self, n) for n, op in self.nx.nodes(data="op") if isinstance(op, Source)]
+        return [v for v in sorted(out, key=lambda v: v.id) if role is None or v.op.role == role]
+
+    # ---- rewriting (used by passes on their own copy) -------------------
+    def copy(self) -> "Graph":
+        """A copy sharing ops (immutable) but not structure; values of the old
+        graph map to the new one by node id (``new.value(old_value.node)``)."""
+        g = Graph.__new__(Graph)
+        g.name = self.name
+        g.nx = self.nx.copy()
+        g._ids = itertools.count(max(self.nx.nodes, default=-1) + 1)
+        g._by_name = dict(self._by_name)
+        g._scope = []
+        g.param_values = dict(self.param_values)
+        g.grad_inputs = dict(self.grad_inputs)
+        return g
+
+    def value(self, node: int) -> Value:
+        self.node(node)
+        return Value(self, node)
+
+    def replace_op(self, node: int, op: Op) -> None:
+        """Swap the op of ``node``; the new op must infer the same type.
+
+        Raises:
+            ShapeError: the new op gives another output type.
+        """
+        view = self.node(node)
+        new_type = op.infer(*view.input_types)
+        if new_type.shape != view.type.shape:
+            raise ShapeError(f"replacing {view.op.name} by {op.name} changes the shape "
+                             f"{view.type.shape} -> {new_type.shape}", view.name)
+        self.nx.nodes[node]["op"] = op
+        self.nx.nodes[node]["type"] = new_type
+
+    def set_inputs(self, node: int, inputs: Sequence[Value]) -> None:
+        """Rewire ``node`` to read ``inputs`` (same count/types as its op needs)."""
+        for u, v, k in list(self.nx.in_edges(node, keys=True)):
+            self.nx.remove_edge(u, v, key=k)
+        for pos, val in enumerate(inputs):
+            self.nx.add_edge(val.node, node, key=pos)
+        view = self.node(node)
+        self.nx.nodes[node]["type"] = view.op.infer(*view.input_types)
+
+    def remove_unused(self, outputs: Sequence[Value]) -> None:
+        """Drop nodes that no output depends on, keeping sources."""
+        keep = self.ancestors(outputs)
+        for n in list(self.nx.nodes):
+            if n not in keep and not isinstance(self.nx.nodes[n]["op"], Source):
+                self._by_name.pop(self.nx.nodes[n]["name"], None)
+                self.nx.remove_node(n)
+
+    # ---- text ------------------------------------------------------------
+    def dump(self, outputs: Sequence[Value] | None = None) -> str:
+        """One line per node: ``%id name = Op(params)(inputs) -> type``."""
+        lines = []
+        for v in self.nodes_in_order(outputs):
+            args = ", ".join(f"%{u}" for u in self.input_ids(v.id))
+            lines.append(f"%{v.id} {v.name} = {v.op.describe()}({args}) -> {v.type}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<Graph {self.name!r}: {len(self)} nodes>"
+
+
+def graph_of(*values) -> Graph:
+    """The one graph that all non-None ``values`` belong to.
+
+    Raises:
+        OpgraphError: values of different graphs, or no value at all.
+    """
+    graphs = {id(v.graph): v.graph for v in values if v is not None}
+    if len(graphs) != 1:
+        raise OpgraphError("builder inputs must be values of one graph "
+                           f"(got {len(graphs)} graphs)")
+    return next(iter(graphs.values()))

@@ -1,0 +1,82 @@
+"""attrs field factories shared by the op families (validated, canonical)."""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+
+import attrs
+
+from ..errors import ParameterError
+from ..params import pair, padding2d
+
+
+def _int_at_least(name: str, minimum: int):
+    def convert(v):
+        if not isinstance(v, Integral) or isinstance(v, bool) or v < minimum:
+            raise ParameterError(name, v, f"must be an int >= {minimum}")
+        return int(v)
+    return convert
+
+
+def _real(name: str, lo: float | None = None, hi: float | None = None, *, open_lo=False):
+    def convert(v):
+        if not isinstance(v, Real) or isinstance(v, bool):
+            raise ParameterError(name, v, "must be a real number")
+        v = float(v)
+        if lo is not None and (v <= lo if open_lo else v < lo):
+            raise ParameterError(name, v, f"must be {'>' if open_lo else '>='} {lo}")
+        if hi is not None and v > hi:
+            raise ParameterError(name, v, f"must be <= {hi}")
+        return v
+    return convert
+
+
+def _bool(name: str):
+    def convert(v):
+        if not isinstance(v, (bool, Integral)) or v not in (0, 1):
+            raise ParameterError(name, v, "must be a bool")
+        return bool(v)
+    return convert
+
+
+def _shape(name: str):
+    def convert(v):
+        try:
+            items = tuple(v)
+        except TypeError:
+            raise ParameterError(name, v, "must be a sequence of ints") from None
+        if not all(isinstance(i, Integral) and not isinstance(i, bool) and i >= 0 for i in items):
+            raise ParameterError(name, v, "entries must be ints >= 0")
+        return tuple(int(i) for i in items)
+    return convert
+
+
+def spatial(name: str, default=(1, 1), minimum: int = 1):
+    return attrs.field(default=default, kw_only=True,
+                       converter=lambda v: pair(name, v, minimum=minimum))
+
+
+def padding(default=((0, 0), (0, 0))):
+    return attrs.field(default=default, kw_only=True, converter=padding2d)
+
+
+def integer(name: str, default=None, minimum: int = 0):
+    kw = {} if default is None else {"default": default}
+    return attrs.field(kw_only=True, converter=_int_at_least(name, minimum), **kw)
+
+
+def real(name: str, default=None, lo=None, hi=None, open_lo=False):
+    kw = {} if default is None else {"default": default}
+    return attrs.field(kw_only=True, converter=_real(name, lo, hi, open_lo=open_lo), **kw)
+
+
+def flag(name: str, default: bool = False):
+    return attrs.field(default=default, kw_only=True, converter=_bool(name))
+
+
+def shape(name: str):
+    return attrs.field(kw_only=True, converter=_shape(name))
+
+
+def axis(default: int = 1):
+    return attrs.field(default=default, kw_only=True, converter=_int_at_least("axis", -8))

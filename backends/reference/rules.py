@@ -9,7 +9,7 @@ from __future__ import annotations
 from opgraph import ops
 
 from ..registry import Rule, register
-from . import elementwise, linear, loss, lrn, pool, tensor
+from . import broadcast, elementwise, linear, loss, lrn, norm, pool, shape, tensor
 
 #: abstract op type -> reference function ``fn(xp, *arrays, **op.params())``.
 REFERENCE_KERNELS = {
@@ -44,6 +44,18 @@ REFERENCE_KERNELS = {
     ops.SliceBackward: tensor.slice_backward,
     ops.Pad: tensor.pad,
     ops.PadBackward: tensor.pad_backward,
+    # broadcasting, batch norm, global pooling, transpose, constants (ONNX import)
+    ops.BroadcastAdd: broadcast.broadcast_add,
+    ops.Mul: broadcast.mul,
+    ops.SumTo: broadcast.sum_to,
+    ops.BroadcastTo: broadcast.broadcast_to,
+    ops.BatchNorm: norm.batch_norm,
+    ops.BatchNormBackwardData: norm.batch_norm_backward_data,
+    ops.BatchNormBackwardScale: norm.batch_norm_backward_scale,
+    ops.GlobalAvgPool2d: norm.global_avg_pool2d,
+    ops.GlobalAvgPool2dBackward: norm.global_avg_pool2d_backward,
+    ops.Transpose: shape.transpose,
+    ops.Constant: shape.constant,
 }
 
 

@@ -1,0 +1,203 @@
+"""CuPy kernels of our own: ReLU, threshold, local response norm, bfloat16 casts.
+
+Each public function mirrors its NumPy reference in
+``opgraph.backends.reference`` (same positional arrays, same keyword names as
+the op fields) and follows ``shared/design/SEMANTICS.md``:
+
+* ReLU ``max(x, 0)`` with NaN propagating; its gradient is ``gy`` where
+  ``x > 0``, else 0 (0 at exactly 0 and at NaN) -- a select, so an infinite
+  ``gy`` at a blocked cell gives 0, not NaN;
+* threshold ``x if x > threshold else value`` (``torch.nn.functional.threshold``);
+* LRN across channels ``y = x / (k + alpha/size * sum_{W(c)} x^2)^beta`` with
+  the window ``c - floor((size-1)/2) .. c + ceil((size-1)/2)`` clipped, the sum
+  divided by ``size`` everywhere (Caffe/cuDNN/ONNX; Krizhevsky et al. 2012, 3.3).
+
+Element-wise kernels keep the input's memory layout (NCHW or NHWC views);
+the LRN kernels read a 4-D tensor through explicit element strides, so
+channels-last input costs no transpose. Index arithmetic is 64-bit (``long
+long``). float16 LRN computes in float32 (SEMANTICS.md: half accumulates in
+fp32). Kernels compile on first use (NVRTC) and are cached by CuPy.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from opgraph.errors import ParameterError, ShapeError
+
+
+@functools.lru_cache(maxsize=None)
+def _ew(name: str, in_params: str, out_params: str, code: str):
+    import cupy
+    return cupy.ElementwiseKernel(in_params, out_params, code, f"opgraph_{name}")
+
+
+def _zero(xp, a):
+    return xp.zeros((), dtype=a.dtype)
+
+
+def _same(what, a, b):
+    if tuple(a.shape) != tuple(b.shape):
+        raise ShapeError(f"{what}: shapes differ, {a.shape} and {b.shape}")
+
+
+def relu(xp, x):
+    """``max(x, 0)``, NaN propagating; any shape and float dtype, layout kept."""
+    k = _ew("relu", "T x, T z", "T y", "y = (x > z || x != x) ? x : z")
+    return k(x, _zero(xp, x), xp.empty_like(x))
+
+
+def relu_backward(xp, x, gy):
+    """``gy`` where ``x > 0``, else 0 (gradient 0 at exactly 0 and at NaN)."""
+    _same("relu_backward", x, gy)
+    k = _ew("relu_bwd", "T x, T zx, G gy, G z", "G gx", "gx = (x > zx) ? gy : z")
+    return k(x, _zero(xp, x), gy, _zero(xp, gy), xp.empty_like(gy))
+
+
+def threshold(xp, x, *, threshold, value):
+    """``x if x > threshold else value``; a NaN input propagates. The two
+    constants are rounded to x's dtype first, as NumPy compares."""
+    k = _ew("threshold", "T x, T t, T v", "T y", "y = (x <= t) ? v : x")
+    return k(x, xp.asarray(threshold, dtype=x.dtype), xp.asarray(value, dtype=x.dtype),
+             xp.empty_like(x))
+
+
+def threshold_backward(xp, x, gy, *, threshold):
+    """``gy`` where ``x > threshold``, else 0."""
+    _same("threshold_backward", x, gy)
+    k = _ew("threshold_bwd", "T x, T t, G gy, G z", "G gx", "gx = (x > t) ? gy : z")
+    return k(x, xp.asarray(threshold, dtype=x.dtype), gy, _zero(xp, gy), xp.empty_like(gy))
+
+
+# ------------------------------------------------------------------ bfloat16 bits
+
+def float_to_bf16_bits(xp, x):
+    """float32 -> bfloat16, round to nearest even, as uint16 bit patterns
+    (NaN stays a quiet NaN, overflow rounds to inf). Layout kept."""
+    k = _ew("f32_to_bf16", "float32 x", "uint16 y", """
+        unsigned int u = __float_as_uint(x);
+        if ((u & 0x7fffffffu) > 0x7f800000u) y = (unsigned short)((u >> 16) | 0x40u);
+        else y = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);""")
+    return k(x, xp.empty_like(x, dtype=xp.uint16))
+
+
+def bf16_bits_to_float(xp, bits):
+    """bfloat16 bit patterns (uint16) -> float32 (exact). Layout kept."""
+    k = _ew("bf16_to_f32", "uint16 x", "float32 y", "y = __uint_as_float(((unsigned int)x) << 16)")
+    return k(bits, xp.empty_like(bits, dtype=xp.float32))
+
+
+# ------------------------------------------------------------------ LRN
+
+def physical(xp, x):
+    """``(buffer, channels_last)``: a C-contiguous array holding x's memory
+    (NHWC order when x is a channels-last view of a 4-D tensor), copying only
+    when x is neither NCHW- nor NHWC-contiguous."""
+    if x.ndim == 4 and not x.flags.c_contiguous and x.transpose(0, 2, 3, 1).flags.c_contiguous:
+        return x.transpose(0, 2, 3, 1), True
+    return xp.ascontiguousarray(x), False
+
+
+def in_layout(xp, a, cl: bool):
+    """The C-contiguous buffer of ``a`` in NHWC (``cl``) or NCHW order (copies if needed)."""
+    return xp.ascontiguousarray(a.transpose(0, 2, 3, 1) if cl else a)
+
+
+def logical(buf, cl: bool):
+    """Inverse of :func:`physical`: the NCHW-shaped view of ``buf``."""
+    return buf.transpose(0, 3, 1, 2) if cl else buf
+
+
+_CHANNEL = """
+    const long long t = i;
+    const long long c = cl ? t % C : (t / inner) % C;
+    const long long sc = cl ? 1 : inner;
+    const long long lo = (c - before > 0 ? c - before : 0) - c;
+    const long long hi = (c + after < C - 1 ? c + after : C - 1) - c;
+"""
+
+_LRN_FWD = _CHANNEL + """
+    T s = 0;
+    for (long long j = lo; j <= hi; ++j) { const T v = x[t + j * sc]; s += v * v; }
+    const T d = (T)kk + (T)(alpha / size) * s;
+    y[t] = x[t] * pow(d, (T)(-beta));
+"""
+
+_LRN_BWD1 = _CHANNEL + """
+    T s = 0;
+    for (long long j = lo; j <= hi; ++j) { const T v = x[t + j * sc]; s += v * v; }
+    const T d = (T)kk + (T)(alpha / size) * s;
+    const T p = pow(d, (T)(-beta));
+    dp[t] = p;
+    tt[t] = gy[t] * x[t] * p / d;
+"""
+
+# The transposed window: j is in W(c) iff c is in j - after .. j + before.
+_LRN_BWD2 = _CHANNEL.replace("c - before", "c - after").replace("c + after", "c + before") + """
+    T s = 0;
+    for (long long j = lo; j <= hi; ++j) s += tt[t + j * sc];
+    gx[t] = gy[t] * dp[t] - (T)(2.0 * alpha * beta / size) * x[t] * s;
+"""
+
+_LRN_PARAMS = "int64 C, int64 inner, bool cl, int64 before, int64 after, float64 alpha, float64 beta, float64 kk, float64 size"
+
+
+def _lrn_check(x, size):
+    if isinstance(size, bool) or int(size) != size or size < 1:
+        raise ParameterError("size", size, "must be an int >= 1")
+    if x.ndim < 2:
+        raise ShapeError(f"local_response_norm: x must be (N, C, ...), got shape {x.shape}")
+
+
+def _lrn_setup(xp, x, size, k):
+    """Physical buffer in the compute dtype, and the kernel's scalar params."""
+    buf, cl = physical(xp, x)
+    dt = xp.float32 if x.dtype == xp.float16 else x.dtype
+    buf = buf.astype(dt, copy=False)
+    size = int(size)
+    inner = 1
+    for n in x.shape[2:]:
+        inner *= int(n)
+    return buf, cl, dt, (x.shape[1], inner, cl, (size - 1) // 2, size // 2), float(k), size
+
+
+def local_response_norm(xp, x, *, size, alpha, beta, k):
+    """LRN across channels of ``(N, C, ...)`` x (module docstring formula).
+
+    Returns x's shape, dtype and layout. Raises ParameterError (size) or
+    ShapeError (fewer than 2 dims). Source: SEMANTICS.md; reference ``lrn.py``.
+    """
+    _lrn_check(x, size)
+    if x.size == 0:
+        return x.copy()
+    buf, cl, dt, geo, kk, size = _lrn_setup(xp, x, size, k)
+    kern = _ew("lrn_fwd", "raw T x, " + _LRN_PARAMS, "raw T y", _LRN_FWD)
+    y = xp.empty_like(buf)
+    kern(buf, *geo, float(alpha), float(beta), kk, float(size), y, size=buf.size)
+    return logical(y, cl).astype(x.dtype, copy=False)
+
+
+def local_response_norm_backward(xp, x, gy, *, size, alpha, beta, k):
+    """Input gradient of :func:`local_response_norm` (exact):
+    ``gx_j = gy_j d_j^-beta - 2 alpha beta/size x_j sum_{c: j in W(c)} gy_c x_c d_c^(-beta-1)``.
+
+    Two passes: per cell ``d^-beta`` and ``gy x d^(-beta-1)``, then the
+    transposed window sum. Returns x's shape, dtype and layout.
+    """
+    _lrn_check(x, size)
+    _same("local_response_norm_backward", x, gy)
+    if x.size == 0:
+        return gy.copy()
+    buf, cl, dt, geo, kk, size = _lrn_setup(xp, x, size, k)
+    g = in_layout(xp, gy, cl).astype(dt, copy=False)
+    dp, tt, gx = xp.empty_like(buf), xp.empty_like(buf), xp.empty_like(buf)
+    k1 = _ew("lrn_bwd1", "raw T x, raw T gy, " + _LRN_PARAMS, "raw T dp, raw T tt", _LRN_BWD1)
+    k1(buf, g, *geo, float(alpha), float(beta), kk, float(size), dp, tt, size=buf.size)
+    k2 = _ew("lrn_bwd2", "raw T x, raw T gy, raw T dp, raw T tt, " + _LRN_PARAMS, "raw T gx", _LRN_BWD2)
+    k2(buf, g, dp, tt, *geo, float(alpha), float(beta), kk, float(size), gx, size=buf.size)
+    return logical(gx, cl).astype(x.dtype, copy=False)
+
+
+__all__ = ["relu", "relu_backward", "threshold", "threshold_backward", "float_to_bf16_bits",
+           "bf16_bits_to_float", "physical", "in_layout", "logical", "local_response_norm",
+           "local_response_norm_backward"]

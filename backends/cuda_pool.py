@@ -1,0 +1,266 @@
+"""CuPy kernels of our own for max and average pooling, forward and backward.
+
+Functions mirror ``opgraph.backends.reference.pool`` (same arguments, same
+keyword names as the op fields) and follow SEMANTICS.md (Pooling) exactly:
+
+* output extent ``opgraph.params.pool_out_size`` (ceil_mode rounds up, then a
+  window starting at or beyond ``in + pad_begin`` is dropped);
+* max: padding acts as -inf and never wins a tie; a NaN in a window is the
+  window's output and receives its gradient (the first NaN); otherwise the
+  gradient goes to the first maximum among the window's input cells in
+  row-major order, so every window's gradient sums to its output gradient
+  and an all -inf window routes it to a real cell;
+* average: the divisor counts input plus explicit padding cells
+  (``count_include_pad``; never the ceil_mode overhang) or input cells only.
+
+One thread per output cell (forward) or per input cell (backward: it gathers
+from every window that covers it, so there are no atomics and results are
+deterministic). Inputs are read through explicit strides, so NCHW and NHWC
+(a channels-last view) run without a transpose; outputs come back in the
+input's layout. Index arithmetic is 64-bit (``long long``); the stored argmax
+is a cell index inside one ``H x W`` plane (int32; planes over 2^31 cells are
+refused). float16 computes in float32 and casts back.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from opgraph.errors import ParameterError, ShapeError
+from opgraph.params import pair, padding2d, pool_out_size
+
+from .cuda_elementwise import in_layout, logical, physical
+
+
+def geometry(in_hw, kernel_size, stride, padding, ceil_mode):
+    """``(k, s, pad, out)`` canonical parameters and output extent.
+
+    Raises:
+        ParameterError: bad kernel/stride/padding, or padding over half the kernel.
+        ShapeError: the kernel does not fit the padded input (output < 1).
+    """
+    k = pair("kernel_size", kernel_size, minimum=1)
+    s = pair("stride", k if stride is None else stride, minimum=1)
+    pad = padding2d(padding, in_hw=tuple(in_hw), kernel=k, stride=s)
+    for (pb, pe), kk in zip(pad, k):
+        if 2 * pb > kk or 2 * pe > kk:
+            raise ParameterError("padding", padding, f"must be at most half the kernel {k} on each side")
+    out = tuple(pool_out_size(n, kk, ss, p, bool(ceil_mode)) for n, kk, ss, p in zip(in_hw, k, s, pad))
+    if min(out) < 1:
+        raise ShapeError(f"pooling kernel {k} with padding {pad} does not fit input {tuple(in_hw)} (output {out})")
+    return k, s, pad, out
+
+
+# Decompose the thread's flat physical index t into (n, c, a, b) of an
+# (N, C, A, B) tensor stored NCHW or NHWC (cl); strides of x's planes follow.
+_DECOMPOSE = """
+    const long long t = i;
+    long long n, c, a, b;
+    if (cl) { c = t % C; long long r = t / C; b = r % B; r /= B; a = r % A; n = r / A; }
+    else    { b = t % B; long long r = t / B; a = r % A; r /= A; c = r % C; n = r / C; }
+    const long long xc = n * C * H * W + (cl ? c : c * H * W);   // x plane origin
+    const long long xh = cl ? W * C : W, xw = cl ? C : 1;         // x row / column strides
+    const long long oc = n * C * OH * OW + (cl ? c : c * OH * OW); // output plane origin
+    const long long oh_ = cl ? OW * C : OW, ow_ = cl ? C : 1;
+"""
+
+_GEO = ("int64 C, int64 H, int64 W, int64 OH, int64 OW, int64 A, int64 B, bool cl, int64 kh, "
+        "int64 kw, int64 sh, int64 sw, int64 pt, int64 pb, int64 pl, int64 pr")
+
+# Forward max: (a, b) = (oh, ow). First in-bounds cell, then strictly greater
+# values or the first NaN replace it (NaN never leaves: v > NaN is false).
+_MAX = _DECOMPOSE + """
+    const long long h0 = a * sh - pt, w0 = b * sw - pl;
+    const long long hs = h0 > 0 ? h0 : 0, ws = w0 > 0 ? w0 : 0;
+    const long long he = h0 + kh < H ? h0 + kh : H, we = w0 + kw < W ? w0 + kw : W;
+    T best = x[xc + hs * xh + ws * xw];
+    long long win = hs * W + ws;
+    for (long long h = hs; h < he; ++h)
+        for (long long w = ws; w < we; ++w) {
+            const T v = x[xc + h * xh + w * xw];
+            if (v > best || (v != v && best == best)) { best = v; win = h * W + w; }
+        }
+    y[t] = best;
+    STORE
+"""
+
+# Forward average: the count is clipped to [-pad_begin, in + pad_end) or [0, in).
+_AVG = _DECOMPOSE + """
+    const long long h0 = a * sh - pt, w0 = b * sw - pl;
+    const long long hs = h0 > 0 ? h0 : 0, ws = w0 > 0 ? w0 : 0;
+    const long long he = h0 + kh < H ? h0 + kh : H, we = w0 + kw < W ? w0 + kw : W;
+    T acc = 0;
+    for (long long h = hs; h < he; ++h)
+        for (long long w = ws; w < we; ++w) acc += x[xc + h * xh + w * xw];
+    y[t] = acc / (T)divisor(h0, w0, H, W, kh, kw, pt, pb, pl, pr, include_pad);
+"""
+
+_DIVISOR = """
+__device__ long long divisor(long long h0, long long w0, long long H, long long W, long long kh,
+                             long long kw, long long pt, long long pb, long long pl, long long pr,
+                             bool include_pad) {
+    const long long lh = include_pad ? -pt : 0, uh = include_pad ? H + pb : H;
+    const long long lw = include_pad ? -pl : 0, uw = include_pad ? W + pr : W;
+    const long long a0 = h0 > lh ? h0 : lh, a1 = h0 + kh < uh ? h0 + kh : uh;
+    const long long b0 = w0 > lw ? w0 : lw, b1 = w0 + kw < uw ? w0 + kw : uw;
+    return (a1 - a0) * (b1 - b0);
+}
+"""
+
+# Backward: (a, b) = (h, w) of an input cell; windows oh in
+# [ceil((h + pt - kh + 1) / sh), floor((h + pt) / sh)] cover it.
+_WINDOWS = _DECOMPOSE + """
+    const long long hp = a + pt, wp = b + pl;
+    const long long oh0 = hp < kh ? 0 : (hp - kh) / sh + 1, ow0 = wp < kw ? 0 : (wp - kw) / sw + 1;
+    const long long oh1 = hp / sh < OH - 1 ? hp / sh : OH - 1, ow1 = wp / sw < OW - 1 ? wp / sw : OW - 1;
+    T acc = 0;
+"""
+
+_MAX_BWD = _WINDOWS + """
+    const int me = (int)(a * W + b);
+    for (long long oh = oh0; oh <= oh1; ++oh)
+        for (long long ow = ow0; ow <= ow1; ++ow) {
+            const long long o = oc + oh * oh_ + ow * ow_;
+            if (arg[o] == me) acc += gy[o];
+        }
+    gx[xc + a * xh + b * xw] = acc;
+"""
+
+_AVG_BWD = _WINDOWS + """
+    for (long long oh = oh0; oh <= oh1; ++oh)
+        for (long long ow = ow0; ow <= ow1; ++ow)
+            acc += gy[oc + oh * oh_ + ow * ow_] /
+                   (T)divisor(oh * sh - pt, ow * sw - pl, H, W, kh, kw, pt, pb, pl, pr, include_pad);
+    gx[xc + a * xh + b * xw] = acc;
+"""
+
+_SELECT = _DECOMPOSE + """
+    const long long cell = arg[t];
+    y[t] = v[xc + (cell / W) * xh + (cell % W) * xw];
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(name, in_params, out_params, body, preamble=""):
+    import cupy
+    return cupy.ElementwiseKernel(in_params, out_params, body, f"opgraph_{name}", preamble=preamble)
+
+
+def _prepare(xp, x, what):
+    if x.ndim != 4:
+        raise ShapeError(f"{what}: x must be 4-D NCHW, got shape {x.shape}")
+    if x.shape[2] * x.shape[3] >= 2 ** 31:
+        raise ShapeError(f"{what}: an H x W plane of {x.shape[2] * x.shape[3]} cells exceeds 2^31")
+    buf, cl = physical(xp, x)
+    half = buf.dtype == xp.float16
+    return (buf.astype(xp.float32) if half else buf), cl, half
+
+
+def _geo(shape, out, k, s, pad, cl, ab):
+    """Scalar kernel arguments; ``ab`` is the (A, B) extent the threads walk."""
+    (pt, pb), (pl, pr) = pad
+    return (shape[1], shape[2], shape[3], out[0], out[1], ab[0], ab[1], cl, k[0], k[1], s[0], s[1],
+            pt, pb, pl, pr)
+
+
+def _out(xp, buf, n, c, hw, cl, dtype=None):
+    shape = (n, hw[0], hw[1], c) if cl else (n, c, hw[0], hw[1])
+    return xp.empty(shape, dtype=dtype or buf.dtype)
+
+
+def _max(xp, x, kernel_size, stride, padding, ceil_mode, with_arg, what):
+    buf, cl, half = _prepare(xp, x, what)
+    k, s, pad, out = geometry(x.shape[2:], kernel_size, stride, padding, ceil_mode)
+    n, c = x.shape[:2]
+    y = _out(xp, buf, n, c, out, cl)
+    arg = _out(xp, buf, n, c, out, cl, xp.int32) if with_arg else None
+    if y.size:
+        body = _MAX.replace("STORE", "arg[t] = (int)win;" if with_arg else "")
+        outs = "raw T y, raw int32 arg" if with_arg else "raw T y"
+        kern = _kernel("maxpool_arg" if with_arg else "maxpool", "raw T x, " + _GEO, outs, body)
+        kern(buf, *_geo(x.shape, out, k, s, pad, cl, out), y, *([arg] if with_arg else []), size=y.size)
+    return y, arg, cl, half, (k, s, pad, out)
+
+
+def max_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode):
+    """Max pooling of ``(N, C, H, W)`` x -> ``(N, C, Ho, Wo)`` in x's dtype and layout.
+
+    Raises ParameterError / ShapeError as the reference. Source: SEMANTICS.md.
+    """
+    y, _, cl, half, _ = _max(xp, x, kernel_size, stride, padding, ceil_mode, False, "max_pool2d")
+    y = logical(y, cl)
+    return y.astype(xp.float16) if half else y
+
+
+def max_pool2d_backward(xp, x, gy, *, kernel_size, stride, padding, ceil_mode):
+    """Input gradient of max pooling: ``(N, C, H, W)`` in gy's dtype, x's layout.
+
+    Raises ShapeError when gy is not the pooled shape of x.
+    """
+    _, arg, cl, _, (k, s, pad, out) = _max(xp, x, kernel_size, stride, padding, ceil_mode, True,
+                                           "max_pool2d_backward")
+    if tuple(gy.shape) != tuple(x.shape[:2]) + out:
+        raise ShapeError(f"max_pool2d_backward: gy has shape {gy.shape}, expected {x.shape[:2] + out}")
+    g = in_layout(xp, gy, cl)
+    half = g.dtype == xp.float16
+    g = g.astype(xp.float32) if half else g
+    gx = _out(xp, g, x.shape[0], x.shape[1], x.shape[2:], cl)
+    if gx.size:
+        kern = _kernel("maxpool_bwd", "raw T gy, raw int32 arg, " + _GEO, "raw T gx", _MAX_BWD)
+        kern(g, arg, *_geo(x.shape, out, k, s, pad, cl, x.shape[2:]), gx, size=gx.size)
+    gx = logical(gx, cl)
+    return gx.astype(xp.float16) if half else gx
+
+
+def max_pool2d_select(xp, x, v, *, kernel_size, stride, padding, ceil_mode):
+    """``v`` read at each window's winning cell of ``x`` (the adjoint of
+    :func:`max_pool2d_backward`): pooled shape, v's dtype, x's layout."""
+    if tuple(v.shape) != tuple(x.shape):
+        raise ShapeError(f"max_pool2d_select: v has shape {v.shape}, x has {x.shape}")
+    _, arg, cl, _, (k, s, pad, out) = _max(xp, x, kernel_size, stride, padding, ceil_mode, True,
+                                           "max_pool2d_select")
+    vb = in_layout(xp, v, cl)
+    y = _out(xp, vb, x.shape[0], x.shape[1], out, cl)
+    if y.size:
+        kern = _kernel("maxpool_select", "raw T v, raw int32 arg, " + _GEO, "raw T y", _SELECT)
+        kern(vb, arg, *_geo(x.shape, out, k, s, pad, cl, out), y, size=y.size)
+    return logical(y, cl)
+
+
+def avg_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, count_include_pad):
+    """Average pooling of ``(N, C, H, W)`` x -> ``(N, C, Ho, Wo)``, x's dtype and layout;
+    padding cells hold 0; divisor as the module docstring. Errors as max_pool2d."""
+    buf, cl, half = _prepare(xp, x, "avg_pool2d")
+    k, s, pad, out = geometry(x.shape[2:], kernel_size, stride, padding, ceil_mode)
+    y = _out(xp, buf, x.shape[0], x.shape[1], out, cl)
+    if y.size:
+        kern = _kernel("avgpool", "raw T x, bool include_pad, " + _GEO, "raw T y", _AVG, _DIVISOR)
+        kern(buf, bool(count_include_pad), *_geo(x.shape, out, k, s, pad, cl, out), y, size=y.size)
+    y = logical(y, cl)
+    return y.astype(xp.float16) if half else y
+
+
+def avg_pool2d_backward(xp, gy, *, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        input_shape):
+    """Input gradient of average pooling: each input cell gathers ``gy / divisor``
+    from every window covering it. Returns ``input_shape``, gy's dtype and layout.
+
+    Raises ParameterError (input_shape not 4 entries) or ShapeError (gy's shape).
+    """
+    shape = tuple(int(v) for v in input_shape)
+    if len(shape) != 4:
+        raise ParameterError("input_shape", input_shape, "must be an NCHW 4-tuple")
+    k, s, pad, out = geometry(shape[2:], kernel_size, stride, padding, ceil_mode)
+    if tuple(gy.shape) != shape[:2] + out:
+        raise ShapeError(f"avg_pool2d_backward: gy has shape {gy.shape}, expected {shape[:2] + out}")
+    g, cl, half = _prepare(xp, gy, "avg_pool2d_backward")
+    gx = _out(xp, g, shape[0], shape[1], shape[2:], cl)
+    if gx.size:
+        kern = _kernel("avgpool_bwd", "raw T gy, bool include_pad, " + _GEO, "raw T gx", _AVG_BWD, _DIVISOR)
+        kern(g, bool(count_include_pad), *_geo(shape, out, k, s, pad, cl, shape[2:]), gx, size=gx.size)
+    gx = logical(gx, cl)
+    return gx.astype(xp.float16) if half else gx
+
+
+__all__ = ["geometry", "max_pool2d", "max_pool2d_backward", "max_pool2d_select", "avg_pool2d",
+           "avg_pool2d_backward"]

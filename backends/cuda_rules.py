@@ -1,0 +1,69 @@
+"""Registers our CuPy kernels as the ``cuda`` lowering (device ``cuda``) of their ops.
+
+Each kernel is called as ``fn(cupy, *arrays, **op.params())``: the functions
+of :mod:`.cuda_pool`, :mod:`.cuda_elementwise` and :mod:`.cuda_loss` take
+exactly the op fields as keywords, like their NumPy references. Importing this
+module needs neither CuPy nor a GPU; the kernels compile on first use.
+"""
+
+from __future__ import annotations
+
+from opgraph import ops
+
+from . import cuda_elementwise as ew
+from . import cuda_loss as loss
+from . import cuda_pool as pool
+from .registry import Rule, register
+
+#: abstract op type -> CuPy kernel ``fn(xp, *arrays, **op.params())``.
+CUDA_KERNELS = {
+    ops.MaxPool2d: pool.max_pool2d,
+    ops.MaxPool2dBackward: pool.max_pool2d_backward,
+    ops.MaxPool2dSelect: pool.max_pool2d_select,
+    ops.AvgPool2d: pool.avg_pool2d,
+    ops.AvgPool2dBackward: pool.avg_pool2d_backward,
+    ops.Relu: ew.relu,
+    ops.ReluBackward: ew.relu_backward,
+    ops.Threshold: ew.threshold,
+    ops.ThresholdBackward: ew.threshold_backward,
+    ops.LocalResponseNorm: ew.local_response_norm,
+    ops.LocalResponseNormBackward: ew.local_response_norm_backward,
+    ops.Softmax: loss.softmax,
+    ops.SoftmaxBackward: loss.softmax_backward,
+    ops.LogSoftmax: loss.log_softmax,
+    ops.LogSoftmaxBackward: loss.log_softmax_backward,
+    ops.CrossEntropy: loss.cross_entropy,
+    ops.CrossEntropyBackward: loss.cross_entropy_backward,
+}
+
+_FLOATS = ("float16", "float32", "float64")
+
+
+def check(op, in_types, device):
+    """Our kernels take float16/32/64 (float16 computes in float32); integer
+    inputs (cross-entropy targets) are not checked here."""
+    bad = sorted({t.dtype for t in in_types if t.dtype not in _FLOATS and not t.dtype.startswith(("int", "uint"))})
+    if bad:
+        return f"the CuPy kernels take {', '.join(_FLOATS)}; got {', '.join(bad)}"
+    return None
+
+
+def _params_kernel(fn):
+    def kernel(ctx, op, *arrays):
+        return fn(ctx.xp, *arrays, **op.params())
+
+    kernel.__name__ = kernel.__qualname__ = f"cuda_{fn.__name__}"
+    kernel.__doc__ = fn.__doc__
+    return kernel
+
+
+def register_rules() -> None:
+    """Register one ``cuda`` rule per entry of :data:`CUDA_KERNELS` (idempotent)."""
+    for op_type, fn in CUDA_KERNELS.items():
+        register(Rule(op_type, "cuda", _params_kernel(fn), devices={"cuda"}, check=check,
+                      tags={"cuda", "gpu"}))
+
+
+register_rules()
+
+__all__ = ["CUDA_KERNELS", "check", "register_rules"]

@@ -1,0 +1,297 @@
+"""cuDNN lowering of convolution (forward, backward-data, backward-filter) on CuPy arrays.
+
+Runs through NVIDIA's cuDNN frontend (the Python ``cudnn`` module of
+``nvidia-cudnn-frontend``); graphs are built once per signature by
+:mod:`.cudnn_graph`. Every parameter form of SEMANTICS.md is accepted:
+stride, dilation, groups (incl. depthwise; cuDNN reads the group count off the
+weight shape), and asymmetric padding, passed natively as cuDNN pre/post
+padding. Where cuDNN rejects a graph (a padding form an operation does not
+take, or a fused epilogue without a fusion engine) the kernel falls back,
+in this order, to the unfused graph plus a CuPy epilogue and to explicit zero
+padding of the input with an unpadded graph; the route taken is remembered
+per signature.
+
+Options (``ctx.options`` of a ``Lowered`` node, or keywords):
+
+* ``precision``: ``'fp32'`` (float32, TF32 engines excluded), ``'tf32'``,
+  ``'bf16'``, ``'fp16'``; inputs are rounded to the precision's I/O type on
+  the device and the result is returned in the input dtype; compute and
+  accumulation are float32. Default: the arrays' own dtype
+  (float32 -> fp32, float16 -> fp16, bfloat16 -> bf16).
+* ``engine``: cuDNN plan index (see :func:`variants`); default: the first plan
+  in heuristic order that builds.
+
+Layouts: a 4-D array is NCHW when C-contiguous and NHWC when it is a
+``(0, 3, 1, 2)`` view of a C-contiguous NHWC buffer; the other operands are
+put in the same layout and the result comes back in it (logical NCHW shape).
+Batch size 0 gives an empty output (zeros for the weight gradient) without
+calling cuDNN.
+"""
+
+from __future__ import annotations
+
+from opgraph.errors import LoweringError, ShapeError
+from opgraph.ops.conv import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter
+from opgraph.params import conv_out_size
+
+from . import cudnn_graph as cg
+
+_DTYPES = ("float32", "float16", "bfloat16")
+_DEFAULT_PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+_ROUTES: dict = {}  # requested signature -> (plan, CuPy epilogue, explicit padding)
+
+
+def default_precision(dtype_name: str) -> str:
+    """The precision that keeps ``dtype_name`` as the I/O type."""
+    return _DEFAULT_PRECISION[dtype_name]
+
+
+# ----------------------------------------------------------------- layouts, dtypes
+
+def _channels_last(a) -> bool:
+    return a.ndim == 4 and not a.flags.c_contiguous and a.transpose(0, 2, 3, 1).flags.c_contiguous
+
+
+def _strides(shape, cl: bool) -> tuple:
+    """Canonical element strides of an NCHW-shaped tensor stored NCHW or NHWC."""
+    n, c, h, w = shape
+    return (c * h * w, 1, w * c, c) if cl else (c * h * w, h * w, w, 1)
+
+
+def _empty(xp, shape, dtype, cl: bool):
+    if cl:
+        n, c, h, w = shape
+        return xp.empty((n, h, w, c), dtype=dtype).transpose(0, 3, 1, 2)
+    return xp.empty(shape, dtype=dtype)
+
+
+def _in_layout(xp, a, cl: bool):
+    if cl:
+        return a if _channels_last(a) else xp.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    return xp.ascontiguousarray(a)
+
+
+def _cast(xp, a, io: str):
+    """``a`` as I/O dtype ``io`` (bfloat16 as its uint16 bits), layout kept."""
+    from . import cuda_elementwise as ce
+    name = a.dtype.name
+    if name == io:
+        return a.view(xp.uint16) if io == "bfloat16" else a
+    if name == "bfloat16":
+        a = ce.bf16_bits_to_float(xp, a.view(xp.uint16))
+    if io == "bfloat16":
+        return ce.float_to_bf16_bits(xp, a.astype(xp.float32, copy=False))
+    return a.astype(io, copy=False)
+
+
+def _uncast(xp, a, io: str, dtype):
+    """The output ``a`` (I/O dtype ``io``) back in the caller's ``dtype``."""
+    from . import cuda_elementwise as ce
+    if dtype.name == io:
+        return a.view(dtype) if io == "bfloat16" else a
+    if io == "bfloat16":
+        a = ce.bf16_bits_to_float(xp, a)
+    if dtype.name == "bfloat16":
+        return ce.float_to_bf16_bits(xp, a.astype(xp.float32, copy=False)).view(dtype)
+    return a.astype(dtype, copy=False)
+
+
+def _device_id(xp) -> int:
+    return xp.cuda.runtime.getDevice()
+
+
+# ----------------------------------------------------------------- signatures and routes
+
+def signature(kind: str, epilogue: str, shapes, precision: str, padding, stride, dilation,
+              cl: bool, device: int = 0) -> cg.ConvSignature:
+    """The :class:`~.cudnn_graph.ConvSignature` of a convolution.
+
+    ``shapes`` are the operands' logical NCHW/OIHW shapes in
+    :data:`~.cudnn_graph.OPERANDS` order (bias, if any, as ``(1, K, 1, 1)``
+    before the output); ``cl`` picks the NHWC strides for every operand
+    (the bias is always dense).
+
+    Raises:
+        ValueError: unknown precision.
+    """
+    if precision not in cg.PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not one of {cg.PRECISIONS}")
+    strides = tuple((s[1], 1, 1, 1) if epilogue != "none" and i == 2 else _strides(s, cl)
+                    for i, s in enumerate(shapes))
+    (pt, pb), (pl, pr) = padding
+    return cg.ConvSignature(kind, epilogue, tuple(tuple(s) for s in shapes), strides,
+                            cg.IO_DTYPE[precision], precision, (pt, pl), (pb, pr),
+                            tuple(stride), tuple(dilation), bool(cl), device)
+
+
+def _padded(sig: cg.ConvSignature) -> cg.ConvSignature:
+    """The same convolution on an explicitly zero-padded input, unpadded graph."""
+    (pt, pl), (pb, pr) = sig.pre_padding, sig.post_padding
+    dims, strides = list(sig.dims), list(sig.strides)
+    i = len(dims) - 1 if sig.kind == "dgrad" else 0  # the image operand: dx, or x
+    n, c, h, w = dims[i]
+    dims[i] = (n, c, h + pt + pb, w + pl + pr)
+    strides[i] = _strides(dims[i], sig.channels_last)
+    return sig._replace(dims=tuple(dims), strides=tuple(strides), pre_padding=(0, 0), post_padding=(0, 0))
+
+
+def _unfused(sig: cg.ConvSignature) -> cg.ConvSignature:
+    return sig._replace(epilogue="none", dims=sig.dims[:2] + sig.dims[3:],
+                        strides=sig.strides[:2] + sig.strides[3:])
+
+
+def route(sig: cg.ConvSignature):
+    """``(plan, epilogue_left_to_cupy, explicit_padding)`` for ``sig``: the
+    native graph if cuDNN builds it, else the fallbacks (module docstring).
+
+    Raises:
+        LoweringError: no form builds; the message lists cuDNN's reasons.
+    """
+    got = _ROUTES.get(sig)
+    if got is not None:
+        return got
+    tries = [(sig, "none", False)]
+    if sig.epilogue != "none":
+        tries.append((_unfused(sig), sig.epilogue, False))
+    if any(sig.pre_padding) or any(sig.post_padding):
+        tries += [(_padded(s), epi, True) for s, epi, _ in list(tries)]
+    errors = []
+    for s, epi, padded in tries:
+        try:
+            got = (cg.plan_for(s), epi, padded)
+            break
+        except LoweringError as exc:
+            errors.append(str(exc))
+    else:
+        raise LoweringError("cuDNN cannot run this convolution in any form: " + " | ".join(errors))
+    _ROUTES[sig] = got
+    return got
+
+
+# ----------------------------------------------------------------- the three operations
+
+def _run(xp, kind, epilogue, ins, out_shape, out_dtype, padding, stride, dilation, precision,
+         engine, cl):
+    """Cast, route, execute; ``ins`` are the operands in signature order."""
+    io = cg.IO_DTYPE[precision]
+    shapes = [tuple(a.shape) for a in ins] + [tuple(out_shape)]
+    if epilogue != "none":
+        shapes[2] = (1, out_shape[1], 1, 1)
+    sig = signature(kind, epilogue, shapes, precision, padding, stride, dilation, cl, _device_id(xp))
+    plan, cupy_epilogue, padded = route(sig)
+    ops = [_in_layout(xp, _cast(xp, a, io), cl) if a.ndim == 4 else xp.ascontiguousarray(_cast(xp, a, io))
+           for a in ins]
+    (pt, pb), (pl, pr) = padding
+    pad = ((0, 0), (pt, pb), (pl, pr), (0, 0)) if cl else ((0, 0), (0, 0), (pt, pb), (pl, pr))
+    if padded and kind in ("fprop", "wgrad"):  # zero-pad the image operand
+        t = ops[0].transpose(0, 2, 3, 1) if cl else ops[0]
+        t = xp.pad(t, pad)
+        ops[0] = t.transpose(0, 3, 1, 2) if cl else t
+    if cupy_epilogue != "none":
+        ops = ops[:2]
+    out = _empty(xp, plan.sig.dims[-1], xp.uint16 if io == "bfloat16" else io, cl)
+    index = plan.default if engine is None else int(engine)
+    ws = plan.ensure(index)
+    plan.execute([a.data.ptr for a in ops] + [out.data.ptr], index, cg.workspace_ptr(ws, plan.sig.device))
+    if padded and kind == "dgrad":
+        out = _in_layout(xp, out[:, :, pt:pt + out_shape[2], pl:pl + out_shape[3]], cl)
+    y = _uncast(xp, out, io, out_dtype)
+    if cupy_epilogue != "none":
+        y += ins[2].reshape(1, -1, 1, 1).astype(y.dtype, copy=False)
+        if cupy_epilogue == "bias_relu":
+            xp.maximum(y, 0, out=y)
+    return y
+
+
+def _check_dtype(*arrays):
+    for a in arrays:
+        if a.dtype.name not in _DTYPES:
+            raise ShapeError(f"cuDNN convolution takes {_DTYPES}, got dtype {a.dtype}")
+
+
+def conv2d(xp, x, w, b=None, *, stride, padding, dilation, groups, precision=None, engine=None,
+           relu=False):
+    """Forward convolution ``y = conv(x, w) (+ b) (then ReLU if relu)`` by cuDNN.
+
+    Args:
+        xp: ``cupy``.
+        x: ``(N, C, H, W)``; w: ``(K, C/groups, kH, kW)``; b: ``(K,)`` or None.
+        stride, dilation: ``(h, w)``; padding ``((top, bottom), (left, right))``;
+        groups: int (cuDNN infers it from ``C / w.shape[1]``; checked here).
+        precision, engine: see the module docstring.
+        relu: fuse a ReLU after the bias (see :func:`conv2d_bias_relu`).
+
+    Returns:
+        ``(N, K, Ho, Wo)`` in x's dtype and layout.
+
+    Raises:
+        ShapeError: bad dtype or channel counts. LoweringError: cuDNN cannot run it.
+
+    Source: SEMANTICS.md (Convolution); cuDNN ``conv_fprop``.
+    """
+    _check_dtype(x, w)
+    n, c, h, wd = x.shape
+    k = w.shape[0]
+    if c != w.shape[1] * groups or k % groups:
+        raise ShapeError(f"cuDNN conv2d: x {x.shape}, w {w.shape} do not fit groups={groups}")
+    out = (n, k) + tuple(conv_out_size(i, kk, s, d, p) for i, kk, s, d, p in
+                         zip((h, wd), w.shape[2:], stride, dilation, padding))
+    if min(out[2:]) < 1:
+        raise ShapeError(f"cuDNN conv2d: output {out} is empty (kernel larger than the padded input)")
+    cl = _channels_last(x)
+    if n == 0:
+        return _empty(xp, out, x.dtype, cl)
+    epilogue = "bias_relu" if relu else "bias" if b is not None else "none"
+    if relu and b is None:
+        b = xp.zeros((k,), dtype=x.dtype)
+    ins = [x, w] + ([b] if b is not None else [])
+    return _run(xp, "fprop", epilogue, ins, out, x.dtype, padding, stride, dilation,
+                precision or default_precision(x.dtype.name), engine, cl)
+
+
+def conv2d_bias_relu(xp, x, w, b, *, stride, padding, dilation, groups, precision=None, engine=None):
+    """``relu(conv(x, w) + b)`` as one cuDNN graph (conv_fprop -> bias -> relu),
+    falling back to conv + CuPy bias/ReLU where no fusion engine exists.
+
+    Shapes, options and errors as :func:`conv2d`; ``b`` is required.
+    """
+    return conv2d(xp, x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                  precision=precision, engine=engine, relu=True)
+
+
+def conv2d_backward_data(xp, gy, w, *, stride, padding, dilation, groups, input_shape,
+                         precision=None, engine=None):
+    """``dL/dx`` by cuDNN ``conv_dgrad``: gy ``(N, K, Ho, Wo)``, w ``(K, C/groups, kH, kW)``
+    -> ``(N, C, H, W)`` = ``input_shape`` (rows no window touches get 0), in gy's
+    dtype and layout. Options and errors as :func:`conv2d`."""
+    _check_dtype(gy, w)
+    shape = tuple(int(v) for v in input_shape)
+    cl = _channels_last(gy)
+    if shape[0] == 0:
+        return _empty(xp, shape, gy.dtype, cl)
+    return _run(xp, "dgrad", "none", [gy, w], shape, gy.dtype, padding, stride, dilation,
+                precision or default_precision(gy.dtype.name), engine, cl)
+
+
+def conv2d_backward_filter(xp, x, gy, *, stride, padding, dilation, groups, weight_shape,
+                           precision=None, engine=None):
+    """``dL/dw`` by cuDNN ``conv_wgrad``: x ``(N, C, H, W)``, gy ``(N, K, Ho, Wo)`` ->
+    ``weight_shape`` ``(K, C/groups, kH, kW)`` in x's dtype, stored in x's layout
+    (KRSC for NHWC). Batch size 0 gives zeros. Options and errors as :func:`conv2d`."""
+    _check_dtype(x, gy)
+    shape = tuple(int(v) for v in weight_shape)
+    cl = _channels_last(x)
+    if x.shape[0] == 0:
+        out = _empty(xp, shape, x.dtype, cl)
+        out[...] = 0
+        return out
+    return _run(xp, "wgrad", "none", [x, gy], shape, x.dtype, padding, stride, dilation,
+                precision or default_precision(x.dtype.name), engine, cl)
+
+
+__all__ = ["conv2d", "conv2d_bias_relu", "conv2d_backward_data", "conv2d_backward_filter",
+           "signature", "route", "default_precision"]
+
+from .cudnn_rules import register_rules  # noqa: E402  (rules use the functions above)
+
+register_rules()

@@ -1,0 +1,279 @@
+"""cuDNN frontend graphs for 2-D convolution, one per signature, built once.
+
+A *signature* (:class:`ConvSignature`) fixes everything a cuDNN graph depends
+on: the operation (fprop, dgrad, wgrad, with an optional bias / bias+ReLU
+epilogue on fprop), every operand's dims and element strides (so NCHW and
+NHWC are just different strides), the I/O dtype, the precision and the
+convolution parameters. :func:`plan_for` builds the graph for a signature the
+first time it is asked and caches it; a later call is one dict lookup.
+
+Engines: the frontend's heuristics (modes A then FALLBACK) rank execution
+plans; each plan index is one engine configuration, and every one that builds
+is an autotune candidate (:meth:`ConvPlan.engines`). The default engine is the
+first plan in heuristic order that builds, which is what
+``build_plans(HEURISTICS_CHOICE)`` picks.
+
+Precision (how TF32 is kept out of fp32): engines carry cuDNN *numerical
+notes*. For ``precision='fp32'`` the plans noted ``TENSOR_CORE`` are
+deselected (for float32 I/O a tensor-core engine is a TF32 engine; this is
+PyTorch's ``allow_tf32=False`` filter in ``aten/src/ATen/native/cudnn/Conv_v8.cpp``);
+plans noted ``DOWN_CONVERT_INPUTS`` are deselected in every precision, as
+PyTorch does. A deselected plan stays in the ranked list but cannot be built,
+so it never appears among the engines. Compute and intermediates are float32
+in every precision (fp32 accumulation).
+
+Source of the API: NVIDIA cudnn-frontend Python samples (``pygraph``,
+``conv_fprop/conv_dgrad/conv_wgrad``, ``execute_plan_at_index``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+from opgraph.errors import LoweringError
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+#: I/O dtype of the cuDNN tensors for each precision.
+IO_DTYPE = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+#: Operand names, inputs then the output, by operation.
+OPERANDS = {"fprop": ("x", "w", "y"), "dgrad": ("dy", "w", "dx"), "wgrad": ("x", "dy", "dw")}
+EPILOGUES = ("none", "bias", "bias_relu")
+
+
+class ConvSignature(NamedTuple):
+    """Everything a convolution graph depends on (hashable; the cache key).
+
+    ``dims``/``strides`` hold one 4-tuple per operand in :data:`OPERANDS`
+    order, with the bias ``(1, K, 1, 1)`` inserted before the output when the
+    epilogue has one. Strides are in elements. Padding is split into
+    ``pre`` (top, left) and ``post`` (bottom, right).
+    """
+
+    kind: str
+    epilogue: str
+    dims: tuple
+    strides: tuple
+    io_dtype: str
+    precision: str
+    pre_padding: tuple
+    post_padding: tuple
+    stride: tuple
+    dilation: tuple
+    channels_last: bool = False
+    device: int = 0
+
+
+class ConvPlan:
+    """A built cuDNN graph and its engines, for one :class:`ConvSignature`.
+
+    ``uids`` are the graph tensors' ids in signature operand order, so a call
+    binds pointers with ``dict(zip(uids, ptrs))`` and nothing else.
+    """
+
+    def __init__(self, sig: ConvSignature, graph, uids: tuple, handle):
+        self.sig, self.graph, self.uids, self.handle = sig, graph, uids, handle
+        self.count = graph.get_execution_plan_count()
+        self.workspace: dict[int, int] = {}  # built plan index -> workspace bytes
+        self.failed: dict[int, str] = {}     # plan index -> why it did not build
+        self.default: int | None = None
+        self._all_built = False
+
+    def ensure(self, index: int) -> int:
+        """Build plan ``index`` if needed; return its workspace bytes.
+
+        Raises:
+            LoweringError: the index is out of range or the plan cannot be built
+                (deselected by the precision, or unsupported).
+        """
+        ws = self.workspace.get(index)
+        if ws is not None:
+            return ws
+        if not 0 <= index < self.count:
+            raise LoweringError(f"cuDNN engine {index} does not exist for {self.describe()}: "
+                                f"{self.count} plans")
+        if index in self.failed:
+            raise LoweringError(f"cuDNN engine {index} cannot run {self.describe()}: {self.failed[index]}")
+        try:
+            self.graph.build_plan_at_index(index)
+            ws = int(self.graph.get_workspace_size_plan_at_index(index))
+        except Exception as exc:  # cudnnGraphNotSupportedError, RuntimeError, ValueError
+            self.failed[index] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            raise LoweringError(f"cuDNN engine {index} cannot run {self.describe()}: "
+                                f"{self.failed[index]}") from None
+        self.workspace[index] = ws
+        return ws
+
+    def pick_default(self) -> int:
+        """The first plan in heuristic order that builds (built on the way)."""
+        if self.default is None:
+            for i in range(self.count):
+                try:
+                    self.ensure(i)
+                except LoweringError:
+                    continue
+                self.default = i
+                break
+            else:
+                reasons = "; ".join(f"[{i}] {r}" for i, r in list(self.failed.items())[:4])
+                raise LoweringError(f"no cuDNN engine builds for {self.describe()}: {reasons}")
+        return self.default
+
+    def engines(self) -> list[int]:
+        """Every plan index that builds, in heuristic order (builds them all once)."""
+        if not self._all_built:
+            for i in range(self.count):
+                try:
+                    self.ensure(i)
+                except LoweringError:
+                    pass
+            self._all_built = True
+        return sorted(self.workspace)
+
+    def name(self, index: int) -> str:
+        """cuDNN's name of plan ``index`` (engine id and knobs)."""
+        return str(self.graph.get_plan_name_at_index(index))
+
+    def describe(self) -> str:
+        s = self.sig
+        return (f"{s.kind}{'' if s.epilogue == 'none' else '+' + s.epilogue} dims={s.dims} "
+                f"strides={s.strides} {s.io_dtype}/{s.precision} pre={s.pre_padding} "
+                f"post={s.post_padding} stride={s.stride} dilation={s.dilation}")
+
+    def execute(self, ptrs, index: int, workspace_ptr: int) -> None:
+        """Run plan ``index`` on device pointers given in operand order."""
+        _sync_stream(self.handle)
+        self.graph.execute_plan_at_index(dict(zip(self.uids, ptrs)), workspace_ptr or None,
+                                         index, handle=self.handle)
+
+
+_CACHE: dict[ConvSignature, ConvPlan] = {}
+_HANDLES: dict[int, object] = {}
+_WORKSPACE: dict[int, object] = {}
+_LOCK = threading.Lock()
+
+
+def cudnn_module():
+    """The ``cudnn`` frontend module.
+
+    Raises:
+        LoweringError: ``nvidia-cudnn-frontend`` is not installed.
+    """
+    try:
+        import cudnn
+    except Exception as exc:
+        raise LoweringError(f"the cuDNN frontend cannot be imported ({exc}); "
+                            "install it with pip install nvidia-cudnn-frontend") from None
+    return cudnn
+
+
+def handle(device: int = 0):
+    """The process's cuDNN handle for CUDA device ``device`` (created once)."""
+    h = _HANDLES.get(device)
+    if h is None:
+        cudnn = cudnn_module()
+        h = _HANDLES[device] = cudnn.create_handle()
+    return h
+
+
+def _sync_stream(h) -> None:
+    """Run cuDNN on CuPy's current stream (``set_stream`` is a no-op when unchanged)."""
+    import cupy
+    import cudnn
+    cudnn.set_stream(h, cupy.cuda.get_current_stream().ptr)
+
+
+def workspace_ptr(nbytes: int, device: int = 0) -> int:
+    """Device pointer to at least ``nbytes`` of scratch, one buffer per device
+    that only grows (reused by every call: calls on one stream are ordered)."""
+    if nbytes <= 0:
+        return 0
+    buf = _WORKSPACE.get(device)
+    if buf is None or buf.nbytes < nbytes:
+        import cupy
+        buf = _WORKSPACE[device] = cupy.empty(int(nbytes), dtype=cupy.uint8)
+    return buf.data.ptr
+
+
+def _data_type(cudnn, dtype: str):
+    return {"float32": cudnn.data_type.FLOAT, "float16": cudnn.data_type.HALF,
+            "bfloat16": cudnn.data_type.BFLOAT16}[dtype]
+
+
+def build_graph(sig: ConvSignature, h):
+    """Build (validate, plan, filter) the cuDNN graph of ``sig``; return
+    ``(graph, uids)``. No plan is built yet (see :meth:`ConvPlan.ensure`).
+
+    Raises:
+        cudnn.cudnnGraphNotSupportedError, RuntimeError: cuDNN rejects it.
+    """
+    cudnn = cudnn_module()
+    io, f32 = _data_type(cudnn, sig.io_dtype), cudnn.data_type.FLOAT
+    g = cudnn.pygraph(io_data_type=io, intermediate_data_type=f32, compute_data_type=f32, handle=h)
+    names = list(OPERANDS[sig.kind][:2]) + (["b"] if sig.epilogue != "none" else [])
+    ins = [g.tensor(name=n, dim=list(d), stride=list(s), data_type=io)
+           for n, d, s in zip(names, sig.dims, sig.strides)]
+    conv = dict(pre_padding=list(sig.pre_padding), post_padding=list(sig.post_padding),
+                stride=list(sig.stride), dilation=list(sig.dilation), compute_data_type=f32)
+    if sig.kind == "fprop":
+        out = g.conv_fprop(image=ins[0], weight=ins[1], **conv)
+        if sig.epilogue != "none":
+            out = g.bias(input=out, bias=ins[2], compute_data_type=f32)
+        if sig.epilogue == "bias_relu":
+            out = g.relu(input=out, compute_data_type=f32)
+    elif sig.kind == "dgrad":
+        out = g.conv_dgrad(loss=ins[0], filter=ins[1], **conv)
+    elif sig.kind == "wgrad":
+        out = g.conv_wgrad(image=ins[0], loss=ins[1], **conv)
+    else:
+        raise ValueError(f"unknown convolution kind {sig.kind!r}")
+    out.set_output(True).set_data_type(io).set_dim(list(sig.dims[-1])).set_stride(list(sig.strides[-1]))
+    g.validate()
+    g.build_operation_graph()
+    notes = [cudnn.numerical_note.DOWN_CONVERT_INPUTS]
+    if sig.precision == "fp32":
+        notes.append(cudnn.numerical_note.TENSOR_CORE)  # no TF32 (see the module docstring)
+    g.deselect_numeric_notes(notes)
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    return g, tuple(t.get_uid() for t in ins) + (out.get_uid(),)
+
+
+def plan_for(sig: ConvSignature, *, need_default: bool = True) -> ConvPlan:
+    """The cached :class:`ConvPlan` of ``sig``, built on first use.
+
+    Raises:
+        LoweringError: cuDNN rejects the graph, or (``need_default``) no
+            engine builds for it. The message holds cuDNN's reason.
+    """
+    plan = _CACHE.get(sig)
+    if plan is None:
+        with _LOCK:
+            plan = _CACHE.get(sig)
+            if plan is None:
+                h = handle(sig.device)
+                try:
+                    graph, uids = build_graph(sig, h)
+                except LoweringError:
+                    raise
+                except Exception as exc:
+                    msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                    raise LoweringError(f"cuDNN rejects {sig.kind} {sig}: {msg}") from None
+                plan = _CACHE[sig] = ConvPlan(sig, graph, uids, h)
+    if need_default:
+        plan.pick_default()
+    return plan
+
+
+def clear_cache() -> None:
+    """Forget every built graph (tests; a changed device)."""
+    with _LOCK:
+        _CACHE.clear()
+
+
+def cache_size() -> int:
+    return len(_CACHE)
+
+
+__all__ = ["PRECISIONS", "IO_DTYPE", "OPERANDS", "EPILOGUES", "ConvSignature", "ConvPlan",
+           "cudnn_module", "handle", "workspace_ptr", "build_graph", "plan_for", "clear_cache",
+           "cache_size"]

@@ -1,0 +1,273 @@
+"""Reference (oracle) max and average pooling, forward and backward.
+
+Layout NCHW. Every rule is ``shared/design/SEMANTICS.md`` (Pooling):
+
+* output extent ``opgraph.params.pool_out_size`` (floor, or ceil then drop a
+  last window that would start at or beyond ``in + pad_begin``);
+* padding at most half the kernel on each side (``2 * pad <= k``);
+* max: padding acts as ``-inf``; a NaN in a window propagates to the output;
+  an all ``-inf`` window gives ``-inf`` and a finite gradient;
+* max gradient: the whole output gradient goes to one input cell, the first
+  maximum in row-major window order, so every window's gradient sums to its
+  output gradient;
+* average divisor: ``count_include_pad=True`` counts the window's cells inside
+  the input plus the explicit padding, never the ceil_mode overhang;
+  ``False`` counts in-bounds cells only (PyTorch's ``avg_pool2d`` rule).
+
+Choices made where SEMANTICS.md leaves room (also in the docstrings):
+
+* NaN counts as the maximum: the output of a window holding a NaN is NaN and
+  its gradient goes to the first NaN (PyTorch's max_pool2d does the same).
+* Padding cells tie with ``-inf`` input cells but never win a tie: the winner
+  is the first maximum among *input* cells. Every window holds an input cell
+  (pad <= k/2 and the ceil_mode drop rule guarantee it) and the window max is
+  always attained by one, so no gradient is ever lost into the padding.
+
+Implementation: the input is padded once (``-inf`` for max, 0 for average,
+plus the ceil_mode overhang) and viewed with ``sliding_window_view``; backward
+passes scatter with one strided add per kernel offset, which needs no atomic
+scatter (``np.add.at``) and runs unchanged on CuPy.
+"""
+
+from __future__ import annotations
+
+from opgraph.errors import ParameterError, ShapeError
+from opgraph.params import pair, padding2d, pool_out_size
+
+
+def _acc_dtype(xp, dtype):
+    """Accumulation dtype: fp16 storage accumulates in fp32 (SEMANTICS.md)."""
+    return xp.float32 if dtype == xp.float16 else dtype
+
+
+def _geometry(in_hw, kernel_size, stride, padding, ceil_mode):
+    """Canonical parameters, output extent and buffer padding of a pooling.
+
+    Returns ``(k, s, pad, out, buf_pad)`` where ``buf_pad`` is the
+    ``((top, bottom), (left, right))`` padding of the working buffer: the
+    explicit top/left padding, and at the bottom/right exactly what the last
+    window reaches (explicit padding plus any ceil_mode overhang).
+
+    Raises:
+        ParameterError: a bad kernel, stride or padding (naming it).
+        ShapeError: the kernel does not fit the padded input (output < 1).
+    """
+    k = pair("kernel_size", kernel_size, minimum=1)
+    s = pair("stride", k if stride is None else stride, minimum=1)
+    pad = padding2d(padding, in_hw=tuple(in_hw), kernel=k, stride=s)
+    for (pb, pe), kk in zip(pad, k):
+        if 2 * pb > kk or 2 * pe > kk:
+            raise ParameterError("padding", padding, f"must be at most half the kernel {k} on each side")
+    out = tuple(pool_out_size(n, kk, ss, p, bool(ceil_mode)) for n, kk, ss, p in zip(in_hw, k, s, pad))
+    if min(out) < 1:
+        raise ShapeError(f"pooling kernel {k} with padding {pad} does not fit input {tuple(in_hw)} "
+                         f"(output {out})")
+    buf_pad = tuple((p[0], max((o - 1) * ss + kk - p[0] - n, 0))
+                    for n, kk, ss, p, o in zip(in_hw, k, s, pad, out))
+    return k, s, pad, out, buf_pad
+
+
+def _windows(xp, x, buf_pad, k, s, out, fill):
+    """View ``(N, C, oh, ow, kh*kw)`` of the pooling windows of ``x``.
+
+    ``x`` is padded with ``fill`` by ``buf_pad``; the window axis is flattened
+    in row-major (kernel row, kernel column) order. The result is a copy.
+    """
+    (pt, pb), (pl, pr) = buf_pad
+    buf = xp.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
+    view = xp.lib.stride_tricks.sliding_window_view(buf, k, axis=(2, 3))
+    view = view[:, :, : (out[0] - 1) * s[0] + 1 : s[0], : (out[1] - 1) * s[1] + 1 : s[1]]
+    return view.reshape(view.shape[:4] + (k[0] * k[1],))
+
+
+def _max_argwin(xp, x, kernel_size, stride, padding, ceil_mode):
+    """Window maxima and the in-window flat index of the winning input cell."""
+    if x.ndim != 4:
+        raise ShapeError(f"max_pool2d: x must be 4-D NCHW, got shape {x.shape}")
+    k, s, pad, out, buf_pad = _geometry(x.shape[2:], kernel_size, stride, padding, ceil_mode)
+    win = _windows(xp, x, buf_pad, k, s, out, -xp.inf)
+    # Which window cells lie inside the input: padding cells must lose ties.
+    inside = _windows(xp, xp.ones((1, 1) + x.shape[2:], dtype=bool), buf_pad, k, s, out, False)
+    nan = xp.isnan(win)
+    has_nan = nan.any(axis=-1, keepdims=True)
+    top = win.max(axis=-1, keepdims=True)  # NaN-propagating; windows are never empty
+    # The winner: first NaN if any, else the first in-bounds cell equal to the max.
+    hit = xp.where(has_nan, nan, (win == top) & inside)
+    idx = xp.argmax(hit, axis=-1)
+    return top[..., 0], idx, (k, s, out, buf_pad)
+
+
+def max_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode):
+    """Max pooling of an NCHW tensor.
+
+    Args:
+        xp: array module (numpy or cupy).
+        x: ``(N, C, H, W)`` float array; computed in its own dtype.
+        kernel_size, stride: ``(h, w)`` pairs (ints accepted; stride None means
+            the kernel).
+        padding: ``((top, bottom), (left, right))`` (any form accepted by
+            ``opgraph.params.padding2d``, ``'same'`` included); acts as -inf.
+        ceil_mode: round the output extent up, then drop a window starting at
+            or beyond ``in + pad_begin``.
+
+    Returns:
+        ``(N, C, oh, ow)``; a window holding a NaN gives NaN, an all -inf
+        window gives -inf.
+
+    Raises:
+        ParameterError: bad kernel/stride/padding, or padding above half the
+            kernel.
+        ShapeError: x not 4-D, or the kernel does not fit the padded input.
+
+    Source: SEMANTICS.md (Pooling); PyTorch ``max_pool2d`` sizes and NaN rule.
+    """
+    y, _, _ = _max_argwin(xp, x, kernel_size, stride, padding, ceil_mode)
+    return y
+
+
+def max_pool2d_backward(xp, x, gy, *, kernel_size, stride, padding, ceil_mode):
+    """Input gradient of :func:`max_pool2d`.
+
+    The whole ``gy`` of each window goes to one input cell: the first NaN of
+    the window if it holds one, else the first maximum among the window's
+    input cells in row-major order (padding never wins a tie with a -inf input
+    cell). Gradients of overlapping windows add up.
+
+    Args:
+        x: the forward input ``(N, C, H, W)``.
+        gy: ``(N, C, oh, ow)`` output gradient.
+        kernel_size, stride, padding, ceil_mode: as :func:`max_pool2d`.
+
+    Returns:
+        ``(N, C, H, W)`` in gy's dtype.
+
+    Raises:
+        ShapeError: gy's shape is not the forward output's.
+    """
+    _, idx, (k, s, out, buf_pad) = _max_argwin(xp, x, kernel_size, stride, padding, ceil_mode)
+    if tuple(gy.shape) != tuple(idx.shape):
+        raise ShapeError(f"max_pool2d_backward: gy has shape {gy.shape}, expected {idx.shape}")
+    gbuf = _zeros_buffer(xp, x.shape, buf_pad, gy.dtype)
+    for p in range(k[0]):
+        for q in range(k[1]):
+            _strided_view(gbuf, p, q, s, out)[...] += xp.where(idx == p * k[1] + q, gy, 0)
+    return _crop(gbuf, buf_pad, x.shape)
+
+
+def max_pool2d_select(xp, x, v, *, kernel_size, stride, padding, ceil_mode):
+    """``v`` read at each window's winning cell of ``x``: the adjoint of
+    :func:`max_pool2d_backward` in its gradient argument (used for second
+    derivatives). The winner is the one :func:`max_pool2d_backward` routes
+    to, so ``sum(select(x, v) * gy) == sum(v * max_pool2d_backward(x, gy))``.
+
+    Args:
+        x: ``(N, C, H, W)`` forward input; v: same shape.
+        kernel_size, stride, padding, ceil_mode: as :func:`max_pool2d`.
+
+    Returns:
+        ``(N, C, oh, ow)`` in v's dtype.
+
+    Raises:
+        ShapeError: v's shape differs from x's.
+    """
+    if tuple(v.shape) != tuple(x.shape):
+        raise ShapeError(f"max_pool2d_select: v has shape {v.shape}, x has {x.shape}")
+    _, idx, (k, s, out, buf_pad) = _max_argwin(xp, x, kernel_size, stride, padding, ceil_mode)
+    # Winners are always input cells, so the padding fill of v is never read.
+    win = _windows(xp, v, buf_pad, k, s, out, 0)
+    return xp.take_along_axis(win, idx[..., None], axis=-1)[..., 0]
+
+
+def _zeros_buffer(xp, shape, buf_pad, dtype):
+    (pt, pb), (pl, pr) = buf_pad
+    return xp.zeros((shape[0], shape[1], shape[2] + pt + pb, shape[3] + pl + pr), dtype=dtype)
+
+
+def _strided_view(buf, p, q, s, out):
+    """Cells at kernel offset (p, q) of every window, as an ``(N, C, oh, ow)`` view."""
+    return buf[:, :, p : p + (out[0] - 1) * s[0] + 1 : s[0], q : q + (out[1] - 1) * s[1] + 1 : s[1]]
+
+
+def _crop(buf, buf_pad, shape):
+    (pt, _), (pl, _) = buf_pad
+    return buf[:, :, pt : pt + shape[2], pl : pl + shape[3]].copy()
+
+
+def _divisor(xp, in_hw, k, s, pad, out, count_include_pad, dtype):
+    """``(oh, ow)`` cell counts of each window (SEMANTICS.md average divisor).
+
+    Along each axis the window ``[start, start + k)`` (``start = i*s - pad_begin``
+    in input coordinates) is clipped to ``[-pad_begin, in + pad_end)`` when
+    counting padding (never the ceil_mode overhang) or to ``[0, in)`` when not.
+    The count factorises over the two axes.
+    """
+    counts = []
+    for n, kk, ss, (pb, pe), o in zip(in_hw, k, s, pad, out):
+        start = xp.arange(o) * ss - pb
+        lo, hi = (-pb, n + pe) if count_include_pad else (0, n)
+        counts.append(xp.minimum(start + kk, hi) - xp.maximum(start, lo))
+    return (counts[0][:, None] * counts[1][None, :]).astype(dtype)
+
+
+def avg_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, count_include_pad):
+    """Average pooling of an NCHW tensor.
+
+    Args:
+        x: ``(N, C, H, W)`` float array (fp16 accumulates in fp32).
+        kernel_size, stride, padding, ceil_mode: as :func:`max_pool2d`;
+            padding cells hold 0.
+        count_include_pad: divisor counts input plus explicit padding cells
+            (True) or input cells only (False); the ceil_mode overhang is
+            never counted.
+
+    Returns:
+        ``(N, C, oh, ow)`` in x's dtype.
+
+    Raises:
+        ParameterError, ShapeError: as :func:`max_pool2d`.
+
+    Source: SEMANTICS.md (Pooling); PyTorch ``avg_pool2d`` divisor rule.
+    """
+    if x.ndim != 4:
+        raise ShapeError(f"avg_pool2d: x must be 4-D NCHW, got shape {x.shape}")
+    k, s, pad, out, buf_pad = _geometry(x.shape[2:], kernel_size, stride, padding, ceil_mode)
+    acc = _acc_dtype(xp, x.dtype)
+    win = _windows(xp, x.astype(acc, copy=False), buf_pad, k, s, out, 0)
+    div = _divisor(xp, x.shape[2:], k, s, pad, out, count_include_pad, acc)
+    return (win.sum(axis=-1) / div).astype(x.dtype, copy=False)
+
+
+def avg_pool2d_backward(xp, gy, *, kernel_size, stride, padding, ceil_mode,
+                        count_include_pad, input_shape):
+    """Input gradient of :func:`avg_pool2d`: each input cell receives
+    ``gy / divisor`` from every window covering it.
+
+    Args:
+        gy: ``(N, C, oh, ow)`` output gradient.
+        input_shape: the forward input's NCHW shape (the output extent does
+            not determine it).
+        Others: as :func:`avg_pool2d`.
+
+    Returns:
+        ``(N, C, H, W)`` in gy's dtype.
+
+    Raises:
+        ShapeError: gy's shape is not the forward output's for input_shape.
+    """
+    shape = tuple(int(v) for v in input_shape)
+    if len(shape) != 4:
+        raise ParameterError("input_shape", input_shape, "must be an NCHW 4-tuple")
+    k, s, pad, out, buf_pad = _geometry(shape[2:], kernel_size, stride, padding, ceil_mode)
+    if tuple(gy.shape) != shape[:2] + out:
+        raise ShapeError(f"avg_pool2d_backward: gy has shape {gy.shape}, expected {shape[:2] + out}")
+    acc = _acc_dtype(xp, gy.dtype)
+    g = gy.astype(acc, copy=False) / _divisor(xp, shape[2:], k, s, pad, out, count_include_pad, acc)
+    gbuf = _zeros_buffer(xp, shape, buf_pad, acc)
+    for p in range(k[0]):
+        for q in range(k[1]):
+            _strided_view(gbuf, p, q, s, out)[...] += g
+    return _crop(gbuf, buf_pad, shape).astype(gy.dtype, copy=False)
+
+
+__all__ = ["max_pool2d", "max_pool2d_backward", "max_pool2d_select", "avg_pool2d",
+           "avg_pool2d_backward"]

@@ -1,0 +1,296 @@
+"""Every convolution algorithm x direction x parameter form against the float64
+direct reference (SEMANTICS.md tolerances), their decline reasons, and the
+registry glue of ``opgraph.backends.conv_rules``."""
+
+import numpy as np
+import pytest
+
+from opgraph.backends import fft, gemm, winograd
+from opgraph.backends.reference import conv as ref
+from opgraph.backends.registry import KernelContext, lookup, rules_for
+from opgraph.errors import LoweringError, ParameterError
+from opgraph.ops.conv import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter
+from opgraph.params import pair
+from opgraph.types import TensorType
+
+# (x shape, w shape, params)
+CASES = {
+    "basic": ((2, 3, 6, 5), (4, 3, 3, 3), dict(padding=1)),
+    "stride2_asym_pad": ((2, 3, 7, 6), (4, 3, 3, 3), dict(stride=2, padding=((0, 1), (2, 0)))),
+    "stride3_dil2": ((1, 2, 11, 9), (3, 2, 3, 2), dict(stride=3, dilation=2, padding=((1, 0), (0, 2)))),
+    "stride_dil_hw": ((2, 2, 8, 7), (2, 2, 2, 3), dict(stride=(1, 2), dilation=(2, 1))),
+    "dilation2_s1": ((1, 2, 9, 8), (2, 2, 3, 3), dict(dilation=2, padding=2)),
+    "groups2": ((2, 4, 6, 6), (6, 2, 3, 3), dict(padding=1, groups=2)),
+    "depthwise": ((2, 3, 5, 7), (3, 1, 3, 3), dict(padding=((1, 1), (0, 2)), groups=3)),
+    "depthwise_x2": ((1, 2, 5, 5), (4, 1, 3, 3), dict(padding=2, groups=2)),
+    "kernel_gt_input": ((1, 2, 2, 3), (3, 2, 3, 3), dict(padding=1)),
+    "kernel_gt_input_5x4": ((1, 2, 2, 2), (2, 2, 5, 4), dict(padding=((2, 1), (1, 1)))),
+    "1x1_stride2": ((2, 3, 5, 6), (4, 3, 1, 1), dict(stride=2)),
+    "batch0": ((0, 4, 5, 5), (4, 2, 3, 3), dict(padding=1, groups=2)),
+    "ragged_tiles": ((1, 2, 9, 7), (3, 2, 3, 3), dict(padding=((0, 2), (3, 0)))),
+    "stride_not_tiling": ((1, 2, 8, 8), (2, 2, 3, 3), dict(stride=3)),
+    "pad_wider_than_kernel": ((1, 1, 3, 3), (2, 1, 3, 3), dict(padding=3)),
+}
+
+# name -> (module, options)
+ALGORITHMS = {
+    "gemm": (gemm, {}),
+    "gemm_chunked": (gemm, {"workspace_limit": 1}),  # one image per chunk
+    "fft": (fft, {}),
+    "winograd2": (winograd, {"tile": 2}),
+    "winograd4": (winograd, {"tile": 4}),
+}
+
+TOLERANCE = {  # relative error vs the float64 reference (SEMANTICS.md "Numbers")
+    ("gemm", "float32"): 1e-5, ("fft", "float32"): 1e-3, ("winograd", "float32"): 1e-3,
+    ("gemm", "float64"): 1e-12, ("fft", "float64"): 1e-10, ("winograd", "float64"): 1e-10,
+}
+
+DIRECTIONS = ("forward", "backward_data", "backward_filter")
+
+
+def winograd_applies(case):
+    """Written from the paper's scope, independently of winograd.check."""
+    _, ws, params = CASES[case]
+    return (ws[2:] == (3, 3) and pair("s", params.get("stride", 1), minimum=1) == (1, 1)
+            and pair("d", params.get("dilation", 1), minimum=1) == (1, 1))
+
+
+def applies(alg, case):
+    return ALGORITHMS[alg][0] is not winograd or winograd_applies(case)
+
+
+GRID = [(alg, case, direction) for alg in ALGORITHMS for case in CASES for direction in DIRECTIONS
+        if applies(alg, case)]
+
+
+def rel_err(out, expect):
+    assert out.shape == expect.shape
+    assert np.all(np.isfinite(out)), "NaN/inf never passes"
+    norm = np.linalg.norm(expect)
+    return np.linalg.norm(out.astype(np.float64) - expect) / (norm if norm else 1.0)
+
+
+def run(module, direction, arrays, shapes, params, options, xp=np):
+    xs, ws = shapes
+    if direction == "forward":
+        return module.conv2d_forward(xp, *arrays, **params, **options)
+    if direction == "backward_data":
+        return module.conv2d_backward_data(xp, *arrays, input_shape=xs, **params, **options)
+    return module.conv2d_backward_filter(xp, *arrays, weight_shape=ws, **params, **options)
+
+
+def inputs(case, direction, dtype, seed=0):
+    """The direction's two inputs in ``dtype`` and the float64 reference result
+    computed from exactly those (rounded) values."""
+    xs, ws, params = CASES[case]
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(xs).astype(dtype)
+    w = rng.standard_normal(ws).astype(dtype)
+    ys = ref.conv_geometry(xs, ws, **params).y_shape
+    gy = rng.standard_normal(ys).astype(dtype)
+    arrays = {"forward": (x, w), "backward_data": (gy, w), "backward_filter": (x, gy)}[direction]
+    expect = run(ref, direction, [a.astype(np.float64) for a in arrays], (xs, ws), params, {})
+    return arrays, expect
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("alg, case, direction", GRID)
+def test_matches_reference(alg, case, direction, dtype):
+    module, options = ALGORITHMS[alg]
+    xs, ws, params = CASES[case]
+    arrays, expect = inputs(case, direction, dtype)
+    out = run(module, direction, arrays, (xs, ws), params, options)
+    assert out.dtype == np.dtype(dtype)
+    family = module.__name__.rsplit(".", 1)[-1]
+    assert rel_err(out, expect) < TOLERANCE[(family, dtype)]
+    if direction == "backward_filter" and xs[0] == 0:
+        assert np.all(out == 0), "batch 0 gives a zero weight gradient"
+
+
+@pytest.mark.parametrize("alg", ["fft", "winograd2", "winograd4"])
+def test_float32_accuracy_at_layer_size(alg):
+    """A conv3-like layer (AlexNet-style channel counts, small batch): within 1e-3."""
+    module, options = ALGORITHMS[alg]
+    xs, ws, params = (2, 64, 13, 13), (96, 64, 3, 3), dict(padding=1)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal(ws) / 24).astype(np.float32)
+    gy = rng.standard_normal((2, 96, 13, 13)).astype(np.float32)
+    for direction, arrays in (("forward", (x, w)), ("backward_data", (gy, w)), ("backward_filter", (x, gy))):
+        expect = run(ref, direction, [a.astype(np.float64) for a in arrays], (xs, ws), params, {})
+        out = run(module, direction, arrays, (xs, ws), params, options)
+        assert rel_err(out, expect) < 1e-3, direction
+
+
+# --- decline reasons -------------------------------------------------------------------
+
+def node(case, direction):
+    """The abstract op and input types of ``case`` in ``direction``."""
+    xs, ws, params = CASES[case]
+    g = ref.conv_geometry(xs, ws, **params)
+    p = dict(stride=g.stride, padding=g.padding, dilation=g.dilation, groups=g.groups)
+    xt, wt, yt = TensorType(xs), TensorType(ws), TensorType(g.y_shape)
+    if direction == "forward":
+        return Conv2d(**p), (xt, wt)
+    if direction == "backward_data":
+        return Conv2dBackwardData(**p, input_shape=xs), (yt, wt)
+    return Conv2dBackwardFilter(**p, weight_shape=ws), (xt, yt)
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("case", CASES)
+def test_winograd_check(case, direction):
+    op, types = node(case, direction)
+    reason = winograd.check(direction, op, types, "cpu")
+    if winograd_applies(case):
+        assert reason is None
+    else:
+        assert reason and reason.startswith("winograd needs")
+        xs, ws, params = CASES[case]
+        arrays, _ = inputs(case, direction, "float64")
+        with pytest.raises(LoweringError, match="winograd needs"):
+            run(winograd, direction, arrays, (xs, ws), params, {})
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("case", CASES)
+def test_gemm_and_fft_accept_every_valid_form(case, direction):
+    op, types = node(case, direction)
+    assert gemm.check(direction, op, types, "cpu") is None
+    assert fft.check(direction, op, types, "cpu") is None
+
+
+def test_winograd_reason_names_the_kernel():
+    op, types = node("kernel_gt_input_5x4", "forward")
+    assert winograd.check("forward", op, types, "cpu") == "winograd needs a 3x3 kernel, got 5x4"
+
+
+def test_huge_sizes_are_declined_not_miscomputed():
+    """A 65536x65536 image: Ho*Wo = 2^32 overflows a 32-bit GEMM dimension and an FFT plane."""
+    op = Conv2d()
+    types = (TensorType((1, 1, 2**16, 2**16)), TensorType((1, 1, 1, 1)))
+    assert "32-bit" in gemm.check("forward", op, types, "cpu")
+    assert "exceeds" in fft.check("forward", op, types, "cpu")
+
+
+def test_winograd_rejects_unknown_tile():
+    x, w = np.ones((1, 1, 4, 4)), np.ones((1, 1, 3, 3))
+    with pytest.raises(ParameterError) as err:
+        winograd.conv2d_forward(np, x, w, tile=3)
+    assert err.value.param == "tile"
+
+
+def test_gemm_batch_chunks_respect_the_workspace_limit():
+    g = ref.conv_geometry((10, 3, 8, 8), (4, 3, 3, 3), padding=1)
+    per_image = gemm.col_bytes_per_image(g, 4)
+    assert per_image == 3 * 9 * 64 * 4
+    assert gemm.batch_chunk(g, 4, 3 * per_image) == 3
+    assert gemm.batch_chunk(g, 4, 1) == 1  # one image always runs
+    assert gemm.batch_chunk(g, 4, 10**12) == 10
+
+
+def test_winograd_matrices_compute_f2_and_f4_on_one_tile():
+    """1-D check of the paper's matrices: A^T[(G g) * (B^T d)] = correlation of d with g."""
+    rng = np.random.default_rng(5)
+    for m in (2, 4):
+        bt, gm, at = winograd.matrices(np, m, np.float64)
+        d, g = rng.standard_normal(m + 2), rng.standard_normal(3)
+        expect = np.array([d[i:i + 3] @ g for i in range(m)])
+        np.testing.assert_allclose(at @ ((gm @ g) * (bt @ d)), expect, rtol=1e-12, atol=1e-12)
+
+
+# --- registry glue ---------------------------------------------------------------------
+
+NAMES = ("direct", "reference", "gemm", "fft", "winograd")
+
+
+@pytest.mark.parametrize("op_type", [Conv2d, Conv2dBackwardData, Conv2dBackwardFilter])
+def test_every_algorithm_is_registered(op_type):
+    assert set(NAMES) <= set(rules_for(op_type))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rule_kernels_run_with_bias_and_options(name):
+    xs, ws, params = CASES["groups2"]
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal(xs), rng.standard_normal(ws)
+    b = rng.standard_normal(ws[0])
+    op, _ = node("groups2", "forward")
+    options = {"tile": 2} if name == "winograd" else {}
+    y = lookup(Conv2d, name).kernel(KernelContext(np, "cpu", options), op, x, w, b)
+    expect = ref.conv2d_forward(np, x, w, **params) + b[None, :, None, None]
+    np.testing.assert_allclose(y, expect, rtol=1e-10, atol=1e-10)
+
+    gy = rng.standard_normal(expect.shape)
+    dop, _ = node("groups2", "backward_data")
+    fop, _ = node("groups2", "backward_filter")
+    ctx = KernelContext(np, "cpu", options)
+    np.testing.assert_allclose(lookup(Conv2dBackwardData, name).kernel(ctx, dop, gy, w),
+                               ref.conv2d_backward_data(np, gy, w, input_shape=xs, **params), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(lookup(Conv2dBackwardFilter, name).kernel(ctx, fop, x, gy),
+                               ref.conv2d_backward_filter(np, x, gy, weight_shape=ws, **params), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["gemm", "fft", "winograd"])
+def test_float16_computes_in_float32(name):
+    xs, ws, params = CASES["basic"]
+    rng = np.random.default_rng(8)
+    x, w = rng.standard_normal(xs).astype(np.float16), rng.standard_normal(ws).astype(np.float16)
+    op, _ = node("basic", "forward")
+    y = lookup(Conv2d, name).kernel(KernelContext(np), op, x, w)
+    assert y.dtype == np.float16
+    expect = ref.conv2d_forward(np, x.astype(np.float64), w.astype(np.float64), **params)
+    assert rel_err(y, expect) < 1e-2
+
+
+def test_rule_decline_reason_variants_and_workspace():
+    op, types = node("stride2_asym_pad", "forward")
+    assert lookup(Conv2d, "winograd").decline_reason(op, types, "cpu") == "winograd needs stride 1, got (2, 2)"
+    assert lookup(Conv2d, "gemm").decline_reason(op, types, "cpu") is None
+    assert lookup(Conv2d, "direct").decline_reason(op, types, "tpu") == "direct has no tpu implementation"
+    op, types = node("basic", "backward_filter")
+    rule = lookup(Conv2dBackwardFilter, "winograd")
+    assert rule.variants(op, types, "cpu") == [{"tile": 2}, {"tile": 4}]
+    assert rule.workspace(op, types, {"tile": 4}) > 0
+    for name in ("gemm", "fft"):
+        assert lookup(Conv2dBackwardFilter, name).workspace(op, types, {}) > 0
+    assert {"conv", "winograd"} <= lookup(Conv2dBackwardData, "winograd").tags
+
+
+
+# --- the same kernels on CuPy ----------------------------------------------------------
+
+def _cupy_or_skip():
+    from opgraph.backends.device import cuda_status
+
+    usable, why = cuda_status()
+    if not usable:
+        pytest.skip(why)
+    import cupy
+
+    return cupy
+
+
+GPU_ALGORITHMS = dict(ALGORITHMS, direct=(ref, {}))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("alg", GPU_ALGORITHMS)
+def test_same_code_runs_on_cupy(alg):
+    """Each algorithm, every applicable case and direction, on CuPy float32 arrays
+    against the NumPy float64 reference (the kernels are written against ``xp``)."""
+    cp = _cupy_or_skip()
+    module, options = GPU_ALGORITHMS[alg]
+    family = module.__name__.rsplit(".", 1)[-1]
+    tol = 1e-5 if family in ("gemm", "conv") else 1e-3
+    for case in CASES:
+        if not (module is not winograd or winograd_applies(case)):
+            continue
+        xs, ws, params = CASES[case]
+        for direction in DIRECTIONS:
+            arrays, expect = inputs(case, direction, "float32")
+            out = run(module, direction, [cp.asarray(a) for a in arrays], (xs, ws), params, options, xp=cp)
+            assert isinstance(out, cp.ndarray) and out.dtype == np.float32
+            assert rel_err(cp.asnumpy(out), expect) < tol, (case, direction)
+

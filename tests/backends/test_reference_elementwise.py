@@ -1,0 +1,159 @@
+"""SEMANTICS.md rules of ReLU, threshold, add, bias add, dropout and zeros on
+the reference kernels; backward kernels against central differences."""
+
+import numpy as np
+import pytest
+
+from opgraph.backends.reference import elementwise as ew
+from opgraph.errors import ShapeError
+from opgraph.types import TensorType
+
+
+def numgrad(f, x, gy, h=1e-6):
+    """Central-difference gradient of ``sum(gy * f(x))`` with respect to x."""
+    g = np.zeros_like(x)
+    x = x.copy()
+    for i in np.ndindex(x.shape):
+        old = x[i]
+        x[i] = old + h
+        up = np.sum(gy * f(x))
+        x[i] = old - h
+        down = np.sum(gy * f(x))
+        x[i] = old
+        g[i] = (up - down) / (2 * h)
+    return g
+
+
+def away_from(x, t, gap=1e-3):
+    """Push values within ``gap`` of the kink ``t`` away, so differences are smooth."""
+    return np.where(np.abs(x - t) < gap, t + 0.5, x)
+
+
+def test_relu_values_and_nan():
+    x = np.array([-2.0, -0.0, 0.0, 3.0, np.nan, np.inf, -np.inf])
+    y = ew.relu(np, x)
+    np.testing.assert_array_equal(y, [0, 0, 0, 3, np.nan, np.inf, 0])
+    assert y.dtype == x.dtype
+    assert ew.relu(np, x.astype(np.float32)).dtype == np.float32
+
+
+def test_relu_backward_rules():
+    x = np.array([-1.0, 0.0, 2.0, np.nan, 5.0])
+    gy = np.array([1.0, 1.0, 1.0, 1.0, np.inf])
+    np.testing.assert_array_equal(ew.relu_backward(np, x, gy), [0, 0, 1, 0, np.inf])
+    # a blocked position gives exactly 0 even for an infinite gradient
+    assert ew.relu_backward(np, np.array([-1.0]), np.array([np.inf]))[0] == 0.0
+
+
+def test_relu_backward_finite_differences():
+    rng = np.random.default_rng(0)
+    x = away_from(rng.standard_normal((2, 3, 4)), 0.0)
+    gy = rng.standard_normal(x.shape)
+    np.testing.assert_allclose(ew.relu_backward(np, x, gy), numgrad(lambda v: ew.relu(np, v), x, gy),
+                               atol=1e-8)
+
+
+def test_threshold_values():
+    x = np.array([-1.0, 0.5, 1.0, 1.5, np.nan])
+    np.testing.assert_array_equal(ew.threshold(np, x, threshold=1.0, value=-7.0),
+                                  [-7, -7, -7, 1.5, np.nan])   # x > t keeps x, NaN propagates
+    # threshold(0, 0) is ReLU
+    z = np.random.default_rng(1).standard_normal(50)
+    np.testing.assert_array_equal(ew.threshold(np, z, threshold=0.0, value=0.0), ew.relu(np, z))
+
+
+def test_threshold_backward_finite_differences():
+    rng = np.random.default_rng(2)
+    x = away_from(rng.standard_normal((3, 5)), 0.3)
+    gy = rng.standard_normal(x.shape)
+    want = numgrad(lambda v: ew.threshold(np, v, threshold=0.3, value=2.0), x, gy)
+    np.testing.assert_allclose(ew.threshold_backward(np, x, gy, threshold=0.3), want, atol=1e-8)
+    assert ew.threshold_backward(np, np.array([0.3]), np.array([1.0]), threshold=0.3)[0] == 0.0
+
+
+def test_add_and_shape_error():
+    a, b = np.arange(6.0).reshape(2, 3), np.ones((2, 3))
+    np.testing.assert_array_equal(ew.add(np, a, b), a + 1)
+    with pytest.raises(ShapeError):
+        ew.add(np, a, np.ones((3, 2)))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (4, 3), (0, 3, 2, 2)])
+def test_bias_add_and_backward(shape):
+    rng = np.random.default_rng(3)
+    x, b = rng.standard_normal(shape), rng.standard_normal(shape[1])
+    y = ew.bias_add(np, x, b)
+    want = x.copy()
+    for c in range(shape[1]):
+        want[:, c] += b[c]
+    np.testing.assert_array_equal(y, want)
+    gy = rng.standard_normal(shape)
+    gb = ew.bias_add_backward(np, gy)
+    assert gb.shape == (shape[1],)
+    np.testing.assert_allclose(gb, numgrad(lambda v: ew.bias_add(np, x, v), b, gy), atol=1e-8)
+    if shape[0] == 0:
+        np.testing.assert_array_equal(gb, 0.0)
+
+
+def test_bias_add_rejects_wrong_bias():
+    with pytest.raises(ShapeError):
+        ew.bias_add(np, np.zeros((2, 3, 4, 4)), np.zeros(4))
+
+
+def test_bias_add_backward_fp16_accumulates_in_fp32():
+    gy = np.full((64, 2, 16, 16), 0.1, dtype=np.float16)   # 16384 terms per channel
+    gb = ew.bias_add_backward(np, gy)
+    assert gb.dtype == np.float16
+    want = 16384 * np.float64(np.float16(0.1))
+    np.testing.assert_allclose(gb.astype(np.float64), want, rtol=1e-3)
+
+
+def test_dropout_inference_is_an_identity_copy():
+    x = np.random.default_rng(4).standard_normal((3, 4))
+    y = ew.dropout(np, x, p=0.5, training=False, seed=1)
+    np.testing.assert_array_equal(y, x)
+    assert not np.shares_memory(x, y)
+    np.testing.assert_array_equal(ew.dropout(np, x, p=0.0, training=True, seed=1), x)
+
+
+def test_dropout_training_mask_scale_and_seed():
+    x = np.random.default_rng(5).standard_normal((4, 8, 5, 5)) + 10.0   # never 0
+    p = 0.3
+    y = ew.dropout(np, x, p=p, training=True, seed=42)
+    keep = np.random.default_rng(42).random(x.shape) >= p
+    np.testing.assert_allclose(y, np.where(keep, x / (1 - p), 0.0), rtol=1e-15)
+    assert abs((y != 0).mean() - (1 - p)) < 0.05
+    np.testing.assert_array_equal(ew.dropout(np, x, p=p, training=True, seed=42), y)   # seeded
+    assert not np.array_equal(ew.dropout(np, x, p=p, training=True, seed=43), y)
+    assert y.dtype == x.dtype
+    assert ew.dropout(np, x.astype(np.float32), p=p, training=True, seed=42).dtype == np.float32
+
+
+def test_dropout_p_one_gives_zeros():
+    x = np.array([1.0, np.inf, -3.0])
+    np.testing.assert_array_equal(ew.dropout(np, x, p=1.0, training=True, seed=0), 0.0)
+
+
+def test_dropout_backward_is_dropout_of_gy():
+    rng = np.random.default_rng(6)
+    x, gy = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 4))
+    kw = dict(p=0.4, training=True, seed=7)
+    want = numgrad(lambda v: ew.dropout(np, v, **kw), x, gy)
+    np.testing.assert_allclose(ew.dropout(np, gy, **kw), want, atol=1e-8)
+
+
+def test_zeros():
+    z = ew.zeros(np, type=TensorType((2, 0, 3), "float32"))
+    assert z.shape == (2, 0, 3) and z.dtype == np.float32
+    z = ew.zeros(np, type=TensorType((4,), "float64"))
+    np.testing.assert_array_equal(z, [0, 0, 0, 0])
+    with pytest.raises(TypeError, match="bfloat16"):
+        ew.zeros(np, type=TensorType((2,), "bfloat16"))
+
+
+def test_batch_size_zero():
+    x = np.zeros((0, 3, 4, 4))
+    for y in (ew.relu(np, x), ew.relu_backward(np, x, x), ew.threshold(np, x, threshold=0, value=1),
+              ew.threshold_backward(np, x, x, threshold=0), ew.add(np, x, x),
+              ew.dropout(np, x, p=0.5, training=True, seed=0)):
+        assert y.shape == x.shape

@@ -119,14 +119,14 @@ _CHANNEL = """
 _LRN_FWD = _CHANNEL + """
     T s = 0;
     for (long long j = lo; j <= hi; ++j) { const T v = x[t + j * sc]; s += v * v; }
-    const T d = (T)kk + (T)(alpha / size) * s;
+    const T d = (T)kk + (T)(alpha / nsize) * s;
     y[t] = x[t] * pow(d, (T)(-beta));
 """
 
 _LRN_BWD1 = _CHANNEL + """
     T s = 0;
     for (long long j = lo; j <= hi; ++j) { const T v = x[t + j * sc]; s += v * v; }
-    const T d = (T)kk + (T)(alpha / size) * s;
+    const T d = (T)kk + (T)(alpha / nsize) * s;
     const T p = pow(d, (T)(-beta));
     dp[t] = p;
     tt[t] = gy[t] * x[t] * p / d;
@@ -136,10 +136,11 @@ _LRN_BWD1 = _CHANNEL + """
 _LRN_BWD2 = _CHANNEL.replace("c - before", "c - after").replace("c + after", "c + before") + """
     T s = 0;
     for (long long j = lo; j <= hi; ++j) s += tt[t + j * sc];
-    gx[t] = gy[t] * dp[t] - (T)(2.0 * alpha * beta / size) * x[t] * s;
+    gx[t] = gy[t] * dp[t] - (T)(2.0 * alpha * beta / nsize) * x[t] * s;
 """
 
-_LRN_PARAMS = "int64 C, int64 inner, bool cl, int64 before, int64 after, float64 alpha, float64 beta, float64 kk, float64 size"
+_LRN_PARAMS = ("int64 C, int64 inner, bool cl, int64 before, int64 after, float64 alpha, "
+               "float64 beta, float64 kk, float64 nsize")
 
 
 def _lrn_check(x, size):
@@ -173,7 +174,7 @@ def local_response_norm(xp, x, *, size, alpha, beta, k):
     buf, cl, dt, geo, kk, size = _lrn_setup(xp, x, size, k)
     kern = _ew("lrn_fwd", "raw T x, " + _LRN_PARAMS, "raw T y", _LRN_FWD)
     y = xp.empty_like(buf)
-    kern(buf, *geo, float(alpha), float(beta), kk, float(size), y, size=buf.size)
+    kern(buf.ravel(), *geo, float(alpha), float(beta), kk, float(size), y.ravel(), size=buf.size)
     return logical(y, cl).astype(x.dtype, copy=False)
 
 
@@ -192,9 +193,11 @@ def local_response_norm_backward(xp, x, gy, *, size, alpha, beta, k):
     g = in_layout(xp, gy, cl).astype(dt, copy=False)
     dp, tt, gx = xp.empty_like(buf), xp.empty_like(buf), xp.empty_like(buf)
     k1 = _ew("lrn_bwd1", "raw T x, raw T gy, " + _LRN_PARAMS, "raw T dp, raw T tt", _LRN_BWD1)
-    k1(buf, g, *geo, float(alpha), float(beta), kk, float(size), dp, tt, size=buf.size)
+    k1(buf.ravel(), g.ravel(), *geo, float(alpha), float(beta), kk, float(size), dp.ravel(), tt.ravel(),
+       size=buf.size)
     k2 = _ew("lrn_bwd2", "raw T x, raw T gy, raw T dp, raw T tt, " + _LRN_PARAMS, "raw T gx", _LRN_BWD2)
-    k2(buf, g, dp, tt, *geo, float(alpha), float(beta), kk, float(size), gx, size=buf.size)
+    k2(buf.ravel(), g.ravel(), dp.ravel(), tt.ravel(), *geo, float(alpha), float(beta), kk, float(size),
+       gx.ravel(), size=buf.size)
     return logical(gx, cl).astype(x.dtype, copy=False)
 
 

@@ -33,7 +33,9 @@ _ROW = """
     for (long long c = 0; c < C; ++c) s += exp(x[base + c * inner] - m);
 """
 
-_SOFTMAX = _ROW + "for (long long c = 0; c < C; ++c) { const long long j = base + c * inner; y[j] = exp(x[j] - m) / s; }"
+_SOFTMAX = _ROW + """
+    for (long long c = 0; c < C; ++c) { const long long j = base + c * inner; y[j] = exp(x[j] - m) / s; }
+"""
 _LOG_SOFTMAX = _ROW + """
     const T ls = log(s);
     for (long long c = 0; c < C; ++c) { const long long j = base + c * inner; y[j] = (x[j] - m) - ls; }
@@ -95,7 +97,7 @@ def _row_op(xp, name, body, x, axis):
         return x.copy()
     buf, c, inner, rows, half = _rows(xp, x, axis)
     y = xp.empty_like(buf)
-    _kernel(name, "raw T x, int64 C, int64 inner", "raw T y", body)(buf, c, inner, y, size=rows)
+    _kernel(name, "raw T x, int64 C, int64 inner", "raw T y", body)(buf.ravel(), c, inner, y.ravel(), size=rows)
     return y.astype(xp.float16) if half else y
 
 
@@ -119,7 +121,8 @@ def _row_bwd(xp, name, body, y, gy, axis):
     yb, c, inner, rows, half = _rows(xp, y, axis)
     g = xp.ascontiguousarray(gy).astype(yb.dtype, copy=False)
     gx = xp.empty_like(yb)
-    _kernel(name, "raw T y, raw T gy, int64 C, int64 inner", "raw T gx", body)(yb, g, c, inner, gx, size=rows)
+    kern = _kernel(name, "raw T y, raw T gy, int64 C, int64 inner", "raw T gx", body)
+    kern(yb.ravel(), g.ravel(), c, inner, gx.ravel(), size=rows)
     return gx.astype(xp.float16) if half else gx
 
 
@@ -156,7 +159,7 @@ def _ce_rows(xp, logits, target):
     t = xp.ascontiguousarray(target).astype(xp.int64, copy=False)
     lse, loss = xp.empty(n, dtype=buf.dtype), xp.empty(n, dtype=buf.dtype)
     _kernel("ce_rows", "raw T x, raw int64 target, int64 C, int64 inner", "raw T lse, raw T loss",
-            _CE_ROWS)(buf, t, c, 1, lse, loss, size=n)
+            _CE_ROWS)(buf.ravel(), t, c, 1, lse, loss, size=n)
     return buf, t, lse, loss, half
 
 
@@ -193,7 +196,7 @@ def cross_entropy_backward(xp, logits, target, gy, *, reduction):
     g = xp.ascontiguousarray(gy.reshape(1)).astype(buf.dtype, copy=False)
     gx = xp.empty_like(buf)
     _kernel("ce_bwd", "raw T x, raw int64 target, raw T lse, raw T gy, float64 scale, int64 C",
-            "raw T gx", _CE_BWD)(buf, t, lse, g, 1.0 / n if reduction == "mean" else 1.0, c, gx,
+            "raw T gx", _CE_BWD)(buf.ravel(), t, lse, g, 1.0 / n if reduction == "mean" else 1.0, c, gx.ravel(),
                                  size=gx.size)
     return gx.astype(xp.float16) if half else gx
 

@@ -47,7 +47,8 @@ def geometry(in_hw, kernel_size, stride, padding, ceil_mode):
             raise ParameterError("padding", padding, f"must be at most half the kernel {k} on each side")
     out = tuple(pool_out_size(n, kk, ss, p, bool(ceil_mode)) for n, kk, ss, p in zip(in_hw, k, s, pad))
     if min(out) < 1:
-        raise ShapeError(f"pooling kernel {k} with padding {pad} does not fit input {tuple(in_hw)} (output {out})")
+        raise ShapeError(f"pooling kernel {k} with padding {pad} does not fit input {tuple(in_hw)} "
+                         f"(output {out})")
     return k, s, pad, out
 
 
@@ -178,7 +179,8 @@ def _max(xp, x, kernel_size, stride, padding, ceil_mode, with_arg, what):
         body = _MAX.replace("STORE", "arg[t] = (int)win;" if with_arg else "")
         outs = "raw T y, raw int32 arg" if with_arg else "raw T y"
         kern = _kernel("maxpool_arg" if with_arg else "maxpool", "raw T x, " + _GEO, outs, body)
-        kern(buf, *_geo(x.shape, out, k, s, pad, cl, out), y, *([arg] if with_arg else []), size=y.size)
+        kern(buf.ravel(), *_geo(x.shape, out, k, s, pad, cl, out), y.ravel(),
+             *([arg.ravel()] if with_arg else []), size=y.size)
     return y, arg, cl, half, (k, s, pad, out)
 
 
@@ -207,7 +209,7 @@ def max_pool2d_backward(xp, x, gy, *, kernel_size, stride, padding, ceil_mode):
     gx = _out(xp, g, x.shape[0], x.shape[1], x.shape[2:], cl)
     if gx.size:
         kern = _kernel("maxpool_bwd", "raw T gy, raw int32 arg, " + _GEO, "raw T gx", _MAX_BWD)
-        kern(g, arg, *_geo(x.shape, out, k, s, pad, cl, x.shape[2:]), gx, size=gx.size)
+        kern(g.ravel(), arg.ravel(), *_geo(x.shape, out, k, s, pad, cl, x.shape[2:]), gx.ravel(), size=gx.size)
     gx = logical(gx, cl)
     return gx.astype(xp.float16) if half else gx
 
@@ -223,7 +225,7 @@ def max_pool2d_select(xp, x, v, *, kernel_size, stride, padding, ceil_mode):
     y = _out(xp, vb, x.shape[0], x.shape[1], out, cl)
     if y.size:
         kern = _kernel("maxpool_select", "raw T v, raw int32 arg, " + _GEO, "raw T y", _SELECT)
-        kern(vb, arg, *_geo(x.shape, out, k, s, pad, cl, out), y, size=y.size)
+        kern(vb.ravel(), arg.ravel(), *_geo(x.shape, out, k, s, pad, cl, out), y.ravel(), size=y.size)
     return logical(y, cl)
 
 
@@ -235,7 +237,8 @@ def avg_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, count_include_
     y = _out(xp, buf, x.shape[0], x.shape[1], out, cl)
     if y.size:
         kern = _kernel("avgpool", "raw T x, bool include_pad, " + _GEO, "raw T y", _AVG, _DIVISOR)
-        kern(buf, bool(count_include_pad), *_geo(x.shape, out, k, s, pad, cl, out), y, size=y.size)
+        kern(buf.ravel(), bool(count_include_pad), *_geo(x.shape, out, k, s, pad, cl, out), y.ravel(),
+             size=y.size)
     y = logical(y, cl)
     return y.astype(xp.float16) if half else y
 
@@ -257,7 +260,8 @@ def avg_pool2d_backward(xp, gy, *, kernel_size, stride, padding, ceil_mode, coun
     gx = _out(xp, g, shape[0], shape[1], shape[2:], cl)
     if gx.size:
         kern = _kernel("avgpool_bwd", "raw T gy, bool include_pad, " + _GEO, "raw T gx", _AVG_BWD, _DIVISOR)
-        kern(g, bool(count_include_pad), *_geo(shape, out, k, s, pad, cl, shape[2:]), gx, size=gx.size)
+        kern(g.ravel(), bool(count_include_pad), *_geo(shape, out, k, s, pad, cl, shape[2:]), gx.ravel(),
+             size=gx.size)
     gx = logical(gx, cl)
     return gx.astype(xp.float16) if half else gx
 

@@ -42,7 +42,8 @@ _FLOATS = ("float16", "float32", "float64")
 def check(op, in_types, device):
     """Our kernels take float16/32/64 (float16 computes in float32); integer
     inputs (cross-entropy targets) are not checked here."""
-    bad = sorted({t.dtype for t in in_types if t.dtype not in _FLOATS and not t.dtype.startswith(("int", "uint"))})
+    bad = sorted({t.dtype for t in in_types
+                  if t.dtype not in _FLOATS and not t.dtype.startswith(("int", "uint"))})
     if bad:
         return f"the CuPy kernels take {', '.join(_FLOATS)}; got {', '.join(bad)}"
     return None

@@ -4,12 +4,13 @@ Runs through NVIDIA's cuDNN frontend (the Python ``cudnn`` module of
 ``nvidia-cudnn-frontend``); graphs are built once per signature by
 :mod:`.cudnn_graph`. Every parameter form of SEMANTICS.md is accepted:
 stride, dilation, groups (incl. depthwise; cuDNN reads the group count off the
-weight shape), and asymmetric padding, passed natively as cuDNN pre/post
-padding. Where cuDNN rejects a graph (a padding form an operation does not
-take, or a fused epilogue without a fusion engine) the kernel falls back,
-in this order, to the unfused graph plus a CuPy epilogue and to explicit zero
-padding of the input with an unpadded graph; the route taken is remembered
-per signature.
+weight shape), and asymmetric padding. The frontend takes asymmetric padding
+natively (pre/post padding) but on cuDNN 9.19 some wgrad engines compute it
+wrong, so asymmetric padding is legalized (:func:`route`): cuDNN pads the
+symmetric part, the remainder is explicit zero padding of the image operand
+(x, or a larger dx that is cropped). A fused epilogue without a fusion engine
+falls back to the unfused graph plus a CuPy epilogue. The route taken is
+remembered per signature.
 
 Options (``ctx.options`` of a ``Lowered`` node, or keywords):
 
@@ -124,15 +125,23 @@ def signature(kind: str, epilogue: str, shapes, precision: str, padding, stride,
                             tuple(stride), tuple(dilation), bool(cl), device)
 
 
-def _padded(sig: cg.ConvSignature) -> cg.ConvSignature:
-    """The same convolution on an explicitly zero-padded input, unpadded graph."""
+def _split(sig: cg.ConvSignature, keep_symmetric: bool = True):
+    """The same convolution with padding split into a symmetric part cuDNN
+    applies (``min(pre, post)`` per axis, or none) and an explicit zero
+    padding of the image operand (x, or dx for dgrad) by the rest.
+
+    Returns ``(signature, extra)`` with ``extra = ((top, bottom), (left, right))``.
+    """
     (pt, pl), (pb, pr) = sig.pre_padding, sig.post_padding
+    mh, mw = (min(pt, pb), min(pl, pr)) if keep_symmetric else (0, 0)
+    extra = ((pt - mh, pb - mh), (pl - mw, pr - mw))
     dims, strides = list(sig.dims), list(sig.strides)
     i = len(dims) - 1 if sig.kind == "dgrad" else 0  # the image operand: dx, or x
     n, c, h, w = dims[i]
-    dims[i] = (n, c, h + pt + pb, w + pl + pr)
+    dims[i] = (n, c, h + sum(extra[0]), w + sum(extra[1]))
     strides[i] = _strides(dims[i], sig.channels_last)
-    return sig._replace(dims=tuple(dims), strides=tuple(strides), pre_padding=(0, 0), post_padding=(0, 0))
+    return sig._replace(dims=tuple(dims), strides=tuple(strides), pre_padding=(mh, mw),
+                        post_padding=(mh, mw)), extra
 
 
 def _unfused(sig: cg.ConvSignature) -> cg.ConvSignature:
@@ -140,9 +149,23 @@ def _unfused(sig: cg.ConvSignature) -> cg.ConvSignature:
                         strides=sig.strides[:2] + sig.strides[3:])
 
 
+#: Whether cuDNN's native pre != post padding is trusted, per operation. On the
+#: H200 with cuDNN 9.19 some wgrad engines returned wrong weight gradients for
+#: asymmetric padding (docs/gpu.md), so asymmetric padding is legalized: the
+#: symmetric part stays native, the rest becomes explicit zero padding.
+NATIVE_ASYMMETRIC = {"fprop": False, "dgrad": False, "wgrad": False}
+
+
 def route(sig: cg.ConvSignature):
-    """``(plan, epilogue_left_to_cupy, explicit_padding)`` for ``sig``: the
-    native graph if cuDNN builds it, else the fallbacks (module docstring).
+    """``(plan, epilogue_left_to_cupy, extra_padding)`` for ``sig``:
+
+    1. the graph of ``sig`` itself when its padding is symmetric (or native
+       asymmetric padding is trusted for the operation, :data:`NATIVE_ASYMMETRIC`);
+    2. else the split form (:func:`_split`), and as a last resort all padding
+       explicit;
+
+    each tried fused first, then without the epilogue (applied by CuPy).
+    ``extra_padding`` is None when cuDNN pads everything itself.
 
     Raises:
         LoweringError: no form builds; the message lists cuDNN's reasons.
@@ -150,15 +173,19 @@ def route(sig: cg.ConvSignature):
     got = _ROUTES.get(sig)
     if got is not None:
         return got
-    tries = [(sig, "none", False)]
-    if sig.epilogue != "none":
-        tries.append((_unfused(sig), sig.epilogue, False))
+    symmetric = sig.pre_padding == sig.post_padding
+    forms = [(sig, None)] if symmetric or NATIVE_ASYMMETRIC[sig.kind] else []
+    if not symmetric:
+        forms.append(_split(sig))
     if any(sig.pre_padding) or any(sig.post_padding):
-        tries += [(_padded(s), epi, True) for s, epi, _ in list(tries)]
+        forms.append(_split(sig, keep_symmetric=False))
+    tries = [(s, "none", extra) for s, extra in forms]
+    if sig.epilogue != "none":
+        tries = [t for s, e in forms for t in ((s, "none", e), (_unfused(s), sig.epilogue, e))]
     errors = []
-    for s, epi, padded in tries:
+    for s, epi, extra in tries:
         try:
-            got = (cg.plan_for(s), epi, padded)
+            got = (cg.plan_for(s), epi, extra)
             break
         except LoweringError as exc:
             errors.append(str(exc))
@@ -178,14 +205,13 @@ def _run(xp, kind, epilogue, ins, out_shape, out_dtype, padding, stride, dilatio
     if epilogue != "none":
         shapes[2] = (1, out_shape[1], 1, 1)
     sig = signature(kind, epilogue, shapes, precision, padding, stride, dilation, cl, _device_id(xp))
-    plan, cupy_epilogue, padded = route(sig)
+    plan, cupy_epilogue, extra = route(sig)
     ops = [_in_layout(xp, _cast(xp, a, io), cl) if a.ndim == 4 else xp.ascontiguousarray(_cast(xp, a, io))
            for a in ins]
-    (pt, pb), (pl, pr) = padding
-    pad = ((0, 0), (pt, pb), (pl, pr), (0, 0)) if cl else ((0, 0), (0, 0), (pt, pb), (pl, pr))
-    if padded and kind in ("fprop", "wgrad"):  # zero-pad the image operand
+    if extra is not None and kind in ("fprop", "wgrad"):  # zero-pad the image operand
+        (et, eb), (el, er) = extra
         t = ops[0].transpose(0, 2, 3, 1) if cl else ops[0]
-        t = xp.pad(t, pad)
+        t = xp.pad(t, ((0, 0), (et, eb), (el, er), (0, 0)) if cl else ((0, 0), (0, 0), (et, eb), (el, er)))
         ops[0] = t.transpose(0, 3, 1, 2) if cl else t
     if cupy_epilogue != "none":
         ops = ops[:2]
@@ -193,8 +219,9 @@ def _run(xp, kind, epilogue, ins, out_shape, out_dtype, padding, stride, dilatio
     index = plan.default if engine is None else int(engine)
     ws = plan.ensure(index)
     plan.execute([a.data.ptr for a in ops] + [out.data.ptr], index, cg.workspace_ptr(ws, plan.sig.device))
-    if padded and kind == "dgrad":
-        out = _in_layout(xp, out[:, :, pt:pt + out_shape[2], pl:pl + out_shape[3]], cl)
+    if extra is not None and kind == "dgrad":  # crop the explicit padding off dx
+        (et, _), (el, _) = extra
+        out = _in_layout(xp, out[:, :, et:et + out_shape[2], el:el + out_shape[3]], cl)
     y = _uncast(xp, out, io, out_dtype)
     if cupy_epilogue != "none":
         y += ins[2].reshape(1, -1, 1, 1).astype(y.dtype, copy=False)

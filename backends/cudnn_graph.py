@@ -28,7 +28,9 @@ Source of the API: NVIDIA cudnn-frontend Python samples (``pygraph``,
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from typing import NamedTuple
 
 from opgraph.errors import LoweringError
@@ -76,8 +78,10 @@ class ConvPlan:
         self.count = graph.get_execution_plan_count()
         self.workspace: dict[int, int] = {}  # built plan index -> workspace bytes
         self.failed: dict[int, str] = {}     # plan index -> why it did not build
+        self.build_seconds: dict[int, float] = {}  # plan index -> time to build it
         self.default: int | None = None
         self._all_built = False
+        self._fast: dict[int, tuple | bool] = {}  # plan index -> backend call, or False
 
     def ensure(self, index: int) -> int:
         """Build plan ``index`` if needed; return its workspace bytes.
@@ -94,6 +98,7 @@ class ConvPlan:
                                 f"{self.count} plans")
         if index in self.failed:
             raise LoweringError(f"cuDNN engine {index} cannot run {self.describe()}: {self.failed[index]}")
+        start = time.perf_counter()
         try:
             self.graph.build_plan_at_index(index)
             ws = int(self.graph.get_workspace_size_plan_at_index(index))
@@ -101,6 +106,8 @@ class ConvPlan:
             self.failed[index] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             raise LoweringError(f"cuDNN engine {index} cannot run {self.describe()}: "
                                 f"{self.failed[index]}") from None
+        finally:
+            self.build_seconds[index] = time.perf_counter() - start
         self.workspace[index] = ws
         return ws
 
@@ -141,10 +148,43 @@ class ConvPlan:
                 f"post={s.post_padding} stride={s.stride} dilation={s.dilation}")
 
     def execute(self, ptrs, index: int, workspace_ptr: int) -> None:
-        """Run plan ``index`` on device pointers given in operand order."""
+        """Run plan ``index`` (built, see :meth:`ensure`) on device pointers
+        given in operand order, on CuPy's current stream.
+
+        The first call of an index goes through the frontend's public
+        ``execute_plan_at_index``; later calls go straight to the lowered
+        backend graph's ``_execute_plan_at_index`` (what the public call ends
+        in), which skips the frontend's per-call re-validation of the plan list
+        and of the buffers (measured in docs/gpu.md). ``OPGRAPH_CUDNN_PUBLIC_EXECUTE=1``
+        keeps every call on the public path.
+        """
         _sync_stream(self.handle)
-        self.graph.execute_plan_at_index(dict(zip(self.uids, ptrs)), workspace_ptr or None,
-                                         index, handle=self.handle)
+        pack = dict(zip(self.uids, ptrs))
+        fast = self._fast.get(index)
+        if fast:
+            fn, cpp_index, raw = fast
+            try:
+                fn(pack, workspace_ptr, cpp_index, raw, None, None, None)
+                return
+            except TypeError:  # argument shape of another frontend version: raised before launch
+                self._fast[index] = False
+        self.graph.execute_plan_at_index(pack, workspace_ptr or None, index, handle=self.handle)
+        if fast is None:
+            self._fast[index] = _fast_path(self.graph, index, self.handle)
+
+
+def _fast_path(graph, index: int, h):
+    """``(backend_execute, backend_plan_index, raw_handle)`` for plan ``index``,
+    or False when this frontend version does not have that shape."""
+    if os.environ.get("OPGRAPH_CUDNN_PUBLIC_EXECUTE") == "1":
+        return False
+    try:
+        cpp_index = graph._plans[index].cpp_index
+        fn = graph._lowered_graph._execute_plan_at_index
+        raw = h.backend_handle
+    except (AttributeError, IndexError, TypeError):
+        return False
+    return (fn, cpp_index, raw) if cpp_index is not None and raw is not None else False
 
 
 _CACHE: dict[ConvSignature, ConvPlan] = {}

@@ -11,7 +11,7 @@ Each rule's
   heuristic order (the first is the default choice), for the dtype's default
   precision or ``precision`` when given;
 * ``workspace`` is the plan's cuDNN workspace plus the scratch arrays of the
-  call (precision casts, explicit padding).
+  call (precision casts, explicit padding of asymmetric padding).
 
 Shapes and layouts come from the ``TensorType``\\ s: ``layout == 'NHWC'`` on
 the first input means channels-last operands, as the kernel will see them.
@@ -23,11 +23,13 @@ import math
 
 from opgraph.errors import LoweringError
 from opgraph.ops.conv import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter
+from opgraph.params import conv_out_size
 
 from .registry import Rule, register
 
 KIND = {Conv2d: "fprop", Conv2dBackwardData: "dgrad", Conv2dBackwardFilter: "wgrad"}
 _DTYPES = ("float32", "float16", "bfloat16")
+_FUSED: set = set()  # op types of fused conv + bias + ReLU (register_fused_rule)
 
 
 def _options(options) -> dict:
@@ -38,11 +40,14 @@ def _signature(op, in_types, precision=None, device: int = 0):
     """The signature the kernel will build for ``op`` on inputs ``in_types``;
     None for an empty batch (no cuDNN call)."""
     from .cudnn import default_precision, signature
-    kind = KIND[type(op)]
+    fused = type(op) in _FUSED
+    kind = "fprop" if fused else KIND[type(op)]
     first = in_types[0]
     precision = precision or default_precision(first.dtype)
     if kind == "fprop":
-        out = op.forward_shape(first.shape, in_types[1].shape)
+        out = (first.shape[0], in_types[1].shape[0]) + tuple(
+            conv_out_size(n, k, s, d, p) for n, k, s, d, p in
+            zip(first.shape[2:], in_types[1].shape[2:], op.stride, op.dilation, op.padding))
         bias = [(1, out[1], 1, 1)] if len(in_types) > 2 else []
         shapes = [first.shape, in_types[1].shape] + bias + [out]
     elif kind == "dgrad":
@@ -51,7 +56,7 @@ def _signature(op, in_types, precision=None, device: int = 0):
         shapes = [first.shape, in_types[1].shape, op.weight_shape]
     if shapes[-1][0] == 0 or first.shape[0] == 0:
         return None
-    epilogue = "bias" if kind == "fprop" and len(in_types) > 2 else "none"
+    epilogue = "bias_relu" if fused else "bias" if kind == "fprop" and len(in_types) > 2 else "none"
     return signature(kind, epilogue, shapes, precision, op.padding, op.stride, op.dilation,
                      first.layout == "NHWC", device)
 
@@ -103,13 +108,13 @@ def workspace(op, in_types, options) -> int:
     sig = _signature(op, in_types, opts.get("precision"), _device())
     if sig is None:
         return 0
-    plan, _, padded = route(sig)
+    plan, _, extra = route(sig)
     engine = opts.get("engine")
     total = plan.ensure(plan.pick_default() if engine is None else int(engine))
     io_size = 4 if sig.io_dtype == "float32" else 2
     if in_types[0].dtype != sig.io_dtype:  # every operand and the output are cast
         total += io_size * sum(math.prod(d) for d in sig.dims)
-    if padded:
+    if extra is not None:  # the explicitly padded image operand
         total += io_size * math.prod(plan.sig.dims[-1 if sig.kind == "dgrad" else 0])
     return total
 
@@ -137,6 +142,23 @@ def _wgrad(ctx, op, x, gy):
                                   engine=o.get("engine"))
 
 
+def _fused(ctx, op, x, w, b):
+    """cuDNN ``conv_fprop -> bias -> relu`` as one graph (:func:`.cudnn.conv2d_bias_relu`)."""
+    from .cudnn import conv2d_bias_relu
+    o = ctx.options
+    return conv2d_bias_relu(ctx.xp, x, w, b, stride=op.stride, padding=op.padding,
+                            dilation=op.dilation, groups=op.groups,
+                            precision=o.get("precision"), engine=o.get("engine"))
+
+
+def register_fused_rule(op_type) -> None:
+    """Register the ``cudnn`` rule of a fused conv + bias + ReLU op type: inputs
+    ``(x, w, b)``, fields ``stride, padding, dilation, groups`` (canonical forms)."""
+    _FUSED.add(op_type)
+    register(Rule(op_type, "cudnn", _fused, devices={"cuda"}, check=check, variants=variants,
+                  workspace=workspace, tags={"cudnn", "gpu", "fused"}))
+
+
 def register_rules() -> None:
     """Register the three ``cudnn`` rules (idempotent)."""
     for op_type, kernel in ((Conv2d, _fprop), (Conv2dBackwardData, _dgrad),
@@ -145,4 +167,4 @@ def register_rules() -> None:
                       variants=variants, workspace=workspace, tags={"cudnn", "gpu"}))
 
 
-__all__ = ["KIND", "check", "variants", "workspace", "register_rules"]
+__all__ = ["KIND", "check", "variants", "workspace", "register_rules", "register_fused_rule"]

@@ -13,6 +13,8 @@ Every kernel takes the array module ``xp`` first and returns a fresh array
 
 from __future__ import annotations
 
+import numpy as np
+
 from opgraph.errors import ShapeError
 
 
@@ -22,8 +24,6 @@ def _acc(xp, dtype):
 
 def _broadcast(what, *shapes):
     try:
-        import numpy as np
-
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:
         raise ShapeError(f"{what}: shapes {', '.join(map(str, shapes))} do not broadcast") from None

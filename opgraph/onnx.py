@@ -1,0 +1,373 @@
+"""ONNX import: an ONNX model as an opgraph ``Graph`` of abstract ops.
+
+``load(path_or_model, batch=None) -> (graph, inputs, outputs)``. Every ONNX
+node becomes abstract ops with the attribute semantics of the ONNX operator
+spec (https://onnx.ai/onnx/operators/); the converters live in
+``opgraph.onnx_layers`` (Conv, pooling, LRN, BatchNormalization, Gemm, ...)
+and ``opgraph.onnx_tensor`` (Add, Reshape, Concat, Constant, ...). The list of
+operators and attributes, and the known limits: ``docs/onnx.md``.
+
+Rules the importer keeps:
+
+* Nothing is silently approximated. An operator, an operator version, an
+  attribute, an attribute value, a domain or an input form it does not
+  implement raises :class:`OnnxImportError` naming the ONNX node (name and
+  op_type) and what is missing. Every attribute a node carries must be read
+  by its converter, so an attribute unknown to the importer is an error too.
+* Versions: each converter lists the operator versions (``since_version`` in
+  the ONNX operator changelog) whose semantics it implements; a node is
+  resolved to the version its model's opset selects.
+* Float initializers become ``param`` sources (trainable, fed by name, their
+  value as default); ``Constant`` nodes and values computed only from
+  constants (shape arithmetic: ``Shape``, ``Gather``, ``Concat``, ...) are
+  folded at import time and enter the graph, where a compute node reads
+  them, as ``Constant`` ops. BatchNorm running statistics become constants.
+* Batch: the first axis of every graph input may be symbolic; it becomes
+  ``batch`` (default 1). ``batch=`` also overrides a fixed batch of 1; then a
+  ``Reshape`` whose constant target shape starts with that 1 while its input
+  carries the new batch gets the new batch there (an exporter bakes
+  ``x.view(1, -1)`` into the file for a batch-1 export).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import attrs
+import numpy as np
+
+from .errors import OpgraphError, ParameterError
+from .graph import Graph, Value
+from .ops import Constant
+from .types import DTYPES
+
+#: op_type -> (versions implemented, converter(ctx) -> Value | ndarray).
+CONVERTERS: dict[str, tuple[frozenset, Callable]] = {}
+
+
+class OnnxImportError(OpgraphError):
+    """The model uses an operator, attribute, version or form the importer does not implement."""
+
+
+def converter(op_type: str, versions):
+    """Register ``fn(ctx)`` as the converter of ``op_type`` at ``versions`` (since_version values)."""
+
+    def deco(fn):
+        CONVERTERS[op_type] = (frozenset(versions), fn)
+        return fn
+
+    return deco
+
+
+def _onnx():
+    try:
+        import onnx
+        import onnx.defs
+        import onnx.helper
+        import onnx.numpy_helper  # noqa: F401
+    except ImportError:
+        raise ImportError("opgraph.onnx needs the 'onnx' package: pip install 'opgraph[onnx]' "
+                          "(or pip install onnx)") from None
+    return onnx
+
+
+def load(path_or_model, batch: int | None = None) -> tuple[Graph, list[Value], list[Value]]:
+    """Import an ONNX model.
+
+    Args:
+        path_or_model: a file path, the serialized bytes, or an
+            ``onnx.ModelProto``.
+        batch: the batch size to build for. It replaces a symbolic first
+            axis of the graph inputs (default 1) and a fixed batch of 1;
+            any other fixed batch must equal it.
+
+    Returns:
+        ``(graph, inputs, outputs)``: the graph, one ``Value`` per ONNX graph
+        input that is not an initializer (named as in the file, fed by that
+        name), one per ONNX graph output, in the file's order.
+
+    Raises:
+        ImportError: the ``onnx`` package is missing.
+        OnnxImportError: an unsupported operator, version, attribute or input
+            form, naming the ONNX node; or a symbolic non-batch dimension.
+        ParameterError: ``batch`` is not an int >= 0, or conflicts with a
+            fixed batch other than 1.
+    """
+    onnx = _onnx()
+    if isinstance(path_or_model, (str, os.PathLike)):
+        model = onnx.load(os.fspath(path_or_model))
+    elif isinstance(path_or_model, (bytes, bytearray)):
+        model = onnx.load_from_string(bytes(path_or_model))
+    elif isinstance(path_or_model, onnx.ModelProto):
+        model = path_or_model
+    else:
+        raise TypeError(f"load: expected a path, bytes or onnx.ModelProto, got {type(path_or_model).__name__}")
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 0):
+        raise ParameterError("batch", batch, "must be an int >= 0 or None")
+    from . import onnx_layers, onnx_tensor  # noqa: F401  (register the converters)
+
+    return _Importer(onnx, model, batch).run()
+
+
+@attrs.frozen
+class Static:
+    """A value known at import time; ``trainable`` for a float initializer."""
+
+    name: str
+    value: np.ndarray
+    trainable: bool = False
+
+
+class NodeContext:
+    """What a converter sees of one ONNX node (see ``onnx_layers`` for use)."""
+
+    def __init__(self, imp: "_Importer", node, version: int):
+        self.imp, self.node, self.version = imp, node, version
+        self.op_type = node.op_type
+        self.label = f"ONNX node {node.name or node.output[0]!r} ({node.op_type})"
+        self.base = node.name or node.output[0] or node.op_type.lower()
+        self._attrs = {a.name: a for a in node.attribute}
+        self._read: set[str] = set()
+
+    # ---- errors ----------------------------------------------------------
+    def error(self, what: str) -> OnnxImportError:
+        return OnnxImportError(f"{self.label}: {what}")
+
+    # ---- attributes ------------------------------------------------------
+    def attr(self, name: str, default: Any = None):
+        """The attribute's Python value (strings decoded, tensors as arrays), or ``default``."""
+        self._read.add(name)
+        if name not in self._attrs:
+            return default
+        a = self._attrs[name]
+        if a.type == a.TENSOR:
+            return self.imp.onnx.numpy_helper.to_array(a.t)
+        if a.type in (a.GRAPH, a.GRAPHS, a.SPARSE_TENSOR, a.SPARSE_TENSORS, a.TYPE_PROTO, a.TYPE_PROTOS):
+            raise self.error(f"attribute {name} of type {a.type} is not supported")
+        value = self.imp.onnx.helper.get_attribute_value(a)
+        if isinstance(value, bytes):
+            return value.decode()
+        if isinstance(value, list):
+            return [v.decode() if isinstance(v, bytes) else v for v in value]
+        return value
+
+    def has_attr(self, name: str) -> bool:
+        return name in self._attrs
+
+    def unread_attributes(self) -> list[str]:
+        return sorted(set(self._attrs) - self._read)
+
+    # ---- inputs ----------------------------------------------------------
+    @property
+    def n_inputs(self) -> int:
+        """Number of inputs, trailing omitted optional inputs not counted."""
+        names = list(self.node.input)
+        while names and not names[-1]:
+            names.pop()
+        return len(names)
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.node.input) and bool(self.node.input[i])
+
+    def static(self, i: int) -> np.ndarray | None:
+        """Input ``i``'s value if known at import time (initializer or folded)."""
+        s = self.imp.env.get(self.node.input[i]) if self.has_input(i) else None
+        return s.value if isinstance(s, Static) else None
+
+    def foldable(self, *idx: int) -> bool:
+        """True if the inputs are all import-time constants and none is trainable."""
+        idx = idx or tuple(i for i in range(self.n_inputs) if self.has_input(i))
+        vals = [self.imp.env.get(self.node.input[i]) for i in idx]
+        return all(isinstance(s, Static) and not s.trainable for s in vals)
+
+    def require_static(self, i: int, what: str) -> np.ndarray:
+        v = self.static(i)
+        if v is None:
+            raise self.error(f"input {i} ({what}) must be a constant (initializer or Constant); "
+                             f"computed {what} is not supported")
+        return v
+
+    def input(self, i: int, *, constant: bool = False, dtype: str | None = None) -> Value:
+        """Input ``i`` as a graph value (import-time values enter the graph here).
+
+        A trainable initializer becomes a ``param`` source unless ``constant``;
+        ``dtype`` casts an import-time value (never a computed one).
+        """
+        if not self.has_input(i):
+            raise self.error(f"input {i} is required")
+        return self.imp.value(self.node.input[i], constant=constant, dtype=dtype, ctx=self)
+
+    def shape(self, i: int) -> tuple[int, ...]:
+        s = self.passthrough(i)
+        return tuple(s.value.shape) if isinstance(s, Static) else s.shape
+
+    def passthrough(self, i: int) -> "Value | Static":
+        """Input ``i`` exactly as it is (for Identity-like nodes: no node is added)."""
+        if not self.has_input(i):
+            raise self.error(f"input {i} is required")
+        name = self.node.input[i]
+        if name not in self.imp.env:
+            raise self.error(f"tensor {name!r} is not produced by any earlier node, input or initializer")
+        return self.imp.env[name]
+
+    def output_used(self, i: int) -> bool:
+        return i < len(self.node.output) and bool(self.node.output[i]) and \
+            self.node.output[i] in self.imp.consumed
+
+    # ---- building --------------------------------------------------------
+    def apply(self, op_cls: type, params: dict, inputs, part: str | None = None) -> Value:
+        """Add ``op_cls(**params)`` over ``inputs``, named after the ONNX node (``/part`` for helpers)."""
+        name = self.imp.unique_name(self.base if part is None else f"{self.base}/{part}")
+        return self.imp.graph.apply(op_cls, params, list(inputs), name)
+
+    def constant(self, value, part: str) -> Value:
+        """A ``Constant`` op holding ``value``."""
+        return self.apply(Constant, {"value": np.asarray(value)}, [], part)
+
+
+class _Importer:
+    def __init__(self, onnx, model, batch):
+        self.onnx, self.model, self.g = onnx, model, model.graph
+        self.graph = Graph(self.g.name or "onnx")
+        self.opset = self._opset()
+        self.env: dict[str, Value | Static] = {}
+        self.entered: dict[tuple, Value] = {}
+        self.consumed = {n for node in self.g.node for n in node.input} | {o.name for o in self.g.output}
+        self.batch, self.batch_from = batch, None
+
+    def _opset(self) -> int:
+        known = self.onnx.defs.onnx_opset_version()
+        for imp in self.model.opset_import:
+            if imp.domain in ("", "ai.onnx"):
+                if imp.version > known:  # newer operator versions would be misread as older ones
+                    raise OnnxImportError(f"the model's opset {imp.version} is newer than the installed "
+                                          f"onnx package knows ({known}); upgrade onnx")
+                return int(imp.version)
+        raise OnnxImportError("the model imports no opset of the default ONNX domain")
+
+    def unique_name(self, name: str) -> str:
+        if name not in self.graph:
+            return name
+        k = 2
+        while f"{name}_{k}" in self.graph:
+            k += 1
+        return f"{name}_{k}"
+
+    # ---- values ----------------------------------------------------------
+    def value(self, name: str, *, constant=False, dtype=None, ctx=None) -> Value:
+        item = self.env.get(name)
+        if item is None:
+            raise (ctx.error if ctx else OnnxImportError)(f"tensor {name!r} is not produced by any "
+                                                          "earlier node, input or initializer")
+        if isinstance(item, Value):
+            return item
+        value = item.value if dtype is None else item.value.astype(dtype)
+        trainable = item.trainable and not constant
+        key = (item.name, trainable, value.dtype.name)  # item.name: the initializer's, through Identity
+        if key not in self.entered:
+            if value.dtype.kind in "iub":
+                value = value.astype(np.int64)
+            if value.dtype.name not in DTYPES:
+                raise (ctx.error if ctx else OnnxImportError)(
+                    f"tensor {name!r} has dtype {value.dtype}, not one of {DTYPES}")
+            node_name = self.unique_name(item.name)
+            if trainable:
+                self.entered[key] = self.graph.param(node_name, value.shape, value.dtype.name, value=value)
+            else:
+                self.entered[key] = self.graph.apply(Constant, {"value": value}, [], node_name)
+        return self.entered[key]
+
+    def _dtype(self, elem_type: int, what: str) -> str:
+        try:
+            name = np.dtype(self.onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
+        except (KeyError, TypeError, ValueError):
+            name = f"ONNX element type {elem_type}"
+        if name not in DTYPES:
+            raise OnnxImportError(f"{what} has dtype {name}, not one of {DTYPES}")
+        return name
+
+    def _inputs(self, initializers: set[str]) -> list[Value]:
+        out = []
+        for vi in self.g.input:
+            if vi.name in initializers:
+                continue  # IR < 4 lists initializers among the inputs: they are parameters
+            if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+                raise OnnxImportError(f"graph input {vi.name!r} is not a tensor of known rank")
+            tt = vi.type.tensor_type
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            for axis, d in enumerate(dims[1:], start=1):
+                if d is None:
+                    raise OnnxImportError(f"graph input {vi.name!r} has a symbolic dimension at axis "
+                                          f"{axis}; only the batch axis (0) may be symbolic")
+            if dims:
+                dims[0] = self._batch_dim(vi.name, dims[0])
+            v = self.graph.input(vi.name, dims, self._dtype(tt.elem_type, f"graph input {vi.name!r}"))
+            self.env[vi.name] = v
+            out.append(v)
+        return out
+
+    def _batch_dim(self, name: str, fixed: int | None) -> int:
+        if self.batch is None:
+            return 1 if fixed is None else fixed
+        if fixed is not None and fixed not in (1, self.batch):
+            raise ParameterError("batch", self.batch, f"graph input {name!r} has a fixed batch of "
+                                 f"{fixed}; only a symbolic batch or a batch of 1 can be overridden")
+        if fixed == 1 and self.batch != 1:
+            self.batch_from = 1
+        return self.batch
+
+    # ---- the walk --------------------------------------------------------
+    def run(self):
+        inits = {}
+        for t in self.g.initializer:
+            arr = self.onnx.numpy_helper.to_array(t)
+            inits[t.name] = Static(t.name, arr, trainable=arr.dtype.kind == "f")
+        if self.g.sparse_initializer:
+            raise OnnxImportError("sparse initializers are not supported")
+        inputs = self._inputs(set(inits))
+        self.env.update(inits)
+        for node in self.g.node:
+            self._convert(node)
+        outputs = []
+        for o in self.g.output:
+            if o.name not in self.env:
+                raise OnnxImportError(f"graph output {o.name!r} is not produced by any node")
+            outputs.append(self.value(o.name))
+        return self.graph, inputs, outputs
+
+    def _convert(self, node) -> None:
+        label = f"ONNX node {node.name or node.output[0]!r} ({node.op_type})"
+        if node.domain not in ("", "ai.onnx"):
+            raise OnnxImportError(f"{label}: operator domain {node.domain!r} is not supported")
+        if node.op_type not in CONVERTERS:
+            raise OnnxImportError(f"{label}: operator {node.op_type} is not supported by the importer "
+                                  f"(supported: {', '.join(sorted(CONVERTERS))})")
+        versions, fn = CONVERTERS[node.op_type]
+        try:
+            version = self.onnx.defs.get_schema(node.op_type, self.opset, "").since_version
+        except Exception:
+            raise OnnxImportError(f"{label}: ONNX defines no {node.op_type} at opset {self.opset}") from None
+        if version not in versions:
+            raise OnnxImportError(f"{label}: version {version} of {node.op_type} (selected by opset "
+                                  f"{self.opset}) is not supported; supported versions: "
+                                  f"{', '.join(map(str, sorted(versions)))}")
+        ctx = NodeContext(self, node, version)
+        try:
+            result = fn(ctx)
+        except OnnxImportError:
+            raise
+        except OpgraphError as e:
+            raise OnnxImportError(f"{label}: {e}") from e
+        unread = ctx.unread_attributes()
+        if unread:
+            raise ctx.error(f"attribute(s) {', '.join(unread)} not supported by the importer")
+        for i in range(1, len(node.output)):
+            if ctx.output_used(i):
+                raise ctx.error(f"output {i} ({node.output[i]!r}) is used, but only output 0 is supported")
+        if not isinstance(result, (Value, Static)):
+            result = Static(node.output[0], np.asarray(result))
+        self.env[node.output[0]] = result
+
+
+__all__ = ["load", "OnnxImportError", "CONVERTERS", "converter", "NodeContext", "Static"]

@@ -1,0 +1,236 @@
+"""cuDNN convolution lowering against the float64 reference, on the GPU.
+
+Forward, backward-data and backward-filter over a parameter grid (stride,
+asymmetric padding, dilation, groups incl. depthwise, a stride that does not
+tile the input) x precision (fp32 < 1e-4, tf32 < 5e-3, bf16/fp16 < 1e-2,
+relative to a float64 reference on the host) x layout (NCHW, NHWC); every
+engine of one convolution on a NaN-poisoned output; TF32 really excluded
+from fp32; the fused conv + bias + ReLU; the registry rules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opgraph.backends.device import cuda_status
+from opgraph.backends.reference import conv as ref
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not cuda_status()[0], reason=f"no GPU: {cuda_status()[1]}")]
+
+TOL = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 1e-2, "fp16": 1e-2}
+
+
+def P(stride=(1, 1), padding=((0, 0), (0, 0)), dilation=(1, 1), groups=1):
+    return dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+#: (id, x shape, w shape, params)
+CASES = [
+    ("3x3_pad1", (2, 4, 11, 9), (6, 4, 3, 3), P(padding=((1, 1), (1, 1)))),
+    ("stride2_asym", (2, 4, 11, 9), (6, 4, 3, 3), P(stride=(2, 2), padding=((0, 1), (1, 0)))),
+    ("dil_groups_asym", (2, 4, 11, 9), (6, 2, 3, 2), P(stride=(1, 2), padding=((2, 0), (0, 1)),
+                                                        dilation=(2, 1), groups=2)),
+    ("depthwise", (2, 6, 10, 10), (6, 1, 3, 3), P(stride=(2, 1), padding=((1, 1), (0, 0)), groups=6)),
+    ("untiled_stride3", (2, 4, 10, 11), (8, 4, 3, 3), P(stride=(3, 3))),
+    ("1x1_stride2", (2, 8, 9, 9), (4, 8, 1, 1), P(stride=(2, 2))),
+]
+
+
+def _data(rng, xs, ws, p):
+    x = rng.standard_normal(xs, dtype=np.float32)
+    w = rng.standard_normal(ws, dtype=np.float32)
+    y = ref.conv2d_forward(np, x.astype(np.float64), w.astype(np.float64), **p)
+    gy = rng.standard_normal(y.shape, dtype=np.float32)
+    return x, w, gy, y
+
+
+def _dev(cp, a, layout, to_cl):
+    d = cp.asarray(a)
+    return to_cl(d) if layout == "NHWC" else d
+
+
+def _is_cl(a):
+    return not a.flags.c_contiguous and a.transpose(0, 2, 3, 1).flags.c_contiguous
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("precision", list(TOL))
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("direction", ["fprop", "dgrad", "wgrad"])
+def test_conv_matches_float64_reference(cp, rng, relerr, to_cl, direction, case, precision, layout):
+    from opgraph.backends import cudnn
+    _, xs, ws, p = case
+    x, w, gy, y64 = _data(rng, xs, ws, p)
+    x64, w64, gy64 = (a.astype(np.float64) for a in (x, w, gy))
+    if direction == "fprop":
+        out = cudnn.conv2d(cp, _dev(cp, x, layout, to_cl), _dev(cp, w, layout, to_cl), **p,
+                           precision=precision)
+        want = y64
+    elif direction == "dgrad":
+        out = cudnn.conv2d_backward_data(cp, _dev(cp, gy, layout, to_cl), _dev(cp, w, layout, to_cl),
+                                         **p, input_shape=xs, precision=precision)
+        want = ref.conv2d_backward_data(np, gy64, w64, **p, input_shape=xs)
+    else:
+        out = cudnn.conv2d_backward_filter(cp, _dev(cp, x, layout, to_cl), _dev(cp, gy, layout, to_cl),
+                                           **p, weight_shape=ws, precision=precision)
+        want = ref.conv2d_backward_filter(np, x64, gy64, **p, weight_shape=ws)
+    assert out.dtype == np.float32 and out.shape == want.shape
+    assert _is_cl(out) == (layout == "NHWC" and min(out.shape[1:]) > 1)
+    err = relerr(cp.asnumpy(out), want)
+    assert err < TOL[precision], f"{direction} {case[0]} {precision} {layout}: rel err {err:.2e}"
+
+
+def _plan(direction, xs, ws, p, precision="fp32"):
+    from opgraph.backends import cudnn
+    from opgraph.params import conv_out_size
+    ys = (xs[0], ws[0]) + tuple(conv_out_size(n, k, s, d, pd) for n, k, s, d, pd in
+                                zip(xs[2:], ws[2:], p["stride"], p["dilation"], p["padding"]))
+    shapes = {"fprop": [xs, ws, ys], "dgrad": [ys, ws, xs], "wgrad": [xs, ys, ws]}[direction]
+    sig = cudnn.signature(direction, "none", shapes, precision, p["padding"], p["stride"],
+                          p["dilation"], False)
+    return cudnn.route(sig), shapes
+
+
+@pytest.mark.parametrize("direction", ["fprop", "dgrad", "wgrad"])
+def test_every_engine_on_poisoned_output(cp, rng, relerr, direction):
+    """Each cuDNN engine of one conv writes every output element correctly."""
+    from opgraph.backends import cudnn_graph as cg
+    xs, ws, p = (2, 8, 12, 12), (16, 8, 3, 3), P(padding=((1, 1), (1, 1)))
+    (plan, epilogue, extra), shapes = _plan(direction, xs, ws, p)
+    assert epilogue == "none" and extra is None
+    x, w, gy, y64 = _data(rng, xs, ws, p)
+    x64, w64, gy64 = (a.astype(np.float64) for a in (x, w, gy))
+    ins, want = {"fprop": ((x, w), y64),
+                 "dgrad": ((gy, w), ref.conv2d_backward_data(np, gy64, w64, **p, input_shape=xs)),
+                 "wgrad": ((x, gy), ref.conv2d_backward_filter(np, x64, gy64, **p, weight_shape=ws))}[direction]
+    ins = [cp.asarray(a) for a in ins]
+    engines = plan.engines()
+    assert engines and engines[0] == plan.pick_default()
+    for i in engines:
+        out = cp.full(shapes[-1], np.nan, dtype=cp.float32)
+        plan.execute([a.data.ptr for a in ins] + [out.data.ptr], i, cg.workspace_ptr(plan.ensure(i)))
+        err = relerr(cp.asnumpy(out), want)
+        assert err < TOL["fp32"], f"engine {i} ({plan.name(i)}): rel err {err:.2e}"
+
+
+def _run_direction(cp, direction, x, w, gy, p, xs, ws, **options):
+    from opgraph.backends import cudnn
+    if direction == "fprop":
+        return cudnn.conv2d(cp, cp.asarray(x), cp.asarray(w), **p, **options)
+    if direction == "dgrad":
+        return cudnn.conv2d_backward_data(cp, cp.asarray(gy), cp.asarray(w), **p, input_shape=xs, **options)
+    return cudnn.conv2d_backward_filter(cp, cp.asarray(x), cp.asarray(gy), **p, weight_shape=ws, **options)
+
+
+@pytest.mark.parametrize("direction", ["fprop", "dgrad", "wgrad"])
+def test_every_engine_with_asymmetric_padding(cp, rng, relerr, direction):
+    """Asymmetric padding and stride 2 through the kernels, one call per engine
+    (first call on the frontend's public path, second on the fast path)."""
+    from opgraph.backends import cudnn
+    xs, ws, p = (2, 8, 12, 11), (16, 8, 3, 3), P(stride=(2, 2), padding=((1, 0), (2, 1)))
+    x, w, gy, y64 = _data(rng, xs, ws, p)
+    x64, w64, gy64 = (a.astype(np.float64) for a in (x, w, gy))
+    want = {"fprop": y64,
+            "dgrad": ref.conv2d_backward_data(np, gy64, w64, **p, input_shape=xs),
+            "wgrad": ref.conv2d_backward_filter(np, x64, gy64, **p, weight_shape=ws)}[direction]
+    (plan, _, extra), _ = _plan(direction, xs, ws, p)
+    assert extra is not None  # legalized: cuDNN pads the symmetric part only
+    for i in plan.engines():
+        first = _run_direction(cp, direction, x, w, gy, p, xs, ws, engine=i)
+        second = _run_direction(cp, direction, x, w, gy, p, xs, ws, engine=i)
+        err = relerr(cp.asnumpy(first), want)
+        assert err < TOL["fp32"], f"engine {i} ({plan.name(i)}): rel err {err:.2e}"
+        # equal up to the reduction order of nondeterministic (atomic) engines
+        assert relerr(cp.asnumpy(second), cp.asnumpy(first)) < 1e-6, f"engine {i}: fast path differs"
+
+
+def _tf32_errors(cp, precision):
+    """Relative error of each engine on inputs 1 + 2^-12, which TF32 (10-bit
+    mantissa) rounds to 1: exact float32 gives 144 (1 + 2^-11), TF32 gives 144."""
+    from opgraph.backends import cudnn_graph as cg
+    xs, ws, p = (2, 16, 8, 8), (8, 16, 3, 3), P()
+    (plan, _, _), shapes = _plan("fprop", xs, ws, p, precision)
+    v = np.float32(1 + 2.0 ** -12)
+    x, w = cp.full(xs, v, dtype=cp.float32), cp.full(ws, v, dtype=cp.float32)
+    exact = 144 * (float(v) ** 2)
+    errs = {}
+    for i in plan.engines():
+        out = cp.full(shapes[-1], np.nan, dtype=cp.float32)
+        plan.execute([x.data.ptr, w.data.ptr, out.data.ptr], i, cg.workspace_ptr(plan.ensure(i)))
+        errs[i] = float(cp.abs(out - exact).max()) / exact
+    return errs
+
+
+def test_fp32_excludes_tf32_engines(cp):
+    errs = _tf32_errors(cp, "fp32")
+    assert errs and max(errs.values()) < 1e-5, errs
+
+
+def test_tf32_precision_offers_tf32_engines(cp):
+    """The filter is not vacuous: with 'tf32' some engine rounds to TF32."""
+    errs = _tf32_errors(cp, "tf32")
+    assert max(errs.values()) > 1e-4, errs
+
+
+@pytest.mark.parametrize("precision,layout", [("fp32", "NCHW"), ("bf16", "NHWC"), ("fp16", "NHWC"),
+                                              ("tf32", "NCHW")])
+def test_conv2d_bias_relu(cp, rng, relerr, to_cl, precision, layout):
+    from opgraph.backends import cudnn
+    xs, ws, p = (4, 16, 14, 14), (32, 16, 3, 3), P(padding=((1, 1), (1, 1)))
+    x, w, _, y64 = _data(rng, xs, ws, p)
+    b = rng.standard_normal(ws[0], dtype=np.float32)
+    want = np.maximum(y64 + b[None, :, None, None], 0)
+    out = cudnn.conv2d_bias_relu(cp, _dev(cp, x, layout, to_cl), _dev(cp, w, layout, to_cl),
+                                 cp.asarray(b), **p, precision=precision)
+    assert relerr(cp.asnumpy(out), want) < TOL[precision]
+    out_b = cudnn.conv2d(cp, _dev(cp, x, layout, to_cl), _dev(cp, w, layout, to_cl), cp.asarray(b),
+                         **p, precision=precision)
+    assert relerr(cp.asnumpy(out_b), y64 + b[None, :, None, None]) < TOL[precision]
+
+
+def test_rules(cp, rng, relerr):
+    from opgraph.backends import cudnn  # noqa: F401  (registers the rules)
+    from opgraph.backends.registry import KernelContext, rules_for
+    from opgraph.ops.conv import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter
+    from opgraph.types import TensorType
+    xs, ws, p = (2, 8, 12, 12), (16, 8, 3, 3), P(stride=(2, 2), padding=((1, 0), (0, 1)))
+    x, w, gy, y64 = _data(rng, xs, ws, p)
+    b = rng.standard_normal(ws[0], dtype=np.float32)
+    x64, w64, gy64 = (a.astype(np.float64) for a in (x, w, gy))
+    cases = [(Conv2d(**p), (x, w, b), y64 + b[None, :, None, None]),
+             (Conv2dBackwardData(**p, input_shape=xs), (gy, w),
+              ref.conv2d_backward_data(np, gy64, w64, **p, input_shape=xs)),
+             (Conv2dBackwardFilter(**p, weight_shape=ws), (x, gy),
+              ref.conv2d_backward_filter(np, x64, gy64, **p, weight_shape=ws))]
+    for op, arrays, want in cases:
+        rule = rules_for(type(op))["cudnn"]
+        types = tuple(TensorType(a.shape) for a in arrays)
+        assert rule.decline_reason(op, types, "cuda") is None
+        assert rule.decline_reason(op, tuple(TensorType(a.shape, "float64") for a in arrays), "cuda")
+        variants = rule.variants(op, types, "cuda")
+        assert variants and all(set(v) == {"engine"} for v in variants)
+        for options in (variants[0], variants[-1], {"precision": "tf32"}):
+            assert rule.workspace(op, types, options) >= 0
+            out = rule.kernel(KernelContext(cp, "cuda", options), op, *[cp.asarray(a) for a in arrays])
+            tol = TOL[options.get("precision", "fp32")]
+            assert relerr(cp.asnumpy(out), want) < tol, (op, options)
+
+
+def test_empty_batch_and_cache(cp, rng):
+    from opgraph.backends import cudnn, cudnn_graph as cg
+    p = P(padding=((1, 1), (1, 1)))
+    x = cp.zeros((0, 4, 8, 8), dtype=cp.float32)
+    w = cp.asarray(rng.standard_normal((6, 4, 3, 3), dtype=np.float32))
+    assert cudnn.conv2d(cp, x, w, **p).shape == (0, 6, 8, 8)
+    gw = cudnn.conv2d_backward_filter(cp, x, cp.zeros((0, 6, 8, 8), cp.float32), **p,
+                                      weight_shape=(6, 4, 3, 3))
+    assert gw.shape == (6, 4, 3, 3) and not cp.any(gw)
+    x = cp.asarray(rng.standard_normal((2, 4, 8, 8), dtype=np.float32))
+    cudnn.conv2d(cp, x, w, **p)
+    before = cg.cache_size()
+    y1 = cudnn.conv2d(cp, x, w, **p)
+    y2 = cudnn.conv2d(cp, x, w, **p)
+    assert cg.cache_size() == before
+    assert cp.allclose(y1, y2, rtol=1e-6, atol=0)

@@ -190,8 +190,9 @@ def peak_live_bytes(graph: Graph, outputs: Sequence[Value]) -> int:
 
     A node's output is allocated when it runs and freed right after its last
     reader ran; the requested ``outputs`` live to the end. Sources (inputs,
-    parameters) are excluded. This is an upper bound of what the memory
-    planning pass may achieve (it adds in-place updates and buffer reuse).
+    parameters) are excluded. No output is written in place, so the memory
+    pass (``passes/memory.py``: in-place ReLU, buffer reuse) can only do
+    better; without workspace it reports the same liveness peak.
     """
     order = list(graph.nodes_in_order(outputs))
     keep = {v.node for v in outputs}
@@ -243,7 +244,7 @@ def totals(rows: Iterable[LayerRow], graph: Graph | None = None,
         params = sum(r.params for r in rows)
         param_bytes = sum(r.param_bytes for r in rows)
     return Totals(
-        layers=len(rows),
+        layers=sum(1 for r in rows if r.role is None),
         params=params,
         flops=sum(r.flops for r in rows),
         activation_bytes=sum(r.out_bytes for r in rows if r.role is None),

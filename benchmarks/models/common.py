@@ -1,0 +1,136 @@
+"""What every benchmark model shares: the :class:`Model` record and a small
+builder that creates named weights and biases next to each layer.
+
+Naming rule: a layer's node carries the layer's name from
+``shared/specs/imagenet_winners.json`` (``'conv1'``, ``'inception_3a/1x1'``);
+its parameters are ``'<layer>.weight'`` (OIHW for convolutions, (out, in) for
+linear layers) and ``'<layer>.bias'``; the image input is ``'data'``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+
+import opgraph as og
+from opgraph.errors import ParameterError
+from opgraph.graph import Graph, Value
+
+
+@attrs.define(eq=False)
+class Model:
+    """A benchmark model built in the DSL.
+
+    Attributes:
+        key: registry name (``'alexnet'``, ``'overfeat'``, ``'vgg_a'``,
+            ``'googlenet'``, ``'L1'``..``'L5'``).
+        spec_key: its entry in the spec files (``'overfeat_fast'``,
+            ``'googlenet_v1'``, ``'L1'``, ...).
+        title: human-readable name.
+        graph: the graph holding every node.
+        input: the image input value, (N, C, H, W).
+        output: the model output (logits (N, 1000), or the conv output of a
+            layer-suite entry).
+        params: every parameter value, in layer order (weight before bias).
+        first_conv_input: the input of the first convolution. The seed's
+            benchmark computes no gradient with respect to it (Torch
+            ``features:get(1).gradInput = nil``), so backward timing asks
+            ``grad`` for the parameters only when this is the image.
+        seed_batch: the mini-batch size of the seed benchmark (128 or 64).
+        batch: the batch this graph was built for.
+        dtype: the dtype of every input and parameter.
+    """
+
+    key: str
+    spec_key: str
+    title: str
+    graph: Graph
+    input: Value
+    output: Value
+    params: list[Value]
+    first_conv_input: Value
+    seed_batch: int
+    batch: int
+    dtype: str
+
+    @property
+    def param_count(self) -> int:
+        """Parameter elements of the whole model."""
+        return sum(p.type.size for p in self.params)
+
+
+class ModelBuilder:
+    """Creates the graph, its input and named parameters for one model.
+
+    Each layer method adds one node named ``name`` (plus its parameter
+    sources) and returns its output value.
+    """
+
+    def __init__(self, key: str, spec_key: str, title: str, *, input_chw: Sequence[int],
+                 batch: int | None, seed_batch: int, dtype: str = "float32"):
+        if batch is None:
+            batch = seed_batch
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
+            raise ParameterError("batch", batch, "must be an int >= 0")
+        self.key, self.spec_key, self.title = key, spec_key, title
+        self.batch, self.seed_batch, self.dtype = batch, seed_batch, dtype
+        self.graph = Graph(key)
+        self.input = self.graph.input("data", (batch, *input_chw), dtype)
+        self.params: list[Value] = []
+        self.first_conv_input: Value | None = None
+
+    def _param(self, name: str, shape: Sequence[int]) -> Value:
+        p = self.graph.param(name, tuple(shape), self.dtype)
+        self.params.append(p)
+        return p
+
+    def conv(self, x: Value, name: str, out_channels: int, kernel: int, *,
+             stride: int = 1, pad: int = 0, bias: bool = True) -> Value:
+        """Square ``kernel`` x ``kernel`` convolution with bias, like Torch's
+        ``SpatialConvolution(in, out, k, k, s, s, pad, pad)``."""
+        in_channels = x.type.shape[1]
+        w = self._param(f"{name}.weight", (out_channels, in_channels, kernel, kernel))
+        b = self._param(f"{name}.bias", (out_channels,)) if bias else None
+        if self.first_conv_input is None:
+            self.first_conv_input = x
+        return og.conv2d(x, w, b, stride=stride, padding=pad, name=name)
+
+    def conv_relu(self, x: Value, conv_name: str, relu_name: str, out_channels: int,
+                  kernel: int, *, stride: int = 1, pad: int = 0) -> Value:
+        """Convolution then ReLU (the seed's ReLU is in place; ours is a node)."""
+        y = self.conv(x, conv_name, out_channels, kernel, stride=stride, pad=pad)
+        return og.relu(y, name=relu_name)
+
+    def linear(self, x: Value, name: str, out_features: int, *, bias: bool = True) -> Value:
+        """``y = x @ w.T + b`` with w (out_features, in_features)."""
+        in_features = x.type.shape[1]
+        w = self._param(f"{name}.weight", (out_features, in_features))
+        b = self._param(f"{name}.bias", (out_features,)) if bias else None
+        return og.linear(x, w, b, name=name)
+
+    def max_pool(self, x: Value, name: str, kernel: int, stride: int, pad: int = 0) -> Value:
+        """Floor-mode max pooling (the seed never uses ceil mode)."""
+        return og.max_pool2d(x, kernel, stride=stride, padding=pad, ceil_mode=False, name=name)
+
+    def avg_pool(self, x: Value, name: str, kernel: int, stride: int, pad: int = 0) -> Value:
+        return og.avg_pool2d(x, kernel, stride=stride, padding=pad, ceil_mode=False,
+                             count_include_pad=True, name=name)
+
+    def classifier(self, x: Value, hidden: Sequence[int], classes: int = 1000) -> Value:
+        """The AlexNet-style head of the seed: flatten, then fc6 and fc7 each
+        followed by ``nn.Threshold(0, 1e-6)`` (thresh6, thresh7), then fc8.
+        Dropout is commented out in the seed, so it is absent here."""
+        y = og.flatten(x, 1, name="flatten")
+        for i, width in enumerate(hidden, start=6):
+            y = self.linear(y, f"fc{i}", width)
+            y = og.threshold(y, 0.0, 1e-6, name=f"thresh{i}")
+        return self.linear(y, f"fc{6 + len(hidden)}", classes)
+
+    def finish(self, output: Value) -> Model:
+        """Close the model with ``output`` as its result."""
+        return Model(
+            key=self.key, spec_key=self.spec_key, title=self.title, graph=self.graph,
+            input=self.input, output=output, params=list(self.params),
+            first_conv_input=self.first_conv_input or self.input,
+            seed_batch=self.seed_batch, batch=self.batch, dtype=self.dtype)

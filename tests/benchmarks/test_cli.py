@@ -1,0 +1,193 @@
+"""``opgraph-bench``: summary output against the spec files, errors, and a tiny
+forward timing run on the CPU."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opgraph.benchmarks import cli, driver
+
+SPECS = Path(__file__).resolve().parents[2] / "benchmarks" / "specs"
+WINNERS = json.loads((SPECS / "imagenet_winners.json").read_text())["models"]
+SUITE = {L["name"]: L for L in json.loads((SPECS / "layer_suite.json").read_text())["layers"]}
+
+
+def spec_rows(spec):
+    """(name, per-image output shape, params or None, per-image FLOPs or None)
+    of every spec layer, inception branches before their concat."""
+    for layer in spec["layers"]:
+        subs = []
+        if layer["type"] == "inception":
+            by = {b["name"]: b for b in layer["branches"]}
+            subs = [s for name in layer["concat_order"] for s in by[name]["layers"]]
+        for s in subs + [layer]:
+            conv_or_fc = s["type"] in ("conv2d", "linear")
+            yield (s["name"], s["output_shape"], s["params"] if conv_or_fc else 0,
+                   s["fwd_flops_per_image"] if conv_or_fc else None)
+
+
+def run_cli(capsys, *args):
+    status = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_summary_json_of_all_nine_entries_equals_the_spec(capsys):
+    status, out, err = run_cli(capsys, "--model", "all", "--summary", "--format", "json")
+    assert status == 0, err
+    doc = json.loads(out)
+    assert doc["mode"] == "summary"
+    got = {m["model"]: m for m in doc["models"]}
+    assert list(got) == ["alexnet", "overfeat", "vgg_a", "googlenet", "L1", "L2", "L3", "L4", "L5"]
+    for m in got.values():
+        b = m["batch"]
+        if m["model"] in SUITE:
+            spec = SUITE[m["model"]]
+            (layer,) = m["layers"]
+            assert b == spec["batch"]
+            assert layer["name"] == spec["name"] and layer["params"] == spec["params"]
+            assert layer["output_shape"] == [b, spec["out_channels"], spec["output_hw"], spec["output_hw"]]
+            assert round(layer["flops"] / 1e9, 1) == spec["fwd_gflop_per_batch"]
+            continue
+        spec = WINNERS[m["spec_key"]]
+        assert b == spec["batch_size"]
+        rows = list(spec_rows(spec))
+        assert [l["name"] for l in m["layers"]] == [r[0] for r in rows]
+        for layer, (name, shape, params, flops) in zip(m["layers"], rows):
+            assert layer["output_shape"] == [b, *shape], name
+            assert layer["params"] == params, name
+            if flops is not None:
+                assert layer["flops"] == b * flops, name
+        c = spec["computed"]
+        assert m["totals"]["params"] == c["params_total"]
+        conv_fc = sum(l["flops"] for l in m["layers"] if l["op"] in ("Conv2d", "Linear"))
+        assert conv_fc == b * c["forward_flops_per_image"]
+        assert m["totals"]["activation_bytes"] == 4 * b * c["activation_elements_per_image_all_layer_outputs"]
+    env = doc["environment"]
+    assert {"timestamp", "python", "numpy", "git_commit", "dtype"} <= set(env)
+
+
+def test_summary_batch_flag_scales_flops_but_not_params(capsys):
+    status, out, _ = run_cli(capsys, "--model", "googlenet_v1", "--summary", "--batch", "2",
+                             "--format", "json")
+    assert status == 0
+    (m,) = json.loads(out)["models"]
+    c = WINNERS["googlenet_v1"]["computed"]
+    assert m["model"] == "googlenet" and m["batch"] == 2
+    assert m["totals"]["params"] == c["params_total"]
+    assert m["layers"][0]["output_shape"] == [2, 64, 112, 112]
+
+
+def test_summary_table_and_csv(capsys, tmp_path):
+    status, out, _ = run_cli(capsys, "--model", "overfeat_fast", "--summary")
+    assert status == 0
+    for text in ("conv1", "fc8", "96x56x56", "145,920,872", "total"):
+        assert text in out
+    path = tmp_path / "s.csv"
+    status, out, err = run_cli(capsys, "--model", "L1,L2", "--summary", "--format", "csv",
+                               "--output", str(path))
+    assert status == 0 and out == "" and str(path) in err
+    rows = list(csv.DictReader(io.StringIO(path.read_text())))
+    assert [(r["model"], r["layer"]) for r in rows] == [("L1", "L1"), ("L1", "(total)"),
+                                                       ("L2", "L2"), ("L2", "(total)")]
+    assert int(rows[2]["params"]) == SUITE["L2"]["params"]
+
+
+def test_plain_table_without_rich(capsys):
+    from opgraph.benchmarks import report
+
+    doc = cli.run_summary(["L4"], cli.build_parser().parse_args(["--summary"]))
+    buf = io.StringIO()
+    report.write_table(doc, buf, use_rich=False)
+    lines = buf.getvalue().splitlines()
+    assert lines[0].startswith("# static summary")
+    assert any(l.startswith("L4 ") and "128x128x10x10" in l and "802,944" in l for l in lines)
+
+
+@pytest.mark.parametrize("bad", [["--model", "resnet"], ["--model", "L6"], ["--batch", "0"],
+                                 ["--format", "xml"], ["--repeat", "x"]])
+def test_usage_errors_exit_with_2(capsys, bad):
+    with pytest.raises(SystemExit) as e:
+        cli.main(bad + ["--summary"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "opgraph-bench: error:" in err
+    if bad[0] == "--model":
+        assert f"unknown model {bad[1]!r}" in err and "alexnet" in err
+
+
+def test_console_script_reports_unknown_model():
+    exe = shutil.which("opgraph-bench", path=str(Path(sys.executable).parent))
+    cmd = [exe] if exe else [sys.executable, "-m", "opgraph.benchmarks.cli"]
+    proc = subprocess.run(cmd + ["--model", "nope", "--summary"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert "unknown model 'nope'" in proc.stderr and proc.stdout == ""
+
+
+def test_forward_timing_of_a_small_layer_on_cpu(capsys):
+    status, out, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--device", "cpu",
+                               "--warmup", "1", "--repeat", "3", "--format", "json")
+    assert status == 0, err
+    doc = json.loads(out)
+    (r,) = doc["results"]
+    assert (r["model"], r["batch"], r["device"]) == ("L5", 1, "cpu")
+    assert r["lowering"] and r["lowering"] != "unknown"  # what the executable runs
+    assert len(r["times_ms"]) == 3 and all(t > 0 for t in r["times_ms"])
+    assert r["min_ms"] == min(r["times_ms"]) and r["min_ms"] <= r["median_ms"] <= max(r["times_ms"])
+    assert r["flops"] == 2 * 384 * 11 * 11 * 384 * 3 * 3  # one image of L5
+    assert doc["environment"]["device"] == "cpu" and doc["environment"]["warmup"] == 1
+    assert "device: cpu" in err and "batch 1: set with --batch" in err
+
+
+@pytest.mark.parametrize("flags, lowering", [(["--pipeline", "reference"], "reference"),
+                                             (["--policy", "force-direct"], "direct")])
+def test_forward_pipeline_and_policy_reach_compile(capsys, tmp_path, flags, lowering):
+    if flags[0] == "--policy":
+        path = tmp_path / "policy.toml"
+        path.write_text('[force]\n"L4" = "direct"\n')
+        flags = ["--policy", str(path)]
+    status, out, err = run_cli(capsys, "--model", "L4", "--batch", "1", "--device", "cpu",
+                               "--warmup", "0", "--repeat", "1", "--format", "json", *flags)
+    assert status == 0, err
+    doc = json.loads(out)
+    assert doc["results"][0]["lowering"] == lowering
+    assert doc["environment"][flags[0][2:]] == flags[1]
+
+
+def test_unreadable_policy_is_an_error(capsys, tmp_path):
+    status, _, err = run_cli(capsys, "--model", "L4", "--batch", "1", "--device", "cpu",
+                             "--policy", str(tmp_path / "missing.toml"))
+    assert status == 1 and "missing.toml" in err and "Traceback" not in err
+
+
+def test_forward_default_batch_on_cpu_is_stated(capsys):
+    status, out, _ = run_cli(capsys, "--model", "L4", "--device", "cpu", "--repeat", "1",
+                             "--warmup", "0")
+    assert status == 0
+    assert f"batch {driver.CPU_DEFAULT_BATCH}: CPU default" in out
+    assert "median ms" in out and "L4" in out
+
+
+@pytest.mark.skipif(driver.cuda_status()[0], reason="a GPU is usable here")
+def test_device_choice_without_a_gpu(capsys):
+    assert driver.resolve_device("auto")[0] == "cpu"
+    assert "auto:" in driver.resolve_device("auto")[1]
+    status, _, err = run_cli(capsys, "--model", "L5", "--device", "cuda", "--batch", "1")
+    assert status == 1 and "'cuda' is unavailable" in err
+
+
+def test_time_calls_protocol():
+    calls = []
+    times = driver.time_calls(lambda: calls.append(1), warmup=2, repeat=4)
+    assert len(calls) == 6 and len(times) == 4 and all(t >= 0 for t in times)
+    with pytest.raises(ValueError, match="repeat=0"):
+        driver.time_calls(lambda: None, warmup=0, repeat=0)

@@ -1,0 +1,228 @@
+"""The graph structure: ordered inputs, topological order, names, scopes, dump.
+
+Expected dumps are written by hand from the documented format
+``%id name = Op(params)(inputs) -> type``.
+"""
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph import ops
+from opgraph.errors import OpgraphError, ShapeError
+from opgraph.op import Source
+
+
+def _conv_pool_add():
+    g = og.Graph("demo")
+    x = g.input("x", (1, 3, 8, 8))
+    w = g.param("w", (4, 3, 3, 3))
+    y = og.conv2d(x, w, stride=2, padding=((0, 1), (1, 1)), name="conv")
+    z = og.max_pool2d(y, 2, name="pool")
+    return g, x, w, y, z, og.add(z, z)
+
+
+# ---- inputs and order -------------------------------------------------------------
+
+def test_inputs_keep_their_positions():
+    g = og.Graph()
+    a, b = g.input("a", (2, 3, 4, 4)), g.input("b", (2, 1, 4, 4))
+    c = og.concat([b, a, b], 1)
+    assert g.input_ids(c.node) == [b.node, a.node, b.node]
+    assert [v.node for v in g.node(c.node).inputs] == [b.node, a.node, b.node]
+    assert g.node(c.node).input_types == (b.type, a.type, b.type)
+    assert c.shape == (2, 5, 4, 4)
+
+
+def test_add_of_one_value_twice_has_two_input_edges():
+    g = og.Graph()
+    x = g.input("x", (2, 3))
+    y = og.add(x, x)
+    assert g.input_ids(y.node) == [x.node, x.node]
+    assert g.nx.number_of_edges(x.node, y.node) == 2
+    assert g.users(x.node) == [y.node]  # each user listed once
+
+
+def test_topological_order_follows_edges_not_ids():
+    """Rewire so that a node reads a younger node: the order must put the producer first."""
+    g = og.Graph()
+    x = g.input("x", (2, 3))
+    a = og.relu(x, name="a")
+    b = og.relu(x, name="b")
+    g.set_inputs(a.node, [b])
+    assert g.topological() == [x.node, b.node, a.node]
+    assert [v.name for v in g.nodes_in_order([a])] == ["x", "b", "a"]
+
+
+def test_topological_ties_break_by_id():
+    g = og.Graph()
+    p, q = g.input("p", (2,)), g.input("q", (2,))
+    r1, r2 = og.relu(q), og.relu(p)
+    assert g.topological() == [p.node, q.node, r1.node, r2.node]
+
+
+def test_nodes_in_order_restricted_to_ancestors():
+    g, x, w, y, z, s = _conv_pool_add()
+    og.relu(x, name="unused")
+    assert [v.name for v in g.nodes_in_order([z])] == ["x", "w", "conv", "pool"]
+    assert g.ancestors([y]) == {x.node, w.node, y.node}
+
+
+# ---- names -------------------------------------------------------------------------
+
+def test_automatic_names_count_up():
+    g = og.Graph()
+    x = g.input("x", (2, 3))
+    names = [og.relu(x).name for _ in range(3)]
+    assert names == ["relu", "relu_2", "relu_3"]
+    assert g["relu_2"].node == g.node(g["relu_2"].node).id
+    assert "relu_3" in g and "relu_4" not in g
+
+
+def test_explicit_name_and_lookup():
+    g = og.Graph()
+    x = g.input("x", (2, 3))
+    y = og.relu(x, name="act")
+    assert g["act"] == y and y.name == "act"
+    with pytest.raises(KeyError, match="nope"):
+        g["nope"]
+
+
+def test_duplicate_explicit_name_is_an_error():
+    g = og.Graph("net")
+    x = g.input("x", (2, 3))
+    og.relu(x, name="act")
+    with pytest.raises(OpgraphError, match="'act' already exists in graph 'net'"):
+        og.relu(x, name="act")
+    with pytest.raises(OpgraphError, match="'x' already exists"):
+        g.param("x", (2,))
+
+
+def test_automatic_name_skips_an_explicit_one():
+    g = og.Graph()
+    x = g.input("x", (2, 3))
+    og.relu(x, name="relu_2")
+    assert [og.relu(x).name for _ in range(2)] == ["relu", "relu_3"]
+
+
+def test_scope_prefixes_names():
+    g = og.Graph()
+    x = g.input("x", (2, 3))
+    with g.scope("block1"):
+        a = og.relu(x)
+        with g.scope("inner/"):  # a trailing slash is not doubled
+            b = og.relu(x, name="act")
+        c = og.relu(x)
+    d = og.relu(x)
+    assert [v.name for v in (a, b, c, d)] == ["block1/relu", "block1/inner/act", "block1/relu_2", "relu"]
+
+
+def test_scope_is_left_on_error():
+    g = og.Graph()
+    x = g.input("x", (2, 3))
+    with pytest.raises(RuntimeError):
+        with g.scope("s"):
+            raise RuntimeError
+    assert og.relu(x).name == "relu"
+
+
+def test_scoped_duplicate_is_an_error():
+    g = og.Graph()
+    x = g.input("x", (2, 3))
+    with g.scope("s"):
+        og.relu(x, name="act")
+    og.relu(x, name="act")  # another name: "act" vs "s/act"
+    with g.scope("s"), pytest.raises(OpgraphError, match="'s/act'"):
+        og.relu(x, name="act")
+
+
+# ---- values, sources, other graphs ---------------------------------------------------
+
+def test_value_properties():
+    g, x, w, y, z, s = _conv_pool_add()
+    assert y.shape == (1, 4, 4, 4) and y.dtype == "float32" and y.name == "conv"
+    assert isinstance(y.op, ops.Conv2d) and y.type == og.TensorType((1, 4, 4, 4))
+    assert repr(y) == "<Value %2 conv: float32[1, 4, 4, 4]>"
+    assert repr(g.node(2)) == ("<Node %2 conv = Conv2d(stride=2, padding=((0, 1), (1, 1)), "
+                               "dilation=1, groups=1)>")
+
+
+def test_sources_by_role():
+    g, x, w, y, z, s = _conv_pool_add()
+    og.grad(s, [w])
+    assert [v.name for v in g.sources()] == ["x", "w", "add.grad_output"]
+    assert [v.name for v in g.sources("param")] == ["w"]
+    assert all(isinstance(v.op, Source) for v in g.sources())
+
+
+def test_param_value_shape_is_checked():
+    g = og.Graph()
+    g.param("w", (2, 3), value=np.zeros((2, 3)))
+    assert g.param_values["w"].shape == (2, 3)
+    with pytest.raises(ShapeError, match=r"node v: .*\(3, 2\)"):
+        g.param("v", (2, 3), value=np.zeros((3, 2)))
+
+
+def test_values_of_another_graph_are_refused():
+    g1, g2 = og.Graph("one"), og.Graph("two")
+    a, b = g1.input("a", (2, 3)), g2.input("b", (2, 3))
+    with pytest.raises(OpgraphError):
+        og.add(a, b)
+    with pytest.raises(OpgraphError, match="graph 'one'"):
+        g1.add_node(ops.Relu(), [b])
+
+
+def test_shape_error_names_the_node():
+    g = og.Graph()
+    a, b = g.input("a", (2, 3)), g.input("b", (3, 2))
+    with pytest.raises(ShapeError, match=r"node sum \(Add\)"):
+        og.add(a, b, name="sum")
+
+
+def test_copy_is_independent():
+    g, x, w, y, z, s = _conv_pool_add()
+    h = g.copy()
+    og.relu(h.value(s.node), name="more")
+    assert "more" in h and "more" not in g
+    assert len(h) == len(g) + 1
+    assert og.relu(h.value(s.node)).node == len(g) + 1  # ids continue in the copy
+
+
+def test_replace_op_must_keep_the_shape():
+    g, x, w, y, z, s = _conv_pool_add()
+    g.replace_op(z.node, ops.AvgPool2d(kernel_size=2, stride=2))
+    assert isinstance(g.node(z.node).op, ops.AvgPool2d)
+    with pytest.raises(ShapeError, match="pool"):
+        g.replace_op(z.node, ops.MaxPool2d(kernel_size=1, stride=1))
+
+
+def test_remove_unused_keeps_sources():
+    g, x, w, y, z, s = _conv_pool_add()
+    other = g.input("other", (2,))
+    og.relu(other, name="dead")
+    g.remove_unused([z])
+    assert "dead" not in g and "add" not in g
+    assert "other" in g and "pool" in g
+
+
+# ---- dump --------------------------------------------------------------------------
+
+def test_dump_format():
+    g, x, w, y, z, s = _conv_pool_add()
+    assert g.dump() == """\
+%0 x = Input(float32[1, 3, 8, 8])() -> float32[1, 3, 8, 8]
+%1 w = Param(float32[4, 3, 3, 3])() -> float32[4, 3, 3, 3]
+%2 conv = Conv2d(stride=2, padding=((0, 1), (1, 1)), dilation=1, groups=1)(%0, %1) -> float32[1, 4, 4, 4]
+%3 pool = MaxPool2d(kernel_size=2, stride=2, padding=0, ceil_mode=False)(%2) -> float32[1, 4, 2, 2]
+%4 add = Add()(%3, %3) -> float32[1, 4, 2, 2]"""
+    assert g.dump([y]) == "\n".join(g.dump().split("\n")[:3])
+
+
+def test_dump_short_forms_of_parameters():
+    g = og.Graph()
+    x = g.input("x", (1, 2, 9, 9), "float64")
+    w = g.param("w", (2, 1, 3, 3), "float64")
+    og.conv2d(x, w, stride=(2, 1), padding=(1, 2), dilation=(1, 1), groups=2, name="c")
+    assert g.dump().split("\n")[-1] == (
+        "%2 c = Conv2d(stride=(2, 1), padding=(1, 2), dilation=1, groups=2)(%0, %1) "
+        "-> float64[1, 2, 5, 11]")

@@ -1,0 +1,37 @@
+"""README.md stays true: its Python examples run, it opens with the two
+commands, and .ci/run runs the test command README gives."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+
+
+def test_readme_opens_with_the_setup_and_test_commands():
+    blocks = re.findall(r"```sh\n(.*?)```", README, re.S)
+    bench, tests = blocks[0].strip(), blocks[1].strip()
+    assert bench.startswith("python3 -m venv .venv && . .venv/bin/activate && pip install -e")
+    assert bench.endswith("&& opgraph-bench")
+    assert tests.endswith("&& python -m pytest -q")
+    # nothing but the title and one sentence each before the two commands
+    head = README[:README.index(blocks[1])]
+    assert head.count("\n## ") == 0
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (REPO / ".ci" / "run").read_text()
+    test_cmd = re.findall(r"```sh\n(.*?)```", README, re.S)[1].strip().rsplit("&& ", 1)[1]
+    assert re.search(rf"^{re.escape(test_cmd)}( \|\| status=\$\?)?$", ci, re.M), test_cmd
+
+
+def test_readme_python_examples_run(tmp_path, monkeypatch, capsys):
+    code = "\n".join(re.findall(r"```python\n(.*?)```", README, re.S))
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["y_val"].shape == (8, 16, 16, 16)
+    assert namespace["dw_val"].shape == (16, 3, 3, 3)
+    assert "conv1" in capsys.readouterr().out

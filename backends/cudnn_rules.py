@@ -156,7 +156,7 @@ def register_fused_rule(op_type) -> None:
     ``(x, w, b)``, fields ``stride, padding, dilation, groups`` (canonical forms)."""
     _FUSED.add(op_type)
     register(Rule(op_type, "cudnn", _fused, devices={"cuda"}, check=check, variants=variants,
-                  workspace=workspace, tags={"cudnn", "gpu", "fused"}))
+                  workspace=workspace, tags={"cudnn", "gpu", "fused", "option:precision"}))
 
 
 def register_rules() -> None:
@@ -164,7 +164,8 @@ def register_rules() -> None:
     for op_type, kernel in ((Conv2d, _fprop), (Conv2dBackwardData, _dgrad),
                             (Conv2dBackwardFilter, _wgrad)):
         register(Rule(op_type, "cudnn", kernel, devices={"cuda"}, check=check,
-                      variants=variants, workspace=workspace, tags={"cudnn", "gpu"}))
+                      variants=variants, workspace=workspace,
+                      tags={"cudnn", "gpu", "option:precision"}))
 
 
 __all__ = ["KIND", "check", "variants", "workspace", "register_rules", "register_fused_rule"]

@@ -81,8 +81,9 @@ def grad(outputs, wrt, grad_outputs: Mapping[Value, Value] | Sequence[Value] | N
     for v in targets:
         if v.node in cotangent:
             results.append(cotangent[v.node])
-        else:
-            results.append(g.apply(Zeros, {"type": v.type}, [], f"{v.name}.grad/zeros"))
+        else:  # scoped, not an explicit name: a second ``grad`` call gets ``zeros_2``
+            with g.scope(f"{v.name}.grad"):
+                results.append(g.apply(Zeros, {"type": v.type}, []))
     return results[0] if single else results
 
 

@@ -1,55 +1,99 @@
-"""``compile``: run the pass pipeline on a graph and build an ``Executable``."""
+"""``compile``: run a pass pipeline on a graph and build an ``Executable``.
+
+This is where the pieces compose: the policy, the pipeline of
+``passes/pipelines.py``, the registry's kernels and, on cuda, the device
+module's version and name queries (autotune cache keys).
+"""
 
 from __future__ import annotations
 
-from typing import Sequence
+import os
+from typing import Mapping, Sequence
 
 from opgraph.executable import Executable
 from opgraph.graph import Value, graph_of
-from opgraph.op import Lowered, Source
-
+from opgraph.op import Lowered
 from opgraph.backends.registry import KernelContext, lookup
 
-
-def _array_module(device: str):
-    if device == "cpu":
-        import numpy
-        return numpy
-    import cupy
-    return cupy
+from .base import PassContext, Pipeline, host_versions
+from .pipelines import build
+from .policy import LoweringPolicy
 
 
-def _lower_reference(graph, outputs, device):
-    g = graph.copy()
-    for view in list(g.nodes_in_order(outputs)):
-        if not isinstance(view.op, (Source, Lowered)):
-            g.replace_op(view.id, Lowered(view.op, "reference", device))
-    return g
+def as_policy(policy) -> LoweringPolicy:
+    """A ``LoweringPolicy`` from ``None`` (defaults), a policy, a mapping with
+    the TOML schema's keys, or the path of a TOML file.
+
+    Raises:
+        PolicyError: bad keys or values; TypeError: another type.
+    """
+    if policy is None:
+        return LoweringPolicy()
+    if isinstance(policy, LoweringPolicy):
+        return policy
+    if isinstance(policy, Mapping):
+        return LoweringPolicy.from_mapping(policy)
+    if isinstance(policy, (str, os.PathLike)):
+        return LoweringPolicy.from_toml(policy)
+    raise TypeError(f"policy must be a LoweringPolicy, a dict or a TOML path, not {type(policy).__name__}")
+
+
+def make_context(device: str, policy: LoweringPolicy, dtype: str | None, timer=None) -> PassContext:
+    """The pass context for ``device`` (array module, and on cuda the device
+    module's ``versions``/``device_name`` for autotune keys)."""
+    from opgraph.backends import device as dev
+
+    name = dev.resolve_device(device)
+    xp = dev.array_module(name)
+    extra = {}
+    if name == "cuda":
+        extra = dict(versions=lambda: {**host_versions(), **dev.versions()},
+                     device_name=lambda: dev.device_name("cuda"))
+    return PassContext(device=str(name), policy=policy, dtype=dtype, xp=xp, timer=timer, **extra)
 
 
 def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
-            dtype: str | None = None) -> Executable:
+            dtype: str | None = None, pipeline: str | Pipeline = "default", *,
+            timer=None) -> Executable:
     """Lower the graph of ``outputs`` for ``device`` and return a callable.
 
     Args:
         outputs: one value or a list of values to compute.
-        device: ``'cpu'`` (NumPy) or ``'cuda'`` (CuPy).
-        policy: a ``LoweringPolicy`` (default: reference lowering).
+        device: ``'cpu'`` (NumPy), ``'cuda'`` (CuPy) or ``'auto'``.
+        policy: a ``LoweringPolicy``, a dict of its TOML keys, a TOML path,
+            or None (default policy).
         dtype: override the floating dtype of every feed (``'float64'`` runs
             the reference oracle in double precision).
+        pipeline: ``'default'``, ``'reference'`` (everything to the oracle),
+            or a ``Pipeline``.
+        timer: autotune timer (tests stub it); default per device.
 
     Returns:
         An ``Executable``; calling it with feeds returns the output arrays
-        (always a list, in the order given).
+        (always a list, in the order given). ``exe.report`` is the
+        ``LoweringReport`` (per node: chosen implementation, declined
+        candidates with reasons, autotune table; planned memory; pass times).
+
+    Raises:
+        LoweringError: a node cannot be lowered (reasons listed), a forced
+            algorithm declines, or autotune finds no correct candidate.
+        PolicyError: a bad policy; DeviceUnavailableError: cuda without GPU.
     """
     outs = [outputs] if isinstance(outputs, Value) else list(outputs)
     g = graph_of(*outs)
-    lowered = _lower_reference(g, outs, device)
-    xp = _array_module(device)
+    pol = as_policy(policy)
+    ctx = make_context(device, pol, dtype, timer)
+    pipe = pipeline if isinstance(pipeline, Pipeline) else build(pipeline, pol)
+    lowered, louts = pipe.run(g, outs, ctx)
+    xp, dev_name = ctx.xp, ctx.device
 
     def resolve(op: Lowered):
         rule = lookup(type(op.op), op.algorithm)
-        return rule.kernel, KernelContext(xp, device, op.option_dict)
+        return rule.kernel, KernelContext(xp, dev_name, op.option_dict)
 
-    return Executable(lowered, [lowered.value(v.node) for v in outs], resolve, xp=xp,
-                      device=device, dtype=dtype)
+    exe = Executable(lowered, louts, resolve, xp=xp, device=dev_name, dtype=dtype)
+    exe.report = ctx.report  # callable: exe.report() still gives the text table
+    return exe
+
+
+__all__ = ["compile", "as_policy", "make_context"]

@@ -1,0 +1,291 @@
+"""The autotune pass (the meta-optimizer): time every candidate, keep the fastest correct one.
+
+Theano's 2014 "meta-optimizer" design, per node (forward and each backward
+node separately, since their best algorithms differ):
+
+1. candidates: every rule the lower pass's survey finds applicable (policy
+   exclusions and rule declines are listed in the report, not run) times
+   each of its ``variants`` (e.g. one per cuDNN engine, one per Winograd tile);
+2. each runs once on random inputs of the node's types (seeded, on the
+   device) and its output is compared with the reference rule's
+   (``reference`` / ``direct``) computed in float64 on the same inputs:
+   relative error ``||out - ref|| / ||ref||`` within :func:`tolerance`
+   (SEMANTICS.md, "Numbers"); NaN never passes; a raising kernel is
+   ``failed``; a workspace above ``policy.workspace_limit`` is ``over budget``;
+3. the rest are timed by ``ctx.timer``: one timed run, and unless that is
+   already :data:`PRUNE_FACTOR` x the best median so far (then it is recorded
+   as is, reason "pruned"), ``ctx.warmup - 1`` warm-up runs and ``ctx.repeats``
+   timed runs whose median counts; the fastest median wins (ties: policy
+   order). The untimed check run warms plans and caches first.
+
+Nodes the policy forces, and nodes with a single candidate, are not timed.
+Decisions persist in :class:`~passes.autotune_cache.AutotuneCache`; a cached
+decision is reused without running anything if its algorithm still applies.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Callable, Protocol
+
+import numpy as np
+
+from opgraph.errors import LoweringError
+from opgraph.graph import Graph
+from opgraph.op import Lowered
+from opgraph.backends.registry import KernelContext, rules_for
+
+import attrs
+
+from .autotune_cache import AutotuneCache, cache_key
+from .base import Pass, PassContext
+from .lower import policy_options, rule_workspace, survey
+from .report import Candidate
+
+REFERENCE_ALGORITHMS = ("reference", "direct")
+#: A candidate whose first timed run is this many times the best median so far
+#: is recorded with that one run and not timed further.
+PRUNE_FACTOR = 3.0
+EXACT_ALGORITHMS = ("reference", "direct", "gemm", "cuda")
+
+
+class Timer(Protocol):
+    """Times one candidate: ``measure(fn, label=..., warmup=..., repeats=...)``
+    calls ``fn`` ``warmup`` times untimed, then returns ``repeats`` durations
+    in seconds. ``label`` (``'winograd[tile=2]'``) lets a test stub answer
+    known times per candidate."""
+
+    def measure(self, fn: Callable[[], object], *, label: str, warmup: int,
+                repeats: int) -> list[float]: ...
+
+
+class PerfCounterTimer:
+    """CPU wall time with ``time.perf_counter`` around each call."""
+
+    def measure(self, fn, *, label, warmup, repeats):
+        for _ in range(warmup):
+            fn()
+        out = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+        return out
+
+
+class CudaEventTimer:
+    """GPU time between two CUDA events recorded around each call (CuPy)."""
+
+    def measure(self, fn, *, label, warmup, repeats):
+        import cupy
+
+        for _ in range(warmup):
+            fn()
+        out = []
+        for _ in range(repeats):
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            out.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+        return out
+
+
+def default_timer(device: str) -> Timer:
+    return CudaEventTimer() if device == "cuda" else PerfCounterTimer()
+
+
+def tolerance(algorithm: str, precision: str = "fp32", dtype: str = "float32") -> float:
+    """Largest accepted relative error (SEMANTICS.md "Numbers"): half precision
+    1e-2, TF32 5e-3, fp32 1e-4 for exact-summation algorithms (direct, GEMM)
+    and 1e-3 for transform algorithms (FFT, Winograd, cuDNN engines); float64 1e-9."""
+    if dtype in ("float16", "bfloat16") or precision in ("bf16", "fp16"):
+        return 1e-2
+    if precision == "tf32":
+        return 5e-3
+    if dtype == "float64":
+        return 1e-9
+    return 1e-4 if algorithm in EXACT_ALGORITHMS else 1e-3
+
+
+def random_inputs(in_types, xp, seed: int, dtype: str | None = None) -> list:
+    """Standard-normal arrays of ``in_types`` on ``xp``; integer inputs (class
+    indices) are zeros, valid for any class count."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in in_types:
+        want = dtype if dtype and t.dtype.startswith(("float", "bfloat")) else t.dtype
+        if want == "bfloat16":
+            import ml_dtypes  # noqa: F401  (registers numpy's bfloat16)
+        if want.startswith(("float", "bfloat")):
+            host = rng.standard_normal(t.shape).astype(want)
+        else:
+            host = np.zeros(t.shape, dtype=want)
+        out.append(xp.asarray(host))
+    return out
+
+
+def _host64(a) -> np.ndarray:
+    a = a.get() if hasattr(a, "get") else a
+    return np.asarray(a, dtype=np.float64)
+
+
+def relative_error(out, ref) -> float:
+    """``||out - ref|| / ||ref||`` in float64 (absolute error when ``ref`` is 0);
+    NaN if either holds a NaN or the shapes differ."""
+    o, r = _host64(out), _host64(ref)
+    if o.shape != r.shape:
+        return math.nan
+    diff = float(np.linalg.norm((o - r).ravel()))
+    norm = float(np.linalg.norm(r.ravel()))
+    return diff / norm if norm > 0 else diff
+
+
+def _reference(op, arrays, xp, device):
+    rules = rules_for(type(op))
+    for algo in REFERENCE_ALGORITHMS:
+        if algo in rules:
+            hi = [a.astype(xp.float64) if a.dtype.kind == "f" or str(a.dtype) == "bfloat16" else a
+                  for a in arrays]
+            return rules[algo].kernel(KernelContext(xp, device, {}), op, *hi)
+    return None
+
+
+class AutotunePass(Pass):
+    """Re-choose each lowered node's implementation by timing (see module doc)."""
+
+    name = "autotune"
+
+    def run(self, graph: Graph, outputs, ctx: PassContext) -> Graph:
+        policy = ctx.policy
+        cache = AutotuneCache.for_policy(policy)
+        timer = ctx.timer or default_timer(ctx.device)
+        versions = ctx.versions()
+        device_name = ctx.device_name()
+        unlimited = attrs.evolve(policy, workspace_limit=None)  # over-budget is reported, not declined
+        for view in list(graph.nodes_in_order(outputs)):
+            if not isinstance(view.op, Lowered):
+                continue
+            op, types = view.op.op, view.input_types
+            s = survey(view.name, op, types, ctx.device, unlimited,
+                       force_name=ctx.aliases.get(view.name, view.name))
+            rec = ctx.report.nodes.get(view.name)
+            if s.forced is not None or rec is None:
+                continue
+            applicable = list(_one_reference(s.applicable))
+            layout = getattr(types[0], "layout", None) or "NCHW"
+            key = cache_key(op, types, ctx.dtype, layout, policy, ctx.device, device_name, versions)
+            hit = cache.get(key)
+            rule = hit and next((r for r, _ in applicable if r.algorithm == hit["algorithm"]), None)
+            if rule is not None:  # reuse: nothing runs, not even the variants enumeration
+                opts = {**policy_options(rule, policy), **hit.get("options", {})}
+                rec.how, rec.candidates = "cache", [Candidate.from_dict(c) for c in hit.get("candidates", [])]
+                rec.cache_key = key
+            else:
+                cands = [(r, {**policy_options(r, policy), **variant}) for r, _ in applicable
+                         for variant in _variants(r, op, types, ctx.device, policy_options(r, policy))]
+                if len(cands) < 2:
+                    continue
+                rec.cache_key = key
+                if hit:
+                    ctx.report.note(f"autotune: {view.name}: cached choice {hit['algorithm']} no longer "
+                                    "applies; re-tuned")
+                rows = self._tune(op, types, cands, s, ctx, timer)
+                best = min((c for c in rows if c.status in ("ok", "unverified")),
+                           key=lambda c: c.time_ms, default=None)
+                if best is None:
+                    raise LoweringError(f"node {view.name} ({op.describe()}): autotune found no correct "
+                                        "candidate:" + "".join(f"\n  {c.label}: {c.status}: {c.reason}"
+                                                               for c in rows))
+                best.status = "chosen"
+                rule, opts = next((r, o) for r, o in cands if r.algorithm == best.algorithm
+                                  and o == best.options)
+                rec.how, rec.candidates = "autotune", rows
+                cache.put(key, {"algorithm": rule.algorithm, "options": opts, "time_ms": best.time_ms,
+                                "candidates": [c.to_dict() for c in rows], "device": device_name,
+                                "versions": versions})
+            lowered = Lowered(op, rule.algorithm, ctx.device, opts)
+            graph.replace_op(view.id, lowered)
+            rec.algorithm, rec.options, rec.chosen = rule.algorithm, dict(opts), lowered.describe()
+            rec.workspace = rule_workspace(rule, op, types, opts)
+        cache.save()
+        for w in cache.messages:
+            ctx.report.note(w)
+        return graph
+
+    def _tune(self, op, types, cands, s, ctx: PassContext, timer) -> list[Candidate]:
+        """Check and time each candidate; returns the report rows (declined ones too)."""
+        xp, policy = ctx.xp, ctx.policy
+        arrays = random_inputs(types, xp, ctx.seed, ctx.dtype)
+        try:
+            ref = _reference(op, arrays, xp, ctx.device)
+        except Exception:
+            ref = None
+        dtype = str(arrays[0].dtype) if arrays else "float32"
+        rows, best = [], None  # best: fastest fully timed median so far, seconds
+        for rule, opts in cands:
+            c = Candidate(rule.algorithm, dict(opts), workspace=rule_workspace(rule, op, types, opts),
+                          tolerance=tolerance(rule.algorithm, policy.precision, dtype))
+            rows.append(c)
+            if policy.workspace_limit is not None and c.workspace > policy.workspace_limit:
+                c.status, c.reason = "over budget", f"workspace > limit {policy.workspace_limit:,d} B"
+                continue
+            kctx = KernelContext(xp, ctx.device, dict(opts))
+            try:
+                out = rule.kernel(kctx, op, *arrays)
+            except Exception as e:  # includes device out-of-memory errors
+                c.status, c.reason = "failed", f"{type(e).__name__}: {e}"
+                continue
+            if ref is not None:
+                c.rel_error = relative_error(out, ref)
+                if not c.rel_error <= c.tolerance:  # NaN fails too
+                    c.status, c.reason = "wrong", f"relative error {c.rel_error:.2e} > {c.tolerance:.0e}"
+                    continue
+            else:
+                c.status, c.reason = "unverified", "no reference rule for this op"
+            run = lambda: rule.kernel(kctx, op, *arrays)  # noqa: E731
+            # One timed run first (the check run above warmed plans and caches):
+            # a candidate already PRUNE_FACTOR x slower than the best median is
+            # not worth the full protocol.
+            (once,) = timer.measure(run, label=c.label, warmup=0, repeats=1)
+            if best is not None and once > PRUNE_FACTOR * best:
+                c.time_ms = c.min_ms = 1e3 * once
+                c.reason = f"pruned after 1 timed run (> {PRUNE_FACTOR:g}x the best {1e3 * best:.3f} ms)"
+                continue
+            times = timer.measure(run, label=c.label, warmup=max(0, ctx.warmup - 1),
+                                  repeats=max(1, ctx.repeats))
+            c.time_ms, c.min_ms = 1e3 * statistics.median(times), 1e3 * min(times)
+            best = min(best if best is not None else math.inf, statistics.median(times))
+        for algo, why in s.declined.items():
+            status = "excluded" if why.startswith(("excluded", "opt-in")) else "declined"
+            rows.append(Candidate(algo, {}, status=status, reason=why))
+        return rows
+
+
+def _one_reference(applicable):
+    """Drop all but the first reference alias (``direct`` and ``reference`` run the
+    same conv code: timing both is wasted work)."""
+    seen_ref = False
+    for rule, opts in applicable:
+        if rule.algorithm in REFERENCE_ALGORITHMS:
+            if seen_ref:
+                continue
+            seen_ref = True
+        yield rule, opts
+
+
+def _variants(rule, op, types, device, options) -> list[dict]:
+    """The rule's option sets; a rule taking the policy's precision (tag
+    ``option:precision``) enumerates its variants (cuDNN engines) for it."""
+    extra = {"precision": options["precision"]} if "precision" in options else {}
+    try:
+        return [dict(v) for v in rule.variants(op, types, device, **extra)] or [{}]
+    except Exception:
+        return [{}]
+
+
+__all__ = ["AutotunePass", "Timer", "PerfCounterTimer", "CudaEventTimer", "default_timer",
+           "tolerance", "random_inputs", "relative_error", "REFERENCE_ALGORITHMS"]

@@ -1,0 +1,135 @@
+"""The autotune cache: decisions persisted as human-readable JSON.
+
+File format (``format`` guards against reading something else)::
+
+    {"format": "opgraph-autotune/1",
+     "entries": {
+        "<key>": {"algorithm": "gemm", "options": {}, "time_ms": 1.9,
+                  "candidates": [{"algorithm": "fft", "status": "ok", ...}, ...],
+                  "device": "NVIDIA H200", "versions": {"numpy": "2.4.0", ...}}}}
+
+The key (:func:`cache_key`) spells out everything a decision depends on: the
+op and its parameters, input shapes and dtypes, layout, precision, workspace
+limit, device and device name, and every library version. A key written
+under other versions is therefore never looked up again (stale entries stay
+in the file, harmless, until it is deleted).
+
+Location: ``policy.cache``, else the environment variable ``OPGRAPH_CACHE``
+(a ``.json`` file, or a folder that gets ``autotune.json``), else
+``~/.cache/opgraph/autotune.json``; ``off`` keeps decisions in memory only.
+
+Robustness: writes are atomic (a temporary file in the same folder, then
+``os.replace``), merged with whatever another process wrote meanwhile; a
+corrupt or foreign file is reported (``warnings.warn`` naming it) and
+rebuilt, never a crash; an unwritable location is reported the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+FORMAT = "opgraph-autotune/1"
+DEFAULT_PATH = "~/.cache/opgraph/autotune.json"
+ENV_VAR = "OPGRAPH_CACHE"
+
+
+def default_path() -> str | None:
+    """The cache file from ``OPGRAPH_CACHE`` or the default (None for ``off``)."""
+    env = os.environ.get(ENV_VAR)
+    if env is not None and env.strip().lower() in ("off", "none", ""):
+        return None
+    path = os.path.expanduser(env or DEFAULT_PATH)
+    return path if path.endswith(".json") else os.path.join(path, "autotune.json")
+
+
+def cache_key(op, in_types, dtype, layout, policy, device, device_name, versions) -> str:
+    """The key of one tuning decision (readable, order-stable)."""
+    ins = ", ".join(f"{t.dtype}[{'x'.join(map(str, t.shape))}]" for t in in_types)
+    vers = ";".join(f"{k}={versions[k]}" for k in sorted(versions))
+    return (f"{op.describe()} | in=({ins}) | dtype={dtype or 'declared'} | layout={layout} | "
+            f"precision={policy.precision} | workspace_limit={policy.workspace_limit} | "
+            f"device={device}:{device_name} | {vers}")
+
+
+class AutotuneCache:
+    """Decisions by key, loaded from ``path`` (``None``: memory only).
+
+    ``messages`` collects what was reported (corrupt file, write failure).
+    """
+
+    def __init__(self, path: str | os.PathLike | None):
+        self.path = None if path is None else Path(os.path.expanduser(str(path)))
+        self.messages: list[str] = []
+        self.entries: dict[str, dict] = {}
+        self.dirty: dict[str, dict] = {}
+        if self.path is not None:
+            self.entries = self._read(report=True)
+
+    @classmethod
+    def for_policy(cls, policy) -> "AutotuneCache":
+        if policy.cache is not None:
+            return cls(None if policy.cache.strip().lower() == "off" else policy.cache)
+        return cls(default_path())
+
+    def _warn(self, msg: str) -> None:
+        self.messages.append(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+    def _read(self, report: bool) -> dict[str, dict]:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            if report:
+                self._warn(f"autotune cache {self.path} cannot be read ({e}); tuning from scratch")
+            return {}
+        try:
+            data = json.loads(text)
+            entries = data["entries"]
+            if data.get("format") != FORMAT or not isinstance(entries, dict) or not all(
+                    isinstance(e, dict) and isinstance(e.get("algorithm"), str)
+                    and isinstance(e.get("options", {}), dict) for e in entries.values()):
+                raise ValueError(f"not an {FORMAT} file")
+        except (ValueError, KeyError, TypeError) as e:
+            if report:
+                self._warn(f"autotune cache {self.path} is corrupt ({type(e).__name__}: {e}); "
+                           "it will be rebuilt")
+            return {}
+        return entries
+
+    def get(self, key: str) -> dict | None:
+        return self.entries.get(key)
+
+    def put(self, key: str, entry: dict) -> None:
+        entry = json.loads(json.dumps(entry, default=str))  # what a reload would give back
+        self.entries[key] = entry
+        self.dirty[key] = entry
+
+    def save(self) -> None:
+        """Merge the new decisions into the file, atomically."""
+        if self.path is None or not self.dirty:
+            return
+        merged = {**self._read(report=False), **self.dirty}
+        text = json.dumps({"format": FORMAT, "entries": merged}, indent=1, sort_keys=True)
+        tmp = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".autotune-", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, self.path)
+            tmp = None
+            self.dirty = {}
+        except OSError as e:
+            self._warn(f"autotune cache {self.path} cannot be written ({e}); decisions kept in memory")
+        finally:
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+__all__ = ["AutotuneCache", "cache_key", "default_path", "FORMAT", "ENV_VAR", "DEFAULT_PATH"]

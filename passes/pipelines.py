@@ -1,0 +1,71 @@
+"""Named pass pipelines: explicit lists, one comment per step.
+
+``opgraph.compile(..., pipeline=NAME)`` builds one of these for its policy;
+a ``Pipeline`` object may be passed instead for a custom list.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .autotune import AutotunePass
+from .base import Pipeline
+from .fuse import FusePass
+from .layout import LayoutPass
+from .legalize import LegalizePass
+from .lower import LowerPass
+from .memory import MemoryPass
+from .policy import LoweringPolicy
+from .verify import VerifyPass
+
+#: Everything to the oracle: ``reference`` for every op, ``direct`` for convolutions
+#: (the conv rules register both names; either is the same code).
+REFERENCE_POLICY = LoweringPolicy(prefer={"*": ["reference", "direct"]})
+
+
+def default(policy: LoweringPolicy) -> Pipeline:
+    return Pipeline("default", [
+        # explicit Pad nodes where the algorithm the node will get cannot pad
+        # (must run before lower: it changes which ops exist)
+        LegalizePass(),
+        # every abstract node -> Lowered(op, algorithm): policy order, declines kept
+        LowerPass(),
+        # re-choose by timing checked candidates (the meta-optimizer), cached
+        *([AutotunePass()] if policy.autotune else []),
+        # conv + bias + relu chains: found and reported (no fused op yet)
+        FusePass(),
+        # physical layout of 4-D values: NCHW recorded
+        LayoutPass(),
+        # liveness plan of the schedule: planned peak bytes in the report
+        MemoryPass(),
+        # nothing abstract or unregistered left among the outputs' ancestors
+        VerifyPass(),
+    ])
+
+
+def reference(policy: LoweringPolicy) -> Pipeline:
+    return Pipeline("reference", [
+        # the oracle for every node; the user's policy is ignored on purpose
+        LowerPass(REFERENCE_POLICY),
+        MemoryPass(),
+        VerifyPass(),
+    ])
+
+
+PIPELINES: dict[str, Callable[[LoweringPolicy], Pipeline]] = {"default": default, "reference": reference}
+
+
+def build(name: str, policy: LoweringPolicy) -> Pipeline:
+    """The pipeline called ``name`` for ``policy``.
+
+    Raises:
+        ParameterError: unknown name (lists the known ones).
+    """
+    from opgraph.errors import ParameterError
+
+    if name not in PIPELINES:
+        raise ParameterError("pipeline", name, f"must be one of {sorted(PIPELINES)}")
+    return PIPELINES[name](policy)
+
+
+__all__ = ["PIPELINES", "build", "default", "reference", "REFERENCE_POLICY"]

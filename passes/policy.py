@@ -1,0 +1,378 @@
+"""``LoweringPolicy``: which implementation each node gets, as configuration.
+
+The user swaps implementations here, never in the model. A policy holds
+
+* ``prefer``: op-type key -> algorithms tried first, in order (then the
+  device's default order, then any other registered rule);
+* ``force``: node name (or ``fnmatch`` pattern) -> the one algorithm it must
+  get; an algorithm that declines the node is a ``LoweringError``;
+* ``include`` / ``exclude``: algorithm names or rule tags (Theano's
+  ``optimizer_including`` / ``optimizer_excluding``): excluded rules are never
+  candidates; rules tagged ``optional`` are candidates only when included;
+* ``autotune``, ``workspace_limit`` (bytes), ``precision``, ``layout``,
+  ``explicit_padding`` (algorithms the legalize pass pads for), ``cache``.
+
+Op-type keys are op class names (``Conv2d``, case-insensitive), family aliases
+(:data:`ALIASES`: ``conv`` = the three convolution ops, ``conv_fwd`` /
+``conv_dgrad`` / ``conv_wgrad`` one direction each, ``pool``, ...) or ``*``
+(every op). A node's preference list concatenates every key covering its
+type, most specific first (op name, then direction alias, then family, then
+``*``).
+
+TOML schema (``LoweringPolicy.from_toml``; every key optional)::
+
+    autotune = false              # bool: time candidates (passes/autotune.py)
+    workspace_limit = "512MiB"    # int bytes, or a string with B/KB/MB/GB/KiB/MiB/GiB
+    precision = "fp32"            # fp32 | tf32 | bf16 | fp16
+    layout = "NCHW"               # NCHW | NHWC (NHWC only acted on for cuda)
+    include = ["optional-tag"]    # algorithm names or rule tags
+    exclude = ["winograd"]
+    explicit_padding = ["fft"]    # algorithms given explicit Pad nodes ("*" = all)
+    cache = "~/.cache/opgraph/autotune.json"
+
+    [prefer]                      # key -> algorithm or list of algorithms
+    conv = ["fft", "gemm"]
+    conv_wgrad = "gemm"
+
+    [force]                       # node name or fnmatch pattern -> algorithm
+    "conv2" = "fft"
+
+``docs/policy.md`` has a commented example.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import sys
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import attrs
+
+from opgraph import ops
+from opgraph.errors import ParameterError
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+LAYOUTS = ("NCHW", "NHWC")
+CONV_OPS = ("Conv2d", "Conv2dBackwardData", "Conv2dBackwardFilter")
+OP_TYPES = tuple(sorted(ops.__all__))
+
+#: Family and direction aliases usable as ``prefer`` keys.
+ALIASES: dict[str, tuple[str, ...]] = {
+    "conv": CONV_OPS,
+    "conv_fwd": ("Conv2d",),
+    "conv_dgrad": ("Conv2dBackwardData",),
+    "conv_wgrad": ("Conv2dBackwardFilter",),
+    "pool": ("MaxPool2d", "MaxPool2dBackward", "MaxPool2dSelect", "AvgPool2d", "AvgPool2dBackward"),
+    "relu": ("Relu", "ReluBackward", "Threshold", "ThresholdBackward"),
+    "lrn": ("LocalResponseNorm", "LocalResponseNormBackward"),
+    "linear": ("Linear", "MatMul"),
+    "softmax": ("Softmax", "SoftmaxBackward", "LogSoftmax", "LogSoftmaxBackward",
+                "CrossEntropy", "CrossEntropyBackward"),
+    "*": OP_TYPES,
+}
+
+#: Default candidate order per device: convolutions, then every other op.
+#: CPU convolutions: gemm first, then direct. Measured on the 2-core CI machine
+#: (NumPy 2.4, batch 4, forward / backward-data / backward-filter, ms):
+#: gemm was fastest or within 2x of the fastest on L1-L5, AlexNet and VGG layers;
+#: direct (O(input + output) memory, never declines) beat it on some
+#: backward-data layers and is the safe fallback when gemm declines a GEMM
+#: dimension >= 2^31; winograd (3x3 only) ran 1.5-4x slower than gemm and fft
+#: 2-30x slower (numpy's pocketfft, stride handled by subsampling). So both
+#: are reached on the CPU only through ``prefer``, ``force`` or autotune.
+#: CUDA: cuDNN first, then the xp kernels; non-conv ops: own CuPy kernels
+#: (``cuda``), then the xp reference.
+DEFAULT_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
+    "cpu": {"conv": ("gemm", "direct", "winograd", "fft"), "*": ("reference",)},
+    "cuda": {"conv": ("cudnn", "gemm", "fft", "winograd", "direct"), "*": ("cuda", "reference")},
+}
+
+
+class PolicyError(ParameterError):
+    """A bad policy key or value (the message names the key, value and source)."""
+
+
+def _err(key: str, value, why: str, source: str | None = None) -> PolicyError:
+    return PolicyError(f"{source}: {key}" if source else key, value, why)
+
+
+def _types_of(key: str) -> tuple[str, ...] | None:
+    if key in ALIASES:
+        return ALIASES[key]
+    for name in OP_TYPES:
+        if name.lower() == key.lower():
+            return (name,)
+    return None
+
+
+def _algo_list(key: str, value) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items or not all(
+            isinstance(a, str) and re.fullmatch(r"[A-Za-z0-9_.\-]+", a) for a in items):
+        raise _err(key, value, "must be an algorithm name or a non-empty list of algorithm names")
+    return tuple(items)
+
+
+def _prefer(value) -> Mapping[str, tuple[str, ...]]:
+    if not isinstance(value, Mapping):
+        raise _err("prefer", value, "must be a mapping of op type / alias -> algorithms")
+    out = {}
+    for key, algos in value.items():
+        if not isinstance(key, str) or _types_of(key) is None:
+            raise _err(f"prefer.{key}", algos, f"unknown op type or alias {key!r}; use an op name "
+                       f"({', '.join(OP_TYPES[:4])}, ...) or one of {sorted(ALIASES)}")
+        out[key] = _algo_list(f"prefer.{key}", algos)
+    return MappingProxyType(out)
+
+
+def _force(value) -> Mapping[str, str]:
+    if not isinstance(value, Mapping):
+        raise _err("force", value, "must be a mapping of node name -> algorithm")
+    for key, algo in value.items():
+        if not isinstance(key, str) or not key or not isinstance(algo, str) or not algo:
+            raise _err(f"force.{key}", algo, "node name and algorithm must be non-empty strings")
+    return MappingProxyType(dict(value))
+
+
+def _names(param: str):
+    def convert(value) -> frozenset:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple, set, frozenset)) or not all(
+                isinstance(a, str) and a for a in items):
+            raise _err(param, value, "must be a list of algorithm names or tags")
+        return frozenset(items)
+    return convert
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(value, key: str = "workspace_limit") -> int | None:
+    """Bytes from an int, ``None`` (no limit) or a string like ``'512MiB'``, ``'2GB'``.
+
+    Raises:
+        PolicyError: a negative number, an unknown unit or another type.
+    """
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+        return None
+    if isinstance(value, bool):
+        raise _err(key, value, "must be a byte count")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise _err(key, value, "must be >= 0")
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise _err(key, value, f"must be bytes, e.g. 1073741824, '512MiB' or '2GB' (units {sorted(_UNITS)[1:]})")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _choice(key: str, allowed):
+    def check(inst, attribute, value):
+        if value not in allowed:
+            raise _err(key, value, f"must be one of {list(allowed)}")
+    return check
+
+
+def _path(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise _err("cache", value, "must be a file path")
+    return str(value)
+
+
+def _flag(value) -> bool:
+    if not isinstance(value, bool):
+        raise _err("autotune", value, "must be true or false")
+    return value
+
+
+@attrs.frozen
+class LoweringPolicy:
+    """How the passes choose implementations (see the module docstring).
+
+    Raises:
+        PolicyError: a bad key or value, naming it.
+    """
+
+    prefer: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict, converter=_prefer)
+    force: Mapping[str, str] = attrs.field(factory=dict, converter=_force)
+    include: frozenset = attrs.field(default=frozenset(), converter=_names("include"))
+    exclude: frozenset = attrs.field(default=frozenset(), converter=_names("exclude"))
+    autotune: bool = attrs.field(default=False, converter=_flag)
+    workspace_limit: int | None = attrs.field(default=None, converter=parse_bytes)
+    precision: str = attrs.field(default="fp32", validator=_choice("precision", PRECISIONS))
+    layout: str = attrs.field(default="NCHW", validator=_choice("layout", LAYOUTS))
+    explicit_padding: frozenset = attrs.field(default=frozenset(), converter=_names("explicit_padding"))
+    cache: str | None = attrs.field(default=None, converter=_path)
+
+    # ---- queries used by the passes --------------------------------------
+    def preferred(self, op_type: str) -> tuple[str, ...]:
+        """Algorithms ``prefer`` lists for ``op_type``, most specific key first."""
+        keys = [k for k in self.prefer if k == "*" or op_type in _types_of(k)]  # '*': any op, ours or not
+        keys.sort(key=lambda k: (k == "*", len(_types_of(k)), k in ALIASES))  # op names beat aliases
+        return _dedupe(a for k in keys for a in self.prefer[k])
+
+    def order(self, op_type: str, device: str) -> tuple[str, ...]:
+        """Candidate order for ``op_type`` on ``device``: preferred, then default."""
+        table = DEFAULT_ORDER.get(device, DEFAULT_ORDER["cpu"])
+        default = table["conv"] if op_type in CONV_OPS else table["*"]
+        return _dedupe((*self.preferred(op_type), *default))
+
+    def forced(self, node_name: str) -> str | None:
+        """The algorithm forced for ``node_name``: an exact key wins over patterns."""
+        if node_name in self.force:
+            return self.force[node_name]
+        for pattern, algo in self.force.items():
+            if fnmatch.fnmatchcase(node_name, pattern):
+                return algo
+        return None
+
+    def exclusion(self, algorithm: str, tags) -> str | None:
+        """Why the policy keeps rule (``algorithm``, ``tags``) out, or None."""
+        names = {algorithm, *tags}
+        hit = sorted(names & self.exclude)
+        if hit:
+            return f"excluded by policy (exclude={hit})"
+        if "optional" in tags and not names & self.include:
+            return f"opt-in rule (tag 'optional'): add {algorithm!r} to include"
+        return None
+
+    def needs_explicit_padding(self, algorithm: str) -> bool:
+        return algorithm in self.explicit_padding or "*" in self.explicit_padding
+
+    def to_dict(self) -> dict:
+        """JSON/TOML-ready form (what ``from_mapping`` reads back)."""
+        d = {"prefer": {k: list(v) for k, v in self.prefer.items()}, "force": dict(self.force),
+             "include": sorted(self.include), "exclude": sorted(self.exclude),
+             "autotune": self.autotune, "workspace_limit": self.workspace_limit,
+             "precision": self.precision, "layout": self.layout,
+             "explicit_padding": sorted(self.explicit_padding), "cache": self.cache}
+        return {k: v for k, v in d.items() if v not in (None, [], {})}
+
+    # ---- construction from files and flags -------------------------------
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], source: str = "policy") -> "LoweringPolicy":
+        """A policy from a dict with the TOML schema's keys.
+
+        Raises:
+            PolicyError: an unknown key or a bad value, prefixed by ``source``.
+        """
+        fields = {f.name for f in attrs.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise _err(unknown[0], data[unknown[0]], f"unknown policy key; known keys: {sorted(fields)}", source)
+        try:
+            return cls(**dict(data))
+        except PolicyError as e:
+            raise _err(e.param, e.value, e.why, source) from None
+
+    @classmethod
+    def from_toml(cls, path) -> "LoweringPolicy":
+        """Read a policy file (schema in the module docstring).
+
+        Raises:
+            PolicyError: unreadable or invalid TOML, unknown key, bad value
+                (the message names the file, the key and the value).
+        """
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover
+            import tomli as tomllib
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except OSError as e:
+            raise _err("policy file", str(path), f"cannot be read ({e.strerror})") from None
+        except tomllib.TOMLDecodeError as e:
+            raise _err("policy file", str(path), f"is not valid TOML ({e})") from None
+        return cls.from_mapping(data, source=str(path))
+
+    @classmethod
+    def from_cli(cls, lowering: str | None = None, policy_file=None, autotune: bool = False,
+                 precision: str | None = None, workspace_limit=None) -> "LoweringPolicy":
+        """A policy from command-line strings; flags override the file.
+
+        ``lowering`` is a comma-separated list of items:
+
+        * ``KEY=ALGO`` or ``KEY=ALGO+ALGO``: prefer (``conv=fft+gemm``; a key
+          given twice appends);
+        * a bare ``ALGO``: preferred for every op (``gemm``, ``fft``);
+        * ``auto``: turn autotune on;
+        * ``@NODE=ALGO``: force (``@conv2=fft``);
+        * ``exclude=ALGO+ALGO`` / ``include=...``.
+
+        Raises:
+            PolicyError: a malformed item (named) or a bad value.
+        """
+        base = cls.from_toml(policy_file) if policy_file else cls()
+        prefer = {k: list(v) for k, v in base.prefer.items()}
+        force, include, exclude = dict(base.force), set(base.include), set(base.exclude)
+        tune = base.autotune or bool(autotune)
+        cli_prefer: dict[str, list[str]] = {}
+        for item in (s.strip() for s in (lowering or "").split(",")):
+            if not item:
+                continue
+            key, sep, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep:
+                if key == "auto":
+                    tune = True
+                else:
+                    cli_prefer.setdefault("*", []).extend(_algo_list("--lowering", key))
+                continue
+            algos = list(_algo_list(f"--lowering {item}", [a.strip() for a in value.split("+")]))
+            if key.startswith("@"):
+                force[key[1:]] = algos[0]
+            elif key in ("include", "exclude"):
+                (include if key == "include" else exclude).update(algos)
+            else:
+                cli_prefer.setdefault(key, []).extend(algos)
+        for key, algos in cli_prefer.items():  # flags go before the file's preferences
+            prefer[key] = algos + [a for a in prefer.get(key, []) if a not in algos]
+        changes = dict(prefer=prefer, force=force, include=include, exclude=exclude, autotune=tune)
+        if precision is not None:
+            changes["precision"] = precision
+        if workspace_limit is not None:
+            changes["workspace_limit"] = workspace_limit
+        try:
+            return attrs.evolve(base, **changes)
+        except PolicyError as e:
+            raise _err(e.param, e.value, e.why, "--lowering") from None
+
+
+def _dedupe(items) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+# ---- argparse wiring for the benchmark CLI --------------------------------
+def add_cli_arguments(parser) -> None:
+    """Add ``--lowering``, ``--policy``, ``--autotune``, ``--precision`` and
+    ``--workspace-limit`` to an ``argparse`` parser (read by :func:`policy_from_args`)."""
+    g = parser.add_argument_group("lowering policy")
+    g.add_argument("--lowering", default=None, metavar="SPEC",
+                   help="e.g. 'conv=fft+gemm,pool=reference', a bare algorithm 'gemm', "
+                        "'@conv2=fft' (force a node), 'exclude=winograd', 'auto' (autotune)")
+    g.add_argument("--policy", default=None, metavar="FILE", help="TOML policy file (docs/policy.md)")
+    g.add_argument("--autotune", action="store_true", help="time every applicable candidate per node")
+    g.add_argument("--precision", default=None, choices=PRECISIONS, help="math precision (default fp32)")
+    g.add_argument("--workspace-limit", default=None, metavar="BYTES",
+                   help="scratch budget per node, e.g. 512MiB (default: none)")
+
+
+def policy_from_args(args) -> LoweringPolicy:
+    """The policy described by the arguments :func:`add_cli_arguments` added."""
+    return LoweringPolicy.from_cli(lowering=getattr(args, "lowering", None),
+                                   policy_file=getattr(args, "policy", None),
+                                   autotune=getattr(args, "autotune", False),
+                                   precision=getattr(args, "precision", None),
+                                   workspace_limit=getattr(args, "workspace_limit", None))
+
+
+__all__ = ["LoweringPolicy", "PolicyError", "ALIASES", "DEFAULT_ORDER", "PRECISIONS", "LAYOUTS",
+           "CONV_OPS", "parse_bytes", "add_cli_arguments", "policy_from_args"]

@@ -1,0 +1,224 @@
+"""The autotune pass: fastest correct candidate, cache behaviour, reports."""
+
+import json
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.errors import LoweringError
+from opgraph.passes.autotune import AutotunePass, relative_error, tolerance
+from opgraph.passes.autotune_cache import AutotuneCache, default_path
+from opgraph.passes.base import PassContext, Pipeline
+from opgraph.passes.lower import LowerPass
+from opgraph.passes.policy import LoweringPolicy
+
+from passes_stubs import Scale, StubTimer, install_scale_rules
+
+VERSIONS_A = {"numpy": "2.4.0", "lib": "1"}
+
+
+def scale_graph(n=1):
+    g = og.Graph()
+    x = g.input("x", (4, 5))
+    outs = [g.add_node(Scale(), [x], name=f"s{i}") for i in range(n)]
+    return g, outs
+
+
+def tune(outs, cache, timer, versions=VERSIONS_A, **policy):
+    policy = LoweringPolicy(autotune=True, cache=str(cache), **policy)
+    ctx = PassContext(policy=policy, timer=timer, versions=lambda: dict(versions),
+                      device_name=lambda: "test-cpu")
+    g, _ = Pipeline("t", [LowerPass(), AutotunePass()]).run(outs[0].graph, outs, ctx)
+    return g, ctx.report
+
+
+def table(report, name="s0"):
+    return {c.label: c for c in report.node(name).candidates}
+
+
+def test_picks_the_fastest_correct_candidate(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference", "fast", "slow", "wrong", "nan", "boom"])
+    timer = StubTimer({"fast": 1.0, "slow": 5.0, "reference": 3.0, "wrong": 0.1, "nan": 0.1, "boom": 0.1})
+    g, report = tune(scale_graph()[1], tmp_path / "c.json", timer)
+    rec = report.node("s0")
+    assert rec.algorithm == "fast" and rec.how == "autotune"
+    t = table(report)
+    assert t["fast"].status == "chosen" and t["fast"].time_ms == pytest.approx(1.0)
+    assert t["slow"].status == "ok" and t["reference"].status == "ok"
+    assert t["wrong"].status == "wrong" and t["wrong"].rel_error > 0.1
+    assert t["nan"].status == "wrong"  # NaN never passes
+    assert t["boom"].status == "failed" and "kernel exploded" in t["boom"].reason
+    # wrong ones are never timed; 'slow' (5 ms > 3 x 1 ms) is pruned after one timed run
+    assert timer.calls == ["reference", "reference", "fast", "fast", "slow"]
+    assert "pruned" in t["slow"].reason and "pruned" not in t["reference"].reason
+    assert g.node(rec.node).op.algorithm == "fast"
+
+
+def test_over_budget_candidate_is_skipped(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference", "big", "slow"])
+    timer = StubTimer({"big": 0.5, "slow": 2.0, "reference": 3.0})
+    _, report = tune(scale_graph()[1], tmp_path / "c.json", timer, workspace_limit=1000)
+    t = table(report)
+    assert t["big"].status == "over budget" and t["big"].workspace == 10**9
+    assert report.node("s0").algorithm == "slow"
+    assert "big" not in timer.calls
+
+
+def test_variants_are_separate_candidates(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference", "tiles"])
+    timer = StubTimer({"tiles[t=1]": 4.0, "tiles[t=2]": 2.0, "reference": 3.0})
+    _, report = tune(scale_graph()[1], tmp_path / "c.json", timer)
+    assert report.node("s0").options == {"t": 2}
+    assert report.node("s0").chosen.startswith("tiles[cpu, t=2]")
+
+
+def test_declined_and_excluded_candidates_are_listed(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
+    _, report = tune(scale_graph()[1], tmp_path / "c.json", StubTimer({}), exclude=["slow"])
+    assert table(report)["slow"].status == "excluded"
+
+
+def test_second_run_reads_the_cache_without_timing(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
+    path = tmp_path / "c.json"
+    first = StubTimer({"fast": 1.0, "slow": 5.0, "reference": 3.0})
+    g, outs = scale_graph(2)  # two identical nodes: the second reuses the first's decision
+    _, report = tune(outs, path, first)
+    assert set(first.calls) == {"fast", "slow", "reference"}
+    assert report.node("s1").how == "cache"
+    second = StubTimer({"slow": 0.1})  # would now pick 'slow' if it timed anything
+    _, report = tune(outs, path, second)
+    assert second.calls == []
+    assert report.node("s0").how == "cache" and report.node("s0").algorithm == "fast"
+    assert table(report)["fast"].status == "chosen"  # the table comes back from the cache
+    data = json.loads(path.read_text())
+    (key,) = data["entries"]
+    assert "Scale()" in key and "float32[4x5]" in key and "numpy=2.4.0" in key and "test-cpu" in key
+
+
+def test_keys_from_other_versions_are_never_reused(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
+    path = tmp_path / "c.json"
+    outs = scale_graph()[1]
+    tune(outs, path, StubTimer({"fast": 1.0}))
+    timer = StubTimer({"slow": 1.0})
+    _, report = tune(outs, path, timer, versions={**VERSIONS_A, "lib": "2"})
+    assert set(timer.calls) == {"fast", "slow", "reference"} and report.node("s0").algorithm == "slow"
+    assert len(json.loads(path.read_text())["entries"]) == 2
+
+
+def test_cached_choice_that_no_longer_applies_is_retuned(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
+    path, outs = tmp_path / "c.json", scale_graph()[1]
+    tune(outs, path, StubTimer({"fast": 1.0}))
+    timer = StubTimer({"slow": 1.0})
+    _, report = tune(outs, path, timer, exclude=["fast"])
+    assert report.node("s0").algorithm == "slow" and timer.calls
+
+
+@pytest.mark.parametrize("content", ["{not json", "[]", '{"format": "other", "entries": {}}',
+                                     '{"format": "opgraph-autotune/1", "entries": {"k": 3}}'])
+def test_corrupt_cache_warns_and_is_rebuilt(monkeypatch, tmp_path, content):
+    install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
+    path = tmp_path / "c.json"
+    path.write_text(content)
+    with pytest.warns(RuntimeWarning, match=str(path)):
+        _, report = tune(scale_graph()[1], path, StubTimer({"fast": 1.0}))
+    assert report.node("s0").algorithm == "fast"
+    assert any("corrupt" in n for n in report.notes)
+    assert len(json.loads(path.read_text())["entries"]) == 1
+    assert not list(tmp_path.glob(".autotune-*"))  # no temporary left behind
+
+
+def test_no_correct_candidate_is_an_error(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference", "wrong", "boom"])
+    with pytest.raises(LoweringError, match="no correct candidate"):
+        tune(scale_graph()[1], tmp_path / "c.json", StubTimer({}), exclude=["reference"])
+
+
+def test_forced_nodes_are_not_tuned(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
+    timer = StubTimer({"fast": 1.0})
+    _, report = tune(scale_graph()[1], tmp_path / "c.json", timer, force={"s0": "slow"})
+    assert report.node("s0").algorithm == "slow" and timer.calls == []
+
+
+def test_cache_location(monkeypatch, tmp_path):
+    monkeypatch.setenv("OPGRAPH_CACHE", str(tmp_path / "dir"))
+    assert default_path() == str(tmp_path / "dir" / "autotune.json")
+    monkeypatch.setenv("OPGRAPH_CACHE", str(tmp_path / "x.json"))
+    assert default_path() == str(tmp_path / "x.json")
+    monkeypatch.delenv("OPGRAPH_CACHE")
+    assert default_path().endswith(".cache/opgraph/autotune.json")
+    assert AutotuneCache.for_policy(LoweringPolicy(cache="off")).path is None
+
+
+@pytest.mark.filterwarnings("ignore:autotune cache .* cannot be read")
+def test_unwritable_cache_warns(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference", "fast"])
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.warns(RuntimeWarning, match="cannot be written"):
+        _, report = tune(scale_graph()[1], blocker / "c.json", StubTimer({}))
+    assert report.node("s0").algorithm in ("fast", "reference")
+
+
+def test_tolerances_and_relative_error():
+    assert tolerance("gemm") == 1e-4 and tolerance("fft") == 1e-3 and tolerance("winograd") == 1e-3
+    assert tolerance("cudnn", "tf32") == 5e-3 and tolerance("gemm", "bf16") == 1e-2
+    assert tolerance("gemm", dtype="float16") == 1e-2
+    ref = np.array([3.0, 4.0])
+    assert relative_error(ref + [0.0, 0.5], ref) == pytest.approx(0.1)
+    assert np.isnan(relative_error(np.array([np.nan, 4.0]), ref))
+    assert np.isnan(relative_error(np.zeros(3), ref))
+
+
+def test_real_conv_autotune_checks_and_caches(tmp_path):
+    """End to end on the registered conv rules (real timer): each direction
+    is tuned on its own, every candidate is checked, the second compile reads
+    the cache."""
+    g = og.Graph()
+    x, w = g.input("x", (2, 3, 8, 8)), g.param("w", (4, 3, 3, 3))
+    y = og.conv2d(x, w, padding=1, name="conv")
+    outs = [y, *og.grad(y, [x, w])]
+    policy = LoweringPolicy(autotune=True, cache=str(tmp_path / "c.json"))
+    exe = og.compile(outs, policy=policy)
+    tuned = [r for r in exe.report.nodes.values() if r.how == "autotune"]
+    assert len(tuned) == 3
+    for r in tuned:
+        labels = {c.label: c for c in r.candidates}
+        assert {"gemm", "fft", "winograd[tile=2]", "winograd[tile=4]"} <= set(labels)
+        assert all(c.rel_error < c.tolerance for c in r.candidates if c.status in ("ok", "chosen"))
+    counter = StubTimer({})
+    exe2 = og.compile(outs, policy=policy, timer=counter)
+    assert counter.calls == [] and exe2.report.choices == exe.report.choices
+    rng = np.random.default_rng(0)
+    feeds = dict(x=rng.standard_normal((2, 3, 8, 8)), w=rng.standard_normal((4, 3, 3, 3)))
+    gy = rng.standard_normal(y.shape)
+    ref = og.compile(outs, pipeline="reference", dtype="float64")(grad_outputs={y: gy}, **feeds)
+    for a, b in zip(exe2(grad_outputs={y: gy}, **feeds), ref):
+        assert np.linalg.norm(a - b) <= 1e-3 * np.linalg.norm(b)
+
+
+def test_cache_writes_are_atomic_and_merged(monkeypatch, tmp_path):
+    path = tmp_path / "c.json"
+    cache = AutotuneCache(path)
+    other = AutotuneCache(path)  # another process, writing meanwhile
+    other.put("theirs", {"algorithm": "fft", "options": {}})
+    other.save()
+    cache.put("ours", {"algorithm": "gemm", "options": {"t": 1}})
+    before = path.read_text()
+    import opgraph.passes.autotune_cache as mod
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(mod.os, "replace", broken_replace)
+    with pytest.warns(RuntimeWarning, match="cannot be written"):
+        cache.save()
+    assert path.read_text() == before and not list(tmp_path.glob(".autotune-*"))
+    monkeypatch.undo()
+    cache.save()
+    entries = json.loads(path.read_text())["entries"]
+    assert set(entries) == {"theirs", "ours"} and entries["ours"]["options"] == {"t": 1}

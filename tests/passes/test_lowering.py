@@ -1,0 +1,194 @@
+"""The lower pass: which algorithm a policy picks, declines, errors, golden graphs."""
+
+import attrs
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.errors import LoweringError
+from opgraph.ops import Conv2d
+from opgraph.passes.base import PassContext
+from opgraph.passes.lower import LowerPass, survey
+from opgraph.passes.policy import LoweringPolicy
+from opgraph.passes.verify import VerifyPass
+from opgraph.types import TensorType
+
+from opgraph.backends.registry import rules_for
+
+from passes_stubs import Scale, install_rule, install_scale_rules
+
+
+def conv_pool_graph():
+    g = og.Graph("small")
+    x = g.input("x", (1, 2, 6, 6))
+    w = g.param("w", (3, 2, 3, 3))
+    y = og.conv2d(x, w, padding=((0, 1), (1, 0)), name="conv1")
+    p = og.max_pool2d(og.relu(y, name="relu1"), 2, name="pool1")
+    return g, p
+
+
+GOLDEN_BEFORE = """\
+%0 x = Input(float32[1, 2, 6, 6])() -> float32[1, 2, 6, 6]
+%1 w = Param(float32[3, 2, 3, 3])() -> float32[3, 2, 3, 3]
+%2 conv1 = Conv2d(stride=1, padding=((0, 1), (1, 0)), dilation=1, groups=1)(%0, %1) -> float32[1, 3, 5, 5]
+%3 relu1 = Relu()(%2) -> float32[1, 3, 5, 5]
+%4 pool1 = MaxPool2d(kernel_size=2, stride=2, padding=0, ceil_mode=False)(%3) -> float32[1, 3, 2, 2]"""
+
+GOLDEN_LOWERED = """\
+%0 x = Input(float32[1, 2, 6, 6])() -> float32[1, 2, 6, 6]
+%1 w = Param(float32[3, 2, 3, 3])() -> float32[3, 2, 3, 3]
+%2 conv1 = gemm[cpu]:Conv2d(stride=1, padding=((0, 1), (1, 0)), dilation=1, groups=1)(%0, %1) -> float32[1, 3, 5, 5]
+%3 relu1 = reference[cpu]:Relu()(%2) -> float32[1, 3, 5, 5]
+%4 pool1 = reference[cpu]:MaxPool2d(kernel_size=2, stride=2, padding=0, ceil_mode=False)(%3) -> float32[1, 3, 2, 2]"""
+
+
+def lower(g, outs, policy=None, device="cpu"):
+    ctx = PassContext(device=device, policy=policy or LoweringPolicy())
+    return LowerPass()(g, outs, ctx), ctx
+
+
+def test_golden_lowering_and_input_graph_untouched():
+    g, p = conv_pool_graph()
+    assert g.dump() == GOLDEN_BEFORE
+    lowered, ctx = lower(g, [p])
+    assert lowered.dump() == GOLDEN_LOWERED
+    assert g.dump() == GOLDEN_BEFORE  # the pass worked on a copy
+    VerifyPass()(lowered, [p], ctx)
+    with pytest.raises(LoweringError, match="conv1 .*abstract"):
+        VerifyPass()(g, [p], ctx)
+
+
+def conv_grads(k=3, padding=1, stride=1, name="conv2"):
+    g = og.Graph()
+    x = g.input("x", (2, 4, 9, 9))
+    w = g.param("w", (5, 4, k, k))
+    y = og.conv2d(x, w, padding=padding, stride=stride, name=name)
+    gx, gw = og.grad(y, [x, w])
+    return g, [y, gx, gw]
+
+
+def algorithms(g, outs, policy=None):
+    lowered, ctx = lower(g, outs, policy)
+    return {type(v.op.op).__name__: v.op.algorithm for v in lowered.nodes_in_order(outs)
+            if hasattr(v.op, "algorithm")}, ctx
+
+
+def test_default_cpu_policy_picks_gemm_for_all_directions():
+    g, outs = conv_grads()
+    algos, _ = algorithms(g, outs)
+    assert algos == {"Conv2d": "gemm", "Conv2dBackwardData": "gemm", "Conv2dBackwardFilter": "gemm"}
+
+
+def test_prefer_family_and_direction():
+    g, outs = conv_grads()
+    algos, _ = algorithms(g, outs, LoweringPolicy(prefer={"conv": ["fft"], "conv_wgrad": ["winograd"]}))
+    assert algos == {"Conv2d": "fft", "Conv2dBackwardData": "fft", "Conv2dBackwardFilter": "winograd"}
+
+
+def test_declining_preference_falls_back_to_gemm_with_reason():
+    g, outs = conv_grads(k=5, padding=2)
+    algos, ctx = algorithms(g, outs, LoweringPolicy(prefer={"conv": ["winograd"]}))
+    assert set(algos.values()) == {"gemm"}
+    rec = ctx.report.node("conv2")
+    assert "3x3" in rec.declined["winograd"] and rec.how == "policy"
+    assert rec.order[:2] == ["winograd", "gemm"]
+    assert "3x3" in ctx.report.fallbacks()["conv2"]["winograd"]
+
+
+def test_force_by_node_name_and_pattern():
+    g, outs = conv_grads()
+    algos, ctx = algorithms(g, outs, LoweringPolicy(force={"conv2": "fft", "conv2.grad/*filter": "direct"},
+                                                     exclude=["fft"]))
+    assert algos["Conv2d"] == "fft"  # forcing bypasses exclude
+    assert algos["Conv2dBackwardFilter"] == "direct"
+    assert algos["Conv2dBackwardData"] == "gemm"
+    assert ctx.report.node("conv2").how == "forced"
+
+
+def test_forced_algorithm_that_declines_is_an_error_naming_node_and_reason():
+    g, outs = conv_grads(k=5, padding=2)
+    with pytest.raises(LoweringError) as e:
+        lower(g, outs, LoweringPolicy(force={"conv2": "winograd"}))
+    msg = str(e.value)
+    assert "conv2" in msg and "'winograd'" in msg and "3x3" in msg
+
+
+def test_forcing_an_unregistered_algorithm_is_an_error():
+    g, outs = conv_grads()
+    with pytest.raises(LoweringError, match="conv2.*'magic' has no rule"):
+        lower(g, outs, LoweringPolicy(force={"conv2": "magic"}))
+
+
+def test_unknown_force_key_is_noted():
+    g, outs = conv_grads()
+    _, ctx = lower(g, outs, LoweringPolicy(force={"conv9": "fft"}))
+    assert any("conv9" in n for n in ctx.report.notes)
+
+
+def test_exclude_by_name_and_by_tag():
+    g, outs = conv_grads()
+    algos, ctx = algorithms(g, outs, LoweringPolicy(exclude=["gemm"]))
+    assert set(algos.values()) == {"direct"}
+    assert "excluded" in ctx.report.node("conv2").declined["gemm"]
+    algos, _ = algorithms(g, outs, LoweringPolicy(prefer={"conv": ["fft", "winograd"]}, exclude=["fast"]))
+    assert set(algos.values()) == {"gemm"}  # fft and winograd carry the tag 'fast'
+
+
+def test_workspace_limit_declines_a_candidate():
+    g, outs = conv_grads()
+    algos, ctx = algorithms(g, outs, LoweringPolicy(prefer={"conv": ["fft"]}, workspace_limit=1000))
+    assert algos["Conv2d"] != "fft"
+    assert "workspace" in ctx.report.node("conv2").declined["fft"]
+
+
+def test_include_enables_an_optional_rule(monkeypatch):
+    install_scale_rules(monkeypatch, ["reference", "extra"])
+    g = og.Graph()
+    s = g.add_node(Scale(), [g.input("x", (3,))], name="s")
+    _, ctx = lower(g, [s], LoweringPolicy(prefer={"*": ["extra"]}))
+    assert ctx.report.node("s").algorithm == "reference"
+    assert "opt-in" in ctx.report.node("s").declined["extra"]
+    _, ctx = lower(g, [s], LoweringPolicy(prefer={"*": ["extra"]}, include=["extra"]))
+    assert ctx.report.node("s").algorithm == "extra"
+
+
+def test_no_applicable_rule_lists_every_reason(monkeypatch):
+    install_scale_rules(monkeypatch, ["reference", "big"])
+    g = og.Graph()
+    s = g.add_node(Scale(), [g.input("x", (3,))], name="s")
+    with pytest.raises(LoweringError) as e:
+        lower(g, [s], LoweringPolicy(exclude=["reference"], workspace_limit=10))
+    msg = str(e.value)
+    assert "node s" in msg and "reference: excluded" in msg and "big: workspace" in msg
+
+
+def test_rules_not_in_any_order_are_tried_last(monkeypatch):
+    install_scale_rules(monkeypatch, ["reference", "slow", "fast"])
+    s = survey("s", Scale(), (TensorType((3,)),), "cpu", LoweringPolicy())
+    assert s.order == ("reference", "fast", "slow")
+
+
+def test_cuda_order_puts_cudnn_first_and_declines_cpu_only_rules(monkeypatch):
+    install_rule(monkeypatch, Conv2d, attrs.evolve(rules_for(Conv2d)["gemm"], algorithm="cpuonly",
+                                                   devices={"cpu"}))
+    op = Conv2d(padding=1)
+    types = (TensorType((1, 4, 8, 8)), TensorType((4, 4, 3, 3)))
+    s = survey("c", op, types, "cuda", LoweringPolicy(prefer={"conv": ["cpuonly"]}))
+    assert s.declined["cpuonly"] == "cpuonly has no cuda implementation"
+    order = [a for a in s.order if a != "cpuonly"]
+    expected = [a for a in ("cudnn", "gemm", "fft", "winograd", "direct") if a in order]
+    assert order[:len(expected)] == expected
+    assert survey("c", op, types, "cpu", LoweringPolicy(prefer={"conv": ["cpuonly"]})).applicable[0][0].algorithm \
+        == "cpuonly"
+
+
+def test_lowered_nodes_compute_the_reference_result():
+    g, outs = conv_grads(padding=((0, 2), (1, 0)), stride=2)
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((2, 4, 9, 9)), "w": rng.standard_normal((5, 4, 3, 3))}
+    gy = rng.standard_normal(outs[0].shape)
+    ref = og.compile(outs, pipeline="reference", dtype="float64")(grad_outputs={outs[0]: gy}, **feeds)
+    for policy in (None, LoweringPolicy(prefer={"conv": ["fft"]}), LoweringPolicy(prefer={"conv": ["direct"]})):
+        got = og.compile(outs, policy=policy)(grad_outputs={outs[0]: gy}, **feeds)
+        for a, b in zip(got, ref):
+            assert np.linalg.norm(a - b) <= 1e-4 * np.linalg.norm(b)

@@ -1,0 +1,152 @@
+"""compile(), pipelines, and the small passes: memory, layout, fuse, verify."""
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.errors import LoweringError, ParameterError
+from opgraph.passes.base import FunctionPass, PassContext, Pipeline, graph_pass
+from opgraph.passes.fuse import fusable_chains
+from opgraph.passes.layout import LayoutPass
+from opgraph.passes.lower import LowerPass
+from opgraph.passes.memory import plan_memory
+from opgraph.passes.pipelines import build
+from opgraph.passes.policy import LoweringPolicy
+from opgraph.passes.verify import VerifyPass
+
+from passes_stubs import Scale, install_scale_rules
+
+
+def small_model():
+    g = og.Graph()
+    x = g.input("x", (2, 3, 8, 8))
+    w = g.param("w", (4, 3, 3, 3))
+    b = g.param("b", (4,))
+    y = og.max_pool2d(og.relu(og.conv2d(x, w, b, padding=1, name="conv1"), name="relu1"), 2, name="pool1")
+    return g, y
+
+
+def test_compile_runs_the_default_pipeline_and_reports():
+    g, y = small_model()
+    before = g.dump()
+    exe = og.compile(y)
+    assert g.dump() == before  # compile never modifies the user's graph
+    r = exe.report
+    assert r.pipeline == "default" and r.device == "cpu"
+    assert [n for n, _ in r.passes] == ["legalize", "lower", "fuse", "layout", "memory", "verify"]
+    assert r.choices["conv1"].startswith("gemm[cpu]:Conv2d")
+    assert exe.report() == r.format()  # the old Executable.report() call still gives the table
+    assert "conv1" in exe.report() and exe.choices["conv1"] == r.choices["conv1"]
+    assert r.memory["planned_peak_bytes"] > 0
+    assert "autotune" in [n for n, _ in og.compile(y, policy=LoweringPolicy(
+        autotune=True, cache="off")).report.passes]
+
+
+def test_compile_accepts_policy_as_dict_or_toml(tmp_path):
+    g, y = small_model()
+    assert og.compile(y, policy={"prefer": {"conv": "fft"}}).report.node("conv1").algorithm == "fft"
+    path = tmp_path / "p.toml"
+    path.write_text('[prefer]\nconv = "direct"\n')
+    assert og.compile(y, policy=str(path)).report.node("conv1").algorithm == "direct"
+    with pytest.raises(TypeError):
+        og.compile(y, policy=3)
+
+
+def test_reference_pipeline_lowers_everything_to_the_oracle():
+    g, y = small_model()
+    exe = og.compile(y, pipeline="reference", policy={"force": {"conv1": "fft"}})  # policy ignored
+    assert {s.op.algorithm for s in exe.steps} <= {"reference", "direct"}
+    with pytest.raises(ParameterError, match="pipeline"):
+        build("fastest", LoweringPolicy())
+
+
+def test_verify_catches_a_pipeline_without_lower():
+    g, y = small_model()
+    with pytest.raises(LoweringError, match="conv1 .*abstract"):
+        og.compile(y, pipeline=Pipeline("broken", [VerifyPass()]))
+
+
+def test_pipeline_records_timings_and_keeps_outputs():
+    g, y = small_model()
+    seen = []
+
+    @graph_pass("spy")
+    def spy(graph, outputs, ctx):
+        seen.append((graph is g, [v.node for v in outputs]))
+        return graph
+
+    ctx = PassContext()
+    out, outs = Pipeline("p", [spy, LowerPass(), spy]).run(g, [y], ctx)
+    assert seen == [(False, [y.node]), (False, [y.node])]  # each pass got a copy
+    assert [n for n, _ in ctx.report.passes] == ["spy", "lower", "spy"]
+    assert outs[0].graph is out and outs[0].node == y.node
+
+
+def test_a_pass_dropping_an_output_is_an_error():
+    g, y = small_model()
+
+    def drop(graph, outputs, ctx):
+        graph.nx.remove_node(outputs[0].node)
+        return graph
+
+    with pytest.raises(og.OpgraphError, match="pass drop"):
+        Pipeline("p", [FunctionPass("drop", drop)]).run(g, [y], PassContext())
+
+
+def test_memory_plan_by_hand(monkeypatch):
+    # chain x -> r1 -> r2 -> r3 of float32[4, 4] (64 B each): r1 is freed after r2 ran
+    g = og.Graph()
+    x = g.input("x", (1, 1, 4, 4))
+    r3 = og.relu(og.relu(og.relu(x)))
+    plan = plan_memory(g, [r3])
+    assert plan["planned_peak_bytes"] == 128 and plan["source_bytes"] == 64
+    assert plan["no_reuse_bytes"] == 192 and plan["workspace_peak_bytes"] == 0
+    assert plan_memory(g, [r3], dtype="float64")["planned_peak_bytes"] == 256
+    # a lowered node's declared workspace is live during its step only
+    install_scale_rules(monkeypatch, ["reference", "big"])
+    g = og.Graph()
+    x = g.input("x", (4, 4))
+    s = g.add_node(Scale(), [og.relu(x)], name="s")
+    out, _ = Pipeline("p", [LowerPass(og.LoweringPolicy(force={"s": "big"}))]).run(g, [s], PassContext())
+    plan = plan_memory(out, [s])
+    assert plan["workspace_peak_bytes"] == 10**9
+    assert plan["planned_peak_bytes"] == 64 + 64 + 10**9 and plan["peak_step"] == "s"
+
+
+def test_layout_records_nchw_and_notes_nhwc():
+    g, y = small_model()
+    ctx = PassContext(policy=LoweringPolicy(layout="NHWC"))
+    out = LayoutPass()(g, [y], ctx)
+    layouts = {v.name: v.type.layout for v in out.nodes_in_order([y])}
+    assert layouts["conv1"] == "NCHW" and layouts["x"] == "NCHW" and layouts["b"] is None
+    assert any("NHWC requested" in n for n in ctx.report.notes)
+
+
+def test_fuse_finds_conv_bias_relu_chains_only_when_private():
+    g, y = small_model()
+    assert fusable_chains(g, [y]) == [("conv1", "relu1")]
+    dx, = og.grad(y, [g["x"]])  # the backward reads relu1's input: not private any more
+    assert fusable_chains(g, [y, dx]) == []
+    h = og.Graph()
+    x, w, b = h.input("x", (1, 2, 5, 5)), h.param("w", (2, 2, 1, 1)), h.param("b", (2,))
+    r = og.relu(og.bias_add(og.conv2d(x, w, name="c"), b, name="ba"), name="r")
+    assert fusable_chains(h, [r]) == [("c", "ba", "r")]
+    exe = og.compile(r)
+    assert any("fusable" in n and "c + ba + r" in n for n in exe.report.notes)
+
+
+def test_end_to_end_training_graph_matches_reference():
+    g, y = small_model()
+    gx, gw, gb = og.grad(y, [g["x"], g["w"], g["b"]])
+    outs = [y, gx, gw, gb]
+    rng = np.random.default_rng(0)
+    feeds = dict(x=rng.standard_normal((2, 3, 8, 8)), w=rng.standard_normal((4, 3, 3, 3)),
+                 b=rng.standard_normal(4))
+    gy = rng.standard_normal(y.shape)
+    ref = og.compile(outs, pipeline="reference", dtype="float64")(grad_outputs={y: gy}, **feeds)
+    for lowering in ("gemm", "fft", "winograd", "direct"):
+        exe = og.compile(outs, policy=LoweringPolicy.from_cli(f"conv={lowering}"))
+        got = exe(grad_outputs={y: gy}, **feeds)
+        assert {r.algorithm for r in exe.report.nodes.values() if r.op_type.startswith("Conv")} == {lowering}
+        for a, b in zip(got, ref):
+            assert np.linalg.norm(a - b) <= 1e-3 * np.linalg.norm(b)

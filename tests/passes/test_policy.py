@@ -1,0 +1,173 @@
+"""LoweringPolicy: construction, TOML loading, CLI strings, queries."""
+
+import argparse
+
+import pytest
+
+from opgraph.passes.policy import (DEFAULT_ORDER, LoweringPolicy, PolicyError, add_cli_arguments,
+                                   parse_bytes, policy_from_args)
+
+GOOD_TOML = """
+autotune = true
+workspace_limit = "512MiB"
+precision = "tf32"
+layout = "NHWC"
+include = ["extra"]
+exclude = ["winograd"]
+explicit_padding = ["fft"]
+cache = "/tmp/somewhere.json"
+
+[prefer]
+conv = ["fft", "gemm"]
+conv_wgrad = "direct"
+MaxPool2d = ["reference"]
+
+[force]
+"conv2" = "fft"
+"block*/conv" = "gemm"
+"""
+
+
+def write(tmp_path, text, name="policy.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_toml_loads_every_key(tmp_path):
+    p = LoweringPolicy.from_toml(write(tmp_path, GOOD_TOML))
+    assert p.autotune is True
+    assert p.workspace_limit == 512 * 2**20
+    assert (p.precision, p.layout) == ("tf32", "NHWC")
+    assert p.include == {"extra"} and p.exclude == {"winograd"}
+    assert p.explicit_padding == {"fft"}
+    assert p.cache == "/tmp/somewhere.json"
+    assert p.prefer["conv"] == ("fft", "gemm") and p.prefer["conv_wgrad"] == ("direct",)
+    assert p.forced("conv2") == "fft"
+    assert p.forced("block3/conv") == "gemm"  # fnmatch pattern
+    assert p.forced("conv1") is None
+
+
+def test_toml_roundtrip_through_to_dict(tmp_path):
+    p = LoweringPolicy.from_toml(write(tmp_path, GOOD_TOML))
+    assert LoweringPolicy.from_mapping(p.to_dict()) == p
+
+
+@pytest.mark.parametrize("text, key, value", [
+    ("autotun = true", "autotun", "True"),                       # unknown key
+    ('precision = "fp8"', "precision", "fp8"),                   # bad choice
+    ('layout = "CHWN"', "layout", "CHWN"),
+    ('workspace_limit = "lots"', "workspace_limit", "lots"),      # bad byte string
+    ("workspace_limit = -5", "workspace_limit", "-5"),
+    ('autotune = "yes"', "autotune", "yes"),                      # wrong type
+    ('[prefer]\nconvolution = ["fft"]', "prefer.convolution", "fft"),  # unknown op key
+    ('[prefer]\nconv = []', "prefer.conv", "[]"),                 # empty list
+    ('[prefer]\nconv = [3]', "prefer.conv", "3"),
+    ('[force]\nconv1 = 3', "force.conv1", "3"),
+    ("exclude = [1]", "exclude", "1"),
+])
+def test_toml_bad_input_names_key_value_and_file(tmp_path, text, key, value):
+    path = write(tmp_path, text)
+    with pytest.raises(PolicyError) as e:
+        LoweringPolicy.from_toml(path)
+    msg = str(e.value)
+    assert str(path) in msg and key in msg and value in msg
+
+
+def test_toml_syntax_error_and_missing_file(tmp_path):
+    bad = write(tmp_path, "autotune = = true")
+    with pytest.raises(PolicyError, match="not valid TOML") as e:
+        LoweringPolicy.from_toml(bad)
+    assert str(bad) in str(e.value)
+    with pytest.raises(PolicyError, match="cannot be read"):
+        LoweringPolicy.from_toml(tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize("text, expected", [
+    (1024, 1024), ("1KiB", 1024), ("2GB", 2 * 10**9), ("1.5MiB", 3 * 2**19), ("0", 0), (None, None),
+])
+def test_parse_bytes(text, expected):
+    assert parse_bytes(text) == expected
+
+
+def test_preferred_concatenates_most_specific_first():
+    p = LoweringPolicy(prefer={"*": ["reference"], "conv": ["fft"], "conv_wgrad": ["winograd"],
+                               "Conv2dBackwardFilter": ["gemm"]})
+    assert p.preferred("Conv2dBackwardFilter") == ("gemm", "winograd", "fft", "reference")
+    assert p.preferred("Conv2d") == ("fft", "reference")
+    assert p.preferred("Relu") == ("reference",)
+
+
+def test_op_keys_are_case_insensitive():
+    assert LoweringPolicy(prefer={"conv2d": "fft"}).preferred("Conv2d") == ("fft",)
+
+
+def test_order_appends_the_device_default():
+    p = LoweringPolicy(prefer={"conv": ["winograd"]})
+    assert p.order("Conv2d", "cpu") == ("winograd", "gemm", "direct", "fft")
+    assert p.order("Relu", "cpu") == ("reference",)
+    assert p.order("Conv2d", "cuda")[:2] == ("winograd", "cudnn")
+    assert LoweringPolicy().order("Relu", "cuda") == ("cuda", "reference")
+    assert DEFAULT_ORDER["cpu"]["conv"][0] == "gemm"
+
+
+def test_exact_force_key_beats_pattern():
+    p = LoweringPolicy(force={"conv*": "fft", "conv2": "gemm"})
+    assert p.forced("conv2") == "gemm" and p.forced("conv3") == "fft"
+
+
+def test_exclusion_by_name_tag_and_optional():
+    p = LoweringPolicy(exclude=["fast"], include=["extra"])
+    assert "excluded" in p.exclusion("fft", {"fft", "fast"})
+    assert p.exclusion("gemm", {"gemm"}) is None
+    assert "opt-in" in LoweringPolicy().exclusion("extra", {"optional"})
+    assert p.exclusion("extra", {"optional"}) is None
+
+
+def test_from_cli_grammar():
+    p = LoweringPolicy.from_cli("conv=fft+gemm, pool=reference, @conv2=winograd, exclude=direct, conv=direct")
+    assert p.prefer["conv"] == ("fft", "gemm", "direct")
+    assert p.prefer["pool"] == ("reference",)
+    assert p.forced("conv2") == "winograd"
+    assert p.exclude == {"direct"} and not p.autotune
+    bare = LoweringPolicy.from_cli("gemm")
+    assert bare.preferred("Conv2d") == ("gemm",)
+    assert LoweringPolicy.from_cli("auto").autotune
+    assert LoweringPolicy.from_cli(None, autotune=True, precision="bf16",
+                                   workspace_limit="1GiB").workspace_limit == 2**30
+
+
+@pytest.mark.parametrize("spec, needle", [("conv=", "conv="), ("nonsense=fft", "nonsense"),
+                                          ("conv=f f", "f f")])
+def test_from_cli_errors_name_the_item(spec, needle):
+    with pytest.raises(PolicyError) as e:
+        LoweringPolicy.from_cli(spec)
+    assert needle in str(e.value)
+
+
+def test_cli_flags_go_before_the_file(tmp_path):
+    path = write(tmp_path, '[prefer]\nconv = ["gemm", "fft"]\n[force]\nconv1 = "direct"\n')
+    p = LoweringPolicy.from_cli("conv=fft", policy_file=path, precision="fp16")
+    assert p.prefer["conv"] == ("fft", "gemm")
+    assert p.forced("conv1") == "direct" and p.precision == "fp16"
+
+
+def test_argparse_wiring(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_cli_arguments(parser)
+    path = write(tmp_path, "exclude = ['winograd']\n")
+    args = parser.parse_args(["--lowering", "conv=fft", "--policy", str(path), "--autotune",
+                              "--precision", "tf32", "--workspace-limit", "64MiB"])
+    p = policy_from_args(args)
+    assert p.prefer["conv"] == ("fft",) and p.exclude == {"winograd"}
+    assert p.autotune and p.precision == "tf32" and p.workspace_limit == 64 * 2**20
+    assert policy_from_args(parser.parse_args([])) == LoweringPolicy()
+
+
+def test_policy_is_frozen_and_compared_by_value():
+    a = LoweringPolicy(prefer={"conv": ["fft"]})
+    assert a == LoweringPolicy(prefer={"conv": "fft"})
+    with pytest.raises(AttributeError):
+        a.autotune = True
+    with pytest.raises(TypeError):
+        a.prefer["conv"] = ("gemm",)

@@ -72,10 +72,8 @@ def padding2d(value, *, in_hw: Pair | None = None, kernel: Pair | None = None,
                 raise ParameterError("padding", value, "'same' needs the input and kernel size")
             return same_padding(in_hw, kernel, stride, dilation)
         raise ParameterError("padding", value, "strings allowed are 'same' and 'valid'")
-    if _is_int(value):
-        value = (value, value)
     try:
-        items = tuple(value)
+        items = (value, value) if _is_int(value) else tuple(value)
     except TypeError:
         raise ParameterError("padding", value, "must be int, (ph, pw), ((top, bottom), (left, right)), 'same' or 'valid'") from None
     if len(items) != 2:

@@ -1,0 +1,64 @@
+"""The four models' forward pass and parameter gradients on the GPU against the
+float64 CPU reference, at a small batch, under each GPU lowering and precision.
+
+The gradient graph follows the benchmark protocol: ``grad`` with respect to
+the parameters, the model output fed back as the output gradient.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.backends.device import cuda_status
+from opgraph.benchmarks.models import build
+
+GPU_OK, GPU_WHY = cuda_status()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_OK, reason=GPU_WHY)]
+
+MODELS = ["alexnet", "overfeat", "vgg_a", "googlenet"]
+#: SEMANTICS.md tolerances by precision (relative error vs the float64 reference).
+TOL = {"fp32": 1e-4, "tf32": 5e-3, "bf16": 2e-2, "fp16": 2e-2}
+
+
+def _model_and_feeds(key, batch=2, seed=0):
+    model = build(key, batch=batch)
+    rng = np.random.default_rng(seed)
+    feeds = {model.input.name: rng.standard_normal(model.input.shape).astype(np.float32)}
+    for p in model.params:  # He-style scale keeps activations O(1) through the depth
+        fan_in = int(np.prod(p.shape[1:])) if len(p.shape) > 1 else 1
+        feeds[p.name] = (rng.standard_normal(p.shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+    return model, feeds
+
+
+@pytest.fixture(scope="module")
+def references():
+    """Per model: feeds, and float64 reference output and parameter gradients."""
+    out = {}
+    for key in MODELS:
+        model, feeds = _model_and_feeds(key)
+        ref_fwd = og.compile([model.output], device="cpu", pipeline="reference", dtype="float64")
+        (y,) = ref_fwd(**feeds)
+        grads = og.grad(model.output, model.params)
+        ref = og.compile([model.output, *grads], device="cpu", pipeline="reference", dtype="float64")
+        vals = ref(grad_outputs={model.output: y}, **feeds)
+        out[key] = (model, grads, feeds, y, vals)
+    return out
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("lowering", ["cudnn", "gemm"])
+@pytest.mark.parametrize("key", MODELS)
+def test_model_forward_and_gradients_match_reference(references, key, lowering, precision, cp, relerr):
+    if lowering == "gemm" and precision != "fp32":
+        pytest.skip("gemm on CuPy computes in the storage precision (fp32) only")
+    model, grads, feeds, y, ref_vals = references[key]
+    policy = og.LoweringPolicy(prefer={"conv": [lowering]}, precision=precision)
+    run = og.compile([model.output, *grads], device="cuda", policy=policy)
+    used = {c.split("[")[0] for name, c in run.choices.items() if "Conv2d" in c}
+    assert used == {lowering}, run.choices
+    outs = run(grad_outputs={model.output: y.astype(np.float32)}, **feeds)
+    for name, got, ref in zip(["output"] + [p.name for p in model.params], outs, ref_vals):
+        err = relerr(cp.asnumpy(got), ref)
+        assert err < TOL[precision], f"{key} {lowering} {precision}: {name} rel. error {err:.2e}"

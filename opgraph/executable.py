@@ -17,6 +17,7 @@ import numpy as np
 from .errors import ExecutionError, NotLoweredError
 from .graph import Graph, Value
 from .op import Lowered, Source
+from .types import to_layout
 
 
 @attrs.frozen
@@ -113,7 +114,8 @@ class Executable:
         if tuple(out.shape) != source.type.shape:
             raise ExecutionError(f"{source.op.role} {source.name!r} expects shape {source.type.shape}, "
                                  f"got {tuple(out.shape)}")
-        return out
+        # the layout pass's choice (NHWC: channels-last storage, same logical shape)
+        return to_layout(self.xp, out, source.type.layout)
 
     # ---- running ---------------------------------------------------------
     def execute(self, slots: dict[int, Any], steps: Sequence[Step] | None = None) -> dict[int, Any]:

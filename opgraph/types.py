@@ -57,4 +57,17 @@ class TensorType:
         return attrs.evolve(self, shape=shape)
 
     def __str__(self) -> str:
-        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+        layout = f" {self.layout}" if self.layout not in (None, "NCHW") else ""
+        return f"{self.dtype}[{', '.join(map(str, self.shape))}]{layout}"
+
+
+def to_layout(xp, a, layout: str | None):
+    """``a`` (logical NCHW) stored in ``layout``: for ``'NHWC'`` the NCHW-shaped
+    view of a channels-last copy (strides ``(HWC, 1, WC, C)``); otherwise ``a``.
+
+    Every kernel reads its operands through their strides, so the storage
+    order changes speed, never values (SEMANTICS.md).
+    """
+    if layout != "NHWC" or getattr(a, "ndim", 0) != 4:
+        return a
+    return xp.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)

@@ -35,6 +35,7 @@ import numpy as np
 from opgraph.errors import LoweringError
 from opgraph.graph import Graph
 from opgraph.op import Lowered
+from opgraph.types import to_layout
 from opgraph.backends.registry import KernelContext, rules_for
 
 import attrs
@@ -124,7 +125,7 @@ def random_inputs(in_types, xp, seed: int, dtype: str | None = None) -> list:
             host = rng.standard_normal(t.shape).astype(want)
         else:
             host = np.zeros(t.shape, dtype=want)
-        out.append(xp.asarray(host))
+        out.append(to_layout(xp, xp.asarray(host), t.layout))  # tune in the run's layout
     return out
 
 

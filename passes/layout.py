@@ -1,16 +1,19 @@
-"""The layout pass: record the physical layout of every 4-D value.
+"""The layout pass: choose the physical layout of every 4-D value.
 
-Every kernel registered today reads and writes NCHW (C-contiguous) arrays,
-so the only honest assignment is NCHW everywhere: this pass stamps
-``TensorType.layout = 'NCHW'`` on each 4-D value among the outputs'
-ancestors (results never depend on it, SEMANTICS.md) and says so in the
-report.
+Logical shapes stay NCHW everywhere; the layout is how a 4-D buffer is
+stored. NCHW is C-contiguous; NHWC is channels-last, i.e. the NCHW-shaped view
+of an (N, H, W, C) buffer. Every kernel reads its operands through their
+strides (NumPy/CuPy semantics, the cuDNN rules build their tensor descriptors
+from the strides, our CuPy pooling kernels take a channels-last flag), and
+the cuDNN convolutions and CuPy pooling/element-wise kernels write their
+output in their input's layout. So a single transpose per 4-D graph source
+(image, conv weights, output gradients), done when the executor feeds it,
+puts the whole network in NHWC: that is the fewest transposes possible.
 
-``policy.layout = 'NHWC'`` is not acted on yet: choosing NHWC with the fewest
-transposes needs kernels that take NHWC operands (the cuDNN rules detect a
-channels-last view from its strides, ``backends/cudnn.py``), and inserting
-those transposes is the GPU side's next step. The pass records the request
-as a note (on cuda) or that it is ignored (on cpu), never pretends.
+NHWC is assigned only on ``cuda`` and only when the policy asks for it
+(tensor-core precisions gain from it; ``opgraph-bench --layout nhwc``). On the
+CPU every value stays NCHW: the NumPy kernels are written for it, and NHWC
+would only add copies. Results never depend on the layout (SEMANTICS.md).
 """
 
 from __future__ import annotations
@@ -18,27 +21,32 @@ from __future__ import annotations
 import attrs
 
 from opgraph.graph import Graph
+from opgraph.op import Source
 
 from .base import Pass, PassContext
 
 
 class LayoutPass(Pass):
-    """Stamp NCHW on 4-D values; note an NHWC request (not applied)."""
+    """Stamp ``TensorType.layout`` on each 4-D value among the outputs' ancestors."""
 
     name = "layout"
 
     def run(self, graph: Graph, outputs, ctx: PassContext) -> Graph:
-        count = 0
+        layout = "NHWC" if ctx.policy.layout == "NHWC" and ctx.device == "cuda" else "NCHW"
+        if ctx.policy.layout == "NHWC" and layout == "NCHW":
+            ctx.report.note(f"layout: NHWC requested but ignored on {ctx.device}: "
+                            "the CPU kernels are written for NCHW")
+        values = sources = 0
         for view in graph.nodes_in_order(outputs):
             t = view.type
-            if t.ndim == 4 and t.layout != "NCHW":
-                graph.nx.nodes[view.id]["type"] = attrs.evolve(t, layout="NCHW")
-                count += 1
-        if ctx.policy.layout == "NHWC":
-            where = ("left to the cuda kernels (layout assignment is not implemented)"
-                     if ctx.device == "cuda" else "ignored on cpu: every cpu kernel is NCHW")
-            ctx.report.note(f"layout: NHWC requested, {where}; values stay NCHW")
-        ctx.report.note(f"layout: {count} 4-D values recorded as NCHW")
+            if t.ndim != 4:
+                continue
+            values += 1
+            sources += isinstance(view.op, Source)
+            if t.layout != layout:
+                graph.nx.nodes[view.id]["type"] = attrs.evolve(t, layout=layout)
+        transposes = f", {sources} transposes at the sources" if layout == "NHWC" else ""
+        ctx.report.note(f"layout: {values} 4-D values stored {layout}{transposes}")
         return graph
 
 

@@ -30,12 +30,13 @@ def default(policy: LoweringPolicy) -> Pipeline:
         LegalizePass(),
         # every abstract node -> Lowered(op, algorithm): policy order, declines kept
         LowerPass(),
+        # physical layout of 4-D values (NHWC on cuda when asked); before
+        # autotune so that candidates are timed in the layout they will run in
+        LayoutPass(),
         # re-choose by timing checked candidates (the meta-optimizer), cached
         *([AutotunePass()] if policy.autotune else []),
         # conv + bias + relu chains: found and reported (no fused op yet)
         FusePass(),
-        # physical layout of 4-D values: NCHW recorded
-        LayoutPass(),
         # liveness plan of the schedule: planned peak bytes in the report
         MemoryPass(),
         # nothing abstract or unregistered left among the outputs' ancestors

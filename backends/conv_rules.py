@@ -36,7 +36,7 @@ import functools
 
 import numpy as np
 
-from opgraph.ops.conv import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter
+from opgraph.ops.conv import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, Conv2dBiasRelu
 
 from . import fft, gemm, winograd
 from .reference import conv as direct
@@ -126,7 +126,22 @@ def register_conv_algorithm(name, forward, backward_data, backward_filter, *, ch
         if workspace is not None:
             fields["workspace"] = functools.partial(workspace, direction)
         rules[direction] = register(Rule(op_type, name, kernel, **fields))
+        if direction == "forward":  # the fuse pass's conv + bias + ReLU, same kernel
+            fused = dict(fields, tags=fields["tags"] | {"fused"})
+            rules["fused"] = register(Rule(Conv2dBiasRelu, name, _fused_kernel(kernel), **fused))
     return rules
+
+
+def _fused_kernel(forward):
+    """``relu(forward(...))`` applied in place on the fresh convolution output
+    (``maximum`` propagates NaN, SEMANTICS.md)."""
+
+    def kernel(ctx, op, x, w, b):
+        y = forward(ctx, op, x, w, b)
+        return ctx.xp.maximum(y, 0, out=y)
+
+    kernel.__name__ = kernel.__qualname__ = forward.__name__ + "_relu"
+    return kernel
 
 
 def _accept_all(direction, op, in_types, device):

@@ -319,6 +319,8 @@ def conv2d_backward_filter(xp, x, gy, *, stride, padding, dilation, groups, weig
 __all__ = ["conv2d", "conv2d_bias_relu", "conv2d_backward_data", "conv2d_backward_filter",
            "signature", "route", "default_precision"]
 
-from .cudnn_rules import register_rules  # noqa: E402  (rules use the functions above)
+from opgraph.ops.conv import Conv2dBiasRelu  # noqa: E402
+from .cudnn_rules import register_fused_rule, register_rules  # noqa: E402  (rules use the functions above)
 
 register_rules()
+register_fused_rule(Conv2dBiasRelu)  # the fuse pass's conv + bias + ReLU node

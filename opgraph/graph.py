@@ -288,6 +288,24 @@ class Graph:
         view = self.node(node)
         self.nx.nodes[node]["type"] = view.op.infer(*view.input_types)
 
+    def absorb(self, node: int, into: int) -> None:
+        """Make every reader of ``node`` read ``into`` instead, then delete
+        ``node`` (a fusion: ``into`` now computes what ``node`` did).
+
+        Raises:
+            ShapeError: the two nodes' types differ.
+        """
+        a, b = self.node(node), self.node(into)
+        if a.type.shape != b.type.shape:
+            raise ShapeError(f"cannot replace {a.name} {a.type} by {b.name} {b.type}", a.name)
+        for _, user, key in list(self.nx.out_edges(node, keys=True)):
+            self.nx.add_edge(into, user, key=key)
+        for out, gin in list(self.grad_inputs.items()):
+            if out == node:
+                self.grad_inputs[into] = self.grad_inputs.pop(out)
+        self._by_name.pop(a.name, None)
+        self.nx.remove_node(node)
+
     def remove_unused(self, outputs: Sequence[Value]) -> None:
         """Drop nodes that no output depends on, keeping sources."""
         keep = self.ancestors(outputs)

@@ -33,10 +33,11 @@ def default(policy: LoweringPolicy) -> Pipeline:
         # physical layout of 4-D values (NHWC on cuda when asked); before
         # autotune so that candidates are timed in the layout they will run in
         LayoutPass(),
+        # conv + bias + relu -> one Conv2dBiasRelu node where the conv's
+        # algorithm has a fused kernel; before autotune, which times its engines
+        FusePass(),
         # re-choose by timing checked candidates (the meta-optimizer), cached
         *([AutotunePass()] if policy.autotune else []),
-        # conv + bias + relu chains: found and reported (no fused op yet)
-        FusePass(),
         # liveness plan of the schedule: planned peak bytes in the report
         MemoryPass(),
         # nothing abstract or unregistered left among the outputs' ancestors

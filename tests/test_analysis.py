@@ -68,9 +68,16 @@ def test_sources_listed_on_request():
 
 def test_lowered_graph_reports_the_abstract_op_and_the_algorithm():
     g, x, w, b, out = small()
-    run = og.compile([out], device="cpu")
+    run = og.compile([out], device="cpu", policy=og.LoweringPolicy(exclude=["fused"]))
     rows = summarize(run.graph, run.outputs)
     abstract = summarize(g, [out])
     assert [(r.name, r.op, r.flops, r.params) for r in rows] == \
         [(r.name, r.op, r.flops, r.params) for r in abstract]
     assert all(r.algorithm for r in rows) and all(r.algorithm is None for r in abstract)
+    # fused (the default): the conv row becomes Conv2dBiasRelu with the same
+    # FLOPs and parameters, and the ReLU row is gone
+    fused = {r.name: r for r in summarize(*(lambda e: (e.graph, e.outputs))(og.compile([out])))}
+    conv = next(r for r in abstract if r.op == "Conv2d")
+    assert (fused[conv.name].op, fused[conv.name].flops, fused[conv.name].params) == \
+        ("Conv2dBiasRelu", conv.flops, conv.params)
+    assert not any(r.op == "Relu" for r in fused.values())

@@ -1,7 +1,7 @@
 """Abstract ops, one module per family. Every class is re-exported here."""
 
 from .broadcast import BroadcastAdd, BroadcastTo, Mul, SumTo
-from .conv import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter
+from .conv import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, Conv2dBiasRelu
 from .elementwise import (Add, BiasAdd, BiasAddBackward, Dropout, Relu, ReluBackward,
                           Threshold, ThresholdBackward, Zeros)
 from .global_pool import GlobalAvgPool2d, GlobalAvgPool2dBackward

@@ -158,3 +158,27 @@ class Conv2dBackwardFilter(_ConvOp):
         d_x = g.apply(Conv2dBackwardData, dict(p, input_shape=x.shape), [gy, gw_bar]) if wanted[0] else None
         d_gy = g.apply(Conv2d, p, [x, gw_bar]) if wanted[1] else None
         return (d_x, d_gy)
+
+
+@attrs.frozen
+class Conv2dBiasRelu(_ConvOp):
+    """``relu(conv(x, w) + b)`` as one node: x (N, C, H, W), w (O, C/groups, kH, kW), b (O,).
+
+    Made by the fuse pass from a ``Conv2d`` whose output only its ``Relu``
+    reads, for a backend with a fused kernel (cuDNN's conv-bias-activation
+    graph): it saves one write and one read of the convolution output.
+    """
+
+    arity: ClassVar = (3, 3)
+    kind: ClassVar[str] = "conv2d_bias_relu"
+
+    def infer(self, x, w, b):
+        return Conv2d(**self.conv_params()).infer(x, w, b)
+
+    def flops(self, types, out) -> int:
+        return 2 * self.macs(types[0].shape, types[1].shape)
+
+    def vjp(self, node, gy, wanted):
+        from .elementwise import ReluBackward
+        g_pre = node.graph.apply(ReluBackward, {}, [node.output, gy])
+        return Conv2d(**self.conv_params()).vjp(node, g_pre, wanted)

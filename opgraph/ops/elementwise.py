@@ -31,7 +31,10 @@ class Relu(Op):
         return x
 
     def vjp(self, node, gy, wanted):
-        return (node.graph.apply(ReluBackward, {}, [node.inputs[0], gy]),)
+        # The mask is read from the output (y > 0 exactly where x > 0, NaN
+        # included), so the pre-activation has no other reader than this ReLU
+        # and a conv + bias + ReLU chain can be fused in training too.
+        return (node.graph.apply(ReluBackward, {}, [node.output, gy]),)
 
 
 def _same_shape(op, a: TensorType, b: TensorType, what: str) -> TensorType:
@@ -42,7 +45,8 @@ def _same_shape(op, a: TensorType, b: TensorType, what: str) -> TensorType:
 
 @attrs.frozen
 class ReluBackward(Op):
-    """``gy * (x > 0)``: (x, gy) -> shape of x."""
+    """``gy * (y > 0)``: (y, gy) -> shape of y, where y is the ReLU's output
+    (or its input: the mask is the same)."""
 
     arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "relu_backward"

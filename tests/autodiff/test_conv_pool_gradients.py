@@ -46,6 +46,21 @@ def test_conv2d(stride, padding, dilation, grouping):
     check_grad(y, wrt, feeds)
 
 
+@pytest.mark.parametrize("stride, padding, grouping", [
+    (1, 1, (4, 3, 1)), (2, ((0, 1), (2, 0)), (4, 6, 2)), ((2, 1), 0, (4, 4, 4))])
+def test_conv2d_bias_relu(stride, padding, grouping):
+    """The fused node of the fuse pass: relu(conv(x, w) + b)."""
+    c, o, groups = grouping
+    g = og.Graph()
+    x, w, b = g.input("x", (2, c, 7, 6)), g.param("w", (o, c // groups, 3, 2)), g.param("b", (o,))
+    params = dict(stride=stride, padding=padding, dilation=1, groups=groups)
+    y = g.apply(ops.Conv2dBiasRelu, params, [x, w, b])
+    rng = np.random.default_rng(5)
+    feeds = {"x": rng.standard_normal(x.shape), "w": rng.standard_normal(w.shape),
+             "b": rng.standard_normal(b.shape)}
+    check_grad(y, [x, w, b], feeds)
+
+
 @pytest.mark.parametrize("hw, kernel, stride, padding", [
     ((5, 5), (1, 1), 2, 0),              # stride larger than the kernel
     ((2, 3), (3, 3), 1, 1),              # kernel larger than the input, not the padded input

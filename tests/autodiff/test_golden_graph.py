@@ -36,7 +36,7 @@ def test_conv_pool_relu_backward_nodes():
     dx, dw, db = og.grad(r, [x, w, b])
     assert g.dump() == FORWARD + """
 %6 relu.grad_output = Grad(float32[1, 3, 3, 3])() -> float32[1, 3, 3, 3]
-%7 relu.grad/relu_backward = ReluBackward()(%4, %6) -> float32[1, 3, 3, 3]
+%7 relu.grad/relu_backward = ReluBackward()(%5, %6) -> float32[1, 3, 3, 3]
 %8 pool.grad/max_pool2d_backward = MaxPool2dBackward(kernel_size=2, stride=2, padding=0, ceil_mode=False)(%3, %7) -> float32[1, 3, 6, 6]
 %9 conv.grad/conv2d_backward_data = Conv2dBackwardData(stride=1, padding=1, dilation=1, groups=1, input_shape=(1, 2, 6, 6))(%8, %1) -> float32[1, 2, 6, 6]
 %10 conv.grad/conv2d_backward_filter = Conv2dBackwardFilter(stride=1, padding=1, dilation=1, groups=1, weight_shape=(3, 2, 3, 3))(%0, %8) -> float32[3, 2, 3, 3]
@@ -70,7 +70,7 @@ def test_value_used_twice_gets_an_add_node():
 %1 relu = Relu()(%0) -> float32[2, 3]
 %2 add = Add()(%1, %0) -> float32[2, 3]
 %3 add.grad_output = Grad(float32[2, 3])() -> float32[2, 3]
-%4 relu.grad/relu_backward = ReluBackward()(%0, %3) -> float32[2, 3]
+%4 relu.grad/relu_backward = ReluBackward()(%1, %3) -> float32[2, 3]
 %5 x.grad/add = Add()(%3, %4) -> float32[2, 3]"""
     assert gx.node == 5
 
@@ -80,6 +80,6 @@ def test_dump_of_the_gradient_alone():
     g, x, w, b, r = _conv_pool_relu()
     (db,) = og.grad(r, [b])
     names = [line.split(" = ")[0].split(" ")[1] for line in g.dump([db]).split("\n")]
-    assert names == ["x", "w", "b", "conv", "pool", "relu.grad_output",
+    assert names == ["x", "w", "b", "conv", "pool", "relu", "relu.grad_output",
                      "relu.grad/relu_backward", "pool.grad/max_pool2d_backward",
                      "conv.grad/bias_add_backward"]

@@ -156,17 +156,50 @@ def test_executable_feeds_nhwc_sources_channels_last_and_values_do_not_change():
     np.testing.assert_array_equal(got, want)
 
 
+def _names(g, chains):
+    return [(g.node(c).name, g.node(r).name) for c, r in chains]
+
+
 def test_fuse_finds_conv_bias_relu_chains_only_when_private():
     g, y = small_model()
-    assert fusable_chains(g, [y]) == [("conv1", "relu1")]
-    dx, = og.grad(y, [g["x"]])  # the backward reads relu1's input: not private any more
-    assert fusable_chains(g, [y, dx]) == []
+    assert _names(g, fusable_chains(g, [y])) == [("conv1", "relu1")]
+    dx, = og.grad(y, [g["x"]])  # relu's gradient reads relu1's output: still private
+    assert _names(g, fusable_chains(g, [y, dx])) == [("conv1", "relu1")]
+    conv = g["conv1"]
+    assert fusable_chains(g, [y, dx, conv]) == []  # the conv output is wanted itself
     h = og.Graph()
     x, w, b = h.input("x", (1, 2, 5, 5)), h.param("w", (2, 2, 1, 1)), h.param("b", (2,))
     r = og.relu(og.bias_add(og.conv2d(x, w, name="c"), b, name="ba"), name="r")
-    assert fusable_chains(h, [r]) == [("c", "ba", "r")]
-    exe = og.compile(r)
-    assert any("fusable" in n and "c + ba + r" in n for n in exe.report.notes)
+    assert fusable_chains(h, [r]) == []  # no bias input on the conv: not this pattern
+    r2 = og.relu(og.conv2d(x, w, b, name="c2"), name="r2")
+    assert _names(h, fusable_chains(h, [r2])) == []  # r2 is the output itself
+    s = og.softmax(og.flatten(r2))
+    assert _names(h, fusable_chains(h, [s])) == [("c2", "r2")]
+
+
+@pytest.mark.parametrize("algorithm", ["gemm", "direct", "winograd", "fft"])
+def test_fuse_rewrites_training_graph_and_keeps_the_numbers(algorithm):
+    g = og.Graph()
+    x, w, b = g.input("x", (2, 3, 6, 6)), g.param("w", (4, 3, 3, 3)), g.param("b", (4,))
+    w2 = g.param("w2", (2, 4, 1, 1))
+    r = og.relu(og.conv2d(x, w, b, padding=1, name="conv1"), name="relu1")
+    y = og.conv2d(r, w2, name="conv2")
+    grads = og.grad(y, [x, w, b, w2])
+    outs = [y, *grads]
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 3, 6, 6)), "w": rng.standard_normal((4, 3, 3, 3)),
+             "b": rng.standard_normal(4), "w2": rng.standard_normal((2, 4, 1, 1))}
+    gy = {y: rng.standard_normal(y.shape)}
+    exe = og.compile(outs, policy=og.LoweringPolicy(prefer={"conv": [algorithm]}))
+    fused = exe.graph["conv1"].op
+    assert fused.op.name == "Conv2dBiasRelu" and fused.algorithm == algorithm
+    assert "relu1" not in exe.graph
+    assert any("1 conv + bias + relu chain(s) fused" in n for n in exe.report.notes)
+    ref = og.compile(outs, pipeline="reference", dtype="float64")(grad_outputs=gy, **feeds)
+    for got, want in zip(exe(grad_outputs=gy, **feeds), ref):
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-3
+    off = og.compile(outs, policy=og.LoweringPolicy(prefer={"conv": [algorithm]}, exclude=["fused"]))
+    assert off.graph["conv1"].op.op.name == "Conv2d" and "relu1" in off.graph
 
 
 def test_end_to_end_training_graph_matches_reference():

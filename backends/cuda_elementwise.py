@@ -41,32 +41,71 @@ def _same(what, a, b):
         raise ShapeError(f"{what}: shapes differ, {a.shape} and {b.shape}")
 
 
+def _memory_order(*arrays):
+    """Views that index memory in order, and the map back to logical NCHW.
+
+    A channels-last 4-D tensor is an NCHW-shaped view with strides
+    ``(HWC, 1, WC, C)``; an element-wise kernel over such views pays a
+    division per axis per element. When every operand is channels-last, the
+    kernel runs over their NHWC (C-contiguous) views instead.
+    """
+    if all(a.ndim == 4 and not a.flags.c_contiguous and a.transpose(0, 2, 3, 1).flags.c_contiguous
+           for a in arrays):
+        return [a.transpose(0, 2, 3, 1) for a in arrays], lambda y: y.transpose(0, 3, 1, 2)
+    return list(arrays), lambda y: y
+
+
 def relu(xp, x):
     """``max(x, 0)``, NaN propagating; any shape and float dtype, layout kept."""
     k = _ew("relu", "T x, T z", "T y", "y = (x > z || x != x) ? x : z")
-    return k(x, _zero(xp, x), xp.empty_like(x))
+    (xm,), back = _memory_order(x)
+    return back(k(xm, _zero(xp, x), xp.empty_like(xm)))
 
 
 def relu_backward(xp, x, gy):
     """``gy`` where ``x > 0``, else 0 (gradient 0 at exactly 0 and at NaN)."""
     _same("relu_backward", x, gy)
     k = _ew("relu_bwd", "T x, T zx, G gy, G z", "G gx", "gx = (x > zx) ? gy : z")
-    return k(x, _zero(xp, x), gy, _zero(xp, gy), xp.empty_like(gy))
+    (xm, gm), back = _memory_order(x, gy)
+    return back(k(xm, _zero(xp, x), gm, _zero(xp, gy), xp.empty_like(gm)))
 
 
 def threshold(xp, x, *, threshold, value):
     """``x if x > threshold else value``; a NaN input propagates. The two
     constants are rounded to x's dtype first, as NumPy compares."""
     k = _ew("threshold", "T x, T t, T v", "T y", "y = (x <= t) ? v : x")
-    return k(x, xp.asarray(threshold, dtype=x.dtype), xp.asarray(value, dtype=x.dtype),
-             xp.empty_like(x))
+    (xm,), back = _memory_order(x)
+    return back(k(xm, xp.asarray(threshold, dtype=x.dtype), xp.asarray(value, dtype=x.dtype),
+                  xp.empty_like(xm)))
 
 
 def threshold_backward(xp, x, gy, *, threshold):
     """``gy`` where ``x > threshold``, else 0."""
     _same("threshold_backward", x, gy)
     k = _ew("threshold_bwd", "T x, T t, G gy, G z", "G gx", "gx = (x > t) ? gy : z")
-    return k(x, xp.asarray(threshold, dtype=x.dtype), gy, _zero(xp, gy), xp.empty_like(gy))
+    (xm, gm), back = _memory_order(x, gy)
+    return back(k(xm, xp.asarray(threshold, dtype=x.dtype), gm, _zero(xp, gy), xp.empty_like(gm)))
+
+
+def bias_add_backward(xp, gy):
+    """Sum of ``gy`` over every axis but 1: (N, C, ...) -> (C,), as matrix-vector
+    products (cuBLAS), in either layout; float16 accumulates in float32.
+
+    A CuPy reduction over axes (0, 2, 3) of a channels-last tensor was measured
+    at 8.8 ms for AlexNet's conv1 gradient on the H200; this reads each element
+    once at memory speed.
+    """
+    if gy.ndim < 2:
+        raise ShapeError(f"bias_add_backward: gy must have a channel axis, got shape {gy.shape}")
+    c = gy.shape[1]
+    acc = xp.float32 if gy.dtype == xp.float16 else gy.dtype
+    if gy.ndim == 4 and not gy.flags.c_contiguous and gy.transpose(0, 2, 3, 1).flags.c_contiguous:
+        rows = gy.transpose(0, 2, 3, 1).reshape(-1, c).astype(acc, copy=False)  # (N*H*W, C)
+        out = xp.ones(rows.shape[0], dtype=acc) @ rows
+    else:
+        g = xp.ascontiguousarray(gy).reshape(gy.shape[0], c, -1).astype(acc, copy=False)  # (N, C, HW)
+        out = (g @ xp.ones(g.shape[2], dtype=acc)).sum(axis=0)
+    return out.astype(gy.dtype, copy=False)
 
 
 # ------------------------------------------------------------------ bfloat16 bits

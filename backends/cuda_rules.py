@@ -26,6 +26,7 @@ CUDA_KERNELS = {
     ops.ReluBackward: ew.relu_backward,
     ops.Threshold: ew.threshold,
     ops.ThresholdBackward: ew.threshold_backward,
+    ops.BiasAddBackward: ew.bias_add_backward,
     ops.LocalResponseNorm: ew.local_response_norm,
     ops.LocalResponseNormBackward: ew.local_response_norm_backward,
     ops.Softmax: loss.softmax,

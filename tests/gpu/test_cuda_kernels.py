@@ -249,3 +249,19 @@ def test_cuda_rules_registered(cp, rng):
     x = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
     y = rule.kernel(KernelContext(cp, "cuda"), op, cp.asarray(x))
     np.testing.assert_array_equal(cp.asnumpy(y), ref_pool.max_pool2d(np, x, **op.params()))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("shape,layout", [((3, 5, 4, 6), "NCHW"), ((3, 5, 4, 6), "NHWC"),
+                                          ((0, 5, 4, 6), "NHWC"), ((7, 5), "NCHW")])
+def test_bias_add_backward(cp, rng, relerr, dtype, shape, layout):
+    from opgraph.backends import cuda_elementwise as ew
+    gy = rng.standard_normal(shape).astype(dtype)
+    dgy = _dev(cp, gy, layout) if len(shape) == 4 else cp.asarray(gy)
+    got = ew.bias_add_backward(cp, dgy)
+    want = ref_ew.bias_add_backward(np, gy.astype(np.float64))
+    assert got.dtype == dtype and got.shape == (shape[1],)
+    if shape[0] == 0:
+        assert not cp.asnumpy(got).any()
+    else:
+        assert relerr(cp.asnumpy(got), want) < (2e-3 if dtype == np.float16 else 1e-6)

@@ -1,29 +1,37 @@
-"""``opgraph-bench``: summarise or time the benchmark models.
+"""``opgraph-bench``: the convnet-benchmarks protocol on opgraph, per lowering, with a PyTorch peer.
 
 Examples::
 
-    opgraph-bench                                  # the four ImageNet winners, forward, CPU or GPU
-    opgraph-bench --model alexnet --device cpu     # one model, timed at the CPU default batch
-    opgraph-bench --model all --summary            # per-layer shapes, params, GFLOP of all nine
-    opgraph-bench --model L2 --batch 8 --format json --output l2.json
+    opgraph-bench                                   # four models, every lowering (GPU) / gemm (CPU)
+    opgraph-bench --model alexnet --lowering gemm,winograd,auto --compare torch
+    opgraph-bench --suite layers --lowering cudnn,fft,winograd --precision fp32,tf32
+    opgraph-bench --format json --output run.json --plot run.png
+    opgraph-bench --model all --summary             # static shapes, params, GFLOP; nothing runs
 
-Exit status: 0 on success, 2 on a usage error (unknown model, bad number),
-1 when building, compiling or running a model fails.
+Exit status: 0 on success; 2 on a usage error (unknown model, lowering,
+precision; a lowering that applies to no convolution of the selected models);
+1 when the device is unavailable or building a model fails; 3 when the run
+finished but some column is a ``mismatch`` or an ``error`` (the outputs are
+written first).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 from opgraph.analysis import summarize, totals
 from opgraph.errors import OpgraphError
+from opgraph.passes.policy import PRECISIONS, LoweringPolicy
 
-from . import driver, report
+from . import driver, lowerings as lw, report
+from .environment import environment
 from .models import LAYERS, MODELS, SEED_BATCHES, WINNERS, build, resolve
+from .peer_torch import PEERS
 
-#: Names of model groups accepted by --model.
+#: Names of model groups accepted by --model and --suite.
 GROUPS = {"all": WINNERS + LAYERS, "winners": WINNERS, "layers": LAYERS}
 
 
@@ -36,8 +44,7 @@ def parse_models(text: str) -> list[str]:
         argparse.ArgumentTypeError: an unknown name (argparse exits with 2).
     """
     names: list[str] = []
-    for part in text.split(","):
-        part = part.strip()
+    for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
         if part.lower() in GROUPS:
@@ -55,6 +62,24 @@ def parse_models(text: str) -> list[str]:
     return names
 
 
+def _list_of(allowed, what: str):
+    def parse(text: str) -> list[str]:
+        items = list(dict.fromkeys(p.strip().lower() for p in text.split(",") if p.strip()))
+        bad = [i for i in items if i not in allowed]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(map(repr, bad)) or '(none)'}; "
+                                             f"choose from {', '.join(allowed)}")
+        return items
+    return parse
+
+
+def _lowerings(text: str) -> list[lw.Lowering]:
+    try:
+        return lw.parse_lowerings(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _count(minimum: int):
     def parse(text: str) -> int:
         try:
@@ -70,38 +95,69 @@ def _count(minimum: int):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="opgraph-bench",
-        description="Time or summarise the ImageNet-winner models (AlexNet, OverFeat-fast, "
-                    "VGG-A, GoogLeNet v1) and the single-convolution layers L1-L5 of "
-                    "convnet-benchmarks, built as opgraph graphs.",
-        epilog="Without --summary, each model is compiled (--pipeline, --policy) and its "
-               "forward pass is timed (ms per mini-batch, median and min over --repeat calls "
-               "after --warmup calls).")
-    p.add_argument("--model", type=parse_models, default=list(WINNERS), metavar="NAME[,NAME]",
-                   help="alexnet, overfeat, vgg_a, googlenet, L1..L5, or a group: all (all "
-                        "nine), winners (the four models, the default), layers (L1-L5)")
+        description="Time the ImageNet winners of convnet-benchmarks (AlexNet, OverFeat-fast, VGG-A, "
+                    "GoogLeNet v1) and its layers L1-L5 built as opgraph graphs: forward, "
+                    "backward-data and backward-filter per lowering, per layer and end to end, each "
+                    "lowering checked against a float64 reference first; with --compare, PyTorch on "
+                    "the same model in the same run.",
+        epilog="Exit status: 0 ok; 2 usage error; 1 device or model failure; 3 some column is a "
+               "mismatch or an error (outputs written first).")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--model", type=parse_models, default=None, metavar="NAME[,NAME]",
+                      help="alexnet, overfeat, vgg_a, googlenet, L1..L5, or a group: winners (default), "
+                           "layers, all")
+    what.add_argument("--suite", choices=tuple(GROUPS), default=None,
+                      help="a group of models: winners (the four ImageNet models), layers (L1-L5), all")
+    p.add_argument("--onnx", action="append", default=[], metavar="PATH",
+                   help="also benchmark an ONNX network (one image input, one output); repeatable")
     p.add_argument("--batch", type=_count(1), default=None,
-                   help="mini-batch size (default: the seed's 128 / 64 for --summary and on a "
-                        f"GPU; {driver.CPU_DEFAULT_BATCH} for timing on the CPU)")
+                   help="mini-batch (default: the seed's 128 / VGG-A 64 on a GPU and for --summary; "
+                        f"{driver.CPU_DEFAULT_BATCH} on the CPU)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: the GPU if CuPy sees one, else the CPU (default)")
-    p.add_argument("--dtype", choices=("float32", "float64", "float16"), default="float32")
+    p.add_argument("--dtype", choices=("float32", "float64", "float16"), default="float32",
+                   help="storage dtype of inputs and parameters (default float32)")
+    p.add_argument("--lowering", type=_lowerings, default=None, metavar="LIST",
+                   help="columns: convolution algorithms (gemm, fft, winograd, direct, cudnn, ...), "
+                        "auto (autotune) or default; default: every algorithm the GPU runs plus "
+                        f"auto, or {','.join(lw.CPU_DEFAULT)} on the CPU")
+    p.add_argument("--precision", type=_list_of(PRECISIONS, "precision"), default=["fp32"],
+                   metavar="LIST", help=f"comma-separated, from {', '.join(PRECISIONS)} (default fp32)")
+    p.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw", type=str.lower,
+                   help="layout the policy asks for (NHWC applies on cuda only; the peer uses "
+                        "channels_last)")
+    p.add_argument("--policy", metavar="TOML", help="a base LoweringPolicy file (passes/policy.py)")
+    p.add_argument("--workspace-limit", default=None, metavar="BYTES",
+                   help="scratch budget per node, e.g. 512MiB (policy workspace_limit)")
+    p.add_argument("--compare", type=_list_of(PEERS, "peer"), default=[], metavar="PEERS",
+                   help="torch (PyTorch eager, cudnn.benchmark) and/or torch-compile, same run")
+    p.add_argument("--warmup", type=_count(0), default=None,
+                   help=f"untimed iterations (default {driver.GPU_WARMUP} on a GPU as the seed, "
+                        f"{driver.CPU_WARMUP} on the CPU)")
+    p.add_argument("--repeat", type=_count(1), default=None,
+                   help=f"timed calls per loop (default {driver.GPU_REPEAT} on a GPU, "
+                        f"{driver.CPU_REPEAT} on the CPU)")
+    p.add_argument("--no-per-layer", dest="per_layer", action="store_false",
+                   help="skip timing each layer alone")
+    p.add_argument("--no-check", dest="check", action="store_false",
+                   help="skip the float64 reference check (columns are then unchecked)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="start no new column after this many seconds (the rest: 'skipped')")
     p.add_argument("--summary", action="store_true",
                    help="print per-layer output shape, parameters and forward GFLOP; run nothing")
     p.add_argument("--format", choices=report.FORMATS, default="table")
-    p.add_argument("--output", metavar="PATH", help="write the result there instead of stdout")
-    p.add_argument("--warmup", type=_count(0), default=None,
-                   help=f"untimed calls first (default {driver.CPU_WARMUP} on the CPU, "
-                        f"{driver.GPU_WARMUP} on a GPU)")
-    p.add_argument("--repeat", type=_count(1), default=None,
-                   help=f"timed calls (default {driver.CPU_REPEAT} on the CPU, "
-                        f"{driver.GPU_REPEAT} on a GPU)")
-    p.add_argument("--pipeline", choices=("default", "reference"), default="default",
-                   help="default: the lowering passes choose per the policy; reference: every "
-                        "node runs the NumPy/CuPy oracle")
-    p.add_argument("--policy", metavar="TOML",
-                   help="a LoweringPolicy TOML file (see passes/policy.py) for the default pipeline")
+    p.add_argument("--output", metavar="PATH", help="write the result there instead of stdout "
+                   "(JSON is rewritten after every column, so a killed run keeps what it finished)")
+    p.add_argument("--plot", metavar="PATH.png", help="bar chart of forward + backward per model")
+    p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     p.add_argument("--seed", type=int, default=0, help="seed of the random input and weights")
     return p
+
+
+def model_names(args) -> list[str]:
+    if args.model is not None:
+        return args.model
+    return list(GROUPS[args.suite or "winners"])
 
 
 def run_summary(names: list[str], args) -> dict:
@@ -115,68 +171,193 @@ def run_summary(names: list[str], args) -> dict:
     batch = (f"batch {args.batch} (set with --batch)" if args.batch is not None
              else "the seed benchmark's batch of each model")
     return {"tool": "opgraph-bench", "mode": "summary",
-            "environment": driver.environment("none", batch=args.batch, dtype=args.dtype),
+            "environment": environment("none", batch=args.batch, dtype=args.dtype),
             "notes": [f"static summary at {batch}; forward FLOPs from each op's rule, a "
                       "multiply-add counted as 2 (convolution and linear exclude the bias add)"],
             "models": models}
 
 
-def run_forward(names: list[str], args, log) -> dict:
-    """Time the forward pass of each model; ``log`` gets progress lines."""
-    device, why = driver.resolve_device(args.device)
-    warmup, repeat = driver.protocol_defaults(device, args.warmup, args.repeat)
-    notes = [f"device: {device} ({why})"]
-    results = []
+def build_models(names, args, device: str, notes: list[str]) -> list:
+    models = []
     for name in names:
         batch, reason = driver.default_batch(SEED_BATCHES[name], device, args.batch)
         note = f"batch {batch}: {reason}"
         if note not in notes:
             notes.append(note)
-        log(f"{name}: building at batch {batch}, compiling for {device}, "
-            f"{warmup} warm-up + {repeat} timed calls ...")
-        t0 = time.perf_counter()
-        model = build(name, batch=batch, dtype=args.dtype)
-        res = driver.time_forward(model, device=device, warmup=warmup, repeat=repeat,
-                                  seed=args.seed, policy=args.policy, pipeline=args.pipeline,
-                                  batch_reason=reason)
-        log(f"{name}: median {res.median_ms:.1f} ms, min {res.min_ms:.1f} ms per mini-batch "
-            f"({time.perf_counter() - t0:.1f} s in all)")
-        results.append(res.as_dict())
-    notes.append(f"protocol: {warmup} warm-up call(s), then {repeat} timed call(s); random input, "
-                 "He-normal weights; forward only")
-    batches = {r["model"]: r["batch"] for r in results}
-    batch = next(iter(batches.values())) if len(set(batches.values())) == 1 else batches
-    return {"tool": "opgraph-bench", "mode": "forward",
-            "environment": driver.environment(device, dtype=args.dtype, warmup=warmup,
-                                              repeat=repeat, batch=batch,
-                                              pipeline=args.pipeline, policy=args.policy),
-            "notes": notes, "results": results}
+        models.append(build(name, batch=batch, dtype=args.dtype))
+    for path in args.onnx:
+        from .onnx_model import load_model
+
+        models.append(load_model(path, batch=args.batch))
+    return models
+
+
+def check_applicable(tgs, lowerings, device: str, base: LoweringPolicy) -> str | None:
+    """A message when some explicit lowering applies to no convolution of any
+    of the models (a usage error: its column would only repeat the fallback),
+    else None."""
+    for lo in lowerings:
+        if lo.algorithm is None:
+            continue
+        policy = lo.policy(base, device)
+        reasons: dict[str, list[str]] = {}
+        usable = False
+        for tg in tgs:
+            app = lw.applicability(tg, lo, device, policy)
+            if any(why is None for why in app.values()):
+                usable = True
+                break
+            for why in app.values():
+                reasons.setdefault(why, [])
+                if tg.model.key not in reasons[why]:
+                    reasons[why].append(tg.model.key)
+        if not usable and reasons:
+            detail = "; ".join(f"{', '.join(ms)}: {why}" for why, ms in list(reasons.items())[:4])
+            return (f"lowering {lo.name!r} cannot run any convolution of the selected models on "
+                    f"{device} ({detail}); choose other lowerings or models")
+    return None
+
+
+class Progress:
+    """A rich progress bar on a terminal, one line per column otherwise, nothing with --quiet."""
+
+    def __init__(self, total: int, quiet: bool):
+        self.total, self.done, self.quiet, self.bar = total, 0, quiet, None
+        self.t0 = time.perf_counter()
+        if not quiet and sys.stderr.isatty():
+            try:
+                from rich.console import Console
+                from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
+                                           TextColumn, TimeElapsedColumn)
+            except ImportError:
+                return
+            self.bar = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                    TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True)
+            self.task = self.bar.add_task("starting", total=total)
+            self.bar.start()
+
+    def describe(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description=text)
+
+    def result(self, r: dict) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.advance(self.task)
+        elif not self.quiet:
+            tot = (r.get("totals") or {}).get("total_ms")
+            what = f"total {tot:.2f} ms" if tot is not None else (r.get("reason") or "")[:120]
+            log(f"[{self.done}/{self.total}] {r['model']} {r['precision']} {r['lowering']}: "
+                f"{r['status']} {what} ({time.perf_counter() - self.t0:.0f} s)")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def run_timing(names: list[str], args) -> dict:
+    """Build, check and time every model x precision x lowering (driver.run_benchmark)."""
+    from .protocol import training_graph
+
+    device, why = driver.resolve_device(args.device)
+    warmup, repeat = driver.protocol_defaults(device, args.warmup, args.repeat)
+    notes = [f"device: {device} ({why})"]
+    models = build_models(names, args, device, notes)
+    lowerings = args.lowering
+    if lowerings is None:
+        lowerings = lw.default_lowerings(device)
+        if device == "cpu":
+            notes.append(driver.CPU_DEFAULT_NOTE)
+    base = LoweringPolicy.from_cli(policy_file=args.policy, workspace_limit=args.workspace_limit)
+    tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
+    problem = check_applicable(tgs, lowerings, device, base)
+    if problem:
+        raise UsageError(problem)
+    if args.compare:
+        from .peer_torch import PeerError, import_torch
+
+        try:
+            import_torch()
+        except PeerError as e:
+            log(f"opgraph-bench: --compare {','.join(args.compare)}: {e}")
+            notes.append(f"--compare {','.join(args.compare)}: {e}")
+    if device == "cpu" and warmup < driver.GPU_WARMUP:
+        notes.append(f"protocol: {warmup} warm-up + {repeat} timed calls per loop (CPU defaults; "
+                     f"the seed's {driver.GPU_WARMUP} + {driver.GPU_REPEAT} on a GPU)")
+    settings = driver.Settings(device=device, lowerings=lowerings, precisions=args.precision,
+                               layout=args.layout.upper(), warmup=warmup, repeat=repeat,
+                               per_layer=args.per_layer, check=args.check, compare=args.compare,
+                               base_policy=base, seed=args.seed, time_limit=args.time_limit)
+    progress = Progress(driver.unit_count(models, settings), args.quiet)
+    incremental = args.output and args.format == "json"
+
+    def on_result(doc: dict) -> None:
+        progress.result(doc["results"][-1])
+        if incremental:
+            _write_atomic(args.output, report.render_json(doc))
+
+    try:
+        return driver.run_benchmark(tgs, settings, progress=progress.describe, on_result=on_result,
+                                    notes=notes)
+    finally:
+        progress.close()
+
+
+class UsageError(Exception):
+    """A bad combination of arguments found after parsing (exit status 2)."""
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``opgraph-bench`` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
+    names = model_names(args)
     try:
-        if args.summary:
-            doc = run_summary(args.model, args)
-        else:
-            doc = run_forward(args.model, args, log)
-    except (OpgraphError, ValueError, OSError, MemoryError) as e:
+        doc = run_summary(names, args) if args.summary else run_timing(names, args)
+    except UsageError as e:
+        print(f"opgraph-bench: error: {e}", file=sys.stderr)
+        return 2
+    except (OpgraphError, ValueError, OSError, MemoryError, ImportError) as e:
         print(f"opgraph-bench: error: {e}", file=sys.stderr)
         return 1
-    if args.output:
-        with open(args.output, "w", encoding="utf-8", newline="") as f:
-            report.write(doc, args.format, f)
-        log(f"wrote {args.format} to {args.output}")
-    else:
-        if args.format != "table":
-            for note in doc.get("notes", ()):
-                log(f"# {note}")
-        report.write(doc, args.format, sys.stdout)
+    try:
+        if args.output:
+            if args.format == "json":
+                _write_atomic(args.output, report.render_json(doc))
+            else:
+                with open(args.output, "w", encoding="utf-8", newline="") as f:
+                    report.write(doc, args.format, f)
+            if not args.quiet:
+                log(f"wrote {args.format} to {args.output}")
+        else:
+            if args.format != "table" and not args.quiet:
+                for note in doc.get("notes", ()):
+                    log(f"# {note}")
+            report.write(doc, args.format, sys.stdout)
+        if args.plot:
+            from .plot import plot
+
+            plot(doc, args.plot)
+            if not args.quiet:
+                log(f"wrote plot to {args.plot}")
+    except (ValueError, OSError, ImportError) as e:
+        print(f"opgraph-bench: error: {e}", file=sys.stderr)
+        return 1
+    bad = [r for r in doc.get("results", ()) if r["status"] in ("mismatch", "error")]
+    if bad:
+        log(f"opgraph-bench: {len(bad)} column(s) failed: " + "; ".join(
+            f"{r['model']} {r['precision']} {r['lowering']}: {r['status']}" for r in bad[:5]))
+        return 3
     return 0
 
 

@@ -1,53 +1,71 @@
-"""The timing protocol of ``opgraph-bench``, and the environment it records.
+"""``opgraph-bench``'s driver: every model x precision x lowering, checked, timed, measured.
 
-Protocol (the seed's, ``torch7/imagenet_winners/benchmark.lua``, adapted to
-one call at a time): random input and parameters on the device, ``warmup``
-untimed calls, then ``repeat`` timed calls; each call is timed on its own, so
-the median and the minimum over repeats can be reported (the seed divided
-one loop of 10 by 10, which gives the mean). Units: milliseconds per
-mini-batch. On the CPU the clock is ``time.perf_counter``; on a GPU, CUDA
-events recorded around the call on the current stream (the device time of
-the work, without Python start-up skew), synchronised before reading.
+For each model (:func:`run_benchmark`):
 
-The seed ran 10 warm-ups and 10 steps on a GPU at batch 128 (VGG-A 64).
-With the NumPy reference on a 2-core CPU (some 10-40 GFLOP/s) that protocol
-takes several minutes per model (VGG-A: about 1 TFLOP per forward call), so
-the CPU defaults are smaller (:data:`CPU_DEFAULT_BATCH`, :data:`CPU_WARMUP`,
-:data:`CPU_REPEAT`); the CLI says which values it used and why.
+1. the training graph (:func:`protocol.training_graph`: output passed back
+   as its own gradient, parameters only) and random feeds placed on the
+   device (input standard normal, He-normal weights, zero biases);
+2. the float64 reference, computed once and reused by every column
+   (:class:`check.Reference`);
+3. for each precision and each lowering (:mod:`.lowerings`): compile with
+   the lowering's policy; a lowering that applies to no convolution of the
+   model is reported ``n/a`` with the reason and not run; otherwise each
+   step it decides is checked against the reference (``mismatch``: reported,
+   not timed); one real run measures memory (:mod:`.memory`); then the
+   seed's protocol (:mod:`.protocol`): warm-up, forward / backward-data /
+   backward-filter in separate loops, and each conv/linear layer's steps of
+   each phase alone;
+4. the PyTorch peer(s) on the same model and feeds (:mod:`.peer_torch`).
+
+A failure of one column (a kernel raising, out of memory) is recorded as
+``status: error`` with its message and the run goes on. Throughput counts a
+multiply-add as 2 FLOPs; backward-data and backward-filter of a layer each
+count its forward FLOPs; the fraction of peak divides by the matrix-multiply
+peak of the same precision measured once in this run (:mod:`.peak`).
+
+CPU defaults: the seed's batches (128; VGG-A 64) and 10 + 10 calls are
+sized for a GPU; on a 2-core CPU the defaults are batch
+:data:`CPU_DEFAULT_BATCH`, :data:`CPU_WARMUP` + :data:`CPU_REPEAT` calls and
+the lowerings :data:`lowerings.CPU_DEFAULT`, so that ``opgraph-bench`` with
+no arguments finishes in a few minutes (the output says so).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import math
-import os
-import platform
-import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import attrs
-import numpy as np
 
 import opgraph as og
 from opgraph.backends import device as dev
-from opgraph.analysis import summarize, totals
+from opgraph.passes.policy import LoweringPolicy
 
-from .models import Model
+from . import check as chk
+from . import lowerings as lw
+from .environment import environment, git_commit  # noqa: F401  (re-exported)
+from .forward import ForwardTiming, lowering_summary, time_calls, time_forward  # noqa: F401
+from .memory import memory_record, run_and_measure
+from .models import LAYERS, Model
+from .peak import measure_peaks
+from .protocol import (PHASES, PhaseRunner, TrainingGraph, main_step, random_feeds, schedule,
+                       training_graph)
+from .timer import Timer, make_timer
 
 #: Mini-batch used on the CPU when ``--batch`` is not given (see module doc).
 CPU_DEFAULT_BATCH = 8
 #: Warm-up calls and timed calls on the CPU, and on a GPU (the seed's 10/10).
 CPU_WARMUP, CPU_REPEAT = 1, 3
 GPU_WARMUP, GPU_REPEAT = 10, 10
+CPU_DEFAULT_NOTE = (f"CPU default lowerings: {', '.join(lw.CPU_DEFAULT)} only (on 2 cores FFT runs "
+                    "10-30x slower than GEMM and autotuning times every candidate of every node, so "
+                    "all lowerings plus auto would take far more than a few minutes); "
+                    "ask for others with --lowering")
+SCHEMA_VERSION = 1
 
 
 def cuda_status() -> tuple[bool, str]:
-    """Whether CuPy sees a CUDA GPU, and a sentence saying what it sees
-    (``opgraph.backends.device.cuda_status``; never raises)."""
+    """Whether CuPy sees a CUDA GPU, and a sentence saying what it sees."""
     return dev.cuda_status()
 
 
@@ -55,8 +73,7 @@ def resolve_device(requested: str) -> tuple[str, str]:
     """Map ``'auto' | 'cpu' | 'cuda'`` to a device and the reason for it.
 
     Raises:
-        DeviceUnavailableError: ``'cuda'`` was asked for but no GPU is usable
-            (the message says how to install CuPy).
+        DeviceUnavailableError: ``'cuda'`` asked for, no usable GPU.
         ValueError: an unknown device name.
     """
     resolved = dev.resolve_device(requested)
@@ -64,11 +81,8 @@ def resolve_device(requested: str) -> tuple[str, str]:
 
 
 def default_batch(model_seed_batch: int, device: str, batch: int | None) -> tuple[int, str]:
-    """The batch a timing run uses, and why.
-
-    ``batch`` (from ``--batch``) wins; otherwise the seed's batch on a GPU and
-    :data:`CPU_DEFAULT_BATCH` on the CPU.
-    """
+    """The batch a timing run uses, and why: ``batch`` if given, else the
+    seed's on a GPU and :data:`CPU_DEFAULT_BATCH` on the CPU."""
     if batch is not None:
         return batch, "set with --batch"
     if device == "cpu":
@@ -85,198 +99,298 @@ def protocol_defaults(device: str, warmup: int | None, repeat: int | None) -> tu
     return (w if warmup is None else warmup), (r if repeat is None else repeat)
 
 
-def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random host arrays for the model's input and every parameter, by name.
+@attrs.frozen
+class Settings:
+    """Everything a benchmark run needs besides the models."""
 
-    The input is standard normal (the seed's ``torch.randn``); weights are
-    He-normal (std ``sqrt(2 / fan_in)``, He et al. 2015) so activations keep
-    unit scale through the depth of VGG, biases are zero. Deterministic in
-    ``seed``.
-    """
-    rng = np.random.default_rng(seed)
-    dtype = np.dtype(model.dtype)
+    device: str
+    lowerings: tuple = attrs.field(converter=tuple)
+    precisions: tuple = attrs.field(default=("fp32",), converter=tuple)
+    layout: str = "NCHW"
+    warmup: int = CPU_WARMUP
+    repeat: int = CPU_REPEAT
+    per_layer: bool = True
+    check: bool = True
+    compare: tuple = attrs.field(default=(), converter=tuple)
+    base_policy: LoweringPolicy = attrs.field(factory=LoweringPolicy)
+    seed: int = 0
+    time_limit: float | None = None
 
-    def normal(shape, std=1.0):
-        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(dtype, copy=False)
-
-    feeds = {model.input.name: normal(model.input.type.shape)}
-    for p in model.params:
-        shape = p.type.shape
-        if len(shape) == 1:
-            feeds[p.name] = np.zeros(shape, dtype)
-        else:
-            fan_in = math.prod(shape[1:])
-            feeds[p.name] = normal(shape, math.sqrt(2.0 / max(fan_in, 1)))
-    return feeds
+    def protocol(self, clock: str) -> dict:
+        return {"warmup": self.warmup, "repeat": self.repeat, "clock": clock,
+                "grad_output": "the model output itself (no loss)",
+                "wrt": "parameters only, so a first convolution reading the image has no "
+                       "backward-data (L1-L5: the image too, as the layer-wise benchmark)",
+                "phases": list(PHASES), "per_layer": self.per_layer, "check": self.check,
+                "statistics": "median and min over the repeat calls of each loop; mean = the seed's",
+                "source": "convnet-benchmarks torch7/imagenet_winners/benchmark.lua"}
 
 
-def time_calls(fn: Callable[[], object], *, warmup: int, repeat: int,
-               device: str = "cpu") -> list[float]:
-    """Milliseconds of each of ``repeat`` calls of ``fn`` after ``warmup`` calls.
-
-    On ``'cuda'`` the time is read from CUDA events around each call (after
-    synchronising); on the CPU from ``time.perf_counter``.
-
-    Raises:
-        ValueError: ``warmup < 0`` or ``repeat < 1``.
-    """
-    if warmup < 0:
-        raise ValueError(f"warmup={warmup}: must be >= 0")
-    if repeat < 1:
-        raise ValueError(f"repeat={repeat}: must be >= 1")
-    for _ in range(warmup):
-        fn()
-    times = []
+def _release(device: str) -> None:
     if device == "cuda":
         import cupy
 
-        cupy.cuda.get_current_stream().synchronize()
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        for _ in range(repeat):
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(float(cupy.cuda.get_elapsed_time(start, end)))
-    else:
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return times
+        cupy.get_default_memory_pool().free_all_blocks()
 
 
-@attrs.frozen
-class ForwardTiming:
-    """The forward timing of one model (all times in ms per mini-batch)."""
-
-    model: str
-    spec_key: str
-    batch: int
-    batch_reason: str
-    dtype: str
-    device: str
-    lowering: str
-    warmup: int
-    repeat: int
-    times_ms: tuple[float, ...]
-    flops: int
-    params: int
-    compile_s: float
-
-    @property
-    def median_ms(self) -> float:
-        return statistics.median(self.times_ms)
-
-    @property
-    def min_ms(self) -> float:
-        return min(self.times_ms)
-
-    @property
-    def mean_ms(self) -> float:
-        return statistics.fmean(self.times_ms)
-
-    @property
-    def gflops_per_s(self) -> float:
-        """Forward FLOP rate at the median time, in GFLOP/s."""
-        return self.flops / (self.median_ms * 1e6) if self.median_ms > 0 else float("nan")
-
-    def as_dict(self) -> dict:
-        d = attrs.asdict(self)
-        d["times_ms"] = list(self.times_ms)
-        d.update(median_ms=self.median_ms, min_ms=self.min_ms, mean_ms=self.mean_ms,
-                 gflop=self.flops / 1e9, gflops_per_s=self.gflops_per_s)
-        return d
+def _record(model: Model, precision: str, s: Settings, lowering: str, kind: str) -> dict:
+    return {"model": model.key, "batch": model.batch, "dtype": model.dtype, "precision": precision,
+            "layout": s.layout, "device": s.device, "lowering": lowering, "kind": kind,
+            "status": "ok", "reason": None, "notes": []}
 
 
-def time_forward(model: Model, *, device: str = "cpu", warmup: int = CPU_WARMUP,
-                 repeat: int = CPU_REPEAT, seed: int = 0, policy=None,
-                 pipeline: str = "default", batch_reason: str = "") -> ForwardTiming:
-    """Compile ``model`` for ``device`` with ``policy`` and ``pipeline`` (as
-    ``opgraph.compile`` takes them; None and ``'default'``: its defaults) and
-    time its forward pass; ``lowering`` in the result names the algorithms the
-    compiled graph actually runs.
+def _totals(times: dict) -> dict:
+    med = {p: (t["median_ms"] if t else None) for p, t in times.items()}
+    mins = {p: (t["min_ms"] if t else None) for p, t in times.items()}
+    back = [p for p in times if p != "forward"]
+    bwd = sum(med[p] or 0.0 for p in back)
+    bwd_min = sum(mins[p] or 0.0 for p in back)
+    return {"forward_ms": med["forward"], "backward_ms": bwd, "total_ms": med["forward"] + bwd,
+            "total_min_ms": mins["forward"] + bwd_min}
 
-    Inputs and parameters are placed on the device before timing, so no
-    host-device copy is timed (as in the seed).
+
+def _throughput(rec: dict, peak: dict | None) -> None:
+    """Fill ``tflops`` (per phase, backward and total, at the median times) and
+    ``peak_fraction`` (total TFLOP/s over the measured matmul peak) of a timed record."""
+    tot, times = rec["totals"], rec["times"]
+    ms = {"forward": tot["forward_ms"], "backward": tot["backward_ms"], "total": tot["total_ms"]}
+    for p in ("backward_data", "backward_filter"):
+        if times.get(p):
+            ms[p] = times[p]["median_ms"]
+    rec["tflops"] = {p: (f / (ms[p] * 1e9) if ms.get(p) else None) for p, f in rec["flops"].items()}
+    top = (peak or {}).get("tflops")
+    total = rec["tflops"].get("total")
+    rec["peak_fraction"] = total / top if top and total else None
+
+
+def model_flops(tg) -> dict:
+    """FLOPs of one iteration per phase, plus ``backward`` and ``total``: the
+    conv/linear layers' forward FLOPs, counted again for backward-filter (every
+    layer) and backward-data (every layer but those reading the image)."""
+    fwd = sum(tg.layer_flops.values())
+    data = sum(tg.layer_flops[k] for k in tg.data_grad_layers)
+    return {"forward": fwd, "backward_data": data, "backward_filter": fwd,
+            "backward": data + fwd, "total": 2 * fwd + data}
+
+
+def _layer_records(tg, sched, layer_times: dict, na: dict, report) -> list[dict]:
+    nodes = getattr(report, "nodes", {}) or {}
+    rows = []
+    for layer, by_phase in sched.layers.items():
+        f = tg.layer_flops[layer]
+        row = {"layer": layer, "op": tg.layers[layer], "flops": f, "algorithm": {}, "ms": {},
+               "min_ms": {}, "tflops": {}, "workspace_bytes": {}, "not_applicable": {},
+               "fused_relu": False}
+        for p, steps in by_phase.items():
+            main = main_step(steps)
+            if main is not None:
+                row["algorithm"][p] = main.op.algorithm
+                row["fused_relu"] |= main.op.op.name == "Conv2dBiasRelu"
+                rec = nodes.get(main.name)
+                row["workspace_bytes"][p] = int(rec.workspace) if rec is not None else 0
+                if main.name in na:
+                    row["not_applicable"][p] = na[main.name]
+            t = layer_times.get(layer, {}).get(p)
+            if t is not None:
+                row["ms"][p], row["min_ms"][p] = t.median_ms, t.min_ms
+                row["tflops"][p] = f / (t.median_ms * 1e9) if t.median_ms > 0 else None
+        rows.append(row)
+    return rows
+
+
+def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPolicy, s: Settings,
+                 timer: Timer, peak: dict | None) -> dict:
+    """One column for one model and precision (see the module docstring)."""
+    model = tg.model
+    rec = _record(model, base.precision, s, lowering.name, "opgraph")
+    policy = lowering.policy(base, s.device)
+    app = lw.applicability(tg, lowering, s.device, policy)
+    if app and all(why is not None for why in app.values()):
+        reasons = sorted(set(app.values()))
+        rec.update(status="n/a", reason=f"{lowering.name} applies to no convolution of {model.key}: "
+                   + "; ".join(reasons[:3]) + (" ..." if len(reasons) > 3 else ""))
+        return rec
+    exe = None
+    try:
+        t0 = time.perf_counter()
+        exe = og.compile(tg.outputs, device=s.device, policy=policy)
+        rec["compile_s"] = time.perf_counter() - t0
+        sched = schedule(exe, tg)
+        na = lw.not_applicable(exe, lowering)
+        rec["algorithms"] = lw.algorithm_counts(exe)
+        rec["precision_applied"] = lw.precision_applied(exe)
+        rec["not_applicable"] = na
+        if base.precision != "fp32" and base.precision not in rec["precision_applied"]:
+            rec["notes"].append(f"precision {base.precision} requested, but no kernel of this lowering "
+                                f"takes a precision option: it computed in {model.dtype}")
+        if s.layout != "NCHW":
+            rec["notes"] += [n for n in exe.report.notes if n.startswith("layout:")]
+        if ref is not None:
+            result = chk.check_lowering(exe, ref)
+        outputs, measured = run_and_measure(exe, feeds, s.device)
+        rec["memory"] = memory_record(exe.report, measured, s.device)
+        if ref is not None:
+            result.end_to_end = chk.end_to_end(ref.xp, outputs, ref)
+            result.passed = result.passed and result.end_to_end["finite"]
+            rec["check"] = result.as_dict()
+        del outputs
+        if ref is not None and not result.passed:
+            bad = result.failures[:3] or [{"node": "end to end", "rel_error": None,
+                                           "tolerance": None}]
+            rec.update(status="mismatch", reason="not timed: " + "; ".join(
+                f"{f['node']}: relative error {f['rel_error']} > {f['tolerance']}" for f in bad))
+            return rec
+        runner = PhaseRunner(sched, exe.feed(feeds), timer)
+        runner.warmup(s.warmup)
+        phases = runner.time_phases(s.repeat)
+        layer_times = runner.time_layers(s.repeat) if s.per_layer else {}
+        rec["times"] = {p: (t.as_dict() if t else None) for p, t in phases.items()}
+        rec["totals"] = _totals(rec["times"])
+        rec["flops"] = model_flops(tg)
+        _throughput(rec, peak)
+        rec["layers"] = _layer_records(tg, sched, layer_times, na, exe.report)
+        if s.per_layer:
+            rec["other_ms"] = {p: ((rec["times"][p] or {}).get("median_ms") or 0.0)
+                               - sum(r["ms"].get(p, 0.0) for r in rec["layers"]) for p in PHASES}
+    except Exception as e:  # one column's failure (kernel error, OOM) must not end the run
+        rec.update(status="error", reason=f"{type(e).__name__}: {e}")
+    finally:
+        del exe
+        _release(s.device)
+    return rec
+
+
+def run_peer_entry(tg, feeds: dict, ref, peer: str, precision: str, s: Settings,
+                   peak: dict | None) -> dict:
+    """The PyTorch peer's record for one model and precision."""
+    from .peer_torch import PeerError, run_peer
+
+    rec = _record(tg.model, precision, s, peer, peer)
+    try:
+        out = run_peer(tg.model, feeds, device=s.device, precision=precision, layout=s.layout,
+                       warmup=s.warmup, repeat=s.repeat, compiled=peer == "torch-compile",
+                       reference=ref, input_grad=tg.input_grad is not None)
+    except PeerError as e:
+        rec.update(status="unavailable", reason=str(e))
+        return rec
+    except Exception as e:
+        rec.update(status="error", reason=f"{type(e).__name__}: {e}")
+        return rec
+    finally:
+        _release(s.device)
+    times = out["times"]
+    rec["times"] = {"forward": times["forward"], "backward": times["backward"],
+                    "backward_data": None, "backward_filter": None}
+    fwd, bwd = times["forward"]["median_ms"], times["backward"]["median_ms"]
+    rec["totals"] = {"forward_ms": fwd, "backward_ms": bwd, "total_ms": fwd + bwd,
+                     "total_min_ms": times["forward"]["min_ms"] + times["backward"]["min_ms"]}
+    rec["flops"] = {k: v for k, v in model_flops(tg).items() if k in ("forward", "backward", "total")}
+    _throughput(rec, peak)
+    rec["first_call_s"] = out["first_call_s"]
+    rec["memory"] = out["memory"]
+    rec["versions"] = out["versions"]
+    rec["notes"].append("PyTorch autograd computes input and weight gradients in one backward "
+                        "pass: backward-data / backward-filter split n/a")
+    if out["check"] is not None:
+        rec["check"] = {"end_to_end": out["check"], "passed": out["check"]["finite"]}
+    return rec
+
+
+def add_ratios(results: list[dict]) -> None:
+    """``vs_torch`` / ``vs_torch_compile`` on every timed opgraph record: its
+    forward, backward and total median over the peer's (same model, precision)."""
+    peers = {(r["model"], r["precision"], r["kind"]): r for r in results
+             if r["kind"] != "opgraph" and r["status"] == "ok"}
+    for r in results:
+        if r["kind"] != "opgraph" or r["status"] != "ok":
+            continue
+        for kind in ("torch", "torch-compile"):
+            p = peers.get((r["model"], r["precision"], kind))
+            if p is None:
+                continue
+            r["vs_" + kind.replace("-", "_")] = {
+                k: r["totals"][k + "_ms"] / p["totals"][k + "_ms"] if p["totals"][k + "_ms"] else None
+                for k in ("forward", "backward", "total")}
+
+
+def unit_count(models: Sequence, s: Settings) -> int:
+    """Columns the run will produce (for a progress bar)."""
+    return len(models) * len(s.precisions) * (len(s.lowerings) + len(s.compare))
+
+
+def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer: Timer | None = None,
+                  progress: Callable[[str], None] | None = None,
+                  on_result: Callable[[dict], None] | None = None, notes: Sequence[str] = ()) -> dict:
+    """Run the whole benchmark; returns the result document (see ``report.py``).
+
+    ``models`` are models or their training graphs (:func:`protocol.training_graph`;
+    a model gets one, with the image's gradient for the layer suite L1-L5).
+    ``progress(description)`` is called before each column, ``on_result(doc)``
+    after each (the CLI writes the JSON file incrementally, so a run killed
+    by a time limit still leaves its finished columns).
     """
-    t0 = time.perf_counter()
-    run = og.compile([model.output], device=device, policy=policy, pipeline=pipeline)
-    compile_s = time.perf_counter() - t0
-    feeds = random_feeds(model, seed)
-    feeds = {k: dev.to_device(v, device) for k, v in feeds.items()}
-    times = time_calls(lambda: run(**feeds), warmup=warmup, repeat=repeat, device=device)
-    rows = summarize(model.graph, [model.output])
-    tot = totals(rows, model.graph, [model.output])
-    return ForwardTiming(
-        model=model.key, spec_key=model.spec_key, batch=model.batch, batch_reason=batch_reason,
-        dtype=model.dtype, device=device, lowering=lowering_summary(run), warmup=warmup,
-        repeat=repeat, times_ms=tuple(times), flops=tot.flops, params=tot.params,
-        compile_s=compile_s)
-
-
-def lowering_summary(run) -> str:
-    """The algorithms an ``Executable`` runs, e.g. ``'reference'`` or
-    ``'conv: gemm; other: reference'`` (convolutions listed apart because
-    that is where the lowerings differ)."""
-    conv, other = set(), set()
-    for st in getattr(run, "steps", ()):
-        (conv if "Conv2d" in st.op.op.name else other).add(st.op.algorithm)
-    if not conv and not other:
-        return "unknown"
-    if not conv or not other or conv == other:
-        return ", ".join(sorted(conv | other))
-    return f"conv: {', '.join(sorted(conv))}; other: {', '.join(sorted(other)) or '-'}"
-
-
-def git_commit(path: Path | None = None) -> str | None:
-    """``git rev-parse HEAD`` of the checkout holding this file (with
-    ``+dirty`` when it has changes), or None outside a git checkout."""
-    where = Path(path or __file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"],
-                              capture_output=True, text=True, timeout=5)
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
-        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def environment(device: str, **extra) -> dict:
-    """What every result file records: time stamp, device, library versions,
-    Python, platform, CPU count, git commit, plus ``extra`` (batch, dtype...)."""
-    env = {
-        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": device,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "numpy": np.__version__,
-        "opgraph": _version("opgraph"),
-        "git_commit": git_commit(),
-        "argv": sys.argv[1:],
-    }
-    env.update({k: v for k, v in dev.versions().items() if v is not None})
-    if device in dev.DEVICES:
-        env["device_name"] = dev.device_name(device)
-    env.update(extra)
-    return env
-
-
-def _version(dist: str) -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version(dist)
-    except Exception:
-        return None
+    tgs = [m if isinstance(m, TrainingGraph) else training_graph(m, input_grad=m.spec_key in LAYERS)
+           for m in models]
+    models = [tg.model for tg in tgs]
+    timer = timer or make_timer(s.device)
+    start = time.perf_counter()
+    peak = measure_peaks(s.device, s.precisions)
+    env = environment(s.device, precision=list(s.precisions), layout=s.layout,
+                      dtype=sorted({m.dtype for m in models}), batch={m.key: m.batch for m in models},
+                      warmup=s.warmup, repeat=s.repeat, lowerings=[lo.name for lo in s.lowerings],
+                      compare=list(s.compare), seed=s.seed, policy=s.base_policy.to_dict())
+    doc = {"tool": "opgraph-bench", "mode": "benchmark", "schema_version": SCHEMA_VERSION,
+           "environment": env, "protocol": s.protocol(timer.clock), "peak": peak,
+           "lowerings": {lo.name: lo.describe() for lo in s.lowerings},
+           "notes": list(notes), "models": [], "results": []}
+    for tg in tgs:
+        model = tg.model
+        feeds = {k: dev.to_device(v, s.device) for k, v in random_feeds(model, s.seed).items()}
+        entry = {"model": model.key, "title": model.title, "spec_key": model.spec_key,
+                 "batch": model.batch, "dtype": model.dtype, "params": model.param_count,
+                 "layers": dict(tg.layers), "layer_flops": dict(tg.layer_flops)}
+        doc["models"].append(entry)
+        ref, ref_error = None, None
+        out_of_time = s.time_limit is not None and time.perf_counter() - start > s.time_limit
+        if s.check and not out_of_time:
+            if progress:
+                progress(f"{model.key}: float64 reference")
+            try:
+                ref = chk.Reference(tg, feeds, s.device)
+                entry["reference_s"] = ref.seconds
+            except Exception as e:  # e.g. out of memory: no column of this model can be checked
+                ref_error = f"float64 reference failed, so nothing was timed: {type(e).__name__}: {e}"
+                _release(s.device)
+        for precision in s.precisions:
+            base = attrs.evolve(s.base_policy, precision=precision, layout=s.layout)
+            # the peer first: cheap, and the reference every column is compared with, so a
+            # --time-limit that cuts the run short still leaves the ratios of what ran
+            units = [(p, None) for p in s.compare] + [(lo.name, lo) for lo in s.lowerings]
+            for name, lowering in units:
+                if progress:
+                    progress(f"{model.key} {precision} {name}")
+                if s.time_limit is not None and time.perf_counter() - start > s.time_limit:
+                    rec = _record(model, precision, s, name, "opgraph" if lowering else name)
+                    rec.update(status="skipped", reason=f"--time-limit {s.time_limit:g} s reached")
+                elif ref_error is not None:
+                    rec = _record(model, precision, s, name, "opgraph" if lowering else name)
+                    rec.update(status="error", reason=ref_error)
+                elif lowering is not None:
+                    rec = run_lowering(tg, feeds, ref, lowering, base, s, timer, peak.get(precision))
+                else:
+                    rec = run_peer_entry(tg, feeds, ref, name, precision, s, peak.get(precision))
+                doc["results"].append(rec)
+                add_ratios(doc["results"])
+                if on_result:
+                    on_result(doc)
+        del ref, feeds
+        _release(s.device)
+    doc["elapsed_s"] = time.perf_counter() - start
+    return doc
 
 
 __all__ = ["CPU_DEFAULT_BATCH", "CPU_WARMUP", "CPU_REPEAT", "GPU_WARMUP", "GPU_REPEAT",
-           "cuda_status", "resolve_device", "default_batch", "protocol_defaults",
-           "random_feeds", "time_calls", "ForwardTiming", "time_forward", "lowering_summary", "git_commit",
-           "environment"]
+           "CPU_DEFAULT_NOTE", "Settings", "cuda_status", "resolve_device", "default_batch",
+           "protocol_defaults", "random_feeds", "model_flops", "run_lowering", "run_peer_entry",
+           "add_ratios", "unit_count", "run_benchmark", "time_calls", "ForwardTiming",
+           "time_forward", "lowering_summary", "environment", "git_commit"]

@@ -1,16 +1,19 @@
-"""Rendering of ``opgraph-bench`` results as a table, JSON or CSV.
+"""Rendering of ``opgraph-bench`` documents: table, JSON, CSV, Markdown.
 
 A result is a plain dict (a *document*) so that it round-trips through JSON:
 
 * ``{"tool", "mode": "summary", "environment", "notes", "models": [...]}``
-  where each model holds ``layers`` (one dict per node: ``name``, ``op``,
-  ``output_shape``, ``params``, ``flops``, ``gflop``, ``out_bytes``,
-  ``detail``) and ``totals``;
-* ``{"tool", "mode": "forward", "environment", "notes", "results": [...]}``
-  with one :meth:`ForwardTiming.as_dict` per model.
+  (``--summary``) where each model holds ``layers`` (one dict per node:
+  ``name``, ``op``, ``output_shape``, ``params``, ``flops``, ``gflop``,
+  ``out_bytes``, ``detail``) and ``totals``;
+* ``{"tool", "mode": "benchmark", "schema_version", "environment",
+  "protocol", "peak", "lowerings", "notes", "models", "results",
+  "elapsed_s"}`` (a timing run, :func:`driver.run_benchmark`): one entry
+  of ``results`` per model x precision x column; its keys are listed in
+  :data:`RESULT_KEYS` and described in README.md ("JSON schema").
 
 Tables use ``rich`` when it is installed (the ``bench`` extra) and aligned
-plain text otherwise; both show the same columns.
+plain text otherwise; both show the same columns (:mod:`.tables`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,18 @@ from typing import Sequence, TextIO
 
 from opgraph.analysis import LayerRow, Totals
 
-FORMATS = ("table", "json", "csv")
+from .tables import Table, all_tables
+
+FORMATS = ("table", "json", "csv", "markdown")
+
+#: Keys of every benchmark result (timed ones add the optional keys).
+RESULT_KEYS = ("model", "batch", "dtype", "precision", "layout", "device", "lowering", "kind",
+               "status", "reason", "notes")
+#: Keys a timed (``status: ok``) opgraph result adds.
+TIMED_KEYS = ("compile_s", "algorithms", "precision_applied", "not_applicable", "check", "memory",
+              "times", "totals", "flops", "tflops", "peak_fraction", "layers")
+#: Statuses of a result.
+STATUSES = ("ok", "n/a", "mismatch", "error", "unavailable", "skipped")
 
 
 def layer_record(row: LayerRow) -> dict:
@@ -53,10 +67,6 @@ def _gflop(x: float) -> str:
     return f"{x:.3f}"
 
 
-def _ms(x: float) -> str:
-    return f"{x:.2f}" if x < 1000 else f"{x:.0f}"
-
-
 def _mb(nbytes: int) -> str:
     return f"{nbytes / 2**20:.2f}"
 
@@ -78,31 +88,29 @@ def _summary_tables(doc: dict):
         yield caption, headers, rows, footer
 
 
-def _forward_table(doc: dict):
-    headers = ["model", "batch", "device", "lowering", "median ms", "min ms", "GFLOP",
-               "GFLOP/s", "warmup+repeat"]
-    rows = [[r["model"], str(r["batch"]), r["device"], r["lowering"], _ms(r["median_ms"]),
-             _ms(r["min_ms"]), _gflop(r["gflop"]), f"{r['gflops_per_s']:.1f}",
-             f"{r['warmup']}+{r['repeat']}"] for r in doc["results"]]
-    caption = "forward pass, milliseconds per mini-batch (median and min over the timed calls)"
-    return caption, headers, rows
+_RIGHT = {"params", "GFLOP", "out MiB"}
 
 
-_RIGHT = {"params", "GFLOP", "out MiB", "batch", "median ms", "min ms", "GFLOP/s"}
+def summary_tables(doc: dict) -> list[Table]:
+    """The tables of a ``--summary`` document."""
+    return [Table(caption, headers, rows, _RIGHT, footer=footer)
+            for caption, headers, rows, footer in _summary_tables(doc)]
 
 
-def _plain(caption: str, headers, rows, footer=None) -> str:
-    body = rows + ([footer] if footer else [])
-    widths = [max(len(str(c)) for c in col) for col in zip(headers, *body)]
+def render_plain(t: Table) -> str:
+    """One table as aligned plain text (caption first, notes after)."""
+    body = t.rows + ([t.footer] if t.footer else [])
+    widths = [max(len(str(c)) for c in col) for col in zip(t.headers, *body)]
 
     def line(cells):
-        return "  ".join(str(c).rjust(w) if h in _RIGHT else str(c).ljust(w)
-                         for c, w, h in zip(cells, widths, headers)).rstrip()
+        return "  ".join(str(c).rjust(w) if h in t.right else str(c).ljust(w)
+                         for c, w, h in zip(cells, widths, t.headers)).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
-    out = [caption, line(headers), rule] + [line(r) for r in rows]
-    if footer:
-        out += [rule, line(footer)]
+    out = [t.caption, line(t.headers), rule] + [line(r) for r in t.rows]
+    if t.footer:
+        out += [rule, line(t.footer)]
+    out += [f"  {n}" for n in t.notes]
     return "\n".join(out) + "\n"
 
 
@@ -114,51 +122,104 @@ def _rich_available() -> bool:
         return False
 
 
-def _rich_write(stream: TextIO, tables) -> None:
+def _rich_write(stream: TextIO, tables: list[Table]) -> None:
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Table as RichTable
     from rich.text import Text
 
     tty = hasattr(stream, "isatty") and stream.isatty()
-    console = Console(file=stream, width=None if tty else 140, highlight=False,
-                      color_system="auto" if tty else None)
-    for caption, headers, rows, footer in tables:
+    # every column in full (no truncation, no folding of numbers): a table wider than the
+    # terminal overflows it, as plain text would
+    need = max((sum(max(len(str(c)) for c in col) + 3 for col in zip(t.headers, *t.rows)) + 4
+                for t in tables if t.rows), default=80)
+    width = max(Console(file=stream).width if tty else 100, need)
+    console = Console(file=stream, width=width, highlight=False, color_system="auto" if tty else None)
+    for t in tables:
         # Text() keeps names such as "[alexnet]" from being read as rich markup.
-        table = Table(show_footer=footer is not None)
-        for i, h in enumerate(headers):
-            table.add_column(h, footer=Text(footer[i] if footer else ""),
-                             justify="right" if h in _RIGHT else "left", no_wrap=True)
-        for r in rows:
-            table.add_row(*(Text(c) for c in r))
-        console.print(Text(caption))
+        table = RichTable(show_footer=t.footer is not None, show_header=any(t.headers))
+        for i, h in enumerate(t.headers):
+            table.add_column(h, footer=Text(t.footer[i] if t.footer else ""),
+                             justify="right" if h in t.right else "left", no_wrap=True)
+        for r in t.rows:
+            table.add_row(*(Text(str(c)) for c in r))
+        console.print(Text(t.caption))
         console.print(table)
+        for n in t.notes:
+            console.print(Text(f"  {n}"))
+
+
+def tables_of(doc: dict) -> list[Table]:
+    """The tables of any document (summary or benchmark)."""
+    return summary_tables(doc) if doc["mode"] == "summary" else all_tables(doc)
 
 
 def write_table(doc: dict, stream: TextIO, *, use_rich: bool | None = None) -> None:
     """Write ``doc`` as human-readable tables (notes first) to ``stream``."""
     for note in doc.get("notes", ()):
         stream.write(f"# {note}\n")
-    if doc["mode"] == "summary":
-        tables = list(_summary_tables(doc))
-    else:
-        caption, headers, rows = _forward_table(doc)
-        tables = [(caption, headers, rows, None)]
+    tables = tables_of(doc)
     if use_rich is None:
         use_rich = _rich_available()
     if use_rich:
         _rich_write(stream, tables)
     else:
         for i, t in enumerate(tables):
-            stream.write(("\n" if i else "") + _plain(*t))
+            stream.write(("\n" if i else "") + render_plain(t))
 
 
 def render_json(doc: dict) -> str:
     return json.dumps(doc, indent=1) + "\n"
 
 
+#: CSV columns of a benchmark document (one row per result and layer, plus a
+#: ``(total)`` row per result).
+CSV_COLUMNS = ("model", "batch", "precision", "layout", "device", "lowering", "kind", "status",
+               "layer", "op", "algorithm", "forward_ms", "backward_data_ms", "backward_filter_ms",
+               "backward_ms", "total_ms", "total_min_ms", "gflop", "tflops_forward",
+               "tflops_backward_data", "tflops_backward_filter", "tflops_total", "peak_fraction",
+               "vs_torch", "planned_peak_bytes", "live_peak_bytes", "measured_peak_bytes",
+               "workspace_bytes", "max_rel_error", "reason")
+
+
+def _benchmark_csv_rows(doc: dict):
+    for r in doc["results"]:
+        head = {k: r.get(k) for k in ("model", "batch", "precision", "layout", "device", "lowering",
+                                      "kind", "status")}
+        times, tot, mem = r.get("times") or {}, r.get("totals") or {}, r.get("memory") or {}
+        tf, flops = r.get("tflops") or {}, r.get("flops") or {}
+        yield {**head, "layer": "(total)", "forward_ms": tot.get("forward_ms"),
+               "backward_data_ms": (times.get("backward_data") or {}).get("median_ms"),
+               "backward_filter_ms": (times.get("backward_filter") or {}).get("median_ms"),
+               "backward_ms": tot.get("backward_ms"), "total_ms": tot.get("total_ms"),
+               "total_min_ms": tot.get("total_min_ms"),
+               "gflop": flops["total"] / 1e9 if flops.get("total") else None,
+               "tflops_forward": tf.get("forward"), "tflops_backward_data": tf.get("backward_data"),
+               "tflops_backward_filter": tf.get("backward_filter"), "tflops_total": tf.get("total"),
+               "peak_fraction": r.get("peak_fraction"),
+               "vs_torch": (r.get("vs_torch") or {}).get("total"),
+               "planned_peak_bytes": mem.get("planned_peak_bytes"),
+               "live_peak_bytes": mem.get("live_peak_bytes"),
+               "measured_peak_bytes": mem.get("measured_peak_bytes"),
+               "workspace_bytes": mem.get("workspace_total_bytes"),
+               "max_rel_error": (r.get("check") or {}).get("max_rel_error"), "reason": r.get("reason")}
+        for x in r.get("layers") or ():
+            yield {**head, "layer": x["layer"], "op": x["op"],
+                   "algorithm": "/".join(x["algorithm"].get(p, "-") for p in
+                                         ("forward", "backward_data", "backward_filter")),
+                   "forward_ms": x["ms"].get("forward"),
+                   "backward_data_ms": x["ms"].get("backward_data"),
+                   "backward_filter_ms": x["ms"].get("backward_filter"),
+                   "gflop": x["flops"] / 1e9, "tflops_forward": x["tflops"].get("forward"),
+                   "tflops_backward_data": x["tflops"].get("backward_data"),
+                   "tflops_backward_filter": x["tflops"].get("backward_filter"),
+                   "workspace_bytes": sum(x["workspace_bytes"].values()),
+                   "reason": "; ".join(f"{p}: {w}" for p, w in x["not_applicable"].items()) or None}
+
+
 def render_csv(doc: dict) -> str:
-    """CSV: one row per layer (summary, with a ``(total)`` row per model) or
-    one row per model (forward timings)."""
+    """CSV: one row per layer (summary, with a ``(total)`` row per model), or
+    for a benchmark one ``(total)`` row per result then one per layer
+    (:data:`CSV_COLUMNS`; empty cells where a value does not apply)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     if doc["mode"] == "summary":
@@ -172,19 +233,17 @@ def render_csv(doc: dict) -> str:
             t = m["totals"]
             w.writerow(head + ["(total)", "", "", t["params"], t["flops"], t["activation_bytes"]])
     else:
-        cols = ["model", "batch", "dtype", "device", "lowering", "warmup", "repeat",
-                "median_ms", "min_ms", "mean_ms", "gflop", "gflops_per_s"]
-        w.writerow(cols)
-        for r in doc["results"]:
-            w.writerow([r[c] for c in cols])
+        w.writerow(CSV_COLUMNS)
+        for row in _benchmark_csv_rows(doc):
+            w.writerow(["" if row.get(c) is None else row[c] for c in CSV_COLUMNS])
     return buf.getvalue()
 
 
 def write(doc: dict, fmt: str, stream: TextIO) -> None:
-    """Write ``doc`` in format ``fmt`` (``table``, ``json`` or ``csv``).
+    """Write ``doc`` in format ``fmt`` (:data:`FORMATS`).
 
     Raises:
-        ValueError: unknown format.
+        ValueError: unknown format, or ``markdown`` of a summary document.
     """
     if fmt == "table":
         write_table(doc, stream)
@@ -192,9 +251,14 @@ def write(doc: dict, fmt: str, stream: TextIO) -> None:
         stream.write(render_json(doc))
     elif fmt == "csv":
         stream.write(render_csv(doc))
+    elif fmt == "markdown":
+        from .markdown import render_markdown
+
+        stream.write(render_markdown(doc))
     else:
         raise ValueError(f"format {fmt!r}: must be one of {FORMATS}")
 
 
-__all__ = ["FORMATS", "layer_record", "model_record", "write", "write_table",
+__all__ = ["FORMATS", "RESULT_KEYS", "TIMED_KEYS", "STATUSES", "CSV_COLUMNS", "layer_record",
+           "model_record", "summary_tables", "render_plain", "tables_of", "write", "write_table",
            "render_json", "render_csv"]

@@ -1,5 +1,5 @@
-"""``opgraph-bench``: summary output against the spec files, errors, and a tiny
-forward timing run on the CPU."""
+"""``opgraph-bench``: summary output against the spec files, usage errors, and
+small timing runs on the CPU."""
 
 from __future__ import annotations
 
@@ -113,15 +113,19 @@ def test_plain_table_without_rich(capsys):
 
 
 @pytest.mark.parametrize("bad", [["--model", "resnet"], ["--model", "L6"], ["--batch", "0"],
-                                 ["--format", "xml"], ["--repeat", "x"]])
+                                 ["--format", "xml"], ["--repeat", "x"], ["--lowering", "fast"],
+                                 ["--precision", "fp8"], ["--compare", "tensorflow"],
+                                 ["--model", "L1", "--suite", "layers"]])
 def test_usage_errors_exit_with_2(capsys, bad):
     with pytest.raises(SystemExit) as e:
         cli.main(bad + ["--summary"])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "opgraph-bench: error:" in err
-    if bad[0] == "--model":
+    if bad[0] == "--model" and len(bad) == 2:
         assert f"unknown model {bad[1]!r}" in err and "alexnet" in err
+    if bad[0] == "--lowering":
+        assert "unknown lowering 'fast'" in err and "winograd" in err and "auto" in err
 
 
 def test_console_script_reports_unknown_model():
@@ -133,34 +137,61 @@ def test_console_script_reports_unknown_model():
     assert "unknown model 'nope'" in proc.stderr and proc.stdout == ""
 
 
-def test_forward_timing_of_a_small_layer_on_cpu(capsys):
+def test_a_lowering_that_applies_nowhere_is_a_usage_error(capsys):
+    status, out, err = run_cli(capsys, "--model", "L1", "--lowering", "winograd", "--device", "cpu")
+    assert status == 2 and out == ""
+    assert "'winograd' cannot run any convolution" in err and "3x3" in err and "L1" in err
+    # with another model where it applies, the run goes on and L1 is n/a (checked in test_report)
+
+
+def test_timing_run_json(capsys, tmp_path):
+    path = tmp_path / "run.json"
+    status, out, err = run_cli(capsys, "--model", "L5,L1", "--batch", "1", "--device", "cpu",
+                               "--lowering", "gemm,winograd", "--warmup", "0", "--repeat", "1",
+                               "--no-per-layer", "--format", "json", "--output", str(path))
+    assert status == 0, err
+    assert out == "" and f"wrote json to {path}" in err and "[4/4] L1 fp32 winograd: n/a" in err
+    doc = json.loads(path.read_text())
+    got = {(r["model"], r["lowering"]): r for r in doc["results"]}
+    assert got["L5", "winograd"]["status"] == "ok" and got["L5", "winograd"]["check"]["passed"]
+    l1 = got["L1", "winograd"]
+    assert l1["status"] == "n/a" and "3x3" in l1["reason"] and "times" not in l1
+    l5 = got["L5", "gemm"]
+    assert l5["flops"]["forward"] == 2 * 384 * 11 * 11 * 384 * 3 * 3  # one image of L5
+    # the layer suite times the input gradient too
+    assert l5["flops"]["backward_data"] == l5["flops"]["forward"]
+    assert l5["times"]["backward_data"]["median_ms"] > 0 and "layers" in l5
+    assert doc["environment"]["batch"] == {"L5": 1, "L1": 1}
+    assert doc["notes"][0].startswith("device: cpu")
+
+
+def test_default_run_on_cpu_states_its_defaults(capsys, monkeypatch):
+    monkeypatch.setattr(cli.lw, "CPU_DEFAULT", ("direct",))  # L4 direct: fast and checked
+    status, out, err = run_cli(capsys, "--model", "L4", "--device", "cpu", "--repeat", "1",
+                               "--warmup", "0", "--no-per-layer")
+    assert status == 0, err
+    assert f"batch {driver.CPU_DEFAULT_BATCH}: CPU default" in out
+    assert "CPU default lowerings" in out and "end to end, fp32" in out
+    assert "L4" in out and "direct" in out
+
+
+def test_time_limit_skips_the_rest(capsys):
     status, out, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--device", "cpu",
-                               "--warmup", "1", "--repeat", "3", "--format", "json")
-    assert status == 0, err
-    doc = json.loads(out)
-    (r,) = doc["results"]
-    assert (r["model"], r["batch"], r["device"]) == ("L5", 1, "cpu")
-    assert r["lowering"] and r["lowering"] != "unknown"  # what the executable runs
-    assert len(r["times_ms"]) == 3 and all(t > 0 for t in r["times_ms"])
-    assert r["min_ms"] == min(r["times_ms"]) and r["min_ms"] <= r["median_ms"] <= max(r["times_ms"])
-    assert r["flops"] == 2 * 384 * 11 * 11 * 384 * 3 * 3  # one image of L5
-    assert doc["environment"]["device"] == "cpu" and doc["environment"]["warmup"] == 1
-    assert "device: cpu" in err and "batch 1: set with --batch" in err
+                               "--lowering", "gemm,direct", "--time-limit", "0", "--format", "csv",
+                               "--quiet")
+    assert status == 0 and err == ""
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [r["status"] for r in rows] == ["skipped", "skipped"]
 
 
-@pytest.mark.parametrize("flags, lowering", [(["--pipeline", "reference"], "reference"),
-                                             (["--policy", "force-direct"], "direct")])
-def test_forward_pipeline_and_policy_reach_compile(capsys, tmp_path, flags, lowering):
-    if flags[0] == "--policy":
-        path = tmp_path / "policy.toml"
-        path.write_text('[force]\n"L4" = "direct"\n')
-        flags = ["--policy", str(path)]
-    status, out, err = run_cli(capsys, "--model", "L4", "--batch", "1", "--device", "cpu",
-                               "--warmup", "0", "--repeat", "1", "--format", "json", *flags)
+def test_markdown_and_plot_outputs(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    png, md = tmp_path / "p.png", tmp_path / "r.md"
+    status, _, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--device", "cpu",
+                             "--lowering", "direct", "--warmup", "0", "--repeat", "1", "--no-check",
+                             "--format", "markdown", "--output", str(md), "--plot", str(png))
     assert status == 0, err
-    doc = json.loads(out)
-    assert doc["results"][0]["lowering"] == lowering
-    assert doc["environment"][flags[0][2:]] == flags[1]
+    assert md.read_text().startswith("### Environment") and png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_unreadable_policy_is_an_error(capsys, tmp_path):
@@ -169,12 +200,16 @@ def test_unreadable_policy_is_an_error(capsys, tmp_path):
     assert status == 1 and "missing.toml" in err and "Traceback" not in err
 
 
-def test_forward_default_batch_on_cpu_is_stated(capsys):
-    status, out, _ = run_cli(capsys, "--model", "L4", "--device", "cpu", "--repeat", "1",
-                             "--warmup", "0")
-    assert status == 0
-    assert f"batch {driver.CPU_DEFAULT_BATCH}: CPU default" in out
-    assert "median ms" in out and "L4" in out
+def test_policy_file_reaches_every_column(capsys, tmp_path):
+    path = tmp_path / "policy.toml"
+    path.write_text('exclude = ["fused"]\n')
+    status, out, err = run_cli(capsys, "--model", "L4", "--batch", "1", "--device", "cpu",
+                               "--lowering", "direct", "--warmup", "0", "--repeat", "1",
+                               "--no-per-layer", "--policy", str(path), "--format", "json")
+    assert status == 0, err
+    doc = json.loads(out)
+    assert doc["environment"]["policy"]["exclude"] == ["fused"]
+    assert doc["results"][0]["algorithms"]["Conv2d"] == {"direct": 1}
 
 
 @pytest.mark.skipif(driver.cuda_status()[0], reason="a GPU is usable here")
@@ -185,9 +220,14 @@ def test_device_choice_without_a_gpu(capsys):
     assert status == 1 and "'cuda' is unavailable" in err
 
 
-def test_time_calls_protocol():
-    calls = []
-    times = driver.time_calls(lambda: calls.append(1), warmup=2, repeat=4)
-    assert len(calls) == 6 and len(times) == 4 and all(t >= 0 for t in times)
-    with pytest.raises(ValueError, match="repeat=0"):
-        driver.time_calls(lambda: None, warmup=0, repeat=0)
+def test_a_failing_column_sets_exit_status_3(capsys, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(driver, "run_and_measure", boom)
+    status, out, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--device", "cpu",
+                               "--lowering", "direct", "--warmup", "0", "--repeat", "1",
+                               "--format", "json")
+    assert status == 3 and "1 column(s) failed" in err
+    (r,) = json.loads(out)["results"]
+    assert r["status"] == "error" and r["reason"] == "RuntimeError: kernel exploded"

@@ -1,0 +1,216 @@
+"""Correctness before timing: every lowering checked against the float64 reference.
+
+The reference is the training graph compiled with the ``reference`` pipeline
+(the NumPy/CuPy oracle for every node) in float64, run once per model and
+input on the timing device (:class:`Reference`); every lowering of that model
+is checked against the same values.
+
+**Per node, not end to end.** SEMANTICS.md states its tolerances per
+operation (relative error ``||out - ref|| / ||ref||``: fp32 1e-4 for exact
+summation, 1e-3 for FFT/Winograd/cuDNN, TF32 5e-3, bf16/fp16 1e-2;
+``passes.autotune.tolerance``). A whole model compounds rounding through
+its depth and some gradients are sums with heavy cancellation: on AlexNet at
+batch 2 the first convolution's weight gradient differs from the float64
+value by 1e-2 in relative terms even with the exact (direct) algorithm in
+fp32, so an end-to-end threshold could not tell a wrong kernel from an
+ill-conditioned sum. So :func:`check_lowering` runs each step of the
+lowering that the lowering decides (the three convolution ops, the fused
+``Conv2dBiasRelu``, the ``Pad`` / ``PadBackward`` nodes legalize puts around
+convolutions, ``Linear``, ``MatMul`` and ``BiasAddBackward``) on the float64
+reference values of its inputs, rounded to the graph's dtype and stored in
+its layout, and compares its output with the reference value of that node.
+
+Which reference value a lowered node has (:func:`abstract_twin`): the passes
+keep node ids, so a node of the same op family as the abstract node of its
+id has that node's value (legalize's padded convolution computes what the
+unpadded one did; its ``PadBackward`` crop takes the backward-data node's id
+and value); a fused ``Conv2dBiasRelu`` takes its convolution's id but
+computes the value of the ``Relu`` that read it; a node the passes added
+gets its value from the reference kernels applied to its inputs' values.
+Pooling, ReLU and LRN run the same kernels in every column and are
+covered by their own tests against the reference.
+
+The end-to-end relative errors of the model output and of each parameter
+gradient (from a real run of the compiled graph) are reported beside it;
+only a non-finite value there fails the check.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import attrs
+
+import opgraph as og
+from opgraph.backends.registry import KernelContext, rules_for
+from opgraph.executable import Executable
+from opgraph.op import Source, abstract_of
+from opgraph.passes.autotune import tolerance
+from opgraph.types import to_layout
+
+from .protocol import TrainingGraph
+
+#: Abstract ops whose steps the per-node check runs (see the module docstring).
+CHECKED_OPS = frozenset({"Conv2d", "Conv2dBiasRelu", "Conv2dBackwardData", "Conv2dBackwardFilter",
+                         "Pad", "PadBackward", "Linear", "MatMul", "BiasAddBackward"})
+#: (lowered op, abstract op at the same node id) pairs computing the same value.
+_SAME_VALUE = {("PadBackward", "Conv2dBackwardData")}
+_REFERENCE_ALGORITHMS = ("reference", "direct")
+
+
+def relative_error(xp, out, ref) -> float:
+    """``||out - ref|| / ||ref||`` computed in float64 on the arrays' device
+    (absolute error when ``ref`` is all zeros); NaN for a shape mismatch or
+    a non-finite value."""
+    if tuple(out.shape) != tuple(ref.shape):
+        return math.nan
+    diff = float(xp.linalg.norm((out.astype(xp.float64) - ref.astype(xp.float64)).ravel()))
+    norm = float(xp.linalg.norm(ref.ravel().astype(xp.float64)))
+    err = diff / norm if norm > 0 else diff
+    return err if math.isfinite(err) else math.nan
+
+
+class Reference:
+    """Float64 values of a training graph on one set of feeds.
+
+    Keeps the value of every node :func:`check_lowering` reads or compares
+    (checked nodes, their inputs, the sources, the outputs) and frees the
+    others as the run goes, so memory stays near the float64 size of those.
+
+    Attributes:
+        values: abstract node id -> float64 array.
+        outputs: float64 output and parameter gradients, ``tg.outputs`` order.
+        seconds: wall time of compiling and running the reference.
+    """
+
+    def __init__(self, tg: TrainingGraph, feeds: dict, device: str):
+        t0 = time.perf_counter()
+        exe = og.compile(tg.outputs, device=device, pipeline="reference", dtype="float64")
+        self.xp, self.device = exe.xp, exe.device
+        g = tg.model.graph
+        keep = {v.node for v in exe.outputs}
+        for st in exe.steps:
+            name = abstract_of(st.op).name
+            if name in CHECKED_OPS:
+                keep.add(st.node)
+                keep.update(g.input_ids(st.node))
+            if name == "Conv2d":  # the value a fused conv + relu node is compared with
+                keep.update(u for u in g.users(st.node) if g.node(u).op.name == "Relu")
+        slots = exe.feed(feeds)
+        keep.update(slots)  # the sources, in float64
+        for st in exe.steps:
+            slots[st.node] = st.kernel(st.ctx, st.op.op, *[slots[a] for a in st.args])
+            for f in st.free:
+                if f not in keep:
+                    slots.pop(f, None)
+        self.values = {n: a for n, a in slots.items() if n in keep}
+        self.graph = g
+        self.outputs = [slots[v.node] for v in exe.outputs]
+        self.names = tg.output_names
+        self.seconds = time.perf_counter() - t0
+
+
+@attrs.define
+class CheckResult:
+    """Outcome of :func:`check_lowering` (JSON form: :meth:`as_dict`)."""
+
+    passed: bool
+    nodes_checked: int
+    max_rel_error: float | None
+    worst_node: str | None
+    failures: list[dict]
+    end_to_end: dict = attrs.field(factory=dict)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return attrs.asdict(self)
+
+
+def _reference_kernel(op):
+    rules = rules_for(type(op))
+    for algo in _REFERENCE_ALGORITHMS:
+        if algo in rules:
+            return rules[algo].kernel
+    raise KeyError(f"no reference rule for {op.name}")
+
+
+def abstract_twin(lowered_graph, abstract_graph, nid: int) -> int | None:
+    """The abstract node whose value lowered node ``nid`` computes, or None
+    for a node the passes added (see the module docstring)."""
+    if not abstract_graph.nx.has_node(nid):
+        return None
+    view = lowered_graph.node(nid)
+    low, orig = abstract_of(view.op).name, abstract_graph.node(nid).op.name
+    if isinstance(view.op, Source) or low == orig or (low, orig) in _SAME_VALUE:
+        return nid
+    if (low, orig) == ("Conv2dBiasRelu", "Conv2d"):
+        relus = [u for u in abstract_graph.users(nid) if abstract_graph.node(u).op.name == "Relu"]
+        return relus[0] if len(relus) == 1 else None
+    return None
+
+
+def check_lowering(exe: Executable, ref: Reference) -> CheckResult:
+    """Check each lowering-decided step of ``exe`` on the reference inputs
+    (module docstring); tolerance per step from its algorithm, its
+    ``precision`` option (fp32 when it takes none) and the graph's dtype."""
+    t0 = time.perf_counter()
+    g, xp = exe.graph, ref.xp
+    memo: dict[int, object] = {}
+
+    def expected(nid: int):
+        if nid in memo:
+            return memo[nid]
+        twin = abstract_twin(g, ref.graph, nid)
+        have = ref.values.get(twin) if twin is not None else None
+        if have is not None and tuple(have.shape) == g.node(nid).type.shape:
+            return have
+        op = abstract_of(g.node(nid).op)  # from the reference kernel on its inputs' values
+        kctx = KernelContext(xp, ref.device, {})
+        memo[nid] = _reference_kernel(op)(kctx, op, *[expected(i) for i in g.input_ids(nid)])
+        return memo[nid]
+
+    def operand(nid: int, t):
+        a = expected(nid)
+        if t.dtype.startswith(("float", "bfloat")):
+            a = xp.asarray(a, dtype=t.dtype)
+        return to_layout(xp, a, t.layout)
+
+    failures, worst, worst_err, checked = [], None, -1.0, 0
+    for st in exe.steps:
+        if abstract_of(st.op).name not in CHECKED_OPS:
+            continue
+        view = g.node(st.node)
+        ins = [operand(a, t) for a, t in zip(st.args, view.input_types)]
+        out = st.kernel(st.ctx, st.op.op, *ins)
+        err = relative_error(xp, out, expected(st.node))
+        tol = tolerance(st.op.algorithm, st.op.option_dict.get("precision", "fp32"), view.type.dtype)
+        checked += 1
+        if math.isnan(err) or err > worst_err:
+            worst, worst_err = st.name, (math.inf if math.isnan(err) else err)
+        if not err <= tol:  # NaN fails
+            failures.append({"node": st.name, "op": abstract_of(st.op).name,
+                             "algorithm": st.op.algorithm, "rel_error": None if math.isnan(err) else err,
+                             "tolerance": tol})
+        del out, ins
+    memo.clear()
+    return CheckResult(passed=not failures, nodes_checked=checked,
+                       max_rel_error=None if worst is None or math.isinf(worst_err) else worst_err,
+                       worst_node=worst, failures=failures, seconds=time.perf_counter() - t0)
+
+
+def end_to_end(xp, outputs, ref: Reference) -> dict:
+    """Relative errors of a real run's outputs against the reference: the
+    model output, the largest over the parameter gradients and which one,
+    and whether every value is finite."""
+    errs = [relative_error(xp, o, r) for o, r in zip(outputs, ref.outputs)]
+    grads = list(zip(ref.names[1:], errs[1:]))
+    bad = [n for n, e in zip(ref.names, errs) if math.isnan(e)]
+    worst = max(grads, key=lambda t: math.inf if math.isnan(t[1]) else t[1], default=(None, None))
+    return {"output": None if math.isnan(errs[0]) else errs[0],
+            "max_grad": None if worst[1] is None or math.isnan(worst[1]) else worst[1],
+            "worst_grad": worst[0], "finite": not bad, "non_finite": bad}
+
+
+__all__ = ["CHECKED_OPS", "relative_error", "Reference", "CheckResult", "abstract_twin", "check_lowering",
+           "end_to_end"]

@@ -1,0 +1,191 @@
+"""The lowerings ``opgraph-bench`` compares: names, their policies, where they apply.
+
+A *lowering* is one column of the benchmark:
+
+* an algorithm registered for the three convolution ops (``gemm``, ``fft``,
+  ``winograd``, ``direct``, ``cudnn``, ...): the policy prefers it for every
+  convolution node (``prefer = {"conv": [algorithm]}``); a node it declines
+  (Winograd on a 5x5 kernel, cuDNN without a GPU) falls back to the device's
+  default order, and the report marks that layer with the algorithm's own
+  reason (the lower pass keeps every decline in the ``LoweringReport``);
+* ``auto``: the autotuning pass (``autotune = true``): every applicable
+  candidate of every node is checked and timed, the fastest kept. On cuda
+  the ``direct``/``reference`` oracle is left out of its candidates (the
+  float64 oracle's code, never the fastest there, and slow to time at model
+  sizes); a ``--policy`` file can say otherwise;
+* ``default``: the device's default order, no preference.
+
+Linear layers and the non-convolution ops get the device's default
+implementation in every column.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from opgraph.backends.registry import lookup, rules_for
+from opgraph.executable import Executable
+from opgraph.op import abstract_of
+from opgraph.ops import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter
+from opgraph.passes.lower import decline_reason, policy_options
+from opgraph.passes.policy import LoweringPolicy
+
+from .protocol import TrainingGraph
+
+CONV_TYPES = (Conv2d, Conv2dBackwardData, Conv2dBackwardFilter)
+#: Op names of convolution steps in a compiled graph (the fuse pass's
+#: ``Conv2dBiasRelu`` is a forward convolution with its ReLU).
+CONV_NAMES = (*(t.__name__ for t in CONV_TYPES), "Conv2dBiasRelu")
+SPECIAL = {
+    "auto": "autotune: every applicable candidate of each node checked and timed, fastest kept",
+    "default": "the device's default order (no preference)",
+}
+#: Algorithms that are other names of one already listed (not a column of their own by default).
+ALIASES = {"reference": "direct"}
+#: Lowerings a CPU run gets without --lowering (see driver.CPU_DEFAULT_NOTE for why).
+CPU_DEFAULT = ("gemm",)
+#: Left out of autotune's candidates on cuda (module docstring).
+AUTO_EXCLUDE_CUDA = ("direct", "reference")
+
+
+def conv_algorithms() -> list[str]:
+    """Algorithms registered for all three convolution ops, sorted."""
+    sets = [set(rules_for(t)) for t in CONV_TYPES]
+    return sorted(set.intersection(*sets))
+
+
+@attrs.frozen
+class Lowering:
+    """One benchmark column: ``name`` and how it sets the policy."""
+
+    name: str
+
+    @property
+    def algorithm(self) -> str | None:
+        """The convolution algorithm it prefers; None for ``auto``/``default``."""
+        return None if self.name in SPECIAL else self.name
+
+    @property
+    def autotune(self) -> bool:
+        return self.name == "auto"
+
+    def describe(self) -> str:
+        return SPECIAL.get(self.name, f"{self.name} preferred for every convolution node where it "
+                                      "applies, the device default elsewhere")
+
+    def policy(self, base: LoweringPolicy, device: str) -> LoweringPolicy:
+        """``base`` (precision, layout, workspace limit, a --policy file) with
+        this column's choice on top."""
+        if self.name == "default":
+            return base
+        if self.autotune:
+            exclude = set(base.exclude)
+            if device == "cuda" and not (set(AUTO_EXCLUDE_CUDA) & set(base.include)):
+                exclude |= set(AUTO_EXCLUDE_CUDA)
+            return attrs.evolve(base, autotune=True, exclude=exclude)
+        prefer = {k: list(v) for k, v in base.prefer.items()}
+        prefer["conv"] = [self.name] + [a for a in prefer.get("conv", []) if a != self.name]
+        return attrs.evolve(base, prefer=prefer)
+
+
+def parse_lowerings(text: str) -> list[Lowering]:
+    """``'gemm,fft,auto'`` -> lowerings, in order, duplicates dropped.
+
+    Raises:
+        ValueError: an empty list or an unknown name (the message lists the known ones).
+    """
+    known = conv_algorithms()
+    out: list[Lowering] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name = part.lower()
+        if name not in known and name not in SPECIAL:
+            raise ValueError(f"unknown lowering {part!r}; choose from {', '.join(known)} (the "
+                             f"convolution algorithms registered) or {', '.join(SPECIAL)}")
+        if Lowering(name) not in out:
+            out.append(Lowering(name))
+    if not out:
+        raise ValueError("no lowering given")
+    return out
+
+
+def default_lowerings(device: str) -> list[Lowering]:
+    """Every convolution algorithm with an implementation on ``device`` (aliases
+    once) plus ``auto`` on a GPU; :data:`CPU_DEFAULT` on the CPU."""
+    if device == "cpu":
+        return [Lowering(n) for n in CPU_DEFAULT]
+    names = [a for a in conv_algorithms() if a not in ALIASES
+             and all(device in rules_for(t)[a].devices for t in CONV_TYPES)]
+    first = [n for n in ("cudnn", "gemm", "fft", "winograd") if n in names]
+    return [Lowering(n) for n in first + [n for n in names if n not in first]] + [Lowering("auto")]
+
+
+def conv_nodes(tg: TrainingGraph):
+    """The convolution nodes (forward and backward) of the abstract training graph."""
+    names = {t.__name__ for t in CONV_TYPES}
+    for node in tg.model.graph.nodes_in_order(tg.outputs):
+        if abstract_of(node.op).name in names:
+            yield node
+
+
+def applicability(tg: TrainingGraph, lowering: Lowering, device: str,
+                  policy: LoweringPolicy) -> dict[str, str | None]:
+    """Convolution node name -> why ``lowering``'s algorithm cannot run it on
+    ``device`` (None where it can), asked of the rule as the lower pass asks it
+    (explicit padding counted as possible: the legalize pass adds it).
+    Empty for ``auto``/``default``, which always apply."""
+    algo = lowering.algorithm
+    if algo is None:
+        return {}
+    out = {}
+    for node in conv_nodes(tg):
+        rule = lookup(type(node.op), algo)
+        out[node.name] = decline_reason(rule, node.op, node.input_types, device, policy,
+                                        policy_options(rule, policy), padded_ok=True)
+    return out
+
+
+def not_applicable(exe: Executable, lowering: Lowering) -> dict[str, str]:
+    """Step name -> reason, for each convolution step of ``exe`` that did not get
+    ``lowering``'s algorithm (the decline the lower pass recorded)."""
+    algo = lowering.algorithm
+    if algo is None:
+        return {}
+    report = getattr(exe, "report", None)
+    nodes = getattr(report, "nodes", {}) or {}
+    out = {}
+    for st in exe.steps:
+        if abstract_of(st.op).name in CONV_NAMES and st.op.algorithm != algo:
+            rec = nodes.get(st.name)
+            why = rec.declined.get(algo) if rec is not None else None
+            out[st.name] = why or f"ran {st.op.algorithm} (no reason recorded)"
+    return out
+
+
+def algorithm_counts(exe: Executable) -> dict[str, dict[str, int]]:
+    """Abstract op name -> algorithm -> number of steps, for the convolution,
+    linear and matmul steps (what a column actually ran)."""
+    out: dict[str, dict[str, int]] = {}
+    for st in exe.steps:
+        name = abstract_of(st.op).name
+        if name in CONV_NAMES or name in ("Linear", "MatMul"):
+            d = out.setdefault(name, {})
+            d[st.op.algorithm] = d.get(st.op.algorithm, 0) + 1
+    return out
+
+
+def precision_applied(exe: Executable) -> dict[str, int]:
+    """Precision option -> number of steps that took it (the policy's
+    precision reaches only rules tagged ``option:precision``)."""
+    out: dict[str, int] = {}
+    for st in exe.steps:
+        p = st.op.option_dict.get("precision")
+        if p is not None:
+            out[p] = out.get(p, 0) + 1
+    return out
+
+
+__all__ = ["Lowering", "SPECIAL", "CPU_DEFAULT", "conv_algorithms", "parse_lowerings",
+           "default_lowerings", "conv_nodes", "applicability", "not_applicable",
+           "algorithm_counts", "precision_applied"]

@@ -1,0 +1,92 @@
+"""Markdown rendering of benchmark documents (``--format markdown``, ``docs/results-h200.md``).
+
+:func:`render_markdown` writes the tables of :mod:`.tables` as GitHub pipe
+tables under headings: environment, measured peak, one end-to-end table per
+precision, per-layer milliseconds and TFLOP/s per model and precision, and
+memory. :func:`merge` joins several result documents (e.g. one JSON file
+per precision from separate runs on the same machine) into one, so that
+``scripts/results_to_markdown.py a.json b.json`` renders them together.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from .tables import Table, end_to_end_tables, environment_table, layer_tables, memory_tables, peak_table
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def table_markdown(t: Table, heading: str | None = None) -> str:
+    """One table: a heading (or the caption in italics), the pipe table, its notes."""
+    out = [heading if heading is not None else f"*{_cell(t.caption)}*", ""]
+    headers = [h or " " for h in t.headers]
+    out.append("| " + " | ".join(_cell(h) for h in headers) + " |")
+    out.append("|" + "|".join("---:" if h in t.right else "---" for h in t.headers) + "|")
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in t.rows]
+    if t.footer:
+        out.append("| " + " | ".join(_cell(c) for c in t.footer) + " |")
+    if t.notes:
+        out.append("")
+        out += [f"- {_cell(n)}" for n in t.notes]
+    return "\n".join(out) + "\n"
+
+
+def _section(level: int, title: str, tables: Iterable[Table]) -> list[str]:
+    parts = []
+    for t in tables:
+        parts.append(table_markdown(t, f"{'#' * level} {title}: {t.caption}" if title else
+                                    f"{'#' * level} {t.caption}"))
+    return parts
+
+
+def render_markdown(doc: dict, *, level: int = 3, per_layer_tflops: bool = True) -> str:
+    """The Markdown of a benchmark document (``level``: heading depth of each table)."""
+    if doc.get("mode") != "benchmark":
+        raise ValueError("--format markdown renders timing runs only (not --summary)")
+    h = "#" * level
+    parts = [f"{h} Environment\n\n" + table_markdown(environment_table(doc), "").lstrip("\n"),
+             table_markdown(peak_table(doc), f"{h} Matrix-multiply peak")]
+    if doc.get("notes"):
+        parts.append("\n".join(f"- {_cell(n)}" for n in doc["notes"]) + "\n")
+    parts += _section(level, "", end_to_end_tables(doc))
+    parts += _section(level, "", layer_tables(doc))
+    if per_layer_tflops:
+        parts += _section(level, "", layer_tables(doc, "tflops"))
+    parts += _section(level, "", memory_tables(doc))
+    return "\n".join(parts)
+
+
+def merge(docs: Sequence[dict]) -> dict:
+    """One document from several benchmark documents: results concatenated in
+    order, models and peaks joined (first occurrence wins), notes joined; the
+    environment is the first's, with every run's time stamp and commit listed
+    under ``runs``."""
+    if not docs:
+        raise ValueError("no document to merge")
+    bad = [i for i, d in enumerate(docs) if d.get("mode") != "benchmark"]
+    if bad:
+        raise ValueError(f"document(s) {bad} are not timing runs (mode != 'benchmark')")
+    out = {k: v for k, v in docs[0].items() if k not in ("results", "models", "peak", "notes")}
+    out["environment"] = dict(docs[0]["environment"])
+    out["environment"]["precision"] = list(dict.fromkeys(
+        p for d in docs for p in d["environment"].get("precision", [])))
+    out["environment"]["batch"] = {k: v for d in docs for k, v in (d["environment"].get("batch") or {}).items()}
+    out["runs"] = [{"timestamp": d["environment"].get("timestamp"),
+                    "git_commit": d["environment"].get("git_commit"),
+                    "argv": d["environment"].get("argv")} for d in docs]
+    out["results"] = [r for d in docs for r in d["results"]]
+    models, peak, notes = {}, {}, []
+    for d in docs:
+        for m in d.get("models", []):
+            models.setdefault(m["model"], m)
+        for p, v in d.get("peak", {}).items():
+            peak.setdefault(p, v)
+        notes += [n for n in d.get("notes", []) if n not in notes]
+    out.update(models=list(models.values()), peak=peak, notes=notes)
+    return out
+
+
+__all__ = ["render_markdown", "table_markdown", "merge"]

@@ -1,0 +1,125 @@
+"""Memory of one lowering: planned, observed and (on a GPU) measured peak.
+
+Three figures, each with what it includes:
+
+* **planned** (``passes/memory.py``, in the ``LoweringReport``): the liveness
+  plan of the schedule: live outputs plus the running node's workspace
+  (``Rule.workspace`` of the implementation chosen), maximised over steps;
+  sources (input, parameters) apart. Given with and without workspace.
+* **live** (:func:`run_and_measure`, every device): the executor's own
+  buffers during one real run: after each step, the bytes of the distinct
+  arrays held for later steps (views of one buffer counted once), sources
+  excluded. No workspace, no kernel temporaries: what liveness promises.
+* **measured** (CUDA only): the CuPy memory pool's high-water mark over one
+  real run. The pool is emptied of cached blocks first, so the bytes it
+  holds at the end are the most it needed at once (``total_bytes``, which
+  includes fragmentation); minus the bytes in use before the run (inputs,
+  parameters, the float64 reference), that is the run's own peak, workspace
+  and temporaries included. CuPy's pool has no peak counter, and on the CPU
+  ``tracemalloc`` slows NumPy code several-fold, so the CPU reports the
+  planned and live figures only (the output says so).
+
+Per node, the workspace of its chosen implementation comes from the report
+(``NodeReport.workspace``); :func:`workspace_summary` adds them up.
+"""
+
+from __future__ import annotations
+
+import time
+
+from opgraph.executable import Executable
+
+
+def _buffer(array) -> tuple[int, int]:
+    """(identity, bytes) of the memory behind ``array``: its base buffer, so a
+    view (``Flatten``, ``Reshape``) does not count twice."""
+    mem = getattr(getattr(array, "data", None), "mem", None)  # CuPy: the allocation
+    if mem is not None and hasattr(mem, "ptr"):
+        return int(mem.ptr), int(mem.size)
+    base = array
+    while getattr(base, "base", None) is not None and hasattr(base.base, "nbytes"):
+        base = base.base
+    return id(base), int(getattr(base, "nbytes", 0))
+
+
+def _live_bytes(slots: dict, sources: set) -> int:
+    seen: dict[int, int] = {}
+    for node, array in slots.items():
+        if node in sources or not hasattr(array, "nbytes"):
+            continue
+        key, size = _buffer(array)
+        seen[key] = size
+    return sum(seen.values())
+
+
+def run_and_measure(exe: Executable, feeds: dict, device: str) -> tuple[list, dict]:
+    """Run ``exe`` once on ``feeds`` as the executor does (buffers freed after
+    their last reader) and measure memory (module docstring).
+
+    Returns:
+        The outputs (device arrays, ``exe.outputs`` order) and a dict with
+        ``live_peak_bytes`` and, on cuda, ``pool_peak_bytes`` (high-water mark
+        minus the bytes in use before the run) and ``pool_resident_bytes``
+        (in use before), plus ``run_s`` (wall seconds of the run).
+    """
+    pool = None
+    if device == "cuda":
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+        pool = cupy.get_default_memory_pool()
+        pool.free_all_blocks()
+    slots = exe.feed(feeds)
+    sources = set(slots)
+    resident = pool.used_bytes() if pool is not None else None
+    t0 = time.perf_counter()
+    live_peak = 0
+    for st in exe.steps:
+        slots[st.node] = st.kernel(st.ctx, st.op.op, *[slots[a] for a in st.args])
+        live_peak = max(live_peak, _live_bytes(slots, sources))
+        for f in st.free:
+            slots.pop(f, None)
+    outputs = [slots[v.node] for v in exe.outputs]
+    info = {"live_peak_bytes": live_peak}
+    if pool is not None:
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+        info["pool_peak_bytes"] = max(0, pool.total_bytes() - resident)
+        info["pool_resident_bytes"] = resident
+    info["run_s"] = time.perf_counter() - t0
+    return outputs, info
+
+
+def workspace_summary(report) -> dict:
+    """Workspace bytes of the chosen implementations, from a ``LoweringReport``:
+    per node (non-zero only), their sum and their maximum."""
+    per_node = {name: int(r.workspace) for name, r in report.nodes.items() if r.workspace}
+    return {"per_node": per_node, "total_bytes": sum(per_node.values()),
+            "max_bytes": max(per_node.values(), default=0)}
+
+
+def memory_record(report, measured: dict, device: str) -> dict:
+    """The ``memory`` entry of a result: planned (with and without workspace),
+    live, measured (cuda) and workspace figures, with the method of each."""
+    plan = dict(getattr(report, "memory", {}) or {})
+    ws = workspace_summary(report)
+    rec = {
+        "planned_peak_bytes": plan.get("planned_peak_bytes"),
+        "planned_peak_without_workspace_bytes": plan.get("activation_peak_bytes"),
+        "workspace_peak_bytes": plan.get("workspace_peak_bytes", ws["max_bytes"]),
+        "workspace_total_bytes": ws["total_bytes"],
+        "workspace_per_node": ws["per_node"],
+        "source_bytes": plan.get("source_bytes"),
+        "live_peak_bytes": measured.get("live_peak_bytes"),
+        "measured_peak_bytes": measured.get("pool_peak_bytes"),
+    }
+    rec["method"] = ("planned: liveness plan of the schedule + chosen workspace (passes/memory.py); "
+                     "live: executor buffers during one run (no workspace); " +
+                     ("measured: CuPy pool high-water mark over one run minus resident bytes"
+                      if device == "cuda" else
+                      "measured: not available on the CPU (no cheap allocation counter for NumPy)"))
+    return rec
+
+
+__all__ = ["run_and_measure", "workspace_summary", "memory_record"]

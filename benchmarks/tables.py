@@ -1,0 +1,235 @@
+"""The tables of a benchmark document, shared by the terminal and Markdown renderers.
+
+Each builder turns the result document of :func:`driver.run_benchmark` into
+:class:`Table` records (caption, headers, rows of strings, footnotes), so the
+rich/plain terminal output and ``--format markdown`` (``docs/results-h200.md``)
+show the same numbers:
+
+* :func:`environment_table`: where and how it ran;
+* :func:`peak_table`: the matmul peak of each precision, measured in the run;
+* :func:`end_to_end_tables`: one per precision, a row per model and column,
+  convnet-benchmarks README style (forward, backward, total ms per
+  mini-batch; median, min), TFLOP/s, fraction of peak, ratio to PyTorch,
+  peak memory and the check's largest relative error;
+* :func:`layer_tables`: per model and precision, a row per conv/linear layer
+  and a column per lowering: forward / backward-data / backward-filter ms
+  (``-`` where the layer has no such phase, ``†`` where the lowering did not
+  apply and the footnote says why and what ran instead);
+* :func:`memory_tables`: planned (with and without workspace), live and
+  measured peaks, workspace totals.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import attrs
+
+PEER_KINDS = ("torch", "torch-compile")
+MARK = "†"
+
+
+@attrs.define
+class Table:
+    """A rendered-to-strings table."""
+
+    caption: str
+    headers: list[str]
+    rows: list[list[str]]
+    right: set = attrs.field(factory=set)
+    notes: list[str] = attrs.field(factory=list)
+    footer: list[str] | None = None
+
+
+def fmt_ms(x) -> str:
+    """Milliseconds with about three significant digits; ``-`` for None."""
+    if x is None:
+        return "-"
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}" if x >= 1 else f"{x:.3f}"
+
+
+def fmt_num(x, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def fmt_rate(x) -> str:
+    """A FLOP rate with three significant digits (``47.4``, ``0.0641``); ``-`` for None."""
+    return "-" if x is None else f"{x:.3g}"
+
+
+def fmt_mib(n) -> str:
+    return "-" if n is None else f"{n / 2**20:,.1f}"
+
+
+def fmt_err(x) -> str:
+    return "-" if x is None else f"{x:.1e}"
+
+
+def precisions(doc: dict) -> list[str]:
+    return list(dict.fromkeys(r["precision"] for r in doc["results"]))
+
+
+def columns(doc: dict) -> list[str]:
+    """Lowering and peer names in the order they ran."""
+    return list(dict.fromkeys(r["lowering"] for r in doc["results"]))
+
+
+def ordered(doc: dict, precision: str) -> list[dict]:
+    """The results of ``precision``: by model (run order), opgraph columns in
+    run order, then the peers."""
+    models = [m["model"] for m in doc["models"]]
+    res = [r for r in doc["results"] if r["precision"] == precision]
+    rank = {id(r): i for i, r in enumerate(res)}
+    return sorted(res, key=lambda r: (models.index(r["model"]) if r["model"] in models else len(models),
+                                      r["kind"] != "opgraph", rank[id(r)]))
+
+
+def _status_cell(r: dict, notes: list[str]) -> str:
+    """``n/a [1]``-style marker for an untimed result; the reason joins ``notes``."""
+    reason = f"{r['model']} / {r['lowering']}: {r['status']}: {r.get('reason') or ''}".rstrip(": ")
+    if reason not in notes:
+        notes.append(reason)
+    return f"{r['status']} [{notes.index(reason) + 1}]"
+
+
+def environment_table(doc: dict) -> Table:
+    env, proto = doc["environment"], doc.get("protocol", {})
+    keys = [("device", "device"), ("device_name", "name"), ("nvidia_driver", "NVIDIA driver"),
+            ("cuda_runtime", "CUDA runtime"), ("cuda_driver", "CUDA driver API"),
+            ("cudnn_backend", "cuDNN"), ("cudnn_frontend", "cuDNN frontend"), ("cupy", "CuPy"),
+            ("numpy", "NumPy"), ("torch", "PyTorch"), ("python", "Python"),
+            ("git_commit", "commit"), ("timestamp", "time stamp")]
+    rows = [[label, str(env[k])] for k, label in keys if env.get(k) is not None]
+    rows += [["precision", ", ".join(env.get("precision", []))], ["layout", str(env.get("layout"))],
+             ["batch", ", ".join(f"{k} {v}" for k, v in (env.get("batch") or {}).items())],
+             ["protocol", f"{proto.get('warmup')} warm-up + {proto.get('repeat')} timed calls per "
+                          f"loop; {proto.get('clock')}"]]
+    return Table("environment", ["", ""], rows)
+
+
+def peak_table(doc: dict) -> Table:
+    rows = []
+    for p, d in doc.get("peak", {}).items():
+        rows.append([p, fmt_rate(d.get("tflops")), d.get("error") or d.get("note") or d.get("method", "")])
+    return Table("measured matrix-multiply peak (this run)", ["precision", "TFLOP/s", "how"], rows,
+                 right={"TFLOP/s"})
+
+
+def _mem(r: dict):
+    m = r.get("memory") or {}
+    return m.get("measured_peak_bytes") if m.get("measured_peak_bytes") is not None \
+        else m.get("planned_peak_bytes")
+
+
+def end_to_end_tables(doc: dict) -> Iterable[Table]:
+    headers = ["model", "lowering", "forward", "bwd data", "bwd filter", "backward", "total",
+               "total min", "TFLOP/s", "% peak", "vs torch", "peak MiB", "max rel err"]
+    right = set(headers) - {"model", "lowering"}
+    for prec in precisions(doc):
+        rows, notes = [], []
+        for r in ordered(doc, prec):
+            if r["status"] != "ok":
+                rows.append([r["model"], r["lowering"], _status_cell(r, notes)] + [""] * 10)
+                continue
+            t, tot = r["times"], r["totals"]
+            ratio = (r.get("vs_torch") or {}).get("total")
+            chk = r.get("check") or {}
+            err = chk.get("max_rel_error")
+            if err is None:
+                err = (chk.get("end_to_end") or {}).get("max_grad")
+            frac = r.get("peak_fraction")
+            rows.append([r["model"], r["lowering"], fmt_ms(tot["forward_ms"]),
+                         fmt_ms((t.get("backward_data") or {}).get("median_ms")),
+                         fmt_ms((t.get("backward_filter") or {}).get("median_ms")),
+                         fmt_ms(tot["backward_ms"]), fmt_ms(tot["total_ms"]), fmt_ms(tot["total_min_ms"]),
+                         fmt_rate((r.get("tflops") or {}).get("total")),
+                         "-" if frac is None else f"{100 * frac:.0f}%",
+                         "-" if ratio is None else f"{ratio:.2f}x", fmt_mib(_mem(r)), fmt_err(err)])
+        notes += ["times: ms per mini-batch, median over the timed calls (total min: sum of minima); "
+                  "backward = backward-data + backward-filter (PyTorch: one autograd pass)",
+                  "vs torch: opgraph total / PyTorch eager total (above 1: slower than PyTorch)",
+                  "max rel err: largest per-node relative error against the float64 reference "
+                  "(PyTorch: end-to-end, largest over the gradients)"]
+        yield Table(f"end to end, {prec}: milliseconds per mini-batch", headers, rows, right, notes)
+
+
+def _layer_cell(row: dict, phases) -> str:
+    cells = []
+    for p in phases:
+        ms = row["ms"].get(p)
+        cell = fmt_ms(ms) if ms is not None else "-"
+        if p in row["not_applicable"]:
+            cell += MARK
+        cells.append(cell)
+    return " / ".join(cells)
+
+
+def layer_tables(doc: dict, metric: str = "ms") -> Iterable[Table]:
+    """Per model and precision: ``fwd / bwd-data / bwd-filter`` per lowering,
+    in ms (``metric='ms'``) or TFLOP/s (``metric='tflops'``)."""
+    phases = ("forward", "backward_data", "backward_filter")
+    for prec in precisions(doc):
+        for m in doc["models"]:
+            res = [r for r in doc["results"] if r["model"] == m["model"] and r["precision"] == prec
+                   and r["status"] == "ok" and r.get("layers") and any(x["ms"] for x in r["layers"])]
+            if not res:
+                continue
+            names = [x["layer"] for x in res[0]["layers"]]
+            headers = ["layer", "op", "GFLOP"] + [r["lowering"] for r in res]
+            rows, notes = [], []
+            for i, name in enumerate(names):
+                first = res[0]["layers"][i]
+                row = [name, first["op"], fmt_num(first["flops"] / 1e9, 3)]
+                for r in res:
+                    x = r["layers"][i]
+                    if metric == "tflops":
+                        row.append(" / ".join(fmt_rate(x["tflops"].get(p)) if p in x["tflops"] else "-"
+                                              for p in phases))
+                    else:
+                        row.append(_layer_cell(x, phases))
+                    for p, why in x["not_applicable"].items():
+                        notes.append(f"{MARK} {name} {p} under {r['lowering']}: ran "
+                                     f"{x['algorithm'].get(p)}; {r['lowering']}: {why}")
+                rows.append(row)
+            if any(x.get("fused_relu") for r in res for x in r["layers"]):
+                notes.append("forward of a convolution fused with its ReLU (Conv2dBiasRelu, the "
+                             "fuse pass) includes the ReLU")
+            unit = "ms" if metric == "ms" else "TFLOP/s"
+            caption = (f"{m['model']} per layer, {prec}: forward / backward-data / backward-filter {unit} "
+                       f"(median; each layer's steps timed alone)")
+            yield Table(caption, headers, rows, set(headers) - {"layer", "op"},
+                        list(dict.fromkeys(notes)))
+
+
+def memory_tables(doc: dict) -> Iterable[Table]:
+    headers = ["model", "lowering", "planned", "planned w/o ws", "workspace peak", "workspace sum",
+               "live", "measured"]
+    for prec in precisions(doc):
+        rows = []
+        for r in ordered(doc, prec):
+            if not r.get("memory"):
+                continue
+            m = r["memory"]
+            rows.append([r["model"], r["lowering"], fmt_mib(m.get("planned_peak_bytes")),
+                         fmt_mib(m.get("planned_peak_without_workspace_bytes")),
+                         fmt_mib(m.get("workspace_peak_bytes")), fmt_mib(m.get("workspace_total_bytes")),
+                         fmt_mib(m.get("live_peak_bytes")), fmt_mib(m.get("measured_peak_bytes"))])
+        if rows:
+            yield Table(f"memory, {prec}: MiB (inputs and parameters excluded)", headers, rows,
+                        set(headers) - {"model", "lowering"},
+                        ["planned: liveness plan + the running node's workspace; live: executor "
+                         "buffers during one run; measured: CuPy pool high-water mark over one run "
+                         "(GPU only; PyTorch: torch.cuda.max_memory_allocated)"])
+
+
+def all_tables(doc: dict, *, per_layer_tflops: bool = False) -> list[Table]:
+    """Every table of a benchmark document, in reading order."""
+    out = [environment_table(doc), peak_table(doc), *end_to_end_tables(doc), *layer_tables(doc)]
+    if per_layer_tflops:
+        out += list(layer_tables(doc, "tflops"))
+    return out + list(memory_tables(doc))
+
+
+__all__ = ["Table", "ordered", "fmt_ms", "fmt_num", "fmt_rate", "fmt_mib", "fmt_err", "precisions", "columns",
+           "environment_table", "peak_table", "end_to_end_tables", "layer_tables", "memory_tables",
+           "all_tables", "PEER_KINDS", "MARK"]

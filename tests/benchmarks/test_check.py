@@ -1,0 +1,112 @@
+"""Correctness before timing: per-node checks against the float64 reference."""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.backends import registry
+from opgraph.benchmarks import check, driver, lowerings as lw
+from opgraph.benchmarks.protocol import random_feeds, training_graph
+from opgraph.op import abstract_of
+from opgraph.ops import Conv2dBackwardFilter
+
+
+@pytest.fixture
+def setup(tiny):
+    tg = training_graph(tiny)
+    feeds = random_feeds(tiny, seed=1)
+    return tg, feeds, check.Reference(tg, feeds, "cpu")
+
+
+def test_reference_is_float64_and_equals_the_reference_pipeline(setup):
+    tg, feeds, ref = setup
+    want = og.compile(tg.outputs, pipeline="reference", dtype="float64")(**feeds)
+    assert len(ref.outputs) == len(want) == 1 + len(tg.model.params)
+    for a, b in zip(ref.outputs, want):
+        assert a.dtype == np.float64
+        np.testing.assert_array_equal(a, b)
+    assert ref.names[0] == "fc" and ref.names[1] == "conv1.weight"
+
+
+@pytest.mark.parametrize("policy", [
+    {"prefer": {"conv": ["gemm"]}},                                   # conv + relu fused
+    {"prefer": {"conv": ["winograd"]}},                               # conv2 only; conv1 falls back
+    {"prefer": {"conv": ["gemm"]}, "explicit_padding": ["gemm"]},     # Pad / PadBackward nodes
+    {"prefer": {"conv": ["fft"]}, "exclude": ["fused"]},              # no fusion
+])
+def test_lowerings_pass_the_per_node_check(setup, policy):
+    tg, feeds, ref = setup
+    exe = og.compile(tg.outputs, policy=policy)
+    res = check.check_lowering(exe, ref)
+    assert res.passed, res.failures
+    ops = {abstract_of(st.op).name for st in exe.steps}
+    assert res.nodes_checked == sum(abstract_of(st.op).name in check.CHECKED_OPS for st in exe.steps)
+    assert res.nodes_checked >= 9 and res.max_rel_error < 1e-3
+    if "explicit_padding" in policy:
+        assert {"Pad", "PadBackward"} <= ops
+    outs = exe(**feeds)
+    e2e = check.end_to_end(np, outs, ref)
+    assert e2e["finite"] and e2e["output"] < 1e-5
+
+
+def test_a_wrong_kernel_is_caught(setup):
+    tg, feeds, ref = setup
+    exe = og.compile(tg.outputs, policy={"prefer": {"conv": ["gemm"]}})
+    i = next(i for i, st in enumerate(exe.steps) if st.name == "conv2.grad/conv2d_backward_filter")
+    good = exe.steps[i]
+    exe.steps[i] = attrs.evolve(good, kernel=lambda ctx, op, *a: good.kernel(ctx, op, *a) * 1.001)
+    res = check.check_lowering(exe, ref)
+    assert not res.passed
+    (f,) = res.failures
+    assert f["node"] == "conv2.grad/conv2d_backward_filter" and f["tolerance"] == 1e-4
+    assert f["rel_error"] == pytest.approx(1e-3, rel=1e-2)
+
+
+def test_relative_error():
+    ref = np.array([3.0, 4.0])
+    assert check.relative_error(np, np.array([3.0, 4.5]), ref) == pytest.approx(0.1)
+    assert np.isnan(check.relative_error(np, np.array([np.nan, 4.0]), ref))
+    assert np.isnan(check.relative_error(np, np.zeros(3), ref))
+    assert check.relative_error(np, np.array([0.5, 0.0]), np.zeros(2)) == 0.5  # absolute
+
+
+def test_mismatching_lowering_is_reported_and_not_timed(setup, monkeypatch):
+    tg, feeds, ref = setup
+    rules = registry.rules_for(Conv2dBackwardFilter)
+    good = rules["winograd"]
+    bad = attrs.evolve(good, kernel=lambda ctx, op, *a: good.kernel(ctx, op, *a) * 1.01)
+    monkeypatch.setitem(registry._RULES[Conv2dBackwardFilter], "winograd", bad)
+    s = driver.Settings(device="cpu", lowerings=[lw.Lowering("winograd")], warmup=0, repeat=1)
+    rec = driver.run_lowering(tg, feeds, ref, lw.Lowering("winograd"), s.base_policy, s,
+                              driver.make_timer("cpu"), None)
+    assert rec["status"] == "mismatch"
+    assert "conv2.grad/conv2d_backward_filter" in rec["reason"] and "not timed" in rec["reason"]
+    assert "times" not in rec and not rec["check"]["passed"]
+    # the fallback layer (conv1: 5x5) is not winograd, so it was not the culprit
+    assert [f["node"] for f in rec["check"]["failures"]] == ["conv2.grad/conv2d_backward_filter"]
+
+
+def test_auto_column_is_checked_and_timed(setup):
+    tg, feeds, ref = setup
+    base = driver.LoweringPolicy(cache="off")  # no autotune cache file from a test
+    s = driver.Settings(device="cpu", lowerings=[lw.Lowering("auto")], warmup=0, repeat=1,
+                        base_policy=base)
+    rec = driver.run_lowering(tg, feeds, ref, lw.Lowering("auto"), base, s, driver.make_timer("cpu"),
+                              None)
+    assert rec["status"] == "ok" and rec["check"]["passed"] and rec["not_applicable"] == {}
+    assert set(rec["algorithms"]["Conv2dBackwardFilter"]) <= {"gemm", "fft", "winograd", "direct"}
+    assert rec["totals"]["total_ms"] > 0
+
+
+def test_a_failed_reference_fails_the_model_not_the_run(monkeypatch, tiny):
+    def boom(*a, **k):
+        raise MemoryError("out of memory")
+
+    monkeypatch.setattr(driver.chk, "Reference", boom)
+    s = driver.Settings(device="cpu", lowerings=lw.parse_lowerings("gemm,direct"), warmup=0, repeat=1)
+    doc = driver.run_benchmark([tiny], s)
+    assert [r["status"] for r in doc["results"]] == ["error", "error"]
+    assert "float64 reference failed" in doc["results"][0]["reason"]

@@ -1,0 +1,100 @@
+"""The PyTorch peer: the converter runs exactly our model; the peer's record; no torch, no crash."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.benchmarks import check, driver, lowerings as lw
+from opgraph.benchmarks.peer_torch import PeerError, import_torch
+from opgraph.benchmarks.protocol import random_feeds, training_graph
+
+
+def test_missing_torch_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+    with pytest.raises(PeerError, match=r"pip install -e \"\.\[torch\]\""):
+        import_torch()
+
+
+def test_missing_torch_leaves_the_run_going(monkeypatch, tiny):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    s = driver.Settings(device="cpu", lowerings=[lw.Lowering("gemm")], warmup=0, repeat=1,
+                        compare=["torch"], per_layer=False, check=False)
+    doc = driver.run_benchmark([tiny], s)
+    peer, gemm = doc["results"]  # the peer runs first
+    assert gemm["status"] == "ok" and "vs_torch" not in gemm
+    assert peer["status"] == "unavailable" and "PyTorch is not installed" in peer["reason"]
+
+
+def test_converter_matches_the_float64_reference(every_op):
+    torch = pytest.importorskip("torch")
+    from opgraph.benchmarks.peer_torch import TorchModel
+
+    tg = training_graph(every_op)
+    feeds = random_feeds(every_op, seed=3)
+    feeds["c1.bias"] = np.linspace(-0.5, 0.5, 4).astype(np.float32)  # nonzero biases too
+    want = og.compile(tg.outputs, pipeline="reference", dtype="float64")(**feeds)
+    tm = TorchModel(every_op, feeds, "cpu", dtype=torch.float64)
+    y = tm.forward()
+    grads = tm.grads(y)
+    np.testing.assert_allclose(y.detach().numpy(), want[0], rtol=1e-10, atol=1e-12)
+    for g, w, p in zip(grads, want[1:], every_op.params):
+        np.testing.assert_allclose(g.numpy(), w, rtol=1e-9, atol=1e-11, err_msg=p.name)
+
+
+def test_channels_last_and_input_gradient(every_op):
+    torch = pytest.importorskip("torch")
+    from opgraph.benchmarks.peer_torch import TorchModel
+
+    feeds = random_feeds(every_op, seed=4)
+    plain = TorchModel(every_op, feeds, "cpu", dtype=torch.float64, input_grad=True)
+    cl = TorchModel(every_op, feeds, "cpu", dtype=torch.float64, channels_last=True, input_grad=True)
+    assert cl.inputs[every_op.input.node].is_contiguous(memory_format=torch.channels_last)
+    a, b = plain.grads(plain.forward()), cl.grads(cl.forward())
+    assert len(a) == len(every_op.params) + 1 and a[-1].shape == every_op.input.shape
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x.numpy(), y.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_peer_in_the_same_run(tiny):
+    pytest.importorskip("torch")
+    s = driver.Settings(device="cpu", lowerings=[lw.Lowering("gemm")], warmup=1, repeat=2,
+                        compare=["torch"], per_layer=False)
+    doc = driver.run_benchmark([tiny], s)
+    peer, gemm = doc["results"]  # the peer runs first
+    assert peer["kind"] == "torch" and peer["status"] == "ok", peer["reason"]
+    assert peer["times"]["backward_data"] is None and peer["times"]["forward"]["median_ms"] > 0
+    assert peer["totals"]["total_ms"] == pytest.approx(peer["totals"]["forward_ms"]
+                                                       + peer["totals"]["backward_ms"])
+    assert peer["flops"]["total"] == gemm["flops"]["total"]
+    e2e = peer["check"]["end_to_end"]
+    assert e2e["finite"] and e2e["output"] < 1e-5 and e2e["max_grad"] < 1e-4
+    assert peer["versions"]["torch"].startswith("2.")
+    from opgraph.benchmarks.tables import ordered
+
+    assert [r["lowering"] for r in ordered(doc, "fp32")] == ["gemm", "torch"]  # tables: peer last
+    ratio = gemm["vs_torch"]
+    assert ratio["total"] == pytest.approx(gemm["totals"]["total_ms"] / peer["totals"]["total_ms"])
+
+
+def test_peer_precisions_run(tiny):
+    torch = pytest.importorskip("torch")
+    from opgraph.benchmarks.peer_torch import run_peer
+
+    tg = training_graph(tiny)
+    feeds = random_feeds(tiny)
+    ref = check.Reference(tg, feeds, "cpu")
+    out = run_peer(tiny, feeds, device="cpu", precision="bf16", warmup=0, repeat=1, reference=ref)
+    e2e = out["check"]
+    assert e2e["finite"] and 1e-4 < e2e["output"] < 5e-2  # bf16 autocast: visibly rounded
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        out = run_peer(tiny, feeds, device="cpu", precision="fp32", warmup=0, repeat=1, reference=ref)
+        assert out["check"]["output"] < 1e-5
+        assert torch.backends.cudnn.allow_tf32 is True  # fp32 turned TF32 off, then restored it
+    finally:
+        torch.backends.cudnn.allow_tf32 = old

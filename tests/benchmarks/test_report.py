@@ -1,0 +1,141 @@
+"""Benchmark documents: schema, JSON round trip, table / CSV / Markdown / plot rendering."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from opgraph.benchmarks import driver, lowerings as lw, report, tables
+from opgraph.benchmarks.markdown import merge, render_markdown
+
+from tinymodels import tiny_convnet
+
+
+class FixedTimer:
+    """Deterministic clock: every call takes 2 ms (so derived figures are exact)."""
+
+    clock = "fixed 2 ms per call (test)"
+
+    def measure(self, fn, *, label, repeat):
+        for _ in range(repeat):
+            fn()
+        return [2.0] * repeat
+
+    def synchronize(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def doc():
+    s = driver.Settings(device="cpu", lowerings=lw.parse_lowerings("gemm,winograd"),
+                        precisions=["fp32", "bf16"], warmup=1, repeat=2)
+    return driver.run_benchmark([tiny_convnet()], s, timer=FixedTimer(), notes=["a note"])
+
+
+def test_document_schema(doc):
+    assert doc["mode"] == "benchmark" and doc["schema_version"] == driver.SCHEMA_VERSION
+    env = doc["environment"]
+    for key in ("timestamp", "device", "numpy", "python", "git_commit", "precision", "layout", "dtype",
+                "batch", "warmup", "repeat", "lowerings", "torch", "argv"):
+        assert key in env, key
+    assert env["precision"] == ["fp32", "bf16"] and env["batch"] == {"tiny": 2}
+    assert doc["protocol"]["warmup"] == 1 and doc["protocol"]["clock"].startswith("fixed")
+    assert set(doc["peak"]) == {"fp32", "bf16"} and doc["peak"]["fp32"]["tflops"] > 0
+    assert "fp32 peak" in doc["peak"]["bf16"]["note"]
+    assert [(r["precision"], r["lowering"]) for r in doc["results"]] == [
+        ("fp32", "gemm"), ("fp32", "winograd"), ("bf16", "gemm"), ("bf16", "winograd")]
+    for r in doc["results"]:
+        assert set(report.RESULT_KEYS) <= set(r) and set(report.TIMED_KEYS) <= set(r)
+        assert r["status"] == "ok" and r["check"]["passed"]
+        assert set(r["times"]) == {"forward", "backward_data", "backward_filter"}
+        assert r["times"]["forward"]["times_ms"] == [2.0, 2.0]
+        # tiny: conv1 reads the image (no backward-data), conv2 and fc have it
+        f = doc["models"][0]["layer_flops"]
+        assert r["flops"]["forward"] == sum(f.values())
+        assert r["flops"]["backward_data"] == f["conv2"] + f["fc"]
+        assert r["flops"]["total"] == 2 * sum(f.values()) + f["conv2"] + f["fc"]
+        # each phase is one 2 ms call: forward 2, backward 4, total 6 ms
+        assert r["totals"] == {"forward_ms": 2.0, "backward_ms": 4.0, "total_ms": 6.0, "total_min_ms": 6.0}
+        assert r["tflops"]["total"] == pytest.approx(r["flops"]["total"] / 6e9)
+        assert r["peak_fraction"] == pytest.approx(r["tflops"]["total"] / doc["peak"]["fp32"]["tflops"])
+        assert [x["layer"] for x in r["layers"]] == ["conv1", "conv2", "fc"]
+        m = r["memory"]
+        assert m["planned_peak_bytes"] >= m["planned_peak_without_workspace_bytes"] > 0
+        assert m["live_peak_bytes"] > 0 and m["measured_peak_bytes"] is None
+    wino = doc["results"][1]
+    conv1 = wino["layers"][0]
+    assert conv1["algorithm"] == {"forward": "gemm", "backward_filter": "gemm"}
+    assert "3x3" in conv1["not_applicable"]["forward"]
+    assert wino["layers"][1]["algorithm"]["forward"] == "winograd"
+    bf16 = doc["results"][2]
+    assert any("precision bf16 requested" in n for n in bf16["notes"])
+
+
+def test_json_round_trip(doc):
+    text = report.render_json(doc)
+    back = json.loads(text)
+    assert back == json.loads(json.dumps(doc))
+    assert report.render_json(back) == text
+    assert report.render_csv(back) == report.render_csv(doc)
+    assert render_markdown(back) == render_markdown(doc)
+
+
+def test_csv(doc):
+    rows = list(csv.DictReader(io.StringIO(report.render_csv(doc))))
+    assert list(rows[0]) == list(report.CSV_COLUMNS)
+    totals = [r for r in rows if r["layer"] == "(total)"]
+    assert len(totals) == 4 and len(rows) == 4 * (1 + 3)
+    assert float(totals[0]["total_ms"]) == 6.0 and totals[0]["measured_peak_bytes"] == ""
+    conv1 = next(r for r in rows if r["lowering"] == "winograd" and r["layer"] == "conv1")
+    assert conv1["algorithm"] == "gemm/-/gemm" and "3x3" in conv1["reason"]
+    assert conv1["backward_data_ms"] == ""
+
+
+def test_tables_plain_and_rich(doc):
+    buf = io.StringIO()
+    report.write_table(doc, buf, use_rich=False)
+    text = buf.getvalue()
+    assert text.startswith("# a note")
+    assert "end to end, fp32" in text and "end to end, bf16" in text
+    assert "tiny per layer, fp32" in text and "2.00 / - / 2.00" in text  # conv1: no backward-data
+    assert f"{tables.MARK} conv1 forward under winograd: ran gemm" in text
+    rich_buf = io.StringIO()
+    report.write_table(doc, rich_buf, use_rich=True)
+    assert "end to end, fp32" in rich_buf.getvalue() and "6.00" in rich_buf.getvalue()
+
+
+def test_markdown(doc):
+    md = render_markdown(doc)
+    assert "### Environment" in md and "### Matrix-multiply peak" in md
+    e2e = md[md.index("### end to end, fp32"):]
+    lines = [l for l in e2e.splitlines() if l.startswith("| tiny")]
+    assert lines[0].startswith("| tiny | gemm | 2.00 | 2.00 | 2.00 | 4.00 | 6.00 | 6.00 |")
+    assert "|---|---|---:|" in e2e
+    assert "TFLOP/s (median" in md  # per-layer throughput tables
+    merged = merge([doc, doc])
+    assert len(merged["results"]) == 8 and len(merged["models"]) == 1 and len(merged["runs"]) == 2
+    with pytest.raises(ValueError, match="timing runs"):
+        render_markdown({"mode": "summary"})
+
+
+def test_untimed_results_render_with_their_reason(doc):
+    d = json.loads(json.dumps(doc))
+    d["results"].append({**{k: d["results"][0][k] for k in report.RESULT_KEYS},
+                         "lowering": "fft", "status": "mismatch", "reason": "conv2: 1e-2 > 1e-3"})
+    buf = io.StringIO()
+    report.write_table(d, buf, use_rich=False)
+    assert "mismatch [1]" in buf.getvalue() and "tiny / fft: mismatch: conv2: 1e-2 > 1e-3" in buf.getvalue()
+    rows = list(csv.DictReader(io.StringIO(report.render_csv(d))))
+    assert rows[-1]["status"] == "mismatch" and rows[-1]["total_ms"] == ""
+
+
+def test_plot(doc, tmp_path):
+    pytest.importorskip("matplotlib")
+    from opgraph.benchmarks.plot import plot
+
+    path = plot(doc, str(tmp_path / "bench.png"))
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000

@@ -99,6 +99,8 @@ def bias_add_backward(xp, gy):
         raise ShapeError(f"bias_add_backward: gy must have a channel axis, got shape {gy.shape}")
     c = gy.shape[1]
     acc = xp.float32 if gy.dtype == xp.float16 else gy.dtype
+    if gy.size == 0:  # a product over an empty axis is not guaranteed to write its output
+        return xp.zeros(c, dtype=gy.dtype)
     if gy.ndim == 4 and not gy.flags.c_contiguous and gy.transpose(0, 2, 3, 1).flags.c_contiguous:
         rows = gy.transpose(0, 2, 3, 1).reshape(-1, c).astype(acc, copy=False)  # (N*H*W, C)
         out = xp.ones(rows.shape[0], dtype=acc) @ rows

@@ -14,6 +14,10 @@ and a weight gradient is a sum over ~1e5 positions, so one flip moves it by
 float32 against float64): conv1.weight 4.3e-4, conv3 onwards 2e-7. The
 per-op GPU tests (test_cudnn.py, test_cuda_kernels.py) hold every kernel to
 the strict tolerances; here convolution gradients get a routing allowance.
+In tf32/bf16 the convolutions' rounding also flips ReLU/threshold masks of
+the layers above (fc6/fc7 outputs near 0), so there every gradient gets the
+allowance (measured on the H200, batch 2: fc6.weight 1.5e-2 in tf32, 5.3e-2 in
+bf16; conv1.weight 5.6e-2 in tf32, 0.21 in bf16).
 """
 
 from __future__ import annotations
@@ -77,9 +81,11 @@ def test_model_forward_and_gradients_match_reference(references, key, lowering, 
     errors = {}
     for name, got, ref in zip(["output"] + [p.name for p in model.params], outs, ref_vals):
         errors[name] = relerr(cp.asnumpy(got), ref)
+    assert errors.pop("output") < TOL[precision], f"{key} {lowering} {precision}: output"
+    strict = set() if precision != "fp32" else set(errors) - conv_params
     bad = {n: f"{e:.2e}" for n, e in errors.items()
-           if e >= (CONV_GRAD_TOL if n in conv_params else TOL)[precision]}
+           if e >= (TOL if n in strict else CONV_GRAD_TOL)[precision]}
     assert not bad, f"{key} {lowering} {precision}: rel. errors over tolerance {bad}"
-    # most convolution gradients are unaffected by routing: their median is strict
-    conv_errs = sorted(errors[n] for n in conv_params)
-    assert conv_errs[len(conv_errs) // 2] < 10 * TOL[precision], conv_errs
+    if precision == "fp32":  # most convolution gradients see no flip: their median is strict
+        conv_errs = sorted(errors[n] for n in conv_params)
+        assert conv_errs[len(conv_errs) // 2] < 10 * TOL[precision], conv_errs

@@ -155,16 +155,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def model_names(args) -> list[str]:
+    """Built-in models to run: ``--model``, else ``--suite``, else the four
+    winners -- unless only ``--onnx`` files were asked for."""
     if args.model is not None:
         return args.model
+    if args.suite is None and getattr(args, "onnx", None):
+        return []
     return list(GROUPS[args.suite or "winners"])
 
 
 def run_summary(names: list[str], args) -> dict:
     """The summary document of ``names`` (no kernel runs)."""
     models = []
-    for name in names:
-        m = build(name, batch=args.batch, dtype=args.dtype)
+    built = [build(name, batch=args.batch, dtype=args.dtype) for name in names]
+    if getattr(args, "onnx", None):
+        from .onnx_model import load_model
+        built += [load_model(path, batch=args.batch) for path in args.onnx]
+    for m in built:
         rows = summarize(m.graph, [m.output])
         models.append(report.model_record(m.key, m.spec_key, m.title, m.batch, m.dtype, rows,
                                           totals(rows, m.graph, [m.output])))

@@ -61,9 +61,11 @@ def render_markdown(doc: dict, *, level: int = 3, per_layer_tflops: bool = True)
 
 def merge(docs: Sequence[dict]) -> dict:
     """One document from several benchmark documents: results concatenated in
-    order, models and peaks joined (first occurrence wins), notes joined; the
-    environment is the first's, with every run's time stamp and commit listed
-    under ``runs``."""
+    order, a later run of the same (model, precision, layout, lowering, kind)
+    replacing an earlier one unless it failed where the earlier did not (a
+    re-run of a column, and the peer measured beside it, win); models and
+    peaks joined (first occurrence wins), notes joined; the environment is the
+    first's, with every run's time stamp and commit listed under ``runs``."""
     if not docs:
         raise ValueError("no document to merge")
     bad = [i for i, d in enumerate(docs) if d.get("mode") != "benchmark"]
@@ -77,7 +79,7 @@ def merge(docs: Sequence[dict]) -> dict:
     out["runs"] = [{"timestamp": d["environment"].get("timestamp"),
                     "git_commit": d["environment"].get("git_commit"),
                     "argv": d["environment"].get("argv")} for d in docs]
-    out["results"] = [r for d in docs for r in d["results"]]
+    out["results"] = _latest(r for d in docs for r in d["results"])
     models, peak, notes = {}, {}, []
     for d in docs:
         for m in d.get("models", []):
@@ -87,6 +89,17 @@ def merge(docs: Sequence[dict]) -> dict:
         notes += [n for n in d.get("notes", []) if n not in notes]
     out.update(models=list(models.values()), peak=peak, notes=notes)
     return out
+
+
+def _latest(results) -> list[dict]:
+    kept: dict[tuple, dict] = {}
+    for r in results:
+        key = tuple(r.get(k) for k in ("model", "precision", "layout", "lowering", "kind"))
+        old = kept.get(key)
+        if old is None or r.get("status") == "ok" or old.get("status") != "ok":
+            kept.pop(key, None)  # re-insert: keep the order of the latest run
+            kept[key] = r
+    return list(kept.values())
 
 
 __all__ = ["render_markdown", "table_markdown", "merge"]

@@ -231,3 +231,33 @@ def test_a_failing_column_sets_exit_status_3(capsys, monkeypatch):
     assert status == 3 and "1 column(s) failed" in err
     (r,) = json.loads(out)["results"]
     assert r["status"] == "error" and r["reason"] == "RuntimeError: kernel exploded"
+
+
+def _tiny_onnx(path):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    import numpy as np
+    w = helper.make_tensor("W", TensorProto.FLOAT, [4, 3, 3, 3],
+                           np.random.default_rng(0).standard_normal(108).astype(np.float32).tolist())
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    g = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 8, 8])], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_onnx_model_alone_is_timed_and_summarised(tmp_path, capsys):
+    path = _tiny_onnx(tmp_path / "tiny.onnx")
+    out = tmp_path / "r.json"
+    rc = cli.main(["--onnx", str(path), "--device", "cpu", "--batch", "2", "--warmup", "1",
+                   "--repeat", "2", "--quiet", "--format", "json", "--output", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert {r["model"] for r in doc["results"]} == {"tiny"}  # no built-in model unless asked
+    assert all(r["status"] == "ok" and r["batch"] == 2 for r in doc["results"])
+    capsys.readouterr()
+    assert cli.main(["--onnx", str(path), "--summary", "--format", "json", "--batch", "2"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    (model,) = summary["models"]
+    assert model["model"] == "tiny" and model["totals"]["flops"] == 2 * 2 * 4 * 64 * 27

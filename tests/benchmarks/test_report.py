@@ -115,8 +115,14 @@ def test_markdown(doc):
     assert lines[0].startswith("| tiny | gemm | 2.00 | 2.00 | 2.00 | 4.00 | 6.00 | 6.00 |")
     assert "|---|---|---:|" in e2e
     assert "TFLOP/s (median" in md  # per-layer throughput tables
-    merged = merge([doc, doc])
-    assert len(merged["results"]) == 8 and len(merged["models"]) == 1 and len(merged["runs"]) == 2
+    merged = merge([doc, doc])  # a re-run of the same columns replaces them
+    assert len(merged["results"]) == 4 and len(merged["models"]) == 1 and len(merged["runs"]) == 2
+    failed = json.loads(json.dumps(doc))
+    for r in failed["results"]:
+        r["status"] = "error"
+    kept = merge([doc, failed])["results"]  # ... unless the re-run failed
+    assert [r["status"] for r in kept] == [r["status"] for r in doc["results"]]
+    assert [r["status"] for r in merge([failed, doc])["results"]] == [r["status"] for r in doc["results"]]
     with pytest.raises(ValueError, match="timing runs"):
         render_markdown({"mode": "summary"})
 

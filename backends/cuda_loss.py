@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import functools
 
-from opgraph.errors import ExecutionError, ParameterError, ShapeError
+from opgraph.errors import ParameterError, ShapeError
 
-REDUCTIONS = ("mean", "sum")
+from .reference.loss import check_cross_entropy
 
 # The row of thread i: origin and stride; max (NaN sticks), then the sum of exp.
 _ROW = """
@@ -136,24 +136,6 @@ def log_softmax_backward(xp, y, gy, *, axis):
     return _row_bwd(xp, "log_softmax_bwd", _LOG_SOFTMAX_BWD, y, gy, axis)
 
 
-def _check_ce(xp, logits, target, reduction):
-    """The reference's checks; the target range check reads back two numbers
-    (one device synchronisation), as an out-of-range class is a user error."""
-    if reduction not in REDUCTIONS:
-        raise ParameterError("reduction", reduction, f"must be one of {REDUCTIONS}")
-    if logits.ndim != 2:
-        raise ShapeError(f"cross_entropy: logits must be (N, C), got shape {logits.shape}")
-    if tuple(target.shape) != (logits.shape[0],):
-        raise ShapeError(f"cross_entropy: target must have shape ({logits.shape[0]},), got {target.shape}")
-    if target.dtype.kind not in "iu":
-        raise ShapeError(f"cross_entropy: target must hold integer class indices, got dtype {target.dtype}")
-    if target.size:
-        lo, hi = (int(v) for v in xp.stack([target.min(), target.max()]).get())
-        if lo < 0 or hi >= logits.shape[1]:
-            bad = lo if lo < 0 else hi
-            raise ExecutionError(f"cross_entropy: target holds class {bad}, outside 0..{logits.shape[1] - 1}")
-
-
 def _ce_rows(xp, logits, target):
     buf, c, _, n, half = _rows(xp, logits, 1)
     t = xp.ascontiguousarray(target).astype(xp.int64, copy=False)
@@ -171,7 +153,7 @@ def cross_entropy(xp, logits, target, *, reduction):
     (as the reference). Raises ParameterError / ShapeError / ExecutionError as
     the reference.
     """
-    _check_ce(xp, logits, target, reduction)
+    check_cross_entropy(xp, logits, target, reduction)
     n = logits.shape[0]
     if n == 0 or logits.shape[1] == 0:
         return xp.zeros((), dtype=logits.dtype)
@@ -186,7 +168,7 @@ def cross_entropy_backward(xp, logits, target, gy, *, reduction):
     """``(softmax(logits) - onehot(target)) * gy`` (/ N for ``'mean'``): ``(N, C)``
     in logits' dtype. ``gy`` is the scalar output gradient (any size-1 array).
     Raises as :func:`cross_entropy`, and ShapeError if gy is not a scalar."""
-    _check_ce(xp, logits, target, reduction)
+    check_cross_entropy(xp, logits, target, reduction)
     if gy.size != 1:
         raise ShapeError(f"cross_entropy_backward: gy must be a scalar, got shape {gy.shape}")
     n, c = logits.shape

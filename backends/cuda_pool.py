@@ -27,29 +27,10 @@ from __future__ import annotations
 import functools
 
 from opgraph.errors import ParameterError, ShapeError
-from opgraph.params import pair, padding2d, pool_out_size
+
+from .reference.pool import geometry
 
 from .cuda_elementwise import in_layout, logical, physical
-
-
-def geometry(in_hw, kernel_size, stride, padding, ceil_mode):
-    """``(k, s, pad, out)`` canonical parameters and output extent.
-
-    Raises:
-        ParameterError: bad kernel/stride/padding, or padding over half the kernel.
-        ShapeError: the kernel does not fit the padded input (output < 1).
-    """
-    k = pair("kernel_size", kernel_size, minimum=1)
-    s = pair("stride", k if stride is None else stride, minimum=1)
-    pad = padding2d(padding, in_hw=tuple(in_hw), kernel=k, stride=s)
-    for (pb, pe), kk in zip(pad, k):
-        if 2 * pb > kk or 2 * pe > kk:
-            raise ParameterError("padding", padding, f"must be at most half the kernel {k} on each side")
-    out = tuple(pool_out_size(n, kk, ss, p, bool(ceil_mode)) for n, kk, ss, p in zip(in_hw, k, s, pad))
-    if min(out) < 1:
-        raise ShapeError(f"pooling kernel {k} with padding {pad} does not fit input {tuple(in_hw)} "
-                         f"(output {out})")
-    return k, s, pad, out
 
 
 # Decompose the thread's flat physical index t into (n, c, a, b) of an

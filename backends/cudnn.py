@@ -32,7 +32,6 @@ calling cuDNN.
 from __future__ import annotations
 
 from opgraph.errors import LoweringError, ShapeError
-from opgraph.ops.conv import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter
 from opgraph.params import conv_out_size
 
 from . import cudnn_graph as cg

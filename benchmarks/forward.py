@@ -11,7 +11,6 @@ per layer, checked, with memory and the PyTorch peer) is
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Callable
 
@@ -23,6 +22,7 @@ from opgraph.backends import device as dev
 
 from .models import Model
 from .protocol import random_feeds
+from .timer import Timing
 
 def time_calls(fn: Callable[[], object], *, warmup: int, repeat: int,
                device: str = "cpu") -> list[float]:
@@ -60,9 +60,10 @@ def time_calls(fn: Callable[[], object], *, warmup: int, repeat: int,
     return times
 
 
-@attrs.frozen
-class ForwardTiming:
-    """The forward timing of one model (all times in ms per mini-batch)."""
+@attrs.frozen(kw_only=True)
+class ForwardTiming(Timing):
+    """The forward timing of one model (all times in ms per mini-batch);
+    median / min / mean come from :class:`.timer.Timing`."""
 
     model: str
     spec_key: str
@@ -73,22 +74,9 @@ class ForwardTiming:
     lowering: str
     warmup: int
     repeat: int
-    times_ms: tuple[float, ...]
     flops: int
     params: int
     compile_s: float
-
-    @property
-    def median_ms(self) -> float:
-        return statistics.median(self.times_ms)
-
-    @property
-    def min_ms(self) -> float:
-        return min(self.times_ms)
-
-    @property
-    def mean_ms(self) -> float:
-        return statistics.fmean(self.times_ms)
 
     @property
     def gflops_per_s(self) -> float:

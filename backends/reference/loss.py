@@ -75,7 +75,15 @@ def log_softmax_backward(xp, y, gy, *, axis):
     return (ga - xp.exp(ya) * ga.sum(axis=axis, keepdims=True)).astype(y.dtype, copy=False)
 
 
-def _check_ce(xp, logits, target, reduction):
+def check_cross_entropy(xp, logits, target, reduction):
+    """The argument checks of cross-entropy (shared with the CUDA kernels); the
+    target range is read back in one transfer (one device synchronisation on
+    CuPy), since an out-of-range class is a user error, not a wrong number.
+
+    Raises:
+        ParameterError: unknown reduction. ShapeError: bad shapes or dtype.
+        ExecutionError: a target class outside ``0..C-1``.
+    """
     if reduction not in REDUCTIONS:
         raise ParameterError("reduction", reduction, f"must be one of {REDUCTIONS}")
     if logits.ndim != 2:
@@ -85,7 +93,7 @@ def _check_ce(xp, logits, target, reduction):
     if target.dtype.kind not in "iu":
         raise ShapeError(f"cross_entropy: target must hold integer class indices, got dtype {target.dtype}")
     if target.size:
-        lo, hi = int(target.min()), int(target.max())
+        lo, hi = (int(v) for v in xp.stack([target.min(), target.max()]).tolist())
         if lo < 0 or hi >= logits.shape[1]:
             bad = lo if lo < 0 else hi
             raise ExecutionError(f"cross_entropy: target holds class {bad}, outside 0..{logits.shape[1] - 1}")
@@ -114,7 +122,7 @@ def cross_entropy(xp, logits, target, *, reduction):
     Source: ``torch.nn.functional.cross_entropy`` (no weights, no ignore_index,
     no label smoothing).
     """
-    _check_ce(xp, logits, target, reduction)
+    check_cross_entropy(xp, logits, target, reduction)
     n = logits.shape[0]
     la = logits.astype(_acc(xp, logits.dtype), copy=False)
     if n:
@@ -146,7 +154,7 @@ def cross_entropy_backward(xp, logits, target, gy, *, reduction):
     Raises:
         as :func:`cross_entropy`; ShapeError if gy is not a scalar.
     """
-    _check_ce(xp, logits, target, reduction)
+    check_cross_entropy(xp, logits, target, reduction)
     if gy.size != 1:
         raise ShapeError(f"cross_entropy_backward: gy must be a scalar, got shape {gy.shape}")
     n, c = logits.shape

@@ -40,16 +40,13 @@ def _acc_dtype(xp, dtype):
     return xp.float32 if dtype == xp.float16 else dtype
 
 
-def _geometry(in_hw, kernel_size, stride, padding, ceil_mode):
-    """Canonical parameters, output extent and buffer padding of a pooling.
-
-    Returns ``(k, s, pad, out, buf_pad)`` where ``buf_pad`` is the
-    ``((top, bottom), (left, right))`` padding of the working buffer: the
-    explicit top/left padding, and at the bottom/right exactly what the last
-    window reaches (explicit padding plus any ceil_mode overhang).
+def geometry(in_hw, kernel_size, stride, padding, ceil_mode):
+    """``(k, s, pad, out)``: canonical kernel, stride and padding of a pooling
+    and its output extent (SEMANTICS.md rules; the CUDA kernels use it too).
 
     Raises:
-        ParameterError: a bad kernel, stride or padding (naming it).
+        ParameterError: a bad kernel, stride or padding (naming it), or padding
+            over half the kernel.
         ShapeError: the kernel does not fit the padded input (output < 1).
     """
     k = pair("kernel_size", kernel_size, minimum=1)
@@ -62,6 +59,15 @@ def _geometry(in_hw, kernel_size, stride, padding, ceil_mode):
     if min(out) < 1:
         raise ShapeError(f"pooling kernel {k} with padding {pad} does not fit input {tuple(in_hw)} "
                          f"(output {out})")
+    return k, s, pad, out
+
+
+def _geometry(in_hw, kernel_size, stride, padding, ceil_mode):
+    """:func:`geometry` plus ``buf_pad``, the ``((top, bottom), (left, right))``
+    padding of the working buffer: the explicit top/left padding, and at the
+    bottom/right exactly what the last window reaches (explicit padding plus
+    any ceil_mode overhang)."""
+    k, s, pad, out = geometry(in_hw, kernel_size, stride, padding, ceil_mode)
     buf_pad = tuple((p[0], max((o - 1) * ss + kk - p[0] - n, 0))
                     for n, kk, ss, p, o in zip(in_hw, k, s, pad, out))
     return k, s, pad, out, buf_pad

@@ -23,7 +23,7 @@ import sys
 import time
 
 from opgraph.analysis import summarize, totals
-from opgraph.errors import OpgraphError
+from opgraph.errors import OpgraphError, ParameterError
 from opgraph.passes.policy import PRECISIONS, LoweringPolicy
 
 from . import driver, lowerings as lw, report
@@ -267,10 +267,38 @@ def log(msg: str) -> None:
 
 
 def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    """Write ``text`` to ``path`` through a temporary file in the same folder."""
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".opgraph-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def check_output_paths(args) -> None:
+    """Refuse ``--output`` / ``--plot`` paths that cannot be written, before any
+    work is done (a run can take minutes).
+
+    Raises:
+        UsageError: the path is a folder, or its folder does not exist.
+    """
+    for flag, path in (("--output", args.output), ("--plot", args.plot)):
+        if not path:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            raise UsageError(f"{flag} {path}: is a folder; give a file name")
+        if not os.path.isdir(folder):
+            raise UsageError(f"{flag} {path}: folder {folder} does not exist")
+        if not os.access(folder, os.W_OK):
+            raise UsageError(f"{flag} {path}: folder {folder} is not writable")
 
 
 def run_timing(names: list[str], args) -> dict:
@@ -330,8 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     names = model_names(args)
     try:
+        check_output_paths(args)
+        if args.summary and args.format == "markdown":
+            raise UsageError("--format markdown renders timing runs; use table, json or csv with --summary")
         doc = run_summary(names, args) if args.summary else run_timing(names, args)
-    except UsageError as e:
+    except (UsageError, ParameterError) as e:  # bad flags, policy files and values
         print(f"opgraph-bench: error: {e}", file=sys.stderr)
         return 2
     except (OpgraphError, ValueError, OSError, MemoryError, ImportError) as e:

@@ -118,8 +118,12 @@ class Graph:
 
     # ---- construction -------------------------------------------------
     def input(self, name: str, shape: Sequence[int], dtype: str = "float32") -> Value:
-        """Add a graph input (fed at run time by ``name``)."""
-        return self.add_node(Source(TensorType(shape, dtype), "input"), [], name=name)
+        """Add a graph input (fed at run time by ``name``).
+
+        Raises:
+            ShapeError: a negative or non-integer dimension, or an unknown dtype.
+        """
+        return self.add_node(Source(_source_type(name, shape, dtype), "input"), [], name=name)
 
     def param(self, name: str, shape: Sequence[int], dtype: str = "float32", value=None) -> Value:
         """Add a trainable parameter; ``value`` (array) is its default feed.
@@ -129,7 +133,7 @@ class Graph:
         """
         if value is not None and tuple(getattr(value, "shape", ())) != tuple(shape):
             raise ShapeError(f"param value shape {getattr(value, 'shape', None)} != {tuple(shape)}", name)
-        v = self.add_node(Source(TensorType(shape, dtype), "param"), [], name=name)
+        v = self.add_node(Source(_source_type(name, shape, dtype), "param"), [], name=name)
         if value is not None:
             self.param_values[v.name] = value
         return v
@@ -327,6 +331,13 @@ class Graph:
         return f"<Graph {self.name!r}: {len(self)} nodes>"
 
 
+def _source_type(name: str, shape, dtype) -> TensorType:
+    try:
+        return TensorType(shape, dtype)
+    except (TypeError, ValueError) as e:
+        raise ShapeError(str(e), name) from None
+
+
 def graph_of(*values) -> Graph:
     """The one graph that all non-None ``values`` belong to.
 
@@ -335,6 +346,6 @@ def graph_of(*values) -> Graph:
     """
     graphs = {id(v.graph): v.graph for v in values if v is not None}
     if len(graphs) != 1:
-        raise OpgraphError("builder inputs must be values of one graph "
-                           f"(got {len(graphs)} graphs)")
+        raise OpgraphError("the values given must all belong to one graph "
+                           f"(got values of {len(graphs)} graphs)")
     return next(iter(graphs.values()))

@@ -89,16 +89,27 @@ def load(path_or_model, batch: int | None = None) -> tuple[Graph, list[Value], l
 
     Raises:
         ImportError: the ``onnx`` package is missing.
-        OnnxImportError: an unsupported operator, version, attribute or input
-            form, naming the ONNX node; or a symbolic non-batch dimension.
+        OnnxImportError: an unreadable or corrupt file; an unsupported operator,
+            version, attribute or input form, naming the ONNX node; or a
+            symbolic non-batch dimension.
         ParameterError: ``batch`` is not an int >= 0, or conflicts with a
             fixed batch other than 1.
     """
     onnx = _onnx()
     if isinstance(path_or_model, (str, os.PathLike)):
-        model = onnx.load(os.fspath(path_or_model))
+        path = os.fspath(path_or_model)
+        try:
+            model = onnx.load(path)
+        except OSError as e:
+            raise OnnxImportError(f"ONNX file {path!r} cannot be read ({e.strerror or e})") from None
+        except Exception as e:  # protobuf's DecodeError and friends: not an ONNX model
+            raise OnnxImportError(f"ONNX file {path!r} is not a valid ONNX model "
+                                  f"({type(e).__name__}: {e})") from None
     elif isinstance(path_or_model, (bytes, bytearray)):
-        model = onnx.load_from_string(bytes(path_or_model))
+        try:
+            model = onnx.load_from_string(bytes(path_or_model))
+        except Exception as e:
+            raise OnnxImportError(f"the bytes given are not a valid ONNX model ({type(e).__name__}: {e})") from None
     elif isinstance(path_or_model, onnx.ModelProto):
         model = path_or_model
     else:

@@ -11,7 +11,10 @@ DTYPES = ("float16", "bfloat16", "float32", "float64", "int64")
 
 
 def _canon_shape(shape) -> tuple[int, ...]:
-    return tuple(int(s) for s in shape)
+    out = tuple(int(s) for s in shape)
+    if any(s < 0 for s in out) or any(int(s) != s for s in shape):
+        raise ValueError(f"shape {tuple(shape)}: every dimension must be an int >= 0")
+    return out
 
 
 def _canon_dtype(dtype) -> str:

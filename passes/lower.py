@@ -30,6 +30,8 @@ Rule tags read here (the contract with the backends):
 
 from __future__ import annotations
 
+import warnings
+
 import attrs
 
 from opgraph.errors import LoweringError
@@ -223,7 +225,9 @@ def _check_forced_names(graph: Graph, policy: LoweringPolicy, ctx: PassContext) 
     names = [graph.node(n).name for n in graph.nx.nodes]
     for key in policy.force:
         if key not in names and not fnmatch.filter(names, key):
-            ctx.report.note(f"policy.force key {key!r} matches no node of graph {graph.name!r}")
+            msg = f"policy.force key {key!r} matches no node of graph {graph.name!r}"
+            ctx.report.note(msg)
+            warnings.warn(msg, stacklevel=2)
 
 
 __all__ = ["LowerPass", "choose", "survey", "Survey", "decline_reason", "explicit_padding",

@@ -108,11 +108,25 @@ def _types_of(key: str) -> tuple[str, ...] | None:
     return None
 
 
-def _algo_list(key: str, value) -> tuple[str, ...]:
+def _algo_list(key: str, value, registered_only: bool = True) -> tuple[str, ...]:
+    """Algorithm names of ``value`` (a name or a list); with ``registered_only``
+    each must be a registered algorithm (include/exclude also take tags).
+
+    Raises:
+        PolicyError: a malformed or (``registered_only``) unknown name.
+    """
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not items or not all(
             isinstance(a, str) and re.fullmatch(r"[A-Za-z0-9_.\-]+", a) for a in items):
         raise _err(key, value, "must be an algorithm name or a non-empty list of algorithm names")
+    if not registered_only:
+        return tuple(items)
+    from opgraph.backends.registry import algorithms  # a typo must not fall back silently
+
+    known = algorithms()
+    unknown = [a for a in items if a not in known]
+    if unknown:
+        raise _err(key, value, f"unknown algorithm {unknown[0]!r}; registered: {', '.join(sorted(known))}")
     return tuple(items)
 
 
@@ -326,7 +340,8 @@ class LoweringPolicy:
                 else:
                     cli_prefer.setdefault("*", []).extend(_algo_list("--lowering", key))
                 continue
-            algos = list(_algo_list(f"--lowering {item}", [a.strip() for a in value.split("+")]))
+            algos = list(_algo_list(f"--lowering {item}", [a.strip() for a in value.split("+")],
+                                    registered_only=key not in ("include", "exclude")))
             if key.startswith("@"):
                 force[key[1:]] = algos[0]
             elif key in ("include", "exclude"):
@@ -343,7 +358,8 @@ class LoweringPolicy:
         try:
             return attrs.evolve(base, **changes)
         except PolicyError as e:
-            raise _err(e.param, e.value, e.why, "--lowering") from None
+            flag = {"workspace_limit": "--workspace-limit", "precision": "--precision"}.get(e.param, "--lowering")
+            raise _err(e.param, e.value, e.why, flag) from None
 
 
 def _dedupe(items) -> tuple[str, ...]:

@@ -226,3 +226,13 @@ def test_dump_short_forms_of_parameters():
     assert g.dump().split("\n")[-1] == (
         "%2 c = Conv2d(stride=(2, 1), padding=(1, 2), dilation=1, groups=2)(%0, %1) "
         "-> float64[1, 2, 5, 11]")
+
+
+def test_source_shapes_and_dtypes_are_validated_naming_the_node():
+    import pytest as _pytest
+    g = og.Graph()
+    with _pytest.raises(og.ShapeError, match=r"node x: shape \(2, -3, 4, 4\)"):
+        g.input("x", (2, -3, 4, 4))
+    with _pytest.raises(og.ShapeError, match="node w: dtype 'int8'"):
+        g.param("w", (2, 3), "int8")
+    assert g.input("empty_batch", (0, 3, 4, 4)).shape == (0, 3, 4, 4)  # batch 0 is valid

@@ -197,7 +197,7 @@ def test_markdown_and_plot_outputs(capsys, tmp_path):
 def test_unreadable_policy_is_an_error(capsys, tmp_path):
     status, _, err = run_cli(capsys, "--model", "L4", "--batch", "1", "--device", "cpu",
                              "--policy", str(tmp_path / "missing.toml"))
-    assert status == 1 and "missing.toml" in err and "Traceback" not in err
+    assert status == 2 and "missing.toml" in err and "Traceback" not in err
 
 
 def test_policy_file_reaches_every_column(capsys, tmp_path):
@@ -261,3 +261,35 @@ def test_onnx_model_alone_is_timed_and_summarised(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     (model,) = summary["models"]
     assert model["model"] == "tiny" and model["totals"]["flops"] == 2 * 2 * 4 * 64 * 27
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--output", "{tmp}/missing/run.json", "does not exist"),
+    ("--output", "{tmp}", "is a folder"),
+    ("--plot", "{tmp}/missing/p.png", "does not exist"),
+])
+def test_unwritable_output_paths_are_usage_errors_before_any_work(tmp_path, capsys, flag, value, message):
+    status, out, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--device", "cpu",
+                               flag, value.format(tmp=tmp_path))
+    assert status == 2 and flag in err and message in err
+    assert "L5" not in out  # nothing was timed
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.parent.glob("*.tmp"))
+
+
+def test_policy_and_workspace_errors_are_usage_errors(tmp_path, capsys):
+    status, _, err = run_cli(capsys, "--model", "L5", "--workspace-limit", "lots")
+    assert status == 2 and "--workspace-limit" in err and "'lots'" in err
+    status, _, err = run_cli(capsys, "--model", "L5", "--policy", str(tmp_path / "none.toml"))
+    assert status == 2 and "none.toml" in err
+    status, _, err = run_cli(capsys, "--model", "L5", "--summary", "--format", "markdown")
+    assert status == 2 and "--summary" in err
+
+
+def test_corrupt_onnx_file_is_a_clear_error(tmp_path, capsys):
+    pytest.importorskip("onnx")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07 this is not protobuf \xff\xff\xff")
+    status, _, err = run_cli(capsys, "--onnx", str(bad), "--summary")
+    assert status == 1 and "bad.onnx" in err and "not a valid ONNX model" in err
+    status, _, err = run_cli(capsys, "--onnx", str(tmp_path / "nope.onnx"), "--summary")
+    assert status == 1 and "nope.onnx" in err and "cannot be read" in err

@@ -171,3 +171,20 @@ def test_policy_is_frozen_and_compared_by_value():
         a.autotune = True
     with pytest.raises(TypeError):
         a.prefer["conv"] = ("gemm",)
+
+
+def test_unknown_algorithm_names_are_errors_but_tags_may_be_excluded():
+    with pytest.raises(PolicyError, match="unknown algorithm 'wino'"):
+        LoweringPolicy(prefer={"conv": ["wino"]})
+    with pytest.raises(PolicyError, match="unknown algorithm 'fftt'"):
+        LoweringPolicy.from_cli("conv=fftt")
+    assert LoweringPolicy.from_cli("exclude=fused").exclude == {"fused"}  # a rule tag
+
+
+def test_force_key_matching_no_node_warns():
+    import opgraph as og
+    g = og.Graph()
+    x, w = g.input("x", (1, 1, 4, 4)), g.param("w", (1, 1, 3, 3))
+    y = og.conv2d(x, w, name="c")
+    with pytest.warns(UserWarning, match="'nosuch' matches no node"):
+        og.compile([y], policy=LoweringPolicy(force={"nosuch": "fft"}))

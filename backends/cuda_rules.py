@@ -13,6 +13,7 @@ from opgraph import ops
 from . import cuda_elementwise as ew
 from . import cuda_loss as loss
 from . import cuda_pool as pool
+from .reference.rules import params_kernel
 from .registry import Rule, register
 
 #: abstract op type -> CuPy kernel ``fn(xp, *arrays, **op.params())``.
@@ -50,19 +51,10 @@ def check(op, in_types, device):
     return None
 
 
-def _params_kernel(fn):
-    def kernel(ctx, op, *arrays):
-        return fn(ctx.xp, *arrays, **op.params())
-
-    kernel.__name__ = kernel.__qualname__ = f"cuda_{fn.__name__}"
-    kernel.__doc__ = fn.__doc__
-    return kernel
-
-
 def register_rules() -> None:
     """Register one ``cuda`` rule per entry of :data:`CUDA_KERNELS` (idempotent)."""
     for op_type, fn in CUDA_KERNELS.items():
-        register(Rule(op_type, "cuda", _params_kernel(fn), devices={"cuda"}, check=check,
+        register(Rule(op_type, "cuda", params_kernel(fn, "cuda"), devices={"cuda"}, check=check,
                       tags={"cuda", "gpu"}))
 
 

@@ -70,6 +70,7 @@ class Op:
 
 
 def check_arity(op: Op, types: tuple[TensorType, ...]) -> None:
+    """Raise ShapeError unless ``len(types)`` is within ``op.arity``."""
     lo, hi = op.arity
     if len(types) < lo or (hi is not None and len(types) > hi):
         want = f"{lo}" if lo == hi else f"{lo}..{hi if hi is not None else 'n'}"
@@ -77,11 +78,13 @@ def check_arity(op: Op, types: tuple[TensorType, ...]) -> None:
 
 
 def require_ndim(op: Op, what: str, t: TensorType, ndim: int) -> None:
+    """Raise ShapeError naming ``what`` unless ``t`` has ``ndim`` axes."""
     if t.ndim != ndim:
         raise ShapeError(f"{op.name}: {what} must be {ndim}-D, got shape {t.shape}")
 
 
 def require_same_dtype(op: Op, types) -> str:
+    """The common dtype of ``types``; ShapeError when they are mixed."""
     dtypes = {t.dtype for t in types}
     if len(dtypes) > 1:
         raise ShapeError(f"{op.name}: inputs have mixed dtypes {sorted(dtypes)}")

@@ -126,9 +126,6 @@ def describe(value) -> str:
     return repr(value)
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
 
 __all__ = ["pair", "padding2d", "same_padding", "conv_out_size", "pool_out_size",
-           "describe", "ceil_div", "Pair", "Padding"]
+           "describe", "Pair", "Padding"]

@@ -96,6 +96,7 @@ class CudaEventTimer:
 
 
 def default_timer(device: str) -> Timer:
+    """CUDA events on ``'cuda'``, ``time.perf_counter`` elsewhere (times in ms)."""
     return CudaEventTimer() if device == "cuda" else PerfCounterTimer()
 
 

@@ -24,6 +24,7 @@ REFERENCE_POLICY = LoweringPolicy(prefer={"*": ["reference", "direct"]})
 
 
 def default(policy: LoweringPolicy) -> Pipeline:
+    """The pipeline ``og.compile`` runs unless told otherwise."""
     return Pipeline("default", [
         # explicit Pad nodes where the algorithm the node will get cannot pad
         # (must run before lower: it changes which ops exist)
@@ -46,6 +47,7 @@ def default(policy: LoweringPolicy) -> Pipeline:
 
 
 def reference(policy: LoweringPolicy) -> Pipeline:
+    """Every node on the float64-capable oracle kernels (the check baseline)."""
     return Pipeline("reference", [
         # the oracle for every node; the user's policy is ignored on purpose
         LowerPass(REFERENCE_POLICY),

@@ -59,13 +59,15 @@ REFERENCE_KERNELS = {
 }
 
 
-def params_kernel(fn):
-    """Wrap ``fn(xp, *arrays, **params)`` as a rule kernel ``(ctx, op, *arrays)``."""
+def params_kernel(fn, prefix: str = "reference"):
+    """Wrap ``fn(xp, *arrays, **params)`` as a rule kernel ``(ctx, op, *arrays)``:
+    the op's fields are the function's keyword arguments (shared by every
+    backend whose kernels follow that convention, e.g. ``cuda_rules``)."""
 
     def kernel(ctx, op, *arrays):
         return fn(ctx.xp, *arrays, **op.params())
 
-    kernel.__name__ = kernel.__qualname__ = f"reference_{fn.__name__}"
+    kernel.__name__ = kernel.__qualname__ = f"{prefix}_{fn.__name__}"
     kernel.__doc__ = fn.__doc__
     return kernel
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 
 from opgraph.errors import ParameterError, ShapeError
+from opgraph.types import is_channels_last
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,25 +50,26 @@ def _memory_order(*arrays):
     division per axis per element. When every operand is channels-last, the
     kernel runs over their NHWC (C-contiguous) views instead.
     """
-    if all(a.ndim == 4 and not a.flags.c_contiguous and a.transpose(0, 2, 3, 1).flags.c_contiguous
-           for a in arrays):
+    if all(is_channels_last(a) for a in arrays):
         return [a.transpose(0, 2, 3, 1) for a in arrays], lambda y: y.transpose(0, 3, 1, 2)
     return list(arrays), lambda y: y
 
 
+# The zero is a literal, not a 0-d array argument: a broadcast operand can
+# keep CuPy off its flat contiguous indexing path.
 def relu(xp, x):
     """``max(x, 0)``, NaN propagating; any shape and float dtype, layout kept."""
-    k = _ew("relu", "T x, T z", "T y", "y = (x > z || x != x) ? x : z")
+    k = _ew("relu", "T x", "T y", "y = (x > (T)0 || x != x) ? x : (T)0")
     (xm,), back = _memory_order(x)
-    return back(k(xm, _zero(xp, x), xp.empty_like(xm)))
+    return back(k(xm, xp.empty_like(xm)))
 
 
 def relu_backward(xp, x, gy):
     """``gy`` where ``x > 0``, else 0 (gradient 0 at exactly 0 and at NaN)."""
     _same("relu_backward", x, gy)
-    k = _ew("relu_bwd", "T x, T zx, G gy, G z", "G gx", "gx = (x > zx) ? gy : z")
+    k = _ew("relu_bwd", "T x, G gy", "G gx", "gx = (x > (T)0) ? gy : (G)0")
     (xm, gm), back = _memory_order(x, gy)
-    return back(k(xm, _zero(xp, x), gm, _zero(xp, gy), xp.empty_like(gm)))
+    return back(k(xm, gm, xp.empty_like(gm)))
 
 
 def threshold(xp, x, *, threshold, value):
@@ -87,26 +89,50 @@ def threshold_backward(xp, x, gy, *, threshold):
     return back(k(xm, xp.asarray(threshold, dtype=x.dtype), gm, _zero(xp, gy), xp.empty_like(gm)))
 
 
+@functools.lru_cache(maxsize=64)
+def _ones_on(xp, n: int, dtype: str, device: int):
+    return xp.ones(n, dtype=dtype)
+
+
+def _ones(xp, n: int, dtype):
+    """A cached read-only vector of ones (one allocation and fill per length,
+    dtype and device, not one per call: these launches showed in the profile)."""
+    device = xp.cuda.Device().id if hasattr(xp, "cuda") else -1
+    return _ones_on(xp, n, xp.dtype(dtype).name, device)
+
+
+#: NCHW bias gradients smaller than this (elements) use a CuPy sum: measured
+#: 0.06-0.12 ms against 0.19-0.24 ms for the products on GoogLeNet's 1.6-4.8 M
+#: element gradients; 1.6 ms against 0.27 ms at 103 M (H200, 2026-11-30).
+BIAS_GRAD_SUM_BELOW = 16 * 2 ** 20
+
+
 def bias_add_backward(xp, gy):
     """Sum of ``gy`` over every axis but 1: (N, C, ...) -> (C,), as matrix-vector
     products (cuBLAS), in either layout; float16 accumulates in float32.
 
-    A CuPy reduction over axes (0, 2, 3) of a channels-last tensor was measured
-    at 8.8 ms for AlexNet's conv1 gradient on the H200; this reads each element
-    once at memory speed.
+    NCHW: one product over the ``(N*C, H*W)`` rows, then one over N (below
+    :data:`BIAS_GRAD_SUM_BELOW` elements a CuPy sum, which launches less);
+    channels-last: one over the ``(N*H*W, C)`` rows. A CuPy reduction over
+    axes (0, 2, 3) was measured at 8.8 ms for AlexNet's conv1 gradient on the
+    H200 (channels-last); each variant here was the fastest measured for its
+    layout on the winners' shapes (``scripts/gpu_kernel_bench.py``,
+    docs/performance.md).
     """
     if gy.ndim < 2:
         raise ShapeError(f"bias_add_backward: gy must have a channel axis, got shape {gy.shape}")
-    c = gy.shape[1]
+    n, c = gy.shape[:2]
     acc = xp.float32 if gy.dtype == xp.float16 else gy.dtype
     if gy.size == 0:  # a product over an empty axis is not guaranteed to write its output
         return xp.zeros(c, dtype=gy.dtype)
-    if gy.ndim == 4 and not gy.flags.c_contiguous and gy.transpose(0, 2, 3, 1).flags.c_contiguous:
+    if is_channels_last(gy):
         rows = gy.transpose(0, 2, 3, 1).reshape(-1, c).astype(acc, copy=False)  # (N*H*W, C)
-        out = xp.ones(rows.shape[0], dtype=acc) @ rows
+        out = _ones(xp, rows.shape[0], acc) @ rows
+    elif gy.size < BIAS_GRAD_SUM_BELOW:
+        out = gy.sum(axis=(0, *range(2, gy.ndim)), dtype=acc)
     else:
-        g = xp.ascontiguousarray(gy).reshape(gy.shape[0], c, -1).astype(acc, copy=False)  # (N, C, HW)
-        out = (g @ xp.ones(g.shape[2], dtype=acc)).sum(axis=0)
+        g = xp.ascontiguousarray(gy).reshape(n * c, -1).astype(acc, copy=False)  # (N*C, HW)
+        out = _ones(xp, n, acc) @ (g @ _ones(xp, g.shape[1], acc)).reshape(n, c)
     return out.astype(gy.dtype, copy=False)
 
 
@@ -134,7 +160,7 @@ def physical(xp, x):
     """``(buffer, channels_last)``: a C-contiguous array holding x's memory
     (NHWC order when x is a channels-last view of a 4-D tensor), copying only
     when x is neither NCHW- nor NHWC-contiguous."""
-    if x.ndim == 4 and not x.flags.c_contiguous and x.transpose(0, 2, 3, 1).flags.c_contiguous:
+    if is_channels_last(x):
         return x.transpose(0, 2, 3, 1), True
     return xp.ascontiguousarray(x), False
 

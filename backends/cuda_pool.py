@@ -17,9 +17,13 @@ One thread per output cell (forward) or per input cell (backward: it gathers
 from every window that covers it, so there are no atomics and results are
 deterministic). Inputs are read through explicit strides, so NCHW and NHWC
 (a channels-last view) run without a transpose; outputs come back in the
-input's layout. Index arithmetic is 64-bit (``long long``); the stored argmax
-is a cell index inside one ``H x W`` plane (int32; planes over 2^31 cells are
-refused). float16 computes in float32 and casts back.
+input's layout. Index arithmetic is 32-bit when every tensor of the call has
+fewer than 2^31 elements and 64-bit otherwise: a 64-bit integer division costs
+several times a 32-bit one on the GPU, and these kernels divide per thread to
+find their cell. The stored argmax is a cell index inside one ``H x W`` plane
+(int32; planes over 2^31 cells are refused). float16 computes in float32 and
+casts back.
+
 """
 
 from __future__ import annotations
@@ -36,14 +40,14 @@ from .cuda_elementwise import in_layout, logical, physical
 # Decompose the thread's flat physical index t into (n, c, a, b) of an
 # (N, C, A, B) tensor stored NCHW or NHWC (cl); strides of x's planes follow.
 _DECOMPOSE = """
-    const long long t = i;
-    long long n, c, a, b;
-    if (cl) { c = t % C; long long r = t / C; b = r % B; r /= B; a = r % A; n = r / A; }
-    else    { b = t % B; long long r = t / B; a = r % A; r /= A; c = r % C; n = r / C; }
-    const long long xc = n * C * H * W + (cl ? c : c * H * W);   // x plane origin
-    const long long xh = cl ? W * C : W, xw = cl ? C : 1;         // x row / column strides
-    const long long oc = n * C * OH * OW + (cl ? c : c * OH * OW); // output plane origin
-    const long long oh_ = cl ? OW * C : OW, ow_ = cl ? C : 1;
+    const IDX t = i;
+    IDX n, c, a, b;
+    if (cl) { c = t % C; IDX r = t / C; b = r % B; r /= B; a = r % A; n = r / A; }
+    else    { b = t % B; IDX r = t / B; a = r % A; r /= A; c = r % C; n = r / C; }
+    const IDX xc = n * C * H * W + (cl ? c : c * H * W);   // x plane origin
+    const IDX xh = cl ? W * C : W, xw = cl ? C : 1;         // x row / column strides
+    const IDX oc = n * C * OH * OW + (cl ? c : c * OH * OW); // output plane origin
+    const IDX oh_ = cl ? OW * C : OW, ow_ = cl ? C : 1;
 """
 
 _GEO = ("int64 C, int64 H, int64 W, int64 OH, int64 OW, int64 A, int64 B, bool cl, int64 kh, "
@@ -52,13 +56,13 @@ _GEO = ("int64 C, int64 H, int64 W, int64 OH, int64 OW, int64 A, int64 B, bool c
 # Forward max: (a, b) = (oh, ow). First in-bounds cell, then strictly greater
 # values or the first NaN replace it (NaN never leaves: v > NaN is false).
 _MAX = _DECOMPOSE + """
-    const long long h0 = a * sh - pt, w0 = b * sw - pl;
-    const long long hs = h0 > 0 ? h0 : 0, ws = w0 > 0 ? w0 : 0;
-    const long long he = h0 + kh < H ? h0 + kh : H, we = w0 + kw < W ? w0 + kw : W;
+    const IDX h0 = a * sh - pt, w0 = b * sw - pl;
+    const IDX hs = h0 > 0 ? h0 : 0, ws = w0 > 0 ? w0 : 0;
+    const IDX he = h0 + kh < H ? h0 + kh : H, we = w0 + kw < W ? w0 + kw : W;
     T best = x[xc + hs * xh + ws * xw];
-    long long win = hs * W + ws;
-    for (long long h = hs; h < he; ++h)
-        for (long long w = ws; w < we; ++w) {
+    IDX win = hs * W + ws;
+    for (IDX h = hs; h < he; ++h)
+        for (IDX w = ws; w < we; ++w) {
             const T v = x[xc + h * xh + w * xw];
             if (v > best || (v != v && best == best)) { best = v; win = h * W + w; }
         }
@@ -68,23 +72,23 @@ _MAX = _DECOMPOSE + """
 
 # Forward average: the count is clipped to [-pad_begin, in + pad_end) or [0, in).
 _AVG = _DECOMPOSE + """
-    const long long h0 = a * sh - pt, w0 = b * sw - pl;
-    const long long hs = h0 > 0 ? h0 : 0, ws = w0 > 0 ? w0 : 0;
-    const long long he = h0 + kh < H ? h0 + kh : H, we = w0 + kw < W ? w0 + kw : W;
+    const IDX h0 = a * sh - pt, w0 = b * sw - pl;
+    const IDX hs = h0 > 0 ? h0 : 0, ws = w0 > 0 ? w0 : 0;
+    const IDX he = h0 + kh < H ? h0 + kh : H, we = w0 + kw < W ? w0 + kw : W;
     T acc = 0;
-    for (long long h = hs; h < he; ++h)
-        for (long long w = ws; w < we; ++w) acc += x[xc + h * xh + w * xw];
+    for (IDX h = hs; h < he; ++h)
+        for (IDX w = ws; w < we; ++w) acc += x[xc + h * xh + w * xw];
     y[t] = acc / (T)divisor(h0, w0, H, W, kh, kw, pt, pb, pl, pr, include_pad);
 """
 
 _DIVISOR = """
-__device__ long long divisor(long long h0, long long w0, long long H, long long W, long long kh,
-                             long long kw, long long pt, long long pb, long long pl, long long pr,
+__device__ IDX divisor(IDX h0, IDX w0, IDX H, IDX W, IDX kh,
+                             IDX kw, IDX pt, IDX pb, IDX pl, IDX pr,
                              bool include_pad) {
-    const long long lh = include_pad ? -pt : 0, uh = include_pad ? H + pb : H;
-    const long long lw = include_pad ? -pl : 0, uw = include_pad ? W + pr : W;
-    const long long a0 = h0 > lh ? h0 : lh, a1 = h0 + kh < uh ? h0 + kh : uh;
-    const long long b0 = w0 > lw ? w0 : lw, b1 = w0 + kw < uw ? w0 + kw : uw;
+    const IDX lh = include_pad ? -pt : 0, uh = include_pad ? H + pb : H;
+    const IDX lw = include_pad ? -pl : 0, uw = include_pad ? W + pr : W;
+    const IDX a0 = h0 > lh ? h0 : lh, a1 = h0 + kh < uh ? h0 + kh : uh;
+    const IDX b0 = w0 > lw ? w0 : lw, b1 = w0 + kw < uw ? w0 + kw : uw;
     return (a1 - a0) * (b1 - b0);
 }
 """
@@ -92,40 +96,57 @@ __device__ long long divisor(long long h0, long long w0, long long H, long long 
 # Backward: (a, b) = (h, w) of an input cell; windows oh in
 # [ceil((h + pt - kh + 1) / sh), floor((h + pt) / sh)] cover it.
 _WINDOWS = _DECOMPOSE + """
-    const long long hp = a + pt, wp = b + pl;
-    const long long oh0 = hp < kh ? 0 : (hp - kh) / sh + 1, ow0 = wp < kw ? 0 : (wp - kw) / sw + 1;
-    const long long oh1 = hp / sh < OH - 1 ? hp / sh : OH - 1, ow1 = wp / sw < OW - 1 ? wp / sw : OW - 1;
+    const IDX hp = a + pt, wp = b + pl;
+    const IDX oh0 = hp < kh ? 0 : (hp - kh) / sh + 1, ow0 = wp < kw ? 0 : (wp - kw) / sw + 1;
+    const IDX oh1 = hp / sh < OH - 1 ? hp / sh : OH - 1, ow1 = wp / sw < OW - 1 ? wp / sw : OW - 1;
     T acc = 0;
 """
 
 _MAX_BWD = _WINDOWS + """
     const int me = (int)(a * W + b);
-    for (long long oh = oh0; oh <= oh1; ++oh)
-        for (long long ow = ow0; ow <= ow1; ++ow) {
-            const long long o = oc + oh * oh_ + ow * ow_;
+    for (IDX oh = oh0; oh <= oh1; ++oh)
+        for (IDX ow = ow0; ow <= ow1; ++ow) {
+            const IDX o = oc + oh * oh_ + ow * ow_;
             if (arg[o] == me) acc += gy[o];
         }
     gx[xc + a * xh + b * xw] = acc;
 """
 
 _AVG_BWD = _WINDOWS + """
-    for (long long oh = oh0; oh <= oh1; ++oh)
-        for (long long ow = ow0; ow <= ow1; ++ow)
+    for (IDX oh = oh0; oh <= oh1; ++oh)
+        for (IDX ow = ow0; ow <= ow1; ++ow)
             acc += gy[oc + oh * oh_ + ow * ow_] /
                    (T)divisor(oh * sh - pt, ow * sw - pl, H, W, kh, kw, pt, pb, pl, pr, include_pad);
     gx[xc + a * xh + b * xw] = acc;
 """
 
 _SELECT = _DECOMPOSE + """
-    const long long cell = arg[t];
+    const IDX cell = arg[t];
     y[t] = v[xc + (cell / W) * xh + (cell % W) * xw];
 """
 
 
+_INT32_LIMIT = 2 ** 31 - 1
+
+
+def _wide(*arrays) -> bool:
+    """Whether the call needs 64-bit index arithmetic (see the module docstring)."""
+    return max(a.size for a in arrays) >= _INT32_LIMIT
+
+
 @functools.lru_cache(maxsize=None)
-def _kernel(name, in_params, out_params, body, preamble=""):
+def _compiled(name, in_params, out_params, body, preamble, wide):
     import cupy
-    return cupy.ElementwiseKernel(in_params, out_params, body, f"opgraph_{name}", preamble=preamble)
+    typedef = f"typedef {'long long' if wide else 'int'} IDX;\n"
+    if not wide:  # scalar arguments too: one int64 operand makes the whole expression 64-bit
+        in_params = in_params.replace("int64 ", "int32 ")
+    return cupy.ElementwiseKernel(in_params, out_params, body, f"opgraph_{name}_{'i64' if wide else 'i32'}",
+                                  preamble=typedef + preamble)
+
+
+def _kernel(name, in_params, out_params, body, preamble="", *, arrays):
+    """The kernel compiled with the index width ``arrays`` need."""
+    return _compiled(name, in_params, out_params, body, preamble, _wide(*arrays))
 
 
 def _prepare(xp, x, what):
@@ -159,7 +180,8 @@ def _max(xp, x, kernel_size, stride, padding, ceil_mode, with_arg, what):
     if y.size:
         body = _MAX.replace("STORE", "arg[t] = (int)win;" if with_arg else "")
         outs = "raw T y, raw int32 arg" if with_arg else "raw T y"
-        kern = _kernel("maxpool_arg" if with_arg else "maxpool", "raw T x, " + _GEO, outs, body)
+        kern = _kernel("maxpool_arg" if with_arg else "maxpool", "raw T x, " + _GEO, outs, body,
+                       arrays=(buf, y))
         kern(buf.ravel(), *_geo(x.shape, out, k, s, pad, cl, out), y.ravel(),
              *([arg.ravel()] if with_arg else []), size=y.size)
     return y, arg, cl, half, (k, s, pad, out)
@@ -178,6 +200,11 @@ def max_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode):
 def max_pool2d_backward(xp, x, gy, *, kernel_size, stride, padding, ceil_mode):
     """Input gradient of max pooling: ``(N, C, H, W)`` in gy's dtype, x's layout.
 
+    Recomputes each window's argmax from ``x`` (one kernel), then every input
+    cell gathers the gradients of the windows it won (a second kernel).
+    Reading the forward's output instead of recomputing was measured slower
+    on the H200 (``scripts/gpu_pool_bench.py`` history in docs/performance.md).
+
     Raises ShapeError when gy is not the pooled shape of x.
     """
     _, arg, cl, _, (k, s, pad, out) = _max(xp, x, kernel_size, stride, padding, ceil_mode, True,
@@ -189,7 +216,8 @@ def max_pool2d_backward(xp, x, gy, *, kernel_size, stride, padding, ceil_mode):
     g = g.astype(xp.float32) if half else g
     gx = _out(xp, g, x.shape[0], x.shape[1], x.shape[2:], cl)
     if gx.size:
-        kern = _kernel("maxpool_bwd", "raw T gy, raw int32 arg, " + _GEO, "raw T gx", _MAX_BWD)
+        kern = _kernel("maxpool_bwd", "raw T gy, raw int32 arg, " + _GEO, "raw T gx", _MAX_BWD,
+                       arrays=(g, gx))
         kern(g.ravel(), arg.ravel(), *_geo(x.shape, out, k, s, pad, cl, x.shape[2:]), gx.ravel(), size=gx.size)
     gx = logical(gx, cl)
     return gx.astype(xp.float16) if half else gx
@@ -205,7 +233,8 @@ def max_pool2d_select(xp, x, v, *, kernel_size, stride, padding, ceil_mode):
     vb = in_layout(xp, v, cl)
     y = _out(xp, vb, x.shape[0], x.shape[1], out, cl)
     if y.size:
-        kern = _kernel("maxpool_select", "raw T v, raw int32 arg, " + _GEO, "raw T y", _SELECT)
+        kern = _kernel("maxpool_select", "raw T v, raw int32 arg, " + _GEO, "raw T y", _SELECT,
+                       arrays=(vb, y))
         kern(vb.ravel(), arg.ravel(), *_geo(x.shape, out, k, s, pad, cl, out), y.ravel(), size=y.size)
     return logical(y, cl)
 
@@ -217,7 +246,8 @@ def avg_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, count_include_
     k, s, pad, out = geometry(x.shape[2:], kernel_size, stride, padding, ceil_mode)
     y = _out(xp, buf, x.shape[0], x.shape[1], out, cl)
     if y.size:
-        kern = _kernel("avgpool", "raw T x, bool include_pad, " + _GEO, "raw T y", _AVG, _DIVISOR)
+        kern = _kernel("avgpool", "raw T x, bool include_pad, " + _GEO, "raw T y", _AVG, _DIVISOR,
+                       arrays=(buf, y))
         kern(buf.ravel(), bool(count_include_pad), *_geo(x.shape, out, k, s, pad, cl, out), y.ravel(),
              size=y.size)
     y = logical(y, cl)
@@ -240,7 +270,8 @@ def avg_pool2d_backward(xp, gy, *, kernel_size, stride, padding, ceil_mode, coun
     g, cl, half = _prepare(xp, gy, "avg_pool2d_backward")
     gx = _out(xp, g, shape[0], shape[1], shape[2:], cl)
     if gx.size:
-        kern = _kernel("avgpool_bwd", "raw T gy, bool include_pad, " + _GEO, "raw T gx", _AVG_BWD, _DIVISOR)
+        kern = _kernel("avgpool_bwd", "raw T gy, bool include_pad, " + _GEO, "raw T gx", _AVG_BWD, _DIVISOR,
+                       arrays=(g, gx))
         kern(g.ravel(), bool(count_include_pad), *_geo(shape, out, k, s, pad, cl, shape[2:]), gx.ravel(),
              size=gx.size)
     gx = logical(gx, cl)

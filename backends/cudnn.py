@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from opgraph.errors import LoweringError, ShapeError
 from opgraph.params import conv_out_size
+from opgraph.types import is_channels_last as _channels_last, to_layout
 
 from . import cudnn_graph as cg
 
@@ -48,10 +49,6 @@ def default_precision(dtype_name: str) -> str:
 
 # ----------------------------------------------------------------- layouts, dtypes
 
-def _channels_last(a) -> bool:
-    return a.ndim == 4 and not a.flags.c_contiguous and a.transpose(0, 2, 3, 1).flags.c_contiguous
-
-
 def _strides(shape, cl: bool) -> tuple:
     """Canonical element strides of an NCHW-shaped tensor stored NCHW or NHWC."""
     n, c, h, w = shape
@@ -66,9 +63,7 @@ def _empty(xp, shape, dtype, cl: bool):
 
 
 def _in_layout(xp, a, cl: bool):
-    if cl:
-        return a if _channels_last(a) else xp.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
-    return xp.ascontiguousarray(a)
+    return to_layout(xp, a, "NHWC") if cl else xp.ascontiguousarray(a)
 
 
 def _cast(xp, a, io: str):

@@ -46,7 +46,7 @@ import opgraph as og
 from opgraph.backends.registry import KernelContext, rules_for
 from opgraph.executable import Executable
 from opgraph.op import Source, abstract_of
-from opgraph.passes.autotune import tolerance
+from opgraph.passes.autotune import relative_error, tolerance
 from opgraph.types import to_layout
 
 from .protocol import TrainingGraph
@@ -57,18 +57,6 @@ CHECKED_OPS = frozenset({"Conv2d", "Conv2dBiasRelu", "Conv2dBackwardData", "Conv
 #: (lowered op, abstract op at the same node id) pairs computing the same value.
 _SAME_VALUE = {("PadBackward", "Conv2dBackwardData")}
 _REFERENCE_ALGORITHMS = ("reference", "direct")
-
-
-def relative_error(xp, out, ref) -> float:
-    """``||out - ref|| / ||ref||`` computed in float64 on the arrays' device
-    (absolute error when ``ref`` is all zeros); NaN for a shape mismatch or
-    a non-finite value."""
-    if tuple(out.shape) != tuple(ref.shape):
-        return math.nan
-    diff = float(xp.linalg.norm((out.astype(xp.float64) - ref.astype(xp.float64)).ravel()))
-    norm = float(xp.linalg.norm(ref.ravel().astype(xp.float64)))
-    err = diff / norm if norm > 0 else diff
-    return err if math.isfinite(err) else math.nan
 
 
 class Reference:

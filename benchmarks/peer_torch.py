@@ -270,7 +270,15 @@ def run_peer(model: Model, feeds: dict, *, device: str, precision: str = "fp32",
         torch.backends.cudnn.benchmark = True
     tm = TorchModel(model, feeds, device, channels_last=layout.upper() == "NHWC",
                     input_grad=input_grad)
-    fwd = torch.compile(tm.forward) if compiled else tm.forward
+    if compiled:
+        # The backward loop reuses one forward's graph (retain_graph=True), which
+        # AOTAutograd's donated buffers forbid; and shapes never change here, so
+        # no dynamic-shape recompiles (they failed in inductor on the H200).
+        import torch._functorch.config as functorch_config
+        functorch_config.donated_buffer = False
+        fwd = torch.compile(tm.forward, dynamic=False)
+    else:
+        fwd = tm.forward
     timer = TorchCudaTimer(torch) if device == "cuda" else CpuTimer()
 
     def step():

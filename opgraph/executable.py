@@ -4,7 +4,8 @@
 node's kernel once, computes the topological schedule and, for each step, the
 buffers whose last reader it is (freed right after, so peak memory follows
 liveness). Calling it only feeds sources and runs that list: no graph walk and
-no dictionary of ops per call.
+no dictionary of ops per call. A 4-D value the layout pass stored NHWC is
+kept channels-last after every step (``_stored_channels_last``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class Executable:
                     f"node {view.name} ({view.op.name}) is abstract and cannot run; the 'lower' pass "
                     f"chooses its implementation (opgraph.compile runs it)")
             kernel, ctx = resolve(view.op)
+            if view.type.layout == "NHWC" and view.type.ndim == 4:
+                kernel = _stored_channels_last(kernel, xp)
             steps.append(Step(n, view.name, view.op, kernel, ctx, tuple(graph.input_ids(n))))
         self.steps = _with_frees(steps, {v.node for v in self.outputs})
 
@@ -144,6 +147,22 @@ class Executable:
         """One line per scheduled node: name, chosen implementation."""
         width = max((len(n) for n in self.choices), default=0)
         return "\n".join(f"{n:<{width}}  {c}" for n, c in self.choices.items())
+
+
+def _stored_channels_last(kernel: Callable, xp) -> Callable:
+    """``kernel`` whose 4-D output is stored channels-last, as the layout pass
+    decided for its value. Most kernels write their input's layout already
+    (no copy then); one whose output cannot follow (a reshape of a 2-D
+    gradient, a padded copy, a GEMM/FFT convolution) pays one transpose here,
+    so that every later kernel, and the autotuner's view of it, sees NHWC."""
+
+    def run(ctx, op, *arrays):
+        return to_layout(xp, kernel(ctx, op, *arrays), "NHWC")
+
+    run.__name__ = run.__qualname__ = getattr(kernel, "__name__", "kernel")
+    run.__wrapped__ = kernel
+    run.__doc__ = kernel.__doc__
+    return run
 
 
 def _with_frees(steps: list[Step], keep: set[int]) -> list[Step]:

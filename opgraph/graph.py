@@ -270,10 +270,12 @@ class Graph:
         return Value(self, node)
 
     def replace_op(self, node: int, op: Op) -> None:
-        """Swap the op of ``node``; the new op must infer the same type.
+        """Swap the op of ``node``; the new op must infer the same shape. The
+        value keeps its layout (a storage decision of the layout pass that a
+        rewrite such as fusion or autotuning does not revisit).
 
         Raises:
-            ShapeError: the new op gives another output type.
+            ShapeError: the new op gives another output shape.
         """
         view = self.node(node)
         new_type = op.infer(*view.input_types)
@@ -281,16 +283,18 @@ class Graph:
             raise ShapeError(f"replacing {view.op.name} by {op.name} changes the shape "
                              f"{view.type.shape} -> {new_type.shape}", view.name)
         self.nx.nodes[node]["op"] = op
-        self.nx.nodes[node]["type"] = new_type
+        self.nx.nodes[node]["type"] = attrs.evolve(new_type, layout=view.type.layout)
 
     def set_inputs(self, node: int, inputs: Sequence[Value]) -> None:
-        """Rewire ``node`` to read ``inputs`` (same count/types as its op needs)."""
+        """Rewire ``node`` to read ``inputs`` (same count/types as its op needs);
+        its value keeps its layout (see :meth:`replace_op`)."""
+        layout = self.node(node).type.layout
         for u, v, k in list(self.nx.in_edges(node, keys=True)):
             self.nx.remove_edge(u, v, key=k)
         for pos, val in enumerate(inputs):
             self.nx.add_edge(val.node, node, key=pos)
         view = self.node(node)
-        self.nx.nodes[node]["type"] = view.op.infer(*view.input_types)
+        self.nx.nodes[node]["type"] = attrs.evolve(view.op.infer(*view.input_types), layout=layout)
 
     def absorb(self, node: int, into: int) -> None:
         """Make every reader of ``node`` read ``into`` instead, then delete

@@ -64,6 +64,14 @@ class TensorType:
         return f"{self.dtype}[{', '.join(map(str, self.shape))}]{layout}"
 
 
+def is_channels_last(a) -> bool:
+    """Whether the 4-D array ``a`` (logical NCHW) is stored channels-last: the
+    NCHW-shaped view of a C-contiguous (N, H, W, C) buffer. An array that is
+    both (C == 1, or H == W == 1) counts as NCHW."""
+    return (getattr(a, "ndim", 0) == 4 and not a.flags.c_contiguous
+            and a.transpose(0, 2, 3, 1).flags.c_contiguous)
+
+
 def to_layout(xp, a, layout: str | None):
     """``a`` (logical NCHW) stored in ``layout``: for ``'NHWC'`` the NCHW-shaped
     view of a channels-last copy (strides ``(HWC, 1, WC, C)``); otherwise ``a``.
@@ -71,6 +79,6 @@ def to_layout(xp, a, layout: str | None):
     Every kernel reads its operands through their strides, so the storage
     order changes speed, never values (SEMANTICS.md).
     """
-    if layout != "NHWC" or getattr(a, "ndim", 0) != 4:
+    if layout != "NHWC" or getattr(a, "ndim", 0) != 4 or is_channels_last(a):
         return a
     return xp.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)

@@ -10,6 +10,17 @@
 # (estimates from the H200's cuDNN and PyTorch figures in docs/gpu.md and ../shared/peers; the
 #  autotuned column dominates: every cuDNN engine and every algorithm of every node is timed)
 #   markdown       the tables of every JSON in the folder (results.md) and the plots
+#   tests          the GPU tests (pytest -m gpu), log in pytest-gpu.log                    (~1 min)
+#   kernels        scripts/gpu_kernel_bench.py: pool and bias-gradient variants (kernels.json) (~1 min)
+#   profile        scripts/gpu_profile.py, GoogLeNet and VGG-A, fp32 NCHW and tf32 NHWC      (~1 min)
+#   perf           the four models ($MODELS), auto ($PERF_LOWERINGS) + PyTorch eager ($PEERS), no
+#                  per-layer view, in $PRECISIONS (default fp32) and $PERF_LAYOUT (default nchw):
+#                  issue 7's side-by-side run; $PERF_NAME is appended to the file names
+#   default        opgraph-bench with no arguments but the output files
+#
+# The autotune cache is $LOG/autotune-cache.json (OPGRAPH_CACHE), seeded from
+# .h200-autotune-cache.json in the repository root when that file exists (carry it to
+# reuse an earlier call's decisions: the device starts bare every time).
 #
 # Protocol: the seed's 10 timed calls per loop, 5 warm-ups (not 10, to fit the device budget;
 # WARMUP=10 restores it). TIME_LIMIT (default 420 s) stops starting new columns before the
@@ -32,13 +43,17 @@ if compgen -G ".whl/*.whl" >/dev/null; then
         --target /tmp/site .whl/*.whl || exit 2
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-$PY -c "import opgraph" 2>/dev/null || $PY -m pip install -q --no-deps --no-build-isolation -e . || exit 2
+$PY -c "import opgraph.passes, opgraph.benchmarks" 2>/dev/null || $PY -m pip install -q --no-deps --no-build-isolation -e . || exit 2
+export OPGRAPH_CACHE=${OPGRAPH_CACHE:-$LOG/autotune-cache.json}
+if [ -f .h200-autotune-cache.json ] && [ ! -f "$OPGRAPH_CACHE" ]; then
+    cp .h200-autotune-cache.json "$OPGRAPH_CACHE"
+fi
 
 bench() {  # bench NAME TIME_LIMIT ARGS...
     local name=$1 limit=$2
     shift 2
     echo "== $name ($(date -u +%H:%M:%S))"
-    $PY -m opgraph.benchmarks.cli --device cuda --warmup "$WARMUP" --repeat "$REPEAT" \
+    timeout "${STAGE_TIMEOUT:-590}" $PY -m opgraph.benchmarks.cli --device cuda --warmup "$WARMUP" --repeat "$REPEAT" \
         --time-limit "$limit" --format json --output "$LOG/$name.json" --plot "$LOG/$name.png" \
         "$@" 2>&1 | tee "$LOG/$name.log" | tail -n 40
 }
@@ -54,11 +69,35 @@ for stage in "$@"; do
         layers)
             bench layers "$TIME_LIMIT" --suite layers --precision fp32,tf32,bf16 \
                 --lowering "${LAYER_LOWERINGS:-cudnn,gemm,fft,winograd,auto}" --compare torch ;;
+        tests)
+            echo "== tests ($(date -u +%H:%M:%S))"
+            timeout "${GPU_TEST_TIMEOUT:-300}" $PY -m pytest tests -m gpu -q -ra -p no:cacheprovider \
+                --durations=10 >"$LOG/pytest-gpu.log" 2>&1
+            echo "gpu tests exit status: $?"
+            tail -n 25 "$LOG/pytest-gpu.log" ;;
+        kernels)
+            echo "== kernels ($(date -u +%H:%M:%S))"
+            $PY scripts/gpu_kernel_bench.py --json "$LOG/kernels.json" ;;
+        profile)
+            echo "== profile ($(date -u +%H:%M:%S))"
+            $PY scripts/gpu_profile.py --model googlenet --model vgg_a --json "$LOG/profile-fp32-nchw.json" \
+                | tail -n 30
+            $PY scripts/gpu_profile.py --model googlenet --model vgg_a --precision tf32 --layout NHWC \
+                --json "$LOG/profile-tf32-nhwc.json" | tail -n 30 ;;
+        perf)
+            bench "perf-$(echo "${PRECISIONS:-fp32}" | tr , -)${PERF_NAME:-}" "$TIME_LIMIT" --model "${MODELS:-winners}" \
+                --precision "${PRECISIONS:-fp32}" --layout "${PERF_LAYOUT:-nchw}" \
+                --lowering "${PERF_LOWERINGS:-auto}" --compare "${PEERS:-torch}" --no-per-layer ;;
+        default)
+            echo "== default: opgraph-bench with no arguments ($(date -u +%H:%M:%S))"
+            $PY -m opgraph.benchmarks.cli --format json --output "$LOG/default.json" --plot "$LOG/default.png" \
+                2>&1 | tee "$LOG/default.log" | tail -n 60 ;;
         markdown)
             $PY scripts/results_to_markdown.py "$LOG"/winners-*.json "$LOG"/layers.json \
                 --plot "$LOG/results.png" > "$LOG/results.md" && echo "wrote $LOG/results.md" ;;
         *)
-            echo "unknown stage $stage (winners-fp32, winners-mixed, layers, markdown)" >&2
+            echo "unknown stage $stage (winners-fp32, winners-mixed, layers, tests, kernels, profile, perf," \
+                 "default, markdown)" >&2
             exit 2 ;;
     esac
 done

@@ -15,6 +15,10 @@ import math
 
 from opgraph.errors import ParameterError, ShapeError
 from opgraph.params import padding2d
+from opgraph.types import is_channels_last
+
+#: NCHW axis -> axis of the (N, H, W, C) buffer behind a channels-last view.
+_NHWC_AXIS = {0: 0, 1: 3, 2: 1, 3: 2}
 
 
 def _axis(ndim, axis, name="axis"):
@@ -64,6 +68,9 @@ def concat(xp, *xs, axis):
         if a.ndim != len(ref) or any(a.shape[d] != ref[d] for d in range(a.ndim) if d != ax):
             raise ShapeError(f"concat: input {i} has shape {a.shape}, input 0 has {ref}; "
                              f"they may differ only on axis {ax}")
+    if all(is_channels_last(a) for a in xs):  # keep channels-last storage (the layout pass's choice)
+        buffers = [a.transpose(0, 2, 3, 1) for a in xs]
+        return xp.concatenate(buffers, axis=_NHWC_AXIS[ax]).transpose(0, 3, 1, 2)
     return xp.concatenate(xs, axis=ax)
 
 
@@ -79,7 +86,7 @@ def slice_(xp, x, *, axis, start, stop):
     Raises ParameterError for a bad axis.
     """
     _, idx = _slice_index(x.ndim, axis, start, stop)
-    return x[idx].copy()
+    return x[idx].copy(order="K")  # keeps x's memory order (NCHW or channels-last)
 
 
 take_slice = slice_
@@ -94,7 +101,10 @@ def slice_backward(xp, gy, *, axis, start, stop, input_shape):
     """
     shape = tuple(int(v) for v in input_shape)
     ax, idx = _slice_index(len(shape), axis, start, stop)
-    out = xp.zeros(shape, dtype=gy.dtype)
+    if is_channels_last(gy) and len(shape) == 4:  # the gradient keeps gy's storage order
+        out = xp.zeros((shape[0], shape[2], shape[3], shape[1]), dtype=gy.dtype).transpose(0, 3, 1, 2)
+    else:
+        out = xp.zeros(shape, dtype=gy.dtype)
     if tuple(out[idx].shape) != tuple(gy.shape):
         raise ShapeError(f"slice_backward: gy has shape {gy.shape}, the slice {start}:{stop} on "
                          f"axis {ax} of {shape} has {out[idx].shape}")
@@ -133,7 +143,7 @@ def pad_backward(xp, gy, *, padding):
     if gy.ndim != 4 or gy.shape[2] < t + b or gy.shape[3] < l + r:
         raise ShapeError(f"pad_backward: gy of shape {gy.shape} cannot be cropped by {padding}")
     h, w = gy.shape[2], gy.shape[3]
-    return gy[:, :, t : h - b, l : w - r].copy()
+    return gy[:, :, t : h - b, l : w - r].copy(order="K")
 
 
 __all__ = ["flatten", "reshape", "concat", "slice_", "take_slice", "slice_backward", "pad",

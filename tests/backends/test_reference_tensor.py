@@ -113,3 +113,28 @@ def test_pad_batch_zero():
     y = tensor.pad(np, np.zeros((0, 3, 2, 2)), padding=((1, 1), (1, 1)), value=0.0)
     assert y.shape == (0, 3, 4, 4)
     assert tensor.pad_backward(np, y, padding=((1, 1), (1, 1))).shape == (0, 3, 2, 2)
+
+
+def test_channels_last_inputs_give_channels_last_outputs():
+    """concat, slice, slice_backward and pad_backward keep NHWC storage (the
+    layout pass's plan on cuda), with the same values as NCHW."""
+    from opgraph.types import is_channels_last, to_layout
+
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((2, 2, 4, 5))
+    ca, cb = to_layout(np, a, "NHWC"), to_layout(np, b, "NHWC")
+    cat = tensor.concat(np, ca, cb, axis=1)
+    assert is_channels_last(cat)
+    np.testing.assert_array_equal(cat, tensor.concat(np, a, b, axis=1))
+    part = tensor.slice_(np, cat, axis=1, start=1, stop=4)
+    assert is_channels_last(part)
+    np.testing.assert_array_equal(part, np.concatenate([a, b], axis=1)[:, 1:4])
+    back = tensor.slice_backward(np, part, axis=1, start=1, stop=4, input_shape=cat.shape)
+    assert is_channels_last(back)
+    np.testing.assert_array_equal(back, tensor.slice_backward(np, np.ascontiguousarray(part), axis=1,
+                                                              start=1, stop=4, input_shape=cat.shape))
+    crop = tensor.pad_backward(np, ca, padding=((1, 0), (0, 2)))
+    assert is_channels_last(crop)
+    np.testing.assert_array_equal(crop, a[:, :, 1:, :3])
+    mixed = tensor.concat(np, ca, b, axis=1)  # mixed layouts: plain concatenation
+    np.testing.assert_array_equal(mixed, np.concatenate([a, b], axis=1))

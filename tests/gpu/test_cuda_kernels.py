@@ -37,6 +37,8 @@ def _pool_data(rng, shape, kind):
         x.flat[rng.choice(x.size, max(1, x.size // 20), replace=False)] = np.nan
     elif kind == "neg_inf":  # whole rows of -inf: all -inf windows next to padding
         x[:, :, : shape[2] // 2] = -np.inf
+    elif kind == "signed_zero":  # 0.0 == -0.0: the first of them wins, whichever sign
+        x = rng.choice(np.array([0.0, -0.0, -1.0], np.float32), shape)
     return x
 
 
@@ -51,7 +53,7 @@ def _pool_kwargs(case):
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("kind", ["normal", "ties", "nan", "neg_inf"])
+@pytest.mark.parametrize("kind", ["normal", "ties", "nan", "neg_inf", "signed_zero"])
 @pytest.mark.parametrize("case", POOL_CASES)
 def test_max_pool(cp, rng, case, kind, layout):
     from opgraph.backends import cuda_pool
@@ -117,9 +119,8 @@ def test_max_pool_over_2_31_elements(cp):
     gy = cp.random.standard_normal(y.shape, dtype=cp.float32)
     del y
     gx = cuda_pool.max_pool2d_backward(cp, x, gy, **kw)
-    np.testing.assert_allclose(cp.asnumpy(gx[-2:]),
-                               ref_pool.max_pool2d_backward(np, tail, cp.asnumpy(gy[-2:]), **kw),
-                               rtol=1e-6, atol=1e-6)
+    want = ref_pool.max_pool2d_backward(np, tail, cp.asnumpy(gy[-2:]), **kw)
+    np.testing.assert_allclose(cp.asnumpy(gx[-2:]), want, rtol=1e-6, atol=1e-6)
     del x, gy, gx
     cp.get_default_memory_pool().free_all_blocks()
 

@@ -89,18 +89,6 @@ def threshold_backward(xp, x, gy, *, threshold):
     return back(k(xm, xp.asarray(threshold, dtype=x.dtype), gm, _zero(xp, gy), xp.empty_like(gm)))
 
 
-@functools.lru_cache(maxsize=64)
-def _ones_on(xp, n: int, dtype: str, device: int):
-    return xp.ones(n, dtype=dtype)
-
-
-def _ones(xp, n: int, dtype):
-    """A cached read-only vector of ones (one allocation and fill per length,
-    dtype and device, not one per call: these launches showed in the profile)."""
-    device = xp.cuda.Device().id if hasattr(xp, "cuda") else -1
-    return _ones_on(xp, n, xp.dtype(dtype).name, device)
-
-
 #: NCHW bias gradients smaller than this (elements) use a CuPy sum: measured
 #: 0.06-0.12 ms against 0.19-0.24 ms for the products on GoogLeNet's 1.6-4.8 M
 #: element gradients; 1.6 ms against 0.27 ms at 103 M (H200, 2026-11-30).
@@ -127,12 +115,12 @@ def bias_add_backward(xp, gy):
         return xp.zeros(c, dtype=gy.dtype)
     if is_channels_last(gy):
         rows = gy.transpose(0, 2, 3, 1).reshape(-1, c).astype(acc, copy=False)  # (N*H*W, C)
-        out = _ones(xp, rows.shape[0], acc) @ rows
+        out = xp.ones(rows.shape[0], dtype=acc) @ rows
     elif gy.size < BIAS_GRAD_SUM_BELOW:
         out = gy.sum(axis=(0, *range(2, gy.ndim)), dtype=acc)
     else:
         g = xp.ascontiguousarray(gy).reshape(n * c, -1).astype(acc, copy=False)  # (N*C, HW)
-        out = _ones(xp, n, acc) @ (g @ _ones(xp, g.shape[1], acc)).reshape(n, c)
+        out = xp.ones(n, dtype=acc) @ (g @ xp.ones(g.shape[1], dtype=acc)).reshape(n, c)
     return out.astype(gy.dtype, copy=False)
 
 

@@ -24,6 +24,12 @@ find their cell. The stored argmax is a cell index inside one ``H x W`` plane
 (int32; planes over 2^31 cells are refused). float16 computes in float32 and
 casts back.
 
+``specialize=True`` compiles the geometry (channels, extents, window, stride,
+padding, layout) into the kernel as constants instead of passing it as
+arguments: the divisions by the stride and the window bounds become shifts or
+disappear, at the price of one NVRTC compilation per layer shape (CuPy caches
+it on disk). The ``cuda`` rules offer both as autotune variants, so the
+tuner keeps the specialised kernel only where it is correct and faster.
 """
 
 from __future__ import annotations
@@ -50,8 +56,10 @@ _DECOMPOSE = """
     const IDX oh_ = cl ? OW * C : OW, ow_ = cl ? C : 1;
 """
 
-_GEO = ("int64 C, int64 H, int64 W, int64 OH, int64 OW, int64 A, int64 B, bool cl, int64 kh, "
-        "int64 kw, int64 sh, int64 sw, int64 pt, int64 pb, int64 pl, int64 pr")
+#: The geometry every kernel reads: runtime arguments, or constants compiled
+#: into the kernel (``specialize=True``, see the module docstring).
+_GEO_NAMES = ("C", "H", "W", "OH", "OW", "A", "B", "cl", "kh", "kw", "sh", "sw", "pt", "pb", "pl", "pr")
+_GEO = ", ".join(("bool " if n == "cl" else "int64 ") + n for n in _GEO_NAMES)
 
 # Forward max: (a, b) = (oh, ow). First in-bounds cell, then strictly greater
 # values or the first NaN replace it (NaN never leaves: v > NaN is false).
@@ -144,9 +152,22 @@ def _compiled(name, in_params, out_params, body, preamble, wide):
                                   preamble=typedef + preamble)
 
 
-def _kernel(name, in_params, out_params, body, preamble="", *, arrays):
-    """The kernel compiled with the index width ``arrays`` need."""
-    return _compiled(name, in_params, out_params, body, preamble, _wide(*arrays))
+def _run(name, in_params, ins, out_params, outs, body, geo, *, size, arrays, preamble="",
+         specialize=False):
+    """Launch kernel ``name`` over ``size`` threads: inputs ``ins`` (declared by
+    ``in_params``, geometry excluded), then the geometry ``geo`` (:func:`_geo`),
+    then the outputs. Index width from ``arrays``; with ``specialize`` the
+    geometry is compiled in as constants (one kernel per shape)."""
+    wide = _wide(*arrays)
+    if specialize:
+        consts = "".join(f"    const {'bool' if n == 'cl' else 'IDX'} {n} = "
+                         f"{('true' if v else 'false') if n == 'cl' else int(v)};\n"
+                         for n, v in zip(_GEO_NAMES, geo))
+        kern = _compiled(name + "_const", in_params, out_params, consts + body, preamble, wide)
+        kern(*ins, *outs, size=size)
+    else:
+        kern = _compiled(name, in_params + ", " + _GEO, out_params, body, preamble, wide)
+        kern(*ins, *geo, *outs, size=size)
 
 
 def _prepare(xp, x, what):
@@ -171,7 +192,7 @@ def _out(xp, buf, n, c, hw, cl, dtype=None):
     return xp.empty(shape, dtype=dtype or buf.dtype)
 
 
-def _max(xp, x, kernel_size, stride, padding, ceil_mode, with_arg, what):
+def _max(xp, x, kernel_size, stride, padding, ceil_mode, with_arg, what, specialize=False):
     buf, cl, half = _prepare(xp, x, what)
     k, s, pad, out = geometry(x.shape[2:], kernel_size, stride, padding, ceil_mode)
     n, c = x.shape[:2]
@@ -180,24 +201,23 @@ def _max(xp, x, kernel_size, stride, padding, ceil_mode, with_arg, what):
     if y.size:
         body = _MAX.replace("STORE", "arg[t] = (int)win;" if with_arg else "")
         outs = "raw T y, raw int32 arg" if with_arg else "raw T y"
-        kern = _kernel("maxpool_arg" if with_arg else "maxpool", "raw T x, " + _GEO, outs, body,
-                       arrays=(buf, y))
-        kern(buf.ravel(), *_geo(x.shape, out, k, s, pad, cl, out), y.ravel(),
-             *([arg.ravel()] if with_arg else []), size=y.size)
+        _run("maxpool_arg" if with_arg else "maxpool", "raw T x", [buf.ravel()], outs,
+             [y.ravel(), *([arg.ravel()] if with_arg else [])], body, _geo(x.shape, out, k, s, pad, cl, out),
+             size=y.size, arrays=(buf, y), specialize=specialize)
     return y, arg, cl, half, (k, s, pad, out)
 
 
-def max_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode):
+def max_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, specialize=False):
     """Max pooling of ``(N, C, H, W)`` x -> ``(N, C, Ho, Wo)`` in x's dtype and layout.
 
     Raises ParameterError / ShapeError as the reference. Source: SEMANTICS.md.
     """
-    y, _, cl, half, _ = _max(xp, x, kernel_size, stride, padding, ceil_mode, False, "max_pool2d")
+    y, _, cl, half, _ = _max(xp, x, kernel_size, stride, padding, ceil_mode, False, "max_pool2d", specialize)
     y = logical(y, cl)
     return y.astype(xp.float16) if half else y
 
 
-def max_pool2d_backward(xp, x, gy, *, kernel_size, stride, padding, ceil_mode):
+def max_pool2d_backward(xp, x, gy, *, kernel_size, stride, padding, ceil_mode, specialize=False):
     """Input gradient of max pooling: ``(N, C, H, W)`` in gy's dtype, x's layout.
 
     Recomputes each window's argmax from ``x`` (one kernel), then every input
@@ -208,7 +228,7 @@ def max_pool2d_backward(xp, x, gy, *, kernel_size, stride, padding, ceil_mode):
     Raises ShapeError when gy is not the pooled shape of x.
     """
     _, arg, cl, _, (k, s, pad, out) = _max(xp, x, kernel_size, stride, padding, ceil_mode, True,
-                                           "max_pool2d_backward")
+                                           "max_pool2d_backward", specialize)
     if tuple(gy.shape) != tuple(x.shape[:2]) + out:
         raise ShapeError(f"max_pool2d_backward: gy has shape {gy.shape}, expected {x.shape[:2] + out}")
     g = in_layout(xp, gy, cl)
@@ -216,46 +236,45 @@ def max_pool2d_backward(xp, x, gy, *, kernel_size, stride, padding, ceil_mode):
     g = g.astype(xp.float32) if half else g
     gx = _out(xp, g, x.shape[0], x.shape[1], x.shape[2:], cl)
     if gx.size:
-        kern = _kernel("maxpool_bwd", "raw T gy, raw int32 arg, " + _GEO, "raw T gx", _MAX_BWD,
-                       arrays=(g, gx))
-        kern(g.ravel(), arg.ravel(), *_geo(x.shape, out, k, s, pad, cl, x.shape[2:]), gx.ravel(), size=gx.size)
+        _run("maxpool_bwd", "raw T gy, raw int32 arg", [g.ravel(), arg.ravel()], "raw T gx", [gx.ravel()],
+             _MAX_BWD, _geo(x.shape, out, k, s, pad, cl, x.shape[2:]), size=gx.size, arrays=(g, gx),
+             specialize=specialize)
     gx = logical(gx, cl)
     return gx.astype(xp.float16) if half else gx
 
 
-def max_pool2d_select(xp, x, v, *, kernel_size, stride, padding, ceil_mode):
+def max_pool2d_select(xp, x, v, *, kernel_size, stride, padding, ceil_mode, specialize=False):
     """``v`` read at each window's winning cell of ``x`` (the adjoint of
     :func:`max_pool2d_backward`): pooled shape, v's dtype, x's layout."""
     if tuple(v.shape) != tuple(x.shape):
         raise ShapeError(f"max_pool2d_select: v has shape {v.shape}, x has {x.shape}")
     _, arg, cl, _, (k, s, pad, out) = _max(xp, x, kernel_size, stride, padding, ceil_mode, True,
-                                           "max_pool2d_select")
+                                           "max_pool2d_select", specialize)
     vb = in_layout(xp, v, cl)
     y = _out(xp, vb, x.shape[0], x.shape[1], out, cl)
     if y.size:
-        kern = _kernel("maxpool_select", "raw T v, raw int32 arg, " + _GEO, "raw T y", _SELECT,
-                       arrays=(vb, y))
-        kern(vb.ravel(), arg.ravel(), *_geo(x.shape, out, k, s, pad, cl, out), y.ravel(), size=y.size)
+        _run("maxpool_select", "raw T v, raw int32 arg", [vb.ravel(), arg.ravel()], "raw T y", [y.ravel()],
+             _SELECT, _geo(x.shape, out, k, s, pad, cl, out), size=y.size, arrays=(vb, y),
+             specialize=specialize)
     return logical(y, cl)
 
 
-def avg_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, count_include_pad):
+def avg_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, count_include_pad, specialize=False):
     """Average pooling of ``(N, C, H, W)`` x -> ``(N, C, Ho, Wo)``, x's dtype and layout;
     padding cells hold 0; divisor as the module docstring. Errors as max_pool2d."""
     buf, cl, half = _prepare(xp, x, "avg_pool2d")
     k, s, pad, out = geometry(x.shape[2:], kernel_size, stride, padding, ceil_mode)
     y = _out(xp, buf, x.shape[0], x.shape[1], out, cl)
     if y.size:
-        kern = _kernel("avgpool", "raw T x, bool include_pad, " + _GEO, "raw T y", _AVG, _DIVISOR,
-                       arrays=(buf, y))
-        kern(buf.ravel(), bool(count_include_pad), *_geo(x.shape, out, k, s, pad, cl, out), y.ravel(),
-             size=y.size)
+        _run("avgpool", "raw T x, bool include_pad", [buf.ravel(), bool(count_include_pad)], "raw T y",
+             [y.ravel()], _AVG, _geo(x.shape, out, k, s, pad, cl, out), size=y.size, arrays=(buf, y),
+             preamble=_DIVISOR, specialize=specialize)
     y = logical(y, cl)
     return y.astype(xp.float16) if half else y
 
 
 def avg_pool2d_backward(xp, gy, *, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                        input_shape):
+                        input_shape, specialize=False):
     """Input gradient of average pooling: each input cell gathers ``gy / divisor``
     from every window covering it. Returns ``input_shape``, gy's dtype and layout.
 
@@ -270,10 +289,9 @@ def avg_pool2d_backward(xp, gy, *, kernel_size, stride, padding, ceil_mode, coun
     g, cl, half = _prepare(xp, gy, "avg_pool2d_backward")
     gx = _out(xp, g, shape[0], shape[1], shape[2:], cl)
     if gx.size:
-        kern = _kernel("avgpool_bwd", "raw T gy, bool include_pad, " + _GEO, "raw T gx", _AVG_BWD, _DIVISOR,
-                       arrays=(g, gx))
-        kern(g.ravel(), bool(count_include_pad), *_geo(shape, out, k, s, pad, cl, shape[2:]), gx.ravel(),
-             size=gx.size)
+        _run("avgpool_bwd", "raw T gy, bool include_pad", [g.ravel(), bool(count_include_pad)], "raw T gx",
+             [gx.ravel()], _AVG_BWD, _geo(shape, out, k, s, pad, cl, shape[2:]), size=gx.size,
+             arrays=(g, gx), preamble=_DIVISOR, specialize=specialize)
     gx = logical(gx, cl)
     return gx.astype(xp.float16) if half else gx
 

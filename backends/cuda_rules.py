@@ -40,6 +40,28 @@ CUDA_KERNELS = {
 
 _FLOATS = ("float16", "float32", "float64")
 
+#: Ops whose kernels take ``specialize`` (geometry compiled in: :mod:`.cuda_pool`).
+SPECIALIZABLE = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dSelect, ops.AvgPool2d,
+                 ops.AvgPool2dBackward)
+
+
+def pool_variants(op, in_types, device):
+    """Two autotune candidates: geometry as kernel arguments (the default) or
+    compiled in as constants."""
+    return [{}, {"specialize": True}]
+
+
+def specializable_kernel(fn):
+    """``fn(xp, *arrays, **op.params(), specialize=...)`` as a rule kernel; the
+    option comes from the autotuner's choice (default off)."""
+
+    def kernel(ctx, op, *arrays):
+        return fn(ctx.xp, *arrays, **op.params(), specialize=bool(ctx.options.get("specialize", False)))
+
+    kernel.__name__ = kernel.__qualname__ = f"cuda_{fn.__name__}"
+    kernel.__doc__ = fn.__doc__
+    return kernel
+
 
 def check(op, in_types, device):
     """Our kernels take float16/32/64 (float16 computes in float32); integer
@@ -54,10 +76,15 @@ def check(op, in_types, device):
 def register_rules() -> None:
     """Register one ``cuda`` rule per entry of :data:`CUDA_KERNELS` (idempotent)."""
     for op_type, fn in CUDA_KERNELS.items():
-        register(Rule(op_type, "cuda", params_kernel(fn, "cuda"), devices={"cuda"}, check=check,
-                      tags={"cuda", "gpu"}))
+        if op_type in SPECIALIZABLE:
+            register(Rule(op_type, "cuda", specializable_kernel(fn), devices={"cuda"}, check=check,
+                          variants=pool_variants, tags={"cuda", "gpu"}))
+        else:
+            register(Rule(op_type, "cuda", params_kernel(fn, "cuda"), devices={"cuda"}, check=check,
+                          tags={"cuda", "gpu"}))
 
 
 register_rules()
 
-__all__ = ["CUDA_KERNELS", "check", "register_rules"]
+__all__ = ["CUDA_KERNELS", "SPECIALIZABLE", "check", "pool_variants", "register_rules",
+           "specializable_kernel"]

@@ -211,8 +211,8 @@ def _run(xp, kind, epilogue, ins, out_shape, out_dtype, padding, stride, dilatio
         ops = ops[:2]
     out = _empty(xp, plan.sig.dims[-1], xp.uint16 if io == "bfloat16" else io, cl)
     index = plan.default if engine is None else int(engine)
-    ws = plan.ensure(index)
-    plan.execute([a.data.ptr for a in ops] + [out.data.ptr], index, cg.workspace_ptr(ws, plan.sig.device))
+    scratch = cg.workspace(plan.ensure(index), plan.sig.device)
+    plan.execute([a.data.ptr for a in ops] + [out.data.ptr], index, cg.pointer(scratch))
     if extra is not None and kind == "dgrad":  # crop the explicit padding off dx
         (et, _), (el, _) = extra
         out = _in_layout(xp, out[:, :, et:et + out_shape[2], el:el + out_shape[3]], cl)

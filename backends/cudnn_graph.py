@@ -189,7 +189,6 @@ def _fast_path(graph, index: int, h):
 
 _CACHE: dict[ConvSignature, ConvPlan] = {}
 _HANDLES: dict[int, object] = {}
-_WORKSPACE: dict[int, object] = {}
 _LOCK = threading.Lock()
 
 
@@ -223,16 +222,23 @@ def _sync_stream(h) -> None:
     cudnn.set_stream(h, cupy.cuda.get_current_stream().ptr)
 
 
-def workspace_ptr(nbytes: int, device: int = 0) -> int:
-    """Device pointer to at least ``nbytes`` of scratch, one buffer per device
-    that only grows (reused by every call: calls on one stream are ordered)."""
+def workspace(nbytes: int, device: int = 0):
+    """Scratch of ``nbytes`` for one call, from CuPy's memory pool on ``device``
+    (None for 0 bytes). The caller holds it until the call is launched; the
+    pool then reuses the block in stream order. So only the running node's
+    workspace is resident, as the memory plan assumes, rather than a shared
+    buffer grown to the largest workspace any engine ever asked for (autotune
+    tries engines that ask for gigabytes, which then stayed allocated)."""
     if nbytes <= 0:
-        return 0
-    buf = _WORKSPACE.get(device)
-    if buf is None or buf.nbytes < nbytes:
-        import cupy
-        buf = _WORKSPACE[device] = cupy.empty(int(nbytes), dtype=cupy.uint8)
-    return buf.data.ptr
+        return None
+    import cupy
+    with cupy.cuda.Device(device):
+        return cupy.empty(int(nbytes), dtype=cupy.uint8)
+
+
+def pointer(buffer) -> int:
+    """Device pointer of a :func:`workspace` buffer (0 for None)."""
+    return 0 if buffer is None else buffer.data.ptr
 
 
 def _data_type(cudnn, dtype: str):
@@ -315,5 +321,5 @@ def cache_size() -> int:
 
 
 __all__ = ["PRECISIONS", "IO_DTYPE", "OPERANDS", "EPILOGUES", "ConvSignature", "ConvPlan",
-           "cudnn_module", "handle", "workspace_ptr", "build_graph", "plan_for", "clear_cache",
+           "cudnn_module", "handle", "workspace", "pointer", "build_graph", "plan_for", "clear_cache",
            "cache_size"]

@@ -179,7 +179,8 @@ class AutotunePass(Pass):
                 continue
             applicable = list(_one_reference(s.applicable))
             layout = getattr(types[0], "layout", None) or "NCHW"
-            key = cache_key(op, types, ctx.dtype, layout, policy, ctx.device, device_name, versions)
+            key = cache_key(op, types, ctx.dtype, layout, policy, ctx.device, device_name, versions,
+                            candidates=candidate_set(applicable))
             hit = cache.get(key)
             rule = hit and next((r for r, _ in applicable if r.algorithm == hit["algorithm"]), None)
             if rule is not None:  # reuse: nothing runs, not even the variants enumeration
@@ -265,6 +266,13 @@ class AutotunePass(Pass):
             status = "excluded" if why.startswith(("excluded", "opt-in")) else "declined"
             rows.append(Candidate(algo, {}, status=status, reason=why))
         return rows
+
+
+def candidate_set(applicable) -> str:
+    """``'cuda:pool_variants,reference:_one_variant'``: the competing rules and
+    the function enumerating each one's variants (part of the cache key)."""
+    return ",".join(sorted(f"{r.algorithm}:{getattr(r.variants, '__qualname__', r.variants)}"
+                           for r, _ in applicable))
 
 
 def _one_reference(applicable):

@@ -10,7 +10,8 @@ File format (``format`` guards against reading something else)::
 
 The key (:func:`cache_key`) spells out everything a decision depends on: the
 op and its parameters, input shapes and dtypes, layout, precision, workspace
-limit, device and device name, and every library version. A key written
+limit, device and device name, the competing rules and how each enumerates
+its variants, and every library version. A key written
 under other versions is therefore never looked up again (stale entries stay
 in the file, harmless, until it is deleted).
 
@@ -46,13 +47,16 @@ def default_path() -> str | None:
     return path if path.endswith(".json") else os.path.join(path, "autotune.json")
 
 
-def cache_key(op, in_types, dtype, layout, policy, device, device_name, versions) -> str:
-    """The key of one tuning decision (readable, order-stable)."""
+def cache_key(op, in_types, dtype, layout, policy, device, device_name, versions,
+              candidates: str = "") -> str:
+    """The key of one tuning decision (readable, order-stable). ``candidates``
+    names the rules that compete and how each enumerates its variants, so a
+    decision taken before a new candidate existed is not reused."""
     ins = ", ".join(f"{t.dtype}[{'x'.join(map(str, t.shape))}]" for t in in_types)
     vers = ";".join(f"{k}={versions[k]}" for k in sorted(versions))
     return (f"{op.describe()} | in=({ins}) | dtype={dtype or 'declared'} | layout={layout} | "
             f"precision={policy.precision} | workspace_limit={policy.workspace_limit} | "
-            f"device={device}:{device_name} | {vers}")
+            f"device={device}:{device_name} | candidates={candidates} | {vers}")
 
 
 class AutotuneCache:

@@ -74,7 +74,8 @@ def native_asymmetric_probe(cp, shapes, p):
         bad = []
         for i in plan.engines():
             y = cp.full(sh[-1], np.nan, dtype=cp.float32)
-            plan.execute([a.data.ptr for a in arrays] + [y.data.ptr], i, cg.workspace_ptr(plan.ensure(i)))
+            scratch = cg.workspace(plan.ensure(i))
+            plan.execute([a.data.ptr for a in arrays] + [y.data.ptr], i, cg.pointer(scratch))
             got = cp.asnumpy(y).astype(np.float64)
             err = np.linalg.norm(got - want[kind]) / np.linalg.norm(want[kind])
             if not err < 1e-4:

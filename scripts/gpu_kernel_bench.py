@@ -1,8 +1,8 @@
 """Our CUDA kernels, variant against variant, on the shapes of the winners.
 
-* max pooling: 64- vs 32-bit index arithmetic (forward, and backward that
-  recomputes the argmax), on the pooling layers of GoogLeNet (batch 128)
-  and VGG-A (batch 64);
+* max pooling: 64- vs 32-bit index arithmetic, and the geometry compiled in
+  as constants (``specialize``), forward and backward (which recomputes the
+  argmax), on the pooling layers of GoogLeNet (batch 128) and VGG-A (batch 64);
 * bias gradient: the matrix-product kernel in use, the previous one (one
   long matrix-vector product), and a CuPy sum, on conv outputs of GoogLeNet
   and VGG-A;
@@ -91,7 +91,12 @@ def bench_pools(rows):
                     row[f"bwd_{width}"] = cuda_pool.max_pool2d_backward(cp, x, gy, **kw)
                 finally:
                     cuda_pool._INT32_LIMIT = saved
-            row["widths_equal"] = bool(cp.array_equal(row.pop("bwd_i64"), row.pop("bwd_i32")))
+            row["fwd_const_ms"] = median_ms(lambda: cuda_pool.max_pool2d(cp, x, **kw, specialize=True))
+            row["bwd_const_ms"] = median_ms(
+                lambda: cuda_pool.max_pool2d_backward(cp, x, gy, **kw, specialize=True))
+            const = cuda_pool.max_pool2d_backward(cp, x, gy, **kw, specialize=True)
+            row["widths_equal"] = bool(cp.array_equal(row.pop("bwd_i64"), row["bwd_i32"]))
+            row["const_equal"] = bool(cp.array_equal(row.pop("bwd_i32"), const))
             emit(rows, row)
 
 

@@ -1,6 +1,6 @@
 """The CUDA bias-gradient kernel's matrix-product formulation is written against
 ``xp``: run it on NumPy against a float64 sum, in both layouts and several
-shapes (its cached vectors of ones are reused across lengths)."""
+shapes."""
 
 import numpy as np
 import pytest

@@ -55,37 +55,41 @@ def _pool_kwargs(case):
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("kind", ["normal", "ties", "nan", "neg_inf", "signed_zero"])
 @pytest.mark.parametrize("case", POOL_CASES)
-def test_max_pool(cp, rng, case, kind, layout):
+@pytest.mark.parametrize("specialize", [False, True])  # geometry as arguments / compiled in
+def test_max_pool(cp, rng, case, kind, layout, specialize):
     from opgraph.backends import cuda_pool
-    kw = _pool_kwargs(case)
+    kw = dict(_pool_kwargs(case), specialize=specialize)
+    ref_kw = _pool_kwargs(case)
     x = _pool_data(rng, case[0], kind)
-    y_ref = ref_pool.max_pool2d(np, x, **kw)
+    y_ref = ref_pool.max_pool2d(np, x, **ref_kw)
     y = cuda_pool.max_pool2d(cp, _dev(cp, x, layout), **kw)
     np.testing.assert_array_equal(cp.asnumpy(y), y_ref)  # exact, NaN where the reference has NaN
     gy = rng.standard_normal(y_ref.shape).astype(np.float32)
-    gx_ref = ref_pool.max_pool2d_backward(np, x, gy, **kw)
+    gx_ref = ref_pool.max_pool2d_backward(np, x, gy, **ref_kw)
     gx = cuda_pool.max_pool2d_backward(cp, _dev(cp, x, layout), _dev(cp, gy, layout), **kw)
     np.testing.assert_allclose(cp.asnumpy(gx), gx_ref, rtol=1e-6, atol=1e-6)
     assert np.isfinite(cp.asnumpy(gx)).all()
     v = rng.standard_normal(x.shape).astype(np.float32)
     sel = cuda_pool.max_pool2d_select(cp, _dev(cp, x, layout), _dev(cp, v, layout), **kw)
-    np.testing.assert_array_equal(cp.asnumpy(sel), ref_pool.max_pool2d_select(np, x, v, **kw))
+    np.testing.assert_array_equal(cp.asnumpy(sel), ref_pool.max_pool2d_select(np, x, v, **ref_kw))
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("include_pad", [True, False])
 @pytest.mark.parametrize("case", POOL_CASES)
-def test_avg_pool(cp, rng, relerr, case, include_pad, layout):
+@pytest.mark.parametrize("specialize", [False, True])
+def test_avg_pool(cp, rng, relerr, case, include_pad, layout, specialize):
     from opgraph.backends import cuda_pool
     kw = dict(_pool_kwargs(case), count_include_pad=include_pad)
+    spec = dict(specialize=specialize)
     x = rng.standard_normal(case[0]).astype(np.float32)
     y_ref = ref_pool.avg_pool2d(np, x.astype(np.float64), **kw)
-    y = cuda_pool.avg_pool2d(cp, _dev(cp, x, layout), **kw)
+    y = cuda_pool.avg_pool2d(cp, _dev(cp, x, layout), **kw, **spec)
     assert relerr(cp.asnumpy(y), y_ref) < 1e-6
     gy = rng.standard_normal(y_ref.shape)
     gx_ref = ref_pool.avg_pool2d_backward(np, gy, **kw, input_shape=x.shape)
     gx = cuda_pool.avg_pool2d_backward(cp, _dev(cp, gy.astype(np.float32), layout), **kw,
-                                       input_shape=x.shape)
+                                       input_shape=x.shape, **spec)
     assert gx.shape == x.shape and relerr(cp.asnumpy(gx), gx_ref) < 1e-6
 
 
@@ -120,6 +124,9 @@ def test_max_pool_over_2_31_elements(cp):
     del y
     gx = cuda_pool.max_pool2d_backward(cp, x, gy, **kw)
     want = ref_pool.max_pool2d_backward(np, tail, cp.asnumpy(gy[-2:]), **kw)
+    np.testing.assert_allclose(cp.asnumpy(gx[-2:]), want, rtol=1e-6, atol=1e-6)
+    del gx
+    gx = cuda_pool.max_pool2d_backward(cp, x, gy, **kw, specialize=True)  # 64-bit, geometry compiled in
     np.testing.assert_allclose(cp.asnumpy(gx[-2:]), want, rtol=1e-6, atol=1e-6)
     del x, gy, gx
     cp.get_default_memory_pool().free_all_blocks()

@@ -110,7 +110,8 @@ def test_every_engine_on_poisoned_output(cp, rng, relerr, direction):
     assert engines and engines[0] == plan.pick_default()
     for i in engines:
         out = cp.full(shapes[-1], np.nan, dtype=cp.float32)
-        plan.execute([a.data.ptr for a in ins] + [out.data.ptr], i, cg.workspace_ptr(plan.ensure(i)))
+        scratch = cg.workspace(plan.ensure(i))
+        plan.execute([a.data.ptr for a in ins] + [out.data.ptr], i, cg.pointer(scratch))
         err = relerr(cp.asnumpy(out), want)
         assert err < TOL["fp32"], f"engine {i} ({plan.name(i)}): rel err {err:.2e}"
 
@@ -158,7 +159,8 @@ def _tf32_errors(cp, precision):
     errs = {}
     for i in plan.engines():
         out = cp.full(shapes[-1], np.nan, dtype=cp.float32)
-        plan.execute([x.data.ptr, w.data.ptr, out.data.ptr], i, cg.workspace_ptr(plan.ensure(i)))
+        scratch = cg.workspace(plan.ensure(i))
+        plan.execute([x.data.ptr, w.data.ptr, out.data.ptr], i, cg.pointer(scratch))
         errs[i] = float(cp.abs(out - exact).max()) / exact
     return errs
 

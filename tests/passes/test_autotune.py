@@ -108,6 +108,20 @@ def test_keys_from_other_versions_are_never_reused(monkeypatch, tmp_path):
     assert len(json.loads(path.read_text())["entries"]) == 2
 
 
+def test_a_new_candidate_invalidates_cached_decisions(monkeypatch, tmp_path):
+    """Decisions taken before a rule existed (or enumerated other variants) are
+    not reused: the key names the competing rules and their variant functions."""
+    install_scale_rules(monkeypatch, ["reference", "fast"])
+    path, outs = tmp_path / "c.json", scale_graph()[1]
+    tune(outs, path, StubTimer({"fast": 1.0}))
+    install_scale_rules(monkeypatch, ["reference", "fast", "slow"])  # a new competitor
+    timer = StubTimer({"fast": 1.0, "slow": 0.2})
+    _, report = tune(outs, path, timer)
+    assert report.node("s0").how == "autotune" and report.node("s0").algorithm == "slow"
+    keys = list(json.loads(path.read_text())["entries"])
+    assert len(keys) == 2 and any("candidates=fast:" in k and "slow:" not in k for k in keys)
+
+
 def test_cached_choice_that_no_longer_applies_is_retuned(monkeypatch, tmp_path):
     install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
     path, outs = tmp_path / "c.json", scale_graph()[1]

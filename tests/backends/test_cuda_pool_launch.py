@@ -1,0 +1,88 @@
+"""How the CUDA pooling kernels are launched, checked without a GPU.
+
+The kernels themselves run in tests/gpu (against the reference, both
+variants); here a recording stand-in replaces the compiled CuPy kernel, so
+the launch plumbing is checked on NumPy arrays: the geometry passed as
+arguments in declaration order, or compiled in as constants (and then not
+passed), the index width chosen from the tensor sizes, and the ``cuda``
+rules offering both variants to the autotuner.
+"""
+
+import numpy as np
+import pytest
+
+from opgraph import ops
+from opgraph.backends import cuda_pool, cuda_rules
+from opgraph.backends.registry import KernelContext, rules_for
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, name, in_params, out_params, body, preamble, wide):
+        def kernel(*args, size):
+            self.calls.append(dict(name=name, in_params=in_params, body=body, wide=wide, args=args,
+                                   size=size))
+        return kernel
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    rec = Recorder()
+    monkeypatch.setattr(cuda_pool, "_compiled", rec)
+    return rec
+
+
+KW = dict(kernel_size=(3, 3), stride=(2, 2), padding=((1, 0), (1, 1)), ceil_mode=True)
+
+
+def test_generic_launch_passes_the_geometry_in_declaration_order(recorder):
+    x = np.zeros((2, 5, 9, 8), np.float32)
+    cuda_pool.max_pool2d(np, x, **KW)
+    (call,) = recorder.calls
+    assert call["in_params"].endswith(cuda_pool._GEO) and not call["wide"]
+    geo = dict(zip(cuda_pool._GEO_NAMES, call["args"][1:1 + len(cuda_pool._GEO_NAMES)]))
+    # out: ceil((9 + 1 - 3) / 2) + 1 = 5 rows, ceil((8 + 2 - 3) / 2) + 1 = 5 columns
+    assert geo == dict(C=5, H=9, W=8, OH=5, OW=5, A=5, B=5, cl=False, kh=3, kw=3, sh=2, sw=2,
+                       pt=1, pb=0, pl=1, pr=1)
+    assert call["size"] == 2 * 5 * 5 * 5
+
+
+def test_specialized_launch_compiles_the_geometry_in(recorder):
+    x = np.zeros((2, 5, 9, 8), np.float32)
+    cuda_pool.max_pool2d_backward(np, x, np.zeros((2, 5, 5, 5), np.float32), **KW, specialize=True)
+    arg_pass, gather = recorder.calls  # argmax recompute, then the gather
+    for call in (arg_pass, gather):
+        assert call["name"].endswith("_const") and "int64" not in call["in_params"]
+        assert "const IDX kh = 3;" in call["body"] and "const bool cl = false;" in call["body"]
+    assert "const IDX A = 9;" in gather["body"] and "const IDX B = 8;" in gather["body"]
+    assert len(gather["args"]) == 3  # gy, arg, gx: no geometry arguments
+
+
+def test_channels_last_and_average_pooling_specialize_too(recorder):
+    x = np.zeros((1, 4, 6, 6), np.float32)
+    cl = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    cuda_pool.avg_pool2d(np, cl, kernel_size=(2, 2), stride=(2, 2), padding=((0, 0), (0, 0)),
+                         ceil_mode=False, count_include_pad=True, specialize=True)
+    (call,) = recorder.calls
+    assert "const bool cl = true;" in call["body"] and call["args"][1] is True  # include_pad kept
+
+
+def test_index_width_follows_the_largest_tensor(recorder, monkeypatch):
+    monkeypatch.setattr(cuda_pool, "_INT32_LIMIT", 100)
+    cuda_pool.max_pool2d(np, np.zeros((1, 1, 10, 10), np.float32), **KW)
+    cuda_pool.max_pool2d(np, np.zeros((1, 1, 9, 9), np.float32), **KW)
+    assert [c["wide"] for c in recorder.calls] == [True, False]
+
+
+def test_cuda_rules_offer_both_variants_and_pass_the_option(recorder):
+    cuda_rules.register_rules()
+    rule = rules_for(ops.MaxPool2d)["cuda"]
+    op = ops.MaxPool2d(**KW)
+    assert rule.variants(op, [], "cuda") == [{}, {"specialize": True}]
+    x = np.zeros((1, 2, 9, 8), np.float32)
+    rule.kernel(KernelContext(np, "cuda", {"specialize": True}), op, x)
+    rule.kernel(KernelContext(np, "cuda", {}), op, x)
+    assert [c["name"] for c in recorder.calls] == ["maxpool_const", "maxpool"]
+    assert rules_for(ops.Relu)["cuda"].variants(ops.Relu(), [], "cuda") == [{}]

@@ -47,8 +47,10 @@ def render_markdown(doc: dict, *, level: int = 3, per_layer_tflops: bool = True)
     if doc.get("mode") != "benchmark":
         raise ValueError("--format markdown renders timing runs only (not --summary)")
     h = "#" * level
-    parts = [f"{h} Environment\n\n" + table_markdown(environment_table(doc), "").lstrip("\n"),
-             table_markdown(peak_table(doc), f"{h} Matrix-multiply peak")]
+    parts = [f"{h} Environment\n\n" + table_markdown(environment_table(doc), "").lstrip("\n")]
+    if len(doc.get("runs") or []) > 1:  # a merged document: which run each row may come from
+        parts.append(table_markdown(runs_table(doc["runs"]), f"{h} Runs merged (a later run's row replaces an earlier one)"))
+    parts.append(table_markdown(peak_table(doc), f"{h} Matrix-multiply peak"))
     if doc.get("notes"):
         parts.append("\n".join(f"- {_cell(n)}" for n in doc["notes"]) + "\n")
     parts += _section(level, "", end_to_end_tables(doc))
@@ -57,6 +59,16 @@ def render_markdown(doc: dict, *, level: int = 3, per_layer_tflops: bool = True)
         parts += _section(level, "", layer_tables(doc, "tflops"))
     parts += _section(level, "", memory_tables(doc))
     return "\n".join(parts)
+
+
+def runs_table(runs: Sequence[dict]) -> Table:
+    """One row per merged run: time stamp, commit, layout, precisions, command line."""
+    def command(argv):
+        return "`" + (" ".join(map(str, argv)) if isinstance(argv, (list, tuple)) else str(argv)) + "`" if argv else ""
+
+    rows = [[r.get("timestamp") or "", r.get("git_commit") or "", r.get("layout") or "", r.get("precision") or "",
+             command(r.get("argv"))] for r in runs]
+    return Table("runs merged", ["time stamp", "commit", "layout", "precision", "command"], rows)
 
 
 def merge(docs: Sequence[dict]) -> dict:
@@ -76,8 +88,12 @@ def merge(docs: Sequence[dict]) -> dict:
     out["environment"]["precision"] = list(dict.fromkeys(
         p for d in docs for p in d["environment"].get("precision", [])))
     out["environment"]["batch"] = {k: v for d in docs for k, v in (d["environment"].get("batch") or {}).items()}
+    out["environment"]["layout"] = ", ".join(dict.fromkeys(
+        str(d["environment"].get("layout")) for d in docs if d["environment"].get("layout")))
     out["runs"] = [{"timestamp": d["environment"].get("timestamp"),
                     "git_commit": d["environment"].get("git_commit"),
+                    "layout": d["environment"].get("layout"),
+                    "precision": ", ".join(d["environment"].get("precision") or []),
                     "argv": d["environment"].get("argv")} for d in docs]
     out["results"] = _latest(r for d in docs for r in d["results"])
     models, peak, notes = {}, {}, []
@@ -102,4 +118,4 @@ def _latest(results) -> list[dict]:
     return list(kept.values())
 
 
-__all__ = ["render_markdown", "table_markdown", "merge"]
+__all__ = ["render_markdown", "table_markdown", "merge", "runs_table"]

@@ -117,6 +117,12 @@ def test_markdown(doc):
     assert "TFLOP/s (median" in md  # per-layer throughput tables
     merged = merge([doc, doc])  # a re-run of the same columns replaces them
     assert len(merged["results"]) == 4 and len(merged["models"]) == 1 and len(merged["runs"]) == 2
+    other = json.loads(json.dumps(doc))
+    other["environment"].update(layout="NHWC", timestamp="2026-11-30T00:00:00+00:00", argv=["--layout", "nhwc"])
+    md2 = render_markdown(merge([doc, other]))
+    assert "### Runs merged" in md2 and "| 2026-11-30T00:00:00+00:00 |" in md2 and "`--layout nhwc`" in md2
+    assert merge([doc, other])["environment"]["layout"].endswith("NHWC")
+    assert "Runs merged" not in md  # a single run has no such table
     failed = json.loads(json.dumps(doc))
     for r in failed["results"]:
         r["status"] = "error"

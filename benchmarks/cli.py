@@ -9,7 +9,8 @@ Examples::
     opgraph-bench --model all --summary             # static shapes, params, GFLOP; nothing runs
 
 Exit status: 0 on success; 2 on a usage error (unknown model, lowering,
-precision; a lowering that applies to no convolution of the selected models);
+precision; a negative --seed or --time-limit; --plot with --summary; a
+lowering that applies to no convolution of the selected models);
 1 when the device is unavailable or building a model fails; 3 when the run
 finished but some column is a ``mismatch`` or an ``error`` (the outputs are
 written first).
@@ -18,9 +19,11 @@ written first).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
+import warnings
 
 from opgraph.analysis import summarize, totals
 from opgraph.errors import OpgraphError, ParameterError
@@ -92,6 +95,22 @@ def _count(minimum: int):
     return parse
 
 
+def _seconds(text: str) -> float:
+    """``--time-limit`` value -> seconds, zero or more (``inf``: no limit).
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, negative or NaN (argparse
+            exits with 2 naming the flag): such a limit would skip every column.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if math.isnan(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a time of zero or more seconds")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="opgraph-bench",
@@ -121,11 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="columns: convolution algorithms (gemm, fft, winograd, direct, cudnn, ...), "
                         "auto (autotune) or default; default: every algorithm the GPU runs plus "
                         f"auto, or {','.join(lw.CPU_DEFAULT)} on the CPU")
-    p.add_argument("--precision", type=_list_of(PRECISIONS, "precision"), default=["fp32"],
-                   metavar="LIST", help=f"comma-separated, from {', '.join(PRECISIONS)} (default fp32)")
-    p.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw", type=str.lower,
-                   help="layout the policy asks for (NHWC applies on cuda only; the peer uses "
-                        "channels_last)")
+    # None when not given, so that a --policy file's precision and layout are not overridden
+    p.add_argument("--precision", type=_list_of(PRECISIONS, "precision"), default=None,
+                   metavar="LIST", help=f"comma-separated, from {', '.join(PRECISIONS)} (default: "
+                                        "the --policy file's, else fp32)")
+    p.add_argument("--layout", choices=("nchw", "nhwc"), default=None, type=str.lower,
+                   help="layout the policy asks for (default: the --policy file's, else nchw); "
+                        "NHWC applies on cuda only, to opgraph and the peer (channels_last) alike, "
+                        "and results record the layout applied")
     p.add_argument("--policy", metavar="TOML", help="a base LoweringPolicy file (passes/policy.py)")
     p.add_argument("--workspace-limit", default=None, metavar="BYTES",
                    help="scratch budget per node, e.g. 512MiB (policy workspace_limit)")
@@ -141,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip timing each layer alone")
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the float64 reference check (columns are then unchecked)")
-    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--time-limit", type=_seconds, default=None, metavar="SECONDS",
                    help="start no new column after this many seconds (the rest: 'skipped')")
     p.add_argument("--summary", action="store_true",
                    help="print per-layer output shape, parameters and forward GFLOP; run nothing")
@@ -150,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(JSON is rewritten after every column, so a killed run keeps what it finished)")
     p.add_argument("--plot", metavar="PATH.png", help="bar chart of forward + backward per model")
     p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random input and weights")
+    p.add_argument("--seed", type=_count(0), default=0,
+                   help="seed of the random input and weights (0 or more; default 0)")
     return p
 
 
@@ -330,8 +353,11 @@ def run_timing(names: list[str], args) -> dict:
     if device == "cpu" and warmup < driver.GPU_WARMUP:
         notes.append(f"protocol: {warmup} warm-up + {repeat} timed calls per loop (CPU defaults; "
                      f"the seed's {driver.GPU_WARMUP} + {driver.GPU_REPEAT} on a GPU)")
-    settings = driver.Settings(device=device, lowerings=lowerings, precisions=args.precision,
-                               layout=args.layout.upper(), warmup=warmup, repeat=repeat,
+    # flags win over the --policy file, which wins over the defaults (fp32, NCHW)
+    precisions = args.precision or [base.precision]
+    layout = args.layout.upper() if args.layout else base.layout
+    settings = driver.Settings(device=device, lowerings=lowerings, precisions=precisions,
+                               layout=layout, warmup=warmup, repeat=repeat,
                                per_layer=args.per_layer, check=args.check, compare=args.compare,
                                base_policy=base, seed=args.seed, time_limit=args.time_limit)
     progress = Progress(driver.unit_count(models, settings), args.quiet)
@@ -353,14 +379,37 @@ class UsageError(Exception):
     """A bad combination of arguments found after parsing (exit status 2)."""
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """``warnings.showwarning`` of the command: one line naming the tool, as a
+    user of the command has no use for the library's file, line and source."""
+    print(f"opgraph-bench: warning: {message}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``opgraph-bench`` console script; returns the exit status."""
+    """Entry point of the ``opgraph-bench`` console script; returns the exit status.
+
+    Python warnings print as ``opgraph-bench: warning: MESSAGE`` while it runs
+    (only here: a library user keeps the usual format).
+
+    Raises:
+        SystemExit: a usage error found by argparse (status 2), ``--help``.
+    """
+    saved, warnings.showwarning = warnings.showwarning, _show_warning
+    try:
+        return _main(argv)
+    finally:
+        warnings.showwarning = saved
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     names = model_names(args)
     try:
-        check_output_paths(args)
         if args.summary and args.format == "markdown":
             raise UsageError("--format markdown renders timing runs; use table, json or csv with --summary")
+        if args.summary and args.plot:
+            raise UsageError("--plot charts timing runs; --summary runs nothing: drop --summary or --plot")
+        check_output_paths(args)
         doc = run_summary(names, args) if args.summary else run_timing(names, args)
     except (UsageError, ParameterError) as e:  # bad flags, policy files and values
         print(f"opgraph-bench: error: {e}", file=sys.stderr)

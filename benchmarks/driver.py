@@ -116,6 +116,13 @@ class Settings:
     seed: int = 0
     time_limit: float | None = None
 
+    @property
+    def applied_layout(self) -> str:
+        """The layout the columns compute in: ``layout``, except that NHWC
+        applies on cuda only (passes/layout.py keeps NCHW elsewhere, as the CPU
+        kernels are written for it), so a CPU run is ``'NCHW'`` whatever was asked."""
+        return "NHWC" if self.layout == "NHWC" and self.device == "cuda" else "NCHW"
+
     def protocol(self, clock: str) -> dict:
         return {"warmup": self.warmup, "repeat": self.repeat, "clock": clock,
                 "grad_output": "the model output itself (no loss)",
@@ -134,8 +141,10 @@ def _release(device: str) -> None:
 
 
 def _record(model: Model, precision: str, s: Settings, lowering: str, kind: str) -> dict:
+    # ``layout`` is what ran (merging keys on it); the request stays visible beside it
     return {"model": model.key, "batch": model.batch, "dtype": model.dtype, "precision": precision,
-            "layout": s.layout, "device": s.device, "lowering": lowering, "kind": kind,
+            "layout": s.applied_layout, "layout_requested": s.layout, "device": s.device,
+            "lowering": lowering, "kind": kind,
             "status": "ok", "reason": None, "notes": []}
 
 
@@ -267,7 +276,8 @@ def run_peer_entry(tg, feeds: dict, ref, peer: str, precision: str, s: Settings,
 
     rec = _record(tg.model, precision, s, peer, peer)
     try:
-        out = run_peer(tg.model, feeds, device=s.device, precision=precision, layout=s.layout,
+        # the layout opgraph applied, so that the ratios compare like with like
+        out = run_peer(tg.model, feeds, device=s.device, precision=precision, layout=s.applied_layout,
                        warmup=s.warmup, repeat=s.repeat, compiled=peer == "torch-compile",
                        reference=ref, input_grad=tg.input_grad is not None)
     except PeerError as e:
@@ -335,10 +345,14 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
     timer = timer or make_timer(s.device)
     start = time.perf_counter()
     peak = measure_peaks(s.device, s.precisions)
-    env = environment(s.device, precision=list(s.precisions), layout=s.layout,
-                      dtype=sorted({m.dtype for m in models}), batch={m.key: m.batch for m in models},
-                      warmup=s.warmup, repeat=s.repeat, lowerings=[lo.name for lo in s.lowerings],
-                      compare=list(s.compare), seed=s.seed, policy=s.base_policy.to_dict())
+    # the policy as the columns run it: the layout asked for, and the precision when there is one
+    policy = attrs.evolve(s.base_policy, layout=s.layout,
+                          **({"precision": s.precisions[0]} if len(s.precisions) == 1 else {}))
+    env = environment(s.device, precision=list(s.precisions), layout=s.applied_layout,
+                      layout_requested=s.layout, dtype=sorted({m.dtype for m in models}),
+                      batch={m.key: m.batch for m in models}, warmup=s.warmup, repeat=s.repeat,
+                      lowerings=[lo.name for lo in s.lowerings], compare=list(s.compare),
+                      seed=s.seed, policy=policy.to_dict())
     doc = {"tool": "opgraph-bench", "mode": "benchmark", "schema_version": SCHEMA_VERSION,
            "environment": env, "protocol": s.protocol(timer.clock), "peak": peak,
            "lowerings": {lo.name: lo.describe() for lo in s.lowerings},

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from .tables import Table, end_to_end_tables, environment_table, layer_tables, memory_tables, peak_table
+from .tables import (Table, end_to_end_tables, environment_table, layer_tables, layout_label,
+                     memory_tables, peak_table)
 
 
 def _cell(text) -> str:
@@ -90,9 +91,13 @@ def merge(docs: Sequence[dict]) -> dict:
     out["environment"]["batch"] = {k: v for d in docs for k, v in (d["environment"].get("batch") or {}).items()}
     out["environment"]["layout"] = ", ".join(dict.fromkeys(
         str(d["environment"].get("layout")) for d in docs if d["environment"].get("layout")))
+    # files written before layout_requested existed asked for what they ran
+    out["environment"]["layout_requested"] = ", ".join(dict.fromkeys(
+        str(d["environment"].get("layout_requested") or d["environment"].get("layout"))
+        for d in docs if d["environment"].get("layout")))
     out["runs"] = [{"timestamp": d["environment"].get("timestamp"),
                     "git_commit": d["environment"].get("git_commit"),
-                    "layout": d["environment"].get("layout"),
+                    "layout": layout_label(d["environment"]),
                     "precision": ", ".join(d["environment"].get("precision") or []),
                     "argv": d["environment"].get("argv")} for d in docs]
     out["results"] = _latest(r for d in docs for r in d["results"])

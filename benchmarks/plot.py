@@ -17,6 +17,10 @@ from .tables import ordered, precisions
 
 FORWARD, BACKWARD = "#4C72B0", "#DD8452"
 PEER_FORWARD, PEER_BACKWARD = "#55A868", "#C44E52"
+#: Narrowest figure, inches: one model's panel leaves the title and legend room.
+MIN_WIDTH = 6.4
+#: Resolution of the PNG, dots per inch.
+DPI = 110
 
 
 def _import_pyplot():
@@ -32,7 +36,26 @@ def _import_pyplot():
 
 
 def plot(doc: dict, path: str) -> str:
-    """Write the chart of benchmark document ``doc`` to ``path`` (PNG); returns ``path``.
+    """Write the chart of benchmark document ``doc`` to ``path`` (PNG, :data:`DPI`
+    dots per inch); returns ``path``.
+
+    Raises:
+        ImportError: matplotlib is missing (the message says how to install it).
+        ValueError: ``doc`` is not a timing run.
+    """
+    plt = _import_pyplot()
+    fig = figure(doc)
+    try:
+        fig.savefig(path, dpi=DPI)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def figure(doc: dict):
+    """The matplotlib figure of benchmark document ``doc`` (module docstring):
+    at least :data:`MIN_WIDTH` inches wide, the legend listing only the kinds
+    of column that have a bar (no PyTorch entries without ``--compare``).
 
     Raises:
         ImportError: matplotlib is missing (the message says how to install it).
@@ -43,8 +66,9 @@ def plot(doc: dict, path: str) -> str:
     plt = _import_pyplot()
     precs = precisions(doc) or ["fp32"]
     models = [m["model"] for m in doc["models"]] or ["-"]
-    fig, axes = plt.subplots(len(precs), len(models), squeeze=False,
-                             figsize=(max(4.0, 3.2 * len(models)), 3.4 * len(precs)))
+    # constrained layout makes room for the title and the legend outside the panels
+    fig, axes = plt.subplots(len(precs), len(models), squeeze=False, layout="constrained",
+                             figsize=(max(MIN_WIDTH, 3.2 * len(models)), 3.4 * len(precs)))
     for i, prec in enumerate(precs):
         for j, model in enumerate(models):
             ax = axes[i][j]
@@ -53,16 +77,20 @@ def plot(doc: dict, path: str) -> str:
             ax.set_title(f"{model}, {prec}", fontsize=10)
             if j == 0:
                 ax.set_ylabel("ms per mini-batch")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (FORWARD, BACKWARD, PEER_FORWARD, PEER_BACKWARD)]
-    fig.legend(handles, ["forward", "backward", "PyTorch forward", "PyTorch backward"],
-               loc="lower center", ncol=4, fontsize=8, frameon=False)
+    ok = [r for r in doc.get("results", ()) if r["status"] == "ok"]
+    entries = []
+    if any(r["kind"] == "opgraph" for r in ok):
+        entries += [(FORWARD, "forward"), (BACKWARD, "backward")]
+    if any(r["kind"] != "opgraph" for r in ok):
+        entries += [(PEER_FORWARD, "PyTorch forward"), (PEER_BACKWARD, "PyTorch backward")]
+    if entries:
+        fig.legend([plt.Rectangle((0, 0), 1, 1, color=c) for c, _ in entries], [t for _, t in entries],
+                   loc="outside lower center", ncol=len(entries), fontsize=8, frameon=False)
     env = doc.get("environment", {})
-    fig.suptitle(f"opgraph-bench on {env.get('device_name') or env.get('device')}: forward + backward "
-                 "(median)", fontsize=11)
-    fig.tight_layout(rect=(0, 0.05, 1, 0.95))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    # the device on a line of its own (a CPU's name can be long); wrap what is still too wide
+    fig.suptitle(f"opgraph-bench on {env.get('device_name') or env.get('device')}\n"
+                 "forward + backward (median)", fontsize=11, wrap=True)
+    return fig
 
 
 def _panel(ax, results: list[dict]) -> None:
@@ -87,4 +115,4 @@ def _short(ms: float) -> str:
     return f"{ms:.0f}" if ms >= 10 else f"{ms:.1f}"
 
 
-__all__ = ["plot"]
+__all__ = ["plot", "figure", "MIN_WIDTH", "DPI"]

@@ -30,8 +30,8 @@ from .tables import Table, all_tables
 FORMATS = ("table", "json", "csv", "markdown")
 
 #: Keys of every benchmark result (timed ones add the optional keys).
-RESULT_KEYS = ("model", "batch", "dtype", "precision", "layout", "device", "lowering", "kind",
-               "status", "reason", "notes")
+RESULT_KEYS = ("model", "batch", "dtype", "precision", "layout", "layout_requested", "device",
+               "lowering", "kind", "status", "reason", "notes")
 #: Keys a timed (``status: ok``) opgraph result adds.
 TIMED_KEYS = ("compile_s", "algorithms", "precision_applied", "not_applicable", "check", "memory",
               "times", "totals", "flops", "tflops", "peak_fraction", "layers")

@@ -92,6 +92,13 @@ def _status_cell(r: dict, notes: list[str]) -> str:
     return f"{r['status']} [{notes.index(reason) + 1}]"
 
 
+def layout_label(env: dict) -> str:
+    """The layout a run computed in, with the one asked for when it differs
+    (NHWC asked for on the CPU runs NCHW): ``'NCHW (NHWC requested)'``."""
+    applied, asked = env.get("layout"), env.get("layout_requested")
+    return f"{applied} ({asked} requested)" if asked and asked != applied else str(applied)
+
+
 def environment_table(doc: dict) -> Table:
     env, proto = doc["environment"], doc.get("protocol", {})
     keys = [("device", "device"), ("device_name", "name"), ("nvidia_driver", "NVIDIA driver"),
@@ -100,7 +107,7 @@ def environment_table(doc: dict) -> Table:
             ("numpy", "NumPy"), ("torch", "PyTorch"), ("python", "Python"),
             ("git_commit", "commit"), ("timestamp", "time stamp")]
     rows = [[label, str(env[k])] for k, label in keys if env.get(k) is not None]
-    rows += [["precision", ", ".join(env.get("precision", []))], ["layout", str(env.get("layout"))],
+    rows += [["precision", ", ".join(env.get("precision", []))], ["layout", layout_label(env)],
              ["batch", ", ".join(f"{k} {v}" for k, v in (env.get("batch") or {}).items())],
              ["protocol", f"{proto.get('warmup')} warm-up + {proto.get('repeat')} timed calls per "
                           f"loop; {proto.get('clock')}"]]
@@ -231,5 +238,5 @@ def all_tables(doc: dict, *, per_layer_tflops: bool = False) -> list[Table]:
 
 
 __all__ = ["Table", "ordered", "fmt_ms", "fmt_num", "fmt_rate", "fmt_mib", "fmt_err", "precisions", "columns",
-           "environment_table", "peak_table", "end_to_end_tables", "layer_tables", "memory_tables",
+           "layout_label", "environment_table", "peak_table", "end_to_end_tables", "layer_tables", "memory_tables",
            "all_tables", "PEER_KINDS", "MARK"]

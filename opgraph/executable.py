@@ -113,7 +113,11 @@ class Executable:
             want = self.dtype
         if want == "bfloat16":
             import ml_dtypes  # noqa: F401  (registers the dtype; GPU precision path)
-        out = self.xp.asarray(arr, dtype=want)
+        try:
+            out = self.xp.asarray(arr, dtype=want)
+        except (TypeError, ValueError) as e:
+            raise ExecutionError(f"{source.op.role} {source.name!r}: cannot be read as {want} "
+                                 f"{source.type.shape} ({e})") from None
         if tuple(out.shape) != source.type.shape:
             raise ExecutionError(f"{source.op.role} {source.name!r} expects shape {source.type.shape}, "
                                  f"got {tuple(out.shape)}")

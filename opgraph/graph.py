@@ -270,31 +270,46 @@ class Graph:
         return Value(self, node)
 
     def replace_op(self, node: int, op: Op) -> None:
-        """Swap the op of ``node``; the new op must infer the same shape. The
-        value keeps its layout (a storage decision of the layout pass that a
-        rewrite such as fusion or autotuning does not revisit).
+        """Swap the op of ``node``; the new op must infer the same shape and
+        dtype. The value keeps its layout (a storage decision of the layout
+        pass that a rewrite such as fusion or autotuning does not revisit).
 
         Raises:
-            ShapeError: the new op gives another output shape.
+            ShapeError: the new op gives another output shape or dtype (naming the node).
         """
         view = self.node(node)
         new_type = op.infer(*view.input_types)
-        if new_type.shape != view.type.shape:
-            raise ShapeError(f"replacing {view.op.name} by {op.name} changes the shape "
-                             f"{view.type.shape} -> {new_type.shape}", view.name)
+        if (new_type.shape, new_type.dtype) != (view.type.shape, view.type.dtype):
+            raise ShapeError(f"replacing {view.op.name} by {op.name} changes the output "
+                             f"{view.type} -> {new_type}", view.name)
         self.nx.nodes[node]["op"] = op
-        self.nx.nodes[node]["type"] = attrs.evolve(new_type, layout=view.type.layout)
+        self.nx.nodes[node]["type"] = _keep_layout(new_type, view.type)
 
     def set_inputs(self, node: int, inputs: Sequence[Value]) -> None:
-        """Rewire ``node`` to read ``inputs`` (same count/types as its op needs);
-        its value keeps its layout (see :meth:`replace_op`)."""
-        layout = self.node(node).type.layout
+        """Rewire ``node`` to read ``inputs``. Its op must accept them and give
+        the same output shape (readers of the node were typed against it); the
+        value keeps its layout (see :meth:`replace_op`). Nothing changes when
+        this raises.
+
+        Raises:
+            ShapeError: wrong input count, inputs the op rejects, or a changed
+                output shape (naming the node).
+        """
+        view = self.node(node)
+        types = tuple(self.node(v.node).type for v in inputs)
+        try:
+            check_arity(view.op, types)
+            new_type = view.op.infer(*types)
+        except ShapeError as e:
+            raise e.with_node(f"{view.name} ({view.op.name})") from None
+        if new_type.shape != view.type.shape:
+            raise ShapeError(f"rewiring changes the output shape {view.type.shape} -> {new_type.shape}",
+                             view.name)
         for u, v, k in list(self.nx.in_edges(node, keys=True)):
             self.nx.remove_edge(u, v, key=k)
         for pos, val in enumerate(inputs):
             self.nx.add_edge(val.node, node, key=pos)
-        view = self.node(node)
-        self.nx.nodes[node]["type"] = attrs.evolve(view.op.infer(*view.input_types), layout=layout)
+        self.nx.nodes[node]["type"] = _keep_layout(new_type, view.type)
 
     def absorb(self, node: int, into: int) -> None:
         """Make every reader of ``node`` read ``into`` instead, then delete
@@ -342,12 +357,22 @@ def _source_type(name: str, shape, dtype) -> TensorType:
         raise ShapeError(str(e), name) from None
 
 
+def _keep_layout(new: TensorType, old: TensorType) -> TensorType:
+    """``new`` stored as ``old`` was (layouts describe 4-D values only)."""
+    return attrs.evolve(new, layout=old.layout if new.ndim == old.ndim == 4 else new.layout)
+
+
 def graph_of(*values) -> Graph:
     """The one graph that all non-None ``values`` belong to.
 
     Raises:
-        OpgraphError: values of different graphs, or no value at all.
+        OpgraphError: values of different graphs, no value at all, or something
+            that is not a graph value (e.g. a node name).
     """
+    for v in values:
+        if v is not None and not isinstance(v, Value):
+            hint = f" (look it up with graph[{v!r}])" if isinstance(v, str) else ""
+            raise OpgraphError(f"expected graph values (opgraph.Value), got {type(v).__name__} {v!r}{hint}")
     graphs = {id(v.graph): v.graph for v in values if v is not None}
     if len(graphs) != 1:
         raise OpgraphError("the values given must all belong to one graph "

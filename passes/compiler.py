@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Sequence
 
+from opgraph.errors import ParameterError
 from opgraph.executable import Executable
 from opgraph.graph import Value, graph_of
 from opgraph.op import Lowered
@@ -18,6 +19,9 @@ from opgraph.backends.registry import KernelContext, lookup
 from .base import PassContext, Pipeline, host_versions
 from .pipelines import build
 from .policy import LoweringPolicy
+
+#: What ``compile(dtype=...)`` accepts: it replaces the dtype of floating feeds.
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def as_policy(policy) -> LoweringPolicy:
@@ -49,7 +53,10 @@ def make_context(device: str, policy: LoweringPolicy, dtype: str | None, timer=N
     if name == "cuda":
         extra = dict(versions=lambda: {**host_versions(), **dev.versions()},
                      device_name=lambda: dev.device_name("cuda"))
-    return PassContext(device=str(name), policy=policy, dtype=dtype, xp=xp, timer=timer, **extra)
+    ctx = PassContext(device=str(name), policy=policy, dtype=dtype, xp=xp, timer=timer, **extra)
+    if getattr(name, "reason", None):  # why 'auto' (or 'cuda') resolved as it did, in the report
+        ctx.report.note(f"device: {name} ({name.reason})")
+    return ctx
 
 
 def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
@@ -78,7 +85,11 @@ def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
         LoweringError: a node cannot be lowered (reasons listed), a forced
             algorithm declines, or autotune finds no correct candidate.
         PolicyError: a bad policy; DeviceUnavailableError: cuda without GPU.
+        ParameterError: ``dtype`` is not a floating dtype.
     """
+    if dtype is not None and str(dtype) not in FLOAT_DTYPES:
+        raise ParameterError("dtype", dtype, f"must be one of {', '.join(FLOAT_DTYPES)} or None "
+                                             "(it replaces the floating dtype of every feed)")
     outs = [outputs] if isinstance(outputs, Value) else list(outputs)
     g = graph_of(*outs)
     pol = as_policy(policy)

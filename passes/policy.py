@@ -305,6 +305,9 @@ class LoweringPolicy:
             raise _err("policy file", str(path), f"cannot be read ({e.strerror})") from None
         except tomllib.TOMLDecodeError as e:
             raise _err("policy file", str(path), f"is not valid TOML ({e})") from None
+        except UnicodeDecodeError as e:
+            raise _err("policy file", str(path), f"is not UTF-8 text, as TOML must be ({e.reason} "
+                       f"at byte {e.start})") from None
         return cls.from_mapping(data, source=str(path))
 
     @classmethod

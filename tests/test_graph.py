@@ -236,3 +236,57 @@ def test_source_shapes_and_dtypes_are_validated_naming_the_node():
     with _pytest.raises(og.ShapeError, match="node w: dtype 'int8'"):
         g.param("w", (2, 3), "int8")
     assert g.input("empty_batch", (0, 3, 4, 4)).shape == (0, 3, 4, 4)  # batch 0 is valid
+
+
+def test_rewiring_is_checked_before_anything_changes():
+    """set_inputs validates count and shapes first (naming the node) and keeps
+    the graph intact when it refuses; replace_op refuses a changed dtype."""
+    import attrs
+
+    g = og.Graph()
+    x = g.input("x", (2, 3, 4, 4))
+    flat = g.input("flat", (2, 48))
+    r = og.relu(x, name="r")
+    s = og.relu(r, name="s")
+    before = g.dump()
+    with pytest.raises(ShapeError, match="node s .*takes 1 inputs, got 2"):
+        g.set_inputs(s.node, [x, x])
+    with pytest.raises(ShapeError, match="node s: rewiring changes the output shape"):
+        g.set_inputs(s.node, [flat])
+    assert g.dump() == before
+    g.nx.nodes[s.node]["type"] = attrs.evolve(g.node(s.node).type, layout="NHWC")
+    g.set_inputs(s.node, [x])  # same shape: allowed, layout kept
+    assert g.node(s.node).type.layout == "NHWC" and g.input_ids(s.node) == [x.node]
+
+
+def test_replace_op_refuses_another_shape_or_dtype():
+    import attrs
+
+    from opgraph.op import Op
+    from opgraph.ops.tensor import Reshape
+
+    @attrs.frozen
+    class Widen(Op):
+        kind = "widen"
+
+        def infer(self, x):
+            return attrs.evolve(x, dtype="float64")
+
+    g = og.Graph()
+    x = g.input("x", (2, 3))
+    y = og.relu(x, name="y")
+    with pytest.raises(ShapeError, match=r"node y: replacing Relu by Reshape changes the output "
+                                         r"float32\[2, 3\] -> float32\[3, 2\]"):
+        g.replace_op(y.node, Reshape(shape=(3, 2)))
+    with pytest.raises(ShapeError, match=r"node y: replacing Relu by Widen changes the output "
+                                         r"float32\[2, 3\] -> float64\[2, 3\]"):
+        g.replace_op(y.node, Widen())
+    assert isinstance(g.node(y.node).op, ops.Relu)
+
+
+def test_non_values_are_refused_by_name():
+    g = og.Graph()
+    x = g.input("x", (2, 3))
+    y = og.relu(x)
+    with pytest.raises(OpgraphError, match=r"got str 'x' \(look it up with graph\['x'\]\)"):
+        og.grad(y, ["x"])

@@ -293,3 +293,67 @@ def test_corrupt_onnx_file_is_a_clear_error(tmp_path, capsys):
     assert status == 1 and "bad.onnx" in err and "not a valid ONNX model" in err
     status, _, err = run_cli(capsys, "--onnx", str(tmp_path / "nope.onnx"), "--summary")
     assert status == 1 and "nope.onnx" in err and "cannot be read" in err
+
+
+FAST = ("--model", "L4", "--batch", "1", "--device", "cpu", "--lowering", "direct", "--warmup", "0",
+        "--repeat", "1", "--no-per-layer", "--no-check", "--quiet")
+
+
+def test_nhwc_on_the_cpu_records_the_layout_applied(capsys):
+    status, out, err = run_cli(capsys, *FAST, "--layout", "nhwc", "--format", "json")
+    assert status == 0, err
+    doc = json.loads(out)
+    env, (r,) = doc["environment"], doc["results"]
+    assert (env["layout"], env["layout_requested"]) == ("NCHW", "NHWC")
+    assert (r["layout"], r["layout_requested"]) == ("NCHW", "NHWC")
+    assert "layout: NHWC requested but ignored on cpu: the CPU kernels are written for NCHW" in r["notes"]
+
+
+@pytest.mark.parametrize("flags,precision,layout", [
+    ((), "tf32", "NHWC"),                                      # the file's values are used
+    (("--precision", "fp32", "--layout", "nchw"), "fp32", "NCHW"),  # flags win over the file
+])
+def test_policy_file_precision_and_layout_apply_unless_flags_are_given(capsys, tmp_path, flags,
+                                                                        precision, layout):
+    path = tmp_path / "policy.toml"
+    path.write_text('precision = "tf32"\nlayout = "NHWC"\n')
+    status, out, err = run_cli(capsys, *FAST, "--policy", str(path), "--format", "json", *flags)
+    assert status == 0, err
+    doc = json.loads(out)
+    env, (r,) = doc["environment"], doc["results"]
+    assert env["precision"] == [precision] and r["precision"] == precision
+    assert env["policy"]["precision"] == precision and env["policy"]["layout"] == layout
+    assert env["layout_requested"] == r["layout_requested"] == layout and r["layout"] == "NCHW"
+
+
+@pytest.mark.parametrize("bad,message", [
+    (["--seed", "-1"], "argument --seed: -1 is below the minimum 0"),
+    (["--time-limit", "-5"], "argument --time-limit: -5 is not a time of zero or more seconds"),
+    (["--time-limit", "nan"], "argument --time-limit: nan is not a time of zero or more seconds"),
+    (["--time-limit", "soon"], "argument --time-limit: 'soon' is not a number of seconds"),
+])
+def test_bad_seed_and_time_limit_are_usage_errors_naming_the_flag(capsys, bad, message):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--model", "L5", *bad])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"opgraph-bench: error: {message}"
+
+
+def test_summary_with_plot_is_a_usage_error(capsys, tmp_path):
+    status, out, err = run_cli(capsys, "--model", "L5", "--summary", "--plot", str(tmp_path / "s.png"))
+    assert status == 2 and out == ""
+    assert err == ("opgraph-bench: error: --plot charts timing runs; --summary runs nothing: "
+                   "drop --summary or --plot\n")
+    assert not (tmp_path / "s.png").exists()
+
+
+def test_warnings_print_as_one_line_in_the_cli_only(capsys, tmp_path):
+    import warnings
+
+    path = tmp_path / "policy.toml"
+    path.write_text('[force]\nconv99 = "fft"\n')
+    before = warnings.showwarning
+    status, _, err = run_cli(capsys, *FAST, "--policy", str(path), "--format", "json")
+    assert status == 0
+    assert err == "opgraph-bench: warning: policy.force key 'conv99' matches no node of graph 'L4'\n"
+    assert warnings.showwarning is before  # library users keep the usual format

@@ -151,3 +151,50 @@ def test_plot(doc, tmp_path):
     path = plot(doc, str(tmp_path / "bench.png"))
     data = open(path, "rb").read()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_layout_records_what_ran_and_what_was_asked(doc):
+    assert driver.Settings(device="cuda", lowerings=(), layout="NHWC").applied_layout == "NHWC"
+    assert driver.Settings(device="cpu", lowerings=(), layout="NHWC").applied_layout == "NCHW"
+    s = driver.Settings(device="cpu", lowerings=lw.parse_lowerings("gemm"), layout="NHWC",
+                        warmup=0, repeat=1, per_layer=False, check=False)
+    nhwc = driver.run_benchmark([tiny_convnet()], s, timer=FixedTimer())
+    assert (nhwc["environment"]["layout"], nhwc["environment"]["layout_requested"]) == ("NCHW", "NHWC")
+    (r,) = nhwc["results"]
+    assert (r["layout"], r["layout_requested"]) == ("NCHW", "NHWC")
+    assert "| layout | NCHW (NHWC requested) |" in render_markdown(nhwc)
+    # both ran NCHW: merging keys on the layout applied, so the later gemm fp32 replaces the earlier
+    merged = merge([doc, nhwc])
+    assert [(x["precision"], x["lowering"]) for x in merged["results"]] == [
+        ("fp32", "winograd"), ("bf16", "gemm"), ("bf16", "winograd"), ("fp32", "gemm")]
+    assert merged["results"][-1] is r
+    assert merged["environment"]["layout"] == "NCHW"
+    assert [run["layout"] for run in merged["runs"]] == ["NCHW", "NCHW (NHWC requested)"]
+
+
+def test_plot_legend_lists_only_the_kinds_present_and_keeps_its_width(doc, tmp_path):
+    pytest.importorskip("matplotlib")
+    import struct
+
+    import matplotlib.pyplot as plt
+
+    from opgraph.benchmarks.plot import DPI, MIN_WIDTH, figure, plot
+
+    def labels(d):
+        fig = figure(d)
+        fig.canvas.draw()
+        box = fig.bbox  # the title and legend lie inside the figure: nothing clipped
+        for artist in (fig._suptitle, *fig.legends):
+            ext = artist.get_window_extent()
+            assert box.x0 <= ext.x0 and ext.x1 <= box.x1 and box.y0 <= ext.y0 and ext.y1 <= box.y1
+        out = [t.get_text() for t in fig.legends[0].get_texts()]
+        plt.close(fig)
+        return out
+
+    assert labels(doc) == ["forward", "backward"]  # no --compare: no PyTorch entries
+    peer = json.loads(json.dumps(doc))
+    peer["results"].append({**peer["results"][0], "lowering": "torch", "kind": "torch"})
+    assert labels(peer) == ["forward", "backward", "PyTorch forward", "PyTorch backward"]
+    data = open(plot(doc, str(tmp_path / "one.png")), "rb").read()
+    width, height = struct.unpack(">II", data[16:24])  # the PNG header's size in pixels
+    assert width == round(MIN_WIDTH * DPI) and height == round(2 * 3.4 * DPI)  # one model, two precisions

@@ -217,3 +217,16 @@ def test_end_to_end_training_graph_matches_reference():
         assert {r.algorithm for r in exe.report.nodes.values() if r.op_type.startswith("Conv")} == {lowering}
         for a, b in zip(got, ref):
             assert np.linalg.norm(a - b) <= 1e-3 * np.linalg.norm(b)
+
+
+def test_compile_refuses_a_non_float_dtype_and_feeds_are_named():
+    from opgraph.errors import ExecutionError, ParameterError
+
+    g, y = small_model()
+    for bad in ("int64", "float"):
+        with pytest.raises(ParameterError, match=f"dtype='{bad}': must be one of float16"):
+            og.compile(y, dtype=bad)
+    exe = og.compile(y)
+    feeds = {"x": np.zeros((2, 3, 8, 8)), "w": np.zeros((4, 3, 3, 3)), "b": "hello"}
+    with pytest.raises(ExecutionError, match="param 'b': cannot be read as float32"):
+        exe(**feeds)

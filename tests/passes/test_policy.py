@@ -81,6 +81,11 @@ def test_toml_syntax_error_and_missing_file(tmp_path):
     assert str(bad) in str(e.value)
     with pytest.raises(PolicyError, match="cannot be read"):
         LoweringPolicy.from_toml(tmp_path / "missing.toml")
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfeautotune = true")
+    with pytest.raises(PolicyError, match="not UTF-8") as e:
+        LoweringPolicy.from_toml(binary)
+    assert str(binary) in str(e.value)
 
 
 @pytest.mark.parametrize("text, expected", [

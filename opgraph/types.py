@@ -67,9 +67,17 @@ class TensorType:
 def is_channels_last(a) -> bool:
     """Whether the 4-D array ``a`` (logical NCHW) is stored channels-last: the
     NCHW-shaped view of a C-contiguous (N, H, W, C) buffer. An array that is
-    both (C == 1, or H == W == 1) counts as NCHW."""
-    return (getattr(a, "ndim", 0) == 4 and not a.flags.c_contiguous
-            and a.transpose(0, 2, 3, 1).flags.c_contiguous)
+    both (C == 1, or H == W == 1) counts as NCHW.
+
+    Called after every 4-D step of an NHWC plan, so the usual case (packed
+    channels-last strides) is decided without building a transposed view."""
+    if getattr(a, "ndim", 0) != 4 or a.flags.c_contiguous:
+        return False
+    _, c, h, w = a.shape
+    item = a.itemsize
+    if tuple(a.strides) == (h * w * c * item, item, w * c * item, c * item):
+        return True
+    return a.transpose(0, 2, 3, 1).flags.c_contiguous
 
 
 def to_layout(xp, a, layout: str | None):

@@ -5,7 +5,9 @@
 #
 # Stages (JSON, PNG and a log each, in $OUT, else /tmp/opgraph-h200):
 #   winners-fp32   the four models, fp32: cudnn, gemm, fft, winograd, auto + PyTorch eager   (~3-5 min)
-#   winners-mixed  the four models, tf32 and bf16: cudnn, auto + PyTorch eager              (~3-4 min)
+#   winners-mixed  the four models, tf32 and bf16 ($MIXED_PRECISIONS): cudnn, auto ($MIXED_LOWERINGS)
+#                  + PyTorch ($PEERS); one precision per call when every lowering is asked for
+#                  (autotuning a large model takes ~90 s per precision on a bare machine)
 #   layers         L1-L5, fp32 / tf32 / bf16: cudnn, gemm, fft, winograd, auto + PyTorch    (~2-3 min)
 # (estimates from the H200's cuDNN and PyTorch figures in docs/gpu.md and ../shared/peers; the
 #  autotuned column dominates: every cuDNN engine and every algorithm of every node is timed)
@@ -64,8 +66,9 @@ for stage in "$@"; do
             bench winners-fp32 "$TIME_LIMIT" --suite winners --precision fp32 \
                 --lowering "${WINNERS_LOWERINGS:-cudnn,gemm,fft,winograd,auto}" --compare torch ;;
         winners-mixed)
-            bench winners-mixed "$TIME_LIMIT" --suite winners --precision tf32,bf16 --layout "${MIXED_LAYOUT:-nhwc}" \
-                --lowering "${MIXED_LOWERINGS:-cudnn,auto}" --compare torch ;;
+            bench "winners-$(echo "${MIXED_PRECISIONS:-tf32,bf16}" | tr , -)" "$TIME_LIMIT" --suite winners \
+                --precision "${MIXED_PRECISIONS:-tf32,bf16}" --layout "${MIXED_LAYOUT:-nhwc}" \
+                --lowering "${MIXED_LOWERINGS:-cudnn,auto}" --compare "${PEERS:-torch}" ;;
         layers)
             bench layers "$TIME_LIMIT" --suite layers --precision fp32,tf32,bf16 \
                 --lowering "${LAYER_LOWERINGS:-cudnn,gemm,fft,winograd,auto}" --compare torch ;;
@@ -93,7 +96,7 @@ for stage in "$@"; do
             $PY -m opgraph.benchmarks.cli --format json --output "$LOG/default.json" --plot "$LOG/default.png" \
                 2>&1 | tee "$LOG/default.log" | tail -n 60 ;;
         markdown)
-            $PY scripts/results_to_markdown.py "$LOG"/winners-*.json "$LOG"/layers.json \
+            $PY scripts/results_to_markdown.py "$LOG"/winners-*.json "$LOG"/perf-*.json "$LOG"/layers.json \
                 --plot "$LOG/results.png" > "$LOG/results.md" && echo "wrote $LOG/results.md" ;;
         *)
             echo "unknown stage $stage (winners-fp32, winners-mixed, layers, tests, kernels, profile, perf," \

@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the float64 reference check (columns are then unchecked)")
     p.add_argument("--time-limit", type=_seconds, default=None, metavar="SECONDS",
-                   help="start no new column after this many seconds (the rest: 'skipped')")
+                   help="start no new column after this many seconds, counted from the start of the run "
+                        "(the peak measurement included; the rest: 'skipped')")
     p.add_argument("--summary", action="store_true",
                    help="print per-layer output shape, parameters and forward GFLOP; run nothing")
     p.add_argument("--format", choices=report.FORMATS, default="table")

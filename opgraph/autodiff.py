@@ -23,10 +23,21 @@ from .op import Source
 from .ops import Add, Zeros
 
 
-def _as_list(v) -> tuple[list, bool]:
+def _as_list(v, what: str) -> tuple[list, bool]:
+    """``([v], True)`` for one value, ``(list(v), False)`` for a sequence of
+    values; anything else (a name, None) is an error naming ``what``."""
     if isinstance(v, Value):
         return [v], True
-    return list(v), False
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+        raise OpgraphError(f"grad: {what} must be a value or a list of values (opgraph.Value), "
+                           f"got {type(v).__name__} {v!r}")
+    items = list(v)
+    for item in items:
+        if not isinstance(item, Value):
+            hint = f" (look it up with graph[{item!r}])" if isinstance(item, str) else ""
+            raise OpgraphError(f"grad: {what} must hold values (opgraph.Value), got "
+                               f"{type(item).__name__} {item!r}{hint}")
+    return items, False
 
 
 def grad(outputs, wrt, grad_outputs: Mapping[Value, Value] | Sequence[Value] | None = None,
@@ -50,10 +61,14 @@ def grad(outputs, wrt, grad_outputs: Mapping[Value, Value] | Sequence[Value] | N
     Raises:
         ShapeError: a given cotangent's shape differs from its output's.
         NotDifferentiableError: a path crosses an op without a gradient rule.
+        OpgraphError: something that is not a value where values are expected
+            (a node name: look it up with ``graph[name]``), values of other
+            graphs, or ``grad_outputs`` that do not match ``outputs``.
     """
-    outs, _ = _as_list(outputs)
-    targets, single = _as_list(wrt)
-    g = graph_of(*outs, *targets)
+    outs, _ = _as_list(outputs, "outputs")
+    targets, single = _as_list(wrt, "wrt")
+    no_grad, _ = _as_list(no_grad, "no_grad")
+    g = graph_of(*outs, *targets, *no_grad)
     seeds = _seed_cotangents(g, outs, grad_outputs)
 
     frozen = {v.node for v in no_grad}
@@ -91,9 +106,19 @@ def _seed_cotangents(g: Graph, outs: list[Value], grad_outputs) -> list[Value]:
     if grad_outputs is None:
         given = [None] * len(outs)
     elif isinstance(grad_outputs, Mapping):
+        stray = [k for k in grad_outputs if not (isinstance(k, Value) and any(k == o for o in outs))]
+        if stray:
+            raise OpgraphError(f"grad: grad_outputs keys must be the outputs being differentiated "
+                               f"({', '.join(o.name for o in outs)}); got {stray!r}")
         given = [grad_outputs.get(o) for o in outs]
     else:
         given = list(grad_outputs)
+        if len(given) != len(outs):
+            raise OpgraphError(f"grad: {len(given)} grad_outputs for {len(outs)} outputs "
+                               "(give one per output, None for a placeholder)")
+    for gv in given:
+        if gv is not None and (not isinstance(gv, Value) or gv.graph is not g):
+            raise OpgraphError(f"grad: a cotangent must be a value of the outputs' graph, got {gv!r}")
     seeds = []
     for out, gv in zip(outs, given):
         if gv is None:

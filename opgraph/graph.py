@@ -275,10 +275,15 @@ class Graph:
         pass that a rewrite such as fusion or autotuning does not revisit).
 
         Raises:
-            ShapeError: the new op gives another output shape or dtype (naming the node).
+            ShapeError: the new op takes another input count, rejects the
+                inputs, or gives another output shape or dtype (naming the node).
         """
         view = self.node(node)
-        new_type = op.infer(*view.input_types)
+        try:
+            check_arity(op, tuple(view.input_types))
+            new_type = op.infer(*view.input_types)
+        except ShapeError as e:
+            raise e.with_node(f"{view.name} ({op.name})") from None
         if (new_type.shape, new_type.dtype) != (view.type.shape, view.type.dtype):
             raise ShapeError(f"replacing {view.op.name} by {op.name} changes the output "
                              f"{view.type} -> {new_type}", view.name)
@@ -287,24 +292,30 @@ class Graph:
 
     def set_inputs(self, node: int, inputs: Sequence[Value]) -> None:
         """Rewire ``node`` to read ``inputs``. Its op must accept them and give
-        the same output shape (readers of the node were typed against it); the
+        the same output shape and dtype (readers of the node were typed against it); the
         value keeps its layout (see :meth:`replace_op`). Nothing changes when
         this raises.
 
         Raises:
             ShapeError: wrong input count, inputs the op rejects, or a changed
-                output shape (naming the node).
+                output shape or dtype (naming the node).
+            OpgraphError: an input that is not a value of this graph, or one
+                computed from ``node`` (a cycle).
         """
         view = self.node(node)
+        for v in inputs:
+            if not isinstance(v, Value) or v.graph is not self:
+                raise OpgraphError(f"node {view.name}: input {v!r} is not a value of graph {self.name!r}")
+            if v.node == node or nx.has_path(self.nx, node, v.node):
+                raise OpgraphError(f"node {view.name}: reading {self.node(v.node).name} would make a cycle")
         types = tuple(self.node(v.node).type for v in inputs)
         try:
             check_arity(view.op, types)
             new_type = view.op.infer(*types)
         except ShapeError as e:
             raise e.with_node(f"{view.name} ({view.op.name})") from None
-        if new_type.shape != view.type.shape:
-            raise ShapeError(f"rewiring changes the output shape {view.type.shape} -> {new_type.shape}",
-                             view.name)
+        if (new_type.shape, new_type.dtype) != (view.type.shape, view.type.dtype):
+            raise ShapeError(f"rewiring changes the output {view.type} -> {new_type}", view.name)
         for u, v, k in list(self.nx.in_edges(node, keys=True)):
             self.nx.remove_edge(u, v, key=k)
         for pos, val in enumerate(inputs):

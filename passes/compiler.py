@@ -42,6 +42,24 @@ def as_policy(policy) -> LoweringPolicy:
     raise TypeError(f"policy must be a LoweringPolicy, a dict or a TOML path, not {type(policy).__name__}")
 
 
+def _float_dtype_name(dtype) -> str:
+    """``'float32'`` for ``np.float32``, ``'f4'`` or ``'float32'``; bfloat16 by name.
+
+    Raises:
+        ParameterError: not one of :data:`FLOAT_DTYPES`.
+    """
+    import numpy as np
+
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = str(dtype)
+    if name not in FLOAT_DTYPES:
+        raise ParameterError("dtype", dtype, f"must be one of {', '.join(FLOAT_DTYPES)} or None "
+                                             "(it replaces the floating dtype of every feed)")
+    return name
+
+
 def make_context(device: str, policy: LoweringPolicy, dtype: str | None, timer=None) -> PassContext:
     """The pass context for ``device`` (array module, and on cuda the device
     module's ``versions``/``device_name`` for autotune keys)."""
@@ -87,9 +105,8 @@ def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
         PolicyError: a bad policy; DeviceUnavailableError: cuda without GPU.
         ParameterError: ``dtype`` is not a floating dtype.
     """
-    if dtype is not None and str(dtype) not in FLOAT_DTYPES:
-        raise ParameterError("dtype", dtype, f"must be one of {', '.join(FLOAT_DTYPES)} or None "
-                                             "(it replaces the floating dtype of every feed)")
+    if dtype is not None:
+        dtype = _float_dtype_name(dtype)
     outs = [outputs] if isinstance(outputs, Value) else list(outputs)
     g = graph_of(*outs)
     pol = as_policy(policy)

@@ -221,7 +221,8 @@ class LoweringPolicy:
     autotune: bool = attrs.field(default=False, converter=_flag)
     workspace_limit: int | None = attrs.field(default=None, converter=parse_bytes)
     precision: str = attrs.field(default="fp32", validator=_choice("precision", PRECISIONS))
-    layout: str = attrs.field(default="NCHW", validator=_choice("layout", LAYOUTS))
+    layout: str = attrs.field(default="NCHW", validator=_choice("layout", LAYOUTS),
+                              converter=lambda v: v.upper() if isinstance(v, str) else v)  # nhwc = NHWC
     explicit_padding: frozenset = attrs.field(default=frozenset(), converter=_names("explicit_padding"))
     cache: str | None = attrs.field(default=None, converter=_path)
 

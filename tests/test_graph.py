@@ -251,7 +251,7 @@ def test_rewiring_is_checked_before_anything_changes():
     before = g.dump()
     with pytest.raises(ShapeError, match="node s .*takes 1 inputs, got 2"):
         g.set_inputs(s.node, [x, x])
-    with pytest.raises(ShapeError, match="node s: rewiring changes the output shape"):
+    with pytest.raises(ShapeError, match="node s: rewiring changes the output"):
         g.set_inputs(s.node, [flat])
     assert g.dump() == before
     g.nx.nodes[s.node]["type"] = attrs.evolve(g.node(s.node).type, layout="NHWC")
@@ -290,3 +290,46 @@ def test_non_values_are_refused_by_name():
     y = og.relu(x)
     with pytest.raises(OpgraphError, match=r"got str 'x' \(look it up with graph\['x'\]\)"):
         og.grad(y, ["x"])
+
+
+def test_rewiring_refuses_cycles_foreign_values_and_dtype_changes():
+    g = og.Graph()
+    x = g.input("x", (2, 3))
+    x64 = g.input("x64", (2, 3), dtype="float64")
+    r = og.relu(x, name="r")
+    r2 = og.relu(r, name="r2")
+    other = og.Graph()
+    foreign = other.input("f", (2, 3))
+    before = g.dump()
+    with pytest.raises(OpgraphError, match="node r: reading r2 would make a cycle"):
+        g.set_inputs(r.node, [r2])
+    with pytest.raises(OpgraphError, match="node r: reading r would make a cycle"):
+        g.set_inputs(r.node, [r])
+    with pytest.raises(OpgraphError, match="node r: input .* is not a value of graph"):
+        g.set_inputs(r.node, [foreign])
+    with pytest.raises(OpgraphError, match="is not a value of graph"):
+        g.set_inputs(r.node, ["x"])
+    with pytest.raises(ShapeError, match=r"node r: rewiring changes the output float32\[2, 3\] -> float64"):
+        g.set_inputs(r.node, [x64])
+    with pytest.raises(ShapeError, match="node r .*Add takes 2 inputs, got 1"):
+        g.replace_op(r.node, ops.Add())
+    assert g.dump() == before
+
+
+def test_grad_checks_its_arguments():
+    g = og.Graph()
+    x = g.input("x", (2, 3))
+    w = g.param("w", (2, 3))
+    y = og.add(og.relu(x, name="r"), w, name="y")
+    with pytest.raises(OpgraphError, match="outputs must be a value or a list of values.*got str 'y'"):
+        og.grad("y", [w])
+    with pytest.raises(OpgraphError, match="no_grad must hold values.*got NoneType"):
+        og.grad(y, [w], no_grad=[None])
+    with pytest.raises(OpgraphError, match="0 grad_outputs for 1 outputs"):
+        og.grad(y, [w], grad_outputs=[])
+    with pytest.raises(OpgraphError, match="grad_outputs keys must be the outputs"):
+        og.grad(y, [w], grad_outputs={x: x})
+    with pytest.raises(OpgraphError, match="a cotangent must be a value of the outputs' graph"):
+        og.grad(y, [w], grad_outputs=["z"])
+    (gw,) = og.grad(y, [w], grad_outputs={y: x})  # a proper cotangent still works
+    assert gw.shape == (2, 3)

@@ -193,3 +193,10 @@ def test_force_key_matching_no_node_warns():
     y = og.conv2d(x, w, name="c")
     with pytest.warns(UserWarning, match="'nosuch' matches no node"):
         og.compile([y], policy=LoweringPolicy(force={"nosuch": "fft"}))
+
+
+def test_layout_is_case_insensitive_like_the_cli(tmp_path):
+    p = LoweringPolicy.from_toml(write(tmp_path, 'layout = "nhwc"'))
+    assert p.layout == "NHWC"
+    with pytest.raises(PolicyError, match="layout"):
+        LoweringPolicy(layout="chwn")

@@ -143,11 +143,21 @@ def _wide(*arrays) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(name, in_params, out_params, body, preamble, wide):
+def _compiled(name, in_params, out_params, body, preamble, wide, geometry=None):
+    """The CuPy kernel: geometry as trailing int arguments (``geometry`` None)
+    or compiled in as constants (``geometry`` = the :func:`_geo` tuple).
+    Cached, so a launch builds no source string."""
     import cupy
     typedef = f"typedef {'long long' if wide else 'int'} IDX;\n"
-    if not wide:  # scalar arguments too: one int64 operand makes the whole expression 64-bit
-        in_params = in_params.replace("int64 ", "int32 ")
+    if geometry is None:
+        in_params += ", " + _GEO
+        if not wide:  # the geometry too: one int64 operand makes the whole expression 64-bit
+            in_params = in_params.replace("int64 ", "int32 ")
+    else:
+        name += "_const"
+        body = "".join(f"    const {'bool' if n == 'cl' else 'IDX'} {n} = "
+                       f"{('true' if v else 'false') if n == 'cl' else int(v)};\n"
+                       for n, v in zip(_GEO_NAMES, geometry)) + body
     return cupy.ElementwiseKernel(in_params, out_params, body, f"opgraph_{name}_{'i64' if wide else 'i32'}",
                                   preamble=typedef + preamble)
 
@@ -160,14 +170,9 @@ def _run(name, in_params, ins, out_params, outs, body, geo, *, size, arrays, pre
     geometry is compiled in as constants (one kernel per shape)."""
     wide = _wide(*arrays)
     if specialize:
-        consts = "".join(f"    const {'bool' if n == 'cl' else 'IDX'} {n} = "
-                         f"{('true' if v else 'false') if n == 'cl' else int(v)};\n"
-                         for n, v in zip(_GEO_NAMES, geo))
-        kern = _compiled(name + "_const", in_params, out_params, consts + body, preamble, wide)
-        kern(*ins, *outs, size=size)
+        _compiled(name, in_params, out_params, body, preamble, wide, geo)(*ins, *outs, size=size)
     else:
-        kern = _compiled(name, in_params + ", " + _GEO, out_params, body, preamble, wide)
-        kern(*ins, *geo, *outs, size=size)
+        _compiled(name, in_params, out_params, body, preamble, wide)(*ins, *geo, *outs, size=size)
 
 
 def _prepare(xp, x, what):
@@ -210,6 +215,7 @@ def _max(xp, x, kernel_size, stride, padding, ceil_mode, with_arg, what, special
 def max_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, specialize=False):
     """Max pooling of ``(N, C, H, W)`` x -> ``(N, C, Ho, Wo)`` in x's dtype and layout.
 
+    ``specialize`` compiles the geometry in (module docstring); same result.
     Raises ParameterError / ShapeError as the reference. Source: SEMANTICS.md.
     """
     y, _, cl, half, _ = _max(xp, x, kernel_size, stride, padding, ceil_mode, False, "max_pool2d", specialize)

@@ -51,18 +51,6 @@ def pool_variants(op, in_types, device):
     return [{}, {"specialize": True}]
 
 
-def specializable_kernel(fn):
-    """``fn(xp, *arrays, **op.params(), specialize=...)`` as a rule kernel; the
-    option comes from the autotuner's choice (default off)."""
-
-    def kernel(ctx, op, *arrays):
-        return fn(ctx.xp, *arrays, **op.params(), specialize=bool(ctx.options.get("specialize", False)))
-
-    kernel.__name__ = kernel.__qualname__ = f"cuda_{fn.__name__}"
-    kernel.__doc__ = fn.__doc__
-    return kernel
-
-
 def check(op, in_types, device):
     """Our kernels take float16/32/64 (float16 computes in float32); integer
     inputs (cross-entropy targets) are not checked here."""
@@ -76,15 +64,12 @@ def check(op, in_types, device):
 def register_rules() -> None:
     """Register one ``cuda`` rule per entry of :data:`CUDA_KERNELS` (idempotent)."""
     for op_type, fn in CUDA_KERNELS.items():
-        if op_type in SPECIALIZABLE:
-            register(Rule(op_type, "cuda", specializable_kernel(fn), devices={"cuda"}, check=check,
-                          variants=pool_variants, tags={"cuda", "gpu"}))
-        else:
-            register(Rule(op_type, "cuda", params_kernel(fn, "cuda"), devices={"cuda"}, check=check,
-                          tags={"cuda", "gpu"}))
+        pooling = op_type in SPECIALIZABLE
+        register(Rule(op_type, "cuda", params_kernel(fn, "cuda", ("specialize",) if pooling else ()),
+                      devices={"cuda"}, check=check, tags={"cuda", "gpu"},
+                      **({"variants": pool_variants} if pooling else {})))
 
 
 register_rules()
 
-__all__ = ["CUDA_KERNELS", "SPECIALIZABLE", "check", "pool_variants", "register_rules",
-           "specializable_kernel"]
+__all__ = ["CUDA_KERNELS", "SPECIALIZABLE", "check", "pool_variants", "register_rules"]

@@ -12,7 +12,6 @@ per layer, checked, with memory and the PyTorch peer) is
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 import attrs
 
@@ -22,42 +21,7 @@ from opgraph.backends import device as dev
 
 from .models import Model
 from .protocol import random_feeds
-from .timer import Timing
-
-def time_calls(fn: Callable[[], object], *, warmup: int, repeat: int,
-               device: str = "cpu") -> list[float]:
-    """Milliseconds of each of ``repeat`` calls of ``fn`` after ``warmup`` calls.
-
-    On ``'cuda'`` the time is read from CUDA events around each call (after
-    synchronising); on the CPU from ``time.perf_counter``.
-
-    Raises:
-        ValueError: ``warmup < 0`` or ``repeat < 1``.
-    """
-    if warmup < 0:
-        raise ValueError(f"warmup={warmup}: must be >= 0")
-    if repeat < 1:
-        raise ValueError(f"repeat={repeat}: must be >= 1")
-    for _ in range(warmup):
-        fn()
-    times = []
-    if device == "cuda":
-        import cupy
-
-        cupy.cuda.get_current_stream().synchronize()
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        for _ in range(repeat):
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(float(cupy.cuda.get_elapsed_time(start, end)))
-    else:
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return times
+from .timer import Timing, time_calls
 
 
 @attrs.frozen(kw_only=True)

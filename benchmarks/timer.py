@@ -99,6 +99,23 @@ def make_timer(device: str) -> Timer:
     return CudaEventTimer() if device == "cuda" else CpuTimer()
 
 
+def time_calls(fn: Callable[[], object], *, warmup: int, repeat: int,
+               device: str = "cpu") -> list[float]:
+    """Milliseconds of each of ``repeat`` calls of ``fn`` after ``warmup``
+    untimed calls, on ``device``'s clock (:func:`make_timer`: CUDA events on
+    ``'cuda'``, ``time.perf_counter`` on the CPU).
+
+    Raises:
+        ValueError: ``warmup < 0`` or ``repeat < 1``.
+    """
+    if warmup < 0:
+        raise ValueError(f"warmup={warmup}: must be >= 0")
+    _check_repeat(repeat)
+    for _ in range(warmup):
+        fn()
+    return make_timer(device).measure(fn, repeat=repeat)
+
+
 @attrs.frozen
 class Timing:
     """Per-call times of one timed loop, in milliseconds per mini-batch."""
@@ -132,4 +149,4 @@ class Timing:
         return cls(d["times_ms"])
 
 
-__all__ = ["Timer", "CpuTimer", "CudaEventTimer", "make_timer", "Timing"]
+__all__ = ["Timer", "CpuTimer", "CudaEventTimer", "make_timer", "time_calls", "Timing"]

@@ -21,6 +21,8 @@ import time
 
 import numpy as np
 
+from opgraph.benchmarks.timer import time_calls
+
 CONVS = {  # name: (x shape, w shape, padding)
     "alexnet_conv2": ((128, 64, 27, 27), (192, 64, 5, 5), 2),
     "L2": ((128, 64, 64, 64), (128, 64, 9, 9), 0),
@@ -32,18 +34,9 @@ def _params(pad):
     return dict(stride=(1, 1), padding=((pad, pad), (pad, pad)), dilation=(1, 1), groups=1)
 
 
-def _time(cp, fn, warmup=10, reps=20):
-    """Median and min milliseconds of ``fn()`` between CuPy events."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop))
+def _time(fn, warmup=10, reps=20):
+    """Median and min milliseconds of ``fn()`` between CUDA events."""
+    times = time_calls(fn, warmup=warmup, repeat=reps, device="cuda")
     return float(np.median(times)), float(np.min(times))
 
 
@@ -161,10 +154,10 @@ def bench_ours(cp, name, quick):
         for e in engines:
             if plan.workspace[e] > 16 << 30:
                 continue
-            screen[e] = _time(cp, lambda: call(e), warmup=1, reps=1 if quick else 3)[0]
+            screen[e] = _time(lambda: call(e), warmup=1, reps=1 if quick else 3)[0]
         best = min(screen, key=screen.get)
-        h_med, h_min = _time(cp, lambda: call(heur))
-        b_med, b_min = _time(cp, lambda: call(best))
+        h_med, h_min = _time(lambda: call(heur))
+        b_med, b_min = _time(lambda: call(best))
         rows.append(dict(conv=name, kind=kind, engines=len(engines), heuristic=heur, heuristic_ms=h_med,
                          best=best, best_name=plan.name(best), best_ms=b_med,
                          best_ws_mb=round(plan.workspace[best] / 2 ** 20, 1),

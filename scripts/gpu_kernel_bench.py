@@ -22,6 +22,7 @@ import statistics
 import cupy as cp
 
 from opgraph.backends import cuda_elementwise, cuda_pool
+from opgraph.benchmarks.timer import time_calls
 
 #: (name, x shape, kernel, stride, padding, ceil_mode)
 POOLS = [
@@ -45,16 +46,8 @@ BIASES = [
 
 
 def median_ms(fn, warmup=5, repeat=20):
-    for _ in range(warmup):
-        fn()
-    start, stop, times = cp.cuda.Event(), cp.cuda.Event(), []
-    for _ in range(repeat):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop))
-    return statistics.median(times)
+    """Median CUDA-event milliseconds of ``repeat`` calls after ``warmup``."""
+    return statistics.median(time_calls(fn, warmup=warmup, repeat=repeat, device="cuda"))
 
 
 def in_layout(a, layout):

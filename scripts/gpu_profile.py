@@ -30,6 +30,7 @@ import numpy as np
 
 import opgraph as og
 from opgraph.benchmarks.models import build
+from opgraph.benchmarks.timer import time_calls
 
 WEIGHT_GRAD_OPS = {"Conv2dBackwardFilter", "BiasAddBackward"}
 
@@ -42,19 +43,9 @@ def phase_of(exe, step, param_grads: set[int]) -> str:
     return "backward-data" if ".grad" in step.name else "forward"
 
 
-def time_steps(xp, run_once, warmup: int, repeat: int) -> float:
-    """Median ms of ``run_once`` between two device events."""
-    for _ in range(warmup):
-        run_once()
-    start, stop = xp.cuda.Event(), xp.cuda.Event()
-    times = []
-    for _ in range(repeat):
-        start.record()
-        run_once()
-        stop.record()
-        stop.synchronize()
-        times.append(xp.cuda.get_elapsed_time(start, stop))
-    return statistics.median(times)
+def time_steps(run_once, warmup: int, repeat: int) -> float:
+    """Median ms of ``run_once`` between two CUDA events."""
+    return statistics.median(time_calls(run_once, warmup=warmup, repeat=repeat, device="cuda"))
 
 
 def profile(model_key: str, batch: int | None, policy, warmup: int, repeat: int) -> dict:
@@ -74,14 +65,14 @@ def profile(model_key: str, batch: int | None, policy, warmup: int, repeat: int)
     slots = exe.feed(feeds, {model.output: cp.asnumpy(y)})
     param_grads = {v.node for v in exe.outputs[1:]}
 
-    whole = time_steps(cp, lambda: exe.execute(dict(slots)), warmup, repeat)
+    whole = time_steps(lambda: exe.execute(dict(slots)), warmup, repeat)
     env = dict(slots)  # every intermediate kept, for single-node timing
     for st in exe.steps:
         env[st.node] = st.kernel(st.ctx, st.op.op, *[env[a] for a in st.args])
     rows = []
     for st in exe.steps:
         args = [env[a] for a in st.args]
-        ms = time_steps(cp, lambda: st.kernel(st.ctx, st.op.op, *args), 2, max(5, repeat // 2))
+        ms = time_steps(lambda: st.kernel(st.ctx, st.op.op, *args), 2, max(5, repeat // 2))
         out = env[st.node]
         cl = bool(getattr(out, "ndim", 0) == 4 and out.strides[1] == out.itemsize and out.shape[1] > 1)
         rows.append(dict(name=st.name, op=st.op.op.name, algorithm=st.op.algorithm,

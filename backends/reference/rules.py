@@ -59,13 +59,16 @@ REFERENCE_KERNELS = {
 }
 
 
-def params_kernel(fn, prefix: str = "reference"):
+def params_kernel(fn, prefix: str = "reference", options: tuple = ()):
     """Wrap ``fn(xp, *arrays, **params)`` as a rule kernel ``(ctx, op, *arrays)``:
     the op's fields are the function's keyword arguments (shared by every
-    backend whose kernels follow that convention, e.g. ``cuda_rules``)."""
+    backend whose kernels follow that convention, e.g. ``cuda_rules``), plus
+    those of ``options`` the kernel context sets (an autotune variant's
+    choice, e.g. ``specialize``; unset ones keep ``fn``'s defaults)."""
 
     def kernel(ctx, op, *arrays):
-        return fn(ctx.xp, *arrays, **op.params())
+        chosen = {k: ctx.options[k] for k in options if k in ctx.options}
+        return fn(ctx.xp, *arrays, **op.params(), **chosen)
 
     kernel.__name__ = kernel.__qualname__ = f"{prefix}_{fn.__name__}"
     kernel.__doc__ = fn.__doc__

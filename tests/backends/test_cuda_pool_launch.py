@@ -8,6 +8,8 @@ passed), the index width chosen from the tensor sizes, and the ``cuda``
 rules offering both variants to the autotuner.
 """
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -17,21 +19,25 @@ from opgraph.backends.registry import KernelContext, rules_for
 
 
 class Recorder:
+    """Stands in for ``cupy.ElementwiseKernel``: records each kernel built and each launch."""
+
     def __init__(self):
         self.calls = []
 
-    def __call__(self, name, in_params, out_params, body, preamble, wide):
+    def ElementwiseKernel(self, in_params, out_params, body, name, preamble=""):
         def kernel(*args, size):
-            self.calls.append(dict(name=name, in_params=in_params, body=body, wide=wide, args=args,
-                                   size=size))
+            self.calls.append(dict(name=name, in_params=in_params, body=body, preamble=preamble,
+                                   args=args, size=size))
         return kernel
 
 
 @pytest.fixture
 def recorder(monkeypatch):
     rec = Recorder()
-    monkeypatch.setattr(cuda_pool, "_compiled", rec)
-    return rec
+    monkeypatch.setitem(sys.modules, "cupy", rec)
+    cuda_pool._compiled.cache_clear()
+    yield rec
+    cuda_pool._compiled.cache_clear()  # no recorder kernels left for a later (GPU) test
 
 
 KW = dict(kernel_size=(3, 3), stride=(2, 2), padding=((1, 0), (1, 1)), ceil_mode=True)
@@ -41,7 +47,8 @@ def test_generic_launch_passes_the_geometry_in_declaration_order(recorder):
     x = np.zeros((2, 5, 9, 8), np.float32)
     cuda_pool.max_pool2d(np, x, **KW)
     (call,) = recorder.calls
-    assert call["in_params"].endswith(cuda_pool._GEO) and not call["wide"]
+    assert call["in_params"] == "raw T x, " + cuda_pool._GEO.replace("int64", "int32")
+    assert call["name"] == "opgraph_maxpool_i32" and "typedef int IDX;" in call["preamble"]
     geo = dict(zip(cuda_pool._GEO_NAMES, call["args"][1:1 + len(cuda_pool._GEO_NAMES)]))
     # out: ceil((9 + 1 - 3) / 2) + 1 = 5 rows, ceil((8 + 2 - 3) / 2) + 1 = 5 columns
     assert geo == dict(C=5, H=9, W=8, OH=5, OW=5, A=5, B=5, cl=False, kh=3, kw=3, sh=2, sw=2,
@@ -54,7 +61,8 @@ def test_specialized_launch_compiles_the_geometry_in(recorder):
     cuda_pool.max_pool2d_backward(np, x, np.zeros((2, 5, 5, 5), np.float32), **KW, specialize=True)
     arg_pass, gather = recorder.calls  # argmax recompute, then the gather
     for call in (arg_pass, gather):
-        assert call["name"].endswith("_const") and "int64" not in call["in_params"]
+        assert call["name"].endswith("_const_i32")
+        assert "int64" not in call["in_params"] and " C" not in call["in_params"]
         assert "const IDX kh = 3;" in call["body"] and "const bool cl = false;" in call["body"]
     assert "const IDX A = 9;" in gather["body"] and "const IDX B = 8;" in gather["body"]
     assert len(gather["args"]) == 3  # gy, arg, gx: no geometry arguments
@@ -73,7 +81,8 @@ def test_index_width_follows_the_largest_tensor(recorder, monkeypatch):
     monkeypatch.setattr(cuda_pool, "_INT32_LIMIT", 100)
     cuda_pool.max_pool2d(np, np.zeros((1, 1, 10, 10), np.float32), **KW)
     cuda_pool.max_pool2d(np, np.zeros((1, 1, 9, 9), np.float32), **KW)
-    assert [c["wide"] for c in recorder.calls] == [True, False]
+    assert ["typedef long long IDX;" in c["preamble"] for c in recorder.calls] == [True, False]
+    assert recorder.calls[0]["name"].endswith("_i64") and "int64 C" in recorder.calls[0]["in_params"]
 
 
 def test_cuda_rules_offer_both_variants_and_pass_the_option(recorder):
@@ -84,5 +93,5 @@ def test_cuda_rules_offer_both_variants_and_pass_the_option(recorder):
     x = np.zeros((1, 2, 9, 8), np.float32)
     rule.kernel(KernelContext(np, "cuda", {"specialize": True}), op, x)
     rule.kernel(KernelContext(np, "cuda", {}), op, x)
-    assert [c["name"] for c in recorder.calls] == ["maxpool_const", "maxpool"]
+    assert [c["name"] for c in recorder.calls] == ["opgraph_maxpool_const_i32", "opgraph_maxpool_i32"]
     assert rules_for(ops.Relu)["cuda"].variants(ops.Relu(), [], "cuda") == [{}]

@@ -1,4 +1,5 @@
-"""CuPy kernels of our own: ReLU, threshold, local response norm, bfloat16 casts.
+"""CuPy kernels of our own: ReLU, threshold, bias gradient (column sums), local
+response norm, bfloat16 casts.
 
 Each public function mirrors its NumPy reference in
 ``opgraph.backends.reference`` (same positional arrays, same keyword names as
@@ -8,6 +9,10 @@ the op fields) and follows ``shared/design/SEMANTICS.md``:
   ``x > 0``, else 0 (0 at exactly 0 and at NaN) -- a select, so an infinite
   ``gy`` at a blocked cell gives 0, not NaN;
 * threshold ``x if x > threshold else value`` (``torch.nn.functional.threshold``);
+* bias gradient: the sum of ``gy`` over every axis but 1; channels-last input
+  is an ``(N*H*W, C)`` matrix whose column sums a two-pass raw kernel takes
+  (:func:`column_sums`: deterministic, no atomics, no cuBLAS, so it can be
+  captured into a CUDA graph);
 * LRN across channels ``y = x / (k + alpha/size * sum_{W(c)} x^2)^beta`` with
   the window ``c - floor((size-1)/2) .. c + ceil((size-1)/2)`` clipped, the sum
   divided by ``size`` everywhere (Caffe/cuDNN/ONNX; Krizhevsky et al. 2012, 3.3).
@@ -16,7 +21,9 @@ Element-wise kernels keep the input's memory layout (NCHW or NHWC views);
 the LRN kernels read a 4-D tensor through explicit element strides, so
 channels-last input costs no transpose. Index arithmetic is 64-bit (``long
 long``). float16 LRN computes in float32 (SEMANTICS.md: half accumulates in
-fp32). Kernels compile on first use (NVRTC) and are cached by CuPy.
+fp32); the column sums read float16 directly and accumulate in float32.
+Kernels compile on first use (NVRTC) and are cached by CuPy (element-wise
+kernels) or here, per dtype (the column-sum module).
 """
 
 from __future__ import annotations
@@ -94,19 +101,173 @@ def threshold_backward(xp, x, gy, *, threshold):
 #: element gradients; 1.6 ms against 0.27 ms at 103 M (H200, 2026-11-30).
 BIAS_GRAD_SUM_BELOW = 16 * 2 ** 20
 
+#: ``method`` of :func:`bias_add_backward` for channels-last input: our
+#: column-sum kernel (the default; capturable into a CUDA graph) or one cuBLAS
+#: matrix-vector product (not capturable; kept as an autotune variant).
+BIAS_GRAD_METHODS = ("columns", "gemv")
 
-def bias_add_backward(xp, gy):
-    """Sum of ``gy`` over every axis but 1: (N, C, ...) -> (C,), as matrix-vector
-    products (cuBLAS), in either layout; float16 accumulates in float32.
+# ------------------------------------------------------------------ column sums
 
-    NCHW: one product over the ``(N*C, H*W)`` rows, then one over N (below
-    :data:`BIAS_GRAD_SUM_BELOW` elements a CuPy sum, which launches less);
-    channels-last: one over the ``(N*H*W, C)`` rows. A CuPy reduction over
-    axes (0, 2, 3) was measured at 8.8 ms for AlexNet's conv1 gradient on the
-    H200 (channels-last); each variant here was the fastest measured for its
-    layout on the winners' shapes (``scripts/gpu_kernel_bench.py``,
-    docs/performance.md).
+#: Pass-1 geometry of :func:`column_sums`: a block of (32, 8) threads covers 32
+#: columns; its 8 rows of threads read every 8th row of the block's chunk.
+COLSUM_BLOCK = (32, 8)
+#: About this many pass-1 blocks in all (an H200 keeps 132 SMs x 8 blocks of
+#: 256 threads resident) ...
+COLSUM_BLOCKS = 1024
+#: ... and at most one block row per this many rows (8 per thread row).
+COLSUM_MIN_ROWS = 64
+
+#: numpy dtype name -> (storage type, accumulator type) in the CUDA source.
+#: float16 is stored as its bit pattern (``unsigned short``) and converted by
+#: PTX ``cvt``, as ``__half2float``/``__float2half`` do, so the source needs no
+#: ``cuda_fp16.h`` (which NVRTC does not always find).
+_COLSUM_TYPES = {"float16": ("unsigned short", "float"), "float32": ("float", "float"),
+                 "float64": ("double", "double")}
+
+_COLSUM_HELPERS = r"""
+__device__ __forceinline__ float opgraph_load(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ float opgraph_load(float v) { return v; }
+__device__ __forceinline__ double opgraph_load(double v) { return v; }
+__device__ __forceinline__ void opgraph_store(unsigned short* p, float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    *p = h;
+}
+__device__ __forceinline__ void opgraph_store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void opgraph_store(double* p, double v) { *p = v; }
+"""
+
+# Block (blockIdx.x, blockIdx.y) sums columns blockIdx.x*32 .. +31 over rows
+# [blockIdx.y*rows_per_block, min(+rows_per_block, M)) of the C-contiguous
+# (M, C) matrix src; thread (tx, ty) takes column c = blockIdx.x*32 + tx, rows
+# ty, ty+8, ... of the chunk (a warp reads 32 adjacent elements of one row),
+# then thread row 0 adds the 8 partial sums in a fixed order (deterministic)
+# and writes dst[blockIdx.y*C + c]. Threads past the last column still reach
+# __syncthreads. Indices are 64-bit: M*C may exceed 2^31.
+_COLSUM_KERNEL = r"""
+extern "C" __global__ void opgraph_colsum_NAME(const IN_T* __restrict__ src, OUT_T* __restrict__ dst,
+                                               const long long M, const long long C,
+                                               const long long rows_per_block) {
+    __shared__ ACC part[8][33];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const long long c = (long long)blockIdx.x * 32 + tx;
+    const long long r0 = (long long)blockIdx.y * rows_per_block;
+    const long long r1 = (r0 + rows_per_block < M) ? r0 + rows_per_block : M;
+    ACC s = 0;
+    if (c < C) {
+        for (long long r = r0 + ty; r < r1; r += 8) s += opgraph_load(src[r * C + c]);
+    }
+    part[ty][tx] = s;
+    __syncthreads();
+    if (ty == 0 && c < C) {
+        for (int k = 1; k < 8; ++k) s += part[k][tx];
+        opgraph_store(dst + (long long)blockIdx.y * C + c, s);
+    }
+}
+"""
+
+
+def colsum_source(dtype: str) -> str:
+    """CUDA source of the column-sum kernels for ``dtype`` (``'float16'``,
+    ``'float32'`` or ``'float64'``): ``opgraph_colsum_part`` (dtype -> the
+    accumulator type: pass 1), ``opgraph_colsum_final`` (accumulator -> dtype:
+    pass 2) and ``opgraph_colsum_direct`` (dtype -> dtype: a single pass), each
+    ``(src, dst, long long M, long long C, long long rows_per_block)``.
+    Raises KeyError for another dtype."""
+    store, acc = _COLSUM_TYPES[dtype]
+    kernels = [_COLSUM_KERNEL.replace("NAME", name).replace("IN_T", a).replace("OUT_T", b)
+               for name, a, b in (("part", store, acc), ("final", acc, store), ("direct", store, store))]
+    return f"typedef {acc} ACC;\n" + _COLSUM_HELPERS + "".join(kernels)
+
+
+@functools.lru_cache(maxsize=None)
+def _colsum_kernels(dtype: str) -> dict:
+    """``{'part', 'final', 'direct'}`` -> compiled kernel for ``dtype`` (one
+    NVRTC module per dtype, built on first use)."""
+    import cupy
+    module = cupy.RawModule(code=colsum_source(dtype))
+    return {name: module.get_function(f"opgraph_colsum_{name}") for name in ("part", "final", "direct")}
+
+
+def colsum_grid(m: int, c: int) -> tuple[int, int]:
+    """``(R, rows_per_block)`` of :func:`column_sums` on an ``(m, c)`` matrix,
+    ``m, c >= 1``: pass 1 runs ``(ceil(c/32), R)`` blocks, block row ``y``
+    summing rows ``[y*rows_per_block, min((y+1)*rows_per_block, m))``.
+
+    ``R = max(1, min(ceil(m/64), max(1, 1024 // ceil(c/32))))``: at most
+    about :data:`COLSUM_BLOCKS` blocks in all and one block row per
+    :data:`COLSUM_MIN_ROWS` rows; one block row (a single pass) when
+    ``m <= 64`` or ``c > 32 * 512``. ``rows_per_block = ceil(m/R)``, and R is
+    then trimmed to ``ceil(m/rows_per_block)`` so that no chunk is empty.
     """
+    col_tiles = -(-c // COLSUM_BLOCK[0])
+    r = max(1, min(-(-m // COLSUM_MIN_ROWS), max(1, COLSUM_BLOCKS // col_tiles)))
+    rows_per_block = -(-m // r)
+    return -(-m // rows_per_block), rows_per_block
+
+
+def column_sums(xp, a):
+    """Column sums of a 2-D ``(M, C)`` array: shape ``(C,)``, a's dtype
+    (float16, float32 or float64; float16 accumulates in float32, float64 in
+    float64, float32 in float32).
+
+    Our kernel in two passes (deterministic, no atomics, no cuBLAS: capturable
+    into a CUDA graph): pass 1 writes an ``(R, C)`` matrix of partial sums in
+    the accumulator type, ``R`` and the chunks from :func:`colsum_grid`; pass 2
+    sums that matrix in one block row and rounds to a's dtype. When ``R == 1``
+    pass 1 writes the result itself. ``a`` is read in C order (copied first if
+    it is not C-contiguous). Raises ShapeError for another rank or dtype.
+    """
+    if a.ndim != 2:
+        raise ShapeError(f"column_sums: a must be 2-D (M, C), got shape {a.shape}")
+    dtype = str(a.dtype)
+    if dtype not in _COLSUM_TYPES:
+        raise ShapeError(f"column_sums: dtype {dtype} is not one of {', '.join(_COLSUM_TYPES)}")
+    m, c = a.shape
+    if a.size == 0:
+        return xp.zeros(c, dtype=a.dtype)
+    a = xp.ascontiguousarray(a)
+    kernels = _colsum_kernels(dtype)
+    r, rows_per_block = colsum_grid(m, c)
+    tiles = -(-c // COLSUM_BLOCK[0])
+    out = xp.empty(c, dtype=a.dtype)
+    if r == 1:
+        kernels["direct"]((tiles, 1), COLSUM_BLOCK, (a, out, xp.int64(m), xp.int64(c), xp.int64(m)))
+        return out
+    part = xp.empty((r, c), dtype=xp.float32 if dtype == "float16" else a.dtype)
+    kernels["part"]((tiles, r), COLSUM_BLOCK, (a, part, xp.int64(m), xp.int64(c), xp.int64(rows_per_block)))
+    kernels["final"]((tiles, 1), COLSUM_BLOCK, (part, out, xp.int64(r), xp.int64(c), xp.int64(r)))
+    return out
+
+
+def bias_add_backward(xp, gy, *, method="columns"):
+    """Sum of ``gy`` over every axis but 1: (N, C, ...) -> (C,), gy's dtype;
+    float16 accumulates in float32.
+
+    Channels-last 4-D gy is an ``(N*H*W, C)`` matrix (a view, no copy):
+    ``method='columns'`` (default) sums its columns with our two-pass kernel
+    (:func:`column_sums`), which CUDA graphs can capture -- CuPy refuses cuBLAS
+    calls during stream capture; ``method='gemv'`` keeps the previous one
+    cuBLAS matrix-vector product (``ones(N*H*W) @ rows``; float16 copied to
+    float32 first), offered to the autotuner as a variant
+    (``cuda_rules.bias_variants``).
+
+    NCHW (either method): one product over the ``(N*C, H*W)`` rows, then one
+    over N (below :data:`BIAS_GRAD_SUM_BELOW` elements a CuPy sum, which
+    launches less); other ranks likewise. A CuPy reduction over axes (0, 2, 3)
+    was measured at 8.8 ms for AlexNet's conv1 gradient on the H200
+    (channels-last); the NCHW variants were the fastest measured on the
+    winners' shapes (``scripts/gpu_kernel_bench.py``, docs/performance.md).
+
+    Raises ParameterError for a ``method`` not in :data:`BIAS_GRAD_METHODS`,
+    ShapeError when gy has fewer than 2 dims.
+    """
+    if method not in BIAS_GRAD_METHODS:
+        raise ParameterError("method", method, f"must be one of {', '.join(map(repr, BIAS_GRAD_METHODS))}")
     if gy.ndim < 2:
         raise ShapeError(f"bias_add_backward: gy must have a channel axis, got shape {gy.shape}")
     n, c = gy.shape[:2]
@@ -114,7 +275,10 @@ def bias_add_backward(xp, gy):
     if gy.size == 0:  # a product over an empty axis is not guaranteed to write its output
         return xp.zeros(c, dtype=gy.dtype)
     if is_channels_last(gy):
-        rows = gy.transpose(0, 2, 3, 1).reshape(-1, c).astype(acc, copy=False)  # (N*H*W, C)
+        rows = gy.transpose(0, 2, 3, 1).reshape(-1, c)  # (N*H*W, C), a view
+        if method == "columns":
+            return column_sums(xp, rows)
+        rows = rows.astype(acc, copy=False)
         out = xp.ones(rows.shape[0], dtype=acc) @ rows
     elif gy.size < BIAS_GRAD_SUM_BELOW:
         out = gy.sum(axis=(0, *range(2, gy.ndim)), dtype=acc)
@@ -256,6 +420,7 @@ def local_response_norm_backward(xp, x, gy, *, size, alpha, beta, k):
     return logical(gx, cl).astype(x.dtype, copy=False)
 
 
-__all__ = ["relu", "relu_backward", "threshold", "threshold_backward", "float_to_bf16_bits",
+__all__ = ["relu", "relu_backward", "threshold", "threshold_backward", "bias_add_backward",
+           "column_sums", "colsum_grid", "colsum_source", "float_to_bf16_bits",
            "bf16_bits_to_float", "physical", "in_layout", "logical", "local_response_norm",
            "local_response_norm_backward"]

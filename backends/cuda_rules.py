@@ -2,8 +2,10 @@
 
 Each kernel is called as ``fn(cupy, *arrays, **op.params())``: the functions
 of :mod:`.cuda_pool`, :mod:`.cuda_elementwise` and :mod:`.cuda_loss` take
-exactly the op fields as keywords, like their NumPy references. Importing this
-module needs neither CuPy nor a GPU; the kernels compile on first use.
+exactly the op fields as keywords, like their NumPy references, plus the
+option of an autotune variant where :data:`OPTIONS` names one (pooling:
+``specialize``; bias gradient: ``method``). Importing this module needs
+neither CuPy nor a GPU; the kernels compile on first use.
 """
 
 from __future__ import annotations
@@ -51,6 +53,22 @@ def pool_variants(op, in_types, device):
     return [{}, {"specialize": True}]
 
 
+def bias_variants(op, in_types, device):
+    """Autotune candidates of the bias gradient: for a channels-last 4-D
+    gradient our column-sum kernel (the default, capturable into a CUDA graph)
+    and the cuBLAS matrix-vector product (``method='gemv'``, not capturable);
+    otherwise one, as both methods run the same NCHW code."""
+    t = in_types[0] if in_types else None
+    if t is not None and t.ndim == 4 and t.layout == "NHWC":
+        return [{}, {"method": "gemv"}]
+    return [{}]
+
+
+#: op type -> (kernel options an autotune variant may set, its ``variants``).
+OPTIONS = {**{op_type: (("specialize",), pool_variants) for op_type in SPECIALIZABLE},
+           ops.BiasAddBackward: (("method",), bias_variants)}
+
+
 def check(op, in_types, device):
     """Our kernels take float16/32/64 (float16 computes in float32); integer
     inputs (cross-entropy targets) are not checked here."""
@@ -64,12 +82,13 @@ def check(op, in_types, device):
 def register_rules() -> None:
     """Register one ``cuda`` rule per entry of :data:`CUDA_KERNELS` (idempotent)."""
     for op_type, fn in CUDA_KERNELS.items():
-        pooling = op_type in SPECIALIZABLE
-        register(Rule(op_type, "cuda", params_kernel(fn, "cuda", ("specialize",) if pooling else ()),
+        options, variants = OPTIONS.get(op_type, ((), None))
+        register(Rule(op_type, "cuda", params_kernel(fn, "cuda", options),
                       devices={"cuda"}, check=check, tags={"cuda", "gpu"},
-                      **({"variants": pool_variants} if pooling else {})))
+                      **({"variants": variants} if variants else {})))
 
 
 register_rules()
 
-__all__ = ["CUDA_KERNELS", "SPECIALIZABLE", "check", "pool_variants", "register_rules"]
+__all__ = ["CUDA_KERNELS", "OPTIONS", "SPECIALIZABLE", "bias_variants", "check", "pool_variants",
+           "register_rules"]

@@ -159,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=_count(1), default=None,
                    help=f"timed calls per loop (default {driver.GPU_REPEAT} on a GPU, "
                         f"{driver.CPU_REPEAT} on the CPU)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="also replay each phase as CUDA graphs: a column <lowering>+graph per lowering, "
+                        "from the same compiled graph (cuda only; steps that cannot be captured, "
+                        "e.g. cuBLAS calls, run eagerly between the graphs)")
     p.add_argument("--no-per-layer", dest="per_layer", action="store_false",
                    help="skip timing each layer alone")
     p.add_argument("--no-check", dest="check", action="store_false",
@@ -340,6 +344,8 @@ def run_timing(names: list[str], args) -> dict:
             notes.append(driver.CPU_DEFAULT_NOTE)
     base = LoweringPolicy.from_cli(policy_file=args.policy, workspace_limit=args.workspace_limit)
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
+    if args.cuda_graph and device != "cuda":
+        raise UsageError(f"--cuda-graph replays CUDA graphs: it needs --device cuda (this run: {device})")
     problem = check_applicable(tgs, lowerings, device, base)
     if problem:
         raise UsageError(problem)
@@ -360,12 +366,18 @@ def run_timing(names: list[str], args) -> dict:
     settings = driver.Settings(device=device, lowerings=lowerings, precisions=precisions,
                                layout=layout, warmup=warmup, repeat=repeat,
                                per_layer=args.per_layer, check=args.check, compare=args.compare,
-                               base_policy=base, seed=args.seed, time_limit=args.time_limit)
+                               base_policy=base, seed=args.seed, time_limit=args.time_limit,
+                               cuda_graph=args.cuda_graph)
     progress = Progress(driver.unit_count(models, settings), args.quiet)
     incremental = args.output and args.format == "json"
 
+    shown = 0
+
     def on_result(doc: dict) -> None:
-        progress.result(doc["results"][-1])
+        nonlocal shown
+        for r in doc["results"][shown:]:  # a lowering with --cuda-graph adds two records
+            progress.result(r)
+        shown = len(doc["results"])
         if incremental:
             _write_atomic(args.output, report.render_json(doc))
 

@@ -14,7 +14,9 @@ For each model (:func:`run_benchmark`):
    not timed); one real run measures memory (:mod:`.memory`); then the
    seed's protocol (:mod:`.protocol`): warm-up, forward / backward-data /
    backward-filter in separate loops, and each conv/linear layer's steps of
-   each phase alone;
+   each phase alone; with ``cuda_graph``, a second record ``<lowering>+graph``
+   from the same compiled graph: each phase replayed as CUDA graphs
+   (:meth:`protocol.PhaseRunner.time_graphed_phases`);
 4. the PyTorch peer(s) on the same model and feeds (:mod:`.peer_torch`).
 
 A failure of one column (a kernel raising, out of memory) is recorded as
@@ -115,6 +117,7 @@ class Settings:
     base_policy: LoweringPolicy = attrs.field(factory=LoweringPolicy)
     seed: int = 0
     time_limit: float | None = None
+    cuda_graph: bool = False
 
     @property
     def applied_layout(self) -> str:
@@ -129,14 +132,23 @@ class Settings:
                 "wrt": "parameters only, so a first convolution reading the image has no "
                        "backward-data (L1-L5: the image too, as the layer-wise benchmark)",
                 "phases": list(PHASES), "per_layer": self.per_layer, "check": self.check,
+                "cuda_graph": self.cuda_graph,
                 "statistics": "median and min over the repeat calls of each loop; mean = the seed's",
                 "source": "convnet-benchmarks torch7/imagenet_winners/benchmark.lua"}
 
 
 def _release(device: str) -> None:
+    """Give a finished column's device memory back: collect the cycles that
+    may still hold arrays (compiled graphs, CUDA-graph replays), then the
+    pool's cached blocks. (The GoogLeNet bf16 ``fft`` column ran out of memory
+    on 2026-11-30 after ten CUDA-graph columns, with 37.6 GB in the default pool
+    of the 139 GB device: something held the rest.)"""
     if device == "cuda":
+        import gc
+
         import cupy
 
+        gc.collect()
         cupy.get_default_memory_pool().free_all_blocks()
 
 
@@ -208,17 +220,20 @@ def _layer_records(tg, sched, layer_times: dict, na: dict, report) -> list[dict]
 
 
 def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPolicy, s: Settings,
-                 timer: Timer, peak: dict | None) -> dict:
-    """One column for one model and precision (see the module docstring)."""
+                 timer: Timer, peak: dict | None) -> list[dict]:
+    """The column(s) of one lowering for one model and precision (see the
+    module docstring): its record, then, with ``s.cuda_graph``, the record of
+    its CUDA-graph replay."""
     model = tg.model
     rec = _record(model, base.precision, s, lowering.name, "opgraph")
+    out = [rec]
     policy = lowering.policy(base, s.device)
     app = lw.applicability(tg, lowering, s.device, policy)
     if app and all(why is not None for why in app.values()):
         reasons = sorted(set(app.values()))
         rec.update(status="n/a", reason=f"{lowering.name} applies to no convolution of {model.key}: "
                    + "; ".join(reasons[:3]) + (" ..." if len(reasons) > 3 else ""))
-        return rec
+        return out
     exe = None
     try:
         t0 = time.perf_counter()
@@ -248,7 +263,7 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
                                            "tolerance": None}]
             rec.update(status="mismatch", reason="not timed: " + "; ".join(
                 f"{f['node']}: relative error {f['rel_error']} > {f['tolerance']}" for f in bad))
-            return rec
+            return out
         runner = PhaseRunner(sched, exe.feed(feeds), timer)
         runner.warmup(s.warmup)
         phases = runner.time_phases(s.repeat)
@@ -261,12 +276,40 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         if s.per_layer:
             rec["other_ms"] = {p: ((rec["times"][p] or {}).get("median_ms") or 0.0)
                                - sum(r["ms"].get(p, 0.0) for r in rec["layers"]) for p in PHASES}
+        if s.cuda_graph:
+            out.append(_graph_column(rec, runner, tg, sched, na, exe.report, s, peak))
     except Exception as e:  # one column's failure (kernel error, OOM) must not end the run
         rec.update(status="error", reason=f"{type(e).__name__}: {e}")
     finally:
         del exe
         _release(s.device)
-    return rec
+    return out
+
+
+def _graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, report, s: Settings,
+                  peak: dict | None) -> dict:
+    """The ``<lowering>+graph`` record: ``rec``'s compiled graph, each phase
+    replayed as CUDA graphs; per-layer times stay with the eager record."""
+    g = {k: v for k, v in rec.items() if k not in ("times", "totals", "tflops", "peak_fraction",
+                                                    "layers", "other_ms")}
+    g.update(lowering=rec["lowering"] + "+graph", notes=list(rec["notes"]))
+    try:
+        phases, summary = runner.time_graphed_phases(s.repeat, s.warmup)
+    except Exception as e:  # the eager record stands; say why the replay did not
+        g.update(status="error", reason=f"CUDA-graph replay failed: {type(e).__name__}: {e}")
+        return g
+    g["times"] = {p: (t.as_dict() if t else None) for p, t in phases.items()}
+    g["totals"] = _totals(g["times"])
+    g["flops"] = model_flops(tg)
+    _throughput(g, peak)
+    g["layers"] = _layer_records(tg, sched, {}, na, report)
+    g["graph"] = summary
+    steps = sum(v["steps"] for v in summary.values())
+    captured = sum(v["captured_steps"] for v in summary.values())
+    graphs = sum(v["graphs"] for v in summary.values())
+    g["notes"].append(f"CUDA graphs: {captured} of {steps} steps captured in {graphs} graphs; "
+                      f"{steps - captured} run eagerly between them")
+    return g
 
 
 def run_peer_entry(tg, feeds: dict, ref, peer: str, precision: str, s: Settings,
@@ -324,8 +367,10 @@ def add_ratios(results: list[dict]) -> None:
 
 
 def unit_count(models: Sequence, s: Settings) -> int:
-    """Columns the run will produce (for a progress bar)."""
-    return len(models) * len(s.precisions) * (len(s.lowerings) + len(s.compare))
+    """Columns the run will produce (for a progress bar): with ``cuda_graph``,
+    two per lowering."""
+    per_lowering = 2 if s.cuda_graph else 1
+    return len(models) * len(s.precisions) * (per_lowering * len(s.lowerings) + len(s.compare))
 
 
 def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer: Timer | None = None,
@@ -357,6 +402,10 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
            "environment": env, "protocol": s.protocol(timer.clock), "peak": peak,
            "lowerings": {lo.name: lo.describe() for lo in s.lowerings},
            "notes": list(notes), "models": [], "results": []}
+    if s.cuda_graph:
+        doc["lowerings"].update({lo.name + "+graph": lo.describe() + "; each phase replayed as CUDA "
+                                 "graphs (steps that cannot be captured run eagerly between them)"
+                                 for lo in s.lowerings})
     for tg in tgs:
         model = tg.model
         feeds = {k: dev.to_device(v, s.device) for k, v in random_feeds(model, s.seed).items()}
@@ -393,7 +442,7 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
                     rec = run_lowering(tg, feeds, ref, lowering, base, s, timer, peak.get(precision))
                 else:
                     rec = run_peer_entry(tg, feeds, ref, name, precision, s, peak.get(precision))
-                doc["results"].append(rec)
+                doc["results"] += rec if isinstance(rec, list) else [rec]
                 add_ratios(doc["results"])
                 if on_result:
                     on_result(doc)

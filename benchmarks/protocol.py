@@ -42,6 +42,11 @@ a phase can be re-run any number of times. Per layer, the steps of one
 convolution or linear layer in one phase (e.g. ``conv2`` backward-filter:
 its ``Conv2dBackwardFilter`` and its bias's ``BiasAddBackward``) are timed
 alone in a loop too (:meth:`PhaseRunner.time_layers`).
+
+With ``--cuda-graph`` each phase is also replayed as CUDA graphs
+(:meth:`PhaseRunner.time_graphed_phases`, :mod:`opgraph.backends.cuda_graph`):
+the same steps, captured once per phase in phase order, each phase's graphs
+launched in its own timed loop on a non-default stream.
 """
 
 from __future__ import annotations
@@ -253,6 +258,11 @@ def main_step(steps) -> Step | None:
     return None
 
 
+def run_step(st: Step, slots: dict):
+    """One step's output from the live values (what the executor does per step)."""
+    return st.kernel(st.ctx, st.op.op, *[slots[a] for a in st.args])
+
+
 class PhaseRunner:
     """Runs and times the phases of one compiled training graph.
 
@@ -271,6 +281,49 @@ class PhaseRunner:
         slots = self.slots
         for st in steps:
             slots[st.node] = st.kernel(st.ctx, st.op.op, *[slots[a] for a in st.args])
+
+    def graph_phases(self, stream) -> dict:
+        """Phase -> its steps as a :class:`~opgraph.backends.cuda_graph.GraphReplay`
+        (phases without steps left out), built in phase order so that a later
+        phase captures the arrays an earlier one writes. Call inside ``with
+        stream:`` (a non-default stream), after the eager timings: the replays
+        rebind ``slots`` to the arrays they captured."""
+        from opgraph.backends.cuda_graph import GraphReplay
+
+        self._fill()
+        return {p: GraphReplay(self.sched.phases[p], self.slots, run_step, stream)
+                for p in PHASES if self.sched.phases[p]}
+
+    def time_graphed_phases(self, repeat: int, warmup: int) -> tuple[dict, dict]:
+        """Each phase replayed as CUDA graphs (:meth:`graph_phases`): ``warmup``
+        untimed replays of all phases, then each phase timed in its own loop
+        of ``repeat`` calls, on a new non-default stream.
+
+        Returns:
+            ``(timings, summary)``: phase -> Timing (None for a phase without
+            steps), and phase -> the replay's summary (graphs, captured and
+            eager steps with the reason of each eager one, private pool bytes).
+        """
+        from opgraph.backends.cuda_graph import capture_stream, release_cached
+
+        self.timer.synchronize()  # the eager work on the default stream is done
+        stream = capture_stream()
+        replays = {}
+        try:
+            with stream:
+                replays = self.graph_phases(stream)
+                release_cached()  # the eager arrays the replays rebound are cached, unused
+                for _ in range(warmup):
+                    for replay in replays.values():
+                        replay()
+                self.timer.synchronize()
+                out = {p: (Timing(self.timer.measure(replays[p], label=p + " (CUDA graph)",
+                                                     repeat=repeat))
+                           if p in replays else None) for p in PHASES}
+            return out, {p: r.summary() for p, r in replays.items()}
+        finally:
+            for replay in replays.values():
+                replay.close()
 
     def warmup(self, n: int) -> None:
         """``n`` untimed iterations of forward + backward (the seed's dry runs),
@@ -311,4 +364,5 @@ class PhaseRunner:
 
 
 __all__ = ["PHASES", "LAYER_OPS", "FILTER_OPS", "PASS_THROUGH_OPS", "TrainingGraph", "training_graph",
-           "random_feeds", "layer_of", "classify", "Schedule", "schedule", "main_step", "PhaseRunner"]
+           "random_feeds", "layer_of", "classify", "Schedule", "schedule", "main_step", "run_step",
+           "PhaseRunner"]

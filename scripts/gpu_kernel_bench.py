@@ -3,9 +3,12 @@
 * max pooling: 64- vs 32-bit index arithmetic, and the geometry compiled in
   as constants (``specialize``), forward and backward (which recomputes the
   argmax), on the pooling layers of GoogLeNet (batch 128) and VGG-A (batch 64);
-* bias gradient: the matrix-product kernel in use, the previous one (one
-  long matrix-vector product), and a CuPy sum, on conv outputs of GoogLeNet
-  and VGG-A;
+* bias gradient: the kernel in use (``current``), the previous one (one long
+  matrix-vector product), and a CuPy sum, on conv outputs of AlexNet,
+  GoogLeNet and VGG-A; in NHWC also each ``method``: our two-pass column-sum
+  kernel (``columns``, the default, capturable into a CUDA graph) and the
+  cuBLAS matrix-vector product (``gemv``, the autotune variant), in float32
+  and float16;
 
 each in NCHW and NHWC, CUDA events, median of 20 after 5 warm-ups; one JSON
 line per case.
@@ -37,6 +40,7 @@ POOLS = [
 
 #: (name, conv output shape)
 BIASES = [
+    ("alexnet conv1", (128, 64, 55, 55)),
     ("googlenet conv1", (128, 64, 112, 112)),
     ("googlenet 3a 5x5_reduce", (128, 16, 28, 28)),
     ("googlenet 4a 1x1", (128, 192, 14, 14)),
@@ -95,16 +99,20 @@ def bench_pools(rows):
 
 def bench_bias_grads(rows):
     for name, shape in BIASES:
-        for layout in ("NCHW", "NHWC"):
-            gy = in_layout(cp.random.standard_normal(shape, dtype=cp.float32), layout)
+        for layout, dtype in (("NCHW", cp.float32), ("NHWC", cp.float32), ("NHWC", cp.float16)):
+            gy = in_layout(cp.random.standard_normal(shape, dtype=cp.float32).astype(dtype), layout)
             want = gy.astype(cp.float64).sum(axis=(0, 2, 3))
             row = {"kernel": "bias_add_backward", "layer": name, "layout": layout, "x": list(shape),
-                   "gbytes": gy.nbytes / 1e9}
-            for label, fn in (("current", lambda: cuda_elementwise.bias_add_backward(cp, gy)),
-                              ("previous", lambda: previous_bias_grad(gy)),
-                              ("cupy_sum", lambda: gy.sum(axis=(0, 2, 3)))):
+                   "dtype": cp.dtype(dtype).name, "gbytes": gy.nbytes / 1e9}
+            cases = [("current", lambda: cuda_elementwise.bias_add_backward(cp, gy))]
+            if layout == "NHWC":  # the methods differ only for channels-last input
+                cases += [(m, lambda m=m: cuda_elementwise.bias_add_backward(cp, gy, method=m))
+                          for m in cuda_elementwise.BIAS_GRAD_METHODS]
+            cases += [("previous", lambda: previous_bias_grad(gy)),
+                      ("cupy_sum", lambda: gy.sum(axis=(0, 2, 3)))]
+            for label, fn in cases:
                 row[f"{label}_ms"] = median_ms(fn)
-                err = float(cp.abs(fn() - want).max() / cp.abs(want).max())
+                err = float(cp.abs(fn().astype(cp.float64) - want).max() / cp.abs(want).max())
                 row[f"{label}_relerr"] = err
             emit(rows, row)
 

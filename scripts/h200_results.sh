@@ -28,7 +28,10 @@
 # WARMUP=10 restores it). TIME_LIMIT (default 420 s) stops starting new columns before the
 # call's 10-minute limit, and the JSON is rewritten after every column, so a stage that runs
 # long still returns what it did. The columns of each stage can be changed with
-# WINNERS_LOWERINGS, MIXED_LOWERINGS, LAYER_LOWERINGS (e.g. MIXED_LOWERINGS=auto to save time).
+# WINNERS_LOWERINGS, MIXED_LOWERINGS, LAYER_LOWERINGS (e.g. MIXED_LOWERINGS=auto to save time);
+# BENCH_ARGS adds flags to every opgraph-bench stage but default (e.g. BENCH_ARGS=--cuda-graph: a
+# <lowering>+graph column per lowering, each phase replayed as CUDA graphs). GPU_TESTS narrows the
+# tests stage (pytest arguments; default: the whole tests folder).
 # Installs carried wheels (.whl/) and opgraph first, as scripts/gpu_check.sh does.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,7 +60,7 @@ bench() {  # bench NAME TIME_LIMIT ARGS...
     echo "== $name ($(date -u +%H:%M:%S))"
     timeout "${STAGE_TIMEOUT:-590}" $PY -m opgraph.benchmarks.cli --device cuda --warmup "$WARMUP" --repeat "$REPEAT" \
         --time-limit "$limit" --format json --output "$LOG/$name.json" --plot "$LOG/$name.png" \
-        "$@" 2>&1 | tee "$LOG/$name.log" | tail -n 40
+        ${BENCH_ARGS:-} "$@" 2>&1 | tee "$LOG/$name.log" | tail -n 40
 }
 
 for stage in "$@"; do
@@ -74,7 +77,7 @@ for stage in "$@"; do
                 --lowering "${LAYER_LOWERINGS:-cudnn,gemm,fft,winograd,auto}" --compare torch ;;
         tests)
             echo "== tests ($(date -u +%H:%M:%S))"
-            timeout "${GPU_TEST_TIMEOUT:-300}" $PY -m pytest tests -m gpu -q -ra -p no:cacheprovider \
+            timeout "${GPU_TEST_TIMEOUT:-300}" $PY -m pytest ${GPU_TESTS:-tests} -m gpu -q -ra -p no:cacheprovider \
                 --durations=10 >"$LOG/pytest-gpu.log" 2>&1
             echo "gpu tests exit status: $?"
             tail -n 25 "$LOG/pytest-gpu.log" ;;

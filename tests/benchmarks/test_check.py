@@ -80,7 +80,7 @@ def test_mismatching_lowering_is_reported_and_not_timed(setup, monkeypatch):
     bad = attrs.evolve(good, kernel=lambda ctx, op, *a: good.kernel(ctx, op, *a) * 1.01)
     monkeypatch.setitem(registry._RULES[Conv2dBackwardFilter], "winograd", bad)
     s = driver.Settings(device="cpu", lowerings=[lw.Lowering("winograd")], warmup=0, repeat=1)
-    rec = driver.run_lowering(tg, feeds, ref, lw.Lowering("winograd"), s.base_policy, s,
+    [rec] = driver.run_lowering(tg, feeds, ref, lw.Lowering("winograd"), s.base_policy, s,
                               driver.make_timer("cpu"), None)
     assert rec["status"] == "mismatch"
     assert "conv2.grad/conv2d_backward_filter" in rec["reason"] and "not timed" in rec["reason"]
@@ -94,7 +94,7 @@ def test_auto_column_is_checked_and_timed(setup):
     base = driver.LoweringPolicy(cache="off")  # no autotune cache file from a test
     s = driver.Settings(device="cpu", lowerings=[lw.Lowering("auto")], warmup=0, repeat=1,
                         base_policy=base)
-    rec = driver.run_lowering(tg, feeds, ref, lw.Lowering("auto"), base, s, driver.make_timer("cpu"),
+    [rec] = driver.run_lowering(tg, feeds, ref, lw.Lowering("auto"), base, s, driver.make_timer("cpu"),
                               None)
     assert rec["status"] == "ok" and rec["check"]["passed"] and rec["not_applicable"] == {}
     assert set(rec["algorithms"]["Conv2dBackwardFilter"]) <= {"gemm", "fft", "winograd", "direct"}
@@ -110,3 +110,53 @@ def test_a_failed_reference_fails_the_model_not_the_run(monkeypatch, tiny):
     doc = driver.run_benchmark([tiny], s)
     assert [r["status"] for r in doc["results"]] == ["error", "error"]
     assert "float64 reference failed" in doc["results"][0]["reason"]
+
+
+def test_cuda_graph_adds_a_graph_column_from_the_same_compile(setup, monkeypatch):
+    # no GPU here: a stand-in stream whose captures record nothing (NumPy kernels run at
+    # once), so this checks the plumbing of the +graph record, not replay semantics
+    # (tests/backends/test_cuda_graph_replay.py and tests/gpu/test_cuda_graph.py do)
+    from types import SimpleNamespace
+
+    from opgraph.backends import cuda_graph
+
+    class Stream:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def begin_capture(self):
+            pass
+
+        def end_capture(self):
+            return SimpleNamespace(launch=lambda stream=None: None)
+
+    class Pool:
+        def malloc(self, n):
+            pass
+
+        def free_all_blocks(self):
+            pass
+
+        def total_bytes(self):
+            return 0
+
+    import contextlib
+    fake = SimpleNamespace(cuda=SimpleNamespace(Stream=lambda non_blocking=False: Stream(), MemoryPool=Pool,
+                                                using_allocator=lambda malloc: contextlib.nullcontext()),
+                           get_default_memory_pool=Pool)
+    monkeypatch.setattr(cuda_graph, "_cupy", lambda: fake)
+    tg, feeds, ref = setup
+    s = driver.Settings(device="cpu", lowerings=[lw.Lowering("gemm")], warmup=0, repeat=2,
+                        cuda_graph=True)
+    eager, graph = driver.run_lowering(tg, feeds, ref, lw.Lowering("gemm"), s.base_policy, s,
+                                       driver.make_timer("cpu"), None)
+    assert eager["lowering"] == "gemm" and graph["lowering"] == "gemm+graph"
+    assert graph["status"] == "ok" and graph["check"] == eager["check"]
+    assert set(graph["times"]) == set(eager["times"]) and len(graph["times"]["forward"]["times_ms"]) == 2
+    assert graph["graph"]["forward"]["captured_steps"] == graph["graph"]["forward"]["steps"] > 0
+    assert any(n.startswith("CUDA graphs:") for n in graph["notes"])
+    assert all(not row["ms"] for row in graph["layers"])  # per-layer times stay with the eager record
+    assert driver.unit_count([tg.model], s) == 2

@@ -357,3 +357,8 @@ def test_warnings_print_as_one_line_in_the_cli_only(capsys, tmp_path):
     assert status == 0
     assert err == "opgraph-bench: warning: policy.force key 'conv99' matches no node of graph 'L4'\n"
     assert warnings.showwarning is before  # library users keep the usual format
+
+
+def test_cuda_graph_needs_a_gpu(capsys):
+    assert cli.main(["--model", "L4", "--device", "cpu", "--cuda-graph"]) == 2
+    assert "--cuda-graph replays CUDA graphs: it needs --device cuda" in capsys.readouterr().err

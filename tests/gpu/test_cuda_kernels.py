@@ -1,8 +1,10 @@
-"""Our CuPy kernels (pooling, ReLU/threshold, LRN, softmax family, cross-entropy)
-against the NumPy reference kernels, including the SEMANTICS.md edge cases:
-ceil_mode drop rule, count_include_pad divisor, padding as -inf, NaN
-propagation, first-max tie rule, all -inf windows, NHWC views, float16, and a
-tensor over 2^31 elements (64-bit indexing)."""
+"""Our CuPy kernels (pooling, ReLU/threshold, LRN, softmax family, cross-entropy,
+bias gradient) against the NumPy reference kernels, including the SEMANTICS.md
+edge cases: ceil_mode drop rule, count_include_pad divisor, padding as -inf,
+NaN propagation, first-max tie rule, all -inf windows, NHWC views, float16,
+and tensors over 2^31 elements (64-bit indexing); the channels-last bias
+gradient's column-sum kernel against a float64 NumPy sum, both methods, and
+captured into a CUDA graph."""
 
 from __future__ import annotations
 
@@ -273,3 +275,105 @@ def test_bias_add_backward(cp, rng, relerr, dtype, shape, layout):
         assert not cp.asnumpy(got).any()
     else:
         assert relerr(cp.asnumpy(got), want) < (2e-3 if dtype == np.float16 else 1e-6)
+
+
+#: channel counts of the column-sum tests: 1, under, at and over one 32-column
+#: tile, GoogLeNet's 384, and many tiles.
+BIAS_CHANNELS = [1, 3, 31, 32, 33, 384, 1000]
+
+
+def _bias_check(cp, relerr, got, want, dtype, tol):
+    assert got.dtype == dtype and got.shape == want.shape
+    assert relerr(cp.asnumpy(got), want) < tol
+
+
+@pytest.mark.parametrize("method", ["columns", "gemv"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("c", BIAS_CHANNELS)
+@pytest.mark.parametrize("nhw", [(2, 3, 5), (3, 20, 21)])  # M = 30: one pass; 1260: two passes
+def test_bias_add_backward_channels_last(cp, rng, relerr, nhw, c, dtype, method):
+    from opgraph.backends import cuda_elementwise as ew
+    n, h, w = nhw
+    gy = rng.standard_normal((n, c, h, w)).astype(dtype)
+    want = gy.astype(np.float64).sum(axis=(0, 2, 3))
+    tol = 2e-3 if dtype == np.float16 else 1e-6
+    dgy = _dev(cp, gy, "NHWC")
+    got = ew.bias_add_backward(cp, dgy, method=method)
+    _bias_check(cp, relerr, got, want, dtype, tol)
+    if method == "columns":  # deterministic; the kernel itself for any C (C = 1 is NCHW above)
+        assert cp.array_equal(ew.bias_add_backward(cp, dgy), got)
+        rows = dgy.transpose(0, 2, 3, 1).reshape(-1, c)
+        _bias_check(cp, relerr, ew.column_sums(cp, rows), want, dtype, tol)
+
+
+@pytest.mark.parametrize("method", ["columns", "gemv"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("c", [1, 3, 33])
+def test_bias_add_backward_channels_last_over_2_20_rows(cp, rng, relerr, c, dtype, method):
+    """M = N*H*W = 1,052,672 rows: pass 1 runs 512-1024 chunks. float32 sums
+    of 2^20 zero-mean terms lose more than the small cases: the column
+    kernel's order of additions, replayed in NumPy on these inputs, stays
+    below 4e-7; cuBLAS has its own order, hence 1e-5."""
+    from opgraph.backends import cuda_elementwise as ew
+    shape = (16, c, 256, 257)
+    gy = rng.standard_normal(shape).astype(dtype)
+    want = gy.astype(np.float64).sum(axis=(0, 2, 3))
+    tol = {np.float16: 2e-3, np.float32: 1e-5, np.float64: 1e-12}[dtype]
+    dgy = _dev(cp, gy, "NHWC")
+    _bias_check(cp, relerr, ew.bias_add_backward(cp, dgy, method=method), want, dtype, tol)
+    if method == "columns":
+        _bias_check(cp, relerr, ew.column_sums(cp, dgy.transpose(0, 2, 3, 1).reshape(-1, c)), want, dtype, tol)
+
+
+@pytest.mark.parametrize("method", ["columns", "gemv"])
+def test_bias_add_backward_channels_last_empty_and_bad_method(cp, method):
+    from opgraph.backends import cuda_elementwise as ew
+    gy = _dev(cp, cp.zeros((0, 5, 4, 6), cp.float32), "NHWC")
+    got = ew.bias_add_backward(cp, gy, method=method)
+    assert got.shape == (5,) and got.dtype == np.float32 and not cp.asnumpy(got).any()
+    assert not cp.asnumpy(ew.column_sums(cp, cp.zeros((0, 5), cp.float16))).any()
+    with pytest.raises(ParameterError, match="method"):
+        ew.bias_add_backward(cp, _dev(cp, cp.ones((2, 5, 4, 6), cp.float32), "NHWC"), method=method + "x")
+
+
+@pytest.mark.parametrize("method", ["columns", "gemv"])
+def test_bias_add_backward_over_2_31_elements(cp, rng, method):
+    """64-bit indexing: a channels-last float32 gradient of 2^31 + 2^24
+    elements, zero but for the first row, the rows around element 2^31 and
+    the last row (of the (N*H*W, C) matrix)."""
+    from opgraph.backends import cuda_elementwise as ew
+    n, c, h, w = 2048, 384, 53, 52
+    m = n * h * w
+    assert m * c > 2 ** 31
+    picked = [0, 2 ** 31 // c - 1, 2 ** 31 // c, 2 ** 31 // c + 1, m - 1]  # row 2^31 // c straddles
+    vals = rng.standard_normal((len(picked), c)).astype(np.float32)
+    rows = cp.zeros((m, c), cp.float32)
+    rows[cp.asarray(picked)] = cp.asarray(vals)
+    got = ew.bias_add_backward(cp, rows.reshape(n, h, w, c).transpose(0, 3, 1, 2), method=method)
+    np.testing.assert_allclose(cp.asnumpy(got), vals.astype(np.float64).sum(0), rtol=1e-5, atol=1e-5)
+    del rows
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_column_kernel_replays_in_a_cuda_graph(cp, rng, relerr, dtype):
+    """The point of the column kernel: CuPy refuses cuBLAS during stream
+    capture; our two passes capture, and a replay reads gy's memory anew."""
+    from opgraph.backends import cuda_elementwise as ew
+    gy = rng.standard_normal((4, 40, 20, 21)).astype(dtype)
+    dgy = _dev(cp, gy, "NHWC")
+    ew.bias_add_backward(cp, dgy)  # compile and load the module outside the capture
+    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+    with stream, cp.cuda.using_allocator(pool.malloc):
+        stream.begin_capture()
+        try:
+            out = ew.bias_add_backward(cp, dgy)
+        finally:
+            graph = stream.end_capture()
+        dgy *= 2  # in place: the replay must see it
+        graph.launch(stream)
+        stream.synchronize()
+    tol = 2e-3 if dtype == np.float16 else 1e-6
+    assert relerr(cp.asnumpy(out), 2 * gy.astype(np.float64).sum(axis=(0, 2, 3))) < tol
+    del graph, out
+    pool.free_all_blocks()

@@ -1,0 +1,230 @@
+"""CUDA-graph replay of a run of lowered steps (issue 7, means 5).
+
+A Python executor pays for every step it dispatches: CuPy's launch path, the
+cuDNN frontend's ``execute`` (about 80 us of wall time per call, GPU_NOTES.md),
+argument packing. On a model of many small layers (GoogLeNet: ~400 steps per
+training step, most convolutions under 0.1 ms on the H200) the GPU then waits
+for Python. Capturing the steps into a CUDA graph once and replaying it costs
+one launch per graph instead.
+
+Not every kernel can be captured: CuPy refuses any cuBLAS call while a stream
+captures ("calling cuBLAS API during stream capture is currently unsupported",
+GPU_NOTES.md), so a ``Linear``, a GEMM convolution or a cuBLAS bias gradient
+cannot be in a graph. :class:`GraphReplay` therefore tries each step alone in
+a throw-away capture first (:func:`capture_error`), then captures every maximal
+run of steps that allow it as one graph and runs the others eagerly between
+the graphs.
+
+Memory rules that keep a replay correct:
+
+* a graph's kernels read and write the device addresses they had during
+  capture, so every value a graph reads or writes is pinned (a reference is
+  kept) for the replay's lifetime, and each graph allocates from a private
+  ``cupy.cuda.MemoryPool`` that nothing else uses: a block a graph uses as
+  scratch is never handed to another array that the replay would overwrite
+  (the scheme of ``torch.cuda.graph``'s private pools);
+* an eagerly run step allocates a new output on every call, but a graph that
+  reads it captured one address: the eager step's result is copied into the
+  array captured there (its *static* output), so ``slots`` never changes
+  after the build and every later reader sees the current values.
+
+Capture uses CuPy's default relaxed mode on a non-default stream (the legacy
+default stream cannot capture): the caller builds and replays inside
+``with stream:`` (:func:`capture_stream`), and the values in ``slots`` must be
+complete (the steps ran once: kernels compiled, cuDNN plans and cuFFT plans
+built) before the build.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import attrs
+
+#: ``run_step(step, slots) -> array``: computes one step's output from ``slots``.
+RunStep = Callable[[Any, dict], Any]
+
+
+def _cupy():
+    import cupy
+    return cupy
+
+
+def capture_stream():
+    """A new non-blocking CuPy stream to capture and replay on."""
+    return _cupy().cuda.Stream(non_blocking=True)
+
+
+def release_cached() -> None:
+    """Give the default pool's unused cached blocks back to the device (the
+    eager arrays a build rebound), so that they are not counted twice."""
+    _cupy().get_default_memory_pool().free_all_blocks()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:200]
+
+
+def _captured(stream, fn: Callable[[], Any]):
+    """``(graph, pool, result)``: ``fn`` captured on ``stream`` with every
+    allocation from a new private memory pool. The capture is ended whatever
+    ``fn`` does; an error in ``fn`` or an invalidated capture raises (after
+    the pool is emptied)."""
+    cupy = _cupy()
+    pool = cupy.cuda.MemoryPool()
+    result = graph = None
+    try:
+        with cupy.cuda.using_allocator(pool.malloc):
+            stream.begin_capture()
+            try:
+                result = fn()
+            finally:
+                graph = stream.end_capture()
+    except BaseException:
+        result = graph = None
+        pool.free_all_blocks()
+        raise
+    return graph, pool, result
+
+
+def capture_error(step, slots: dict, run_step: RunStep, stream) -> str | None:
+    """Why ``step`` cannot be captured (the error of a throw-away capture of
+    it alone), or None when it can. Nothing is kept and ``slots`` is untouched."""
+    try:
+        graph, pool, out = _captured(stream, lambda: run_step(step, slots))
+    except Exception as e:  # cuBLAS refused, an invalidated capture, a host sync
+        return _first_line(e)
+    del graph, out
+    pool.free_all_blocks()
+    return None
+
+
+@attrs.define
+class _Segment:
+    steps: tuple
+    capture: bool  # asked to be captured (every step passed capture_error)
+    graph: Any = None  # None: the steps run eagerly
+    pool: Any = None
+
+
+class GraphReplay:
+    """``steps`` over ``slots`` replayed as CUDA graphs where they allow capture.
+
+    Args:
+        steps: scheduled steps (``opgraph.executable.Step``), in order; each
+            writes ``slots[step.node]``.
+        slots: node id -> device array; holds every value the steps read and,
+            from a previous run, every value they write (see module doc).
+        run_step: computes one step's output (the executor's kernel call).
+        stream: the non-default stream everything runs on; the caller is
+            inside ``with stream:`` for the build and every call.
+        eager: node ids never to capture (tests; a step known to misbehave).
+
+    After the build, ``slots`` holds the arrays the graphs use (their values
+    are those of one replay) and must not be rebound by anyone else.
+
+    Attributes:
+        eager_reasons: step name -> why it runs eagerly.
+        graphs: number of captured graphs.
+        captured_steps: number of steps inside graphs.
+    """
+
+    def __init__(self, steps: Sequence, slots: dict, run_step: RunStep, stream, *,
+                 eager: frozenset = frozenset()):
+        self.slots, self.run_step, self.stream = slots, run_step, stream
+        steps = tuple(steps)
+        reasons = {}
+        for st in steps:
+            why = ("excluded by the caller" if st.node in eager
+                   else capture_error(st, slots, run_step, stream))
+            if why is not None:
+                reasons[st.node] = why
+        self._pinned: list = []
+        self.segments: list[_Segment] = []
+        for st in steps:
+            capture = st.node not in reasons
+            if self.segments and self.segments[-1].capture == capture:
+                self.segments[-1].steps += (st,)
+            else:
+                self.segments.append(_Segment((st,), capture))
+        for seg in self.segments:
+            if seg.capture:
+                self._capture(seg, reasons)
+            else:
+                for st in seg.steps:
+                    self._run_eager(st)
+        self.eager_reasons = {st.name: reasons[st.node] for st in steps if st.node in reasons}
+        self.steps = len(steps)
+        self.graphs = sum(1 for s in self.segments if s.graph is not None)
+        self.captured_steps = sum(len(s.steps) for s in self.segments if s.graph is not None)
+
+    def _capture(self, seg: _Segment, reasons: dict) -> None:
+        slots, run_step = self.slots, self.run_step
+        inside = {st.node for st in seg.steps}
+        self._pinned += [slots[a] for st in seg.steps for a in st.args if a not in inside]
+
+        def body():
+            for st in seg.steps:
+                slots[st.node] = run_step(st, slots)
+
+        try:
+            seg.graph, seg.pool, _ = _captured(self.stream, body)
+        except Exception as e:  # each step captured alone, together they did not
+            why = f"captured alone but not in a run of {len(seg.steps)} steps ({_first_line(e)})"
+            for st in seg.steps:
+                reasons[st.node] = why
+            seg.graph = seg.pool = None
+            for st in seg.steps:
+                self._run_eager(st)
+            return
+        self._pinned += [slots[st.node] for st in seg.steps]
+        seg.graph.launch(self.stream)  # the values, for the eager steps that follow
+
+    def _run_eager(self, st) -> None:
+        """Run one step eagerly at build time. The array in its slot (from the
+        previous run) becomes its static output, pinned; without one of the
+        right shape and dtype, this run's output does."""
+        out = self.run_step(st, self.slots)
+        static = self.slots.get(st.node)
+        if static is None or tuple(static.shape) != tuple(out.shape) or static.dtype != out.dtype:
+            self.slots[st.node] = static = out
+        else:
+            static[...] = out
+        self._pinned.append(static)
+
+    def __call__(self) -> None:
+        """One replay: every graph launched, every eager step run, in order."""
+        stream = self.stream
+        for seg in self.segments:
+            if seg.graph is not None:
+                seg.graph.launch(stream)
+            else:
+                for st in seg.steps:
+                    out = self.run_step(st, self.slots)
+                    self.slots[st.node][...] = out
+
+    def close(self) -> None:
+        """Drop the graphs, the pinned arrays and the private pools' cached
+        blocks, now rather than when the garbage collector gets to them (a
+        benchmark builds replays column after column). The replay cannot be
+        called afterwards; arrays still in ``slots`` stay valid."""
+        for seg in self.segments:
+            seg.graph = None
+            if seg.pool is not None:
+                seg.pool.free_all_blocks()
+            seg.pool = None
+        self.segments, self._pinned = [], []
+
+    @property
+    def pool_bytes(self) -> int:
+        return sum(int(s.pool.total_bytes()) for s in self.segments if s.pool is not None)
+
+    def summary(self) -> dict:
+        """Counts and reasons, for a result file."""
+        return {"steps": self.steps, "captured_steps": self.captured_steps, "graphs": self.graphs,
+                "eager_steps": self.steps - self.captured_steps, "eager": dict(self.eager_reasons),
+                "pool_bytes": self.pool_bytes}
+
+
+__all__ = ["GraphReplay", "capture_error", "capture_stream", "release_cached", "RunStep"]

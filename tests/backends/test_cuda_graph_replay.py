@@ -1,0 +1,203 @@
+"""CUDA-graph replay (backends/cuda_graph.py) on the CPU, through a stand-in for CuPy.
+
+The stand-in behaves as stream capture does: while a stream captures, a
+kernel does not run but is recorded, and its output is an array whose values
+appear only when the graph is launched (here: NaN until then). A step marked
+as cuBLAS raises as CuPy does during capture. So the tests see what a real
+capture would do with addresses and values: a graph reads the arrays it
+captured, an eager step between graphs must write into the array the next
+graph captured, and ``slots`` must not be rebound after the build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from opgraph.backends import cuda_graph
+from opgraph.executable import Step
+
+
+class FakeGraph:
+    def __init__(self, ops):
+        self.ops, self.launches = ops, 0
+
+    def launch(self, stream=None):
+        self.launches += 1
+        for op in self.ops:
+            op()
+
+
+class FakeStream:
+    def __init__(self, non_blocking=False):
+        self.recording, self.invalid, self.captures = None, False, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def begin_capture(self, mode=None):
+        assert self.recording is None, "capture begun twice"
+        self.recording, self.invalid = [], False
+        self.captures += 1
+
+    def end_capture(self):
+        assert self.recording is not None, "no capture to end"
+        ops, self.recording = self.recording, None
+        if self.invalid:
+            raise RuntimeError("cudaErrorStreamCaptureInvalidated: operation failed due to a "
+                               "previous error during capture")
+        return FakeGraph(ops)
+
+    def synchronize(self):
+        if self.recording is not None:
+            self.invalid = True
+
+
+class FakePool:
+    def __init__(self):
+        self.allocations, self.freed = 0, False
+
+    def malloc(self, nbytes):
+        self.allocations += 1
+
+    def free_all_blocks(self):
+        self.freed = True
+
+    def total_bytes(self):
+        return 64 * self.allocations
+
+
+@contextlib.contextmanager
+def using_allocator(malloc):
+    yield
+
+
+FAKE = SimpleNamespace(cuda=SimpleNamespace(Stream=FakeStream, MemoryPool=FakePool,
+                                            using_allocator=using_allocator))
+
+
+@pytest.fixture(autouse=True)
+def fake_cupy(monkeypatch):
+    monkeypatch.setattr(cuda_graph, "_cupy", lambda: FAKE)
+
+
+def chain(cublas=(), syncs=(), alone_only=()):
+    """x -> a = 2x -> b = a + 1 -> c = b * b -> d = c - x, as steps on node ids 1..4
+    (x is node 0). ``cublas`` steps raise during capture as CuPy's cuBLAS calls
+    do; ``syncs`` synchronise the stream (invalidating a capture); ``alone_only``
+    steps capture alone but invalidate a capture that recorded something before."""
+    fns = {1: lambda x: 2 * x, 2: lambda a: a + 1, 3: lambda b: b * b, 4: lambda c, x: c - x}
+    args = {1: (0,), 2: (1,), 3: (2,), 4: (3, 0)}
+    names = {1: "a", 2: "b", 3: "c", 4: "d"}
+    steps = [Step(n, names[n], None, None, None, args[n]) for n in (1, 2, 3, 4)]
+
+    def run_step(st, slots, stream):
+        ins = [slots[a] for a in st.args]
+        fn = fns[st.node]
+        if stream.recording is None:
+            return fn(*ins)
+        if st.node in cublas:
+            raise NotImplementedError("calling cuBLAS API during stream capture is currently unsupported")
+        if st.node in syncs:
+            stream.synchronize()
+        if st.node in alone_only and stream.recording:
+            stream.invalid = True
+        out = np.full(ins[0].shape, np.nan)
+        stream.recording.append(lambda: out.__setitem__(Ellipsis, fn(*ins)))
+        return out
+
+    return steps, run_step
+
+
+def eager_values(x):
+    a = 2 * x
+    b = a + 1
+    c = b * b
+    return {0: x, 1: a, 2: b, 3: c, 4: c - x}
+
+
+def build(x, **kw):
+    steps, run = chain(**kw)
+    stream = FakeStream()
+    slots = eager_values(x)
+    replay = cuda_graph.GraphReplay(steps, slots, lambda st, sl: run(st, sl, stream), stream)
+    return replay, slots, stream
+
+
+def test_runs_between_cublas_steps_become_graphs_and_replays_read_the_live_input():
+    x = np.arange(6.0).reshape(2, 3)
+    replay, slots, _ = build(x, cublas={2})
+    assert (replay.graphs, replay.captured_steps, replay.steps) == (2, 3, 4)
+    assert list(replay.eager_reasons) == ["b"]
+    assert "cuBLAS" in replay.eager_reasons["b"]
+    assert [len(s.steps) for s in replay.segments] == [1, 1, 2]
+    for node, want in eager_values(x).items():  # the build leaves one replay's values
+        np.testing.assert_array_equal(slots[node], want)
+    held = {n: slots[n] for n in slots}
+    x[...] = np.linspace(-1, 1, 6).reshape(2, 3)  # the source changes in place
+    replay()
+    for node, want in eager_values(x).items():
+        np.testing.assert_array_equal(slots[node], want)
+        assert slots[node] is held[node]  # no slot rebound: graphs keep their addresses
+    assert all(s.graph.launches == 2 for s in replay.segments if s.graph is not None)
+    summary = replay.summary()
+    assert summary["eager_steps"] == 1 and summary["graphs"] == 2 and summary["pool_bytes"] >= 0
+
+
+def test_a_step_that_synchronises_runs_eagerly():
+    x = np.ones((2, 2))
+    replay, slots, _ = build(x, syncs={3})
+    assert list(replay.eager_reasons) == ["c"]
+    assert "Invalidated" in replay.eager_reasons["c"]
+    x[...] = 3.0
+    replay()
+    np.testing.assert_array_equal(slots[4], eager_values(x)[4])
+
+
+def test_a_run_that_fails_together_falls_back_to_eager_steps():
+    x = np.full((3,), 2.0)
+    replay, slots, _ = build(x, cublas={2}, alone_only={4})
+    # c and d each capture alone; together they invalidate the capture
+    assert set(replay.eager_reasons) == {"b", "c", "d"}
+    assert "captured alone but not in a run of 2 steps" in replay.eager_reasons["d"]
+    assert replay.graphs == 1 and replay.captured_steps == 1
+    x[...] = -1.0
+    replay()
+    for node, want in eager_values(x).items():
+        np.testing.assert_array_equal(slots[node], want)
+
+
+def test_everything_eager_still_replays_correctly():
+    x = np.full((2,), 0.5)
+    replay, slots, _ = build(x, cublas={1, 2, 3, 4})
+    assert replay.graphs == 0 and replay.captured_steps == 0
+    x[...] = 4.0
+    replay()
+    np.testing.assert_array_equal(slots[4], eager_values(x)[4])
+
+
+def test_capture_error_leaves_no_capture_open():
+    steps, run = chain(cublas={2})
+    stream = FakeStream()
+    slots = eager_values(np.ones(2))
+    why = cuda_graph.capture_error(steps[1], slots, lambda st, sl: run(st, sl, stream), stream)
+    assert why.startswith("NotImplementedError: calling cuBLAS")
+    assert stream.recording is None  # ended even though the step raised
+    assert cuda_graph.capture_error(steps[0], slots, lambda st, sl: run(st, sl, stream), stream) is None
+    np.testing.assert_array_equal(slots[1], 2 * np.ones(2))  # a trial writes no slot
+
+
+def test_close_frees_the_private_pools_and_keeps_the_values():
+    x = np.arange(4.0)
+    replay, slots, _ = build(x, cublas={2})
+    pools = [s.pool for s in replay.segments if s.pool is not None]
+    assert pools and not any(p.freed for p in pools)
+    replay.close()
+    assert all(p.freed for p in pools) and replay.segments == []
+    np.testing.assert_array_equal(slots[4], eager_values(x)[4])

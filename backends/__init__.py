@@ -2,7 +2,8 @@
 
 Importing this package registers every rule: the CPU ones (reference, direct,
 gemm, fft, winograd; the last three also run on CuPy arrays) and the GPU ones
-(cudnn, and our own CuPy kernels as ``cuda``). The GPU modules import without
+(cudnn, our own CuPy kernels as ``cuda``, and cuBLAS matrix products in the
+policy's precision as ``cublas``). The GPU modules import without
 CuPy or cuDNN; their rules then decline with the reason.
 """
 
@@ -10,3 +11,4 @@ from .reference import rules as _reference_rules  # noqa: F401
 from . import conv_rules as _conv_rules  # noqa: F401
 from . import cudnn as _cudnn  # noqa: F401  (registers the cudnn rules)
 from . import cuda_rules as _cuda_rules  # noqa: F401
+from . import cublas_matmul as _cublas_matmul  # noqa: F401  (registers the cublas rules)

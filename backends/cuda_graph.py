@@ -1,16 +1,17 @@
-"""CUDA-graph replay of a run of lowered steps (issue 7, means 5).
+"""CUDA-graph replay of a run of lowered steps (``opgraph-bench --cuda-graph``).
 
 A Python executor pays for every step it dispatches: CuPy's launch path, the
 cuDNN frontend's ``execute`` (about 80 us of wall time per call, GPU_NOTES.md),
 argument packing. On a model of many small layers (GoogLeNet: ~400 steps per
 training step, most convolutions under 0.1 ms on the H200) the GPU then waits
 for Python. Capturing the steps into a CUDA graph once and replaying it costs
-one launch per graph instead.
+one launch per graph instead (measured: docs/performance.md, change 10).
 
 Not every kernel can be captured: CuPy refuses any cuBLAS call while a stream
-captures ("calling cuBLAS API during stream capture is currently unsupported",
-GPU_NOTES.md), so a ``Linear``, a GEMM convolution or a cuBLAS bias gradient
-cannot be in a graph. :class:`GraphReplay` therefore tries each step alone in
+captures ("calling cuBLAS API during stream capture is currently unsupported";
+docs/gpu.md), so a ``Linear``, a GEMM or FFT convolution (its products in the
+frequency domain are cuBLAS calls) or a cuBLAS bias gradient cannot be in a
+graph. :class:`GraphReplay` therefore tries each step alone in
 a throw-away capture first (:func:`capture_error`), then captures every maximal
 run of steps that allow it as one graph and runs the others eagerly between
 the graphs.
@@ -111,6 +112,22 @@ class _Segment:
 class GraphReplay:
     """``steps`` over ``slots`` replayed as CUDA graphs where they allow capture.
 
+    Usage (what ``benchmarks/protocol.PhaseRunner.graph_phases`` does)::
+
+        exe = opgraph.compile(outputs, device="cuda")
+        slots = exe.feed(feeds)          # sources by node id
+        for st in exe.steps:             # one full run that frees nothing
+            slots[st.node] = run_step(st, slots)
+        stream = capture_stream()
+        with stream:
+            replay = GraphReplay(exe.steps, slots, run_step, stream)
+            replay()                     # again, e.g. after writing new input in place
+        outputs = [slots[v.node] for v in exe.outputs]
+
+    with ``run_step = opgraph.benchmarks.protocol.run_step`` (``st.kernel(st.ctx,
+    st.op.op, *[slots[a] for a in st.args])``). ``Executable.execute`` is not a
+    way to fill ``slots``: it frees each buffer after its last reader.
+
     Args:
         steps: scheduled steps (``opgraph.executable.Step``), in order; each
             writes ``slots[step.node]``.
@@ -194,7 +211,13 @@ class GraphReplay:
         self._pinned.append(static)
 
     def __call__(self) -> None:
-        """One replay: every graph launched, every eager step run, in order."""
+        """One replay: every graph launched, every eager step run, in order.
+
+        Raises:
+            RuntimeError: the replay was closed (:meth:`close`).
+        """
+        if self.segments is None:
+            raise RuntimeError("this GraphReplay was closed; build a new one to replay")
         stream = self.stream
         for seg in self.segments:
             if seg.graph is not None:
@@ -214,11 +237,12 @@ class GraphReplay:
             if seg.pool is not None:
                 seg.pool.free_all_blocks()
             seg.pool = None
-        self.segments, self._pinned = [], []
+        self.segments, self._pinned = None, []
 
     @property
     def pool_bytes(self) -> int:
-        return sum(int(s.pool.total_bytes()) for s in self.segments if s.pool is not None)
+        """Bytes the private pools hold (0 once closed)."""
+        return sum(int(s.pool.total_bytes()) for s in self.segments or () if s.pool is not None)
 
     def summary(self) -> dict:
         """Counts and reasons, for a result file."""

@@ -327,6 +327,23 @@ def check_output_paths(args) -> None:
             raise UsageError(f"{flag} {path}: folder {folder} does not exist")
         if not os.access(folder, os.W_OK):
             raise UsageError(f"{flag} {path}: folder {folder} is not writable")
+    if args.plot:
+        kinds = _plot_formats()
+        ext = os.path.splitext(args.plot)[1].lstrip(".").lower()
+        if kinds and ext not in kinds:
+            what = ext or "a file without an extension"
+            raise UsageError(f"--plot {args.plot}: matplotlib cannot write {what}; "
+                             f"use one of {', '.join(sorted(kinds))}")
+
+
+def _plot_formats() -> set[str]:
+    """File extensions matplotlib can write, or an empty set without matplotlib
+    (the plot step then says that matplotlib is missing)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return set()
+    return set(Figure().canvas.get_supported_filetypes())
 
 
 def run_timing(names: list[str], args) -> dict:
@@ -357,7 +374,7 @@ def run_timing(names: list[str], args) -> dict:
         except PeerError as e:
             log(f"opgraph-bench: --compare {','.join(args.compare)}: {e}")
             notes.append(f"--compare {','.join(args.compare)}: {e}")
-    if device == "cpu" and warmup < driver.GPU_WARMUP:
+    if device == "cpu" and args.warmup is None and args.repeat is None:
         notes.append(f"protocol: {warmup} warm-up + {repeat} timed calls per loop (CPU defaults; "
                      f"the seed's {driver.GPU_WARMUP} + {driver.GPU_REPEAT} on a GPU)")
     # flags win over the --policy file, which wins over the defaults (fp32, NCHW)
@@ -422,6 +439,8 @@ def _main(argv: list[str] | None) -> int:
             raise UsageError("--format markdown renders timing runs; use table, json or csv with --summary")
         if args.summary and args.plot:
             raise UsageError("--plot charts timing runs; --summary runs nothing: drop --summary or --plot")
+        if args.summary and args.cuda_graph:
+            raise UsageError("--cuda-graph replays timing runs; --summary runs nothing: drop one of them")
         check_output_paths(args)
         doc = run_summary(names, args) if args.summary else run_timing(names, args)
     except (UsageError, ParameterError) as e:  # bad flags, policy files and values

@@ -277,7 +277,7 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
             rec["other_ms"] = {p: ((rec["times"][p] or {}).get("median_ms") or 0.0)
                                - sum(r["ms"].get(p, 0.0) for r in rec["layers"]) for p in PHASES}
         if s.cuda_graph:
-            out.append(_graph_column(rec, runner, tg, sched, na, exe.report, s, peak))
+            out.append(_graph_column(rec, runner, tg, sched, na, exe, ref, s, peak))
     except Exception as e:  # one column's failure (kernel error, OOM) must not end the run
         rec.update(status="error", reason=f"{type(e).__name__}: {e}")
     finally:
@@ -286,29 +286,74 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
     return out
 
 
-def _graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, report, s: Settings,
+#: A replay's end-to-end error may exceed its eager column's by this factor or by
+#: :data:`GRAPH_CHECK_SLACK`, whichever is larger (cuDNN weight-gradient engines sum
+#: in a nondeterministic order); reading a stale or wrong array gives errors near 1.
+GRAPH_CHECK_FACTOR, GRAPH_CHECK_SLACK = 2.0, 1e-3
+
+
+def _graph_check(eager_e2e: dict, graph_e2e: dict) -> tuple[bool, str | None]:
+    """Whether a replay's end-to-end errors (:func:`check.end_to_end`) match
+    its eager column's, and why not."""
+    if not graph_e2e["finite"]:
+        return False, f"non-finite values in {', '.join(graph_e2e['non_finite'][:3])}"
+    for key in ("output", "max_grad"):
+        e, g = eager_e2e.get(key), graph_e2e.get(key)
+        if e is None or g is None:
+            continue
+        bound = max(GRAPH_CHECK_FACTOR * e, e + GRAPH_CHECK_SLACK)
+        if g > bound:
+            return False, f"{key} relative error {g:.3g} > {bound:.3g} (eager column: {e:.3g})"
+    return True, None
+
+
+def _graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, exe, ref, s: Settings,
                   peak: dict | None) -> dict:
     """The ``<lowering>+graph`` record: ``rec``'s compiled graph, each phase
-    replayed as CUDA graphs; per-layer times stay with the eager record."""
+    replayed as CUDA graphs; per-layer times stay with the eager record. The
+    replayed outputs are checked end to end against the float64 reference
+    (:func:`_graph_check`): the same kernels run, so the per-node check of the
+    eager column holds for them; what a replay can get wrong is which arrays it
+    reads."""
     g = {k: v for k, v in rec.items() if k not in ("times", "totals", "tflops", "peak_fraction",
-                                                    "layers", "other_ms")}
+                                                    "layers", "other_ms", "check")}
     g.update(lowering=rec["lowering"] + "+graph", notes=list(rec["notes"]))
     try:
         phases, summary = runner.time_graphed_phases(s.repeat, s.warmup)
     except Exception as e:  # the eager record stands; say why the replay did not
         g.update(status="error", reason=f"CUDA-graph replay failed: {type(e).__name__}: {e}")
         return g
+    if ref is not None:
+        e2e = chk.end_to_end(ref.xp, [runner.slots[v.node] for v in exe.outputs], ref)
+        passed, why = _graph_check(rec["check"]["end_to_end"], e2e)
+        g["check"] = {"end_to_end": e2e, "passed": passed,
+                      "how": "replayed outputs end to end against the float64 reference, "
+                             "within 2x (or +1e-3) of the eager column's errors"}
+        if not passed:
+            g.update(status="mismatch", reason=f"CUDA-graph replay: {why}", graph=summary)
+            return g
     g["times"] = {p: (t.as_dict() if t else None) for p, t in phases.items()}
     g["totals"] = _totals(g["times"])
     g["flops"] = model_flops(tg)
     _throughput(g, peak)
-    g["layers"] = _layer_records(tg, sched, {}, na, report)
+    g["layers"] = _layer_records(tg, sched, {}, na, exe.report)
     g["graph"] = summary
     steps = sum(v["steps"] for v in summary.values())
     captured = sum(v["captured_steps"] for v in summary.values())
     graphs = sum(v["graphs"] for v in summary.values())
     g["notes"].append(f"CUDA graphs: {captured} of {steps} steps captured in {graphs} graphs; "
                       f"{steps - captured} run eagerly between them")
+    return g
+
+
+def _graph_placeholder(rec: dict) -> dict:
+    """The ``+graph`` record of a lowering whose eager column did not time
+    (n/a, mismatch, error, skipped): not replayed, and why."""
+    g = {k: v for k, v in rec.items() if k not in ("times", "totals", "layers", "other_ms")}
+    status = rec["status"] if rec["status"] in ("n/a", "skipped") else "skipped"
+    g.update(lowering=rec["lowering"] + "+graph", status=status,
+             reason=f"not replayed: the eager column is {rec['status']}"
+                    + (f" ({rec['reason']})" if rec.get("reason") else ""))
     return g
 
 
@@ -442,7 +487,10 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
                     rec = run_lowering(tg, feeds, ref, lowering, base, s, timer, peak.get(precision))
                 else:
                     rec = run_peer_entry(tg, feeds, ref, name, precision, s, peak.get(precision))
-                doc["results"] += rec if isinstance(rec, list) else [rec]
+                recs = rec if isinstance(rec, list) else [rec]
+                if s.cuda_graph and lowering is not None and len(recs) == 1:
+                    recs.append(_graph_placeholder(recs[0]))
+                doc["results"] += recs
                 add_ratios(doc["results"])
                 if on_result:
                     on_result(doc)

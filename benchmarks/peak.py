@@ -25,26 +25,14 @@ import time
 
 import numpy as np
 
+from opgraph.backends.cublas_matmul import (CUBLAS_GEMM_DEFAULT, CUDA_R_32F, GEMM_TYPES,
+                                           cublas_module)
+
 GPU_N, CPU_N = 8192, 2048
-#: cuBLAS enums (cublas_api.h / library_types.h), stable across CUDA 11-13.
-CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14
-CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32 = 68, 77
-CUBLAS_GEMM_DEFAULT = -1
-#: precision -> (operand type, compute type) of the GPU measurement.
-GPU_TYPES = {
-    "fp32": (CUDA_R_32F, CUBLAS_COMPUTE_32F),
-    "tf32": (CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32),
-    "bf16": (CUDA_R_16BF, CUBLAS_COMPUTE_32F),
-    "fp16": (CUDA_R_16F, CUBLAS_COMPUTE_32F),
-}
-
-
-def _cublas():
-    try:
-        from cupy_backends.cuda.libs import cublas
-    except ImportError:  # older layouts
-        from cupy.cuda import cublas
-    return cublas
+#: precision -> (operand type, compute type) of the GPU measurement (the same
+#: as the ``cublas`` matrix-product rules use).
+GPU_TYPES = GEMM_TYPES
+_cublas = cublas_module
 
 
 def _operands(cupy, n: int, precision: str, seed: int = 0):

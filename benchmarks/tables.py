@@ -156,7 +156,7 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
                   "backward = backward-data + backward-filter (PyTorch: one autograd pass)",
                   "vs torch: opgraph total / PyTorch eager total (above 1: slower than PyTorch)",
                   "max rel err: largest per-node relative error against the float64 reference "
-                  "(PyTorch: end-to-end, largest over the gradients)"]
+                  "(PyTorch and +graph columns: end-to-end, largest over the gradients)"]
         yield Table(f"end to end, {prec}: milliseconds per mini-batch", headers, rows, right, notes)
 
 

@@ -12,7 +12,6 @@ autotuner.
 """
 
 import re
-import sys
 
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ from opgraph.backends import cuda_rules
 from opgraph.backends.registry import KernelContext, rules_for
 from opgraph.errors import ParameterError, ShapeError
 from opgraph.types import TensorType
+from cupy_standin import cupy_replaced
 
 #: element type in the CUDA source -> the NumPy dtype of the array passed
 #: (float16 travels as its bit pattern).
@@ -85,11 +85,8 @@ class ColumnSumStandIn:
 
 @pytest.fixture
 def standin(monkeypatch):
-    rec = ColumnSumStandIn()
-    monkeypatch.setitem(sys.modules, "cupy", rec)
-    ew._colsum_kernels.cache_clear()
-    yield rec
-    ew._colsum_kernels.cache_clear()  # no stand-in kernels left for a later (GPU) test
+    with cupy_replaced(monkeypatch, ColumnSumStandIn(), ew._colsum_kernels) as rec:
+        yield rec
 
 
 def _channels_last(a):

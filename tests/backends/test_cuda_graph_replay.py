@@ -199,5 +199,7 @@ def test_close_frees_the_private_pools_and_keeps_the_values():
     pools = [s.pool for s in replay.segments if s.pool is not None]
     assert pools and not any(p.freed for p in pools)
     replay.close()
-    assert all(p.freed for p in pools) and replay.segments == []
+    assert all(p.freed for p in pools) and replay.pool_bytes == 0
     np.testing.assert_array_equal(slots[4], eager_values(x)[4])
+    with pytest.raises(RuntimeError, match="closed"):
+        replay()

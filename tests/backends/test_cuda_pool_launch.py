@@ -8,7 +8,6 @@ passed), the index width chosen from the tensor sizes, and the ``cuda``
 rules offering both variants to the autotuner.
 """
 
-import sys
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from opgraph import ops
 from opgraph.backends import cuda_pool, cuda_rules
 from opgraph.backends.registry import KernelContext, rules_for
+from cupy_standin import cupy_replaced
 
 
 class Recorder:
@@ -33,11 +33,8 @@ class Recorder:
 
 @pytest.fixture
 def recorder(monkeypatch):
-    rec = Recorder()
-    monkeypatch.setitem(sys.modules, "cupy", rec)
-    cuda_pool._compiled.cache_clear()
-    yield rec
-    cuda_pool._compiled.cache_clear()  # no recorder kernels left for a later (GPU) test
+    with cupy_replaced(monkeypatch, Recorder(), cuda_pool._compiled) as rec:
+        yield rec
 
 
 KW = dict(kernel_size=(3, 3), stride=(2, 2), padding=((1, 0), (1, 1)), ceil_mode=True)

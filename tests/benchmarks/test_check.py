@@ -154,9 +154,32 @@ def test_cuda_graph_adds_a_graph_column_from_the_same_compile(setup, monkeypatch
     eager, graph = driver.run_lowering(tg, feeds, ref, lw.Lowering("gemm"), s.base_policy, s,
                                        driver.make_timer("cpu"), None)
     assert eager["lowering"] == "gemm" and graph["lowering"] == "gemm+graph"
-    assert graph["status"] == "ok" and graph["check"] == eager["check"]
+    assert graph["status"] == "ok" and graph["check"]["passed"]
+    # checked on its own outputs (here the stand-in captures nothing, so they are eager's)
+    assert graph["check"]["end_to_end"] == eager["check"]["end_to_end"]
     assert set(graph["times"]) == set(eager["times"]) and len(graph["times"]["forward"]["times_ms"]) == 2
     assert graph["graph"]["forward"]["captured_steps"] == graph["graph"]["forward"]["steps"] > 0
     assert any(n.startswith("CUDA graphs:") for n in graph["notes"])
     assert all(not row["ms"] for row in graph["layers"])  # per-layer times stay with the eager record
     assert driver.unit_count([tg.model], s) == 2
+
+
+def test_graph_check_compares_the_replay_with_the_eager_errors():
+    eager = {"output": 1e-6, "max_grad": 2e-4, "finite": True, "non_finite": []}
+    ok = {"output": 3e-6, "max_grad": 1.1e-3, "finite": True, "non_finite": []}
+    assert driver._graph_check(eager, ok) == (True, None)
+    stale = dict(ok, max_grad=0.9)  # a replay reading the wrong array
+    passed, why = driver._graph_check(eager, stale)
+    assert not passed and "max_grad relative error 0.9" in why
+    nan = dict(ok, finite=False, non_finite=["conv1.weight"])
+    assert driver._graph_check(eager, nan) == (False, "non-finite values in conv1.weight")
+
+
+def test_a_lowering_that_does_not_time_gets_a_placeholder_graph_column(tiny):
+    s = driver.Settings(device="cpu", lowerings=[lw.Lowering("winograd")], warmup=0, repeat=1,
+                        check=False, cuda_graph=True, time_limit=0.0)
+    doc = driver.run_benchmark([tiny], s)
+    recs = [(r["lowering"], r["status"]) for r in doc["results"]]
+    assert recs == [("winograd", "skipped"), ("winograd+graph", "skipped")]
+    assert doc["results"][1]["reason"].startswith("not replayed: the eager column is skipped")
+    assert driver.unit_count([tiny], s) == len(doc["results"])

@@ -362,3 +362,12 @@ def test_warnings_print_as_one_line_in_the_cli_only(capsys, tmp_path):
 def test_cuda_graph_needs_a_gpu(capsys):
     assert cli.main(["--model", "L4", "--device", "cpu", "--cuda-graph"]) == 2
     assert "--cuda-graph replays CUDA graphs: it needs --device cuda" in capsys.readouterr().err
+
+
+def test_cuda_graph_with_summary_and_a_plot_format_matplotlib_lacks_are_usage_errors(capsys, tmp_path):
+    assert cli.main(["--model", "L4", "--summary", "--cuda-graph"]) == 2
+    assert "--cuda-graph replays timing runs; --summary runs nothing" in capsys.readouterr().err
+    pytest.importorskip("matplotlib")
+    assert cli.main(["--model", "L4", "--device", "cpu", "--plot", str(tmp_path / "x.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "matplotlib cannot write txt" in err and "png" in err

@@ -1,0 +1,69 @@
+"""The cuBLAS matrix-product rules (backends/cublas_matmul.py) on the GPU,
+against float64 NumPy, in every precision (SEMANTICS.md tolerances: fp32
+1e-4 on exact summation, TF32 5e-3, bf16/fp16 1e-2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.backends import cublas_matmul as cm
+from opgraph.backends.device import cuda_status
+
+GPU_OK, GPU_WHY = cuda_status()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_OK, reason=GPU_WHY)]
+
+TOL = {"fp32": 1e-5, "tf32": 5e-3, "bf16": 1e-2, "fp16": 1e-2}
+
+
+@pytest.mark.parametrize("precision", list(TOL))
+@pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (True, False), (False, True),
+                                                     (True, True)])
+def test_gemm_ex_matches_float64(cp, rng, relerr, precision, transpose_a, transpose_b):
+    m, k, p = 96, 257, 33
+    a = rng.standard_normal((k, m) if transpose_a else (m, k)).astype(np.float32)
+    b = rng.standard_normal((p, k) if transpose_b else (k, p)).astype(np.float32)
+    got = cm.gemm_ex(cp, cp.asarray(a), cp.asarray(b), transpose_a=transpose_a,
+                     transpose_b=transpose_b, precision=precision)
+    want = (a.T if transpose_a else a).astype(np.float64) @ (b.T if transpose_b else b)
+    assert got.dtype == cp.float32 and got.shape == (m, p)
+    assert relerr(cp.asnumpy(got), want) < TOL[precision]
+
+
+def test_fp32_does_not_round_to_tf32(cp):
+    # 1 + 2^-12 is exact in fp32 and rounds to 1 in TF32 (10 mantissa bits); whether
+    # cuBLAS uses tensor cores for the tf32 compute type is its choice, so only the
+    # fp32 side is a guarantee
+    a = cp.full((256, 256), 1 + 2 ** -12, dtype=cp.float32)
+    b = cp.ones((256, 256), dtype=cp.float32)
+    exact = 256 * (1 + 2 ** -12)
+    assert float(cm.gemm_ex(cp, a, b, precision="fp32")[0, 0]) == pytest.approx(exact, abs=1e-5)
+
+
+def test_linear_with_and_without_bias_and_an_empty_product(cp, rng, relerr):
+    x = rng.standard_normal((8, 20)).astype(np.float32)
+    w = rng.standard_normal((5, 20)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    y = cm.linear(cp, cp.asarray(x), cp.asarray(w), cp.asarray(b), precision="tf32")
+    assert relerr(cp.asnumpy(y), x.astype(np.float64) @ w.T + b) < 5e-3
+    y16 = cm.linear(cp, cp.asarray(x).astype(cp.float16), cp.asarray(w).astype(cp.float16))
+    assert y16.dtype == cp.float16 and relerr(cp.asnumpy(y16), x.astype(np.float64) @ w.T) < 1e-2
+    empty = cm.matmul(cp, cp.ones((3, 0), cp.float32), cp.ones((0, 4), cp.float32),
+                      transpose_a=False, transpose_b=False)
+    assert empty.shape == (3, 4) and not cp.asnumpy(empty).any()
+
+
+def classifier_candidates(device: str, precision: str):
+    """The autotuner's report rows for one linear layer (64 x 512 -> 1000)."""
+    g = og.Graph("classifier")
+    y = og.linear(g.input("x", (64, 512)), g.param("w", (1000, 512)), name="fc")
+    exe = og.compile([y], device=device, policy={"autotune": True, "precision": precision,
+                                                 "cache": "off"})
+    return {c.algorithm: c for c in exe.report.nodes["fc"].candidates}
+
+
+def test_autotune_checks_and_times_cublas_for_a_linear_layer_in_tf32(cp):
+    rows = classifier_candidates("cuda", "tf32")
+    assert "cublas" in rows and rows["cublas"].time_ms is not None, rows
+    assert rows["cublas"].rel_error <= 5e-3

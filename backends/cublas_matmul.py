@@ -31,7 +31,7 @@ Not capturable into a CUDA graph through CuPy (its cuBLAS wrapper refuses
 calls during stream capture). Not yet run on a GPU: the argument mapping is
 tested on the CPU against a NumPy column-major GEMM
 (tests/backends/test_cublas_matmul.py); the GPU tests in
-tests/gpu/test_cublas_matmul.py check it against the float64 reference.
+tests/gpu/test_cublas_matmul_gpu.py check it against the float64 reference.
 """
 
 from __future__ import annotations

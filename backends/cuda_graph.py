@@ -24,6 +24,14 @@ Memory rules that keep a replay correct:
   ``cupy.cuda.MemoryPool`` that nothing else uses: a block a graph uses as
   scratch is never handed to another array that the replay would overwrite
   (the scheme of ``torch.cuda.graph``'s private pools);
+* a CuPy pool frees every block it handed out when the pool object dies, even
+  blocks that arrays still use (an array holds only a weak reference to its
+  pool). So the private pools live as long as the replay object, which must
+  live as long as anyone reads ``slots`` (``PhaseRunner`` keeps its replays);
+  :meth:`GraphReplay.close` drops the graphs and the pools' unused blocks, not
+  the pools. The throw-away captures of :func:`capture_error` allocate from
+  the default pool instead: a step may create a cached object there (a cuFFT
+  plan's work area) that must outlive the trial;
 * an eagerly run step allocates a new output on every call, but a graph that
   reads it captured one address: the eager step's result is copied into the
   array captured there (its *static* output), so ``slots`` never changes
@@ -38,6 +46,7 @@ built) before the build.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Sequence
 
 import attrs
@@ -67,37 +76,30 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:200]
 
 
-def _captured(stream, fn: Callable[[], Any]):
-    """``(graph, pool, result)``: ``fn`` captured on ``stream`` with every
-    allocation from a new private memory pool. The capture is ended whatever
-    ``fn`` does; an error in ``fn`` or an invalidated capture raises (after
-    the pool is emptied)."""
+def _captured(stream, fn: Callable[[], Any], pool=None):
+    """``(graph, result)``: ``fn`` captured on ``stream``, every allocation from
+    ``pool`` (a private ``MemoryPool``; None: the current allocator). The
+    capture is ended whatever ``fn`` does; an error in ``fn`` or an
+    invalidated capture raises."""
     cupy = _cupy()
-    pool = cupy.cuda.MemoryPool()
-    result = graph = None
-    try:
-        with cupy.cuda.using_allocator(pool.malloc):
-            stream.begin_capture()
-            try:
-                result = fn()
-            finally:
-                graph = stream.end_capture()
-    except BaseException:
-        result = graph = None
-        pool.free_all_blocks()
-        raise
-    return graph, pool, result
+    context = cupy.cuda.using_allocator(pool.malloc) if pool is not None else contextlib.nullcontext()
+    with context:
+        stream.begin_capture()
+        try:
+            result = fn()
+        finally:
+            graph = stream.end_capture()
+    return graph, result
 
 
 def capture_error(step, slots: dict, run_step: RunStep, stream) -> str | None:
     """Why ``step`` cannot be captured (the error of a throw-away capture of
-    it alone), or None when it can. Nothing is kept and ``slots`` is untouched."""
+    it alone, allocating from the default pool: module doc), or None when it
+    can. The graph is never launched and ``slots`` is untouched."""
     try:
-        graph, pool, out = _captured(stream, lambda: run_step(step, slots))
+        _captured(stream, lambda: run_step(step, slots))
     except Exception as e:  # cuBLAS refused, an invalidated capture, a host sync
         return _first_line(e)
-    del graph, out
-    pool.free_all_blocks()
     return None
 
 
@@ -158,6 +160,7 @@ class GraphReplay:
             if why is not None:
                 reasons[st.node] = why
         self._pinned: list = []
+        self._pools: list = []  # every private pool, kept while the replay lives (module doc)
         self.segments: list[_Segment] = []
         for st in steps:
             capture = st.node not in reasons
@@ -185,13 +188,18 @@ class GraphReplay:
             for st in seg.steps:
                 slots[st.node] = run_step(st, slots)
 
+        before = {st.node: slots.get(st.node) for st in seg.steps}
+        pool = _cupy().cuda.MemoryPool()
+        self._pools.append(pool)
         try:
-            seg.graph, seg.pool, _ = _captured(self.stream, body)
+            seg.graph, _ = _captured(self.stream, body, pool)
+            seg.pool = pool
         except Exception as e:  # each step captured alone, together they did not
             why = f"captured alone but not in a run of {len(seg.steps)} steps ({_first_line(e)})"
             for st in seg.steps:
                 reasons[st.node] = why
-            seg.graph = seg.pool = None
+                slots[st.node] = before[st.node]  # not the failed capture's unwritten arrays
+            seg.graph = None
             for st in seg.steps:
                 self._run_eager(st)
             return
@@ -228,21 +236,22 @@ class GraphReplay:
                     self.slots[st.node][...] = out
 
     def close(self) -> None:
-        """Drop the graphs, the pinned arrays and the private pools' cached
-        blocks, now rather than when the garbage collector gets to them (a
-        benchmark builds replays column after column). The replay cannot be
-        called afterwards; arrays still in ``slots`` stay valid."""
-        for seg in self.segments:
-            seg.graph = None
-            if seg.pool is not None:
-                seg.pool.free_all_blocks()
-            seg.pool = None
+        """Drop the graphs and the pinned references, and give the private
+        pools' unused blocks back to the device, now rather than when the
+        garbage collector gets to them (a benchmark builds replays column after
+        column). The replay cannot be called afterwards. The pools themselves
+        stay with this object: the arrays in ``slots`` live in them and stay
+        valid while it lives (module doc)."""
+        for seg in self.segments or ():
+            seg.graph = seg.pool = None
+        for pool in self._pools:
+            pool.free_all_blocks()
         self.segments, self._pinned = None, []
 
     @property
     def pool_bytes(self) -> int:
-        """Bytes the private pools hold (0 once closed)."""
-        return sum(int(s.pool.total_bytes()) for s in self.segments or () if s.pool is not None)
+        """Bytes the private pools hold (in use and cached)."""
+        return sum(int(pool.total_bytes()) for pool in self._pools)
 
     def summary(self) -> dict:
         """Counts and reasons, for a result file."""

@@ -234,7 +234,7 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         rec.update(status="n/a", reason=f"{lowering.name} applies to no convolution of {model.key}: "
                    + "; ".join(reasons[:3]) + (" ..." if len(reasons) > 3 else ""))
         return out
-    exe = None
+    exe = runner = None
     try:
         t0 = time.perf_counter()
         exe = og.compile(tg.outputs, device=s.device, policy=policy)
@@ -281,7 +281,7 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
     except Exception as e:  # one column's failure (kernel error, OOM) must not end the run
         rec.update(status="error", reason=f"{type(e).__name__}: {e}")
     finally:
-        del exe
+        exe = runner = None  # every array of the column (and a replay's pools) is freed here
         _release(s.device)
     return out
 

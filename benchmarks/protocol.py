@@ -275,6 +275,7 @@ class PhaseRunner:
 
     def __init__(self, sched: Schedule, slots: dict, timer: Timer):
         self.sched, self.slots, self.timer = sched, slots, timer
+        self.replays: dict = {}  # phase -> GraphReplay, once graph_phases has run
 
     def run(self, steps) -> None:
         """Run ``steps`` in order on the live values."""
@@ -291,8 +292,13 @@ class PhaseRunner:
         from opgraph.backends.cuda_graph import GraphReplay
 
         self._fill()
-        return {p: GraphReplay(self.sched.phases[p], self.slots, run_step, stream)
-                for p in PHASES if self.sched.phases[p]}
+        # kept here: the arrays the replays leave in ``slots`` live in their private
+        # pools, which must outlive every read of ``slots`` (backends/cuda_graph.py)
+        self.replays = {}
+        for p in PHASES:
+            if self.sched.phases[p]:
+                self.replays[p] = GraphReplay(self.sched.phases[p], self.slots, run_step, stream)
+        return self.replays
 
     def time_graphed_phases(self, repeat: int, warmup: int) -> tuple[dict, dict]:
         """Each phase replayed as CUDA graphs (:meth:`graph_phases`): ``warmup``
@@ -307,6 +313,7 @@ class PhaseRunner:
         from opgraph.backends.cuda_graph import capture_stream, release_cached
 
         self.timer.synchronize()  # the eager work on the default stream is done
+        release_cached()  # room for the private pools: the default pool's cache is not theirs
         stream = capture_stream()
         replays = {}
         try:

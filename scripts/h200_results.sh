@@ -31,7 +31,9 @@
 # WINNERS_LOWERINGS, MIXED_LOWERINGS, LAYER_LOWERINGS (e.g. MIXED_LOWERINGS=auto to save time);
 # BENCH_ARGS adds flags to every opgraph-bench stage but default (e.g. BENCH_ARGS=--cuda-graph: a
 # <lowering>+graph column per lowering, each phase replayed as CUDA graphs). GPU_TESTS narrows the
-# tests stage (pytest arguments; default: the whole tests folder).
+# tests stage (pytest arguments; default: the whole tests folder). MODELS (default winners) narrows
+# the winners-fp32, winners-mixed and perf stages, e.g. MODELS=googlenet; RUN_NAME is appended to
+# the winners stages' file names.
 # Installs carried wheels (.whl/) and opgraph first, as scripts/gpu_check.sh does.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,10 +68,11 @@ bench() {  # bench NAME TIME_LIMIT ARGS...
 for stage in "$@"; do
     case "$stage" in
         winners-fp32)
-            bench winners-fp32 "$TIME_LIMIT" --suite winners --precision fp32 \
+            bench "winners-fp32${RUN_NAME:-}" "$TIME_LIMIT" --model "${MODELS:-winners}" --precision fp32 \
                 --lowering "${WINNERS_LOWERINGS:-cudnn,gemm,fft,winograd,auto}" --compare torch ;;
         winners-mixed)
-            bench "winners-$(echo "${MIXED_PRECISIONS:-tf32,bf16}" | tr , -)" "$TIME_LIMIT" --suite winners \
+            bench "winners-$(echo "${MIXED_PRECISIONS:-tf32,bf16}" | tr , -)${RUN_NAME:-}" "$TIME_LIMIT" \
+                --model "${MODELS:-winners}" \
                 --precision "${MIXED_PRECISIONS:-tf32,bf16}" --layout "${MIXED_LAYOUT:-nhwc}" \
                 --lowering "${MIXED_LOWERINGS:-cudnn,auto}" --compare "${PEERS:-torch}" ;;
         layers)

@@ -50,8 +50,8 @@ def test_replay_matches_the_executor_before_and_after_new_input(cp, relerr, key,
 
     x = runner.slots[exe.sources[[s.name for s in exe.sources].index(model.input.name)].id]
     new = cp.asarray(np.random.default_rng(7).standard_normal(x.shape, dtype=np.float32))
-    x[...] = new  # in place: the graphs captured this array
     with stream:
+        x[...] = new  # in place (the graphs captured this array), in stream order
         for p in PHASES:
             replays[p]()
         stream.synchronize()
@@ -70,6 +70,9 @@ def test_timed_replay_reports_every_phase(cp):
     runner = PhaseRunner(schedule(exe, tg), exe.feed(feeds), make_timer("cuda"))
     runner.warmup(1)
     timings, summary = runner.time_graphed_phases(repeat=3, warmup=1)
+    # the replays are closed; the values they left must still be readable and right
+    for got, want in zip([runner.slots[v.node] for v in exe.outputs], exe(**feeds)):
+        assert float(cp.linalg.norm(got - want) / cp.linalg.norm(want)) < 1e-4
     assert set(timings) == set(PHASES) and all(len(t.times_ms) == 3 for t in timings.values())
     assert all(t.median_ms > 0 for t in timings.values())
     assert sum(s["captured_steps"] for s in summary.values()) > sum(s["eager_steps"]

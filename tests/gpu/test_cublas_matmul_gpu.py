@@ -41,6 +41,19 @@ def test_fp32_does_not_round_to_tf32(cp):
     assert float(cm.gemm_ex(cp, a, b, precision="fp32")[0, 0]) == pytest.approx(exact, abs=1e-5)
 
 
+@pytest.mark.parametrize("precision,value,rounded", [("bf16", 1 + 2 ** -9, 1.0),
+                                                     ("fp16", 1 + 2 ** -12, 1.0)])
+def test_half_precisions_round_their_operands(cp, precision, value, rounded):
+    # below half an ulp of 1 in bf16 (7 mantissa bits) / fp16 (10): the operand
+    # conversion is ours (bf16, round to nearest even) or CuPy's astype (fp16),
+    # so this fails if the precision is ignored and the product runs in fp32
+    a = cp.full((8, 128), value, dtype=cp.float32)
+    b = cp.ones((128, 8), dtype=cp.float32)
+    got = float(cm.gemm_ex(cp, a, b, precision=precision)[0, 0])
+    assert got == pytest.approx(128 * rounded, abs=1e-6)
+    assert float(cm.gemm_ex(cp, a, b)[0, 0]) == pytest.approx(128 * value, abs=1e-4)
+
+
 def test_linear_with_and_without_bias_and_an_empty_product(cp, rng, relerr):
     x = rng.standard_normal((8, 20)).astype(np.float32)
     w = rng.standard_normal((5, 20)).astype(np.float32)

@@ -168,12 +168,17 @@ class GraphReplay:
                 self.segments[-1].steps += (st,)
             else:
                 self.segments.append(_Segment((st,), capture))
-        for seg in self.segments:
-            if seg.capture:
-                self._capture(seg, reasons)
-            else:
-                for st in seg.steps:
-                    self._run_eager(st)
+        entry = {st.node: slots.get(st.node) for st in steps}
+        try:
+            for seg in self.segments:
+                if seg.capture:
+                    self._capture(seg, reasons)
+                else:
+                    for st in seg.steps:
+                        self._run_eager(st)
+        except BaseException:  # this object and its pools die: leave no slot in them
+            slots.update(entry)
+            raise
         self.eager_reasons = {st.name: reasons[st.node] for st in steps if st.node in reasons}
         self.steps = len(steps)
         self.graphs = sum(1 for s in self.segments if s.graph is not None)

@@ -277,7 +277,7 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
             rec["other_ms"] = {p: ((rec["times"][p] or {}).get("median_ms") or 0.0)
                                - sum(r["ms"].get(p, 0.0) for r in rec["layers"]) for p in PHASES}
         if s.cuda_graph:
-            out.append(_graph_column(rec, runner, tg, sched, na, exe, ref, s, peak))
+            out.append(_graph_column(rec, runner, tg, sched, na, exe, ref, feeds, s, peak))
     except Exception as e:  # one column's failure (kernel error, OOM) must not end the run
         rec.update(status="error", reason=f"{type(e).__name__}: {e}")
     finally:
@@ -290,6 +290,9 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
 #: :data:`GRAPH_CHECK_SLACK`, whichever is larger (cuDNN weight-gradient engines sum
 #: in a nondeterministic order); reading a stale or wrong array gives errors near 1.
 GRAPH_CHECK_FACTOR, GRAPH_CHECK_SLACK = 2.0, 1e-3
+#: Largest relative difference between the replay and the eager executor on a new
+#: input (the same kernels on the same values; nondeterministic sums only).
+GRAPH_FOLLOW_TOL = 1e-3
 
 
 def _graph_check(eager_e2e: dict, graph_e2e: dict) -> tuple[bool, str | None]:
@@ -307,37 +310,74 @@ def _graph_check(eager_e2e: dict, graph_e2e: dict) -> tuple[bool, str | None]:
     return True, None
 
 
-def _graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, exe, ref, s: Settings,
-                  peak: dict | None) -> dict:
+def _graph_follows(runner: PhaseRunner, exe, tg, feeds: dict, s: Settings) -> tuple[float, str | None]:
+    """Write a new image (the negated one) into the input array the graphs captured, replay every
+    phase, and compare each output with the eager executor on that image:
+    ``(largest relative difference, why it fails or None)``. A replay that
+    reads a stale array passes :func:`_graph_check` (same values as the build)
+    but not this. The original image is written back afterwards."""
+    name = tg.model.input.name
+    node = next(src.id for src in exe.sources if src.name == name)
+    x = runner.slots[node]
+    xp = dev.array_module(s.device)
+    old = x.copy()
+    new = -old  # a different image whatever the seed (the network is not even in its input)
+    try:
+        with runner.graph_stream:
+            x[...] = new  # in stream order with the replays
+        runner.replay_all()
+        replayed = [runner.slots[v.node] for v in exe.outputs]
+        eager = exe(**{**feeds, name: new})
+        worst = max(chk.relative_error(xp, g, e) for g, e in zip(replayed, eager))
+    finally:
+        with runner.graph_stream:
+            x[...] = old
+        runner.graph_stream.synchronize()
+    if not worst <= GRAPH_FOLLOW_TOL:  # NaN fails too
+        return worst, (f"on a new input the replay differs from the eager executor by {worst:.3g} "
+                       f"(> {GRAPH_FOLLOW_TOL:g}): a graph reads a stale array")
+    return worst, None
+
+
+def _graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, exe, ref, feeds: dict,
+                  s: Settings, peak: dict | None) -> dict:
     """The ``<lowering>+graph`` record: ``rec``'s compiled graph, each phase
-    replayed as CUDA graphs; per-layer times stay with the eager record. The
-    replayed outputs are checked end to end against the float64 reference
-    (:func:`_graph_check`): the same kernels run, so the per-node check of the
-    eager column holds for them; what a replay can get wrong is which arrays it
-    reads."""
+    replayed as CUDA graphs; per-layer times stay with the eager record. Two
+    checks (the per-node check of the eager column holds: the same kernels
+    run): the replayed outputs end to end against the float64 reference
+    (:func:`_graph_check`, catches unwritten or corrupted arrays) and the
+    replay on a new input against the eager executor (:func:`_graph_follows`,
+    catches a graph reading an array that is not the current one)."""
     g = {k: v for k, v in rec.items() if k not in ("times", "totals", "tflops", "peak_fraction",
                                                     "layers", "other_ms", "check")}
     g.update(lowering=rec["lowering"] + "+graph", notes=list(rec["notes"]))
     try:
         phases, summary = runner.time_graphed_phases(s.repeat, s.warmup)
+        g["graph"] = summary
+        if ref is not None:
+            e2e = chk.end_to_end(ref.xp, [runner.slots[v.node] for v in exe.outputs], ref)
+            passed, why = _graph_check(rec["check"]["end_to_end"], e2e)
+            follow, why_follow = _graph_follows(runner, exe, tg, feeds, s)
+            g["check"] = {"end_to_end": e2e, "new_input_max_diff": follow,
+                          "passed": passed and why_follow is None,
+                          "how": "replayed outputs end to end against the float64 reference, within "
+                                 "2x (or +1e-3) of the eager column's errors; and on a new input "
+                                 f"within {GRAPH_FOLLOW_TOL:g} of the eager executor"}
+            if not g["check"]["passed"]:
+                g.update(status="mismatch", reason=f"CUDA-graph replay: {why or why_follow}")
+                return g
+        g["times"] = {p: (t.as_dict() if t else None) for p, t in phases.items()}
+        g["totals"] = _totals(g["times"])
+        g["flops"] = model_flops(tg)
+        _throughput(g, peak)
+        g["layers"] = _layer_records(tg, sched, {}, na, exe.report)
     except Exception as e:  # the eager record stands; say why the replay did not
         g.update(status="error", reason=f"CUDA-graph replay failed: {type(e).__name__}: {e}")
+        for k in ("times", "totals", "tflops", "peak_fraction"):
+            g.pop(k, None)
         return g
-    if ref is not None:
-        e2e = chk.end_to_end(ref.xp, [runner.slots[v.node] for v in exe.outputs], ref)
-        passed, why = _graph_check(rec["check"]["end_to_end"], e2e)
-        g["check"] = {"end_to_end": e2e, "passed": passed,
-                      "how": "replayed outputs end to end against the float64 reference, "
-                             "within 2x (or +1e-3) of the eager column's errors"}
-        if not passed:
-            g.update(status="mismatch", reason=f"CUDA-graph replay: {why}", graph=summary)
-            return g
-    g["times"] = {p: (t.as_dict() if t else None) for p, t in phases.items()}
-    g["totals"] = _totals(g["times"])
-    g["flops"] = model_flops(tg)
-    _throughput(g, peak)
-    g["layers"] = _layer_records(tg, sched, {}, na, exe.report)
-    g["graph"] = summary
+    finally:
+        runner.close_replays()
     steps = sum(v["steps"] for v in summary.values())
     captured = sum(v["captured_steps"] for v in summary.values())
     graphs = sum(v["graphs"] for v in summary.values())
@@ -349,7 +389,8 @@ def _graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, exe, ref,
 def _graph_placeholder(rec: dict) -> dict:
     """The ``+graph`` record of a lowering whose eager column did not time
     (n/a, mismatch, error, skipped): not replayed, and why."""
-    g = {k: v for k, v in rec.items() if k not in ("times", "totals", "layers", "other_ms")}
+    g = {k: v for k, v in rec.items() if k not in ("times", "totals", "tflops", "peak_fraction",
+                                                    "layers", "other_ms")}
     status = rec["status"] if rec["status"] in ("n/a", "skipped") else "skipped"
     g.update(lowering=rec["lowering"] + "+graph", status=status,
              reason=f"not replayed: the eager column is {rec['status']}"

@@ -288,22 +288,38 @@ class PhaseRunner:
         (phases without steps left out), built in phase order so that a later
         phase captures the arrays an earlier one writes. Call inside ``with
         stream:`` (a non-default stream), after the eager timings: the replays
-        rebind ``slots`` to the arrays they captured."""
+        rebind ``slots`` to the arrays they captured, which live in the
+        replays' private pools, so the runner keeps the replays (``replays``)
+        for as long as it lives.
+
+        Raises:
+            RuntimeError: the replays were built already (a second build would
+                capture arrays of the first one's pools).
+        """
         from opgraph.backends.cuda_graph import GraphReplay
 
+        if self.replays:
+            raise RuntimeError("this runner's phases are already captured; use a new PhaseRunner")
         self._fill()
-        # kept here: the arrays the replays leave in ``slots`` live in their private
-        # pools, which must outlive every read of ``slots`` (backends/cuda_graph.py)
-        self.replays = {}
+        self.graph_stream = stream
         for p in PHASES:
             if self.sched.phases[p]:
                 self.replays[p] = GraphReplay(self.sched.phases[p], self.slots, run_step, stream)
         return self.replays
 
+    def replay_all(self) -> None:
+        """One replay of every phase, in phase order, on the capture stream,
+        then a synchronisation (:meth:`graph_phases` first)."""
+        with self.graph_stream:
+            for replay in self.replays.values():
+                replay()
+            self.graph_stream.synchronize()
+
     def time_graphed_phases(self, repeat: int, warmup: int) -> tuple[dict, dict]:
         """Each phase replayed as CUDA graphs (:meth:`graph_phases`): ``warmup``
         untimed replays of all phases, then each phase timed in its own loop
-        of ``repeat`` calls, on a new non-default stream.
+        of ``repeat`` calls, on a new non-default stream. The replays stay
+        open (:meth:`replay_all`, :meth:`close_replays`).
 
         Returns:
             ``(timings, summary)``: phase -> Timing (None for a phase without
@@ -315,22 +331,22 @@ class PhaseRunner:
         self.timer.synchronize()  # the eager work on the default stream is done
         release_cached()  # room for the private pools: the default pool's cache is not theirs
         stream = capture_stream()
-        replays = {}
-        try:
-            with stream:
-                replays = self.graph_phases(stream)
-                release_cached()  # the eager arrays the replays rebound are cached, unused
-                for _ in range(warmup):
-                    for replay in replays.values():
-                        replay()
-                self.timer.synchronize()
-                out = {p: (Timing(self.timer.measure(replays[p], label=p + " (CUDA graph)",
-                                                     repeat=repeat))
-                           if p in replays else None) for p in PHASES}
-            return out, {p: r.summary() for p, r in replays.items()}
-        finally:
-            for replay in replays.values():
-                replay.close()
+        with stream:
+            replays = self.graph_phases(stream)
+            release_cached()  # the eager arrays the replays rebound are cached, unused
+            for _ in range(warmup):
+                for replay in replays.values():
+                    replay()
+            self.timer.synchronize()
+            out = {p: (Timing(self.timer.measure(replays[p], label=p + " (CUDA graph)", repeat=repeat))
+                       if p in replays else None) for p in PHASES}
+        return out, {p: r.summary() for p, r in replays.items()}
+
+    def close_replays(self) -> None:
+        """Drop the graphs and the pools' unused blocks now (``slots`` stays valid
+        while the runner lives: the replays keep their pools)."""
+        for replay in self.replays.values():
+            replay.close()
 
     def warmup(self, n: int) -> None:
         """``n`` untimed iterations of forward + backward (the seed's dry runs),

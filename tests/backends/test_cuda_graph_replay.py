@@ -211,3 +211,21 @@ def test_close_frees_the_cached_blocks_but_keeps_the_pools_and_the_values():
     np.testing.assert_array_equal(slots[4], eager_values(x)[4])
     with pytest.raises(RuntimeError, match="closed"):
         replay()
+
+
+def test_a_build_that_fails_leaves_the_slots_as_it_found_them():
+    x = np.ones(3)
+    steps, run = chain(cublas={2})
+    stream = FakeStream()
+    slots = eager_values(x)
+    before = dict(slots)
+
+    def failing(st, sl):
+        if st.node == 2 and stream.recording is None:  # the eager step, at build time
+            raise MemoryError("out of device memory")
+        return run(st, sl, stream)
+
+    with pytest.raises(MemoryError):
+        cuda_graph.GraphReplay(steps, slots, failing, stream)
+    # segment a was captured into a pool that dies with the half-built replay
+    assert all(slots[n] is before[n] for n in before)

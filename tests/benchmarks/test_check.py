@@ -112,10 +112,12 @@ def test_a_failed_reference_fails_the_model_not_the_run(monkeypatch, tiny):
     assert "float64 reference failed" in doc["results"][0]["reason"]
 
 
-def test_cuda_graph_adds_a_graph_column_from_the_same_compile(setup, monkeypatch):
-    # no GPU here: a stand-in stream whose captures record nothing (NumPy kernels run at
-    # once), so this checks the plumbing of the +graph record, not replay semantics
-    # (tests/backends/test_cuda_graph_replay.py and tests/gpu/test_cuda_graph.py do)
+def fake_capture(monkeypatch, replays: bool):
+    """No GPU here: stand-ins for CuPy's stream, pool and capture. A "capture"
+    runs the NumPy kernels at once; its "graph" runs them again on launch when
+    ``replays`` (the values then follow the live input, as a real replay's do),
+    or does nothing (a replay reading stale arrays)."""
+    import contextlib
     from types import SimpleNamespace
 
     from opgraph.backends import cuda_graph
@@ -127,11 +129,8 @@ def test_cuda_graph_adds_a_graph_column_from_the_same_compile(setup, monkeypatch
         def __exit__(self, *exc):
             return False
 
-        def begin_capture(self):
+        def synchronize(self):
             pass
-
-        def end_capture(self):
-            return SimpleNamespace(launch=lambda stream=None: None)
 
     class Pool:
         def malloc(self, n):
@@ -143,25 +142,48 @@ def test_cuda_graph_adds_a_graph_column_from_the_same_compile(setup, monkeypatch
         def total_bytes(self):
             return 0
 
-    import contextlib
+    def captured(stream, fn, pool=None):
+        return SimpleNamespace(launch=(lambda stream=None: fn()) if replays else
+                               (lambda stream=None: None)), fn()
+
     fake = SimpleNamespace(cuda=SimpleNamespace(Stream=lambda non_blocking=False: Stream(), MemoryPool=Pool,
                                                 using_allocator=lambda malloc: contextlib.nullcontext()),
                            get_default_memory_pool=Pool)
     monkeypatch.setattr(cuda_graph, "_cupy", lambda: fake)
+    monkeypatch.setattr(cuda_graph, "_captured", captured)
+
+
+def graph_columns(setup, repeat=2):
     tg, feeds, ref = setup
-    s = driver.Settings(device="cpu", lowerings=[lw.Lowering("gemm")], warmup=0, repeat=2,
+    s = driver.Settings(device="cpu", lowerings=[lw.Lowering("gemm")], warmup=0, repeat=repeat,
                         cuda_graph=True)
-    eager, graph = driver.run_lowering(tg, feeds, ref, lw.Lowering("gemm"), s.base_policy, s,
-                                       driver.make_timer("cpu"), None)
+    return s, driver.run_lowering(tg, feeds, ref, lw.Lowering("gemm"), s.base_policy, s,
+                                  driver.make_timer("cpu"), None)
+
+
+def test_cuda_graph_adds_a_graph_column_from_the_same_compile(setup, monkeypatch):
+    # the plumbing of the +graph record; replay semantics: tests/backends/test_cuda_graph_replay.py
+    # and tests/gpu/test_cuda_graph.py
+    fake_capture(monkeypatch, replays=True)
+    tg, feeds, ref = setup
+    x_before = feeds[tg.model.input.name].copy()
+    s, (eager, graph) = graph_columns(setup)
     assert eager["lowering"] == "gemm" and graph["lowering"] == "gemm+graph"
-    assert graph["status"] == "ok" and graph["check"]["passed"]
-    # checked on its own outputs (here the stand-in captures nothing, so they are eager's)
-    assert graph["check"]["end_to_end"] == eager["check"]["end_to_end"]
+    assert graph["status"] == "ok" and graph["check"]["passed"], graph.get("reason")
+    assert graph["check"]["new_input_max_diff"] <= driver.GRAPH_FOLLOW_TOL
     assert set(graph["times"]) == set(eager["times"]) and len(graph["times"]["forward"]["times_ms"]) == 2
     assert graph["graph"]["forward"]["captured_steps"] == graph["graph"]["forward"]["steps"] > 0
     assert any(n.startswith("CUDA graphs:") for n in graph["notes"])
     assert all(not row["ms"] for row in graph["layers"])  # per-layer times stay with the eager record
     assert driver.unit_count([tg.model], s) == 2
+    np.testing.assert_array_equal(feeds[tg.model.input.name], x_before)  # the image written back
+
+
+def test_a_replay_that_does_not_follow_a_new_input_is_a_mismatch(setup, monkeypatch):
+    fake_capture(monkeypatch, replays=False)
+    _, (eager, graph) = graph_columns(setup)
+    assert eager["status"] == "ok" and graph["status"] == "mismatch"
+    assert "a graph reads a stale array" in graph["reason"] and "times" not in graph
 
 
 def test_graph_check_compares_the_replay_with_the_eager_errors():

@@ -167,3 +167,14 @@ def test_a_shared_weight_sums_its_partial_gradients_in_backward_filter():
     got = ops_by_phase(sched)
     assert sorted(op for _, op in got["backward_filter"]) == ["Add", "MatMul", "MatMul"]
     assert sorted(op for _, op in got["backward_data"]) == ["MatMul", "ReluBackward"]
+
+
+def test_phases_are_captured_once_per_runner(tiny, monkeypatch):
+    from opgraph.backends import cuda_graph
+
+    tg, exe, sched = compiled(tiny)
+    runner = PhaseRunner(sched, exe.feed(random_feeds(tiny)), CpuTimer())
+    monkeypatch.setattr(cuda_graph, "GraphReplay", lambda steps, slots, run, stream: object())
+    assert set(runner.graph_phases(stream=None)) == set(PHASES)
+    with pytest.raises(RuntimeError, match="already captured"):
+        runner.graph_phases(stream=None)

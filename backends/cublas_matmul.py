@@ -39,8 +39,9 @@ from __future__ import annotations
 import numpy as np
 
 from opgraph import ops
-from opgraph.errors import ShapeError
 
+from .reference.linear import check_linear, matmul_dims
+from .reference.rules import params_kernel
 from .registry import Rule, register
 
 #: cuBLAS enums (cublas_api.h / library_types.h), stable across CUDA 11-13.
@@ -60,7 +61,11 @@ _DTYPES = ("float32", "float16")
 
 
 def cublas_module():
-    """CuPy's low-level cuBLAS bindings."""
+    """CuPy's low-level cuBLAS bindings (``cupy_backends.cuda.libs.cublas``).
+
+    Raises:
+        ImportError: CuPy is not installed.
+    """
     try:
         from cupy_backends.cuda.libs import cublas
     except ImportError:  # older layouts
@@ -68,27 +73,11 @@ def cublas_module():
     return cublas
 
 
-def product_shape(a_shape, b_shape, transpose_a: bool, transpose_b: bool) -> tuple[int, int, int]:
-    """``(M, K, P)`` of ``op(a) @ op(b)``.
-
-    Raises:
-        ShapeError: not 2-D, or the inner extents differ.
-    """
-    if len(a_shape) != 2 or len(b_shape) != 2:
-        raise ShapeError(f"matmul: operands must be 2-D, got {tuple(a_shape)} and {tuple(b_shape)}")
-    m, k = (a_shape[1], a_shape[0]) if transpose_a else tuple(a_shape)
-    kb, p = (b_shape[1], b_shape[0]) if transpose_b else tuple(b_shape)
-    if k != kb:
-        raise ShapeError(f"matmul: inner extents differ: op(a) is ({m}, {k}), op(b) is ({kb}, {p}) "
-                         f"(transpose_a={transpose_a}, transpose_b={transpose_b})")
-    return m, k, p
-
-
 def gemm_ex_args(a_shape, b_shape, transpose_a: bool, transpose_b: bool) -> dict:
     """The column-major ``cublasGemmEx`` arguments computing the row-major
     ``(M, P)`` product ``op(a) @ op(b)`` of C-contiguous ``a`` and ``b``
     (module docstring): cuBLAS's first operand is ``b``, its second ``a``."""
-    m, k, p = product_shape(a_shape, b_shape, transpose_a, transpose_b)
+    m, k, p = matmul_dims(a_shape, b_shape, transpose_a, transpose_b)
     return {"transa": CUBLAS_OP_T if transpose_b else CUBLAS_OP_N,
             "transb": CUBLAS_OP_T if transpose_a else CUBLAS_OP_N,
             "m": p, "n": m, "k": k, "lda": b_shape[1], "ldb": a_shape[1], "ldc": p}
@@ -148,10 +137,7 @@ def linear(xp, x, w, b=None, *, precision=None):
     """``x @ w.T + b`` (``torch.nn.functional.linear``) through :func:`gemm_ex`:
     x ``(N, in)``, w ``(out, in)``, b ``(out,)`` or None; returns ``(N, out)``
     in x's dtype. Raises ShapeError when the shapes do not fit."""
-    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
-        raise ShapeError(f"linear: x {x.shape} and w {w.shape} must be (N, in) and (out, in)")
-    if b is not None and tuple(b.shape) != (w.shape[0],):
-        raise ShapeError(f"linear: b must have shape ({w.shape[0]},), got {b.shape}")
+    check_linear(x.shape, w.shape, None if b is None else b.shape)
     y = gemm_ex(xp, x, w, transpose_b=True, precision=precision)
     if b is not None:
         y += b.astype(xp.float32, copy=False)
@@ -159,7 +145,10 @@ def linear(xp, x, w, b=None, *, precision=None):
 
 
 def matmul(xp, a, b, *, transpose_a, transpose_b, precision=None):
-    """``op(a) @ op(b)`` (the ``MatMul`` op) through :func:`gemm_ex`, in a's dtype."""
+    """``op(a) @ op(b)`` (the ``MatMul`` op) through :func:`gemm_ex`: a ``(M, K)``
+    (``(K, M)`` with ``transpose_a``), b ``(K, P)`` (``(P, K)`` with
+    ``transpose_b``); returns ``(M, P)`` in a's dtype. Raises ShapeError when
+    the shapes do not fit (:func:`reference.linear.matmul_dims`)."""
     return gemm_ex(xp, a, b, transpose_a=transpose_a, transpose_b=transpose_b,
                    precision=precision).astype(a.dtype, copy=False)
 
@@ -174,25 +163,17 @@ def check(op, in_types, device):
     return None
 
 
-def _kernel(fn):
-    def kernel(ctx, op, *arrays):
-        return fn(ctx.xp, *arrays, **op.params(), precision=ctx.options.get("precision"))
-
-    kernel.__name__ = kernel.__qualname__ = f"cublas_{fn.__name__}"
-    kernel.__doc__ = fn.__doc__
-    return kernel
-
-
 def register_rules() -> None:
     """Register the ``cublas`` rules of ``Linear`` and ``MatMul`` (idempotent).
     Not in the cuda default order: reached through ``prefer``, ``force`` or
     autotune, which checks it against the reference first."""
     for op_type, fn in ((ops.Linear, linear), (ops.MatMul, matmul)):
-        register(Rule(op_type, "cublas", _kernel(fn), devices={"cuda"}, check=check,
+        register(Rule(op_type, "cublas", params_kernel(fn, "cublas", ("precision",)),
+                      devices={"cuda"}, check=check,
                       tags={"cublas", "gpu", "option:precision"}))
 
 
 register_rules()
 
-__all__ = ["GEMM_TYPES", "cublas_module", "product_shape", "gemm_ex_args", "gemm_ex", "linear",
+__all__ = ["GEMM_TYPES", "cublas_module", "gemm_ex_args", "gemm_ex", "linear",
            "matmul", "check", "register_rules"]

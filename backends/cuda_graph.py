@@ -126,9 +126,9 @@ class GraphReplay:
             replay()                     # again, e.g. after writing new input in place
         outputs = [slots[v.node] for v in exe.outputs]
 
-    with ``run_step = opgraph.benchmarks.protocol.run_step`` (``st.kernel(st.ctx,
-    st.op.op, *[slots[a] for a in st.args])``). ``Executable.execute`` is not a
-    way to fill ``slots``: it frees each buffer after its last reader.
+    with ``run_step = opgraph.executable.run_step`` (``st.kernel(st.ctx, st.op.op,
+    *[slots[a] for a in st.args])``). ``Executable.execute`` is not a way to
+    fill ``slots``: it frees each buffer after its last reader.
 
     Args:
         steps: scheduled steps (``opgraph.executable.Step``), in order; each

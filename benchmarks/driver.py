@@ -348,9 +348,7 @@ def _graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, exe, ref,
     (:func:`_graph_check`, catches unwritten or corrupted arrays) and the
     replay on a new input against the eager executor (:func:`_graph_follows`,
     catches a graph reading an array that is not the current one)."""
-    g = {k: v for k, v in rec.items() if k not in ("times", "totals", "tflops", "peak_fraction",
-                                                    "layers", "other_ms", "check")}
-    g.update(lowering=rec["lowering"] + "+graph", notes=list(rec["notes"]))
+    g = _graph_record(rec, "check")
     try:
         phases, summary = runner.time_graphed_phases(s.repeat, s.warmup)
         g["graph"] = summary
@@ -373,7 +371,7 @@ def _graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, exe, ref,
         g["layers"] = _layer_records(tg, sched, {}, na, exe.report)
     except Exception as e:  # the eager record stands; say why the replay did not
         g.update(status="error", reason=f"CUDA-graph replay failed: {type(e).__name__}: {e}")
-        for k in ("times", "totals", "tflops", "peak_fraction"):
+        for k in _TIMING_KEYS:
             g.pop(k, None)
         return g
     finally:
@@ -386,13 +384,23 @@ def _graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, exe, ref,
     return g
 
 
+#: Keys of an eager record that describe its own timing, not the compiled graph.
+_TIMING_KEYS = ("times", "totals", "tflops", "peak_fraction", "layers", "other_ms")
+
+
+def _graph_record(rec: dict, *drop: str) -> dict:
+    """The ``<lowering>+graph`` record's start: ``rec`` without its timing (and ``drop``)."""
+    g = {k: v for k, v in rec.items() if k not in _TIMING_KEYS + drop}
+    g.update(lowering=rec["lowering"] + "+graph", notes=list(rec["notes"]))
+    return g
+
+
 def _graph_placeholder(rec: dict) -> dict:
     """The ``+graph`` record of a lowering whose eager column did not time
     (n/a, mismatch, error, skipped): not replayed, and why."""
-    g = {k: v for k, v in rec.items() if k not in ("times", "totals", "tflops", "peak_fraction",
-                                                    "layers", "other_ms")}
+    g = _graph_record(rec)
     status = rec["status"] if rec["status"] in ("n/a", "skipped") else "skipped"
-    g.update(lowering=rec["lowering"] + "+graph", status=status,
+    g.update(status=status,
              reason=f"not replayed: the eager column is {rec['status']}"
                     + (f" ({rec['reason']})" if rec.get("reason") else ""))
     return g

@@ -29,11 +29,6 @@ from opgraph.backends.cublas_matmul import (CUBLAS_GEMM_DEFAULT, CUDA_R_32F, GEM
                                            cublas_module)
 
 GPU_N, CPU_N = 8192, 2048
-#: precision -> (operand type, compute type) of the GPU measurement (the same
-#: as the ``cublas`` matrix-product rules use).
-GPU_TYPES = GEMM_TYPES
-_cublas = cublas_module
-
 
 def _operands(cupy, n: int, precision: str, seed: int = 0):
     """Device operands ``a``, ``b`` of ``precision``'s storage type, and their
@@ -55,8 +50,8 @@ def _operands(cupy, n: int, precision: str, seed: int = 0):
 def _gemm(cupy, a, b, c, n: int, precision: str) -> None:
     """``c = b @ a`` in row-major terms (cuBLAS is column-major: it computes
     ``A B`` on the transposed views), fp32 output."""
-    cublas = _cublas()
-    dtype, compute = GPU_TYPES[precision]
+    cublas = cublas_module()
+    dtype, compute = GEMM_TYPES[precision]  # as the cublas matrix-product rules use
     one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
     handle = cupy.cuda.device.get_cublas_handle()
     cublas.setPointerMode(handle, 0)  # CUBLAS_POINTER_MODE_HOST: alpha, beta are host scalars
@@ -68,8 +63,8 @@ def gpu_peak(precision: str, n: int = GPU_N, repeat: int = 10) -> dict:
     """Measured matmul TFLOP/s of the current GPU in ``precision`` (see module doc)."""
     import cupy
 
-    if precision not in GPU_TYPES:
-        raise ValueError(f"precision {precision!r}: must be one of {sorted(GPU_TYPES)}")
+    if precision not in GEMM_TYPES:
+        raise ValueError(f"precision {precision!r}: must be one of {sorted(GEMM_TYPES)}")
     m = 256  # correctness first
     a, b, a32, b32 = _operands(cupy, m, precision)
     c = cupy.empty((m, m), cupy.float32)
@@ -93,7 +88,7 @@ def gpu_peak(precision: str, n: int = GPU_N, repeat: int = 10) -> dict:
     cupy.get_default_memory_pool().free_all_blocks()
     return {"tflops": 2 * n**3 / (best_ms * 1e9), "best_ms": best_ms, "check_rel_error": err,
             "method": f"cublasGemmEx {n}x{n}x{n}, {precision} "
-                      f"(compute type {GPU_TYPES[precision][1]}), best of {repeat} after 3 warm-ups, "
+                      f"(compute type {GEMM_TYPES[precision][1]}), best of {repeat} after 3 warm-ups, "
                       "CUDA events"}
 
 
@@ -137,4 +132,4 @@ def measure_peaks(device: str, precisions) -> dict[str, dict]:
     return out
 
 
-__all__ = ["measure_peaks", "gpu_peak", "cpu_peak", "GPU_TYPES"]
+__all__ = ["measure_peaks", "gpu_peak", "cpu_peak"]

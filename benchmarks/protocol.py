@@ -61,7 +61,7 @@ import numpy as np
 
 import opgraph as og
 from opgraph.analysis import node_flops
-from opgraph.executable import Executable, Step
+from opgraph.executable import Executable, Step, run_step
 from opgraph.graph import Value
 from opgraph.op import abstract_of
 
@@ -258,11 +258,6 @@ def main_step(steps) -> Step | None:
     return None
 
 
-def run_step(st: Step, slots: dict):
-    """One step's output from the live values (what the executor does per step)."""
-    return st.kernel(st.ctx, st.op.op, *[slots[a] for a in st.args])
-
-
 class PhaseRunner:
     """Runs and times the phases of one compiled training graph.
 
@@ -281,7 +276,7 @@ class PhaseRunner:
         """Run ``steps`` in order on the live values."""
         slots = self.slots
         for st in steps:
-            slots[st.node] = st.kernel(st.ctx, st.op.op, *[slots[a] for a in st.args])
+            slots[st.node] = run_step(st, slots)
 
     def graph_phases(self, stream) -> dict:
         """Phase -> its steps as a :class:`~opgraph.backends.cuda_graph.GraphReplay`
@@ -335,9 +330,7 @@ class PhaseRunner:
             replays = self.graph_phases(stream)
             release_cached()  # the eager arrays the replays rebound are cached, unused
             for _ in range(warmup):
-                for replay in replays.values():
-                    replay()
-            self.timer.synchronize()
+                self.replay_all()
             out = {p: (Timing(self.timer.measure(replays[p], label=p + " (CUDA graph)", repeat=repeat))
                        if p in replays else None) for p in PHASES}
         return out, {p: r.summary() for p, r in replays.items()}

@@ -37,6 +37,13 @@ class Step:
 Resolver = Callable[[Lowered], tuple[Callable, Any]]
 
 
+def run_step(st: Step, slots: dict):
+    """``st``'s output computed from ``slots`` (node id -> array), which holds
+    its inputs: ``st.kernel(st.ctx, op, *inputs)``. The one place a step runs
+    (the executor, the benchmark's phase loops, CUDA-graph capture)."""
+    return st.kernel(st.ctx, st.op.op, *[slots[a] for a in st.args])
+
+
 class Executable:
     """A compiled graph: call it with feeds, get the output arrays.
 
@@ -128,7 +135,7 @@ class Executable:
     def execute(self, slots: dict[int, Any], steps: Sequence[Step] | None = None) -> dict[int, Any]:
         """Run ``steps`` (default: all) in order, reading and writing ``slots``."""
         for st in self.steps if steps is None else steps:
-            slots[st.node] = st.kernel(st.ctx, st.op.op, *[slots[a] for a in st.args])
+            slots[st.node] = run_step(st, slots)
             for f in st.free:
                 slots.pop(f, None)
         return slots

@@ -14,6 +14,31 @@ def _acc(xp, dtype):
     return xp.float32 if dtype == xp.float16 else dtype
 
 
+def check_linear(x_shape, w_shape, b_shape=None) -> None:
+    """Raise ShapeError unless x is ``(N, in)``, w ``(out, in)`` and b, when
+    given, ``(out,)`` (``torch.nn.functional.linear``)."""
+    if len(x_shape) != 2 or len(w_shape) != 2 or x_shape[1] != w_shape[1]:
+        raise ShapeError(f"linear: x {tuple(x_shape)} and w {tuple(w_shape)} must be (N, in) and (out, in)")
+    if b_shape is not None and tuple(b_shape) != (w_shape[0],):
+        raise ShapeError(f"linear: b must have shape ({w_shape[0]},), got {tuple(b_shape)}")
+
+
+def matmul_dims(a_shape, b_shape, transpose_a: bool, transpose_b: bool) -> tuple[int, int, int]:
+    """``(M, K, P)`` of ``op(a) @ op(b)``, ``op`` a transpose where asked.
+
+    Raises:
+        ShapeError: not 2-D, or the inner extents differ.
+    """
+    if len(a_shape) != 2 or len(b_shape) != 2:
+        raise ShapeError(f"matmul: operands must be 2-D, got {tuple(a_shape)} and {tuple(b_shape)}")
+    m, k = (a_shape[1], a_shape[0]) if transpose_a else tuple(a_shape)
+    kb, p = (b_shape[1], b_shape[0]) if transpose_b else tuple(b_shape)
+    if k != kb:
+        raise ShapeError(f"matmul: inner extents differ: op(a) is ({m}, {k}), op(b) is ({kb}, {p}) "
+                         f"(transpose_a={transpose_a}, transpose_b={transpose_b})")
+    return m, k, p
+
+
 def linear(xp, x, w, b=None):
     """``x @ w.T + b``.
 
@@ -28,10 +53,7 @@ def linear(xp, x, w, b=None):
     Raises:
         ShapeError: the shapes do not fit.
     """
-    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
-        raise ShapeError(f"linear: x {x.shape} and w {w.shape} must be (N, in) and (out, in)")
-    if b is not None and tuple(b.shape) != (w.shape[0],):
-        raise ShapeError(f"linear: b must have shape ({w.shape[0]},), got {b.shape}")
+    check_linear(x.shape, w.shape, None if b is None else b.shape)
     dt = _acc(xp, x.dtype)
     y = x.astype(dt, copy=False) @ w.astype(dt, copy=False).T
     if b is not None:
@@ -52,15 +74,11 @@ def matmul(xp, a, b, *, transpose_a, transpose_b):
     Raises:
         ShapeError: not 2-D, or the inner extents differ.
     """
-    if a.ndim != 2 or b.ndim != 2:
-        raise ShapeError(f"matmul: operands must be 2-D, got {a.shape} and {b.shape}")
+    matmul_dims(a.shape, b.shape, transpose_a, transpose_b)
     a2 = a.T if transpose_a else a
     b2 = b.T if transpose_b else b
-    if a2.shape[1] != b2.shape[0]:
-        raise ShapeError(f"matmul: inner extents differ: {a2.shape} @ {b2.shape} "
-                         f"(transpose_a={transpose_a}, transpose_b={transpose_b})")
     dt = _acc(xp, a.dtype)
     return (a2.astype(dt, copy=False) @ b2.astype(dt, copy=False)).astype(a.dtype, copy=False)
 
 
-__all__ = ["linear", "matmul"]
+__all__ = ["check_linear", "matmul_dims", "linear", "matmul"]

@@ -14,6 +14,7 @@ import pytest
 
 from opgraph import ops
 from opgraph.backends import cublas_matmul as cm
+from opgraph.backends.reference.linear import matmul_dims
 from opgraph.backends.registry import rules_for
 from opgraph.errors import ShapeError
 from opgraph.types import TensorType
@@ -58,8 +59,8 @@ def test_shapes_that_do_not_fit_are_refused():
     with pytest.raises(ShapeError, match="inner extents differ"):
         cm.gemm_ex_args((2, 3), (4, 5), False, False)
     with pytest.raises(ShapeError, match="2-D"):
-        cm.product_shape((2, 3, 4), (4, 5), False, False)
-    assert cm.product_shape((3, 2), (5, 3), True, True) == (2, 3, 5)
+        matmul_dims((2, 3, 4), (4, 5), False, False)
+    assert matmul_dims((3, 2), (5, 3), True, True) == (2, 3, 5)
 
 
 def test_rules_are_registered_for_cuda_only_and_take_the_precision():
@@ -73,7 +74,7 @@ def test_rules_are_registered_for_cuda_only_and_take_the_precision():
     assert "2-D" in cm.check(lin, [TensorType((4, 3, 2), "float32"), f32], "cuda")
 
 
-def test_gemm_types_follow_the_precisions():
-    assert cm.GEMM_TYPES["tf32"] == (cm.CUDA_R_32F, cm.CUBLAS_COMPUTE_32F_FAST_TF32)
-    assert cm.GEMM_TYPES["fp32"][1] == cm.CUBLAS_COMPUTE_32F
-    assert cm.GEMM_TYPES["bf16"][0] == cm.CUDA_R_16BF
+def test_gemm_types_are_the_cublas_enums_of_each_precision():
+    # library_types.h: CUDA_R_32F 0, CUDA_R_16F 2, CUDA_R_16BF 14; cublas_api.h:
+    # CUBLAS_COMPUTE_32F 68, CUBLAS_COMPUTE_32F_FAST_TF32 77
+    assert cm.GEMM_TYPES == {"fp32": (0, 68), "tf32": (0, 77), "bf16": (14, 68), "fp16": (2, 68)}

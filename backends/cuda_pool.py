@@ -197,16 +197,23 @@ def _out(xp, buf, n, c, hw, cl, dtype=None):
     return xp.empty(shape, dtype=dtype or buf.dtype)
 
 
-def _max(xp, x, kernel_size, stride, padding, ceil_mode, with_arg, what, specialize=False):
+#: How the forward stores each window's winner for a backward kernel: its cell,
+#: or (``relu``: the pooled x is a ReLU's output) its cell only where the
+#: window's maximum passes ReLU's mask ``> 0``; -1 matches no cell.
+_STORE_ARG = {False: "arg[t] = (int)win;", True: "arg[t] = best > (T)0 ? (int)win : -1;"}
+
+
+def _max(xp, x, kernel_size, stride, padding, ceil_mode, with_arg, what, specialize=False, relu=False):
     buf, cl, half = _prepare(xp, x, what)
     k, s, pad, out = geometry(x.shape[2:], kernel_size, stride, padding, ceil_mode)
     n, c = x.shape[:2]
     y = _out(xp, buf, n, c, out, cl)
     arg = _out(xp, buf, n, c, out, cl, xp.int32) if with_arg else None
     if y.size:
-        body = _MAX.replace("STORE", "arg[t] = (int)win;" if with_arg else "")
+        body = _MAX.replace("STORE", _STORE_ARG[relu] if with_arg else "")
         outs = "raw T y, raw int32 arg" if with_arg else "raw T y"
-        _run("maxpool_arg" if with_arg else "maxpool", "raw T x", [buf.ravel()], outs,
+        name = ("maxpool_arg" + ("_relu" if relu else "")) if with_arg else "maxpool"
+        _run(name, "raw T x", [buf.ravel()], outs,
              [y.ravel(), *([arg.ravel()] if with_arg else [])], body, _geo(x.shape, out, k, s, pad, cl, out),
              size=y.size, arrays=(buf, y), specialize=specialize)
     return y, arg, cl, half, (k, s, pad, out)
@@ -233,10 +240,26 @@ def max_pool2d_backward(xp, x, gy, *, kernel_size, stride, padding, ceil_mode, s
 
     Raises ShapeError when gy is not the pooled shape of x.
     """
+    return _max_backward(xp, x, gy, kernel_size, stride, padding, ceil_mode, specialize, False)
+
+
+def max_pool2d_backward_relu(xp, x, gy, *, kernel_size, stride, padding, ceil_mode, specialize=False):
+    """``relu_backward(x, max_pool2d_backward(x, gy))`` (the ``MaxPool2dBackwardRelu``
+    op; x is the ReLU's output) with the cost of :func:`max_pool2d_backward` alone:
+    a winner holds its window's maximum, so ReLU's mask is one test per window
+    in the argmax kernel. ``(N, C, H, W)`` in gy's dtype, x's layout.
+
+    Raises ShapeError when gy is not the pooled shape of x.
+    """
+    return _max_backward(xp, x, gy, kernel_size, stride, padding, ceil_mode, specialize, True)
+
+
+def _max_backward(xp, x, gy, kernel_size, stride, padding, ceil_mode, specialize, relu):
+    what = "max_pool2d_backward_relu" if relu else "max_pool2d_backward"
     _, arg, cl, _, (k, s, pad, out) = _max(xp, x, kernel_size, stride, padding, ceil_mode, True,
-                                           "max_pool2d_backward", specialize)
+                                           what, specialize, relu)
     if tuple(gy.shape) != tuple(x.shape[:2]) + out:
-        raise ShapeError(f"max_pool2d_backward: gy has shape {gy.shape}, expected {x.shape[:2] + out}")
+        raise ShapeError(f"{what}: gy has shape {gy.shape}, expected {x.shape[:2] + out}")
     g = in_layout(xp, gy, cl)
     half = g.dtype == xp.float16
     g = g.astype(xp.float32) if half else g
@@ -302,5 +325,5 @@ def avg_pool2d_backward(xp, gy, *, kernel_size, stride, padding, ceil_mode, coun
     return gx.astype(xp.float16) if half else gx
 
 
-__all__ = ["geometry", "max_pool2d", "max_pool2d_backward", "max_pool2d_select", "avg_pool2d",
-           "avg_pool2d_backward"]
+__all__ = ["geometry", "max_pool2d", "max_pool2d_backward", "max_pool2d_backward_relu", "max_pool2d_select",
+           "avg_pool2d", "avg_pool2d_backward"]

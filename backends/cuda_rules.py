@@ -15,13 +15,14 @@ from opgraph import ops
 from . import cuda_elementwise as ew
 from . import cuda_loss as loss
 from . import cuda_pool as pool
-from .reference.rules import params_kernel
+from .reference.rules import FUSED_OPS, params_kernel
 from .registry import Rule, register
 
 #: abstract op type -> CuPy kernel ``fn(xp, *arrays, **op.params())``.
 CUDA_KERNELS = {
     ops.MaxPool2d: pool.max_pool2d,
     ops.MaxPool2dBackward: pool.max_pool2d_backward,
+    ops.MaxPool2dBackwardRelu: pool.max_pool2d_backward_relu,
     ops.MaxPool2dSelect: pool.max_pool2d_select,
     ops.AvgPool2d: pool.avg_pool2d,
     ops.AvgPool2dBackward: pool.avg_pool2d_backward,
@@ -43,8 +44,8 @@ CUDA_KERNELS = {
 _FLOATS = ("float16", "float32", "float64")
 
 #: Ops whose kernels take ``specialize`` (geometry compiled in: :mod:`.cuda_pool`).
-SPECIALIZABLE = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dSelect, ops.AvgPool2d,
-                 ops.AvgPool2dBackward)
+SPECIALIZABLE = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.MaxPool2dSelect,
+                 ops.AvgPool2d, ops.AvgPool2dBackward)
 
 
 def pool_variants(op, in_types, device):
@@ -84,7 +85,8 @@ def register_rules() -> None:
     for op_type, fn in CUDA_KERNELS.items():
         options, variants = OPTIONS.get(op_type, ((), None))
         register(Rule(op_type, "cuda", params_kernel(fn, "cuda", options),
-                      devices={"cuda"}, check=check, tags={"cuda", "gpu"},
+                      devices={"cuda"}, check=check,
+                      tags={"cuda", "gpu"} | ({"fused"} if op_type in FUSED_OPS else set()),
                       **({"variants": variants} if variants else {})))
 
 

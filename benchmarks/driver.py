@@ -320,12 +320,16 @@ def _graph_follows(runner: PhaseRunner, exe, tg, feeds: dict, s: Settings) -> tu
     node = next(src.id for src in exe.sources if src.name == name)
     x = runner.slots[node]
     xp = dev.array_module(s.device)
-    old = x.copy()
-    new = -old  # a different image whatever the seed (the network is not even in its input)
+    # Every access to x on the replays' stream: it is non-blocking, so it does not wait for
+    # work on the default stream; a copy enqueued there raced the write below on the H200
+    # (docs/gpu.md, 2026-11-30 third session: NaN and stale-looking replays).
+    with runner.graph_stream:
+        old = x.copy()
+        new = -old  # a different image whatever the seed (the network is not even in its input)
     try:
         with runner.graph_stream:
-            x[...] = new  # in stream order with the replays
-        runner.replay_all()
+            x[...] = new
+        runner.replay_all()  # ends with a synchronisation: new is complete for the eager run
         replayed = [runner.slots[v.node] for v in exe.outputs]
         eager = exe(**{**feeds, name: new})
         worst = max(chk.relative_error(xp, g, e) for g, e in zip(replayed, eager))

@@ -160,6 +160,27 @@ def max_pool2d_backward(xp, x, gy, *, kernel_size, stride, padding, ceil_mode):
     return _crop(gbuf, buf_pad, x.shape)
 
 
+def max_pool2d_backward_relu(xp, x, gy, *, kernel_size, stride, padding, ceil_mode):
+    """Input gradient of ``max_pool2d(relu_output)`` through the ReLU: the
+    ``MaxPool2dBackwardRelu`` op, ``relu_backward(x, max_pool2d_backward(x, gy))``
+    (computed exactly so: this is the oracle of the fused kernels).
+
+    Args:
+        x: ``(N, C, H, W)`` the ReLU's output, pooled in the forward.
+        gy: ``(N, C, oh, ow)`` output gradient of the pooling.
+        kernel_size, stride, padding, ceil_mode: as :func:`max_pool2d`.
+
+    Returns:
+        ``(N, C, H, W)`` in gy's dtype: 0 wherever ``x > 0`` is false (0, negative, NaN).
+
+    Raises:
+        ShapeError: gy's shape is not the pooled shape of x.
+    """
+    from .elementwise import relu_backward
+    return relu_backward(xp, x, max_pool2d_backward(xp, x, gy, kernel_size=kernel_size, stride=stride,
+                                                    padding=padding, ceil_mode=ceil_mode))
+
+
 def max_pool2d_select(xp, x, v, *, kernel_size, stride, padding, ceil_mode):
     """``v`` read at each window's winning cell of ``x``: the adjoint of
     :func:`max_pool2d_backward` in its gradient argument (used for second
@@ -275,5 +296,5 @@ def avg_pool2d_backward(xp, gy, *, kernel_size, stride, padding, ceil_mode,
     return _crop(gbuf, buf_pad, shape).astype(gy.dtype, copy=False)
 
 
-__all__ = ["max_pool2d", "max_pool2d_backward", "max_pool2d_select", "avg_pool2d",
+__all__ = ["max_pool2d", "max_pool2d_backward", "max_pool2d_backward_relu", "max_pool2d_select", "avg_pool2d",
            "avg_pool2d_backward"]

@@ -15,6 +15,7 @@ from . import broadcast, elementwise, linear, loss, lrn, norm, pool, shape, tens
 REFERENCE_KERNELS = {
     ops.MaxPool2d: pool.max_pool2d,
     ops.MaxPool2dBackward: pool.max_pool2d_backward,
+    ops.MaxPool2dBackwardRelu: pool.max_pool2d_backward_relu,
     ops.MaxPool2dSelect: pool.max_pool2d_select,
     ops.AvgPool2d: pool.avg_pool2d,
     ops.AvgPool2dBackward: pool.avg_pool2d_backward,
@@ -75,5 +76,9 @@ def params_kernel(fn, prefix: str = "reference", options: tuple = ()):
     return kernel
 
 
+#: Ops only the fuse pass makes: their rules carry the tag ``fused`` (excluding it turns fusion off).
+FUSED_OPS = frozenset({ops.MaxPool2dBackwardRelu})
+
 for _op_type, _fn in REFERENCE_KERNELS.items():
-    register(Rule(_op_type, "reference", params_kernel(_fn), tags={"reference"}))
+    register(Rule(_op_type, "reference", params_kernel(_fn),
+                  tags={"reference"} | ({"fused"} if _op_type in FUSED_OPS else set())))

@@ -10,7 +10,8 @@ from .loss import (CrossEntropy, CrossEntropyBackward, LogSoftmax, LogSoftmaxBac
                    Softmax, SoftmaxBackward)
 from .lrn import LocalResponseNorm, LocalResponseNormBackward
 from .norm import BatchNorm, BatchNormBackwardData, BatchNormBackwardScale
-from .pool import AvgPool2d, AvgPool2dBackward, MaxPool2d, MaxPool2dBackward, MaxPool2dSelect
+from .pool import (AvgPool2d, AvgPool2dBackward, MaxPool2d, MaxPool2dBackward, MaxPool2dBackwardRelu,
+                   MaxPool2dSelect)
 from .shape import Constant, Transpose
 from .tensor import Concat, Flatten, Pad, PadBackward, Reshape, Slice, SliceBackward
 

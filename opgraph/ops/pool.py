@@ -114,6 +114,34 @@ class MaxPool2dSelect(_PoolOp):
 
 
 @attrs.frozen
+class MaxPool2dBackwardRelu(_PoolOp):
+    """``ReluBackward(x, MaxPool2dBackward(x, gy))`` as one node: (x, gy) -> shape of x.
+
+    Made by the fuse pass (``passes/fuse.py``) where a ReLU's output is pooled:
+    its gradient is ``gy`` routed to each window's winner (the first-max rule
+    of ``MaxPool2dBackward``), then masked by ``x > 0``. The winner of a
+    window holds the window's maximum, so the mask is one test per window
+    (a window whose maximum is not above 0, or is NaN, routes nothing) and the
+    separate ReLU-backward pass over the pooled activation (a read of x, a read
+    and a write of the gradient) disappears.
+    """
+
+    arity: ClassVar = (2, 2)
+    kind: ClassVar[str] = "max_pool2d_backward_relu"
+
+    def infer(self, x, gy):
+        return MaxPool2dBackward(**self.pool_params()).infer(x, gy)
+
+    def vjp(self, node, v, wanted):
+        from .elementwise import ReluBackward
+        x, _ = node.inputs  # linear in gy: the adjoint masks v, then selects
+        if not wanted[1]:
+            return (None, None)
+        masked = node.graph.apply(ReluBackward, {}, [x, v])
+        return (None, node.graph.apply(MaxPool2dSelect, self.pool_params(), [x, masked]))
+
+
+@attrs.frozen
 class AvgPool2d(_PoolOp):
     """Average pooling: x (N, C, H, W) -> (N, C, Ho, Wo)."""
 

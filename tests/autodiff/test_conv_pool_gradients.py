@@ -155,7 +155,8 @@ def test_max_pool2d_backward_and_select(kernel, stride, padding, ceil_mode):
     rng = np.random.default_rng(4)
     x_shape = (2, 2, 7, 6)
     out_shape = ops.MaxPool2d(**params).infer(og.TensorType(x_shape)).shape
-    for op_cls, second_shape in [(ops.MaxPool2dBackward, out_shape), (ops.MaxPool2dSelect, x_shape)]:
+    for op_cls, second_shape in [(ops.MaxPool2dBackward, out_shape), (ops.MaxPool2dSelect, x_shape),
+                                 (ops.MaxPool2dBackwardRelu, out_shape)]:
         g = og.Graph()
         x, v = g.input("x", x_shape), g.input("v", second_shape)
         out = g.apply(op_cls, params, [x, v])

@@ -84,7 +84,8 @@ def test_nonzero_gradient_on_an_untouched_row_is_caught():
 # Op -> the test module that checks its rule against finite differences.
 FD_CHECKED = {
     **dict.fromkeys(["Conv2d", "Conv2dBackwardData", "Conv2dBackwardFilter", "Conv2dBiasRelu", "MaxPool2d",
-                     "MaxPool2dBackward", "MaxPool2dSelect", "AvgPool2d", "AvgPool2dBackward"],
+                     "MaxPool2dBackward", "MaxPool2dBackwardRelu", "MaxPool2dSelect", "AvgPool2d",
+                     "AvgPool2dBackward"],
                     "test_conv_pool_gradients"),
     **dict.fromkeys(["Relu", "ReluBackward", "Threshold", "ThresholdBackward", "Add", "BiasAdd",
                      "BiasAddBackward", "Dropout", "LocalResponseNorm", "Linear", "MatMul",

@@ -92,3 +92,19 @@ def test_cuda_rules_offer_both_variants_and_pass_the_option(recorder):
     rule.kernel(KernelContext(np, "cuda", {}), op, x)
     assert [c["name"] for c in recorder.calls] == ["opgraph_maxpool_const_i32", "opgraph_maxpool_i32"]
     assert rules_for(ops.Relu)["cuda"].variants(ops.Relu(), [], "cuda") == [{}]
+
+
+def test_pool_relu_backward_masks_in_the_argmax_kernel(recorder):
+    x, gy = np.zeros((2, 5, 9, 8), np.float32), np.zeros((2, 5, 5, 5), np.float32)
+    cuda_pool.max_pool2d_backward_relu(np, x, gy, **KW)
+    cuda_pool.max_pool2d_backward(np, x, gy, **KW)
+    fused_arg, fused_gather, arg, gather = recorder.calls
+    # a window whose maximum fails ReLU's mask stores -1, which no input cell (>= 0) matches
+    assert fused_arg["name"] == "opgraph_maxpool_arg_relu_i32"
+    assert "arg[t] = best > (T)0 ? (int)win : -1;" in fused_arg["body"]
+    assert arg["name"] == "opgraph_maxpool_arg_i32" and "arg[t] = (int)win;" in arg["body"]
+    assert "if (arg[o] == me)" in gather["body"] and "const int me = (int)(a * W + b);" in gather["body"]
+    assert fused_gather["body"] == gather["body"] and fused_gather["name"] == gather["name"]
+    rule = rules_for(ops.MaxPool2dBackwardRelu)["cuda"]
+    assert "fused" in rule.tags and rule.variants(ops.MaxPool2dBackwardRelu(**KW), [], "cuda") == [
+        {}, {"specialize": True}]

@@ -292,3 +292,21 @@ def test_select_is_the_adjoint_of_max_backward(k, s, pad, ceil, hw):
     assert lhs == pytest.approx(rhs, rel=1e-12)
     # selecting x itself gives the forward output
     np.testing.assert_array_equal(pool.max_pool2d_select(np, x, x, **kw), pool.max_pool2d(np, x, **kw))
+
+
+def test_pool_relu_backward_by_hand():
+    # x is a ReLU's output pooled 2x2: the gradient reaches a window's winner only where it is > 0
+    x = np.array([[[[0.0, 3.0, 0.0, 0.0],
+                    [1.0, 2.0, 0.0, 0.0],
+                    [np.nan, 5.0, -0.0, 0.0],
+                    [7.0, 1.0, 0.0, -1.0]]]])
+    gy = np.array([[[[10.0, 20.0], [30.0, 40.0]]]])
+    kw = dict(kernel_size=(2, 2), stride=(2, 2), padding=((0, 0), (0, 0)), ceil_mode=False)
+    want = np.zeros_like(x)
+    want[0, 0, 0, 1] = 10.0  # 3 wins and is > 0; the all-zero window (20) routes nothing;
+    # the NaN wins its window (30) but fails the mask; 0.0 wins the last (40): masked too
+    got = pool.max_pool2d_backward_relu(np, x, gy, **kw)
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == gy.dtype
+    with pytest.raises(ShapeError, match="gy has shape"):
+        pool.max_pool2d_backward_relu(np, x, gy[:, :, :1], **kw)

@@ -186,6 +186,57 @@ def test_a_replay_that_does_not_follow_a_new_input_is_a_mismatch(setup, monkeypa
     assert "a graph reads a stale array" in graph["reason"] and "times" not in graph
 
 
+def test_the_new_input_is_made_and_written_on_the_replay_stream(setup):
+    # The replay stream does not wait for the default stream: on the H200, a copy of the
+    # image made outside it raced the write into the captured input (NaN in the check).
+    from opgraph.benchmarks.protocol import PhaseRunner, schedule
+
+    tg, feeds, _ = setup
+    exe = og.compile(tg.outputs, device="cpu")
+    runner = PhaseRunner(schedule(exe, tg), exe.feed(feeds), driver.make_timer("cpu"))
+    runner.warmup(1)
+    depth, log, tracked = [0], [], set()
+
+    class Stream:
+        def __enter__(self):
+            depth[0] += 1
+
+        def __exit__(self, *exc):
+            depth[0] -= 1
+
+        def synchronize(self):
+            pass
+
+    class Recorded(np.ndarray):  # records the stream depth of each access to tracked arrays
+        def _note(self, what, result=None):
+            if id(self) in tracked:
+                log.append((what, depth[0]))
+                if result is not None:
+                    tracked.add(id(result))
+            return result
+
+        def copy(self, *a, **k):
+            return self._note("copy", super().copy(*a, **k))
+
+        def __neg__(self):
+            return self._note("neg", super().__neg__())
+
+        def __setitem__(self, key, value):
+            self._note("set")
+            super().__setitem__(key, value)
+
+    node = next(src.id for src in exe.sources if src.name == tg.model.input.name)
+    runner.slots[node] = x = runner.slots[node].view(Recorded)
+    tracked.add(id(x))
+    runner.graph_stream = Stream()
+    runner.replay_all = lambda: runner.run(runner.sched.steps)
+    s = driver.Settings(device="cpu", lowerings=[lw.Lowering("gemm")])
+    worst, why = driver._graph_follows(runner, exe, tg, feeds, s)
+    assert why is None and worst <= driver.GRAPH_FOLLOW_TOL
+    assert [w for w, _ in log] == ["copy", "neg", "set", "set"]  # the last: the image written back
+    assert all(d > 0 for _, d in log), log
+
+
 def test_graph_check_compares_the_replay_with_the_eager_errors():
     eager = {"output": 1e-6, "max_grad": 2e-4, "finite": True, "non_finite": []}
     ok = {"output": 3e-6, "max_grad": 1.1e-3, "finite": True, "non_finite": []}

@@ -71,6 +71,10 @@ def test_max_pool(cp, rng, case, kind, layout, specialize):
     gx = cuda_pool.max_pool2d_backward(cp, _dev(cp, x, layout), _dev(cp, gy, layout), **kw)
     np.testing.assert_allclose(cp.asnumpy(gx), gx_ref, rtol=1e-6, atol=1e-6)
     assert np.isfinite(cp.asnumpy(gx)).all()
+    # through a ReLU (x its output): ReLU's mask folded into the argmax kernel
+    gxr = cuda_pool.max_pool2d_backward_relu(cp, _dev(cp, x, layout), _dev(cp, gy, layout), **kw)
+    np.testing.assert_allclose(cp.asnumpy(gxr), ref_pool.max_pool2d_backward_relu(np, x, gy, **ref_kw),
+                               rtol=1e-6, atol=1e-6)
     v = rng.standard_normal(x.shape).astype(np.float32)
     sel = cuda_pool.max_pool2d_select(cp, _dev(cp, x, layout), _dev(cp, v, layout), **kw)
     np.testing.assert_array_equal(cp.asnumpy(sel), ref_pool.max_pool2d_select(np, x, v, **ref_kw))

@@ -6,7 +6,7 @@ import pytest
 import opgraph as og
 from opgraph.errors import LoweringError, ParameterError
 from opgraph.passes.base import FunctionPass, PassContext, Pipeline, graph_pass
-from opgraph.passes.fuse import fusable_chains
+from opgraph.passes.fuse import fusable_chains, pool_relu_backward_pairs
 from opgraph.passes.layout import LayoutPass
 from opgraph.passes.lower import LowerPass
 from opgraph.passes.memory import plan_memory
@@ -232,3 +232,46 @@ def test_compile_refuses_a_non_float_dtype_and_feeds_are_named():
     feeds = {"x": np.zeros((2, 3, 8, 8)), "w": np.zeros((4, 3, 3, 3)), "b": "hello"}
     with pytest.raises(ExecutionError, match="param 'b': cannot be read as float32"):
         exe(**feeds)
+
+
+def _pooled_relu(second_reader: bool = False):
+    g = og.Graph()
+    x, w, b = g.input("x", (2, 3, 8, 8)), g.param("w", (4, 3, 3, 3)), g.param("b", (4,))
+    r = og.relu(og.conv2d(x, w, b, padding=1, name="conv1"), name="relu1")
+    y = og.flatten(og.max_pool2d(r, 2, name="pool1"))
+    if second_reader:  # the ReLU output read twice: its gradient is a sum (GoogLeNet's inception)
+        w2 = g.param("w2", (2, 4, 8, 8))
+        y = og.concat([y, og.flatten(og.conv2d(r, w2, name="conv2"))], axis=1, name="cat")
+    return g, y, og.grad(y, [w, b] + ([g["w2"]] if second_reader else []))
+
+
+def test_fuse_finds_pooled_relu_gradients_only_when_private():
+    g, y, grads = _pooled_relu()
+    pairs = pool_relu_backward_pairs(g, [y, *grads])
+    assert [(type(g.node(p).op).__name__, type(g.node(r).op).__name__) for p, r in pairs] == [
+        ("MaxPool2dBackward", "ReluBackward")]
+    pool_grad = pairs[0][0]
+    assert pool_relu_backward_pairs(g, [y, *grads, g.node(pool_grad).output]) == []  # wanted itself
+    g2, y2, grads2 = _pooled_relu(second_reader=True)
+    assert pool_relu_backward_pairs(g2, [y2, *grads2]) == []  # the ReLU gradient reads a sum
+
+
+def test_fuse_pool_relu_backward_keeps_the_numbers_and_can_be_excluded():
+    g, y, grads = _pooled_relu()
+    outs = [y, *grads]
+    rng = np.random.default_rng(2)
+    feeds = {"x": rng.standard_normal((2, 3, 8, 8)), "w": rng.standard_normal((4, 3, 3, 3)),
+             "b": rng.standard_normal(4)}
+    gy = {y: rng.standard_normal(y.shape)}
+    exe = og.compile(outs)
+    kinds = [type(st.op.op).__name__ for st in exe.steps]
+    assert kinds.count("MaxPool2dBackwardRelu") == 1 and "MaxPool2dBackward" not in kinds
+    assert kinds.count("ReluBackward") == 0
+    assert any("1 max-pool + relu backward pair(s) fused" in n for n in exe.report.notes)
+    off = og.compile(outs, policy=og.LoweringPolicy(exclude=["fused"]))
+    assert "MaxPool2dBackwardRelu" not in [type(st.op.op).__name__ for st in off.steps]
+    ref = og.compile(outs, pipeline="reference", dtype="float64")(grad_outputs=gy, **feeds)
+    unfused = off(grad_outputs=gy, **feeds)
+    for got, same, want in zip(exe(grad_outputs=gy, **feeds), unfused, ref):
+        np.testing.assert_array_equal(got, same)  # the same operations in the same order
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5

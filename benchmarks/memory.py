@@ -10,14 +10,22 @@ Three figures, each with what it includes:
   buffers during one real run: after each step, the bytes of the distinct
   arrays held for later steps (views of one buffer counted once), sources
   excluded. No workspace, no kernel temporaries: what liveness promises.
-* **measured** (CUDA only): the CuPy memory pool's high-water mark over one
-  real run. The pool is emptied of cached blocks first, so the bytes it
-  holds at the end are the most it needed at once (``total_bytes``, which
-  includes fragmentation); minus the bytes in use before the run (inputs,
-  parameters, the float64 reference), that is the run's own peak, workspace
-  and temporaries included. CuPy's pool has no peak counter, and on the CPU
-  ``tracemalloc`` slows NumPy code several-fold, so the CPU reports the
-  planned and live figures only (the output says so).
+* **measured** (CUDA only): the most bytes CuPy's memory pools had handed
+  out at once during one real run (block sizes, as allocated), workspace and
+  temporaries included, counted by a ``cupy.cuda.MemoryHook`` on every
+  allocation and free of the run (:class:`AllocationCounter`). This is what
+  ``torch.cuda.max_memory_allocated`` counts for the PyTorch column, so the
+  two compare like with like.
+* **reserved** (CUDA only): the pool's own high-water mark over the same run.
+  The pool is emptied of cached blocks first, so the bytes it holds at the
+  end are the most it needed at once (``total_bytes``: fragmentation and
+  cached free blocks included); minus the bytes in use before the run
+  (inputs, parameters, the float64 reference). PyTorch's counterpart is
+  ``torch.cuda.max_memory_reserved``. (Results before 2026-11-30's third
+  session called this figure "measured".)
+
+On the CPU ``tracemalloc`` slows NumPy code several-fold, so the CPU reports
+the planned and live figures only (the output says so).
 
 Per node, the workspace of its chosen implementation comes from the report
 (``NodeReport.workspace``); :func:`workspace_summary` adds them up.
@@ -25,6 +33,7 @@ Per node, the workspace of its chosen implementation comes from the report
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from opgraph.executable import Executable
@@ -52,17 +61,57 @@ def _live_bytes(slots: dict, sources: set) -> int:
     return sum(seen.values())
 
 
+class AllocationCounter:
+    """Bytes allocated and not yet freed, and their high-water mark, from the
+    pool's allocation events (pointers allocated before counting began are
+    ignored when freed)."""
+
+    def __init__(self):
+        self._live: dict[int, int] = {}
+        self.in_use = 0
+        self.peak = 0
+
+    def malloc(self, ptr: int, size: int) -> None:
+        self._live[ptr] = size
+        self.in_use += size
+        self.peak = max(self.peak, self.in_use)
+
+    def free(self, ptr: int) -> None:
+        self.in_use -= self._live.pop(ptr, 0)
+
+
+def counting_hook(counter: AllocationCounter):
+    """A ``cupy.cuda.MemoryHook`` feeding ``counter`` (use as ``with hook:``;
+    CuPy calls it on every pool allocation and free of this thread)."""
+    import cupy
+
+    class _Hook(cupy.cuda.MemoryHook):
+        name = "opgraph_allocation_counter"
+
+        def malloc_postprocess(self, **kw):
+            counter.malloc(kw["mem_ptr"], kw["mem_size"])
+
+        def free_postprocess(self, **kw):
+            counter.free(kw["mem_ptr"])
+
+    return _Hook()
+
+
 def run_and_measure(exe: Executable, feeds: dict, device: str) -> tuple[list, dict]:
     """Run ``exe`` once on ``feeds`` as the executor does (buffers freed after
     their last reader) and measure memory (module docstring).
 
     Returns:
         The outputs (device arrays, ``exe.outputs`` order) and a dict with
-        ``live_peak_bytes`` and, on cuda, ``pool_peak_bytes`` (high-water mark
-        minus the bytes in use before the run) and ``pool_resident_bytes``
+        ``live_peak_bytes`` and, on cuda, ``allocated_peak_bytes`` (the most
+        bytes the pools had handed out at once during the run),
+        ``pool_peak_bytes`` (the pool's held bytes at the end, its high-water
+        mark, minus the bytes in use before the run) and ``pool_resident_bytes``
         (in use before), plus ``run_s`` (wall seconds of the run).
     """
     pool = None
+    counter = AllocationCounter()
+    hook = contextlib.nullcontext()
     if device == "cuda":
         import cupy
 
@@ -72,19 +121,23 @@ def run_and_measure(exe: Executable, feeds: dict, device: str) -> tuple[list, di
     slots = exe.feed(feeds)
     sources = set(slots)
     resident = pool.used_bytes() if pool is not None else None
+    if pool is not None:
+        hook = counting_hook(counter)
     t0 = time.perf_counter()
     live_peak = 0
-    for st in exe.steps:
-        slots[st.node] = st.kernel(st.ctx, st.op.op, *[slots[a] for a in st.args])
-        live_peak = max(live_peak, _live_bytes(slots, sources))
-        for f in st.free:
-            slots.pop(f, None)
+    with hook:
+        for st in exe.steps:
+            slots[st.node] = st.kernel(st.ctx, st.op.op, *[slots[a] for a in st.args])
+            live_peak = max(live_peak, _live_bytes(slots, sources))
+            for f in st.free:
+                slots.pop(f, None)
     outputs = [slots[v.node] for v in exe.outputs]
     info = {"live_peak_bytes": live_peak}
     if pool is not None:
         import cupy
 
         cupy.cuda.get_current_stream().synchronize()
+        info["allocated_peak_bytes"] = counter.peak
         info["pool_peak_bytes"] = max(0, pool.total_bytes() - resident)
         info["pool_resident_bytes"] = resident
     info["run_s"] = time.perf_counter() - t0
@@ -112,14 +165,18 @@ def memory_record(report, measured: dict, device: str) -> dict:
         "workspace_per_node": ws["per_node"],
         "source_bytes": plan.get("source_bytes"),
         "live_peak_bytes": measured.get("live_peak_bytes"),
-        "measured_peak_bytes": measured.get("pool_peak_bytes"),
+        "measured_peak_bytes": measured.get("allocated_peak_bytes"),
+        "reserved_peak_bytes": measured.get("pool_peak_bytes"),
     }
     rec["method"] = ("planned: liveness plan of the schedule + chosen workspace (passes/memory.py); "
                      "live: executor buffers during one run (no workspace); " +
-                     ("measured: CuPy pool high-water mark over one run minus resident bytes"
+                     ("measured: most bytes CuPy's pools had allocated at once during one run "
+                      "(a MemoryHook; PyTorch: torch.cuda.max_memory_allocated); reserved: the pool's "
+                      "high-water mark minus resident bytes (fragmentation and cache included; "
+                      "PyTorch: max_memory_reserved)"
                       if device == "cuda" else
                       "measured: not available on the CPU (no cheap allocation counter for NumPy)"))
     return rec
 
 
-__all__ = ["run_and_measure", "workspace_summary", "memory_record"]
+__all__ = ["AllocationCounter", "counting_hook", "run_and_measure", "workspace_summary", "memory_record"]

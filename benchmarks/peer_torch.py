@@ -256,8 +256,9 @@ def run_peer(model: Model, feeds: dict, *, device: str, precision: str = "fp32",
     Returns:
         ``{"times": {"forward", "backward"}: Timing.as_dict(), "first_call_s",
         "check": end-to-end errors vs ``reference`` (or None), "memory":
-        {"measured_peak_bytes"} (cuda: ``torch.cuda.max_memory_allocated``
-        over one forward + backward, minus what was allocated before),
+        {"measured_peak_bytes", "reserved_peak_bytes"} (cuda:
+        ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` over one
+        forward + backward, minus what was allocated / reserved before),
         "versions": {"torch", "cudnn"}}``.
 
     Raises:
@@ -295,14 +296,16 @@ def run_peer(model: Model, feeds: dict, *, device: str, precision: str = "fp32",
             outs = [to_xp(y, device), *(to_xp(g, device) for g in grads)]
             check = end_to_end(reference.xp, outs, reference)
         del y, grads
-        memory = {"measured_peak_bytes": None}
+        memory = {"measured_peak_bytes": None, "reserved_peak_bytes": None}
         if device == "cuda":
             torch.cuda.synchronize()
-            before = torch.cuda.memory_allocated()
+            torch.cuda.empty_cache()  # reserved starts from what is in use, as CuPy's pool figure does
+            before, before_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
             torch.cuda.reset_peak_memory_stats()
             step()
             torch.cuda.synchronize()
             memory["measured_peak_bytes"] = torch.cuda.max_memory_allocated() - before
+            memory["reserved_peak_bytes"] = torch.cuda.max_memory_reserved() - before_reserved
         for _ in range(warmup):
             step()
         timer.synchronize()

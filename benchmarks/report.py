@@ -178,7 +178,7 @@ CSV_COLUMNS = ("model", "batch", "precision", "layout", "device", "lowering", "k
                "backward_ms", "total_ms", "total_min_ms", "gflop", "tflops_forward",
                "tflops_backward_data", "tflops_backward_filter", "tflops_total", "peak_fraction",
                "vs_torch", "planned_peak_bytes", "live_peak_bytes", "measured_peak_bytes",
-               "workspace_bytes", "max_rel_error", "reason")
+               "reserved_peak_bytes", "workspace_bytes", "max_rel_error", "reason")
 
 
 def _benchmark_csv_rows(doc: dict):
@@ -200,6 +200,7 @@ def _benchmark_csv_rows(doc: dict):
                "planned_peak_bytes": mem.get("planned_peak_bytes"),
                "live_peak_bytes": mem.get("live_peak_bytes"),
                "measured_peak_bytes": mem.get("measured_peak_bytes"),
+               "reserved_peak_bytes": mem.get("reserved_peak_bytes"),
                "workspace_bytes": mem.get("workspace_total_bytes"),
                "max_rel_error": (r.get("check") or {}).get("max_rel_error"), "reason": r.get("reason")}
         for x in r.get("layers") or ():

@@ -210,7 +210,7 @@ def layer_tables(doc: dict, metric: str = "ms") -> Iterable[Table]:
 
 def memory_tables(doc: dict) -> Iterable[Table]:
     headers = ["model", "lowering", "planned", "planned w/o ws", "workspace peak", "workspace sum",
-               "live", "measured"]
+               "live", "measured", "reserved"]
     for prec in precisions(doc):
         rows = []
         for r in ordered(doc, prec):
@@ -220,13 +220,17 @@ def memory_tables(doc: dict) -> Iterable[Table]:
             rows.append([r["model"], r["lowering"], fmt_mib(m.get("planned_peak_bytes")),
                          fmt_mib(m.get("planned_peak_without_workspace_bytes")),
                          fmt_mib(m.get("workspace_peak_bytes")), fmt_mib(m.get("workspace_total_bytes")),
-                         fmt_mib(m.get("live_peak_bytes")), fmt_mib(m.get("measured_peak_bytes"))])
+                         fmt_mib(m.get("live_peak_bytes")), fmt_mib(m.get("measured_peak_bytes")),
+                         fmt_mib(m.get("reserved_peak_bytes"))])
         if rows:
             yield Table(f"memory, {prec}: MiB (inputs and parameters excluded)", headers, rows,
                         set(headers) - {"model", "lowering"},
                         ["planned: liveness plan + the running node's workspace; live: executor "
-                         "buffers during one run; measured: CuPy pool high-water mark over one run "
-                         "(GPU only; PyTorch: torch.cuda.max_memory_allocated)"])
+                         "buffers during one run; measured: most bytes allocated at once during one "
+                         "run (GPU only; PyTorch: torch.cuda.max_memory_allocated); reserved: the "
+                         "memory pool's high-water mark, fragmentation and cache included (PyTorch: "
+                         "max_memory_reserved; runs before 2026-11-30's third session reported this "
+                         "as measured)"])
 
 
 def all_tables(doc: dict, *, per_layer_tflops: bool = False) -> list[Table]:

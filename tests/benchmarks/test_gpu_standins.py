@@ -8,6 +8,7 @@ import sys
 import time
 import types
 
+import attrs
 import numpy as np
 import pytest
 
@@ -48,6 +49,19 @@ class FakePool:
         self.freed += 1
 
 
+class FakeMemoryHook:
+    """``cupy.cuda.MemoryHook``: while entered, the fake module's ``hook`` (a step calls it)."""
+
+    module = None
+
+    def __enter__(self):
+        FakeMemoryHook.module.hook = self
+        return self
+
+    def __exit__(self, *exc):
+        FakeMemoryHook.module.hook = None
+
+
 class FakeRandomState:
     def __init__(self, seed):
         self.rng = np.random.default_rng(seed)
@@ -60,11 +74,13 @@ class FakeRandomState:
 def fake_cupy(monkeypatch):
     stream, pool = FakeStream(), FakePool(1000, 51000)
     cuda = types.SimpleNamespace(Event=FakeEvent, get_current_stream=lambda: stream,
-                                 get_elapsed_time=lambda s, e: (e.t - s.t) * 1e3)
+                                 get_elapsed_time=lambda s, e: (e.t - s.t) * 1e3, MemoryHook=FakeMemoryHook)
     fake = types.SimpleNamespace(
         cuda=cuda, get_default_memory_pool=lambda: pool, random=types.SimpleNamespace(RandomState=FakeRandomState),
         float32=np.float32, float16=np.float16, uint16=np.uint16, uint32=np.uint32, empty=np.empty,
         linalg=np.linalg, stream=stream, pool=pool)
+    fake.hook = None
+    monkeypatch.setattr(FakeMemoryHook, "module", fake)
     monkeypatch.setitem(sys.modules, "cupy", fake)
     return fake
 
@@ -79,15 +95,39 @@ def test_cuda_event_timer_queues_all_calls_then_syncs_once(fake_cupy):
     assert fake_cupy.stream.syncs == 2
 
 
-def test_pool_high_water_mark_minus_resident(fake_cupy, tiny):
+def test_allocated_peak_by_hook_and_pool_high_water_mark_minus_resident(fake_cupy, tiny):
     tg = training_graph(tiny)
     exe = og.compile(tg.outputs)
+    first, second = exe.steps[0], exe.steps[1]
+
+    def allocating(step, events):  # the pool's events while the step's kernel runs
+        def kernel(*a):
+            for kind, ptr, size in events:
+                getattr(fake_cupy.hook, kind + "_postprocess")(device_id=0, mem_size=size, mem_ptr=ptr,
+                                                               pmem_id=0, **({"size": size} if kind == "malloc" else {}))
+            return step.kernel(*a)
+        return attrs.evolve(step, kernel=kernel)
+
+    exe.steps = [allocating(first, [("malloc", 7, 512), ("malloc", 8, 2048)]),
+                 allocating(second, [("free", 7, 512), ("free", 99, 4096), ("malloc", 9, 1024)]),
+                 *exe.steps[2:]]
     outs, info = memory.run_and_measure(exe, random_feeds(tiny), "cuda")
-    assert len(outs) == len(tg.outputs)
+    assert len(outs) == len(tg.outputs) and fake_cupy.hook is None  # the hook left after the run
+    assert info["allocated_peak_bytes"] == 3072  # 512 + 2048 at once, then 2048 + 1024
     assert info["pool_peak_bytes"] == 50000 and info["pool_resident_bytes"] == 1000
     assert fake_cupy.pool.freed == 1 and info["live_peak_bytes"] > 0
     rec = memory.memory_record(exe.report, info, "cuda")
-    assert rec["measured_peak_bytes"] == 50000 and "high-water" in rec["method"]
+    assert rec["measured_peak_bytes"] == 3072 and rec["reserved_peak_bytes"] == 50000
+    assert "MemoryHook" in rec["method"] and "high-water" in rec["method"]
+
+
+def test_allocation_counter_ignores_blocks_allocated_before():
+    c = memory.AllocationCounter()
+    c.malloc(1, 512)
+    c.free(2)  # allocated before counting began
+    c.malloc(3, 1024)
+    c.free(1)
+    assert (c.in_use, c.peak) == (1024, 1536)
 
 
 @pytest.mark.parametrize("precision, tol", [("fp32", 1e-6), ("bf16", 1e-2), ("fp16", 1e-3)])

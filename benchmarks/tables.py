@@ -76,12 +76,17 @@ def columns(doc: dict) -> list[str]:
 
 def ordered(doc: dict, precision: str) -> list[dict]:
     """The results of ``precision``: by model (run order), opgraph columns in
-    run order, then the peers."""
+    run order, each ``<lowering>+graph`` right after its ``<lowering>``, then
+    the peers."""
     models = [m["model"] for m in doc["models"]]
     res = [r for r in doc["results"] if r["precision"] == precision]
-    rank = {id(r): i for i, r in enumerate(res)}
+    first: dict[tuple, int] = {}  # (model, base lowering) -> rank of its first column
+    for i, r in enumerate(res):
+        first.setdefault((r["model"], r["lowering"].removesuffix("+graph")), i)
     return sorted(res, key=lambda r: (models.index(r["model"]) if r["model"] in models else len(models),
-                                      r["kind"] != "opgraph", rank[id(r)]))
+                                      r["kind"] != "opgraph",
+                                      first[(r["model"], r["lowering"].removesuffix("+graph"))],
+                                      r["lowering"].endswith("+graph")))
 
 
 def _status_cell(r: dict, notes: list[str]) -> str:

@@ -129,6 +129,11 @@ def test_markdown(doc):
     kept = merge([doc, failed])["results"]  # ... unless the re-run failed
     assert [r["status"] for r in kept] == [r["status"] for r in doc["results"]]
     assert [r["status"] for r in merge([failed, doc])["results"]] == [r["status"] for r in doc["results"]]
+    graph = json.loads(json.dumps(doc))  # a +graph column is listed right after its eager column
+    graph["results"] = [dict(graph["results"][0], lowering=graph["results"][0]["lowering"] + "+graph")]
+    rows = [r["lowering"] for r in tables.ordered(merge([doc, graph]), doc["results"][0]["precision"])]
+    base = doc["results"][0]["lowering"]
+    assert rows[rows.index(base) + 1] == base + "+graph"
     with pytest.raises(ValueError, match="timing runs"):
         render_markdown({"mode": "summary"})
 

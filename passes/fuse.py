@@ -41,22 +41,28 @@ from .base import Pass, PassContext
 from .lower import decline_reason
 
 
+def _private_producers(graph: Graph, outputs, reader_type, slot: int, accept) -> list[tuple[int, int]]:
+    """``(producer, reader)`` pairs: each ``reader_type`` node whose input
+    ``slot`` comes from a node it alone reads (among the outputs' ancestors),
+    neither of them an output, and ``accept(producer node, reader id)``."""
+    keep = {v.node for v in outputs}
+    scope = graph.ancestors(outputs)
+    pairs = []
+    for view in graph.nodes_in_order(outputs):
+        if not isinstance(abstract_of(view.op), reader_type) or view.id in keep:
+            continue
+        src = graph.input_ids(view.id)[slot]
+        readers = [u for u in graph.users(src) if u in scope]
+        if src not in keep and readers == [view.id] and accept(graph.node(src), view.id):
+            pairs.append((src, view.id))
+    return pairs
+
+
 def fusable_chains(graph: Graph, outputs) -> list[tuple[int, int]]:
     """``(conv node, relu node)`` pairs: a biased ``Conv2d`` read only by a
     ``Relu``, neither of them an output."""
-    keep = {v.node for v in outputs}
-    scope = graph.ancestors(outputs)
-    chains = []
-    for view in graph.nodes_in_order(outputs):
-        if not isinstance(abstract_of(view.op), Relu) or view.id in keep:
-            continue
-        src = graph.input_ids(view.id)[0]
-        conv = graph.node(src)
-        readers = [u for u in graph.users(src) if u in scope]
-        if (isinstance(abstract_of(conv.op), Conv2d) and len(conv.inputs) == 3
-                and src not in keep and readers == [view.id]):
-            chains.append((src, view.id))
-    return chains
+    return _private_producers(graph, outputs, Relu, 0, lambda conv, _: (
+        isinstance(abstract_of(conv.op), Conv2d) and len(conv.inputs) == 3))
 
 
 def fuse_chain(graph: Graph, conv: int, relu: int, ctx: PassContext) -> str | None:
@@ -72,18 +78,9 @@ def pool_relu_backward_pairs(graph: Graph, outputs) -> list[tuple[int, int]]:
     """``(pooling gradient node, ReLU-backward node)`` pairs of the form
     ``ReluBackward(y, MaxPool2dBackward(y, gy))`` (the same ``y``), the pooling
     gradient read by nothing else, neither of them an output."""
-    keep = {v.node for v in outputs}
-    scope = graph.ancestors(outputs)
-    pairs = []
-    for view in graph.nodes_in_order(outputs):
-        if not isinstance(abstract_of(view.op), ReluBackward) or view.id in keep:
-            continue
-        mask, grad = graph.input_ids(view.id)
-        readers = [u for u in graph.users(grad) if u in scope]
-        if (isinstance(abstract_of(graph.node(grad).op), MaxPool2dBackward) and grad not in keep
-                and graph.input_ids(grad)[0] == mask and readers == [view.id]):
-            pairs.append((grad, view.id))
-    return pairs
+    return _private_producers(graph, outputs, ReluBackward, 1, lambda pool, relu: (
+        isinstance(abstract_of(pool.op), MaxPool2dBackward)
+        and graph.input_ids(pool.id)[0] == graph.input_ids(relu)[0]))
 
 
 def fuse_pool_relu_backward(graph: Graph, pool: int, relu: int, ctx: PassContext) -> str | None:

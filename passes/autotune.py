@@ -25,6 +25,7 @@ decision is reused without running anything if its algorithm still applies.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -271,9 +272,18 @@ class AutotunePass(Pass):
 
 def candidate_set(applicable) -> str:
     """``'cuda:pool_variants,reference:_one_variant'``: the competing rules and
-    the function enumerating each one's variants (part of the cache key)."""
-    return ",".join(sorted(f"{r.algorithm}:{getattr(r.variants, '__qualname__', r.variants)}"
-                           for r, _ in applicable))
+    the function enumerating each one's variants (part of the cache key, so
+    the same in every process: no object address)."""
+    return ",".join(sorted(f"{r.algorithm}:{_stable_name(r.variants)}" for r, _ in applicable))
+
+
+def _stable_name(fn) -> str:
+    """A function's qualified name; for a ``functools.partial``, the wrapped
+    function's with its bound arguments (``variants('forward')``)."""
+    if isinstance(fn, functools.partial):
+        args = ", ".join([*map(repr, fn.args), *(f"{k}={v!r}" for k, v in sorted(fn.keywords.items()))])
+        return f"{_stable_name(fn.func)}({args})"
+    return getattr(fn, "__qualname__", type(fn).__qualname__)
 
 
 def _one_reference(applicable):

@@ -85,7 +85,7 @@ class AutotuneCache:
 
     def _read(self, report: bool) -> dict[str, dict]:
         try:
-            text = self.path.read_text(encoding="utf-8")
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return {}
         except OSError as e:
@@ -93,7 +93,7 @@ class AutotuneCache:
                 self._warn(f"autotune cache {self.path} cannot be read ({e}); tuning from scratch")
             return {}
         try:
-            data = json.loads(text)
+            data = json.loads(raw.decode("utf-8"))  # UnicodeDecodeError is a ValueError: corrupt
             entries = data["entries"]
             if data.get("format") != FORMAT or not isinstance(entries, dict) or not all(
                     isinstance(e, dict) and isinstance(e.get("algorithm"), str)

@@ -132,11 +132,12 @@ def test_cached_choice_that_no_longer_applies_is_retuned(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("content", ["{not json", "[]", '{"format": "other", "entries": {}}',
-                                     '{"format": "opgraph-autotune/1", "entries": {"k": 3}}'])
+                                     '{"format": "opgraph-autotune/1", "entries": {"k": 3}}',
+                                     b"\x00\xffgarbage"])  # not even UTF-8
 def test_corrupt_cache_warns_and_is_rebuilt(monkeypatch, tmp_path, content):
     install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
     path = tmp_path / "c.json"
-    path.write_text(content)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
     with pytest.warns(RuntimeWarning, match=str(path)):
         _, report = tune(scale_graph()[1], path, StubTimer({"fast": 1.0}))
     assert report.node("s0").algorithm == "fast"
@@ -236,3 +237,17 @@ def test_cache_writes_are_atomic_and_merged(monkeypatch, tmp_path):
     cache.save()
     entries = json.loads(path.read_text())["entries"]
     assert set(entries) == {"theirs", "ours"} and entries["ours"]["options"] == {"t": 1}
+
+
+def test_cache_keys_name_no_object_address():
+    # a key with "<function ... at 0x...>" differs in every process: the cache would never hit
+    import opgraph.backends.conv_rules  # noqa: F401  (registers the convolution rules)
+    from opgraph import ops
+    from opgraph.backends.registry import rules_for
+    from opgraph.passes.autotune import candidate_set
+
+    for op_type in (ops.Conv2d, ops.Conv2dBackwardData, ops.Conv2dBackwardFilter, ops.MaxPool2d):
+        key = candidate_set([(rule, {}) for rule in rules_for(op_type).values()])
+        assert " at 0x" not in key and "functools.partial" not in key, key
+    key = candidate_set([(rules_for(ops.Conv2dBackwardData)["winograd"], {})])
+    assert key == "winograd:variants('backward_data')"

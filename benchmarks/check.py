@@ -135,6 +135,11 @@ def abstract_twin(lowered_graph, abstract_graph, nid: int) -> int | None:
     if (low, orig) == ("Conv2dBiasRelu", "Conv2d"):
         relus = [u for u in abstract_graph.users(nid) if abstract_graph.node(u).op.name == "Relu"]
         return relus[0] if len(relus) == 1 else None
+    if (low, orig) == ("MaxPool2dBackwardRelu", "MaxPool2dBackward"):  # the ReluBackward it absorbed
+        x = abstract_graph.input_ids(nid)[0]
+        masks = [u for u in abstract_graph.users(nid) if abstract_graph.node(u).op.name == "ReluBackward"
+                 and abstract_graph.input_ids(u)[0] == x]
+        return masks[0] if len(masks) == 1 else None
     return None
 
 

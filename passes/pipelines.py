@@ -34,8 +34,9 @@ def default(policy: LoweringPolicy) -> Pipeline:
         # physical layout of 4-D values (NHWC on cuda when asked); before
         # autotune so that candidates are timed in the layout they will run in
         LayoutPass(),
-        # conv + bias + relu -> one Conv2dBiasRelu node where the conv's
-        # algorithm has a fused kernel; before autotune, which times its engines
+        # conv + bias + relu -> one Conv2dBiasRelu node, and the gradient through a
+        # pooled ReLU -> one MaxPool2dBackwardRelu node, where the algorithm has a
+        # fused kernel; before autotune, which times the fused candidates
         FusePass(),
         # re-choose by timing checked candidates (the meta-optimizer), cached
         *([AutotunePass()] if policy.autotune else []),

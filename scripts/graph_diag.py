@@ -71,8 +71,8 @@ def main() -> None:
         name = model.input.name
         src = next(s.id for s in exe.sources if s.name == name)
         x = runner.slots[src]
-        new = -x.copy()
-        with runner.graph_stream:
+        with runner.graph_stream:  # the replay stream does not wait for the default one
+            new = -x.copy()
             x[...] = new
         runner.replay_all()
         keep = exe.feed({**feeds, name: new})

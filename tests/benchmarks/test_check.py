@@ -256,3 +256,15 @@ def test_a_lowering_that_does_not_time_gets_a_placeholder_graph_column(tiny):
     assert recs == [("winograd", "skipped"), ("winograd+graph", "skipped")]
     assert doc["results"][1]["reason"].startswith("not replayed: the eager column is skipped")
     assert driver.unit_count([tiny], s) == len(doc["results"])
+
+
+def test_a_fused_pool_relu_gradient_is_checked_against_the_reference_relu_gradient(setup):
+    # the fused node computes what the abstract ReluBackward computed: its kept float64 value
+    tg, feeds, ref = setup
+    exe = og.compile(tg.outputs)
+    fused = [st.node for st in exe.steps if abstract_of(st.op).name == "MaxPool2dBackwardRelu"]
+    assert fused
+    for nid in fused:
+        twin = check.abstract_twin(exe.graph, ref.graph, nid)
+        assert ref.graph.node(twin).op.name == "ReluBackward" and twin in ref.values
+    assert check.check_lowering(exe, ref).passed

@@ -254,6 +254,17 @@ def test_fuse_finds_pooled_relu_gradients_only_when_private():
     assert pool_relu_backward_pairs(g, [y, *grads, g.node(pool_grad).output]) == []  # wanted itself
     g2, y2, grads2 = _pooled_relu(second_reader=True)
     assert pool_relu_backward_pairs(g2, [y2, *grads2]) == []  # the ReLU gradient reads a sum
+    # the pooling gradient read by another node too, and a mask that is not the pooled tensor
+    h = og.Graph()
+    a, b2, gy = h.input("a", (1, 2, 4, 4)), h.input("b", (1, 2, 4, 4)), h.input("gy", (1, 2, 2, 2))
+    params = dict(kernel_size=(2, 2), stride=(2, 2), padding=((0, 0), (0, 0)), ceil_mode=False)
+    pg = h.apply(og.ops.MaxPool2dBackward, params, [a, gy], "pg")
+    masked = h.apply(og.ops.ReluBackward, {}, [a, pg], "masked")
+    assert _names(h, pool_relu_backward_pairs(h, [og.flatten(masked)])) == [("pg", "masked")]
+    shared = og.add(masked, pg, name="shared")
+    assert pool_relu_backward_pairs(h, [shared]) == []
+    other = h.apply(og.ops.ReluBackward, {}, [b2, h.apply(og.ops.MaxPool2dBackward, params, [a, gy])])
+    assert pool_relu_backward_pairs(h, [og.flatten(other)]) == []
 
 
 def test_fuse_pool_relu_backward_keeps_the_numbers_and_can_be_excluded():

@@ -95,9 +95,14 @@ def fuse_pool_relu_backward(graph: Graph, pool: int, relu: int, ctx: PassContext
 
 def _rewrite(graph: Graph, node: int, absorbed: int, fused, what: str, ctx: PassContext) -> str | None:
     """``node`` computes ``fused`` on its algorithm and options, and ``absorbed``
-    is removed (its readers read ``node``); None when done, else why not (no
-    rule of the algorithm for the fused op, excluded by the policy, declined)."""
+    is removed (its readers read ``node``); None when done, else why not (the
+    policy forces ``absorbed`` onto another algorithm, no rule of the algorithm
+    for the fused op, excluded by the policy, declined)."""
     lowered = graph.node(node).op
+    absorbed_name = graph.node(absorbed).name
+    forced = ctx.policy.forced(absorbed_name)
+    if forced is not None and forced != lowered.algorithm:  # fusing would drop the user's choice
+        return f"{absorbed_name} is forced to {forced}, {graph.node(node).name} runs {lowered.algorithm}"
     rule = rules_for(type(fused)).get(lowered.algorithm)
     if rule is None:
         return f"{lowered.algorithm} has no {what}"
@@ -108,7 +113,7 @@ def _rewrite(graph: Graph, node: int, absorbed: int, fused, what: str, ctx: Pass
     if why:
         return why
     new = Lowered(fused, lowered.algorithm, ctx.device, options)
-    name, absorbed_name = graph.node(node).name, graph.node(absorbed).name
+    name = graph.node(node).name
     graph.replace_op(node, new)
     graph.absorb(absorbed, node)
     rec = ctx.report.nodes.get(name)

@@ -286,3 +286,16 @@ def test_fuse_pool_relu_backward_keeps_the_numbers_and_can_be_excluded():
     for got, same, want in zip(exe(grad_outputs=gy, **feeds), unfused, ref):
         np.testing.assert_array_equal(got, same)  # the same operations in the same order
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+
+
+def test_fusion_keeps_a_forced_choice_of_the_absorbed_node():
+    g = og.Graph()
+    x, w, b = g.input("x", (1, 3, 6, 6)), g.param("w", (4, 3, 3, 3)), g.param("b", (4,))
+    y = og.flatten(og.relu(og.conv2d(x, w, b, padding=1, name="conv1"), name="relu1"))
+    forced = og.compile([y], policy=og.LoweringPolicy(prefer={"conv": ["gemm"]}, force={"relu1": "reference"}))
+    assert "relu1" in forced.graph and forced.graph["conv1"].op.op.name == "Conv2d"
+    assert any("relu1 is forced to reference, conv1 runs gemm" in n for n in forced.report.notes)
+    # a force naming the algorithm the fused node runs is honoured by fusing
+    same = og.compile([y], policy=og.LoweringPolicy(prefer={"conv": ["reference"]},
+                                                    force={"relu1": "reference"}))
+    assert "relu1" not in same.graph and same.graph["conv1"].op.op.name == "Conv2dBiasRelu"

@@ -127,8 +127,7 @@ def register_conv_algorithm(name, forward, backward_data, backward_filter, *, ch
             fields["workspace"] = functools.partial(workspace, direction)
         rules[direction] = register(Rule(op_type, name, kernel, **fields))
         if direction == "forward":  # the fuse pass's conv + bias + ReLU, same kernel
-            fused = dict(fields, tags=fields["tags"] | {"fused"})
-            rules["fused"] = register(Rule(Conv2dBiasRelu, name, _fused_kernel(kernel), **fused))
+            rules["fused"] = register(Rule(Conv2dBiasRelu, name, _fused_kernel(kernel), **fields))
     return rules
 
 

@@ -28,10 +28,12 @@ column-major ``C^T = op(B)^T op(A)^T``: cuBLAS gets ``B`` first, ``m = P``,
 ``n = M``, and each operand's transpose flag as asked.
 
 Not capturable into a CUDA graph through CuPy (its cuBLAS wrapper refuses
-calls during stream capture). Not yet run on a GPU: the argument mapping is
-tested on the CPU against a NumPy column-major GEMM
-(tests/backends/test_cublas_matmul.py); the GPU tests in
-tests/gpu/test_cublas_matmul_gpu.py check it against the float64 reference.
+calls during stream capture). The argument mapping is tested on the CPU
+against a NumPy column-major GEMM (tests/backends/test_cublas_matmul.py); the
+GPU tests (tests/gpu/test_cublas_matmul_gpu.py, passed on the H200 on
+2026-11-30) check the products against the float64 reference. The benchmark's
+matrix-multiply peak (``benchmarks/peak.py``) times the same call
+(:func:`gemm_ex_into`).
 """
 
 from __future__ import annotations
@@ -111,11 +113,29 @@ def gemm_ex(xp, a, b, *, transpose_a: bool = False, transpose_b: bool = False,
     if precision not in GEMM_TYPES:
         from opgraph.errors import ParameterError
         raise ParameterError("precision", precision, f"must be one of {', '.join(GEMM_TYPES)}")
-    args = gemm_ex_args(a.shape, b.shape, transpose_a, transpose_b)
-    out = xp.zeros((args["n"], args["m"]), dtype=xp.float32)
-    if out.size == 0 or args["k"] == 0:  # cuBLAS need not write C for an empty product
+    m, k, p = matmul_dims(a.shape, b.shape, transpose_a, transpose_b)
+    out = xp.zeros((m, p), dtype=xp.float32)
+    if out.size == 0 or k == 0:  # cuBLAS need not write C for an empty product
         return out
-    a, b = _operand(xp, a, precision), _operand(xp, b, precision)
+    gemm_ex_into(xp, _operand(xp, a, precision), _operand(xp, b, precision), out, precision,
+                 transpose_a=transpose_a, transpose_b=transpose_b)
+    return out
+
+
+def gemm_ex_into(xp, a, b, out, precision: str, *, transpose_a: bool = False,
+                 transpose_b: bool = False) -> None:
+    """One ``cublasGemmEx`` call writing the row-major ``op(a) @ op(b)`` into
+    ``out`` on CuPy's current stream, computed as ``precision`` says.
+
+    Args:
+        a, b: C-contiguous, already in ``precision``'s operand storage
+            (float32; float16; bf16 bits as uint16), shapes as :func:`gemm_ex`.
+        out: C-contiguous ``(M, P)`` float32, overwritten.
+
+    Raises:
+        ShapeError: the shapes do not fit; KeyError: an unknown precision.
+    """
+    args = gemm_ex_args(a.shape, b.shape, transpose_a, transpose_b)
     operand_type, compute_type = GEMM_TYPES[precision]
     cublas = cublas_module()
     handle = xp.cuda.device.get_cublas_handle()
@@ -130,7 +150,6 @@ def gemm_ex(xp, a, b, *, transpose_a: bool = False, transpose_b: bool = False,
                       compute_type, CUBLAS_GEMM_DEFAULT)
     finally:
         cublas.setPointerMode(handle, mode)
-    return out
 
 
 def linear(xp, x, w, b=None, *, precision=None):
@@ -175,5 +194,5 @@ def register_rules() -> None:
 
 register_rules()
 
-__all__ = ["GEMM_TYPES", "cublas_module", "gemm_ex_args", "gemm_ex", "linear",
+__all__ = ["GEMM_TYPES", "cublas_module", "gemm_ex_args", "gemm_ex", "gemm_ex_into", "linear",
            "matmul", "check", "register_rules"]

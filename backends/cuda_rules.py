@@ -15,7 +15,7 @@ from opgraph import ops
 from . import cuda_elementwise as ew
 from . import cuda_loss as loss
 from . import cuda_pool as pool
-from .reference.rules import FUSED_OPS, params_kernel
+from .reference.rules import params_kernel
 from .registry import Rule, register
 
 #: abstract op type -> CuPy kernel ``fn(xp, *arrays, **op.params())``.
@@ -85,8 +85,7 @@ def register_rules() -> None:
     for op_type, fn in CUDA_KERNELS.items():
         options, variants = OPTIONS.get(op_type, ((), None))
         register(Rule(op_type, "cuda", params_kernel(fn, "cuda", options),
-                      devices={"cuda"}, check=check,
-                      tags={"cuda", "gpu"} | ({"fused"} if op_type in FUSED_OPS else set()),
+                      devices={"cuda"}, check=check, tags={"cuda", "gpu"},
                       **({"variants": variants} if variants else {})))
 
 

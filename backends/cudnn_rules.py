@@ -165,7 +165,7 @@ def register_rules() -> None:
                             (Conv2dBackwardFilter, _wgrad)):
         register(Rule(op_type, "cudnn", kernel, devices={"cuda"}, check=check,
                       variants=variants, workspace=workspace,
-                      tags={"cudnn", "gpu", "option:precision"}))
+                      tags={"cudnn", "gpu", "fused", "option:precision"}))
 
 
 __all__ = ["KIND", "check", "variants", "workspace", "register_rules", "register_fused_rule"]

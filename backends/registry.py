@@ -59,6 +59,10 @@ class Rule:
     workspace: Callable[..., int] = _no_workspace
     tags: frozenset = attrs.field(default=frozenset(), converter=frozenset)
 
+    def __attrs_post_init__(self):
+        if getattr(self.op_type, "fused", False):  # the fuse pass's ops (Op.fused)
+            object.__setattr__(self, "tags", self.tags | {"fused"})
+
     def decline_reason(self, op, in_types, device: str) -> str | None:
         """Why this rule cannot run ``op`` on these inputs, or None if it can."""
         if device not in self.devices:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from opgraph.executable import Executable
+from opgraph.executable import Executable, run_step
 
 
 def _buffer(array) -> tuple[int, int]:
@@ -62,9 +62,10 @@ def _live_bytes(slots: dict, sources: set) -> int:
 
 
 class AllocationCounter:
-    """Bytes allocated and not yet freed, and their high-water mark, from the
-    pool's allocation events (pointers allocated before counting began are
-    ignored when freed)."""
+    """Bytes allocated and not yet freed (``in_use``) and their high-water mark
+    (``peak``), from the pool's allocation events: ``malloc(ptr, bytes)`` and
+    ``free(ptr)`` (a pointer allocated before counting began is ignored when
+    freed). Sizes are the pool's block sizes, as CuPy reports them."""
 
     def __init__(self):
         self._live: dict[int, int] = {}
@@ -127,7 +128,7 @@ def run_and_measure(exe: Executable, feeds: dict, device: str) -> tuple[list, di
     live_peak = 0
     with hook:
         for st in exe.steps:
-            slots[st.node] = st.kernel(st.ctx, st.op.op, *[slots[a] for a in st.args])
+            slots[st.node] = run_step(st, slots)
             live_peak = max(live_peak, _live_bytes(slots, sources))
             for f in st.free:
                 slots.pop(f, None)

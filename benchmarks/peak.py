@@ -25,10 +25,10 @@ import time
 
 import numpy as np
 
-from opgraph.backends.cublas_matmul import (CUBLAS_GEMM_DEFAULT, CUDA_R_32F, GEMM_TYPES,
-                                           cublas_module)
+from opgraph.backends.cublas_matmul import GEMM_TYPES, gemm_ex_into
 
 GPU_N, CPU_N = 8192, 2048
+
 
 def _operands(cupy, n: int, precision: str, seed: int = 0):
     """Device operands ``a``, ``b`` of ``precision``'s storage type, and their
@@ -48,15 +48,9 @@ def _operands(cupy, n: int, precision: str, seed: int = 0):
 
 
 def _gemm(cupy, a, b, c, n: int, precision: str) -> None:
-    """``c = b @ a`` in row-major terms (cuBLAS is column-major: it computes
-    ``A B`` on the transposed views), fp32 output."""
-    cublas = cublas_module()
-    dtype, compute = GEMM_TYPES[precision]  # as the cublas matrix-product rules use
-    one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
-    handle = cupy.cuda.device.get_cublas_handle()
-    cublas.setPointerMode(handle, 0)  # CUBLAS_POINTER_MODE_HOST: alpha, beta are host scalars
-    cublas.gemmEx(handle, 0, 0, n, n, n, one.ctypes.data, a.data.ptr, dtype, n, b.data.ptr, dtype,
-                  n, zero.ctypes.data, c.data.ptr, CUDA_R_32F, n, compute, CUBLAS_GEMM_DEFAULT)
+    """``c = b @ a`` (row-major, ``(n, n)``), fp32 output: the call the
+    ``cublas`` matrix-product rules make."""
+    gemm_ex_into(cupy, b, a, c, precision)
 
 
 def gpu_peak(precision: str, n: int = GPU_N, repeat: int = 10) -> dict:

@@ -80,12 +80,14 @@ def ordered(doc: dict, precision: str) -> list[dict]:
     the peers."""
     models = [m["model"] for m in doc["models"]]
     res = [r for r in doc["results"] if r["precision"] == precision]
-    first: dict[tuple, int] = {}  # (model, base lowering) -> rank of its first column
+    def column(r):  # a +graph record belongs with its eager lowering
+        return r["model"], r["lowering"].removesuffix("+graph")
+
+    first: dict[tuple, int] = {}  # column -> rank of its first record
     for i, r in enumerate(res):
-        first.setdefault((r["model"], r["lowering"].removesuffix("+graph")), i)
+        first.setdefault(column(r), i)
     return sorted(res, key=lambda r: (models.index(r["model"]) if r["model"] in models else len(models),
-                                      r["kind"] != "opgraph",
-                                      first[(r["model"], r["lowering"].removesuffix("+graph"))],
+                                      r["kind"] != "opgraph", first[column(r)],
                                       r["lowering"].endswith("+graph")))
 
 

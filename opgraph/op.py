@@ -36,6 +36,9 @@ class Op:
     arity: ClassVar[tuple[int, int | None]] = (1, 1)
     #: Short builder-style name used for automatic node names.
     kind: ClassVar[str] = "op"
+    #: Made only by the fuse pass from several ops; every rule of it carries the
+    #: tag ``fused`` (``backends.registry.Rule``), so excluding ``fused`` turns fusion off.
+    fused: ClassVar[bool] = False
 
     def infer(self, *types: TensorType) -> TensorType:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -76,9 +76,5 @@ def params_kernel(fn, prefix: str = "reference", options: tuple = ()):
     return kernel
 
 
-#: Ops only the fuse pass makes: their rules carry the tag ``fused`` (excluding it turns fusion off).
-FUSED_OPS = frozenset({ops.MaxPool2dBackwardRelu})
-
 for _op_type, _fn in REFERENCE_KERNELS.items():
-    register(Rule(_op_type, "reference", params_kernel(_fn),
-                  tags={"reference"} | ({"fused"} if _op_type in FUSED_OPS else set())))
+    register(Rule(_op_type, "reference", params_kernel(_fn), tags={"reference"}))

@@ -171,6 +171,7 @@ class Conv2dBiasRelu(_ConvOp):
 
     arity: ClassVar = (3, 3)
     kind: ClassVar[str] = "conv2d_bias_relu"
+    fused: ClassVar[bool] = True
 
     def infer(self, x, w, b):
         return Conv2d(**self.conv_params()).infer(x, w, b)

@@ -128,6 +128,7 @@ class MaxPool2dBackwardRelu(_PoolOp):
 
     arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "max_pool2d_backward_relu"
+    fused: ClassVar[bool] = True
 
     def infer(self, x, gy):
         return MaxPool2dBackward(**self.pool_params()).infer(x, gy)

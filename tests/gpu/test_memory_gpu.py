@@ -24,10 +24,9 @@ def test_allocated_peak_lies_between_the_live_buffers_and_the_reserved_pool(cp):
     _, info = memory.run_and_measure(exe, feeds, "cuda")
     # every live buffer of the run came from the pool during it; the pool holds at least what it lent
     assert info["live_peak_bytes"] <= info["allocated_peak_bytes"] <= info["pool_peak_bytes"]
-    big = cp.empty(64 << 20, dtype=cp.uint8)  # outside a run: not counted, and the hook is gone
+    big = cp.empty(64 << 20, dtype=cp.uint8)  # allocated before counting began
     counter = memory.AllocationCounter()
     with memory.counting_hook(counter):
         extra = cp.empty(3 << 20, dtype=cp.uint8)
-        del extra
-    assert counter.peak >= 3 << 20 and counter.in_use == 0
-    del big
+        del extra, big  # big's free is ignored: it was never counted
+    assert 3 << 20 <= counter.peak < 64 << 20 and counter.in_use == 0

@@ -12,7 +12,7 @@ array module ``xp``::
 the function with ``**op.params()`` (the op's fields are exactly these keyword
 names) plus ``**ctx.options`` (the implementation's own choices, e.g. a Winograd
 ``tile``), and, for ``Conv2d`` with a third input, adds the bias
-(``y += b.reshape(1, -1, 1, 1)``). float16 arrays are computed in float32 and
+(``y += b.reshape(1, -1, 1, 1)``). float16 and bfloat16 arrays are computed in float32 and
 the result cast back (SEMANTICS.md: half storage accumulates in fp32).
 
 Registered at import (the names are the policy's algorithm names):
@@ -37,6 +37,7 @@ import functools
 import numpy as np
 
 from opgraph.ops.conv import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, Conv2dBiasRelu
+from opgraph.types import HALF_DTYPES
 
 from . import fft, gemm, winograd
 from .reference import conv as direct
@@ -51,15 +52,16 @@ OP_TYPES = {
 
 
 def _half_safe(fn):
-    """Run ``fn`` in float32 when any array is float16, casting the result back."""
+    """Run ``fn`` in float32 when any array is float16 or bfloat16, casting the
+    result back to the first such array's dtype."""
 
     @functools.wraps(fn)
     def run(xp, *arrays, **kwargs):
-        half = [a.dtype == np.float16 for a in arrays]
-        if not any(half):
+        half = [a.dtype for a in arrays if a.dtype.name in HALF_DTYPES]
+        if not half:
             return fn(xp, *arrays, **kwargs)
         out = fn(xp, *[a.astype(np.float32) for a in arrays], **kwargs)
-        return out.astype(np.float16)
+        return out.astype(half[0])
 
     return run
 
@@ -90,7 +92,7 @@ def _backward_kernel(name, fn, what):
 
 
 def register_conv_algorithm(name, forward, backward_data, backward_filter, *, check, devices,
-                            variants=None, workspace=None, tags=()) -> dict[str, Rule]:
+                            variants=None, workspace=None, tags=(), fresh_output=True) -> dict[str, Rule]:
     """Register ``name`` as a lowering of the three convolution ops.
 
     Args:
@@ -107,6 +109,10 @@ def register_conv_algorithm(name, forward, backward_data, backward_filter, *, ch
         workspace: optional ``workspace(direction, op, in_types, options) -> int``
             scratch bytes of one call; default 0.
         tags: policy tags (include/exclude) of all three rules.
+        fresh_output: the functions return a new array, never a view of an
+            input (``Rule.fresh_output``: the memory pass may then let an
+            element-wise step overwrite it); a convolution computes a new
+            array, so True unless a function says otherwise.
 
     Returns:
         The three registered rules, by direction. Registering a name again
@@ -120,7 +126,7 @@ def register_conv_algorithm(name, forward, backward_data, backward_filter, *, ch
         else:
             kernel = _backward_kernel(name, fns[direction], direction[len("backward_"):])
         fields = dict(devices=devices, check=functools.partial(check, direction),
-                      tags=frozenset(tags) | {"conv", name})
+                      tags=frozenset(tags) | {"conv", name}, fresh_output=fresh_output)
         if variants is not None:
             fields["variants"] = functools.partial(variants, direction)
         if workspace is not None:

@@ -22,22 +22,140 @@ the LRN kernels read a 4-D tensor through explicit element strides, so
 channels-last input costs no transpose. Index arithmetic is 64-bit (``long
 long``). float16 LRN computes in float32 (SEMANTICS.md: half accumulates in
 fp32); the column sums read float16 directly and accumulate in float32.
+
+bfloat16 (``ml_dtypes.bfloat16``, dtype name ``'bfloat16'``) is taken by every
+kernel here and returned in the same dtype and layout, computed in float32
+with the load and store inside the kernel (no cast pass over the tensor): the
+kernel gets the array's uint16 bit pattern (:func:`bits`, a view), loads an
+element as ``__uint_as_float(bits << 16)`` (exact) and stores a float32 result
+rounded to nearest even (NaN kept a quiet NaN, overflow to inf), as
+:func:`float_to_bf16_bits` does; the ``LD``/``ST``/``CT`` macros of
+:func:`storage_preamble` say how, per storage type (the identity for the
+other dtypes, whose kernels compile to what they were). So comparisons (ReLU
+and threshold masks, NaN tests) are those of float32 on the bf16 values, and
+an output that is an input element (ReLU, the selects) is that element's bits.
+In-kernel for bfloat16: ReLU and threshold (fwd/bwd), the column sums and the
+NCHW bias gradient (:func:`row_sums` then the column kernel: float32
+partials), LRN fwd/bwd (float32 intermediates). Only ``bias_add_backward(...,
+method='gemv')`` on channels-last bfloat16 converts to float32 first (a cuBLAS
+product; an autotune variant).
 Kernels compile on first use (NVRTC) and are cached by CuPy (element-wise
-kernels) or here, per dtype (the column-sum module).
+kernels) or here, per dtype (the column-sum and row-sum modules).
 """
 
 from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from opgraph.errors import ParameterError, ShapeError
 from opgraph.types import is_channels_last
 
 
 @functools.lru_cache(maxsize=None)
-def _ew(name: str, in_params: str, out_params: str, code: str):
+def _ew(name: str, in_params: str, out_params: str, code: str, preamble: str = ""):
     import cupy
-    return cupy.ElementwiseKernel(in_params, out_params, code, f"opgraph_{name}")
+    return cupy.ElementwiseKernel(in_params, out_params, code, f"opgraph_{name}", preamble=preamble)
+
+
+# ------------------------------------------------------------------ storage types
+
+#: numpy dtype name of bfloat16 (``ml_dtypes.bfloat16``): stored as 16 bits,
+#: computed in float32 inside our kernels (module docstring).
+BF16 = "bfloat16"
+
+#: Device functions of bfloat16 storage: bits -> float32 (exact: the bits are
+#: float32's upper half) and float32 -> bits rounded to nearest even, a NaN
+#: kept a quiet NaN (sign and top payload bits kept), overflow to inf.
+BF16_DEVICE = r"""
+__device__ __forceinline__ float opgraph_bf16_load(unsigned short b) {
+    return __uint_as_float(((unsigned int)b) << 16);
+}
+__device__ __forceinline__ unsigned short opgraph_bf16_bits(float f) {
+    const unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+"""
+
+_BF16_MACROS = BF16_DEVICE + ("#define CT float\n#define LD(e) opgraph_bf16_load(e)\n"
+                              "#define ST(e, v) ((e) = opgraph_bf16_bits(v))\n")
+_PLAIN_MACROS = "#define CT T\n#define LD(e) (e)\n#define ST(e, v) ((e) = (v))\n"
+
+
+def dtype_name(dtype) -> str:
+    """numpy's name of ``dtype`` (a dtype, a scalar type or a name): ``'bfloat16'``,
+    ``'float32'``... (the name ``'bfloat16'`` is returned as is: NumPy knows it
+    only once ml_dtypes is imported)."""
+    return BF16 if isinstance(dtype, str) and dtype == BF16 else np.dtype(dtype).name
+
+
+def storage_preamble(storage: str) -> str:
+    """CUDA preamble of an element-wise kernel whose ``T`` arrays hold ``storage``
+    (a numpy dtype name, as the caller's array had it before :func:`bits`).
+
+    Defines ``CT`` (the compute type), ``LD(e)`` (an element of a ``T`` array
+    as CT) and ``ST(e, v)`` (store the CT value ``v`` into element ``e``).
+    bfloat16: T is ``unsigned short`` (the bits), CT ``float``, LD/ST the
+    conversions of :data:`BF16_DEVICE`. Any other storage: CT is T and LD/ST
+    the identity, so a kernel compiles to what it did without the macros.
+    ``T``-typed constants such as ``(T)0`` stay bit patterns (0 is +0.0 in
+    every storage)."""
+    return _BF16_MACROS if storage == BF16 else _PLAIN_MACROS
+
+
+def kernel_tag(storage: str) -> str:
+    """Suffix of a kernel's name per storage: ``'_bf16'`` for bfloat16, else ``''``
+    (the float kernels keep their names)."""
+    return "_bf16" if storage == BF16 else ""
+
+
+def is_bf16(a) -> bool:
+    """Whether array ``a`` holds bfloat16."""
+    return dtype_name(a.dtype) == BF16
+
+
+def bits(xp, a):
+    """``a`` as our kernels take it: a bfloat16 array as its uint16 bit pattern
+    (a view: same shape and strides, so layout checks still hold), any other
+    array unchanged. CuPy copies, transposes and allocates uint16 arrays; it
+    may not compute on bfloat16 ones, so bfloat16 data stays in this form until
+    :func:`unbits`."""
+    return a.view(xp.uint16) if is_bf16(a) else a
+
+
+def unbits(a, dtype):
+    """A result held as ``bits`` (:func:`bits`) back in ``dtype``: a view for
+    bfloat16, ``a`` itself otherwise."""
+    return a.view(dtype) if dtype_name(dtype) == BF16 else a
+
+
+def zeros(xp, shape, dtype):
+    """``zeros(shape, dtype)``; bfloat16 allocated as uint16 zeros (+0.0) and viewed."""
+    if dtype_name(dtype) == BF16:
+        return xp.zeros(shape, dtype=xp.uint16).view(dtype)
+    return xp.zeros(shape, dtype=dtype)
+
+
+def copy(xp, a):
+    """A copy of ``a`` in its dtype and layout (bfloat16 copied as its bits)."""
+    return unbits(bits(xp, a).copy(), a.dtype)
+
+
+def like(xp, a, dtype):
+    """``a`` as a kernel whose storage is ``dtype`` takes it (:func:`bits` form):
+    a view when a already has that dtype, else converted (a pass over a;
+    bfloat16 through :func:`float_to_bf16_bits` / :func:`bf16_bits_to_float`).
+    For mixed-dtype calls (an op's two float operands in different dtypes)."""
+    want, have = dtype_name(dtype), dtype_name(a.dtype)
+    if have == want:
+        return bits(xp, a)
+    if have == BF16:
+        a = bf16_bits_to_float(xp, bits(xp, a))
+    if want == BF16:
+        return float_to_bf16_bits(xp, a.astype(xp.float32, copy=False))
+    return a.astype(dtype, copy=False)
 
 
 def _zero(xp, a):
@@ -64,36 +182,72 @@ def _memory_order(*arrays):
 
 # The zero is a literal, not a 0-d array argument: a broadcast operand can
 # keep CuPy off its flat contiguous indexing path.
-def relu(xp, x):
-    """``max(x, 0)``, NaN propagating; any shape and float dtype, layout kept."""
-    k = _ew("relu", "T x", "T y", "y = (x > (T)0 || x != x) ? x : (T)0")
-    (xm,), back = _memory_order(x)
-    return back(k(xm, xp.empty_like(xm)))
+#: Bodies of the ReLU / threshold kernels. Only ``x`` (storage T) is loaded
+#: (LD); an output is an input element or a constant, copied as stored -- for
+#: bfloat16 its bits, ``(T)0`` / ``(G)0`` being +0.0 -- so nothing is rounded.
+RELU_BODY = "y = (LD(x) > (CT)0 || LD(x) != LD(x)) ? x : (T)0"
+RELU_BWD_BODY = "gx = (LD(x) > (CT)0) ? gy : (G)0"
+THRESHOLD_BODY = "y = (LD(x) <= LD(t)) ? v : x"
+THRESHOLD_BWD_BODY = "gx = (LD(x) > LD(t)) ? gy : z"
 
 
-def relu_backward(xp, x, gy):
-    """``gy`` where ``x > 0``, else 0 (gradient 0 at exactly 0 and at NaN)."""
+def relu(xp, x, *, out=None):
+    """``max(x, 0)``, NaN propagating; any shape and float dtype (bfloat16
+    included: compared in float32, stored bits copied), layout kept. Into
+    ``out`` if given (x itself for an in-place step), which is returned."""
+    dt = dtype_name(x.dtype)
+    k = _ew("relu" + kernel_tag(dt), "T x", "T y", RELU_BODY, storage_preamble(dt))
+    if out is not None:
+        (xm, om), _ = _memory_order(bits(xp, x), bits(xp, out))
+        k(xm, om)
+        return out
+    (xm,), back = _memory_order(bits(xp, x))
+    return unbits(back(k(xm, xp.empty_like(xm))), x.dtype)
+
+
+def relu_backward(xp, x, gy, *, out=None):
+    """``gy`` where ``x > 0``, else 0 (gradient 0 at exactly 0 and at NaN);
+    gy's dtype (bfloat16: x compared in float32, gy's bits copied). Into
+    ``out`` if given (gy itself for an in-place step), which is returned."""
     _same("relu_backward", x, gy)
-    k = _ew("relu_bwd", "T x, G gy", "G gx", "gx = (x > (T)0) ? gy : (G)0")
-    (xm, gm), back = _memory_order(x, gy)
-    return back(k(xm, gm, xp.empty_like(gm)))
+    dt = dtype_name(x.dtype)
+    k = _ew("relu_bwd" + kernel_tag(dt), "T x, G gy", "G gx", RELU_BWD_BODY, storage_preamble(dt))
+    if out is not None:
+        (xm, gm, om), _ = _memory_order(bits(xp, x), bits(xp, gy), bits(xp, out))
+        k(xm, gm, om)
+        return out
+    (xm, gm), back = _memory_order(bits(xp, x), bits(xp, gy))
+    return unbits(back(k(xm, gm, xp.empty_like(gm))), gy.dtype)
+
+
+def _constant(xp, value, dtype):
+    """0-d array of ``value`` rounded to ``dtype``, in kernel storage (bfloat16:
+    its bits, rounded on the host by ml_dtypes, nearest even)."""
+    if dtype_name(dtype) == BF16:
+        return xp.asarray(np.asarray(value, dtype=dtype).view(np.uint16))
+    return xp.asarray(value, dtype=dtype)
 
 
 def threshold(xp, x, *, threshold, value):
     """``x if x > threshold else value``; a NaN input propagates. The two
-    constants are rounded to x's dtype first, as NumPy compares."""
-    k = _ew("threshold", "T x, T t, T v", "T y", "y = (x <= t) ? v : x")
-    (xm,), back = _memory_order(x)
-    return back(k(xm, xp.asarray(threshold, dtype=x.dtype), xp.asarray(value, dtype=x.dtype),
-                  xp.empty_like(xm)))
+    constants are rounded to x's dtype first, as NumPy compares (bfloat16:
+    compared in float32 on the rounded values)."""
+    dt = dtype_name(x.dtype)
+    k = _ew("threshold" + kernel_tag(dt), "T x, T t, T v", "T y", THRESHOLD_BODY, storage_preamble(dt))
+    (xm,), back = _memory_order(bits(xp, x))
+    return unbits(back(k(xm, _constant(xp, threshold, x.dtype), _constant(xp, value, x.dtype),
+                         xp.empty_like(xm))), x.dtype)
 
 
 def threshold_backward(xp, x, gy, *, threshold):
-    """``gy`` where ``x > threshold``, else 0."""
+    """``gy`` where ``x > threshold``, else 0; gy's dtype."""
     _same("threshold_backward", x, gy)
-    k = _ew("threshold_bwd", "T x, T t, G gy, G z", "G gx", "gx = (x > t) ? gy : z")
-    (xm, gm), back = _memory_order(x, gy)
-    return back(k(xm, xp.asarray(threshold, dtype=x.dtype), gm, _zero(xp, gy), xp.empty_like(gm)))
+    dt = dtype_name(x.dtype)
+    k = _ew("threshold_bwd" + kernel_tag(dt), "T x, T t, G gy, G z", "G gx", THRESHOLD_BWD_BODY,
+            storage_preamble(dt))
+    (xm, gm), back = _memory_order(bits(xp, x), bits(xp, gy))
+    return unbits(back(k(xm, _constant(xp, threshold, x.dtype), gm, _zero(xp, gm), xp.empty_like(gm))),
+                  gy.dtype)
 
 
 #: NCHW bias gradients smaller than this (elements) use a CuPy sum: measured
@@ -120,11 +274,20 @@ COLSUM_MIN_ROWS = 64
 #: numpy dtype name -> (storage type, accumulator type) in the CUDA source.
 #: float16 is stored as its bit pattern (``unsigned short``) and converted by
 #: PTX ``cvt``, as ``__half2float``/``__float2half`` do, so the source needs no
-#: ``cuda_fp16.h`` (which NVRTC does not always find).
-_COLSUM_TYPES = {"float16": ("unsigned short", "float"), "float32": ("float", "float"),
-                 "float64": ("double", "double")}
+#: ``cuda_fp16.h`` (which NVRTC does not always find). bfloat16 is its bit
+#: pattern too, typed ``opgraph_bf16`` (a struct of the 16 bits, so that its
+#: overloads differ from float16's) and converted by :data:`BF16_DEVICE`.
+_COLSUM_TYPES = {"float16": ("unsigned short", "float"), "bfloat16": ("opgraph_bf16", "float"),
+                 "float32": ("float", "float"), "float64": ("double", "double")}
 
-_COLSUM_HELPERS = r"""
+#: The bfloat16 overloads of the column / row kernels' load and store.
+COLSUM_BF16_HELPERS = BF16_DEVICE + r"""
+struct opgraph_bf16 { unsigned short bits; };
+__device__ __forceinline__ float opgraph_load(opgraph_bf16 b) { return opgraph_bf16_load(b.bits); }
+__device__ __forceinline__ void opgraph_store(opgraph_bf16* p, float v) { p->bits = opgraph_bf16_bits(v); }
+"""
+
+_COLSUM_HELPERS = COLSUM_BF16_HELPERS + r"""
 __device__ __forceinline__ float opgraph_load(unsigned short h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -173,7 +336,7 @@ extern "C" __global__ void opgraph_colsum_NAME(const IN_T* __restrict__ src, OUT
 
 def colsum_source(dtype: str) -> str:
     """CUDA source of the column-sum kernels for ``dtype`` (``'float16'``,
-    ``'float32'`` or ``'float64'``): ``opgraph_colsum_part`` (dtype -> the
+    ``'bfloat16'``, ``'float32'`` or ``'float64'``): ``opgraph_colsum_part`` (dtype -> the
     accumulator type: pass 1), ``opgraph_colsum_final`` (accumulator -> dtype:
     pass 2) and ``opgraph_colsum_direct`` (dtype -> dtype: a single pass), each
     ``(src, dst, long long M, long long C, long long rows_per_block)``.
@@ -191,6 +354,61 @@ def _colsum_kernels(dtype: str) -> dict:
     import cupy
     module = cupy.RawModule(code=colsum_source(dtype))
     return {name: module.get_function(f"opgraph_colsum_{name}") for name in ("part", "final", "direct")}
+
+
+#: Geometry of :func:`row_sums`: a block of (32, 8) threads, one warp per row.
+ROWSUM_BLOCK = (32, 8)
+
+# Warp ty of block b sums row r = b*8 + ty of the C-contiguous (rows, L) matrix
+# src: lane tx adds elements tx, tx+32, ... (a warp reads 32 adjacent
+# elements), then the 32 lane sums fold in a fixed tree (shuffles 16, 8, 4,
+# 2, 1: deterministic), and lane 0 writes dst[r] in the accumulator type. A
+# warp past the last row leaves as a whole, so every shuffle sees full warps.
+_ROWSUM_KERNEL = r"""
+extern "C" __global__ void opgraph_rowsum(const IN_T* __restrict__ src, ACC* __restrict__ dst,
+                                          const long long rows, const long long L) {
+    const long long r = (long long)blockIdx.x * 8 + threadIdx.y;
+    if (r >= rows) return;
+    const IN_T* row = src + r * L;
+    ACC s = 0;
+    for (long long j = threadIdx.x; j < L; j += 32) s += opgraph_load(row[j]);
+    for (int k = 16; k > 0; k >>= 1) s += __shfl_down_sync(0xffffffffu, s, k);
+    if (threadIdx.x == 0) dst[r] = s;
+}
+"""
+
+
+def rowsum_source(dtype: str) -> str:
+    """CUDA source of ``opgraph_rowsum(src, dst, long long rows, long long L)``
+    for ``dtype`` (as :func:`colsum_source`): the sums of the rows of a
+    C-contiguous ``(rows, L)`` matrix of ``dtype``, in the accumulator type."""
+    store, acc = _COLSUM_TYPES[dtype]
+    return f"typedef {acc} ACC;\n" + _COLSUM_HELPERS + _ROWSUM_KERNEL.replace("IN_T", store)
+
+
+@functools.lru_cache(maxsize=None)
+def _rowsum_kernel(dtype: str):
+    """The compiled :func:`rowsum_source` kernel for ``dtype`` (built on first use)."""
+    import cupy
+    return cupy.RawModule(code=rowsum_source(dtype)).get_function("opgraph_rowsum")
+
+
+def row_sums(xp, a):
+    """Sums of the rows of a C-contiguous 2-D ``(R, L)`` array (float16,
+    bfloat16, float32 or float64), ``L >= 1``: shape ``(R,)`` in the
+    accumulator type (float32 for float16/bfloat16, else a's dtype), one warp
+    per row (coalesced along L), deterministic. The first pass of the NCHW
+    bfloat16 bias gradient. Raises ShapeError for another rank, dtype or an
+    ``R*L == 0`` matrix."""
+    dtype = dtype_name(a.dtype)
+    if a.ndim != 2 or dtype not in _COLSUM_TYPES or a.size == 0:
+        raise ShapeError(f"row_sums: a must be a non-empty 2-D float array, got {a.shape} {dtype}")
+    rows, length = a.shape
+    src = xp.ascontiguousarray(bits(xp, a))
+    out = xp.empty(rows, dtype=xp.float32 if dtype in ("float16", BF16) else a.dtype)
+    _rowsum_kernel(dtype)((-(-rows // ROWSUM_BLOCK[1]),), ROWSUM_BLOCK,
+                          (src, out, xp.int64(rows), xp.int64(length)))
+    return out
 
 
 def colsum_grid(m: int, c: int) -> tuple[int, int]:
@@ -212,8 +430,9 @@ def colsum_grid(m: int, c: int) -> tuple[int, int]:
 
 def column_sums(xp, a):
     """Column sums of a 2-D ``(M, C)`` array: shape ``(C,)``, a's dtype
-    (float16, float32 or float64; float16 accumulates in float32, float64 in
-    float64, float32 in float32).
+    (float16, bfloat16, float32 or float64; float16 and bfloat16 accumulate in
+    float32 and round once to nearest even, float64 in float64, float32 in
+    float32).
 
     Our kernel in two passes (deterministic, no atomics, no cuBLAS: capturable
     into a CUDA graph): pass 1 writes an ``(R, C)`` matrix of partial sums in
@@ -224,29 +443,29 @@ def column_sums(xp, a):
     """
     if a.ndim != 2:
         raise ShapeError(f"column_sums: a must be 2-D (M, C), got shape {a.shape}")
-    dtype = str(a.dtype)
+    dtype = dtype_name(a.dtype)
     if dtype not in _COLSUM_TYPES:
         raise ShapeError(f"column_sums: dtype {dtype} is not one of {', '.join(_COLSUM_TYPES)}")
     m, c = a.shape
     if a.size == 0:
-        return xp.zeros(c, dtype=a.dtype)
-    a = xp.ascontiguousarray(a)
+        return zeros(xp, c, a.dtype)
+    src = xp.ascontiguousarray(bits(xp, a))  # bfloat16: its bits (the kernel's opgraph_bf16)
     kernels = _colsum_kernels(dtype)
     r, rows_per_block = colsum_grid(m, c)
     tiles = -(-c // COLSUM_BLOCK[0])
-    out = xp.empty(c, dtype=a.dtype)
+    out = xp.empty(c, dtype=src.dtype)
     if r == 1:
-        kernels["direct"]((tiles, 1), COLSUM_BLOCK, (a, out, xp.int64(m), xp.int64(c), xp.int64(m)))
-        return out
-    part = xp.empty((r, c), dtype=xp.float32 if dtype == "float16" else a.dtype)
-    kernels["part"]((tiles, r), COLSUM_BLOCK, (a, part, xp.int64(m), xp.int64(c), xp.int64(rows_per_block)))
+        kernels["direct"]((tiles, 1), COLSUM_BLOCK, (src, out, xp.int64(m), xp.int64(c), xp.int64(m)))
+        return unbits(out, a.dtype)
+    part = xp.empty((r, c), dtype=xp.float32 if dtype in ("float16", BF16) else a.dtype)
+    kernels["part"]((tiles, r), COLSUM_BLOCK, (src, part, xp.int64(m), xp.int64(c), xp.int64(rows_per_block)))
     kernels["final"]((tiles, 1), COLSUM_BLOCK, (part, out, xp.int64(r), xp.int64(c), xp.int64(r)))
-    return out
+    return unbits(out, a.dtype)
 
 
 def bias_add_backward(xp, gy, *, method="columns"):
     """Sum of ``gy`` over every axis but 1: (N, C, ...) -> (C,), gy's dtype;
-    float16 accumulates in float32.
+    float16 and bfloat16 accumulate in float32.
 
     Channels-last 4-D gy is an ``(N*H*W, C)`` matrix (a view, no copy):
     ``method='columns'`` (default) sums its columns with our two-pass kernel
@@ -263,6 +482,14 @@ def bias_add_backward(xp, gy, *, method="columns"):
     (channels-last); the NCHW variants were the fastest measured on the
     winners' shapes (``scripts/gpu_kernel_bench.py``, docs/performance.md).
 
+    bfloat16 (CuPy neither sums nor multiplies it): channels-last as above
+    (``'gemv'`` converts to float32 first); any other layout runs our kernels
+    on the bits, two deterministic passes with no cast pass: :func:`row_sums`
+    of the ``(N*C, prod(spatial))`` rows into float32, then the column kernel's
+    float32 -> bfloat16 pass (``opgraph_colsum_final``) over the ``(N, C)``
+    partials; gy with no spatial extent is an ``(N, C)`` matrix for
+    :func:`column_sums`.
+
     Raises ParameterError for a ``method`` not in :data:`BIAS_GRAD_METHODS`,
     ShapeError when gy has fewer than 2 dims.
     """
@@ -271,21 +498,39 @@ def bias_add_backward(xp, gy, *, method="columns"):
     if gy.ndim < 2:
         raise ShapeError(f"bias_add_backward: gy must have a channel axis, got shape {gy.shape}")
     n, c = gy.shape[:2]
-    acc = xp.float32 if gy.dtype == xp.float16 else gy.dtype
+    bf16 = is_bf16(gy)
+    acc = xp.float32 if gy.dtype == xp.float16 or bf16 else gy.dtype
     if gy.size == 0:  # a product over an empty axis is not guaranteed to write its output
-        return xp.zeros(c, dtype=gy.dtype)
+        return zeros(xp, c, gy.dtype)
     if is_channels_last(gy):
         rows = gy.transpose(0, 2, 3, 1).reshape(-1, c)  # (N*H*W, C), a view
         if method == "columns":
             return column_sums(xp, rows)
-        rows = rows.astype(acc, copy=False)
+        rows = like(xp, rows, xp.float32) if bf16 else rows.astype(acc, copy=False)
         out = xp.ones(rows.shape[0], dtype=acc) @ rows
+    elif bf16:
+        return _bias_grad_bf16(xp, gy)
     elif gy.size < BIAS_GRAD_SUM_BELOW:
         out = gy.sum(axis=(0, *range(2, gy.ndim)), dtype=acc)
     else:
         g = xp.ascontiguousarray(gy).reshape(n * c, -1).astype(acc, copy=False)  # (N*C, HW)
         out = xp.ones(n, dtype=acc) @ (g @ xp.ones(g.shape[1], dtype=acc)).reshape(n, c)
+    if bf16:
+        return float_to_bf16_bits(xp, out).view(gy.dtype)
     return out.astype(gy.dtype, copy=False)
+
+
+def _bias_grad_bf16(xp, gy):
+    """Non-channels-last bfloat16 ``bias_add_backward`` (its docstring), gy non-empty."""
+    n, c = gy.shape[:2]
+    g = xp.ascontiguousarray(bits(xp, gy)).reshape(n * c, -1)  # (N*C, L) bits
+    if g.shape[1] == 1:
+        return column_sums(xp, g.reshape(n, c).view(gy.dtype))
+    part = row_sums(xp, g.view(gy.dtype))  # (N*C,) float32: row n*C + ch
+    out = xp.empty(c, dtype=xp.uint16)
+    _colsum_kernels(BF16)["final"]((-(-c // COLSUM_BLOCK[0]), 1), COLSUM_BLOCK,
+                                   (part, out, xp.int64(n), xp.int64(c), xp.int64(n)))
+    return out.view(gy.dtype)
 
 
 # ------------------------------------------------------------------ bfloat16 bits
@@ -293,16 +538,13 @@ def bias_add_backward(xp, gy, *, method="columns"):
 def float_to_bf16_bits(xp, x):
     """float32 -> bfloat16, round to nearest even, as uint16 bit patterns
     (NaN stays a quiet NaN, overflow rounds to inf). Layout kept."""
-    k = _ew("f32_to_bf16", "float32 x", "uint16 y", """
-        unsigned int u = __float_as_uint(x);
-        if ((u & 0x7fffffffu) > 0x7f800000u) y = (unsigned short)((u >> 16) | 0x40u);
-        else y = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);""")
+    k = _ew("f32_to_bf16", "float32 x", "uint16 y", "y = opgraph_bf16_bits(x)", BF16_DEVICE)
     return k(x, xp.empty_like(x, dtype=xp.uint16))
 
 
 def bf16_bits_to_float(xp, bits):
     """bfloat16 bit patterns (uint16) -> float32 (exact). Layout kept."""
-    k = _ew("bf16_to_f32", "uint16 x", "float32 y", "y = __uint_as_float(((unsigned int)x) << 16)")
+    k = _ew("bf16_to_f32", "uint16 x", "float32 y", "y = opgraph_bf16_load(x)", BF16_DEVICE)
     return k(bits, xp.empty_like(bits, dtype=xp.float32))
 
 
@@ -335,27 +577,30 @@ _CHANNEL = """
     const long long hi = (c + after < C - 1 ? c + after : C - 1) - c;
 """
 
+# x, y, gy, gx are T arrays (loaded / stored through LD / ST, computed in
+# CT: storage_preamble); the backward's intermediates dp, tt are A arrays,
+# held in CT (float32 for bfloat16, T otherwise).
 _LRN_FWD = _CHANNEL + """
-    T s = 0;
-    for (long long j = lo; j <= hi; ++j) { const T v = x[t + j * sc]; s += v * v; }
-    const T d = (T)kk + (T)(alpha / nsize) * s;
-    y[t] = x[t] * pow(d, (T)(-beta));
+    CT s = 0;
+    for (long long j = lo; j <= hi; ++j) { const CT v = LD(x[t + j * sc]); s += v * v; }
+    const CT d = (CT)kk + (CT)(alpha / nsize) * s;
+    ST(y[t], LD(x[t]) * pow(d, (CT)(-beta)));
 """
 
 _LRN_BWD1 = _CHANNEL + """
-    T s = 0;
-    for (long long j = lo; j <= hi; ++j) { const T v = x[t + j * sc]; s += v * v; }
-    const T d = (T)kk + (T)(alpha / nsize) * s;
-    const T p = pow(d, (T)(-beta));
+    CT s = 0;
+    for (long long j = lo; j <= hi; ++j) { const CT v = LD(x[t + j * sc]); s += v * v; }
+    const CT d = (CT)kk + (CT)(alpha / nsize) * s;
+    const CT p = pow(d, (CT)(-beta));
     dp[t] = p;
-    tt[t] = gy[t] * x[t] * p / d;
+    tt[t] = LD(gy[t]) * LD(x[t]) * p / d;
 """
 
 # The transposed window: j is in W(c) iff c is in j - after .. j + before.
 _LRN_BWD2 = _CHANNEL.replace("c - before", "c - after").replace("c + after", "c + before") + """
-    T s = 0;
+    CT s = 0;
     for (long long j = lo; j <= hi; ++j) s += tt[t + j * sc];
-    gx[t] = gy[t] * dp[t] - (T)(2.0 * alpha * beta / nsize) * x[t] * s;
+    ST(gx[t], LD(gy[t]) * dp[t] - (CT)(2.0 * alpha * beta / nsize) * LD(x[t]) * s);
 """
 
 _LRN_PARAMS = ("int64 C, int64 inner, bool cl, int64 before, int64 after, float64 alpha, "
@@ -370,15 +615,24 @@ def _lrn_check(x, size):
 
 
 def _lrn_setup(xp, x, size, k):
-    """Physical buffer in the compute dtype, and the kernel's scalar params."""
-    buf, cl = physical(xp, x)
-    dt = xp.float32 if x.dtype == xp.float16 else x.dtype
-    buf = buf.astype(dt, copy=False)
+    """Physical buffer in kernel storage (float16 converted to float32,
+    bfloat16 as its bits), the storage's dtype name, and the kernel's scalar
+    params."""
+    buf, cl = physical(xp, bits(xp, x))
+    storage = BF16 if is_bf16(x) else ("float32" if x.dtype == xp.float16 else dtype_name(x.dtype))
+    if storage != BF16:
+        buf = buf.astype(storage, copy=False)
     size = int(size)
     inner = 1
     for n in x.shape[2:]:
         inner *= int(n)
-    return buf, cl, dt, (x.shape[1], inner, cl, (size - 1) // 2, size // 2), float(k), size
+    return buf, cl, storage, (x.shape[1], inner, cl, (size - 1) // 2, size // 2), float(k), size
+
+
+def _lrn_result(xp, buf, cl, dtype):
+    """A kernel's output buffer as the caller's ``dtype`` in x's layout."""
+    out = logical(buf, cl)
+    return unbits(out, dtype) if dtype_name(dtype) == BF16 else out.astype(dtype, copy=False)
 
 
 def local_response_norm(xp, x, *, size, alpha, beta, k):
@@ -389,12 +643,13 @@ def local_response_norm(xp, x, *, size, alpha, beta, k):
     """
     _lrn_check(x, size)
     if x.size == 0:
-        return x.copy()
-    buf, cl, dt, geo, kk, size = _lrn_setup(xp, x, size, k)
-    kern = _ew("lrn_fwd", "raw T x, " + _LRN_PARAMS, "raw T y", _LRN_FWD)
+        return copy(xp, x)
+    buf, cl, storage, geo, kk, size = _lrn_setup(xp, x, size, k)
+    kern = _ew("lrn_fwd" + kernel_tag(storage), "raw T x, " + _LRN_PARAMS, "raw T y", _LRN_FWD,
+               storage_preamble(storage))
     y = xp.empty_like(buf)
     kern(buf.ravel(), *geo, float(alpha), float(beta), kk, float(size), y.ravel(), size=buf.size)
-    return logical(y, cl).astype(x.dtype, copy=False)
+    return _lrn_result(xp, y, cl, x.dtype)
 
 
 def local_response_norm_backward(xp, x, gy, *, size, alpha, beta, k):
@@ -402,25 +657,30 @@ def local_response_norm_backward(xp, x, gy, *, size, alpha, beta, k):
     ``gx_j = gy_j d_j^-beta - 2 alpha beta/size x_j sum_{c: j in W(c)} gy_c x_c d_c^(-beta-1)``.
 
     Two passes: per cell ``d^-beta`` and ``gy x d^(-beta-1)``, then the
-    transposed window sum. Returns x's shape, dtype and layout.
+    transposed window sum (intermediates in float32 for bfloat16). Returns x's
+    shape, dtype and layout.
     """
     _lrn_check(x, size)
     _same("local_response_norm_backward", x, gy)
     if x.size == 0:
-        return gy.copy()
-    buf, cl, dt, geo, kk, size = _lrn_setup(xp, x, size, k)
-    g = in_layout(xp, gy, cl).astype(dt, copy=False)
-    dp, tt, gx = xp.empty_like(buf), xp.empty_like(buf), xp.empty_like(buf)
-    k1 = _ew("lrn_bwd1", "raw T x, raw T gy, " + _LRN_PARAMS, "raw T dp, raw T tt", _LRN_BWD1)
+        return copy(xp, gy)
+    buf, cl, storage, geo, kk, size = _lrn_setup(xp, x, size, k)
+    g = in_layout(xp, like(xp, gy, storage), cl)
+    mid = xp.float32 if storage == BF16 else buf.dtype
+    dp, tt, gx = xp.empty_like(buf, dtype=mid), xp.empty_like(buf, dtype=mid), xp.empty_like(buf)
+    pre, tag = storage_preamble(storage), kernel_tag(storage)
+    k1 = _ew("lrn_bwd1" + tag, "raw T x, raw T gy, " + _LRN_PARAMS, "raw A dp, raw A tt", _LRN_BWD1, pre)
     k1(buf.ravel(), g.ravel(), *geo, float(alpha), float(beta), kk, float(size), dp.ravel(), tt.ravel(),
        size=buf.size)
-    k2 = _ew("lrn_bwd2", "raw T x, raw T gy, raw T dp, raw T tt, " + _LRN_PARAMS, "raw T gx", _LRN_BWD2)
+    k2 = _ew("lrn_bwd2" + tag, "raw T x, raw T gy, raw A dp, raw A tt, " + _LRN_PARAMS, "raw T gx",
+             _LRN_BWD2, pre)
     k2(buf.ravel(), g.ravel(), dp.ravel(), tt.ravel(), *geo, float(alpha), float(beta), kk, float(size),
        gx.ravel(), size=buf.size)
-    return logical(gx, cl).astype(x.dtype, copy=False)
+    return _lrn_result(xp, gx, cl, x.dtype)
 
 
-__all__ = ["relu", "relu_backward", "threshold", "threshold_backward", "bias_add_backward",
-           "column_sums", "colsum_grid", "colsum_source", "float_to_bf16_bits",
-           "bf16_bits_to_float", "physical", "in_layout", "logical", "local_response_norm",
-           "local_response_norm_backward"]
+__all__ = ["BF16", "BF16_DEVICE", "relu", "relu_backward", "threshold", "threshold_backward",
+           "bias_add_backward", "column_sums", "colsum_grid", "colsum_source", "row_sums", "rowsum_source",
+           "float_to_bf16_bits", "bf16_bits_to_float", "physical", "in_layout", "logical",
+           "local_response_norm", "local_response_norm_backward", "storage_preamble", "kernel_tag",
+           "dtype_name", "is_bf16", "bits", "unbits", "zeros", "copy", "like"]

@@ -35,7 +35,18 @@ Memory rules that keep a replay correct:
 * an eagerly run step allocates a new output on every call, but a graph that
   reads it captured one address: the eager step's result is copied into the
   array captured there (its *static* output), so ``slots`` never changes
-  after the build and every later reader sees the current values.
+  after the build and every later reader sees the current values;
+* an in-place step (``Step.writes_into``: the memory pass let it write its
+  output into an input that dies there, e.g. a ReLU into its input) writes,
+  captured or eager, into that input's static array, and its own slot is
+  that array. That is right because no later step reads the input (the
+  executor would have freed it) and every replay recomputes the input before
+  the step, captured or eagerly into the same array. The second half holds
+  only when the input's producer is among the replayed steps, so a step whose
+  overwritten input comes from outside them (a phase replayed apart from the
+  one computing it) runs out of place here (:func:`_rerunnable`). The
+  benchmark's phases (``benchmarks/protocol.schedule``) free nothing, so
+  their steps write nothing in place anyway.
 
 Capture uses CuPy's default relaxed mode on a non-default stream (the legacy
 default stream cannot capture): the caller builds and replays inside
@@ -92,6 +103,21 @@ def _captured(stream, fn: Callable[[], Any], pool=None):
     return graph, result
 
 
+def _rerunnable(steps: Sequence) -> tuple:
+    """``steps`` as a replay may run them any number of times: an in-place step
+    (``Step.writes_into``) whose overwritten input is not computed by an
+    earlier one of ``steps`` runs out of place (``inplace=None``), since no
+    replay would recompute the value it destroys (module doc)."""
+    made, out = set(), []
+    for st in steps:
+        target = getattr(st, "writes_into", None)
+        if target is not None and target not in made:
+            st = attrs.evolve(st, inplace=None)
+        made.add(st.node)
+        out.append(st)
+    return tuple(out)
+
+
 def capture_error(step, slots: dict, run_step: RunStep, stream) -> str | None:
     """Why ``step`` cannot be captured (the error of a throw-away capture of
     it alone, allocating from the default pool: module doc), or None when it
@@ -127,8 +153,10 @@ class GraphReplay:
         outputs = [slots[v.node] for v in exe.outputs]
 
     with ``run_step = opgraph.executable.run_step`` (``st.kernel(st.ctx, st.op.op,
-    *[slots[a] for a in st.args])``). ``Executable.execute`` is not a way to
-    fill ``slots``: it frees each buffer after its last reader.
+    *[slots[a] for a in st.args])``, with ``out=`` for an in-place step, which
+    leaves its output and its dead input on one array in ``slots``, as the
+    replays will). ``Executable.execute`` is not a way to fill ``slots``: it
+    frees each buffer after its last reader.
 
     Args:
         steps: scheduled steps (``opgraph.executable.Step``), in order; each
@@ -152,7 +180,7 @@ class GraphReplay:
     def __init__(self, steps: Sequence, slots: dict, run_step: RunStep, stream, *,
                  eager: frozenset = frozenset()):
         self.slots, self.run_step, self.stream = slots, run_step, stream
-        steps = tuple(steps)
+        steps = _rerunnable(steps)
         reasons = {}
         for st in steps:
             why = ("excluded by the caller" if st.node in eager

@@ -22,7 +22,13 @@ fewer than 2^31 elements and 64-bit otherwise: a 64-bit integer division costs
 several times a 32-bit one on the GPU, and these kernels divide per thread to
 find their cell. The stored argmax is a cell index inside one ``H x W`` plane
 (int32; planes over 2^31 cells are refused). float16 computes in float32 and
-casts back.
+casts back (whole-tensor casts). bfloat16 computes in float32 inside the
+kernels, with no cast pass: they read and write its uint16 bits through the
+``LD``/``ST`` macros of :func:`.cuda_elementwise.storage_preamble` (load exact,
+store rounded to nearest even); max pooling compares the loaded float32
+values (so argmax, ties, -inf and NaN are exactly float32's on the bf16
+values) and its output is the winner's bits; the select is a copy of bits;
+averages and gradient sums accumulate in float32 and round once.
 
 ``specialize=True`` compiles the geometry (channels, extents, window, stride,
 padding, layout) into the kernel as constants instead of passing it as
@@ -40,7 +46,8 @@ from opgraph.errors import ParameterError, ShapeError
 
 from .reference.pool import geometry
 
-from .cuda_elementwise import in_layout, logical, physical
+from .cuda_elementwise import (bits, dtype_name, in_layout, kernel_tag, logical, physical, storage_preamble,
+                               unbits)
 
 
 # Decompose the thread's flat physical index t into (n, c, a, b) of an
@@ -56,6 +63,9 @@ _DECOMPOSE = """
     const IDX oh_ = cl ? OW * C : OW, ow_ = cl ? C : 1;
 """
 
+# Bodies: x, y, gy, gx, v are T arrays, loaded / stored through LD / ST and
+# computed in CT (storage_preamble: float for bfloat16 bits, T otherwise).
+
 #: The geometry every kernel reads: runtime arguments, or constants compiled
 #: into the kernel (``specialize=True``, see the module docstring).
 _GEO_NAMES = ("C", "H", "W", "OH", "OW", "A", "B", "cl", "kh", "kw", "sh", "sw", "pt", "pb", "pl", "pr")
@@ -67,14 +77,14 @@ _MAX = _DECOMPOSE + """
     const IDX h0 = a * sh - pt, w0 = b * sw - pl;
     const IDX hs = h0 > 0 ? h0 : 0, ws = w0 > 0 ? w0 : 0;
     const IDX he = h0 + kh < H ? h0 + kh : H, we = w0 + kw < W ? w0 + kw : W;
-    T best = x[xc + hs * xh + ws * xw];
+    CT best = LD(x[xc + hs * xh + ws * xw]);
     IDX win = hs * W + ws;
     for (IDX h = hs; h < he; ++h)
         for (IDX w = ws; w < we; ++w) {
-            const T v = x[xc + h * xh + w * xw];
+            const CT v = LD(x[xc + h * xh + w * xw]);
             if (v > best || (v != v && best == best)) { best = v; win = h * W + w; }
         }
-    y[t] = best;
+    ST(y[t], best);
     STORE
 """
 
@@ -83,10 +93,10 @@ _AVG = _DECOMPOSE + """
     const IDX h0 = a * sh - pt, w0 = b * sw - pl;
     const IDX hs = h0 > 0 ? h0 : 0, ws = w0 > 0 ? w0 : 0;
     const IDX he = h0 + kh < H ? h0 + kh : H, we = w0 + kw < W ? w0 + kw : W;
-    T acc = 0;
+    CT acc = 0;
     for (IDX h = hs; h < he; ++h)
-        for (IDX w = ws; w < we; ++w) acc += x[xc + h * xh + w * xw];
-    y[t] = acc / (T)divisor(h0, w0, H, W, kh, kw, pt, pb, pl, pr, include_pad);
+        for (IDX w = ws; w < we; ++w) acc += LD(x[xc + h * xh + w * xw]);
+    ST(y[t], acc / (CT)divisor(h0, w0, H, W, kh, kw, pt, pb, pl, pr, include_pad));
 """
 
 _DIVISOR = """
@@ -107,7 +117,7 @@ _WINDOWS = _DECOMPOSE + """
     const IDX hp = a + pt, wp = b + pl;
     const IDX oh0 = hp < kh ? 0 : (hp - kh) / sh + 1, ow0 = wp < kw ? 0 : (wp - kw) / sw + 1;
     const IDX oh1 = hp / sh < OH - 1 ? hp / sh : OH - 1, ow1 = wp / sw < OW - 1 ? wp / sw : OW - 1;
-    T acc = 0;
+    CT acc = 0;
 """
 
 _MAX_BWD = _WINDOWS + """
@@ -115,17 +125,17 @@ _MAX_BWD = _WINDOWS + """
     for (IDX oh = oh0; oh <= oh1; ++oh)
         for (IDX ow = ow0; ow <= ow1; ++ow) {
             const IDX o = oc + oh * oh_ + ow * ow_;
-            if (arg[o] == me) acc += gy[o];
+            if (arg[o] == me) acc += LD(gy[o]);
         }
-    gx[xc + a * xh + b * xw] = acc;
+    ST(gx[xc + a * xh + b * xw], acc);
 """
 
 _AVG_BWD = _WINDOWS + """
     for (IDX oh = oh0; oh <= oh1; ++oh)
         for (IDX ow = ow0; ow <= ow1; ++ow)
-            acc += gy[oc + oh * oh_ + ow * ow_] /
-                   (T)divisor(oh * sh - pt, ow * sw - pl, H, W, kh, kw, pt, pb, pl, pr, include_pad);
-    gx[xc + a * xh + b * xw] = acc;
+            acc += LD(gy[oc + oh * oh_ + ow * ow_]) /
+                   (CT)divisor(oh * sh - pt, ow * sw - pl, H, W, kh, kw, pt, pb, pl, pr, include_pad);
+    ST(gx[xc + a * xh + b * xw], acc);
 """
 
 _SELECT = _DECOMPOSE + """
@@ -162,13 +172,18 @@ def _compiled(name, in_params, out_params, body, preamble, wide, geometry=None):
                                   preamble=typedef + preamble)
 
 
-def _run(name, in_params, ins, out_params, outs, body, geo, *, size, arrays, preamble="",
+def _run(name, in_params, ins, out_params, outs, body, geo, *, size, arrays, storage, preamble="",
          specialize=False):
     """Launch kernel ``name`` over ``size`` threads: inputs ``ins`` (declared by
     ``in_params``, geometry excluded), then the geometry ``geo`` (:func:`_geo`),
     then the outputs. Index width from ``arrays``; with ``specialize`` the
-    geometry is compiled in as constants (one kernel per shape)."""
+    geometry is compiled in as constants (one kernel per shape). ``storage``
+    (dtype name) is what the ``T`` arrays hold: it picks the LD/ST/CT macros
+    (:func:`.cuda_elementwise.storage_preamble`) and tags the name
+    (``_bf16``)."""
     wide = _wide(*arrays)
+    name += kernel_tag(storage)
+    preamble = storage_preamble(storage) + preamble
     if specialize:
         _compiled(name, in_params, out_params, body, preamble, wide, geo)(*ins, *outs, size=size)
     else:
@@ -180,9 +195,28 @@ def _prepare(xp, x, what):
         raise ShapeError(f"{what}: x must be 4-D NCHW, got shape {x.shape}")
     if x.shape[2] * x.shape[3] >= 2 ** 31:
         raise ShapeError(f"{what}: an H x W plane of {x.shape[2] * x.shape[3]} cells exceeds 2^31")
-    buf, cl = physical(xp, x)
-    half = buf.dtype == xp.float16
-    return (buf.astype(xp.float32) if half else buf), cl, half
+    buf, cl = physical(xp, bits(xp, x))
+    return _computable(xp, buf), cl, x.dtype
+
+
+def _computable(xp, buf):
+    """A physical buffer as the pooling kernels take it: float16 converted to
+    float32; bfloat16 stays its bits (:func:`bits` was applied before placing)."""
+    return buf.astype(xp.float32) if buf.dtype == xp.float16 else buf
+
+
+def _storage(dtype) -> str:
+    """What the kernels' ``T`` arrays hold for a caller's ``dtype`` (:func:`_computable`):
+    float32 for float16, the dtype itself otherwise (bfloat16: its bits)."""
+    name = dtype_name(dtype)
+    return {"float16": "float32"}.get(name, name)
+
+
+def _finish(xp, out, cl, dtype):
+    """A kernel's output buffer as the caller's ``dtype`` (float16 cast back,
+    bfloat16 viewed from its bits), logical NCHW view."""
+    out = logical(out, cl)
+    return out.astype(xp.float16) if dtype_name(dtype) == "float16" else unbits(out, dtype)
 
 
 def _geo(shape, out, k, s, pad, cl, ab):
@@ -200,11 +234,11 @@ def _out(xp, buf, n, c, hw, cl, dtype=None):
 #: How the forward stores each window's winner for a backward kernel: its cell,
 #: or (``relu``: the pooled x is a ReLU's output) its cell only where the
 #: window's maximum passes ReLU's mask ``> 0``; -1 matches no cell.
-_STORE_ARG = {False: "arg[t] = (int)win;", True: "arg[t] = best > (T)0 ? (int)win : -1;"}
+_STORE_ARG = {False: "arg[t] = (int)win;", True: "arg[t] = best > (CT)0 ? (int)win : -1;"}
 
 
 def _max(xp, x, kernel_size, stride, padding, ceil_mode, with_arg, what, specialize=False, relu=False):
-    buf, cl, half = _prepare(xp, x, what)
+    buf, cl, dtype = _prepare(xp, x, what)
     k, s, pad, out = geometry(x.shape[2:], kernel_size, stride, padding, ceil_mode)
     n, c = x.shape[:2]
     y = _out(xp, buf, n, c, out, cl)
@@ -215,8 +249,8 @@ def _max(xp, x, kernel_size, stride, padding, ceil_mode, with_arg, what, special
         name = ("maxpool_arg" + ("_relu" if relu else "")) if with_arg else "maxpool"
         _run(name, "raw T x", [buf.ravel()], outs,
              [y.ravel(), *([arg.ravel()] if with_arg else [])], body, _geo(x.shape, out, k, s, pad, cl, out),
-             size=y.size, arrays=(buf, y), specialize=specialize)
-    return y, arg, cl, half, (k, s, pad, out)
+             size=y.size, arrays=(buf, y), storage=_storage(dtype), specialize=specialize)
+    return y, arg, cl, dtype, (k, s, pad, out)
 
 
 def max_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, specialize=False):
@@ -225,9 +259,8 @@ def max_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, specialize=Fal
     ``specialize`` compiles the geometry in (module docstring); same result.
     Raises ParameterError / ShapeError as the reference. Source: SEMANTICS.md.
     """
-    y, _, cl, half, _ = _max(xp, x, kernel_size, stride, padding, ceil_mode, False, "max_pool2d", specialize)
-    y = logical(y, cl)
-    return y.astype(xp.float16) if half else y
+    y, _, cl, dtype, _ = _max(xp, x, kernel_size, stride, padding, ceil_mode, False, "max_pool2d", specialize)
+    return _finish(xp, y, cl, dtype)
 
 
 def max_pool2d_backward(xp, x, gy, *, kernel_size, stride, padding, ceil_mode, specialize=False):
@@ -260,16 +293,13 @@ def _max_backward(xp, x, gy, kernel_size, stride, padding, ceil_mode, specialize
                                            what, specialize, relu)
     if tuple(gy.shape) != tuple(x.shape[:2]) + out:
         raise ShapeError(f"{what}: gy has shape {gy.shape}, expected {x.shape[:2] + out}")
-    g = in_layout(xp, gy, cl)
-    half = g.dtype == xp.float16
-    g = g.astype(xp.float32) if half else g
+    g = _computable(xp, in_layout(xp, bits(xp, gy), cl))
     gx = _out(xp, g, x.shape[0], x.shape[1], x.shape[2:], cl)
     if gx.size:
         _run("maxpool_bwd", "raw T gy, raw int32 arg", [g.ravel(), arg.ravel()], "raw T gx", [gx.ravel()],
              _MAX_BWD, _geo(x.shape, out, k, s, pad, cl, x.shape[2:]), size=gx.size, arrays=(g, gx),
-             specialize=specialize)
-    gx = logical(gx, cl)
-    return gx.astype(xp.float16) if half else gx
+             storage=_storage(gy.dtype), specialize=specialize)
+    return _finish(xp, gx, cl, gy.dtype)
 
 
 def max_pool2d_select(xp, x, v, *, kernel_size, stride, padding, ceil_mode, specialize=False):
@@ -279,27 +309,26 @@ def max_pool2d_select(xp, x, v, *, kernel_size, stride, padding, ceil_mode, spec
         raise ShapeError(f"max_pool2d_select: v has shape {v.shape}, x has {x.shape}")
     _, arg, cl, _, (k, s, pad, out) = _max(xp, x, kernel_size, stride, padding, ceil_mode, True,
                                            "max_pool2d_select", specialize)
-    vb = in_layout(xp, v, cl)
+    vb = in_layout(xp, bits(xp, v), cl)  # a copy of elements: float16 stays float16
     y = _out(xp, vb, x.shape[0], x.shape[1], out, cl)
     if y.size:
         _run("maxpool_select", "raw T v, raw int32 arg", [vb.ravel(), arg.ravel()], "raw T y", [y.ravel()],
              _SELECT, _geo(x.shape, out, k, s, pad, cl, out), size=y.size, arrays=(vb, y),
-             specialize=specialize)
-    return logical(y, cl)
+             storage=dtype_name(v.dtype), specialize=specialize)
+    return unbits(logical(y, cl), v.dtype)
 
 
 def avg_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, count_include_pad, specialize=False):
     """Average pooling of ``(N, C, H, W)`` x -> ``(N, C, Ho, Wo)``, x's dtype and layout;
     padding cells hold 0; divisor as the module docstring. Errors as max_pool2d."""
-    buf, cl, half = _prepare(xp, x, "avg_pool2d")
+    buf, cl, dtype = _prepare(xp, x, "avg_pool2d")
     k, s, pad, out = geometry(x.shape[2:], kernel_size, stride, padding, ceil_mode)
     y = _out(xp, buf, x.shape[0], x.shape[1], out, cl)
     if y.size:
         _run("avgpool", "raw T x, bool include_pad", [buf.ravel(), bool(count_include_pad)], "raw T y",
              [y.ravel()], _AVG, _geo(x.shape, out, k, s, pad, cl, out), size=y.size, arrays=(buf, y),
-             preamble=_DIVISOR, specialize=specialize)
-    y = logical(y, cl)
-    return y.astype(xp.float16) if half else y
+             storage=_storage(dtype), preamble=_DIVISOR, specialize=specialize)
+    return _finish(xp, y, cl, dtype)
 
 
 def avg_pool2d_backward(xp, gy, *, kernel_size, stride, padding, ceil_mode, count_include_pad,
@@ -315,14 +344,13 @@ def avg_pool2d_backward(xp, gy, *, kernel_size, stride, padding, ceil_mode, coun
     k, s, pad, out = geometry(shape[2:], kernel_size, stride, padding, ceil_mode)
     if tuple(gy.shape) != shape[:2] + out:
         raise ShapeError(f"avg_pool2d_backward: gy has shape {gy.shape}, expected {shape[:2] + out}")
-    g, cl, half = _prepare(xp, gy, "avg_pool2d_backward")
+    g, cl, dtype = _prepare(xp, gy, "avg_pool2d_backward")
     gx = _out(xp, g, shape[0], shape[1], shape[2:], cl)
     if gx.size:
         _run("avgpool_bwd", "raw T gy, bool include_pad", [g.ravel(), bool(count_include_pad)], "raw T gx",
              [gx.ravel()], _AVG_BWD, _geo(shape, out, k, s, pad, cl, shape[2:]), size=gx.size,
-             arrays=(g, gx), preamble=_DIVISOR, specialize=specialize)
-    gx = logical(gx, cl)
-    return gx.astype(xp.float16) if half else gx
+             arrays=(g, gx), storage=_storage(dtype), preamble=_DIVISOR, specialize=specialize)
+    return _finish(xp, gx, cl, dtype)
 
 
 __all__ = ["geometry", "max_pool2d", "max_pool2d_backward", "max_pool2d_backward_relu", "max_pool2d_select",

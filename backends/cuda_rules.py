@@ -41,7 +41,7 @@ CUDA_KERNELS = {
     ops.CrossEntropyBackward: loss.cross_entropy_backward,
 }
 
-_FLOATS = ("float16", "float32", "float64")
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 #: Ops whose kernels take ``specialize`` (geometry compiled in: :mod:`.cuda_pool`).
 SPECIALIZABLE = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.MaxPool2dSelect,
@@ -71,8 +71,9 @@ OPTIONS = {**{op_type: (("specialize",), pool_variants) for op_type in SPECIALIZ
 
 
 def check(op, in_types, device):
-    """Our kernels take float16/32/64 (float16 computes in float32); integer
-    inputs (cross-entropy targets) are not checked here."""
+    """Our kernels take float16, bfloat16, float32 and float64 (float16 and
+    bfloat16 compute in float32; bfloat16 is loaded and stored inside the
+    kernels); integer inputs (cross-entropy targets) are not checked here."""
     bad = sorted({t.dtype for t in in_types
                   if t.dtype not in _FLOATS and not t.dtype.startswith(("int", "uint"))})
     if bad:
@@ -80,16 +81,24 @@ def check(op, in_types, device):
     return None
 
 
+#: op type -> the input its kernel may write its output into (``out=``,
+#: ``Rule.inplace``): ReLU into x, its gradient into gy.
+INPLACE = {ops.Relu: 0, ops.ReluBackward: 1}
+
+
 def register_rules() -> None:
-    """Register one ``cuda`` rule per entry of :data:`CUDA_KERNELS` (idempotent)."""
+    """Register one ``cuda`` rule per entry of :data:`CUDA_KERNELS` (idempotent).
+    Every kernel returns a new array, never a view of an input
+    (``fresh_output``); ReLU and its gradient may run in place (:data:`INPLACE`)."""
     for op_type, fn in CUDA_KERNELS.items():
         options, variants = OPTIONS.get(op_type, ((), None))
         register(Rule(op_type, "cuda", params_kernel(fn, "cuda", options),
                       devices={"cuda"}, check=check, tags={"cuda", "gpu"},
+                      inplace=INPLACE.get(op_type), fresh_output=True,
                       **({"variants": variants} if variants else {})))
 
 
 register_rules()
 
-__all__ = ["CUDA_KERNELS", "OPTIONS", "SPECIALIZABLE", "bias_variants", "check", "pool_variants",
+__all__ = ["CUDA_KERNELS", "INPLACE", "OPTIONS", "SPECIALIZABLE", "bias_variants", "check", "pool_variants",
            "register_rules"]

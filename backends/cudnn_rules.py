@@ -156,16 +156,20 @@ def register_fused_rule(op_type) -> None:
     ``(x, w, b)``, fields ``stride, padding, dilation, groups`` (canonical forms)."""
     _FUSED.add(op_type)
     register(Rule(op_type, "cudnn", _fused, devices={"cuda"}, check=check, variants=variants,
-                  workspace=workspace, tags={"cudnn", "gpu", "fused", "option:precision"}))
+                  workspace=workspace, tags={"cudnn", "gpu", "fused", "option:precision"},
+                  fresh_output=True))
 
 
 def register_rules() -> None:
-    """Register the three ``cudnn`` rules (idempotent)."""
+    """Register the three ``cudnn`` rules (idempotent). Every output is a new
+    array (``fresh_output``: cuDNN writes into one of ours, at most cropped or
+    viewed as another dtype), so the memory pass may run a later step in place
+    on it."""
     for op_type, kernel in ((Conv2d, _fprop), (Conv2dBackwardData, _dgrad),
                             (Conv2dBackwardFilter, _wgrad)):
         register(Rule(op_type, "cudnn", kernel, devices={"cuda"}, check=check,
                       variants=variants, workspace=workspace,
-                      tags={"cudnn", "gpu", "fused", "option:precision"}))
+                      tags={"cudnn", "gpu", "fused", "option:precision"}, fresh_output=True))
 
 
 __all__ = ["KIND", "check", "variants", "workspace", "register_rules", "register_fused_rule"]

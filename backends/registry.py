@@ -9,7 +9,12 @@ algorithm)``. A rule holds
   to this node, otherwise the reason it declines (kept for reports);
 * ``variants(op, in_types, device) -> list[dict]``: option sets the
   autotuner may time separately (e.g. one per cuDNN engine); default one;
-* ``workspace(op, in_types, options) -> int``: scratch bytes of one call.
+* ``workspace(op, in_types, options) -> int``: scratch bytes of one call;
+* ``inplace``: positions of the inputs whose buffer the kernel may write its
+  output into (it then takes that array as ``out=``), for the memory pass's
+  in-place plan;
+* ``fresh_output``: whether the kernel's output is always a new buffer,
+  never a view of (or the same array as) an input.
 
 Backends import this module and nothing else from the passes; passes import
 this module and never a backend module.
@@ -46,9 +51,33 @@ def _no_workspace(op, in_types, options):
     return 0
 
 
+def _positions(value) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return (int(value),) if isinstance(value, int) else tuple(int(v) for v in value)
+
+
 @attrs.frozen
 class Rule:
-    """How ``algorithm`` implements ``op_type`` on ``devices``."""
+    """How ``algorithm`` implements ``op_type`` on ``devices``.
+
+    Two declarations serve the memory pass's in-place plan (``passes/memory.py``):
+
+    * ``inplace``: input positions, in order of preference, whose array the
+      kernel may overwrite with its output when called as ``kernel(ctx, op,
+      *arrays, out=arrays[i])`` (an int, a tuple or None). The kernel must
+      then write every element of ``out`` through ``out``'s own strides and
+      return ``out``; it is declared only where that input has the output's
+      shape, dtype and layout whenever the op is well typed (an element-wise
+      op, e.g. ReLU into its input, ReLU-backward into the output gradient,
+      ``Add`` into either addend).
+    * ``fresh_output``: the kernel's output never shares memory with an input
+      (a new array on every call, possibly a view of a temporary of its own).
+      Only a value whose producer declares it (or which was itself written
+      in place) may be overwritten: a kernel returning a reshape, slice or
+      transposed view of an input would leave two live values on one buffer.
+      False unless declared (the safe default).
+    """
 
     op_type: type
     algorithm: str
@@ -58,6 +87,8 @@ class Rule:
     variants: Callable[..., list] = _one_variant
     workspace: Callable[..., int] = _no_workspace
     tags: frozenset = attrs.field(default=frozenset(), converter=frozenset)
+    inplace: tuple = attrs.field(default=(), converter=_positions)
+    fresh_output: bool = False
 
     def __attrs_post_init__(self):
         if getattr(self.op_type, "fused", False):  # the fuse pass's ops (Op.fused)

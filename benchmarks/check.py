@@ -47,7 +47,7 @@ from opgraph.backends.registry import KernelContext, rules_for
 from opgraph.executable import Executable
 from opgraph.op import Source, abstract_of
 from opgraph.passes.autotune import relative_error, tolerance
-from opgraph.types import to_layout
+from opgraph.types import is_float, to_layout
 
 from .protocol import TrainingGraph
 
@@ -165,7 +165,7 @@ def check_lowering(exe: Executable, ref: Reference) -> CheckResult:
 
     def operand(nid: int, t):
         a = expected(nid)
-        if t.dtype.startswith(("float", "bfloat")):
+        if is_float(t.dtype):
             a = xp.asarray(a, dtype=t.dtype)
         return to_layout(xp, a, t.layout)
 

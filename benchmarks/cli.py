@@ -134,8 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{driver.CPU_DEFAULT_BATCH} on the CPU)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: the GPU if CuPy sees one, else the CPU (default)")
-    p.add_argument("--dtype", choices=("float32", "float64", "float16"), default="float32",
-                   help="storage dtype of inputs and parameters (default float32)")
+    p.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"), default="float32",
+                   help="storage dtype of inputs, parameters, activations and gradients (default "
+                        "float32; bfloat16 with --precision bf16 keeps the whole step in bf16, "
+                        "computing in fp32)")
     p.add_argument("--lowering", type=_lowerings, default=None, metavar="LIST",
                    help="columns: convolution algorithms (gemm, fft, winograd, direct, cudnn, ...), "
                         "auto (autotune) or default; default: every algorithm the GPU runs plus "
@@ -151,6 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", metavar="TOML", help="a base LoweringPolicy file (passes/policy.py)")
     p.add_argument("--workspace-limit", default=None, metavar="BYTES",
                    help="scratch budget per node, e.g. 512MiB (policy workspace_limit)")
+    p.add_argument("--workspace-tolerance", default=None, metavar="FRACTION",
+                   help="autotune keeps the smallest workspace among candidates within this "
+                        "fraction of the fastest, e.g. 0.03 or 3%% (policy workspace_tolerance; "
+                        "default 0.03, 0 keeps the fastest)")
     p.add_argument("--compare", type=_list_of(PEERS, "peer"), default=[], metavar="PEERS",
                    help="torch (PyTorch eager, cudnn.benchmark) and/or torch-compile, same run")
     p.add_argument("--warmup", type=_count(0), default=None,
@@ -359,7 +365,8 @@ def run_timing(names: list[str], args) -> dict:
         lowerings = lw.default_lowerings(device)
         if device == "cpu":
             notes.append(driver.CPU_DEFAULT_NOTE)
-    base = LoweringPolicy.from_cli(policy_file=args.policy, workspace_limit=args.workspace_limit)
+    base = LoweringPolicy.from_cli(policy_file=args.policy, workspace_limit=args.workspace_limit,
+                                   workspace_tolerance=args.workspace_tolerance)
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
     if args.cuda_graph and device != "cuda":
         raise UsageError(f"--cuda-graph replays CUDA graphs: it needs --device cuda (this run: {device})")

@@ -36,13 +36,16 @@ from __future__ import annotations
 import contextlib
 import time
 
+import numpy as np
+
 from opgraph.executable import Executable, run_step
 
 
 def _buffer(array) -> tuple[int, int]:
     """(identity, bytes) of the memory behind ``array``: its base buffer, so a
     view (``Flatten``, ``Reshape``) does not count twice."""
-    mem = getattr(getattr(array, "data", None), "mem", None)  # CuPy: the allocation
+    # CuPy: the allocation (NumPy's .data is a memoryview, which bfloat16 cannot make)
+    mem = None if isinstance(array, np.ndarray) else getattr(getattr(array, "data", None), "mem", None)
     if mem is not None and hasattr(mem, "ptr"):
         return int(mem.ptr), int(mem.size)
     base = array
@@ -168,8 +171,13 @@ def memory_record(report, measured: dict, device: str) -> dict:
         "live_peak_bytes": measured.get("live_peak_bytes"),
         "measured_peak_bytes": measured.get("allocated_peak_bytes"),
         "reserved_peak_bytes": measured.get("pool_peak_bytes"),
+        "peak_step": plan.get("peak_step"),
+        "inplace_steps": plan.get("inplace"),
+        "inplace_bytes": plan.get("inplace_bytes"),
     }
-    rec["method"] = ("planned: liveness plan of the schedule + chosen workspace (passes/memory.py); "
+    rec["method"] = ("planned: liveness plan of the schedule + chosen workspace (passes/memory.py), "
+                     "peaking at peak_step, with inplace_steps steps writing into an input that dies "
+                     "there (inplace_bytes not allocated); "
                      "live: executor buffers during one run (no workspace); " +
                      ("measured: most bytes CuPy's pools had allocated at once during one run "
                       "(a MemoryHook; PyTorch: torch.cuda.max_memory_allocated); reserved: the pool's "

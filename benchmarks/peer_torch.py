@@ -22,8 +22,11 @@ with our backward-data + backward-filter.
 
 Precision: fp32 with TF32 off (``torch.backends.cudnn.allow_tf32`` and
 ``torch.backends.cuda.matmul.allow_tf32`` False), tf32 with both on, bf16 /
-fp16 with ``torch.autocast`` (float32 parameters, convolutions and matmuls
-in the low precision, as opgraph's float32 storage with a bf16 policy);
+fp16 with ``torch.autocast`` (convolutions and matmuls in the low precision,
+as opgraph's bf16 policy). The peer stores what opgraph stores
+(:func:`storage_dtype`): float32 parameters and activations for a float32
+model (autocast's usual mixed precision), bfloat16 (float16) ones for a
+``--dtype bfloat16`` (``float16``) model;
 layout ``nhwc`` puts the input and 4-D weights in ``torch.channels_last``.
 """
 
@@ -167,6 +170,8 @@ class TorchModel:
 
     def _tensor(self, array, dtype, channels_last: bool):
         torch = self.torch
+        if array.dtype.name == "bfloat16":  # neither torch.as_tensor nor DLPack takes ml_dtypes' bf16
+            array = array.astype("float32")
         if hasattr(array, "__dlpack__") and type(array).__module__.startswith("cupy"):
             t = torch.from_dlpack(array)
         else:
@@ -192,6 +197,14 @@ class TorchModel:
         gradient ``gy`` (default ``y`` itself)."""
         gy = y.detach() if gy is None else gy
         return self.torch.autograd.grad(y, self.param_list, grad_outputs=gy, retain_graph=retain_graph)
+
+
+def storage_dtype(torch, dtype: str):
+    """The PyTorch dtype of opgraph's storage dtype name: the peer stores what
+    opgraph stores (float16 / bfloat16 models run PyTorch in that dtype too,
+    under autocast to the run's precision)."""
+    return {"float64": torch.float64, "float16": torch.float16,
+            "bfloat16": torch.bfloat16}.get(dtype, torch.float32)
 
 
 @contextlib.contextmanager
@@ -269,8 +282,8 @@ def run_peer(model: Model, feeds: dict, *, device: str, precision: str = "fp32",
     torch = import_torch()
     if device == "cuda":
         torch.backends.cudnn.benchmark = True
-    tm = TorchModel(model, feeds, device, channels_last=layout.upper() == "NHWC",
-                    input_grad=input_grad)
+    tm = TorchModel(model, feeds, device, dtype=storage_dtype(torch, model.dtype),
+                    channels_last=layout.upper() == "NHWC", input_grad=input_grad)
     if compiled:
         # The backward loop reuses one forward's graph (retain_graph=True), which
         # AOTAutograd's donated buffers forbid; and shapes never change here, so

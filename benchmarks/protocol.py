@@ -64,6 +64,7 @@ from opgraph.analysis import node_flops
 from opgraph.executable import Executable, Step, run_step
 from opgraph.graph import Value
 from opgraph.op import abstract_of
+from opgraph.types import numpy_dtype
 
 from .models import Model
 from .timer import Timer, Timing
@@ -146,7 +147,7 @@ def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
     ``seed``.
     """
     rng = np.random.default_rng(seed)
-    dtype = np.dtype(model.dtype)
+    dtype = numpy_dtype(model.dtype)
 
     def normal(shape, std=1.0):
         return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(dtype, copy=False)

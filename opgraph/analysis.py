@@ -190,9 +190,10 @@ def peak_live_bytes(graph: Graph, outputs: Sequence[Value]) -> int:
 
     A node's output is allocated when it runs and freed right after its last
     reader ran; the requested ``outputs`` live to the end. Sources (inputs,
-    parameters) are excluded. No output is written in place, so the memory
-    pass (``passes/memory.py``: in-place ReLU, buffer reuse) can only do
-    better; without workspace it reports the same liveness peak.
+    parameters) are excluded. No output is written in place here, so the
+    memory pass (``passes/memory.py``, which lets element-wise steps write
+    into inputs that die there) can only do better; without workspace and
+    without in-place steps it reports the same liveness peak.
     """
     order = list(graph.nodes_in_order(outputs))
     keep = {v.node for v in outputs}

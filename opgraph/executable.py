@@ -3,9 +3,21 @@
 ``Executable`` is what ``opgraph.compile`` returns. Building it resolves every
 node's kernel once, computes the topological schedule and, for each step, the
 buffers whose last reader it is (freed right after, so peak memory follows
-liveness). Calling it only feeds sources and runs that list: no graph walk and
-no dictionary of ops per call. A 4-D value the layout pass stored NHWC is
-kept channels-last after every step (``_stored_channels_last``).
+liveness: :func:`last_readers`, which the memory pass follows too). Calling it
+only feeds sources and runs that list: no graph walk and no dictionary of ops
+per call. A 4-D value the layout pass stored NHWC is kept channels-last after
+every step (``_stored_channels_last``).
+
+In-place steps: the memory pass (``passes/memory.py``) decides which
+element-wise steps write their output into the buffer of an input that dies
+at that step (ReLU into x, ReLU-backward into gy, a gradient sum into an
+addend) and records it on the lowered graph (:class:`InplacePlan`,
+``Graph.inplace_plan``). Building the executable copies each decision into
+its step (``Step.inplace``) after checking that it holds in this schedule;
+:func:`run_step` then passes that input as the kernel's ``out=``. The
+executor decides nothing itself: with no plan (a graph that did not go
+through the memory pass, or an executable built for other outputs than the
+plan's) every step allocates its output.
 """
 
 from __future__ import annotations
@@ -18,12 +30,34 @@ import numpy as np
 from .errors import ExecutionError, NotLoweredError
 from .graph import Graph, Value
 from .op import Lowered, Source
-from .types import to_layout
+from .types import is_float, numpy_dtype, to_layout
+
+
+@attrs.frozen
+class InplacePlan:
+    """The memory pass's in-place decisions for one schedule.
+
+    Attributes:
+        outputs: node ids of the requested outputs it was planned for (the
+            schedule is that of their ancestors).
+        writes: node id -> position among its inputs of the input whose
+            buffer the node's output takes (that input's last reader is the
+            node; ``passes/memory.py`` gives every condition).
+    """
+
+    outputs: frozenset = attrs.field(converter=frozenset)
+    writes: Mapping[int, int] = attrs.field(factory=dict, converter=lambda m: dict(sorted(m.items())))
 
 
 @attrs.frozen
 class Step:
-    """One scheduled node: ``slots[node] = kernel(ctx, op.op, *slots[args])``."""
+    """One scheduled node: ``slots[node] = kernel(ctx, op.op, *slots[args])``.
+
+    ``free``: the inputs whose last reader this step is (dropped after it).
+    ``inplace``: the position among ``args`` of the input whose buffer the
+    output takes (the plan's decision), or None; it applies only while that
+    input is among ``free`` (:attr:`writes_into`).
+    """
 
     node: int
     name: str
@@ -32,6 +66,19 @@ class Step:
     ctx: Any
     args: tuple[int, ...]
     free: tuple[int, ...] = ()
+    inplace: int | None = None
+
+    @property
+    def writes_into(self) -> int | None:
+        """Node id of the input whose array this step overwrites with its
+        output, or None. An in-place write reuses a buffer that dies at this
+        step, so a copy of the step that frees nothing (``attrs.evolve(st,
+        free=())``: the benchmark's phase loops, which keep every value to
+        re-run phases) writes nothing in place."""
+        if self.inplace is None:
+            return None
+        target = self.args[self.inplace]
+        return target if target in self.free else None
 
 
 Resolver = Callable[[Lowered], tuple[Callable, Any]]
@@ -39,9 +86,14 @@ Resolver = Callable[[Lowered], tuple[Callable, Any]]
 
 def run_step(st: Step, slots: dict):
     """``st``'s output computed from ``slots`` (node id -> array), which holds
-    its inputs: ``st.kernel(st.ctx, op, *inputs)``. The one place a step runs
-    (the executor, the benchmark's phase loops, CUDA-graph capture)."""
-    return st.kernel(st.ctx, st.op.op, *[slots[a] for a in st.args])
+    its inputs: ``st.kernel(st.ctx, op, *inputs)``, with ``out=`` the input
+    array it overwrites when it runs in place (:attr:`Step.writes_into`; the
+    kernel then returns that array). The one place a step runs (the executor,
+    the benchmark's phase loops, CUDA-graph capture)."""
+    inputs = [slots[a] for a in st.args]
+    if st.writes_into is not None:
+        return st.kernel(st.ctx, st.op.op, *inputs, out=inputs[st.inplace])
+    return st.kernel(st.ctx, st.op.op, *inputs)
 
 
 class Executable:
@@ -79,7 +131,11 @@ class Executable:
             if view.type.layout == "NHWC" and view.type.ndim == 4:
                 kernel = _stored_channels_last(kernel, xp)
             steps.append(Step(n, view.name, view.op, kernel, ctx, tuple(graph.input_ids(n))))
-        self.steps = _with_frees(steps, {v.node for v in self.outputs})
+        keep = {v.node for v in self.outputs}
+        self.steps = _with_frees(steps, keep, last_readers(graph, order))
+        plan = graph.inplace_plan
+        if plan is not None and plan.outputs == keep:  # a plan for this schedule
+            self.steps = _with_inplace(self.steps, graph, plan)
 
     # ---- feeding ---------------------------------------------------------
     def feed(self, feeds: Mapping[str, Any], grad_outputs: Mapping | None = None) -> dict[int, Any]:
@@ -116,12 +172,10 @@ class Executable:
 
     def _to_array(self, source, arr):
         want = source.type.dtype
-        if self.dtype is not None and want.startswith("float"):
+        if self.dtype is not None and is_float(want):
             want = self.dtype
-        if want == "bfloat16":
-            import ml_dtypes  # noqa: F401  (registers the dtype; GPU precision path)
         try:
-            out = self.xp.asarray(arr, dtype=want)
+            out = self.xp.asarray(arr, dtype=numpy_dtype(want))
         except (TypeError, ValueError) as e:
             raise ExecutionError(f"{source.op.role} {source.name!r}: cannot be read as {want} "
                                  f"{source.type.shape} ({e})") from None
@@ -167,8 +221,11 @@ def _stored_channels_last(kernel: Callable, xp) -> Callable:
     gradient, a padded copy, a GEMM/FFT convolution) pays one transpose here,
     so that every later kernel, and the autotuner's view of it, sees NHWC."""
 
-    def run(ctx, op, *arrays):
-        return to_layout(xp, kernel(ctx, op, *arrays), "NHWC")
+    def run(ctx, op, *arrays, **kw):
+        y = kernel(ctx, op, *arrays, **kw)
+        if kw.get("out") is not None:  # in place: the input's array, of this NHWC type already
+            return y
+        return to_layout(xp, y, "NHWC")
 
     run.__name__ = run.__qualname__ = getattr(kernel, "__name__", "kernel")
     run.__wrapped__ = kernel
@@ -176,14 +233,60 @@ def _stored_channels_last(kernel: Callable, xp) -> Callable:
     return run
 
 
-def _with_frees(steps: list[Step], keep: set[int]) -> list[Step]:
-    """Attach to each step the buffers it reads for the last time."""
+def last_readers(graph: Graph, order: Sequence[int]) -> dict[int, int]:
+    """Value node id -> the node of ``order`` (a schedule) that reads it last;
+    a value nothing in ``order`` reads is absent. The liveness the executor
+    frees by and the memory pass (``passes/memory.py``) plans with."""
     last: dict[int, int] = {}
-    for i, st in enumerate(steps):
-        for a in st.args:
-            last[a] = i
+    for n in order:
+        for u in graph.input_ids(n):
+            last[u] = n
+    return last
+
+
+def _with_frees(steps: list[Step], keep: set[int], last: Mapping[int, int]) -> list[Step]:
+    """Attach to each step the buffers it reads for the last time (``last``:
+    :func:`last_readers`); the requested outputs ``keep`` are never freed."""
     frees: dict[int, list[int]] = {}
-    for node, i in last.items():
+    for node, reader in last.items():
         if node not in keep:
-            frees.setdefault(i, []).append(node)
-    return [attrs.evolve(st, free=tuple(sorted(set(frees.get(i, []))))) for i, st in enumerate(steps)]
+            frees.setdefault(reader, []).append(node)
+    return [attrs.evolve(st, free=tuple(sorted(frees.get(st.node, ())))) for st in steps]
+
+
+def _with_inplace(steps: list[Step], graph: Graph, plan: InplacePlan) -> list[Step]:
+    """``steps`` with the plan's in-place decisions (``Step.inplace``), each
+    checked against this schedule: the input is freed at that step (its last
+    reader, not a requested output), is not a source, and has the output's
+    type (shape, dtype, layout). What the plan knows beyond that (which
+    kernels may write in place, which buffers no other value shares) comes
+    from the registry, which the executor does not see.
+
+    Raises:
+        ExecutionError: a decision does not hold: the graph was rewritten
+            after the memory pass planned it.
+    """
+    by_node = {st.node: st for st in steps}
+    for node, pos in plan.writes.items():
+        st = by_node.get(node)
+        why = _inplace_conflict(graph, st, pos)
+        if why is not None:
+            name = st.name if st is not None else f"node {node}"
+            raise ExecutionError(f"in-place plan: {name} cannot write its output into its input {pos}: "
+                                 f"{why}; the memory pass must run after every pass that rewrites the graph")
+    return [attrs.evolve(st, inplace=plan.writes[st.node]) if st.node in plan.writes else st
+            for st in steps]
+
+
+def _inplace_conflict(graph: Graph, st: Step | None, pos: int) -> str | None:
+    """Why step ``st`` cannot write its output into input ``pos``, or None."""
+    if st is None or not 0 <= pos < len(st.args):
+        return "no such step or input in this schedule"
+    target, out = graph.node(st.args[pos]), graph.node(st.node)
+    if target.id not in st.free:
+        return f"{target.name} is read after it or is a requested output"
+    if isinstance(target.op, Source):
+        return f"{target.name} is a source"
+    if target.type != out.type:
+        return f"{target.name} is {target.type}, the output {out.type}"
+    return None

@@ -105,6 +105,11 @@ class Graph:
             a run does not feed that parameter.
         grad_inputs: output node id -> node id of the ``grad`` source that
             ``opgraph.grad`` created for its cotangent.
+        inplace_plan: the memory pass's in-place decisions
+            (``opgraph.executable.InplacePlan``) that the executor follows,
+            or None. A rewrite (:meth:`replace_op`, :meth:`set_inputs`,
+            :meth:`absorb`, :meth:`remove_unused`) drops it: it was made for
+            the graph as it was.
     """
 
     def __init__(self, name: str = "graph"):
@@ -115,6 +120,7 @@ class Graph:
         self._scope: list[str] = []
         self.param_values: dict[str, object] = {}
         self.grad_inputs: dict[int, int] = {}
+        self.inplace_plan = None
 
     # ---- construction -------------------------------------------------
     def input(self, name: str, shape: Sequence[int], dtype: str = "float32") -> Value:
@@ -263,6 +269,7 @@ class Graph:
         g._scope = []
         g.param_values = dict(self.param_values)
         g.grad_inputs = dict(self.grad_inputs)
+        g.inplace_plan = self.inplace_plan  # immutable
         return g
 
     def value(self, node: int) -> Value:
@@ -289,6 +296,7 @@ class Graph:
                              f"{view.type} -> {new_type}", view.name)
         self.nx.nodes[node]["op"] = op
         self.nx.nodes[node]["type"] = _keep_layout(new_type, view.type)
+        self.inplace_plan = None
 
     def set_inputs(self, node: int, inputs: Sequence[Value]) -> None:
         """Rewire ``node`` to read ``inputs``. Its op must accept them and give
@@ -321,6 +329,7 @@ class Graph:
         for pos, val in enumerate(inputs):
             self.nx.add_edge(val.node, node, key=pos)
         self.nx.nodes[node]["type"] = _keep_layout(new_type, view.type)
+        self.inplace_plan = None
 
     def absorb(self, node: int, into: int) -> None:
         """Make every reader of ``node`` read ``into`` instead, then delete
@@ -339,6 +348,7 @@ class Graph:
                 self.grad_inputs[into] = self.grad_inputs.pop(out)
         self._by_name.pop(a.name, None)
         self.nx.remove_node(node)
+        self.inplace_plan = None
 
     def remove_unused(self, outputs: Sequence[Value]) -> None:
         """Drop nodes that no output depends on, keeping sources."""
@@ -347,6 +357,7 @@ class Graph:
             if n not in keep and not isinstance(self.nx.nodes[n]["op"], Source):
                 self._by_name.pop(self.nx.nodes[n]["name"], None)
                 self.nx.remove_node(n)
+                self.inplace_plan = None
 
     # ---- text ------------------------------------------------------------
     def dump(self, outputs: Sequence[Value] | None = None) -> str:

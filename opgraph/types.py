@@ -17,6 +17,42 @@ def _canon_shape(shape) -> tuple[int, ...]:
     return out
 
 
+def numpy_dtype(name) -> np.dtype:
+    """The NumPy dtype of a dtype name (or dtype) of :data:`DTYPES`; bfloat16 is
+    ``ml_dtypes.bfloat16`` (NumPy has none; importing ml_dtypes registers it,
+    and CuPy >= 14 takes it as well).
+
+    Raises:
+        ValueError: not one of :data:`DTYPES`.
+    """
+    name = _canon_dtype(name)
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+#: The floating dtypes (what ``compile(dtype=...)`` may replace).
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def is_float(dtype: str) -> bool:
+    """Whether the dtype name ``dtype`` is one of :data:`FLOAT_DTYPES`."""
+    return dtype in FLOAT_DTYPES
+
+
+#: Storage dtypes that compute in float32 (SEMANTICS.md, "Numbers": half
+#: precision accumulates in fp32; the result is rounded once to the storage).
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+def compute_dtype(xp, dtype):
+    """The dtype a kernel computes in for storage ``dtype``: ``xp.float32`` for
+    :data:`HALF_DTYPES`, else ``dtype`` itself."""
+    return xp.float32 if np.dtype(dtype).name in HALF_DTYPES else dtype
+
+
 def _canon_dtype(dtype) -> str:
     name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
     if name not in DTYPES:

@@ -16,11 +16,21 @@ node separately, since their best algorithms differ):
    already :data:`PRUNE_FACTOR` x the best median so far (then it is recorded
    as is, reason "pruned"), ``ctx.warmup - 1`` warm-up runs and ``ctx.repeats``
    timed runs whose median counts; the fastest median wins (ties: policy
-   order). The untimed check run warms plans and caches first.
+   order). The untimed check run warms plans and caches first;
+4. workspace tie-break (:func:`choose`): among the correct candidates timed in
+   full (not pruned) whose median is within ``(1 + policy.workspace_tolerance)
+   x`` the fastest's, the one with the smallest workspace wins instead (ties:
+   the faster median, then policy order), and its row's reason says so: a
+   cuDNN engine 1 % faster than another is not worth hundreds of MiB of
+   scratch space at the memory peak. ``workspace_tolerance = 0`` keeps the
+   fastest.
 
 Nodes the policy forces, and nodes with a single candidate, are not timed.
-Decisions persist in :class:`~passes.autotune_cache.AutotuneCache`; a cached
-decision is reused without running anything if its algorithm still applies.
+Decisions persist in :class:`~passes.autotune_cache.AutotuneCache` with every
+candidate's measurements; a cached decision is reused without running
+anything if its algorithm still applies, the winner chosen again from the
+cached measurements under the current ``workspace_tolerance``
+(:func:`rechoose`).
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ import numpy as np
 from opgraph.errors import LoweringError
 from opgraph.graph import Graph
 from opgraph.op import Lowered
-from opgraph.types import to_layout
+from opgraph.types import is_float, to_layout
 from opgraph.backends.registry import KernelContext, rules_for
 
 import attrs
@@ -120,10 +130,10 @@ def random_inputs(in_types, xp, seed: int, dtype: str | None = None) -> list:
     rng = np.random.default_rng(seed)
     out = []
     for t in in_types:
-        want = dtype if dtype and t.dtype.startswith(("float", "bfloat")) else t.dtype
+        want = dtype if dtype and is_float(t.dtype) else t.dtype
         if want == "bfloat16":
             import ml_dtypes  # noqa: F401  (registers numpy's bfloat16)
-        if want.startswith(("float", "bfloat")):
+        if is_float(want):
             host = rng.standard_normal(t.shape).astype(want)
         else:
             host = np.zeros(t.shape, dtype=want)
@@ -184,10 +194,11 @@ class AutotunePass(Pass):
             key = cache_key(op, types, ctx.dtype, layout, policy, ctx.device, device_name, versions,
                             candidates=candidate_set(applicable))
             hit = cache.get(key)
-            rule = hit and next((r for r, _ in applicable if r.algorithm == hit["algorithm"]), None)
+            rows, algorithm, cached_opts = rechoose(hit, policy.workspace_tolerance) if hit else ([], None, {})
+            rule = next((r for r, _ in applicable if r.algorithm == algorithm), None)
             if rule is not None:  # reuse: nothing runs, not even the variants enumeration
-                opts = {**policy_options(rule, policy), **hit.get("options", {})}
-                rec.how, rec.candidates = "cache", [Candidate.from_dict(c) for c in hit.get("candidates", [])]
+                opts = {**policy_options(rule, policy), **cached_opts}
+                rec.how, rec.candidates = "cache", rows
                 rec.cache_key = key
             else:
                 cands = [(r, {**policy_options(r, policy), **variant}) for r, _ in applicable
@@ -198,20 +209,18 @@ class AutotunePass(Pass):
                 if hit:
                     ctx.report.note(f"autotune: {view.name}: cached choice {hit['algorithm']} no longer "
                                     "applies; re-tuned")
-                rows = self._tune(op, types, cands, s, ctx, timer)
-                best = min((c for c in rows if c.status in ("ok", "unverified")),
-                           key=lambda c: c.time_ms, default=None)
+                rows, timed = self._tune(op, types, cands, s, ctx, timer, view.type)
+                measured = [c.to_dict() for c in rows]  # cached as timed: rechoose() decides again
+                best = choose(rows, timed, policy.workspace_tolerance)
                 if best is None:
                     raise LoweringError(f"node {view.name} ({op.describe()}): autotune found no correct "
                                         "candidate:" + "".join(f"\n  {c.label}: {c.status}: {c.reason}"
                                                                for c in rows))
-                best.status = "chosen"
                 rule, opts = next((r, o) for r, o in cands if r.algorithm == best.algorithm
                                   and o == best.options)
                 rec.how, rec.candidates = "autotune", rows
                 cache.put(key, {"algorithm": rule.algorithm, "options": opts, "time_ms": best.time_ms,
-                                "candidates": [c.to_dict() for c in rows], "device": device_name,
-                                "versions": versions})
+                                "candidates": measured, "device": device_name, "versions": versions})
             lowered = Lowered(op, rule.algorithm, ctx.device, opts)
             graph.replace_op(view.id, lowered)
             rec.algorithm, rec.options, rec.chosen = rule.algorithm, dict(opts), lowered.describe()
@@ -221,16 +230,23 @@ class AutotunePass(Pass):
             ctx.report.note(w)
         return graph
 
-    def _tune(self, op, types, cands, s, ctx: PassContext, timer) -> list[Candidate]:
-        """Check and time each candidate; returns the report rows (declined ones too)."""
+    def _tune(self, op, types, cands, s, ctx: PassContext, timer,
+              out_type=None) -> tuple[list[Candidate], list[Candidate]]:
+        """Check and time each candidate; returns the report rows (declined ones
+        too) and those of them timed in full (not pruned). A candidate whose
+        output dtype is not the node's (``out_type``, with ``ctx.dtype``
+        replacing a floating one) is ``wrong``: a float32 result in a bf16
+        graph would turn every later value into float32."""
         xp, policy = ctx.xp, ctx.policy
+        want = None if out_type is None else (
+            ctx.dtype if ctx.dtype and is_float(out_type.dtype) else out_type.dtype)
         arrays = random_inputs(types, xp, ctx.seed, ctx.dtype)
         try:
             ref = _reference(op, arrays, xp, ctx.device)
         except Exception:
             ref = None
         dtype = str(arrays[0].dtype) if arrays else "float32"
-        rows, best = [], None  # best: fastest fully timed median so far, seconds
+        rows, timed, best = [], [], None  # best: fastest fully timed median so far, seconds
         for rule, opts in cands:
             c = Candidate(rule.algorithm, dict(opts), workspace=rule_workspace(rule, op, types, opts),
                           tolerance=tolerance(rule.algorithm, policy.precision, dtype))
@@ -243,6 +259,10 @@ class AutotunePass(Pass):
                 out = rule.kernel(kctx, op, *arrays)
             except Exception as e:  # includes device out-of-memory errors
                 c.status, c.reason = "failed", f"{type(e).__name__}: {e}"
+                continue
+            got = getattr(getattr(out, "dtype", None), "name", None)
+            if want is not None and got is not None and got != want:
+                c.status, c.reason = "wrong", f"returns {got}, the node's type is {want}"
                 continue
             if ref is not None:
                 c.rel_error = relative_error(xp, out, ref)
@@ -263,11 +283,71 @@ class AutotunePass(Pass):
             times = timer.measure(run, label=c.label, warmup=max(0, ctx.warmup - 1),
                                   repeats=max(1, ctx.repeats))
             c.time_ms, c.min_ms = 1e3 * statistics.median(times), 1e3 * min(times)
+            timed.append(c)
             best = min(best if best is not None else math.inf, statistics.median(times))
         for algo, why in s.declined.items():
             status = "excluded" if why.startswith(("excluded", "opt-in")) else "declined"
             rows.append(Candidate(algo, {}, status=status, reason=why))
-        return rows
+        return rows, timed
+
+
+def choose(rows: list[Candidate], timed: list[Candidate], workspace_tolerance: float) -> Candidate | None:
+    """The winning row, marked ``chosen``; None when no row is correct.
+
+    Correct rows (status ``ok``, or ``unverified`` for an op without a
+    reference rule) compete on their median ``time_ms`` (milliseconds): the
+    fastest wins, ties in row (policy) order. When ``workspace_tolerance`` > 0,
+    the rows of ``timed`` (timed in full, not pruned) whose median is within
+    ``(1 + workspace_tolerance) x`` the fastest's are near-fastest, and the
+    one of them with the smallest ``workspace`` (bytes) wins instead (ties: the
+    faster median, then row order). When that is not the fastest, its
+    ``reason`` says why it was chosen (``within 3 % of the fastest
+    cudnn[engine=1] (0.412 vs 0.405 ms), 290.0 MiB less workspace ...``) and
+    the fastest's why it was not.
+    """
+    correct = [c for c in rows if c.status in ("ok", "unverified")]
+    fastest = min(correct, key=lambda c: c.time_ms, default=None)
+    if fastest is None:
+        return None
+    best = fastest
+    if workspace_tolerance > 0:
+        full = {id(c) for c in timed}
+        near = [c for c in correct if c is fastest or (
+            id(c) in full and c.time_ms <= (1 + workspace_tolerance) * fastest.time_ms)]
+        best = min(near, key=lambda c: (c.workspace or 0, c.time_ms))
+    if best is not fastest:
+        saved = _size((fastest.workspace or 0) - (best.workspace or 0))
+        pct = f"{100 * workspace_tolerance:g} %"
+        best.reason = "; ".join(filter(None, [
+            best.reason, f"within {pct} of the fastest {fastest.label} ({best.time_ms:.3f} vs "
+                         f"{fastest.time_ms:.3f} ms), {saved} less workspace (workspace_tolerance)"]))
+        fastest.reason = "; ".join(filter(None, [
+            fastest.reason, f"fastest, but {best.label} is within {pct} with {saved} less workspace"]))
+    best.status = "chosen"
+    return best
+
+
+def rechoose(entry: dict, workspace_tolerance: float) -> tuple[list[Candidate], str | None, dict]:
+    """``(rows, algorithm, options)`` of a cached decision under the current
+    ``workspace_tolerance``: the cached rows (times and workspaces as measured)
+    go through :func:`choose` again, so changing the tolerance needs no
+    re-tuning. Rows of entries written before the tie-break (one of them
+    ``chosen``, no reasons of its own) are read the same way; an entry without
+    rows keeps its algorithm and options."""
+    rows = [Candidate.from_dict(c) for c in entry.get("candidates", [])]
+    for c in rows:
+        if c.status == "chosen":
+            c.status = "ok"
+    timed = [c for c in rows if c.time_ms is not None and not c.reason.startswith("pruned")]
+    best = choose(rows, timed, workspace_tolerance)
+    if best is None:
+        return rows, entry.get("algorithm"), dict(entry.get("options", {}))
+    return rows, best.algorithm, dict(best.options)
+
+
+def _size(nbytes: int) -> str:
+    """``'290.0 MiB'``; under 0.1 MiB, ``'4,096 B'``."""
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 / 10 else f"{nbytes:,d} B"
 
 
 def candidate_set(applicable) -> str:
@@ -308,5 +388,5 @@ def _variants(rule, op, types, device, options) -> list[dict]:
         return [{}]
 
 
-__all__ = ["AutotunePass", "Timer", "PerfCounterTimer", "CudaEventTimer", "default_timer",
+__all__ = ["AutotunePass", "choose", "rechoose", "Timer", "PerfCounterTimer", "CudaEventTimer", "default_timer",
            "tolerance", "random_inputs", "relative_error", "REFERENCE_ALGORITHMS"]

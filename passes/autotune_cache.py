@@ -13,7 +13,10 @@ op and its parameters, input shapes and dtypes, layout, precision, workspace
 limit, device and device name, the competing rules and how each enumerates
 its variants, and every library version. A key written
 under other versions is therefore never looked up again (stale entries stay
-in the file, harmless, until it is deleted).
+in the file, harmless, until it is deleted). The workspace tie-break
+(``policy.workspace_tolerance``) is not in the key: an entry keeps every
+candidate's measurements, and the winner is chosen again from them under the
+current tolerance (``passes.autotune.rechoose``).
 
 Location: ``policy.cache``, else the environment variable ``OPGRAPH_CACHE``
 (a ``.json`` file, or a folder that gets ``autotune.json``), else

@@ -14,14 +14,13 @@ from opgraph.errors import ParameterError
 from opgraph.executable import Executable
 from opgraph.graph import Value, graph_of
 from opgraph.op import Lowered
+from opgraph.types import FLOAT_DTYPES  # what compile(dtype=...) accepts
 from opgraph.backends.registry import KernelContext, lookup
 
 from .base import PassContext, Pipeline, host_versions
 from .pipelines import build
 from .policy import LoweringPolicy
 
-#: What ``compile(dtype=...)`` accepts: it replaces the dtype of floating feeds.
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def as_policy(policy) -> LoweringPolicy:

@@ -9,8 +9,10 @@ The user swaps implementations here, never in the model. A policy holds
 * ``include`` / ``exclude``: algorithm names or rule tags (Theano's
   ``optimizer_including`` / ``optimizer_excluding``): excluded rules are never
   candidates; rules tagged ``optional`` are candidates only when included;
-* ``autotune``, ``workspace_limit`` (bytes), ``precision``, ``layout``,
-  ``explicit_padding`` (algorithms the legalize pass pads for), ``cache``.
+* ``autotune``, ``workspace_limit`` (bytes), ``workspace_tolerance`` (a
+  fraction: autotune keeps the smallest-workspace candidate within it of the
+  fastest), ``precision``, ``layout``, ``explicit_padding`` (algorithms the
+  legalize pass pads for), ``cache``.
 
 Op-type keys are op class names (``Conv2d``, case-insensitive), family aliases
 (:data:`ALIASES`: ``conv`` = the three convolution ops, ``conv_fwd`` /
@@ -23,6 +25,8 @@ TOML schema (``LoweringPolicy.from_toml``; every key optional)::
 
     autotune = false              # bool: time candidates (passes/autotune.py)
     workspace_limit = "512MiB"    # int bytes, or a string with B/KB/MB/GB/KiB/MiB/GiB
+    workspace_tolerance = 0.03    # 0..1 or "3%": autotune keeps the smallest workspace
+                                  # among candidates within 3 % of the fastest; 0 = off
     precision = "fp32"            # fp32 | tf32 | bf16 | fp16
     layout = "NCHW"               # NCHW | NHWC (NHWC only acted on for cuda)
     include = ["optional-tag"]    # algorithm names or rule tags
@@ -186,6 +190,22 @@ def parse_bytes(value, key: str = "workspace_limit") -> int | None:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def parse_fraction(value, key: str = "workspace_tolerance") -> float:
+    """A fraction in [0, 1] from a number or a string (``0.03``, ``'0.03'``, ``'3%'``).
+
+    Raises:
+        PolicyError: another type, NaN, or a value outside [0, 1] (``3`` meant
+            as 3 % is an error: write ``0.03`` or ``'3%'``).
+    """
+    number = value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(%?)\s*", value)
+        number = float(m.group(1)) / (100 if m.group(2) else 1) if m else None
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 <= number <= 1:
+        raise _err(key, value, "must be a fraction from 0 to 1, e.g. 0.03 or '3%' (0 turns it off)")
+    return float(number)
+
+
 def _choice(key: str, allowed):
     def check(inst, attribute, value):
         if value not in allowed:
@@ -221,6 +241,9 @@ class LoweringPolicy:
     exclude: frozenset = attrs.field(default=frozenset(), converter=_names("exclude"))
     autotune: bool = attrs.field(default=False, converter=_flag)
     workspace_limit: int | None = attrs.field(default=None, converter=parse_bytes)
+    #: Autotune: among the correct, fully timed candidates whose median is within
+    #: ``(1 + workspace_tolerance) x`` the fastest, the smallest workspace wins.
+    workspace_tolerance: float = attrs.field(default=0.03, converter=parse_fraction)
     precision: str = attrs.field(default="fp32", validator=_choice("precision", PRECISIONS))
     layout: str = attrs.field(default="NCHW", validator=_choice("layout", LAYOUTS),
                               converter=lambda v: v.upper() if isinstance(v, str) else v)  # nhwc = NHWC
@@ -267,6 +290,7 @@ class LoweringPolicy:
         d = {"prefer": {k: list(v) for k, v in self.prefer.items()}, "force": dict(self.force),
              "include": sorted(self.include), "exclude": sorted(self.exclude),
              "autotune": self.autotune, "workspace_limit": self.workspace_limit,
+             "workspace_tolerance": self.workspace_tolerance,
              "precision": self.precision, "layout": self.layout,
              "explicit_padding": sorted(self.explicit_padding), "cache": self.cache}
         return {k: v for k, v in d.items() if v not in (None, [], {})}
@@ -314,7 +338,8 @@ class LoweringPolicy:
 
     @classmethod
     def from_cli(cls, lowering: str | None = None, policy_file=None, autotune: bool = False,
-                 precision: str | None = None, workspace_limit=None) -> "LoweringPolicy":
+                 precision: str | None = None, workspace_limit=None,
+                 workspace_tolerance=None) -> "LoweringPolicy":
         """A policy from command-line strings; flags override the file.
 
         ``lowering`` is a comma-separated list of items:
@@ -360,10 +385,13 @@ class LoweringPolicy:
             changes["precision"] = precision
         if workspace_limit is not None:
             changes["workspace_limit"] = workspace_limit
+        if workspace_tolerance is not None:
+            changes["workspace_tolerance"] = workspace_tolerance
         try:
             return attrs.evolve(base, **changes)
         except PolicyError as e:
-            flag = {"workspace_limit": "--workspace-limit", "precision": "--precision"}.get(e.param, "--lowering")
+            flag = {"workspace_limit": "--workspace-limit", "workspace_tolerance": "--workspace-tolerance",
+                    "precision": "--precision"}.get(e.param, "--lowering")
             raise _err(e.param, e.value, e.why, flag) from None
 
 
@@ -373,8 +401,9 @@ def _dedupe(items) -> tuple[str, ...]:
 
 # ---- argparse wiring for the benchmark CLI --------------------------------
 def add_cli_arguments(parser) -> None:
-    """Add ``--lowering``, ``--policy``, ``--autotune``, ``--precision`` and
-    ``--workspace-limit`` to an ``argparse`` parser (read by :func:`policy_from_args`)."""
+    """Add ``--lowering``, ``--policy``, ``--autotune``, ``--precision``,
+    ``--workspace-limit`` and ``--workspace-tolerance`` to an ``argparse`` parser
+    (read by :func:`policy_from_args`)."""
     g = parser.add_argument_group("lowering policy")
     g.add_argument("--lowering", default=None, metavar="SPEC",
                    help="e.g. 'conv=fft+gemm,pool=reference', a bare algorithm 'gemm', "
@@ -384,6 +413,9 @@ def add_cli_arguments(parser) -> None:
     g.add_argument("--precision", default=None, choices=PRECISIONS, help="math precision (default fp32)")
     g.add_argument("--workspace-limit", default=None, metavar="BYTES",
                    help="scratch budget per node, e.g. 512MiB (default: none)")
+    g.add_argument("--workspace-tolerance", default=None, metavar="FRACTION",
+                   help="autotune keeps the smallest workspace among candidates this close to "
+                        "the fastest, e.g. 0.03 or 3%% (default 0.03; 0: the fastest)")
 
 
 def policy_from_args(args) -> LoweringPolicy:
@@ -392,8 +424,9 @@ def policy_from_args(args) -> LoweringPolicy:
                                    policy_file=getattr(args, "policy", None),
                                    autotune=getattr(args, "autotune", False),
                                    precision=getattr(args, "precision", None),
-                                   workspace_limit=getattr(args, "workspace_limit", None))
+                                   workspace_limit=getattr(args, "workspace_limit", None),
+                                   workspace_tolerance=getattr(args, "workspace_tolerance", None))
 
 
 __all__ = ["LoweringPolicy", "PolicyError", "ALIASES", "DEFAULT_ORDER", "PRECISIONS", "LAYOUTS",
-           "CONV_OPS", "parse_bytes", "add_cli_arguments", "policy_from_args"]
+           "CONV_OPS", "parse_bytes", "parse_fraction", "add_cli_arguments", "policy_from_args"]

@@ -38,7 +38,9 @@ class Candidate:
         time_ms / min_ms: median / minimum of the timed repeats, milliseconds.
         workspace: scratch bytes the rule declares for one call.
         rel_error: ``||out - ref|| / ||ref||`` against the float64 reference.
-        reason: why it was not chosen (declines, exceptions, errors).
+        reason: why it was not chosen (declines, exceptions, errors); on
+            the chosen row, why it beat a faster one (``workspace_tolerance``,
+            see ``passes.autotune.choose``).
     """
 
     algorithm: str

@@ -16,10 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from opgraph.errors import ShapeError
-
-
-def _acc(xp, dtype):
-    return xp.float32 if dtype == xp.float16 else dtype
+from opgraph.types import compute_dtype
 
 
 def _broadcast(what, *shapes):
@@ -75,7 +72,7 @@ def sum_to(xp, x, *, shape):
         ShapeError: ``shape`` does not broadcast to ``x.shape``.
     """
     axes = _sum_axes(x.shape, shape, "sum_to")
-    out = x.sum(axis=axes, dtype=_acc(xp, x.dtype), keepdims=True)
+    out = x.sum(axis=axes, dtype=compute_dtype(xp, x.dtype), keepdims=True)
     return xp.reshape(out, tuple(shape)).astype(x.dtype, copy=True)
 
 

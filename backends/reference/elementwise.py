@@ -5,6 +5,13 @@ fresh array (never a view of an input, so an executor may overwrite its
 buffers) and computes in the input dtype. Rules: ``shared/design/SEMANTICS.md``
 (Others).
 
+ReLU, threshold, their gradients, ``add`` and ``bias_add`` also take
+``out=``: an array of the result's shape and dtype (in the executor, the
+input whose buffer dies at this step: ``Rule.inplace`` in
+``backends/registry.py``) that receives the result through its own
+strides and is returned. The values are those of the call without ``out``,
+bit for bit.
+
 Gradient masks use ``where`` rather than a multiplication by a 0/1 mask, so an
 infinite output gradient at a blocked position gives 0, not ``inf * 0 = NaN``
 (PyTorch's ``threshold_backward`` also selects).
@@ -15,58 +22,72 @@ from __future__ import annotations
 import numpy as np
 
 from opgraph.errors import ShapeError
+from opgraph.types import compute_dtype, numpy_dtype
 
 
-def relu(xp, x):
+def relu(xp, x, *, out=None):
     """``max(x, 0)`` element-wise; NaN propagates (``maximum`` propagates NaN).
 
-    Shapes: any; returns x's shape and dtype. Source: SEMANTICS.md (ReLU).
+    Shapes: any; returns x's shape and dtype (into ``out`` if given, e.g. x
+    itself). Source: SEMANTICS.md (ReLU).
     """
-    return xp.maximum(x, xp.zeros((), dtype=x.dtype))
+    return xp.maximum(x, xp.zeros((), dtype=x.dtype), out=out)
 
 
-def relu_backward(xp, x, gy):
+def relu_backward(xp, x, gy, *, out=None):
     """``gy`` where ``x > 0``, else 0.
 
     The gradient at exactly 0 is 0 (SEMANTICS.md) and a NaN ``x`` gives 0
     (``NaN > 0`` is false), the rule fixed for the ``ReluBackward`` op.
-    Shapes: x and gy alike; returns gy's dtype.
+    Shapes: x and gy alike; returns gy's dtype (into ``out`` if given, e.g.
+    gy itself).
     """
     _same_shape("relu_backward", x, gy)
-    return xp.where(x > 0, gy, xp.zeros((), dtype=gy.dtype))
+    zero = xp.zeros((), dtype=gy.dtype)
+    if out is None:
+        return _select(xp, x > 0, gy, zero)
+    return _select_into(xp, out, x > 0, gy, zero)
 
 
-def threshold(xp, x, *, threshold, value):
+def threshold(xp, x, *, threshold, value, out=None):
     """``torch.nn.functional.threshold``: ``x`` if ``x > threshold`` else ``value``.
 
     Written as ``where(x <= threshold, value, x)`` as PyTorch does, so a NaN
     input propagates (``NaN <= t`` is false); ``threshold(x, 0, 0)`` is ReLU.
-    Returns x's shape and dtype.
+    Returns x's shape and dtype (into ``out`` if given, e.g. x itself).
     """
-    return xp.where(x <= threshold, xp.asarray(value, dtype=x.dtype), x)
+    v = xp.asarray(value, dtype=x.dtype)
+    if out is None:
+        return _select(xp, x <= threshold, v, x)
+    return _select_into(xp, out, ~(x <= threshold), x, v)
 
 
-def threshold_backward(xp, x, gy, *, threshold):
+def threshold_backward(xp, x, gy, *, threshold, out=None):
     """``gy`` where ``x > threshold``, else 0 (the gradient does not depend on
-    ``value``). A NaN ``x`` gives 0, as :func:`relu_backward`.
+    ``value``). A NaN ``x`` gives 0, as :func:`relu_backward`. Into ``out``
+    if given (e.g. gy itself).
     """
     _same_shape("threshold_backward", x, gy)
-    return xp.where(x > threshold, gy, xp.zeros((), dtype=gy.dtype))
+    zero = xp.zeros((), dtype=gy.dtype)
+    if out is None:
+        return _select(xp, x > threshold, gy, zero)
+    return _select_into(xp, out, x > threshold, gy, zero)
 
 
-def add(xp, a, b):
-    """``a + b`` for two arrays of the same shape (no broadcasting).
+def add(xp, a, b, *, out=None):
+    """``a + b`` for two arrays of the same shape (no broadcasting); into
+    ``out`` if given (e.g. a or b itself: a gradient sum accumulated in place).
 
     Raises:
         ShapeError: the shapes differ.
     """
     _same_shape("add", a, b)
-    return a + b
+    return xp.add(a, b, out=out)
 
 
-def bias_add(xp, x, b):
+def bias_add(xp, x, b, *, out=None):
     """``x + b`` with ``b`` of shape ``(C,)`` broadcast along axis 1 of
-    ``x`` (``(N, C, ...)``).
+    ``x`` (``(N, C, ...)``); into ``out`` if given (e.g. x itself).
 
     Raises:
         ShapeError: b is not ``(C,)``.
@@ -74,7 +95,7 @@ def bias_add(xp, x, b):
     if b.ndim != 1 or x.ndim < 2 or b.shape[0] != x.shape[1]:
         raise ShapeError(f"bias_add: b must have shape ({x.shape[1] if x.ndim > 1 else '?'},) "
                          f"for x of shape {x.shape}, got {b.shape}")
-    return x + b.reshape((1, -1) + (1,) * (x.ndim - 2))
+    return xp.add(x, b.reshape((1, -1) + (1,) * (x.ndim - 2)), out=out)
 
 
 def bias_add_backward(xp, gy):
@@ -84,7 +105,7 @@ def bias_add_backward(xp, gy):
     """
     if gy.ndim < 2:
         raise ShapeError(f"bias_add_backward: gy must be at least 2-D, got shape {gy.shape}")
-    acc = xp.float32 if gy.dtype == xp.float16 else gy.dtype
+    acc = compute_dtype(xp, gy.dtype)
     axes = (0,) + tuple(range(2, gy.ndim))
     return gy.sum(axis=axes, dtype=acc).astype(gy.dtype, copy=False)
 
@@ -109,20 +130,30 @@ def dropout(xp, x, *, p, training, seed):
     if p >= 1:
         return xp.zeros_like(x)
     keep = xp.asarray(np.random.default_rng(seed).random(x.shape) >= p)
-    return xp.where(keep, x * xp.asarray(1.0 / (1.0 - p), dtype=x.dtype), zero)
+    return _select(xp, keep, x * xp.asarray(1.0 / (1.0 - p), dtype=x.dtype), zero)
 
 
 def zeros(xp, *, type):
-    """Zeros of an ``opgraph.types.TensorType`` (its shape and dtype).
+    """Zeros of an ``opgraph.types.TensorType`` (its shape and dtype; bfloat16
+    is ``ml_dtypes.bfloat16``, which NumPy and CuPy >= 14 take)."""
+    return xp.zeros(type.shape, dtype=numpy_dtype(type.dtype))
 
-    Raises:
-        TypeError: the dtype (bfloat16) has no ``xp`` counterpart.
-    """
-    try:
-        dtype = np.dtype(type.dtype)  # CuPy takes NumPy dtypes
-    except TypeError:
-        raise TypeError(f"zeros: dtype {type.dtype!r} of {type} is not supported by {xp.__name__}") from None
-    return xp.zeros(type.shape, dtype=dtype)
+
+def _select(xp, keep, a, other):
+    """``where(keep, a, other)`` in ``a``'s dtype: CuPy 14 promotes a bfloat16
+    ``where`` to float32 (measured on the H200, ``scripts/gpu_probe.py``), which
+    would turn every later value of a bf16 graph into float32."""
+    out = xp.where(keep, a, other)
+    return out if out.dtype == a.dtype else out.astype(a.dtype)
+
+
+def _select_into(xp, out, keep, a, other):
+    """``where(keep, a, other)`` written into ``out`` (which may be ``a``
+    itself: the mask is computed before anything is written)."""
+    if out is not a:
+        xp.copyto(out, a)
+    xp.copyto(out, other, where=~keep)
+    return out
 
 
 def _same_shape(what, a, b):

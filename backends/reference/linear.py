@@ -8,10 +8,7 @@ are multiplied in fp32 and rounded once at the end (SEMANTICS.md, Numbers).
 from __future__ import annotations
 
 from opgraph.errors import ShapeError
-
-
-def _acc(xp, dtype):
-    return xp.float32 if dtype == xp.float16 else dtype
+from opgraph.types import compute_dtype
 
 
 def check_linear(x_shape, w_shape, b_shape=None) -> None:
@@ -54,7 +51,7 @@ def linear(xp, x, w, b=None):
         ShapeError: the shapes do not fit.
     """
     check_linear(x.shape, w.shape, None if b is None else b.shape)
-    dt = _acc(xp, x.dtype)
+    dt = compute_dtype(xp, x.dtype)
     y = x.astype(dt, copy=False) @ w.astype(dt, copy=False).T
     if b is not None:
         y = y + b.astype(dt, copy=False)
@@ -77,7 +74,7 @@ def matmul(xp, a, b, *, transpose_a, transpose_b):
     matmul_dims(a.shape, b.shape, transpose_a, transpose_b)
     a2 = a.T if transpose_a else a
     b2 = b.T if transpose_b else b
-    dt = _acc(xp, a.dtype)
+    dt = compute_dtype(xp, a.dtype)
     return (a2.astype(dt, copy=False) @ b2.astype(dt, copy=False)).astype(a.dtype, copy=False)
 
 

@@ -16,12 +16,9 @@ softmax ``gx = y * (gy - sum(gy * y))``; log-softmax
 from __future__ import annotations
 
 from opgraph.errors import ExecutionError, ParameterError, ShapeError
+from opgraph.types import compute_dtype
 
 REDUCTIONS = ("mean", "sum")
-
-
-def _acc(xp, dtype):
-    return xp.float32 if dtype == xp.float16 else dtype
 
 
 def _axis(x, axis):
@@ -38,7 +35,7 @@ def softmax(xp, x, *, axis):
     axis = _axis(x, axis)
     if x.shape[axis] == 0:
         return x.copy()
-    xa = x.astype(_acc(xp, x.dtype), copy=False)
+    xa = x.astype(compute_dtype(xp, x.dtype), copy=False)
     e = xp.exp(xa - xa.max(axis=axis, keepdims=True))
     return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False)
 
@@ -48,7 +45,7 @@ def softmax_backward(xp, y, gy, *, axis):
     ``y * (gy - sum(gy * y, axis))``. Returns gy's shape, y's dtype."""
     axis = _axis(y, axis)
     _same("softmax_backward", y, gy)
-    dt = _acc(xp, y.dtype)
+    dt = compute_dtype(xp, y.dtype)
     ya, ga = y.astype(dt, copy=False), gy.astype(dt, copy=False)
     return (ya * (ga - (ga * ya).sum(axis=axis, keepdims=True))).astype(y.dtype, copy=False)
 
@@ -58,7 +55,7 @@ def log_softmax(xp, x, *, axis):
     axis = _axis(x, axis)
     if x.shape[axis] == 0:
         return x.copy()
-    xa = x.astype(_acc(xp, x.dtype), copy=False)
+    xa = x.astype(compute_dtype(xp, x.dtype), copy=False)
     m = xa.max(axis=axis, keepdims=True)
     # (x - m) - log(sum exp(x - m)): subtracting m first keeps huge logits exact.
     s = xa - m
@@ -70,7 +67,7 @@ def log_softmax_backward(xp, y, gy, *, axis):
     ``gy - exp(y) * sum(gy, axis)``. Returns gy's shape, y's dtype."""
     axis = _axis(y, axis)
     _same("log_softmax_backward", y, gy)
-    dt = _acc(xp, y.dtype)
+    dt = compute_dtype(xp, y.dtype)
     ya, ga = y.astype(dt, copy=False), gy.astype(dt, copy=False)
     return (ga - xp.exp(ya) * ga.sum(axis=axis, keepdims=True)).astype(y.dtype, copy=False)
 
@@ -124,7 +121,7 @@ def cross_entropy(xp, logits, target, *, reduction):
     """
     check_cross_entropy(xp, logits, target, reduction)
     n = logits.shape[0]
-    la = logits.astype(_acc(xp, logits.dtype), copy=False)
+    la = logits.astype(compute_dtype(xp, logits.dtype), copy=False)
     if n:
         # log(sum exp(s)) - s[target] with s = x - max: subtracting the max from
         # the picked logit too keeps the O(1) part (e.g. log C for equal huge
@@ -158,7 +155,7 @@ def cross_entropy_backward(xp, logits, target, gy, *, reduction):
     if gy.size != 1:
         raise ShapeError(f"cross_entropy_backward: gy must be a scalar, got shape {gy.shape}")
     n, c = logits.shape
-    dt = _acc(xp, logits.dtype)
+    dt = compute_dtype(xp, logits.dtype)
     p = softmax(xp, logits.astype(dt, copy=False), axis=1)
     onehot = xp.arange(c)[None, :] == target.astype(xp.int64)[:, None]
     g = (p - onehot) * gy.astype(dt).reshape(())

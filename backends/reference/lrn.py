@@ -23,6 +23,7 @@ axis (exact, unlike a difference of cumulative sums). fp16 computes in fp32.
 from __future__ import annotations
 
 from opgraph.errors import ParameterError, ShapeError
+from opgraph.types import compute_dtype
 
 
 def _check(x, size):
@@ -66,7 +67,7 @@ def local_response_norm(xp, x, *, size, alpha, beta, k):
     """
     _check(x, size)
     size = int(size)
-    acc = x.astype(_acc(xp, x.dtype), copy=False)
+    acc = x.astype(compute_dtype(xp, x.dtype), copy=False)
     d, _, _ = _denominator(xp, acc, size, alpha, k)
     return (acc * d ** (-beta)).astype(x.dtype, copy=False)
 
@@ -97,17 +98,13 @@ def local_response_norm_backward(xp, x, gy, *, size, alpha, beta, k):
     if tuple(gy.shape) != tuple(x.shape):
         raise ShapeError(f"local_response_norm_backward: gy has shape {gy.shape}, x has {x.shape}")
     size = int(size)
-    dt = _acc(xp, x.dtype)
+    dt = compute_dtype(xp, x.dtype)
     xa, ga = x.astype(dt, copy=False), gy.astype(dt, copy=False)
     d, before, after = _denominator(xp, xa, size, alpha, k)
     t = ga * xa * d ** (-beta - 1)
     back = _window_sum(xp, t, after, before, size)
     gx = ga * d ** (-beta) - (2.0 * alpha * beta / size) * xa * back
     return gx.astype(x.dtype, copy=False)
-
-
-def _acc(xp, dtype):
-    return xp.float32 if dtype == xp.float16 else dtype
 
 
 __all__ = ["local_response_norm", "local_response_norm_backward"]

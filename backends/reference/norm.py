@@ -20,10 +20,7 @@ kernel returns a fresh array.
 from __future__ import annotations
 
 from opgraph.errors import ShapeError
-
-
-def _acc(xp, dtype):
-    return xp.float32 if dtype == xp.float16 else dtype
+from opgraph.types import compute_dtype
 
 
 def _channel(v, ndim, dt):
@@ -53,7 +50,7 @@ def batch_norm(xp, x, scale, bias, mean, var, *, eps):
         ShapeError: a vector is not (C,), or x has no channel axis.
     """
     _check("batch_norm", x, scale=scale, bias=bias, mean=mean, var=var)
-    dt = _acc(xp, x.dtype)
+    dt = compute_dtype(xp, x.dtype)
     ch = lambda v: _channel(v, x.ndim, dt)  # noqa: E731
     # Python scalars are weak under NumPy 2 promotion: eps keeps the dtype.
     y = (x.astype(dt, copy=False) - ch(mean)) / xp.sqrt(ch(var) + eps)
@@ -66,7 +63,7 @@ def batch_norm_backward_data(xp, gy, scale, var, *, eps):
     Shapes: gy (N, C, ...), scale and var (C,); returns gy's shape and dtype.
     """
     _check("batch_norm_backward_data", gy, scale=scale, var=var)
-    dt = _acc(xp, gy.dtype)
+    dt = compute_dtype(xp, gy.dtype)
     factor = scale.astype(dt, copy=False) / xp.sqrt(var.astype(dt, copy=False) + eps)
     return (gy.astype(dt, copy=False) * _channel(factor, gy.ndim, dt)).astype(gy.dtype, copy=False)
 
@@ -80,7 +77,7 @@ def batch_norm_backward_scale(xp, x, mean, var, gy, *, eps):
     _check("batch_norm_backward_scale", x, mean=mean, var=var)
     if tuple(gy.shape) != tuple(x.shape):
         raise ShapeError(f"batch_norm_backward_scale: gy shape {gy.shape} != x shape {x.shape}")
-    dt = _acc(xp, x.dtype)
+    dt = compute_dtype(xp, x.dtype)
     centred = x.astype(dt, copy=False) - _channel(mean, x.ndim, dt)
     axes = (0,) + tuple(range(2, x.ndim))
     total = (gy.astype(dt, copy=False) * centred).sum(axis=axes)
@@ -95,7 +92,7 @@ def global_avg_pool2d(xp, x):
     """
     if x.ndim != 4:
         raise ShapeError(f"global_avg_pool2d: x must be 4-D NCHW, got shape {x.shape}")
-    return x.mean(axis=(2, 3), keepdims=True, dtype=_acc(xp, x.dtype)).astype(x.dtype, copy=False)
+    return x.mean(axis=(2, 3), keepdims=True, dtype=compute_dtype(xp, x.dtype)).astype(x.dtype, copy=False)
 
 
 def global_avg_pool2d_backward(xp, gy, *, input_shape):
@@ -108,7 +105,7 @@ def global_avg_pool2d_backward(xp, gy, *, input_shape):
     n, c, h, w = (int(v) for v in input_shape)
     if tuple(gy.shape) != (n, c, 1, 1):
         raise ShapeError(f"global_avg_pool2d_backward: gy shape {gy.shape} != ({n}, {c}, 1, 1)")
-    dt = _acc(xp, gy.dtype)
+    dt = compute_dtype(xp, gy.dtype)
     spread = gy.astype(dt, copy=False) / (h * w)
     return xp.broadcast_to(spread.astype(gy.dtype, copy=False), (n, c, h, w)).copy()
 

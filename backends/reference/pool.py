@@ -33,11 +33,7 @@ from __future__ import annotations
 
 from opgraph.errors import ParameterError, ShapeError
 from opgraph.params import pair, padding2d, pool_out_size
-
-
-def _acc_dtype(xp, dtype):
-    """Accumulation dtype: fp16 storage accumulates in fp32 (SEMANTICS.md)."""
-    return xp.float32 if dtype == xp.float16 else dtype
+from opgraph.types import compute_dtype
 
 
 def geometry(in_hw, kernel_size, stride, padding, ceil_mode):
@@ -258,7 +254,7 @@ def avg_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, count_include_
     if x.ndim != 4:
         raise ShapeError(f"avg_pool2d: x must be 4-D NCHW, got shape {x.shape}")
     k, s, pad, out, buf_pad = _geometry(x.shape[2:], kernel_size, stride, padding, ceil_mode)
-    acc = _acc_dtype(xp, x.dtype)
+    acc = compute_dtype(xp, x.dtype)
     win = _windows(xp, x.astype(acc, copy=False), buf_pad, k, s, out, 0)
     div = _divisor(xp, x.shape[2:], k, s, pad, out, count_include_pad, acc)
     return (win.sum(axis=-1) / div).astype(x.dtype, copy=False)
@@ -287,7 +283,7 @@ def avg_pool2d_backward(xp, gy, *, kernel_size, stride, padding, ceil_mode,
     k, s, pad, out, buf_pad = _geometry(shape[2:], kernel_size, stride, padding, ceil_mode)
     if tuple(gy.shape) != shape[:2] + out:
         raise ShapeError(f"avg_pool2d_backward: gy has shape {gy.shape}, expected {shape[:2] + out}")
-    acc = _acc_dtype(xp, gy.dtype)
+    acc = compute_dtype(xp, gy.dtype)
     g = gy.astype(acc, copy=False) / _divisor(xp, shape[2:], k, s, pad, out, count_include_pad, acc)
     gbuf = _zeros_buffer(xp, shape, buf_pad, acc)
     for p in range(k[0]):

@@ -60,15 +60,31 @@ REFERENCE_KERNELS = {
 }
 
 
+#: op type -> input positions its kernel may write its output into (``out=``;
+#: ``Rule.inplace``): an element-wise op into an operand of its output's type.
+INPLACE = {
+    ops.Relu: 0,
+    ops.ReluBackward: 1,  # into gy (input 0 is the ReLU's output, the mask)
+    ops.Threshold: 0,
+    ops.ThresholdBackward: 1,
+    ops.Add: (0, 1),  # a gradient sum accumulates into either addend
+    ops.BiasAdd: 0,  # into x, not the (C,) bias
+}
+
+
 def params_kernel(fn, prefix: str = "reference", options: tuple = ()):
     """Wrap ``fn(xp, *arrays, **params)`` as a rule kernel ``(ctx, op, *arrays)``:
     the op's fields are the function's keyword arguments (shared by every
     backend whose kernels follow that convention, e.g. ``cuda_rules``), plus
     those of ``options`` the kernel context sets (an autotune variant's
-    choice, e.g. ``specialize``; unset ones keep ``fn``'s defaults)."""
+    choice, e.g. ``specialize``; unset ones keep ``fn``'s defaults). An
+    ``out=`` array (an in-place step, ``Rule.inplace``) is passed on to
+    ``fn``; the kernel is called without it otherwise."""
 
-    def kernel(ctx, op, *arrays):
+    def kernel(ctx, op, *arrays, out=None):
         chosen = {k: ctx.options[k] for k in options if k in ctx.options}
+        if out is not None:
+            chosen["out"] = out
         return fn(ctx.xp, *arrays, **op.params(), **chosen)
 
     kernel.__name__ = kernel.__qualname__ = f"{prefix}_{fn.__name__}"
@@ -76,5 +92,8 @@ def params_kernel(fn, prefix: str = "reference", options: tuple = ()):
     return kernel
 
 
+# Every reference kernel returns a new array, never a view of an input (each
+# module's docstring says so): ``fresh_output``.
 for _op_type, _fn in REFERENCE_KERNELS.items():
-    register(Rule(_op_type, "reference", params_kernel(_fn), tags={"reference"}))
+    register(Rule(_op_type, "reference", params_kernel(_fn), tags={"reference"},
+                  inplace=INPLACE.get(_op_type), fresh_output=True))

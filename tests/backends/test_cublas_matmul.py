@@ -78,3 +78,123 @@ def test_gemm_types_are_the_cublas_enums_of_each_precision():
     # library_types.h: CUDA_R_32F 0, CUDA_R_16F 2, CUDA_R_16BF 14; cublas_api.h:
     # CUBLAS_COMPUTE_32F 68, CUBLAS_COMPUTE_32F_FAST_TF32 77
     assert cm.GEMM_TYPES == {"fp32": (0, 68), "tf32": (0, 77), "bf16": (14, 68), "fp16": (2, 68)}
+
+
+# ---- which bindings: our own handle through nvmath-python, else CuPy's
+
+class _FakeStream:
+    def __init__(self, ptr, capturing=False):
+        self.ptr, self.capturing = ptr, capturing
+
+    def is_capturing(self):
+        return self.capturing
+
+
+class _FakeBindings:
+    """nvmath.bindings.cublas as far as gemm_ex_into uses it: records the calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def create(self):
+        self.calls.append(("create",))
+        return 1234
+
+    def set_workspace(self, handle, ptr, nbytes):
+        self.calls.append(("set_workspace", handle, nbytes))
+
+    def set_pointer_mode(self, handle, mode):
+        self.calls.append(("set_pointer_mode", handle, mode))
+
+    def set_stream(self, handle, ptr):
+        self.calls.append(("set_stream", handle, ptr))
+
+    def gemm_ex(self, handle, *args):
+        import ctypes
+        # alpha and beta are host pointers, alive during the call only: read them now
+        scalars = (ctypes.c_float.from_address(args[5]).value, ctypes.c_float.from_address(args[12]).value)
+        self.calls.append(("gemm_ex", handle, args, scalars))
+
+
+class _FakeArray:
+    def __init__(self, shape, ptr=77, nbytes=0, dtype="float32"):
+        self.shape, self.nbytes, self.dtype = shape, nbytes, dtype
+        self.data = type("D", (), {"ptr": ptr})()
+
+
+def _fake_xp(stream):
+    cuda = type("C", (), {})()
+    cuda.runtime = type("R", (), {"getDevice": staticmethod(lambda: 0)})()
+    cuda.get_current_stream = lambda: stream
+    xp = type("XP", (), {})()
+    xp.cuda, xp.uint8, xp.float32 = cuda, "uint8", "float32"
+    xp.empty = lambda n, dtype: _FakeArray((n,), ptr=99, nbytes=n)
+    return xp
+
+
+@pytest.fixture
+def fake_nvmath(monkeypatch):
+    import sys
+    import types
+    bindings = _FakeBindings()
+    pkg, sub = types.ModuleType("nvmath"), types.ModuleType("nvmath.bindings")
+    sub.cublas = bindings
+    pkg.bindings = sub
+    monkeypatch.setitem(sys.modules, "nvmath", pkg)
+    monkeypatch.setitem(sys.modules, "nvmath.bindings", sub)
+    monkeypatch.setitem(sys.modules, "nvmath.bindings.cublas", bindings)
+    monkeypatch.setattr(cm, "_OWN_HANDLES", {})
+    return bindings
+
+
+def test_with_nvmath_the_product_runs_on_our_own_handle_on_the_current_stream(fake_nvmath):
+    xp = _fake_xp(_FakeStream(ptr=4242))
+    a, b, out = _FakeArray((3, 5), ptr=1), _FakeArray((5, 4), ptr=2), _FakeArray((3, 4), ptr=3)
+    cm.gemm_ex_into(xp, a, b, out, "tf32")
+    cm.gemm_ex_into(xp, a, b, out, "tf32")
+    names = [c[0] for c in fake_nvmath.calls]
+    # one handle, made once with its workspace and host pointer mode; the stream set before each call
+    assert names == ["create", "set_workspace", "set_pointer_mode",
+                     "set_stream", "gemm_ex", "set_stream", "gemm_ex"]
+    assert fake_nvmath.calls[1] == ("set_workspace", 1234, cm.CUBLAS_WORKSPACE_BYTES)
+    assert fake_nvmath.calls[2] == ("set_pointer_mode", 1234, cm.CUBLAS_POINTER_MODE_HOST)
+    assert fake_nvmath.calls[3] == ("set_stream", 1234, 4242)
+    args = fake_nvmath.calls[4][2]
+    expect = cm.gemm_ex_args((3, 5), (5, 4), False, False)
+    assert args[:5] == (expect["transa"], expect["transb"], expect["m"], expect["n"], expect["k"])
+    # cuBLAS's first operand is b, its second a; C is out; the tf32 compute type
+    assert (args[6], args[9], args[13]) == (2, 1, 3)
+    assert (args[7], args[16]) == cm.GEMM_TYPES["tf32"]
+    assert args[14] == cm.CUDA_R_32F and fake_nvmath.calls[4][3] == (1.0, 0.0)  # C = 1 * AB + 0 * C
+
+
+def test_a_bf16_product_is_written_into_bf16_storage_and_may_accumulate(fake_nvmath):
+    # bf16 operands with a bf16 (uint16 bits) output: C's type is bf16, and with
+    # accumulate the bias already in C is added before the one rounding (beta = 1)
+    xp = _fake_xp(_FakeStream(ptr=1))
+    a, b = _FakeArray((3, 5), ptr=1, dtype="uint16"), _FakeArray((4, 5), ptr=2, dtype="uint16")
+    out = _FakeArray((3, 4), ptr=3, dtype="uint16")
+    cm.gemm_ex_into(xp, a, b, out, "bf16", transpose_b=True, accumulate=True)
+    cm.gemm_ex_into(xp, a, b, out, "bf16", transpose_b=True)
+    (_, _, args, scalars), (_, _, _, plain) = [c for c in fake_nvmath.calls if c[0] == "gemm_ex"]
+    assert args[7] == args[10] == args[14] == cm.CUDA_R_16BF and args[16] == cm.CUBLAS_COMPUTE_32F
+    assert scalars == (1.0, 1.0) and plain == (1.0, 0.0)
+
+
+def test_our_handle_is_not_made_inside_a_capture(fake_nvmath):
+    xp = _fake_xp(_FakeStream(ptr=1, capturing=True))
+    with pytest.raises(RuntimeError, match="inside a CUDA-graph capture"):
+        cm.own_handle(xp)
+    assert fake_nvmath.calls == []
+
+
+def test_without_nvmath_there_is_no_handle_of_our_own(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "nvmath", None)  # import raises ImportError
+    assert cm.own_handle(_fake_xp(_FakeStream(ptr=1))) is None
+
+
+def test_the_rules_take_bfloat16_storage():
+    x, w = TensorType((4, 8), "bfloat16"), TensorType((3, 8), "bfloat16")
+    assert cm.check(ops.Linear(), [x, w], "cuda") is None
+    assert cm.check(ops.MatMul(transpose_a=False, transpose_b=True), [x, w], "cuda") is None

@@ -101,7 +101,7 @@ def test_pool_relu_backward_masks_in_the_argmax_kernel(recorder):
     fused_arg, fused_gather, arg, gather = recorder.calls
     # a window whose maximum fails ReLU's mask stores -1, which no input cell (>= 0) matches
     assert fused_arg["name"] == "opgraph_maxpool_arg_relu_i32"
-    assert "arg[t] = best > (T)0 ? (int)win : -1;" in fused_arg["body"]
+    assert "arg[t] = best > (CT)0 ? (int)win : -1;" in fused_arg["body"]  # CT: compute type (float for bf16)
     assert arg["name"] == "opgraph_maxpool_arg_i32" and "arg[t] = (int)win;" in arg["body"]
     assert "if (arg[o] == me)" in gather["body"] and "const int me = (int)(a * W + b);" in gather["body"]
     assert fused_gather["body"] == gather["body"] and fused_gather["name"] == gather["name"]

@@ -279,6 +279,8 @@ def test_unwritable_output_paths_are_usage_errors_before_any_work(tmp_path, caps
 def test_policy_and_workspace_errors_are_usage_errors(tmp_path, capsys):
     status, _, err = run_cli(capsys, "--model", "L5", "--workspace-limit", "lots")
     assert status == 2 and "--workspace-limit" in err and "'lots'" in err
+    status, _, err = run_cli(capsys, "--model", "L5", "--workspace-tolerance", "3")
+    assert status == 2 and "--workspace-tolerance" in err and "'3'" in err
     status, _, err = run_cli(capsys, "--model", "L5", "--policy", str(tmp_path / "none.toml"))
     assert status == 2 and "none.toml" in err
     status, _, err = run_cli(capsys, "--model", "L5", "--summary", "--format", "markdown")

@@ -119,6 +119,10 @@ def test_allocated_peak_by_hook_and_pool_high_water_mark_minus_resident(fake_cup
     rec = memory.memory_record(exe.report, info, "cuda")
     assert rec["measured_peak_bytes"] == 3072 and rec["reserved_peak_bytes"] == 50000
     assert "MemoryHook" in rec["method"] and "high-water" in rec["method"]
+    plan = exe.report.memory  # the memory pass's in-place plan and peak step, carried over
+    assert (rec["peak_step"], rec["inplace_steps"], rec["inplace_bytes"]) == \
+        (plan["peak_step"], plan["inplace"], plan["inplace_bytes"])
+    assert rec["peak_step"] in {st.name for st in exe.steps}
 
 
 def test_allocation_counter_ignores_blocks_allocated_before():

@@ -80,3 +80,55 @@ def test_autotune_checks_and_times_cublas_for_a_linear_layer_in_tf32(cp):
     rows = classifier_candidates("cuda", "tf32")
     assert "cublas" in rows and rows["cublas"].time_ms is not None, rows
     assert rows["cublas"].rel_error <= 5e-3
+
+
+def test_a_product_on_our_own_handle_is_captured_and_replayed(cp, rng, relerr):
+    # CuPy's bindings refuse cuBLAS during capture; ours (nvmath-python) must not
+    pytest.importorskip("nvmath.bindings.cublas")
+    from opgraph.backends.cuda_graph import capture_stream
+    a = cp.asarray(rng.standard_normal((64, 96)).astype(np.float32))
+    b = cp.asarray(rng.standard_normal((96, 48)).astype(np.float32))
+    out = cp.zeros((64, 48), dtype=cp.float32)
+    cm.gemm_ex_into(cp, a, b, out, "fp32")  # eager first: makes the handle outside the capture
+    out.fill(0)
+    stream = capture_stream()
+    with stream:
+        stream.begin_capture()
+        cm.gemm_ex_into(cp, a, b, out, "fp32")
+        graph = stream.end_capture()
+        assert float(abs(out).max()) == 0.0  # captured, not run
+        graph.launch(stream)
+        stream.synchronize()
+    assert relerr(cp.asnumpy(out), cp.asnumpy(a).astype(np.float64) @ cp.asnumpy(b)) < 1e-5
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_linear_on_bfloat16_storage(cp, rng, relerr, precision):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf = np.dtype(ml_dtypes.bfloat16)
+    x = rng.standard_normal((16, 40)).astype(bf)
+    w = rng.standard_normal((7, 40)).astype(bf)
+    b = rng.standard_normal(7).astype(bf)
+    got = cm.linear(cp, cp.asarray(x), cp.asarray(w), cp.asarray(b), precision=precision)
+    assert got.dtype == bf and got.shape == (16, 7)
+    want = x.astype(np.float64) @ w.astype(np.float64).T + b.astype(np.float64)
+    assert relerr(cp.asnumpy(got).astype(np.float64), want) < 1e-2
+
+
+@pytest.mark.parametrize("transpose_a,transpose_b", [(True, False), (False, True)])
+def test_matmul_writes_bfloat16_storage_directly(cp, rng, relerr, transpose_a, transpose_b):
+    # bf16 storage in bf16: cuBLAS rounds the fp32 accumulator once into the bf16 output
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf = np.dtype(ml_dtypes.bfloat16)
+    a = rng.standard_normal((300, 64) if transpose_a else (64, 300)).astype(bf)
+    b = rng.standard_normal((48, 300) if transpose_b else (300, 48)).astype(bf)
+    got = cm.matmul(cp, cp.asarray(a), cp.asarray(b), transpose_a=transpose_a, transpose_b=transpose_b,
+                    precision="bf16")
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    want = (a64.T if transpose_a else a64) @ (b64.T if transpose_b else b64)
+    assert got.dtype == bf and got.shape == (64, 48)
+    host = cp.asnumpy(got).astype(np.float64)
+    assert np.all(np.abs(host - want) <= np.abs(want) * 2.0 ** -8 + 1e-3), relerr(host, want)
+    empty = cm.linear(cp, cp.zeros((5, 0), dtype=bf), cp.zeros((3, 0), dtype=bf), cp.ones(3, dtype=bf),
+                      precision="bf16")
+    assert empty.dtype == bf and float(abs(empty.astype(cp.float32) - 1).max()) == 0.0

@@ -89,3 +89,27 @@ def test_model_forward_and_gradients_match_reference(references, key, lowering, 
     if precision == "fp32":  # most convolution gradients see no flip: their median is strict
         conv_errs = sorted(errors[n] for n in conv_params)
         assert conv_errs[len(conv_errs) // 2] < 10 * TOL[precision], conv_errs
+
+
+#: bf16 storage rounds every value once more than the bf16 policy on float32
+#: storage does (each layer's output and gradient): the output's allowance is
+#: the bf16 tolerance widened by the depth (measured on the CPU, AlexNet batch
+#: 2: 4.0e-3 for the output; conv1.weight's gradient 0.17, as PyTorch's 0.17).
+BF16_STORAGE_OUTPUT_TOL = 5e-2
+
+
+@pytest.mark.parametrize("key", MODELS)
+def test_bfloat16_storage_end_to_end(references, key, cp, relerr):
+    # compile(dtype="bfloat16"): inputs, parameters, activations and gradients
+    # stored as bf16 on the device; cuDNN, cuBLAS and our kernels read and write
+    # bf16 and compute in fp32
+    model, grads, feeds, y, ref_vals = references[key]
+    policy = og.LoweringPolicy(prefer={"conv": ["cudnn"]}, precision="bf16")
+    run = og.compile([model.output, *grads], device="cuda", policy=policy, dtype="bfloat16")
+    outs = run(grad_outputs={model.output: y.astype(np.float32)}, **feeds)
+    assert {o.dtype.name for o in outs} == {"bfloat16"}
+    errors = {name: relerr(cp.asnumpy(got.astype(cp.float32)), ref)
+              for name, got, ref in zip(["output"] + [p.name for p in model.params], outs, ref_vals)}
+    assert errors.pop("output") < BF16_STORAGE_OUTPUT_TOL, errors
+    bad = {n: f"{e:.2e}" for n, e in errors.items() if not e < CONV_GRAD_TOL["bf16"]}
+    assert not bad, f"{key} bf16 storage: rel. errors over tolerance {bad}"

@@ -234,6 +234,29 @@ def test_compile_refuses_a_non_float_dtype_and_feeds_are_named():
         exe(**feeds)
 
 
+def test_a_bfloat16_graph_compiled_in_float64_computes_in_float64():
+    # the float64 oracle of a bf16 run: compile(dtype="float64") must replace
+    # bfloat16 like the other floating dtypes (it once kept bf16: "bfloat16"
+    # does not start with "float", and the check compared bf16 with itself)
+    from opgraph.types import numpy_dtype
+
+    bf = numpy_dtype("bfloat16")
+    g = og.Graph()
+    x, w = g.input("x", (2, 3, 8, 8), "bfloat16"), g.param("w", (4, 3, 3, 3), "bfloat16")
+    y = og.conv2d(x, w, padding=1)
+    rng = np.random.default_rng(0)
+    xv, wv = rng.standard_normal((2, 3, 8, 8)).astype(bf), rng.standard_normal((4, 3, 3, 3)).astype(bf)
+    (hi,) = og.compile(y, pipeline="reference", dtype="float64")(x=xv, w=wv)
+    (lo,) = og.compile(y)(x=xv, w=wv)
+    assert hi.dtype == np.float64 and lo.dtype == bf
+    want = og.compile(y, pipeline="reference", dtype="float64")(x=xv.astype(np.float64),
+                                                               w=wv.astype(np.float64))[0]
+    np.testing.assert_array_equal(hi, want)
+    # the bf16 output is that value rounded once (fp32 accumulation): within half a bf16 ulp
+    err = np.abs(lo.astype(np.float64) - hi)
+    assert 0 < err.max() and np.all(err <= np.abs(hi) * 2.0 ** -8 + 1e-6)
+
+
 def _pooled_relu(second_reader: bool = False):
     g = og.Graph()
     x, w, b = g.input("x", (2, 3, 8, 8)), g.param("w", (4, 3, 3, 3)), g.param("b", (4,))

@@ -1,0 +1,56 @@
+"""Checks of bfloat16 results against a float64 reference, shared by the CPU
+(``tests/backends/test_bf16_kernel_sources.py``) and GPU
+(``tests/gpu/test_bf16_kernels.py``) tests of the bf16 kernels."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def bf16(a):
+    """float values rounded to bfloat16 (nearest even), a plain host array."""
+    return np.asarray(a, np.float32).astype(BF16)
+
+
+def f64(a):
+    """float64 values of an output (any float dtype; ndarray subclasses unwrapped)."""
+    return np.asarray(a).view(np.ndarray).astype(np.float64)
+
+
+def bf16_ulp(ref):
+    """Spacing of bfloat16 numbers at |ref| (8 significant bits; subnormals below 2^-126)."""
+    a = np.abs(np.asarray(ref, np.float64))
+    e = np.floor(np.log2(np.where(a > 0, a, 1.0)))
+    return 2.0 ** (np.maximum(e, -126) - 7)
+
+
+def assert_within_ulp(got, ref, ulps=1.0):
+    """``got`` (host bfloat16) is ``ref`` (float64) rounded, within ``ulps``;
+    NaN and infinities exactly where ref has them."""
+    assert got.dtype == BF16
+    g, r = f64(got), np.asarray(ref, np.float64)
+    assert g.shape == r.shape
+    np.testing.assert_array_equal(np.isnan(g), np.isnan(r))
+    inf = np.isinf(r)
+    np.testing.assert_array_equal(g[inf], r[inf])
+    ok = ~np.isnan(r) & ~inf
+    bad = np.abs(g[ok] - r[ok]) > ulps * bf16_ulp(r[ok])
+    assert not bad.any(), (f"{bad.sum()} of {bad.size} beyond {ulps} ulp: "
+                           f"got {g[ok][bad][:5]}, want {r[ok][bad][:5]}")
+
+
+def rel_err(got, ref):
+    """``||got - ref|| / ||ref||`` in float64; inf when got has a NaN ref has not."""
+    g, r = f64(got), np.asarray(ref, np.float64)
+    if np.isnan(g).any() and not np.isnan(r).any():
+        return float("inf")
+    return float(np.linalg.norm(g - r) / (np.linalg.norm(r) or 1.0))
+
+
+def assert_same_values(got, want):
+    """Exactly equal values (bfloat16 outputs), NaN where want has NaN."""
+    assert got.dtype == BF16
+    np.testing.assert_array_equal(f64(got), f64(want))

@@ -67,13 +67,17 @@ def _half_safe(fn):
 
 
 def _forward_kernel(name, fn):
-    fn = _half_safe(fn)
+    def conv_bias(xp, x, w, *bias, **kwargs):
+        y = fn(xp, x, w, **kwargs)
+        if bias:
+            y += bias[0].reshape(1, -1, 1, 1).astype(y.dtype, copy=False)
+        return y
+
+    # the bias is added before the one rounding of a half-precision result
+    run = _half_safe(conv_bias)
 
     def kernel(ctx, op, x, w, b=None):
-        y = fn(ctx.xp, x, w, **op.params(), **dict(ctx.options))
-        if b is not None:
-            y += b.reshape(1, -1, 1, 1).astype(y.dtype, copy=False)
-        return y
+        return run(ctx.xp, x, w, *(() if b is None else (b,)), **op.params(), **dict(ctx.options))
 
     kernel.__name__ = kernel.__qualname__ = f"{name}_conv2d"
     kernel.__doc__ = f"``{name}``: y = conv(x, w) (+ b over channels). " + (fn.__doc__ or "")

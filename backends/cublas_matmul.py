@@ -53,6 +53,8 @@ import numpy as np
 
 from opgraph import ops
 
+from opgraph.errors import ShapeError
+
 from .reference.linear import check_linear, matmul_dims
 from .reference.rules import params_kernel
 from .registry import Rule, register
@@ -158,11 +160,15 @@ def gemm_ex_into(xp, a, b, out, precision: str, *, transpose_a: bool = False,
             one rounding) instead of overwriting it.
 
     Raises:
-        ShapeError: the shapes do not fit; KeyError: an unknown precision.
+        ShapeError: the shapes do not fit, or ``out`` is neither float32 nor
+            the operands' storage type; KeyError: an unknown precision.
     """
     args = gemm_ex_args(a.shape, b.shape, transpose_a, transpose_b)
     operand_type, compute_type = GEMM_TYPES[precision]
     out_type = CUDA_R_32F if out.dtype == xp.float32 else operand_type
+    if out.dtype != xp.float32 and out.dtype != a.dtype:
+        raise ShapeError(f"gemm_ex_into: out is {out.dtype}; it must be float32 or the operands' "
+                         f"storage ({a.dtype})")
     one, beta = np.ones(1, np.float32), np.full(1, 1.0 if accumulate else 0.0, np.float32)  # host, kept alive
     call = (args["transa"], args["transb"], args["m"], args["n"], args["k"],
             one.ctypes.data, b.data.ptr, operand_type, args["lda"],
@@ -235,10 +241,10 @@ def _product(xp, a, b, *, transpose_a, transpose_b, precision, bias=None):
         return y.astype(a.dtype, copy=False)
     m, k, p = matmul_dims(a.shape, b.shape, transpose_a, transpose_b)
     out = xp.empty((m, p), dtype=a.dtype)
-    if bias is None:
-        out.fill(0)  # read by nothing when k > 0 (beta = 0); the result when k == 0
-    else:
+    if bias is not None:
         out[...] = bias.astype(a.dtype, copy=False)
+    elif not k:  # an empty sum: cuBLAS is not called (with beta = 0 it reads nothing)
+        out.view(xp.uint16 if a.dtype.name == "bfloat16" else out.dtype).fill(0)
     if out.size and k:
         store = out.view(xp.uint16) if a.dtype.name == "bfloat16" else out
         gemm_ex_into(xp, _operand(xp, a, precision), _operand(xp, b, precision), store, precision,

@@ -37,16 +37,14 @@ Memory rules that keep a replay correct:
   array captured there (its *static* output), so ``slots`` never changes
   after the build and every later reader sees the current values;
 * an in-place step (``Step.writes_into``: the memory pass let it write its
-  output into an input that dies there, e.g. a ReLU into its input) writes,
-  captured or eager, into that input's static array, and its own slot is
-  that array. That is right because no later step reads the input (the
-  executor would have freed it) and every replay recomputes the input before
-  the step, captured or eagerly into the same array. The second half holds
-  only when the input's producer is among the replayed steps, so a step whose
-  overwritten input comes from outside them (a phase replayed apart from the
-  one computing it) runs out of place here (:func:`_rerunnable`). The
-  benchmark's phases (``benchmarks/protocol.schedule``) free nothing, so
-  their steps write nothing in place anyway.
+  output into an input that dies there, e.g. a ReLU into its input) runs out
+  of place in a replay (:func:`_rerunnable`): phases are replayed apart and
+  in any order, so a value a step would destroy may still be read by a step
+  of another phase replayed later; and a slot that an in-place run left
+  sharing its input's array gets its own copy when the replay is built, so
+  that an eager step's copy into its static output never writes into its
+  input. The benchmark's phases (``benchmarks/protocol.schedule``) free
+  nothing, so their steps write nothing in place anyway.
 
 Capture uses CuPy's default relaxed mode on a non-default stream (the legacy
 default stream cannot capture): the caller builds and replays inside
@@ -104,18 +102,13 @@ def _captured(stream, fn: Callable[[], Any], pool=None):
 
 
 def _rerunnable(steps: Sequence) -> tuple:
-    """``steps`` as a replay may run them any number of times: an in-place step
-    (``Step.writes_into``) whose overwritten input is not computed by an
-    earlier one of ``steps`` runs out of place (``inplace=None``), since no
-    replay would recompute the value it destroys (module doc)."""
-    made, out = set(), []
-    for st in steps:
-        target = getattr(st, "writes_into", None)
-        if target is not None and target not in made:
-            st = attrs.evolve(st, inplace=None)
-        made.add(st.node)
-        out.append(st)
-    return tuple(out)
+    """``steps`` as a replay may run them any number of times, in any order of
+    phases: every step out of place (``inplace=None``). An in-place step would
+    destroy a value that a step of another phase, replayed later, still reads,
+    and an eager step's copy into its static output would write into its
+    input's array (module doc)."""
+    return tuple(attrs.evolve(st, inplace=None) if getattr(st, "inplace", None) is not None else st
+                 for st in steps)
 
 
 def capture_error(step, slots: dict, run_step: RunStep, stream) -> str | None:
@@ -144,8 +137,8 @@ class GraphReplay:
 
         exe = opgraph.compile(outputs, device="cuda")
         slots = exe.feed(feeds)          # sources by node id
-        for st in exe.steps:             # one full run that frees nothing
-            slots[st.node] = run_step(st, slots)
+        for st in exe.steps:             # one full run that frees nothing, out of place
+            slots[st.node] = run_step(attrs.evolve(st, free=(), inplace=None), slots)
         stream = capture_stream()
         with stream:
             replay = GraphReplay(exe.steps, slots, run_step, stream)
@@ -181,6 +174,10 @@ class GraphReplay:
                  eager: frozenset = frozenset()):
         self.slots, self.run_step, self.stream = slots, run_step, stream
         steps = _rerunnable(steps)
+        for st in steps:  # a slot filled by an in-place run shares its input's array: part them
+            value = slots.get(st.node)
+            if value is not None and any(slots.get(a) is value for a in st.args):
+                slots[st.node] = value.copy(order="K")
         reasons = {}
         for st in steps:
             why = ("excluded by the caller" if st.node in eager

@@ -42,6 +42,7 @@ import attrs
 import opgraph as og
 from opgraph.backends import device as dev
 from opgraph.passes.policy import LoweringPolicy
+from opgraph.types import HALF_DTYPES
 
 from . import check as chk
 from . import lowerings as lw
@@ -245,8 +246,10 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         rec["precision_applied"] = lw.precision_applied(exe)
         rec["not_applicable"] = na
         if base.precision != "fp32" and base.precision not in rec["precision_applied"]:
+            computed = "float32" if model.dtype in HALF_DTYPES else model.dtype
+            storage = f" from {model.dtype} storage" if computed != model.dtype else ""
             rec["notes"].append(f"precision {base.precision} requested, but no kernel of this lowering "
-                                f"takes a precision option: it computed in {model.dtype}")
+                                f"takes a precision option: it computed in {computed}{storage}")
         if s.layout != "NCHW":
             rec["notes"] += [n for n in exe.report.notes if n.startswith("layout:")]
         if ref is not None:
@@ -262,7 +265,8 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
             bad = result.failures[:3] or [{"node": "end to end", "rel_error": None,
                                            "tolerance": None}]
             rec.update(status="mismatch", reason="not timed: " + "; ".join(
-                f"{f['node']}: relative error {f['rel_error']} > {f['tolerance']}" for f in bad))
+                f"{f['node']}: " + (f.get("dtype") or f"relative error {f['rel_error']} > {f['tolerance']}")
+                for f in bad))
             return out
         runner = PhaseRunner(sched, exe.feed(feeds), timer)
         runner.warmup(s.warmup)

@@ -74,7 +74,7 @@ def runs_table(runs: Sequence[dict]) -> Table:
 
 def merge(docs: Sequence[dict]) -> dict:
     """One document from several benchmark documents: results concatenated in
-    order, a later run of the same (model, precision, layout, lowering, kind)
+    order, a later run of the same (model, storage dtype, precision, layout, lowering, kind)
     replacing an earlier one unless it failed where the earlier did not (a
     re-run of a column, and the peer measured beside it, win); models and
     peaks joined (first occurrence wins), notes joined; the environment is the
@@ -115,7 +115,7 @@ def merge(docs: Sequence[dict]) -> dict:
 def _latest(results) -> list[dict]:
     kept: dict[tuple, dict] = {}
     for r in results:
-        key = tuple(r.get(k) for k in ("model", "precision", "layout", "lowering", "kind"))
+        key = tuple(r.get(k) for k in ("model", "dtype", "precision", "layout", "lowering", "kind"))
         old = kept.get(key)
         if old is None or r.get("status") == "ok" or old.get("status") != "ok":
             kept.pop(key, None)  # re-insert: keep the order of the latest run

@@ -65,8 +65,18 @@ def fmt_err(x) -> str:
     return "-" if x is None else f"{x:.1e}"
 
 
+def precision_label(r: dict) -> str:
+    """A result's precision as tables group it: ``'bf16'``, or with the storage
+    dtype when that is not float32/float64 (``'bf16, bfloat16 storage'``), so
+    that a ``--dtype bfloat16`` run never shares a table with a float32-storage
+    run of the same precision."""
+    dtype = r.get("dtype") or "float32"
+    return r["precision"] if dtype in ("float32", "float64") else f"{r['precision']}, {dtype} storage"
+
+
 def precisions(doc: dict) -> list[str]:
-    return list(dict.fromkeys(r["precision"] for r in doc["results"]))
+    """The precision labels of ``doc``'s results (:func:`precision_label`), in run order."""
+    return list(dict.fromkeys(precision_label(r) for r in doc["results"]))
 
 
 def columns(doc: dict) -> list[str]:
@@ -75,11 +85,11 @@ def columns(doc: dict) -> list[str]:
 
 
 def ordered(doc: dict, precision: str) -> list[dict]:
-    """The results of ``precision``: by model (run order), opgraph columns in
+    """The results of the precision label ``precision`` (:func:`precision_label`): by model (run order), opgraph columns in
     run order, each ``<lowering>+graph`` right after its ``<lowering>``, then
     the peers."""
     models = [m["model"] for m in doc["models"]]
-    res = [r for r in doc["results"] if r["precision"] == precision]
+    res = [r for r in doc["results"] if precision_label(r) == precision]
     def column(r):  # a +graph record belongs with its eager lowering
         return r["model"], r["lowering"].removesuffix("+graph")
 
@@ -184,7 +194,7 @@ def layer_tables(doc: dict, metric: str = "ms") -> Iterable[Table]:
     phases = ("forward", "backward_data", "backward_filter")
     for prec in precisions(doc):
         for m in doc["models"]:
-            res = [r for r in doc["results"] if r["model"] == m["model"] and r["precision"] == prec
+            res = [r for r in doc["results"] if r["model"] == m["model"] and precision_label(r) == prec
                    and r["status"] == "ok" and r.get("layers") and any(x["ms"] for x in r["layers"])]
             if not res:
                 continue
@@ -248,6 +258,6 @@ def all_tables(doc: dict, *, per_layer_tflops: bool = False) -> list[Table]:
     return out + list(memory_tables(doc))
 
 
-__all__ = ["Table", "ordered", "fmt_ms", "fmt_num", "fmt_rate", "fmt_mib", "fmt_err", "precisions", "columns",
+__all__ = ["Table", "ordered", "precision_label", "fmt_ms", "fmt_num", "fmt_rate", "fmt_mib", "fmt_err", "precisions", "columns",
            "layout_label", "environment_table", "peak_table", "end_to_end_tables", "layer_tables", "memory_tables",
            "all_tables", "PEER_KINDS", "MARK"]

@@ -46,7 +46,7 @@ import numpy as np
 from opgraph.errors import LoweringError
 from opgraph.graph import Graph
 from opgraph.op import Lowered
-from opgraph.types import is_float, to_layout
+from opgraph.types import is_float, numpy_dtype, to_layout
 from opgraph.backends.registry import KernelContext, rules_for
 
 import attrs
@@ -131,10 +131,8 @@ def random_inputs(in_types, xp, seed: int, dtype: str | None = None) -> list:
     out = []
     for t in in_types:
         want = dtype if dtype and is_float(t.dtype) else t.dtype
-        if want == "bfloat16":
-            import ml_dtypes  # noqa: F401  (registers numpy's bfloat16)
         if is_float(want):
-            host = rng.standard_normal(t.shape).astype(want)
+            host = rng.standard_normal(t.shape).astype(numpy_dtype(want))
         else:
             host = np.zeros(t.shape, dtype=want)
         out.append(to_layout(xp, xp.asarray(host), t.layout))  # tune in the run's layout
@@ -220,7 +218,8 @@ class AutotunePass(Pass):
                                   and o == best.options)
                 rec.how, rec.candidates = "autotune", rows
                 cache.put(key, {"algorithm": rule.algorithm, "options": opts, "time_ms": best.time_ms,
-                                "candidates": measured, "device": device_name, "versions": versions})
+                                "candidates": measured, "rechoose": RECHOOSE_VERSION,
+                                "device": device_name, "versions": versions})
             lowered = Lowered(op, rule.algorithm, ctx.device, opts)
             graph.replace_op(view.id, lowered)
             rec.algorithm, rec.options, rec.chosen = rule.algorithm, dict(opts), lowered.describe()
@@ -327,14 +326,22 @@ def choose(rows: list[Candidate], timed: list[Candidate], workspace_tolerance: f
     return best
 
 
+#: Cache entries written with this tag hold their rows as measured, before any
+#: choice (every check of :meth:`AutotunePass._tune` applied, the output dtype
+#: included), so :func:`rechoose` may decide again from them.
+RECHOOSE_VERSION = 1
+
+
 def rechoose(entry: dict, workspace_tolerance: float) -> tuple[list[Candidate], str | None, dict]:
     """``(rows, algorithm, options)`` of a cached decision under the current
     ``workspace_tolerance``: the cached rows (times and workspaces as measured)
     go through :func:`choose` again, so changing the tolerance needs no
-    re-tuning. Rows of entries written before the tie-break (one of them
-    ``chosen``, no reasons of its own) are read the same way; an entry without
-    rows keeps its algorithm and options."""
+    re-tuning. An entry without the :data:`RECHOOSE_VERSION` tag (written
+    before the tie-break and the output-dtype check) keeps its algorithm and
+    options: its rows were not all checked as today's are."""
     rows = [Candidate.from_dict(c) for c in entry.get("candidates", [])]
+    if entry.get("rechoose") != RECHOOSE_VERSION:
+        return rows, entry.get("algorithm"), dict(entry.get("options", {}))
     for c in rows:
         if c.status == "chosen":
             c.status = "ok"

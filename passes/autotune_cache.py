@@ -62,6 +62,28 @@ def cache_key(op, in_types, dtype, layout, policy, device, device_name, versions
             f"device={device}:{device_name} | candidates={candidates} | {vers}")
 
 
+_NUMBERS = ("time_ms", "min_ms", "workspace", "rel_error", "tolerance")
+
+
+def valid_entry(entry) -> bool:
+    """Whether ``entry`` has the shape this module writes: an ``algorithm``
+    string, an ``options`` dict and, if present, ``candidates`` as a list of
+    rows, each with string ``algorithm`` / ``status`` / ``reason``, a dict of
+    ``options`` and numbers (or null) for the measurements (the tuner chooses
+    again from those rows: ``passes.autotune.rechoose``)."""
+    if not (isinstance(entry, dict) and isinstance(entry.get("algorithm"), str)
+            and isinstance(entry.get("options", {}), dict)):
+        return False
+    rows = entry.get("candidates", [])
+    return isinstance(rows, list) and all(
+        isinstance(r, dict) and isinstance(r.get("algorithm"), str)
+        and isinstance(r.get("options", {}), dict)
+        and isinstance(r.get("status", "ok"), str) and isinstance(r.get("reason", ""), str)
+        and all(r.get(k) is None or (isinstance(r[k], (int, float)) and not isinstance(r[k], bool))
+                for k in _NUMBERS)
+        for r in rows)
+
+
 class AutotuneCache:
     """Decisions by key, loaded from ``path`` (``None``: memory only).
 
@@ -99,10 +121,9 @@ class AutotuneCache:
             data = json.loads(raw.decode("utf-8"))  # UnicodeDecodeError is a ValueError: corrupt
             entries = data["entries"]
             if data.get("format") != FORMAT or not isinstance(entries, dict) or not all(
-                    isinstance(e, dict) and isinstance(e.get("algorithm"), str)
-                    and isinstance(e.get("options", {}), dict) for e in entries.values()):
+                    map(valid_entry, entries.values())):
                 raise ValueError(f"not an {FORMAT} file")
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
             if report:
                 self._warn(f"autotune cache {self.path} is corrupt ({type(e).__name__}: {e}); "
                            "it will be rebuilt")
@@ -139,4 +160,4 @@ class AutotuneCache:
                 os.unlink(tmp)
 
 
-__all__ = ["AutotuneCache", "cache_key", "default_path", "FORMAT", "ENV_VAR", "DEFAULT_PATH"]
+__all__ = ["valid_entry", "AutotuneCache", "cache_key", "default_path", "FORMAT", "ENV_VAR", "DEFAULT_PATH"]

@@ -141,7 +141,8 @@ def max_pool2d_backward(xp, x, gy, *, kernel_size, stride, padding, ceil_mode):
         kernel_size, stride, padding, ceil_mode: as :func:`max_pool2d`.
 
     Returns:
-        ``(N, C, H, W)`` in gy's dtype.
+        ``(N, C, H, W)`` in gy's dtype (half precision summed in float32 and
+        rounded once).
 
     Raises:
         ShapeError: gy's shape is not the forward output's.
@@ -149,11 +150,15 @@ def max_pool2d_backward(xp, x, gy, *, kernel_size, stride, padding, ceil_mode):
     _, idx, (k, s, out, buf_pad) = _max_argwin(xp, x, kernel_size, stride, padding, ceil_mode)
     if tuple(gy.shape) != tuple(idx.shape):
         raise ShapeError(f"max_pool2d_backward: gy has shape {gy.shape}, expected {idx.shape}")
-    gbuf = _zeros_buffer(xp, x.shape, buf_pad, gy.dtype)
+    # overlapping windows add up: in the compute dtype (half storage sums in
+    # float32), rounded once at the end (SEMANTICS.md, Numbers)
+    acc = compute_dtype(xp, gy.dtype)
+    g = gy.astype(acc, copy=False)
+    gbuf = _zeros_buffer(xp, x.shape, buf_pad, acc)
     for p in range(k[0]):
         for q in range(k[1]):
-            _strided_view(gbuf, p, q, s, out)[...] += xp.where(idx == p * k[1] + q, gy, 0)
-    return _crop(gbuf, buf_pad, x.shape)
+            _strided_view(gbuf, p, q, s, out)[...] += xp.where(idx == p * k[1] + q, g, 0)
+    return _crop(gbuf, buf_pad, x.shape).astype(gy.dtype, copy=False)
 
 
 def max_pool2d_backward_relu(xp, x, gy, *, kernel_size, stride, padding, ceil_mode):

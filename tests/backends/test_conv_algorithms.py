@@ -294,3 +294,24 @@ def test_same_code_runs_on_cupy(alg):
             assert isinstance(out, cp.ndarray) and out.dtype == np.float32
             assert rel_err(cp.asnumpy(out), expect) < tol, (case, direction)
 
+
+
+@pytest.mark.parametrize("algo", ["gemm", "direct"])
+def test_a_half_precision_convolution_with_bias_is_rounded_once(algo):
+    # computed in float32, the bias added before the one rounding to bf16 storage
+    # (adding it after rounded 31 % of outputs twice)
+    import opgraph as og
+    from opgraph.types import numpy_dtype
+
+    bf = numpy_dtype("bfloat16")
+    g = og.Graph()
+    x, w, b = g.input("x", (4, 8, 10, 10), "bfloat16"), g.param("w", (6, 8, 3, 3), "bfloat16"), \
+        g.param("b", (6,), "bfloat16")
+    y = og.conv2d(x, w, b, padding=1)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((4, 8, 10, 10)).astype(bf),
+             "w": rng.standard_normal((6, 8, 3, 3)).astype(bf), "b": (3 * rng.standard_normal(6)).astype(bf)}
+    (got,) = og.compile(y, policy={"prefer": {"conv": [algo]}, "exclude": ["fused"]})(**feeds)
+    (exact,) = og.compile(y, pipeline="reference", dtype="float64")(**feeds)
+    assert got.dtype == bf
+    np.testing.assert_array_equal(got.astype(np.float64), exact.astype(bf).astype(np.float64))

@@ -198,3 +198,11 @@ def test_the_rules_take_bfloat16_storage():
     x, w = TensorType((4, 8), "bfloat16"), TensorType((3, 8), "bfloat16")
     assert cm.check(ops.Linear(), [x, w], "cuda") is None
     assert cm.check(ops.MatMul(transpose_a=False, transpose_b=True), [x, w], "cuda") is None
+
+
+def test_an_output_neither_float32_nor_the_operands_storage_is_refused(fake_nvmath):
+    xp = _fake_xp(_FakeStream(ptr=1))
+    a, b = _FakeArray((3, 5), ptr=1), _FakeArray((5, 4), ptr=2)
+    with pytest.raises(ShapeError, match="out is float16; it must be float32"):
+        cm.gemm_ex_into(xp, a, b, _FakeArray((3, 4), ptr=3, dtype="float16"), "tf32")
+    assert not [c for c in fake_nvmath.calls if c[0] == "gemm_ex"]

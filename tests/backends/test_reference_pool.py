@@ -310,3 +310,22 @@ def test_pool_relu_backward_by_hand():
     assert got.dtype == gy.dtype
     with pytest.raises(ShapeError, match="gy has shape"):
         pool.max_pool2d_backward_relu(np, x, gy[:, :, :1], **kw)
+
+
+@pytest.mark.parametrize("dtype, g", [("float16", 0.7), ("bfloat16", 0.7)])
+def test_max_pool_backward_sums_half_precision_in_float32(dtype, g):
+    # the centre of a 3x3 plane wins all nine overlapping 3x3 windows (stride 1,
+    # padding 1): nine gradients of 0.7 summed in float32 and rounded once give
+    # 6.30078125 (fp16) / 6.28125 (bf16); rounding every partial sum in the
+    # storage dtype gives 6.296875 / 6.25
+    from opgraph.backends.reference import pool as rp
+    from opgraph.types import numpy_dtype
+
+    dt = numpy_dtype(dtype)
+    x = np.zeros((1, 1, 3, 3), dtype=dt)
+    x[0, 0, 1, 1] = 1  # the winner of every window that holds it
+    gy = np.full((1, 1, 3, 3), g, dtype=dt)
+    gx = rp.max_pool2d_backward(np, x, gy, kernel_size=(3, 3), stride=(1, 1),
+                                padding=((1, 1), (1, 1)), ceil_mode=False)
+    exact = 9 * float(np.asarray(gy[0, 0, 0, 0], np.float64))
+    assert gx.dtype == dt and float(gx[0, 0, 1, 1]) == float(np.asarray(exact, np.float32).astype(dt))

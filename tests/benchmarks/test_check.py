@@ -65,6 +65,19 @@ def test_a_wrong_kernel_is_caught(setup):
     assert f["rel_error"] == pytest.approx(1e-3, rel=1e-2)
 
 
+def test_a_kernel_that_changes_the_dtype_is_caught(setup):
+    # right values in float64 where the graph is float32: every later value would follow
+    tg, feeds, ref = setup
+    exe = og.compile(tg.outputs, policy={"prefer": {"conv": ["gemm"]}})
+    i = next(i for i, st in enumerate(exe.steps) if st.name == "conv2.grad/conv2d_backward_filter")
+    good = exe.steps[i]
+    exe.steps[i] = attrs.evolve(good, kernel=lambda ctx, op, *a: good.kernel(ctx, op, *a).astype(np.float64))
+    res = check.check_lowering(exe, ref)
+    (f,) = res.failures
+    assert not res.passed and f["node"] == "conv2.grad/conv2d_backward_filter"
+    assert f["dtype"] == "returns float64, the node's type is float32"
+
+
 def test_relative_error():
     ref = np.array([3.0, 4.0])
     assert check.relative_error(np, np.array([3.0, 4.5]), ref) == pytest.approx(0.1)

@@ -203,3 +203,18 @@ def test_plot_legend_lists_only_the_kinds_present_and_keeps_its_width(doc, tmp_p
     data = open(plot(doc, str(tmp_path / "one.png")), "rb").read()
     width, height = struct.unpack(">II", data[16:24])  # the PNG header's size in pixels
     assert width == round(MIN_WIDTH * DPI) and height == round(2 * 3.4 * DPI)  # one model, two precisions
+
+
+def test_a_bfloat16_storage_run_keeps_its_own_rows_and_tables(doc):
+    # --dtype bfloat16 --precision bf16 and a float32-storage --precision bf16 run of the
+    # same columns: merged, neither replaces the other, and each has its own table
+    storage = json.loads(json.dumps(doc))
+    for r in storage["results"]:
+        r["dtype"] = "bfloat16"
+    merged = merge([doc, storage])
+    assert len(merged["results"]) == 2 * len(doc["results"])
+    labels = tables.precisions(merged)
+    assert "bf16" in labels and "bf16, bfloat16 storage" in labels
+    md = render_markdown(merged)
+    assert "### end to end, bf16, bfloat16 storage" in md and "### end to end, bf16:" in md
+    assert all(r["dtype"] == "bfloat16" for r in tables.ordered(merged, "bf16, bfloat16 storage"))

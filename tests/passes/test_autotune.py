@@ -133,7 +133,14 @@ def test_cached_choice_that_no_longer_applies_is_retuned(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("content", ["{not json", "[]", '{"format": "other", "entries": {}}',
                                      '{"format": "opgraph-autotune/1", "entries": {"k": 3}}',
-                                     b"\x00\xffgarbage"])  # not even UTF-8
+                                     b"\x00\xffgarbage",  # not even UTF-8
+                                     "[" * 100000 + "]" * 100000,  # the parser's recursion limit
+                                     # rows the tuner would choose from again (rechoose): wrong shapes
+                                     *('{"format": "opgraph-autotune/1", "entries": {"k": {"algorithm": '
+                                       '"fast", "options": {}, "candidates": %s}}}' % rows
+                                       for rows in ('"oops"', "[1, 2]", '[{"algorithm": "fast", '
+                                                    '"time_ms": "quick"}]', '[{"algorithm": "fast", '
+                                                    '"reason": null}]', "[{}]"))])
 def test_corrupt_cache_warns_and_is_rebuilt(monkeypatch, tmp_path, content):
     install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
     path = tmp_path / "c.json"

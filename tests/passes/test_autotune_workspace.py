@@ -131,9 +131,10 @@ def test_a_cached_decision_is_chosen_again_under_another_tolerance(monkeypatch, 
     assert len(json.loads(path.read_text())["entries"]) == 1
 
 
-def test_an_entry_written_before_the_tie_break_is_chosen_again(monkeypatch, tmp_path):
-    """Entries of earlier versions (the fastest row ``chosen``, no tie-break
-    reasons) are read, not re-tuned, and decided under the current tolerance."""
+def test_an_entry_written_before_the_tie_break_keeps_its_choice(monkeypatch, tmp_path):
+    """Entries of earlier versions (no ``rechoose`` tag: rows not all checked
+    as today's, the output dtype among them) are read, not re-tuned, and keep
+    their algorithm and options whatever the tolerance."""
     install_engines(monkeypatch)
     key = tune(tmp_path / "probe.json", StubTimer({})).node("s0").cache_key
     old_rows = [{"algorithm": "reference", "options": {}, "status": "ok", "time_ms": 2.5, "workspace": 0},
@@ -148,8 +149,8 @@ def test_an_entry_written_before_the_tie_break_is_chosen_again(monkeypatch, tmp_
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         report = tune(path, timer)
-    assert report.node("s0").how == "cache" and report.node("s0").options == {"e": 1} and not timer.calls
-    assert tune(path, timer, workspace_tolerance=0).node("s0").options == {"e": 0}
+    assert report.node("s0").how == "cache" and report.node("s0").options == {"e": 0} and not timer.calls
+    assert tune(path, timer, workspace_tolerance=0.5).node("s0").options == {"e": 0}
 
 
 @pytest.mark.parametrize("value, expected", [

@@ -54,3 +54,22 @@ def assert_same_values(got, want):
     """Exactly equal values (bfloat16 outputs), NaN where want has NaN."""
     assert got.dtype == BF16
     np.testing.assert_array_equal(f64(got), f64(want))
+
+
+def spy_casts(monkeypatch) -> list:
+    """Record every whole-array bf16 <-> f32 conversion of our kernels as
+    ``(function, size)`` in the returned list (the in-kernel paths must make none)."""
+    from opgraph.backends import cuda_elementwise as ew
+    from opgraph.backends import cuda_loss
+
+    calls = []
+
+    def spy(fn):
+        def wrapped(xp, a):
+            calls.append((fn.__name__, a.size))
+            return fn(xp, a)
+        return wrapped
+    for name in ("float_to_bf16_bits", "bf16_bits_to_float"):
+        monkeypatch.setattr(ew, name, spy(getattr(ew, name)))
+    monkeypatch.setattr(cuda_loss, "float_to_bf16_bits", ew.float_to_bf16_bits)
+    return calls

@@ -33,7 +33,7 @@ from opgraph.backends.reference import lrn as ref_lrn
 from opgraph.backends.reference import pool as ref_pool
 from opgraph.types import is_channels_last
 
-from bf16_asserts import BF16, assert_same_values, assert_within_ulp, bf16, f64, rel_err
+from bf16_asserts import BF16, assert_same_values, assert_within_ulp, bf16, f64, rel_err, spy_casts
 
 
 needs_gxx = pytest.mark.skipif(GXX is None, reason="no g++: the kernels' CUDA text cannot run on the CPU")
@@ -171,19 +171,8 @@ def emu(monkeypatch):
 
 @pytest.fixture
 def casts(monkeypatch):
-    """Records every whole-array bfloat16 conversion (``(function, size)``);
-    the in-kernel paths must make none."""
-    calls = []
-
-    def spy(fn):
-        def wrapped(xp, a):
-            calls.append((fn.__name__, a.size))
-            return fn(xp, a)
-        return wrapped
-    for name in ("float_to_bf16_bits", "bf16_bits_to_float"):
-        monkeypatch.setattr(ew, name, spy(getattr(ew, name)))
-    monkeypatch.setattr(cuda_loss, "float_to_bf16_bits", ew.float_to_bf16_bits)
-    return calls
+    """Every whole-array bf16 <-> f32 conversion, as ``(function, size)``."""
+    return spy_casts(monkeypatch)
 
 
 def _kernel_types(emu, prefix):

@@ -34,7 +34,7 @@ from opgraph.backends.reference import loss as ref_loss
 from opgraph.backends.reference import lrn as ref_lrn
 from opgraph.backends.reference import pool as ref_pool
 
-from bf16_asserts import BF16, assert_same_values, assert_within_ulp, bf16, f64, rel_err
+from bf16_asserts import BF16, assert_same_values, assert_within_ulp, bf16, f64, rel_err, spy_casts
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_status()[0], reason=f"no GPU: {cuda_status()[1]}")]
@@ -60,20 +60,8 @@ def host(cp, a):
 
 @pytest.fixture
 def casts(monkeypatch):
-    """Records every whole-array bf16 <-> f32 conversion as ``(function, size)``."""
-    from opgraph.backends import cuda_elementwise as ew
-    from opgraph.backends import cuda_loss
-    calls = []
-
-    def spy(fn):
-        def wrapped(xp, a):
-            calls.append((fn.__name__, a.size))
-            return fn(xp, a)
-        return wrapped
-    for name in ("float_to_bf16_bits", "bf16_bits_to_float"):
-        monkeypatch.setattr(ew, name, spy(getattr(ew, name)))
-    monkeypatch.setattr(cuda_loss, "float_to_bf16_bits", ew.float_to_bf16_bits)
-    return calls
+    """Every whole-array bf16 <-> f32 conversion, as ``(function, size)``."""
+    return spy_casts(monkeypatch)
 
 
 # ------------------------------------------------------------------ ReLU, threshold

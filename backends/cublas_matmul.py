@@ -102,15 +102,15 @@ def gemm_ex_args(a_shape, b_shape, transpose_a: bool, transpose_b: bool) -> dict
             "m": p, "n": m, "k": k, "lda": b_shape[1], "ldb": a_shape[1], "ldc": p}
 
 
+#: precision -> the dtype of its cuBLAS operands (bf16: passed as uint16 bits).
+_OPERAND_DTYPE = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
 def _operand(xp, a, precision: str):
-    """``a`` C-contiguous in the operand storage of ``precision`` (bf16: uint16 bits)."""
-    if precision == "bf16":
-        if a.dtype.name == "bfloat16":
-            return xp.ascontiguousarray(a).view(xp.uint16)
-        from .cuda_elementwise import float_to_bf16_bits
-        return xp.ascontiguousarray(float_to_bf16_bits(xp, a.astype(xp.float32, copy=False)))
-    want = xp.float16 if precision == "fp16" else xp.float32
-    return xp.ascontiguousarray(a.astype(want, copy=False))
+    """``a`` C-contiguous in the operand storage of ``precision`` (bf16: uint16
+    bits), converted as our kernels convert storage (``cuda_elementwise.like``)."""
+    from .cuda_elementwise import like
+    return xp.ascontiguousarray(like(xp, a, _OPERAND_DTYPE[precision]))
 
 
 def gemm_ex(xp, a, b, *, transpose_a: bool = False, transpose_b: bool = False,

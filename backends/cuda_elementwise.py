@@ -50,7 +50,7 @@ import functools
 import numpy as np
 
 from opgraph.errors import ParameterError, ShapeError
-from opgraph.types import is_channels_last
+from opgraph.types import compute_dtype, is_channels_last, numpy_dtype
 
 
 @functools.lru_cache(maxsize=None)
@@ -128,7 +128,7 @@ def bits(xp, a):
 def unbits(a, dtype):
     """A result held as ``bits`` (:func:`bits`) back in ``dtype``: a view for
     bfloat16, ``a`` itself otherwise."""
-    return a.view(dtype) if dtype_name(dtype) == BF16 else a
+    return a.view(numpy_dtype(BF16)) if dtype_name(dtype) == BF16 else a
 
 
 def zeros(xp, shape, dtype):
@@ -405,7 +405,7 @@ def row_sums(xp, a):
         raise ShapeError(f"row_sums: a must be a non-empty 2-D float array, got {a.shape} {dtype}")
     rows, length = a.shape
     src = xp.ascontiguousarray(bits(xp, a))
-    out = xp.empty(rows, dtype=xp.float32 if dtype in ("float16", BF16) else a.dtype)
+    out = xp.empty(rows, dtype=compute_dtype(xp, a.dtype))
     _rowsum_kernel(dtype)((-(-rows // ROWSUM_BLOCK[1]),), ROWSUM_BLOCK,
                           (src, out, xp.int64(rows), xp.int64(length)))
     return out
@@ -457,7 +457,7 @@ def column_sums(xp, a):
     if r == 1:
         kernels["direct"]((tiles, 1), COLSUM_BLOCK, (src, out, xp.int64(m), xp.int64(c), xp.int64(m)))
         return unbits(out, a.dtype)
-    part = xp.empty((r, c), dtype=xp.float32 if dtype in ("float16", BF16) else a.dtype)
+    part = xp.empty((r, c), dtype=compute_dtype(xp, a.dtype))
     kernels["part"]((tiles, r), COLSUM_BLOCK, (src, part, xp.int64(m), xp.int64(c), xp.int64(rows_per_block)))
     kernels["final"]((tiles, 1), COLSUM_BLOCK, (part, out, xp.int64(r), xp.int64(c), xp.int64(r)))
     return unbits(out, a.dtype)
@@ -499,7 +499,7 @@ def bias_add_backward(xp, gy, *, method="columns"):
         raise ShapeError(f"bias_add_backward: gy must have a channel axis, got shape {gy.shape}")
     n, c = gy.shape[:2]
     bf16 = is_bf16(gy)
-    acc = xp.float32 if gy.dtype == xp.float16 or bf16 else gy.dtype
+    acc = compute_dtype(xp, gy.dtype)
     if gy.size == 0:  # a product over an empty axis is not guaranteed to write its output
         return zeros(xp, c, gy.dtype)
     if is_channels_last(gy):

@@ -67,28 +67,17 @@ def _in_layout(xp, a, cl: bool):
 
 
 def _cast(xp, a, io: str):
-    """``a`` as I/O dtype ``io`` (bfloat16 as its uint16 bits), layout kept."""
+    """``a`` as I/O dtype ``io`` (bfloat16 as its uint16 bits), layout kept:
+    ``cuda_elementwise.like``, the storage conversion our kernels use."""
     from . import cuda_elementwise as ce
-    name = a.dtype.name
-    if name == io:
-        return a.view(xp.uint16) if io == "bfloat16" else a
-    if name == "bfloat16":
-        a = ce.bf16_bits_to_float(xp, a.view(xp.uint16))
-    if io == "bfloat16":
-        return ce.float_to_bf16_bits(xp, a.astype(xp.float32, copy=False))
-    return a.astype(io, copy=False)
+    return ce.like(xp, a, io)
 
 
 def _uncast(xp, a, io: str, dtype):
-    """The output ``a`` (I/O dtype ``io``) back in the caller's ``dtype``."""
+    """The output ``a`` (I/O dtype ``io``, bfloat16 as its bits) back in the
+    caller's ``dtype`` (a view when it is ``io``)."""
     from . import cuda_elementwise as ce
-    if dtype.name == io:
-        return a.view(dtype) if io == "bfloat16" else a
-    if io == "bfloat16":
-        a = ce.bf16_bits_to_float(xp, a)
-    if dtype.name == "bfloat16":
-        return ce.float_to_bf16_bits(xp, a.astype(xp.float32, copy=False)).view(dtype)
-    return a.astype(dtype, copy=False)
+    return ce.unbits(ce.like(xp, ce.unbits(a, io), dtype), dtype)
 
 
 def _device_id(xp) -> int:

@@ -48,8 +48,13 @@ HALF_DTYPES = ("float16", "bfloat16")
 
 
 def compute_dtype(xp, dtype):
-    """The dtype a kernel computes in for storage ``dtype``: ``xp.float32`` for
-    :data:`HALF_DTYPES`, else ``dtype`` itself."""
+    """The dtype a kernel computes in for storage ``dtype`` (a dtype, scalar type
+    or name): ``xp.float32`` for :data:`HALF_DTYPES`, else ``dtype`` itself.
+    Source: SEMANTICS.md, "Numbers" (half precision accumulates in fp32).
+
+    Raises:
+        TypeError: ``dtype`` is not a dtype NumPy knows (bfloat16 needs ml_dtypes).
+    """
     return xp.float32 if np.dtype(dtype).name in HALF_DTYPES else dtype
 
 

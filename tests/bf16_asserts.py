@@ -1,4 +1,5 @@
-"""Checks of bfloat16 results against a float64 reference, shared by the CPU
+"""bfloat16 test helpers (checks of results against a float64 reference, pooling
+inputs), shared by the CPU
 (``tests/backends/test_bf16_kernel_sources.py``) and GPU
 (``tests/gpu/test_bf16_kernels.py``) tests of the bf16 kernels."""
 
@@ -73,3 +74,32 @@ def spy_casts(monkeypatch) -> list:
         monkeypatch.setattr(ew, name, spy(getattr(ew, name)))
     monkeypatch.setattr(cuda_loss, "float_to_bf16_bits", ew.float_to_bf16_bits)
     return calls
+
+
+# ------------------------------------------------------------------ pooling inputs
+
+def pool_input(rng, shape, kind):
+    """A bf16 pooling input of ``shape`` (NCHW) and ``kind``: ``normal``, ``ties``
+    (equal maxima: the first in row-major order wins), ``nan``, ``neg_inf`` (all
+    -inf windows next to padding) or ``signed_zero``."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    if kind == "ties":
+        x = rng.integers(-1, 2, shape).astype(np.float32)
+    elif kind == "nan":
+        x.flat[rng.choice(x.size, max(1, x.size // 15), replace=False)] = np.nan
+    elif kind == "neg_inf":
+        x[:, :, : shape[2] // 2] = -np.inf
+    elif kind == "signed_zero":
+        x = rng.choice(np.array([0.0, -0.0, -1.0], np.float32), shape)
+    return bf16(x)
+
+
+def pool_kwargs(case):
+    """The pooling keywords of a ``(shape, kernel_size, stride, padding, ceil_mode)`` case."""
+    return dict(kernel_size=case[1], stride=case[2], padding=case[3], ceil_mode=case[4])
+
+
+def cell_codes(shape):
+    """``v[n, c, h, w] = h*W + w``: which cell a select picked (exact in bf16 below 256)."""
+    h, w = shape[2:]
+    return bf16(np.broadcast_to(np.arange(h * w, dtype=np.float32).reshape(h, w), shape))

@@ -33,7 +33,8 @@ from opgraph.backends.reference import lrn as ref_lrn
 from opgraph.backends.reference import pool as ref_pool
 from opgraph.types import is_channels_last
 
-from bf16_asserts import BF16, assert_same_values, assert_within_ulp, bf16, f64, rel_err, spy_casts
+from bf16_asserts import (BF16, assert_same_values, assert_within_ulp, bf16, cell_codes, f64,
+                          pool_input, pool_kwargs, rel_err, spy_casts)
 
 
 needs_gxx = pytest.mark.skipif(GXX is None, reason="no g++: the kernels' CUDA text cannot run on the CPU")
@@ -357,7 +358,7 @@ def test_float_dtypes_keep_their_results(emu, dtype):
                            ref_ew.threshold_backward(np, x, gy, threshold=0.5))]:
             assert got.dtype == dtype and got.strides == dx.strides
             np.testing.assert_array_equal(got, want)
-        kw = _kw(POOL_CASES[1])
+        kw = pool_kwargs(POOL_CASES[1])
         y = cuda_pool.max_pool2d(np, dx, **kw)
         assert y.dtype == dtype
         np.testing.assert_array_equal(y, ref_pool.max_pool2d(np, x, **kw))
@@ -375,44 +376,21 @@ POOL_CASES = [
 ]
 
 
-def _pool_x(rng, shape, kind):
-    x = rng.standard_normal(shape).astype(np.float32)
-    if kind == "ties":
-        x = rng.integers(-1, 2, shape).astype(np.float32)
-    elif kind == "nan":
-        x.flat[rng.choice(x.size, max(1, x.size // 15), replace=False)] = np.nan
-    elif kind == "neg_inf":  # all -inf windows next to padding
-        x[:, :, : shape[2] // 2] = -np.inf
-    elif kind == "signed_zero":
-        x = rng.choice(np.array([0.0, -0.0, -1.0], np.float32), shape)
-    return bf16(x)
-
-
-def _kw(case):
-    return dict(kernel_size=case[1], stride=case[2], padding=case[3], ceil_mode=case[4])
-
-
-def _cell_codes(shape):
-    """v[n, c, h, w] = h*W + w: which cell a select picked, exact in bf16 below 256."""
-    h, w = shape[2:]
-    return bf16(np.broadcast_to(np.arange(h * w, dtype=np.float32).reshape(h, w), shape))
-
-
 @needs_gxx
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("kind", ["normal", "ties", "nan", "neg_inf", "signed_zero"])
 @pytest.mark.parametrize("case", POOL_CASES)
 def test_max_pool_bf16(emu, casts, case, kind, layout):
     rng = np.random.default_rng(3)
-    kw = _kw(case)
-    x = _pool_x(rng, case[0], kind)
+    kw = pool_kwargs(case)
+    x = pool_input(rng, case[0], kind)
     x64 = x.astype(np.float64)
     y = cuda_pool.max_pool2d(np, strict(x, layout), **kw)
     y_ref = ref_pool.max_pool2d(np, x64, **kw)
     assert y.dtype == BF16 and is_channels_last(y) == (layout == "NHWC")
     assert_same_values(y, y_ref)  # exact, NaN where the reference has NaN, -inf windows -inf
     # argmax exactly: the select reads the winning cell's code
-    codes = _cell_codes(x.shape)
+    codes = cell_codes(x.shape)
     sel = cuda_pool.max_pool2d_select(np, strict(x, layout), strict(codes, layout), **kw)
     assert_same_values(sel, ref_pool.max_pool2d_select(np, x64, codes.astype(np.float64), **kw))
     gy = bf16(rng.standard_normal(y_ref.shape))
@@ -435,7 +413,7 @@ def test_max_pool_bf16(emu, casts, case, kind, layout):
 @pytest.mark.parametrize("case", POOL_CASES[:2])
 def test_avg_pool_bf16(emu, casts, case, include_pad, layout):
     rng = np.random.default_rng(4)
-    kw = dict(_kw(case), count_include_pad=include_pad)
+    kw = dict(pool_kwargs(case), count_include_pad=include_pad)
     x = bf16(rng.standard_normal(case[0]))
     y = cuda_pool.avg_pool2d(np, strict(x, layout), **kw)
     y_ref = ref_pool.avg_pool2d(np, x.astype(np.float64), **kw)
@@ -452,8 +430,8 @@ def test_pool_bf16_specialized_and_64_bit_indexing(emu, casts, monkeypatch):
     """Geometry compiled in, and 64-bit indices (forced by a low limit): same results."""
     rng = np.random.default_rng(5)
     case = POOL_CASES[1]
-    kw = _kw(case)
-    x = _pool_x(rng, case[0], "nan")
+    kw = pool_kwargs(case)
+    x = pool_input(rng, case[0], "nan")
     gy = bf16(rng.standard_normal(ref_pool.max_pool2d(np, x.astype(np.float64), **kw).shape))
     want = ref_pool.max_pool2d_backward_relu(np, x.astype(np.float64), gy.astype(np.float64), **kw)
     assert_within_ulp(cuda_pool.max_pool2d_backward_relu(np, strict(x, "NHWC"), strict(gy, "NHWC"), **kw,
@@ -470,7 +448,7 @@ def test_pool_bf16_specialized_and_64_bit_indexing(emu, casts, monkeypatch):
 def test_pool_float32_still_runs_its_own_kernels(emu):
     rng = np.random.default_rng(6)
     x = rng.standard_normal((2, 3, 7, 9)).astype(np.float32)
-    kw = _kw(POOL_CASES[0])
+    kw = pool_kwargs(POOL_CASES[0])
     np.testing.assert_array_equal(cuda_pool.max_pool2d(np, x, **kw), ref_pool.max_pool2d(np, x, **kw))
     (call,) = emu.launches
     assert call["name"] == "opgraph_maxpool_i32" and call["types"] == {"T": "float"}
@@ -675,7 +653,7 @@ def test_cuda_text_of_every_bf16_kernel_compiles(monkeypatch):
 def _launch_every_kernel(emu):
     rng = np.random.default_rng(13)
     x = bf16(rng.standard_normal((2, 3, 6, 6)))
-    kw = _kw(POOL_CASES[2])
+    kw = pool_kwargs(POOL_CASES[2])
     for a in (strict(x), x.astype(np.float32)):
         ew.relu(np, a), ew.relu_backward(np, a, a), ew.threshold(np, a, threshold=0.1, value=0.0)
         ew.threshold_backward(np, a, a, threshold=0.1)

@@ -55,3 +55,31 @@ def channels_last(cp, a):
 @pytest.fixture
 def to_cl(cp):
     return lambda a: channels_last(cp, a)
+
+
+@pytest.fixture
+def captured_replay(cp):
+    """``run(fn, change) -> (out, keep)``: ``fn()`` called once eagerly (kernels
+    compiled and loaded outside the capture), then captured into a CUDA graph on
+    a non-blocking stream with a private memory pool (the device synchronised
+    first); ``change()`` runs on that stream after
+    the capture (e.g. writes the input in place), then the graph is replayed.
+    ``out`` is what ``fn`` returned during the capture, holding the replay's
+    result; ``keep`` (the graph and its pool) must outlive every use of it."""
+    def run(fn, change):
+        fn()
+        # the capture stream is non-blocking: it must not overtake work enqueued
+        # on the default stream (inputs made by the caller)
+        cp.cuda.Device().synchronize()
+        stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
+        with stream, cp.cuda.using_allocator(pool.malloc):
+            stream.begin_capture()
+            try:
+                out = fn()
+            finally:
+                graph = stream.end_capture()
+            change()
+            graph.launch(stream)
+            stream.synchronize()
+        return out, (graph, pool)
+    return run

@@ -34,7 +34,8 @@ from opgraph.backends.reference import loss as ref_loss
 from opgraph.backends.reference import lrn as ref_lrn
 from opgraph.backends.reference import pool as ref_pool
 
-from bf16_asserts import BF16, assert_same_values, assert_within_ulp, bf16, f64, rel_err, spy_casts
+from bf16_asserts import (BF16, assert_same_values, assert_within_ulp, bf16, cell_codes, f64,
+                          pool_input, pool_kwargs, rel_err, spy_casts)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_status()[0], reason=f"no GPU: {cuda_status()[1]}")]
@@ -116,42 +117,20 @@ POOL_CASES = [
 ]
 
 
-def _kw(case):
-    return dict(kernel_size=case[1], stride=case[2], padding=case[3], ceil_mode=case[4])
-
-
-def _pool_x(rng, shape, kind):
-    x = rng.standard_normal(shape).astype(np.float32)
-    if kind == "ties":  # equal maxima: the first in row-major order wins
-        x = rng.integers(-1, 2, shape).astype(np.float32)
-    elif kind == "nan":
-        x.flat[rng.choice(x.size, max(1, x.size // 15), replace=False)] = np.nan
-    elif kind == "neg_inf":  # all -inf windows next to padding
-        x[:, :, : shape[2] // 2] = -np.inf
-    elif kind == "signed_zero":
-        x = rng.choice(np.array([0.0, -0.0, -1.0], np.float32), shape)
-    return bf16(x)
-
-
-def _cell_codes(shape):
-    h, w = shape[2:]
-    return bf16(np.broadcast_to(np.arange(h * w, dtype=np.float32).reshape(h, w), shape))
-
-
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("kind", ["normal", "ties", "nan", "neg_inf", "signed_zero"])
 @pytest.mark.parametrize("case", POOL_CASES)
 def test_max_pool_bf16(cp, rng, casts, case, kind, layout):
     from opgraph.backends import cuda_pool
     from opgraph.types import is_channels_last
-    kw = _kw(case)
-    x = _pool_x(rng, case[0], kind)
+    kw = pool_kwargs(case)
+    x = pool_input(rng, case[0], kind)
     x64 = x.astype(np.float64)
     y = cuda_pool.max_pool2d(cp, dev(cp, x, layout), **kw)
     assert y.dtype == BF16 and is_channels_last(y) == (layout == "NHWC")
     y_ref = ref_pool.max_pool2d(np, x64, **kw)
     assert_same_values(host(cp, y), y_ref)  # exact; NaN and -inf windows included
-    codes = _cell_codes(x.shape)  # the argmax, exactly
+    codes = cell_codes(x.shape)  # the argmax, exactly
     sel = cuda_pool.max_pool2d_select(cp, dev(cp, x, layout), dev(cp, codes, layout), **kw)
     assert_same_values(host(cp, sel), ref_pool.max_pool2d_select(np, x64, codes.astype(np.float64), **kw))
     gy = bf16(rng.standard_normal(y_ref.shape))
@@ -168,7 +147,7 @@ def test_max_pool_bf16(cp, rng, casts, case, kind, layout):
 @pytest.mark.parametrize("case", POOL_CASES[:2])
 def test_avg_pool_bf16(cp, rng, casts, case, include_pad, layout):
     from opgraph.backends import cuda_pool
-    kw = dict(_kw(case), count_include_pad=include_pad)
+    kw = dict(pool_kwargs(case), count_include_pad=include_pad)
     x = bf16(rng.standard_normal(case[0]))
     y = cuda_pool.avg_pool2d(cp, dev(cp, x, layout), **kw)
     y_ref = ref_pool.avg_pool2d(np, x.astype(np.float64), **kw)
@@ -185,8 +164,8 @@ def test_pool_bf16_specialized(cp, rng, casts):
     """Geometry compiled in: the same bits as the generic kernels."""
     from opgraph.backends import cuda_pool
     case = POOL_CASES[1]
-    kw = _kw(case)
-    x = _pool_x(rng, case[0], "nan")
+    kw = pool_kwargs(case)
+    x = pool_input(rng, case[0], "nan")
     gy = bf16(rng.standard_normal(ref_pool.max_pool2d(np, x.astype(np.float64), **kw).shape))
     for fn, args in [(cuda_pool.max_pool2d, ()), (cuda_pool.max_pool2d_backward_relu, (gy,))]:
         a = fn(cp, dev(cp, x, "NHWC"), *(dev(cp, g, "NHWC") for g in args), **kw)
@@ -320,27 +299,20 @@ def test_bias_grad_bf16_many_rows(cp, rng, casts, layout):
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_bias_grad_bf16_replays_in_a_cuda_graph(cp, rng, layout):
+def test_bias_grad_bf16_replays_in_a_cuda_graph(cp, rng, captured_replay, layout):
     """Both bfloat16 paths are our kernels only (no cuBLAS, no CuPy
     reduction), so they capture; a replay reads gy's memory anew."""
     from opgraph.backends import cuda_elementwise as ew
     gy = bf16(rng.standard_normal((4, 40, 20, 21)))
     dgy = dev(cp, gy, layout)
-    ew.bias_add_backward(cp, dgy)  # compile and load outside the capture
-    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
-    with stream, cp.cuda.using_allocator(pool.malloc):
-        stream.begin_capture()
-        try:
-            out = ew.bias_add_backward(cp, dgy)
-        finally:
-            graph = stream.end_capture()
-        bits = dgy.view(cp.uint16)
-        bits[...] = dev(cp, bf16(2 * gy.astype(np.float32)), layout).view(cp.uint16)  # in place
-        graph.launch(stream)
-        stream.synchronize()
+    doubled = dev(cp, bf16(2 * gy.astype(np.float32)), layout).view(cp.uint16)
+
+    def double_in_place():
+        dgy.view(cp.uint16)[...] = doubled
+
+    out, keep = captured_replay(lambda: ew.bias_add_backward(cp, dgy), double_in_place)
     assert_within_ulp(host(cp, out), 2 * _bias_want(gy))
-    del graph, out
-    pool.free_all_blocks()
+    del out, keep
 
 
 def test_column_sums_bf16(cp, rng, casts):

@@ -360,24 +360,14 @@ def test_bias_add_backward_over_2_31_elements(cp, rng, method):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_column_kernel_replays_in_a_cuda_graph(cp, rng, relerr, dtype):
+def test_column_kernel_replays_in_a_cuda_graph(cp, rng, relerr, captured_replay, dtype):
     """The point of the column kernel: CuPy refuses cuBLAS during stream
     capture; our two passes capture, and a replay reads gy's memory anew."""
     from opgraph.backends import cuda_elementwise as ew
     gy = rng.standard_normal((4, 40, 20, 21)).astype(dtype)
     dgy = _dev(cp, gy, "NHWC")
-    ew.bias_add_backward(cp, dgy)  # compile and load the module outside the capture
-    stream, pool = cp.cuda.Stream(non_blocking=True), cp.cuda.MemoryPool()
-    with stream, cp.cuda.using_allocator(pool.malloc):
-        stream.begin_capture()
-        try:
-            out = ew.bias_add_backward(cp, dgy)
-        finally:
-            graph = stream.end_capture()
-        dgy *= 2  # in place: the replay must see it
-        graph.launch(stream)
-        stream.synchronize()
+    # gy doubled in place after the capture: the replay must see it
+    out, keep = captured_replay(lambda: ew.bias_add_backward(cp, dgy), lambda: dgy.__imul__(2))
     tol = 2e-3 if dtype == np.float16 else 1e-6
     assert relerr(cp.asnumpy(out), 2 * gy.astype(np.float64).sum(axis=(0, 2, 3))) < tol
-    del graph, out
-    pool.free_all_blocks()
+    del out, keep

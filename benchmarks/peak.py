@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from opgraph.backends.cublas_matmul import GEMM_TYPES, gemm_ex_into
+from opgraph.backends.cuda.cublas import GEMM_TYPES, gemm_ex_into
 
 GPU_N, CPU_N = 8192, 2048
 

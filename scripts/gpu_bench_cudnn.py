@@ -44,7 +44,7 @@ def native_asymmetric_probe(cp, shapes, p):
     """Run every engine of the *native* asymmetric-padding graph (cuDNN pre !=
     post padding, bypassing the legalization of ``cudnn.route``) on a
     NaN-poisoned output; count the engines whose result is wrong."""
-    from opgraph.backends import cudnn, cudnn_graph as cg
+    from opgraph.backends.cuda import cudnn, cudnn_graph as cg
     from opgraph.backends.reference import conv as ref
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shapes["fprop"][0])
@@ -79,7 +79,7 @@ def native_asymmetric_probe(cp, shapes, p):
 
 
 def facts(cp):
-    from opgraph.backends import cudnn, cudnn_graph as cg
+    from opgraph.backends.cuda import cudnn, cudnn_graph as cg
     out = {}
     p = dict(stride=(2, 2), padding=((1, 0), (2, 1)), dilation=(1, 1))
     shapes = {"fprop": [(2, 8, 12, 12), (16, 8, 3, 3), (2, 16, 6, 7)],
@@ -132,7 +132,7 @@ def facts(cp):
 
 
 def bench_ours(cp, name, quick):
-    from opgraph.backends import cudnn
+    from opgraph.backends.cuda import cudnn
     xs, ws, pad = CONVS[name]
     kw = _params(pad)
     x = cp.random.standard_normal(xs, dtype=cp.float32)

@@ -24,7 +24,8 @@ import statistics
 
 import cupy as cp
 
-from opgraph.backends import cuda_elementwise, cuda_pool
+from opgraph.backends.cuda import colsum as cuda_colsum
+from opgraph.backends.cuda import pool as cuda_pool
 from opgraph.benchmarks.timer import time_calls
 
 #: (name, x shape, kernel, stride, padding, ceil_mode)
@@ -104,10 +105,10 @@ def bench_bias_grads(rows):
             want = gy.astype(cp.float64).sum(axis=(0, 2, 3))
             row = {"kernel": "bias_add_backward", "layer": name, "layout": layout, "x": list(shape),
                    "dtype": cp.dtype(dtype).name, "gbytes": gy.nbytes / 1e9}
-            cases = [("current", lambda: cuda_elementwise.bias_add_backward(cp, gy))]
+            cases = [("current", lambda: cuda_colsum.bias_add_backward(cp, gy))]
             if layout == "NHWC":  # the methods differ only for channels-last input
-                cases += [(m, lambda m=m: cuda_elementwise.bias_add_backward(cp, gy, method=m))
-                          for m in cuda_elementwise.BIAS_GRAD_METHODS]
+                cases += [(m, lambda m=m: cuda_colsum.bias_add_backward(cp, gy, method=m))
+                          for m in cuda_colsum.BIAS_GRAD_METHODS]
             cases += [("previous", lambda: previous_bias_grad(gy)),
                       ("cupy_sum", lambda: gy.sum(axis=(0, 2, 3)))]
             for label, fn in cases:

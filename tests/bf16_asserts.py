@@ -60,8 +60,7 @@ def assert_same_values(got, want):
 def spy_casts(monkeypatch) -> list:
     """Record every whole-array bf16 <-> f32 conversion of our kernels as
     ``(function, size)`` in the returned list (the in-kernel paths must make none)."""
-    from opgraph.backends import cuda_elementwise as ew
-    from opgraph.backends import cuda_loss
+    from opgraph.backends.cuda import colsum as cuda_colsum, loss as cuda_loss, storage as cuda_storage
 
     calls = []
 
@@ -71,8 +70,10 @@ def spy_casts(monkeypatch) -> list:
             return fn(xp, a)
         return wrapped
     for name in ("float_to_bf16_bits", "bf16_bits_to_float"):
-        monkeypatch.setattr(ew, name, spy(getattr(ew, name)))
-    monkeypatch.setattr(cuda_loss, "float_to_bf16_bits", ew.float_to_bf16_bits)
+        monkeypatch.setattr(cuda_storage, name, spy(getattr(cuda_storage, name)))
+    # the kernel modules that bind the conversion by name
+    for module in (cuda_loss, cuda_colsum):
+        monkeypatch.setattr(module, "float_to_bf16_bits", cuda_storage.float_to_bf16_bits)
     return calls
 
 

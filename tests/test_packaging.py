@@ -26,6 +26,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SUBPACKAGES = ["opgraph", "opgraph.ops", "opgraph.backends", "opgraph.backends.reference",
+               "opgraph.backends.algorithms", "opgraph.backends.cuda",
                "opgraph.passes", "opgraph.benchmarks", "opgraph.benchmarks.models"]
 # What a fresh clone would not have, or what the build does not need.
 IGNORE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__",

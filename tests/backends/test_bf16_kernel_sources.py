@@ -26,8 +26,8 @@ import pytest
 
 from cuda_cpu_emulator import GXX, NVCC, EmulatedCupy, nvcc_check
 from cupy_standin import cupy_replaced
-from opgraph.backends import cuda_elementwise as ew
-from opgraph.backends import cuda_loss, cuda_pool, cuda_rules
+from opgraph.backends.cuda import colsum as cuda_colsum, lrn as cuda_lrn, relu as cuda_relu, storage as cuda_storage
+from opgraph.backends.cuda import loss as cuda_loss, pool as cuda_pool, rules as cuda_rules
 from opgraph.backends.reference import loss as ref_loss
 from opgraph.backends.reference import lrn as ref_lrn
 from opgraph.backends.reference import pool as ref_pool
@@ -40,7 +40,7 @@ from bf16_asserts import (BF16, assert_same_values, assert_within_ulp, bf16, cel
 needs_gxx = pytest.mark.skipif(GXX is None, reason="no g++: the kernels' CUDA text cannot run on the CPU")
 
 #: every compiled-kernel cache of the three modules (cleared around each test)
-CACHES = (ew._ew, ew._colsum_kernels, ew._rowsum_kernel, cuda_pool._compiled, cuda_loss._kernel)
+CACHES = (cuda_storage.elementwise_kernel, cuda_colsum._colsum_kernels, cuda_colsum._rowsum_kernel, cuda_pool._compiled, cuda_loss._kernel)
 
 
 # ------------------------------------------------------------------ helpers
@@ -184,46 +184,46 @@ def _kernel_types(emu, prefix):
 # ------------------------------------------------------------------ sources per dtype
 
 def test_storage_preamble_per_dtype():
-    pre = ew.storage_preamble("bfloat16")
+    pre = cuda_storage.storage_preamble("bfloat16")
     assert "__uint_as_float(((unsigned int)b) << 16)" in pre                 # exact load
     assert "(u + 0x7fffu + ((u >> 16) & 1u)) >> 16" in pre                    # round to nearest even
     assert "(u & 0x7fffffffu) > 0x7f800000u" in pre and "| 0x40u" in pre      # NaN stays a quiet NaN
     assert "#define CT float" in pre and "#define LD(e) opgraph_bf16_load(e)" in pre
     assert "#define ST(e, v) ((e) = opgraph_bf16_bits(v))" in pre
     for dtype in ("float16", "float32", "float64"):  # identity: the float kernels compile as before
-        plain = ew.storage_preamble(dtype)
+        plain = cuda_storage.storage_preamble(dtype)
         assert plain == "#define CT T\n#define LD(e) (e)\n#define ST(e, v) ((e) = (v))\n"
         assert "bf16" not in plain
-    assert [ew.kernel_tag(d) for d in ("bfloat16", "float16", "float32", "float64")] == ["_bf16", "", "", ""]
+    assert [cuda_storage.kernel_tag(d) for d in ("bfloat16", "float16", "float32", "float64")] == ["_bf16", "", "", ""]
     # the cast kernels (cuDNN / cuBLAS operands) use the same conversions
-    assert ew.BF16_DEVICE in pre
+    assert cuda_storage.BF16_DEVICE in pre
 
 
 def test_bodies_load_through_the_macros():
     """Every value a kernel compares or computes with is loaded by LD and
     every computed result stored by ST (a bare ``x[...]`` in arithmetic would
     read bfloat16 bits as an integer)."""
-    for body in (cuda_pool._MAX, cuda_pool._AVG, cuda_pool._MAX_BWD, cuda_pool._AVG_BWD, ew._LRN_FWD,
-                 ew._LRN_BWD1, ew._LRN_BWD2, cuda_loss._SOFTMAX, cuda_loss._LOG_SOFTMAX,
+    for body in (cuda_pool._MAX, cuda_pool._AVG, cuda_pool._MAX_BWD, cuda_pool._AVG_BWD, cuda_lrn._LRN_FWD,
+                 cuda_lrn._LRN_BWD1, cuda_lrn._LRN_BWD2, cuda_loss._SOFTMAX, cuda_loss._LOG_SOFTMAX,
                  cuda_loss._SOFTMAX_BWD, cuda_loss._LOG_SOFTMAX_BWD, cuda_loss._CE_ROWS, cuda_loss._CE_BWD):
         assert "LD(" in body and "T acc" not in body.replace("CT acc", "")
         assert not re.search(r"\bT [a-z]", body), body  # no local of the storage type
         for out in ("y", "gx"):
             assert not re.search(rf"\b{out}\[[^\]]*\] =", body), body  # outputs written through ST
     assert "best > (CT)0" in cuda_pool._STORE_ARG[True]
-    for body in (ew.RELU_BODY, ew.RELU_BWD_BODY, ew.THRESHOLD_BODY, ew.THRESHOLD_BWD_BODY):
+    for body in (cuda_relu.RELU_BODY, cuda_relu.RELU_BWD_BODY, cuda_relu.THRESHOLD_BODY, cuda_relu.THRESHOLD_BWD_BODY):
         assert "LD(x)" in body
 
 
 def test_column_and_row_sum_sources_for_bfloat16():
-    code = ew.colsum_source("bfloat16")
+    code = cuda_colsum.colsum_source("bfloat16")
     assert code.startswith("typedef float ACC;") and "struct opgraph_bf16 { unsigned short bits; };" in code
     assert "void opgraph_colsum_part(const opgraph_bf16* __restrict__ src, float* __restrict__ dst" in code
     assert "void opgraph_colsum_final(const float* __restrict__ src, opgraph_bf16* __restrict__ dst" in code
     assert ("void opgraph_colsum_direct(const opgraph_bf16* __restrict__ src, "
             "opgraph_bf16* __restrict__ dst") in code
-    assert ew._COLSUM_TYPES["bfloat16"] == ("opgraph_bf16", "float")
-    rows = ew.rowsum_source("bfloat16")
+    assert cuda_colsum._COLSUM_TYPES["bfloat16"] == ("opgraph_bf16", "float")
+    rows = cuda_colsum.rowsum_source("bfloat16")
     assert "void opgraph_rowsum(const opgraph_bf16* __restrict__ src, ACC* __restrict__ dst" in rows
     assert rows.startswith("typedef float ACC;") and "__shfl_down_sync" in rows and "atomic" not in rows
 
@@ -247,13 +247,13 @@ def test_bf16_conversions_match_ml_dtypes(emu):
     half with the low halves around the rounding ties, and random floats)
     bit for bit against ml_dtypes; NaN: a quiet NaN of the same sign."""
     pats = np.arange(2 ** 16, dtype=np.uint16)
-    got = ew.bf16_bits_to_float(np, pats)
+    got = cuda_storage.bf16_bits_to_float(np, pats)
     np.testing.assert_array_equal(got.view(np.uint32), pats.view(BF16).astype(np.float32).view(np.uint32))
     lows = np.array([0, 1, 0x7fff, 0x8000, 0x8001, 0xffff, 0x4000, 0xc000], np.uint32)
     u = ((np.arange(2 ** 16, dtype=np.uint32)[:, None] << 16) | lows).ravel()
     u = np.concatenate([u, np.random.default_rng(0).integers(0, 2 ** 32, 2 ** 18, dtype=np.uint32)])
     x = u.view(np.float32)
-    out = ew.float_to_bf16_bits(np, x)
+    out = cuda_storage.float_to_bf16_bits(np, x)
     assert out.dtype == np.uint16
     nan = np.isnan(x)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -265,7 +265,7 @@ def test_bf16_conversions_match_ml_dtypes(emu):
     k = emu.ElementwiseKernel("uint16 b, float32 f", "float32 y, uint16 z", """
         opgraph_bf16 v; v.bits = b; y = opgraph_load(v);
         opgraph_bf16 o; opgraph_store(&o, f); z = o.bits""", "colsum_helpers",
-                              preamble=ew.COLSUM_BF16_HELPERS)
+                              preamble=cuda_colsum.COLSUM_BF16_HELPERS)
     y, z = k(np.resize(pats, x.size), x, np.empty(x.size, np.float32), np.empty(x.size, np.uint16))
     np.testing.assert_array_equal(y.view(np.uint32), np.resize(got, x.size).view(np.uint32))
     np.testing.assert_array_equal(z, out)
@@ -287,10 +287,10 @@ def test_relu_and_threshold_bf16(emu, casts, layout):
     x32, gy32 = x.astype(np.float32), gy.astype(np.float32)
     dx, dgy = strict(x, layout), strict(gy, layout)
     zero = np.float32(0)
-    checks = [(ew.relu(np, dx), np.where((x32 > 0) | np.isnan(x32), x32, zero)),
-              (ew.relu_backward(np, dx, dgy), np.where(x32 > 0, gy32, zero)),
-              (ew.threshold(np, dx, threshold=0.5, value=-2.0), np.where(x32 <= 0.5, np.float32(-2.0), x32)),
-              (ew.threshold_backward(np, dx, dgy, threshold=0.5), np.where(x32 > 0.5, gy32, zero))]
+    checks = [(cuda_relu.relu(np, dx), np.where((x32 > 0) | np.isnan(x32), x32, zero)),
+              (cuda_relu.relu_backward(np, dx, dgy), np.where(x32 > 0, gy32, zero)),
+              (cuda_relu.threshold(np, dx, threshold=0.5, value=-2.0), np.where(x32 <= 0.5, np.float32(-2.0), x32)),
+              (cuda_relu.threshold_backward(np, dx, dgy, threshold=0.5), np.where(x32 > 0.5, gy32, zero))]
     for got, want in checks:  # exact: these select stored values
         assert got.dtype == BF16 and got.strides == dx.strides  # layout kept
         assert_same_values(got, want)
@@ -314,10 +314,10 @@ def test_relu_in_place_bf16(emu, casts, layout):
     x, gy = _special(rng, (2, 3, 4, 5)), _special(rng, (2, 3, 4, 5))
     x32, gy32 = x.astype(np.float32), gy.astype(np.float32)
     dx, dgy = strict(x, layout), strict(gy, layout)
-    g = ew.relu_backward(np, dx, dgy, out=dgy)
+    g = cuda_relu.relu_backward(np, dx, dgy, out=dgy)
     assert g is dgy
     assert_same_values(g, np.where(x32 > 0, gy32, np.float32(0)))
-    y = ew.relu(np, dx, out=dx)
+    y = cuda_relu.relu(np, dx, out=dx)
     assert y is dx and y.dtype == BF16
     assert_same_values(y, np.where((x32 > 0) | np.isnan(x32), x32, np.float32(0)))
     assert casts == []
@@ -328,13 +328,13 @@ def test_relu_mixed_and_float32_unchanged(emu, casts):
     rng = np.random.default_rng(2)
     x = _special(rng, (3, 7))
     gy = rng.standard_normal((3, 7)).astype(np.float32)
-    got = ew.relu_backward(np, strict(x), gy)  # bf16 mask on a float32 gradient
+    got = cuda_relu.relu_backward(np, strict(x), gy)  # bf16 mask on a float32 gradient
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, np.where(x.astype(np.float32) > 0, gy, 0))
     f = _special(rng, (3, 7)).astype(np.float32)
-    np.testing.assert_array_equal(ew.relu(np, f), np.where((f > 0) | np.isnan(f), f, 0))
+    np.testing.assert_array_equal(cuda_relu.relu(np, f), np.where((f > 0) | np.isnan(f), f, 0))
     assert [c["name"] for c in emu.launches] == ["opgraph_relu_bwd_bf16", "opgraph_relu"]
-    assert emu.launches[1]["preamble"] == ew.storage_preamble("float32")
+    assert emu.launches[1]["preamble"] == cuda_storage.storage_preamble("float32")
     assert emu.launches[0]["types"] == {"T": "unsigned short", "G": "float"}
     assert casts == []
 
@@ -350,11 +350,11 @@ def test_float_dtypes_keep_their_results(emu, dtype):
     gy = rng.standard_normal(x.shape).astype(dtype)
     for layout in ("NCHW", "NHWC"):
         dx, dgy = (channels_last(x), channels_last(gy)) if layout == "NHWC" else (x, gy)
-        for got, want in [(ew.relu(np, dx), ref_ew.relu(np, x)),
-                          (ew.relu_backward(np, dx, dgy), ref_ew.relu_backward(np, x, gy)),
-                          (ew.threshold(np, dx, threshold=0.5, value=1e-3),
+        for got, want in [(cuda_relu.relu(np, dx), ref_ew.relu(np, x)),
+                          (cuda_relu.relu_backward(np, dx, dgy), ref_ew.relu_backward(np, x, gy)),
+                          (cuda_relu.threshold(np, dx, threshold=0.5, value=1e-3),
                            ref_ew.threshold(np, x, threshold=0.5, value=1e-3)),
-                          (ew.threshold_backward(np, dx, dgy, threshold=0.5),
+                          (cuda_relu.threshold_backward(np, dx, dgy, threshold=0.5),
                            ref_ew.threshold_backward(np, x, gy, threshold=0.5))]:
             assert got.dtype == dtype and got.strides == dx.strides
             np.testing.assert_array_equal(got, want)
@@ -452,7 +452,7 @@ def test_pool_float32_still_runs_its_own_kernels(emu):
     np.testing.assert_array_equal(cuda_pool.max_pool2d(np, x, **kw), ref_pool.max_pool2d(np, x, **kw))
     (call,) = emu.launches
     assert call["name"] == "opgraph_maxpool_i32" and call["types"] == {"T": "float"}
-    assert call["preamble"].startswith("typedef int IDX;\n" + ew.storage_preamble("float32"))
+    assert call["preamble"].startswith("typedef int IDX;\n" + cuda_storage.storage_preamble("float32"))
 
 
 @needs_gxx
@@ -477,10 +477,10 @@ def test_lrn_bf16(emu, casts, shape, layout):
     x, gy = bf16(rng.standard_normal(shape) * 3), bf16(rng.standard_normal(shape))
     dev = (lambda a: strict(a, layout)) if len(shape) == 4 else \
         (lambda a: np.ascontiguousarray(a).view(StrictBf16))
-    y = ew.local_response_norm(np, dev(x), **kw)
+    y = cuda_lrn.local_response_norm(np, dev(x), **kw)
     assert y.strides == dev(x).strides
     assert_within_ulp(y, ref_lrn.local_response_norm(np, x.astype(np.float64), **kw))
-    gx = ew.local_response_norm_backward(np, dev(x), dev(gy), **kw)
+    gx = cuda_lrn.local_response_norm_backward(np, dev(x), dev(gy), **kw)
     assert gx.dtype == BF16 and gx.strides == dev(x).strides
     want = ref_lrn.local_response_norm_backward(np, x.astype(np.float64), gy.astype(np.float64), **kw)
     assert rel_err(gx, want) < 1e-2
@@ -554,13 +554,13 @@ def test_mixed_dtypes_convert_the_odd_operand_and_empty_inputs(emu, casts):
     want = ref_loss.softmax_backward(np, y.astype(np.float64), bf16(gy).astype(np.float64), axis=1)
     assert gx.dtype == BF16 and rel_err(gx, want) < 1e-2
     x = bf16(rng.standard_normal((2, 4, 3, 3)))
-    g = ew.local_response_norm_backward(np, strict(x), rng.standard_normal(x.shape).astype(np.float32),
+    g = cuda_lrn.local_response_norm_backward(np, strict(x), rng.standard_normal(x.shape).astype(np.float32),
                                         size=3, alpha=1e-2, beta=0.75, k=2.0)
     assert g.dtype == BF16
     assert casts == [("float_to_bf16_bits", 24), ("float_to_bf16_bits", x.size)]
     launched = len(emu.launches)
     e = bf16(np.zeros((0, 4, 3, 3)))
-    assert ew.local_response_norm(np, strict(e), size=3, alpha=1e-2, beta=0.75, k=2.0).dtype == BF16
+    assert cuda_lrn.local_response_norm(np, strict(e), size=3, alpha=1e-2, beta=0.75, k=2.0).dtype == BF16
     assert cuda_loss.softmax(np, strict(e), axis=1).dtype == BF16
     assert cuda_loss.cross_entropy(np, strict(bf16(np.zeros((0, 3)))), np.zeros(0, np.int64),
                                    reduction="mean").dtype == BF16
@@ -579,7 +579,7 @@ def _bias_want(gy):
 def test_bias_grad_bf16_channels_last(emu, casts, c, nhw):
     n, h, w = nhw
     gy = bf16(np.random.default_rng(c).standard_normal((n, c, h, w)))
-    got = ew.bias_add_backward(np, strict(gy, "NHWC"))
+    got = cuda_colsum.bias_add_backward(np, strict(gy, "NHWC"))
     assert got.shape == (c,)
     assert_within_ulp(got, _bias_want(gy))
     names = [x["name"] for x in emu.raw_launches]
@@ -598,7 +598,7 @@ def test_bias_grad_bf16_channels_last(emu, casts, c, nhw):
 @pytest.mark.parametrize("shape", [(3, 5, 4, 6), (2, 7, 1, 257), (4, 16, 20, 30), (2, 3, 9)])
 def test_bias_grad_bf16_nchw_rows_then_columns(emu, casts, shape):
     gy = bf16(np.random.default_rng(10).standard_normal(shape))
-    got = ew.bias_add_backward(np, strict(gy))
+    got = cuda_colsum.bias_add_backward(np, strict(gy))
     assert_within_ulp(got, _bias_want(gy))
     rows, final = emu.raw_launches
     assert rows["name"] == "opgraph_rowsum" and final["name"] == "opgraph_colsum_final"
@@ -615,14 +615,14 @@ def test_bias_grad_bf16_matrices_empty_and_gemv(emu, casts):
     rng = np.random.default_rng(11)
     for shape in [(7, 5), (6, 40, 1, 1)]:  # no spatial extent: an (N, C) matrix for the column kernel
         gy = bf16(rng.standard_normal(shape))
-        assert_within_ulp(ew.bias_add_backward(np, strict(gy)), _bias_want(gy))
+        assert_within_ulp(cuda_colsum.bias_add_backward(np, strict(gy)), _bias_want(gy))
     assert [x["name"] for x in emu.raw_launches] == ["opgraph_colsum_direct"] * 2
-    empty = ew.bias_add_backward(np, strict(bf16(np.zeros((0, 4, 2, 2))), "NHWC"))
+    empty = cuda_colsum.bias_add_backward(np, strict(bf16(np.zeros((0, 4, 2, 2))), "NHWC"))
     assert empty.dtype == BF16 and empty.shape == (4,) and not f64(empty).any()
-    assert not f64(ew.column_sums(np, bf16(np.zeros((0, 3))).view(StrictBf16))).any()
+    assert not f64(cuda_colsum.column_sums(np, bf16(np.zeros((0, 3))).view(StrictBf16))).any()
     assert casts == []
     gy = bf16(rng.standard_normal((3, 33, 20, 21)))
-    got = ew.bias_add_backward(np, strict(gy, "NHWC"), method="gemv")  # the cuBLAS variant converts
+    got = cuda_colsum.bias_add_backward(np, strict(gy, "NHWC"), method="gemv")  # the cuBLAS variant converts
     assert got.dtype == BF16
     assert_within_ulp(got, _bias_want(gy))
     assert [name for name, _ in casts] == ["bf16_bits_to_float", "float_to_bf16_bits"]
@@ -632,10 +632,10 @@ def test_bias_grad_bf16_matrices_empty_and_gemv(emu, casts):
 def test_column_sums_bf16_over_many_rows(emu, casts):
     """Pass 1 in 512 chunks; pass 2 rounds once (float32 partials)."""
     a = bf16(np.random.default_rng(12).standard_normal((40000, 35)))
-    got = ew.column_sums(np, a.view(StrictBf16))
+    got = cuda_colsum.column_sums(np, a.view(StrictBf16))
     assert_within_ulp(got, a.astype(np.float64).sum(0))
     part, final = emu.raw_launches
-    assert part["grid"] == (2, ew.colsum_grid(40000, 35)[0]) and part["args"][1].dtype == np.float32
+    assert part["grid"] == (2, cuda_colsum.colsum_grid(40000, 35)[0]) and part["args"][1].dtype == np.float32
     assert final["args"][1].dtype == np.uint16
 
 
@@ -655,10 +655,10 @@ def _launch_every_kernel(emu):
     x = bf16(rng.standard_normal((2, 3, 6, 6)))
     kw = pool_kwargs(POOL_CASES[2])
     for a in (strict(x), x.astype(np.float32)):
-        ew.relu(np, a), ew.relu_backward(np, a, a), ew.threshold(np, a, threshold=0.1, value=0.0)
-        ew.threshold_backward(np, a, a, threshold=0.1)
-        ew.local_response_norm(np, a, size=3, alpha=1e-2, beta=0.75, k=2.0)
-        ew.local_response_norm_backward(np, a, a, size=3, alpha=1e-2, beta=0.75, k=2.0)
+        cuda_relu.relu(np, a), cuda_relu.relu_backward(np, a, a), cuda_relu.threshold(np, a, threshold=0.1, value=0.0)
+        cuda_relu.threshold_backward(np, a, a, threshold=0.1)
+        cuda_lrn.local_response_norm(np, a, size=3, alpha=1e-2, beta=0.75, k=2.0)
+        cuda_lrn.local_response_norm_backward(np, a, a, size=3, alpha=1e-2, beta=0.75, k=2.0)
         for spec in (False, True):
             cuda_pool.max_pool2d(np, a, **kw, specialize=spec)
             cuda_pool.max_pool2d_backward_relu(np, a, a[:, :, ::2, ::2], **kw, specialize=spec)
@@ -671,12 +671,12 @@ def _launch_every_kernel(emu):
         cuda_loss.log_softmax_backward(np, cuda_loss.log_softmax(np, m, axis=1), m, axis=1)
         t = np.arange(18) % 12
         cuda_loss.cross_entropy_backward(np, m, t, m[0, :1].reshape(()), reduction="mean")
-    ew.bf16_bits_to_float(np, ew.float_to_bf16_bits(np, np.ones(3, np.float32)))
+    cuda_storage.bf16_bits_to_float(np, cuda_storage.float_to_bf16_bits(np, np.ones(3, np.float32)))
     names = {k[0] for k in emu.cuda_sources}
     assert len([n for n in names if n.endswith(("_bf16", "_bf16_i32"))]) >= 14
     sources = list(emu.cuda_sources.values())
-    sources += [ew.colsum_source(d) for d in ("bfloat16", "float16", "float32")]
-    sources += [ew.rowsum_source(d) for d in ("bfloat16", "float32", "float64")]
+    sources += [cuda_colsum.colsum_source(d) for d in ("bfloat16", "float16", "float32")]
+    sources += [cuda_colsum.rowsum_source(d) for d in ("bfloat16", "float32", "float64")]
     ptx = nvcc_check(sources)
     entries = re.findall(r"\.entry (\w+)\(", ptx)
     assert len(entries) == len(emu.cuda_sources) + 3 * 3 + 3, entries

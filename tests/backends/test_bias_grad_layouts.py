@@ -6,8 +6,8 @@ through a stand-in in test_cuda_colsum_launch.py)."""
 import numpy as np
 import pytest
 
-from opgraph.backends import cuda_elementwise
-from opgraph.backends.cuda_elementwise import bias_add_backward
+from opgraph.backends.cuda import colsum as cuda_colsum
+from opgraph.backends.cuda.colsum import bias_add_backward
 from opgraph.errors import ShapeError
 
 
@@ -23,7 +23,7 @@ def _channels_last(a):
 ])
 @pytest.mark.parametrize("sum_below", [0, 2 ** 40])  # NCHW: products, CuPy/NumPy sum
 def test_both_layouts_match_the_float64_sum(shape, sum_below, monkeypatch):
-    monkeypatch.setattr(cuda_elementwise, "BIAS_GRAD_SUM_BELOW", sum_below)
+    monkeypatch.setattr(cuda_colsum, "BIAS_GRAD_SUM_BELOW", sum_below)
     g = np.random.default_rng(0).standard_normal(shape)
     want = g.sum(axis=(0, 2, 3))
     np.testing.assert_allclose(bias_add_backward(np, g), want, rtol=1e-12)

@@ -5,7 +5,7 @@ registry glue of ``opgraph.backends.conv_rules``."""
 import numpy as np
 import pytest
 
-from opgraph.backends import fft, gemm, winograd
+from opgraph.backends.algorithms import fft, gemm, winograd
 from opgraph.backends.reference import conv as ref
 from opgraph.backends.registry import KernelContext, lookup, rules_for
 from opgraph.errors import LoweringError, ParameterError

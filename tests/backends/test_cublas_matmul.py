@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from opgraph import ops
-from opgraph.backends import cublas_matmul as cm
+from opgraph.backends.cuda import cublas as cm, cublas_rules
 from opgraph.backends.reference.linear import matmul_dims
 from opgraph.backends.registry import rules_for
 from opgraph.errors import ShapeError
@@ -69,9 +69,9 @@ def test_rules_are_registered_for_cuda_only_and_take_the_precision():
         assert rule.devices == frozenset({"cuda"}) and "option:precision" in rule.tags
     f32 = TensorType((4, 3), "float32")
     lin = ops.Linear()
-    assert cm.check(lin, [f32, TensorType((5, 3), "float32"), TensorType((5,), "float32")], "cuda") is None
-    assert "float64" in cm.check(lin, [TensorType((4, 3), "float64"), TensorType((5, 3), "float64")], "cuda")
-    assert "2-D" in cm.check(lin, [TensorType((4, 3, 2), "float32"), f32], "cuda")
+    assert cublas_rules.check(lin, [f32, TensorType((5, 3), "float32"), TensorType((5,), "float32")], "cuda") is None
+    assert "float64" in cublas_rules.check(lin, [TensorType((4, 3), "float64"), TensorType((5, 3), "float64")], "cuda")
+    assert "2-D" in cublas_rules.check(lin, [TensorType((4, 3, 2), "float32"), f32], "cuda")
 
 
 def test_gemm_types_are_the_cublas_enums_of_each_precision():
@@ -196,8 +196,8 @@ def test_without_nvmath_there_is_no_handle_of_our_own(monkeypatch):
 
 def test_the_rules_take_bfloat16_storage():
     x, w = TensorType((4, 8), "bfloat16"), TensorType((3, 8), "bfloat16")
-    assert cm.check(ops.Linear(), [x, w], "cuda") is None
-    assert cm.check(ops.MatMul(transpose_a=False, transpose_b=True), [x, w], "cuda") is None
+    assert cublas_rules.check(ops.Linear(), [x, w], "cuda") is None
+    assert cublas_rules.check(ops.MatMul(transpose_a=False, transpose_b=True), [x, w], "cuda") is None
 
 
 def test_an_output_neither_float32_nor_the_operands_storage_is_refused(fake_nvmath):

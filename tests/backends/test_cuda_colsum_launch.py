@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from opgraph import ops
-from opgraph.backends import cuda_elementwise as ew
-from opgraph.backends import cuda_rules
+from opgraph.backends.cuda import colsum as cuda_colsum
+from opgraph.backends.cuda import rules as cuda_rules
 from opgraph.backends.registry import KernelContext, rules_for
 from opgraph.errors import ParameterError, ShapeError
 from opgraph.types import TensorType
@@ -85,7 +85,7 @@ class ColumnSumStandIn:
 
 @pytest.fixture
 def standin(monkeypatch):
-    with cupy_replaced(monkeypatch, ColumnSumStandIn(), ew._colsum_kernels) as rec:
+    with cupy_replaced(monkeypatch, ColumnSumStandIn(), cuda_colsum._colsum_kernels) as rec:
         yield rec
 
 
@@ -112,13 +112,13 @@ def _brief_r(m, c):
     (6529, 300, (101, 65)),      # 102 chunks of 65 would leave the last one empty
 ])
 def test_colsum_grid_values(m, c, want):
-    assert ew.colsum_grid(m, c) == want
+    assert cuda_colsum.colsum_grid(m, c) == want
 
 
 def test_colsum_grid_covers_every_row_with_no_empty_chunk():
     for m in [*range(1, 300), 1000, 6529, 65473, 10 ** 5 + 7, 2 ** 20 + 1, 5 * 10 ** 6]:
         for c in (1, 3, 31, 32, 33, 100, 384, 1000, 5000, 20000, 40000):
-            r, rpb = ew.colsum_grid(m, c)
+            r, rpb = cuda_colsum.colsum_grid(m, c)
             first = _brief_r(m, c)
             assert 1 <= r <= first and rpb == -(-m // first)
             assert r * rpb >= m > (r - 1) * rpb, (m, c, r, rpb)  # rows covered, last chunk not empty
@@ -129,8 +129,8 @@ def test_colsum_grid_covers_every_row_with_no_empty_chunk():
 
 def test_two_passes_geometry_and_partial_buffer(standin):
     a = np.random.default_rng(0).standard_normal((1000, 40)).astype(np.float32)
-    got = ew.column_sums(np, a)
-    r, rpb = ew.colsum_grid(1000, 40)
+    got = cuda_colsum.column_sums(np, a)
+    r, rpb = cuda_colsum.colsum_grid(1000, 40)
     assert (r, rpb) == (16, 63)
     first, second = standin.launches
     assert first["name"] == "opgraph_colsum_part" and first["grid"] == (2, r) and first["block"] == (32, 8)
@@ -145,7 +145,7 @@ def test_two_passes_geometry_and_partial_buffer(standin):
 
 def test_one_block_row_writes_the_result_directly(standin):
     a = np.arange(64 * 5, dtype=np.float64).reshape(64, 5)
-    got = ew.column_sums(np, a)
+    got = cuda_colsum.column_sums(np, a)
     (call,) = standin.launches
     assert call["name"] == "opgraph_colsum_direct" and call["grid"] == (1, 1)
     assert call["args"][1] is got and call["args"][2:] == (64, 5, 64)
@@ -155,9 +155,9 @@ def test_one_block_row_writes_the_result_directly(standin):
 def test_float16_accumulates_in_float32_and_one_module_per_dtype(standin):
     rng = np.random.default_rng(1)
     a = rng.standard_normal((3000, 70)).astype(np.float16)
-    got = ew.column_sums(np, a)
-    ew.column_sums(np, a[:50])
-    ew.column_sums(np, a.astype(np.float32))
+    got = cuda_colsum.column_sums(np, a)
+    cuda_colsum.column_sums(np, a[:50])
+    cuda_colsum.column_sums(np, a.astype(np.float32))
     part, final, direct, f32_part, f32_final = standin.launches
     assert part["args"][1].dtype == np.float32 and final["args"][0] is part["args"][1]
     assert got.dtype == np.float16 and direct["name"] == "opgraph_colsum_direct"
@@ -170,7 +170,7 @@ def test_float16_accumulates_in_float32_and_one_module_per_dtype(standin):
 def test_sources_declare_their_types():
     for dtype, (store, acc) in {"float16": ("unsigned short", "float"), "float32": ("float", "float"),
                                 "float64": ("double", "double")}.items():
-        code = ew.colsum_source(dtype)
+        code = cuda_colsum.colsum_source(dtype)
         assert code.startswith(f"typedef {acc} ACC;")
         assert _signatures(code) == {"opgraph_colsum_part": (C_TYPES[store], C_TYPES[acc]),
                                      "opgraph_colsum_final": (C_TYPES[acc], C_TYPES[store]),
@@ -193,12 +193,12 @@ def test_channels_last_bias_grad_through_the_stand_in(standin, dtype, c, nhw):
         assert got.dtype == dtype and got.shape == (c,)
         assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want) < tol
 
-    got = ew.bias_add_backward(np, _channels_last(g))
+    got = cuda_colsum.bias_add_backward(np, _channels_last(g))
     check(got)
     # C == 1 is NCHW-contiguous too: bias_add_backward takes the NCHW code
     assert [x["name"] for x in standin.launches] == ([] if c == 1 else passes)
     standin.launches.clear()
-    cols = ew.column_sums(np, np.ascontiguousarray(g.transpose(0, 2, 3, 1)).reshape(-1, c))  # any C
+    cols = cuda_colsum.column_sums(np, np.ascontiguousarray(g.transpose(0, 2, 3, 1)).reshape(-1, c))  # any C
     check(cols)
     assert [x["name"] for x in standin.launches] == passes
     if c > 1:
@@ -206,18 +206,18 @@ def test_channels_last_bias_grad_through_the_stand_in(standin, dtype, c, nhw):
 
 
 def test_empty_and_bad_input_launch_nothing(standin):
-    assert not ew.column_sums(np, np.zeros((0, 7), np.float32)).any()
-    assert ew.bias_add_backward(np, _channels_last(np.zeros((0, 4, 2, 2)))).shape == (4,)
+    assert not cuda_colsum.column_sums(np, np.zeros((0, 7), np.float32)).any()
+    assert cuda_colsum.bias_add_backward(np, _channels_last(np.zeros((0, 4, 2, 2)))).shape == (4,)
     with pytest.raises(ShapeError, match="2-D"):
-        ew.column_sums(np, np.zeros((2, 3, 4), np.float32))
+        cuda_colsum.column_sums(np, np.zeros((2, 3, 4), np.float32))
     with pytest.raises(ShapeError, match="int32"):
-        ew.column_sums(np, np.zeros((2, 3), np.int32))
+        cuda_colsum.column_sums(np, np.zeros((2, 3), np.int32))
     assert standin.launches == [] and standin.sources == []
 
 
 def test_a_strided_matrix_is_copied_to_c_order(standin):
     a = np.random.default_rng(2).standard_normal((40, 200)).astype(np.float32)
-    got = ew.column_sums(np, a.T)  # (200, 40), F order
+    got = cuda_colsum.column_sums(np, a.T)  # (200, 40), F order
     assert standin.launches[0]["args"][0].flags.c_contiguous
     np.testing.assert_allclose(got, a.T.astype(np.float64).sum(0), rtol=1e-5, atol=1e-5)
 
@@ -229,7 +229,7 @@ def test_unknown_method_is_a_parameter_error(standin, layout):
     g = {"NCHW": np.ones((2, 3, 4, 4)), "NHWC": _channels_last(np.ones((2, 3, 4, 4))),
          "empty": np.ones((0, 3, 4, 4))}[layout]
     with pytest.raises(ParameterError, match=r"method='cublas'") as e:
-        ew.bias_add_backward(np, g, method="cublas")
+        cuda_colsum.bias_add_backward(np, g, method="cublas")
     assert e.value.param == "method" and e.value.value == "cublas"
     assert "'columns', 'gemv'" in str(e.value)
     assert standin.launches == []
@@ -237,7 +237,7 @@ def test_unknown_method_is_a_parameter_error(standin, layout):
 
 def test_gemv_method_launches_no_kernel(standin):
     g = np.random.default_rng(3).standard_normal((2, 5, 3, 4))
-    got = ew.bias_add_backward(np, _channels_last(g), method="gemv")
+    got = cuda_colsum.bias_add_backward(np, _channels_last(g), method="gemv")
     np.testing.assert_allclose(got, g.sum(axis=(0, 2, 3)), rtol=1e-12)
     assert standin.launches == []
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from opgraph import ops
-from opgraph.backends import cuda_pool, cuda_rules
+from opgraph.backends.cuda import pool as cuda_pool, rules as cuda_rules
 from opgraph.backends.registry import KernelContext, rules_for
 from cupy_standin import cupy_replaced
 

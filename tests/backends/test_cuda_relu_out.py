@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from opgraph import ops
-from opgraph.backends import cuda_elementwise as ew
-from opgraph.backends import cuda_rules
+from opgraph.backends.cuda import relu as cuda_relu, storage as cuda_storage
+from opgraph.backends.cuda import rules as cuda_rules
 from opgraph.backends.registry import lookup
 from opgraph.backends.reference import elementwise as ref
 
@@ -22,7 +22,7 @@ emulator = pytest.importorskip("cuda_cpu_emulator")
 def emu(monkeypatch):
     if emulator.GXX is None:
         pytest.skip("no g++: the kernels' CUDA text cannot run on the CPU")
-    with cupy_replaced(monkeypatch, emulator.EmulatedCupy(), ew._ew) as e:
+    with cupy_replaced(monkeypatch, emulator.EmulatedCupy(), cuda_storage.elementwise_kernel) as e:
         yield e
 
 
@@ -48,14 +48,14 @@ def test_relu_kernels_write_into_the_input_they_overwrite(emu, layout, dtype):
     bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[np.dtype(dtype).itemsize]
 
     xs = store(x)
-    got = ew.relu(np, xs, out=xs)
+    got = cuda_relu.relu(np, xs, out=xs)
     assert got is xs
-    np.testing.assert_array_equal(got.view(bits), ew.relu(np, store(x)).view(bits))
+    np.testing.assert_array_equal(got.view(bits), cuda_relu.relu(np, store(x)).view(bits))
     np.testing.assert_array_equal(got, ref.relu(np, x))
 
     xs, gs = store(x), store(gy)
-    got = ew.relu_backward(np, xs, gs, out=gs)
+    got = cuda_relu.relu_backward(np, xs, gs, out=gs)
     assert got is gs
-    np.testing.assert_array_equal(got.view(bits), ew.relu_backward(np, store(x), store(gy)).view(bits))
+    np.testing.assert_array_equal(got.view(bits), cuda_relu.relu_backward(np, store(x), store(gy)).view(bits))
     np.testing.assert_array_equal(got, ref.relu_backward(np, x, gy))
     np.testing.assert_array_equal(xs, store(x))  # the mask is only read

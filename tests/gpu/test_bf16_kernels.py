@@ -75,15 +75,15 @@ def _special(rng, shape):
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_relu_threshold_bf16(cp, rng, casts, layout):
-    from opgraph.backends import cuda_elementwise as ew
+    from opgraph.backends.cuda import relu as cuda_relu
     x, gy = _special(rng, (2, 3, 4, 5)), _special(rng, (2, 3, 4, 5))
     x32, gy32 = x.astype(np.float32), gy.astype(np.float32)
     dx, dgy = dev(cp, x, layout), dev(cp, gy, layout)
     zero = np.float32(0)
-    checks = [(ew.relu(cp, dx), np.where((x32 > 0) | np.isnan(x32), x32, zero)),
-              (ew.relu_backward(cp, dx, dgy), np.where(x32 > 0, gy32, zero)),
-              (ew.threshold(cp, dx, threshold=0.5, value=-2.0), np.where(x32 <= 0.5, np.float32(-2.0), x32)),
-              (ew.threshold_backward(cp, dx, dgy, threshold=0.5), np.where(x32 > 0.5, gy32, zero))]
+    checks = [(cuda_relu.relu(cp, dx), np.where((x32 > 0) | np.isnan(x32), x32, zero)),
+              (cuda_relu.relu_backward(cp, dx, dgy), np.where(x32 > 0, gy32, zero)),
+              (cuda_relu.threshold(cp, dx, threshold=0.5, value=-2.0), np.where(x32 <= 0.5, np.float32(-2.0), x32)),
+              (cuda_relu.threshold_backward(cp, dx, dgy, threshold=0.5), np.where(x32 > 0.5, gy32, zero))]
     for got, want in checks:
         assert got.dtype == BF16 and got.strides == dx.strides  # layout kept
         assert_same_values(host(cp, got), want)
@@ -95,13 +95,13 @@ def test_relu_threshold_bf16(cp, rng, casts, layout):
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_relu_in_place_bf16(cp, rng, casts, layout):
     """``out=`` (in-place steps: out is x, or gy) on bfloat16."""
-    from opgraph.backends import cuda_elementwise as ew
+    from opgraph.backends.cuda import relu as cuda_relu
     x, gy = _special(rng, (2, 3, 4, 5)), _special(rng, (2, 3, 4, 5))
     x32, gy32 = x.astype(np.float32), gy.astype(np.float32)
     dx, dgy = dev(cp, x, layout), dev(cp, gy, layout)
-    assert ew.relu_backward(cp, dx, dgy, out=dgy) is dgy
+    assert cuda_relu.relu_backward(cp, dx, dgy, out=dgy) is dgy
     assert_same_values(host(cp, dgy), np.where(x32 > 0, gy32, np.float32(0)))
-    assert ew.relu(cp, dx, out=dx) is dx
+    assert cuda_relu.relu(cp, dx, out=dx) is dx
     assert_same_values(host(cp, dx), np.where((x32 > 0) | np.isnan(x32), x32, np.float32(0)))
     assert casts == []
 
@@ -121,7 +121,7 @@ POOL_CASES = [
 @pytest.mark.parametrize("kind", ["normal", "ties", "nan", "neg_inf", "signed_zero"])
 @pytest.mark.parametrize("case", POOL_CASES)
 def test_max_pool_bf16(cp, rng, casts, case, kind, layout):
-    from opgraph.backends import cuda_pool
+    from opgraph.backends.cuda import pool as cuda_pool
     from opgraph.types import is_channels_last
     kw = pool_kwargs(case)
     x = pool_input(rng, case[0], kind)
@@ -146,7 +146,7 @@ def test_max_pool_bf16(cp, rng, casts, case, kind, layout):
 @pytest.mark.parametrize("include_pad", [True, False])
 @pytest.mark.parametrize("case", POOL_CASES[:2])
 def test_avg_pool_bf16(cp, rng, casts, case, include_pad, layout):
-    from opgraph.backends import cuda_pool
+    from opgraph.backends.cuda import pool as cuda_pool
     kw = dict(pool_kwargs(case), count_include_pad=include_pad)
     x = bf16(rng.standard_normal(case[0]))
     y = cuda_pool.avg_pool2d(cp, dev(cp, x, layout), **kw)
@@ -162,7 +162,7 @@ def test_avg_pool_bf16(cp, rng, casts, case, include_pad, layout):
 
 def test_pool_bf16_specialized(cp, rng, casts):
     """Geometry compiled in: the same bits as the generic kernels."""
-    from opgraph.backends import cuda_pool
+    from opgraph.backends.cuda import pool as cuda_pool
     case = POOL_CASES[1]
     kw = pool_kwargs(case)
     x = pool_input(rng, case[0], "nan")
@@ -177,7 +177,7 @@ def test_pool_bf16_specialized(cp, rng, casts):
 def test_store_rounds_ties_to_even(cp, casts):
     """avg of (1, 1 + 2^-7) = 1 + 2^-8: halfway, rounds to 1 (even); avg of
     (1 + 2^-7, 1 + 2^-6) = 1 + 3*2^-8: halfway, rounds to 1 + 2^-6 (even)."""
-    from opgraph.backends import cuda_pool
+    from opgraph.backends.cuda import pool as cuda_pool
     x = bf16([[[[1.0, 1 + 2 ** -7, 1 + 2 ** -7, 1 + 2 ** -6]]]])
     y = cuda_pool.avg_pool2d(cp, dev(cp, x), kernel_size=(1, 2), stride=(1, 2), padding=0, ceil_mode=False,
                              count_include_pad=True)
@@ -190,14 +190,14 @@ def test_store_rounds_ties_to_even(cp, casts):
 @pytest.mark.parametrize("shape,layout", [((2, 7, 5, 6), "NCHW"), ((2, 7, 5, 6), "NHWC"),
                                           ((3, 6, 5), "NCHW")])
 def test_lrn_bf16(cp, rng, casts, shape, layout):
-    from opgraph.backends import cuda_elementwise as ew
+    from opgraph.backends.cuda import lrn as cuda_lrn
     kw = dict(size=5, alpha=1e-2, beta=0.75, k=2.0)
     x, gy = bf16(rng.standard_normal(shape) * 3), bf16(rng.standard_normal(shape))
     put = (lambda a: dev(cp, a, layout)) if len(shape) == 4 else (lambda a: dev(cp, a))
-    y = ew.local_response_norm(cp, put(x), **kw)
+    y = cuda_lrn.local_response_norm(cp, put(x), **kw)
     assert y.dtype == BF16 and y.strides == put(x).strides
     assert_within_ulp(host(cp, y), ref_lrn.local_response_norm(np, x.astype(np.float64), **kw))
-    gx = ew.local_response_norm_backward(cp, put(x), put(gy), **kw)
+    gx = cuda_lrn.local_response_norm_backward(cp, put(x), put(gy), **kw)
     assert gx.dtype == BF16 and gx.strides == put(x).strides
     want = ref_lrn.local_response_norm_backward(np, x.astype(np.float64), gy.astype(np.float64), **kw)
     assert rel_err(host(cp, gx), want) < 1e-2
@@ -210,7 +210,7 @@ def test_lrn_bf16(cp, rng, casts, shape, layout):
 @pytest.mark.parametrize("shape,axis", [((8, 10), 1), ((2, 5, 3, 4), 1), ((3, 4, 6), 0)])
 @pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
 def test_softmax_family_bf16(cp, rng, casts, fn, shape, axis):
-    from opgraph.backends import cuda_loss
+    from opgraph.backends.cuda import loss as cuda_loss
     x, gy = bf16(rng.standard_normal(shape) * 4), bf16(rng.standard_normal(shape))
     y = getattr(cuda_loss, fn)(cp, dev(cp, x), axis=axis)
     y_ref = getattr(ref_loss, fn)(np, x.astype(np.float64), axis=axis)
@@ -224,7 +224,7 @@ def test_softmax_family_bf16(cp, rng, casts, fn, shape, axis):
 
 @pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
 def test_softmax_bf16_edges(cp, fn):
-    from opgraph.backends import cuda_loss
+    from opgraph.backends.cuda import loss as cuda_loss
     x = bf16([[1e30, -1e30, 0.0], [-np.inf, -np.inf, -np.inf], [1.0, np.nan, 2.0], [3.0, 3.0, 3.0]])
     got = host(cp, getattr(cuda_loss, fn)(cp, dev(cp, x), axis=1))
     with np.errstate(invalid="ignore"):
@@ -235,7 +235,7 @@ def test_softmax_bf16_edges(cp, fn):
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_cross_entropy_bf16(cp, rng, casts, reduction):
-    from opgraph.backends import cuda_loss
+    from opgraph.backends.cuda import loss as cuda_loss
     n, c = 16, 10
     logits = bf16(rng.standard_normal((n, c)) * 5)
     logits[0, 0] = 3e38  # a huge logit stays finite
@@ -264,26 +264,26 @@ def _bias_want(gy):
 @pytest.mark.parametrize("nhw", [(2, 3, 5), (3, 20, 21)])  # M = 30: one pass; 1260: two passes
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_bias_grad_bf16(cp, rng, casts, layout, nhw, c):
-    from opgraph.backends import cuda_elementwise as ew
+    from opgraph.backends.cuda import colsum as cuda_colsum
     n, h, w = nhw
     gy = bf16(rng.standard_normal((n, c, h, w)))
-    got = ew.bias_add_backward(cp, dev(cp, gy, layout))
+    got = cuda_colsum.bias_add_backward(cp, dev(cp, gy, layout))
     assert got.dtype == BF16 and got.shape == (c,)
     assert_within_ulp(host(cp, got), _bias_want(gy))
-    assert cp.array_equal(ew.bias_add_backward(cp, dev(cp, gy, layout)).view(cp.uint16), got.view(cp.uint16))
+    assert cp.array_equal(cuda_colsum.bias_add_backward(cp, dev(cp, gy, layout)).view(cp.uint16), got.view(cp.uint16))
     assert casts == []
 
 
 def test_bias_grad_bf16_other_shapes_and_gemv(cp, rng, casts):
-    from opgraph.backends import cuda_elementwise as ew
+    from opgraph.backends.cuda import colsum as cuda_colsum
     for shape in [(7, 5), (6, 40, 1, 1), (2, 7, 1, 257), (3, 6, 9)]:
         gy = bf16(rng.standard_normal(shape))
-        assert_within_ulp(host(cp, ew.bias_add_backward(cp, dev(cp, gy))), _bias_want(gy))
-    empty = ew.bias_add_backward(cp, dev(cp, bf16(np.zeros((0, 4, 2, 2))), "NHWC"))
+        assert_within_ulp(host(cp, cuda_colsum.bias_add_backward(cp, dev(cp, gy))), _bias_want(gy))
+    empty = cuda_colsum.bias_add_backward(cp, dev(cp, bf16(np.zeros((0, 4, 2, 2))), "NHWC"))
     assert empty.dtype == BF16 and not f64(host(cp, empty)).any()
     assert casts == []
     gy = bf16(rng.standard_normal((3, 33, 20, 21)))
-    got = ew.bias_add_backward(cp, dev(cp, gy, "NHWC"), method="gemv")  # cuBLAS on a float32 copy
+    got = cuda_colsum.bias_add_backward(cp, dev(cp, gy, "NHWC"), method="gemv")  # cuBLAS on a float32 copy
     assert_within_ulp(host(cp, got), _bias_want(gy))
     assert [name for name, _ in casts] == ["bf16_bits_to_float", "float_to_bf16_bits"]
 
@@ -292,9 +292,9 @@ def test_bias_grad_bf16_other_shapes_and_gemv(cp, rng, casts):
 def test_bias_grad_bf16_many_rows(cp, rng, casts, layout):
     """N*H*W = 526,336 rows (pass 1 in 512 chunks for NHWC; 24 rows of
     131,584 elements for NCHW)."""
-    from opgraph.backends import cuda_elementwise as ew
+    from opgraph.backends.cuda import colsum as cuda_colsum
     gy = bf16(rng.standard_normal((8, 3, 256, 257)))
-    assert_within_ulp(host(cp, ew.bias_add_backward(cp, dev(cp, gy, layout))), _bias_want(gy))
+    assert_within_ulp(host(cp, cuda_colsum.bias_add_backward(cp, dev(cp, gy, layout))), _bias_want(gy))
     assert casts == []
 
 
@@ -302,7 +302,7 @@ def test_bias_grad_bf16_many_rows(cp, rng, casts, layout):
 def test_bias_grad_bf16_replays_in_a_cuda_graph(cp, rng, captured_replay, layout):
     """Both bfloat16 paths are our kernels only (no cuBLAS, no CuPy
     reduction), so they capture; a replay reads gy's memory anew."""
-    from opgraph.backends import cuda_elementwise as ew
+    from opgraph.backends.cuda import colsum as cuda_colsum
     gy = bf16(rng.standard_normal((4, 40, 20, 21)))
     dgy = dev(cp, gy, layout)
     doubled = dev(cp, bf16(2 * gy.astype(np.float32)), layout).view(cp.uint16)
@@ -310,16 +310,16 @@ def test_bias_grad_bf16_replays_in_a_cuda_graph(cp, rng, captured_replay, layout
     def double_in_place():
         dgy.view(cp.uint16)[...] = doubled
 
-    out, keep = captured_replay(lambda: ew.bias_add_backward(cp, dgy), double_in_place)
+    out, keep = captured_replay(lambda: cuda_colsum.bias_add_backward(cp, dgy), double_in_place)
     assert_within_ulp(host(cp, out), 2 * _bias_want(gy))
     del out, keep
 
 
 def test_column_sums_bf16(cp, rng, casts):
-    from opgraph.backends import cuda_elementwise as ew
+    from opgraph.backends.cuda import colsum as cuda_colsum
     for m, c in [(30, 7), (40000, 35), (1, 1000)]:
         a = bf16(rng.standard_normal((m, c)))
-        got = ew.column_sums(cp, dev(cp, a))
+        got = cuda_colsum.column_sums(cp, dev(cp, a))
         assert got.dtype == BF16 and got.shape == (c,)
         assert_within_ulp(host(cp, got), a.astype(np.float64).sum(0))
     assert casts == []

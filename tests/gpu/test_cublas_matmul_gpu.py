@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.backends import cublas_matmul as cm
+from opgraph.backends.cuda import cublas as cm
 from opgraph.backends.device import cuda_status
 
 GPU_OK, GPU_WHY = cuda_status()

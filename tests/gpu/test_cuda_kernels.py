@@ -59,7 +59,7 @@ def _pool_kwargs(case):
 @pytest.mark.parametrize("case", POOL_CASES)
 @pytest.mark.parametrize("specialize", [False, True])  # geometry as arguments / compiled in
 def test_max_pool(cp, rng, case, kind, layout, specialize):
-    from opgraph.backends import cuda_pool
+    from opgraph.backends.cuda import pool as cuda_pool
     kw = dict(_pool_kwargs(case), specialize=specialize)
     ref_kw = _pool_kwargs(case)
     x = _pool_data(rng, case[0], kind)
@@ -85,7 +85,7 @@ def test_max_pool(cp, rng, case, kind, layout, specialize):
 @pytest.mark.parametrize("case", POOL_CASES)
 @pytest.mark.parametrize("specialize", [False, True])
 def test_avg_pool(cp, rng, relerr, case, include_pad, layout, specialize):
-    from opgraph.backends import cuda_pool
+    from opgraph.backends.cuda import pool as cuda_pool
     kw = dict(_pool_kwargs(case), count_include_pad=include_pad)
     spec = dict(specialize=specialize)
     x = rng.standard_normal(case[0]).astype(np.float32)
@@ -100,7 +100,7 @@ def test_avg_pool(cp, rng, relerr, case, include_pad, layout, specialize):
 
 
 def test_pool_float16_and_errors(cp, rng):
-    from opgraph.backends import cuda_pool
+    from opgraph.backends.cuda import pool as cuda_pool
     kw = _pool_kwargs(POOL_CASES[2])
     x = rng.standard_normal(POOL_CASES[2][0]).astype(np.float16)
     y = cuda_pool.max_pool2d(cp, cp.asarray(x), **kw)
@@ -118,7 +118,7 @@ def test_pool_float16_and_errors(cp, rng):
 
 def test_max_pool_over_2_31_elements(cp):
     """64-bit indexing: the last planes of a 2^31 + 2^21-element tensor."""
-    from opgraph.backends import cuda_pool
+    from opgraph.backends.cuda import pool as cuda_pool
     shape = (2056, 4, 512, 512)
     assert np.prod(shape) > 2 ** 31
     kw = dict(kernel_size=(3, 3), stride=(2, 2), padding=((1, 1), (1, 1)), ceil_mode=True)
@@ -148,15 +148,15 @@ def _special(rng, shape, dtype=np.float32):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_relu_threshold(cp, rng, dtype, layout):
-    from opgraph.backends import cuda_elementwise as ew
+    from opgraph.backends.cuda import relu as cuda_relu
     x = _special(rng, (2, 3, 4, 5), dtype)
     gy = _special(rng, x.shape, dtype)
     dx, dgy = _dev(cp, x, layout), _dev(cp, gy, layout)
-    checks = [(ew.relu(cp, dx), ref_ew.relu(np, x)),
-              (ew.relu_backward(cp, dx, dgy), ref_ew.relu_backward(np, x, gy)),
-              (ew.threshold(cp, dx, threshold=0.5, value=1e-6),
+    checks = [(cuda_relu.relu(cp, dx), ref_ew.relu(np, x)),
+              (cuda_relu.relu_backward(cp, dx, dgy), ref_ew.relu_backward(np, x, gy)),
+              (cuda_relu.threshold(cp, dx, threshold=0.5, value=1e-6),
                ref_ew.threshold(np, x, threshold=0.5, value=1e-6)),
-              (ew.threshold_backward(cp, dx, dgy, threshold=0.5),
+              (cuda_relu.threshold_backward(cp, dx, dgy, threshold=0.5),
                ref_ew.threshold_backward(np, x, gy, threshold=0.5))]
     for got, want in checks:
         assert got.dtype == dtype and got.strides == dx.strides
@@ -166,18 +166,18 @@ def test_relu_threshold(cp, rng, dtype, layout):
 @pytest.mark.parametrize("shape,layout", [((2, 7, 5, 6), "NCHW"), ((2, 7, 5, 6), "NHWC"), ((3, 6, 5), "NCHW")])
 @pytest.mark.parametrize("size", [1, 4, 5])
 def test_lrn(cp, rng, relerr, shape, layout, size):
-    from opgraph.backends import cuda_elementwise as ew
+    from opgraph.backends.cuda import lrn as cuda_lrn
     kw = dict(size=size, alpha=1e-2, beta=0.75, k=2.0)
     x = rng.standard_normal(shape) * 3
     gy = rng.standard_normal(shape)
     dev = (lambda a: _dev(cp, a.astype(np.float32), layout)) if len(shape) == 4 else \
         (lambda a: cp.asarray(a.astype(np.float32)))
-    y = ew.local_response_norm(cp, dev(x), **kw)
+    y = cuda_lrn.local_response_norm(cp, dev(x), **kw)
     assert relerr(cp.asnumpy(y), ref_lrn.local_response_norm(np, x, **kw)) < 1e-5
-    gx = ew.local_response_norm_backward(cp, dev(x), dev(gy), **kw)
+    gx = cuda_lrn.local_response_norm_backward(cp, dev(x), dev(gy), **kw)
     assert relerr(cp.asnumpy(gx), ref_lrn.local_response_norm_backward(np, x, gy, **kw)) < 1e-5
     x16 = x.astype(np.float16)
-    y16 = ew.local_response_norm(cp, cp.asarray(x16), **kw)
+    y16 = cuda_lrn.local_response_norm(cp, cp.asarray(x16), **kw)
     assert y16.dtype == np.float16
     np.testing.assert_allclose(cp.asnumpy(y16).astype(np.float32),
                                ref_lrn.local_response_norm(np, x16, **kw).astype(np.float32),
@@ -190,7 +190,7 @@ SOFTMAX_CASES = [((8, 10), 1), ((2, 5, 3, 4), 1), ((2, 5, 3, 4), -1), ((3, 4, 6)
 @pytest.mark.parametrize("shape,axis", SOFTMAX_CASES)
 @pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
 def test_softmax_family(cp, rng, relerr, fn, shape, axis):
-    from opgraph.backends import cuda_loss
+    from opgraph.backends.cuda import loss as cuda_loss
     x = rng.standard_normal(shape) * 4
     gy = rng.standard_normal(shape)
     fwd, bwd = getattr(cuda_loss, fn), getattr(cuda_loss, fn + "_backward")
@@ -204,7 +204,7 @@ def test_softmax_family(cp, rng, relerr, fn, shape, axis):
 
 @pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
 def test_softmax_edges(cp, fn):
-    from opgraph.backends import cuda_loss
+    from opgraph.backends.cuda import loss as cuda_loss
     x = np.array([[1e30, -1e30, 0.0], [-np.inf, -np.inf, -np.inf], [1.0, np.nan, 2.0], [3.0, 3.0, 3.0]],
                  dtype=np.float32)
     got = cp.asnumpy(getattr(cuda_loss, fn)(cp, cp.asarray(x), axis=1))
@@ -218,7 +218,7 @@ def test_softmax_edges(cp, fn):
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_cross_entropy(cp, rng, relerr, reduction, dtype):
-    from opgraph.backends import cuda_loss
+    from opgraph.backends.cuda import loss as cuda_loss
     n, c = 16, 10
     logits = (rng.standard_normal((n, c)) * 5).astype(dtype)
     logits[0, 0] = 1e4 if dtype == np.float32 else 6e4  # huge logit stays finite
@@ -237,7 +237,7 @@ def test_cross_entropy(cp, rng, relerr, reduction, dtype):
 
 
 def test_cross_entropy_errors_and_empty(cp):
-    from opgraph.backends import cuda_loss
+    from opgraph.backends.cuda import loss as cuda_loss
     logits = cp.zeros((3, 4), dtype=cp.float32)
     with pytest.raises(ExecutionError):
         cuda_loss.cross_entropy(cp, logits, cp.asarray([0, 4, 1]), reduction="mean")
@@ -250,7 +250,7 @@ def test_cross_entropy_errors_and_empty(cp):
 
 def test_cuda_rules_registered(cp, rng):
     from opgraph import ops
-    from opgraph.backends import cuda_rules
+    from opgraph.backends.cuda import rules as cuda_rules
     from opgraph.backends.registry import KernelContext, rules_for
     from opgraph.types import TensorType
     for op_type in cuda_rules.CUDA_KERNELS:
@@ -269,10 +269,10 @@ def test_cuda_rules_registered(cp, rng):
 @pytest.mark.parametrize("shape,layout", [((3, 5, 4, 6), "NCHW"), ((3, 5, 4, 6), "NHWC"),
                                           ((0, 5, 4, 6), "NHWC"), ((7, 5), "NCHW")])
 def test_bias_add_backward(cp, rng, relerr, dtype, shape, layout):
-    from opgraph.backends import cuda_elementwise as ew
+    from opgraph.backends.cuda import colsum as cuda_colsum
     gy = rng.standard_normal(shape).astype(dtype)
     dgy = _dev(cp, gy, layout) if len(shape) == 4 else cp.asarray(gy)
-    got = ew.bias_add_backward(cp, dgy)
+    got = cuda_colsum.bias_add_backward(cp, dgy)
     want = ref_ew.bias_add_backward(np, gy.astype(np.float64))
     assert got.dtype == dtype and got.shape == (shape[1],)
     if shape[0] == 0:
@@ -296,18 +296,18 @@ def _bias_check(cp, relerr, got, want, dtype, tol):
 @pytest.mark.parametrize("c", BIAS_CHANNELS)
 @pytest.mark.parametrize("nhw", [(2, 3, 5), (3, 20, 21)])  # M = 30: one pass; 1260: two passes
 def test_bias_add_backward_channels_last(cp, rng, relerr, nhw, c, dtype, method):
-    from opgraph.backends import cuda_elementwise as ew
+    from opgraph.backends.cuda import colsum as cuda_colsum
     n, h, w = nhw
     gy = rng.standard_normal((n, c, h, w)).astype(dtype)
     want = gy.astype(np.float64).sum(axis=(0, 2, 3))
     tol = 2e-3 if dtype == np.float16 else 1e-6
     dgy = _dev(cp, gy, "NHWC")
-    got = ew.bias_add_backward(cp, dgy, method=method)
+    got = cuda_colsum.bias_add_backward(cp, dgy, method=method)
     _bias_check(cp, relerr, got, want, dtype, tol)
     if method == "columns":  # deterministic; the kernel itself for any C (C = 1 is NCHW above)
-        assert cp.array_equal(ew.bias_add_backward(cp, dgy), got)
+        assert cp.array_equal(cuda_colsum.bias_add_backward(cp, dgy), got)
         rows = dgy.transpose(0, 2, 3, 1).reshape(-1, c)
-        _bias_check(cp, relerr, ew.column_sums(cp, rows), want, dtype, tol)
+        _bias_check(cp, relerr, cuda_colsum.column_sums(cp, rows), want, dtype, tol)
 
 
 @pytest.mark.parametrize("method", ["columns", "gemv"])
@@ -318,26 +318,26 @@ def test_bias_add_backward_channels_last_over_2_20_rows(cp, rng, relerr, c, dtyp
     of 2^20 zero-mean terms lose more than the small cases: the column
     kernel's order of additions, replayed in NumPy on these inputs, stays
     below 4e-7; cuBLAS has its own order, hence 1e-5."""
-    from opgraph.backends import cuda_elementwise as ew
+    from opgraph.backends.cuda import colsum as cuda_colsum
     shape = (16, c, 256, 257)
     gy = rng.standard_normal(shape).astype(dtype)
     want = gy.astype(np.float64).sum(axis=(0, 2, 3))
     tol = {np.float16: 2e-3, np.float32: 1e-5, np.float64: 1e-12}[dtype]
     dgy = _dev(cp, gy, "NHWC")
-    _bias_check(cp, relerr, ew.bias_add_backward(cp, dgy, method=method), want, dtype, tol)
+    _bias_check(cp, relerr, cuda_colsum.bias_add_backward(cp, dgy, method=method), want, dtype, tol)
     if method == "columns":
-        _bias_check(cp, relerr, ew.column_sums(cp, dgy.transpose(0, 2, 3, 1).reshape(-1, c)), want, dtype, tol)
+        _bias_check(cp, relerr, cuda_colsum.column_sums(cp, dgy.transpose(0, 2, 3, 1).reshape(-1, c)), want, dtype, tol)
 
 
 @pytest.mark.parametrize("method", ["columns", "gemv"])
 def test_bias_add_backward_channels_last_empty_and_bad_method(cp, method):
-    from opgraph.backends import cuda_elementwise as ew
+    from opgraph.backends.cuda import colsum as cuda_colsum
     gy = _dev(cp, cp.zeros((0, 5, 4, 6), cp.float32), "NHWC")
-    got = ew.bias_add_backward(cp, gy, method=method)
+    got = cuda_colsum.bias_add_backward(cp, gy, method=method)
     assert got.shape == (5,) and got.dtype == np.float32 and not cp.asnumpy(got).any()
-    assert not cp.asnumpy(ew.column_sums(cp, cp.zeros((0, 5), cp.float16))).any()
+    assert not cp.asnumpy(cuda_colsum.column_sums(cp, cp.zeros((0, 5), cp.float16))).any()
     with pytest.raises(ParameterError, match="method"):
-        ew.bias_add_backward(cp, _dev(cp, cp.ones((2, 5, 4, 6), cp.float32), "NHWC"), method=method + "x")
+        cuda_colsum.bias_add_backward(cp, _dev(cp, cp.ones((2, 5, 4, 6), cp.float32), "NHWC"), method=method + "x")
 
 
 @pytest.mark.parametrize("method", ["columns", "gemv"])
@@ -345,7 +345,7 @@ def test_bias_add_backward_over_2_31_elements(cp, rng, method):
     """64-bit indexing: a channels-last float32 gradient of 2^31 + 2^24
     elements, zero but for the first row, the rows around element 2^31 and
     the last row (of the (N*H*W, C) matrix)."""
-    from opgraph.backends import cuda_elementwise as ew
+    from opgraph.backends.cuda import colsum as cuda_colsum
     n, c, h, w = 2048, 384, 53, 52
     m = n * h * w
     assert m * c > 2 ** 31
@@ -353,7 +353,7 @@ def test_bias_add_backward_over_2_31_elements(cp, rng, method):
     vals = rng.standard_normal((len(picked), c)).astype(np.float32)
     rows = cp.zeros((m, c), cp.float32)
     rows[cp.asarray(picked)] = cp.asarray(vals)
-    got = ew.bias_add_backward(cp, rows.reshape(n, h, w, c).transpose(0, 3, 1, 2), method=method)
+    got = cuda_colsum.bias_add_backward(cp, rows.reshape(n, h, w, c).transpose(0, 3, 1, 2), method=method)
     np.testing.assert_allclose(cp.asnumpy(got), vals.astype(np.float64).sum(0), rtol=1e-5, atol=1e-5)
     del rows
     cp.get_default_memory_pool().free_all_blocks()
@@ -363,11 +363,11 @@ def test_bias_add_backward_over_2_31_elements(cp, rng, method):
 def test_column_kernel_replays_in_a_cuda_graph(cp, rng, relerr, captured_replay, dtype):
     """The point of the column kernel: CuPy refuses cuBLAS during stream
     capture; our two passes capture, and a replay reads gy's memory anew."""
-    from opgraph.backends import cuda_elementwise as ew
+    from opgraph.backends.cuda import colsum as cuda_colsum
     gy = rng.standard_normal((4, 40, 20, 21)).astype(dtype)
     dgy = _dev(cp, gy, "NHWC")
     # gy doubled in place after the capture: the replay must see it
-    out, keep = captured_replay(lambda: ew.bias_add_backward(cp, dgy), lambda: dgy.__imul__(2))
+    out, keep = captured_replay(lambda: cuda_colsum.bias_add_backward(cp, dgy), lambda: dgy.__imul__(2))
     tol = 2e-3 if dtype == np.float16 else 1e-6
     assert relerr(cp.asnumpy(out), 2 * gy.astype(np.float64).sum(axis=(0, 2, 3))) < tol
     del out, keep

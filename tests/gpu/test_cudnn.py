@@ -60,7 +60,7 @@ def _is_cl(a):
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("direction", ["fprop", "dgrad", "wgrad"])
 def test_conv_matches_float64_reference(cp, rng, relerr, to_cl, direction, case, precision, layout):
-    from opgraph.backends import cudnn
+    from opgraph.backends.cuda import cudnn
     _, xs, ws, p = case
     x, w, gy, y64 = _data(rng, xs, ws, p)
     x64, w64, gy64 = (a.astype(np.float64) for a in (x, w, gy))
@@ -83,7 +83,7 @@ def test_conv_matches_float64_reference(cp, rng, relerr, to_cl, direction, case,
 
 
 def _plan(direction, xs, ws, p, precision="fp32"):
-    from opgraph.backends import cudnn
+    from opgraph.backends.cuda import cudnn
     from opgraph.params import conv_out_size
     ys = (xs[0], ws[0]) + tuple(conv_out_size(n, k, s, d, pd) for n, k, s, d, pd in
                                 zip(xs[2:], ws[2:], p["stride"], p["dilation"], p["padding"]))
@@ -96,7 +96,7 @@ def _plan(direction, xs, ws, p, precision="fp32"):
 @pytest.mark.parametrize("direction", ["fprop", "dgrad", "wgrad"])
 def test_every_engine_on_poisoned_output(cp, rng, relerr, direction):
     """Each cuDNN engine of one conv writes every output element correctly."""
-    from opgraph.backends import cudnn_graph as cg
+    from opgraph.backends.cuda import cudnn_graph as cg
     xs, ws, p = (2, 8, 12, 12), (16, 8, 3, 3), P(padding=((1, 1), (1, 1)))
     (plan, epilogue, extra), shapes = _plan(direction, xs, ws, p)
     assert epilogue == "none" and extra is None
@@ -117,7 +117,7 @@ def test_every_engine_on_poisoned_output(cp, rng, relerr, direction):
 
 
 def _run_direction(cp, direction, x, w, gy, p, xs, ws, **options):
-    from opgraph.backends import cudnn
+    from opgraph.backends.cuda import cudnn
     if direction == "fprop":
         return cudnn.conv2d(cp, cp.asarray(x), cp.asarray(w), **p, **options)
     if direction == "dgrad":
@@ -129,7 +129,7 @@ def _run_direction(cp, direction, x, w, gy, p, xs, ws, **options):
 def test_every_engine_with_asymmetric_padding(cp, rng, relerr, direction):
     """Asymmetric padding and stride 2 through the kernels, one call per engine
     (first call on the frontend's public path, second on the fast path)."""
-    from opgraph.backends import cudnn
+    from opgraph.backends.cuda import cudnn
     xs, ws, p = (2, 8, 12, 11), (16, 8, 3, 3), P(stride=(2, 2), padding=((1, 0), (2, 1)))
     x, w, gy, y64 = _data(rng, xs, ws, p)
     x64, w64, gy64 = (a.astype(np.float64) for a in (x, w, gy))
@@ -150,7 +150,7 @@ def test_every_engine_with_asymmetric_padding(cp, rng, relerr, direction):
 def _tf32_errors(cp, precision):
     """Relative error of each engine on inputs 1 + 2^-12, which TF32 (10-bit
     mantissa) rounds to 1: exact float32 gives 144 (1 + 2^-11), TF32 gives 144."""
-    from opgraph.backends import cudnn_graph as cg
+    from opgraph.backends.cuda import cudnn_graph as cg
     xs, ws, p = (2, 16, 8, 8), (8, 16, 3, 3), P()
     (plan, _, _), shapes = _plan("fprop", xs, ws, p, precision)
     v = np.float32(1 + 2.0 ** -12)
@@ -179,7 +179,7 @@ def test_tf32_precision_offers_tf32_engines(cp):
 @pytest.mark.parametrize("precision,layout", [("fp32", "NCHW"), ("bf16", "NHWC"), ("fp16", "NHWC"),
                                               ("tf32", "NCHW")])
 def test_conv2d_bias_relu(cp, rng, relerr, to_cl, precision, layout):
-    from opgraph.backends import cudnn
+    from opgraph.backends.cuda import cudnn
     xs, ws, p = (4, 16, 14, 14), (32, 16, 3, 3), P(padding=((1, 1), (1, 1)))
     x, w, _, y64 = _data(rng, xs, ws, p)
     b = rng.standard_normal(ws[0], dtype=np.float32)
@@ -193,7 +193,7 @@ def test_conv2d_bias_relu(cp, rng, relerr, to_cl, precision, layout):
 
 
 def test_rules(cp, rng, relerr):
-    from opgraph.backends import cudnn  # noqa: F401  (registers the rules)
+    from opgraph.backends.cuda import cudnn_rules  # noqa: F401  (registers the rules)
     from opgraph.backends.registry import KernelContext, rules_for
     from opgraph.ops.conv import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter
     from opgraph.types import TensorType
@@ -221,7 +221,7 @@ def test_rules(cp, rng, relerr):
 
 
 def test_empty_batch_and_cache(cp, rng):
-    from opgraph.backends import cudnn, cudnn_graph as cg
+    from opgraph.backends.cuda import cudnn, cudnn_graph as cg
     p = P(padding=((1, 1), (1, 1)))
     x = cp.zeros((0, 4, 8, 8), dtype=cp.float32)
     w = cp.asarray(rng.standard_normal((6, 4, 3, 3), dtype=np.float32))

@@ -60,14 +60,14 @@ def test_versions_never_raise():
 
 def test_gpu_modules_import_without_cupy():
     """Importing the GPU backend modules loads neither CuPy nor the frontend."""
-    code = ("import sys, opgraph.backends.cudnn, opgraph.backends.cuda_rules, "
+    code = ("import sys, opgraph.backends.cuda.cudnn, opgraph.backends.cuda.rules, "
             "opgraph.backends.device; print('cupy' in sys.modules, 'cudnn' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 
 
 def test_signature_is_a_value():
-    from opgraph.backends import cudnn
+    from opgraph.backends.cuda import cudnn
     args = ("fprop", "bias", [(2, 4, 8, 8), (6, 4, 3, 3), (1, 6, 1, 1), (2, 6, 7, 8)], "fp32",
             ((1, 0), (2, 1)), (1, 1), (1, 1))
     a, b = cudnn.signature(*args, True), cudnn.signature(*args, True)
@@ -88,7 +88,7 @@ def test_signature_is_a_value():
 
 def test_rules_registered_and_decline_on_cpu():
     from opgraph import ops
-    from opgraph.backends import cuda_rules, cudnn  # noqa: F401
+    from opgraph.backends.cuda import rules as cuda_rules, cudnn_rules  # noqa: F401
     from opgraph.backends.registry import rules_for
     from opgraph.types import TensorType
     op = ops.Conv2d(stride=1, padding=1)
@@ -112,7 +112,7 @@ def test_fused_rule_signature():
     """A fused conv + bias + ReLU op type gets the bias_relu graph's signature."""
     import attrs
 
-    from opgraph.backends import cudnn_rules
+    from opgraph.backends.cuda import cudnn_rules
     from opgraph.backends.registry import rules_for
     from opgraph.types import TensorType
 

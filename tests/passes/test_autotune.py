@@ -248,7 +248,7 @@ def test_cache_writes_are_atomic_and_merged(monkeypatch, tmp_path):
 
 def test_cache_keys_name_no_object_address():
     # a key with "<function ... at 0x...>" differs in every process: the cache would never hit
-    import opgraph.backends.conv_rules  # noqa: F401  (registers the convolution rules)
+    import opgraph.backends.algorithms.rules  # noqa: F401  (registers the convolution rules)
     from opgraph import ops
     from opgraph.backends.registry import rules_for
     from opgraph.passes.autotune import candidate_set

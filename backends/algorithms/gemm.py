@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from opgraph.errors import LoweringError
 
-from .reference.conv import (check_gy, conv_geometry, geometry_of, pad_spatial, result_dtype,
+from ..reference.conv import (check_gy, conv_geometry, geometry_of, pad_spatial, result_dtype,
                              tap_slices, window_view)
 
 DEFAULT_WORKSPACE_LIMIT = 2 * 2**30  # bytes of im2col buffer per chunk

@@ -1,5 +1,6 @@
 """Matrix products on cuBLAS (``cublasGemmEx``) in the policy's precision: the
-``cublas`` rules of ``Linear`` and ``MatMul`` (device ``cuda``).
+kernels of the ``cublas`` rules of ``Linear`` and ``MatMul`` (device ``cuda``,
+registered by :mod:`.cublas_rules`).
 
 Why: CuPy's ``matmul`` multiplies float32 with the plain fp32 compute type
 whatever ``--precision`` asks, so our linear layers stayed fp32 in tf32 and
@@ -22,7 +23,7 @@ the storage is the precision's own operand type (bf16 storage computed in
 bf16, fp16 in fp16): there cuBLAS rounds the fp32 accumulator straight into
 the storage, with a bias added before that rounding (beta = 1). float32
 operands of a bf16 product are rounded to nearest even by
-:func:`cuda_elementwise.float_to_bf16_bits`; bfloat16 storage (CuPy arrays of
+:func:`.storage.float_to_bf16_bits`; bfloat16 storage (CuPy arrays of
 ``ml_dtypes.bfloat16``) is passed as is, through its uint16 bit view.
 
 Row-major arrays through column-major cuBLAS (:func:`gemm_ex_args`): a
@@ -51,13 +52,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from opgraph import ops
-
 from opgraph.errors import ShapeError
 
-from .reference.linear import check_linear, matmul_dims
-from .reference.rules import params_kernel
-from .registry import Rule, register
+from ..reference.linear import check_linear, matmul_dims
+from .storage import like
 
 #: cuBLAS enums (cublas_api.h / library_types.h), stable across CUDA 11-13.
 CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14
@@ -72,7 +70,6 @@ GEMM_TYPES = {
     "bf16": (CUDA_R_16BF, CUBLAS_COMPUTE_32F),
     "fp16": (CUDA_R_16F, CUBLAS_COMPUTE_32F),
 }
-_DTYPES = ("float32", "float16", "bfloat16")
 #: Workspace of our own cuBLAS handle (bytes), cuBLAS's recommendation for
 #: Hopper: a handle with its workspace set allocates nothing during a call,
 #: which CUDA-graph capture needs.
@@ -108,8 +105,7 @@ _OPERAND_DTYPE = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp1
 
 def _operand(xp, a, precision: str):
     """``a`` C-contiguous in the operand storage of ``precision`` (bf16: uint16
-    bits), converted as our kernels convert storage (``cuda_elementwise.like``)."""
-    from .cuda_elementwise import like
+    bits), converted as our kernels convert storage (:func:`.storage.like`)."""
     return xp.ascontiguousarray(like(xp, a, _OPERAND_DTYPE[precision]))
 
 
@@ -269,29 +265,5 @@ def matmul(xp, a, b, *, transpose_a, transpose_b, precision=None):
     return _product(xp, a, b, transpose_a=transpose_a, transpose_b=transpose_b, precision=precision)
 
 
-def check(op, in_types, device):
-    """cuBLAS takes 2-D float32/float16/bfloat16 operands here (float64 stays on
-    the reference)."""
-    bad = sorted({t.dtype for t in in_types if t.dtype not in _DTYPES})
-    if bad:
-        return f"the cublas rule takes {', '.join(_DTYPES)}; got {', '.join(bad)}"
-    if any(t.ndim != (1 if i == 2 else 2) for i, t in enumerate(in_types)):
-        return "the cublas rule takes 2-D operands (and a 1-D bias)"
-    return None
-
-
-def register_rules() -> None:
-    """Register the ``cublas`` rules of ``Linear`` and ``MatMul`` (idempotent);
-    their outputs are new arrays (``fresh_output``). Not in the cuda default
-    order: reached through ``prefer``, ``force`` or autotune, which checks it
-    against the reference first."""
-    for op_type, fn in ((ops.Linear, linear), (ops.MatMul, matmul)):
-        register(Rule(op_type, "cublas", params_kernel(fn, "cublas", ("precision",)),
-                      devices={"cuda"}, check=check,
-                      tags={"cublas", "gpu", "option:precision"}, fresh_output=True))
-
-
-register_rules()
-
-__all__ = ["CUBLAS_WORKSPACE_BYTES", "GEMM_TYPES", "cublas_module", "own_handle", "gemm_ex_args", "gemm_ex", "gemm_ex_into", "linear",
-           "matmul", "check", "register_rules"]
+__all__ = ["CUBLAS_WORKSPACE_BYTES", "GEMM_TYPES", "cublas_module", "own_handle", "gemm_ex_args", "gemm_ex",
+           "gemm_ex_into", "linear", "matmul"]

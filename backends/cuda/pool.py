@@ -24,7 +24,7 @@ find their cell. The stored argmax is a cell index inside one ``H x W`` plane
 (int32; planes over 2^31 cells are refused). float16 computes in float32 and
 casts back (whole-tensor casts). bfloat16 computes in float32 inside the
 kernels, with no cast pass: they read and write its uint16 bits through the
-``LD``/``ST`` macros of :func:`.cuda_elementwise.storage_preamble` (load exact,
+``LD``/``ST`` macros of :func:`.storage.storage_preamble` (load exact,
 store rounded to nearest even); max pooling compares the loaded float32
 values (so argmax, ties, -inf and NaN are exactly float32's on the bf16
 values) and its output is the winner's bits; the select is a copy of bits;
@@ -44,10 +44,9 @@ import functools
 
 from opgraph.errors import ParameterError, ShapeError
 
-from .reference.pool import geometry
+from ..reference.pool import geometry
 
-from .cuda_elementwise import (bits, dtype_name, in_layout, kernel_tag, logical, physical, storage_preamble,
-                               unbits)
+from .storage import bits, dtype_name, in_layout, kernel_tag, logical, physical, storage_preamble, unbits
 
 
 # Decompose the thread's flat physical index t into (n, c, a, b) of an
@@ -179,7 +178,7 @@ def _run(name, in_params, ins, out_params, outs, body, geo, *, size, arrays, sto
     then the outputs. Index width from ``arrays``; with ``specialize`` the
     geometry is compiled in as constants (one kernel per shape). ``storage``
     (dtype name) is what the ``T`` arrays hold: it picks the LD/ST/CT macros
-    (:func:`.cuda_elementwise.storage_preamble`) and tags the name
+    (:func:`.storage.storage_preamble`) and tags the name
     (``_bf16``)."""
     wide = _wide(*arrays)
     name += kernel_tag(storage)

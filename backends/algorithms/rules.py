@@ -40,8 +40,8 @@ from opgraph.ops.conv import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, C
 from opgraph.types import HALF_DTYPES
 
 from . import fft, gemm, winograd
-from .reference import conv as direct
-from .registry import Rule, register
+from ..reference import conv as direct
+from ..registry import Rule, register
 
 #: direction name -> abstract op type.
 OP_TYPES = {

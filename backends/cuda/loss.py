@@ -15,7 +15,7 @@ threads when ``inner > 1`` and rows are independent. Index math is 64-bit.
 float16 computes in float32 and rounds once (whole-tensor casts). bfloat16
 computes in float32 inside the kernels (no cast pass): they read and write
 its uint16 bits through the ``LD``/``ST`` macros of
-:func:`.cuda_elementwise.storage_preamble` (load exact, store rounded to
+:func:`.storage.storage_preamble` (load exact, store rounded to
 nearest even once); the cross-entropy's per-row log-sum-exp and losses are
 float32, summed in float32 and rounded once to the bfloat16 result.
 """
@@ -26,9 +26,9 @@ import functools
 
 from opgraph.errors import ParameterError, ShapeError
 
-from .cuda_elementwise import (BF16, bits, copy, dtype_name, float_to_bf16_bits, is_bf16, kernel_tag, like,
-                                storage_preamble, unbits, zeros)
-from .reference.loss import check_cross_entropy
+from .storage import (BF16, bits, copy, dtype_name, float_to_bf16_bits, is_bf16, kernel_tag, like,
+                      storage_preamble, unbits, zeros)
+from ..reference.loss import check_cross_entropy
 
 # x, y, gy, gx are T arrays, loaded / stored through LD / ST and computed in
 # CT (storage_preamble: float for bfloat16 bits, T otherwise); the

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import scipy.fft
 
-from .reference.conv import check_gy, conv_geometry, geometry_of, pad_spatial, result_dtype
+from ..reference.conv import check_gy, conv_geometry, geometry_of, pad_spatial, result_dtype
 
 FFT_SIZE_LIMIT = 2**31 - 1  # elements of one 2-D transform plane (32-bit plan sizes)
 

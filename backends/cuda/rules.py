@@ -1,7 +1,7 @@
 """Registers our CuPy kernels as the ``cuda`` lowering (device ``cuda``) of their ops.
 
 Each kernel is called as ``fn(cupy, *arrays, **op.params())``: the functions
-of :mod:`.cuda_pool`, :mod:`.cuda_elementwise` and :mod:`.cuda_loss` take
+of :mod:`.pool`, :mod:`.relu`, :mod:`.colsum`, :mod:`.lrn` and :mod:`.loss` take
 exactly the op fields as keywords, like their NumPy references, plus the
 option of an autotune variant where :data:`OPTIONS` names one (pooling:
 ``specialize``; bias gradient: ``method``). Importing this module needs
@@ -12,11 +12,9 @@ from __future__ import annotations
 
 from opgraph import ops
 
-from . import cuda_elementwise as ew
-from . import cuda_loss as loss
-from . import cuda_pool as pool
-from .reference.rules import params_kernel
-from .registry import Rule, register
+from ..reference.rules import params_kernel
+from ..registry import Rule, register
+from . import colsum, loss, lrn, pool, relu
 
 #: abstract op type -> CuPy kernel ``fn(xp, *arrays, **op.params())``.
 CUDA_KERNELS = {
@@ -26,13 +24,13 @@ CUDA_KERNELS = {
     ops.MaxPool2dSelect: pool.max_pool2d_select,
     ops.AvgPool2d: pool.avg_pool2d,
     ops.AvgPool2dBackward: pool.avg_pool2d_backward,
-    ops.Relu: ew.relu,
-    ops.ReluBackward: ew.relu_backward,
-    ops.Threshold: ew.threshold,
-    ops.ThresholdBackward: ew.threshold_backward,
-    ops.BiasAddBackward: ew.bias_add_backward,
-    ops.LocalResponseNorm: ew.local_response_norm,
-    ops.LocalResponseNormBackward: ew.local_response_norm_backward,
+    ops.Relu: relu.relu,
+    ops.ReluBackward: relu.relu_backward,
+    ops.Threshold: relu.threshold,
+    ops.ThresholdBackward: relu.threshold_backward,
+    ops.BiasAddBackward: colsum.bias_add_backward,
+    ops.LocalResponseNorm: lrn.local_response_norm,
+    ops.LocalResponseNormBackward: lrn.local_response_norm_backward,
     ops.Softmax: loss.softmax,
     ops.SoftmaxBackward: loss.softmax_backward,
     ops.LogSoftmax: loss.log_softmax,

@@ -36,6 +36,7 @@ from opgraph.params import conv_out_size
 from opgraph.types import is_channels_last as _channels_last, to_layout
 
 from . import cudnn_graph as cg
+from .storage import like, unbits
 
 _DTYPES = ("float32", "float16", "bfloat16")
 _DEFAULT_PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -68,16 +69,14 @@ def _in_layout(xp, a, cl: bool):
 
 def _cast(xp, a, io: str):
     """``a`` as I/O dtype ``io`` (bfloat16 as its uint16 bits), layout kept:
-    ``cuda_elementwise.like``, the storage conversion our kernels use."""
-    from . import cuda_elementwise as ce
-    return ce.like(xp, a, io)
+    :func:`.storage.like`, the storage conversion our kernels use."""
+    return like(xp, a, io)
 
 
 def _uncast(xp, a, io: str, dtype):
     """The output ``a`` (I/O dtype ``io``, bfloat16 as its bits) back in the
     caller's ``dtype`` (a view when it is ``io``)."""
-    from . import cuda_elementwise as ce
-    return ce.unbits(ce.like(xp, ce.unbits(a, io), dtype), dtype)
+    return unbits(like(xp, unbits(a, io), dtype), dtype)
 
 
 def _device_id(xp) -> int:
@@ -301,9 +300,3 @@ def conv2d_backward_filter(xp, x, gy, *, stride, padding, dilation, groups, weig
 
 __all__ = ["conv2d", "conv2d_bias_relu", "conv2d_backward_data", "conv2d_backward_filter",
            "signature", "route", "default_precision"]
-
-from opgraph.ops.conv import Conv2dBiasRelu  # noqa: E402
-from .cudnn_rules import register_fused_rule, register_rules  # noqa: E402  (rules use the functions above)
-
-register_rules()
-register_fused_rule(Conv2dBiasRelu)  # the fuse pass's conv + bias + ReLU node

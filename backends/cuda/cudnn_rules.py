@@ -22,10 +22,13 @@ from __future__ import annotations
 import math
 
 from opgraph.errors import LoweringError
-from opgraph.ops.conv import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter
+from opgraph.ops.conv import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, Conv2dBiasRelu
 from opgraph.params import conv_out_size
 
-from .registry import Rule, register
+from ..device import cuda_status
+from ..registry import Rule, register
+from .cudnn import (conv2d, conv2d_backward_data, conv2d_backward_filter, conv2d_bias_relu, default_precision,
+                    route, signature)
 
 KIND = {Conv2d: "fprop", Conv2dBackwardData: "dgrad", Conv2dBackwardFilter: "wgrad"}
 _DTYPES = ("float32", "float16", "bfloat16")
@@ -39,7 +42,6 @@ def _options(options) -> dict:
 def _signature(op, in_types, precision=None, device: int = 0):
     """The signature the kernel will build for ``op`` on inputs ``in_types``;
     None for an empty batch (no cuDNN call)."""
-    from .cudnn import default_precision, signature
     fused = type(op) in _FUSED
     kind = "fprop" if fused else KIND[type(op)]
     first = in_types[0]
@@ -73,7 +75,6 @@ def check(op, in_types, device):
         return f"cuDNN convolution takes {', '.join(_DTYPES)}; got {', '.join(dtypes)}"
     if any(t.layout not in (None, "NCHW", "NHWC") for t in in_types if t.ndim == 4):
         return "cuDNN lowering takes NCHW or NHWC layouts"
-    from .device import cuda_status
     ok, why = cuda_status()
     if not ok:
         return f"no GPU: {why}"
@@ -81,7 +82,6 @@ def check(op, in_types, device):
         import cudnn  # noqa: F401
     except Exception as exc:
         return f"the cuDNN frontend cannot be imported ({exc}); pip install nvidia-cudnn-frontend"
-    from .cudnn import route
     try:
         sig = _signature(op, in_types, device=_device())
         if sig is not None:
@@ -93,7 +93,6 @@ def check(op, in_types, device):
 
 def variants(op, in_types, device, precision=None):
     """``[{'engine': i}, ...]``: every cuDNN plan that builds, heuristic order first."""
-    from .cudnn import route
     sig = _signature(op, in_types, precision, _device())
     if sig is None:
         return [{}]
@@ -103,7 +102,6 @@ def variants(op, in_types, device, precision=None):
 def workspace(op, in_types, options) -> int:
     """Scratch bytes of one call: cuDNN workspace of the engine, plus cast and
     padding buffers."""
-    from .cudnn import route
     opts = _options(options)
     sig = _signature(op, in_types, opts.get("precision"), _device())
     if sig is None:
@@ -121,14 +119,12 @@ def workspace(op, in_types, options) -> int:
 
 def _fprop(ctx, op, x, w, b=None):
     """cuDNN ``conv_fprop`` (+ bias in the same graph when the third input is given)."""
-    from .cudnn import conv2d
     o = ctx.options
     return conv2d(ctx.xp, x, w, b, **op.params(), precision=o.get("precision"), engine=o.get("engine"))
 
 
 def _dgrad(ctx, op, gy, w):
     """cuDNN ``conv_dgrad``: dL/dx."""
-    from .cudnn import conv2d_backward_data
     o = ctx.options
     return conv2d_backward_data(ctx.xp, gy, w, **op.params(), precision=o.get("precision"),
                                 engine=o.get("engine"))
@@ -136,7 +132,6 @@ def _dgrad(ctx, op, gy, w):
 
 def _wgrad(ctx, op, x, gy):
     """cuDNN ``conv_wgrad``: dL/dw."""
-    from .cudnn import conv2d_backward_filter
     o = ctx.options
     return conv2d_backward_filter(ctx.xp, x, gy, **op.params(), precision=o.get("precision"),
                                   engine=o.get("engine"))
@@ -144,7 +139,6 @@ def _wgrad(ctx, op, x, gy):
 
 def _fused(ctx, op, x, w, b):
     """cuDNN ``conv_fprop -> bias -> relu`` as one graph (:func:`.cudnn.conv2d_bias_relu`)."""
-    from .cudnn import conv2d_bias_relu
     o = ctx.options
     return conv2d_bias_relu(ctx.xp, x, w, b, stride=op.stride, padding=op.padding,
                             dilation=op.dilation, groups=op.groups,
@@ -171,5 +165,8 @@ def register_rules() -> None:
                       variants=variants, workspace=workspace,
                       tags={"cudnn", "gpu", "fused", "option:precision"}, fresh_output=True))
 
+
+register_rules()
+register_fused_rule(Conv2dBiasRelu)  # the fuse pass's conv + bias + ReLU node
 
 __all__ = ["KIND", "check", "variants", "workspace", "register_rules", "register_fused_rule"]

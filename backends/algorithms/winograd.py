@@ -40,7 +40,7 @@ import numpy as np
 
 from opgraph.errors import LoweringError, ParameterError
 
-from .reference.conv import (check_gy, conv_geometry, geometry_of, pad_spatial, result_dtype,
+from ..reference.conv import (check_gy, conv_geometry, geometry_of, pad_spatial, result_dtype,
                              window_view)
 
 TILES = (2, 4)

@@ -44,7 +44,7 @@ its ``Conv2dBackwardFilter`` and its bias's ``BiasAddBackward``) are timed
 alone in a loop too (:meth:`PhaseRunner.time_layers`).
 
 With ``--cuda-graph`` each phase is also replayed as CUDA graphs
-(:meth:`PhaseRunner.time_graphed_phases`, :mod:`opgraph.backends.cuda_graph`):
+(:meth:`PhaseRunner.time_graphed_phases`, :mod:`opgraph.graph_replay`):
 the same steps, captured once per phase in phase order, each phase's graphs
 launched in its own timed loop on a non-default stream.
 """
@@ -280,7 +280,7 @@ class PhaseRunner:
             slots[st.node] = run_step(st, slots)
 
     def graph_phases(self, stream) -> dict:
-        """Phase -> its steps as a :class:`~opgraph.backends.cuda_graph.GraphReplay`
+        """Phase -> its steps as a :class:`~opgraph.graph_replay.GraphReplay`
         (phases without steps left out), built in phase order so that a later
         phase captures the arrays an earlier one writes. Call inside ``with
         stream:`` (a non-default stream), after the eager timings: the replays
@@ -292,7 +292,7 @@ class PhaseRunner:
             RuntimeError: the replays were built already (a second build would
                 capture arrays of the first one's pools).
         """
-        from opgraph.backends.cuda_graph import GraphReplay
+        from opgraph.graph_replay import GraphReplay
 
         if self.replays:
             raise RuntimeError("this runner's phases are already captured; use a new PhaseRunner")
@@ -322,7 +322,7 @@ class PhaseRunner:
             steps), and phase -> the replay's summary (graphs, captured and
             eager steps with the reason of each eager one, private pool bytes).
         """
-        from opgraph.backends.cuda_graph import capture_stream, release_cached
+        from opgraph.graph_replay import capture_stream, release_cached
 
         self.timer.synchronize()  # the eager work on the default stream is done
         release_cached()  # room for the private pools: the default pool's cache is not theirs

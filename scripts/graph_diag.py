@@ -20,7 +20,7 @@ import cupy as cp
 import numpy as np
 
 import opgraph as og
-from opgraph.backends.cuda_graph import capture_stream, release_cached
+from opgraph.graph_replay import capture_stream, release_cached
 from opgraph.benchmarks import lowerings as lw
 from opgraph.benchmarks.models import build
 from opgraph.benchmarks.protocol import PHASES, PhaseRunner, random_feeds, schedule, training_graph

@@ -39,7 +39,7 @@ nvmath-python is installed the call goes through its low-level bindings
 workspace (:data:`CUBLAS_WORKSPACE_BYTES`) so that cuBLAS allocates nothing
 during a call: captured, replayed and checked on the H200 on 2026-11-30
 (``scripts/gpu_probe.py``). Without nvmath-python, CuPy's handle is used and
-the step stays out of CUDA graphs (``backends/cuda_graph.py`` finds that by a
+the step stays out of CUDA graphs (``opgraph/graph_replay.py`` finds that by a
 trial capture). The argument mapping is tested on the CPU
 against a NumPy column-major GEMM (tests/backends/test_cublas_matmul.py); the
 GPU tests (tests/gpu/test_cublas_matmul_gpu.py, passed on the H200 on

@@ -133,7 +133,7 @@ def fake_capture(monkeypatch, replays: bool):
     import contextlib
     from types import SimpleNamespace
 
-    from opgraph.backends import cuda_graph
+    from opgraph import graph_replay
 
     class Stream:
         def __enter__(self):
@@ -162,8 +162,8 @@ def fake_capture(monkeypatch, replays: bool):
     fake = SimpleNamespace(cuda=SimpleNamespace(Stream=lambda non_blocking=False: Stream(), MemoryPool=Pool,
                                                 using_allocator=lambda malloc: contextlib.nullcontext()),
                            get_default_memory_pool=Pool)
-    monkeypatch.setattr(cuda_graph, "_cupy", lambda: fake)
-    monkeypatch.setattr(cuda_graph, "_captured", captured)
+    monkeypatch.setattr(graph_replay, "_cupy", lambda: fake)
+    monkeypatch.setattr(graph_replay, "_captured", captured)
 
 
 def graph_columns(setup, repeat=2):
@@ -175,7 +175,7 @@ def graph_columns(setup, repeat=2):
 
 
 def test_cuda_graph_adds_a_graph_column_from_the_same_compile(setup, monkeypatch):
-    # the plumbing of the +graph record; replay semantics: tests/backends/test_cuda_graph_replay.py
+    # the plumbing of the +graph record; replay semantics: tests/test_graph_replay.py
     # and tests/gpu/test_cuda_graph.py
     fake_capture(monkeypatch, replays=True)
     tg, feeds, ref = setup

@@ -173,11 +173,11 @@ def test_a_shared_weight_sums_its_partial_gradients_in_backward_filter():
 
 
 def test_phases_are_captured_once_per_runner(tiny, monkeypatch):
-    from opgraph.backends import cuda_graph
+    from opgraph import graph_replay
 
     tg, exe, sched = compiled(tiny)
     runner = PhaseRunner(sched, exe.feed(random_feeds(tiny)), CpuTimer())
-    monkeypatch.setattr(cuda_graph, "GraphReplay", lambda steps, slots, run, stream: object())
+    monkeypatch.setattr(graph_replay, "GraphReplay", lambda steps, slots, run, stream: object())
     assert set(runner.graph_phases(stream=None)) == set(PHASES)
     with pytest.raises(RuntimeError, match="already captured"):
         runner.graph_phases(stream=None)

@@ -85,7 +85,7 @@ def test_autotune_checks_and_times_cublas_for_a_linear_layer_in_tf32(cp):
 def test_a_product_on_our_own_handle_is_captured_and_replayed(cp, rng, relerr):
     # CuPy's bindings refuse cuBLAS during capture; ours (nvmath-python) must not
     pytest.importorskip("nvmath.bindings.cublas")
-    from opgraph.backends.cuda_graph import capture_stream
+    from opgraph.graph_replay import capture_stream
     a = cp.asarray(rng.standard_normal((64, 96)).astype(np.float32))
     b = cp.asarray(rng.standard_normal((96, 48)).astype(np.float32))
     out = cp.zeros((64, 48), dtype=cp.float32)

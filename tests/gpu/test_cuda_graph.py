@@ -1,4 +1,4 @@
-"""CUDA-graph replay of the benchmark's phases on the GPU (backends/cuda_graph.py).
+"""CUDA-graph replay of the benchmark's phases on the GPU (opgraph/graph_replay.py).
 
 A replay must give what the eager executor gives, for the values it was
 built with and, after the input changes in place, for new values: the
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.backends.cuda_graph import capture_stream
+from opgraph.graph_replay import capture_stream
 from opgraph.backends.device import cuda_status
 from opgraph.benchmarks.models import build
 from opgraph.benchmarks.protocol import PHASES, PhaseRunner, random_feeds, schedule, training_graph

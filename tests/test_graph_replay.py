@@ -1,4 +1,4 @@
-"""CUDA-graph replay (backends/cuda_graph.py) on the CPU, through a stand-in for CuPy.
+"""CUDA-graph replay (opgraph/graph_replay.py) on the CPU, through a stand-in for CuPy.
 
 The stand-in behaves as stream capture does: while a stream captures, a
 kernel does not run but is recorded, and its output is an array whose values
@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 import pytest
 
-from opgraph.backends import cuda_graph
+from opgraph import graph_replay
 from opgraph.executable import Step
 
 
@@ -85,7 +85,7 @@ FAKE = SimpleNamespace(cuda=SimpleNamespace(Stream=FakeStream, MemoryPool=FakePo
 
 @pytest.fixture(autouse=True)
 def fake_cupy(monkeypatch):
-    monkeypatch.setattr(cuda_graph, "_cupy", lambda: FAKE)
+    monkeypatch.setattr(graph_replay, "_cupy", lambda: FAKE)
 
 
 def chain(cublas=(), syncs=(), alone_only=()):
@@ -127,7 +127,7 @@ def build(x, **kw):
     steps, run = chain(**kw)
     stream = FakeStream()
     slots = eager_values(x)
-    replay = cuda_graph.GraphReplay(steps, slots, lambda st, sl: run(st, sl, stream), stream)
+    replay = graph_replay.GraphReplay(steps, slots, lambda st, sl: run(st, sl, stream), stream)
     return replay, slots, stream
 
 
@@ -167,7 +167,7 @@ def test_a_run_that_fails_together_falls_back_to_eager_steps():
     stream = FakeStream()
     slots = eager_values(x)
     before = dict(slots)
-    replay = cuda_graph.GraphReplay(steps, slots, lambda st, sl: run(st, sl, stream), stream)
+    replay = graph_replay.GraphReplay(steps, slots, lambda st, sl: run(st, sl, stream), stream)
     # the failed capture's arrays (never written, their pool not kept) are not reused
     assert slots[3] is before[3] and slots[4] is before[4]
     # c and d each capture alone; together they invalidate the capture
@@ -193,10 +193,10 @@ def test_capture_error_leaves_no_capture_open():
     steps, run = chain(cublas={2})
     stream = FakeStream()
     slots = eager_values(np.ones(2))
-    why = cuda_graph.capture_error(steps[1], slots, lambda st, sl: run(st, sl, stream), stream)
+    why = graph_replay.capture_error(steps[1], slots, lambda st, sl: run(st, sl, stream), stream)
     assert why.startswith("NotImplementedError: calling cuBLAS")
     assert stream.recording is None  # ended even though the step raised
-    assert cuda_graph.capture_error(steps[0], slots, lambda st, sl: run(st, sl, stream), stream) is None
+    assert graph_replay.capture_error(steps[0], slots, lambda st, sl: run(st, sl, stream), stream) is None
     np.testing.assert_array_equal(slots[1], 2 * np.ones(2))  # a trial writes no slot
 
 
@@ -227,7 +227,7 @@ def test_a_build_that_fails_leaves_the_slots_as_it_found_them():
         return run(st, sl, stream)
 
     with pytest.raises(MemoryError):
-        cuda_graph.GraphReplay(steps, slots, failing, stream)
+        graph_replay.GraphReplay(steps, slots, failing, stream)
     # segment a was captured into a pool that dies with the half-built replay
     assert all(slots[n] is before[n] for n in before)
 
@@ -273,7 +273,7 @@ def test_a_replay_runs_an_in_place_step_out_of_place_and_parts_shared_slots(cubl
     for st in steps:  # a full run as the executor's run_step does it: c into b
         slots[st.node] = run_step(st, slots)
     assert slots[3] is slots[2]
-    replay = cuda_graph.GraphReplay(steps, slots, run_step, stream)
+    replay = graph_replay.GraphReplay(steps, slots, run_step, stream)
     # phases replay apart, so nothing runs in place, and c's slot got its own array:
     # an eager c copying its result into it must not overwrite b (read by a later phase)
     assert [st.writes_into for seg in replay.segments for st in seg.steps] == [None] * 4
@@ -292,7 +292,7 @@ def test_a_replay_of_steps_that_do_not_compute_the_overwritten_input_runs_them_o
     x = np.arange(6.0).reshape(2, 3)
     slots = eager_values(x)
     # c and d replayed apart from b's producer (a phase on another phase's value)
-    replay = cuda_graph.GraphReplay(steps[2:], slots, lambda st, sl: run(st, sl, stream), stream)
+    replay = graph_replay.GraphReplay(steps[2:], slots, lambda st, sl: run(st, sl, stream), stream)
     assert [st.writes_into for seg in replay.segments for st in seg.steps] == [None, None]
     for _ in range(3):  # in place, the second replay would square b's square
         replay()

@@ -1,5 +1,8 @@
 """CUDA-graph replay of a run of lowered steps (``opgraph-bench --cuda-graph``).
 
+An executor strategy beside :mod:`.executable`: it runs the steps of any
+backend, importing none (CuPy is imported on first use).
+
 A Python executor pays for every step it dispatches: CuPy's launch path, the
 cuDNN frontend's ``execute`` (about 80 us of wall time per call, GPU_NOTES.md),
 argument packing. On a model of many small layers (GoogLeNet: ~400 steps per

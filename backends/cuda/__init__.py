@@ -3,7 +3,7 @@
 * cuDNN: ``cudnn`` (convolution kernels), ``cudnn_graph`` (built graphs and
   their cache), ``cudnn_rules``;
 * cuBLAS: ``cublas`` (``cublasGemmEx`` in the policy's precision),
-  ``cublas_rules``;
+  ``cublas_rules``, ``matmul_peak`` (the measured matrix-multiply peak);
 * our CuPy kernels: ``storage`` (bfloat16 storage, layouts), ``relu``,
   ``colsum`` (column sums, the bias gradient), ``lrn``, ``pool``, ``loss``;
   ``rules`` registers them as the ``cuda`` lowering.

@@ -44,7 +44,7 @@ trial capture). The argument mapping is tested on the CPU
 against a NumPy column-major GEMM (tests/backends/test_cublas_matmul.py); the
 GPU tests (tests/gpu/test_cublas_matmul_gpu.py, passed on the H200 on
 2026-11-30) check the products against the float64 reference. The benchmark's
-matrix-multiply peak (``benchmarks/peak.py``) times the same call
+matrix-multiply peak (:mod:`.matmul_peak`) times the same call
 (:func:`gemm_ex_into`).
 """
 

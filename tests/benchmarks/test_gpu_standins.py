@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import opgraph as og
+from opgraph.backends.cuda import matmul_peak
 from opgraph.benchmarks import memory, peak, timer
 from opgraph.benchmarks.protocol import random_feeds, training_graph
 
@@ -136,7 +137,7 @@ def test_allocation_counter_ignores_blocks_allocated_before():
 
 @pytest.mark.parametrize("precision, tol", [("fp32", 1e-6), ("bf16", 1e-2), ("fp16", 1e-3)])
 def test_peak_operands_and_flow(fake_cupy, monkeypatch, precision, tol):
-    a, b, a32, b32 = peak._operands(fake_cupy, 64, precision)
+    a, b, a32, b32 = matmul_peak._operands(fake_cupy, 64, precision)
     ref = np.random.default_rng(0)
     x = ref.standard_normal((64, 64), dtype=np.float32)
     # storage rounding only: bf16 keeps the top 16 bits (truncation, relative error < 2^-7)
@@ -149,14 +150,14 @@ def test_peak_operands_and_flow(fake_cupy, monkeypatch, precision, tol):
             (lambda v: v.astype(np.float32))
         c[...] = up(b) @ up(a)
 
-    monkeypatch.setattr(peak, "_gemm", numpy_gemm)
-    out = peak.gpu_peak(precision, n=128, repeat=2)
+    monkeypatch.setattr(matmul_peak, "_gemm", numpy_gemm)
+    out = matmul_peak.measure_matmul_peak(precision, n=128, repeat=2)
     assert out["tflops"] > 0 and out["check_rel_error"] < 1e-5 and precision in out["method"]
 
 
 def test_peak_refuses_a_wrong_binding(fake_cupy, monkeypatch):
-    monkeypatch.setattr(peak, "_gemm", lambda cupy, a, b, c, n, p: c.fill(1.0))
+    monkeypatch.setattr(matmul_peak, "_gemm", lambda cupy, a, b, c, n, p: c.fill(1.0))
     with pytest.raises(RuntimeError, match="cublasGemmEx check failed"):
-        peak.gpu_peak("tf32", n=64, repeat=1)
+        matmul_peak.measure_matmul_peak("tf32", n=64, repeat=1)
     res = peak.measure_peaks("cuda", ["tf32"])
     assert res["tf32"]["tflops"] is None and "check failed" in res["tf32"]["error"]

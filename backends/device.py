@@ -2,7 +2,9 @@
 
 Two devices exist: ``'cpu'`` (NumPy) and ``'cuda'`` (CuPy on the current
 CUDA device). ``'auto'`` picks ``'cuda'`` when CuPy imports and sees at least
-one GPU, else ``'cpu'``, and says why (:func:`resolve_device`).
+one GPU, else ``'cpu'``, and says why (:func:`resolve_device`). The passes
+reach these functions through the registry (``registry.device_support``),
+where this module registers them.
 
 Nothing here imports CuPy or the cuDNN frontend at module import: a CPU-only
 machine imports this module, and the whole of opgraph, without either. A GPU
@@ -20,6 +22,8 @@ from types import ModuleType
 import numpy as np
 
 from opgraph.errors import OpgraphError
+
+from .registry import DeviceSupport, register_devices
 
 DEVICES = ("cpu", "cuda")
 
@@ -187,6 +191,9 @@ def versions() -> dict[str, str | None]:
         pass
     return out
 
+
+register_devices(DeviceSupport(resolve=resolve_device, array_module=array_module, versions=versions,
+                               device_name=device_name))
 
 __all__ = ["DEVICES", "DeviceUnavailableError", "ResolvedDevice", "cuda_status", "resolve_device",
            "array_module", "is_device_array", "to_device", "to_host", "synchronize",

@@ -16,6 +16,10 @@ algorithm)``. A rule holds
 * ``fresh_output``: whether the kernel's output is always a new buffer,
   never a view of (or the same array as) an input.
 
+The device backend registers a :class:`DeviceSupport` (:func:`register_devices`):
+what ``compile`` needs to know of the devices (resolving ``'auto'``, the
+array module, library versions and the device's name for autotune keys).
+
 Backends import this module and nothing else from the passes; passes import
 this module and never a backend module.
 """
@@ -143,6 +147,45 @@ def algorithms() -> set[str]:
     """Every algorithm name some rule uses."""
     _load_backends()
     return {a for rules in _RULES.values() for a in rules}
+
+
+@attrs.frozen
+class DeviceSupport:
+    """What the passes need of the device backend (``backends/device.py``).
+
+    * ``resolve(device) -> str``: ``'auto'``, ``'cpu'`` or ``'cuda'`` to the
+      device to run on, a ``str`` that may carry ``.reason`` (why it was
+      chosen); raises the backend's error for a device that is unavailable;
+    * ``array_module(device) -> module``: NumPy or CuPy;
+    * ``versions() -> dict``: library versions (autotune-cache keys); never raises;
+    * ``device_name(device) -> str``: the GPU's or the CPU's name.
+    """
+
+    resolve: Callable[[str], str]
+    array_module: Callable[[str], ModuleType]
+    versions: Callable[[], Mapping[str, Any]]
+    device_name: Callable[[str], str]
+
+
+_DEVICE_SUPPORT: list[DeviceSupport] = []
+
+
+def register_devices(support: DeviceSupport) -> DeviceSupport:
+    """Install ``support`` as the device interface (a second call replaces it)."""
+    _DEVICE_SUPPORT[:] = [support]
+    return support
+
+
+def device_support() -> DeviceSupport:
+    """The registered :class:`DeviceSupport`.
+
+    Raises:
+        LookupError: no backend registered one.
+    """
+    _load_backends()
+    if not _DEVICE_SUPPORT:
+        raise LookupError("no device backend is registered (opgraph.backends.device registers one)")
+    return _DEVICE_SUPPORT[0]
 
 
 _loaded = False

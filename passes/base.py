@@ -64,7 +64,7 @@ class PassContext:
         timer: autotune's timer (``passes.autotune.Timer``); ``None`` = the
             device's default (perf_counter on cpu, CUDA events on cuda).
         versions: ``() -> dict`` of library versions, part of autotune cache
-            keys (``opgraph.backends.device.versions`` plugs in here on cuda).
+            keys (the registry's ``device_support().versions`` plugs in here on cuda).
         device_name: ``() -> str``, the device's name for cache keys.
         warmup, repeats: autotune timing protocol per candidate (after an
             untimed check run and one timed run; see ``passes/autotune.py``).

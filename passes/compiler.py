@@ -1,8 +1,9 @@
 """``compile``: run a pass pipeline on a graph and build an ``Executable``.
 
 This is where the pieces compose: the policy, the pipeline of
-``passes/pipelines.py``, the registry's kernels and, on cuda, the device
-module's version and name queries (autotune cache keys).
+``passes/pipelines.py``, the registry's kernels and its device interface
+(``registry.device_support``: device resolution, array module and, on cuda,
+the version and name queries of the autotune cache keys).
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ from opgraph.executable import Executable
 from opgraph.graph import Value, graph_of
 from opgraph.op import Lowered
 from opgraph.types import FLOAT_DTYPES  # what compile(dtype=...) accepts
-from opgraph.backends.registry import KernelContext, lookup
+from opgraph.backends.registry import KernelContext, device_support, lookup
 
 from .base import PassContext, Pipeline, host_versions
 from .pipelines import build
 from .policy import LoweringPolicy
-
 
 
 def as_policy(policy) -> LoweringPolicy:
@@ -61,15 +61,14 @@ def _float_dtype_name(dtype) -> str:
 
 def make_context(device: str, policy: LoweringPolicy, dtype: str | None, timer=None) -> PassContext:
     """The pass context for ``device`` (array module, and on cuda the device
-    module's ``versions``/``device_name`` for autotune keys)."""
-    from opgraph.backends import device as dev
-
-    name = dev.resolve_device(device)
-    xp = dev.array_module(name)
+    backend's ``versions``/``device_name`` for autotune keys)."""
+    devices = device_support()
+    name = devices.resolve(device)
+    xp = devices.array_module(name)
     extra = {}
     if name == "cuda":
-        extra = dict(versions=lambda: {**host_versions(), **dev.versions()},
-                     device_name=lambda: dev.device_name("cuda"))
+        extra = dict(versions=lambda: {**host_versions(), **devices.versions()},
+                     device_name=lambda: devices.device_name("cuda"))
     ctx = PassContext(device=str(name), policy=policy, dtype=dtype, xp=xp, timer=timer, **extra)
     if getattr(name, "reason", None):  # why 'auto' (or 'cuda') resolved as it did, in the report
         ctx.report.note(f"device: {name} ({name.reason})")

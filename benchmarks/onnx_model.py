@@ -28,9 +28,9 @@ from .models.common import Model
 
 def _read_structure(path):
     """The model proto without external weight data (only the graph is read)."""
-    from opgraph.onnx import _onnx
+    from opgraph.onnx import onnx_module
 
-    return _onnx().load(os.fspath(path), load_external_data=False)
+    return onnx_module().load(os.fspath(path), load_external_data=False)
 
 
 def declared_batch(path) -> int | None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SUBPACKAGES = ["opgraph", "opgraph.ops", "opgraph.backends", "opgraph.backends.reference",
+SUBPACKAGES = ["opgraph", "opgraph.ops", "opgraph.onnx", "opgraph.backends", "opgraph.backends.reference",
                "opgraph.backends.algorithms", "opgraph.backends.cuda",
                "opgraph.passes", "opgraph.benchmarks", "opgraph.benchmarks.models"]
 # What a fresh clone would not have, or what the build does not need.

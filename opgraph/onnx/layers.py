@@ -21,10 +21,10 @@ import math
 
 import numpy as np
 
-from .onnx import converter
-from .ops import (Add, AvgPool2d, BatchNorm, BroadcastAdd, Conv2d, GlobalAvgPool2d, Linear,
-                  LocalResponseNorm, LogSoftmax, MatMul, MaxPool2d, Mul, Relu, Reshape, Softmax)
-from .ops.broadcast import broadcast_shapes
+from ..ops import (AvgPool2d, BatchNorm, Conv2d, GlobalAvgPool2d, Linear, LocalResponseNorm, LogSoftmax, MatMul,
+                   MaxPool2d, Mul, Relu, Reshape, Softmax)
+from ..ops.broadcast import broadcast_shapes
+from .registry import converter
 
 
 def _pair(ctx, name: str, default=(1, 1)) -> tuple[int, int]:
@@ -166,10 +166,6 @@ def relu(ctx):
     return ctx.apply(Relu, {}, [ctx.input(0)])
 
 
-def _add(ctx, a, b, part=None):
-    return ctx.apply(Add if a.shape == b.shape else BroadcastAdd, {}, [a, b], part)
-
-
 @converter("Gemm", {7, 9, 11, 13})
 def gemm(ctx):
     """``alpha * op(A) @ op(B) + beta * C``, C broadcast to (M, N).
@@ -198,7 +194,7 @@ def gemm(ctx):
         c = ctx.input(2)
         if beta != 1.0:
             c = ctx.apply(Mul, {}, [c, ctx.constant(np.asarray(beta, dtype=c.dtype), "beta")], "beta_c")
-        y = _add(ctx, y, c)
+        y = ctx.add(y, c)
     return y
 
 

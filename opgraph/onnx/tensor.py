@@ -22,9 +22,8 @@ import math
 
 import numpy as np
 
-from .onnx import converter
-from .ops import Concat, Flatten, Mul, Reshape, Transpose
-from .onnx_layers import _add
+from ..ops import Concat, Flatten, Mul, Reshape, Transpose
+from .registry import converter
 
 ALL_VERSIONS = {1, 13, 14, 16, 19, 21, 23, 24, 25}
 
@@ -40,7 +39,7 @@ def _ints(ctx, v, what) -> list[int]:
 def add(ctx):
     if ctx.foldable():
         return ctx.static(0) + ctx.static(1)
-    return _add(ctx, ctx.input(0), ctx.input(1))
+    return ctx.add(ctx.input(0), ctx.input(1))
 
 
 @converter("Mul", {7, 13, 14})
@@ -63,7 +62,7 @@ def sum_(ctx):
         return ctx.passthrough(0)
     acc = ctx.input(0)
     for i in range(1, n):
-        acc = _add(ctx, acc, ctx.input(i), None if i == n - 1 else f"partial{i}")
+        acc = ctx.add(acc, ctx.input(i), None if i == n - 1 else f"partial{i}")
     return acc
 
 

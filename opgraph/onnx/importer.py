@@ -1,66 +1,26 @@
-"""ONNX import: an ONNX model as an opgraph ``Graph`` of abstract ops.
-
-``load(path_or_model, batch=None) -> (graph, inputs, outputs)``. Every ONNX
-node becomes abstract ops with the attribute semantics of the ONNX operator
-spec (https://onnx.ai/onnx/operators/); the converters live in
-``opgraph.onnx_layers`` (Conv, pooling, LRN, BatchNormalization, Gemm, ...)
-and ``opgraph.onnx_tensor`` (Add, Reshape, Concat, Constant, ...). The list of
-operators and attributes, and the known limits: ``docs/onnx.md``.
-
-Rules the importer keeps:
-
-* Nothing is silently approximated. An operator, an operator version, an
-  attribute, an attribute value, a domain or an input form it does not
-  implement raises :class:`OnnxImportError` naming the ONNX node (name and
-  op_type) and what is missing. Every attribute a node carries must be read
-  by its converter, so an attribute unknown to the importer is an error too.
-* Versions: each converter lists the operator versions (``since_version`` in
-  the ONNX operator changelog) whose semantics it implements; a node is
-  resolved to the version its model's opset selects.
-* Float initializers become ``param`` sources (trainable, fed by name, their
-  value as default); ``Constant`` nodes and values computed only from
-  constants (shape arithmetic: ``Shape``, ``Gather``, ``Concat``, ...) are
-  folded at import time and enter the graph, where a compute node reads
-  them, as ``Constant`` ops. BatchNorm running statistics become constants.
-* Batch: the first axis of every graph input may be symbolic; it becomes
-  ``batch`` (default 1). ``batch=`` also overrides a fixed batch of 1; then a
-  ``Reshape`` whose constant target shape starts with that 1 while its input
-  carries the new batch gets the new batch there (an exporter bakes
-  ``x.view(1, -1)`` into the file for a batch-1 export).
-"""
+"""``load``: an ONNX model as an opgraph ``Graph`` (the rules it keeps: the
+package docstring)."""
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
 
-import attrs
 import numpy as np
 
-from .errors import OpgraphError, ParameterError
-from .graph import Graph, Value
-from .ops import Constant
-from .types import DTYPES
-
-#: op_type -> (versions implemented, converter(ctx) -> Value | ndarray).
-CONVERTERS: dict[str, tuple[frozenset, Callable]] = {}
-
-
-class OnnxImportError(OpgraphError):
-    """The model uses an operator, attribute, version or form the importer does not implement."""
+from ..errors import OpgraphError, ParameterError
+from ..graph import Graph, Value
+from ..ops import Constant
+from ..types import DTYPES
+from .context import NodeContext, Static
+from .registry import CONVERTERS, OnnxImportError
 
 
-def converter(op_type: str, versions):
-    """Register ``fn(ctx)`` as the converter of ``op_type`` at ``versions`` (since_version values)."""
+def onnx_module():
+    """The ``onnx`` package, with the submodules the importer reads.
 
-    def deco(fn):
-        CONVERTERS[op_type] = (frozenset(versions), fn)
-        return fn
-
-    return deco
-
-
-def _onnx():
+    Raises:
+        ImportError: ``onnx`` is not installed (the message says how to install it).
+    """
     try:
         import onnx
         import onnx.defs
@@ -95,7 +55,7 @@ def load(path_or_model, batch: int | None = None) -> tuple[Graph, list[Value], l
         ParameterError: ``batch`` is not an int >= 0, or conflicts with a
             fixed batch other than 1.
     """
-    onnx = _onnx()
+    onnx = onnx_module()
     if isinstance(path_or_model, (str, os.PathLike)):
         path = os.fspath(path_or_model)
         try:
@@ -116,128 +76,13 @@ def load(path_or_model, batch: int | None = None) -> tuple[Graph, list[Value], l
         raise TypeError(f"load: expected a path, bytes or onnx.ModelProto, got {type(path_or_model).__name__}")
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 0):
         raise ParameterError("batch", batch, "must be an int >= 0 or None")
-    from . import onnx_layers, onnx_tensor  # noqa: F401  (register the converters)
-
-    return _Importer(onnx, model, batch).run()
+    return Importer(onnx, model, batch).run()
 
 
-@attrs.frozen
-class Static:
-    """A value known at import time; ``trainable`` for a float initializer."""
+class Importer:
+    """One import: walks the model's nodes in order, converting each with its
+    registered converter (:data:`~.registry.CONVERTERS`)."""
 
-    name: str
-    value: np.ndarray
-    trainable: bool = False
-
-
-class NodeContext:
-    """What a converter sees of one ONNX node (see ``onnx_layers`` for use)."""
-
-    def __init__(self, imp: "_Importer", node, version: int):
-        self.imp, self.node, self.version = imp, node, version
-        self.op_type = node.op_type
-        self.label = f"ONNX node {node.name or node.output[0]!r} ({node.op_type})"
-        self.base = node.name or node.output[0] or node.op_type.lower()
-        self._attrs = {a.name: a for a in node.attribute}
-        self._read: set[str] = set()
-
-    # ---- errors ----------------------------------------------------------
-    def error(self, what: str) -> OnnxImportError:
-        return OnnxImportError(f"{self.label}: {what}")
-
-    # ---- attributes ------------------------------------------------------
-    def attr(self, name: str, default: Any = None):
-        """The attribute's Python value (strings decoded, tensors as arrays), or ``default``."""
-        self._read.add(name)
-        if name not in self._attrs:
-            return default
-        a = self._attrs[name]
-        if a.type == a.TENSOR:
-            return self.imp.onnx.numpy_helper.to_array(a.t)
-        if a.type in (a.GRAPH, a.GRAPHS, a.SPARSE_TENSOR, a.SPARSE_TENSORS, a.TYPE_PROTO, a.TYPE_PROTOS):
-            raise self.error(f"attribute {name} of type {a.type} is not supported")
-        value = self.imp.onnx.helper.get_attribute_value(a)
-        if isinstance(value, bytes):
-            return value.decode()
-        if isinstance(value, list):
-            return [v.decode() if isinstance(v, bytes) else v for v in value]
-        return value
-
-    def has_attr(self, name: str) -> bool:
-        return name in self._attrs
-
-    def unread_attributes(self) -> list[str]:
-        return sorted(set(self._attrs) - self._read)
-
-    # ---- inputs ----------------------------------------------------------
-    @property
-    def n_inputs(self) -> int:
-        """Number of inputs, trailing omitted optional inputs not counted."""
-        names = list(self.node.input)
-        while names and not names[-1]:
-            names.pop()
-        return len(names)
-
-    def has_input(self, i: int) -> bool:
-        return i < len(self.node.input) and bool(self.node.input[i])
-
-    def static(self, i: int) -> np.ndarray | None:
-        """Input ``i``'s value if known at import time (initializer or folded)."""
-        s = self.imp.env.get(self.node.input[i]) if self.has_input(i) else None
-        return s.value if isinstance(s, Static) else None
-
-    def foldable(self, *idx: int) -> bool:
-        """True if the inputs are all import-time constants and none is trainable."""
-        idx = idx or tuple(i for i in range(self.n_inputs) if self.has_input(i))
-        vals = [self.imp.env.get(self.node.input[i]) for i in idx]
-        return all(isinstance(s, Static) and not s.trainable for s in vals)
-
-    def require_static(self, i: int, what: str) -> np.ndarray:
-        v = self.static(i)
-        if v is None:
-            raise self.error(f"input {i} ({what}) must be a constant (initializer or Constant); "
-                             f"computed {what} is not supported")
-        return v
-
-    def input(self, i: int, *, constant: bool = False, dtype: str | None = None) -> Value:
-        """Input ``i`` as a graph value (import-time values enter the graph here).
-
-        A trainable initializer becomes a ``param`` source unless ``constant``;
-        ``dtype`` casts an import-time value (never a computed one).
-        """
-        if not self.has_input(i):
-            raise self.error(f"input {i} is required")
-        return self.imp.value(self.node.input[i], constant=constant, dtype=dtype, ctx=self)
-
-    def shape(self, i: int) -> tuple[int, ...]:
-        s = self.passthrough(i)
-        return tuple(s.value.shape) if isinstance(s, Static) else s.shape
-
-    def passthrough(self, i: int) -> "Value | Static":
-        """Input ``i`` exactly as it is (for Identity-like nodes: no node is added)."""
-        if not self.has_input(i):
-            raise self.error(f"input {i} is required")
-        name = self.node.input[i]
-        if name not in self.imp.env:
-            raise self.error(f"tensor {name!r} is not produced by any earlier node, input or initializer")
-        return self.imp.env[name]
-
-    def output_used(self, i: int) -> bool:
-        return i < len(self.node.output) and bool(self.node.output[i]) and \
-            self.node.output[i] in self.imp.consumed
-
-    # ---- building --------------------------------------------------------
-    def apply(self, op_cls: type, params: dict, inputs, part: str | None = None) -> Value:
-        """Add ``op_cls(**params)`` over ``inputs``, named after the ONNX node (``/part`` for helpers)."""
-        name = self.imp.unique_name(self.base if part is None else f"{self.base}/{part}")
-        return self.imp.graph.apply(op_cls, params, list(inputs), name)
-
-    def constant(self, value, part: str) -> Value:
-        """A ``Constant`` op holding ``value``."""
-        return self.apply(Constant, {"value": np.asarray(value)}, [], part)
-
-
-class _Importer:
     def __init__(self, onnx, model, batch):
         self.onnx, self.model, self.g = onnx, model, model.graph
         self.graph = Graph(self.g.name or "onnx")
@@ -381,4 +226,4 @@ class _Importer:
         self.env[node.output[0]] = result
 
 
-__all__ = ["load", "OnnxImportError", "CONVERTERS", "converter", "NodeContext", "Static"]
+__all__ = ["load", "onnx_module", "Importer"]

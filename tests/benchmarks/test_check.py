@@ -8,7 +8,7 @@ import pytest
 
 import opgraph as og
 from opgraph.backends import registry
-from opgraph.benchmarks import check, driver, lowerings as lw
+from opgraph.benchmarks import check, driver, graph_column, lowerings as lw
 from opgraph.benchmarks.protocol import random_feeds, training_graph
 from opgraph.op import abstract_of
 from opgraph.ops import Conv2dBackwardFilter
@@ -183,7 +183,7 @@ def test_cuda_graph_adds_a_graph_column_from_the_same_compile(setup, monkeypatch
     s, (eager, graph) = graph_columns(setup)
     assert eager["lowering"] == "gemm" and graph["lowering"] == "gemm+graph"
     assert graph["status"] == "ok" and graph["check"]["passed"], graph.get("reason")
-    assert graph["check"]["new_input_max_diff"] <= driver.graph_follow_tolerance("float32")
+    assert graph["check"]["new_input_max_diff"] <= graph_column.graph_follow_tolerance("float32")
     assert set(graph["times"]) == set(eager["times"]) and len(graph["times"]["forward"]["times_ms"]) == 2
     assert graph["graph"]["forward"]["captured_steps"] == graph["graph"]["forward"]["steps"] > 0
     assert any(n.startswith("CUDA graphs:") for n in graph["notes"])
@@ -244,8 +244,8 @@ def test_the_new_input_is_made_and_written_on_the_replay_stream(setup):
     runner.graph_stream = Stream()
     runner.replay_all = lambda: runner.run(runner.sched.steps)
     s = driver.Settings(device="cpu", lowerings=[lw.Lowering("gemm")])
-    worst, why = driver._graph_follows(runner, exe, tg, feeds, s)
-    assert why is None and worst <= driver.graph_follow_tolerance("float32")
+    worst, why = graph_column.graph_follows(runner, exe, tg, feeds, s)
+    assert why is None and worst <= graph_column.graph_follow_tolerance("float32")
     assert [w for w, _ in log] == ["copy", "neg", "set", "set"]  # the last: the image written back
     assert all(d > 0 for _, d in log), log
 
@@ -253,12 +253,12 @@ def test_the_new_input_is_made_and_written_on_the_replay_stream(setup):
 def test_graph_check_compares_the_replay_with_the_eager_errors():
     eager = {"output": 1e-6, "max_grad": 2e-4, "finite": True, "non_finite": []}
     ok = {"output": 3e-6, "max_grad": 1.1e-3, "finite": True, "non_finite": []}
-    assert driver._graph_check(eager, ok) == (True, None)
+    assert graph_column.graph_check(eager, ok) == (True, None)
     stale = dict(ok, max_grad=0.9)  # a replay reading the wrong array
-    passed, why = driver._graph_check(eager, stale)
+    passed, why = graph_column.graph_check(eager, stale)
     assert not passed and "max_grad relative error 0.9" in why
     nan = dict(ok, finite=False, non_finite=["conv1.weight"])
-    assert driver._graph_check(eager, nan) == (False, "non-finite values in conv1.weight")
+    assert graph_column.graph_check(eager, nan) == (False, "non-finite values in conv1.weight")
 
 
 def test_a_lowering_that_does_not_time_gets_a_placeholder_graph_column(tiny):
@@ -285,6 +285,6 @@ def test_a_fused_pool_relu_gradient_is_checked_against_the_reference_relu_gradie
 
 def test_the_new_input_tolerance_follows_the_storage_dtype():
     # a nondeterministic sum stored in bf16 differs by its rounding (2^-8), a stale array by ~1
-    assert driver.graph_follow_tolerance("float32") == driver.graph_follow_tolerance("float64") == 1e-3
-    assert 2.0 ** -8 < driver.graph_follow_tolerance("bfloat16") < 0.1
-    assert driver.graph_follow_tolerance("float16") == driver.graph_follow_tolerance("bfloat16")
+    assert graph_column.graph_follow_tolerance("float32") == graph_column.graph_follow_tolerance("float64") == 1e-3
+    assert 2.0 ** -8 < graph_column.graph_follow_tolerance("bfloat16") < 0.1
+    assert graph_column.graph_follow_tolerance("float16") == graph_column.graph_follow_tolerance("bfloat16")

@@ -1,0 +1,180 @@
+"""``opgraph-bench``'s command line: the argument parser and the parsing of
+its values (model names and groups, lowerings, precisions, counts, seconds).
+A bad value is an ``argparse`` usage error naming the flag (exit status 2)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from opgraph.passes.policy import PRECISIONS
+
+from . import driver, lowerings as lw, report
+from .models import LAYERS, MODELS, WINNERS, resolve
+from .peer_torch import PEERS
+
+#: Names of model groups accepted by --model and --suite.
+GROUPS = {"all": WINNERS + LAYERS, "winners": WINNERS, "layers": LAYERS}
+
+
+def parse_models(text: str) -> list[str]:
+    """``--model`` value -> registry names: comma-separated names, aliases
+    (``overfeat_fast``, ``googlenet_v1``) or groups (``all``, ``winners``,
+    ``layers``), case-insensitive, duplicates dropped.
+
+    Raises:
+        argparse.ArgumentTypeError: an unknown name (argparse exits with 2).
+    """
+    names: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if part.lower() in GROUPS:
+            found = list(GROUPS[part.lower()])
+        else:
+            try:
+                found = [resolve(part)]
+            except KeyError:
+                raise argparse.ArgumentTypeError(
+                    f"unknown model {part!r}; choose from {', '.join(MODELS)}, the aliases "
+                    f"overfeat_fast and googlenet_v1, or the groups {', '.join(GROUPS)}") from None
+        names += [n for n in found if n not in names]
+    if not names:
+        raise argparse.ArgumentTypeError("no model given")
+    return names
+
+
+def _list_of(allowed, what: str):
+    def parse(text: str) -> list[str]:
+        items = list(dict.fromkeys(p.strip().lower() for p in text.split(",") if p.strip()))
+        bad = [i for i in items if i not in allowed]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(map(repr, bad)) or '(none)'}; "
+                                             f"choose from {', '.join(allowed)}")
+        return items
+    return parse
+
+
+def _lowerings(text: str) -> list[lw.Lowering]:
+    try:
+        return lw.parse_lowerings(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below the minimum {minimum}")
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    """``--time-limit`` value -> seconds, zero or more (``inf``: no limit).
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, negative or NaN (argparse
+            exits with 2 naming the flag): such a limit would skip every column.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if math.isnan(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a time of zero or more seconds")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="opgraph-bench",
+        description="Time the ImageNet winners of convnet-benchmarks (AlexNet, OverFeat-fast, VGG-A, "
+                    "GoogLeNet v1) and its layers L1-L5 built as opgraph graphs: forward, "
+                    "backward-data and backward-filter per lowering, per layer and end to end, each "
+                    "lowering checked against a float64 reference first; with --compare, PyTorch on "
+                    "the same model in the same run.",
+        epilog="Exit status: 0 ok; 2 usage error; 1 device or model failure; 3 some column is a "
+               "mismatch or an error (outputs written first).")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--model", type=parse_models, default=None, metavar="NAME[,NAME]",
+                      help="alexnet, overfeat, vgg_a, googlenet, L1..L5, or a group: winners (default), "
+                           "layers, all")
+    what.add_argument("--suite", choices=tuple(GROUPS), default=None,
+                      help="a group of models: winners (the four ImageNet models), layers (L1-L5), all")
+    p.add_argument("--onnx", action="append", default=[], metavar="PATH",
+                   help="also benchmark an ONNX network (one image input, one output); repeatable")
+    p.add_argument("--batch", type=_count(1), default=None,
+                   help="mini-batch (default: the seed's 128 / VGG-A 64 on a GPU and for --summary; "
+                        f"{driver.CPU_DEFAULT_BATCH} on the CPU)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: the GPU if CuPy sees one, else the CPU (default)")
+    p.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"), default="float32",
+                   help="storage dtype of inputs, parameters, activations and gradients (default "
+                        "float32; bfloat16 with --precision bf16 keeps the whole step in bf16, "
+                        "computing in fp32)")
+    p.add_argument("--lowering", type=_lowerings, default=None, metavar="LIST",
+                   help="columns: convolution algorithms (gemm, fft, winograd, direct, cudnn, ...), "
+                        "auto (autotune) or default; default: every algorithm the GPU runs plus "
+                        f"auto, or {','.join(lw.CPU_DEFAULT)} on the CPU")
+    # None when not given, so that a --policy file's precision and layout are not overridden
+    p.add_argument("--precision", type=_list_of(PRECISIONS, "precision"), default=None,
+                   metavar="LIST", help=f"comma-separated, from {', '.join(PRECISIONS)} (default: "
+                                        "the --policy file's, else fp32)")
+    p.add_argument("--layout", choices=("nchw", "nhwc"), default=None, type=str.lower,
+                   help="layout the policy asks for (default: the --policy file's, else nchw); "
+                        "NHWC applies on cuda only, to opgraph and the peer (channels_last) alike, "
+                        "and results record the layout applied")
+    p.add_argument("--policy", metavar="TOML", help="a base LoweringPolicy file (passes/policy.py)")
+    p.add_argument("--workspace-limit", default=None, metavar="BYTES",
+                   help="scratch budget per node, e.g. 512MiB (policy workspace_limit)")
+    p.add_argument("--workspace-tolerance", default=None, metavar="FRACTION",
+                   help="autotune keeps the smallest workspace among candidates within this "
+                        "fraction of the fastest, e.g. 0.03 or 3%% (policy workspace_tolerance; "
+                        "default 0.03, 0 keeps the fastest)")
+    p.add_argument("--compare", type=_list_of(PEERS, "peer"), default=[], metavar="PEERS",
+                   help="torch (PyTorch eager, cudnn.benchmark) and/or torch-compile, same run")
+    p.add_argument("--warmup", type=_count(0), default=None,
+                   help=f"untimed iterations (default {driver.GPU_WARMUP} on a GPU as the seed, "
+                        f"{driver.CPU_WARMUP} on the CPU)")
+    p.add_argument("--repeat", type=_count(1), default=None,
+                   help=f"timed calls per loop (default {driver.GPU_REPEAT} on a GPU, "
+                        f"{driver.CPU_REPEAT} on the CPU)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="also replay each phase as CUDA graphs: a column <lowering>+graph per lowering, "
+                        "from the same compiled graph (cuda only; steps that cannot be captured, "
+                        "e.g. cuBLAS calls, run eagerly between the graphs)")
+    p.add_argument("--no-per-layer", dest="per_layer", action="store_false",
+                   help="skip timing each layer alone")
+    p.add_argument("--no-check", dest="check", action="store_false",
+                   help="skip the float64 reference check (columns are then unchecked)")
+    p.add_argument("--time-limit", type=_seconds, default=None, metavar="SECONDS",
+                   help="start no new column after this many seconds, counted from the start of the run "
+                        "(the peak measurement included; the rest: 'skipped')")
+    p.add_argument("--summary", action="store_true",
+                   help="print per-layer output shape, parameters and forward GFLOP; run nothing")
+    p.add_argument("--format", choices=report.FORMATS, default="table")
+    p.add_argument("--output", metavar="PATH", help="write the result there instead of stdout "
+                   "(JSON is rewritten after every column, so a killed run keeps what it finished)")
+    p.add_argument("--plot", metavar="PATH.png", help="bar chart of forward + backward per model")
+    p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
+    p.add_argument("--seed", type=_count(0), default=0,
+                   help="seed of the random input and weights (0 or more; default 0)")
+    return p
+
+
+def model_names(args) -> list[str]:
+    """Built-in models to run: ``--model``, else ``--suite``, else the four
+    winners -- unless only ``--onnx`` files were asked for."""
+    if args.model is not None:
+        return args.model
+    if args.suite is None and getattr(args, "onnx", None):
+        return []
+    return list(GROUPS[args.suite or "winners"])
+
+
+__all__ = ["GROUPS", "parse_models", "build_parser", "model_names"]

@@ -79,11 +79,6 @@ def precisions(doc: dict) -> list[str]:
     return list(dict.fromkeys(precision_label(r) for r in doc["results"]))
 
 
-def columns(doc: dict) -> list[str]:
-    """Lowering and peer names in the order they ran."""
-    return list(dict.fromkeys(r["lowering"] for r in doc["results"]))
-
-
 def ordered(doc: dict, precision: str) -> list[dict]:
     """The results of the precision label ``precision`` (:func:`precision_label`): by model (run order), opgraph columns in
     run order, each ``<lowering>+graph`` right after its ``<lowering>``, then
@@ -258,6 +253,6 @@ def all_tables(doc: dict, *, per_layer_tflops: bool = False) -> list[Table]:
     return out + list(memory_tables(doc))
 
 
-__all__ = ["Table", "ordered", "precision_label", "fmt_ms", "fmt_num", "fmt_rate", "fmt_mib", "fmt_err", "precisions", "columns",
+__all__ = ["Table", "ordered", "precision_label", "fmt_ms", "fmt_num", "fmt_rate", "fmt_mib", "fmt_err", "precisions",
            "layout_label", "environment_table", "peak_table", "end_to_end_tables", "layer_tables", "memory_tables",
            "all_tables", "PEER_KINDS", "MARK"]

@@ -310,16 +310,10 @@ def plan_for(sig: ConvSignature, *, need_default: bool = True) -> ConvPlan:
     return plan
 
 
-def clear_cache() -> None:
-    """Forget every built graph (tests; a changed device)."""
-    with _LOCK:
-        _CACHE.clear()
-
-
 def cache_size() -> int:
     return len(_CACHE)
 
 
 __all__ = ["PRECISIONS", "IO_DTYPE", "OPERANDS", "EPILOGUES", "ConvSignature", "ConvPlan",
-           "cudnn_module", "handle", "workspace", "pointer", "build_graph", "plan_for", "clear_cache",
+           "cudnn_module", "handle", "workspace", "pointer", "build_graph", "plan_for",
            "cache_size"]

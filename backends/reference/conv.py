@@ -154,12 +154,6 @@ def check_gy(geom: ConvGeometry, gy_shape) -> None:
                          f"expected {geom.y_shape} for input {geom.x_shape} and weight {geom.w_shape}")
 
 
-def check_shape(name: str, shape, expected) -> None:
-    """Raise ShapeError unless an array argument has the shape the op implies."""
-    if tuple(shape) != tuple(expected):
-        raise ShapeError(f"conv2d: {name} has shape {tuple(shape)}, expected {tuple(expected)}")
-
-
 def pad_spatial(xp, a, padding, extra=(0, 0)):
     """Zero-pad the last two axes by ``((top, bottom), (left, right))``, plus
     ``extra = (rows, cols)`` more at the bottom/right (tiling slack)."""

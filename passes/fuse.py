@@ -1,7 +1,7 @@
 """The fuse pass: conv + bias + ReLU into one ``Conv2dBiasRelu`` node, and the
 gradient through a pooled ReLU into one ``MaxPool2dBackwardRelu`` node.
 
-A fused epilogue (cuDNN's conv -> bias -> relu graph, ``backends/cudnn.py``;
+A fused epilogue (cuDNN's conv -> bias -> relu graph, ``backends/cuda/cudnn.py``;
 on the other algorithms the ReLU applied in place on the fresh convolution
 output) saves one write and one read of the convolution output and one
 kernel launch. The rewrite applies to ``Relu(Conv2d(x, w, b))`` when

@@ -17,15 +17,15 @@ the result cast back (SEMANTICS.md: half storage accumulates in fp32).
 
 Registered at import (the names are the policy's algorithm names):
 
-===========  ==========================================  ===========================
-algorithm    functions                                   declines
-===========  ==========================================  ===========================
-direct       :mod:`.reference.conv` (the float64 oracle)  nothing
-reference    same functions as ``direct``                 nothing
-gemm         :mod:`.gemm` (im2col + GEMM)                 a GEMM dim >= 2^31
-fft          :mod:`.fft` (real FFTs)                      a transform plane >= 2^31
-winograd     :mod:`.winograd` (F(2x2|4x4, 3x3))           not 3x3, stride/dilation != 1
-===========  ==========================================  ===========================
+===========  ===================================================  ===========================
+algorithm    functions                                            declines
+===========  ===================================================  ===========================
+direct       :mod:`opgraph.backends.reference.conv` (the oracle)  nothing
+reference    same functions as ``direct``                         nothing
+gemm         :mod:`.gemm` (im2col + GEMM)                         a GEMM dim >= 2^31
+fft          :mod:`.fft` (real FFTs)                              a transform plane >= 2^31
+winograd     :mod:`.winograd` (F(2x2|4x4, 3x3))                   not 3x3, stride/dilation != 1
+===========  ===================================================  ===========================
 
 ``docs/algorithms.md`` describes each algorithm's trade-offs.
 """

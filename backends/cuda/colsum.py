@@ -246,7 +246,7 @@ def bias_add_backward(xp, gy, *, method="columns"):
     calls during stream capture; ``method='gemv'`` keeps the previous one
     cuBLAS matrix-vector product (``ones(N*H*W) @ rows``; float16 copied to
     float32 first), offered to the autotuner as a variant
-    (``cuda_rules.bias_variants``).
+    (``rules.bias_variants``).
 
     NCHW (either method): one product over the ``(N*C, H*W)`` rows, then one
     over N (below :data:`BIAS_GRAD_SUM_BELOW` elements a CuPy sum, which

@@ -268,7 +268,7 @@ def max_pool2d_backward(xp, x, gy, *, kernel_size, stride, padding, ceil_mode, s
     Recomputes each window's argmax from ``x`` (one kernel), then every input
     cell gathers the gradients of the windows it won (a second kernel).
     Reading the forward's output instead of recomputing was measured slower
-    on the H200 (``scripts/gpu_pool_bench.py`` history in docs/performance.md).
+    on the H200 (``scripts/gpu_kernel_bench.py``; history in docs/performance.md).
 
     Raises ShapeError when gy is not the pooled shape of x.
     """

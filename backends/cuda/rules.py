@@ -41,7 +41,7 @@ CUDA_KERNELS = {
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 
-#: Ops whose kernels take ``specialize`` (geometry compiled in: :mod:`.cuda_pool`).
+#: Ops whose kernels take ``specialize`` (geometry compiled in: :mod:`.pool`).
 SPECIALIZABLE = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.MaxPool2dSelect,
                  ops.AvgPool2d, ops.AvgPool2dBackward)
 

@@ -11,7 +11,7 @@ The sum is computed *directly*, tap by tap: for each kernel offset ``(p, q)`` th
 windows' ``(p, q)`` entries (one strided slice of the padded input, read through
 ``sliding_window_view``) are multiplied by ``w[:, :, p, q]`` with one batched
 matmul over the channels of each group. That keeps memory at O(input + output)
-(no im2col buffer, unlike :mod:`opgraph.backends.gemm`) while still running on
+(no im2col buffer, unlike :mod:`opgraph.backends.algorithms.gemm`) while still running on
 BLAS, so the float64 oracle stays usable at model sizes.
 
 The helpers here (:class:`ConvGeometry`, :func:`conv_geometry`, :func:`pad_spatial`,

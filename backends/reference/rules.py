@@ -1,7 +1,7 @@
 """Registers the NumPy reference kernels as the ``reference`` lowering of every op.
 
 The convolution reference (the ``direct`` algorithm) is registered with the
-other convolution algorithms in ``opgraph.backends.conv_rules``.
+other convolution algorithms in ``opgraph.backends.algorithms.rules``.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ INPLACE = {
 def params_kernel(fn, prefix: str = "reference", options: tuple = ()):
     """Wrap ``fn(xp, *arrays, **params)`` as a rule kernel ``(ctx, op, *arrays)``:
     the op's fields are the function's keyword arguments (shared by every
-    backend whose kernels follow that convention, e.g. ``cuda_rules``), plus
+    backend whose kernels follow that convention, e.g. ``cuda/rules.py``), plus
     those of ``options`` the kernel context sets (an autotune variant's
     choice, e.g. ``specialize``; unset ones keep ``fn``'s defaults). An
     ``out=`` array (an in-place step, ``Rule.inplace``) is passed on to

@@ -1,6 +1,6 @@
 """Every convolution algorithm x direction x parameter form against the float64
 direct reference (SEMANTICS.md tolerances), their decline reasons, and the
-registry glue of ``opgraph.backends.conv_rules``."""
+registry glue of ``opgraph.backends.algorithms.rules``."""
 
 import numpy as np
 import pytest

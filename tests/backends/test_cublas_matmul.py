@@ -1,4 +1,4 @@
-"""The cuBLAS matrix-product rules (backends/cublas_matmul.py) on the CPU.
+"""The cuBLAS matrix-product rules (backends/cuda/cublas.py, cublas_rules.py) on the CPU.
 
 What can go wrong without a GPU is the mapping of row-major operands onto
 column-major ``cublasGemmEx`` arguments. ``colmajor_gemm`` below does what

@@ -1,5 +1,5 @@
-"""bfloat16 storage in our CuPy kernels (cuda_elementwise, cuda_pool,
-cuda_loss) on the GPU, against the NumPy reference in float64 on the same
+"""bfloat16 storage in our CuPy kernels (backends/cuda: relu, colsum, lrn,
+pool, loss) on the GPU, against the NumPy reference in float64 on the same
 bfloat16 values.
 
 Every kernel takes bfloat16 (``ml_dtypes.bfloat16``) and returns bfloat16 in

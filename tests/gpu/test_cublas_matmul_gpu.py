@@ -1,4 +1,4 @@
-"""The cuBLAS matrix-product rules (backends/cublas_matmul.py) on the GPU,
+"""The cuBLAS matrix-product rules (backends/cuda/cublas.py, cublas_rules.py) on the GPU,
 against float64 NumPy, in every precision (SEMANTICS.md tolerances: fp32
 1e-4 on exact summation, TF32 5e-3, bf16/fp16 1e-2)."""
 

@@ -47,7 +47,7 @@ from opgraph.backends.registry import KernelContext, rules_for
 from opgraph.executable import Executable
 from opgraph.op import Source, abstract_of
 from opgraph.passes.autotune import relative_error, tolerance
-from opgraph.types import is_float, to_layout
+from opgraph.types import is_float, run_type, to_layout
 
 from .protocol import TrainingGraph
 
@@ -159,7 +159,7 @@ def check_lowering(exe: Executable, ref: Reference) -> CheckResult:
         if have is not None and tuple(have.shape) == g.node(nid).type.shape:
             return have
         op = abstract_of(g.node(nid).op)  # from the reference kernel on its inputs' values
-        kctx = KernelContext(xp, ref.device, {})
+        kctx = KernelContext(xp, ref.device, {}, run_type(g.node(nid).type, "float64"))
         memo[nid] = _reference_kernel(op)(kctx, op, *[expected(i) for i in g.input_ids(nid)])
         return memo[nid]
 

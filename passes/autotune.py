@@ -46,7 +46,7 @@ import numpy as np
 from opgraph.errors import LoweringError
 from opgraph.graph import Graph
 from opgraph.op import Lowered
-from opgraph.types import is_float, numpy_dtype, to_layout
+from opgraph.types import is_float, numpy_dtype, run_type, to_layout
 from opgraph.backends.registry import KernelContext, rules_for
 
 import attrs
@@ -156,13 +156,14 @@ def relative_error(xp, out, ref) -> float:
     return err if math.isfinite(err) else math.nan
 
 
-def _reference(op, arrays, xp, device):
+def _reference(op, arrays, xp, device, out_type=None):
     rules = rules_for(type(op))
     for algo in REFERENCE_ALGORITHMS:
         if algo in rules:
             hi = [a.astype(xp.float64) if a.dtype.kind == "f" or str(a.dtype) == "bfloat16" else a
                   for a in arrays]
-            return rules[algo].kernel(KernelContext(xp, device, {}), op, *hi)
+            ctx = KernelContext(xp, device, {}, None if out_type is None else run_type(out_type, "float64"))
+            return rules[algo].kernel(ctx, op, *hi)
     return None
 
 
@@ -237,11 +238,11 @@ class AutotunePass(Pass):
         replacing a floating one) is ``wrong``: a float32 result in a bf16
         graph would turn every later value into float32."""
         xp, policy = ctx.xp, ctx.policy
-        want = None if out_type is None else (
-            ctx.dtype if ctx.dtype and is_float(out_type.dtype) else out_type.dtype)
+        run_as = None if out_type is None else run_type(out_type, ctx.dtype)
+        want = None if run_as is None else run_as.dtype
         arrays = random_inputs(types, xp, ctx.seed, ctx.dtype)
         try:
-            ref = _reference(op, arrays, xp, ctx.device)
+            ref = _reference(op, arrays, xp, ctx.device, out_type)
         except Exception:
             ref = None
         dtype = str(arrays[0].dtype) if arrays else "float32"
@@ -253,7 +254,7 @@ class AutotunePass(Pass):
             if policy.workspace_limit is not None and c.workspace > policy.workspace_limit:
                 c.status, c.reason = "over budget", f"workspace > limit {policy.workspace_limit:,d} B"
                 continue
-            kctx = KernelContext(xp, ctx.device, dict(opts))
+            kctx = KernelContext(xp, ctx.device, dict(opts), run_as)
             try:
                 out = rule.kernel(kctx, op, *arrays)
             except Exception as e:  # includes device out-of-memory errors

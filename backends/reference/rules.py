@@ -11,14 +11,19 @@ from opgraph import ops
 from ..registry import Rule, register
 from . import broadcast, elementwise, linear, loss, lrn, norm, pool, shape, tensor
 
+#: abstract op type -> reference kernel ``(ctx, op, *arrays)`` reading the node's
+#: geometry (the op's canonical fields, ``ctx.out_type``).
+NODE_KERNELS = {
+    ops.MaxPool2d: pool.max_pool2d_kernel,
+    ops.MaxPool2dBackward: pool.max_pool2d_backward_kernel,
+    ops.MaxPool2dBackwardRelu: pool.max_pool2d_backward_relu_kernel,
+    ops.MaxPool2dSelect: pool.max_pool2d_select_kernel,
+    ops.AvgPool2d: pool.avg_pool2d_kernel,
+    ops.AvgPool2dBackward: pool.avg_pool2d_backward_kernel,
+}
+
 #: abstract op type -> reference function ``fn(xp, *arrays, **op.params())``.
 REFERENCE_KERNELS = {
-    ops.MaxPool2d: pool.max_pool2d,
-    ops.MaxPool2dBackward: pool.max_pool2d_backward,
-    ops.MaxPool2dBackwardRelu: pool.max_pool2d_backward_relu,
-    ops.MaxPool2dSelect: pool.max_pool2d_select,
-    ops.AvgPool2d: pool.avg_pool2d,
-    ops.AvgPool2dBackward: pool.avg_pool2d_backward,
     ops.Relu: elementwise.relu,
     ops.ReluBackward: elementwise.relu_backward,
     ops.Threshold: elementwise.threshold,
@@ -94,6 +99,7 @@ def params_kernel(fn, prefix: str = "reference", options: tuple = ()):
 
 # Every reference kernel returns a new array, never a view of an input (each
 # module's docstring says so): ``fresh_output``.
-for _op_type, _fn in REFERENCE_KERNELS.items():
-    register(Rule(_op_type, "reference", params_kernel(_fn), tags={"reference"},
+for _op_type, _kernel in [*NODE_KERNELS.items(),
+                          *((t, params_kernel(fn)) for t, fn in REFERENCE_KERNELS.items())]:
+    register(Rule(_op_type, "reference", _kernel, tags={"reference"},
                   inplace=INPLACE.get(_op_type), fresh_output=True))

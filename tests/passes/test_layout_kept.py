@@ -63,8 +63,8 @@ def test_every_4d_step_output_is_channels_last_and_values_are_unchanged():
         if t.ndim == 4:
             graph.nx.nodes[n]["type"] = attrs.evolve(t, layout="NHWC")
 
-    def resolve(op):
-        return rules_for(type(op.op))[op.algorithm].kernel, KernelContext(np, "cpu", op.option_dict)
+    def resolve(op, out_type):
+        return rules_for(type(op.op))[op.algorithm].kernel, KernelContext(np, "cpu", op.option_dict, out_type)
 
     nhwc = Executable(graph, exe.outputs, resolve, xp=np)
     rng = np.random.default_rng(0)

@@ -27,7 +27,7 @@ from opgraph.backends.registry import lookup, rules_for
 from opgraph.executable import Executable
 from opgraph.op import abstract_of
 from opgraph.ops import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter
-from opgraph.passes.lower import decline_reason, policy_options
+from opgraph.passes.lower import decline_reason, policy_options, storage_dtype
 from opgraph.passes.policy import LoweringPolicy
 
 from .protocol import TrainingGraph
@@ -144,7 +144,8 @@ def applicability(tg: TrainingGraph, lowering: Lowering, device: str,
     for node in conv_nodes(tg):
         rule = lookup(type(node.op), algo)
         out[node.name] = decline_reason(rule, node.op, node.input_types, device, policy,
-                                        policy_options(rule, policy), padded_ok=True)
+                                        policy_options(rule, policy, storage_dtype(node.input_types)),
+                                        padded_ok=True)
     return out
 
 

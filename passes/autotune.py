@@ -53,7 +53,7 @@ import attrs
 
 from .autotune_cache import AutotuneCache, cache_key
 from .base import Pass, PassContext
-from .lower import policy_options, rule_workspace, survey
+from .lower import policy_options, rule_workspace, storage_dtype, survey
 from .report import Candidate
 
 REFERENCE_ALGORITHMS = ("reference", "direct")
@@ -184,7 +184,7 @@ class AutotunePass(Pass):
                 continue
             op, types = view.op.op, view.input_types
             s = survey(view.name, op, types, ctx.device, unlimited,
-                       force_name=ctx.aliases.get(view.name, view.name))
+                       force_name=ctx.aliases.get(view.name, view.name), dtype=ctx.dtype)
             rec = ctx.report.nodes.get(view.name)
             if s.forced is not None or rec is None:
                 continue
@@ -195,13 +195,16 @@ class AutotunePass(Pass):
             hit = cache.get(key)
             rows, algorithm, cached_opts = rechoose(hit, policy.workspace_tolerance) if hit else ([], None, {})
             rule = next((r for r, _ in applicable if r.algorithm == algorithm), None)
+            storage = storage_dtype(types, ctx.dtype)
             if rule is not None:  # reuse: nothing runs, not even the variants enumeration
-                opts = {**policy_options(rule, policy), **cached_opts}
+                opts = {**policy_options(rule, policy, storage), **cached_opts}
                 rec.how, rec.candidates = "cache", rows
                 rec.cache_key = key
             else:
-                cands = [(r, {**policy_options(r, policy), **variant}) for r, _ in applicable
-                         for variant in _variants(r, op, types, ctx.device, policy_options(r, policy))]
+                cands = []
+                for r, _ in applicable:
+                    base = policy_options(r, policy, storage)
+                    cands += [(r, {**base, **variant}) for variant in _variants(r, op, types, ctx.device, base)]
                 if len(cands) < 2:
                     continue
                 rec.cache_key = key

@@ -25,7 +25,9 @@ Rule tags read here (the contract with the backends):
 * ``symmetric_padding_only``: it runs symmetric padding only (the asymmetric
   excess must be explicit);
 * ``option:precision`` / ``option:workspace_limit``: its kernel takes that
-  keyword option, filled from the policy (precision only when not ``fp32``).
+  keyword option, filled from the policy: the precision resolved for the
+  node's storage (``opgraph/precision.py``), always, and the workspace limit
+  when there is one.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ import warnings
 
 import attrs
 
+from opgraph import precision as precisions
 from opgraph.errors import LoweringError
 from opgraph.graph import Graph
 from opgraph.op import Lowered, Op, Source
+from opgraph.types import is_float, run_type
 from opgraph.backends.registry import Rule, rules_for
 
 from .base import Pass, PassContext
@@ -70,11 +74,21 @@ def explicit_padding(rule: Rule, op: Op, policy: LoweringPolicy) -> tuple:
     return NO_PADDING
 
 
-def policy_options(rule: Rule, policy: LoweringPolicy) -> dict:
-    """Kernel options a rule takes from the policy (see the ``option:`` tags)."""
+def storage_dtype(in_types, dtype: str | None = None) -> str | None:
+    """The floating storage a node runs in: its first floating input's dtype,
+    or ``dtype`` (``compile(dtype=...)``) replacing it; None without one."""
+    t = next((t for t in in_types if is_float(t.dtype)), None)
+    return None if t is None else run_type(t, dtype).dtype
+
+
+def policy_options(rule: Rule, policy: LoweringPolicy, storage: str | None) -> dict:
+    """Kernel options a rule takes from the policy (see the ``option:`` tags):
+    the precision resolved for a node of floating storage ``storage``
+    (:func:`opgraph.precision.resolve`, always given, ``fp32`` too) and the
+    workspace limit."""
     out = {}
-    if OPTION_TAGS["precision"] in rule.tags and policy.precision != "fp32":
-        out["precision"] = policy.precision
+    if OPTION_TAGS["precision"] in rule.tags:
+        out["precision"] = precisions.resolve(policy.precision, storage)
     if OPTION_TAGS["workspace_limit"] in rule.tags and policy.workspace_limit is not None:
         out["workspace_limit"] = policy.workspace_limit
     return out
@@ -132,8 +146,11 @@ class Survey:
 
 
 def survey(name: str, op: Op, in_types, device: str, policy: LoweringPolicy, *,
-           padded_ok: bool = False, force_name: str | None = "") -> Survey:
+           padded_ok: bool = False, force_name: str | None = "", dtype: str | None = None) -> Survey:
     """Candidates of node ``name`` running ``op`` on ``in_types`` and why each declines.
+
+    ``dtype`` is the compile-time floating dtype (``compile(dtype=...)``), the
+    storage the node's precision is resolved for (:func:`policy_options`).
 
     ``force_name`` is the name ``policy.force`` keys are matched against
     (``""``: ``name``; ``None``: the node cannot be forced, e.g. a ``Pad``
@@ -144,13 +161,14 @@ def survey(name: str, op: Op, in_types, device: str, policy: LoweringPolicy, *,
             its op type.
     """
     rules = rules_for(type(op))
+    storage = storage_dtype(in_types, dtype)
     forced = None if force_name is None else policy.forced(force_name or name)
     if forced is not None:
         if forced not in rules:
             raise LoweringError(f"node {name} ({op.name}): forced algorithm {forced!r} has no rule "
                                 f"for {op.name} (registered: {sorted(rules) or 'none'})")
         rule = rules[forced]
-        opts = policy_options(rule, policy)
+        opts = policy_options(rule, policy, storage)
         why = decline_reason(rule, op, in_types, device, policy, opts, padded_ok=padded_ok)
         return Survey((forced,), ((rule, opts, why),), forced)
     order = [a for a in policy.order(op.name, device) if a in rules]
@@ -158,7 +176,7 @@ def survey(name: str, op: Op, in_types, device: str, policy: LoweringPolicy, *,
     entries = []
     for algo in order:
         rule = rules[algo]
-        opts = policy_options(rule, policy)
+        opts = policy_options(rule, policy, storage)
         why = policy.exclusion(algo, rule.tags) or decline_reason(
             rule, op, in_types, device, policy, opts, padded_ok=padded_ok)
         entries.append((rule, opts, why))
@@ -166,14 +184,14 @@ def survey(name: str, op: Op, in_types, device: str, policy: LoweringPolicy, *,
 
 
 def choose(name: str, op: Op, in_types, device: str, policy: LoweringPolicy, *,
-           force_name: str | None = "") -> tuple[Rule, dict, Survey]:
+           force_name: str | None = "", dtype: str | None = None) -> tuple[Rule, dict, Survey]:
     """The rule (and options) the policy gives this node, with its survey.
 
     Raises:
         LoweringError: the forced algorithm declines (names node, algorithm,
             reason), or no candidate applies (lists every reason).
     """
-    s = survey(name, op, in_types, device, policy, force_name=force_name)
+    s = survey(name, op, in_types, device, policy, force_name=force_name, dtype=dtype)
     if s.forced is not None:
         rule, opts, why = s.entries[0]
         if why is not None:
@@ -206,7 +224,7 @@ class LowerPass(Pass):
             if not is_abstract(op):
                 continue
             rule, opts, s = choose(view.name, op, types, ctx.device, policy,
-                                   force_name=ctx.aliases.get(view.name, view.name))
+                                   force_name=ctx.aliases.get(view.name, view.name), dtype=ctx.dtype)
             lowered = Lowered(op, rule.algorithm, ctx.device, opts)
             graph.replace_op(view.id, lowered)
             ctx.report.record(NodeReport(

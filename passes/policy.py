@@ -27,7 +27,8 @@ TOML schema (``LoweringPolicy.from_toml``; every key optional)::
     workspace_limit = "512MiB"    # int bytes, or a string with B/KB/MB/GB/KiB/MiB/GiB
     workspace_tolerance = 0.03    # 0..1 or "3%": autotune keeps the smallest workspace
                                   # among candidates within 3 % of the fastest; 0 = off
-    precision = "fp32"            # fp32 | tf32 | bf16 | fp16
+    precision = "fp32"            # fp32 | tf32 | bf16 | fp16 (opgraph/precision.py); fp32 on
+                                  # float16/bfloat16 storage means the storage's own (fp16/bf16)
     layout = "NCHW"               # NCHW | NHWC (NHWC only acted on for cuda)
     include = ["optional-tag"]    # algorithm names or rule tags
     exclude = ["winograd"]
@@ -56,9 +57,10 @@ from typing import Any, Mapping
 import attrs
 
 from opgraph import ops
+from opgraph import precision as precisions
 from opgraph.errors import ParameterError
+from opgraph.precision import PRECISIONS  # re-exported: the CLI lists them
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 LAYOUTS = ("NCHW", "NHWC")
 CONV_OPS = ("Conv2d", "Conv2dBackwardData", "Conv2dBackwardFilter")
 OP_TYPES = tuple(sorted(ops.__all__))
@@ -206,6 +208,13 @@ def parse_fraction(value, key: str = "workspace_tolerance") -> float:
     return float(number)
 
 
+def _precision(inst, attribute, value):
+    try:
+        precisions.check(value)
+    except ParameterError as e:
+        raise _err(e.param, e.value, e.why) from None
+
+
 def _choice(key: str, allowed):
     def check(inst, attribute, value):
         if value not in allowed:
@@ -244,7 +253,10 @@ class LoweringPolicy:
     #: Autotune: among the correct, fully timed candidates whose median is within
     #: ``(1 + workspace_tolerance) x`` the fastest, the smallest workspace wins.
     workspace_tolerance: float = attrs.field(default=0.03, converter=parse_fraction)
-    precision: str = attrs.field(default="fp32", validator=_choice("precision", PRECISIONS))
+    #: The precision asked of compute-bound kernels (``opgraph/precision.py``);
+    #: each node gets ``precision.resolve(precision, its storage)``: this,
+    #: except that ``fp32`` on half storage is the storage's own.
+    precision: str = attrs.field(default="fp32", validator=_precision)
     layout: str = attrs.field(default="NCHW", validator=_choice("layout", LAYOUTS),
                               converter=lambda v: v.upper() if isinstance(v, str) else v)  # nhwc = NHWC
     explicit_padding: frozenset = attrs.field(default=frozenset(), converter=_names("explicit_padding"))
@@ -399,34 +411,5 @@ def _dedupe(items) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
-# ---- argparse wiring for the benchmark CLI --------------------------------
-def add_cli_arguments(parser) -> None:
-    """Add ``--lowering``, ``--policy``, ``--autotune``, ``--precision``,
-    ``--workspace-limit`` and ``--workspace-tolerance`` to an ``argparse`` parser
-    (read by :func:`policy_from_args`)."""
-    g = parser.add_argument_group("lowering policy")
-    g.add_argument("--lowering", default=None, metavar="SPEC",
-                   help="e.g. 'conv=fft+gemm,pool=reference', a bare algorithm 'gemm', "
-                        "'@conv2=fft' (force a node), 'exclude=winograd', 'auto' (autotune)")
-    g.add_argument("--policy", default=None, metavar="FILE", help="TOML policy file (docs/policy.md)")
-    g.add_argument("--autotune", action="store_true", help="time every applicable candidate per node")
-    g.add_argument("--precision", default=None, choices=PRECISIONS, help="math precision (default fp32)")
-    g.add_argument("--workspace-limit", default=None, metavar="BYTES",
-                   help="scratch budget per node, e.g. 512MiB (default: none)")
-    g.add_argument("--workspace-tolerance", default=None, metavar="FRACTION",
-                   help="autotune keeps the smallest workspace among candidates this close to "
-                        "the fastest, e.g. 0.03 or 3%% (default 0.03; 0: the fastest)")
-
-
-def policy_from_args(args) -> LoweringPolicy:
-    """The policy described by the arguments :func:`add_cli_arguments` added."""
-    return LoweringPolicy.from_cli(lowering=getattr(args, "lowering", None),
-                                   policy_file=getattr(args, "policy", None),
-                                   autotune=getattr(args, "autotune", False),
-                                   precision=getattr(args, "precision", None),
-                                   workspace_limit=getattr(args, "workspace_limit", None),
-                                   workspace_tolerance=getattr(args, "workspace_tolerance", None))
-
-
 __all__ = ["LoweringPolicy", "PolicyError", "ALIASES", "DEFAULT_ORDER", "PRECISIONS", "LAYOUTS",
-           "CONV_OPS", "parse_bytes", "parse_fraction", "add_cli_arguments", "policy_from_args"]
+           "CONV_OPS", "parse_bytes", "parse_fraction"]

@@ -269,7 +269,7 @@ def test_autotune_enumerates_both_methods_as_candidates():
     op, policy = ops.BiasAddBackward(), LoweringPolicy()
     types = (TensorType((8, 5, 6, 6), layout="NHWC"),)
     applicable = survey("conv.grad/bias_add_backward", op, types, "cuda", policy).applicable
-    cands = [(r.algorithm, {**policy_options(r, policy), **v}) for r, _ in applicable
-             for v in _variants(r, op, types, "cuda", policy_options(r, policy))]
+    cands = [(r.algorithm, {**policy_options(r, policy, "float32"), **v}) for r, _ in applicable
+             for v in _variants(r, op, types, "cuda", policy_options(r, policy, "float32"))]
     assert ("cuda", {}) in cands and ("cuda", {"method": "gemv"}) in cands
     assert "cuda:bias_variants" in candidate_set(applicable)  # part of the autotune cache key

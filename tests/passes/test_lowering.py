@@ -193,3 +193,27 @@ def test_lowered_nodes_compute_the_reference_result():
         got = og.compile(outs, policy=policy)(grad_outputs={outs[0]: gy}, **feeds)
         for a, b in zip(got, ref):
             assert np.linalg.norm(a - b) <= 1e-4 * np.linalg.norm(b)
+
+
+@pytest.mark.parametrize("storage, compile_dtype, asked, want", [
+    ("float32", None, "fp32", "fp32"),        # given even when it is fp32: no "absent"
+    ("bfloat16", None, "fp32", "bf16"),       # fp32 on half storage: the storage's own
+    ("float32", "bfloat16", "fp32", "bf16"),  # the storage the node runs in counts
+    ("bfloat16", None, "tf32", "tf32"),       # any other precision as asked
+    ("float32", None, "bf16", "bf16"),
+])
+def test_the_resolved_precision_is_always_passed(monkeypatch, storage, compile_dtype, asked, want):
+    """A rule tagged ``option:precision`` always gets the precision resolved for
+    the node's storage (opgraph/precision.py), so that no kernel decides what
+    an absent precision means."""
+    from opgraph.backends.registry import Rule
+
+    install_scale_rules(monkeypatch, ["reference"])
+    install_rule(monkeypatch, Scale, Rule(Scale, "exact", lambda ctx, op, x: 2 * x,
+                                          tags={"option:precision"}))
+    g = og.Graph()
+    y = g.add_node(Scale(), [g.input("x", (2, 3), storage)], name="s")
+    ctx = PassContext(policy=LoweringPolicy(prefer={"*": ["exact"]}, precision=asked), dtype=compile_dtype)
+    LowerPass()(g, [y], ctx)
+    rec = ctx.report.node("s")
+    assert rec.algorithm == "exact" and rec.options == {"precision": want}

@@ -1,11 +1,9 @@
 """LoweringPolicy: construction, TOML loading, CLI strings, queries."""
 
-import argparse
 
 import pytest
 
-from opgraph.passes.policy import (DEFAULT_ORDER, LoweringPolicy, PolicyError, add_cli_arguments,
-                                   parse_bytes, policy_from_args)
+from opgraph.passes.policy import DEFAULT_ORDER, LoweringPolicy, PolicyError, parse_bytes
 
 GOOD_TOML = """
 autotune = true
@@ -157,16 +155,15 @@ def test_cli_flags_go_before_the_file(tmp_path):
     assert p.forced("conv1") == "direct" and p.precision == "fp16"
 
 
-def test_argparse_wiring(tmp_path):
-    parser = argparse.ArgumentParser()
-    add_cli_arguments(parser)
+def test_cli_strings(tmp_path):
+    """What the benchmark CLI passes (``add_cli_arguments`` is gone: the CLI
+    declares its own flags and calls ``from_cli``)."""
     path = write(tmp_path, "exclude = ['winograd']\n")
-    args = parser.parse_args(["--lowering", "conv=fft", "--policy", str(path), "--autotune",
-                              "--precision", "tf32", "--workspace-limit", "64MiB"])
-    p = policy_from_args(args)
+    p = LoweringPolicy.from_cli("conv=fft", policy_file=str(path), autotune=True, precision="tf32",
+                                workspace_limit="64MiB")
     assert p.prefer["conv"] == ("fft",) and p.exclude == {"winograd"}
     assert p.autotune and p.precision == "tf32" and p.workspace_limit == 64 * 2**20
-    assert policy_from_args(parser.parse_args([])) == LoweringPolicy()
+    assert LoweringPolicy.from_cli() == LoweringPolicy()
 
 
 def test_policy_is_frozen_and_compared_by_value():

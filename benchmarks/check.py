@@ -46,14 +46,15 @@ import opgraph as og
 from opgraph.backends.registry import KernelContext, rules_for
 from opgraph.executable import Executable
 from opgraph.op import Source, abstract_of
+from opgraph.ops import of_family
 from opgraph.passes.autotune import relative_error, tolerance
 from opgraph.types import is_float, run_type, to_layout
 
-from .protocol import TrainingGraph
+from .protocol import LAYER_FAMILIES, TrainingGraph
 
 #: Abstract ops whose steps the per-node check runs (see the module docstring).
-CHECKED_OPS = frozenset({"Conv2d", "Conv2dBiasRelu", "Conv2dBackwardData", "Conv2dBackwardFilter",
-                         "Pad", "PadBackward", "Linear", "MatMul", "BiasAddBackward"})
+CHECKED_OPS = frozenset({t.__name__ for f in LAYER_FAMILIES for t in of_family(f)}
+                        | {"Pad", "PadBackward", "BiasAddBackward"})
 #: (lowered op, abstract op at the same node id) pairs computing the same value.
 _SAME_VALUE = {("PadBackward", "Conv2dBackwardData")}
 _REFERENCE_ALGORITHMS = ("reference", "direct")

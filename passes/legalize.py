@@ -5,7 +5,9 @@ or only symmetric padding (cuDNN's legacy API). For a convolution node whose
 lowering will be such an algorithm, the padding ``E`` it cannot take moves
 into explicit nodes (``P`` is the node's padding, ``P - E`` what stays implicit):
 
-* ``Conv2d(P)(x, w[, b])``  ->  ``Conv2d(P - E)(Pad(E)(x), w[, b])``;
+* ``Conv2d(P)(x, w[, b])``  ->  ``Conv2d(P - E)(Pad(E)(x), w[, b])`` (so also the
+  fused ``Conv2dBiasRelu(P)(x, w, b)``: every op of family ``conv`` whose
+  direction is not ``dgrad`` pads its first input);
 * ``Conv2dBackwardFilter(P)(x, gy)``  ->  ``Conv2dBackwardFilter(P - E)(Pad(E)(x), gy)``;
 * ``Conv2dBackwardData(P, input_shape=S)(gy, w)``  ->
   ``PadBackward(E)(Conv2dBackwardData(P - E, input_shape=S + E)(gy, w))``.
@@ -36,12 +38,10 @@ import attrs
 
 from opgraph.errors import ShapeError
 from opgraph.graph import Graph, Value
-from opgraph.ops import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, Pad, PadBackward
+from opgraph.ops import Pad, PadBackward
 
 from .base import Pass, PassContext
 from .lower import NO_PADDING, explicit_padding, is_abstract, survey
-
-CONV_TYPES = (Conv2d, Conv2dBackwardData, Conv2dBackwardFilter)
 
 
 def _fresh(graph: Graph, base: str) -> str:
@@ -104,7 +104,7 @@ def legalize_node(graph: Graph, view, extra, ctx: PassContext) -> None:
     """Rewrite conv node ``view`` so that padding ``extra`` is explicit."""
     op, name = view.op, view.name
     inner_op = attrs.evolve(op, padding=_minus(op.padding, extra))
-    if isinstance(op, Conv2dBackwardData):
+    if op.direction == "dgrad":
         (top, bottom), (left, right) = extra
         n, c, h, w = op.input_shape
         inner_op = attrs.evolve(inner_op, input_shape=(n, c, h + top + bottom, w + left + right))
@@ -112,13 +112,13 @@ def legalize_node(graph: Graph, view, extra, ctx: PassContext) -> None:
         rewire(graph, view.id, PadBackward(padding=extra), [inner])
         ctx.aliases[inner.name] = ctx.aliases.get(name, name)  # force keys of the conv follow it
         ctx.aliases[name] = None  # the crop itself is not forceable
-    else:  # Conv2d (x, w[, b]) and Conv2dBackwardFilter (x, gy): pad x
+    else:  # Conv2d (x, w[, b]), Conv2dBiasRelu (x, w, b), Conv2dBackwardFilter (x, gy): pad x
         x, *rest = view.inputs
         padded = graph.add_node(Pad(padding=extra), [x], name=_fresh(graph, f"{name}/pad"))
         ctx.aliases[padded.name] = None
         rewire(graph, view.id, inner_op, [padded, *rest])
     ctx.report.note(f"legalize: {name}: padding {extra} made explicit "
-                    f"({'PadBackward after' if isinstance(op, Conv2dBackwardData) else 'Pad before'} "
+                    f"({'PadBackward after' if op.direction == 'dgrad' else 'Pad before'} "
                     f"{op.name}, implicit padding left {inner_op.padding})")
 
 
@@ -129,7 +129,7 @@ class LegalizePass(Pass):
 
     def run(self, graph: Graph, outputs, ctx: PassContext) -> Graph:
         for view in list(graph.nodes_in_order(outputs)):
-            if not (is_abstract(view.op) and isinstance(view.op, CONV_TYPES)):
+            if not (is_abstract(view.op) and view.op.family == "conv"):
                 continue
             if view.op.padding == NO_PADDING:
                 continue

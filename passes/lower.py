@@ -64,9 +64,9 @@ def explicit_padding(rule: Rule, op: Op, policy: LoweringPolicy) -> tuple:
     ``rule`` (``((0, 0), (0, 0))`` when none): all of it for a rule tagged
     ``needs_explicit_padding`` or listed in ``policy.explicit_padding``, the
     asymmetric excess (``t - min(t, b)``, ...) for ``symmetric_padding_only``."""
-    pad = getattr(op, "padding", None)
-    if pad is None or type(op).__name__ not in ("Conv2d", "Conv2dBackwardData", "Conv2dBackwardFilter"):
+    if op.family != "conv":  # pooling pads with -inf: never a Pad node's zeros
         return NO_PADDING
+    pad = op.padding
     if NEEDS_EXPLICIT_PADDING in rule.tags or policy.needs_explicit_padding(rule.algorithm):
         return tuple(tuple(p) for p in pad)
     if SYMMETRIC_PADDING_ONLY in rule.tags:

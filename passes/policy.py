@@ -15,9 +15,9 @@ The user swaps implementations here, never in the model. A policy holds
   legalize pass pads for), ``cache``.
 
 Op-type keys are op class names (``Conv2d``, case-insensitive), family aliases
-(:data:`ALIASES`: ``conv`` = the three convolution ops, ``conv_fwd`` /
-``conv_dgrad`` / ``conv_wgrad`` one direction each, ``pool``, ...) or ``*``
-(every op). A node's preference list concatenates every key covering its
+(:data:`ALIASES`, derived from each op's ``family`` and ``direction``
+declaration: ``conv`` = the convolution ops, ``conv_fwd`` / ``conv_dgrad`` /
+``conv_wgrad`` one direction each, ``pool``, ...) or ``*`` (every op). A node's preference list concatenates every key covering its
 type, most specific first (op name, then direction alias, then family, then
 ``*``).
 
@@ -62,24 +62,29 @@ from opgraph.errors import ParameterError
 from opgraph.precision import PRECISIONS  # re-exported: the CLI lists them
 
 LAYOUTS = ("NCHW", "NHWC")
-CONV_OPS = ("Conv2d", "Conv2dBackwardData", "Conv2dBackwardFilter")
 OP_TYPES = tuple(sorted(ops.__all__))
 
-#: Family and direction aliases usable as ``prefer`` keys.
-ALIASES: dict[str, tuple[str, ...]] = {
-    "conv": CONV_OPS,
-    "conv_fwd": ("Conv2d",),
-    "conv_dgrad": ("Conv2dBackwardData",),
-    "conv_wgrad": ("Conv2dBackwardFilter",),
-    "pool": ("MaxPool2d", "MaxPool2dBackward", "MaxPool2dBackwardRelu", "MaxPool2dSelect", "AvgPool2d",
-             "AvgPool2dBackward"),
-    "relu": ("Relu", "ReluBackward", "Threshold", "ThresholdBackward"),
-    "lrn": ("LocalResponseNorm", "LocalResponseNormBackward"),
-    "linear": ("Linear", "MatMul"),
-    "softmax": ("Softmax", "SoftmaxBackward", "LogSoftmax", "LogSoftmaxBackward",
-                "CrossEntropy", "CrossEntropyBackward"),
-    "*": OP_TYPES,
-}
+
+def _family_aliases() -> dict[str, tuple[str, ...]]:
+    """``family`` and ``family_direction`` -> the op names declaring them
+    (``Op.family``, ``Op.direction``): an op added to ``opgraph.ops`` gets
+    its aliases from its own declaration."""
+    out: dict[str, list[str]] = {}
+    for name in OP_TYPES:
+        op = getattr(ops, name)
+        if op.family is not None:
+            out.setdefault(op.family, []).append(name)
+            if op.direction is not None:
+                out.setdefault(f"{op.family}_{op.direction}", []).append(name)
+    return {k: tuple(v) for k, v in sorted(out.items())}
+
+
+#: Family and direction aliases usable as ``prefer`` keys (``conv``,
+#: ``conv_fwd``, ``conv_dgrad``, ``conv_wgrad``, ``pool``, ``relu``, ``lrn``,
+#: ``linear``, ``softmax``, ``norm``, ...), and ``*`` for every op.
+ALIASES: dict[str, tuple[str, ...]] = {**_family_aliases(), "*": OP_TYPES}
+#: The convolution ops: their default order is the device's conv order.
+CONV_OPS = ALIASES["conv"]
 
 #: Default candidate order per device: convolutions, then every other op.
 #: CPU convolutions: gemm first, then direct. Measured on the 2-core CI machine

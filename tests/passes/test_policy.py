@@ -197,3 +197,46 @@ def test_layout_is_case_insensitive_like_the_cli(tmp_path):
     assert p.layout == "NHWC"
     with pytest.raises(PolicyError, match="layout"):
         LoweringPolicy(layout="chwn")
+
+
+#: The aliases as policy.py spelled them out before ops declared their family.
+EARLIER_ALIASES = {
+    "conv": {"Conv2d", "Conv2dBackwardData", "Conv2dBackwardFilter"},
+    "conv_fwd": {"Conv2d"}, "conv_dgrad": {"Conv2dBackwardData"}, "conv_wgrad": {"Conv2dBackwardFilter"},
+    "pool": {"MaxPool2d", "MaxPool2dBackward", "MaxPool2dBackwardRelu", "MaxPool2dSelect", "AvgPool2d",
+             "AvgPool2dBackward"},
+    "relu": {"Relu", "ReluBackward", "Threshold", "ThresholdBackward"},
+    "lrn": {"LocalResponseNorm", "LocalResponseNormBackward"},
+    "linear": {"Linear", "MatMul"},
+    "softmax": {"Softmax", "SoftmaxBackward", "LogSoftmax", "LogSoftmaxBackward", "CrossEntropy",
+                "CrossEntropyBackward"},
+}
+
+
+def test_aliases_are_the_ops_family_declarations():
+    """Every alias comes from ``Op.family`` / ``Op.direction`` (an op added to
+    ``opgraph.ops`` gets its alias from its own class); the aliases the
+    policy spelled out before keep their ops, and the fused forward
+    convolution joins ``conv`` / ``conv_fwd``."""
+    from opgraph import ops
+    from opgraph.passes.policy import ALIASES, CONV_OPS
+
+    for name in ops.__all__:
+        op = getattr(ops, name)
+        assert name in ALIASES[op.family] and name in ALIASES["*"]
+        if op.direction is not None:
+            assert name in ALIASES[f"{op.family}_{op.direction}"]
+    for alias, names in EARLIER_ALIASES.items():
+        assert set(ALIASES[alias]) - names == ({"Conv2dBiasRelu"} if alias in ("conv", "conv_fwd") else set())
+        assert names <= set(ALIASES[alias])
+    assert CONV_OPS == ALIASES["conv"] == tuple(t.__name__ for t in ops.of_family("conv"))
+    assert ops.of_family("conv", "wgrad") == (ops.Conv2dBackwardFilter,)
+    # an alias spelled like an op name (keys are case-insensitive) covers that op
+    for alias, names in ALIASES.items():
+        assert {n for n in ops.__all__ if n.lower() == alias} <= set(names)
+
+
+def test_the_default_order_follows_the_family():
+    p = LoweringPolicy()
+    assert p.order("Conv2dBiasRelu", "cpu") == DEFAULT_ORDER["cpu"]["conv"]
+    assert p.order("MaxPool2dBackwardRelu", "cuda") == DEFAULT_ORDER["cuda"]["*"]

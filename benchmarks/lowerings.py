@@ -27,7 +27,7 @@ from opgraph.backends.registry import lookup, rules_for
 from opgraph.executable import Executable
 from opgraph.op import abstract_of
 from opgraph.ops import of_family
-from opgraph.passes.lower import decline_reason, policy_options, storage_dtype
+from opgraph.passes.candidates import decline_reason, policy_options, storage_dtype
 from opgraph.passes.policy import LoweringPolicy
 
 from .protocol import TrainingGraph

@@ -49,11 +49,10 @@ from opgraph.op import Lowered
 from opgraph.types import is_float, numpy_dtype, run_type, to_layout
 from opgraph.backends.registry import KernelContext, rules_for
 
-import attrs
 
 from .autotune_cache import AutotuneCache, cache_key
 from .base import Pass, PassContext
-from .lower import policy_options, rule_workspace, storage_dtype, survey
+from .candidates import rule_workspace, survey_node
 from .report import Candidate
 
 REFERENCE_ALGORITHMS = ("reference", "direct")
@@ -178,33 +177,29 @@ class AutotunePass(Pass):
         timer = ctx.timer or default_timer(ctx.device)
         versions = ctx.versions()
         device_name = ctx.device_name()
-        unlimited = attrs.evolve(policy, workspace_limit=None)  # over-budget is reported, not declined
         for view in list(graph.nodes_in_order(outputs)):
             if not isinstance(view.op, Lowered):
                 continue
             op, types = view.op.op, view.input_types
-            s = survey(view.name, op, types, ctx.device, unlimited,
-                       force_name=ctx.aliases.get(view.name, view.name), dtype=ctx.dtype)
+            s = survey_node(view, ctx, op=op)
             rec = ctx.report.nodes.get(view.name)
             if s.forced is not None or rec is None:
                 continue
-            applicable = list(_one_reference(s.applicable))
+            # without the workspace limit: an over-budget candidate is reported, not declined
+            applicable = list(_one_reference(s.applicable(limited=False)))
             layout = getattr(types[0], "layout", None) or "NCHW"
             key = cache_key(op, types, ctx.dtype, layout, policy, ctx.device, device_name, versions,
-                            candidates=candidate_set(applicable))
+                            candidates=candidate_set((e.rule, e.options) for e in applicable))
             hit = cache.get(key)
             rows, algorithm, cached_opts = rechoose(hit, policy.workspace_tolerance) if hit else ([], None, {})
-            rule = next((r for r, _ in applicable if r.algorithm == algorithm), None)
-            storage = storage_dtype(types, ctx.dtype)
-            if rule is not None:  # reuse: nothing runs, not even the variants enumeration
-                opts = {**policy_options(rule, policy, storage), **cached_opts}
+            entry = next((e for e in applicable if e.rule.algorithm == algorithm), None)
+            if entry is not None:  # reuse: nothing runs, not even the variants enumeration
+                rule, opts = entry.rule, {**entry.options, **cached_opts}
                 rec.how, rec.candidates = "cache", rows
                 rec.cache_key = key
             else:
-                cands = []
-                for r, _ in applicable:
-                    base = policy_options(r, policy, storage)
-                    cands += [(r, {**base, **variant}) for variant in _variants(r, op, types, ctx.device, base)]
+                cands = [(e.rule, {**e.options, **variant}) for e in applicable
+                         for variant in _variants(e.rule, op, types, ctx.device, e.options)]
                 if len(cands) < 2:
                     continue
                 rec.cache_key = key
@@ -288,7 +283,7 @@ class AutotunePass(Pass):
             c.time_ms, c.min_ms = 1e3 * statistics.median(times), 1e3 * min(times)
             timed.append(c)
             best = min(best if best is not None else math.inf, statistics.median(times))
-        for algo, why in s.declined.items():
+        for algo, why in s.declined(limited=False).items():
             status = "excluded" if why.startswith(("excluded", "opt-in")) else "declined"
             rows.append(Candidate(algo, {}, status=status, reason=why))
         return rows, timed
@@ -362,9 +357,10 @@ def _size(nbytes: int) -> str:
 
 
 def candidate_set(applicable) -> str:
-    """``'cuda:pool_variants,reference:_one_variant'``: the competing rules and
-    the function enumerating each one's variants (part of the cache key, so
-    the same in every process: no object address)."""
+    """``'cuda:pool_variants,reference:_one_variant'``: the competing rules
+    (``(rule, options)`` pairs) and the function enumerating each one's
+    variants (part of the cache key, so the same in every process: no object
+    address)."""
     return ",".join(sorted(f"{r.algorithm}:{_stable_name(r.variants)}" for r, _ in applicable))
 
 
@@ -381,12 +377,12 @@ def _one_reference(applicable):
     """Drop all but the first reference alias (``direct`` and ``reference`` run the
     same conv code: timing both is wasted work)."""
     seen_ref = False
-    for rule, opts in applicable:
-        if rule.algorithm in REFERENCE_ALGORITHMS:
+    for entry in applicable:
+        if entry.rule.algorithm in REFERENCE_ALGORITHMS:
             if seen_ref:
                 continue
             seen_ref = True
-        yield rule, opts
+        yield entry
 
 
 def _variants(rule, op, types, device, options) -> list[dict]:

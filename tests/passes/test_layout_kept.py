@@ -46,7 +46,7 @@ def test_replace_op_and_rewiring_keep_the_layout():
     conv_op = out.node(conv).op
     fused = Lowered(ops.Conv2dBiasRelu(**conv_op.conv_params()), "direct", "cuda", {})
     out.replace_op(conv, fused)       # what fusion and autotuning do
-    out.absorb(relu, conv)            # the concat now reads the fused node (set_inputs)
+    out.absorb(relu, conv)            # the concat now reads the fused node
     assert out.node(conv).type.layout == "NHWC"
     assert out.node(out["cat"].node).type.layout == "NHWC"
     four_d = [v for v in out.nodes_in_order([y]) if v.type.ndim == 4]

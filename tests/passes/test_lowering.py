@@ -8,7 +8,8 @@ import opgraph as og
 from opgraph.errors import LoweringError
 from opgraph.ops import Conv2d
 from opgraph.passes.base import PassContext
-from opgraph.passes.lower import LowerPass, survey
+from opgraph.passes.candidates import survey
+from opgraph.passes.lower import LowerPass
 from opgraph.passes.policy import LoweringPolicy
 from opgraph.passes.verify import VerifyPass
 from opgraph.types import TensorType
@@ -175,11 +176,11 @@ def test_cuda_order_puts_cudnn_first_and_declines_cpu_only_rules(monkeypatch):
     op = Conv2d(padding=1)
     types = (TensorType((1, 4, 8, 8)), TensorType((4, 4, 3, 3)))
     s = survey("c", op, types, "cuda", LoweringPolicy(prefer={"conv": ["cpuonly"]}))
-    assert s.declined["cpuonly"] == "cpuonly has no cuda implementation"
+    assert s.declined()["cpuonly"] == "cpuonly has no cuda implementation"
     order = [a for a in s.order if a != "cpuonly"]
     expected = [a for a in ("cudnn", "gemm", "fft", "winograd", "direct") if a in order]
     assert order[:len(expected)] == expected
-    assert survey("c", op, types, "cpu", LoweringPolicy(prefer={"conv": ["cpuonly"]})).applicable[0][0].algorithm \
+    assert survey("c", op, types, "cpu", LoweringPolicy(prefer={"conv": ["cpuonly"]})).applicable()[0].rule.algorithm \
         == "cpuonly"
 
 

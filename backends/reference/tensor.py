@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 
 from opgraph.errors import ParameterError, ShapeError
-from opgraph.params import padding2d
 from opgraph.types import is_channels_last
 
 #: NCHW axis -> axis of the (N, H, W, C) buffer behind a channels-last view.
@@ -117,29 +116,29 @@ def pad(xp, x, *, padding, value):
 
     Args:
         x: ``(N, C, H, W)``.
-        padding: ``((top, bottom), (left, right))`` (int and ``(ph, pw)``
-            forms accepted).
+        padding: ``((top, bottom), (left, right))``, the canonical form of
+            the ``Pad`` op's field (read as is: the op canonicalised it).
         value: fill value (0 for convolution, -inf for max pooling).
 
     Returns:
         ``(N, C, H + top + bottom, W + left + right)`` in x's dtype.
 
     Raises:
-        ParameterError: malformed or negative padding. ShapeError: x not 4-D.
+        ShapeError: x not 4-D.
     """
-    (t, b), (l, r) = padding2d(padding)
+    (t, b), (l, r) = padding
     if x.ndim != 4:
         raise ShapeError(f"pad: x must be 4-D NCHW, got shape {x.shape}")
     return xp.pad(x, ((0, 0), (0, 0), (t, b), (l, r)), constant_values=value)
 
 
 def pad_backward(xp, gy, *, padding):
-    """Gradient of :func:`pad`: ``gy`` cropped by ``padding``.
+    """Gradient of :func:`pad`: ``gy`` cropped by ``padding`` (canonical, as :func:`pad`).
 
     Raises:
         ShapeError: gy not 4-D or smaller than the padding.
     """
-    (t, b), (l, r) = padding2d(padding)
+    (t, b), (l, r) = padding
     if gy.ndim != 4 or gy.shape[2] < t + b or gy.shape[3] < l + r:
         raise ShapeError(f"pad_backward: gy of shape {gy.shape} cannot be cropped by {padding}")
     h, w = gy.shape[2], gy.shape[3]

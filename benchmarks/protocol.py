@@ -384,6 +384,7 @@ class PhaseRunner:
         return out
 
 
-__all__ = ["PHASES", "LAYER_FAMILIES", "LAYER_OPS", "FILTER_OPS", "PASS_THROUGH_OPS", "TrainingGraph", "training_graph",
+__all__ = ["PHASES", "LAYER_FAMILIES", "LAYER_OPS", "FILTER_OPS", "PASS_THROUGH_OPS", "TrainingGraph",
+           "training_graph",
            "random_feeds", "layer_of", "classify", "Schedule", "schedule", "main_step", "run_step",
            "PhaseRunner"]

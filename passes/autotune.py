@@ -49,7 +49,6 @@ from opgraph.op import Lowered
 from opgraph.types import is_float, numpy_dtype, run_type, to_layout
 from opgraph.backends.registry import KernelContext, rules_for
 
-
 from .autotune_cache import AutotuneCache, cache_key
 from .base import Pass, PassContext
 from .candidates import rule_workspace, survey_node
@@ -161,8 +160,8 @@ def _reference(op, arrays, xp, device, out_type=None):
         if algo in rules:
             hi = [a.astype(xp.float64) if a.dtype.kind == "f" or str(a.dtype) == "bfloat16" else a
                   for a in arrays]
-            ctx = KernelContext(xp, device, {}, None if out_type is None else run_type(out_type, "float64"))
-            return rules[algo].kernel(ctx, op, *hi)
+            run_as = None if out_type is None else run_type(out_type, "float64")
+            return rules[algo].kernel(KernelContext(xp, device, {}, run_as), op, *hi)
     return None
 
 

@@ -129,7 +129,7 @@ class Entry:
         return None
 
 
-def _candidate(rule: Rule, op: Op, in_types, device: str, policy: LoweringPolicy, options: dict,
+def _entry(rule: Rule, op: Op, in_types, device: str, policy: LoweringPolicy, options: dict,
                excluded: str | None = None) -> Entry:
     try:
         why = excluded or rule.decline_reason(op, in_types, device)
@@ -147,7 +147,7 @@ def decline_reason(rule: Rule, op: Op, in_types, device: str, policy: LoweringPo
     the policy's exclusions aside (one rule asked alone: the fuse pass, the
     benchmark's columns). ``padded_ok`` ignores missing explicit padding
     (what would apply once the legalize pass has inserted the ``Pad`` nodes)."""
-    return _candidate(rule, op, in_types, device, policy, options).reason(
+    return _entry(rule, op, in_types, device, policy, options).reason(
         op, padded_ok=padded_ok, limit=policy.workspace_limit)
 
 
@@ -163,19 +163,19 @@ class Survey:
     workspace_limit: int | None
 
     def reasons(self, *, padded_ok: bool = False, limited: bool = True) -> list[tuple[Entry, str | None]]:
-        """``(candidate, why not or None)`` in order. ``padded_ok``: as if the
+        """``(entry, why not or None)`` in order. ``padded_ok``: as if the
         legalize pass had made the padding explicit; ``limited=False``: the
         workspace limit ignored (autotune reports over-budget rows instead)."""
         limit = self.workspace_limit if limited else None
-        return [(c, c.reason(self.op, padded_ok=padded_ok, limit=limit)) for c in self.entries]
+        return [(e, e.reason(self.op, padded_ok=padded_ok, limit=limit)) for e in self.entries]
 
     def applicable(self, **query) -> list[Entry]:
         """The candidates that can lower the node (``query``: as :meth:`reasons`)."""
-        return [c for c, why in self.reasons(**query) if why is None]
+        return [e for e, why in self.reasons(**query) if why is None]
 
     def declined(self, **query) -> dict[str, str]:
         """Algorithm -> why it cannot (``query``: as :meth:`reasons`)."""
-        return {c.rule.algorithm: why for c, why in self.reasons(**query) if why is not None}
+        return {e.rule.algorithm: why for e, why in self.reasons(**query) if why is not None}
 
 
 def survey(name: str, op: Op, in_types, device: str, policy: LoweringPolicy, *,
@@ -193,19 +193,20 @@ def survey(name: str, op: Op, in_types, device: str, policy: LoweringPolicy, *,
             its op type.
     """
     rules = rules_for(type(op))
-    options = {algo: policy_options(rule, policy, storage_dtype(in_types, dtype)) for algo, rule in rules.items()}
+    storage = storage_dtype(in_types, dtype)
+    options = {algo: policy_options(rule, policy, storage) for algo, rule in rules.items()}
     forced = None if force_name is None else policy.forced(force_name or name)
     if forced is not None:
         if forced not in rules:
             raise LoweringError(f"node {name} ({op.name}): forced algorithm {forced!r} has no rule "
                                 f"for {op.name} (registered: {sorted(rules) or 'none'})")
         order = (forced,)
-        entries = (_candidate(rules[forced], op, in_types, device, policy, options[forced]),)
+        entries = (_entry(rules[forced], op, in_types, device, policy, options[forced]),)
     else:
         order = tuple(a for a in policy.order(op.name, device) if a in rules)
         order += tuple(sorted(set(rules) - set(order)))  # rules no order names: tried last
-        entries = tuple(_candidate(rules[a], op, in_types, device, policy, options[a],
-                                      policy.exclusion(a, rules[a].tags)) for a in order)
+        entries = tuple(_entry(rules[a], op, in_types, device, policy, options[a],
+                               policy.exclusion(a, rules[a].tags)) for a in order)
     return Survey(op, order, entries, forced, policy.workspace_limit)
 
 

@@ -17,9 +17,9 @@ The user swaps implementations here, never in the model. A policy holds
 Op-type keys are op class names (``Conv2d``, case-insensitive), family aliases
 (:data:`ALIASES`, derived from each op's ``family`` and ``direction``
 declaration: ``conv`` = the convolution ops, ``conv_fwd`` / ``conv_dgrad`` /
-``conv_wgrad`` one direction each, ``pool``, ...) or ``*`` (every op). A node's preference list concatenates every key covering its
-type, most specific first (op name, then direction alias, then family, then
-``*``).
+``conv_wgrad`` one direction each, ``pool``, ...) or ``*`` (every op). A
+node's preference list concatenates every key covering its type, most
+specific first (op name, then direction alias, then family, then ``*``).
 
 TOML schema (``LoweringPolicy.from_toml``; every key optional)::
 

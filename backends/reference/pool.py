@@ -359,7 +359,8 @@ def max_pool2d_backward_kernel(ctx, op, x, gy):
 def max_pool2d_backward_relu_kernel(ctx, op, x, gy):
     """``MaxPool2dBackwardRelu`` node: :func:`max_pool2d_backward_relu` with the node's geometry."""
     from .elementwise import relu_backward
-    return relu_backward(ctx.xp, x, _max_backward(ctx.xp, x, gy, node_geometry(op, x.shape[2:], gy.shape[2:])))
+    g = node_geometry(op, x.shape[2:], gy.shape[2:])
+    return relu_backward(ctx.xp, x, _max_backward(ctx.xp, x, gy, g))
 
 
 def max_pool2d_select_kernel(ctx, op, x, v):

@@ -354,7 +354,8 @@ def test_node_kernels_read_the_node_geometry_and_never_recompute_it(monkeypatch,
     g = og.Graph()
     xv = g.input("x", (2, 3, 9, 8), "float64")
     fields = dict(kernel_size=kernel, stride=stride, padding=padding, ceil_mode=ceil)
-    nodes = [og.max_pool2d(xv, kernel, stride, padding, ceil), og.avg_pool2d(xv, kernel, stride, padding, ceil)]
+    nodes = [og.max_pool2d(xv, kernel, stride, padding, ceil),
+             og.avg_pool2d(xv, kernel, stride, padding, ceil)]
     gy = g.input("gy", nodes[0].shape, "float64")
     nodes += [g.apply(MaxPool2dBackward, fields, [xv, gy]), g.apply(MaxPool2dBackwardRelu, fields, [xv, gy]),
               g.apply(MaxPool2dSelect, fields, [xv, xv]),
@@ -391,4 +392,5 @@ def test_a_node_kernel_sizes_its_output_from_the_context():
     kernel = lookup(MaxPool2d, "reference").kernel
     assert kernel(KernelContext(np), op, x).shape == (1, 2, 3, 3)
     # given a type, the kernel reads its extent and computes none (a smaller one shows it)
-    assert kernel(KernelContext(np, out_type=TensorType((1, 2, 2, 3), "float64")), op, x).shape == (1, 2, 2, 3)
+    given = KernelContext(np, out_type=TensorType((1, 2, 2, 3), "float64"))
+    assert kernel(given, op, x).shape == (1, 2, 2, 3)

@@ -180,8 +180,8 @@ def test_cuda_order_puts_cudnn_first_and_declines_cpu_only_rules(monkeypatch):
     order = [a for a in s.order if a != "cpuonly"]
     expected = [a for a in ("cudnn", "gemm", "fft", "winograd", "direct") if a in order]
     assert order[:len(expected)] == expected
-    assert survey("c", op, types, "cpu", LoweringPolicy(prefer={"conv": ["cpuonly"]})).applicable()[0].rule.algorithm \
-        == "cpuonly"
+    cpu = survey("c", op, types, "cpu", LoweringPolicy(prefer={"conv": ["cpuonly"]}))
+    assert cpu.applicable()[0].rule.algorithm == "cpuonly"
 
 
 def test_lowered_nodes_compute_the_reference_result():

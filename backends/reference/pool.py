@@ -33,9 +33,12 @@ from __future__ import annotations
 
 import attrs
 
+from opgraph import ops
 from opgraph.errors import ParameterError, ShapeError
 from opgraph.params import pair, padding2d, pool_out_size
 from opgraph.types import compute_dtype
+
+from .kernel import reference_node
 
 
 @attrs.frozen
@@ -346,16 +349,19 @@ def _avg_backward(xp, gy, g: PoolGeometry, count_include_pad, shape):
 
 # ---- the kernels of graph nodes: the op's canonical fields, the node's extents
 
+@reference_node(ops.MaxPool2d)
 def max_pool2d_kernel(ctx, op, x):
     """``MaxPool2d`` node: :func:`max_pool2d` with the node's geometry."""
     return _max_argwin(ctx.xp, x, node_geometry(op, x.shape[2:], ctx.out_shape(op, x)[2:]))[0]
 
 
+@reference_node(ops.MaxPool2dBackward)
 def max_pool2d_backward_kernel(ctx, op, x, gy):
     """``MaxPool2dBackward`` node: :func:`max_pool2d_backward` with the node's geometry."""
     return _max_backward(ctx.xp, x, gy, node_geometry(op, x.shape[2:], gy.shape[2:]))
 
 
+@reference_node(ops.MaxPool2dBackwardRelu)
 def max_pool2d_backward_relu_kernel(ctx, op, x, gy):
     """``MaxPool2dBackwardRelu`` node: :func:`max_pool2d_backward_relu` with the node's geometry."""
     from .elementwise import relu_backward
@@ -363,17 +369,20 @@ def max_pool2d_backward_relu_kernel(ctx, op, x, gy):
     return relu_backward(ctx.xp, x, _max_backward(ctx.xp, x, gy, g))
 
 
+@reference_node(ops.MaxPool2dSelect)
 def max_pool2d_select_kernel(ctx, op, x, v):
     """``MaxPool2dSelect`` node: :func:`max_pool2d_select` with the node's geometry."""
     return _select(ctx.xp, x, v, node_geometry(op, x.shape[2:], ctx.out_shape(op, x, v)[2:]))
 
 
+@reference_node(ops.AvgPool2d)
 def avg_pool2d_kernel(ctx, op, x):
     """``AvgPool2d`` node: :func:`avg_pool2d` with the node's geometry."""
     g = node_geometry(op, x.shape[2:], ctx.out_shape(op, x)[2:])
     return _avg(ctx.xp, x, g, op.count_include_pad)
 
 
+@reference_node(ops.AvgPool2dBackward)
 def avg_pool2d_backward_kernel(ctx, op, gy):
     """``AvgPool2dBackward`` node: :func:`avg_pool2d_backward` with the node's geometry."""
     g = node_geometry(op, op.input_shape[2:], gy.shape[2:])

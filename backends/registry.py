@@ -31,16 +31,38 @@ from typing import Any, Callable, Mapping
 
 import attrs
 
+from opgraph.types import TensorType
+
 Kernel = Callable[..., Any]
 
 
 @attrs.frozen
 class KernelContext:
-    """What a kernel gets beside its op and arrays."""
+    """What a kernel gets beside its op and arrays.
+
+    Attributes:
+        xp: the array module (``numpy`` or ``cupy``).
+        device: ``'cpu'`` or ``'cuda'``.
+        options: the node's implementation options (``Lowered.options``).
+        out_type: the node's inferred output type (shape, the dtype it runs
+            in, layout), filled by whoever runs a graph node (the executor,
+            autotune, the benchmark's check), so that a kernel reads its
+            output size instead of computing it again. ``None`` for a kernel
+            called by hand: :meth:`out_shape` then asks the op.
+    """
 
     xp: ModuleType
     device: str = "cpu"
     options: Mapping[str, Any] = attrs.field(factory=dict)
+    out_type: TensorType | None = None
+
+    def out_shape(self, op, *arrays) -> tuple[int, ...]:
+        """The node's output shape: ``out_type``'s, or without one the op's own
+        shape rule (``op.infer``) on the arrays' shapes and dtypes: the one
+        place the size is computed either way."""
+        if self.out_type is not None:
+            return self.out_type.shape
+        return op.infer(*(TensorType(a.shape, a.dtype) for a in arrays)).shape
 
 
 def _always(op, in_types, device):

@@ -46,14 +46,15 @@ import opgraph as og
 from opgraph.backends.registry import KernelContext, rules_for
 from opgraph.executable import Executable
 from opgraph.op import Source, abstract_of
+from opgraph.ops import of_family
 from opgraph.passes.autotune import relative_error, tolerance
-from opgraph.types import is_float, to_layout
+from opgraph.types import is_float, run_type, to_layout
 
-from .protocol import TrainingGraph
+from .protocol import LAYER_FAMILIES, TrainingGraph
 
 #: Abstract ops whose steps the per-node check runs (see the module docstring).
-CHECKED_OPS = frozenset({"Conv2d", "Conv2dBiasRelu", "Conv2dBackwardData", "Conv2dBackwardFilter",
-                         "Pad", "PadBackward", "Linear", "MatMul", "BiasAddBackward"})
+CHECKED_OPS = frozenset({t.__name__ for f in LAYER_FAMILIES for t in of_family(f)}
+                        | {"Pad", "PadBackward", "BiasAddBackward"})
 #: (lowered op, abstract op at the same node id) pairs computing the same value.
 _SAME_VALUE = {("PadBackward", "Conv2dBackwardData")}
 _REFERENCE_ALGORITHMS = ("reference", "direct")
@@ -159,7 +160,7 @@ def check_lowering(exe: Executable, ref: Reference) -> CheckResult:
         if have is not None and tuple(have.shape) == g.node(nid).type.shape:
             return have
         op = abstract_of(g.node(nid).op)  # from the reference kernel on its inputs' values
-        kctx = KernelContext(xp, ref.device, {})
+        kctx = KernelContext(xp, ref.device, {}, run_type(g.node(nid).type, "float64"))
         memo[nid] = _reference_kernel(op)(kctx, op, *[expected(i) for i in g.input_ids(nid)])
         return memo[nid]
 

@@ -87,7 +87,7 @@ def lowering_summary(run) -> str:
     that is where the lowerings differ)."""
     conv, other = set(), set()
     for st in getattr(run, "steps", ()):
-        (conv if "Conv2d" in st.op.op.name else other).add(st.op.algorithm)
+        (conv if st.op.family == "conv" else other).add(st.op.algorithm)
     if not conv and not other:
         return "unknown"
     if not conv or not other or conv == other:

@@ -26,16 +26,16 @@ import attrs
 from opgraph.backends.registry import lookup, rules_for
 from opgraph.executable import Executable
 from opgraph.op import abstract_of
-from opgraph.ops import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter
-from opgraph.passes.lower import decline_reason, policy_options
+from opgraph.ops import of_family
+from opgraph.passes.candidates import decline_reason, policy_options, storage_dtype
 from opgraph.passes.policy import LoweringPolicy
 
 from .protocol import TrainingGraph
 
-CONV_TYPES = (Conv2d, Conv2dBackwardData, Conv2dBackwardFilter)
-#: Op names of convolution steps in a compiled graph (the fuse pass's
-#: ``Conv2dBiasRelu`` is a forward convolution with its ReLU).
-CONV_NAMES = (*(t.__name__ for t in CONV_TYPES), "Conv2dBiasRelu")
+#: The convolution ops a lowering is an algorithm of (the ops of family
+#: ``conv``, less the fuse pass's: a compiled graph's fused
+#: ``Conv2dBiasRelu`` runs its convolution's algorithm).
+CONV_TYPES = tuple(t for t in of_family("conv") if not t.fused)
 SPECIAL = {
     "auto": "autotune: every applicable candidate of each node checked and timed, fastest kept",
     "default": "the device's default order (no preference)",
@@ -125,9 +125,8 @@ def default_lowerings(device: str) -> list[Lowering]:
 
 def conv_nodes(tg: TrainingGraph):
     """The convolution nodes (forward and backward) of the abstract training graph."""
-    names = {t.__name__ for t in CONV_TYPES}
     for node in tg.model.graph.nodes_in_order(tg.outputs):
-        if abstract_of(node.op).name in names:
+        if node.op.family == "conv":
             yield node
 
 
@@ -144,7 +143,8 @@ def applicability(tg: TrainingGraph, lowering: Lowering, device: str,
     for node in conv_nodes(tg):
         rule = lookup(type(node.op), algo)
         out[node.name] = decline_reason(rule, node.op, node.input_types, device, policy,
-                                        policy_options(rule, policy), padded_ok=True)
+                                        policy_options(rule, policy, storage_dtype(node.input_types)),
+                                        padded_ok=True)
     return out
 
 
@@ -158,7 +158,7 @@ def not_applicable(exe: Executable, lowering: Lowering) -> dict[str, str]:
     nodes = getattr(report, "nodes", {}) or {}
     out = {}
     for st in exe.steps:
-        if abstract_of(st.op).name in CONV_NAMES and st.op.algorithm != algo:
+        if st.op.family == "conv" and st.op.algorithm != algo:
             rec = nodes.get(st.name)
             why = rec.declined.get(algo) if rec is not None else None
             out[st.name] = why or f"ran {st.op.algorithm} (no reason recorded)"
@@ -171,7 +171,7 @@ def algorithm_counts(exe: Executable) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for st in exe.steps:
         name = abstract_of(st.op).name
-        if name in CONV_NAMES or name in ("Linear", "MatMul"):
+        if st.op.family in ("conv", "linear"):
             d = out.setdefault(name, {})
             d[st.op.algorithm] = d.get(st.op.algorithm, 0) + 1
     return out

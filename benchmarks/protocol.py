@@ -64,14 +64,19 @@ from opgraph.analysis import node_flops
 from opgraph.executable import Executable, Step, run_step
 from opgraph.graph import Value
 from opgraph.op import abstract_of
+from opgraph.ops import of_family
 from opgraph.types import numpy_dtype
 
 from .models import Model
 from .timer import Timer, Timing
 
 PHASES = ("forward", "backward_data", "backward_filter")
-#: Abstract ops that make a "layer" of the per-layer view.
-LAYER_OPS = ("Conv2d", "Linear")
+#: Op families whose forward op makes a "layer" of the per-layer view, and
+#: whose steps are a layer's main step in each phase (:func:`main_step`).
+LAYER_FAMILIES = ("conv", "linear")
+#: Abstract ops that make a "layer": the forward ops of :data:`LAYER_FAMILIES`
+#: (``Conv2d``, ``Linear``; a fused op is made later, from one of them).
+LAYER_OPS = tuple(t.__name__ for f in LAYER_FAMILIES for t in of_family(f, "fwd") if not t.fused)
 #: Nodes the legalize pass adds around a convolution: ``<conv>/pad``, ``<dgrad>/unpadded``.
 _LEGALIZE_SUFFIX = re.compile(r"/(pad|unpadded)(_\d+)?$")
 
@@ -253,8 +258,7 @@ def main_step(steps) -> Step | None:
     """The conv/linear/matmul step among a layer's steps in one phase (not its
     pad or bias), or None."""
     for st in steps:
-        if abstract_of(st.op).name in ("Conv2d", "Conv2dBiasRelu", "Conv2dBackwardData",
-                                       "Conv2dBackwardFilter", "Linear", "MatMul"):
+        if st.op.family in LAYER_FAMILIES:
             return st
     return None
 
@@ -380,6 +384,7 @@ class PhaseRunner:
         return out
 
 
-__all__ = ["PHASES", "LAYER_OPS", "FILTER_OPS", "PASS_THROUGH_OPS", "TrainingGraph", "training_graph",
+__all__ = ["PHASES", "LAYER_FAMILIES", "LAYER_OPS", "FILTER_OPS", "PASS_THROUGH_OPS", "TrainingGraph",
+           "training_graph",
            "random_feeds", "layer_of", "classify", "Schedule", "schedule", "main_step", "run_step",
            "PhaseRunner"]

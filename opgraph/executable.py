@@ -30,7 +30,7 @@ import numpy as np
 from .errors import ExecutionError, NotLoweredError
 from .graph import Graph, Value
 from .op import Lowered, Source
-from .types import is_float, numpy_dtype, to_layout
+from .types import TensorType, is_float, numpy_dtype, to_layout
 
 
 @attrs.frozen
@@ -81,7 +81,9 @@ class Step:
         return target if target in self.free else None
 
 
-Resolver = Callable[[Lowered], tuple[Callable, Any]]
+#: ``resolve(op, out_type) -> (kernel, ctx)``: a lowered op and its node's
+#: inferred output type to the kernel that runs it and the context it gets.
+Resolver = Callable[[Lowered, TensorType], tuple[Callable, Any]]
 
 
 def run_step(st: Step, slots: dict):
@@ -103,7 +105,8 @@ class Executable:
         graph: a graph whose non-source nodes (among the ancestors of
             ``outputs``) are all ``Lowered``.
         outputs: values to return, in order.
-        resolve: maps a lowered op to ``(kernel, ctx)`` (from the registry).
+        resolve: maps a lowered op and its node's output type to ``(kernel,
+            ctx)`` (from the registry; the context carries the type).
         xp: the array module (``numpy`` or ``cupy``).
         dtype: if set (e.g. ``'float64'`` for the reference oracle), floating
             feeds are cast to it instead of their declared dtype.
@@ -127,7 +130,7 @@ class Executable:
                 raise NotLoweredError(
                     f"node {view.name} ({view.op.name}) is abstract and cannot run; the 'lower' pass "
                     f"chooses its implementation (opgraph.compile runs it)")
-            kernel, ctx = resolve(view.op)
+            kernel, ctx = resolve(view.op, view.type)
             if view.type.layout == "NHWC" and view.type.ndim == 4:
                 kernel = _stored_channels_last(kernel, xp)
             steps.append(Step(n, view.name, view.op, kernel, ctx, tuple(graph.input_ids(n))))

@@ -107,9 +107,9 @@ class Graph:
             ``opgraph.grad`` created for its cotangent.
         inplace_plan: the memory pass's in-place decisions
             (``opgraph.executable.InplacePlan``) that the executor follows,
-            or None. A rewrite (:meth:`replace_op`, :meth:`set_inputs`,
-            :meth:`absorb`, :meth:`remove_unused`) drops it: it was made for
-            the graph as it was.
+            or None. A rewrite (:meth:`replace_op`, :meth:`rewrite`,
+            :meth:`set_layout`, :meth:`absorb`) drops it: it was made for the
+            graph as it was.
     """
 
     def __init__(self, name: str = "graph"):
@@ -298,15 +298,17 @@ class Graph:
         self.nx.nodes[node]["type"] = _keep_layout(new_type, view.type)
         self.inplace_plan = None
 
-    def set_inputs(self, node: int, inputs: Sequence[Value]) -> None:
-        """Rewire ``node`` to read ``inputs``. Its op must accept them and give
-        the same output shape and dtype (readers of the node were typed against it); the
-        value keeps its layout (see :meth:`replace_op`). Nothing changes when
-        this raises.
+    def rewrite(self, node: int, op: Op, inputs: Sequence[Value]) -> None:
+        """Give ``node`` a new op and new inputs at once, keeping its id (so its
+        readers and an output at this id need no change): a rewrite such as
+        the legalize pass's, whose new op would not fit the old inputs nor the
+        old op the new ones. ``op`` on ``inputs`` must give the node's shape
+        and dtype (its readers were typed against them); the value keeps its
+        layout (see :meth:`replace_op`). Nothing changes when this raises.
 
         Raises:
-            ShapeError: wrong input count, inputs the op rejects, or a changed
-                output shape or dtype (naming the node).
+            ShapeError: ``op`` takes another input count, rejects the inputs,
+                or gives another output shape or dtype (naming the node).
             OpgraphError: an input that is not a value of this graph, or one
                 computed from ``node`` (a cycle).
         """
@@ -318,18 +320,38 @@ class Graph:
                 raise OpgraphError(f"node {view.name}: reading {self.node(v.node).name} would make a cycle")
         types = tuple(self.node(v.node).type for v in inputs)
         try:
-            check_arity(view.op, types)
-            new_type = view.op.infer(*types)
+            check_arity(op, types)
+            new_type = op.infer(*types)
         except ShapeError as e:
-            raise e.with_node(f"{view.name} ({view.op.name})") from None
+            raise e.with_node(f"{view.name} ({op.name})") from None
         if (new_type.shape, new_type.dtype) != (view.type.shape, view.type.dtype):
-            raise ShapeError(f"rewiring changes the output {view.type} -> {new_type}", view.name)
+            raise ShapeError(f"rewiring changes the output {view.type} -> {new_type} ({op.name} on the "
+                             "new inputs)", view.name)
         for u, v, k in list(self.nx.in_edges(node, keys=True)):
             self.nx.remove_edge(u, v, key=k)
         for pos, val in enumerate(inputs):
             self.nx.add_edge(val.node, node, key=pos)
+        self.nx.nodes[node]["op"] = op
         self.nx.nodes[node]["type"] = _keep_layout(new_type, view.type)
         self.inplace_plan = None
+
+    def set_layout(self, node: int, layout: str) -> None:
+        """Store the 4-D value of ``node`` in ``layout`` (``'NCHW'`` or
+        ``'NHWC'``): the layout pass's decision (``TensorType.layout``); the
+        logical shape is unchanged.
+
+        Raises:
+            ParameterError: another layout, or a value that is not 4-D.
+        """
+        view = self.node(node)
+        if layout not in ("NCHW", "NHWC"):
+            raise ParameterError("layout", layout, "must be 'NCHW' or 'NHWC'").with_node(view.name)
+        if view.type.ndim != 4:
+            raise ParameterError("layout", layout, f"only 4-D values have one, {view.type} is "
+                                 f"{view.type.ndim}-D").with_node(view.name)
+        if view.type.layout != layout:
+            self.nx.nodes[node]["type"] = attrs.evolve(view.type, layout=layout)
+            self.inplace_plan = None
 
     def absorb(self, node: int, into: int) -> None:
         """Make every reader of ``node`` read ``into`` instead, then delete
@@ -349,15 +371,6 @@ class Graph:
         self._by_name.pop(a.name, None)
         self.nx.remove_node(node)
         self.inplace_plan = None
-
-    def remove_unused(self, outputs: Sequence[Value]) -> None:
-        """Drop nodes that no output depends on, keeping sources."""
-        keep = self.ancestors(outputs)
-        for n in list(self.nx.nodes):
-            if n not in keep and not isinstance(self.nx.nodes[n]["op"], Source):
-                self._by_name.pop(self.nx.nodes[n]["name"], None)
-                self.nx.remove_node(n)
-                self.inplace_plan = None
 
     # ---- text ------------------------------------------------------------
     def dump(self, outputs: Sequence[Value] | None = None) -> str:

@@ -39,6 +39,15 @@ class Op:
     #: Made only by the fuse pass from several ops; every rule of it carries the
     #: tag ``fused`` (``backends.registry.Rule``), so excluding ``fused`` turns fusion off.
     fused: ClassVar[bool] = False
+    #: The family the op belongs to (``'conv'``, ``'pool'``, ``'relu'``, ...),
+    #: declared here once: the policy alias of that name covers the op
+    #: (``prefer={'pool': [...]}``), and the passes and the benchmark find the
+    #: convolutions by it. None: no family (the ``*`` alias still covers it).
+    family: ClassVar[str | None] = None
+    #: Its direction within the family, where the policy tells them apart
+    #: (``'fwd'``, ``'dgrad'``, ``'wgrad'``): the alias ``<family>_<direction>``
+    #: covers it (``conv_wgrad``), and the legalize pass pads by it.
+    direction: ClassVar[str | None] = None
 
     def infer(self, *types: TensorType) -> TensorType:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -154,6 +163,14 @@ class Lowered(Op):
     @property
     def kind(self) -> str:  # type: ignore[override]
         return self.op.kind
+
+    @property
+    def family(self) -> str | None:  # type: ignore[override]
+        return self.op.family
+
+    @property
+    def direction(self) -> str | None:  # type: ignore[override]
+        return self.op.direction
 
     @property
     def name(self) -> str:

@@ -105,6 +105,12 @@ class TensorType:
         return f"{self.dtype}[{', '.join(map(str, self.shape))}]{layout}"
 
 
+def run_type(t: TensorType, dtype: str | None) -> TensorType:
+    """``t`` as a node runs it when ``compile(dtype=...)`` replaces the floating
+    dtype by ``dtype`` (None: as declared); integer values keep theirs."""
+    return attrs.evolve(t, dtype=dtype) if dtype is not None and is_float(t.dtype) else t
+
+
 def is_channels_last(a) -> bool:
     """Whether the 4-D array ``a`` (logical NCHW) is stored channels-last: the
     NCHW-shaped view of a C-contiguous (N, H, W, C) buffer. An array that is

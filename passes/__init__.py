@@ -6,9 +6,8 @@ the :class:`LoweringReport`. ``docs/policy.md`` describes the policy.
 """
 
 from .base import FunctionPass, Pass, PassContext, Pipeline, graph_pass
-from .policy import LoweringPolicy, PolicyError, add_cli_arguments, policy_from_args
+from .policy import LoweringPolicy, PolicyError
 from .report import Candidate, LoweringReport, NodeReport
 
 __all__ = ["Pass", "FunctionPass", "graph_pass", "Pipeline", "PassContext", "LoweringPolicy",
-           "PolicyError", "add_cli_arguments", "policy_from_args", "LoweringReport", "NodeReport",
-           "Candidate"]
+           "PolicyError", "LoweringReport", "NodeReport", "Candidate"]

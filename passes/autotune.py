@@ -46,14 +46,12 @@ import numpy as np
 from opgraph.errors import LoweringError
 from opgraph.graph import Graph
 from opgraph.op import Lowered
-from opgraph.types import is_float, numpy_dtype, to_layout
+from opgraph.types import is_float, numpy_dtype, run_type, to_layout
 from opgraph.backends.registry import KernelContext, rules_for
-
-import attrs
 
 from .autotune_cache import AutotuneCache, cache_key
 from .base import Pass, PassContext
-from .lower import policy_options, rule_workspace, survey
+from .candidates import rule_workspace, survey_node
 from .report import Candidate
 
 REFERENCE_ALGORITHMS = ("reference", "direct")
@@ -156,13 +154,14 @@ def relative_error(xp, out, ref) -> float:
     return err if math.isfinite(err) else math.nan
 
 
-def _reference(op, arrays, xp, device):
+def _reference(op, arrays, xp, device, out_type=None):
     rules = rules_for(type(op))
     for algo in REFERENCE_ALGORITHMS:
         if algo in rules:
             hi = [a.astype(xp.float64) if a.dtype.kind == "f" or str(a.dtype) == "bfloat16" else a
                   for a in arrays]
-            return rules[algo].kernel(KernelContext(xp, device, {}), op, *hi)
+            run_as = None if out_type is None else run_type(out_type, "float64")
+            return rules[algo].kernel(KernelContext(xp, device, {}, run_as), op, *hi)
     return None
 
 
@@ -177,30 +176,29 @@ class AutotunePass(Pass):
         timer = ctx.timer or default_timer(ctx.device)
         versions = ctx.versions()
         device_name = ctx.device_name()
-        unlimited = attrs.evolve(policy, workspace_limit=None)  # over-budget is reported, not declined
         for view in list(graph.nodes_in_order(outputs)):
             if not isinstance(view.op, Lowered):
                 continue
             op, types = view.op.op, view.input_types
-            s = survey(view.name, op, types, ctx.device, unlimited,
-                       force_name=ctx.aliases.get(view.name, view.name))
+            s = survey_node(view, ctx, op=op)
             rec = ctx.report.nodes.get(view.name)
             if s.forced is not None or rec is None:
                 continue
-            applicable = list(_one_reference(s.applicable))
+            # without the workspace limit: an over-budget candidate is reported, not declined
+            applicable = list(_one_reference(s.applicable(limited=False)))
             layout = getattr(types[0], "layout", None) or "NCHW"
             key = cache_key(op, types, ctx.dtype, layout, policy, ctx.device, device_name, versions,
-                            candidates=candidate_set(applicable))
+                            candidates=candidate_set((e.rule, e.options) for e in applicable))
             hit = cache.get(key)
             rows, algorithm, cached_opts = rechoose(hit, policy.workspace_tolerance) if hit else ([], None, {})
-            rule = next((r for r, _ in applicable if r.algorithm == algorithm), None)
-            if rule is not None:  # reuse: nothing runs, not even the variants enumeration
-                opts = {**policy_options(rule, policy), **cached_opts}
+            entry = next((e for e in applicable if e.rule.algorithm == algorithm), None)
+            if entry is not None:  # reuse: nothing runs, not even the variants enumeration
+                rule, opts = entry.rule, {**entry.options, **cached_opts}
                 rec.how, rec.candidates = "cache", rows
                 rec.cache_key = key
             else:
-                cands = [(r, {**policy_options(r, policy), **variant}) for r, _ in applicable
-                         for variant in _variants(r, op, types, ctx.device, policy_options(r, policy))]
+                cands = [(e.rule, {**e.options, **variant}) for e in applicable
+                         for variant in _variants(e.rule, op, types, ctx.device, e.options)]
                 if len(cands) < 2:
                     continue
                 rec.cache_key = key
@@ -237,11 +235,11 @@ class AutotunePass(Pass):
         replacing a floating one) is ``wrong``: a float32 result in a bf16
         graph would turn every later value into float32."""
         xp, policy = ctx.xp, ctx.policy
-        want = None if out_type is None else (
-            ctx.dtype if ctx.dtype and is_float(out_type.dtype) else out_type.dtype)
+        run_as = None if out_type is None else run_type(out_type, ctx.dtype)
+        want = None if run_as is None else run_as.dtype
         arrays = random_inputs(types, xp, ctx.seed, ctx.dtype)
         try:
-            ref = _reference(op, arrays, xp, ctx.device)
+            ref = _reference(op, arrays, xp, ctx.device, out_type)
         except Exception:
             ref = None
         dtype = str(arrays[0].dtype) if arrays else "float32"
@@ -253,7 +251,7 @@ class AutotunePass(Pass):
             if policy.workspace_limit is not None and c.workspace > policy.workspace_limit:
                 c.status, c.reason = "over budget", f"workspace > limit {policy.workspace_limit:,d} B"
                 continue
-            kctx = KernelContext(xp, ctx.device, dict(opts))
+            kctx = KernelContext(xp, ctx.device, dict(opts), run_as)
             try:
                 out = rule.kernel(kctx, op, *arrays)
             except Exception as e:  # includes device out-of-memory errors
@@ -284,7 +282,7 @@ class AutotunePass(Pass):
             c.time_ms, c.min_ms = 1e3 * statistics.median(times), 1e3 * min(times)
             timed.append(c)
             best = min(best if best is not None else math.inf, statistics.median(times))
-        for algo, why in s.declined.items():
+        for algo, why in s.declined(limited=False).items():
             status = "excluded" if why.startswith(("excluded", "opt-in")) else "declined"
             rows.append(Candidate(algo, {}, status=status, reason=why))
         return rows, timed
@@ -358,9 +356,10 @@ def _size(nbytes: int) -> str:
 
 
 def candidate_set(applicable) -> str:
-    """``'cuda:pool_variants,reference:_one_variant'``: the competing rules and
-    the function enumerating each one's variants (part of the cache key, so
-    the same in every process: no object address)."""
+    """``'cuda:pool_variants,reference:_one_variant'``: the competing rules
+    (``(rule, options)`` pairs) and the function enumerating each one's
+    variants (part of the cache key, so the same in every process: no object
+    address)."""
     return ",".join(sorted(f"{r.algorithm}:{_stable_name(r.variants)}" for r, _ in applicable))
 
 
@@ -377,12 +376,12 @@ def _one_reference(applicable):
     """Drop all but the first reference alias (``direct`` and ``reference`` run the
     same conv code: timing both is wasted work)."""
     seen_ref = False
-    for rule, opts in applicable:
-        if rule.algorithm in REFERENCE_ALGORITHMS:
+    for entry in applicable:
+        if entry.rule.algorithm in REFERENCE_ALGORITHMS:
             if seen_ref:
                 continue
             seen_ref = True
-        yield rule, opts
+        yield entry
 
 
 def _variants(rule, op, types, device, options) -> list[dict]:

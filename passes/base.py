@@ -72,6 +72,9 @@ class PassContext:
         aliases: node name -> the name ``policy.force`` keys are matched
             against (``None``: not forceable); set by the legalize pass for
             the nodes it creates or repurposes.
+        surveys: each node's candidate survey, kept by
+            ``passes.candidates.survey_node`` (keyed by the node's state and
+            the policy) so that a node is surveyed once per compile.
     """
 
     device: str = "cpu"
@@ -86,6 +89,7 @@ class PassContext:
     repeats: int = 5
     seed: int = 0
     aliases: dict[str, str | None] = attrs.field(factory=dict)
+    surveys: dict = attrs.field(factory=dict)
 
     def __attrs_post_init__(self):
         if self.xp is None and self.device == "cpu":

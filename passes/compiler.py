@@ -15,7 +15,7 @@ from opgraph.errors import ParameterError
 from opgraph.executable import Executable
 from opgraph.graph import Value, graph_of
 from opgraph.op import Lowered
-from opgraph.types import FLOAT_DTYPES  # what compile(dtype=...) accepts
+from opgraph.types import FLOAT_DTYPES, TensorType, run_type  # FLOAT_DTYPES: what compile(dtype=...) accepts
 from opgraph.backends.registry import KernelContext, device_support, lookup
 
 from .base import PassContext, Pipeline, host_versions
@@ -113,9 +113,9 @@ def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
     lowered, louts = pipe.run(g, outs, ctx)
     xp, dev_name = ctx.xp, ctx.device
 
-    def resolve(op: Lowered):
+    def resolve(op: Lowered, out_type: TensorType):
         rule = lookup(type(op.op), op.algorithm)
-        return rule.kernel, KernelContext(xp, dev_name, op.option_dict)
+        return rule.kernel, KernelContext(xp, dev_name, op.option_dict, run_type(out_type, dtype))
 
     exe = Executable(lowered, louts, resolve, xp=xp, device=dev_name, dtype=dtype)
     exe.report = ctx.report  # callable: exe.report() still gives the text table

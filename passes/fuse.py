@@ -38,7 +38,7 @@ from opgraph.ops import (Conv2d, Conv2dBiasRelu, MaxPool2dBackward, MaxPool2dBac
                          ReluBackward)
 
 from .base import Pass, PassContext
-from .lower import decline_reason
+from .candidates import decline_reason
 
 
 def _private_producers(graph: Graph, outputs, reader_type, slot: int, accept) -> list[tuple[int, int]]:

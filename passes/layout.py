@@ -18,8 +18,6 @@ would only add copies. Results never depend on the layout (SEMANTICS.md).
 
 from __future__ import annotations
 
-import attrs
-
 from opgraph.graph import Graph
 from opgraph.op import Source
 
@@ -43,8 +41,7 @@ class LayoutPass(Pass):
                 continue
             values += 1
             sources += isinstance(view.op, Source)
-            if t.layout != layout:
-                graph.nx.nodes[view.id]["type"] = attrs.evolve(t, layout=layout)
+            graph.set_layout(view.id, layout)
         transposes = f", {sources} transposes at the sources" if layout == "NHWC" else ""
         ctx.report.note(f"layout: {values} 4-D values stored {layout}{transposes}")
         return graph

@@ -5,7 +5,9 @@ or only symmetric padding (cuDNN's legacy API). For a convolution node whose
 lowering will be such an algorithm, the padding ``E`` it cannot take moves
 into explicit nodes (``P`` is the node's padding, ``P - E`` what stays implicit):
 
-* ``Conv2d(P)(x, w[, b])``  ->  ``Conv2d(P - E)(Pad(E)(x), w[, b])``;
+* ``Conv2d(P)(x, w[, b])``  ->  ``Conv2d(P - E)(Pad(E)(x), w[, b])`` (so also the
+  fused ``Conv2dBiasRelu(P)(x, w, b)``: every op of family ``conv`` whose
+  direction is not ``dgrad`` pads its first input);
 * ``Conv2dBackwardFilter(P)(x, gy)``  ->  ``Conv2dBackwardFilter(P - E)(Pad(E)(x), gy)``;
 * ``Conv2dBackwardData(P, input_shape=S)(gy, w)``  ->
   ``PadBackward(E)(Conv2dBackwardData(P - E, input_shape=S + E)(gy, w))``.
@@ -16,17 +18,22 @@ stage adds them); the backward ops are the adjoints of that composition, and
 the adjoint of ``Pad(E)`` is the crop ``PadBackward(E)``. Numeric equivalence
 is tested in ``tests/passes/test_legalize.py``.
 
-Which algorithm "will" lower a node is asked of the lower pass's own survey
-with missing padding ignored (``padded_ok``): the forced algorithm if any;
-under autotune every applicable candidate (so each is timed on the same
-legal graph); otherwise the first applicable one. ``E`` is the largest
-demand among those (``lower.explicit_padding``: rule tags
-``needs_explicit_padding`` / ``symmetric_padding_only``, or the policy's
-``explicit_padding`` list of algorithm names).
+Which algorithm "will" lower a node is asked of the node's survey (the one
+the lower pass reads, ``passes/candidates.py``) with missing padding
+ignored (``padded_ok``): the forced algorithm if any; under autotune every
+applicable candidate (so each is timed on the same legal graph); otherwise
+the first applicable one. ``E`` is the largest demand among those, declared
+by the rules' tags (``needs_explicit_padding``: all of the padding;
+``symmetric_padding_only``: the asymmetric excess) or the policy's
+``explicit_padding`` list of algorithm names (``candidates.explicit_padding``).
+This pass is meant to be the only place padding is legalized: a backend
+declares what it cannot take and never pads on its own (the one exception
+left is cuDNN's ``route`` in ``backends/cuda/cudnn.py``, until its rules declare
+``symmetric_padding_only``).
 
-Output node ids are kept: the rewritten node keeps its id (for the backward
-data case it becomes the ``PadBackward``), so users and outputs need no
-rewiring. New nodes are named ``<node>/pad`` and ``<node>/unpadded``;
+Output node ids are kept: the rewritten node keeps its id (``Graph.rewrite``;
+for the backward data case it becomes the ``PadBackward``), so users and
+outputs need no rewiring. New nodes are named ``<node>/pad`` and ``<node>/unpadded``;
 ``ctx.aliases`` tells the lower pass which name ``policy.force`` keys see.
 """
 
@@ -34,14 +41,12 @@ from __future__ import annotations
 
 import attrs
 
-from opgraph.errors import ShapeError
-from opgraph.graph import Graph, Value
-from opgraph.ops import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, Pad, PadBackward
+from opgraph.graph import Graph
+from opgraph.ops import Pad, PadBackward
 
 from .base import Pass, PassContext
-from .lower import NO_PADDING, explicit_padding, is_abstract, survey
-
-CONV_TYPES = (Conv2d, Conv2dBackwardData, Conv2dBackwardFilter)
+from .candidates import NO_PADDING, survey_node
+from .lower import is_abstract
 
 
 def _fresh(graph: Graph, base: str) -> str:
@@ -53,28 +58,6 @@ def _fresh(graph: Graph, base: str) -> str:
     return f"{base}_{k}"
 
 
-def rewire(graph: Graph, node: int, op, inputs: list[Value]) -> None:
-    """Give ``node`` a new op *and* new inputs at once, keeping its id.
-
-    (``Graph.replace_op`` and ``Graph.set_inputs`` each infer with the other
-    half still old, which fails for a padding change.)
-
-    Raises:
-        ShapeError: the new op on the new inputs has another output type.
-    """
-    view = graph.node(node)
-    new_type = op.infer(*[v.type for v in inputs])
-    if new_type.shape != view.type.shape or new_type.dtype != view.type.dtype:
-        raise ShapeError(f"legalize: rewrite to {op.name} changes the output {view.type} -> {new_type}",
-                         view.name)
-    for u, v, k in list(graph.nx.in_edges(node, keys=True)):
-        graph.nx.remove_edge(u, v, key=k)
-    for pos, val in enumerate(inputs):
-        graph.nx.add_edge(val.node, node, key=pos)
-    graph.nx.nodes[node]["op"] = op
-    graph.nx.nodes[node]["type"] = new_type
-
-
 def _minus(pad, extra):
     return tuple((b - eb, e - ee) for (b, e), (eb, ee) in zip(pad, extra))
 
@@ -84,19 +67,18 @@ def _max(a, b):
 
 
 def demanded_padding(view, ctx: PassContext) -> tuple:
-    """The padding of conv node ``view`` that must become explicit (``E``)."""
-    policy = ctx.policy
-    force_name = ctx.aliases.get(view.name, view.name)
-    s = survey(view.name, view.op, view.input_types, ctx.device, policy,
-               padded_ok=True, force_name=force_name)
+    """The padding of conv node ``view`` that must become explicit (``E``):
+    the largest demand (``Entry.padding``, from the rules' tags) among the
+    candidates the node may get (module docstring)."""
+    s = survey_node(view, ctx)
     if s.forced is not None:
-        considered = [s.entries[0][0]]
+        considered = list(s.entries)
     else:
-        applicable = [r for r, _ in s.applicable]
-        considered = applicable if policy.autotune else applicable[:1]
+        applicable = s.applicable(padded_ok=True)
+        considered = applicable if ctx.policy.autotune else applicable[:1]
     need = NO_PADDING
-    for rule in considered:
-        need = _max(need, explicit_padding(rule, view.op, policy))
+    for entry in considered:
+        need = _max(need, entry.padding)
     return need
 
 
@@ -104,21 +86,21 @@ def legalize_node(graph: Graph, view, extra, ctx: PassContext) -> None:
     """Rewrite conv node ``view`` so that padding ``extra`` is explicit."""
     op, name = view.op, view.name
     inner_op = attrs.evolve(op, padding=_minus(op.padding, extra))
-    if isinstance(op, Conv2dBackwardData):
+    if op.direction == "dgrad":
         (top, bottom), (left, right) = extra
         n, c, h, w = op.input_shape
         inner_op = attrs.evolve(inner_op, input_shape=(n, c, h + top + bottom, w + left + right))
         inner = graph.add_node(inner_op, view.inputs, name=_fresh(graph, f"{name}/unpadded"))
-        rewire(graph, view.id, PadBackward(padding=extra), [inner])
+        graph.rewrite(view.id, PadBackward(padding=extra), [inner])
         ctx.aliases[inner.name] = ctx.aliases.get(name, name)  # force keys of the conv follow it
         ctx.aliases[name] = None  # the crop itself is not forceable
-    else:  # Conv2d (x, w[, b]) and Conv2dBackwardFilter (x, gy): pad x
+    else:  # Conv2d (x, w[, b]), Conv2dBiasRelu (x, w, b), Conv2dBackwardFilter (x, gy): pad x
         x, *rest = view.inputs
         padded = graph.add_node(Pad(padding=extra), [x], name=_fresh(graph, f"{name}/pad"))
         ctx.aliases[padded.name] = None
-        rewire(graph, view.id, inner_op, [padded, *rest])
+        graph.rewrite(view.id, inner_op, [padded, *rest])
     ctx.report.note(f"legalize: {name}: padding {extra} made explicit "
-                    f"({'PadBackward after' if isinstance(op, Conv2dBackwardData) else 'Pad before'} "
+                    f"({'PadBackward after' if op.direction == 'dgrad' else 'Pad before'} "
                     f"{op.name}, implicit padding left {inner_op.padding})")
 
 
@@ -129,7 +111,7 @@ class LegalizePass(Pass):
 
     def run(self, graph: Graph, outputs, ctx: PassContext) -> Graph:
         for view in list(graph.nodes_in_order(outputs)):
-            if not (is_abstract(view.op) and isinstance(view.op, CONV_TYPES)):
+            if not (is_abstract(view.op) and view.op.family == "conv"):
                 continue
             if view.op.padding == NO_PADDING:
                 continue
@@ -139,4 +121,4 @@ class LegalizePass(Pass):
         return graph
 
 
-__all__ = ["LegalizePass", "legalize_node", "demanded_padding", "rewire"]
+__all__ = ["LegalizePass", "legalize_node", "demanded_padding"]

@@ -56,7 +56,7 @@ from opgraph.types import TensorType, is_float
 from opgraph.backends.registry import Rule, lookup
 
 from .base import Pass, PassContext
-from .lower import rule_workspace
+from .candidates import rule_workspace
 
 
 def _nbytes(t: TensorType, dtype: str | None) -> int:

@@ -15,11 +15,11 @@ The user swaps implementations here, never in the model. A policy holds
   legalize pass pads for), ``cache``.
 
 Op-type keys are op class names (``Conv2d``, case-insensitive), family aliases
-(:data:`ALIASES`: ``conv`` = the three convolution ops, ``conv_fwd`` /
-``conv_dgrad`` / ``conv_wgrad`` one direction each, ``pool``, ...) or ``*``
-(every op). A node's preference list concatenates every key covering its
-type, most specific first (op name, then direction alias, then family, then
-``*``).
+(:data:`ALIASES`, derived from each op's ``family`` and ``direction``
+declaration: ``conv`` = the convolution ops, ``conv_fwd`` / ``conv_dgrad`` /
+``conv_wgrad`` one direction each, ``pool``, ...) or ``*`` (every op). A
+node's preference list concatenates every key covering its type, most
+specific first (op name, then direction alias, then family, then ``*``).
 
 TOML schema (``LoweringPolicy.from_toml``; every key optional)::
 
@@ -27,7 +27,8 @@ TOML schema (``LoweringPolicy.from_toml``; every key optional)::
     workspace_limit = "512MiB"    # int bytes, or a string with B/KB/MB/GB/KiB/MiB/GiB
     workspace_tolerance = 0.03    # 0..1 or "3%": autotune keeps the smallest workspace
                                   # among candidates within 3 % of the fastest; 0 = off
-    precision = "fp32"            # fp32 | tf32 | bf16 | fp16
+    precision = "fp32"            # fp32 | tf32 | bf16 | fp16 (opgraph/precision.py); fp32 on
+                                  # float16/bfloat16 storage means the storage's own (fp16/bf16)
     layout = "NCHW"               # NCHW | NHWC (NHWC only acted on for cuda)
     include = ["optional-tag"]    # algorithm names or rule tags
     exclude = ["winograd"]
@@ -56,28 +57,34 @@ from typing import Any, Mapping
 import attrs
 
 from opgraph import ops
+from opgraph import precision as precisions
 from opgraph.errors import ParameterError
+from opgraph.precision import PRECISIONS  # re-exported: the CLI lists them
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 LAYOUTS = ("NCHW", "NHWC")
-CONV_OPS = ("Conv2d", "Conv2dBackwardData", "Conv2dBackwardFilter")
 OP_TYPES = tuple(sorted(ops.__all__))
 
-#: Family and direction aliases usable as ``prefer`` keys.
-ALIASES: dict[str, tuple[str, ...]] = {
-    "conv": CONV_OPS,
-    "conv_fwd": ("Conv2d",),
-    "conv_dgrad": ("Conv2dBackwardData",),
-    "conv_wgrad": ("Conv2dBackwardFilter",),
-    "pool": ("MaxPool2d", "MaxPool2dBackward", "MaxPool2dBackwardRelu", "MaxPool2dSelect", "AvgPool2d",
-             "AvgPool2dBackward"),
-    "relu": ("Relu", "ReluBackward", "Threshold", "ThresholdBackward"),
-    "lrn": ("LocalResponseNorm", "LocalResponseNormBackward"),
-    "linear": ("Linear", "MatMul"),
-    "softmax": ("Softmax", "SoftmaxBackward", "LogSoftmax", "LogSoftmaxBackward",
-                "CrossEntropy", "CrossEntropyBackward"),
-    "*": OP_TYPES,
-}
+
+def _family_aliases() -> dict[str, tuple[str, ...]]:
+    """``family`` and ``family_direction`` -> the op names declaring them
+    (``Op.family``, ``Op.direction``): an op added to ``opgraph.ops`` gets
+    its aliases from its own declaration."""
+    out: dict[str, list[str]] = {}
+    for name in OP_TYPES:
+        op = getattr(ops, name)
+        if op.family is not None:
+            out.setdefault(op.family, []).append(name)
+            if op.direction is not None:
+                out.setdefault(f"{op.family}_{op.direction}", []).append(name)
+    return {k: tuple(v) for k, v in sorted(out.items())}
+
+
+#: Family and direction aliases usable as ``prefer`` keys (``conv``,
+#: ``conv_fwd``, ``conv_dgrad``, ``conv_wgrad``, ``pool``, ``relu``, ``lrn``,
+#: ``linear``, ``softmax``, ``norm``, ...), and ``*`` for every op.
+ALIASES: dict[str, tuple[str, ...]] = {**_family_aliases(), "*": OP_TYPES}
+#: The convolution ops: their default order is the device's conv order.
+CONV_OPS = ALIASES["conv"]
 
 #: Default candidate order per device: convolutions, then every other op.
 #: CPU convolutions: gemm first, then direct. Measured on the 2-core CI machine
@@ -206,6 +213,13 @@ def parse_fraction(value, key: str = "workspace_tolerance") -> float:
     return float(number)
 
 
+def _precision(inst, attribute, value):
+    try:
+        precisions.check(value)
+    except ParameterError as e:
+        raise _err(e.param, e.value, e.why) from None
+
+
 def _choice(key: str, allowed):
     def check(inst, attribute, value):
         if value not in allowed:
@@ -244,7 +258,10 @@ class LoweringPolicy:
     #: Autotune: among the correct, fully timed candidates whose median is within
     #: ``(1 + workspace_tolerance) x`` the fastest, the smallest workspace wins.
     workspace_tolerance: float = attrs.field(default=0.03, converter=parse_fraction)
-    precision: str = attrs.field(default="fp32", validator=_choice("precision", PRECISIONS))
+    #: The precision asked of compute-bound kernels (``opgraph/precision.py``);
+    #: each node gets ``precision.resolve(precision, its storage)``: this,
+    #: except that ``fp32`` on half storage is the storage's own.
+    precision: str = attrs.field(default="fp32", validator=_precision)
     layout: str = attrs.field(default="NCHW", validator=_choice("layout", LAYOUTS),
                               converter=lambda v: v.upper() if isinstance(v, str) else v)  # nhwc = NHWC
     explicit_padding: frozenset = attrs.field(default=frozenset(), converter=_names("explicit_padding"))
@@ -399,34 +416,5 @@ def _dedupe(items) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
-# ---- argparse wiring for the benchmark CLI --------------------------------
-def add_cli_arguments(parser) -> None:
-    """Add ``--lowering``, ``--policy``, ``--autotune``, ``--precision``,
-    ``--workspace-limit`` and ``--workspace-tolerance`` to an ``argparse`` parser
-    (read by :func:`policy_from_args`)."""
-    g = parser.add_argument_group("lowering policy")
-    g.add_argument("--lowering", default=None, metavar="SPEC",
-                   help="e.g. 'conv=fft+gemm,pool=reference', a bare algorithm 'gemm', "
-                        "'@conv2=fft' (force a node), 'exclude=winograd', 'auto' (autotune)")
-    g.add_argument("--policy", default=None, metavar="FILE", help="TOML policy file (docs/policy.md)")
-    g.add_argument("--autotune", action="store_true", help="time every applicable candidate per node")
-    g.add_argument("--precision", default=None, choices=PRECISIONS, help="math precision (default fp32)")
-    g.add_argument("--workspace-limit", default=None, metavar="BYTES",
-                   help="scratch budget per node, e.g. 512MiB (default: none)")
-    g.add_argument("--workspace-tolerance", default=None, metavar="FRACTION",
-                   help="autotune keeps the smallest workspace among candidates this close to "
-                        "the fastest, e.g. 0.03 or 3%% (default 0.03; 0: the fastest)")
-
-
-def policy_from_args(args) -> LoweringPolicy:
-    """The policy described by the arguments :func:`add_cli_arguments` added."""
-    return LoweringPolicy.from_cli(lowering=getattr(args, "lowering", None),
-                                   policy_file=getattr(args, "policy", None),
-                                   autotune=getattr(args, "autotune", False),
-                                   precision=getattr(args, "precision", None),
-                                   workspace_limit=getattr(args, "workspace_limit", None),
-                                   workspace_tolerance=getattr(args, "workspace_tolerance", None))
-
-
 __all__ = ["LoweringPolicy", "PolicyError", "ALIASES", "DEFAULT_ORDER", "PRECISIONS", "LAYOUTS",
-           "CONV_OPS", "parse_bytes", "parse_fraction", "add_cli_arguments", "policy_from_args"]
+           "CONV_OPS", "parse_bytes", "parse_fraction"]

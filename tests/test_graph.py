@@ -49,7 +49,7 @@ def test_topological_order_follows_edges_not_ids():
     x = g.input("x", (2, 3))
     a = og.relu(x, name="a")
     b = og.relu(x, name="b")
-    g.set_inputs(a.node, [b])
+    g.rewrite(a.node, a.op, [b])
     assert g.topological() == [x.node, b.node, a.node]
     assert [v.name for v in g.nodes_in_order([a])] == ["x", "b", "a"]
 
@@ -196,15 +196,6 @@ def test_replace_op_must_keep_the_shape():
         g.replace_op(z.node, ops.MaxPool2d(kernel_size=1, stride=1))
 
 
-def test_remove_unused_keeps_sources():
-    g, x, w, y, z, s = _conv_pool_add()
-    other = g.input("other", (2,))
-    og.relu(other, name="dead")
-    g.remove_unused([z])
-    assert "dead" not in g and "add" not in g
-    assert "other" in g and "pool" in g
-
-
 # ---- dump --------------------------------------------------------------------------
 
 def test_dump_format():
@@ -239,7 +230,7 @@ def test_source_shapes_and_dtypes_are_validated_naming_the_node():
 
 
 def test_rewiring_is_checked_before_anything_changes():
-    """set_inputs validates count and shapes first (naming the node) and keeps
+    """rewrite validates count and shapes first (naming the node) and keeps
     the graph intact when it refuses; replace_op refuses a changed dtype."""
     import attrs
 
@@ -250,12 +241,12 @@ def test_rewiring_is_checked_before_anything_changes():
     s = og.relu(r, name="s")
     before = g.dump()
     with pytest.raises(ShapeError, match="node s .*takes 1 inputs, got 2"):
-        g.set_inputs(s.node, [x, x])
+        g.rewrite(s.node, s.op, [x, x])
     with pytest.raises(ShapeError, match="node s: rewiring changes the output"):
-        g.set_inputs(s.node, [flat])
+        g.rewrite(s.node, s.op, [flat])
     assert g.dump() == before
     g.nx.nodes[s.node]["type"] = attrs.evolve(g.node(s.node).type, layout="NHWC")
-    g.set_inputs(s.node, [x])  # same shape: allowed, layout kept
+    g.rewrite(s.node, s.op, [x])  # same shape: allowed, layout kept
     assert g.node(s.node).type.layout == "NHWC" and g.input_ids(s.node) == [x.node]
 
 
@@ -302,15 +293,15 @@ def test_rewiring_refuses_cycles_foreign_values_and_dtype_changes():
     foreign = other.input("f", (2, 3))
     before = g.dump()
     with pytest.raises(OpgraphError, match="node r: reading r2 would make a cycle"):
-        g.set_inputs(r.node, [r2])
+        g.rewrite(r.node, r.op, [r2])
     with pytest.raises(OpgraphError, match="node r: reading r would make a cycle"):
-        g.set_inputs(r.node, [r])
+        g.rewrite(r.node, r.op, [r])
     with pytest.raises(OpgraphError, match="node r: input .* is not a value of graph"):
-        g.set_inputs(r.node, [foreign])
+        g.rewrite(r.node, r.op, [foreign])
     with pytest.raises(OpgraphError, match="is not a value of graph"):
-        g.set_inputs(r.node, ["x"])
+        g.rewrite(r.node, r.op, ["x"])
     with pytest.raises(ShapeError, match=r"node r: rewiring changes the output float32\[2, 3\] -> float64"):
-        g.set_inputs(r.node, [x64])
+        g.rewrite(r.node, r.op, [x64])
     with pytest.raises(ShapeError, match="node r .*Add takes 2 inputs, got 1"):
         g.replace_op(r.node, ops.Add())
     assert g.dump() == before
@@ -333,3 +324,35 @@ def test_grad_checks_its_arguments():
         og.grad(y, [w], grad_outputs=["z"])
     (gw,) = og.grad(y, [w], grad_outputs={y: x})  # a proper cotangent still works
     assert gw.shape == (2, 3)
+
+
+def test_rewrite_swaps_op_and_inputs_at_once_keeping_id_and_layout():
+    """A padding moved into an explicit Pad node: neither the new op on the old
+    input nor the old op on the new input has the node's type, both at once do."""
+    import attrs
+
+    g = og.Graph()
+    x = g.input("x", (1, 2, 6, 6))
+    w = g.param("w", (3, 2, 3, 3))
+    y = og.conv2d(x, w, padding=((0, 1), (1, 0)), name="conv")
+    r = og.relu(y, name="r")
+    g.nx.nodes[y.node]["type"] = attrs.evolve(y.type, layout="NHWC")
+    padded = g.add_node(ops.Pad(padding=((0, 1), (1, 0))), [x], name="conv/pad")
+    unpadded = ops.Conv2d()
+    with pytest.raises(ShapeError, match="node conv"):
+        g.replace_op(y.node, unpadded)
+    g.rewrite(y.node, unpadded, [padded, w])
+    assert g.node(y.node).op == unpadded and g.input_ids(y.node) == [padded.node, w.node]
+    assert g.node(y.node).type.layout == "NHWC" and g.input_ids(r.node) == [y.node]
+
+
+def test_set_layout():
+    g = og.Graph()
+    x = g.input("x", (1, 2, 6, 6))
+    flat = og.flatten(x, name="flat")
+    g.set_layout(x.node, "NHWC")
+    assert x.type.layout == "NHWC" and x.type.shape == (1, 2, 6, 6)
+    with pytest.raises(og.ParameterError, match="node x: parameter layout='nhwc'"):
+        g.set_layout(x.node, "nhwc")
+    with pytest.raises(og.ParameterError, match="node flat: .*only 4-D values"):
+        g.set_layout(flat.node, "NCHW")

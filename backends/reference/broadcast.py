@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from opgraph import ops
 from opgraph.errors import ShapeError
 from opgraph.types import compute_dtype
+
+from .kernel import reference
 
 
 def _broadcast(what, *shapes):
@@ -26,6 +29,7 @@ def _broadcast(what, *shapes):
         raise ShapeError(f"{what}: shapes {', '.join(map(str, shapes))} do not broadcast") from None
 
 
+@reference(ops.BroadcastAdd)
 def broadcast_add(xp, a, b):
     """``a + b`` with NumPy broadcasting.
 
@@ -39,6 +43,7 @@ def broadcast_add(xp, a, b):
     return a + b
 
 
+@reference(ops.Mul)
 def mul(xp, a, b):
     """``a * b`` with NumPy broadcasting (ONNX ``Mul``).
 
@@ -61,6 +66,7 @@ def _sum_axes(x_shape, shape, what):
                                       if s == 1 and x_shape[lead + i] != 1)
 
 
+@reference(ops.SumTo)
 def sum_to(xp, x, *, shape):
     """Sum ``x`` down to ``shape``, the inverse of broadcasting ``shape`` to x.
 
@@ -76,6 +82,7 @@ def sum_to(xp, x, *, shape):
     return xp.reshape(out, tuple(shape)).astype(x.dtype, copy=True)
 
 
+@reference(ops.BroadcastTo)
 def broadcast_to(xp, x, *, shape):
     """``x`` broadcast to ``shape`` and materialised (a fresh contiguous array).
 

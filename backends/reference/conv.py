@@ -14,7 +14,14 @@ matmul over the channels of each group. That keeps memory at O(input + output)
 (no im2col buffer, unlike :mod:`opgraph.backends.algorithms.gemm`) while still running on
 BLAS, so the float64 oracle stays usable at model sizes.
 
-The helpers here (:class:`ConvGeometry`, :func:`conv_geometry`, :func:`pad_spatial`,
+Two entries per direction: :func:`forward` (``backward_data``,
+``backward_filter``) runs a graph node on its :class:`ConvGeometry`, read off
+the op's canonical fields and the node's types by :func:`node_geometry` /
+:func:`geometry_of` (nothing re-interpreted, no size computed again);
+:func:`conv2d_forward` (...) takes arrays and parameters in any form outside a
+graph, validating and canonicalising them once in :func:`conv_geometry`.
+
+The helpers here (:class:`ConvGeometry`, :func:`geometry_of`, :func:`pad_spatial`,
 :func:`window_view`, :func:`tap_slices`) are the shared conv geometry that the
 GEMM, FFT and Winograd lowerings reuse. Every function takes the array module
 ``xp`` (``numpy`` or ``cupy``) first and uses only what both provide.
@@ -130,20 +137,41 @@ def conv_geometry(x_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1
     return ConvGeometry(n, c, h, w, o, kh, kw, stride, padding, dilation, groups, ho, wo)
 
 
-def geometry_of(direction: str, op, in_types) -> ConvGeometry:
-    """The geometry of a conv op node (``Conv2d``, ``Conv2dBackwardData`` or
-    ``Conv2dBackwardFilter``) from its parameters and input types.
+def node_geometry(op, x_shape, w_shape, y_shape) -> ConvGeometry:
+    """The geometry of a convolution node: the op's own ``stride``, ``padding``,
+    ``dilation`` and ``groups`` (canonical since the op was built) and the
+    three shapes its type inference checked; nothing is re-interpreted or
+    recomputed (compare :func:`conv_geometry`, for arrays outside a graph).
 
-    ``direction`` is ``'forward'`` (inputs x, w[, b]), ``'backward_data'`` (gy, w;
-    ``op.input_shape``) or ``'backward_filter'`` (x, gy; ``op.weight_shape``).
+    Args:
+        op: a convolution op (``Conv2d``, its backward ops, ``Conv2dBiasRelu``).
+        x_shape, w_shape, y_shape: input ``(N, C, H, W)``, weight
+            ``(O, C/groups, kH, kW)`` and output ``(N, O, Ho, Wo)`` shapes.
     """
-    params = dict(stride=op.stride, padding=op.padding, dilation=op.dilation, groups=op.groups)
+    (n, c, h, w), (o, _, kh, kw), (_, _, ho, wo) = x_shape, w_shape, y_shape
+    return ConvGeometry(n, c, h, w, o, kh, kw, op.stride, op.padding, op.dilation, op.groups, ho, wo)
+
+
+def geometry_of(direction: str, op, in_types, out_type=None) -> ConvGeometry:
+    """The geometry of a conv op node (:func:`node_geometry`) from its input
+    types and its output type.
+
+    ``direction`` is ``'forward'`` (inputs x, w[, b]; the output is y),
+    ``'backward_data'`` (gy, w; the output is x, ``op.input_shape``) or
+    ``'backward_filter'`` (x, gy; the output is w, ``op.weight_shape``).
+    ``out_type`` is the node's inferred type (``KernelContext.out_type``);
+    without it a forward node asks its op (``op.infer``).
+
+    Raises:
+        ParameterError: an unknown direction.
+    """
+    shapes = [t.shape for t in in_types]
     if direction == "forward":
-        return conv_geometry(in_types[0].shape, in_types[1].shape, **params)
+        return node_geometry(op, shapes[0], shapes[1], (out_type or op.infer(*in_types)).shape)
     if direction == "backward_data":
-        return conv_geometry(op.input_shape, in_types[1].shape, **params)
+        return node_geometry(op, op.input_shape, shapes[1], shapes[0])
     if direction == "backward_filter":
-        return conv_geometry(in_types[0].shape, op.weight_shape, **params)
+        return node_geometry(op, shapes[0], op.weight_shape, shapes[1])
     raise ParameterError("direction", direction, f"must be one of {DIRECTIONS}")
 
 
@@ -216,7 +244,8 @@ def _tap_major(xp, w, groups):
 
 
 def conv2d_forward(xp, x, w, *, stride=1, padding=0, dilation=1, groups=1):
-    """Direct convolution (cross-correlation), no bias.
+    """Direct convolution (cross-correlation), no bias, of arrays outside a
+    graph (validated by :func:`conv_geometry`); :func:`forward` runs a node.
 
     Args:
         xp: array module (``numpy`` or ``cupy``).
@@ -233,6 +262,12 @@ def conv2d_forward(xp, x, w, *, stride=1, padding=0, dilation=1, groups=1):
     Source: the definition in SEMANTICS.md, summed tap by tap.
     """
     g = conv_geometry(x.shape, w.shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    return forward(xp, x, w, g)
+
+
+def forward(xp, x, w, g: ConvGeometry):
+    """:func:`conv2d_forward` of ``x`` and ``w`` with the geometry ``g``
+    (:func:`node_geometry`, or :func:`conv_geometry`), which it trusts."""
     dt = result_dtype(xp, x, w)
     G, L = g.groups, g.ho * g.wo
     xg = pad_spatial(xp, x.astype(dt, copy=False), g.padding).reshape(g.n, G, g.cg, g.hp, g.wp)
@@ -248,7 +283,8 @@ def conv2d_forward(xp, x, w, *, stride=1, padding=0, dilation=1, groups=1):
 
 
 def conv2d_backward_data(xp, gy, w, *, stride=1, padding=0, dilation=1, groups=1, input_shape):
-    """Input gradient ``gx = d<y, gy>/dx`` of :func:`conv2d_forward`.
+    """Input gradient ``gx = d<y, gy>/dx`` of :func:`conv2d_forward`, of arrays
+    outside a graph (:func:`backward_data` runs a node).
 
     Each tap scatters ``w[:, :, p, q]^T @ gy`` back onto the input rows/columns it
     read (:func:`tap_slices`); padding rows are then cropped. Rows or columns that
@@ -267,6 +303,11 @@ def conv2d_backward_data(xp, gy, w, *, stride=1, padding=0, dilation=1, groups=1
     """
     g = conv_geometry(input_shape, w.shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
     check_gy(g, gy.shape)
+    return backward_data(xp, gy, w, g)
+
+
+def backward_data(xp, gy, w, g: ConvGeometry):
+    """:func:`conv2d_backward_data` with the geometry ``g``, which it trusts."""
     dt = result_dtype(xp, gy, w)
     G = g.groups
     gyg = gy.astype(dt, copy=False).reshape(g.n, G, g.og, g.ho * g.wo)
@@ -282,7 +323,8 @@ def conv2d_backward_data(xp, gy, w, *, stride=1, padding=0, dilation=1, groups=1
 
 
 def conv2d_backward_filter(xp, x, gy, *, stride=1, padding=0, dilation=1, groups=1, weight_shape):
-    """Weight gradient ``gw = d<y, gy>/dw`` of :func:`conv2d_forward`.
+    """Weight gradient ``gw = d<y, gy>/dw`` of :func:`conv2d_forward`, of arrays
+    outside a graph (:func:`backward_filter` runs a node).
 
     ``gw[o, c, p, q] = sum_{n,i,j} gy[n, o, i, j] * xpad[n, g*C/G + c, i*s_h + p*d_h, j*s_w + q*d_w]``,
     one GEMM per tap and group with the batch and output positions as the
@@ -301,6 +343,11 @@ def conv2d_backward_filter(xp, x, gy, *, stride=1, padding=0, dilation=1, groups
     """
     g = conv_geometry(x.shape, weight_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
     check_gy(g, gy.shape)
+    return backward_filter(xp, x, gy, g)
+
+
+def backward_filter(xp, x, gy, g: ConvGeometry):
+    """:func:`conv2d_backward_filter` with the geometry ``g``, which it trusts."""
     dt = result_dtype(xp, x, gy)
     G, NL = g.groups, g.n * g.ho * g.wo
     xg = pad_spatial(xp, x.astype(dt, copy=False), g.padding).reshape(g.n, G, g.cg, g.hp, g.wp)
@@ -316,6 +363,7 @@ def conv2d_backward_filter(xp, x, gy, *, stride=1, padding=0, dilation=1, groups
     return gw.reshape(g.w_shape)
 
 
-__all__ = ["ConvGeometry", "conv_geometry", "geometry_of", "check_gy", "pad_spatial", "window_view",
-           "strided_windows", "tap_slices", "result_dtype", "conv2d_forward", "conv2d_backward_data",
-           "conv2d_backward_filter", "DIRECTIONS"]
+__all__ = ["ConvGeometry", "conv_geometry", "node_geometry", "geometry_of", "check_gy", "pad_spatial",
+           "window_view", "strided_windows", "tap_slices", "result_dtype", "conv2d_forward",
+           "conv2d_backward_data", "conv2d_backward_filter", "forward", "backward_data",
+           "backward_filter", "DIRECTIONS"]

@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from opgraph import ops
 from opgraph.errors import ShapeError
 from opgraph.types import compute_dtype, numpy_dtype
 
+from .kernel import reference
 
+
+@reference(ops.Relu, inplace=0)
 def relu(xp, x, *, out=None):
     """``max(x, 0)`` element-wise; NaN propagates (``maximum`` propagates NaN).
 
@@ -34,6 +38,7 @@ def relu(xp, x, *, out=None):
     return xp.maximum(x, xp.zeros((), dtype=x.dtype), out=out)
 
 
+@reference(ops.ReluBackward, inplace=1)  # into gy (input 0 is the ReLU's output, the mask)
 def relu_backward(xp, x, gy, *, out=None):
     """``gy`` where ``x > 0``, else 0.
 
@@ -49,6 +54,7 @@ def relu_backward(xp, x, gy, *, out=None):
     return _select_into(xp, out, x > 0, gy, zero)
 
 
+@reference(ops.Threshold, inplace=0)
 def threshold(xp, x, *, threshold, value, out=None):
     """``torch.nn.functional.threshold``: ``x`` if ``x > threshold`` else ``value``.
 
@@ -62,6 +68,7 @@ def threshold(xp, x, *, threshold, value, out=None):
     return _select_into(xp, out, ~(x <= threshold), x, v)
 
 
+@reference(ops.ThresholdBackward, inplace=1)
 def threshold_backward(xp, x, gy, *, threshold, out=None):
     """``gy`` where ``x > threshold``, else 0 (the gradient does not depend on
     ``value``). A NaN ``x`` gives 0, as :func:`relu_backward`. Into ``out``
@@ -74,6 +81,7 @@ def threshold_backward(xp, x, gy, *, threshold, out=None):
     return _select_into(xp, out, x > threshold, gy, zero)
 
 
+@reference(ops.Add, inplace=(0, 1))  # a gradient sum accumulates into either addend
 def add(xp, a, b, *, out=None):
     """``a + b`` for two arrays of the same shape (no broadcasting); into
     ``out`` if given (e.g. a or b itself: a gradient sum accumulated in place).
@@ -85,6 +93,7 @@ def add(xp, a, b, *, out=None):
     return xp.add(a, b, out=out)
 
 
+@reference(ops.BiasAdd, inplace=0)  # into x, not the (C,) bias
 def bias_add(xp, x, b, *, out=None):
     """``x + b`` with ``b`` of shape ``(C,)`` broadcast along axis 1 of
     ``x`` (``(N, C, ...)``); into ``out`` if given (e.g. x itself).
@@ -98,6 +107,7 @@ def bias_add(xp, x, b, *, out=None):
     return xp.add(x, b.reshape((1, -1) + (1,) * (x.ndim - 2)), out=out)
 
 
+@reference(ops.BiasAddBackward)
 def bias_add_backward(xp, gy):
     """Gradient of the bias of :func:`bias_add`: ``gy`` summed over every axis
     but 1, shape ``(C,)``; fp16 accumulates in fp32, the result has gy's
@@ -110,6 +120,7 @@ def bias_add_backward(xp, gy):
     return gy.sum(axis=axes, dtype=acc).astype(gy.dtype, copy=False)
 
 
+@reference(ops.Dropout)
 def dropout(xp, x, *, p, training, seed):
     """Inverted dropout.
 
@@ -133,6 +144,7 @@ def dropout(xp, x, *, p, training, seed):
     return _select(xp, keep, x * xp.asarray(1.0 / (1.0 - p), dtype=x.dtype), zero)
 
 
+@reference(ops.Zeros)
 def zeros(xp, *, type):
     """Zeros of an ``opgraph.types.TensorType`` (its shape and dtype; bfloat16
     is ``ml_dtypes.bfloat16``, which NumPy and CuPy >= 14 take)."""

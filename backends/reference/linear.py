@@ -7,8 +7,11 @@ are multiplied in fp32 and rounded once at the end (SEMANTICS.md, Numbers).
 
 from __future__ import annotations
 
+from opgraph import ops
 from opgraph.errors import ShapeError
 from opgraph.types import compute_dtype
+
+from .kernel import reference
 
 
 def check_linear(x_shape, w_shape, b_shape=None) -> None:
@@ -36,6 +39,7 @@ def matmul_dims(a_shape, b_shape, transpose_a: bool, transpose_b: bool) -> tuple
     return m, k, p
 
 
+@reference(ops.Linear)
 def linear(xp, x, w, b=None):
     """``x @ w.T + b``.
 
@@ -58,6 +62,7 @@ def linear(xp, x, w, b=None):
     return y.astype(x.dtype, copy=False)
 
 
+@reference(ops.MatMul)
 def matmul(xp, a, b, *, transpose_a, transpose_b):
     """``op(a) @ op(b)`` for 2-D arrays, ``op`` a transpose where asked.
 

@@ -15,8 +15,11 @@ softmax ``gx = y * (gy - sum(gy * y))``; log-softmax
 
 from __future__ import annotations
 
+from opgraph import ops
 from opgraph.errors import ExecutionError, ParameterError, ShapeError
 from opgraph.types import compute_dtype
+
+from .kernel import reference
 
 REDUCTIONS = ("mean", "sum")
 
@@ -27,6 +30,7 @@ def _axis(x, axis):
     return int(axis) % x.ndim
 
 
+@reference(ops.Softmax)
 def softmax(xp, x, *, axis):
     """``exp(x - max) / sum(exp(x - max))`` along ``axis``.
 
@@ -40,6 +44,7 @@ def softmax(xp, x, *, axis):
     return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False)
 
 
+@reference(ops.SoftmaxBackward)
 def softmax_backward(xp, y, gy, *, axis):
     """Input gradient of :func:`softmax` from its output ``y``:
     ``y * (gy - sum(gy * y, axis))``. Returns gy's shape, y's dtype."""
@@ -50,6 +55,7 @@ def softmax_backward(xp, y, gy, *, axis):
     return (ya * (ga - (ga * ya).sum(axis=axis, keepdims=True))).astype(y.dtype, copy=False)
 
 
+@reference(ops.LogSoftmax)
 def log_softmax(xp, x, *, axis):
     """``x - logsumexp(x, axis)`` (max-subtracted). Returns x's shape and dtype."""
     axis = _axis(x, axis)
@@ -62,6 +68,7 @@ def log_softmax(xp, x, *, axis):
     return (s - xp.log(xp.exp(s).sum(axis=axis, keepdims=True))).astype(x.dtype, copy=False)
 
 
+@reference(ops.LogSoftmaxBackward)
 def log_softmax_backward(xp, y, gy, *, axis):
     """Input gradient of :func:`log_softmax` from its output ``y``:
     ``gy - exp(y) * sum(gy, axis)``. Returns gy's shape, y's dtype."""
@@ -96,6 +103,7 @@ def check_cross_entropy(xp, logits, target, reduction):
             raise ExecutionError(f"cross_entropy: target holds class {bad}, outside 0..{logits.shape[1] - 1}")
 
 
+@reference(ops.CrossEntropy)
 def cross_entropy(xp, logits, target, *, reduction):
     """Cross-entropy of logits against integer class targets.
 
@@ -136,6 +144,7 @@ def cross_entropy(xp, logits, target, *, reduction):
     return xp.asarray(total, dtype=logits.dtype).reshape(())
 
 
+@reference(ops.CrossEntropyBackward)
 def cross_entropy_backward(xp, logits, target, gy, *, reduction):
     """Gradient of :func:`cross_entropy` with respect to the logits.
 

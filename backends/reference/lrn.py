@@ -22,8 +22,11 @@ axis (exact, unlike a difference of cumulative sums). fp16 computes in fp32.
 
 from __future__ import annotations
 
+from opgraph import ops
 from opgraph.errors import ParameterError, ShapeError
 from opgraph.types import compute_dtype
+
+from .kernel import reference
 
 
 def _check(x, size):
@@ -48,6 +51,7 @@ def _denominator(xp, x, size, alpha, k):
     return k + (alpha / size) * _window_sum(xp, x * x, before, after, size), before, after
 
 
+@reference(ops.LocalResponseNorm)
 def local_response_norm(xp, x, *, size, alpha, beta, k):
     """LRN across channels: ``y = x / (k + alpha/size * sum_window x^2)^beta``.
 
@@ -72,6 +76,7 @@ def local_response_norm(xp, x, *, size, alpha, beta, k):
     return (acc * d ** (-beta)).astype(x.dtype, copy=False)
 
 
+@reference(ops.LocalResponseNormBackward)
 def local_response_norm_backward(xp, x, gy, *, size, alpha, beta, k):
     """Input gradient of :func:`local_response_norm` (exact, analytic).
 

@@ -19,8 +19,11 @@ kernel returns a fresh array.
 
 from __future__ import annotations
 
+from opgraph import ops
 from opgraph.errors import ShapeError
 from opgraph.types import compute_dtype
+
+from .kernel import reference
 
 
 def _channel(v, ndim, dt):
@@ -36,6 +39,7 @@ def _check(what, x, **vectors):
             raise ShapeError(f"{what}: {name} must have shape ({x.shape[1]},), got {v.shape}")
 
 
+@reference(ops.BatchNorm)
 def batch_norm(xp, x, scale, bias, mean, var, *, eps):
     """Inference batch norm over axis 1.
 
@@ -57,6 +61,7 @@ def batch_norm(xp, x, scale, bias, mean, var, *, eps):
     return (y * ch(scale) + ch(bias)).astype(x.dtype, copy=False)
 
 
+@reference(ops.BatchNormBackwardData)
 def batch_norm_backward_data(xp, gy, scale, var, *, eps):
     """``dL/dx = gy * scale / sqrt(var + eps)`` (per channel, axis 1).
 
@@ -68,6 +73,7 @@ def batch_norm_backward_data(xp, gy, scale, var, *, eps):
     return (gy.astype(dt, copy=False) * _channel(factor, gy.ndim, dt)).astype(gy.dtype, copy=False)
 
 
+@reference(ops.BatchNormBackwardScale)
 def batch_norm_backward_scale(xp, x, mean, var, gy, *, eps):
     """``dL/dscale = sum(gy * (x - mean) / sqrt(var + eps))`` over every axis but 1.
 
@@ -84,6 +90,7 @@ def batch_norm_backward_scale(xp, x, mean, var, gy, *, eps):
     return (total / xp.sqrt(var.astype(dt, copy=False) + eps)).astype(x.dtype, copy=False)
 
 
+@reference(ops.GlobalAvgPool2d)
 def global_avg_pool2d(xp, x):
     """Mean of every (H, W) plane: (N, C, H, W) -> (N, C, 1, 1), x's dtype.
 
@@ -95,6 +102,7 @@ def global_avg_pool2d(xp, x):
     return x.mean(axis=(2, 3), keepdims=True, dtype=compute_dtype(xp, x.dtype)).astype(x.dtype, copy=False)
 
 
+@reference(ops.GlobalAvgPool2dBackward)
 def global_avg_pool2d_backward(xp, gy, *, input_shape):
     """Gradient of :func:`global_avg_pool2d`: ``gy / (H*W)`` at every cell of
     ``input_shape`` (N, C, H, W); gy is (N, C, 1, 1).

@@ -8,9 +8,13 @@ copy of the array held by a ``Constant`` op, on the kernel's array module.
 
 from __future__ import annotations
 
+from opgraph import ops
 from opgraph.errors import ParameterError
 
+from .kernel import reference
 
+
+@reference(ops.Transpose)
 def transpose(xp, x, *, perm):
     """``x.transpose(perm)``, contiguous.
 
@@ -30,6 +34,7 @@ def transpose(xp, x, *, perm):
     return x.transpose(perm).copy()
 
 
+@reference(ops.Constant)
 def constant(xp, *, value):
     """A fresh copy of ``value`` (a NumPy array) on the array module ``xp``."""
     return xp.array(value, copy=True)

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import math
 
+from opgraph import ops
 from opgraph.errors import ParameterError, ShapeError
-from opgraph.params import padding2d
 from opgraph.types import is_channels_last
+
+from .kernel import reference
 
 #: NCHW axis -> axis of the (N, H, W, C) buffer behind a channels-last view.
 _NHWC_AXIS = {0: 0, 1: 3, 2: 1, 3: 2}
@@ -27,6 +29,7 @@ def _axis(ndim, axis, name="axis"):
     return int(axis) % ndim
 
 
+@reference(ops.Flatten)
 def flatten(xp, x, *, start_dim):
     """Merge axes ``start_dim..`` into one: ``(d0, .., d_{s-1}, prod(rest))``.
 
@@ -39,6 +42,7 @@ def flatten(xp, x, *, start_dim):
     return xp.reshape(x, tuple(x.shape[:s]) + (math.prod(x.shape[s:]),)).copy()
 
 
+@reference(ops.Reshape)
 def reshape(xp, x, *, shape):
     """``x`` with a new shape of the same size (one -1 entry allowed where
     numpy can infer it). Raises ShapeError if the sizes differ."""
@@ -52,6 +56,7 @@ def reshape(xp, x, *, shape):
         raise ShapeError(f"reshape: cannot reshape {x.shape} to {shape}: {e}") from None
 
 
+@reference(ops.Concat)
 def concat(xp, *xs, axis):
     """Concatenate along ``axis`` (1, channels, for NCHW); zero-size inputs
     are allowed.
@@ -79,6 +84,7 @@ def _slice_index(ndim, axis, start, stop):
     return ax, (slice(None),) * ax + (slice(start, stop),)
 
 
+@reference(ops.Slice)
 def slice_(xp, x, *, axis, start, stop):
     """``x[..., start:stop, ...]`` on ``axis`` (Python slice rules, step 1:
     negative indices count from the end, out-of-range ends clip).
@@ -92,6 +98,7 @@ def slice_(xp, x, *, axis, start, stop):
 take_slice = slice_
 
 
+@reference(ops.SliceBackward)
 def slice_backward(xp, gy, *, axis, start, stop, input_shape):
     """Gradient of :func:`slice_`: zeros of ``input_shape`` with ``gy``
     written at the slice.
@@ -112,34 +119,36 @@ def slice_backward(xp, gy, *, axis, start, stop, input_shape):
     return out
 
 
+@reference(ops.Pad)
 def pad(xp, x, *, padding, value):
     """Constant spatial padding of an NCHW tensor.
 
     Args:
         x: ``(N, C, H, W)``.
-        padding: ``((top, bottom), (left, right))`` (int and ``(ph, pw)``
-            forms accepted).
+        padding: ``((top, bottom), (left, right))``, the canonical form of
+            the ``Pad`` op's field (read as is: the op canonicalised it).
         value: fill value (0 for convolution, -inf for max pooling).
 
     Returns:
         ``(N, C, H + top + bottom, W + left + right)`` in x's dtype.
 
     Raises:
-        ParameterError: malformed or negative padding. ShapeError: x not 4-D.
+        ShapeError: x not 4-D.
     """
-    (t, b), (l, r) = padding2d(padding)
+    (t, b), (l, r) = padding
     if x.ndim != 4:
         raise ShapeError(f"pad: x must be 4-D NCHW, got shape {x.shape}")
     return xp.pad(x, ((0, 0), (0, 0), (t, b), (l, r)), constant_values=value)
 
 
+@reference(ops.PadBackward)
 def pad_backward(xp, gy, *, padding):
-    """Gradient of :func:`pad`: ``gy`` cropped by ``padding``.
+    """Gradient of :func:`pad`: ``gy`` cropped by ``padding`` (canonical, as :func:`pad`).
 
     Raises:
         ShapeError: gy not 4-D or smaller than the padding.
     """
-    (t, b), (l, r) = padding2d(padding)
+    (t, b), (l, r) = padding
     if gy.ndim != 4 or gy.shape[2] < t + b or gy.shape[3] < l + r:
         raise ShapeError(f"pad_backward: gy of shape {gy.shape} cannot be cropped by {padding}")
     h, w = gy.shape[2], gy.shape[3]

@@ -63,6 +63,7 @@ class BroadcastAdd(Op):
 
     arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "broadcast_add"
+    family: ClassVar[str] = "broadcast"
 
     def infer(self, a, b):
         return TensorType(broadcast_shapes(a.shape, b.shape), require_same_dtype(self, (a, b)))
@@ -82,6 +83,7 @@ class Mul(Op):
 
     arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "mul"
+    family: ClassVar[str] = "broadcast"
 
     def infer(self, a, b):
         return TensorType(broadcast_shapes(a.shape, b.shape), require_same_dtype(self, (a, b)))
@@ -105,6 +107,7 @@ class SumTo(Op):
 
     shape: tuple = F.shape("shape")
     kind: ClassVar[str] = "sum_to"
+    family: ClassVar[str] = "broadcast"
 
     def infer(self, x):
         if not broadcasts_to(self.shape, x.shape):
@@ -122,6 +125,7 @@ class BroadcastTo(Op):
 
     shape: tuple = F.shape("shape")
     kind: ClassVar[str] = "broadcast_to"
+    family: ClassVar[str] = "broadcast"
 
     def infer(self, x):
         if not broadcasts_to(x.shape, self.shape):

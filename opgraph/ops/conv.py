@@ -31,7 +31,9 @@ from . import _fields as F
 
 @attrs.frozen
 class _ConvOp(Op):
-    """Parameters shared by the three convolution ops."""
+    """Parameters shared by the convolution ops."""
+
+    family: ClassVar[str] = "conv"
 
     stride: tuple = F.spatial("stride")
     padding: tuple = F.padding()
@@ -77,6 +79,7 @@ class Conv2d(_ConvOp):
 
     arity: ClassVar = (2, 3)
     kind: ClassVar[str] = "conv2d"
+    direction: ClassVar[str] = "fwd"
 
     def infer(self, x: TensorType, w: TensorType, b: TensorType | None = None) -> TensorType:
         require_ndim(self, "input", x, 4)
@@ -109,6 +112,7 @@ class Conv2dBackwardData(_ConvOp):
     input_shape: tuple = F.shape("input_shape")
     arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "conv2d_backward_data"
+    direction: ClassVar[str] = "dgrad"
 
     def infer(self, gy: TensorType, w: TensorType) -> TensorType:
         require_ndim(self, "output gradient", gy, 4)
@@ -138,6 +142,7 @@ class Conv2dBackwardFilter(_ConvOp):
     weight_shape: tuple = F.shape("weight_shape")
     arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "conv2d_backward_filter"
+    direction: ClassVar[str] = "wgrad"
 
     def infer(self, x: TensorType, gy: TensorType) -> TensorType:
         require_ndim(self, "input", x, 4)
@@ -171,6 +176,7 @@ class Conv2dBiasRelu(_ConvOp):
 
     arity: ClassVar = (3, 3)
     kind: ClassVar[str] = "conv2d_bias_relu"
+    direction: ClassVar[str] = "fwd"
     fused: ClassVar[bool] = True
 
     def infer(self, x, w, b):

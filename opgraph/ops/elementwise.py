@@ -26,6 +26,7 @@ class Relu(Op):
     """``max(x, 0)``, any shape."""
 
     kind: ClassVar[str] = "relu"
+    family: ClassVar[str] = "relu"
 
     def infer(self, x):
         return x
@@ -50,6 +51,7 @@ class ReluBackward(Op):
 
     arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "relu_backward"
+    family: ClassVar[str] = "relu"
 
     def infer(self, x, gy):
         return _same_shape(self, x, gy, "input and output gradient")
@@ -66,6 +68,7 @@ class Threshold(Op):
     threshold: float = F.real("threshold")
     value: float = F.real("value")
     kind: ClassVar[str] = "threshold"
+    family: ClassVar[str] = "relu"
 
     def infer(self, x):
         return x
@@ -82,6 +85,7 @@ class ThresholdBackward(Op):
     threshold: float = F.real("threshold")
     arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "threshold_backward"
+    family: ClassVar[str] = "relu"
 
     def infer(self, x, gy):
         return _same_shape(self, x, gy, "input and output gradient")
@@ -98,6 +102,7 @@ class Add(Op):
 
     arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "add"
+    family: ClassVar[str] = "elementwise"
 
     def infer(self, a, b):
         return _same_shape(self, a, b, "operand")
@@ -112,6 +117,7 @@ class BiasAdd(Op):
 
     arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "bias_add"
+    family: ClassVar[str] = "bias"
 
     def infer(self, x, b):
         if x.ndim < 2 or b.shape != (x.shape[1],):
@@ -127,6 +133,7 @@ class BiasAddBackward(Op):
     """Sum of gy over every axis but 1: (N, C, ...) -> (C,)."""
 
     kind: ClassVar[str] = "bias_add_backward"
+    family: ClassVar[str] = "bias"
 
     def infer(self, gy):
         if gy.ndim < 2:
@@ -147,6 +154,7 @@ class Dropout(Op):
     training: bool = F.flag("training", False)
     seed: int = F.integer("seed", 0, minimum=0)
     kind: ClassVar[str] = "dropout"
+    family: ClassVar[str] = "elementwise"
 
     def infer(self, x):
         return x
@@ -164,6 +172,7 @@ class Zeros(Op):
     type: TensorType = attrs.field(kw_only=True)
     arity: ClassVar = (0, 0)
     kind: ClassVar[str] = "zeros"
+    family: ClassVar[str] = "tensor"
 
     def infer(self):
         return self.type

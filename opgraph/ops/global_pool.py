@@ -25,6 +25,7 @@ class GlobalAvgPool2d(Op):
     """Mean over each (H, W) plane: (N, C, H, W) -> (N, C, 1, 1)."""
 
     kind: ClassVar[str] = "global_avg_pool2d"
+    family: ClassVar[str] = "global_pool"
 
     def infer(self, x):
         require_ndim(self, "input", x, 4)
@@ -42,6 +43,7 @@ class GlobalAvgPool2dBackward(Op):
 
     input_shape: tuple = F.shape("input_shape")
     kind: ClassVar[str] = "global_avg_pool2d_backward"
+    family: ClassVar[str] = "global_pool"
 
     def infer(self, gy):
         if len(self.input_shape) != 4:

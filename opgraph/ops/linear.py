@@ -24,6 +24,8 @@ class Linear(Op):
 
     arity: ClassVar = (2, 3)
     kind: ClassVar[str] = "linear"
+    family: ClassVar[str] = "linear"
+    direction: ClassVar[str] = "fwd"
 
     def infer(self, x, w, b=None):
         require_ndim(self, "input", x, 2)
@@ -59,6 +61,7 @@ class MatMul(Op):
     transpose_b: bool = F.flag("transpose_b")
     arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "matmul"
+    family: ClassVar[str] = "linear"
 
     def _dims(self, a, b):
         m, ka = a.shape[::-1] if self.transpose_a else a.shape

@@ -30,6 +30,7 @@ class Softmax(Op):
 
     axis: int = F.axis(1)
     kind: ClassVar[str] = "softmax"
+    family: ClassVar[str] = "softmax"
 
     def infer(self, x):
         _check_axis(x, self.axis)
@@ -46,6 +47,7 @@ class SoftmaxBackward(Op):
     axis: int = F.axis(1)
     arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "softmax_backward"
+    family: ClassVar[str] = "softmax"
 
     def infer(self, y, gy):
         _check_axis(y, self.axis)
@@ -60,6 +62,7 @@ class LogSoftmax(Op):
 
     axis: int = F.axis(1)
     kind: ClassVar[str] = "log_softmax"
+    family: ClassVar[str] = "softmax"
 
     def infer(self, x):
         _check_axis(x, self.axis)
@@ -76,6 +79,7 @@ class LogSoftmaxBackward(Op):
     axis: int = F.axis(1)
     arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "log_softmax_backward"
+    family: ClassVar[str] = "softmax"
 
     def infer(self, y, gy):
         _check_axis(y, self.axis)
@@ -97,6 +101,7 @@ class CrossEntropy(Op):
     reduction: str = attrs.field(default="mean", kw_only=True, converter=_reduction)
     arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "cross_entropy"
+    family: ClassVar[str] = "softmax"
 
     def infer(self, logits, target):
         require_ndim(self, "logits", logits, 2)
@@ -118,6 +123,7 @@ class CrossEntropyBackward(Op):
     reduction: str = attrs.field(default="mean", kw_only=True, converter=_reduction)
     arity: ClassVar = (3, 3)
     kind: ClassVar[str] = "cross_entropy_backward"
+    family: ClassVar[str] = "softmax"
 
     def infer(self, logits, target, gy):
         if gy.shape != ():

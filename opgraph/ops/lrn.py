@@ -20,6 +20,7 @@ from . import _fields as F
 
 @attrs.frozen
 class _LrnOp(Op):
+    family: ClassVar[str] = "lrn"
     size: int = F.integer("size", minimum=1)
     alpha: float = F.real("alpha", 1e-4)
     beta: float = F.real("beta", 0.75)

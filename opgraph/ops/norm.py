@@ -64,6 +64,7 @@ class BatchNorm(Op):
     eps: float = F.real("eps", 1e-5, lo=0.0)
     arity: ClassVar = (5, 5)
     kind: ClassVar[str] = "batch_norm"
+    family: ClassVar[str] = "norm"
 
     def infer(self, x, scale, bias, mean, var):
         dtype = _check_channel_vectors(self, x, dict(scale=scale, bias=bias, mean=mean, var=var))
@@ -87,6 +88,7 @@ class BatchNormBackwardData(Op):
     eps: float = F.real("eps", 1e-5, lo=0.0)
     arity: ClassVar = (3, 3)
     kind: ClassVar[str] = "batch_norm_backward_data"
+    family: ClassVar[str] = "norm"
 
     def infer(self, gy, scale, var):
         return TensorType(gy.shape, _check_channel_vectors(self, gy, dict(scale=scale, var=var)))
@@ -112,6 +114,7 @@ class BatchNormBackwardScale(Op):
     eps: float = F.real("eps", 1e-5, lo=0.0)
     arity: ClassVar = (4, 4)
     kind: ClassVar[str] = "batch_norm_backward_scale"
+    family: ClassVar[str] = "norm"
 
     def infer(self, x, mean, var, gy):
         dtype = _check_channel_vectors(self, x, dict(mean=mean, var=var))

@@ -29,6 +29,7 @@ from . import _fields as F
 
 @attrs.frozen
 class _PoolOp(Op):
+    family: ClassVar[str] = "pool"
     kernel_size: tuple = F.spatial("kernel_size")
     stride: tuple = F.spatial("stride")
     padding: tuple = F.padding()

@@ -29,6 +29,7 @@ class Transpose(Op):
 
     perm: tuple = F.shape("perm")
     kind: ClassVar[str] = "transpose"
+    family: ClassVar[str] = "tensor"
 
     def __attrs_post_init__(self):
         if sorted(self.perm) != list(range(len(self.perm))):
@@ -78,6 +79,7 @@ class Constant(Op):
                                     eq=attrs.cmp_using(eq=_same_array), hash=False, repr=False)
     arity: ClassVar = (0, 0)
     kind: ClassVar[str] = "constant"
+    family: ClassVar[str] = "tensor"
 
     def infer(self):
         return TensorType(self.value.shape, self.value.dtype.name)

@@ -31,6 +31,7 @@ class Reshape(Op):
 
     shape: tuple = F.shape("shape")
     kind: ClassVar[str] = "reshape"
+    family: ClassVar[str] = "tensor"
 
     def infer(self, x):
         if math.prod(self.shape) != x.size:
@@ -47,6 +48,7 @@ class Flatten(Op):
 
     start_dim: int = F.integer("start_dim", 1, minimum=0)
     kind: ClassVar[str] = "flatten"
+    family: ClassVar[str] = "tensor"
 
     def infer(self, x):
         if self.start_dim >= max(x.ndim, 1):
@@ -64,6 +66,7 @@ class Concat(Op):
     axis: int = F.axis(1)
     arity: ClassVar = (1, None)
     kind: ClassVar[str] = "concat"
+    family: ClassVar[str] = "tensor"
 
     def infer(self, *xs):
         first = xs[0]
@@ -93,6 +96,7 @@ class Slice(Op):
     start: int = F.integer("start", minimum=0)
     stop: int = F.integer("stop", minimum=0)
     kind: ClassVar[str] = "slice"
+    family: ClassVar[str] = "tensor"
 
     def infer(self, x):
         ax = _axis(self, x, self.axis)
@@ -116,6 +120,7 @@ class SliceBackward(Op):
     stop: int = F.integer("stop", minimum=0)
     input_shape: tuple = F.shape("input_shape")
     kind: ClassVar[str] = "slice_backward"
+    family: ClassVar[str] = "tensor"
 
     def infer(self, gy):
         want = Slice(axis=self.axis, start=self.start, stop=self.stop).infer(TensorType(self.input_shape, gy.dtype))
@@ -134,6 +139,7 @@ class Pad(Op):
     padding: tuple = F.padding()
     value: float = F.real("value", 0.0)
     kind: ClassVar[str] = "pad"
+    family: ClassVar[str] = "tensor"
 
     def infer(self, x):
         require_ndim(self, "input", x, 4)
@@ -151,6 +157,7 @@ class PadBackward(Op):
 
     padding: tuple = F.padding()
     kind: ClassVar[str] = "pad_backward"
+    family: ClassVar[str] = "tensor"
 
     def infer(self, gy):
         require_ndim(self, "gradient", gy, 4)

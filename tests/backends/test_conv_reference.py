@@ -193,3 +193,35 @@ def test_backward_rejects_wrong_gradient_shape():
         ref.conv2d_backward_data(np, np.ones((1, 2, 4, 4)), np.ones((2, 1, 3, 3)), input_shape=(1, 1, 5, 5))
     with pytest.raises(ShapeError, match="output gradient"):
         ref.conv2d_backward_filter(np, np.ones((1, 1, 5, 5)), np.ones((1, 2, 4, 4)), weight_shape=(2, 1, 3, 3))
+
+
+@pytest.mark.parametrize("case", ["asym_pad", "stride_hw", "dilation", "groups2", "stride_not_tiling"])
+def test_node_geometry_reinterprets_nothing(monkeypatch, case):
+    """A node's geometry (``geometry_of``: the op's canonical fields, the node's
+    types) is ``conv_geometry``'s, without ``padding2d`` or ``conv_out_size``;
+    the three directions run on it give the standalone functions' results."""
+    from opgraph.ops import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter
+    from opgraph.types import TensorType
+
+    x, w, gy, params = data(case)
+    want = ref.conv_geometry(x.shape, w.shape, **params)
+    results = [ref.conv2d_forward(np, x, w, **params),
+               ref.conv2d_backward_data(np, gy, w, input_shape=x.shape, **params),
+               ref.conv2d_backward_filter(np, x, gy, weight_shape=w.shape, **params)]
+    fwd, dgrad = Conv2d(**params), Conv2dBackwardData(input_shape=x.shape, **params)
+    wgrad = Conv2dBackwardFilter(weight_shape=w.shape, **params)
+    t = {k: TensorType(a.shape, "float64") for k, a in dict(x=x, w=w, gy=gy).items()}
+
+    def unavailable(*a, **k):
+        raise AssertionError("the node geometry re-derived a parameter")
+
+    monkeypatch.setattr(ref, "padding2d", unavailable)
+    monkeypatch.setattr(ref, "conv_out_size", unavailable)
+    geoms = [ref.geometry_of("forward", fwd, [t["x"], t["w"]], t["gy"]),
+             ref.geometry_of("backward_data", dgrad, [t["gy"], t["w"]], t["x"]),
+             ref.geometry_of("backward_filter", wgrad, [t["x"], t["gy"]], t["w"])]
+    assert geoms == [want] * 3
+    got = [ref.forward(np, x, w, geoms[0]), ref.backward_data(np, gy, w, geoms[1]),
+           ref.backward_filter(np, x, gy, geoms[2])]
+    for a, b in zip(got, results):
+        np.testing.assert_array_equal(a, b)

@@ -263,13 +263,13 @@ def test_cuda_rule_offers_both_methods_for_channels_last_and_passes_the_option(s
 
 def test_autotune_enumerates_both_methods_as_candidates():
     from opgraph.passes.autotune import _variants, candidate_set
-    from opgraph.passes.lower import policy_options, survey
+    from opgraph.passes.candidates import survey
     from opgraph.passes.policy import LoweringPolicy
     cuda_rules.register_rules()
     op, policy = ops.BiasAddBackward(), LoweringPolicy()
     types = (TensorType((8, 5, 6, 6), layout="NHWC"),)
-    applicable = survey("conv.grad/bias_add_backward", op, types, "cuda", policy).applicable
-    cands = [(r.algorithm, {**policy_options(r, policy), **v}) for r, _ in applicable
-             for v in _variants(r, op, types, "cuda", policy_options(r, policy))]
+    applicable = [(e.rule, e.options) for e in survey("conv.grad/bias_add_backward", op, types, "cuda",
+                                                        policy).applicable()]
+    cands = [(r.algorithm, {**o, **v}) for r, o in applicable for v in _variants(r, op, types, "cuda", o)]
     assert ("cuda", {}) in cands and ("cuda", {"method": "gemv"}) in cands
     assert "cuda:bias_variants" in candidate_set(applicable)  # part of the autotune cache key

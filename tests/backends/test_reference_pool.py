@@ -329,3 +329,68 @@ def test_max_pool_backward_sums_half_precision_in_float32(dtype, g):
                                 padding=((1, 1), (1, 1)), ceil_mode=False)
     exact = 9 * float(np.asarray(gy[0, 0, 0, 0], np.float64))
     assert gx.dtype == dt and float(gx[0, 0, 1, 1]) == float(np.asarray(exact, np.float32).astype(dt))
+
+
+# ---- graph nodes: the op's canonical fields and the node's types, nothing re-derived
+
+NODE_CASES = [  # (kernel, stride, padding, ceil_mode), asymmetric and ceil-mode overhangs
+    ((3, 2), (2, 1), ((1, 0), (0, 1)), True),
+    ((2, 3), (2, 2), ((1, 1), (1, 0)), False),
+]
+
+
+@pytest.mark.parametrize("kernel, stride, padding, ceil", NODE_CASES)
+def test_node_kernels_read_the_node_geometry_and_never_recompute_it(monkeypatch, kernel, stride, padding,
+                                                                    ceil):
+    """Every pooling node's reference kernel equals the standalone function,
+    with ``padding2d`` and ``pool_out_size`` unavailable to it: the geometry
+    comes from the op's fields and the node's types (``ctx.out_type``)."""
+    import opgraph as og
+    from opgraph.backends.registry import KernelContext, lookup
+    from opgraph.ops import (AvgPool2dBackward, MaxPool2dBackward, MaxPool2dBackwardRelu,
+                             MaxPool2dSelect)
+
+    rng = np.random.default_rng(7)
+    g = og.Graph()
+    xv = g.input("x", (2, 3, 9, 8), "float64")
+    fields = dict(kernel_size=kernel, stride=stride, padding=padding, ceil_mode=ceil)
+    nodes = [og.max_pool2d(xv, kernel, stride, padding, ceil),
+             og.avg_pool2d(xv, kernel, stride, padding, ceil)]
+    gy = g.input("gy", nodes[0].shape, "float64")
+    nodes += [g.apply(MaxPool2dBackward, fields, [xv, gy]), g.apply(MaxPool2dBackwardRelu, fields, [xv, gy]),
+              g.apply(MaxPool2dSelect, fields, [xv, xv]),
+              g.apply(AvgPool2dBackward, dict(fields, input_shape=xv.shape), [gy])]
+    feeds = {"x": rng.standard_normal(xv.shape), "gy": rng.standard_normal(gy.shape)}
+    standalone = {"MaxPool2d": pool.max_pool2d, "AvgPool2d": pool.avg_pool2d,
+                  "MaxPool2dBackward": pool.max_pool2d_backward,
+                  "MaxPool2dBackwardRelu": pool.max_pool2d_backward_relu,
+                  "MaxPool2dSelect": pool.max_pool2d_select, "AvgPool2dBackward": pool.avg_pool2d_backward}
+    args = {v.name: [feeds[i.name] for i in g.node(v.node).inputs] for v in nodes}
+    want = {v.name: standalone[v.op.name](np, *args[v.name], **v.op.params()) for v in nodes}
+
+    def unavailable(*a, **k):
+        raise AssertionError("a node kernel re-derived its geometry")
+
+    monkeypatch.setattr(pool, "padding2d", unavailable)
+    monkeypatch.setattr(pool, "pool_out_size", unavailable)
+    for v in nodes:
+        ctx = KernelContext(np, "cpu", {}, v.type)
+        got = lookup(type(v.op), "reference").kernel(ctx, v.op, *args[v.name])
+        assert got.shape == v.shape
+        np.testing.assert_array_equal(got, want[v.name])
+
+
+def test_a_node_kernel_sizes_its_output_from_the_context():
+    """The pooled extent is ``ctx.out_type``'s when given (the executor's), the
+    op's own rule otherwise (a kernel called by hand)."""
+    from opgraph.backends.registry import KernelContext, lookup
+    from opgraph.ops import MaxPool2d
+    from opgraph.types import TensorType
+
+    op = MaxPool2d(kernel_size=2, stride=2)
+    x = np.arange(2 * 6 * 6, dtype=np.float64).reshape(1, 2, 6, 6)
+    kernel = lookup(MaxPool2d, "reference").kernel
+    assert kernel(KernelContext(np), op, x).shape == (1, 2, 3, 3)
+    # given a type, the kernel reads its extent and computes none (a smaller one shows it)
+    given = KernelContext(np, out_type=TensorType((1, 2, 2, 3), "float64"))
+    assert kernel(given, op, x).shape == (1, 2, 2, 3)

@@ -258,3 +258,23 @@ def test_cache_keys_name_no_object_address():
         assert " at 0x" not in key and "functools.partial" not in key, key
     key = candidate_set([(rules_for(ops.Conv2dBackwardData)["winograd"], {})])
     assert key == "winograd:variants('backward_data')"
+
+
+def test_candidates_and_their_reference_get_the_node_type(monkeypatch, tmp_path):
+    """Every kernel autotune runs is told its node's output type in the dtype
+    it runs in: float64 for the reference check, float32 for the candidates."""
+    from opgraph.backends import registry
+    from opgraph.backends.registry import Rule
+
+    seen = []
+
+    def recording(ctx, op, x):
+        seen.append((ctx.out_type.shape, ctx.out_type.dtype, x.dtype.name))
+        return 2 * x
+
+    registry.rules_for(Scale)  # load the backends first
+    monkeypatch.setitem(registry._RULES, Scale, {
+        "reference": Rule(Scale, "reference", recording, tags={"reference"}),
+        "fast": Rule(Scale, "fast", recording), "slow": Rule(Scale, "slow", recording)})
+    tune(scale_graph()[1], tmp_path / "c.json", StubTimer({"fast": 1.0, "slow": 2.0}))
+    assert set(seen) == {((4, 5), "float64", "float64"), ((4, 5), "float32", "float32")}

@@ -3,7 +3,6 @@ the correct candidates within the tolerance of the fastest, the smallest
 workspace wins; the report says so; a cached decision is chosen again from its
 measurements under the current tolerance."""
 
-import argparse
 import json
 import warnings
 
@@ -15,8 +14,7 @@ from opgraph.backends.registry import Rule
 from opgraph.passes.autotune import AutotunePass, choose
 from opgraph.passes.base import PassContext, Pipeline
 from opgraph.passes.lower import LowerPass
-from opgraph.passes.policy import (LoweringPolicy, PolicyError, add_cli_arguments, parse_fraction,
-                                   policy_from_args)
+from opgraph.passes.policy import LoweringPolicy, PolicyError, parse_fraction
 from opgraph.passes.report import Candidate
 
 from passes_stubs import SCALE_RULES, Scale, StubTimer
@@ -190,12 +188,10 @@ def test_bad_tolerance_in_a_file_names_file_key_and_value(tmp_path, text, value)
 
 
 def test_tolerance_flag():
-    parser = argparse.ArgumentParser()
-    add_cli_arguments(parser)
-    assert policy_from_args(parser.parse_args(["--workspace-tolerance", "5%"])).workspace_tolerance == 0.05
-    assert policy_from_args(parser.parse_args([])).workspace_tolerance == 0.03
+    assert LoweringPolicy.from_cli(workspace_tolerance="5%").workspace_tolerance == 0.05
+    assert LoweringPolicy.from_cli().workspace_tolerance == 0.03
     with pytest.raises(PolicyError) as e:
-        policy_from_args(parser.parse_args(["--workspace-tolerance=-1"]))
+        LoweringPolicy.from_cli(workspace_tolerance="-1")
     assert "--workspace-tolerance" in str(e.value) and "'-1'" in str(e.value)
 
 

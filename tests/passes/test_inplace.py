@@ -455,6 +455,6 @@ def test_a_plan_that_no_longer_holds_is_refused():
             Executable(graph, exe.outputs, _resolve)
 
 
-def _resolve(op):
+def _resolve(op, out_type):
     from opgraph.backends.registry import KernelContext, lookup
-    return lookup(type(op.op), op.algorithm).kernel, KernelContext(np, "cpu", op.option_dict)
+    return lookup(type(op.op), op.algorithm).kernel, KernelContext(np, "cpu", op.option_dict, out_type)

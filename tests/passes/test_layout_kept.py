@@ -46,7 +46,7 @@ def test_replace_op_and_rewiring_keep_the_layout():
     conv_op = out.node(conv).op
     fused = Lowered(ops.Conv2dBiasRelu(**conv_op.conv_params()), "direct", "cuda", {})
     out.replace_op(conv, fused)       # what fusion and autotuning do
-    out.absorb(relu, conv)            # the concat now reads the fused node (set_inputs)
+    out.absorb(relu, conv)            # the concat now reads the fused node
     assert out.node(conv).type.layout == "NHWC"
     assert out.node(out["cat"].node).type.layout == "NHWC"
     four_d = [v for v in out.nodes_in_order([y]) if v.type.ndim == 4]
@@ -63,8 +63,8 @@ def test_every_4d_step_output_is_channels_last_and_values_are_unchanged():
         if t.ndim == 4:
             graph.nx.nodes[n]["type"] = attrs.evolve(t, layout="NHWC")
 
-    def resolve(op):
-        return rules_for(type(op.op))[op.algorithm].kernel, KernelContext(np, "cpu", op.option_dict)
+    def resolve(op, out_type):
+        return rules_for(type(op.op))[op.algorithm].kernel, KernelContext(np, "cpu", op.option_dict, out_type)
 
     nhwc = Executable(graph, exe.outputs, resolve, xp=np)
     rng = np.random.default_rng(0)

@@ -177,3 +177,83 @@ def test_autotune_legalizes_when_any_candidate_needs_it():
     g, p = forward_graph()
     out, _ = legalize(g, [p], LoweringPolicy(explicit_padding=["winograd"], autotune=True))
     assert "conv1/pad" in out
+
+
+def symmetric_only(rule):
+    """A stand-in for a backend that takes symmetric padding only (as cuDNN's
+    rules will declare once its private legalizer goes): ``rule`` renamed
+    ``sympad``, tagged ``symmetric_padding_only``, whose kernel refuses any
+    asymmetric padding, so a node legalize missed fails loudly."""
+    def kernel(ctx, op, *arrays, **kw):
+        (t, b), (l, r) = op.padding
+        if t != b or l != r:
+            raise AssertionError(f"asymmetric padding {op.padding} reached a symmetric-only kernel")
+        return rule.kernel(ctx, op, *arrays, **kw)
+
+    return attrs.evolve(rule, algorithm="sympad", kernel=kernel, tags={"symmetric_padding_only"})
+
+
+@pytest.fixture
+def sympad(monkeypatch):
+    """``sympad`` (:func:`symmetric_only` of gemm) on every op of the conv family."""
+    from opgraph.ops import of_family
+
+    for t in of_family("conv"):
+        install_rule(monkeypatch, t, symmetric_only(rules_for(t)["gemm"]))
+    return LoweringPolicy(prefer={"conv": ["sympad"]})
+
+
+def check_against_reference(outs, policy, feeds, gy=None):
+    """Compile ``outs`` under ``policy`` and check every output against the
+    float64 reference pipeline; returns the executable."""
+    grads = {} if gy is None else {"grad_outputs": {outs[0]: gy}}
+    exe = og.compile(outs, policy=policy, dtype="float64")
+    ref = og.compile(outs, pipeline="reference", dtype="float64")
+    for a, b in zip(exe(**grads, **feeds), ref(**grads, **feeds)):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    return exe
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_symmetric_only_rule_runs_every_conv_op_of_a_training_graph(sympad, fused):
+    """conv + bias + relu + pool with its gradients: the forward (fused into
+    Conv2dBiasRelu after legalize when fusion is on), backward-data and
+    backward-filter convolutions all get the rule, each with the asymmetric
+    excess made explicit, and the values are the reference's."""
+    g = og.Graph()
+    x, w, b = g.input("x", (2, 3, 9, 8)), g.param("w", (4, 3, 3, 3)), g.param("b", (4,))
+    relu = og.relu(og.conv2d(x, w, b, padding=((1, 2), (3, 1)), name="conv"), name="relu")
+    y = og.max_pool2d(relu, 2, name="pool")
+    outs = [y, *og.grad(y, [x, w, b])]
+    policy = sympad if fused else attrs.evolve(sympad, exclude=["fused"])
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((2, 3, 9, 8)), "w": rng.standard_normal((4, 3, 3, 3)),
+             "b": rng.standard_normal(4)}
+    exe = check_against_reference(outs, policy, feeds, rng.standard_normal(y.shape))
+    convs = [s for s in exe.steps if s.op.family == "conv"]
+    assert {s.op.algorithm for s in convs} == {"sympad"}
+    assert {s.op.op.padding for s in convs} == {((1, 1), (1, 1))}
+    forward = {"Conv2dBiasRelu"} if fused else {"Conv2d"}
+    assert {s.op.op.name for s in convs} == forward | {"Conv2dBackwardData", "Conv2dBackwardFilter"}
+    pads = [s.op.op.padding for s in exe.steps if s.op.op.name in ("Pad", "PadBackward")]
+    assert pads == [((0, 1), (2, 0))] * 3
+
+
+def test_a_fused_conv_node_is_legalized_like_a_forward_one(sympad):
+    """A Conv2dBiasRelu built directly (not by the fuse pass) with asymmetric
+    padding: its image input is padded by the excess, as for Conv2d."""
+    from opgraph.ops import Conv2dBiasRelu
+
+    g = og.Graph()
+    x, w, b = g.input("x", (1, 2, 7, 6)), g.param("w", (3, 2, 3, 2)), g.param("b", (3,))
+    y = g.apply(Conv2dBiasRelu, dict(padding=((1, 2), (1, 0)), stride=(2, 1)), [x, w, b], name="cbr")
+    out, _ = legalize(g, [y], sympad)
+    assert out.dump([y]).splitlines()[-2:] == [
+        "%4 cbr/pad = Pad(padding=((0, 1), (1, 0)), value=0.0)(%0) -> float32[1, 2, 8, 7]",
+        "%3 cbr = Conv2dBiasRelu(stride=(2, 1), padding=(1, 0), dilation=1, groups=1)"
+        "(%4, %1, %2) -> float32[1, 3, 4, 6]"]
+    rng = np.random.default_rng(4)
+    feeds = {"x": rng.standard_normal((1, 2, 7, 6)), "w": rng.standard_normal((3, 2, 3, 2)),
+             "b": rng.standard_normal(3)}
+    exe = check_against_reference([y], sympad, feeds)
+    assert exe.report.node("cbr").algorithm == "sympad"

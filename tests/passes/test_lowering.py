@@ -8,7 +8,8 @@ import opgraph as og
 from opgraph.errors import LoweringError
 from opgraph.ops import Conv2d
 from opgraph.passes.base import PassContext
-from opgraph.passes.lower import LowerPass, survey
+from opgraph.passes.candidates import survey
+from opgraph.passes.lower import LowerPass
 from opgraph.passes.policy import LoweringPolicy
 from opgraph.passes.verify import VerifyPass
 from opgraph.types import TensorType
@@ -175,12 +176,12 @@ def test_cuda_order_puts_cudnn_first_and_declines_cpu_only_rules(monkeypatch):
     op = Conv2d(padding=1)
     types = (TensorType((1, 4, 8, 8)), TensorType((4, 4, 3, 3)))
     s = survey("c", op, types, "cuda", LoweringPolicy(prefer={"conv": ["cpuonly"]}))
-    assert s.declined["cpuonly"] == "cpuonly has no cuda implementation"
+    assert s.declined()["cpuonly"] == "cpuonly has no cuda implementation"
     order = [a for a in s.order if a != "cpuonly"]
     expected = [a for a in ("cudnn", "gemm", "fft", "winograd", "direct") if a in order]
     assert order[:len(expected)] == expected
-    assert survey("c", op, types, "cpu", LoweringPolicy(prefer={"conv": ["cpuonly"]})).applicable[0][0].algorithm \
-        == "cpuonly"
+    cpu = survey("c", op, types, "cpu", LoweringPolicy(prefer={"conv": ["cpuonly"]}))
+    assert cpu.applicable()[0].rule.algorithm == "cpuonly"
 
 
 def test_lowered_nodes_compute_the_reference_result():
@@ -193,3 +194,27 @@ def test_lowered_nodes_compute_the_reference_result():
         got = og.compile(outs, policy=policy)(grad_outputs={outs[0]: gy}, **feeds)
         for a, b in zip(got, ref):
             assert np.linalg.norm(a - b) <= 1e-4 * np.linalg.norm(b)
+
+
+@pytest.mark.parametrize("storage, compile_dtype, asked, want", [
+    ("float32", None, "fp32", "fp32"),        # given even when it is fp32: no "absent"
+    ("bfloat16", None, "fp32", "bf16"),       # fp32 on half storage: the storage's own
+    ("float32", "bfloat16", "fp32", "bf16"),  # the storage the node runs in counts
+    ("bfloat16", None, "tf32", "tf32"),       # any other precision as asked
+    ("float32", None, "bf16", "bf16"),
+])
+def test_the_resolved_precision_is_always_passed(monkeypatch, storage, compile_dtype, asked, want):
+    """A rule tagged ``option:precision`` always gets the precision resolved for
+    the node's storage (opgraph/precision.py), so that no kernel decides what
+    an absent precision means."""
+    from opgraph.backends.registry import Rule
+
+    install_scale_rules(monkeypatch, ["reference"])
+    install_rule(monkeypatch, Scale, Rule(Scale, "exact", lambda ctx, op, x: 2 * x,
+                                          tags={"option:precision"}))
+    g = og.Graph()
+    y = g.add_node(Scale(), [g.input("x", (2, 3), storage)], name="s")
+    ctx = PassContext(policy=LoweringPolicy(prefer={"*": ["exact"]}, precision=asked), dtype=compile_dtype)
+    LowerPass()(g, [y], ctx)
+    rec = ctx.report.node("s")
+    assert rec.algorithm == "exact" and rec.options == {"precision": want}

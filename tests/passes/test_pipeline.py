@@ -322,3 +322,16 @@ def test_fusion_keeps_a_forced_choice_of_the_absorbed_node():
     same = og.compile([y], policy=og.LoweringPolicy(prefer={"conv": ["reference"]},
                                                     force={"relu1": "reference"}))
     assert "relu1" not in same.graph and same.graph["conv1"].op.op.name == "Conv2dBiasRelu"
+
+
+@pytest.mark.parametrize("dtype", [None, "float64"])
+def test_every_step_context_carries_its_node_type(dtype):
+    """The executor gives each kernel its node's inferred output type (as it
+    runs: ``compile(dtype=...)`` replaces the floating dtype), so kernels read
+    their output size instead of computing it."""
+    g, y = small_model()
+    exe = og.compile(og.grad(y, [g["w"]]) + [y], dtype=dtype)
+    for st in exe.steps:
+        t = exe.graph.node(st.node).type
+        assert st.ctx.out_type.shape == t.shape and st.ctx.out_type.layout == t.layout
+        assert st.ctx.out_type.dtype == (dtype or t.dtype)

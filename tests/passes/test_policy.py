@@ -1,11 +1,9 @@
 """LoweringPolicy: construction, TOML loading, CLI strings, queries."""
 
-import argparse
 
 import pytest
 
-from opgraph.passes.policy import (DEFAULT_ORDER, LoweringPolicy, PolicyError, add_cli_arguments,
-                                   parse_bytes, policy_from_args)
+from opgraph.passes.policy import DEFAULT_ORDER, LoweringPolicy, PolicyError, parse_bytes
 
 GOOD_TOML = """
 autotune = true
@@ -157,16 +155,15 @@ def test_cli_flags_go_before_the_file(tmp_path):
     assert p.forced("conv1") == "direct" and p.precision == "fp16"
 
 
-def test_argparse_wiring(tmp_path):
-    parser = argparse.ArgumentParser()
-    add_cli_arguments(parser)
+def test_cli_strings(tmp_path):
+    """What the benchmark CLI passes (``add_cli_arguments`` is gone: the CLI
+    declares its own flags and calls ``from_cli``)."""
     path = write(tmp_path, "exclude = ['winograd']\n")
-    args = parser.parse_args(["--lowering", "conv=fft", "--policy", str(path), "--autotune",
-                              "--precision", "tf32", "--workspace-limit", "64MiB"])
-    p = policy_from_args(args)
+    p = LoweringPolicy.from_cli("conv=fft", policy_file=str(path), autotune=True, precision="tf32",
+                                workspace_limit="64MiB")
     assert p.prefer["conv"] == ("fft",) and p.exclude == {"winograd"}
     assert p.autotune and p.precision == "tf32" and p.workspace_limit == 64 * 2**20
-    assert policy_from_args(parser.parse_args([])) == LoweringPolicy()
+    assert LoweringPolicy.from_cli() == LoweringPolicy()
 
 
 def test_policy_is_frozen_and_compared_by_value():
@@ -200,3 +197,46 @@ def test_layout_is_case_insensitive_like_the_cli(tmp_path):
     assert p.layout == "NHWC"
     with pytest.raises(PolicyError, match="layout"):
         LoweringPolicy(layout="chwn")
+
+
+#: The aliases as policy.py spelled them out before ops declared their family.
+EARLIER_ALIASES = {
+    "conv": {"Conv2d", "Conv2dBackwardData", "Conv2dBackwardFilter"},
+    "conv_fwd": {"Conv2d"}, "conv_dgrad": {"Conv2dBackwardData"}, "conv_wgrad": {"Conv2dBackwardFilter"},
+    "pool": {"MaxPool2d", "MaxPool2dBackward", "MaxPool2dBackwardRelu", "MaxPool2dSelect", "AvgPool2d",
+             "AvgPool2dBackward"},
+    "relu": {"Relu", "ReluBackward", "Threshold", "ThresholdBackward"},
+    "lrn": {"LocalResponseNorm", "LocalResponseNormBackward"},
+    "linear": {"Linear", "MatMul"},
+    "softmax": {"Softmax", "SoftmaxBackward", "LogSoftmax", "LogSoftmaxBackward", "CrossEntropy",
+                "CrossEntropyBackward"},
+}
+
+
+def test_aliases_are_the_ops_family_declarations():
+    """Every alias comes from ``Op.family`` / ``Op.direction`` (an op added to
+    ``opgraph.ops`` gets its alias from its own class); the aliases the
+    policy spelled out before keep their ops, and the fused forward
+    convolution joins ``conv`` / ``conv_fwd``."""
+    from opgraph import ops
+    from opgraph.passes.policy import ALIASES, CONV_OPS
+
+    for name in ops.__all__:
+        op = getattr(ops, name)
+        assert name in ALIASES[op.family] and name in ALIASES["*"]
+        if op.direction is not None:
+            assert name in ALIASES[f"{op.family}_{op.direction}"]
+    for alias, names in EARLIER_ALIASES.items():
+        assert set(ALIASES[alias]) - names == ({"Conv2dBiasRelu"} if alias in ("conv", "conv_fwd") else set())
+        assert names <= set(ALIASES[alias])
+    assert CONV_OPS == ALIASES["conv"] == tuple(t.__name__ for t in ops.of_family("conv"))
+    assert ops.of_family("conv", "wgrad") == (ops.Conv2dBackwardFilter,)
+    # an alias spelled like an op name (keys are case-insensitive) covers that op
+    for alias, names in ALIASES.items():
+        assert {n for n in ops.__all__ if n.lower() == alias} <= set(names)
+
+
+def test_the_default_order_follows_the_family():
+    p = LoweringPolicy()
+    assert p.order("Conv2dBiasRelu", "cpu") == DEFAULT_ORDER["cpu"]["conv"]
+    assert p.order("MaxPool2dBackwardRelu", "cuda") == DEFAULT_ORDER["cuda"]["*"]

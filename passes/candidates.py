@@ -1,0 +1,245 @@
+"""The candidates of a node: which rules could lower it under a policy, and why the others cannot.
+
+The legalize, lower, fuse and autotune passes (and the benchmark's columns)
+all ask this one question; this module answers it.
+
+The candidates are the rules registered for the node's op type
+(``registry.rules_for``), in the policy's order (``LoweringPolicy.order``:
+preferred, then the device default, then any other registered rule, so a
+new backend is never unreachable). A candidate is kept out, its reason kept
+for the report, when
+
+* the policy excludes it (``exclude``, or an ``optional`` rule not included);
+* the rule declines the node (``Rule.decline_reason``: device, stride,
+  kernel size, 32-bit limits, ...);
+* it needs explicit padding the node does not have yet (tags below; the
+  legalize pass inserts the ``Pad`` nodes, so it asks with ``padded_ok``);
+* its workspace exceeds ``policy.workspace_limit`` (autotune asks without
+  the limit: an over-budget candidate is reported, not declined).
+
+Rule tags read here (the contract with the backends):
+
+* ``needs_explicit_padding``: the rule runs only unpadded convolutions;
+* ``symmetric_padding_only``: it runs symmetric padding only (the asymmetric
+  excess must be explicit);
+* ``option:precision`` / ``option:workspace_limit``: its kernel takes that
+  keyword option, filled from the policy: the precision resolved for the
+  node's storage (``opgraph/precision.py``), always, and the workspace limit
+  when there is one.
+
+A node is surveyed once per compile: :func:`survey_node` keeps each
+:class:`Survey` in ``PassContext.surveys``, keyed by the node's id, its op,
+its input types and the policy, so that a node a pass rewrote in between
+(legalize changes its padding, fuse its op, layout its inputs' layout) is
+surveyed again, never served stale.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import attrs
+
+from opgraph import precision as precisions
+from opgraph.errors import LoweringError
+from opgraph.op import Op
+from opgraph.types import is_float, run_type
+from opgraph.backends.registry import Rule, rules_for
+
+from .policy import LoweringPolicy
+
+NEEDS_EXPLICIT_PADDING = "needs_explicit_padding"
+SYMMETRIC_PADDING_ONLY = "symmetric_padding_only"
+OPTION_TAGS = {"precision": "option:precision", "workspace_limit": "option:workspace_limit"}
+
+NO_PADDING = ((0, 0), (0, 0))
+
+
+def storage_dtype(in_types, dtype: str | None = None) -> str | None:
+    """The floating storage a node runs in: its first floating input's dtype,
+    or ``dtype`` (``compile(dtype=...)``) replacing it; None without one."""
+    t = next((t for t in in_types if is_float(t.dtype)), None)
+    return None if t is None else run_type(t, dtype).dtype
+
+
+def policy_options(rule: Rule, policy: LoweringPolicy, storage: str | None) -> dict:
+    """Kernel options a rule takes from the policy (see the ``option:`` tags):
+    the precision resolved for a node of floating storage ``storage``
+    (:func:`opgraph.precision.resolve`, always given, ``fp32`` too) and the
+    workspace limit."""
+    out = {}
+    if OPTION_TAGS["precision"] in rule.tags:
+        out["precision"] = precisions.resolve(policy.precision, storage)
+    if OPTION_TAGS["workspace_limit"] in rule.tags and policy.workspace_limit is not None:
+        out["workspace_limit"] = policy.workspace_limit
+    return out
+
+
+def rule_workspace(rule: Rule, op: Op, in_types, options: Mapping) -> int:
+    """Scratch bytes the rule declares for one call (0 if its function raises)."""
+    try:
+        return int(rule.workspace(op, in_types, dict(options)))
+    except Exception:  # a workspace estimate must never break lowering
+        return 0
+
+
+def explicit_padding(rule: Rule, op: Op, policy: LoweringPolicy) -> tuple:
+    """The part of ``op.padding`` that must become an explicit ``Pad`` node for
+    ``rule`` (``((0, 0), (0, 0))`` when none): all of it for a rule tagged
+    ``needs_explicit_padding`` or listed in ``policy.explicit_padding``, the
+    asymmetric excess (``t - min(t, b)``, ...) for ``symmetric_padding_only``.
+    Only ops of family ``conv`` pad with zeros a ``Pad`` node can hold."""
+    if op.family != "conv":  # pooling pads with -inf: never a Pad node's zeros
+        return NO_PADDING
+    pad = op.padding
+    if NEEDS_EXPLICIT_PADDING in rule.tags or policy.needs_explicit_padding(rule.algorithm):
+        return tuple(tuple(p) for p in pad)
+    if SYMMETRIC_PADDING_ONLY in rule.tags:
+        return tuple((b - min(b, e), e - min(b, e)) for b, e in pad)
+    return NO_PADDING
+
+
+@attrs.frozen
+class Entry:
+    """One rule of a node's survey and what may keep it out.
+
+    Attributes:
+        rule, options: the rule and the kernel options the policy gives it.
+        refused: the policy's exclusion or the rule's own decline, or None.
+        padding: the padding that must become explicit first (``NO_PADDING``: none).
+        workspace: its scratch bytes, computed only under a workspace limit.
+    """
+
+    rule: Rule
+    options: Mapping
+    refused: str | None
+    padding: tuple
+    workspace: int | None
+
+    def reason(self, op: Op, *, padded_ok: bool, limit: int | None) -> str | None:
+        """Why it cannot lower ``op`` (None if it can); ``padded_ok`` ignores
+        missing explicit padding, ``limit`` is the workspace budget or None."""
+        if self.refused:
+            return self.refused
+        if not padded_ok and self.padding != NO_PADDING:
+            return (f"{self.rule.algorithm} needs explicit padding {op.padding} (the legalize pass "
+                    "inserts a Pad node)")
+        if limit is not None and (self.workspace or 0) > limit:
+            return f"workspace {self.workspace:,d} B exceeds the limit {limit:,d} B"
+        return None
+
+
+def _entry(rule: Rule, op: Op, in_types, device: str, policy: LoweringPolicy, options: dict,
+               excluded: str | None = None) -> Entry:
+    try:
+        why = excluded or rule.decline_reason(op, in_types, device)
+    except Exception as e:  # a check that crashes declines, with the crash as reason
+        why = f"check raised {type(e).__name__}: {e}"
+    ws = None
+    if why is None and policy.workspace_limit is not None:
+        ws = rule_workspace(rule, op, in_types, options)
+    return Entry(rule, options, why, explicit_padding(rule, op, policy), ws)
+
+
+def decline_reason(rule: Rule, op: Op, in_types, device: str, policy: LoweringPolicy,
+                   options: dict, *, padded_ok: bool = False) -> str | None:
+    """Why ``rule`` cannot lower this node under ``policy`` (None if it can),
+    the policy's exclusions aside (one rule asked alone: the fuse pass, the
+    benchmark's columns). ``padded_ok`` ignores missing explicit padding
+    (what would apply once the legalize pass has inserted the ``Pad`` nodes)."""
+    return _entry(rule, op, in_types, device, policy, options).reason(
+        op, padded_ok=padded_ok, limit=policy.workspace_limit)
+
+
+@attrs.frozen
+class Survey:
+    """Every candidate of one node, in the policy's order; ``forced`` if the
+    policy forces an algorithm (then the list holds that one only)."""
+
+    op: Op
+    order: tuple[str, ...]
+    entries: tuple[Entry, ...]
+    forced: str | None
+    workspace_limit: int | None
+
+    def reasons(self, *, padded_ok: bool = False, limited: bool = True) -> list[tuple[Entry, str | None]]:
+        """``(entry, why not or None)`` in order. ``padded_ok``: as if the
+        legalize pass had made the padding explicit; ``limited=False``: the
+        workspace limit ignored (autotune reports over-budget rows instead)."""
+        limit = self.workspace_limit if limited else None
+        return [(e, e.reason(self.op, padded_ok=padded_ok, limit=limit)) for e in self.entries]
+
+    def applicable(self, **query) -> list[Entry]:
+        """The candidates that can lower the node (``query``: as :meth:`reasons`)."""
+        return [e for e, why in self.reasons(**query) if why is None]
+
+    def declined(self, **query) -> dict[str, str]:
+        """Algorithm -> why it cannot (``query``: as :meth:`reasons`)."""
+        return {e.rule.algorithm: why for e, why in self.reasons(**query) if why is not None}
+
+
+def survey(name: str, op: Op, in_types, device: str, policy: LoweringPolicy, *,
+           force_name: str | None = "", dtype: str | None = None) -> Survey:
+    """Candidates of node ``name`` running ``op`` on ``in_types`` and what keeps each out.
+
+    ``force_name`` is the name ``policy.force`` keys are matched against
+    (``""``: ``name``; ``None``: the node cannot be forced, e.g. a ``Pad``
+    node the legalize pass inserted; see ``PassContext.aliases``). ``dtype``
+    is the compile-time floating dtype (``compile(dtype=...)``), the storage
+    the node's precision is resolved for (:func:`policy_options`).
+
+    Raises:
+        LoweringError: the node is forced to an algorithm with no rule for
+            its op type.
+    """
+    rules = rules_for(type(op))
+    storage = storage_dtype(in_types, dtype)
+    options = {algo: policy_options(rule, policy, storage) for algo, rule in rules.items()}
+    forced = None if force_name is None else policy.forced(force_name or name)
+    if forced is not None:
+        if forced not in rules:
+            raise LoweringError(f"node {name} ({op.name}): forced algorithm {forced!r} has no rule "
+                                f"for {op.name} (registered: {sorted(rules) or 'none'})")
+        order = (forced,)
+        entries = (_entry(rules[forced], op, in_types, device, policy, options[forced]),)
+    else:
+        order = tuple(a for a in policy.order(op.name, device) if a in rules)
+        order += tuple(sorted(set(rules) - set(order)))  # rules no order names: tried last
+        entries = tuple(_entry(rules[a], op, in_types, device, policy, options[a],
+                               policy.exclusion(a, rules[a].tags)) for a in order)
+    return Survey(op, order, entries, forced, policy.workspace_limit)
+
+
+def _stored(t):
+    """``t`` as rules see it: a 4-D value not yet given a layout is stored NCHW."""
+    return attrs.evolve(t, layout="NCHW") if t.ndim == 4 and t.layout is None else t
+
+
+def survey_node(view, ctx, policy: LoweringPolicy | None = None, op: Op | None = None) -> Survey:
+    """The :func:`survey` of graph node ``view`` in pass context ``ctx``
+    (device, compile dtype, the names ``policy.force`` sees), computed once
+    per state of the node and kept in ``ctx.surveys``.
+
+    Args:
+        view: the node (``NodeView``).
+        ctx: the ``PassContext``.
+        policy: the policy asked (default ``ctx.policy``).
+        op: the abstract op (default ``view.op``; autotune passes the op
+            behind a ``Lowered`` one).
+    """
+    policy = policy or ctx.policy
+    op = op or view.op
+    types = view.input_types
+    force_name = ctx.aliases.get(view.name, view.name)
+    key = (view.id, op, tuple(_stored(t) for t in types), force_name, id(policy))
+    kept = ctx.surveys.get(key)
+    if kept is not None and kept[0] is policy:  # the policy kept alive with it: ids are not reused
+        return kept[1]
+    s = survey(view.name, op, types, ctx.device, policy, force_name=force_name, dtype=ctx.dtype)
+    ctx.surveys[key] = (policy, s)
+    return s
+
+
+__all__ = ["Survey", "Entry", "survey", "survey_node", "decline_reason", "explicit_padding",
+           "policy_options", "rule_workspace", "storage_dtype", "NEEDS_EXPLICIT_PADDING",
+           "SYMMETRIC_PADDING_ONLY", "OPTION_TAGS", "NO_PADDING"]

@@ -10,6 +10,7 @@ from opgraph import ops
 
 from ..registry import Rule, register
 from . import broadcast, elementwise, linear, loss, lrn, norm, pool, shape, tensor
+from . import activation, arithmetic, reduce
 
 #: abstract op type -> reference function ``fn(xp, *arrays, **op.params())``.
 REFERENCE_KERNELS = {
@@ -57,6 +58,23 @@ REFERENCE_KERNELS = {
     ops.GlobalAvgPool2dBackward: norm.global_avg_pool2d_backward,
     ops.Transpose: shape.transpose,
     ops.Constant: shape.constant,
+    # modern convnets: activations, division, means, training-form batch norm
+    ops.Hardtanh: activation.hardtanh,
+    ops.HardtanhBackward: activation.hardtanh_backward,
+    ops.Hardsigmoid: activation.hardsigmoid,
+    ops.HardsigmoidBackward: activation.hardsigmoid_backward,
+    ops.Hardswish: activation.hardswish,
+    ops.HardswishBackward: activation.hardswish_backward,
+    ops.Sigmoid: activation.sigmoid,
+    ops.SigmoidBackward: activation.sigmoid_backward,
+    ops.Silu: activation.silu,
+    ops.SiluBackward: activation.silu_backward,
+    ops.Gelu: activation.gelu,
+    ops.GeluBackward: activation.gelu_backward,
+    ops.Div: arithmetic.div,
+    ops.Neg: arithmetic.neg,
+    ops.Mean: reduce.mean,
+    ops.MeanBackward: reduce.mean_backward,
 }
 
 

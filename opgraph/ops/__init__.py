@@ -14,5 +14,10 @@ from .pool import (AvgPool2d, AvgPool2dBackward, MaxPool2d, MaxPool2dBackward, M
                    MaxPool2dSelect)
 from .shape import Constant, Transpose
 from .tensor import Concat, Flatten, Pad, PadBackward, Reshape, Slice, SliceBackward
+from .activation import (Hardsigmoid, HardsigmoidBackward, Hardswish, HardswishBackward, Hardtanh,
+                         HardtanhBackward)
+from .arithmetic import Div, Neg
+from .reduce import Mean, MeanBackward
+from .smooth_activation import Gelu, GeluBackward, Sigmoid, SigmoidBackward, Silu, SiluBackward
 
 __all__ = [name for name in dir() if name[0].isupper()]

@@ -10,7 +10,7 @@ from opgraph import ops
 
 from ..registry import Rule, register
 from . import broadcast, elementwise, linear, loss, lrn, norm, pool, shape, tensor
-from . import activation, arithmetic, reduce
+from . import activation, arithmetic, batchnorm_training, layer_norm, reduce
 
 #: abstract op type -> reference function ``fn(xp, *arrays, **op.params())``.
 REFERENCE_KERNELS = {
@@ -58,7 +58,7 @@ REFERENCE_KERNELS = {
     ops.GlobalAvgPool2dBackward: norm.global_avg_pool2d_backward,
     ops.Transpose: shape.transpose,
     ops.Constant: shape.constant,
-    # modern convnets: activations, division, means, training-form batch norm
+    # modern convnets: activations, division, means, training-form batch norm, layer norm
     ops.Hardtanh: activation.hardtanh,
     ops.HardtanhBackward: activation.hardtanh_backward,
     ops.Hardsigmoid: activation.hardsigmoid,
@@ -75,6 +75,16 @@ REFERENCE_KERNELS = {
     ops.Neg: arithmetic.neg,
     ops.Mean: reduce.mean,
     ops.MeanBackward: reduce.mean_backward,
+    ops.BatchNormStats: batchnorm_training.batch_norm_stats,
+    ops.BatchNormTraining: batchnorm_training.batch_norm_training,
+    ops.BatchNormTrainingBackwardData: batchnorm_training.batch_norm_training_backward_data,
+    ops.BatchNormTrainingBackwardScale: batchnorm_training.batch_norm_training_backward_scale,
+    ops.BatchNormTrainingDoubleBackward: batchnorm_training.batch_norm_training_double_backward,
+    ops.BatchNormRunningUpdate: batchnorm_training.batch_norm_running_update,
+    ops.LayerNorm: layer_norm.layer_norm,
+    ops.LayerNormBackwardData: layer_norm.layer_norm_backward_data,
+    ops.LayerNormBackwardScale: layer_norm.layer_norm_backward_scale,
+    ops.LayerNormDoubleBackward: layer_norm.layer_norm_double_backward,
 }
 
 

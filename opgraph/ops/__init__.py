@@ -17,6 +17,10 @@ from .tensor import Concat, Flatten, Pad, PadBackward, Reshape, Slice, SliceBack
 from .activation import (Hardsigmoid, HardsigmoidBackward, Hardswish, HardswishBackward, Hardtanh,
                          HardtanhBackward)
 from .arithmetic import Div, Neg
+from .batchnorm_training import (BatchNormRunningUpdate, BatchNormStats, BatchNormTraining,
+                                 BatchNormTrainingBackwardData, BatchNormTrainingBackwardScale,
+                                 BatchNormTrainingDoubleBackward)
+from .layer_norm import LayerNorm, LayerNormBackwardData, LayerNormBackwardScale, LayerNormDoubleBackward
 from .reduce import Mean, MeanBackward
 from .smooth_activation import Gelu, GeluBackward, Sigmoid, SigmoidBackward, Silu, SiluBackward
 

@@ -76,6 +76,14 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "linear": ("Linear", "MatMul"),
     "softmax": ("Softmax", "SoftmaxBackward", "LogSoftmax", "LogSoftmaxBackward",
                 "CrossEntropy", "CrossEntropyBackward"),
+    "activation": ("Hardtanh", "HardtanhBackward", "Hardsigmoid", "HardsigmoidBackward", "Hardswish",
+                   "HardswishBackward", "Sigmoid", "SigmoidBackward", "Silu", "SiluBackward", "Gelu",
+                   "GeluBackward"),
+    "norm": ("BatchNorm", "BatchNormBackwardData", "BatchNormBackwardScale", "BatchNormStats",
+             "BatchNormTraining", "BatchNormTrainingBackwardData", "BatchNormTrainingBackwardScale",
+             "BatchNormTrainingDoubleBackward", "BatchNormRunningUpdate", "LayerNorm",
+             "LayerNormBackwardData", "LayerNormBackwardScale", "LayerNormDoubleBackward"),
+    "reduce": ("Mean", "MeanBackward"),
     "*": OP_TYPES,
 }
 

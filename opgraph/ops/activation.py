@@ -41,6 +41,7 @@ from ..errors import NotDifferentiableError, ParameterError, ShapeError
 from ..op import Op, require_same_dtype
 from ..types import TensorType, is_float
 from . import _fields as F
+from .broadcast import Mul
 
 #: Highest derivative order the activation kernels compute.
 MAX_ORDER = 2
@@ -110,7 +111,6 @@ class ActivationBackward(Op):
                 raise NotDifferentiableError(
                     f"node {node.name} ({self.name}): derivatives of order > {MAX_ORDER} with "
                     f"respect to the input are not implemented")
-            from .broadcast import Mul
             d_x = g.apply(type(self), {**self.params(), "order": self.order + 1},
                           [x, g.apply(Mul, {}, [gy, v])])
         return (d_x, d_gy)

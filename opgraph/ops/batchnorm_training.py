@@ -56,6 +56,8 @@ from ..errors import NotDifferentiableError, ParameterError, ShapeError
 from ..op import Op, abstract_of, require_same_dtype
 from ..types import HALF_DTYPES, TensorType, is_float
 from . import _fields as F
+from .broadcast import Mul
+from .elementwise import BiasAddBackward
 
 STATISTICS = ("mean", "var")
 
@@ -162,7 +164,6 @@ class BatchNormTraining(Op):
         _require_stats_of(node, 0, 1)
         x, stats, *affine = node.inputs
         g, p = node.graph, {"eps": self.eps}
-        from .elementwise import BiasAddBackward
         dx = g.apply(BatchNormTrainingBackwardData, p, [gy, x, stats, *affine[:1]]) if wanted[0] else None
         dw = (g.apply(BatchNormTrainingBackwardScale, p, [x, stats, gy])
               if len(affine) > 0 and wanted[2] else None)
@@ -199,8 +200,6 @@ class BatchNormTrainingBackwardData(Op):
                if wanted[1] else None)
         d_w = None
         if weight and wanted[3]:
-            from .broadcast import Mul
-            from .elementwise import BiasAddBackward
             unit = g.apply(BatchNormTrainingBackwardData, p, [gy, x, stats])
             d_w = g.apply(BiasAddBackward, {}, [g.apply(Mul, {}, [v, unit])])
         return (d_gy, d_x, None, d_w)[:len(node.inputs)]

@@ -37,6 +37,7 @@ from ..errors import ShapeError
 from ..op import Op, require_same_dtype
 from ..types import TensorType, is_float
 from . import _fields as F
+from .broadcast import Mul, SumTo
 
 
 def _check(op, x: TensorType, others: dict) -> None:
@@ -83,7 +84,6 @@ class LayerNorm(Op):
     def vjp(self, node, gy, wanted):
         x, *affine = node.inputs
         g, p = node.graph, self.params()
-        from .broadcast import SumTo
         dx = g.apply(LayerNormBackwardData, p, [gy, x, *affine[:1]]) if wanted[0] else None
         dw = g.apply(LayerNormBackwardScale, p, [x, gy]) if affine and wanted[1] else None
         db = (g.apply(SumTo, {"shape": self.normalized_shape}, [gy])
@@ -110,7 +110,6 @@ class LayerNormBackwardData(Op):
 
     def vjp(self, node, v, wanted):
         # dx = rstd * P(gy * weight), P self-adjoint per row: <v, dx> = <rstd * P(v), gy * weight>.
-        from .broadcast import Mul, SumTo
         gy, x, *weight = node.inputs
         g, p = node.graph, self.params()
         unit = g.apply(LayerNormBackwardData, p, [v, x]) if wanted[0] or (weight and wanted[2]) else None

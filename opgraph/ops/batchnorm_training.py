@@ -256,12 +256,6 @@ class BatchNormTrainingDoubleBackward(Op):
         return 20 * out.size
 
 
-def _statistic(value):
-    if value not in STATISTICS:
-        raise ParameterError("statistic", value, f"must be one of {STATISTICS}")
-    return value
-
-
 @attrs.frozen
 class BatchNormRunningUpdate(Op):
     """The new running ``statistic`` ('mean' or 'var'): (stats, running) -> running's type.
@@ -275,7 +269,7 @@ class BatchNormRunningUpdate(Op):
         ParameterError: momentum outside [0, 1], count 1, an unknown statistic.
     """
 
-    statistic: str = attrs.field(kw_only=True, converter=_statistic)
+    statistic: str = F.choice("statistic", STATISTICS)
     momentum: float = F.real("momentum", 0.1, lo=0.0, hi=1.0)
     count: int = F.integer("count", minimum=0)
     arity: ClassVar = (2, 2)

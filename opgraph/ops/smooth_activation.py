@@ -23,16 +23,10 @@ from typing import ClassVar
 
 import attrs
 
-from ..errors import ParameterError
+from . import _fields as F
 from .activation import Activation, ActivationBackward, order_field
 
 GELU_APPROXIMATIONS = ("none", "tanh")
-
-
-def _approximate(value):
-    if value not in GELU_APPROXIMATIONS:
-        raise ParameterError("approximate", value, f"must be one of {GELU_APPROXIMATIONS}")
-    return value
 
 
 @attrs.frozen
@@ -73,7 +67,7 @@ class SiluBackward(ActivationBackward):
 class Gelu(Activation):
     """``x * Phi(x)`` (``approximate='none'``) or its tanh approximation (``'tanh'``)."""
 
-    approximate: str = attrs.field(default="none", kw_only=True, converter=_approximate)
+    approximate: str = F.choice("approximate", GELU_APPROXIMATIONS, "none")
     kind: ClassVar[str] = "gelu"
     flops_per_element: ClassVar[int] = 8
 
@@ -82,7 +76,7 @@ class Gelu(Activation):
 class GeluBackward(ActivationBackward):
     """order 1: ``gy * f'(x)``; order 2: ``gy * f''(x)`` of ``Gelu(approximate)``."""
 
-    approximate: str = attrs.field(default="none", kw_only=True, converter=_approximate)
+    approximate: str = F.choice("approximate", GELU_APPROXIMATIONS, "none")
     order: int = order_field()
     kind: ClassVar[str] = "gelu_backward"
     flops_per_element: ClassVar[int] = 14

@@ -144,12 +144,16 @@ def training_graph(model: Model, input_grad: bool = False) -> TrainingGraph:
 
 
 def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random host arrays for the model's input and every parameter, by name.
+    """Random host arrays for the model's input and every parameter, by name,
+    and the initial value of every buffer the model output reads.
 
     The input is standard normal (the seed's ``torch.randn``); weights are
     He-normal (std ``sqrt(2 / fan_in)``, He et al. 2015) so activations keep
-    unit scale through the depth of VGG, biases are zero. Deterministic in
-    ``seed``.
+    unit scale through the depth of VGG, biases are zero. Buffers (running
+    statistics, ``Graph.buffer``) get their declared default, else ones where
+    a batch norm reads them as a variance and zeros otherwise
+    (``torch.nn.BatchNorm2d``'s initial running statistics): see
+    :func:`buffer_feeds`. Deterministic in ``seed``.
     """
     rng = np.random.default_rng(seed)
     dtype = numpy_dtype(model.dtype)
@@ -165,6 +169,35 @@ def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
         else:
             fan_in = math.prod(shape[1:])
             feeds[p.name] = normal(shape, math.sqrt(2.0 / max(fan_in, 1)))
+    feeds.update(buffer_feeds(model.graph, [model.output]))
+    return feeds
+
+
+def _reads_variance(op, position: int) -> bool:
+    """Whether ``op`` reads its input ``position`` as a running variance."""
+    if op.name == "BatchNorm":
+        return position == 4
+    return op.name == "BatchNormRunningUpdate" and op.statistic == "var" and position == 1
+
+
+def buffer_feeds(graph, outputs) -> dict[str, np.ndarray]:
+    """The initial value of every buffer source ``outputs`` depend on, by name: the
+    value declared with ``Graph.buffer(..., value=)``, else ones for a buffer
+    read as a variance (input 4 of ``BatchNorm``, the running variance of a
+    ``BatchNormRunningUpdate``) and zeros otherwise, in the buffer's dtype."""
+    scope = graph.ancestors(outputs)
+    feeds = {}
+    for src in graph.sources("buffer"):
+        if src.id not in scope:
+            continue
+        if src.name in graph.param_values:
+            feeds[src.name] = np.asarray(graph.param_values[src.name])
+            continue
+        variance = any(_reads_variance(abstract_of(graph.node(user).op), i)
+                       for user in graph.users(src.id)
+                       for i, u in enumerate(graph.input_ids(user)) if u == src.id)
+        fill = np.ones if variance else np.zeros
+        feeds[src.name] = fill(src.type.shape, numpy_dtype(src.type.dtype))
     return feeds
 
 
@@ -385,6 +418,5 @@ class PhaseRunner:
 
 
 __all__ = ["PHASES", "LAYER_FAMILIES", "LAYER_OPS", "FILTER_OPS", "PASS_THROUGH_OPS", "TrainingGraph",
-           "training_graph",
-           "random_feeds", "layer_of", "classify", "Schedule", "schedule", "main_step", "run_step",
-           "PhaseRunner"]
+           "training_graph", "random_feeds", "buffer_feeds", "layer_of", "classify", "Schedule", "schedule",
+           "main_step", "run_step", "PhaseRunner"]

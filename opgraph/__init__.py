@@ -16,6 +16,9 @@ from .autodiff import grad
 from .builders import (add, avg_pool2d, bias_add, concat, conv2d, cross_entropy, dropout, flatten,
                        linear, local_response_norm, log_softmax, matmul, max_pool2d, pad, relu,
                        reshape, softmax, threshold)
+from .builders import (adaptive_avg_pool2d, batch_norm, div, gelu, hardsigmoid, hardswish, hardtanh,
+                       layer_norm, mean, mul, narrow, neg, permute, relu6, sigmoid, silu, split,
+                       transpose)
 from .errors import (ExecutionError, LoweringError, NotDifferentiableError, NotLoweredError,
                      OpgraphError, ParameterError, ShapeError)
 from .graph import Graph, NodeView, Value

@@ -44,7 +44,8 @@ class LayerRow:
         flops: forward FLOPs of the node for the whole batch (multiply-add = 2).
         out_bytes: bytes of the output buffer.
         param_bytes: bytes of the parameters counted in ``params``.
-        role: ``'input'``/``'param'``/``'grad'`` for a source node, else ``None``.
+        role: ``'input'``/``'param'``/``'grad'``/``'buffer'`` for a source node,
+            else ``None``. Buffers (running statistics) are not parameters.
     """
 
     id: int

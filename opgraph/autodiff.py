@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 import networkx as nx
 
-from .errors import OpgraphError, ShapeError
+from .errors import NotDifferentiableError, OpgraphError, ShapeError
 from .graph import Graph, Value, graph_of
 from .op import Source
 from .ops import Add, Zeros
@@ -60,7 +60,8 @@ def grad(outputs, wrt, grad_outputs: Mapping[Value, Value] | Sequence[Value] | N
 
     Raises:
         ShapeError: a given cotangent's shape differs from its output's.
-        NotDifferentiableError: a path crosses an op without a gradient rule.
+        NotDifferentiableError: a path crosses an op without a gradient rule, or
+            ``wrt`` holds a buffer (``Graph.buffer``).
         OpgraphError: something that is not a value where values are expected
             (a node name: look it up with ``graph[name]``), values of other
             graphs, or ``grad_outputs`` that do not match ``outputs``.
@@ -69,6 +70,7 @@ def grad(outputs, wrt, grad_outputs: Mapping[Value, Value] | Sequence[Value] | N
     targets, single = _as_list(wrt, "wrt")
     no_grad, _ = _as_list(no_grad, "no_grad")
     g = graph_of(*outs, *targets, *no_grad)
+    _refuse_buffers(targets)
     seeds = _seed_cotangents(g, outs, grad_outputs)
 
     frozen = {v.node for v in no_grad}
@@ -100,6 +102,14 @@ def grad(outputs, wrt, grad_outputs: Mapping[Value, Value] | Sequence[Value] | N
             with g.scope(f"{v.name}.grad"):
                 results.append(g.apply(Zeros, {"type": v.type}, []))
     return results[0] if single else results
+
+
+def _refuse_buffers(targets: list[Value]) -> None:
+    """Buffers (``Graph.buffer``: running statistics) are state, never differentiated."""
+    for v in targets:
+        if isinstance(v.op, Source) and v.op.role == "buffer":
+            raise NotDifferentiableError(f"grad: {v.name} is a buffer (state such as running "
+                                         "statistics), which gets no gradient; leave it out of wrt")
 
 
 def _seed_cotangents(g: Graph, outs: list[Value], grad_outputs) -> list[Value]:

@@ -159,3 +159,11 @@ def cross_entropy(logits: Value, target: Value, reduction: str = "mean", *,
 def add(a: Value, b: Value, *, name: str | None = None) -> Value:
     """``a + b`` of equal shapes."""
     return graph_of(a, b).apply(ops.Add, {}, [a, b], name)
+
+
+# The modern-convnet builders live in their own modules; one import surface.
+from .builders_activation import (gelu, hardsigmoid, hardswish, hardtanh, relu6,  # noqa: E402,F401
+                                  sigmoid, silu)
+from .builders_norm import batch_norm, layer_norm  # noqa: E402,F401
+from .builders_tensor import (adaptive_avg_pool2d, div, mean, mul, narrow, neg, permute,  # noqa: E402,F401
+                              split, transpose)

@@ -17,10 +17,11 @@ from typing import Iterable, Iterator, Sequence
 
 import attrs
 import networkx as nx
+import numpy as np
 
 from .errors import OpgraphError, ParameterError, ShapeError
 from .op import Op, Source, check_arity
-from .types import TensorType
+from .types import TensorType, numpy_dtype
 
 
 @attrs.frozen(repr=False)
@@ -101,8 +102,8 @@ class Graph:
     """A dataflow graph of ops. Build it with ``input``/``param`` and builders.
 
     Attributes:
-        param_values: name -> array given to ``param(..., value=)``, used when
-            a run does not feed that parameter.
+        param_values: name -> array given to ``param(..., value=)`` or
+            ``buffer(..., value=)``, used when a run does not feed that source.
         grad_inputs: output node id -> node id of the ``grad`` source that
             ``opgraph.grad`` created for its cotangent.
         inplace_plan: the memory pass's in-place decisions
@@ -140,6 +141,29 @@ class Graph:
         if value is not None and tuple(getattr(value, "shape", ())) != tuple(shape):
             raise ShapeError(f"param value shape {getattr(value, 'shape', None)} != {tuple(shape)}", name)
         v = self.add_node(Source(_source_type(name, shape, dtype), "param"), [], name=name)
+        if value is not None:
+            self.param_values[v.name] = value
+        return v
+
+    def buffer(self, name: str, shape: Sequence[int], dtype: str = "float32", value=None) -> Value:
+        """Add a buffer: state fed by name like a parameter, never trained or
+        differentiated (BatchNorm running statistics; PyTorch's ``register_buffer``).
+        Parameter counts (``opgraph.analysis``) leave buffers out, and ``grad``
+        refuses one in ``wrt``.
+
+        Args:
+            value: its default feed: an array of ``shape``, or a number filling
+                it (``1.0`` for a running variance); None: it must be fed.
+
+        Raises:
+            ShapeError: ``value`` is an array of another shape.
+        """
+        t = _source_type(name, shape, dtype)
+        if value is not None and np.ndim(value) == 0:
+            value = np.full(t.shape, value, dtype=numpy_dtype(t.dtype))
+        if value is not None and tuple(value.shape) != t.shape:
+            raise ShapeError(f"buffer value shape {value.shape} != {t.shape}", name)
+        v = self.add_node(Source(t, "buffer"), [], name=name)
         if value is not None:
             self.param_values[v.name] = value
         return v

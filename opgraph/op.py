@@ -108,6 +108,8 @@ class Source(Op):
     """A graph input, a trainable parameter or an output-gradient placeholder.
 
     ``role`` is ``'input'``, ``'param'`` or ``'grad'``; sources have no inputs.
+    ``'buffer'``: state fed like a parameter but never trained or differentiated
+    (BatchNorm running statistics, ``Graph.buffer``).
     """
 
     type: TensorType

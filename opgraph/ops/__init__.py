@@ -5,6 +5,8 @@ is re-exported (found, not listed: a new op needs no line in this file);
 import importlib as _importlib
 import pkgutil as _pkgutil
 
+import attrs as _attrs
+
 from ..op import Op as _Op
 
 __all__: list[str] = []
@@ -14,7 +16,7 @@ for _info in _pkgutil.iter_modules(__path__):
     _module = _importlib.import_module(f"{__name__}.{_info.name}")
     for _name, _obj in vars(_module).items():
         if (isinstance(_obj, type) and issubclass(_obj, _Op) and _obj.__module__ == _module.__name__
-                and not _name.startswith("_")):
+                and not _name.startswith("_") and _attrs.has(_obj)):  # op classes are attrs classes; plain bases are not ops
             globals()[_name] = _obj
             __all__.append(_name)
 __all__.sort()

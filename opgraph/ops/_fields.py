@@ -80,3 +80,13 @@ def shape(name: str):
 
 def axis(default: int = 1):
     return attrs.field(default=default, kw_only=True, converter=_int_at_least("axis", -8))
+
+
+def choice(name: str, choices: tuple, default=None):
+    """A field holding one of ``choices`` (ParameterError naming it otherwise)."""
+    def convert(v):
+        if v not in choices:
+            raise ParameterError(name, v, f"must be one of {choices}")
+        return v
+    kw = {} if default is None else {"default": default}
+    return attrs.field(kw_only=True, converter=convert, **kw)

@@ -119,8 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "computing in fp32)")
     p.add_argument("--lowering", type=_lowerings, default=None, metavar="LIST",
                    help="columns: convolution algorithms (gemm, fft, winograd, direct, cudnn, ...), "
-                        "auto (autotune) or default; default: every algorithm the GPU runs plus "
-                        f"auto, or {','.join(lw.CPU_DEFAULT)} on the CPU")
+                        "auto (autotune) or default, each optionally with a workspace limit as its "
+                        "own column (cudnn@ws=0, auto@ws=64MiB); default: every algorithm the GPU "
+                        f"runs plus auto, or {','.join(lw.CPU_DEFAULT)} on the CPU")
     # None when not given, so that a --policy file's precision and layout are not overridden
     p.add_argument("--precision", type=_list_of(PRECISIONS, "precision"), default=None,
                    metavar="LIST", help=f"comma-separated, from {', '.join(PRECISIONS)} (default: "

@@ -11,7 +11,7 @@ from opgraph.passes.policy import PRECISIONS
 
 from . import driver, lowerings as lw, report
 from .models import LAYERS, MODELS, WINNERS, resolve
-from .peer_torch import PEERS
+from .peer_run import PEERS
 
 #: Names of model groups accepted by --model and --suite.
 GROUPS = {"all": WINNERS + LAYERS, "winners": WINNERS, "layers": LAYERS}
@@ -138,7 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "fraction of the fastest, e.g. 0.03 or 3%% (policy workspace_tolerance; "
                         "default 0.03, 0 keeps the fastest)")
     p.add_argument("--compare", type=_list_of(PEERS, "peer"), default=[], metavar="PEERS",
-                   help="torch (PyTorch eager, cudnn.benchmark) and/or torch-compile, same run")
+                   help="PyTorch peers on the same model, same run: torch (eager, cudnn.benchmark), "
+                        "torch+graph (the whole step captured in a CUDA graph), torch-compile "
+                        "(torch.compile(dynamic=False)), torch-compile+graph; the +graph ones need "
+                        "a GPU")
     p.add_argument("--warmup", type=_count(0), default=None,
                    help=f"untimed iterations (default {driver.GPU_WARMUP} on a GPU as the seed, "
                         f"{driver.CPU_WARMUP} on the CPU)")

@@ -98,6 +98,7 @@ class Progress:
 
     def __init__(self, total: int, quiet: bool):
         self.total, self.done, self.quiet, self.bar = total, 0, quiet, None
+        self.said: set[str] = set()  # reasons printed already: each is printed once per run
         self.t0 = time.perf_counter()
         if not quiet and sys.stderr.isatty():
             try:
@@ -121,7 +122,10 @@ class Progress:
             self.bar.advance(self.task)
         elif not self.quiet:
             tot = (r.get("totals") or {}).get("total_ms")
-            what = f"total {tot:.2f} ms" if tot is not None else (r.get("reason") or "")[:120]
+            reason = r.get("reason") or ""
+            what = f"total {tot:.2f} ms" if tot is not None else \
+                "(reason above)" if reason in self.said else reason[:120]
+            self.said.add(reason)
             log(f"[{self.done}/{self.total}] {r['model']} {r['precision']} {r['lowering']}: "
                 f"{r['status']} {what} ({time.perf_counter() - self.t0:.0f} s)")
 
@@ -207,14 +211,15 @@ def run_timing(names: list[str], args) -> dict:
     problem = check_applicable(tgs, lowerings, device, base)
     if problem:
         raise UsageError(problem)
+    peer_problem = None  # said once here; the peers' columns carry it as their reason
     if args.compare:
         from .peer_torch import PeerError, import_torch
 
         try:
             import_torch()
         except PeerError as e:
+            peer_problem = str(e)
             log(f"opgraph-bench: --compare {','.join(args.compare)}: {e}")
-            notes.append(f"--compare {','.join(args.compare)}: {e}")
     if device == "cpu" and args.warmup is None and args.repeat is None:
         notes.append(f"protocol: {warmup} warm-up + {repeat} timed calls per loop (CPU defaults; "
                      f"the seed's {driver.GPU_WARMUP} + {driver.GPU_REPEAT} on a GPU)")
@@ -227,6 +232,8 @@ def run_timing(names: list[str], args) -> dict:
                                base_policy=base, seed=args.seed, time_limit=args.time_limit,
                                cuda_graph=args.cuda_graph)
     progress = Progress(driver.unit_count(models, settings), args.quiet)
+    if peer_problem is not None:
+        progress.said.add(peer_problem)
     incremental = args.output and args.format == "json"
 
     shown = 0

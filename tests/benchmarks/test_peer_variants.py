@@ -1,9 +1,11 @@
 """The peers' variants (eager, +graph, torch.compile, both): their control flow
 on the CPU, the CUDA-graph path through a stand-in device, the checks that keep
-a wrong converter or a broken replay from being timed, the records and the
-ratios (vs torch, vs best peer)."""
+a wrong converter or a broken replay from being timed, the records, the ratios
+(vs torch, vs best peer) and the one-message rule when PyTorch is missing."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 
@@ -168,3 +170,20 @@ def test_vs_best_peer_arithmetic():
     assert ours["vs_torch_graph"] == {"step": 0.9}  # no phases to compare with a captured step
     assert "vs_torch_compile_graph" not in ours  # its only run of fp32 failed
     assert "vs_best_peer" not in other_model and "vs_torch" not in other_model
+
+
+def test_missing_torch_prints_its_message_once(monkeypatch, capsys):
+    from opgraph.benchmarks import cli
+
+    from tinymodels import every_op_model, tiny_convnet
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setattr(cli, "build_models", lambda names, args, device, notes: [tiny_convnet(), every_op_model()])
+    status = cli.main(["--model", "L5,L4", "--device", "cpu", "--lowering", "gemm", "--warmup", "0",
+                       "--repeat", "1", "--no-check", "--no-per-layer", "--compare", ",".join(ALL)])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    out = " ".join(out.split())  # the table's notes wrap at the console's width
+    assert err.count("PyTorch is not installed") == 1 and out.count("PyTorch is not installed") == 1
+    assert err.count("(reason above)") == 8  # every peer column of the two models: said before the run
+    assert out.count("unavailable [1]") == 8

@@ -90,6 +90,7 @@ class TorchModel:
         order = list(g.nodes_in_order([g.value(n) for n in self.outputs]))
         in_plan = {node.id for node in order}
         self.params, self.inputs, plan = {}, {}, []
+        self.unused = False  # some parameter the outputs do not read
         training_of: dict[int, int] = {}  # stats node -> the training node updating its buffers
         for node in order:
             if isinstance(node.op, Source):
@@ -130,6 +131,11 @@ class TorchModel:
         self.frees = [[a for a in set(args) if last[a] == i and a not in keep]
                       for i, (_, _, _, args) in enumerate(self.plan)]
         self.output = self.outputs[0]
+        for p in model.params:  # one the output does not read: its gradient is zeros, as opgraph's
+            if p.node not in self.params:
+                value = feeds[p.name] if p.name in feeds else g.param_values[p.name]
+                self.params[p.node] = self._tensor(value, channels_last).requires_grad_(True)
+                self.unused = True
         self.param_list = [self.params[p.node] for p in model.params]
         if input_grad:
             self.param_list.append(self.inputs[model.input.node])
@@ -168,7 +174,9 @@ class TorchModel:
         """Parameter gradients (then the input's, with ``input_grad``) for output
         gradient ``gy`` (default ``y`` itself)."""
         gy = y.detach() if gy is None else gy
-        return self.torch.autograd.grad(y, self.param_list, grad_outputs=gy, retain_graph=retain_graph)
+        zeros = {"materialize_grads": True} if self.unused else {}
+        return self.torch.autograd.grad(y, self.param_list, grad_outputs=gy, retain_graph=retain_graph,
+                                        **zeros)
 
 
 def _dependency_order(plan: list) -> list:

@@ -115,3 +115,20 @@ def test_bf16_storage_peer_stores_bf16(tiny):
     y = tm.forward()
     assert y.dtype == torch.bfloat16 and all(p.dtype == torch.bfloat16 for p in tm.param_list)
     assert tm.inputs[tiny.input.node].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_a_parameter_the_output_does_not_read_gets_a_zero_gradient(tiny):
+    """opgraph's grad gives Zeros for it; the peer's autograd must too (not refuse)."""
+    torch = pytest.importorskip("torch")
+    from opgraph.benchmarks.peer_torch import TorchModel
+
+    unused = tiny.graph.param("spare.weight", (3, 2))
+    tiny.params.append(unused)
+    tg = training_graph(tiny)
+    feeds = random_feeds(tiny)
+    read = {k: v for k, v in feeds.items() if k != unused.name}  # the executor refuses an unread feed
+    want = og.compile(tg.outputs, pipeline="reference", dtype="float64")(**read)
+    tm = TorchModel(tiny, feeds, "cpu", dtype=torch.float64)
+    grads = tm.grads(tm.forward())
+    assert len(grads) == len(tiny.params) and not grads[-1].any() and not want[-1].any()
+    np.testing.assert_allclose(grads[0].numpy(), want[1], rtol=1e-10)

@@ -44,7 +44,7 @@ INSTALL_HINT = ("PyTorch is not installed: pip install -e \".[torch]\" (or pip i
 
 
 class PeerError(OpgraphError):
-    """The peer cannot run (PyTorch missing, an op without a converter, no GPU for a CUDA graph)."""
+    """The peer cannot run (PyTorch missing, an op without a converter)."""
 
 
 def import_torch():

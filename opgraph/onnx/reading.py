@@ -14,13 +14,15 @@ import os
 from .registry import OnnxImportError
 
 
-def read_model(onnx, source):
+def read_model(onnx, source, external_data: bool = True):
     """``(model, origin)``: the ``ModelProto`` of ``source`` and a phrase naming
     where it came from (``"ONNX file 'path'"``), for error messages.
 
     Args:
         onnx: the ``onnx`` module.
         source: a path (str or ``os.PathLike``), bytes, or an ``onnx.ModelProto``.
+        external_data: load the tensors a file keeps in external files (False:
+            the graph only).
 
     Raises:
         OnnxImportError: the file cannot be read, is empty, does not parse as
@@ -34,7 +36,7 @@ def read_model(onnx, source):
         origin = f"ONNX file {path!r}"
         try:
             size = os.path.getsize(path)
-            model = onnx.load(path) if size else None
+            model = onnx.load(path, load_external_data=external_data) if size else None
         except OSError as e:
             raise OnnxImportError(f"{origin} cannot be read ({e.strerror or e})") from None
         except Exception as e:  # protobuf's DecodeError and friends: not an ONNX model

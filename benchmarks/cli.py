@@ -57,7 +57,11 @@ def build_models(names, args, device: str, notes: list[str]) -> list:
         if note not in notes:
             notes.append(note)
         models.append(build(name, batch=batch, dtype=args.dtype))
-    return models + onnx_models(args)
+    onnx = onnx_models(args)
+    if args.batch is None:
+        notes += [f"{m.key}: batch {m.batch}, the file's (a symbolic batch builds 1; set with --batch)"
+                  for m in onnx]
+    return models + onnx
 
 
 def onnx_models(args) -> list:

@@ -348,10 +348,11 @@ def test_weightless_onnx_model_is_timed_with_drawn_parameters(tmp_path, capsys):
                            helper.make_tensor("hi", TensorProto.FLOAT, [], [6.0])])
     path = tmp_path / "weightless.onnx"
     path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
-    status, out, _ = run_cli(capsys, "--onnx", str(path), "--device", "cpu", "--batch", "2", "--warmup", "0",
+    status, out, _ = run_cli(capsys, "--onnx", str(path), "--device", "cpu", "--warmup", "0",
                              "--repeat", "1", "--format", "json")
     doc = json.loads(out)
     assert status == 0 and doc["models"][0]["params"] == 2 * 4 + 4 * 27 + 4 * 36  # one bias per conv
+    assert "weightless: batch 1, the file's (a symbolic batch builds 1; set with --batch)" in doc["notes"]
     assert all(r["status"] == "ok" and r["check"]["passed"] for r in doc["results"])
 
 

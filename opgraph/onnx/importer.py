@@ -150,7 +150,7 @@ class Importer:
         value = item.value
         if dtype is None and is_float(value.dtype.name):
             dtype = self.storage(value.dtype.name)
-        if dtype is not None:
+        if dtype is not None and value.dtype != numpy_dtype(dtype):
             value = value.astype(numpy_dtype(dtype))
         kind = role if item.trainable else "constant"
         key = (item.name, kind, value.dtype.name)  # item.name: the initializer's, or an Identity's output

@@ -143,7 +143,7 @@ class NodeContext:
         s = self.passthrough(i)
         return tuple(s.value.shape) if isinstance(s, Static) else tuple(s.shape)
 
-    def passthrough(self, i: int) -> "Value | Static":
+    def passthrough(self, i: int) -> "Value | Static | Declared":
         """Input ``i`` exactly as it is (for Identity-like nodes: no node is added)."""
         if not self.has_input(i):
             raise self.error(f"input {i} is required")

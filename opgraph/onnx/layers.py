@@ -174,7 +174,7 @@ def layer_normalization(ctx):
     """``(x - mean) / sqrt(var + epsilon) * Scale + B`` over axes ``axis ..`` (default
     -1; biased variance), one ``LayerNorm``. Scale and B must have the normalized
     shape (leading 1s allowed); ``stash_type`` must be 1 (statistics in float32:
-    opgraph's are float32 for half-precision inputs and float64 for float64 ones);
+    opgraph's are float32 for float32 and half-precision inputs, float64 for float64);
     the Mean and InvStdDev outputs may not be used."""
     x = ctx.input(0)
     rank = len(x.shape)

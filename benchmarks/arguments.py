@@ -107,16 +107,19 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--suite", choices=tuple(GROUPS), default=None,
                       help="a group of models: winners (the four ImageNet models), layers (L1-L5), all")
     p.add_argument("--onnx", action="append", default=[], metavar="PATH",
-                   help="also benchmark an ONNX network (one image input, one output); repeatable")
+                   help="also benchmark an ONNX network (one image input, one output; every other graph "
+                        "input is a parameter, as in a weightless export); repeatable")
+    p.add_argument("--onnx-input", default=None, metavar="NAME",
+                   help="the image input of the --onnx files (default: each file's first graph input)")
     p.add_argument("--batch", type=_count(1), default=None,
                    help="mini-batch (default: the seed's 128 / VGG-A 64 on a GPU and for --summary; "
                         f"{driver.CPU_DEFAULT_BATCH} on the CPU)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: the GPU if CuPy sees one, else the CPU (default)")
     p.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"), default="float32",
-                   help="storage dtype of inputs, parameters, activations and gradients (default "
-                        "float32; bfloat16 with --precision bf16 keeps the whole step in bf16, "
-                        "computing in fp32)")
+                   help="storage dtype of inputs, parameters, activations and gradients, --onnx "
+                        "networks included (default float32; bfloat16 with --precision bf16 keeps the "
+                        "whole step in bf16, computing in fp32)")
     p.add_argument("--lowering", type=_lowerings, default=None, metavar="LIST",
                    help="columns: convolution algorithms (gemm, fft, winograd, direct, cudnn, ...), "
                         "auto (autotune) or default, each optionally with a workspace limit as its "

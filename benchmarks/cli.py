@@ -35,10 +35,7 @@ from .models import LAYERS, SEED_BATCHES, build
 def run_summary(names: list[str], args) -> dict:
     """The summary document of ``names`` (no kernel runs)."""
     models = []
-    built = [build(name, batch=args.batch, dtype=args.dtype) for name in names]
-    if getattr(args, "onnx", None):
-        from .onnx_model import load_model
-        built += [load_model(path, batch=args.batch) for path in args.onnx]
+    built = [build(name, batch=args.batch, dtype=args.dtype) for name in names] + onnx_models(args)
     for m in built:
         rows = summarize(m.graph, [m.output])
         models.append(report.model_record(m.key, m.spec_key, m.title, m.batch, m.dtype, rows,
@@ -60,10 +57,34 @@ def build_models(names, args, device: str, notes: list[str]) -> list:
         if note not in notes:
             notes.append(note)
         models.append(build(name, batch=batch, dtype=args.dtype))
-    for path in args.onnx:
-        from .onnx_model import load_model
+    onnx = onnx_models(args)
+    if args.batch is None:
+        notes += [f"{m.key}: batch {m.batch}, the file's (a symbolic batch builds 1; set with --batch)"
+                  for m in onnx]
+    return models + onnx
 
-        models.append(load_model(path, batch=args.batch))
+
+def onnx_models(args) -> list:
+    """The ``--onnx`` files as models, built at ``--batch`` (else the file's) in
+    ``--dtype``, each with the ``--onnx-input`` image (else its first graph input).
+
+    Raises:
+        UsageError: ``--onnx-input`` without ``--onnx``, or naming no graph
+            input of a file (the message lists them).
+    """
+    from .onnx_model import load_model
+
+    if args.onnx_input is not None and not args.onnx:
+        raise UsageError(f"--onnx-input {args.onnx_input}: names the image input of --onnx files, "
+                         "and no --onnx file is given")
+    models = []
+    for path in args.onnx:
+        try:
+            models.append(load_model(path, batch=args.batch, dtype=args.dtype, input_name=args.onnx_input))
+        except ParameterError as e:
+            if e.param != "input_name":
+                raise
+            raise UsageError(f"--onnx-input {args.onnx_input}: {e.why}") from None
     return models
 
 

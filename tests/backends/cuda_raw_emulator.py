@@ -13,10 +13,11 @@ at a barrier is reported (a divergent ``__syncthreads`` hangs a real GPU).
 Arguments are checked against the kernel's signature (the C type of every
 scalar; the element type of every pointer: ``float`` float32, ``double``
 float64, ``unsigned short`` the uint16 bits of bfloat16/float16). Each
-buffer runs inside a guarded copy (0xFF bytes on both sides, a NaN in every
-float format): a read outside a buffer shows up as NaN in the results, and a
-write outside one fails the launch. Buffers passed twice (an in-place
-output) share one copy. CUDA intrinsics the generated sources use are
+array's owner (the array a view was taken from) runs inside a guarded copy
+(0xFF bytes on both sides, a NaN in every float format): a read outside it
+shows up as NaN in the results, and a write outside it fails the launch.
+Views of one owner (an in-place output, a concat's channel slices) share one
+copy. CUDA intrinsics the generated sources use are
 defined bit-exactly (``__umulhi``, ``__uint_as_float``, ``__hiloint2double``,
 ...); ``OPGRAPH_CPU`` selects the C++ float16 conversions (``_Float16``).
 """
@@ -46,6 +47,7 @@ using std::fmin; using std::erf; using std::tanh;
 #define __shared__ static
 struct og_dim3 { unsigned int x, y, z; };
 struct uint4 { unsigned int x, y, z, w; };
+static inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return {x, y, z, w}; }
 static og_dim3 threadIdx, blockIdx, blockDim, gridDim;
 static inline unsigned int __umulhi(unsigned int a, unsigned int b) {
     return (unsigned int)(((unsigned long long)a * b) >> 32);
@@ -117,24 +119,30 @@ extern "C" int og_launch(void** args, unsigned int gx, unsigned int gy, unsigned
 #: C type of a scalar parameter -> NumPy scalar type and ctypes type.
 SCALARS = {"long long": (np.int64, ctypes.c_longlong), "unsigned int": (np.uint32, ctypes.c_uint),
            "unsigned long long": (np.uint64, ctypes.c_ulonglong), "int": (np.int32, ctypes.c_int),
+           "unsigned short": (np.uint16, ctypes.c_ushort), "unsigned char": (np.uint8, ctypes.c_ubyte),
            "float": (np.float32, ctypes.c_float), "double": (np.float64, ctypes.c_double)}
-#: element type of a pointer parameter -> the NumPy dtypes whose buffer it may be.
+#: element type of a pointer parameter -> the NumPy dtypes whose buffer it may be
+#: (a ``uint4`` pointer moves 16-byte words of any element type).
 ELEMENTS = {"float": ("float32",), "double": ("float64",), "unsigned short": ("uint16",),
-            "long long": ("int64",), "int": ("int32",)}
+            "unsigned int": ("uint32",), "unsigned long long": ("uint64",), "unsigned char": ("uint8",),
+            "long long": ("int64",), "int": ("int32",), "uint4": ("uint8", "uint16", "uint32", "uint64")}
+_TYPEDEF = re.compile(r"typedef ([\w ]+?) (\w+);")
 
 _SIGNATURE = re.compile(r'extern "C" __global__ void (\w+)\((.*?)\)\s*\{', re.S)
 GUARD = 64
 
 
 def parse_signature(source: str, name: str) -> list[tuple[str, str]]:
-    """``[(C type, parameter name)]`` of kernel ``name`` in ``source``."""
+    """``[(C type, parameter name)]`` of kernel ``name`` in ``source`` (typedef names resolved)."""
+    aliases = {alias: target for target, alias in _TYPEDEF.findall(source)}
     for found, params in _SIGNATURE.findall(source):
         if found == name:
             out = []
             for decl in (p.strip() for p in params.split(",") if p.strip()):
                 decl = decl.replace("__restrict__", " ")
                 ctype, pname = decl.rsplit(None, 1)
-                out.append((" ".join(ctype.split()), pname))
+                words = [aliases.get(w, w) for w in ctype.replace("*", " * ").split()]
+                out.append((" ".join(words).replace(" *", "*"), pname))
             return out
     raise KeyError(f"no kernel {name} in the source")
 
@@ -159,10 +167,10 @@ class EmulatedRawKernel:
                 element = ctype.replace("const ", "").rstrip("*").strip()
                 if not isinstance(a, np.ndarray) or a.dtype.name not in ELEMENTS[element]:
                     raise TypeError(f"{self.name}: {pname} is {ctype}, got {getattr(a, 'dtype', type(a))}")
-                ptr = a.__array_interface__["data"][0]
-                if ptr not in guarded:
-                    guarded[ptr] = _Guarded(a)
-                value = ctypes.c_void_p(guarded[ptr].data)
+                owner = owner_of(a)
+                if _addr(owner) not in guarded:
+                    guarded[_addr(owner)] = _Guarded(owner)
+                value = ctypes.c_void_p(guarded[_addr(owner)].address(a))
             else:
                 np_type, c_type = SCALARS[ctype]
                 if type(a) is not np_type:
@@ -180,41 +188,45 @@ class EmulatedRawKernel:
 
 
 class _Guarded:
-    """A buffer's copy between two guard bands of 0xFF bytes, 64-byte aligned."""
+    """The memory of an array's owner (the root of its ``base`` chain: a view
+    runs inside it) copied between two guard bands of 0xFF bytes, 64-byte
+    aligned as CuPy's allocations are at least 256-byte aligned."""
 
-    def __init__(self, a: np.ndarray):
-        self.array = a
-        n = a.nbytes
-        self.raw = np.full(n + 3 * GUARD, 0xFF, dtype=np.uint8)
-        start = (-self.raw.ctypes.data) % GUARD + GUARD
-        self.start, self.n = start, n
-        self.raw[start:start + n] = np.frombuffer(_bytes_of(a), dtype=np.uint8)
-        self.data = self.raw.ctypes.data + start
+    def __init__(self, owner: np.ndarray):
+        self.owner = owner
+        self.n = owner.nbytes
+        self.raw = np.full(self.n + 3 * GUARD, 0xFF, dtype=np.uint8)
+        self.start = (-self.raw.ctypes.data) % GUARD + GUARD
+        if self.n:
+            self.raw[self.start:self.start + self.n] = _flat_bytes(owner)
+        self.data = self.raw.ctypes.data + self.start
+
+    def address(self, a: np.ndarray) -> int:
+        return self.data + (a.__array_interface__["data"][0] - _addr(self.owner))
 
     def finish(self, name: str) -> None:
         if (self.raw[:self.start] != 0xFF).any() or (self.raw[self.start + self.n:] != 0xFF).any():
-            raise AssertionError(f"{name}: a write outside a buffer of {self.array.shape} {self.array.dtype}")
-        if self.n and self.array.flags.writeable:
-            _write_bytes(self.array, self.raw[self.start:self.start + self.n])
+            raise AssertionError(f"{name}: a write outside a buffer of {self.owner.shape} {self.owner.dtype}")
+        if self.n and self.owner.flags.writeable:
+            _flat_bytes(self.owner)[...] = self.raw[self.start:self.start + self.n]
 
 
-def _base_span(a: np.ndarray):
-    """The contiguous memory a kernel sees from ``a``'s first element: ``a`` must
-    be contiguous in some axis order (C order or a transposed view of it)."""
-    order = np.argsort([-s for s in a.strides], kind="stable")
-    base = a.transpose(order)
-    if not base.flags.c_contiguous:
-        raise TypeError(f"a kernel buffer must be contiguous in some axis order, got strides {a.strides}")
-    return base
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
 
 
-def _bytes_of(a: np.ndarray) -> bytes:
-    return _base_span(a).tobytes() if a.size else b""
+def owner_of(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (``a`` itself unless it is a view)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
 
 
-def _write_bytes(a: np.ndarray, raw: np.ndarray) -> None:
-    base = _base_span(a)
-    base[...] = raw.view(base.dtype).reshape(base.shape)
+def _flat_bytes(a: np.ndarray) -> np.ndarray:
+    """A writable uint8 view of the owner ``a``'s whole buffer (contiguous by construction)."""
+    if not (a.flags.c_contiguous or a.flags.f_contiguous):
+        raise TypeError(f"a buffer owner must be contiguous, got strides {a.strides}")
+    return a.reshape(-1, order="A").view(np.uint8)
 
 
 def raw_module(owner, code: str):

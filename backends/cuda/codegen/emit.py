@@ -38,7 +38,7 @@ SCOPES = ("pre", "vec", "lane")
 
 #: C type of a scalar parameter -> the NumPy scalar type CuPy passes by value.
 SCALAR_TYPES = {"long long": np.int64, "unsigned int": np.uint32, "unsigned long long": np.uint64,
-                "float": np.float32, "double": np.float64}
+                "unsigned short": np.uint16, "unsigned char": np.uint8, "float": np.float32, "double": np.float64}
 
 
 class Params:

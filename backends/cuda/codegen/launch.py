@@ -56,13 +56,13 @@ def _stored(xp, a):
     return xp.ascontiguousarray(a)
 
 
-def _address(a) -> int:
+def address(a) -> int:
     """The address of ``a``'s first element (a CuPy or, under the tests' emulator, a NumPy array)."""
     return a.__array_interface__["data"][0] if isinstance(a, np.ndarray) else a.data.ptr
 
 
 def _aligned(arrays) -> bool:
-    return all(_address(a) % 16 == 0 for a in arrays)
+    return all(address(a) % 16 == 0 for a in arrays)
 
 
 def _dtype(a) -> str:
@@ -117,4 +117,4 @@ def run(xp, op, arrays, out_type: TensorType, out=None):
     return target.view(numpy_dtype(out_type.dtype))
 
 
-__all__ = ["compiled", "array_layout", "plan_for", "run"]
+__all__ = ["compiled", "address", "array_layout", "plan_for", "run"]

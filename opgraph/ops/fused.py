@@ -75,7 +75,8 @@ class Program:
                                f"{len(self.steps)} steps")
         for k, step in enumerate(self.steps):
             if isinstance(step.op, (Source, Lowered)) or getattr(step.op, "fused", False):
-                raise OpgraphError(f"fused step {k}: {step.op.name} is not an abstract op")
+                what = "already fused" if getattr(step.op, "fused", False) else "a source or a lowered op"
+                raise OpgraphError(f"fused step {k}: {step.op.name} is {what}, not an abstract member op")
             bad = [a for a in step.args if not 0 <= a < self.n_inputs + k]
             if bad:
                 raise OpgraphError(f"fused step {k} ({step.op.name}) reads value {bad[0]}, which is not "

@@ -88,14 +88,30 @@ _ENTRIES = {"opgraph_cpu_kernel": ([ctypes.POINTER(ctypes.c_void_p), ctypes.c_lo
             "og_launch": ([ctypes.POINTER(ctypes.c_void_p)] + [ctypes.c_uint] * 6, ctypes.c_int)}
 
 
-def _compile(source: str, entry: str = "opgraph_cpu_kernel"):
+#: g++ flags of every emulated kernel (a precompiled header must be built with the same).
+GXX_FLAGS = ["-O1", "-std=c++17", "-fno-strict-aliasing", "-fPIC"]
+
+
+def precompiled_header(name: str, text: str) -> str:
+    """Write header ``name`` holding ``text`` into the work folder and precompile it
+    (once per process: g++ then reads the ``.gch`` instead of parsing the
+    standard headers again for every kernel). Returns the folder, for ``-I``."""
+    path = os.path.join(_workdir(), name)
+    if not os.path.exists(path + ".gch"):
+        with open(path, "w") as f:
+            f.write(text)
+        subprocess.run([GXX, *GXX_FLAGS, "-x", "c++-header", "-o", path + ".gch", path], capture_output=True)
+    return _workdir()
+
+
+def _compile(source: str, entry: str = "opgraph_cpu_kernel", include: str | None = None):
     """The function ``entry`` (:data:`_ENTRIES`) of ``source`` compiled by g++, built once."""
     key = hashlib.sha1(source.encode()).hexdigest()[:20]
     if key not in _LIBS:
         base = os.path.join(_workdir(), f"k_{key}")
         with open(base + ".cpp", "w") as f:
             f.write(source)
-        cmd = [GXX, "-O1", "-std=c++17", "-fno-strict-aliasing", "-shared", "-fPIC", "-o", base + ".so",
+        cmd = [GXX, *GXX_FLAGS, "-shared", *(["-I", include] if include else []), "-o", base + ".so",
                base + ".cpp"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:

@@ -29,14 +29,13 @@ import re
 
 import numpy as np
 
-from cuda_cpu_emulator import _compile
+from cuda_cpu_emulator import _compile, precompiled_header
+
+#: The standard headers of every emulated raw kernel, precompiled once per process.
+HEADERS = "#include <cmath>\n#include <cstring>\n#include <vector>\n#include <ucontext.h>\n"
 
 PRELUDE = r"""
-#include <cmath>
-#include <cstring>
-#include <cstdio>
-#include <vector>
-#include <ucontext.h>
+#include "og_raw_headers.h"
 using std::exp; using std::log; using std::pow; using std::sqrt; using std::fabs; using std::fmax;
 using std::fmin; using std::erf; using std::tanh;
 #define OPGRAPH_CPU 1
@@ -179,7 +178,8 @@ class EmulatedRawKernel:
             keep.append(value)
             slots.append(ctypes.cast(ctypes.pointer(value), ctypes.c_void_p))
         if self.owner.run and all(grid) and all(block):
-            fn = _compile(self.cpu_source, entry="og_launch")
+            include = precompiled_header("og_raw_headers.h", HEADERS)
+            fn = _compile(self.cpu_source, entry="og_launch", include=include)
             status = fn((ctypes.c_void_p * len(slots))(*slots), *grid, *block)
             if status:
                 raise AssertionError(f"{self.name}: a thread ended while others waited at __syncthreads")
@@ -223,10 +223,12 @@ def owner_of(a: np.ndarray) -> np.ndarray:
 
 
 def _flat_bytes(a: np.ndarray) -> np.ndarray:
-    """A writable uint8 view of the owner ``a``'s whole buffer (contiguous by construction)."""
-    if not (a.flags.c_contiguous or a.flags.f_contiguous):
-        raise TypeError(f"a buffer owner must be contiguous, got strides {a.strides}")
-    return a.reshape(-1, order="A").view(np.uint8)
+    """A uint8 view of the owner ``a``'s whole buffer: its axes in memory order
+    (a channels-last owner too) must make it C-contiguous."""
+    ordered = a.transpose(np.argsort([-s for s in a.strides], kind="stable"))
+    if not ordered.flags.c_contiguous:
+        raise TypeError(f"a buffer owner must be dense, got strides {a.strides}")
+    return ordered.reshape(-1).view(np.uint8)
 
 
 def raw_module(owner, code: str):
@@ -240,4 +242,4 @@ def raw_module(owner, code: str):
     return Module()
 
 
-__all__ = ["PRELUDE", "EmulatedRawKernel", "raw_module", "parse_signature"]
+__all__ = ["HEADERS", "PRELUDE", "EmulatedRawKernel", "raw_module", "parse_signature"]

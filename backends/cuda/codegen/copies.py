@@ -36,7 +36,7 @@ from opgraph.types import numpy_dtype
 from .emit import Params
 from .kernels import THREADS, source
 from .launch import address, compiled
-from .plan import MAX_SWEEP_BLOCKS
+from . import plan
 
 #: element size -> C type the copy moves.
 _BITS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
@@ -47,18 +47,20 @@ def _element_strides(a) -> tuple:
 
 
 def collapse(dims, dst, src, lo, bounded):
-    """Merge adjacent axes (outer first) that are contiguous in both views and unbounded.
+    """Merge adjacent axes (outer first) that are contiguous in both views and
+    unbounded (the source's extent there is the destination's).
 
     Returns the lists ``(dims, dst_strides, src_strides, lo, bounded)``."""
-    out = [[d] for d in (dims[0], dst[0], src[0], lo[0], bounded[0])] if dims else [[], [], [], [], []]
-    for d, ds, ss, lo_k, b in list(zip(dims, dst, src, lo, bounded))[1:]:
-        if (not b and not out[4][-1] and out[1][-1] == ds * d and out[2][-1] == ss * d):
-            out[0][-1] *= d
-            out[1][-1], out[2][-1] = ds, ss
+    axes = [list(t) for t in zip(dims, dst, src, lo, bounded)]
+    out = axes[:1]
+    for d, ds, ss, lo_k, b in axes[1:]:
+        last = out[-1]
+        if not b and not last[4] and last[1] == ds * d and last[2] == ss * d:
+            last[0] *= d
+            last[1], last[2] = ds, ss
         else:
-            for lst, v in zip(out, (d, ds, ss, lo_k, b)):
-                lst.append(v)
-    return out
+            out.append([d, ds, ss, lo_k, b])
+    return [list(col) for col in zip(*out)] if out else [[], [], [], [], []]
 
 
 def fill_bits(value: float, dtype: str) -> int:
@@ -100,14 +102,16 @@ def _plan(shape, dst_strides, src_shape, src_strides, lo, itemsize: int, fill: i
     order = sorted(range(ndim), key=lambda a: -dst_strides[a])  # the destination's memory order
     dims, ds, ss, lo_o, b = collapse(*([seq[a] for a in order] for seq in (shape, dst_strides, src_strides, lo,
                                                                         bounded)))
-    sd = [src_shape[a] for a in order]
+    # the source's extent of each merged axis: the destination's, unless the axis is bounded
+    by_dim = iter(src_shape[a] for a in order if bounded[a])
+    sd = [next(by_dim) if bk else d for d, bk in zip(dims, b)]
     per = 16 // itemsize
     vector = (per > 1 and aligned and ds[-1] == 1 and ss[-1] == 1 and dims[-1] % per == 0 and lo_o[-1] % per == 0
               and sd[-1] % per == 0 and all(x % per == 0 for x in ds[:-1] + ss[:-1]))
     lanes = per if vector else 1
     total = math.prod(dims)
     reach = max([total] + [sum((d - 1) * abs(x) for d, x in zip(dims, st)) + 1 for st in (ds, ss)])
-    params = Params(reach >= 2 ** 31)
+    params = Params(reach >= plan.INT32_LIMIT)
     params.pointer("src", "ELEM", "src")
     params.pointer("dst", "ELEM", "dst", const=False)
     params.scalar("NV", total // lanes)
@@ -127,7 +131,7 @@ def _plan(shape, dst_strides, src_shape, src_strides, lo, itemsize: int, fill: i
     body = _kernel(len(dims), vector, tuple(b), params, fill_text)
     draft = f"typedef {'uint4' if vector else _BITS[itemsize]} ELEM;\n" + source("KERNEL", "float", params, body)
     name = f"opgraph_gen_copy_{hashlib.sha1(draft.encode()).hexdigest()[:12]}"
-    blocks = max(1, min(-(-(total // lanes) // THREADS), MAX_SWEEP_BLOCKS))
+    blocks = max(1, min(-(-(total // lanes) // THREADS), plan.MAX_SWEEP_BLOCKS))
     return name, draft.replace("void KERNEL(", f"void {name}("), params, blocks
 
 

@@ -239,20 +239,21 @@ def _broadcast_to(b, op, types, x):
 
 
 def reduction_target(in_shape, out_shape) -> str | None:
-    """The reduction that sums ``in_shape`` down to ``out_shape``: ``'channel'``
-    (every axis but 1), ``'plane'`` (the axes after 1), ``'scalar'`` (all),
-    None (none: the same shape); PlanError for another pattern."""
+    """The reduction that sums ``in_shape`` down to ``out_shape``: ``'plane'`` (the
+    axes after 1: ``(N, C, 1, 1)`` or ``(N, C)``), ``'channel'`` (every axis
+    but 1: ``(C,)``, ``(1, C, 1, 1)``, ``(C, 1, 1)``), ``'scalar'`` (all), None
+    (none: the same shape); PlanError for another pattern. With N = 1 a
+    ``(1, C, 1, 1)`` result is per plane (the same sums)."""
     in_shape, out_shape = tuple(in_shape), tuple(out_shape)
     if in_shape == out_shape:
         return None
     if math.prod(out_shape) == 1 and math.prod(in_shape) > 0:
         return "scalar"
-    kept = [s for s in out_shape if s != 1]
-    if len(in_shape) >= 2 and kept == [in_shape[1]] and math.prod(out_shape) == in_shape[1]:
-        return "channel"
-    if len(in_shape) >= 3 and kept == [s for s in in_shape[:2] if s != 1] and \
-            math.prod(out_shape) == in_shape[0] * in_shape[1] and out_shape[:2] == in_shape[:2]:
+    if len(in_shape) >= 3 and (out_shape == in_shape[:2] or (
+            len(out_shape) == len(in_shape) and out_shape[:2] == in_shape[:2] and set(out_shape[2:]) == {1})):
         return "plane"
+    if len(in_shape) >= 2 and [s for s in out_shape if s != 1] == [in_shape[1]]:
+        return "channel"
     raise PlanError(f"a sum from {in_shape} to {out_shape} is not per channel, per plane or total")
 
 

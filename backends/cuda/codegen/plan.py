@@ -46,6 +46,9 @@ MAX_SWEEP_BLOCKS = 4224
 MIN_PER_THREAD = 4
 #: Shared memory a reduction block may use for its partial sums (bytes).
 SHARED_BYTES = 48 * 1024
+#: Elements from which index arithmetic is 64-bit (the fast 32-bit division
+#: needs every dividend below 2^31).
+INT32_LIMIT = 2 ** 31
 
 
 def as_program(op, n_inputs: int) -> Program:
@@ -169,12 +172,14 @@ def _full_loads(built: Built, roots, strided) -> list[str]:
 
 
 def _lanes(dtypes, aligned: bool, divides: int | None = None) -> int:
+    """V: one 16-byte word of the narrowest full-size operand per lane group
+    (wider operands take several words), or 1 where the buffers are not all
+    aligned or ``divides`` (the contiguous run a reduction vectorises) is not
+    a multiple of it."""
     if not dtypes or not aligned:
         return 1
     v = 16 // min(storage_of(d).itemsize for d in dtypes)
-    while divides is not None and v > 1 and divides % v:
-        v //= 2
-    return v
+    return 1 if divides is not None and divides % v else v
 
 
 def _pow2(n: int) -> int:
@@ -262,7 +267,7 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False) -
             strided[load.input] = logical_strides(types[load.input], built.full)
     ct = compute_type([*built.dtypes, out_type.dtype])
     geo = Geometry(built.full, layout, built.channels, strided, ct)
-    wide = max([geo.total, out_type.size, *(t.size for t in types)]) >= 2 ** 31
+    wide = max([geo.total, out_type.size, *(t.size for t in types)]) >= INT32_LIMIT
     groups = _groups(built)
     launches, temps, reduced = [], {}, {}
     writer = bool(groups) and built.out_node is None and groups[-1].target == built.target
@@ -326,8 +331,8 @@ def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps
     else:
         k1, a, k2 = (1, total // max(c, 1), c) if group.target == "channel" else (n, geo.inner, c)
         lanes = _lanes(loads, aligned, k2)
-        while lanes > 1 and k * lanes * kernels.THREADS * (8 if geo.ct == "double" else 4) > SHARED_BYTES:
-            lanes //= 2
+        if k * lanes * kernels.THREADS * (8 if geo.ct == "double" else 4) > SHARED_BYTES:
+            lanes = 1  # too many sums per thread for one word each
         gb = max(1, min(k2 // lanes, kernels.THREADS))
         rb = kernels.THREADS // gb
         tiles = -(-(k2 // lanes) // gb)
@@ -354,5 +359,5 @@ def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps
     return out
 
 
-__all__ = ["TARGET_BLOCKS", "MAX_SWEEP_BLOCKS", "MIN_PER_THREAD", "SHARED_BYTES", "as_program", "Group",
+__all__ = ["TARGET_BLOCKS", "MAX_SWEEP_BLOCKS", "MIN_PER_THREAD", "SHARED_BYTES", "INT32_LIMIT", "as_program", "Group",
            "Launch", "Built", "Lowered", "build", "lower", "logical_strides"]

@@ -146,6 +146,8 @@ def vector_load(st: Storage, ptr: str, index: str, lanes: int, name: str) -> tup
     and the CT expression of each lane. ``lanes == 1``: a plain scalar load."""
     if lanes == 1:
         return [], [st.load(f"{ptr}[{index}]")]
+    if lanes * st.itemsize % 16:
+        raise ValueError(f"{lanes} lanes of {st.name} are not whole 16-byte words")
     words = lanes * st.itemsize // 16
     lines = [f"const uint4 {name}_w{q} = reinterpret_cast<const uint4*>({ptr} + {index})[{q}];"
              for q in range(words)]

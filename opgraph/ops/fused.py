@@ -27,8 +27,15 @@ result to the storage dtype. Both agree within SEMANTICS.md's tolerances
 (bf16/fp16 1e-2), and exactly where every member is a select or a copy.
 
 Build one from graph nodes with :func:`fuse` (the API the fusion pass calls)
-and put it in the graph with ``Graph.rewrite(output_node, op, inputs)``.
-Fused nodes are made after ``grad`` and have no gradient rule.
+and put it in the graph with ``Graph.rewrite``; the members other than the
+output keep their nodes until the pass removes those nothing else reads::
+
+    op, inputs = fuse(graph, [stats.node, bn.node, act.node])   # BN statistics, apply, ReLU
+    graph.rewrite(act.node, op, inputs)
+
+Fused nodes are made after ``grad`` and have no gradient rule. Which chains
+the ``codegen`` rule accepts (its decline reasons otherwise):
+``backends/cuda/codegen_rules.py``.
 """
 
 from __future__ import annotations

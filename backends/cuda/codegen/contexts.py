@@ -113,6 +113,11 @@ class Context:
             return c
         return f"({self.index(em, 'n', lane)} * {self.space_size('channel')} + {c})"
 
+    def _image_and_channel(self, em, scope: str, plane: str, n: str, c: str) -> None:
+        """Emit ``n = plane / C`` and ``c = plane % C`` (a plane index ``n*C + c``)."""
+        em.add(scope, f"const IDX {n} = {self.params.div(plane, 'CDIV', self.geo.channels)};")
+        em.add(scope, f"const IDX {c} = {plane} - {n} * {self.space_size('channel')};")
+
     def index(self, em, what, lane: int) -> str:
         """Code of index ``what`` (``'i0'``, ``'i'``, ``'c'``, ``'n'``, ``'L'`` or
         ``('coord', axis)``) at ``lane``, emitting what it needs into ``em``."""
@@ -189,8 +194,7 @@ class Sweep(Context):
         if what in ("c", "n") and self.mode == "uniform":
             if "cq" not in em.memo:
                 em.add("vec", f"const IDX qv = {p.div('i0', 'INNER', geo.inner)};")
-                em.add("vec", f"const IDX nv = {p.div('qv', 'CDIV', geo.channels)};")
-                em.add("vec", f"const IDX cv = qv - nv * {self.space_size('channel')};")
+                self._image_and_channel(em, "vec", "qv", "nv", "cv")
                 em.memo["cq"] = True
             return "cv" if what == "c" else "nv"
         return super()._index(em, what, lane)
@@ -212,8 +216,7 @@ class SpaceSweep(Context):
             if self.target == "channel":
                 return "i0" if what == "c" else "0"
             if "oq" not in em.memo:
-                em.add("lane", f"const IDX on = {self.params.div('i0', 'CDIV', self.geo.channels)};")
-                em.add("lane", f"const IDX oc = i0 - on * {self.space_size('channel')};")
+                self._image_and_channel(em, "lane", "i0", "on", "oc")
                 em.memo["oq"] = True
             return "oc" if what == "c" else "on"
         return super()._index(em, what, lane)

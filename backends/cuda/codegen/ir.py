@@ -162,8 +162,8 @@ class Builder:
     def channel(self, x) -> Val:
         """Operand ``x`` as a ``(C,)`` channel vector."""
         if isinstance(x, Ext):
-            if x.type.shape != (self.channels,) and not (math.prod(x.type.shape) == self.channels
-                                                          and max(x.type.shape, default=0) == self.channels):
+            extents = [s for s in x.type.shape if s != 1] or [1]
+            if extents != [self.channels]:  # (C,), (1, C, 1, 1), (C, 1, 1) all are
                 raise PlanError(f"channel operand {x.type.shape} is not ({self.channels},)")
             return self._add(Node("load", "channel", load=Load(x.index, "channel")))
         if isinstance(x, Stacked) or RANK[x.space] > RANK["channel"]:
@@ -192,10 +192,6 @@ class Builder:
         """A CT expression over ``args`` (``{0}``, ``{1}``...); its space is the widest."""
         space = max((a.space for a in args), key=RANK.__getitem__, default="scalar")
         return self._add(Node("expr", space, tuple(a.node for a in args), template))
-
-    def const(self, text: str) -> Val:
-        """A scalar CT expression with no operand (a literal)."""
-        return self.expr(text)
 
     def reduce(self, x: Val, target: str) -> Val:
         """The sum of the full value ``x`` over the axes ``target`` drops."""

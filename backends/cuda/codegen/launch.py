@@ -85,13 +85,16 @@ def plan_for(op, arrays, out_type: TensorType, out=None):
     return plan
 
 
-def _empty(xp, shape, dtype: str, layout: str | None):
-    """An output buffer (its ``bits`` form) of logical ``shape`` stored in ``layout``."""
-    store = np.uint16 if dtype in HALF_DTYPES else dtype
+def empty(xp, shape, dtype, layout: str | None = None):
+    """An uninitialised array of logical ``shape`` and ``dtype``, channels-last
+    when ``layout`` is ``'NHWC'`` and the shape is 4-D, else C-ordered
+    (bfloat16 and float16 allocated as uint16 and viewed: CuPy allocates those)."""
+    dt = numpy_dtype(dtype.name if hasattr(dtype, "name") else dtype)
+    store = xp.uint16 if dt.name in HALF_DTYPES else dt
     if layout == "NHWC" and len(shape) == 4:
         n, c, h, w = shape
-        return xp.empty((n, h, w, c), dtype=store).transpose(0, 3, 1, 2)
-    return xp.empty(shape, dtype=store)
+        return xp.empty((n, h, w, c), dtype=store).view(dt).transpose(0, 3, 1, 2)
+    return xp.empty(tuple(shape), dtype=store).view(dt)
 
 
 def run(xp, op, arrays, out_type: TensorType, out=None):
@@ -105,16 +108,14 @@ def run(xp, op, arrays, out_type: TensorType, out=None):
     arrays = [_stored(xp, a) for a in arrays]
     plan = plan_for(op, arrays, out_type, out)
     buffers = {("in", k): _bits(xp, a) for k, a in enumerate(arrays)}
-    target = out if out is not None else _empty(xp, out_type.shape, out_type.dtype, plan.layout)
+    target = out if out is not None else empty(xp, out_type.shape, out_type.dtype, plan.layout)
     buffers["out"] = _bits(xp, target)
     ct = np.float64 if plan.ct == "double" else np.float32
     for key, count in plan.temps.items():
         buffers[key] = xp.empty(max(count, 1), dtype=ct)
     for launch in plan.launches:
         compiled(launch.source, launch.name)(launch.grid, launch.block, launch.params.arguments(buffers))
-    if out is not None or out_type.dtype not in HALF_DTYPES:
-        return target
-    return target.view(numpy_dtype(out_type.dtype))
+    return target
 
 
-__all__ = ["compiled", "address", "array_layout", "plan_for", "run"]
+__all__ = ["compiled", "address", "array_layout", "empty", "plan_for", "run"]

@@ -18,16 +18,7 @@ from opgraph.types import is_channels_last, numpy_dtype
 
 from .. import storage
 from .copies import copy_into
-
-
-def empty(xp, shape, dtype, layout: str | None):
-    """An uninitialised array of logical ``shape``, channels-last when ``layout``
-    is ``'NHWC'`` and the shape is 4-D, else C-ordered."""
-    dt = numpy_dtype(dtype.name if hasattr(dtype, "name") else dtype)
-    if layout == "NHWC" and len(shape) == 4:
-        n, c, h, w = shape
-        return xp.empty((n, h, w, c), dtype=dt).transpose(0, 3, 1, 2)
-    return xp.empty(tuple(shape), dtype=dt)
+from .launch import empty
 
 
 def layout_of(a, asked: str | None = None) -> str | None:
@@ -94,7 +85,7 @@ def reshape(xp, x, *, shape):
     if math.prod(shape) != x.size:
         raise ShapeError(f"reshape: {x.shape} ({x.size} elements) cannot become {tuple(shape)}")
     if not x.flags.c_contiguous:
-        x = copy_into(xp, xp.empty(x.shape, dtype=x.dtype), x)
+        x = copy_into(xp, empty(xp, x.shape, x.dtype), x)
     return x.reshape(tuple(shape))
 
 
@@ -106,7 +97,7 @@ def flatten(xp, x, *, start_dim):
 def transpose(xp, x, *, perm):
     """``x.transpose(perm)`` as a new C-ordered array."""
     src = x.transpose(tuple(perm))
-    return copy_into(xp, xp.empty(src.shape, dtype=x.dtype), src)
+    return copy_into(xp, empty(xp, src.shape, x.dtype), src)
 
 
 def zeros(xp, *, type, layout=None):
@@ -119,5 +110,5 @@ def zeros(xp, *, type, layout=None):
     return storage.zeros(xp, type.shape, dt)
 
 
-__all__ = ["empty", "layout_of", "concat", "slice_", "slice_backward", "pad", "pad_backward", "reshape",
+__all__ = ["layout_of", "concat", "slice_", "slice_backward", "pad", "pad_backward", "reshape",
            "flatten", "transpose", "zeros"]

@@ -278,7 +278,8 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False) -
         reduced.update({k: ("carry", group.carry, r, group.target) for r, k in enumerate(group.nodes)})
     program = (built.nodes, built.dtypes)
     if built.out_node is not None:
-        launches.append(_sweep(built, geo, wide, reduced, out_type.dtype, aligned, inplace))
+        if geo.total:  # an empty output needs no sweep
+            launches.append(_sweep(built, geo, wide, reduced, out_type.dtype, aligned, inplace))
     elif not writer:
         params = Params(wide)
         name, text = _named(lambda n: kernels.space_sweep(n, program, geo, params, built.target, reduced,

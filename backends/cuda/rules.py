@@ -1,7 +1,8 @@
 """Registers our CuPy kernels as the ``cuda`` lowering (device ``cuda``) of their ops.
 
 Each kernel is called as ``fn(cupy, *arrays, **op.params())``: the functions
-of :mod:`.pool`, :mod:`.relu`, :mod:`.colsum`, :mod:`.lrn` and :mod:`.loss` take
+of :mod:`.pool`, :mod:`.relu`, :mod:`.colsum`, :mod:`.lrn`, :mod:`.loss` (and
+``codegen.movement.zeros``, a memset) take
 exactly the op fields as keywords, like their NumPy references, plus the
 option of an autotune variant where :data:`OPTIONS` names one (pooling:
 ``specialize``; bias gradient: ``method``). Importing this module needs
@@ -15,6 +16,7 @@ from opgraph import ops
 from ..reference.rules import params_kernel
 from ..registry import Rule, register
 from . import colsum, loss, lrn, pool, relu
+from .codegen import movement
 
 #: abstract op type -> CuPy kernel ``fn(xp, *arrays, **op.params())``.
 CUDA_KERNELS = {
@@ -37,6 +39,7 @@ CUDA_KERNELS = {
     ops.LogSoftmaxBackward: loss.log_softmax_backward,
     ops.CrossEntropy: loss.cross_entropy,
     ops.CrossEntropyBackward: loss.cross_entropy_backward,
+    ops.Zeros: movement.zeros,
 }
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")

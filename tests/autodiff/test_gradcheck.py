@@ -103,8 +103,9 @@ FD_CHECKED = {
 }
 NO_INPUTS = {"Zeros", "Constant"}  # their rule returns nothing
 #: Rules that refuse with a reason (checked in test_norm_op_gradients): batch statistics are
-#: differentiated by their BatchNormTraining reader, running statistics get no gradient.
-REFUSES = {"BatchNormStats", "BatchNormRunningUpdate"}
+#: differentiated by their BatchNormTraining reader, running statistics get no gradient; a
+#: fused node is made after grad (checked in tests/test_ops_fused.py).
+REFUSES = {"BatchNormStats", "BatchNormRunningUpdate", "FusedElementwise"}
 
 
 def test_every_gradient_rule_has_a_finite_difference_test():

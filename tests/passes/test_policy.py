@@ -110,7 +110,7 @@ def test_order_appends_the_device_default():
     assert p.order("Conv2d", "cpu") == ("winograd", "gemm", "direct", "fft")
     assert p.order("Relu", "cpu") == ("reference",)
     assert p.order("Conv2d", "cuda")[:2] == ("winograd", "cudnn")
-    assert LoweringPolicy().order("Relu", "cuda") == ("cuda", "reference")
+    assert LoweringPolicy().order("Relu", "cuda") == ("codegen", "cuda", "cublas", "reference")
     assert DEFAULT_ORDER["cpu"]["conv"][0] == "gemm"
 
 

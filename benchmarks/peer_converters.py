@@ -6,7 +6,9 @@ PyTorch user's training step does. So it needs a converter for every op that
 can appear in a model's forward graph, and none for the ops that only
 opgraph's gradient rules create (:data:`GRADIENT_OPS`: autograd computes
 those values itself). Every op of ``opgraph.ops.__all__`` is in exactly one
-of :data:`CONVERTERS` and :data:`GRADIENT_OPS` (``tests/benchmarks/
+of :data:`CONVERTERS` and :data:`GRADIENT_OPS`, or is made only by the fuse
+pass (``Op.fused``, e.g. ``FusedElementwise``: the peer converts the graph
+before any pass runs, so it never meets one) (``tests/benchmarks/
 test_peer_converters.py`` fails otherwise, and checks that each op called a
 gradient op is made by some gradient rule).
 
@@ -41,6 +43,8 @@ from typing import Any, Callable
 
 import attrs
 import numpy as np
+
+from opgraph.backends.reference.dropout import keep_mask
 
 from opgraph.op import Source, abstract_of
 from opgraph.ops.batchnorm_training import channel_count
@@ -264,7 +268,7 @@ def _dropout_mask(t: PeerContext, op, input_types):
     None where dropout is the identity (not training, or p = 0)."""
     if not op.training or op.p == 0:
         return None
-    keep = np.random.default_rng(op.seed).random(input_types[0].shape) >= op.p
+    keep = keep_mask(np, input_types[0].shape, seed=op.seed, p=op.p)
     return t.torch.as_tensor(keep).to(t.device)
 
 

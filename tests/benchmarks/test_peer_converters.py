@@ -20,7 +20,8 @@ from peer_cases import CASES, feeds_of
 def test_every_op_has_a_converter_or_is_a_gradient():
     """A new op fails here until it has a converter (or is declared a gradient op)."""
     every = set(ops.__all__)
-    missing = every - set(CONVERTERS) - set(GRADIENT_OPS)
+    made_by_fusion = {n for n in every if getattr(ops, n).fused}  # the fuse pass runs after grad: no peer sees them
+    missing = every - set(CONVERTERS) - set(GRADIENT_OPS) - made_by_fusion
     assert not missing, f"no PyTorch converter for {sorted(missing)} (benchmarks/peer_converters.py)"
     assert not set(CONVERTERS) & set(GRADIENT_OPS)
     assert set(CONVERTERS) | set(GRADIENT_OPS) <= every  # no entry for an op that is gone

@@ -35,9 +35,6 @@ from typing import NamedTuple
 
 from opgraph.errors import LoweringError
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-#: I/O dtype of the cuDNN tensors for each precision.
-IO_DTYPE = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 #: Operand names, inputs then the output, by operation.
 OPERANDS = {"fprop": ("x", "w", "y"), "dgrad": ("dy", "w", "dx"), "wgrad": ("x", "dy", "dw")}
 EPILOGUES = ("none", "bias", "bias_relu")
@@ -314,6 +311,6 @@ def cache_size() -> int:
     return len(_CACHE)
 
 
-__all__ = ["PRECISIONS", "IO_DTYPE", "OPERANDS", "EPILOGUES", "ConvSignature", "ConvPlan",
+__all__ = ["OPERANDS", "EPILOGUES", "ConvSignature", "ConvPlan",
            "cudnn_module", "handle", "workspace", "pointer", "build_graph", "plan_for",
            "cache_size"]

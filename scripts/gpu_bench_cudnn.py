@@ -1,9 +1,10 @@
 """Short GPU benchmark and fact probe of the cuDNN lowering (run by scripts/gpu_check.sh).
 
 1. Facts: whether cuDNN's native asymmetric padding is right on every engine
-   (the legalize pass makes it explicit until it is), whether conv + bias (+ ReLU)
-   fuses into one graph, how many engines fp32 (TF32 excluded) and tf32 have,
-   and the host cost of one small convolution call.
+   (the legalize pass makes it explicit until it is), which epilogues fuse into
+   one graph (conv + bias (+ residual add) (+ ReLU / ReLU6); dgrad + ReLU
+   backward), how many engines fp32 (TF32 excluded) and tf32 have, and the
+   host cost of one small convolution call.
 2. Timings: AlexNet conv2 and layer-suite L2/L5 at batch 128, float32 NCHW,
    TF32 off: every engine screened (1 warm-up + 3 runs), then the heuristic
    engine and the best one timed properly (10 warm-ups, median of 20, CuPy
@@ -86,12 +87,15 @@ def facts(cp):
               "dgrad": [(2, 16, 6, 7), (16, 8, 3, 3), (2, 8, 12, 12)],
               "wgrad": [(2, 8, 12, 12), (2, 16, 6, 7), (16, 8, 3, 3)]}
     out.update(native_asymmetric_probe(cp, shapes, p))
-    for prec, cl in (("fp32", False), ("bf16", True), ("fp16", True)):
-        for epi in ("bias", "bias_relu"):
-            sh = [(8, 64, 28, 28), (64, 64, 3, 3), (1, 64, 1, 1), (8, 64, 28, 28)]
-            plan, left = cudnn.route(cudnn.signature("fprop", epi, sh, prec, ((1, 1), (1, 1)),
-                                                        (1, 1), (1, 1), cl))
-            out[f"fused_{epi}_{prec}_{'NHWC' if cl else 'NCHW'}"] = (
+    for prec, cl in (("fp32", False), ("fp32", True), ("bf16", True), ("fp16", True)):
+        y = (8, 64, 28, 28)
+        graphs = {epi: ("fprop", [y, (64, 64, 3, 3), (1, 64, 1, 1)] + [y] * ("add" in epi) + [y])
+                  for epi in ("bias", "bias_relu", "bias_relu6", "bias_add_relu", "bias_add_relu6")}
+        graphs["drelu"] = ("dgrad", [y, (64, 64, 3, 3), y, y])
+        for epi, (kind, sh) in graphs.items():
+            sig = cudnn.signature(kind, epi, sh, prec, ((1, 1), (1, 1)), (1, 1), (1, 1), cl)
+            plan, left = cudnn.route(sig)
+            out[f"fused_{kind}_{epi}_{prec}_{'NHWC' if cl else 'NCHW'}"] = (
                 f"one graph, {len(plan.engines())} engines" if left == "none" else "unfused (CuPy epilogue)")
     for prec in ("fp32", "tf32", "bf16"):
         x, w, pad = CONVS["alexnet_conv2"]

@@ -13,11 +13,12 @@ direction. Each kernel builds the node's geometry once, from the op's
 canonical fields and the node's shapes (``reference.conv.node_geometry``: the
 output shape is ``ctx.out_shape``, never recomputed), and calls the function
 with it plus ``**ctx.options`` (the implementation's own choices, e.g. a
-Winograd ``tile``). For ``Conv2d`` with a third input it adds the bias
-(``y += b.reshape(1, -1, 1, 1)``); for the fused forward op
-(``Conv2dBiasRelu``) it applies the epilogue in place on the fresh output.
-float16 and bfloat16 arrays are computed in float32 and the result cast back
-once (SEMANTICS.md: half storage accumulates in fp32), after the bias.
+Winograd ``tile``), then applies the node's epilogue in place on the fresh
+output (``reference.conv_epilogue.apply_epilogue`` of ``epilogue_steps``:
+``Conv2d``'s bias; the fused forward ops' bias, residual add and ReLU /
+ReLU6; backward-data's ReLU gradient). float16 and bfloat16 arrays are
+computed in float32 and the result cast back once (SEMANTICS.md: half
+storage accumulates in fp32), after the epilogue.
 
 Registered at import (the names are the policy's algorithm names):
 
@@ -41,10 +42,12 @@ import functools
 import numpy as np
 
 from opgraph import ops
+from opgraph.ops.conv_fused import epilogue_steps
 from opgraph.types import HALF_DTYPES
 
 from . import fft, gemm, winograd
 from ..reference import conv as direct
+from ..reference.conv_epilogue import apply_epilogue
 from ..registry import Rule, register
 
 #: the op's direction (``Op.direction``) -> the algorithm function's name (and
@@ -61,38 +64,31 @@ def _widened(arrays):
     return [a.astype(np.float32) for a in arrays], half[0]
 
 
-def _forward_kernel(name, fn):
-    """The kernel of a forward op: ``fn`` on the node's geometry, then the bias
-    (a third input) and, for a fused op, its ReLU, before the one rounding of
-    a half-precision result."""
-
-    def kernel(ctx, op, x, w, *rest):
-        g = direct.node_geometry(op, x.shape, w.shape, ctx.out_shape(op, x, w, *rest))
-        (x, w, *rest), half = _widened((x, w, *rest))
-        y = fn(ctx.xp, x, w, g, **dict(ctx.options))
-        if rest:
-            y += rest[0].reshape(1, -1, 1, 1).astype(y.dtype, copy=False)
-        if op.fused:  # maximum propagates NaN (SEMANTICS.md)
-            ctx.xp.maximum(y, 0, out=y)
-        return y if half is None else y.astype(half)
-
-    kernel.__name__ = kernel.__qualname__ = f"{name}_conv2d"
-    kernel.__doc__ = f"``{name}``: y = conv(x, w) (+ b over channels). " + (fn.__doc__ or "")
-    return kernel
+def _geometry(direction, ctx, op, a, b, rest):
+    """The node's geometry: a forward op's from x, w and the node's output
+    shape (``ctx.out_shape``), a backward op's from the shapes it was typed
+    with (``reference.conv.geometry_of``)."""
+    if direction == "forward":
+        return direct.node_geometry(op, a.shape, b.shape, ctx.out_shape(op, a, b, *rest))
+    return direct.geometry_of(direction, op, (a, b))
 
 
-def _backward_kernel(name, fn, direction):
-    """The kernel of a backward op: ``fn`` on the node's geometry
-    (``reference.conv.geometry_of``: the shapes it was typed with)."""
+def _kernel(name, fn, direction):
+    """The kernel of an op of ``direction``: ``fn`` on the node's geometry,
+    then the node's epilogue (``Conv2d``'s bias; a fused forward op's bias,
+    residual add and activation; backward-data's ReLU gradient) in place on
+    the fresh output, before the one rounding of a half-precision result."""
 
-    def kernel(ctx, op, a, b):
-        g = direct.geometry_of(direction, op, (a, b))
-        (a, b), half = _widened((a, b))
+    def kernel(ctx, op, a, b, *rest):
+        g = _geometry(direction, ctx, op, a, b, rest)
+        (a, b, *rest), half = _widened((a, b, *rest))
         y = fn(ctx.xp, a, b, g, **dict(ctx.options))
+        y = apply_epilogue(ctx.xp, epilogue_steps(op, 2 + len(rest)), y, rest)
         return y if half is None else y.astype(half)
 
-    kernel.__name__ = kernel.__qualname__ = f"{name}_conv2d_{direction}"
-    kernel.__doc__ = f"``{name}``: conv2d {direction}. " + (fn.__doc__ or "")
+    suffix = "" if direction == "forward" else f"_{direction}"
+    kernel.__name__ = kernel.__qualname__ = f"{name}_conv2d{suffix}"
+    kernel.__doc__ = f"``{name}``: conv2d {direction} and the node's epilogue. " + (fn.__doc__ or "")
     return kernel
 
 
@@ -127,10 +123,7 @@ def register_conv_algorithm(name, forward, backward_data, backward_filter, *, ch
     rules = {}
     for op_type in ops.of_family("conv"):
         direction = DIRECTIONS[op_type.direction]
-        if direction == "forward":
-            kernel = _forward_kernel(name, fns[direction])
-        else:
-            kernel = _backward_kernel(name, fns[direction], direction)
+        kernel = _kernel(name, fns[direction], direction)
         fields = dict(devices=devices, check=functools.partial(check, direction),
                       tags=frozenset(tags) | {"conv", name}, fresh_output=fresh_output)
         if variants is not None:

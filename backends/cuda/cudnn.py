@@ -8,9 +8,15 @@ per axis: the frontend takes asymmetric pre/post padding, but on cuDNN 9.19
 some wgrad engines compute it wrong (docs/gpu.md), so the rules are tagged
 ``symmetric_padding_only`` and the legalize pass makes the asymmetric excess
 an explicit ``Pad`` node before a node gets here; these functions refuse
-asymmetric padding rather than pad on their own. A fused epilogue without a
-fusion engine falls back to the unfused graph plus a CuPy epilogue
-(:func:`route`, remembered per signature).
+asymmetric padding rather than pad on their own.
+
+Epilogues (``opgraph/ops/conv_fused.py``), built into the same cuDNN graph
+as pointwise ops (:func:`.cudnn_graph.build_graph`): fprop's bias, residual
+add and ReLU / ReLU6 (``conv_fprop -> bias -> add -> relu``), dgrad's ReLU
+gradient (``conv_dgrad -> relu_backward``). Where no engine fuses an
+epilogue, the unfused graph runs and the epilogue follows on CuPy
+(``reference.conv_epilogue.apply_epilogue``, the code every other algorithm
+runs); :func:`route` picks, and remembers it per signature.
 
 Options (``ctx.options`` of a ``Lowered`` node, or keywords):
 
@@ -35,9 +41,11 @@ calling cuDNN.
 from __future__ import annotations
 
 from opgraph import precision as precisions
-from opgraph.errors import LoweringError, ShapeError
+from opgraph.errors import LoweringError, ParameterError, ShapeError
+from opgraph.ops.conv_fused import ACTIVATIONS
 from opgraph.types import is_channels_last as _channels_last, to_layout
 
+from ..reference.conv_epilogue import apply_epilogue
 from . import cudnn_graph as cg
 from .storage import like, unbits
 
@@ -86,17 +94,19 @@ def signature(kind: str, epilogue: str, shapes, precision: str, padding, stride,
               cl: bool, device: int = 0) -> cg.ConvSignature:
     """The :class:`~.cudnn_graph.ConvSignature` of a convolution.
 
-    ``shapes`` are the operands' logical NCHW/OIHW shapes in
-    :data:`~.cudnn_graph.OPERANDS` order (bias, if any, as ``(1, K, 1, 1)``
-    before the output); ``cl`` picks the NHWC strides for every operand
-    (the bias is always dense).
+    ``epilogue`` is :func:`.cudnn_graph.epilogue_name` of its steps (``'none'``,
+    ``'bias'``, ``'bias_add_relu6'``, ``'drelu'``, ...). ``shapes`` are the
+    operands' logical NCHW/OIHW shapes in :data:`~.cudnn_graph.OPERANDS`
+    order, the epilogue's operands before the output (the bias as
+    ``(1, K, 1, 1)``); ``cl`` picks the NHWC strides for every operand (the
+    bias is always dense).
 
     Raises:
         ParameterError: unknown precision (:func:`opgraph.precision.check`).
     """
     precisions.check(precision)
-    strides = tuple((s[1], 1, 1, 1) if epilogue != "none" and i == 2 else _strides(s, cl)
-                    for i, s in enumerate(shapes))
+    bias = kind == "fprop" and "bias" in cg.epilogue_steps(epilogue)
+    strides = tuple((s[1], 1, 1, 1) if bias and i == 2 else _strides(s, cl) for i, s in enumerate(shapes))
     (pt, pb), (pl, pr) = padding
     return cg.ConvSignature(kind, epilogue, tuple(tuple(s) for s in shapes), strides,
                             precisions.IO_DTYPE[precision], precision, (pt, pl), (pb, pr),
@@ -104,8 +114,9 @@ def signature(kind: str, epilogue: str, shapes, precision: str, padding, stride,
 
 
 def _unfused(sig: cg.ConvSignature) -> cg.ConvSignature:
-    return sig._replace(epilogue="none", dims=sig.dims[:2] + sig.dims[3:],
-                        strides=sig.strides[:2] + sig.strides[3:])
+    """The same convolution without its epilogue (nor the epilogue's operands)."""
+    return sig._replace(epilogue="none", dims=sig.dims[:2] + sig.dims[-1:],
+                        strides=sig.strides[:2] + sig.strides[-1:])
 
 
 def route(sig: cg.ConvSignature):
@@ -146,29 +157,27 @@ def _require_symmetric(kind: str, padding) -> None:
                             "explicit Pad node (rule tag symmetric_padding_only)")
 
 
-def _run(xp, kind, epilogue, ins, out_shape, out_dtype, padding, stride, dilation, precision,
+def _run(xp, kind, steps, ins, out_shape, out_dtype, padding, stride, dilation, precision,
          engine, cl):
-    """Cast, route, execute; ``ins`` are the operands in signature order."""
+    """Cast, route, execute; ``ins`` are the operands in signature order (the
+    epilogue's after the first two), ``steps`` the epilogue's."""
     _require_symmetric(kind, padding)
     io = precisions.IO_DTYPE[precision]
     shapes = [tuple(a.shape) for a in ins] + [tuple(out_shape)]
-    if epilogue != "none":
+    if "bias" in steps:
         shapes[2] = (1, out_shape[1], 1, 1)
-    sig = signature(kind, epilogue, shapes, precision, padding, stride, dilation, cl, _device_id(xp))
+    sig = signature(kind, cg.epilogue_name(steps), shapes, precision, padding, stride, dilation, cl,
+                    _device_id(xp))
     plan, cupy_epilogue = route(sig)
     ops = [_in_layout(xp, _cast(xp, a, io), cl) if a.ndim == 4 else xp.ascontiguousarray(_cast(xp, a, io))
-           for a in ins]
-    if cupy_epilogue != "none":
-        ops = ops[:2]
+           for a in (ins if cupy_epilogue == "none" else ins[:2])]
     out = _empty(xp, plan.sig.dims[-1], xp.uint16 if io == "bfloat16" else io, cl)
     index = plan.default if engine is None else int(engine)
     scratch = cg.workspace(plan.ensure(index), plan.sig.device)
     plan.execute([a.data.ptr for a in ops] + [out.data.ptr], index, cg.pointer(scratch))
     y = _uncast(xp, out, io, out_dtype)
     if cupy_epilogue != "none":
-        y += ins[2].reshape(1, -1, 1, 1).astype(y.dtype, copy=False)
-        if cupy_epilogue == "bias_relu":
-            xp.maximum(y, 0, out=y)
+        y = apply_epilogue(xp, steps, y, ins[2:])
     return y
 
 
@@ -183,31 +192,38 @@ def _precision(precision, dtype) -> str:
     return precisions.DEFAULT_PRECISION[dtype.name] if precision is None else precision
 
 
-def conv2d(xp, x, w, b=None, *, stride, padding, dilation, groups, out_shape, precision=None,
-           engine=None, relu=False):
-    """Forward convolution ``y = conv(x, w) (+ b) (then ReLU if relu)`` by cuDNN.
+def conv2d(xp, x, w, b=None, r=None, *, stride, padding, dilation, groups, out_shape, precision=None,
+           engine=None, activation="none"):
+    """Forward convolution ``y = act(conv(x, w) (+ b) (+ r))`` by cuDNN, the
+    epilogue in the same graph where an engine fuses it.
 
     Args:
         xp: ``cupy``.
         x: ``(N, C, H, W)``; w: ``(K, C/groups, kH, kW)``; b: ``(K,)`` or None.
+        r: a residual addend of the output's shape, or None.
         stride, dilation: ``(h, w)``; padding ``((top, bottom), (left, right))``,
         symmetric per axis; groups: int (cuDNN infers it from ``C / w.shape[1]``;
         checked here).
         out_shape: the output shape ``(N, K, Ho, Wo)``, as the node's type
             inference computed it (``Conv2d.infer``; never recomputed here).
         precision, engine: see the module docstring.
-        relu: fuse a ReLU after the bias (see :func:`conv2d_bias_relu`).
+        activation: ``'none'``, ``'relu'`` or ``'relu6'``
+            (``opgraph.ops.conv_fused.ACTIVATIONS``), after the bias and ``r``.
 
     Returns:
         ``out_shape`` in x's dtype and layout.
 
     Raises:
-        ShapeError: bad dtype, channel counts or output shape. LoweringError:
-        asymmetric padding, or cuDNN cannot run it.
+        ShapeError: bad dtype, channel counts or output shape. ParameterError:
+        an unknown activation. LoweringError: asymmetric padding, or cuDNN
+        cannot run it.
 
-    Source: SEMANTICS.md (Convolution); cuDNN ``conv_fprop``.
+    Source: SEMANTICS.md (Convolution); cuDNN ``conv_fprop``, pointwise ``bias``,
+    ``add``, ``relu`` (with ``upper_clip`` for ReLU6).
     """
     _check_dtype(x, w)
+    if activation not in ACTIVATIONS:
+        raise ParameterError("activation", activation, f"must be one of {list(ACTIVATIONS)}")
     n, c = x.shape[:2]
     k = w.shape[0]
     if c != w.shape[1] * groups or k % groups:
@@ -215,14 +231,17 @@ def conv2d(xp, x, w, b=None, *, stride, padding, dilation, groups, out_shape, pr
     out = tuple(int(v) for v in out_shape)
     if out[:2] != (n, k):
         raise ShapeError(f"cuDNN conv2d: output shape {out} does not fit x {x.shape} and w {w.shape}")
+    if r is not None and tuple(r.shape) != out:
+        raise ShapeError(f"cuDNN conv2d: residual shape {r.shape} != output shape {out}")
     cl = _channels_last(x)
     if n == 0:
         return _empty(xp, out, x.dtype, cl)
-    epilogue = "bias_relu" if relu else "bias" if b is not None else "none"
-    if relu and b is None:
-        b = xp.zeros((k,), dtype=x.dtype)
-    ins = [x, w] + ([b] if b is not None else [])
-    return _run(xp, "fprop", epilogue, ins, out, x.dtype, padding, stride, dilation,
+    if b is None and (r is not None or activation != "none"):
+        b = xp.zeros((k,), dtype=x.dtype)  # the fused graphs start with the bias
+    steps = (("bias",) if b is not None else ()) + (("add",) if r is not None else ()) + \
+        ((activation,) if activation != "none" else ())
+    ins = [x, w] + [a for a in (b, r) if a is not None]
+    return _run(xp, "fprop", steps, ins, out, x.dtype, padding, stride, dilation,
                 _precision(precision, x.dtype), engine, cl)
 
 
@@ -234,20 +253,26 @@ def conv2d_bias_relu(xp, x, w, b, *, stride, padding, dilation, groups, out_shap
     Shapes, options and errors as :func:`conv2d`; ``b`` is required.
     """
     return conv2d(xp, x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                  out_shape=out_shape, precision=precision, engine=engine, relu=True)
+                  out_shape=out_shape, precision=precision, engine=engine, activation="relu")
 
 
 def conv2d_backward_data(xp, gy, w, *, stride, padding, dilation, groups, input_shape,
-                         precision=None, engine=None):
+                         precision=None, engine=None, relu_output=None):
     """``dL/dx`` by cuDNN ``conv_dgrad``: gy ``(N, K, Ho, Wo)``, w ``(K, C/groups, kH, kW)``
     -> ``(N, C, H, W)`` = ``input_shape`` (rows no window touches get 0), in gy's
-    dtype and layout. Options and errors as :func:`conv2d`."""
+    dtype and layout. With ``relu_output`` (``input_shape``: the output of the
+    ReLU the convolution read), the gradient is masked where it is not > 0
+    (``relu_backward`` in the same graph where an engine fuses it: the
+    ``Conv2dBackwardDataRelu`` op). Options and errors as :func:`conv2d`."""
     _check_dtype(gy, w)
     shape = tuple(int(v) for v in input_shape)
+    if relu_output is not None and tuple(relu_output.shape) != shape:
+        raise ShapeError(f"cuDNN conv2d_backward_data: ReLU output shape {relu_output.shape} != {shape}")
     cl = _channels_last(gy)
     if shape[0] == 0:
         return _empty(xp, shape, gy.dtype, cl)
-    return _run(xp, "dgrad", "none", [gy, w], shape, gy.dtype, padding, stride, dilation,
+    steps, ins = ((), [gy, w]) if relu_output is None else (("drelu",), [gy, w, relu_output])
+    return _run(xp, "dgrad", steps, ins, shape, gy.dtype, padding, stride, dilation,
                 _precision(precision, gy.dtype), engine, cl)
 
 
@@ -263,7 +288,7 @@ def conv2d_backward_filter(xp, x, gy, *, stride, padding, dilation, groups, weig
         out = _empty(xp, shape, x.dtype, cl)
         out[...] = 0
         return out
-    return _run(xp, "wgrad", "none", [x, gy], shape, x.dtype, padding, stride, dilation,
+    return _run(xp, "wgrad", (), [x, gy], shape, x.dtype, padding, stride, dilation,
                 _precision(precision, x.dtype), engine, cl)
 
 

@@ -1,6 +1,9 @@
 """Registry rules of the ``cudnn`` algorithm (device ``cuda``) for the convolution ops.
 
-Each rule's
+One rule per op of the convolution family: the three convolutions, and
+the fused ops of ``opgraph/ops/conv_fused.py`` (the forward with its
+epilogue, backward-data with its ReLU gradient; their graphs carry the
+epilogue as pointwise ops, :mod:`.cudnn_graph`). Each rule's
 
 * ``kernel`` calls :mod:`.cudnn` with the op's fields, the node's output
   shape (``ctx.out_shape``) and the node's options ``precision`` (always
@@ -31,11 +34,13 @@ import math
 
 from opgraph import ops
 from opgraph.errors import LoweringError
+from opgraph.ops.conv_fused import EPILOGUE_STEPS, epilogue_steps
 from opgraph.precision import DEFAULT_PRECISION
 
 from ..device import cuda_status
 from ..registry import Rule, register
-from .cudnn import conv2d, conv2d_backward_data, conv2d_backward_filter, conv2d_bias_relu, route, signature
+from .cudnn import conv2d, conv2d_backward_data, conv2d_backward_filter, route, signature
+from .cudnn_graph import epilogue_name
 
 #: the op's direction (``Op.direction``) -> the cuDNN operation.
 KIND = {"fwd": "fprop", "dgrad": "dgrad", "wgrad": "wgrad"}
@@ -51,19 +56,18 @@ def _signature(op, in_types, precision=None, device: int = 0):
     """The signature the kernel will build for ``op`` on inputs ``in_types``
     (the output shape is the op's own inference, as the node's); None for an
     empty batch (no cuDNN call)."""
-    kind = KIND[op.direction]
     first = in_types[0]
     precision = precision or DEFAULT_PRECISION[first.dtype]
     out = op.infer(*in_types).shape
-    shapes = [first.shape, in_types[1].shape]
-    if kind == "fprop" and len(in_types) > 2:
-        shapes.append((1, out[1], 1, 1))  # the bias
-    shapes.append(out)
+    steps = epilogue_steps(op, len(in_types))
+    readers = [step for step in steps if EPILOGUE_STEPS[step]]  # the steps reading inputs 2, 3, ...
+    # the bias as (1, K, 1, 1); a residual or the ReLU output of dgrad as given
+    extra = [(1, out[1], 1, 1) if step == "bias" else t.shape for step, t in zip(readers, in_types[2:])]
+    shapes = [first.shape, in_types[1].shape, *extra, out]
     if out[0] == 0 or first.shape[0] == 0:
         return None
-    epilogue = "bias_relu" if type(op).fused else "bias" if len(shapes) > 3 else "none"
-    return signature(kind, epilogue, shapes, precision, op.padding, op.stride, op.dilation,
-                     first.layout == "NHWC", device)
+    return signature(KIND[op.direction], epilogue_name(steps), shapes, precision, op.padding, op.stride,
+                     op.dilation, first.layout == "NHWC", device)
 
 
 def _device() -> int:
@@ -124,11 +128,13 @@ def _fprop(ctx, op, x, w, *b):
                   precision=o["precision"], engine=o.get("engine"))
 
 
-def _dgrad(ctx, op, gy, w):
-    """cuDNN ``conv_dgrad``: dL/dx."""
+def _dgrad(ctx, op, gy, w, *relu_output):
+    """cuDNN ``conv_dgrad``: dL/dx (``-> relu_backward`` in the same graph for
+    ``Conv2dBackwardDataRelu``, whose third input is the ReLU's output)."""
     o = ctx.options
-    return conv2d_backward_data(ctx.xp, gy, w, **op.params(), precision=o["precision"],
-                                engine=o.get("engine"))
+    return conv2d_backward_data(ctx.xp, gy, w, **op.conv_params(), input_shape=op.input_shape,
+                                relu_output=relu_output[0] if relu_output else None,
+                                precision=o["precision"], engine=o.get("engine"))
 
 
 def _wgrad(ctx, op, x, gy):
@@ -138,37 +144,28 @@ def _wgrad(ctx, op, x, gy):
                                   engine=o.get("engine"))
 
 
-def _fused(ctx, op, x, w, b):
-    """cuDNN ``conv_fprop -> bias -> relu`` as one graph (:func:`.cudnn.conv2d_bias_relu`)."""
+def _fused(ctx, op, x, w, b, *r):
+    """cuDNN ``conv_fprop -> bias [-> add] [-> relu]`` as one graph (the fused
+    forward ops: ``Conv2dBiasRelu``, ``Conv2dBiasActivation``)."""
     o = ctx.options
-    return conv2d_bias_relu(ctx.xp, x, w, b, **op.conv_params(), out_shape=ctx.out_shape(op, x, w, b),
-                            precision=o["precision"], engine=o.get("engine"))
-
-
-def _rule(op_type, kernel) -> Rule:
-    return register(Rule(op_type, "cudnn", kernel, devices={"cuda"}, check=check, variants=variants,
-                         workspace=workspace, tags=TAGS, fresh_output=True))
-
-
-def register_fused_rule(op_type) -> None:
-    """Register the ``cudnn`` rule of a fused conv + bias + ReLU op type: inputs
-    ``(x, w, b)``, fields ``stride, padding, dilation, groups`` (canonical forms)."""
-    _rule(op_type, _fused)
+    return conv2d(ctx.xp, x, w, b, *r, **op.conv_params(), out_shape=ctx.out_shape(op, x, w, b, *r),
+                  activation=op.activation, precision=o["precision"], engine=o.get("engine"))
 
 
 def register_rules() -> None:
     """Register the ``cudnn`` rules of the convolution family (idempotent),
-    found by direction (``ops.of_family('conv', ...)``). Every output is a
-    new array (``fresh_output``: cuDNN writes into one of ours, at most viewed
-    as another dtype), so the memory pass may run a later step in place on it."""
+    found by direction (``ops.of_family('conv', ...)``); a fused forward op
+    gets the fused kernel, backward-data with ReLU the dgrad one (its third
+    input the mask). Every output is a new array (``fresh_output``: cuDNN
+    writes into one of ours, at most viewed as another dtype), so the memory
+    pass may run a later step in place on it."""
     kernels = {"fwd": _fprop, "dgrad": _dgrad, "wgrad": _wgrad}
     for op_type in ops.of_family("conv"):
-        if op_type.fused:
-            register_fused_rule(op_type)
-        else:
-            _rule(op_type, kernels[op_type.direction])
+        kernel = _fused if op_type.fused and op_type.direction == "fwd" else kernels[op_type.direction]
+        register(Rule(op_type, "cudnn", kernel, devices={"cuda"}, check=check, variants=variants,
+                      workspace=workspace, tags=TAGS, fresh_output=True))
 
 
 register_rules()
 
-__all__ = ["KIND", "TAGS", "check", "variants", "workspace", "register_rules", "register_fused_rule"]
+__all__ = ["KIND", "TAGS", "check", "variants", "workspace", "register_rules"]

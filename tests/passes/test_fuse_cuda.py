@@ -60,3 +60,40 @@ def test_fusion_on_cuda_runs_the_fused_ops_on_cudnn(cudnn_ok):
     assert {v.name for v in fused if v.op.direction == "fwd"} == {"conv1", "conv2"}
     assert {v.op.algorithm for v in nodes if v.op.family == "conv"} == {"cudnn"}
     assert not any(v.op.op.name == "Relu" for v in nodes)
+
+
+def resnet_and_mobilenet_step():
+    """A ResNet basic block (the residual added before the block's ReLU) and a
+    MobileNet-style ReLU6 convolution, with every parameter gradient."""
+    g = og.Graph()
+    x = g.input("x", (2, 8, 8, 8))
+    p = {n: g.param(n, s) for n, s in (("w1", (8, 8, 3, 3)), ("b1", (8,)), ("w2", (8, 8, 3, 3)), ("b2", (8,)),
+                                        ("w3", (8, 8, 1, 1)), ("b3", (8,)))}
+    a = og.relu(og.conv2d(x, p["w1"], p["b1"], padding=1, name="conv1"), name="relu1")
+    h = og.relu(og.add(og.conv2d(a, p["w2"], p["b2"], padding=1, name="conv2"), x, name="add"), name="relu2")
+    m = og.relu6(og.conv2d(h, p["w3"], p["b3"], name="conv3"), name="relu6")
+    y = og.max_pool2d(m, 2, name="pool")
+    return [y, *og.grad(y, list(p.values()))]
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_residual_relu6_and_dgrad_relu_fuse_onto_cudnn(cudnn_ok, layout):
+    graph, outs, report = compile_for_cuda(resnet_and_mobilenet_step(), og.LoweringPolicy(layout=layout))
+    nodes = lowered(graph, outs)
+    convs = {v.name: v.op for v in nodes if v.op.family == "conv"}
+    assert {op.algorithm for op in convs.values()} == {"cudnn"}
+    assert convs["conv1"].op.name == "Conv2dBiasRelu"
+    assert (convs["conv2"].op.name, convs["conv2"].op.activation, convs["conv2"].op.residual) == \
+        ("Conv2dBiasActivation", "relu", True)
+    assert (convs["conv3"].op.activation, convs["conv3"].op.residual) == ("relu6", False)
+    dgrad_relu = [op for op in convs.values() if op.op.name == "Conv2dBackwardDataRelu"]
+    # conv2's input gradient masked by relu1's, conv3's by relu2's (both read by that conv alone)
+    assert sorted(op.op.padding[0][0] for op in dgrad_relu) == [0, 1]
+    assert not any(v.op.op.name in ("Add", "Relu", "Hardtanh") for v in nodes)
+    assert all(op.option_dict.get("precision") == "fp32" for op in convs.values())
+    # excluding "fused" leaves every convolution on cuDNN, unfused
+    graph, outs, _ = compile_for_cuda(resnet_and_mobilenet_step(),
+                                      og.LoweringPolicy(layout=layout, exclude=["fused"]))
+    nodes = lowered(graph, outs)
+    assert not any(v.op.op.fused for v in nodes)
+    assert {v.op.algorithm for v in nodes if v.op.family == "conv"} == {"cudnn"}

@@ -14,8 +14,9 @@ batch 2 the first convolution's weight gradient differs from the float64
 value by 1e-2 in relative terms even with the exact (direct) algorithm in
 fp32, so an end-to-end threshold could not tell a wrong kernel from an
 ill-conditioned sum. So :func:`check_lowering` runs each step of the
-lowering that the lowering decides (the three convolution ops, the fused
-``Conv2dBiasRelu``, the ``Pad`` / ``PadBackward`` nodes legalize puts around
+lowering that the lowering decides (the convolution ops, the fused ones included (the
+forward with its epilogue, backward-data with its ReLU gradient), the
+``Pad`` / ``PadBackward`` nodes legalize puts around
 convolutions, ``Linear``, ``MatMul`` and ``BiasAddBackward``) on the float64
 reference values of its inputs, rounded to the graph's dtype and stored in
 its layout, and compares its output with the reference value of that node.
@@ -24,8 +25,10 @@ Which reference value a lowered node has (:func:`abstract_twin`): the passes
 keep node ids, so a node of the same op family as the abstract node of its
 id has that node's value (legalize's padded convolution computes what the
 unpadded one did; its ``PadBackward`` crop takes the backward-data node's id
-and value); a fused ``Conv2dBiasRelu`` takes its convolution's id but
-computes the value of the ``Relu`` that read it; a node the passes added
+and value); a fused convolution takes its convolution's id but computes the
+value of the last node of the chain it absorbed (the ``Relu`` or ReLU6 that
+read it, through the residual ``Add``; backward-data's ``ReluBackward``),
+found by following its epilogue's steps; a node the passes added
 gets its value from the reference kernels applied to its inputs' values.
 Pooling, ReLU and LRN run the same kernels in every column and are
 covered by their own tests against the reference.
@@ -46,7 +49,8 @@ import opgraph as og
 from opgraph.backends.registry import KernelContext, rules_for
 from opgraph.executable import Executable
 from opgraph.op import Source, abstract_of
-from opgraph.ops import of_family
+from opgraph.ops import Add, ReluBackward, of_family
+from opgraph.ops.conv_fused import activation_of, epilogue_steps
 from opgraph.passes.autotune import relative_error, tolerance
 from opgraph.types import is_float, run_type, to_layout
 
@@ -84,8 +88,8 @@ class Reference:
             if name in CHECKED_OPS:
                 keep.add(st.node)
                 keep.update(g.input_ids(st.node))
-            if name == "Conv2d":  # the value a fused conv + relu node is compared with
-                keep.update(u for u in g.users(st.node) if g.node(u).op.name == "Relu")
+            if abstract_of(st.op).family == "conv":  # what a fused convolution reads and is compared with
+                keep.update(_epilogue_nodes(g, st.node))
         slots = exe.feed(feeds)
         keep.update(slots)  # the sources, in float64
         for st in exe.steps:
@@ -98,6 +102,20 @@ class Reference:
         self.outputs = [slots[v.node] for v in exe.outputs]
         self.names = tg.output_names
         self.seconds = time.perf_counter() - t0
+
+
+def _epilogue_nodes(graph, node: int) -> set[int]:
+    """The nodes a fused convolution at ``node`` may absorb (its ``Add``, ReLU,
+    ReLU6 and ``ReluBackward`` readers, and the activations reading such an
+    ``Add``) and their inputs (the residual, the ReLU output a mask reads)."""
+    chain = set()
+    for u in graph.users(node):
+        op = graph.node(u).op
+        if isinstance(op, (Add, ReluBackward)) or activation_of(op):
+            chain.add(u)
+        if isinstance(op, Add):
+            chain.update(v for v in graph.users(u) if activation_of(graph.node(v).op))
+    return chain | {i for u in chain for i in graph.input_ids(u)}
 
 
 @attrs.define
@@ -133,15 +151,35 @@ def abstract_twin(lowered_graph, abstract_graph, nid: int) -> int | None:
     low, orig = abstract_of(view.op).name, abstract_graph.node(nid).op.name
     if isinstance(view.op, Source) or low == orig or (low, orig) in _SAME_VALUE:
         return nid
-    if (low, orig) == ("Conv2dBiasRelu", "Conv2d"):
-        relus = [u for u in abstract_graph.users(nid) if abstract_graph.node(u).op.name == "Relu"]
-        return relus[0] if len(relus) == 1 else None
+    op = abstract_of(view.op)
+    if op.fused and op.family == "conv":
+        node = nid
+        for step in epilogue_steps(op, len(view.inputs)):
+            node = node if step == "bias" else _epilogue_reader(abstract_graph, node, step)
+            if node is None:
+                return None
+        return node
     if (low, orig) == ("MaxPool2dBackwardRelu", "MaxPool2dBackward"):  # the ReluBackward it absorbed
         x = abstract_graph.input_ids(nid)[0]
         masks = [u for u in abstract_graph.users(nid) if abstract_graph.node(u).op.name == "ReluBackward"
                  and abstract_graph.input_ids(u)[0] == x]
         return masks[0] if len(masks) == 1 else None
     return None
+
+
+def _epilogue_reader(graph, node: int, step: str) -> int | None:
+    """The one reader of ``node`` that is the epilogue ``step`` (an ``Add``, the
+    activation, or the ``ReluBackward`` masking it), or None."""
+    def is_step(u):
+        op = graph.node(u).op
+        if step == "add":
+            return isinstance(op, Add)
+        if step == "drelu":
+            return isinstance(op, ReluBackward) and graph.input_ids(u)[1] == node
+        return activation_of(op) == step
+
+    found = [u for u in graph.users(node) if is_step(u)]
+    return found[0] if len(found) == 1 else None
 
 
 def check_lowering(exe: Executable, ref: Reference) -> CheckResult:

@@ -259,8 +259,9 @@ def layer_tables(doc: dict, metric: str = "ms") -> Iterable[Table]:
                                      f"{x['algorithm'].get(p)}; {r['lowering']}: {why}")
                 rows.append(row)
             if any(x.get("fused_relu") for r in res for x in r["layers"]):
-                notes.append("forward of a convolution fused with its ReLU (Conv2dBiasRelu, the "
-                             "fuse pass) includes the ReLU")
+                notes.append("a convolution fused with its epilogue by the fuse pass (the forward with "
+                             "its ReLU / ReLU6 and residual add, backward-data with the ReLU gradient) "
+                             "includes it")
             unit = "ms" if metric == "ms" else "TFLOP/s"
             caption = (f"{m['model']} per layer, {prec}: forward / backward-data / backward-filter {unit} "
                        f"(median; each layer's steps timed alone)")

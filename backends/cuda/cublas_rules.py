@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from opgraph import ops
 
-from ..reference.rules import params_kernel
+from ..reference.kernel import params_kernel
 from ..registry import Rule, register
 from .cublas import linear, matmul
 

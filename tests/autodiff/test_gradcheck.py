@@ -87,6 +87,7 @@ FD_CHECKED = {
                      "MaxPool2dBackward", "MaxPool2dBackwardRelu", "MaxPool2dSelect", "AvgPool2d",
                      "AvgPool2dBackward"],
                     "test_conv_pool_gradients"),
+    **dict.fromkeys(["Conv2dBiasActivation", "Conv2dBackwardDataRelu"], "test_conv_fused_gradients"),
     **dict.fromkeys(["Relu", "ReluBackward", "Threshold", "ThresholdBackward", "Add", "BiasAdd",
                      "BiasAddBackward", "Dropout", "LocalResponseNorm", "Linear", "MatMul",
                      "Flatten", "Reshape", "Concat", "Slice", "SliceBackward", "Pad",

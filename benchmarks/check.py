@@ -242,7 +242,8 @@ def end_to_end(xp, outputs, ref: Reference) -> dict:
     """Relative errors of a real run's outputs against the reference: the
     model output, the largest over the parameter gradients and which one,
     with state updates the largest over them (``max_state``, ``worst_state``),
-    and whether every value is finite.
+    and whether every value is finite. ``outputs`` may stop before the state
+    updates (a peer computing the output and the gradients only).
 
     A gradient (or state value) whose reference norm is below
     :data:`VANISHING` times its group's norm (all gradients, all state
@@ -254,7 +255,7 @@ def end_to_end(xp, outputs, ref: Reference) -> dict:
     lowering. Non-finite values count in ``finite`` all the same."""
     errs = [relative_error(xp, o, r) for o, r in zip(outputs, ref.outputs)]
     norms = [float(xp.linalg.norm(r.ravel())) for r in ref.outputs]
-    split = len(errs) - ref.n_state
+    split = len(ref.outputs) - ref.n_state
     bad = [n for n, e in zip(ref.names, errs) if math.isnan(e)]
     out = {"output": None if math.isnan(errs[0]) else errs[0]}
     for key, part in (("grad", slice(1, split)), ("state", slice(split, None))):

@@ -99,6 +99,21 @@ class ModelBuilder:
         self.state_updates: dict[str, Value] = {}
         self.first_conv_input: Value | None = None
 
+    @classmethod
+    def torchvision(cls, key: str, title: str, *, image: int, batch: int | None, seed_batch: int,
+                    dtype: str) -> "ModelBuilder":
+        """The builder of torchvision's ``key`` (its registry and spec key) on a
+        (batch, 3, image, image) input. Its models pool globally before their
+        classifier, so any ``image`` the strides leave at least 1x1 works
+        (32 or more for the modern four); torchvision's is 224.
+
+        Raises:
+            ParameterError: ``batch`` is not an int >= 0 (a too small ``image``
+                is a ShapeError at the layer it empties).
+        """
+        return cls(key, key, title, input_chw=(3, image, image), batch=batch,
+                   seed_batch=seed_batch, dtype=dtype)
+
     def _param(self, name: str, shape: Sequence[int]) -> Value:
         p = self.graph.param(name, tuple(shape), self.dtype)
         self.params.append(p)

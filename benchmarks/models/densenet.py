@@ -71,17 +71,10 @@ def transition(m: ModelBuilder, x: Value, name: str) -> Value:
 
 
 def build(batch: int | None = None, dtype: str = "float32", *, image: int = 224) -> Model:
-    """DenseNet-121 on a (batch, 3, image, image) input; ``batch=None`` is 64.
-
-    Any ``image`` of 32 or more works (global pooling; the last block is
-    ``image / 32`` square); torchvision's is 224.
-
-    Raises:
-        ParameterError: ``batch`` is not an int >= 0.
-        ShapeError: ``image`` too small for the strides.
-    """
-    m = ModelBuilder("densenet121", "densenet121", "DenseNet-121 (torchvision)",
-                     input_chw=(3, image, image), batch=batch, seed_batch=SEED_BATCH, dtype=dtype)
+    """DenseNet-121 on a (batch, 3, image, image) input (``batch=None``: 64);
+    ``image`` and errors: :meth:`ModelBuilder.torchvision`."""
+    m = ModelBuilder.torchvision("densenet121", "DenseNet-121 (torchvision)",
+                                 image=image, batch=batch, seed_batch=SEED_BATCH, dtype=dtype)
     x = m.conv(m.input, "features.conv0", INIT_FEATURES, 7, stride=2, pad=3, bias=False)
     x = og.relu(m.batch_norm(x, "features.norm0"), name="features.relu0")
     x = m.max_pool(x, "features.pool0", 3, 2, 1)

@@ -1,4 +1,5 @@
-"""EfficientNet-B0 as torchvision 0.29 defines it (``torchvision.models.efficientnet_b0``), training form.
+"""EfficientNet-B0 as torchvision 0.29 defines it (``torchvision.models.efficientnet_b0``),
+training form.
 
 Source: Tan & Le, "EfficientNet: Rethinking Model Scaling for Convolutional
 Neural Networks", ICML 2019 (arXiv 1905.11946), table 1 (B0: width and
@@ -84,17 +85,10 @@ def mbconv(m: ModelBuilder, x: Value, name: str, expansion: int, kernel: int, st
 
 
 def build(batch: int | None = None, dtype: str = "float32", *, image: int = 224) -> Model:
-    """EfficientNet-B0 on a (batch, 3, image, image) input; ``batch=None`` is 128.
-
-    Any ``image`` of 32 or more works (global pooling; the last stage is
-    ``image / 32`` square, rounded up); torchvision's is 224.
-
-    Raises:
-        ParameterError: ``batch`` is not an int >= 0.
-        ShapeError: ``image`` too small for the strides.
-    """
-    m = ModelBuilder("efficientnet_b0", "efficientnet_b0", "EfficientNet-B0 (torchvision)",
-                     input_chw=(3, image, image), batch=batch, seed_batch=SEED_BATCH, dtype=dtype)
+    """EfficientNet-B0 on a (batch, 3, image, image) input (``batch=None``: 128);
+    ``image`` and errors: :meth:`ModelBuilder.torchvision`."""
+    m = ModelBuilder.torchvision("efficientnet_b0", "EfficientNet-B0 (torchvision)",
+                                 image=image, batch=batch, seed_batch=SEED_BATCH, dtype=dtype)
     x = m.conv_norm_activation(m.input, "features.0", FIRST_CHANNELS, 3, stride=2, activation=og.silu)
     total = sum(stage[-1] for stage in STAGES)
     j = 0

@@ -56,17 +56,10 @@ def inverted_residual(m: ModelBuilder, x: Value, name: str, out_channels: int, s
 
 
 def build(batch: int | None = None, dtype: str = "float32", *, image: int = 224) -> Model:
-    """MobileNet-v2 on a (batch, 3, image, image) input; ``batch=None`` is 128.
-
-    Any ``image`` of 32 or more works (global pooling; the last stage is
-    ``image / 32`` square, rounded up); torchvision's is 224.
-
-    Raises:
-        ParameterError: ``batch`` is not an int >= 0.
-        ShapeError: ``image`` too small for the strides.
-    """
-    m = ModelBuilder("mobilenet_v2", "mobilenet_v2", "MobileNet-v2 (torchvision)",
-                     input_chw=(3, image, image), batch=batch, seed_batch=SEED_BATCH, dtype=dtype)
+    """MobileNet-v2 on a (batch, 3, image, image) input (``batch=None``: 128);
+    ``image`` and errors: :meth:`ModelBuilder.torchvision`."""
+    m = ModelBuilder.torchvision("mobilenet_v2", "MobileNet-v2 (torchvision)",
+                                 image=image, batch=batch, seed_batch=SEED_BATCH, dtype=dtype)
     x = m.conv_norm_activation(m.input, "features.0", FIRST_CHANNELS, 3, stride=2, activation=og.relu6)
     i = 1
     for t, c, n, s in SETTING:

@@ -55,17 +55,10 @@ def bottleneck(m: ModelBuilder, x: Value, name: str, width: int, stride: int) ->
 
 
 def build(batch: int | None = None, dtype: str = "float32", *, image: int = 224) -> Model:
-    """ResNet-50 on a (batch, 3, image, image) input; ``batch=None`` is 128.
-
-    Any ``image`` of 32 or more works (global pooling; the last stage is
-    ``image / 32`` square); torchvision's is 224.
-
-    Raises:
-        ParameterError: ``batch`` is not an int >= 0.
-        ShapeError: ``image`` too small for the strides.
-    """
-    m = ModelBuilder("resnet50", "resnet50", "ResNet-50 (torchvision, v1.5)",
-                     input_chw=(3, image, image), batch=batch, seed_batch=SEED_BATCH, dtype=dtype)
+    """ResNet-50 on a (batch, 3, image, image) input (``batch=None``: 128);
+    ``image`` and errors: :meth:`ModelBuilder.torchvision`."""
+    m = ModelBuilder.torchvision("resnet50", "ResNet-50 (torchvision, v1.5)",
+                                 image=image, batch=batch, seed_batch=SEED_BATCH, dtype=dtype)
     x = m.conv(m.input, "conv1", 64, 7, stride=2, pad=3, bias=False)
     x = og.relu(m.batch_norm(x, "bn1"), name="relu")
     x = m.max_pool(x, "maxpool", 3, 2, 1)

@@ -86,6 +86,8 @@ def test_a_cancelling_sum_passes_the_check_and_is_vanishing_end_to_end(setup):
     e2e = check.end_to_end(np, exe(**feeds), ref)
     assert e2e["vanishing_grad"] == 1 and e2e["worst_grad"] != "a.bn.bias"
     assert e2e["vanishing_state"] == 1 and e2e["max_grad"] < 1e-3 and e2e["max_state"] < 1e-5
+    without_state = check.end_to_end(np, exe(**feeds)[:-4], ref)  # a peer's output and gradients
+    assert "max_state" not in without_state and without_state["max_grad"] == e2e["max_grad"]
 
 
 def test_a_wrong_value_of_a_cancelling_sum_is_still_caught(setup):

@@ -159,8 +159,9 @@ class ModelBuilder:
         return y if activation is None else activation(y, name=f"{name}.2")
 
     def dropout(self, x: Value, name: str, p: float, seed: int) -> Value:
-        """``torch.nn.Dropout(p)`` in training mode: the ``Dropout`` op's mask
-        seeded by ``seed`` (drawn anew on every run, the same every time)."""
+        """``torch.nn.Dropout(p)`` in training mode: the ``Dropout`` op, whose
+        mask is drawn from ``seed`` on every run, so every step drops the same
+        cells (PyTorch draws a new mask each step; the work is the same)."""
         return og.dropout(x, p, training=True, seed=seed, name=name)
 
     def stochastic_depth(self, x: Value, name: str, p: float, seed: int) -> Value:
@@ -172,7 +173,14 @@ class ModelBuilder:
         >= p``), and kept as a ``Constant`` (node ``name/mask``) that the
         ``Mul`` node ``name`` applies: the multiply torchvision does every step,
         with a fixed rather than a fresh mask, so every run is reproducible
-        and checkable against the float64 reference."""
+        and checkable against the float64 reference. ``p == 0`` returns x
+        (torchvision's identity).
+
+        Raises:
+            ParameterError: ``p`` outside [0, 1).
+        """
+        if not 0 <= p < 1:
+            raise ParameterError("p", p, "the drop probability must be in [0, 1)", name)
         if p == 0:
             return x
         shape = (x.type.shape[0],) + (1,) * (x.type.ndim - 1)

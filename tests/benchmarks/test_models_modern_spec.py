@@ -26,6 +26,7 @@ import pytest
 
 from opgraph.analysis import summarize, totals
 from opgraph.benchmarks import models as M
+from opgraph.errors import ParameterError
 from opgraph.op import Source
 
 SPECS = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "specs"
@@ -72,6 +73,18 @@ def test_registry_suite_names_aliases_and_batches():
     small = M.MODELS["efficientnet_b0"](batch=2, dtype="float64", image=64)
     assert small.input.shape == (2, 3, 64, 64) and small.output.shape == (2, 1000)
     assert {p.dtype for p in small.params} == {"float64"}
+
+
+def test_stochastic_depth_mask_and_its_probability_check():
+    m = M.ModelBuilder("sd", "sd", "sd", input_chw=(4, 2, 2), batch=64, seed_batch=64)
+    y = m.stochastic_depth(m.input, "sd", 0.25, seed=5)
+    mask = m.graph["sd/mask"].op.value
+    keep = np.random.default_rng(5).random((64, 1, 1, 1)) >= 0.25  # the Dropout op's rule
+    np.testing.assert_array_equal(mask, np.where(keep, np.float32(1 / 0.75), np.float32(0)))
+    assert 0 < keep.sum() < 64 and y.op.name == "Mul" and y.shape == (64, 4, 2, 2)
+    assert m.stochastic_depth(m.input, "none", 0.0, seed=0) is m.input
+    with pytest.raises(ParameterError, match="node bad: parameter p=1.0"):
+        m.stochastic_depth(m.input, "bad", 1.0, seed=0)
 
 
 def test_every_module_call_is_a_node_in_torchvision_order(modern):

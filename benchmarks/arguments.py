@@ -10,17 +10,18 @@ import math
 from opgraph.passes.policy import PRECISIONS
 
 from . import driver, lowerings as lw, report
-from .models import LAYERS, MODELS, WINNERS, resolve
+from .models import ALIASES, LAYERS, MODELS, MODERN, WINNERS, resolve
 from .peer_run import PEERS
 
 #: Names of model groups accepted by --model and --suite.
-GROUPS = {"all": WINNERS + LAYERS, "winners": WINNERS, "layers": LAYERS}
+GROUPS = {"all": WINNERS + LAYERS + MODERN, "winners": WINNERS, "layers": LAYERS, "modern": MODERN}
 
 
 def parse_models(text: str) -> list[str]:
     """``--model`` value -> registry names: comma-separated names, aliases
-    (``overfeat_fast``, ``googlenet_v1``) or groups (``all``, ``winners``,
-    ``layers``), case-insensitive, duplicates dropped.
+    (``overfeat_fast``, ``googlenet_v1``, ``resnet-50``, ...) or groups
+    (``all``, ``winners``, ``layers``, ``modern``), case-insensitive,
+    duplicates dropped.
 
     Raises:
         argparse.ArgumentTypeError: an unknown name (argparse exits with 2).
@@ -37,7 +38,7 @@ def parse_models(text: str) -> list[str]:
             except KeyError:
                 raise argparse.ArgumentTypeError(
                     f"unknown model {part!r}; choose from {', '.join(MODELS)}, the aliases "
-                    f"overfeat_fast and googlenet_v1, or the groups {', '.join(GROUPS)}") from None
+                    f"{', '.join(ALIASES)}, or the groups {', '.join(GROUPS)}") from None
         names += [n for n in found if n not in names]
     if not names:
         raise argparse.ArgumentTypeError("no model given")
@@ -102,17 +103,21 @@ def build_parser() -> argparse.ArgumentParser:
                "mismatch or an error (outputs written first).")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--model", type=parse_models, default=None, metavar="NAME[,NAME]",
-                      help="alexnet, overfeat, vgg_a, googlenet, L1..L5, or a group: winners (default), "
-                           "layers, all")
+                      help="alexnet, overfeat, vgg_a, googlenet, L1..L5, resnet50, densenet121, "
+                           "mobilenet_v2, efficientnet_b0, or a group: winners (default), layers, "
+                           "modern, all")
     what.add_argument("--suite", choices=tuple(GROUPS), default=None,
-                      help="a group of models: winners (the four ImageNet models), layers (L1-L5), all")
+                      help="a group of models: winners (the four ImageNet models), layers (L1-L5), "
+                           "modern (ResNet-50, DenseNet-121, MobileNet-v2, EfficientNet-B0, "
+                           "training-form batch norm), all")
     p.add_argument("--onnx", action="append", default=[], metavar="PATH",
                    help="also benchmark an ONNX network (one image input, one output; every other graph "
                         "input is a parameter, as in a weightless export); repeatable")
     p.add_argument("--onnx-input", default=None, metavar="NAME",
                    help="the image input of the --onnx files (default: each file's first graph input)")
     p.add_argument("--batch", type=_count(1), default=None,
-                   help="mini-batch (default: the seed's 128 / VGG-A 64 on a GPU and for --summary; "
+                   help="mini-batch (default: the seed's 128 / VGG-A 64, the modern suite's 128 / "
+                        "DenseNet-121 64, on a GPU and for --summary; "
                         f"{driver.CPU_DEFAULT_BATCH} on the CPU)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: the GPU if CuPy sees one, else the CPU (default)")

@@ -41,7 +41,7 @@ def run_summary(names: list[str], args) -> dict:
         models.append(report.model_record(m.key, m.spec_key, m.title, m.batch, m.dtype, rows,
                                           totals(rows, m.graph, [m.output])))
     batch = (f"batch {args.batch} (set with --batch)" if args.batch is not None
-             else "the seed benchmark's batch of each model")
+             else "the seed benchmark's (or the modern suite's) batch of each model")
     return {"tool": "opgraph-bench", "mode": "summary",
             "environment": environment("none", batch=args.batch, dtype=args.dtype),
             "notes": [f"static summary at {batch}; forward FLOPs from each op's rule, a "

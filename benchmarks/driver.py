@@ -28,8 +28,8 @@ multiply-add as 2 FLOPs; backward-data and backward-filter of a layer each
 count its forward FLOPs; the fraction of peak divides by the matrix-multiply
 peak of the same precision measured once in this run (:mod:`.peak`).
 
-CPU defaults: the seed's batches (128; VGG-A 64) and 10 + 10 calls are
-sized for a GPU; on a 2-core CPU the defaults are batch
+CPU defaults: the seed's batches (128; VGG-A 64; the modern suite's 128,
+DenseNet-121 64) and 10 + 10 calls are sized for a GPU; on a 2-core CPU the defaults are batch
 :data:`CPU_DEFAULT_BATCH`, :data:`CPU_WARMUP` + :data:`CPU_REPEAT` calls and
 the lowerings :data:`lowerings.CPU_DEFAULT`, so that ``opgraph-bench`` with
 no arguments finishes in a few minutes (the output says so).
@@ -96,10 +96,10 @@ def default_batch(model_seed_batch: int, device: str, batch: int | None) -> tupl
         return batch, "set with --batch"
     if device == "cpu":
         return CPU_DEFAULT_BATCH, (
-            "CPU default: the seed's batches (128; VGG-A 64) are sized for a GPU; "
+            "CPU default: the seed's batches (128; VGG-A 64, DenseNet-121 64) are sized for a GPU; "
             f"{CPU_DEFAULT_BATCH} keeps a run of the four models within a few minutes on a "
             f"2-core CPU (use --batch N to change it)")
-    return model_seed_batch, "the seed benchmark's batch"
+    return model_seed_batch, "the seed benchmark's batch (the modern suite's for the modern convnets)"
 
 
 def protocol_defaults(device: str, warmup: int | None, repeat: int | None) -> tuple[int, int]:

@@ -42,7 +42,7 @@ def graph_check(eager_e2e: dict, graph_e2e: dict) -> tuple[bool, str | None]:
     its eager column's, and why not."""
     if not graph_e2e["finite"]:
         return False, f"non-finite values in {', '.join(graph_e2e['non_finite'][:3])}"
-    for key in ("output", "max_grad"):
+    for key in ("output", "max_grad", "max_state"):
         e, g = eager_e2e.get(key), graph_e2e.get(key)
         if e is None or g is None:
             continue

@@ -18,6 +18,7 @@ from opgraph.benchmarks import cli, driver
 SPECS = Path(__file__).resolve().parents[2] / "benchmarks" / "specs"
 WINNERS = json.loads((SPECS / "imagenet_winners.json").read_text())["models"]
 SUITE = {L["name"]: L for L in json.loads((SPECS / "layer_suite.json").read_text())["layers"]}
+MODERN = json.loads((SPECS / "modern_convnets.json").read_text())["models"]
 
 
 def spec_rows(spec):
@@ -40,15 +41,25 @@ def run_cli(capsys, *args):
     return status, out, err
 
 
-def test_summary_json_of_all_nine_entries_equals_the_spec(capsys):
+def test_summary_json_of_all_thirteen_entries_equals_the_specs(capsys):
     status, out, err = run_cli(capsys, "--model", "all", "--summary", "--format", "json")
     assert status == 0, err
     doc = json.loads(out)
     assert doc["mode"] == "summary"
     got = {m["model"]: m for m in doc["models"]}
-    assert list(got) == ["alexnet", "overfeat", "vgg_a", "googlenet", "L1", "L2", "L3", "L4", "L5"]
+    assert list(got) == ["alexnet", "overfeat", "vgg_a", "googlenet", "L1", "L2", "L3", "L4", "L5",
+                         "resnet50", "densenet121", "mobilenet_v2", "efficientnet_b0"]
     for m in got.values():
         b = m["batch"]
+        if m["model"] in MODERN:  # every layer: tests/benchmarks/test_models_modern_spec.py
+            spec = MODERN[m["model"]]
+            assert b == (64 if m["model"] == "densenet121" else 128)
+            assert m["totals"]["params"] == spec["params"]
+            conv_fc = sum(l["flops"] for l in m["layers"] if l["op"] in ("Conv2d", "Linear"))
+            assert conv_fc == b * (spec["conv_flops_per_image"] + spec["linear_flops_per_image"])
+            shapes = {l["name"]: l["output_shape"] for l in m["layers"]}
+            assert all(shapes[l["name"]] == [b, *l["out"]] for l in spec["layers"])
+            continue
         if m["model"] in SUITE:
             spec = SUITE[m["model"]]
             (layer,) = m["layers"]
@@ -73,6 +84,17 @@ def test_summary_json_of_all_nine_entries_equals_the_spec(capsys):
         assert m["totals"]["activation_bytes"] == 4 * b * c["activation_elements_per_image_all_layer_outputs"]
     env = doc["environment"]
     assert {"timestamp", "python", "numpy", "git_commit", "dtype"} <= set(env)
+
+
+def test_suite_modern_aliases_and_the_default_suite():
+    from opgraph.benchmarks.arguments import model_names, parse_models
+
+    modern = ["resnet50", "densenet121", "mobilenet_v2", "efficientnet_b0"]
+    assert model_names(cli.build_parser().parse_args(["--suite", "modern"])) == modern
+    assert model_names(cli.build_parser().parse_args([])) == ["alexnet", "overfeat", "vgg_a", "googlenet"]
+    assert parse_models("ResNet-50,mobilenetv2,modern") == ["resnet50", "mobilenet_v2", "densenet121",
+                                                            "efficientnet_b0"]
+    assert parse_models("all")[-4:] == modern
 
 
 def test_summary_batch_flag_scales_flops_but_not_params(capsys):

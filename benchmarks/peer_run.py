@@ -181,8 +181,10 @@ def _session(torch, pdev, model, feeds, group, compiled: bool, *, device, precis
              warmup, repeat, reference, input_grad) -> dict[str, dict]:
     """The variants ``group`` of one base (eager or compiled): one model, one
     first call, then each variant checked and timed (module docstring)."""
+    # the running-statistics updates too: PyTorch's train() step updates them, as ours computes them
     tm = TorchModel(model, feeds, device, dtype=storage_dtype(torch, model.dtype),
-                    channels_last=channels_last, input_grad=input_grad)
+                    channels_last=channels_last, input_grad=input_grad,
+                    outputs=getattr(model, "forward_outputs", None))
 
     def forward():
         with autocast(torch, precision, device):

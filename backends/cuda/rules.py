@@ -51,6 +51,7 @@ CUDA_KERNELS = {
     ops.CrossEntropy: loss.cross_entropy,
     ops.CrossEntropyBackward: loss.cross_entropy_backward,
     ops.Zeros: movement.zeros,
+    ops.Constant: movement.constant,
 }
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")

@@ -1,4 +1,5 @@
-"""Data-movement ops on the GPU: concat, slice, pad, their gradients, reshapes, transposes, zeros.
+"""Data-movement ops on the GPU: concat, slice, pad, their gradients, reshapes, transposes, zeros,
+constants.
 
 Each function mirrors its reference in ``backends/reference/shape.py`` and
 ``tensor.py`` (same arrays, the op's fields as keywords) and moves bytes with
@@ -110,5 +111,23 @@ def zeros(xp, *, type, layout=None):
     return storage.zeros(xp, type.shape, dt)
 
 
+#: (device, id of a Constant's array) -> (that array, its device copy): each
+#: constant crosses to the device once, in its first (uncaptured) run.
+_ON_DEVICE: dict[tuple[int, int], tuple] = {}
+
+
+def constant(xp, *, value):
+    """A ``Constant``'s array on the device, as a fresh array: uploaded once per
+    array and device (the op holds it, read-only), then one device-to-device
+    copy per call, so that a step has no host-to-device transfer and can be
+    captured in a CUDA graph (EfficientNet's stochastic-depth masks are
+    constants read every step)."""
+    key = (xp.cuda.runtime.getDevice(), id(value))
+    hit = _ON_DEVICE.get(key)
+    if hit is None or hit[0] is not value:  # an id reused by another array
+        hit = _ON_DEVICE[key] = (value, xp.asarray(value))
+    return hit[1].copy()
+
+
 __all__ = ["layout_of", "concat", "slice_", "slice_backward", "pad", "pad_backward", "reshape",
-           "flatten", "transpose", "zeros"]
+           "flatten", "transpose", "zeros", "constant"]

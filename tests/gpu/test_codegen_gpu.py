@@ -201,5 +201,13 @@ def test_modern_blocks_compile_for_the_gpu_and_match_the_reference(cp, rng, layo
         counts = exe.report.by_algorithm()
         assert "reference" not in counts and counts["codegen"] > 0, counts
         got = exe(**{k: v.astype(np.float32) for k, v in feeds.items()})
+        # A gradient that cancels exactly (a per-channel shift before a training
+        # batch norm: the norm subtracts it) is float64 noise in the reference and
+        # float32 noise here: such outputs are compared on the block's scale.
+        scale = max(float(np.abs(b).max()) for b in ref)
         for k, (a, b) in enumerate(zip(got, ref)):
-            assert rel_err(cp.asnumpy(a), b) < 1e-3, (make.__name__, k)
+            a = cp.asnumpy(a)
+            if np.abs(b).max() < 1e-9 * scale:
+                assert np.abs(a).max() < 1e-5 * scale, (make.__name__, k, "cancelling gradient")
+            else:
+                assert rel_err(a, b) < 1e-3, (make.__name__, k)

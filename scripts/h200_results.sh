@@ -18,6 +18,8 @@
 #   perf           the four models ($MODELS), auto ($PERF_LOWERINGS) + PyTorch eager ($PEERS), no
 #                  per-layer view, in $PRECISIONS (default fp32) and $PERF_LAYOUT (default nchw):
 #                  issue 7's side-by-side run; $PERF_NAME is appended to the file names
+#   modern         ResNet-50, DenseNet-121, MobileNet-v2, EfficientNet-B0 ($MODELS), $MODERN_PRECISION (bf16:
+#                  bf16 storage), NHWC, auto and auto+graph ($MODERN_LOWERINGS) + the four PyTorch peers ($PEERS)
 #   default        opgraph-bench with no arguments but the output files
 #
 # The autotune cache is $LOG/autotune-cache.json (OPGRAPH_CACHE), seeded from
@@ -78,6 +80,14 @@ for stage in "$@"; do
         layers)
             bench layers "$TIME_LIMIT" --suite layers --precision fp32,tf32,bf16 \
                 --lowering "${LAYER_LOWERINGS:-cudnn,gemm,fft,winograd,auto}" --compare torch ;;
+        modern)
+            # the modern suite (issue 15): one storage/compute precision per call ($MODERN_PRECISION: bf16
+            # stores bf16, tf32 and fp32 store fp32), NHWC, auto and auto+graph beside the PyTorch peers
+            p=${MODERN_PRECISION:-bf16}
+            d=float32; [ "$p" = bf16 ] && d=bfloat16; [ "$p" = fp16 ] && d=float16
+            bench "modern-$p${RUN_NAME:-}" "$TIME_LIMIT" --model "${MODELS:-modern}" --precision "$p" --dtype "$d" \
+                --layout nhwc --lowering "${MODERN_LOWERINGS:-auto}" --cuda-graph --no-per-layer \
+                --compare "${PEERS:-torch,torch+graph,torch-compile,torch-compile+graph}" ;;
         tests)
             echo "== tests ($(date -u +%H:%M:%S))"
             timeout "${GPU_TEST_TIMEOUT:-300}" $PY -m pytest ${GPU_TESTS:-tests} -m gpu -q -ra -p no:cacheprovider \
@@ -105,7 +115,7 @@ for stage in "$@"; do
             $PY scripts/results_to_markdown.py "$LOG"/winners-*.json "$LOG"/perf-*.json "$LOG"/layers.json \
                 --plot "$LOG/results.png" > "$LOG/results.md" && echo "wrote $LOG/results.md" ;;
         *)
-            echo "unknown stage $stage (winners-fp32, winners-mixed, layers, tests, kernels, profile, perf," \
+            echo "unknown stage $stage (winners-fp32, winners-mixed, layers, modern, tests, kernels, profile, perf," \
                  "default, markdown)" >&2
             exit 2 ;;
     esac

@@ -220,10 +220,15 @@ def run_timing(names: list[str], args) -> dict:
     notes = [f"device: {device} ({why})"]
     models = build_models(names, args, device, notes)
     lowerings = args.lowering
+    cuda_graph = args.cuda_graph
     if lowerings is None:
         lowerings = lw.default_lowerings(device)
         if device == "cpu":
             notes.append(driver.CPU_DEFAULT_NOTE)
+        elif not cuda_graph:  # the whole step as CUDA graphs is part of the default GPU run
+            cuda_graph = ("auto",)
+            notes.append(f"default lowerings on {device}: auto+graph too (--cuda-graph: a +graph "
+                         "column for every lowering)")
     base = LoweringPolicy.from_cli(policy_file=args.policy, workspace_limit=args.workspace_limit,
                                    workspace_tolerance=args.workspace_tolerance)
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
@@ -251,7 +256,7 @@ def run_timing(names: list[str], args) -> dict:
                                layout=layout, warmup=warmup, repeat=repeat,
                                per_layer=args.per_layer, check=args.check, compare=args.compare,
                                base_policy=base, seed=args.seed, time_limit=args.time_limit,
-                               cuda_graph=args.cuda_graph)
+                               cuda_graph=cuda_graph)
     progress = Progress(driver.unit_count(models, settings), args.quiet)
     if peer_problem is not None:
         progress.said.add(peer_problem)

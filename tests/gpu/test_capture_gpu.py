@@ -16,9 +16,8 @@ import opgraph as og
 from opgraph.backends.cuda.cublas import capture_requirement
 from opgraph.backends.device import cuda_status
 from opgraph.benchmarks.models import build
-from opgraph.benchmarks.protocol import PHASES, PhaseRunner, random_feeds, schedule, training_graph
+from opgraph.benchmarks.protocol import PhaseRunner, random_feeds, schedule, training_graph
 from opgraph.benchmarks.timer import make_timer
-from opgraph.graph_replay import capture_stream
 
 GPU_OK, GPU_WHY = cuda_status()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_OK, reason=GPU_WHY)]
@@ -26,29 +25,24 @@ NVMATH = capture_requirement()
 needs_nvmath = pytest.mark.skipif(NVMATH is not None, reason=str(NVMATH))
 
 
-def _replayed(cp, key, batch, policy, dtype):
+def _replayed(cp, replay_phases, key, batch, policy, dtype):
     model = build(key, batch=batch, dtype=dtype)
     tg = training_graph(model)
     exe = og.compile(tg.outputs, device="cuda", policy=policy)
     feeds = {k: cp.asarray(v) for k, v in random_feeds(model, seed=3).items()}
     runner = PhaseRunner(schedule(exe, tg), exe.feed(feeds), make_timer("cuda"))
     runner.warmup(1)
-    stream = capture_stream()
-    with stream:
-        replays = runner.graph_phases(stream)
-        for p in PHASES:
-            replays[p]()
-        stream.synchronize()
-        got = [cp.asnumpy(runner.slots[v.node].astype(cp.float32)) for v in exe.outputs]
+    replays, _ = replay_phases(runner)
+    got = [cp.asnumpy(runner.slots[v.node].astype(cp.float32)) for v in exe.outputs]
     want = [cp.asnumpy(a.astype(cp.float32)) for a in exe(**feeds)]
     return exe, {p: r.summary() for p, r in replays.items()}, got, want
 
 
 @needs_nvmath
 @pytest.mark.parametrize("prefer", [{}, {"conv": ["gemm"]}], ids=["cudnn", "gemm"])
-def test_a_resnet50_bf16_step_is_captured_whole(cp, relerr, prefer):
+def test_a_resnet50_bf16_step_is_captured_whole(cp, relerr, replay_phases, prefer):
     policy = og.LoweringPolicy(precision="bf16", layout="NHWC", prefer=prefer)
-    exe, summary, got, want = _replayed(cp, "resnet50", 4, policy, "bfloat16")
+    exe, summary, got, want = _replayed(cp, replay_phases, "resnet50", 4, policy, "bfloat16")
     if prefer:
         assert any(st.op.algorithm == "gemm" for st in exe.steps)
     eager = {p: s["eager"] for p, s in summary.items() if s["eager_steps"]}

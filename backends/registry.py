@@ -14,7 +14,10 @@ algorithm)``. A rule holds
   output into (it then takes that array as ``out=``), for the memory pass's
   in-place plan;
 * ``fresh_output``: whether the kernel's output is always a new buffer,
-  never a view of (or the same array as) an input.
+  never a view of (or the same array as) an input;
+* ``capturable`` and ``capture_requires``: whether the kernel on ``cuda`` can
+  be captured into a CUDA graph (:meth:`Rule.capture_blocker`), which
+  ``opgraph/graph_replay.py`` reads from the step's context.
 
 The device backend registers a :class:`DeviceSupport` (:func:`register_devices`):
 what ``compile`` needs to know of the devices (resolving ``'auto'``, the
@@ -49,12 +52,17 @@ class KernelContext:
             autotune, the benchmark's check), so that a kernel reads its
             output size instead of computing it again. ``None`` for a kernel
             called by hand: :meth:`out_shape` then asks the op.
+        capture_blocker: why this step's kernel cannot be captured into a
+            CUDA graph (:meth:`Rule.capture_blocker`, filled by the compiler on
+            cuda), or None: ``opgraph.graph_replay`` runs a step with a reason
+            eagerly without trying, and tries the others.
     """
 
     xp: ModuleType
     device: str = "cpu"
     options: Mapping[str, Any] = attrs.field(factory=dict)
     out_type: TensorType | None = None
+    capture_blocker: str | None = None
 
     def out_shape(self, op, *arrays) -> tuple[int, ...]:
         """The node's output shape: ``out_type``'s, or without one the op's own
@@ -75,6 +83,10 @@ def _one_variant(op, in_types, device):
 
 def _no_workspace(op, in_types, options):
     return 0
+
+
+def _nothing_required() -> str | None:
+    return None
 
 
 def _positions(value) -> tuple[int, ...]:
@@ -103,6 +115,20 @@ class Rule:
       in place) may be overwritten: a kernel returning a reshape, slice or
       transposed view of an input would leave two live values on one buffer.
       False unless declared (the safe default).
+
+    Two declarations serve CUDA-graph capture (``opgraph/graph_replay.py``),
+    where a kernel may not synchronise with the host, copy from host memory,
+    allocate outside CuPy's current allocator or call a library that refuses
+    stream capture (CuPy's own cuBLAS handle):
+
+    * ``capturable``: True, the kernel captures (given ``capture_requires``);
+      a string, why it never does; None, not declared (a replay then tries a
+      throw-away capture of the step, as for any step). Only the ``cuda``
+      device has graphs.
+    * ``capture_requires()``: why the libraries that make a ``capturable``
+      kernel capture-safe are missing on this machine (e.g. nvmath-python for
+      our own cuBLAS handle), or None. Called when a graph is compiled, never
+      at registration, so that a CPU machine imports nothing.
     """
 
     op_type: type
@@ -115,6 +141,8 @@ class Rule:
     tags: frozenset = attrs.field(default=frozenset(), converter=frozenset)
     inplace: tuple = attrs.field(default=(), converter=_positions)
     fresh_output: bool = False
+    capturable: bool | str | None = None
+    capture_requires: Callable[[], str | None] = _nothing_required
 
     def __attrs_post_init__(self):
         if getattr(self.op_type, "fused", False):  # the fuse pass's ops (Op.fused)
@@ -125,6 +153,26 @@ class Rule:
         if device not in self.devices:
             return f"{self.algorithm} has no {device} implementation"
         return self.check(op, in_types, device)
+
+    def capture_blocker(self, *, installed: bool = True) -> str | None:
+        """Why a step of this rule cannot be captured into a CUDA graph, or None.
+
+        Args:
+            installed: also ask ``capture_requires`` (the libraries on this
+                machine); False reads the declaration alone (a CPU machine
+                checking what a GPU machine with the cuda extra will do).
+
+        Returns:
+            None for a ``capturable=True`` rule whose requirements are met; the
+            declared reason for a ``capturable=<str>`` one; a sentence saying
+            the rule declares nothing for ``capturable=None`` (the caller may
+            still try a capture).
+        """
+        if self.capturable is None:
+            return f"the {self.algorithm} rule of {self.op_type.__name__} does not declare whether it captures"
+        if self.capturable is not True:
+            return str(self.capturable) if self.capturable else f"the {self.algorithm} rule does not capture"
+        return self.capture_requires() if installed else None
 
 
 _RULES: dict[type, dict[str, Rule]] = {}

@@ -169,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "(the peak measurement included; the rest: 'skipped')")
     p.add_argument("--summary", action="store_true",
                    help="print per-layer output shape, parameters and forward GFLOP; run nothing")
+    p.add_argument("--profile", action="store_true",
+                   help="profile instead of benchmarking: every step of the training step timed alone, "
+                        "grouped per op type and direction with bytes moved, FLOPs, GB/s, TFLOP/s and the "
+                        "fraction of the copy bandwidth or matmul peak measured in the same run (one "
+                        "lowering per column: default auto on a GPU, gemm on the CPU)")
+    p.add_argument("--json", metavar="PATH", default=None,
+                   help="also write the result document as JSON to PATH (atomically), whatever --format")
     p.add_argument("--format", choices=report.FORMATS, default="table")
     p.add_argument("--output", metavar="PATH", help="write the result there instead of stdout "
                    "(JSON is rewritten after every column, so a killed run keeps what it finished)")

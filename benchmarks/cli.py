@@ -23,6 +23,8 @@ import sys
 import time
 import warnings
 
+import attrs
+
 from opgraph.analysis import summarize, totals
 from opgraph.errors import OpgraphError, ParameterError
 from opgraph.passes.policy import LoweringPolicy
@@ -220,10 +222,15 @@ def run_timing(names: list[str], args) -> dict:
     notes = [f"device: {device} ({why})"]
     models = build_models(names, args, device, notes)
     lowerings = args.lowering
+    cuda_graph = args.cuda_graph
     if lowerings is None:
         lowerings = lw.default_lowerings(device)
         if device == "cpu":
             notes.append(driver.CPU_DEFAULT_NOTE)
+        elif not cuda_graph:  # the whole step as CUDA graphs is part of the default GPU run
+            cuda_graph = ("auto",)
+            notes.append(f"default lowerings on {device}: auto+graph too (--cuda-graph: a +graph "
+                         "column for every lowering)")
     base = LoweringPolicy.from_cli(policy_file=args.policy, workspace_limit=args.workspace_limit,
                                    workspace_tolerance=args.workspace_tolerance)
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
@@ -251,7 +258,7 @@ def run_timing(names: list[str], args) -> dict:
                                layout=layout, warmup=warmup, repeat=repeat,
                                per_layer=args.per_layer, check=args.check, compare=args.compare,
                                base_policy=base, seed=args.seed, time_limit=args.time_limit,
-                               cuda_graph=args.cuda_graph)
+                               cuda_graph=cuda_graph)
     progress = Progress(driver.unit_count(models, settings), args.quiet)
     if peer_problem is not None:
         progress.said.add(peer_problem)
@@ -272,6 +279,41 @@ def run_timing(names: list[str], args) -> dict:
                                     notes=notes)
     finally:
         progress.close()
+
+
+def run_profile(names: list[str], args) -> dict:
+    """``--profile``: every model x precision x lowering profiled step by step
+    (:mod:`.profile`), against the limits measured once at the start."""
+    from . import profile as pf
+    from .protocol import training_graph
+    from .records import release_device
+    from .timer import make_timer
+
+    device, why = driver.resolve_device(args.device)
+    warmup, repeat = driver.protocol_defaults(device, args.warmup, args.repeat)
+    notes = [f"device: {device} ({why})", f"profile: each step {warmup} warm-up + {repeat} timed calls, median"]
+    models = build_models(names, args, device, notes)
+    lowerings = args.lowering or [lw.Lowering("auto" if device == "cuda" else lw.CPU_DEFAULT[0])]
+    base = LoweringPolicy.from_cli(policy_file=args.policy, workspace_limit=args.workspace_limit,
+                                   workspace_tolerance=args.workspace_tolerance)
+    precisions = args.precision or [base.precision]
+    layout = args.layout.upper() if args.layout else base.layout
+    limits = pf.measure_limits(device, precisions)
+    timer = make_timer(device)
+    records = []
+    for m in models:
+        tg = training_graph(m, input_grad=m.spec_key in LAYERS)
+        for precision in precisions:
+            policy = attrs.evolve(base, precision=precision, layout=layout)
+            for lowering in lowerings:
+                if not args.quiet:
+                    log(f"opgraph-bench: profiling {m.key} {precision} {lowering.name}")
+                records.append(pf.profile_model(tg, lowering, policy, device, timer, limits, warmup=warmup,
+                                                repeat=repeat, seed=args.seed))
+                release_device(device)
+    env = environment(device, precision=list(precisions), layout=layout, warmup=warmup, repeat=repeat,
+                             lowerings=[lo.name for lo in lowerings], seed=args.seed)
+    return pf.profile_document(env, limits, records, notes)
 
 
 class UsageError(Exception):
@@ -310,8 +352,15 @@ def _main(argv: list[str] | None) -> int:
             raise UsageError("--plot charts timing runs; --summary runs nothing: drop --summary or --plot")
         if args.summary and args.cuda_graph:
             raise UsageError("--cuda-graph replays timing runs; --summary runs nothing: drop one of them")
+        if args.profile and (args.summary or args.cuda_graph or args.compare or args.plot
+                             or args.format in ("csv", "markdown")):
+            raise UsageError("--profile times each step alone; it takes neither --summary, --cuda-graph, "
+                             "--compare, --plot nor --format csv/markdown")
         check_output_paths(args)
-        doc = run_summary(names, args) if args.summary else run_timing(names, args)
+        if args.summary:
+            doc = run_summary(names, args)
+        else:
+            doc = run_profile(names, args) if args.profile else run_timing(names, args)
     except (UsageError, ParameterError) as e:  # bad flags, policy files and values
         print(f"opgraph-bench: error: {e}", file=sys.stderr)
         return 2
@@ -319,6 +368,10 @@ def _main(argv: list[str] | None) -> int:
         print(f"opgraph-bench: error: {e}", file=sys.stderr)
         return 1
     try:
+        if args.json:
+            _write_atomic(args.json, report.render_json(doc))
+            if not args.quiet:
+                log(f"wrote json to {args.json}")
         if args.output:
             if args.format == "json":
                 _write_atomic(args.output, report.render_json(doc))

@@ -15,7 +15,8 @@ For each model (:func:`run_benchmark`):
    seed's protocol (:mod:`.protocol`): warm-up, forward / backward-data /
    backward-filter in separate loops, the whole step in one loop
    (:mod:`.whole_step`), and each conv/linear layer's steps of each phase
-   alone; with ``cuda_graph``, a second record ``<lowering>+graph`` from the
+   alone; with ``cuda_graph`` (every lowering, or those named; the default GPU
+   run: ``auto``), a second record ``<lowering>+graph`` from the
    same compiled graph: each phase replayed as CUDA graphs
    (:meth:`protocol.PhaseRunner.time_graphed_phases`), and the phases' graphs
    back to back as the whole step;
@@ -124,7 +125,14 @@ class Settings:
     base_policy: LoweringPolicy = attrs.field(factory=LoweringPolicy)
     seed: int = 0
     time_limit: float | None = None
-    cuda_graph: bool = False
+    #: True: every lowering also gets a ``+graph`` column; a tuple: the lowerings
+    #: named there (the default GPU run: ``("auto",)``); False: none.
+    cuda_graph: bool | tuple = attrs.field(default=False,
+                                           converter=lambda v: v if isinstance(v, bool) else tuple(v))
+
+    def graphed(self, lowering: str) -> bool:
+        """Whether ``lowering`` gets a ``<lowering>+graph`` column."""
+        return self.cuda_graph is True or (not isinstance(self.cuda_graph, bool) and lowering in self.cuda_graph)
 
     @property
     def applied_layout(self) -> str:
@@ -139,7 +147,7 @@ class Settings:
                 "wrt": "parameters only, so a first convolution reading the image has no "
                        "backward-data (L1-L5: the image too, as the layer-wise benchmark)",
                 "phases": list(PHASES), "per_layer": self.per_layer, "check": self.check,
-                "cuda_graph": self.cuda_graph,
+                "cuda_graph": [lo.name for lo in self.lowerings if self.graphed(lo.name)],
                 "statistics": "median and min over the repeat calls of each loop; mean = the seed's",
                 "source": "convnet-benchmarks torch7/imagenet_winners/benchmark.lua"}
 
@@ -147,8 +155,8 @@ class Settings:
 def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPolicy, s: Settings,
                  timer: Timer, peak: dict | None) -> list[dict]:
     """The column(s) of one lowering for one model and precision (see the
-    module docstring): its record, then, with ``s.cuda_graph``, the record of
-    its CUDA-graph replay."""
+    module docstring): its record, then, where ``s.graphed(lowering.name)``,
+    the record of its CUDA-graph replay."""
     model = tg.model
     rec = new_record(model, base.precision, s, lowering.name, "opgraph")
     out = [rec]
@@ -205,7 +213,7 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         if s.per_layer:
             rec["other_ms"] = {p: ((rec["times"][p] or {}).get("median_ms") or 0.0)
                                - sum(r["ms"].get(p, 0.0) for r in rec["layers"]) for p in PHASES}
-        if s.cuda_graph:
+        if s.graphed(lowering.name):
             out.append(graph_column(rec, runner, tg, sched, na, exe, ref, feeds, s, peak))
     except Exception as e:  # one column's failure (kernel error, OOM) must not end the run
         rec.update(status="error", reason=f"{type(e).__name__}: {e}")
@@ -216,10 +224,10 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
 
 
 def unit_count(models: Sequence, s: Settings) -> int:
-    """Columns the run will produce (for a progress bar): with ``cuda_graph``,
-    two per lowering."""
-    per_lowering = 2 if s.cuda_graph else 1
-    return len(models) * len(s.precisions) * (per_lowering * len(s.lowerings) + len(s.compare))
+    """Columns the run will produce (for a progress bar): one per lowering,
+    a second for each lowering replayed as CUDA graphs (:meth:`Settings.graphed`)."""
+    graphed = sum(1 for lo in s.lowerings if s.graphed(lo.name))
+    return len(models) * len(s.precisions) * (len(s.lowerings) + graphed + len(s.compare))
 
 
 def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer: Timer | None = None,
@@ -251,10 +259,9 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
            "environment": env, "protocol": s.protocol(timer.clock), "peak": peak,
            "lowerings": {lo.name: lo.describe() for lo in s.lowerings},
            "notes": list(notes), "models": [], "results": []}
-    if s.cuda_graph:
-        doc["lowerings"].update({lo.name + "+graph": lo.describe() + "; each phase replayed as CUDA "
-                                 "graphs (steps that cannot be captured run eagerly between them)"
-                                 for lo in s.lowerings})
+    doc["lowerings"].update({lo.name + "+graph": lo.describe() + "; each phase replayed as CUDA "
+                             "graphs (steps that cannot be captured run eagerly between them)"
+                             for lo in s.lowerings if s.graphed(lo.name)})
     for tg in tgs:
         model = tg.model
         feeds = {k: dev.to_device(v, s.device) for k, v in random_feeds(model, s.seed).items()}
@@ -294,7 +301,7 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
                     recs = run_lowering(tg, feeds, ref, lowering, base, s, timer, peak.get(precision))
                 else:  # the peers of one model and precision run together: one compilation shared
                     recs = peer_records(tg, feeds, ref, names, precision, s, peak.get(precision))
-                if s.cuda_graph and lowering is not None and len(recs) == 1:
+                if lowering is not None and s.graphed(lowering.name) and len(recs) == 1:
                     recs.append(graph_placeholder(recs[0]))
                 doc["results"] += recs
                 add_ratios(doc["results"])

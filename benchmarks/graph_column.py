@@ -127,12 +127,29 @@ def graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, exe, ref, 
         return g
     finally:
         runner.close_replays()
+    g["notes"] += capture_notes(summary, rec.get("step"), g.get("step"))
+    return g
+
+
+def capture_notes(summary: dict, eager_step: dict | None, graph_step: dict | None) -> list[str]:
+    """What a ``+graph`` record says of its capture: the totals, the captured and
+    eager steps of each phase (``summary``: phase -> ``GraphReplay.summary()``),
+    and, where the replayed whole step's median is above the eager column's,
+    that the eager column is the faster choice and which steps kept the
+    graphs apart (issue 16: ``+graph`` must never be slower than eager)."""
     steps = sum(v["steps"] for v in summary.values())
     captured = sum(v["captured_steps"] for v in summary.values())
     graphs = sum(v["graphs"] for v in summary.values())
-    g["notes"].append(f"CUDA graphs: {captured} of {steps} steps captured in {graphs} graphs; "
-                      f"{steps - captured} run eagerly between them")
-    return g
+    notes = [f"CUDA graphs: {captured} of {steps} steps captured in {graphs} graphs; "
+             f"{steps - captured} run eagerly between them",
+             "captured/eager steps per phase: " + "; ".join(
+                 f"{p} {v['captured_steps']}/{v['eager_steps']}" for p, v in summary.items())]
+    e, r = (eager_step or {}).get("median_ms"), (graph_step or {}).get("median_ms")
+    if e and r and r > e:
+        reasons = sorted({why for v in summary.values() for why in v["eager"].values()})
+        notes.append(f"the replay ({r:.3f} ms) is slower than eager ({e:.3f} ms): use the eager column"
+                     + (f"; steps kept out of the graphs because: {'; '.join(reasons[:3])}" if reasons else ""))
+    return notes
 
 
 #: Keys of an eager record that describe its own timing, not the compiled graph.
@@ -158,4 +175,5 @@ def graph_placeholder(rec: dict) -> dict:
 
 
 __all__ = ["GRAPH_CHECK_FACTOR", "GRAPH_CHECK_SLACK", "GRAPH_FOLLOW_TOL", "GRAPH_FOLLOW_TOL_DEFAULT",
-           "graph_follow_tolerance", "graph_check", "graph_follows", "graph_column", "graph_placeholder"]
+           "graph_follow_tolerance", "graph_check", "graph_follows", "graph_column", "graph_placeholder",
+           "capture_notes"]

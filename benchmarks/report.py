@@ -149,7 +149,10 @@ def _rich_write(stream: TextIO, tables: list[Table]) -> None:
 
 
 def tables_of(doc: dict) -> list[Table]:
-    """The tables of any document (summary or benchmark)."""
+    """The tables of any document (summary, profile or benchmark)."""
+    if doc["mode"] == "profile":
+        from .profile_table import profile_tables
+        return profile_tables(doc)
     return summary_tables(doc) if doc["mode"] == "summary" else all_tables(doc)
 
 

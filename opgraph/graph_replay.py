@@ -14,10 +14,14 @@ Not every kernel can be captured: CuPy refuses any cuBLAS call while a stream
 captures ("calling cuBLAS API during stream capture is currently unsupported";
 docs/gpu.md), so a ``Linear``, a GEMM or FFT convolution (its products in the
 frequency domain are cuBLAS calls) or a cuBLAS bias gradient cannot be in a
-graph. :class:`GraphReplay` therefore tries each step alone in
-a throw-away capture first (:func:`capture_error`), then captures every maximal
-run of steps that allow it as one graph and runs the others eagerly between
-the graphs.
+graph. Each lowering rule declares whether its kernel captures
+(``Rule.capturable`` in ``backends/registry.py``), and the compiler puts the
+reason a step cannot be captured on its context (``step.ctx.capture_blocker``,
+read here by duck typing: this module imports no backend). :class:`GraphReplay`
+runs a step with such a reason eagerly without trying, tries every other step
+alone in a throw-away capture (:func:`capture_error`: a declaration is checked,
+never trusted), then captures every maximal run of steps that allow it as one
+graph and runs the others eagerly between the graphs.
 
 Memory rules that keep a replay correct:
 
@@ -125,6 +129,15 @@ def capture_error(step, slots: dict, run_step: RunStep, stream) -> str | None:
     return None
 
 
+def declared_blocker(step) -> str | None:
+    """Why ``step``'s rule says its kernel cannot be captured
+    (``step.ctx.capture_blocker``, set by the compiler from the rule's
+    declaration and the libraries installed), or None (capturable, or not
+    declared: a trial capture decides)."""
+    why = getattr(getattr(step, "ctx", None), "capture_blocker", None)
+    return f"declared not capturable: {why}" if why else None
+
+
 @attrs.define
 class _Segment:
     steps: tuple
@@ -184,7 +197,7 @@ class GraphReplay:
         reasons = {}
         for st in steps:
             why = ("excluded by the caller" if st.node in eager
-                   else capture_error(st, slots, run_step, stream))
+                   else declared_blocker(st) or capture_error(st, slots, run_step, stream))
             if why is not None:
                 reasons[st.node] = why
         self._pinned: list = []
@@ -293,4 +306,4 @@ class GraphReplay:
                 "pool_bytes": self.pool_bytes}
 
 
-__all__ = ["GraphReplay", "capture_error", "capture_stream", "release_cached", "RunStep"]
+__all__ = ["GraphReplay", "capture_error", "declared_blocker", "capture_stream", "release_cached", "RunStep"]

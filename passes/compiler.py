@@ -115,7 +115,9 @@ def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
 
     def resolve(op: Lowered, out_type: TensorType):
         rule = lookup(type(op.op), op.algorithm)
-        return rule.kernel, KernelContext(xp, dev_name, op.option_dict, run_type(out_type, dtype))
+        # a rule that declares nothing is left to the replay's trial capture (Rule.capture_blocker)
+        blocker = rule.capture_blocker() if dev_name == "cuda" and rule.capturable is not None else None
+        return rule.kernel, KernelContext(xp, dev_name, op.option_dict, run_type(out_type, dtype), blocker)
 
     exe = Executable(lowered, louts, resolve, xp=xp, device=dev_name, dtype=dtype)
     exe.report = ctx.report  # callable: exe.report() still gives the text table

@@ -13,6 +13,11 @@ the output gradient, as convnet-benchmarks does), then
 The difference between the whole step and the sum of the nodes is the host
 side: Python dispatch and launch gaps the GPU could not hide.
 
+For the per op type and direction table with bytes moved, FLOPs and the
+fraction of the copy bandwidth or matmul peak measured in the same run, for
+any model (DSL or ONNX) on the GPU or the CPU, use ``opgraph-bench --profile``
+(benchmarks/profile.py); this script keeps the per-node input diagnostics.
+
 Usage (on a GPU machine)::
 
     python scripts/gpu_profile.py --model alexnet --precision tf32 --layout NHWC --json out.json

@@ -189,6 +189,23 @@ def test_everything_eager_still_replays_correctly():
     np.testing.assert_array_equal(slots[4], eager_values(x)[4])
 
 
+def test_a_step_whose_rule_declares_a_blocker_runs_eagerly_without_a_trial():
+    x = np.arange(3.0)
+    steps, run = chain()
+    # the compiler puts Rule.capture_blocker on the step's KernelContext
+    steps[2] = attrs.evolve(steps[2], ctx=SimpleNamespace(capture_blocker="needs nvmath-python"))
+    stream = FakeStream()
+    slots = eager_values(x)
+    replay = graph_replay.GraphReplay(steps, slots, lambda st, sl: run(st, sl, stream), stream)
+    assert replay.eager_reasons == {"c": "declared not capturable: needs nvmath-python"}
+    # trial captures of a, b and d, then the graphs of (a, b) and (d): c never captured
+    assert stream.captures == 3 + 2 and (replay.graphs, replay.captured_steps) == (2, 3)
+    x[...] = 5.0
+    replay()
+    np.testing.assert_array_equal(slots[4], eager_values(x)[4])
+    assert graph_replay.declared_blocker(steps[0]) is None  # no context: a trial decides
+
+
 def test_capture_error_leaves_no_capture_open():
     steps, run = chain(cublas={2})
     stream = FakeStream()

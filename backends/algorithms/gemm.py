@@ -24,10 +24,17 @@ Index safety: BLAS (cuBLAS in particular) takes 32-bit matrix dimensions, so
 or more, and chunks keep the folded ``chunk*Ho*Wo`` dimension below 2^31.
 
 Written against ``xp`` (NumPy or CuPy): only pad, reshape, transpose, strided
-slicing, matmul and the stride-tricks view of :func:`window_view`.
+slicing, matmul and the stride-tricks view of :func:`window_view`. The
+products go through :func:`_matmul`: NumPy's on the CPU; on CuPy our own
+cuBLAS handle (``backends/cuda/cublas_batched.py``), because ``cupy.matmul``
+of these batched operands cannot be captured into a CUDA graph (CuPy's cuBLAS
+handle refuses stream capture, and the grouped weights broadcast over the
+images made it upload arrays of pointers on every call).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from opgraph.errors import LoweringError
 
@@ -69,6 +76,19 @@ def batch_chunk(geom, itemsize: int, workspace_limit: int = DEFAULT_WORKSPACE_LI
     chunk = max(int(workspace_limit) // per_image, 1)
     chunk = min(chunk, max(INT32_LIMIT // max(geom.ho * geom.wo, 1), 1))
     return max(min(chunk, geom.n), 1)
+
+
+def _matmul(xp, a, b, *, out=None, accumulate: bool = False):
+    """``a @ b`` (``numpy.matmul`` broadcasting) into ``out`` (added to it with
+    ``accumulate``) or a new array: NumPy's on the CPU, on CuPy
+    :func:`..cuda.cublas_batched.batched_matmul` (capturable; module docstring)."""
+    if xp is np:
+        if accumulate:
+            out += np.matmul(a, b)
+            return out
+        return np.matmul(a, b, out=out)
+    from ..cuda.cublas_batched import batched_matmul
+    return batched_matmul(xp, a, b, out=out, accumulate=accumulate)
 
 
 def im2col(xp, x, geom):
@@ -125,7 +145,7 @@ def forward(xp, x, w, g, *, workspace_limit=DEFAULT_WORKSPACE_LIMIT):
     step = batch_chunk(g, x.dtype.itemsize, workspace_limit)
     for i in range(0, g.n, step):
         # (G, Og, K) @ (n, G, K, L) -> (n, G, Og, L)
-        y[i:i + step] = xp.matmul(wm, im2col(xp, x[i:i + step], g))
+        _matmul(xp, wm, im2col(xp, x[i:i + step], g), out=y[i:i + step])
     return y.reshape(g.y_shape)
 
 
@@ -155,7 +175,7 @@ def backward_data(xp, gy, w, g, *, workspace_limit=DEFAULT_WORKSPACE_LIMIT):
     gx = xp.empty(g.x_shape, dtype=dt)
     step = batch_chunk(g, gx.dtype.itemsize, workspace_limit)
     for i in range(0, g.n, step):
-        gx[i:i + step] = col2im(xp, xp.matmul(wt, gyg[i:i + step]), g)  # (G,K,Og)@(n,G,Og,L)
+        gx[i:i + step] = col2im(xp, _matmul(xp, wt, gyg[i:i + step]), g)  # (G,K,Og)@(n,G,Og,L)
     return gx
 
 
@@ -194,7 +214,7 @@ def backward_filter(xp, x, gy, g, *, workspace_limit=DEFAULT_WORKSPACE_LIMIT):
         win = window_view(xp, xg, (g.kh, g.kw), g.stride, g.dilation)  # (n,G,Cg,Ho,Wo,kH,kW)
         cols = win.transpose(1, 2, 5, 6, 0, 3, 4).reshape(G, K, n * L)
         gyc = gy[i:i + step].reshape(n, G, g.og, L).transpose(1, 2, 0, 3).reshape(G, g.og, n * L)
-        gw += xp.matmul(gyc, xp.swapaxes(cols, 1, 2))
+        _matmul(xp, gyc, xp.swapaxes(cols, 1, 2), out=gw, accumulate=True)
     return gw.reshape(g.w_shape)
 
 

@@ -46,6 +46,7 @@ from opgraph.ops.conv_fused import epilogue_steps
 from opgraph.types import HALF_DTYPES
 
 from . import fft, gemm, winograd
+from ..cuda.cublas import capture_requirement
 from ..reference import conv as direct
 from ..reference.conv_epilogue import apply_epilogue
 from ..registry import Rule, register
@@ -93,7 +94,8 @@ def _kernel(name, fn, direction):
 
 
 def register_conv_algorithm(name, forward, backward_data, backward_filter, *, check, devices,
-                            variants=None, workspace=None, tags=(), fresh_output=True) -> dict[type, Rule]:
+                            variants=None, workspace=None, tags=(), fresh_output=True, capturable=None,
+                            capture_requires=None) -> dict[type, Rule]:
     """Register ``name`` as a lowering of every op of the convolution family.
 
     Args:
@@ -115,6 +117,9 @@ def register_conv_algorithm(name, forward, backward_data, backward_filter, *, ch
             input (``Rule.fresh_output``: the memory pass may then let an
             element-wise step overwrite it); a convolution computes a new
             array, so True unless a function says otherwise.
+        capturable, capture_requires: ``Rule.capturable`` and
+            ``Rule.capture_requires`` of every rule (whether the functions on
+            CuPy can be captured into a CUDA graph; default: not declared).
 
     Returns:
         The registered rules, by op type. Registering a name again replaces its rules.
@@ -125,7 +130,10 @@ def register_conv_algorithm(name, forward, backward_data, backward_filter, *, ch
         direction = DIRECTIONS[op_type.direction]
         kernel = _kernel(name, fns[direction], direction)
         fields = dict(devices=devices, check=functools.partial(check, direction),
-                      tags=frozenset(tags) | {"conv", name}, fresh_output=fresh_output)
+                      tags=frozenset(tags) | {"conv", name}, fresh_output=fresh_output,
+                      capturable=capturable)
+        if capture_requires is not None:
+            fields["capture_requires"] = capture_requires
         if variants is not None:
             fields["variants"] = functools.partial(variants, direction)
         if workspace is not None:
@@ -145,15 +153,20 @@ for _name in ("direct", "reference"):
     register_conv_algorithm(_name, direct.forward, direct.backward_data, direct.backward_filter,
                             check=_accept_all, devices=ALL_DEVICES, tags=("reference", "direct"))
 
+# gemm's products on CuPy go through our own cuBLAS handle (gemm._matmul), capturable
+# where nvmath-python is installed; FFT's cuFFT calls are left to a replay's trial
+# capture (not declared); Winograd's products still use CuPy's cuBLAS handle.
 register_conv_algorithm("gemm", gemm.forward, gemm.backward_data, gemm.backward_filter,
                         check=gemm.check, devices=ALL_DEVICES, workspace=gemm.workspace,
-                        tags=("gemm", "im2col"))
+                        tags=("gemm", "im2col"), capturable=True, capture_requires=capture_requirement)
 
 register_conv_algorithm("fft", fft.forward, fft.backward_data, fft.backward_filter, check=fft.check,
                         devices=ALL_DEVICES, workspace=fft.workspace, tags=("fft", "fast"))
 
 register_conv_algorithm("winograd", winograd.forward, winograd.backward_data, winograd.backward_filter,
                         check=winograd.check, devices=ALL_DEVICES, variants=winograd.variants,
-                        workspace=winograd.workspace, tags=("winograd", "fast"))
+                        workspace=winograd.workspace, tags=("winograd", "fast"),
+                        capturable="Winograd's transforms and products run on CuPy's cuBLAS handle "
+                                   "(tensordot, matmul), which refuses stream capture")
 
 __all__ = ["register_conv_algorithm", "DIRECTIONS"]

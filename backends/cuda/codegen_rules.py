@@ -107,13 +107,15 @@ MOVEMENT = {
 
 
 def register_rules() -> None:
-    """Register every ``codegen`` rule (idempotent)."""
+    """Register every ``codegen`` rule (idempotent). All capture into CUDA
+    graphs: a generated kernel's plan and scratch are made on its first
+    (uncaptured) run, its shapes are launch arguments, a view is no launch."""
     for op_type in (*EXPRESSIONS, ops.FusedElementwise):
         register(Rule(op_type, "codegen", run_generated, devices={"cuda"}, check=check, tags=TAGS,
-                      inplace=INPLACE.get(op_type), fresh_output=True))
+                      inplace=INPLACE.get(op_type), fresh_output=True, capturable=True))
     for op_type, (kernel, fresh) in MOVEMENT.items():
         register(Rule(op_type, "codegen", kernel, devices={"cuda"}, check=movement_check, tags=TAGS,
-                      fresh_output=fresh))
+                      fresh_output=fresh, capturable=True))
 
 
 register_rules()

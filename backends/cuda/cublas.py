@@ -50,6 +50,8 @@ matrix-multiply peak (:mod:`.matmul_peak`) times the same call
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from opgraph import precision as precisions
@@ -172,6 +174,8 @@ def gemm_ex_into(xp, a, b, out, precision: str, *, transpose_a: bool = False,
         bindings.set_stream(handle, xp.cuda.get_current_stream().ptr)
         bindings.gemm_ex(handle, *call)
         return
+    if xp.cuda.get_current_stream().is_capturing():  # CuPy would refuse with a less useful message
+        raise RuntimeError(f"cuBLAS inside a CUDA-graph capture: {capture_requirement()}")
     cublas = cublas_module()
     handle = xp.cuda.device.get_cublas_handle()
     mode = cublas.getPointerMode(handle)
@@ -180,6 +184,22 @@ def gemm_ex_into(xp, a, b, out, precision: str, *, transpose_a: bool = False,
         cublas.gemmEx(handle, *call)
     finally:
         cublas.setPointerMode(handle, mode)
+
+
+@functools.lru_cache(maxsize=None)
+def capture_requirement() -> str | None:
+    """Why cuBLAS calls cannot be captured into a CUDA graph on this machine
+    (nvmath-python, whose bindings drive :func:`own_handle`, is not
+    installed), or None. The ``Rule.capture_requires`` of every rule whose
+    kernel calls cuBLAS through :func:`gemm_ex_into` or
+    :func:`.cublas_batched.batched_matmul`; cached (the answer does not change
+    while the process runs)."""
+    try:
+        from nvmath.bindings import cublas as _  # noqa: F401
+    except ImportError as e:
+        return (f"nvmath-python is not installed ({e}): cuBLAS runs on CuPy's handle, which refuses "
+                "stream capture; pip install nvmath-python (the cuda12/cuda13 extra brings it)")
+    return None
 
 
 def own_handle(xp):
@@ -267,5 +287,5 @@ def matmul(xp, a, b, *, transpose_a, transpose_b, precision):
     return _product(xp, a, b, transpose_a=transpose_a, transpose_b=transpose_b, precision=precision)
 
 
-__all__ = ["CUBLAS_WORKSPACE_BYTES", "GEMM_TYPES", "cublas_module", "own_handle", "gemm_ex_args", "gemm_ex",
+__all__ = ["CUBLAS_WORKSPACE_BYTES", "GEMM_TYPES", "capture_requirement", "cublas_module", "own_handle", "gemm_ex_args", "gemm_ex",
            "gemm_ex_into", "linear", "matmul"]

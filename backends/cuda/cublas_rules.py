@@ -8,7 +8,7 @@ from opgraph import ops
 
 from ..reference.kernel import params_kernel
 from ..registry import Rule, register
-from .cublas import linear, matmul
+from .cublas import capture_requirement, linear, matmul
 
 _DTYPES = ("float32", "float16", "bfloat16")
 
@@ -28,11 +28,14 @@ def register_rules() -> None:
     """Register the ``cublas`` rules of ``Linear`` and ``MatMul`` (idempotent);
     their outputs are new arrays (``fresh_output``). In the cuda default order
     before the reference (``passes/policy.py``): capturable into CUDA graphs
-    through nvmath-python, where CuPy's own product is not."""
+    through nvmath-python, where CuPy's own product is not
+    (``capture_requires``: without nvmath-python a replay runs them eagerly
+    and says why)."""
     for op_type, fn in ((ops.Linear, linear), (ops.MatMul, matmul)):
         register(Rule(op_type, "cublas", params_kernel(fn, "cublas", ("precision",)),
                       devices={"cuda"}, check=check,
-                      tags={"cublas", "gpu", "option:precision"}, fresh_output=True))
+                      tags={"cublas", "gpu", "option:precision"}, fresh_output=True,
+                      capturable=True, capture_requires=capture_requirement))
 
 
 register_rules()

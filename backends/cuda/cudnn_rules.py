@@ -158,12 +158,13 @@ def register_rules() -> None:
     gets the fused kernel, backward-data with ReLU the dgrad one (its third
     input the mask). Every output is a new array (``fresh_output``: cuDNN
     writes into one of ours, at most viewed as another dtype), so the memory
-    pass may run a later step in place on it."""
+    pass may run a later step in place on it. Capturable: plans and their
+    workspaces are built on a node's first (uncaptured) run and reused."""
     kernels = {"fwd": _fprop, "dgrad": _dgrad, "wgrad": _wgrad}
     for op_type in ops.of_family("conv"):
         kernel = _fused if op_type.fused and op_type.direction == "fwd" else kernels[op_type.direction]
         register(Rule(op_type, "cudnn", kernel, devices={"cuda"}, check=check, variants=variants,
-                      workspace=workspace, tags=TAGS, fresh_output=True))
+                      workspace=workspace, tags=TAGS, fresh_output=True, capturable=True))
 
 
 register_rules()

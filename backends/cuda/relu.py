@@ -82,10 +82,12 @@ def relu_backward(xp, x, gy, *, out=None):
 
 def _constant(xp, value, dtype):
     """0-d array of ``value`` rounded to ``dtype``, in kernel storage (bfloat16:
-    its bits, rounded on the host by ml_dtypes, nearest even)."""
+    its bits, rounded on the host by ml_dtypes, nearest even). Made by a fill
+    kernel (``full``), not a host-to-device copy, so that the step can be
+    captured into a CUDA graph."""
     if dtype_name(dtype) == BF16:
-        return xp.asarray(np.asarray(value, dtype=dtype).view(np.uint16))
-    return xp.asarray(value, dtype=dtype)
+        return xp.full((), int(np.asarray(value, dtype=dtype).view(np.uint16)), dtype=np.uint16)
+    return xp.full((), np.asarray(value, dtype=dtype).item(), dtype=dtype)
 
 
 def threshold(xp, x, *, threshold, value):

@@ -102,13 +102,15 @@ def register_rules() -> None:
     """Register one ``cuda`` rule per entry of :data:`NODE_KERNELS` and
     :data:`CUDA_KERNELS` (idempotent). Every kernel returns a new array, never
     a view of an input (``fresh_output``); ReLU and its gradient may run in
-    place (:data:`INPLACE`)."""
+    place (:data:`INPLACE`). Every kernel is capturable into a CUDA graph: its
+    constants are launch arguments or fill kernels, a ``Constant`` is uploaded
+    once in its first (uncaptured) run, nothing synchronises."""
     kernels = dict(NODE_KERNELS)
     kernels.update((t, params_kernel(fn, "cuda", OPTIONS.get(t, ((), None))[0])) for t, fn in CUDA_KERNELS.items())
     for op_type, kernel in kernels.items():
         variants = OPTIONS.get(op_type, ((), None))[1]
         register(Rule(op_type, "cuda", kernel, devices={"cuda"}, check=check, tags={"cuda", "gpu"},
-                      inplace=INPLACE.get(op_type), fresh_output=True,
+                      inplace=INPLACE.get(op_type), fresh_output=True, capturable=True,
                       **({"variants": variants} if variants else {})))
 
 

@@ -289,3 +289,14 @@ def test_the_new_input_tolerance_follows_the_storage_dtype():
     assert graph_column.graph_follow_tolerance("float32") == graph_column.graph_follow_tolerance("float64") == 1e-3
     assert 2.0 ** -8 < graph_column.graph_follow_tolerance("bfloat16") < 0.1
     assert graph_column.graph_follow_tolerance("float16") == graph_column.graph_follow_tolerance("bfloat16")
+
+
+def test_capture_notes_give_each_phase_and_say_when_the_replay_is_slower():
+    summary = {"forward": {"steps": 10, "captured_steps": 8, "eager_steps": 2, "graphs": 2,
+                           "eager": {"fc": "declared not capturable: nvmath-python is not installed"}},
+               "backward_data": {"steps": 5, "captured_steps": 5, "eager_steps": 0, "graphs": 1, "eager": {}}}
+    notes = graph_column.capture_notes(summary, {"median_ms": 2.0}, {"median_ms": 2.5})
+    assert notes[0] == "CUDA graphs: 13 of 15 steps captured in 3 graphs; 2 run eagerly between them"
+    assert notes[1] == "captured/eager steps per phase: forward 8/2; backward_data 5/0"
+    assert "slower than eager" in notes[2] and "nvmath-python is not installed" in notes[2]
+    assert len(graph_column.capture_notes(summary, {"median_ms": 2.0}, {"median_ms": 1.5})) == 2

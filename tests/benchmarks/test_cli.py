@@ -454,3 +454,36 @@ def test_cuda_graph_with_summary_and_a_plot_format_matplotlib_lacks_are_usage_er
     assert cli.main(["--model", "L4", "--device", "cpu", "--plot", str(tmp_path / "x.txt")]) == 2
     err = capsys.readouterr().err
     assert "matplotlib cannot write txt" in err and "png" in err
+
+
+def _settings_of_a_run(monkeypatch, device, argv):
+    """The driver Settings ``opgraph-bench argv`` builds on ``device`` (nothing runs)."""
+    seen = {}
+    monkeypatch.setattr(driver, "resolve_device", lambda d: (device, "stubbed for the test"))
+    monkeypatch.setattr(cli, "check_applicable", lambda *a: None)
+
+    def run_benchmark(tgs, settings, **kw):
+        seen["settings"], seen["notes"] = settings, kw.get("notes")
+        return {}
+
+    monkeypatch.setattr(driver, "run_benchmark", run_benchmark)
+    cli.run_timing(["L1"], cli.build_parser().parse_args(argv))
+    return seen["settings"], seen["notes"]
+
+
+def test_the_default_gpu_run_replays_auto_as_cuda_graphs(monkeypatch):
+    s, notes = _settings_of_a_run(monkeypatch, "cuda", ["--model", "L1", "--quiet"])
+    assert s.cuda_graph == ("auto",) and s.graphed("auto") and not s.graphed("cudnn")
+    assert any("auto+graph" in n for n in notes)
+    assert driver.unit_count([object()], s) == len(s.lowerings) + 1
+    assert s.protocol("cuda events")["cuda_graph"] == ["auto"]
+    # --cuda-graph: every lowering; an explicit --lowering: only what was asked
+    s, _ = _settings_of_a_run(monkeypatch, "cuda", ["--model", "L1", "--cuda-graph", "--quiet"])
+    assert s.cuda_graph is True and all(s.graphed(lo.name) for lo in s.lowerings)
+    s, _ = _settings_of_a_run(monkeypatch, "cuda", ["--model", "L1", "--lowering", "auto", "--quiet"])
+    assert s.cuda_graph is False and not s.graphed("auto")
+
+
+def test_the_default_cpu_run_has_no_graph_column(monkeypatch):
+    s, _ = _settings_of_a_run(monkeypatch, "cpu", ["--model", "L1", "--quiet"])
+    assert s.cuda_graph is False and driver.unit_count([object()], s) == len(s.lowerings)

@@ -58,6 +58,26 @@ def to_cl(cp):
 
 
 @pytest.fixture
+def replay_phases(cp):
+    """``run(runner) -> (replays, stream)``: a ``benchmarks.protocol.PhaseRunner``'s
+    phases captured as CUDA graphs on a new capture stream, each replayed once
+    in order and the stream synchronised, so that ``runner.slots`` holds one
+    replay's values."""
+    from opgraph.benchmarks.protocol import PHASES
+    from opgraph.graph_replay import capture_stream
+
+    def run(runner):
+        stream = capture_stream()
+        with stream:
+            replays = runner.graph_phases(stream)
+            for p in PHASES:
+                replays[p]()
+            stream.synchronize()
+        return replays, stream
+    return run
+
+
+@pytest.fixture
 def captured_replay(cp):
     """``run(fn, change) -> (out, keep)``: ``fn()`` called once eagerly (kernels
     compiled and loaded outside the capture), then captured into a CUDA graph on

@@ -1,4 +1,7 @@
-"""No step of a benchmark model runs the ``reference`` (or ``direct``) kernel on the GPU.
+"""No step of a benchmark model runs the ``reference`` (or ``direct``) kernel on
+the GPU, and every step's rule declares that it can be captured into a CUDA
+graph (``Rule.capturable``; ``opgraph/graph_replay.py`` reads it), so that the
+whole training step can be one graph.
 
 Every built-in model (``opgraph.benchmarks.models.MODELS``) and small graphs of
 the modern-convnet ops (a ResNet bottleneck and an MBConv block with training
@@ -13,11 +16,13 @@ layouts and in float32 and bfloat16 storage.
 from __future__ import annotations
 
 import collections
+import functools
 
 import pytest
 
 import opgraph as og
 from opgraph.benchmarks.models import MODELS, build
+from opgraph.backends.registry import lookup
 from opgraph.op import Lowered
 from opgraph.passes.base import PassContext
 from opgraph.passes.pipelines import default
@@ -29,28 +34,41 @@ FORBIDDEN = {"reference", "direct"}
 
 
 def _steps(output, params, extra, layout, dtype):
-    """Algorithm per op type of every lowered step of the training step."""
+    """Algorithm per op type of every lowered step of the training step, the
+    lowering report, and why each (op type, algorithm) would not be captured
+    into a CUDA graph on a machine with the cuda extra (the rule's
+    declaration: ``Rule.capture_blocker(installed=False)``)."""
     grads = og.grad(output, params, grad_outputs=[output])
     outs = [output, *grads, *extra]
     pol = LoweringPolicy(layout=layout)
     ctx = PassContext(device="cuda", policy=pol, dtype=dtype)
     graph, louts = default(pol).run(output.graph, outs, ctx)
-    steps = collections.Counter()
+    steps, blockers = collections.Counter(), {}
     for view in graph.nodes_in_order(louts):
         if isinstance(view.op, Lowered):
-            steps[view.op.op.name, view.op.algorithm] += 1
-    return steps, ctx.report
+            key = view.op.op.name, view.op.algorithm
+            steps[key] += 1
+            why = lookup(type(view.op.op), view.op.algorithm).capture_blocker(installed=False)
+            if why is not None:
+                blockers[key] = why
+    return steps, ctx.report, blockers
 
 
-CASES = [pytest.param(lambda key=key: (lambda m: (m.output, m.params, []))(build(key, batch=2)), id=key)
-         for key in MODELS] + [pytest.param(bottleneck, id="bottleneck"), pytest.param(mbconv, id="mbconv")]
+MAKERS = {**{key: (lambda key=key: (lambda m: (m.output, m.params, []))(build(key, batch=2))) for key in MODELS},
+          "bottleneck": bottleneck, "mbconv": mbconv}
+
+
+@functools.lru_cache(maxsize=None)
+def _lowered(case: str, layout: str, dtype):
+    """:func:`_steps` of one case, computed once for the tests that read it."""
+    return _steps(*MAKERS[case](), layout, dtype)
 
 
 @pytest.mark.parametrize("dtype", [None, "bfloat16"])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("make", CASES)
-def test_no_step_runs_the_reference_on_the_gpu(make, layout, dtype):
-    steps, report = _steps(*make(), layout, dtype)
+@pytest.mark.parametrize("case", list(MAKERS))
+def test_no_step_runs_the_reference_on_the_gpu(case, layout, dtype):
+    steps, report, _ = _lowered(case, layout, dtype)
     bad = {k: n for k, n in steps.items() if k[1] in FORBIDDEN}
     assert not bad, f"steps on the oracle on cuda: {bad}"
     generated = sum(n for (_, alg), n in steps.items() if alg == "codegen")
@@ -58,8 +76,16 @@ def test_no_step_runs_the_reference_on_the_gpu(make, layout, dtype):
     assert "codegen" in report.format()
 
 
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("case", list(MAKERS))
+def test_every_step_declares_itself_capturable(case, layout, dtype):
+    _, _, blockers = _lowered(case, layout, dtype)
+    assert not blockers, f"steps a CUDA graph could not capture on cuda: {blockers}"
+
+
 def test_the_modern_blocks_use_the_generated_batch_norm_and_activations():
-    steps, _ = _steps(*mbconv(), "NHWC", "bfloat16")
+    steps, _, _ = _lowered("mbconv", "NHWC", "bfloat16")
     for op in ("BatchNormStats", "BatchNormTraining", "BatchNormTrainingBackwardData",
                "BatchNormTrainingBackwardScale", "BatchNormRunningUpdate", "Silu", "SiluBackward", "Sigmoid",
                "Mul", "Mean", "MeanBackward", "Hardswish", "HardtanhBackward", "Dropout", "Add"):

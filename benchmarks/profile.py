@@ -1,0 +1,195 @@
+"""Where a training step's time goes, per op type and direction, against the
+machine's own limits (``opgraph-bench --profile``; issue 16, section 6).
+
+For one model, lowering, dtype and layout, the benchmark's training graph
+(:func:`.protocol.training_graph`: forward, parameter gradients, the model
+output as its own output gradient) is compiled and every step is timed
+alone: its kernel on the values of one full run, out of place, ``--warmup``
+then ``--repeat`` calls, the median (CUDA events on a GPU, ``perf_counter``
+on the CPU). Per step:
+
+* **bytes**: every input read once plus the output written once, from the
+  node's shapes and storage dtype (a view step such as a reshape counts as
+  the copy it would be; a kernel that reads a tensor twice still counts once:
+  this is the traffic a perfect kernel would need);
+* **FLOPs**: ``Op.flops`` (a multiply-add is 2; backward-data and
+  backward-filter count the layer's forward FLOPs; data movement 0);
+* **achieved** GB/s (10^9 bytes / s) and TFLOP/s;
+* **fraction of the limit**: convolutions and GEMMs (families ``conv`` and
+  ``linear``) are compute-bound, judged against the matrix-multiply peak of
+  the run's precision; every other step is memory-bound, judged against the
+  copy bandwidth. Both are measured in the same run
+  (:func:`.peak.measure_peaks`, :func:`opgraph.backends.copy_bandwidth.measure_copy_bandwidth`).
+
+Steps are grouped by abstract op type and direction: ``fprop`` / ``dgrad`` /
+``wgrad`` for the compute-bound families (the phase of the benchmark's
+schedule: forward, backward-data, backward-filter), ``forward`` /
+``backward`` for the others. The whole step (every step in order, one
+timed loop) is reported beside the sum of the steps alone; their difference
+is dispatch the device could not hide.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+import attrs
+import numpy as np
+
+import opgraph as og
+from opgraph.backends import device as dev
+from opgraph.backends.copy_bandwidth import measure_copy_bandwidth
+from opgraph.executable import run_step
+from opgraph.op import abstract_of
+from opgraph.types import numpy_dtype
+
+from .peak import measure_peaks
+from .protocol import random_feeds, schedule
+
+
+#: Families whose steps are compute-bound (judged against the matmul peak).
+COMPUTE_FAMILIES = ("conv", "linear")
+#: Benchmark phase -> direction of a compute-bound step.
+COMPUTE_DIRECTIONS = {"forward": "fprop", "backward_data": "dgrad", "backward_filter": "wgrad"}
+#: Version of the JSON document (:func:`profile_document`).
+PROFILE_SCHEMA_VERSION = 1
+
+
+def tensor_bytes(t) -> int:
+    """Bytes of a ``TensorType`` in its storage dtype (``ml_dtypes`` for bfloat16)."""
+    return int(np.prod(t.shape, dtype=np.int64)) * np.dtype(numpy_dtype(t.dtype)).itemsize
+
+
+def step_traffic(graph, node: int) -> tuple[int, int]:
+    """``(bytes moved, FLOPs)`` of a lowered node: its inputs read and its output
+    written once (module docstring), and ``Op.flops`` of its types."""
+    view = graph.node(node)
+    types = tuple(view.input_types)
+    moved = sum(tensor_bytes(t) for t in types) + tensor_bytes(view.type)
+    return moved, int(view.op.flops(types, view.type))
+
+
+def direction_of(op, phase: str) -> str:
+    """``fprop``/``dgrad``/``wgrad`` for a conv or linear step (by its phase),
+    ``forward``/``backward`` for any other."""
+    if op.family in COMPUTE_FAMILIES:
+        return COMPUTE_DIRECTIONS[phase]
+    return "forward" if phase == "forward" else "backward"
+
+
+def _median_ms(timer, fn, warmup: int, repeat: int) -> float:
+    for _ in range(warmup):
+        fn()
+    timer.synchronize()
+    return statistics.median(timer.measure(fn, label="profile", repeat=repeat))
+
+
+def profile_steps(tg, feeds: dict, device: str, policy, timer, *, warmup: int, repeat: int) -> dict:
+    """The profile of one compiled training graph (module docstring).
+
+    Args:
+        tg: a :class:`.protocol.TrainingGraph`; feeds: its sources by name, on ``device``.
+        policy: the lowering policy (or dict) to compile with.
+        timer: a :mod:`.timer` timer of ``device``; warmup, repeat: calls per step.
+
+    Returns:
+        ``{'compile_s', 'step_ms', 'nodes_ms', 'nodes': [...]}``; each node
+        ``{'name', 'op', 'algorithm', 'phase', 'direction', 'kind', 'ms', 'bytes', 'flops'}``
+        (``kind``: ``'compute'`` or ``'memory'``).
+    """
+    import time
+
+    t0 = time.perf_counter()
+    exe = og.compile(tg.outputs, device=device, policy=policy)
+    compile_s = time.perf_counter() - t0
+    sched = schedule(exe, tg)
+    phase = {st.node: p for p, sts in sched.phases.items() for st in sts}
+    slots = exe.feed(feeds)
+    steps = [attrs.evolve(st, free=(), inplace=None) for st in exe.steps]  # every value kept, out of place
+    for st in steps:
+        slots[st.node] = run_step(st, slots)
+
+    def whole():
+        for st in steps:
+            run_step(st, slots)
+
+    step_ms = _median_ms(timer, whole, warmup, repeat)
+    nodes = []
+    for st in steps:
+        op = abstract_of(st.op)
+        moved, flops = step_traffic(exe.graph, st.node)
+        ms = _median_ms(timer, lambda st=st: run_step(st, slots), warmup, repeat)
+        compute = op.family in COMPUTE_FAMILIES
+        nodes.append({"name": st.name, "op": op.name, "algorithm": st.op.algorithm, "phase": phase[st.node],
+                      "direction": direction_of(op, phase[st.node]), "kind": "compute" if compute else "memory",
+                      "ms": ms, "bytes": moved, "flops": flops})
+    return {"compile_s": compile_s, "step_ms": step_ms, "nodes_ms": sum(n["ms"] for n in nodes), "nodes": nodes}
+
+
+def group_by_op(nodes, matmul_tflops: float | None, copy_gbps: float | None) -> list[dict]:
+    """Rows per ``(op, direction)``, slowest first: ``count``, ``ms`` (sum of
+    the steps alone), ``bytes``, ``flops``, ``gbps``, ``tflops``, ``kind``,
+    ``algorithms`` (steps per algorithm) and ``fraction`` of its limit
+    (compute: ``tflops / matmul_tflops``; memory: ``gbps / copy_gbps``; None
+    without the limit or a time)."""
+    rows: dict[tuple, dict] = {}
+    for n in nodes:
+        r = rows.setdefault((n["op"], n["direction"]), {
+            "op": n["op"], "direction": n["direction"], "kind": n["kind"], "count": 0, "ms": 0.0,
+            "bytes": 0, "flops": 0, "algorithms": defaultdict(int)})
+        r["count"] += 1
+        r["ms"] += n["ms"]
+        r["bytes"] += n["bytes"]
+        r["flops"] += n["flops"]
+        r["algorithms"][n["algorithm"]] += 1
+    out = []
+    for r in rows.values():
+        seconds = r["ms"] / 1e3
+        r["algorithms"] = dict(r["algorithms"])
+        r["gbps"] = r["bytes"] / seconds / 1e9 if seconds > 0 else None
+        r["tflops"] = r["flops"] / seconds / 1e12 if seconds > 0 else None
+        limit, achieved = ((matmul_tflops, r["tflops"]) if r["kind"] == "compute" else (copy_gbps, r["gbps"]))
+        r["fraction"] = achieved / limit if limit and achieved is not None else None
+        out.append(r)
+    return sorted(out, key=lambda r: -r["ms"])
+
+
+def measure_limits(device: str, precisions) -> dict:
+    """``{'matmul': {precision: {...}}, 'copy': {...}}``: the matmul peak of
+    each precision (:func:`.peak.measure_peaks`) and the copy bandwidth,
+    measured now. A failed copy measurement has ``gbps: None`` and ``error``."""
+    matmul = measure_peaks(device, list(precisions))
+    try:
+        copy = measure_copy_bandwidth(device)
+    except Exception as e:  # e.g. out of device memory: the fractions are left out
+        copy = {"gbps": None, "error": f"{type(e).__name__}: {e}"}
+    return {"matmul": matmul, "copy": copy}
+
+
+def profile_model(tg, lowering, base_policy, device: str, timer, limits: dict, *, warmup: int, repeat: int,
+                  seed: int = 0) -> dict:
+    """One model's profile record: :func:`profile_steps` on random feeds
+    (:func:`.protocol.random_feeds`) with ``lowering``'s policy, and its rows
+    (:func:`group_by_op`) judged against ``limits`` (:func:`measure_limits`;
+    the matmul peak of ``base_policy.precision``)."""
+    model = tg.model
+    feeds = {k: dev.to_device(v, device) for k, v in random_feeds(model, seed).items()}
+    policy = lowering.policy(base_policy, device)
+    prof = profile_steps(tg, feeds, device, policy, timer, warmup=warmup, repeat=repeat)
+    peak = limits["matmul"].get(base_policy.precision, {})
+    rows = group_by_op(prof["nodes"], peak.get("tflops"), limits["copy"].get("gbps"))
+    return {"model": model.key, "title": model.title, "batch": model.batch, "dtype": model.dtype,
+            "lowering": lowering.name, "precision": base_policy.precision, "layout": base_policy.layout,
+            **prof, "by_op": rows}
+
+
+def profile_document(environment: dict, limits: dict, records: list, notes=()) -> dict:
+    """The JSON document of a profile run: ``{'tool', 'mode': 'profile',
+    'schema_version', 'environment', 'limits', 'notes', 'models'}``."""
+    return {"tool": "opgraph-bench", "mode": "profile", "schema_version": PROFILE_SCHEMA_VERSION,
+            "environment": environment, "limits": limits, "notes": list(notes), "models": records}
+
+
+__all__ = ["COMPUTE_FAMILIES", "PROFILE_SCHEMA_VERSION", "tensor_bytes", "step_traffic", "direction_of",
+           "profile_steps", "group_by_op", "measure_limits", "profile_model", "profile_document"]

@@ -1,0 +1,110 @@
+"""``opgraph-bench --profile`` (benchmarks/profile.py, profile_table.py) on the CPU:
+every step accounted once, bytes and FLOPs of a convolution and a ReLU as
+computed by hand from their shapes, rows grouped by op type and direction,
+the fractions against the limits, the JSON document, and the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from opgraph.backends.copy_bandwidth import measure_copy_bandwidth
+from opgraph.benchmarks import cli, profile as pf
+from opgraph.benchmarks.protocol import random_feeds, training_graph
+from opgraph.benchmarks.timer import make_timer
+from opgraph.passes.policy import LoweringPolicy
+
+from tinymodels import tiny_convnet
+
+
+@pytest.fixture(scope="module")
+def unfused_profile():
+    """The tiny convnet's training step, conv, bias and ReLU unfused (so that
+    each is a step of its own), profiled on the CPU."""
+    m = tiny_convnet(batch=2)
+    tg = training_graph(m)
+    prof = pf.profile_steps(tg, random_feeds(m), "cpu", LoweringPolicy(exclude=["fused"]),
+                            make_timer("cpu"), warmup=0, repeat=2)
+    return m, tg, prof
+
+
+def test_every_step_is_accounted_once(unfused_profile):
+    import opgraph as og
+
+    _, tg, prof = unfused_profile
+    exe = og.compile(tg.outputs, device="cpu", policy=LoweringPolicy(exclude=["fused"]))
+    assert [n["name"] for n in prof["nodes"]] == [st.name for st in exe.steps]
+    assert all(n["ms"] >= 0 for n in prof["nodes"]) and prof["step_ms"] > 0
+    assert prof["nodes_ms"] == pytest.approx(sum(n["ms"] for n in prof["nodes"]))
+    rows = pf.group_by_op(prof["nodes"], 1.0, 10.0)
+    assert sum(r["count"] for r in rows) == len(prof["nodes"])
+    assert sum(r["ms"] for r in rows) == pytest.approx(prof["nodes_ms"])
+    assert sum(r["bytes"] for r in rows) == sum(n["bytes"] for n in prof["nodes"])
+
+
+def test_bytes_and_flops_of_a_conv_and_a_relu_by_hand(unfused_profile):
+    _, _, prof = unfused_profile
+    by_name = {n["name"]: n for n in prof["nodes"]}
+    conv, relu = by_name["conv1"], by_name["relu1"]
+    # conv1: x (2, 3, 8, 8), w (4, 3, 5, 5), b (4,) -> y (2, 4, 8, 8), float32 (4 bytes)
+    x, w, b, y = 2 * 3 * 8 * 8, 4 * 3 * 5 * 5, 4, 2 * 4 * 8 * 8
+    assert conv["bytes"] == 4 * (x + w + b + y)
+    assert conv["flops"] == 2 * y * 3 * 5 * 5  # a multiply-add per output, input channel and tap
+    assert (conv["kind"], conv["direction"]) == ("compute", "fprop")
+    # relu1 reads y and writes as many elements, and does no multiply-add
+    assert relu["bytes"] == 4 * 2 * y and relu["flops"] == 0
+    assert (relu["kind"], relu["direction"]) == ("memory", "forward")
+    directions = {(n["op"], n["direction"]) for n in prof["nodes"]}
+    assert {("Conv2dBackwardData", "dgrad"), ("Conv2dBackwardFilter", "wgrad"), ("MatMul", "dgrad"),
+            ("MatMul", "wgrad"), ("ReluBackward", "backward")} <= directions
+
+
+def test_rows_are_judged_against_the_limit_of_their_kind():
+    nodes = [{"op": "Conv2d", "direction": "fprop", "kind": "compute", "algorithm": "gemm",
+              "ms": 2.0, "bytes": 4_000_000, "flops": 6_000_000_000},
+             {"op": "Relu", "direction": "forward", "kind": "memory", "algorithm": "codegen",
+              "ms": 0.5, "bytes": 1_000_000_000, "flops": 0},
+             {"op": "Relu", "direction": "forward", "kind": "memory", "algorithm": "codegen",
+              "ms": 0.5, "bytes": 1_000_000_000, "flops": 0}]
+    conv, relu = sorted(pf.group_by_op(nodes, matmul_tflops=10.0, copy_gbps=4000.0), key=lambda r: r["op"])
+    assert conv["tflops"] == pytest.approx(3.0) and conv["fraction"] == pytest.approx(0.3)
+    assert relu["count"] == 2 and relu["gbps"] == pytest.approx(2000.0) and relu["fraction"] == pytest.approx(0.5)
+    assert relu["algorithms"] == {"codegen": 2}
+    assert pf.group_by_op(nodes, None, None)[0]["fraction"] is None  # no limit measured
+
+
+def test_the_copy_bandwidth_counts_the_read_and_the_write():
+    got = measure_copy_bandwidth("cpu", nbytes=1 << 20, repeat=2)
+    assert got["bytes"] == 2 << 20 and got["gbps"] == pytest.approx(got["bytes"] / (got["best_ms"] * 1e6))
+    with pytest.raises(ValueError, match="device"):
+        measure_copy_bandwidth("tpu")
+
+
+def test_the_command_writes_a_table_and_the_json_document(tmp_path, capsys, monkeypatch):
+    # a small copy and matmul keep the limits quick on the shared machine
+    monkeypatch.setattr(pf, "measure_limits", lambda device, precisions: {
+        "matmul": {p: {"tflops": 0.05, "method": "stub"} for p in precisions},
+        "copy": measure_copy_bandwidth("cpu", nbytes=1 << 20, repeat=2)})
+    out = tmp_path / "profile.json"
+    status = cli.main(["--profile", "--model", "L4", "--batch", "1", "--warmup", "0", "--repeat", "1",
+                       "--json", str(out), "--quiet"])
+    assert status == 0
+    text = capsys.readouterr().out
+    assert "Conv2dBackwardFilter" in text and "% of limit" in text and "copy bandwidth" in text
+    doc = json.loads(out.read_text())
+    assert (doc["tool"], doc["mode"], doc["schema_version"]) == ("opgraph-bench", "profile", 1)
+    assert set(doc) == {"tool", "mode", "schema_version", "environment", "limits", "notes", "models"}
+    (rec,) = doc["models"]
+    assert {"model", "title", "batch", "dtype", "lowering", "precision", "layout", "compile_s", "step_ms",
+            "nodes_ms", "nodes", "by_op"} <= set(rec)
+    assert rec["model"] == "L4" and rec["lowering"] == "gemm"
+    assert {"op", "direction", "kind", "count", "ms", "bytes", "flops", "gbps", "tflops", "fraction",
+            "algorithms"} == set(rec["by_op"][0])
+    assert sum(r["count"] for r in rec["by_op"]) == len(rec["nodes"])
+
+
+def test_profile_refuses_what_it_cannot_do(capsys):
+    assert cli.main(["--profile", "--summary"]) == 2
+    assert cli.main(["--profile", "--format", "csv"]) == 2
+    assert "--profile" in capsys.readouterr().err

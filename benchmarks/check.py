@@ -15,7 +15,8 @@ value by 1e-2 in relative terms even with the exact (direct) algorithm in
 fp32, so an end-to-end threshold could not tell a wrong kernel from an
 ill-conditioned sum. So :func:`check_lowering` runs each step of the
 lowering that the lowering decides (the convolution ops, the fused ones included (the
-forward with its epilogue, backward-data with its ReLU gradient), the
+forward with its epilogue, backward-data with its ReLU gradient, the
+generated element-wise chains), the
 ``Pad`` / ``PadBackward`` nodes legalize puts around
 convolutions, ``Linear``, ``MatMul`` and ``BiasAddBackward``) on the float64
 reference values of its inputs, rounded to the graph's dtype and stored in
@@ -42,7 +43,10 @@ unpadded one did; its ``PadBackward`` crop takes the backward-data node's id
 and value); a fused convolution takes its convolution's id but computes the
 value of the last node of the chain it absorbed (the ``Relu`` or ReLU6 that
 read it, through the residual ``Add``; backward-data's ``ReluBackward``),
-found by following its epilogue's steps; a node the passes added
+found by following its epilogue's steps; a ``FusedElementwise`` node (the
+fuse pass's element-wise chains) takes its chain's last node's id and
+value, computed, when the reference did not keep it, by the members' own
+reference kernels over the unfused graph; a node the passes added
 gets its value from the reference kernels applied to its inputs' values.
 Pooling, ReLU and LRN run the same kernels in every column and are
 covered by their own tests against the reference.
@@ -73,7 +77,7 @@ from .protocol import LAYER_FAMILIES, TrainingGraph
 
 #: Abstract ops whose steps the per-node check runs (see the module docstring).
 CHECKED_OPS = frozenset({t.__name__ for f in LAYER_FAMILIES for t in of_family(f)}
-                        | {"Pad", "PadBackward", "BiasAddBackward"})
+                        | {"Pad", "PadBackward", "BiasAddBackward", "FusedElementwise"})
 #: (lowered op, abstract op at the same node id) pairs computing the same value.
 _SAME_VALUE = {("PadBackward", "Conv2dBackwardData")}
 _REFERENCE_ALGORITHMS = ("reference", "direct")
@@ -182,6 +186,8 @@ def abstract_twin(lowered_graph, abstract_graph, nid: int) -> int | None:
             if node is None:
                 return None
         return node
+    if low == "FusedElementwise" and len(op.program.outputs) == 1:  # its chain's last node, whose id it took
+        return nid
     if (low, orig) == ("MaxPool2dBackwardRelu", "MaxPool2dBackward"):  # the ReluBackward it absorbed
         x = abstract_graph.input_ids(nid)[0]
         masks = [u for u in abstract_graph.users(nid) if abstract_graph.node(u).op.name == "ReluBackward"
@@ -221,12 +227,25 @@ def check_lowering(exe: Executable, ref: Reference) -> CheckResult:
     t0 = time.perf_counter()
     g, xp = exe.graph, ref.xp
     memo: dict[int, object] = {}
+    unfused: dict[int, object] = {}
+
+    def unfused_value(nid: int):
+        """Abstract node ``nid``'s value by the reference kernels of the unfused graph."""
+        if nid in ref.values:
+            return ref.values[nid]
+        if nid not in unfused:
+            view = ref.graph.node(nid)
+            kctx = KernelContext(xp, ref.device, {}, run_type(view.type, "float64"))
+            unfused[nid] = _reference_kernel(view.op)(kctx, view.op, *map(unfused_value, ref.graph.input_ids(nid)))
+        return unfused[nid]
 
     def expected(nid: int):
         if nid in memo:
             return memo[nid]
         twin = abstract_twin(g, ref.graph, nid)
         have = ref.values.get(twin) if twin is not None else None
+        if have is None and twin is not None and abstract_of(g.node(nid).op).name == "FusedElementwise":
+            have = memo[nid] = unfused_value(twin)  # the members' own kernels, not the fused op's oracle
         if have is not None and tuple(have.shape) == g.node(nid).type.shape:
             return have
         op = abstract_of(g.node(nid).op)  # from the reference kernel on its inputs' values
@@ -271,6 +290,7 @@ def check_lowering(exe: Executable, ref: Reference) -> CheckResult:
                                 if got != view.type.dtype else {})})
         del out, ins
     memo.clear()
+    unfused.clear()
     return CheckResult(passed=not failures, nodes_checked=checked,
                        max_rel_error=None if worst is None or math.isinf(worst_err) else worst_err,
                        worst_node=worst, failures=failures, seconds=time.perf_counter() - t0)

@@ -269,11 +269,14 @@ class Graph:
             yield NodeView(self, n)
 
     def ancestors(self, outputs: Sequence[Value]) -> set[int]:
-        """Ids of ``outputs`` and every node they depend on."""
-        keep: set[int] = set()
-        for v in outputs:
-            keep.add(v.node)
-            keep |= nx.ancestors(self.nx, v.node)
+        """Ids of ``outputs`` and every node they depend on (one traversal for all)."""
+        keep = {v.node for v in outputs}
+        todo = list(keep)
+        while todo:
+            for u in self.nx.predecessors(todo.pop()):
+                if u not in keep:
+                    keep.add(u)
+                    todo.append(u)
         return keep
 
     def sources(self, role: str | None = None) -> list[NodeView]:
@@ -379,13 +382,14 @@ class Graph:
 
     def absorb(self, node: int, into: int) -> None:
         """Make every reader of ``node`` read ``into`` instead, then delete
-        ``node`` (a fusion: ``into`` now computes what ``node`` did).
+        ``node`` (a fusion: ``into`` now computes what ``node`` did, or
+        ``node`` is a member of a fused chain that nothing reads any more).
 
         Raises:
-            ShapeError: the two nodes' types differ.
+            ShapeError: the two nodes' types differ and ``node`` has readers.
         """
         a, b = self.node(node), self.node(into)
-        if a.type.shape != b.type.shape:
+        if a.type.shape != b.type.shape and self.users(node):
             raise ShapeError(f"cannot replace {a.name} {a.type} by {b.name} {b.type}", a.name)
         for _, user, key in list(self.nx.out_edges(node, keys=True)):
             self.nx.add_edge(into, user, key=key)

@@ -1,7 +1,24 @@
-"""The fuse pass: a convolution with its epilogue (bias, residual add, ReLU or
-ReLU6) into one node, backward-data with the ReLU gradient after it into one
-node, and the gradient through a pooled ReLU into one ``MaxPool2dBackwardRelu``
-node.
+"""The fuse pass: the fusion rule table, applied in order (``passes/pattern.py``).
+
+The table (:data:`TABLE`), highest priority first; each entry's name turns
+it off alone (``exclude=['conv-epilogue']``), and ``exclude=['fused']`` turns
+every one off, and nothing else (the fused ops' rules carry the tag
+``fused``):
+
+1. ``conv-epilogue``: a convolution with its epilogue (bias, residual add,
+   ReLU or ReLU6) -> one ``Conv2dBiasRelu`` / ``Conv2dBiasActivation`` node;
+2. ``dgrad-relu``: backward-data with the ReLU gradient after it -> one
+   ``Conv2dBackwardDataRelu`` node;
+3. ``pool-relu-backward``: the gradient through a pooled ReLU -> one
+   ``MaxPool2dBackwardRelu`` node;
+4. ``gradient-sum``: a tree of ``Add`` nodes summing a fan-out's gradients ->
+   one n-ary sum (``passes/fuse_elementwise.py``);
+5. ``elementwise``: maximal chains of memory-bound ops -> one
+   ``FusedElementwise`` node, one generated kernel on cuda
+   (``passes/fuse_elementwise.py``; opt-in on the CPU's oracle kernels).
+
+The epilogues come first so that a convolution's ReLU goes to cuDNN's fused
+graph, not to a generated kernel.
 
 A fused epilogue (cuDNN's conv -> bias -> add -> relu graph,
 ``backends/cuda/cudnn.py``; on the other algorithms the epilogue applied in
@@ -45,32 +62,15 @@ from __future__ import annotations
 
 import attrs
 
-from opgraph.backends.registry import rules_for
-from opgraph.graph import Graph
+from opgraph.graph import Graph, NodeView
 from opgraph.op import Lowered, abstract_of
 from opgraph.ops import (Add, Conv2d, Conv2dBackwardData, Conv2dBackwardDataRelu, HardtanhBackward,
                          MaxPool2dBackward, MaxPool2dBackwardRelu, ReluBackward)
 from opgraph.ops.conv_fused import ACTIVATIONS, activation_of, fused_conv_forward
 
 from .base import Pass, PassContext
-from .candidates import decline_reason
-
-
-def _private_producers(graph: Graph, outputs, reader_type, slot: int, accept) -> list[tuple[int, int]]:
-    """``(producer, reader)`` pairs: each ``reader_type`` node whose input
-    ``slot`` comes from a node it alone reads (among the outputs' ancestors),
-    neither of them an output, and ``accept(producer node, reader id)``."""
-    keep = {v.node for v in outputs}
-    scope = graph.ancestors(outputs)
-    pairs = []
-    for view in graph.nodes_in_order(outputs):
-        if not isinstance(abstract_of(view.op), reader_type) or view.id in keep:
-            continue
-        src = graph.input_ids(view.id)[slot]
-        readers = [u for u in graph.users(src) if u in scope]
-        if src not in keep and readers == [view.id] and accept(graph.node(src), view.id):
-            pairs.append((src, view.id))
-    return pairs
+from .fuse_elementwise import ELEMENTWISE, GRADIENT_SUM
+from .pattern import FusionRule, Match, Scope, apply_table, rewrite_lowered
 
 
 @attrs.frozen
@@ -92,52 +92,53 @@ class EpilogueChain:
         return "conv + bias" + (" + add" if self.add is not None else "") + f" + {self.activation}"
 
 
-def _biased_conv(graph: Graph, node: int) -> bool:
-    view = graph.node(node)
-    return isinstance(abstract_of(view.op), Conv2d) and len(view.inputs) == 3
+def _biased_conv(scope: Scope, node: int) -> bool:
+    return isinstance(scope.op(node), Conv2d) and len(scope.graph.input_ids(node)) == 3
 
 
-def _mask_reader(graph: Graph, node: int, pre: int, activation: str) -> bool:
+def _mask_reader(scope: Scope, node: int, pre: int, activation: str) -> bool:
     """Whether ``node`` is a gradient of ``activation`` masked by the
     pre-activation ``pre`` (its input 0 only), which the fused output can
     replace: the same mask (``conv_fused``'s docstring)."""
-    op = abstract_of(graph.node(node).op)
+    op = scope.op(node)
     if activation == "relu":
         kind = isinstance(op, ReluBackward)
     else:
         kind = isinstance(op, HardtanhBackward) and (op.min_val, op.max_val) == ACTIVATIONS[activation]
-    return kind and graph.input_ids(node)[0] == pre != graph.input_ids(node)[1]
+    ids = scope.graph.input_ids(node)
+    return kind and ids[0] == pre != ids[1]
+
+
+def match_epilogue(scope: Scope, view: NodeView) -> Match | None:
+    """``act(Conv2d(x, w, b))`` or ``act(Add(Conv2d(x, w, b), r))`` ending at
+    activation ``view`` (module docstring: private intermediates, no node of
+    the chain an output); the match's data is the :class:`EpilogueChain`."""
+    activation = activation_of(abstract_of(view.op))
+    if activation is None or scope.is_output(view.id):
+        return None
+    pre = scope.graph.input_ids(view.id)[0]
+    others = [u for u in scope.readers(pre) if u != view.id]
+    if scope.is_output(pre) or not all(_mask_reader(scope, u, pre, activation) for u in others):
+        return None
+    chain = None
+    if _biased_conv(scope, pre):
+        chain = EpilogueChain(pre, view.id, activation)
+    elif isinstance(scope.op(pre), Add):
+        a, b = scope.graph.input_ids(pre)
+        for conv, other in ((a, b), (b, a)):
+            if conv != other and scope.private(conv, [pre]) and _biased_conv(scope, conv):
+                chain = EpilogueChain(conv, view.id, activation, pre)
+                break
+    if chain is None:
+        return None
+    absorbed = [n for n in (chain.add, chain.act) if n is not None]
+    return Match(chain.conv, absorbed, f"{chain.label()} chain(s)", chain)
 
 
 def epilogue_chains(graph: Graph, outputs) -> list[EpilogueChain]:
-    """Every ``act(Conv2d(x, w, b))`` and ``act(Add(Conv2d(x, w, b), r))`` chain
-    the forward rewrite may fuse (module docstring: private intermediates,
-    no node of the chain an output)."""
-    keep = {v.node for v in outputs}
-    scope = graph.ancestors(outputs)
-
-    def readers(node):
-        return [u for u in graph.users(node) if u in scope]
-
-    chains = []
-    for view in graph.nodes_in_order(outputs):
-        activation = activation_of(abstract_of(view.op))
-        if activation is None or view.id in keep:
-            continue
-        pre = graph.input_ids(view.id)[0]
-        others = [u for u in readers(pre) if u != view.id]
-        if pre in keep or not all(_mask_reader(graph, u, pre, activation) for u in others):
-            continue
-        if _biased_conv(graph, pre):
-            chains.append(EpilogueChain(pre, view.id, activation))
-        elif isinstance(abstract_of(graph.node(pre).op), Add):
-            a, b = graph.input_ids(pre)
-            for conv, other in ((a, b), (b, a)):
-                private = conv not in keep and readers(conv) == [pre]
-                if conv != other and private and _biased_conv(graph, conv):
-                    chains.append(EpilogueChain(conv, view.id, activation, pre))
-                    break
-    return chains
+    """Every :class:`EpilogueChain` the ``conv-epilogue`` rule may fuse (of a
+    graph lowered or not)."""
+    return [m.data for m in _matches(match_epilogue, graph, outputs)]
 
 
 def fuse_epilogue(graph: Graph, chain: EpilogueChain, ctx: PassContext) -> str | None:
@@ -150,15 +151,38 @@ def fuse_epilogue(graph: Graph, chain: EpilogueChain, ctx: PassContext) -> str |
     op = fused_conv_forward(lowered.op.conv_params(), chain.activation, bool(residual))
     inputs = graph.node(chain.conv).inputs + residual
     absorbed = [n for n in (chain.add, chain.act) if n is not None]
-    return _rewrite(graph, chain.conv, absorbed, op, inputs, f"fused {chain.label()} kernel", ctx)
+    return rewrite_lowered(graph, chain.conv, absorbed, op, inputs, lowered.algorithm, ctx,
+                           what=f"fused {chain.label()} kernel")
+
+
+def _private_producer(reader_type, slot: int, accept, label: str):
+    """A match of ``(producer, reader)``: a ``reader_type`` node whose input
+    ``slot`` comes from a node it alone reads, neither of them an output,
+    and ``accept(scope, producer, reader)``; the producer is the root."""
+    def match(scope: Scope, view: NodeView) -> Match | None:
+        if not isinstance(abstract_of(view.op), reader_type) or scope.is_output(view.id):
+            return None
+        src = scope.graph.input_ids(view.id)[slot]
+        if scope.private(src, [view.id]) and scope.readers(src) and accept(scope, src, view.id):
+            return Match(src, [view.id], label)
+        return None
+    return match
+
+
+match_dgrad_relu = _private_producer(
+    ReluBackward, 1, lambda scope, dgrad, relu: isinstance(scope.op(dgrad), Conv2dBackwardData),
+    "backward-data + relu backward pair(s)")
+match_pool_relu_backward = _private_producer(
+    ReluBackward, 1, lambda scope, pool, relu: (isinstance(scope.op(pool), MaxPool2dBackward)
+                                                and scope.graph.input_ids(pool)[0] == scope.graph.input_ids(relu)[0]),
+    "max-pool + relu backward pair(s)")
 
 
 def dgrad_relu_pairs(graph: Graph, outputs) -> list[tuple[int, int]]:
     """``(backward-data node, ReLU-backward node)`` pairs of the form
     ``ReluBackward(y, Conv2dBackwardData(gy, w))``, the backward-data read by
     nothing else, neither of them an output."""
-    return _private_producers(graph, outputs, ReluBackward, 1, lambda dgrad, relu: (
-        isinstance(abstract_of(dgrad.op), Conv2dBackwardData)))
+    return [(m.root, m.absorbed[0]) for m in _matches(match_dgrad_relu, graph, outputs)]
 
 
 def fuse_dgrad_relu(graph: Graph, dgrad: int, relu: int, ctx: PassContext) -> str | None:
@@ -169,16 +193,15 @@ def fuse_dgrad_relu(graph: Graph, dgrad: int, relu: int, ctx: PassContext) -> st
         return "the backward-data is not lowered yet"
     op = Conv2dBackwardDataRelu(**lowered.op.conv_params(), input_shape=lowered.op.input_shape)
     inputs = graph.node(dgrad).inputs + [graph.node(relu).inputs[0]]
-    return _rewrite(graph, dgrad, [relu], op, inputs, "fused backward-data + relu backward kernel", ctx)
+    return rewrite_lowered(graph, dgrad, [relu], op, inputs, lowered.algorithm, ctx,
+                           what="fused backward-data + relu backward kernel")
 
 
 def pool_relu_backward_pairs(graph: Graph, outputs) -> list[tuple[int, int]]:
     """``(pooling gradient node, ReLU-backward node)`` pairs of the form
     ``ReluBackward(y, MaxPool2dBackward(y, gy))`` (the same ``y``), the pooling
     gradient read by nothing else, neither of them an output."""
-    return _private_producers(graph, outputs, ReluBackward, 1, lambda pool, relu: (
-        isinstance(abstract_of(pool.op), MaxPool2dBackward)
-        and graph.input_ids(pool.id)[0] == graph.input_ids(relu)[0]))
+    return [(m.root, m.absorbed[0]) for m in _matches(match_pool_relu_backward, graph, outputs)]
 
 
 def fuse_pool_relu_backward(graph: Graph, pool: int, relu: int, ctx: PassContext) -> str | None:
@@ -187,74 +210,47 @@ def fuse_pool_relu_backward(graph: Graph, pool: int, relu: int, ctx: PassContext
     lowered = graph.node(pool).op
     if not isinstance(lowered, Lowered):
         return "the pooling gradient is not lowered yet"
-    return _rewrite(graph, pool, [relu], MaxPool2dBackwardRelu(**lowered.op.pool_params()),
-                    graph.node(pool).inputs, "fused max-pool + relu backward kernel", ctx)
+    return rewrite_lowered(graph, pool, [relu], MaxPool2dBackwardRelu(**lowered.op.pool_params()),
+                           graph.node(pool).inputs, lowered.algorithm, ctx,
+                           what="fused max-pool + relu backward kernel")
 
 
-def _rewrite(graph: Graph, node: int, absorbed: list[int], fused, inputs, what: str,
-             ctx: PassContext) -> str | None:
-    """``node`` computes ``fused`` on ``inputs`` with its algorithm and options,
-    and the ``absorbed`` nodes are removed, in order (their readers read
-    ``node``); None when done, else why not (the policy forces an absorbed
-    node onto another algorithm, no rule of the algorithm for the fused op,
-    excluded by the policy, declined)."""
-    lowered = graph.node(node).op
-    names = [graph.node(a).name for a in absorbed]
-    for absorbed_name in names:
-        forced = ctx.policy.forced(absorbed_name)
-        if forced is not None and forced != lowered.algorithm:  # fusing would drop the user's choice
-            return f"{absorbed_name} is forced to {forced}, {graph.node(node).name} runs {lowered.algorithm}"
-    rule = rules_for(type(fused)).get(lowered.algorithm)
-    if rule is None:
-        return f"{lowered.algorithm} has no {what}"
-    # engine indices belong to one cuDNN graph: the fused graph's are chosen anew
-    options = {k: v for k, v in lowered.options if k != "engine"}
-    types = tuple(v.type for v in inputs)
-    why = (ctx.policy.exclusion(rule.algorithm, rule.tags)
-           or decline_reason(rule, fused, types, ctx.device, ctx.policy, options))
-    if why:
-        return why
-    new = Lowered(fused, lowered.algorithm, ctx.device, options)
-    name = graph.node(node).name
-    graph.rewrite(node, new, inputs)
-    for a in absorbed:
-        graph.absorb(a, node)
-    rec = ctx.report.nodes.get(name)
-    if rec is not None:  # the report shows the final choice; autotune re-tunes it
-        rec.op, rec.op_type, rec.chosen, rec.options = fused.describe(), fused.name, new.describe(), options
-    for absorbed_name in names:
-        ctx.report.nodes.pop(absorbed_name, None)
-    return None
+def _matches(match, graph: Graph, outputs) -> list[Match]:
+    """Every match of one pattern on ``graph`` as it is (no rewrite), in graph order."""
+    scope = Scope(graph, outputs, PassContext())
+    return [m for m in (match(scope, v) for v in graph.nodes_in_order(outputs)) if m is not None]
+
+
+#: The fusion table, in priority order (module docstring).
+TABLE: tuple[FusionRule, ...] = (
+    FusionRule("conv-epilogue", match_epilogue, lambda g, m, ctx: fuse_epilogue(g, m.data, ctx)),
+    FusionRule("dgrad-relu", match_dgrad_relu, lambda g, m, ctx: fuse_dgrad_relu(g, m.root, m.absorbed[0], ctx)),
+    FusionRule("pool-relu-backward", match_pool_relu_backward,
+               lambda g, m, ctx: fuse_pool_relu_backward(g, m.root, m.absorbed[0], ctx)),
+    GRADIENT_SUM,
+    ELEMENTWISE,
+)
 
 
 class FusePass(Pass):
-    """Fuse each eligible convolution epilogue, backward-data + ReLU gradient
-    pair and pooled ReLU's gradient pair (see the module docstring)."""
+    """Apply the fusion table (see the module docstring); one note per kind of
+    match (how many fused, which not and why) and per rule passed over."""
 
     name = "fuse"
 
+    def __init__(self, table: tuple[FusionRule, ...] = TABLE):
+        self.table = table
+
     def run(self, graph: Graph, outputs, ctx: PassContext) -> Graph:
-        results: dict[str, tuple[list, list]] = {}
-        for chain in epilogue_chains(graph, outputs):
-            nodes = (chain.conv, chain.add, chain.act)
-            names = " + ".join(graph.node(n).name for n in nodes if n is not None)
-            self._record(results, f"{chain.label()} chain(s)", names, fuse_epilogue(graph, chain, ctx))
-        for what, find, fuse in (("backward-data + relu backward pair(s)", dgrad_relu_pairs, fuse_dgrad_relu),
-                                 ("max-pool + relu backward pair(s)", pool_relu_backward_pairs,
-                                  fuse_pool_relu_backward)):
-            for keep, drop in find(graph, outputs):
-                names = f"{graph.node(keep).name} + {graph.node(drop).name}"
-                self._record(results, what, names, fuse(graph, keep, drop, ctx))
-        for what, (done, skipped) in results.items():
-            ctx.report.note(f"fuse: {len(done)} {what} fused"
-                            + (f"; not fused: {'; '.join(skipped)}" if skipped else ""))
+        tallies, scope = apply_table(self.table, graph, outputs, ctx)
+        for what, tally in tallies.items():
+            ctx.report.note(f"fuse: {len(tally.done)} {what} fused"
+                            + (f"; not fused: {'; '.join(tally.skipped)}" if tally.skipped else ""))
+        for rule, whys in scope.notes.items():
+            ctx.report.note(f"fuse: {rule}: not applied: {'; '.join(sorted(whys))}")
         return graph
 
-    @staticmethod
-    def _record(results, what: str, names: str, why: str | None) -> None:
-        done, skipped = results.setdefault(what, ([], []))
-        (skipped.append(f"{names} ({why})") if why else done.append(names))
 
-
-__all__ = ["FusePass", "EpilogueChain", "epilogue_chains", "fuse_epilogue", "dgrad_relu_pairs",
-           "fuse_dgrad_relu", "pool_relu_backward_pairs", "fuse_pool_relu_backward"]
+__all__ = ["FusePass", "TABLE", "EpilogueChain", "epilogue_chains", "fuse_epilogue", "match_epilogue",
+           "dgrad_relu_pairs", "fuse_dgrad_relu", "match_dgrad_relu", "pool_relu_backward_pairs",
+           "fuse_pool_relu_backward", "match_pool_relu_backward"]

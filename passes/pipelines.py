@@ -34,10 +34,13 @@ def default(policy: LoweringPolicy) -> Pipeline:
         # physical layout of 4-D values (NHWC on cuda when asked); before
         # autotune so that candidates are timed in the layout they will run in
         LayoutPass(),
-        # conv + bias (+ residual add) + ReLU/ReLU6 -> one fused convolution node,
-        # backward-data + ReLU gradient -> one node, the gradient through a pooled
-        # ReLU -> one MaxPool2dBackwardRelu node, where the algorithm has a fused
-        # kernel; before autotune, which times the fused candidates
+        # the fusion rule table, in order: conv + bias (+ residual add) + ReLU/ReLU6
+        # -> one fused convolution node, backward-data + ReLU gradient -> one node,
+        # the gradient through a pooled ReLU -> one MaxPool2dBackwardRelu node,
+        # gradient sums -> one n-ary sum, element-wise chains -> one generated
+        # kernel, where the algorithm has a fused kernel; after layout (the
+        # generator plans in the stored layout), before autotune, which times
+        # and checks the fused candidates
         FusePass(),
         # re-choose by timing checked candidates (the meta-optimizer), cached
         *([AutotunePass()] if policy.autotune else []),

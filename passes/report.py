@@ -81,6 +81,8 @@ class NodeReport:
         order: algorithms tried, in order.
         declined: algorithm -> reason, for every candidate that could not run
             the node (exclusions by the policy included).
+        absorbed: for a node the fuse pass made, the name -> abstract op
+            type of each node it absorbed (``passes/pattern.py``).
     """
 
     node: int
@@ -96,9 +98,11 @@ class NodeReport:
     workspace: int = 0
     candidates: list[Candidate] = attrs.field(factory=list)
     cache_key: str | None = None
+    absorbed: dict[str, str] = attrs.field(factory=dict)
 
     def to_dict(self) -> dict:
         d = attrs.asdict(self, recurse=False)
+        d["absorbed"] = dict(self.absorbed)
         d["candidates"] = [c.to_dict() for c in self.candidates]
         return d
 
@@ -173,13 +177,15 @@ class LoweringReport:
                 "notes": list(self.notes)}
 
     def format(self, verbose: bool = False) -> str:
-        """A text table: one line per node (name, chosen implementation, how);
-        declined reasons and autotune rows under each node when ``verbose`` or
+        """A text table: one line per node (name, chosen implementation, how),
+        the nodes a fused node absorbed under it; declined reasons and autotune rows under each node when ``verbose`` or
         when the node was autotuned."""
         width = max((len(n) for n in self.nodes), default=4)
         lines = [f"lowering for {self.device} (pipeline {self.pipeline or '?'})"]
         for name, r in self.nodes.items():
             lines.append(f"{name:<{width}}  {r.chosen or '-'}  [{r.how}]")
+            if r.absorbed:
+                lines.append(f"{'':<{width}}    absorbed: " + ", ".join(f"{n} ({t})" for n, t in r.absorbed.items()))
             if verbose:
                 lines += [f"{'':<{width}}    {a}: declined: {why}" for a, why in r.declined.items()]
             if r.candidates and (verbose or r.how in ("autotune", "cache")):

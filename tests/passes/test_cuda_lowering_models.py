@@ -33,8 +33,9 @@ from modern_blocks import bottleneck, mbconv
 FORBIDDEN = {"reference", "direct"}
 
 
-def _steps(output, params, extra, layout, dtype):
-    """Algorithm per op type of every lowered step of the training step, the
+def _steps(output, params, extra, layout, dtype, members=False):
+    """Algorithm per op type of every lowered step of the training step
+    (``members``: a fused chain's member ops counted too, on its algorithm), the
     lowering report, and why each (op type, algorithm) would not be captured
     into a CUDA graph on a machine with the cuda extra (the rule's
     declaration: ``Rule.capture_blocker(installed=False)``)."""
@@ -48,6 +49,8 @@ def _steps(output, params, extra, layout, dtype):
         if isinstance(view.op, Lowered):
             key = view.op.op.name, view.op.algorithm
             steps[key] += 1
+            for name in getattr(view.op.op, "members", ()) if members else ():
+                steps[name, view.op.algorithm] += 1
             why = lookup(type(view.op.op), view.op.algorithm).capture_blocker(installed=False)
             if why is not None:
                 blockers[key] = why
@@ -59,9 +62,9 @@ MAKERS = {**{key: (lambda key=key: (lambda m: (m.output, m.params, []))(build(ke
 
 
 @functools.lru_cache(maxsize=None)
-def _lowered(case: str, layout: str, dtype):
+def _lowered(case: str, layout: str, dtype, members: bool = False):
     """:func:`_steps` of one case, computed once for the tests that read it."""
-    return _steps(*MAKERS[case](), layout, dtype)
+    return _steps(*MAKERS[case](), layout, dtype, members)
 
 
 @pytest.mark.parametrize("dtype", [None, "bfloat16"])
@@ -85,7 +88,7 @@ def test_every_step_declares_itself_capturable(case, layout, dtype):
 
 
 def test_the_modern_blocks_use_the_generated_batch_norm_and_activations():
-    steps, _, _ = _lowered("mbconv", "NHWC", "bfloat16")
+    steps, _, _ = _lowered("mbconv", "NHWC", "bfloat16", members=True)  # alone or in a fused chain
     for op in ("BatchNormStats", "BatchNormTraining", "BatchNormTrainingBackwardData",
                "BatchNormTrainingBackwardScale", "BatchNormRunningUpdate", "Silu", "SiluBackward", "Sigmoid",
                "Mul", "Mean", "MeanBackward", "Hardswish", "HardtanhBackward", "Dropout", "Add"):

@@ -1,0 +1,252 @@
+"""A fusion rule table: each rule a pattern over the lowered graph and its rewrite.
+
+In the spirit of tinygrad's ``PatternMatcher`` (a list of pattern -> rewrite
+pairs, tried in order until nothing changes), over our ``Graph`` API: a
+:class:`FusionRule` has a ``match(scope, view)`` that says whether node
+``view`` roots a fusion (returning a :class:`Match`) and a ``rewrite(graph,
+match, ctx)`` that performs it through ``Graph.rewrite`` / ``Graph.absorb``
+(never editing ``graph.nx``) and returns None when done, else why not.
+
+:func:`apply_table` applies a table in order: each rule is swept over the
+graph until a sweep rewrites nothing (its fixed point) before the next rule
+runs, and the whole table is swept again while anything changed. So an
+earlier rule has priority: the convolution epilogues (cuDNN's fused graphs)
+come before the generated element-wise kernels, which would otherwise take
+the same ReLU. A match whose rewrite declined is not tried again.
+
+The conditions patterns state live in :class:`Scope`: the nodes the outputs
+depend on (a reader outside them is dead code and does not count), which of
+them are outputs, and which value has one reader only (``private``). The
+scope follows the rewrites (absorbed nodes leave it).
+
+:func:`rewrite_lowered` is the common rewrite: the root node computes a fused
+op on new inputs with an algorithm's rule for that op, the absorbed nodes
+are removed (their readers read the root), and the lowering report moves
+their records onto the root's (``NodeReport.absorbed``), so ``exe.report``
+shows what each fused node absorbed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Sequence
+
+import attrs
+
+from opgraph.backends.registry import rules_for
+from opgraph.graph import Graph, NodeView, Value
+from opgraph.op import Lowered, Op, abstract_of
+
+from .base import PassContext
+from .candidates import decline_reason
+
+
+@attrs.frozen
+class Match:
+    """What a pattern found.
+
+    Attributes:
+        root: the node that carries the result (keeps its id, name and
+            readers).
+        absorbed: the other nodes the rewrite removes, in graph order.
+        label: what it fuses, for the report (``'conv + bias + relu'``);
+            the notes count the matches of one label together.
+        data: whatever the rule's rewrite needs beyond the nodes.
+    """
+
+    root: int
+    absorbed: tuple[int, ...] = attrs.field(converter=tuple)
+    label: str
+    data: Any = None
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return (self.root, *self.absorbed)
+
+
+@attrs.frozen
+class FusionRule:
+    """One entry of a fusion table.
+
+    Attributes:
+        name: the rule's name; ``exclude=[name]`` in the policy turns it off
+            alone (``exclude=['fused']`` turns off every rule, through the
+            ``fused`` tag of the fused ops' lowering rules).
+        match: ``(scope, view) -> Match | None``.
+        rewrite: ``(graph, match, ctx) -> None | str`` (why not).
+        consumers_first: sweep from the graph's outputs towards its inputs,
+            so that a chain is matched at its last node (maximal chains).
+    """
+
+    name: str
+    match: Callable[["Scope", NodeView], Match | None]
+    rewrite: Callable[[Graph, Match, PassContext], str | None]
+    consumers_first: bool = False
+
+
+class Scope:
+    """The outputs' ancestors of a graph under rewrite, and the conditions on them.
+
+    Args:
+        graph: the graph the table rewrites.
+        outputs: the values the compile returns.
+        ctx: the pass context (device, policy) the patterns ask.
+    """
+
+    def __init__(self, graph: Graph, outputs: Sequence[Value], ctx: PassContext):
+        self.graph, self.ctx = graph, ctx
+        self.outputs = frozenset(v.node for v in outputs)
+        self.nodes = graph.ancestors(outputs)
+        self.notes: dict[str, set[str]] = {}
+        # a rewrite only makes a node read its ancestors' values: this order stays valid
+        self._order = graph.topological(self.nodes)
+        self.position = {n: k for k, n in enumerate(self._order)}
+
+    def __contains__(self, node: int) -> bool:
+        return node in self.nodes
+
+    def order(self, consumers_first: bool = False) -> list[int]:
+        """The scope's nodes in topological order (reversed: consumers first)."""
+        order = [n for n in self._order if n in self.nodes]
+        return order[::-1] if consumers_first else order
+
+    def sorted(self, nodes: Iterable[int]) -> list[int]:
+        """``nodes`` of the scope in its topological order."""
+        return sorted(nodes, key=self.position.__getitem__)
+
+    def op(self, node: int) -> Op:
+        """The abstract op of ``node`` (behind its ``Lowered``)."""
+        return abstract_of(self.graph.node(node).op)
+
+    def readers(self, node: int) -> list[int]:
+        """The nodes of the scope reading ``node``."""
+        return [u for u in self.graph.users(node) if u in self.nodes]
+
+    def is_output(self, node: int) -> bool:
+        return node in self.outputs
+
+    def private(self, node: int, readers: Iterable[int]) -> bool:
+        """Whether ``node`` is no output and read by ``readers`` only (in the scope)."""
+        return not self.is_output(node) and set(self.readers(node)) <= set(readers)
+
+    def note(self, rule: str, why: str) -> None:
+        """Remember, once, why ``rule`` passed nodes over (reported by the pass)."""
+        self.notes.setdefault(rule, set()).add(why)
+
+    def removed(self, nodes: Iterable[int]) -> None:
+        self.nodes -= set(nodes)
+
+
+@attrs.define
+class Tally:
+    """The outcome of one label: fused node names and declined ones with why."""
+
+    done: list[str] = attrs.field(factory=list)
+    skipped: list[str] = attrs.field(factory=list)
+
+
+def apply_table(rules: Sequence[FusionRule], graph: Graph, outputs: Sequence[Value], ctx: PassContext,
+                max_rounds: int = 16) -> tuple[dict[str, Tally], Scope]:
+    """Apply ``rules`` to ``graph`` in order, each to its fixed point (module docstring).
+
+    Returns:
+        ``(tallies, scope)``: per match label, the fused and the declined
+        matches (node names joined by ``' + '``), in the order first seen;
+        the scope holds the notes of the rules.
+    """
+    scope = Scope(graph, outputs, ctx)
+    tallies: dict[str, Tally] = {}
+    refused: set = set()
+    for _ in range(max_rounds):
+        changed = False
+        for rule in rules:
+            if rule.name in ctx.policy.exclude:
+                scope.note(rule.name, f"excluded by policy (exclude=[{rule.name!r}])")
+                continue
+            while _sweep(rule, graph, scope, ctx, tallies, refused):
+                changed = True
+        if not changed:
+            break
+    return tallies, scope
+
+
+def _sweep(rule, graph, scope, ctx, tallies, refused) -> bool:
+    """One sweep of ``rule`` over the scope; whether it rewrote anything."""
+    changed = False
+    for node in scope.order(rule.consumers_first):
+        if node not in scope:  # absorbed earlier in this sweep
+            continue
+        m = rule.match(scope, graph.node(node))
+        key = (rule.name, m.nodes) if m is not None else None
+        if m is None or key in refused:
+            continue
+        names = " + ".join(graph.node(n).name for n in m.nodes)
+        why = rule.rewrite(graph, m, ctx)
+        tally = tallies.setdefault(m.label, Tally())
+        if why:
+            refused.add(key)
+            tally.skipped.append(f"{names} ({why})")
+        else:
+            scope.removed(m.absorbed)
+            tally.done.append(names)
+            changed = True
+    return changed
+
+
+def rewrite_lowered(graph: Graph, root: int, absorbed: Sequence[int], fused: Op, inputs: Sequence[Value],
+                    algorithm: str, ctx: PassContext, options: dict | None = None,
+                    what: str = "fused kernel") -> str | None:
+    """Make ``root`` compute ``fused`` on ``inputs`` with ``algorithm``'s rule for it.
+
+    The ``absorbed`` nodes are removed, the last first; readers they still
+    have read ``root`` instead (an epilogue's activation), which must then
+    have ``root``'s shape. Their report records go, listed in the root's
+    ``absorbed``.
+
+    Returns:
+        None when done, else why not (nothing changed then): the policy
+        forces an absorbed node onto another algorithm, ``algorithm`` has no
+        rule for the fused op, the policy excludes it, or it declines.
+    """
+    lowered = graph.node(root).op
+    names = [graph.node(a).name for a in absorbed]
+    for absorbed_name in names:
+        forced = ctx.policy.forced(absorbed_name)
+        if forced is not None and forced != algorithm:  # fusing would drop the user's choice
+            return f"{absorbed_name} is forced to {forced}, {graph.node(root).name} runs {algorithm}"
+    rule = rules_for(type(fused)).get(algorithm)
+    if rule is None:
+        return f"{algorithm} has no {what}"
+    if options is None:  # engine indices belong to one cuDNN graph: the fused graph's are chosen anew
+        options = {k: v for k, v in getattr(lowered, "options", ()) if k != "engine"}
+    types = tuple(v.type for v in inputs)
+    why = (ctx.policy.exclusion(rule.algorithm, rule.tags)
+           or decline_reason(rule, fused, types, ctx.device, ctx.policy, options))
+    if why:
+        return why
+    new = Lowered(fused, algorithm, ctx.device, options)
+    name = graph.node(root).name
+    ops = {n: graph.node(a).op for n, a in zip(names, absorbed)}
+    graph.rewrite(root, new, inputs)
+    for a in reversed(list(absorbed)):  # readers first: a member's readers are later members
+        if not graph.users(a) or graph.node(a).type.shape == graph.node(root).type.shape:
+            graph.absorb(a, root)  # else read by dead code only (outside the scope): left to it
+    _report(ctx, name, new, names, ops)
+    return None
+
+
+def _report(ctx: PassContext, name: str, new: Lowered, names: list[str], ops: dict) -> None:
+    """The root's record shows the fused op and what it absorbed (and what those had absorbed)."""
+    rec = ctx.report.nodes.get(name)
+    gone = [ctx.report.nodes.pop(n, None) for n in names]
+    if rec is None:
+        return
+    absorbed = dict(rec.absorbed)
+    for n, old in zip(names, gone):
+        absorbed.update(old.absorbed if old is not None else {})
+        absorbed[n] = abstract_of(ops[n]).name
+    fused = new.op
+    rec.op, rec.op_type, rec.chosen = fused.describe(), fused.name, new.describe()
+    rec.algorithm, rec.options, rec.absorbed = new.algorithm, dict(new.options), absorbed
+
+
+__all__ = ["Match", "FusionRule", "Scope", "Tally", "apply_table", "rewrite_lowered"]

@@ -1,0 +1,73 @@
+"""Fused element-wise chains are checked per node against the float64 reference
+(``benchmarks/check.py``), and a broken fused kernel is caught (the autotuner's
+check of fused candidates: ``tests/passes/test_fuse_elementwise.py``)."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+import opgraph as og
+from opgraph.benchmarks import check
+from opgraph.benchmarks.models import Model
+from opgraph.benchmarks.protocol import random_feeds, training_graph
+
+FUSE_ON_CPU = {"prefer": {"conv": ["gemm"]}, "include": ["fused-reference"]}
+
+
+def fan_out_model(batch: int = 2) -> Model:
+    """conv -> bias -> SiLU read by two convolutions whose sum goes through a
+    ReLU to a linear layer: forward chains and a gradient sum to fuse."""
+    g = og.Graph("fan_out")
+    x = g.input("data", (batch, 3, 6, 6))
+    params = []
+
+    def param(name, shape):
+        params.append(g.param(name, shape))
+        return params[-1]
+
+    a = og.silu(og.bias_add(og.conv2d(x, param("c0.weight", (4, 3, 3, 3)), padding=1, name="c0"),
+                            param("c0.bias", (4,)), name="b0"), name="act0")
+    s = og.add(og.conv2d(a, param("c1.weight", (4, 4, 3, 3)), padding=1, name="c1"),
+               og.conv2d(a, param("c2.weight", (4, 4, 1, 1)), name="c2"), name="sum")
+    y = og.flatten(og.sigmoid(og.relu(s, name="act1"), name="act2"), 1, name="flat")
+    y = og.linear(y, param("fc.weight", (5, y.shape[1])), param("fc.bias", (5,)), name="fc")
+    return Model(key="fan_out", spec_key="fan_out", title="fan out", graph=g, input=x, output=y,
+                 params=params, first_conv_input=x, seed_batch=batch, batch=batch, dtype="float32")
+
+
+@pytest.fixture
+def setup():
+    tg = training_graph(fan_out_model())
+    feeds = random_feeds(tg.model, seed=2)
+    return tg, feeds, check.Reference(tg, feeds, "cpu")
+
+
+def fused_steps(exe):
+    return [(i, st) for i, st in enumerate(exe.steps) if st.op.op.name == "FusedElementwise"]
+
+
+def test_fused_chains_pass_the_per_node_check(setup):
+    tg, feeds, ref = setup
+    exe = og.compile(tg.outputs, policy=FUSE_ON_CPU)
+    fused = fused_steps(exe)
+    assert len(fused) >= 2
+    res = check.check_lowering(exe, ref)
+    assert res.passed, res.failures
+    assert res.nodes_checked == sum(st.op.op.name in check.CHECKED_OPS for st in exe.steps)
+    assert res.max_rel_error < 1e-5
+
+
+def test_a_broken_fused_kernel_is_caught(setup):
+    tg, feeds, ref = setup
+    exe = og.compile(tg.outputs, policy=FUSE_ON_CPU)
+    for i, good in fused_steps(exe):
+        broken = list(exe.steps)
+        broken[i] = attrs.evolve(good, kernel=lambda ctx, op, *a, k=good.kernel: k(ctx, op, *a) * 1.001)
+        exe.steps, kept = broken, exe.steps
+        res = check.check_lowering(exe, ref)
+        exe.steps = kept
+        assert not res.passed
+        (f,) = res.failures
+        assert (f["node"], f["op"]) == (good.name, "FusedElementwise")
+        assert f["rel_error"] > f["tolerance"] == 1e-4  # 1e-3 off, measured on the terms' scale where it cancels

@@ -1,0 +1,72 @@
+"""The fusion table on every built-in model compiled for cuda without a GPU
+(cuDNN's checks stubbed to accept, ``passes_stubs.cudnn_accepts``): nothing
+lowers to the reference, every fused node runs cuDNN or a generated kernel,
+each node the table removed is listed under the node that absorbed it, the
+table is at its fixed point, and the counts follow from the model's structure."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+import opgraph as og
+from opgraph.benchmarks.models import MODELS, build
+from opgraph.op import Lowered
+from opgraph.passes.fuse import TABLE
+from opgraph.passes.pattern import Scope
+from opgraph.passes.base import PassContext
+
+from passes_stubs import compile_for_cuda, cudnn_accepts
+
+FORBIDDEN = {"reference", "direct"}
+
+
+def training_step(key):
+    m = build(key, batch=2)
+    return m, [m.output, *og.grad(m.output, m.params, grad_outputs=[m.output])]
+
+
+def lowered(graph, outs):
+    return [v for v in graph.nodes_in_order(outs) if isinstance(v.op, Lowered)]
+
+
+@pytest.mark.parametrize("key", list(MODELS))
+def test_fusion_on_cuda_of_every_built_in_model(monkeypatch, key):
+    cudnn_accepts(monkeypatch)
+    m, outs = training_step(key)
+    policy = og.LoweringPolicy(layout="NHWC")
+    graph, louts, report = compile_for_cuda(outs, policy)
+    nodes = lowered(graph, louts)
+    assert not [v.name for v in nodes if v.op.algorithm in FORBIDDEN]
+    fused = [v for v in nodes if v.op.op.fused]
+    assert {v.op.algorithm for v in fused if v.op.op.name == "FusedElementwise"} <= {"codegen"}
+    assert {v.op.algorithm for v in fused if v.op.family == "conv"} <= {"cudnn"}
+    # every node the table removed is listed under the node that absorbed it
+    off_graph, off_outs, off_report = compile_for_cuda(outs, og.LoweringPolicy(layout="NHWC", exclude=["fused"]))
+    absorbed = sum(len(report.node(v.name).absorbed) for v in fused)
+    assert len(off_report.nodes) - len(report.nodes) == absorbed
+    assert not any(v.op.op.fused for v in lowered(off_graph, off_outs))
+    # the fixed point: no rule matches the result any more (a declined match would be noted)
+    scope = Scope(graph, louts, PassContext(device="cuda", policy=policy))
+    for rule in TABLE:
+        left = [v.name for v in graph.nodes_in_order(louts) if rule.match(scope, v) is not None]
+        assert not left or any("not fused: " in n for n in report.notes), (rule.name, left[:5])
+    # counts that follow from the structure of the abstract graph
+    g = m.graph
+    abstract = [g.node(n) for n in g.ancestors(outs)]
+    kinds = collections.Counter(v.op.op.name for v in fused)
+    members = collections.Counter(s for v in fused if v.op.op.name == "FusedElementwise" for s in v.op.op.members)
+    # a ReLU after a training batch norm joins it (its gradient reads the ReLU's output, so the
+    # normalised value is private; SiLU's and ReLU6's gradients read it: those stay apart)
+    relus = [v for v in abstract if v.op.name == "Relu" and g.node(g.input_ids(v.id)[0]).op.name == "BatchNormTraining"]
+    assert members["BatchNormTraining"] >= len(relus)
+    adds = sum(v.op.name == "Add" for v in abstract)
+    left_adds = sum(v.op.op.name == "Add" for v in nodes)
+    assert left_adds + members["Add"] == adds  # each Add is a step or a member, never lost
+    if key in ("googlenet", "densenet121"):  # inception / dense-block fan-outs: n-ary sums
+        assert any("n-ary sum(s) of Add nodes fused" in n and not n.startswith("fuse: 0") for n in report.notes)
+        assert left_adds < adds / 4
+    if key in ("alexnet", "overfeat", "vgg_a", "googlenet"):  # conv + bias + ReLU everywhere
+        convs = sum(v.op.name == "Conv2d" for v in abstract)
+        assert kinds["Conv2dBiasRelu"] == convs

@@ -14,7 +14,10 @@ algorithm)``. A rule holds
   output into (it then takes that array as ``out=``), for the memory pass's
   in-place plan;
 * ``fresh_output``: whether the kernel's output is always a new buffer,
-  never a view of (or the same array as) an input.
+  never a view of (or the same array as) an input;
+* ``writes_strided_out`` / ``contiguous_inputs``: for the zero-copy plan
+  (``passes/zero_copy.py``): the kernel can write its output into a strided
+  view (a channel slice of a concat's buffer), or needs dense inputs.
 
 The device backend registers a :class:`DeviceSupport` (:func:`register_devices`):
 what ``compile`` needs to know of the devices (resolving ``'auto'``, the
@@ -103,6 +106,24 @@ class Rule:
       in place) may be overwritten: a kernel returning a reshape, slice or
       transposed view of an input would leave two live values on one buffer.
       False unless declared (the safe default).
+
+    Two more serve the zero-copy plan (``passes/zero_copy.py``), which lets a
+    concat's producers write into their slice of its buffer and runs slices
+    as views:
+
+    * ``writes_strided_out``: called as ``kernel(ctx, op, *arrays, out=v)``
+      with ``v`` any view of the output's logical shape and dtype (strided,
+      e.g. a channel slice of an NHWC concat buffer, whose ``is_channels_last``
+      is False), the kernel writes every element of its output into ``v``
+      through ``v``'s strides and returns ``v``. False unless declared.
+    * ``contiguous_inputs``: the kernel misreads an input that is a strided
+      view, so no view (a zero-copy slice, a producer's region of a concat
+      buffer) is ever passed to it: the plan keeps the copy instead. False by
+      default because every kernel of this project reads views correctly:
+      NumPy code reads through strides, and our CuPy kernels take their
+      operands through ``cuda.storage.physical`` / ``in_layout``,
+      ``codegen.launch`` or ``ascontiguousarray``, which copy a view that is
+      neither NCHW- nor NHWC-dense (correct, at the cost of that copy).
     """
 
     op_type: type
@@ -115,6 +136,8 @@ class Rule:
     tags: frozenset = attrs.field(default=frozenset(), converter=frozenset)
     inplace: tuple = attrs.field(default=(), converter=_positions)
     fresh_output: bool = False
+    writes_strided_out: bool = False
+    contiguous_inputs: bool = False
 
     def __attrs_post_init__(self):
         if getattr(self.op_type, "fused", False):  # the fuse pass's ops (Op.fused)

@@ -81,6 +81,8 @@ class NodeReport:
         order: algorithms tried, in order.
         declined: algorithm -> reason, for every candidate that could not run
             the node (exclusions by the policy included).
+        buffer: how the executable runs the step when its output is a view
+            (``[zero-copy: ...]``, ``opgraph/buffer_views.py``), else ''.
     """
 
     node: int
@@ -96,6 +98,7 @@ class NodeReport:
     workspace: int = 0
     candidates: list[Candidate] = attrs.field(factory=list)
     cache_key: str | None = None
+    buffer: str = ""
 
     def to_dict(self) -> dict:
         d = attrs.asdict(self, recurse=False)
@@ -179,7 +182,7 @@ class LoweringReport:
         width = max((len(n) for n in self.nodes), default=4)
         lines = [f"lowering for {self.device} (pipeline {self.pipeline or '?'})"]
         for name, r in self.nodes.items():
-            lines.append(f"{name:<{width}}  {r.chosen or '-'}  [{r.how}]")
+            lines.append(f"{name:<{width}}  {r.chosen or '-'}  [{r.how}]" + (f"  [{r.buffer}]" if r.buffer else ""))
             if verbose:
                 lines += [f"{'':<{width}}    {a}: declined: {why}" for a, why in r.declined.items()]
             if r.candidates and (verbose or r.how in ("autotune", "cache")):

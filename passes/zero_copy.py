@@ -32,7 +32,9 @@ ancestors in ``Graph.topological`` order):
    then moves nothing.
 3. **Slices as views** (``views``): a ``Slice`` step returns
    ``x[..., start:stop, ...]`` (basic slicing) unless it is a requested
-   output or one of its readers declares ``contiguous_inputs``.
+   output, one of its readers declares ``contiguous_inputs``, or it is
+   homed in a concat (ShuffleNet's split half concatenated again: its step
+   copies it into the concat's buffer instead, step 1).
 
 Whatever shares a buffer this way is excluded from the in-place plan
 (:func:`shared_values`): it neither writes into an input nor is written
@@ -119,7 +121,7 @@ def plan_views(graph: Graph, outputs, rules: dict[int, Rule | None]) -> tuple[di
         if graph.node(container).type.layout == graph.node(c).type.layout:
             homes[c] = (container, axis, start)
     views = frozenset(n for n in order if _is(graph, n, ops.Slice) and rules.get(n) is not None
-                      and n not in keep and not contiguous_reader(n))
+                      and n not in keep and n not in homes and not contiguous_reader(n))
     copied_in = frozenset(v for v in homes if not _is(graph, v, ops.Concat) and not rules[v].writes_strided_out)
     return homes, views, copied_in
 

@@ -171,3 +171,22 @@ def test_a_requested_output_is_never_a_view():
     assert steps[exe.outputs[-1].node].view is None
     concat = next(st for st in exe.steps if st.name == "inception")
     assert [c[0] for c in concat.view.copies] == [0]  # that input alone is copied
+
+
+def test_a_slice_concatenated_again_is_copied_into_the_concat_not_a_view():
+    """ShuffleNet's unit: one half of a split is concatenated with the other
+    half's branch; that slice's step copies it into the concat's buffer."""
+    g = og.Graph("shuffle")
+    x = g.input("x", (2, 8, 5, 5))
+    keep = og.narrow(x, 1, 0, 4)
+    branch = _conv_relu(g, og.relu(x), 4, 3, "branch")
+    out = og.relu(og.concat([keep, branch], 1, name="cat"))
+    outputs = [out, *og.grad(out, [x, g["branch.w"], g["branch.b"]])]
+    exe = og.compile(outputs, device="cpu", dtype="float64")
+    ref = og.compile(outputs, device="cpu", dtype="float64", pipeline="reference")
+    sliced = next(st for st in exe.steps if isinstance(st.op.op, ops.Slice) and st.args[0] == x.node)
+    assert isinstance(sliced.view, WriteInto) and sliced.view.copy
+    rng = np.random.default_rng(4)
+    feeds, gy = _feeds(g, rng), rng.standard_normal(out.shape)
+    for got, want in zip(exe(grad_outputs={out: gy}, **feeds), ref(grad_outputs={out: gy}, **feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

@@ -18,6 +18,9 @@ algorithm)``. A rule holds
 * ``capturable`` and ``capture_requires``: whether the kernel on ``cuda`` can
   be captured into a CUDA graph (:meth:`Rule.capture_blocker`), which
   ``opgraph/graph_replay.py`` reads from the step's context.
+* ``writes_strided_out`` / ``contiguous_inputs``: for the zero-copy plan
+  (``passes/zero_copy.py``): the kernel can write its output into a strided
+  view (a channel slice of a concat's buffer), or needs dense inputs.
 
 The device backend registers a :class:`DeviceSupport` (:func:`register_devices`):
 what ``compile`` needs to know of the devices (resolving ``'auto'``, the
@@ -129,6 +132,24 @@ class Rule:
       kernel capture-safe are missing on this machine (e.g. nvmath-python for
       our own cuBLAS handle), or None. Called when a graph is compiled, never
       at registration, so that a CPU machine imports nothing.
+
+    Two more serve the zero-copy plan (``passes/zero_copy.py``), which lets a
+    concat's producers write into their slice of its buffer and runs slices
+    as views:
+
+    * ``writes_strided_out``: called as ``kernel(ctx, op, *arrays, out=v)``
+      with ``v`` any view of the output's logical shape and dtype (strided,
+      e.g. a channel slice of an NHWC concat buffer, whose ``is_channels_last``
+      is False), the kernel writes every element of its output into ``v``
+      through ``v``'s strides and returns ``v``. False unless declared.
+    * ``contiguous_inputs``: the kernel misreads an input that is a strided
+      view, so no view (a zero-copy slice, a producer's region of a concat
+      buffer) is ever passed to it: the plan keeps the copy instead. False by
+      default because every kernel of this project reads views correctly:
+      NumPy code reads through strides, and our CuPy kernels take their
+      operands through ``cuda.storage.physical`` / ``in_layout``,
+      ``codegen.launch`` or ``ascontiguousarray``, which copy a view that is
+      neither NCHW- nor NHWC-dense (correct, at the cost of that copy).
     """
 
     op_type: type
@@ -143,6 +164,8 @@ class Rule:
     fresh_output: bool = False
     capturable: bool | str | None = None
     capture_requires: Callable[[], str | None] = _nothing_required
+    writes_strided_out: bool = False
+    contiguous_inputs: bool = False
 
     def __attrs_post_init__(self):
         if getattr(self.op_type, "fused", False):  # the fuse pass's ops (Op.fused)

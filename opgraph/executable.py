@@ -18,6 +18,13 @@ its step (``Step.inplace``) after checking that it holds in this schedule;
 executor decides nothing itself: with no plan (a graph that did not go
 through the memory pass, or an executable built for other outputs than the
 plan's) every step allocates its output.
+
+Zero-copy steps: the same plan may say that a concat's producers write into
+their slice of its buffer, that a concat is a slice of a larger one, and that
+a ``Slice`` is a view (``InplacePlan.homes`` / ``views``, decided by
+``passes/zero_copy.py``); building the executable gives those steps a
+``Step.view`` (``opgraph/buffer_views.py``), which :func:`run_step` runs
+instead of the plain kernel call, and ``report`` marks them.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 import attrs
 import numpy as np
 
+from .buffer_views import StepView, step_views
 from .errors import ExecutionError, NotLoweredError
 from .graph import Graph, Value
 from .op import Lowered, Source
@@ -43,10 +51,21 @@ class InplacePlan:
         writes: node id -> position among its inputs of the input whose
             buffer the node's output takes (that input's last reader is the
             node; ``passes/memory.py`` gives every condition).
+        homes: value node id -> ``(concat node id, axis, start)``: the
+            value's buffer is that concat's buffer sliced ``start:start +
+            extent`` along ``axis`` (its producer writes there, or it is a
+            concat whose inputs are all there already); ``passes/zero_copy.py``
+            gives the conditions.
+        views: node ids of the ``Slice`` steps that return a view of their input.
+        copied_in: the homed values whose step copies its kernel's result
+            into its slice (the kernel cannot write a strided view).
     """
 
     outputs: frozenset = attrs.field(converter=frozenset)
     writes: Mapping[int, int] = attrs.field(factory=dict, converter=lambda m: dict(sorted(m.items())))
+    homes: Mapping[int, tuple] = attrs.field(factory=dict, converter=lambda m: dict(sorted(m.items())))
+    views: frozenset = attrs.field(factory=frozenset, converter=frozenset)
+    copied_in: frozenset = attrs.field(factory=frozenset, converter=frozenset)
 
 
 @attrs.frozen
@@ -57,6 +76,8 @@ class Step:
     ``inplace``: the position among ``args`` of the input whose buffer the
     output takes (the plan's decision), or None; it applies only while that
     input is among ``free`` (:attr:`writes_into`).
+    ``view``: how the step runs when its output is a view (a zero-copy
+    concat, a producer writing into its slice of one, a slice), or None.
     """
 
     node: int
@@ -67,6 +88,7 @@ class Step:
     args: tuple[int, ...]
     free: tuple[int, ...] = ()
     inplace: int | None = None
+    view: StepView | None = None
 
     @property
     def writes_into(self) -> int | None:
@@ -93,6 +115,8 @@ def run_step(st: Step, slots: dict):
     kernel then returns that array). The one place a step runs (the executor,
     the benchmark's phase loops, CUDA-graph capture)."""
     inputs = [slots[a] for a in st.args]
+    if st.view is not None:  # a zero-copy step (opgraph/buffer_views.py)
+        return st.view.run(st, slots, inputs)
     if st.writes_into is not None:
         return st.kernel(st.ctx, st.op.op, *inputs, out=inputs[st.inplace])
     return st.kernel(st.ctx, st.op.op, *inputs)
@@ -139,6 +163,9 @@ class Executable:
         plan = graph.inplace_plan
         if plan is not None and plan.outputs == keep:  # a plan for this schedule
             self.steps = _with_inplace(self.steps, graph, plan)
+            views = step_views(graph, plan, xp, dtype)
+            self.steps = [attrs.evolve(st, view=views[st.node]) if st.node in views else st
+                          for st in self.steps]
 
     # ---- feeding ---------------------------------------------------------
     def feed(self, feeds: Mapping[str, Any], grad_outputs: Mapping | None = None) -> dict[int, Any]:
@@ -212,9 +239,11 @@ class Executable:
         return {st.name: st.op.describe() for st in self.steps}
 
     def report(self) -> str:
-        """One line per scheduled node: name, chosen implementation."""
-        width = max((len(n) for n in self.choices), default=0)
-        return "\n".join(f"{n:<{width}}  {c}" for n, c in self.choices.items())
+        """One line per scheduled node: name, chosen implementation, and
+        ``[zero-copy: ...]`` where its output is a view (``Step.view``)."""
+        width = max((len(st.name) for st in self.steps), default=0)
+        return "\n".join(f"{st.name:<{width}}  {st.op.describe()}"
+                         + (f"  [{st.view.describe()}]" if st.view is not None else "") for st in self.steps)
 
 
 def _stored_channels_last(kernel: Callable, xp) -> Callable:

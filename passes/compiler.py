@@ -120,6 +120,9 @@ def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
         return rule.kernel, KernelContext(xp, dev_name, op.option_dict, run_type(out_type, dtype), blocker)
 
     exe = Executable(lowered, louts, resolve, xp=xp, device=dev_name, dtype=dtype)
+    for st in exe.steps:  # the zero-copy steps, marked in the report's table
+        if st.view is not None and st.name in ctx.report.nodes:
+            ctx.report.nodes[st.name].buffer = st.view.describe()
     exe.report = ctx.report  # callable: exe.report() still gives the text table
     return exe
 

@@ -24,26 +24,39 @@ right after its last reader (``opgraph.executable.last_readers``). This pass
      value is a channels-last view; the kernel writes through ``out``'s
      strides, so the output keeps ``x``'s storage order).
 
+   * neither ``s`` nor ``x`` shares a buffer under the zero-copy plan
+     (``passes/zero_copy.py``: producers writing into a concat's buffer,
+     the concats, slices run as views and their inputs).
+
    The first qualifying position of ``R.inplace`` is taken. The plan (an
    ``opgraph.executable.InplacePlan``) goes on the returned graph as
    ``Graph.inplace_plan``; the executor copies it into its steps and decides
    nothing itself. So this pass runs after every pass that rewrites the graph
    (a rewrite drops the plan);
-2. replays the schedule without running anything:
+2. replays the schedule without running anything, buffer by buffer: each
+   value lives in one buffer, its own, or, when it allocates nothing, that
+   of the value it is a view of or written into:
 
-   * a node's output buffer is live from its step until its last reader's
-     step (the requested outputs until the end); an output written in place
-     allocates nothing: its input's buffer stays live as the output instead
-     of being freed;
+   * a buffer is live from the first step that writes a value into it
+     until the last step that reads any value in it (the requested outputs'
+     until the end); an output written in place allocates nothing: its
+     input's buffer stays live as the output instead of being freed; a
+     concat's producers written into its buffer, a concat that is a slice of
+     a larger one and a slice run as a view allocate nothing either (the
+     zero-copy plan), and a concat's buffer is live from its first
+     producer's step;
    * during a step the node's scratch space (``Rule.workspace`` of the rule
-     and options it was lowered to) is live on top;
+     and options it was lowered to) is live on top, and so is the result of
+     a step the zero-copy plan copies into its slice (``copied_in``);
    * sources (inputs, parameters, gradient feeds) are resident throughout and
      reported apart.
 
 ``planned_peak_bytes`` = max over steps of (live outputs + that step's
 workspace): what the executor allocates (no buffer reuse across different
 values is planned yet). ``inplace`` counts the in-place steps and
-``inplace_bytes`` the output bytes they did not allocate. ``no_reuse_bytes``
+``inplace_bytes`` the output bytes they did not allocate; ``zero_copy``
+counts the values the zero-copy plan makes views and ``zero_copy_bytes``
+the output bytes they did not allocate. ``no_reuse_bytes``
 is the sum of every output buffer, in place or not (a framework that never
 frees and never reuses).
 """
@@ -57,6 +70,7 @@ from opgraph.backends.registry import Rule, lookup
 
 from .base import Pass, PassContext
 from .candidates import rule_workspace
+from .zero_copy import plan_views, shared_values
 
 
 def _nbytes(t: TensorType, dtype: str | None) -> int:
@@ -81,25 +95,29 @@ def _workspace(op: Lowered, in_types) -> int:
     return 0 if rule is None else rule_workspace(rule, op.op, in_types, op.option_dict)
 
 
-def plan_inplace(graph: Graph, outputs) -> InplacePlan:
+def plan_inplace(graph: Graph, outputs, zero_copy: bool = False) -> InplacePlan:
     """The in-place steps of ``outputs``' schedule (conditions in the module
-    docstring): node id -> position of the input whose buffer it overwrites."""
+    docstring): node id -> position of the input whose buffer it overwrites;
+    with ``zero_copy``, first the zero-copy plan (``passes/zero_copy.py``),
+    whose shared buffers the in-place steps then leave alone."""
     order = graph.topological(graph.ancestors(outputs))
     keep = {v.node for v in outputs}
     last = last_readers(graph, order)
     rules = {n: _rule(graph.node(n).op) for n in order}
+    homes, views, copied_in = plan_views(graph, outputs, rules) if zero_copy else ({}, frozenset(), frozenset())
+    shared = shared_values(graph, homes, views)
     owned: set[int] = set()  # values no other live value shares a buffer with
     writes: dict[int, int] = {}
 
     def overwritable(x: int, step: int) -> bool:
         others = [r for r in graph.users(x) if r != step and r in rules]
-        return (x in owned and last.get(x) == step and x not in keep
+        return (x in owned and x not in shared and last.get(x) == step and x not in keep
                 and graph.node(x).type == graph.node(step).type
                 and all(rules[r] is not None and rules[r].fresh_output for r in others))
 
     for n in order:
         rule = rules[n]
-        if rule is None:  # sources own nothing the executor may write
+        if rule is None or n in shared:  # sources own nothing the executor may write
             continue
         args = graph.input_ids(n)
         for pos in rule.inplace:
@@ -108,7 +126,28 @@ def plan_inplace(graph: Graph, outputs) -> InplacePlan:
                 break
         if rule.fresh_output or n in writes:
             owned.add(n)
-    return InplacePlan(keep, writes)
+    return InplacePlan(keep, writes, homes, views, copied_in)
+
+
+def _buffers(graph: Graph, order, plan: InplacePlan) -> dict[int, int]:
+    """Value node id -> the node id of the value owning its buffer: itself,
+    or, for a value that allocates nothing, the owner of the buffer it is
+    written into (in place, or its slice of a concat, whose owner is the
+    outermost concat: never written in place) or a view of."""
+    owner: dict[int, int] = {}
+    for n in order:  # inputs first, so their owners are known
+        if n in plan.homes:
+            root = n
+            while root in plan.homes:
+                root = plan.homes[root][0]
+            owner[n] = root
+        elif n in plan.writes:
+            owner[n] = owner[graph.input_ids(n)[plan.writes[n]]]
+        elif n in plan.views:
+            owner[n] = owner[graph.input_ids(n)[0]]
+        else:
+            owner[n] = n
+    return owner
 
 
 def plan_memory(graph: Graph, outputs, dtype: str | None = None,
@@ -116,56 +155,74 @@ def plan_memory(graph: Graph, outputs, dtype: str | None = None,
     """The liveness plan of ``outputs``' schedule (keys in the module docstring).
 
     Args:
-        inplace: the in-place steps; default :func:`plan_inplace` of this graph.
+        inplace: the in-place steps and the zero-copy plan; default
+            :func:`plan_inplace` of this graph (without zero-copy).
 
     Returns:
         ``planned_peak_bytes``, ``activation_peak_bytes``, ``workspace_peak_bytes``,
         ``source_bytes``, ``no_reuse_bytes``, ``peak_step`` (node name),
-        ``inplace`` (steps), ``inplace_bytes``.
+        ``inplace`` (steps), ``inplace_bytes``, ``zero_copy`` (values),
+        ``zero_copy_bytes``.
     """
     plan = plan_inplace(graph, outputs) if inplace is None else inplace
     order = graph.topological(graph.ancestors(outputs))
     keep = {v.node for v in outputs}
-    frees: dict[int, list[int]] = {}
-    for node, reader in last_readers(graph, order).items():
-        if node not in keep:
-            frees.setdefault(reader, []).append(node)
-    live = peak = act_peak = ws_peak = sources = total = saved = 0
-    peak_step = None
+    owner = _buffers(graph, order, plan)
+    position = {n: i for i, n in enumerate(order)}
+    never = len(order)  # kept to the end: requested outputs, values nothing reads
+    born: dict[int, int] = {}
+    dies: dict[int, int] = {}
+    last = last_readers(graph, order)
     for n in order:
+        b = owner[n]
+        born[b] = min(born.get(b, never), position[n])
+        end = never if n in keep or n not in last else position[last[n]]
+        dies[b] = max(dies.get(b, 0), end)
+    allocs: dict[int, list[int]] = {}
+    frees: dict[int, list[int]] = {}
+    for b in born:
+        if not isinstance(graph.node(b).op, Source):
+            allocs.setdefault(born[b], []).append(b)
+            frees.setdefault(dies[b], []).append(b)
+    live = peak = act_peak = ws_peak = sources = total = saved = views = view_bytes = 0
+    peak_step = None
+    for i, n in enumerate(order):
         view = graph.node(n)
         size = _nbytes(view.type, dtype)
         if isinstance(view.op, Source):
             sources += size
             continue
         total += size
-        taken = graph.input_ids(n)[plan.writes[n]] if n in plan.writes else None
-        if taken is None:
-            live += size
-        else:  # the output is the dying input's buffer (same type, same bytes)
-            saved += size
+        saved += size if n in plan.writes else 0
+        if n in plan.homes or n in plan.views:
+            views, view_bytes = views + 1, view_bytes + size
+        live += sum(_nbytes(graph.node(b).type, dtype) for b in allocs.get(i, ()))
         ws = _workspace(view.op, view.input_types) if isinstance(view.op, Lowered) else 0
+        ws += size if n in plan.copied_in else 0  # its own result, copied into its slice and dropped
         ws_peak = max(ws_peak, ws)
         act_peak = max(act_peak, live)
         if live + ws > peak:
             peak, peak_step = live + ws, view.name
-        for u in frees.get(n, ()):
-            if u != taken and not isinstance(graph.node(u).op, Source):
-                live -= _nbytes(graph.node(u).type, dtype)
+        live -= sum(_nbytes(graph.node(b).type, dtype) for b in frees.get(i, ()))
     return {"planned_peak_bytes": peak, "activation_peak_bytes": act_peak,
             "workspace_peak_bytes": ws_peak, "source_bytes": sources, "no_reuse_bytes": total,
-            "peak_step": peak_step, "inplace": len(plan.writes), "inplace_bytes": saved}
+            "peak_step": peak_step, "inplace": len(plan.writes), "inplace_bytes": saved,
+            "zero_copy": views, "zero_copy_bytes": view_bytes}
 
 
 class MemoryPass(Pass):
-    """Plan the in-place steps (on the returned graph: ``Graph.inplace_plan``,
+    """Plan the in-place steps and, with ``zero_copy`` (the default), the
+    zero-copy concats and slices (on the returned graph: ``Graph.inplace_plan``,
     which the executor follows) and record the planned peak memory in
     ``ctx.report.memory``."""
 
     name = "memory"
 
+    def __init__(self, zero_copy: bool = True):
+        self.zero_copy = zero_copy
+
     def run(self, graph: Graph, outputs, ctx: PassContext) -> Graph:
-        plan = plan_inplace(graph, outputs)
+        plan = plan_inplace(graph, outputs, zero_copy=self.zero_copy)
         graph.inplace_plan = plan
         ctx.report.memory.update(plan_memory(graph, outputs, ctx.dtype, plan))
         return graph

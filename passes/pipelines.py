@@ -44,6 +44,8 @@ def default(policy: LoweringPolicy) -> Pipeline:
         FusePass(),
         # re-choose by timing checked candidates (the meta-optimizer), cached
         *([AutotunePass()] if policy.autotune else []),
+        # zero-copy concats and slices (producers write into their slice of
+        # the concat's buffer, slices are views), in-place steps, and the
         # liveness plan of the schedule: planned peak bytes in the report
         MemoryPass(),
         # nothing abstract or unregistered left among the outputs' ancestors
@@ -56,7 +58,8 @@ def reference(policy: LoweringPolicy) -> Pipeline:
     return Pipeline("reference", [
         # the oracle for every node; the user's policy is ignored on purpose
         LowerPass(REFERENCE_POLICY),
-        MemoryPass(),
+        # in-place steps only: the oracle keeps every concat and slice a copy
+        MemoryPass(zero_copy=False),
         VerifyPass(),
     ])
 

@@ -83,6 +83,8 @@ class NodeReport:
             the node (exclusions by the policy included).
         absorbed: for a node the fuse pass made, the name -> abstract op
             type of each node it absorbed (``passes/pattern.py``).
+        buffer: how the executable runs the step when its output is a view
+            (``[zero-copy: ...]``, ``opgraph/buffer_views.py``), else ''.
     """
 
     node: int
@@ -99,6 +101,7 @@ class NodeReport:
     candidates: list[Candidate] = attrs.field(factory=list)
     cache_key: str | None = None
     absorbed: dict[str, str] = attrs.field(factory=dict)
+    buffer: str = ""
 
     def to_dict(self) -> dict:
         d = attrs.asdict(self, recurse=False)
@@ -183,7 +186,7 @@ class LoweringReport:
         width = max((len(n) for n in self.nodes), default=4)
         lines = [f"lowering for {self.device} (pipeline {self.pipeline or '?'})"]
         for name, r in self.nodes.items():
-            lines.append(f"{name:<{width}}  {r.chosen or '-'}  [{r.how}]")
+            lines.append(f"{name:<{width}}  {r.chosen or '-'}  [{r.how}]" + (f"  [{r.buffer}]" if r.buffer else ""))
             if r.absorbed:
                 lines.append(f"{'':<{width}}    absorbed: " + ", ".join(f"{n} ({t})" for n, t in r.absorbed.items()))
             if verbose:

@@ -18,7 +18,11 @@ output (``reference.conv_epilogue.apply_epilogue`` of ``epilogue_steps``:
 ``Conv2d``'s bias; the fused forward ops' bias, residual add and ReLU /
 ReLU6; backward-data's ReLU gradient). float16 and bfloat16 arrays are
 computed in float32 and the result cast back once (SEMANTICS.md: half
-storage accumulates in fp32), after the epilogue.
+storage accumulates in fp32), after the epilogue. The forward kernels take
+``out=`` (``Rule.writes_strided_out``: a producer of a zero-copy concat
+gets its slice of the concat's buffer): the result, epilogue applied, is
+stored into it through its strides (one more pass over the output on the
+CPU, where the GEMM result is a temporary; the copy the concat no longer makes).
 
 Registered at import (the names are the policy's algorithm names):
 
@@ -42,6 +46,7 @@ import functools
 import numpy as np
 
 from opgraph import ops
+from opgraph.buffer_views import copy_into
 from opgraph.ops.conv_fused import epilogue_steps
 from opgraph.types import HALF_DTYPES
 
@@ -80,12 +85,16 @@ def _kernel(name, fn, direction):
     residual add and activation; backward-data's ReLU gradient) in place on
     the fresh output, before the one rounding of a half-precision result."""
 
-    def kernel(ctx, op, a, b, *rest):
+    def kernel(ctx, op, a, b, *rest, out=None):
         g = _geometry(direction, ctx, op, a, b, rest)
         (a, b, *rest), half = _widened((a, b, *rest))
         y = fn(ctx.xp, a, b, g, **dict(ctx.options))
         y = apply_epilogue(ctx.xp, epilogue_steps(op, 2 + len(rest)), y, rest)
-        return y if half is None else y.astype(half)
+        y = y if half is None else y.astype(half)
+        if out is None:
+            return y
+        copy_into(out, y)  # a strided view of the output's type (module docstring)
+        return out
 
     suffix = "" if direction == "forward" else f"_{direction}"
     kernel.__name__ = kernel.__qualname__ = f"{name}_conv2d{suffix}"
@@ -131,7 +140,7 @@ def register_conv_algorithm(name, forward, backward_data, backward_filter, *, ch
         kernel = _kernel(name, fns[direction], direction)
         fields = dict(devices=devices, check=functools.partial(check, direction),
                       tags=frozenset(tags) | {"conv", name}, fresh_output=fresh_output,
-                      capturable=capturable)
+                      capturable=capturable, writes_strided_out=direction == "forward")
         if capture_requires is not None:
             fields["capture_requires"] = capture_requires
         if variants is not None:

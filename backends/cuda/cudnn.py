@@ -36,11 +36,21 @@ Layouts: a 4-D array is NCHW when C-contiguous and NHWC when it is a
 put in the same layout and the result comes back in it (logical NCHW shape).
 Batch size 0 gives an empty output (zeros for the weight gradient) without
 calling cuDNN.
+
+Strided output (``out=``, the forward ops: a producer of a zero-copy concat
+writes into its channel slice of the concat's buffer, ``Rule.writes_strided_out``):
+when ``out``'s dtype is the I/O dtype, the graph's output tensor takes
+``out``'s own element strides (a channel slice of an NHWC buffer: ``(HWC', 1,
+WC', C')`` for the buffer's C' channels) and cuDNN writes there directly;
+the engine asked for is the one of the same name in that graph's plan list
+(the autotuner timed the dense graph's), else that graph's default. Otherwise
+(a cast, an epilogue left to CuPy) the result is copied into ``out``.
 """
 
 from __future__ import annotations
 
 from opgraph import precision as precisions
+from opgraph.buffer_views import copy_into
 from opgraph.errors import LoweringError, ParameterError, ShapeError
 from opgraph.ops.conv_fused import ACTIVATIONS
 from opgraph.types import is_channels_last as _channels_last, to_layout
@@ -91,7 +101,7 @@ def _device_id(xp) -> int:
 # ----------------------------------------------------------------- signatures and routes
 
 def signature(kind: str, epilogue: str, shapes, precision: str, padding, stride, dilation,
-              cl: bool, device: int = 0) -> cg.ConvSignature:
+              cl: bool, device: int = 0, out_strides=None) -> cg.ConvSignature:
     """The :class:`~.cudnn_graph.ConvSignature` of a convolution.
 
     ``epilogue`` is :func:`.cudnn_graph.epilogue_name` of its steps (``'none'``,
@@ -99,7 +109,8 @@ def signature(kind: str, epilogue: str, shapes, precision: str, padding, stride,
     operands' logical NCHW/OIHW shapes in :data:`~.cudnn_graph.OPERANDS`
     order, the epilogue's operands before the output (the bias as
     ``(1, K, 1, 1)``); ``cl`` picks the NHWC strides for every operand (the
-    bias is always dense).
+    bias is always dense); ``out_strides`` (element strides) replaces the
+    output's, for a strided output view (module docstring).
 
     Raises:
         ParameterError: unknown precision (:func:`opgraph.precision.check`).
@@ -107,6 +118,8 @@ def signature(kind: str, epilogue: str, shapes, precision: str, padding, stride,
     precisions.check(precision)
     bias = kind == "fprop" and "bias" in cg.epilogue_steps(epilogue)
     strides = tuple((s[1], 1, 1, 1) if bias and i == 2 else _strides(s, cl) for i, s in enumerate(shapes))
+    if out_strides is not None:
+        strides = strides[:-1] + (tuple(int(v) for v in out_strides),)
     (pt, pb), (pl, pr) = padding
     return cg.ConvSignature(kind, epilogue, tuple(tuple(s) for s in shapes), strides,
                             precisions.IO_DTYPE[precision], precision, (pt, pl), (pb, pr),
@@ -157,27 +170,44 @@ def _require_symmetric(kind: str, padding) -> None:
                             "explicit Pad node (rule tag symmetric_padding_only)")
 
 
+def _engine_in(plan, sig: cg.ConvSignature, engine):
+    """The index in ``plan`` (a strided-output graph of ``sig``'s convolution)
+    of the engine ``engine`` names in the dense graph of ``sig`` (by cuDNN's
+    plan name), or ``plan``'s default when it has none of that name."""
+    if engine is None:
+        return plan.pick_default()
+    dense, _ = route(sig._replace(strides=sig.strides[:-1] + (_strides(sig.dims[-1], sig.cl),)))
+    name = dense.name(int(engine))
+    found = next((i for i in range(plan.count) if plan.name(i) == name), None)
+    return plan.pick_default() if found is None else found
+
+
 def _run(xp, kind, steps, ins, out_shape, out_dtype, padding, stride, dilation, precision,
-         engine, cl):
+         engine, cl, out=None):
     """Cast, route, execute; ``ins`` are the operands in signature order (the
-    epilogue's after the first two), ``steps`` the epilogue's."""
+    epilogue's after the first two), ``steps`` the epilogue's; ``out``: a
+    view to write the result into (module docstring), or None."""
     _require_symmetric(kind, padding)
     io = precisions.IO_DTYPE[precision]
     shapes = [tuple(a.shape) for a in ins] + [tuple(out_shape)]
     if "bias" in steps:
         shapes[2] = (1, out_shape[1], 1, 1)
+    direct = out is not None and out.dtype.name == io
     sig = signature(kind, cg.epilogue_name(steps), shapes, precision, padding, stride, dilation, cl,
-                    _device_id(xp))
+                    _device_id(xp), tuple(v // out.itemsize for v in out.strides) if direct else None)
     plan, cupy_epilogue = route(sig)
     ops = [_in_layout(xp, _cast(xp, a, io), cl) if a.ndim == 4 else xp.ascontiguousarray(_cast(xp, a, io))
            for a in (ins if cupy_epilogue == "none" else ins[:2])]
-    out = _empty(xp, plan.sig.dims[-1], xp.uint16 if io == "bfloat16" else io, cl)
-    index = plan.default if engine is None else int(engine)
+    target = out if direct else _empty(xp, plan.sig.dims[-1], xp.uint16 if io == "bfloat16" else io, cl)
+    index = _engine_in(plan, sig, engine) if direct else plan.default if engine is None else int(engine)
     scratch = cg.workspace(plan.ensure(index), plan.sig.device)
-    plan.execute([a.data.ptr for a in ops] + [out.data.ptr], index, cg.pointer(scratch))
-    y = _uncast(xp, out, io, out_dtype)
+    plan.execute([a.data.ptr for a in ops] + [target.data.ptr], index, cg.pointer(scratch))
+    y = target if direct else _uncast(xp, target, io, out_dtype)
     if cupy_epilogue != "none":
         y = apply_epilogue(xp, steps, y, ins[2:])
+    if out is not None and y is not out:
+        copy_into(out, y)
+        return out
     return y
 
 
@@ -193,7 +223,7 @@ def _precision(precision, dtype) -> str:
 
 
 def conv2d(xp, x, w, b=None, r=None, *, stride, padding, dilation, groups, out_shape, precision=None,
-           engine=None, activation="none"):
+           engine=None, activation="none", out=None):
     """Forward convolution ``y = act(conv(x, w) (+ b) (+ r))`` by cuDNN, the
     epilogue in the same graph where an engine fuses it.
 
@@ -209,9 +239,11 @@ def conv2d(xp, x, w, b=None, r=None, *, stride, padding, dilation, groups, out_s
         precision, engine: see the module docstring.
         activation: ``'none'``, ``'relu'`` or ``'relu6'``
             (``opgraph.ops.conv_fused.ACTIVATIONS``), after the bias and ``r``.
+        out: a view of ``out_shape`` in x's dtype, any strides, to write the
+            result into (module docstring), or None.
 
     Returns:
-        ``out_shape`` in x's dtype and layout.
+        ``out_shape`` in x's dtype and layout (``out`` when given).
 
     Raises:
         ShapeError: bad dtype, channel counts or output shape. ParameterError:
@@ -228,21 +260,23 @@ def conv2d(xp, x, w, b=None, r=None, *, stride, padding, dilation, groups, out_s
     k = w.shape[0]
     if c != w.shape[1] * groups or k % groups:
         raise ShapeError(f"cuDNN conv2d: x {x.shape}, w {w.shape} do not fit groups={groups}")
-    out = tuple(int(v) for v in out_shape)
+    into, out = out, tuple(int(v) for v in out_shape)
+    if into is not None and (tuple(into.shape) != out or into.dtype != x.dtype):
+        raise ShapeError(f"cuDNN conv2d: out= is {into.dtype}{tuple(into.shape)}, the output {x.dtype}{out}")
     if out[:2] != (n, k):
         raise ShapeError(f"cuDNN conv2d: output shape {out} does not fit x {x.shape} and w {w.shape}")
     if r is not None and tuple(r.shape) != out:
         raise ShapeError(f"cuDNN conv2d: residual shape {r.shape} != output shape {out}")
     cl = _channels_last(x)
     if n == 0:
-        return _empty(xp, out, x.dtype, cl)
+        return _empty(xp, out, x.dtype, cl) if into is None else into
     if b is None and (r is not None or activation != "none"):
         b = xp.zeros((k,), dtype=x.dtype)  # the fused graphs start with the bias
     steps = (("bias",) if b is not None else ()) + (("add",) if r is not None else ()) + \
         ((activation,) if activation != "none" else ())
     ins = [x, w] + [a for a in (b, r) if a is not None]
     return _run(xp, "fprop", steps, ins, out, x.dtype, padding, stride, dilation,
-                _precision(precision, x.dtype), engine, cl)
+                _precision(precision, x.dtype), engine, cl, into)
 
 
 def conv2d_bias_relu(xp, x, w, b, *, stride, padding, dilation, groups, out_shape, precision=None,

@@ -121,11 +121,12 @@ def workspace(op, in_types, options) -> int:
     return total
 
 
-def _fprop(ctx, op, x, w, *b):
-    """cuDNN ``conv_fprop`` (+ bias in the same graph when the third input is given)."""
+def _fprop(ctx, op, x, w, *b, out=None):
+    """cuDNN ``conv_fprop`` (+ bias in the same graph when the third input is
+    given), into ``out`` when given (a strided view: ``writes_strided_out``)."""
     o = ctx.options
     return conv2d(ctx.xp, x, w, *b, **op.params(), out_shape=ctx.out_shape(op, x, w, *b),
-                  precision=o["precision"], engine=o.get("engine"))
+                  precision=o["precision"], engine=o.get("engine"), out=out)
 
 
 def _dgrad(ctx, op, gy, w, *relu_output):
@@ -144,12 +145,13 @@ def _wgrad(ctx, op, x, gy):
                                   engine=o.get("engine"))
 
 
-def _fused(ctx, op, x, w, b, *r):
+def _fused(ctx, op, x, w, b, *r, out=None):
     """cuDNN ``conv_fprop -> bias [-> add] [-> relu]`` as one graph (the fused
-    forward ops: ``Conv2dBiasRelu``, ``Conv2dBiasActivation``)."""
+    forward ops: ``Conv2dBiasRelu``, ``Conv2dBiasActivation``), into ``out``
+    when given."""
     o = ctx.options
     return conv2d(ctx.xp, x, w, b, *r, **op.conv_params(), out_shape=ctx.out_shape(op, x, w, b, *r),
-                  activation=op.activation, precision=o["precision"], engine=o.get("engine"))
+                  activation=op.activation, precision=o["precision"], engine=o.get("engine"), out=out)
 
 
 def register_rules() -> None:
@@ -158,13 +160,16 @@ def register_rules() -> None:
     gets the fused kernel, backward-data with ReLU the dgrad one (its third
     input the mask). Every output is a new array (``fresh_output``: cuDNN
     writes into one of ours, at most viewed as another dtype), so the memory
-    pass may run a later step in place on it. Capturable: plans and their
-    workspaces are built on a node's first (uncaptured) run and reused."""
+    pass may run a later step in place on it); the forward ones write into a
+    strided ``out=`` view (``writes_strided_out``: :mod:`.cudnn`'s docstring).
+    Capturable: plans and their workspaces are built on a node's first
+    (uncaptured) run and reused."""
     kernels = {"fwd": _fprop, "dgrad": _dgrad, "wgrad": _wgrad}
     for op_type in ops.of_family("conv"):
         kernel = _fused if op_type.fused and op_type.direction == "fwd" else kernels[op_type.direction]
         register(Rule(op_type, "cudnn", kernel, devices={"cuda"}, check=check, variants=variants,
-                      workspace=workspace, tags=TAGS, fresh_output=True, capturable=True))
+                      workspace=workspace, tags=TAGS, fresh_output=True, capturable=True,
+                      writes_strided_out=op_type.direction == "fwd"))
 
 
 register_rules()

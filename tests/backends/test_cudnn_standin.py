@@ -199,3 +199,21 @@ def test_asymmetric_padding_is_the_legalize_pass_s(frontend):
     with pytest.raises(LoweringError, match="asymmetric"):
         cudnn._require_symmetric("fprop", ((1, 0), (1, 1)))
     cudnn._require_symmetric("fprop", ((2, 2), (0, 0)))
+
+
+def test_a_strided_output_view_is_the_graph_s_output_tensor(frontend):
+    """A producer of a zero-copy concat: the output tensor takes the view's
+    strides (a 6-channel slice of a 16-channel NHWC buffer), the inputs keep theirs."""
+    buffer_channels = 16
+    out_strides = (8 * 8 * buffer_channels, 1, 8 * buffer_channels, buffer_channels)
+    sig = cudnn.signature("fprop", "bias_relu", [X.shape, W.shape, (1, 6, 1, 1), Y.shape], "bf16",
+                          ((1, 1), (1, 1)), (1, 1), (1, 1), True, out_strides=out_strides)
+    dense = cudnn.signature("fprop", "bias_relu", [X.shape, W.shape, (1, 6, 1, 1), Y.shape], "bf16",
+                            ((1, 1), (1, 1)), (1, 1), (1, 1), True)
+    assert sig.strides[:-1] == dense.strides[:-1] and sig.strides[-1] == out_strides != dense.strides[-1]
+    g = _graph(frontend, sig)
+    assert tuple(g.output.attrs["stride"]) == out_strides
+    forward = [rules_for(t)["cudnn"].writes_strided_out for t in ops.of_family("conv", "fwd")]
+    others = [rules_for(t)["cudnn"].writes_strided_out for t in ops.of_family("conv")
+              if t.direction != "fwd"]
+    assert forward and all(forward) and others and not any(others)

@@ -1,0 +1,227 @@
+"""Zero-copy concat and slice at run time: the steps whose output is a view.
+
+The memory pass's zero-copy plan (``passes/zero_copy.py``) decides, for one
+schedule, which values live inside another value's buffer
+(``InplacePlan.homes``: a producer writing straight into its slice of a
+concat's buffer, a concat that is a slice of a larger concat's buffer) and
+which ``Slice`` steps return a view of their input (``InplacePlan.views``).
+Building the executable turns each decision into a :class:`StepView` on its
+step (``Step.view``), which ``opgraph.executable.run_step`` calls instead of
+the plain kernel call:
+
+* :class:`WriteInto`: the producer's kernel gets ``out=`` its region of the
+  root buffer (``Rule.writes_strided_out``) and returns it; with ``copy``
+  (``InplacePlan.copied_in``: a kernel that cannot) the step copies the
+  kernel's result there instead;
+* :class:`AssembleConcat`: a concat's step returns its region (or its whole
+  buffer, when it is the root), copying into it only the inputs that did
+  not write there themselves (the fallback, one input at a time); with
+  every input in place it moves no byte;
+* :class:`SliceView`: ``x[..., start:stop, ...]``, NumPy/CuPy basic slicing.
+
+A root buffer is allocated, in the root value's run dtype and layout, by the
+first step that writes into it, and kept in the root's slot (``slots[root]``,
+which the root's own step then returns), so it lives until the last reader
+of the root or of any view of it (the arrays keep their base alive; the
+memory pass's replay counts the same).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import numpy as np
+
+#: ``(axis, start, stop)`` steps from a root buffer down to a region.
+Chain = tuple
+
+
+def sliced(a, axis: int, start: int, stop: int):
+    """``a[..., start:stop, ...]`` on ``axis``: a view (basic slicing)."""
+    return a[(slice(None),) * axis + (slice(start, stop),)]
+
+
+@attrs.frozen
+class Region:
+    """Where a value lives inside a root buffer.
+
+    Attributes:
+        root: node id of the value owning the buffer (a concat's output).
+        shape: the root's logical shape; dtype: its NumPy dtype (the run
+            dtype, bfloat16 as ``ml_dtypes.bfloat16``); channels_last: stored
+            NHWC (the NCHW-shaped view of an ``(N, H, W, C)`` buffer).
+        chain: the ``(axis, start, stop)`` slices from the root to the region,
+            outermost first (empty: the whole root).
+    """
+
+    root: int
+    shape: tuple
+    dtype: Any
+    channels_last: bool = False
+    chain: Chain = ()
+
+    def bounds(self) -> tuple:
+        """``(root, ((start, stop) per axis))``: where the region lies in the
+        root buffer, however its chain reached it."""
+        spans = [[0, n] for n in self.shape]
+        for axis, start, stop in self.chain:
+            spans[axis] = [spans[axis][0] + start, spans[axis][0] + stop]
+        return self.root, tuple(map(tuple, spans))
+
+    def sub(self, axis: int, start: int, stop: int) -> "Region":
+        """The region's slice ``start:stop`` along ``axis``."""
+        return attrs.evolve(self, chain=self.chain + ((axis, start, stop),))
+
+    def array(self, slots: dict, xp):
+        """The region's view of ``slots[root]``, allocating the root buffer
+        (uninitialised) in that slot when it is absent."""
+        buf = slots.get(self.root)
+        if buf is None:
+            if self.channels_last:
+                n, c, h, w = self.shape
+                buf = xp.empty((n, h, w, c), dtype=self.dtype).transpose(0, 3, 1, 2)
+            else:
+                buf = xp.empty(self.shape, dtype=self.dtype)
+            slots[self.root] = buf
+        for axis, start, stop in self.chain:
+            buf = sliced(buf, axis, start, stop)
+        return buf
+
+
+def copy_into(dst, src) -> None:
+    """``dst[...] = src`` for one dtype; bfloat16 moved as its 16-bit pattern
+    (CuPy copies uint16 arrays; it may not compute on bfloat16 ones)."""
+    if dst.dtype.name == "bfloat16":
+        dst, src = dst.view(np.uint16), src.view(np.uint16)
+    dst[...] = src
+
+
+class StepView:
+    """How a step whose output is a view runs (subclasses); ``describe`` is
+    the mark ``Executable.report`` prints beside the step."""
+
+    def run(self, st, slots: dict, inputs: list):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def describe(self) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@attrs.frozen
+class WriteInto(StepView):
+    """The step's kernel writes its output into ``region`` (``out=``)."""
+
+    region: Region
+    xp: Any = attrs.field(eq=False)
+    into: str = ""  # the name of the concat it writes into, for the report
+    copy: bool = False  # the kernel cannot write a strided view: copy its result
+
+    def run(self, st, slots, inputs):
+        out = self.region.array(slots, self.xp)
+        if self.copy:
+            copy_into(out, st.kernel(st.ctx, st.op.op, *inputs))
+        else:
+            st.kernel(st.ctx, st.op.op, *inputs, out=out)
+        return out
+
+    def describe(self) -> str:
+        if self.copy:
+            return f"copied into its slice of {self.into} (its kernel cannot write a view)"
+        return f"zero-copy: writes into its slice of {self.into}"
+
+
+@attrs.frozen
+class AssembleConcat(StepView):
+    """A concat's step: its output is ``region``; ``copies`` lists
+    ``(input position, axis, start, stop)`` of the inputs copied into it (the
+    others wrote there themselves)."""
+
+    region: Region
+    copies: tuple
+    xp: Any = attrs.field(eq=False)
+    inputs: int = 0
+
+    def run(self, st, slots, inputs):
+        out = self.region.array(slots, self.xp)
+        for pos, axis, start, stop in self.copies:
+            copy_into(sliced(out, axis, start, stop), inputs[pos])
+        return out
+
+    def describe(self) -> str:
+        if not self.copies:
+            return "zero-copy: every input written in place"
+        return f"zero-copy: {self.inputs - len(self.copies)} of {self.inputs} inputs written in place, " \
+               f"{len(self.copies)} copied"
+
+
+@attrs.frozen
+class SliceView(StepView):
+    """A ``Slice`` step returning a view of its input."""
+
+    axis: int
+    start: int
+    stop: int
+
+    def run(self, st, slots, inputs):
+        return sliced(inputs[0], self.axis, self.start, self.stop)
+
+    def describe(self) -> str:
+        return "zero-copy: a view of its input"
+
+
+__all__ = ["Region", "StepView", "WriteInto", "AssembleConcat", "SliceView", "copy_into", "sliced"]
+
+
+def step_views(graph, plan, xp, run_dtype: str | None = None) -> dict:
+    """Node id -> :class:`StepView` for every step the zero-copy plan touches.
+
+    Args:
+        graph: the lowered graph (types give shapes, layouts, concat axes).
+        plan: the ``InplacePlan``: its ``homes`` (value node id -> ``(concat
+            node id, axis, start)``: the value's buffer is that concat's
+            buffer sliced ``start:start+extent`` on ``axis``; the concat may
+            be homed itself), ``views`` (``Slice`` steps returning a view) and
+            ``copied_in``.
+        xp: the array module; run_dtype: the executable's floating dtype
+            override (``compile(dtype=...)``), or None.
+    """
+    homes, views = plan.homes, plan.views
+    from .op import abstract_of
+    from .ops.tensor import Concat
+    from .types import numpy_dtype, run_type
+
+    def region(n: int) -> Region:
+        chain = []
+        while n in homes:
+            container, axis, start = homes[n]
+            chain.append((axis, start, start + graph.node(n).type.shape[axis]))
+            n = container
+        t = graph.node(n).type
+        return Region(n, tuple(t.shape), numpy_dtype(run_type(t, run_dtype).dtype),
+                      t.layout == "NHWC" and t.ndim == 4, tuple(reversed(chain)))
+
+    out: dict = {}
+    containers = {c for c, _, _ in homes.values()}
+    for n in sorted(set(homes) | containers):
+        view = graph.node(n)
+        if not isinstance(abstract_of(view.op), Concat):
+            out[n] = WriteInto(region(n), xp, graph.node(homes[n][0]).name, n in plan.copied_in)
+            continue
+        mine = region(n)
+        axis = abstract_of(view.op).axis % view.type.ndim
+        start, copies = 0, []
+        inputs = graph.input_ids(n)
+        for pos, u in enumerate(inputs):
+            stop = start + graph.node(u).type.shape[axis]
+            if region(u).bounds() != mine.sub(axis, start, stop).bounds():
+                copies.append((pos, axis, start, stop))
+            start = stop
+        out[n] = AssembleConcat(mine, tuple(copies), xp, len(inputs))
+    for n in views:
+        op = abstract_of(graph.node(n).op)
+        out[n] = SliceView(op.axis % graph.node(n).type.ndim, op.start, op.stop)
+    return out
+
+
+__all__ += ["step_views"]

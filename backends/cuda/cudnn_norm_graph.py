@@ -32,10 +32,7 @@ and momentum as ``(1, 1, 1, 1)`` host tensors).
 
 from __future__ import annotations
 
-import threading
 from typing import NamedTuple
-
-from opgraph.errors import LoweringError
 
 from . import cudnn_graph as cg
 
@@ -135,34 +132,18 @@ def build_graph(sig: NormSignature, h):
 
 
 _CACHE: dict[NormSignature, NormPlan] = {}
-_LOCK = threading.Lock()
 
 
 def plan_for(sig: NormSignature, *, need_default: bool = True) -> NormPlan:
-    """The cached :class:`NormPlan` of ``sig``, built on first use.
+    """The cached :class:`NormPlan` of ``sig``, built on first use
+    (:func:`.cudnn_graph.cached_plan`).
 
     Raises:
         LoweringError: the frontend is missing, cuDNN rejects the graph, or
             (``need_default``) no engine builds for it; the message holds
             cuDNN's reason.
     """
-    plan = _CACHE.get(sig)
-    if plan is None:
-        with _LOCK:
-            plan = _CACHE.get(sig)
-            if plan is None:
-                h = cg.handle(sig.device)
-                try:
-                    graph, uids = build_graph(sig, h)
-                except LoweringError:
-                    raise
-                except Exception as exc:
-                    msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-                    raise LoweringError(f"cuDNN rejects {sig.describe()}: {msg}") from None
-                plan = _CACHE[sig] = NormPlan(sig, graph, uids, h)
-    if need_default:
-        plan.pick_default()
-    return plan
+    return cg.cached_plan(_CACHE, sig, build_graph, NormPlan, NormSignature.describe, need_default=need_default)
 
 
 def cache_size() -> int:

@@ -47,10 +47,10 @@ from opgraph import ops
 from opgraph.errors import LoweringError, ShapeError
 from opgraph.types import to_layout
 
-from ..device import cuda_status
 from ..registry import Rule, register
 from .cudnn_norm import batch_norm_backward, batch_norm_normalize, plan_of
 from .cudnn_norm_graph import IO_DTYPES
+from .cudnn_rules import environment_reason
 
 TAGS = frozenset({"cudnn", "gpu"})
 #: op type -> (cuDNN graph kind, position of x among the node's inputs).
@@ -96,13 +96,9 @@ def check(op, in_types, device):
     why = static_reason(op, in_types)
     if why is not None:
         return why
-    ok, why = cuda_status()
-    if not ok:
-        return f"no GPU: {why}"
-    try:
-        import cudnn  # noqa: F401
-    except Exception as exc:
-        return f"the cuDNN frontend cannot be imported ({exc}); pip install nvidia-cudnn-frontend"
+    why = environment_reason()
+    if why is not None:
+        return why
     try:
         _plan(op, in_types)
     except (LoweringError, ShapeError) as exc:

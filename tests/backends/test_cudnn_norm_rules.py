@@ -15,7 +15,7 @@ import pytest
 import opgraph as og
 from opgraph import ops
 from opgraph.backends import registry
-from opgraph.backends.cuda import cudnn_norm_rules as rules
+from opgraph.backends.cuda import cudnn_norm_rules as rules, cudnn_rules
 from opgraph.op import Lowered, abstract_of
 from opgraph.passes.candidates import survey
 from opgraph.passes.policy import LoweringPolicy
@@ -48,7 +48,7 @@ def test_with_a_gpu_both_are_candidates(op, types_, monkeypatch):
 
 
 def test_a_missing_frontend_is_the_reason(monkeypatch):
-    monkeypatch.setattr(rules, "cuda_status", lambda: (True, ""))
+    monkeypatch.setattr(cudnn_rules, "cuda_status", lambda: (True, ""))
     monkeypatch.setitem(sys.modules, "cudnn", None)  # import cudnn raises ImportError
     why = rules.check(*NODES[0], "cuda")
     assert "cuDNN frontend cannot be imported" in why and "nvidia-cudnn-frontend" in why

@@ -16,36 +16,11 @@ import pytest
 from opgraph.backends.cuda import cudnn_graph as cg, cudnn_norm, cudnn_norm_graph as ng
 from opgraph.errors import LoweringError, ShapeError
 
-
-class FakeTensor:
-    def __init__(self, graph, name, **attrs):
-        self.graph, self.name, self.attrs = graph, name, attrs
-
-    def set_output(self, flag):
-        self.graph.outputs.append(self)
-        return self
-
-    def set_data_type(self, t):
-        self.attrs["data_type"] = t
-        return self
-
-    def set_dim(self, d):
-        self.attrs["dim"] = d
-        return self
-
-    def set_stride(self, s):
-        self.attrs["stride"] = s
-        return self
-
-    def get_uid(self):
-        return id(self)
+from cudnn_fakes import FakeGraphBase, FakeTensor
 
 
-class FakeGraph:
-    """Records the batch-norm call and the tensors; one engine, 64 B of workspace."""
-
-    def __init__(self, **kw):
-        self.kw, self.calls, self.tensors, self.outputs = kw, [], [], []
+class FakeGraph(FakeGraphBase):
+    """The batch-norm builders of the frontend's graph."""
 
     def tensor(self, name, dim, stride, data_type, is_pass_by_value=False):
         t = FakeTensor(self, name, dim=dim, stride=stride, data_type=data_type, by_value=is_pass_by_value)
@@ -69,24 +44,6 @@ class FakeGraph:
                            compute_data_type=None):
         return self._op("batchnorm_backward", 3, grad=grad, input=input, scale=scale, mean=mean,
                         inv_variance=inv_variance)
-
-    def validate(self):
-        pass
-
-    def build_operation_graph(self):
-        pass
-
-    def create_execution_plans(self, modes):
-        pass
-
-    def get_execution_plan_count(self):
-        return 1
-
-    def build_plan_at_index(self, i):
-        pass
-
-    def get_workspace_size_plan_at_index(self, i):
-        return 64
 
 
 ENUM = types.SimpleNamespace(FLOAT="f32", HALF="f16", BFLOAT16="bf16", A=0, FALLBACK=1)
@@ -184,8 +141,8 @@ def gpu_like(frontend, monkeypatch):
     """The rules' environment as on a GPU machine: a device, an importable frontend."""
     import sys
 
-    from opgraph.backends.cuda import cudnn_norm_rules as rules
-    monkeypatch.setattr(rules, "cuda_status", lambda: (True, ""))
+    from opgraph.backends.cuda import cudnn_norm_rules as rules, cudnn_rules
+    monkeypatch.setattr(cudnn_rules, "cuda_status", lambda: (True, ""))
     monkeypatch.setattr(rules, "_device", lambda: 0)
     monkeypatch.setitem(sys.modules, "cudnn", types.ModuleType("cudnn"))
     return rules

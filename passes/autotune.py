@@ -7,7 +7,9 @@ node separately, since their best algorithms differ):
    exclusions and rule declines are listed in the report, not run) times
    each of its ``variants`` (e.g. one per cuDNN engine, one per Winograd tile);
 2. each runs once on random inputs of the node's types (seeded, on the
-   device) and its output is compared with the reference rule's
+   device; an input that is a function of the node's other inputs, such as
+   the batch statistics of its x, computed from them: ``autotune_inputs``)
+   and its output is compared with the reference rule's
    (``reference`` / ``direct``) computed in float64 on the same inputs:
    relative error ``||out - ref|| / ||ref||`` within :func:`tolerance`
    (SEMANTICS.md, "Numbers"); NaN never passes; a raising kernel is
@@ -46,15 +48,16 @@ import numpy as np
 from opgraph.errors import LoweringError
 from opgraph.graph import Graph
 from opgraph.op import Lowered
-from opgraph.types import is_float, numpy_dtype, run_type, to_layout
-from opgraph.backends.registry import KernelContext, rules_for
+from opgraph.types import run_type
+from opgraph.backends.registry import KernelContext
 
 from .autotune_cache import AutotuneCache, cache_key
+from .autotune_inputs import REFERENCE_ALGORITHMS, consistent_inputs, random_inputs
+from .autotune_inputs import reference_output as _reference
 from .base import Pass, PassContext
 from .candidates import rule_workspace, survey_node
 from .report import Candidate
 
-REFERENCE_ALGORITHMS = ("reference", "direct")
 #: A candidate whose first timed run is this many times the best median so far
 #: is recorded with that one run and not timed further.
 PRUNE_FACTOR = 3.0
@@ -122,21 +125,6 @@ def tolerance(algorithm: str, precision: str = "fp32", dtype: str = "float32") -
     return 1e-4 if algorithm in EXACT_ALGORITHMS else 1e-3
 
 
-def random_inputs(in_types, xp, seed: int, dtype: str | None = None) -> list:
-    """Standard-normal arrays of ``in_types`` on ``xp``; integer inputs (class
-    indices) are zeros, valid for any class count."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for t in in_types:
-        want = dtype if dtype and is_float(t.dtype) else t.dtype
-        if is_float(want):
-            host = rng.standard_normal(t.shape).astype(numpy_dtype(want))
-        else:
-            host = np.zeros(t.shape, dtype=want)
-        out.append(to_layout(xp, xp.asarray(host), t.layout))  # tune in the run's layout
-    return out
-
-
 def relative_error(xp, out, ref) -> float:
     """``||out - ref|| / ||ref||`` computed in float64 on the arrays' device
     (absolute error when ``ref`` is all zeros); NaN for a shape mismatch or
@@ -152,17 +140,6 @@ def relative_error(xp, out, ref) -> float:
         norm = float(xp.linalg.norm(ref.ravel().astype(xp.float64)))
     err = diff / norm if norm > 0 else diff
     return err if math.isfinite(err) else math.nan
-
-
-def _reference(op, arrays, xp, device, out_type=None):
-    rules = rules_for(type(op))
-    for algo in REFERENCE_ALGORITHMS:
-        if algo in rules:
-            hi = [a.astype(xp.float64) if a.dtype.kind == "f" or str(a.dtype) == "bfloat16" else a
-                  for a in arrays]
-            run_as = None if out_type is None else run_type(out_type, "float64")
-            return rules[algo].kernel(KernelContext(xp, device, {}, run_as), op, *hi)
-    return None
 
 
 class AutotunePass(Pass):
@@ -205,7 +182,7 @@ class AutotunePass(Pass):
                 if hit:
                     ctx.report.note(f"autotune: {view.name}: cached choice {hit['algorithm']} no longer "
                                     "applies; re-tuned")
-                rows, timed = self._tune(op, types, cands, s, ctx, timer, view.type)
+                rows, timed = self._tune(op, types, cands, s, ctx, timer, view.type, view)
                 measured = [c.to_dict() for c in rows]  # cached as timed: rechoose() decides again
                 best = choose(rows, timed, policy.workspace_tolerance)
                 if best is None:
@@ -228,7 +205,7 @@ class AutotunePass(Pass):
         return graph
 
     def _tune(self, op, types, cands, s, ctx: PassContext, timer,
-              out_type=None) -> tuple[list[Candidate], list[Candidate]]:
+              out_type=None, view=None) -> tuple[list[Candidate], list[Candidate]]:
         """Check and time each candidate; returns the report rows (declined ones
         too) and those of them timed in full (not pruned). A candidate whose
         output dtype is not the node's (``out_type``, with ``ctx.dtype``
@@ -238,6 +215,8 @@ class AutotunePass(Pass):
         run_as = None if out_type is None else run_type(out_type, ctx.dtype)
         want = None if run_as is None else run_as.dtype
         arrays = random_inputs(types, xp, ctx.seed, ctx.dtype)
+        if view is not None:  # e.g. batch statistics that are x's own (autotune_inputs)
+            arrays = consistent_inputs(view, arrays, xp, ctx.device)
         try:
             ref = _reference(op, arrays, xp, ctx.device, out_type)
         except Exception:

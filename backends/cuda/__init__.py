@@ -1,7 +1,8 @@
 """The CUDA backend (device ``cuda``, CuPy arrays).
 
 * cuDNN: ``cudnn`` (convolution kernels), ``cudnn_graph`` (built graphs and
-  their cache), ``cudnn_rules``;
+  their cache), ``cudnn_rules``; training batch norm: ``cudnn_norm``,
+  ``cudnn_norm_graph``, ``cudnn_norm_rules``;
 * cuBLAS: ``cublas`` (``cublasGemmEx`` in the policy's precision),
   ``cublas_rules``, ``matmul_peak`` (the measured matrix-multiply peak);
 * our CuPy kernels: ``storage`` (bfloat16 storage, layouts), ``relu``,
@@ -17,3 +18,4 @@ from . import cudnn_rules as _cudnn_rules  # noqa: F401
 from . import rules as _rules  # noqa: F401
 from . import cublas_rules as _cublas_rules  # noqa: F401
 from . import codegen_rules as _codegen_rules  # noqa: F401
+from . import cudnn_norm_rules as _cudnn_norm_rules  # noqa: F401

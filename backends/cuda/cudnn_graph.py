@@ -316,30 +316,43 @@ def _epilogue(g, steps, out, operands, f32):
     return out
 
 
-def plan_for(sig: ConvSignature, *, need_default: bool = True) -> ConvPlan:
-    """The cached :class:`ConvPlan` of ``sig``, built on first use.
+def cached_plan(cache: dict, sig, build, plan_type=None, describe=None, *, need_default: bool = True):
+    """The plan of ``sig`` in ``cache``, built on first use: ``build(sig, handle)``
+    gives ``(graph, uids)``, wrapped in ``plan_type`` (default :class:`ConvPlan`).
+    ``describe(sig)`` names the graph in errors. Shared by every cuDNN graph family.
 
     Raises:
         LoweringError: cuDNN rejects the graph, or (``need_default``) no
             engine builds for it. The message holds cuDNN's reason.
     """
-    plan = _CACHE.get(sig)
+    plan = cache.get(sig)
     if plan is None:
         with _LOCK:
-            plan = _CACHE.get(sig)
+            plan = cache.get(sig)
             if plan is None:
                 h = handle(sig.device)
                 try:
-                    graph, uids = build_graph(sig, h)
+                    graph, uids = build(sig, h)
                 except LoweringError:
                     raise
                 except Exception as exc:
                     msg = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-                    raise LoweringError(f"cuDNN rejects {sig.kind} {sig}: {msg}") from None
-                plan = _CACHE[sig] = ConvPlan(sig, graph, uids, h)
+                    what = describe(sig) if describe else f"{sig.kind} {sig}"
+                    raise LoweringError(f"cuDNN rejects {what}: {msg}") from None
+                plan = cache[sig] = (plan_type or ConvPlan)(sig, graph, uids, h)
     if need_default:
         plan.pick_default()
     return plan
+
+
+def plan_for(sig: ConvSignature, *, need_default: bool = True) -> ConvPlan:
+    """The cached :class:`ConvPlan` of ``sig``, built on first use (:func:`cached_plan`).
+
+    Raises:
+        LoweringError: cuDNN rejects the graph, or (``need_default``) no
+            engine builds for it. The message holds cuDNN's reason.
+    """
+    return cached_plan(_CACHE, sig, build_graph, need_default=need_default)
 
 
 def cache_size() -> int:
@@ -347,5 +360,5 @@ def cache_size() -> int:
 
 
 __all__ = ["OPERANDS", "EPILOGUES", "epilogue_name", "epilogue_steps", "ConvSignature", "ConvPlan",
-           "cudnn_module", "handle", "workspace", "pointer", "build_graph", "plan_for",
+           "cudnn_module", "handle", "workspace", "pointer", "build_graph", "cached_plan", "plan_for",
            "cache_size"]

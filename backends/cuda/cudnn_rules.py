@@ -75,13 +75,8 @@ def _device() -> int:
     return cupy.cuda.runtime.getDevice()
 
 
-def check(op, in_types, device):
-    """None if cuDNN can run ``op`` on ``in_types``, else why not."""
-    dtypes = sorted({t.dtype for t in in_types})
-    if any(d not in _DTYPES for d in dtypes):
-        return f"cuDNN convolution takes {', '.join(_DTYPES)}; got {', '.join(dtypes)}"
-    if any(t.layout not in (None, "NCHW", "NHWC") for t in in_types if t.ndim == 4):
-        return "cuDNN lowering takes NCHW or NHWC layouts"
+def environment_reason() -> str | None:
+    """Why no cuDNN rule can run on this machine (no GPU, no ``nvidia-cudnn-frontend``), or None."""
     ok, why = cuda_status()
     if not ok:
         return f"no GPU: {why}"
@@ -89,6 +84,19 @@ def check(op, in_types, device):
         import cudnn  # noqa: F401
     except Exception as exc:
         return f"the cuDNN frontend cannot be imported ({exc}); pip install nvidia-cudnn-frontend"
+    return None
+
+
+def check(op, in_types, device):
+    """None if cuDNN can run ``op`` on ``in_types``, else why not."""
+    dtypes = sorted({t.dtype for t in in_types})
+    if any(d not in _DTYPES for d in dtypes):
+        return f"cuDNN convolution takes {', '.join(_DTYPES)}; got {', '.join(dtypes)}"
+    if any(t.layout not in (None, "NCHW", "NHWC") for t in in_types if t.ndim == 4):
+        return "cuDNN lowering takes NCHW or NHWC layouts"
+    why = environment_reason()
+    if why is not None:
+        return why
     try:
         sig = _signature(op, in_types, device=_device())
         if sig is not None:
@@ -174,4 +182,4 @@ def register_rules() -> None:
 
 register_rules()
 
-__all__ = ["KIND", "TAGS", "check", "variants", "workspace", "register_rules"]
+__all__ = ["KIND", "TAGS", "environment_reason", "check", "variants", "workspace", "register_rules"]

@@ -17,38 +17,14 @@ from opgraph.backends.registry import rules_for
 from opgraph.errors import LoweringError
 from opgraph.types import TensorType as T
 
+from cudnn_fakes import FakeGraphBase, FakeTensor
+
 P = dict(stride=1, padding=1, dilation=1, groups=1)
 
 
-class FakeTensor:
-    def __init__(self, graph, name, **attrs):
-        self.graph, self.name, self.attrs = graph, name, attrs
-
-    def set_output(self, flag):
-        self.graph.output = self
-        return self
-
-    def set_data_type(self, t):
-        return self
-
-    def set_dim(self, d):
-        self.attrs["dim"] = d
-        return self
-
-    def set_stride(self, s):
-        self.attrs["stride"] = s
-        return self
-
-    def get_uid(self):
-        return id(self)
-
-
-class FakeGraph:
+class FakeGraph(FakeGraphBase):
     """Records ``(op, inputs, parameters)``; each pointwise method has the
     frontend's signature, so a wrong keyword fails here as it would there."""
-
-    def __init__(self, **kw):
-        self.calls, self.tensors = [], []
 
     def tensor(self, name, dim, stride, data_type):
         t = FakeTensor(self, name, dim=dim, stride=stride)
@@ -81,21 +57,6 @@ class FakeGraph:
     def relu_backward(self, loss, input, negative_slope=None, lower_clip=None, upper_clip=None,
                       compute_data_type=None, name=""):
         return self._op("relu_backward", loss, input, lower_clip=lower_clip, upper_clip=upper_clip)
-
-    def validate(self):
-        pass
-
-    def build_operation_graph(self):
-        pass
-
-    def deselect_numeric_notes(self, notes):
-        pass
-
-    def create_execution_plans(self, modes):
-        pass
-
-    def get_execution_plan_count(self):
-        return 1
 
 
 @pytest.fixture

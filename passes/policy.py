@@ -48,9 +48,11 @@ TOML schema (``LoweringPolicy.from_toml``; every key optional)::
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import re
 import sys
+from numbers import Real
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -178,23 +180,33 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 
 
 def parse_bytes(value, key: str = "workspace_limit") -> int | None:
-    """Bytes from an int, ``None`` (no limit) or a string like ``'512MiB'``, ``'2GB'``.
+    """Bytes from an int, ``None`` (no limit) or a string like ``'512MiB'``, ``'2GB'``,
+    ``'1.5e9'`` (a fractional count of bytes is rounded down).
 
     Raises:
-        PolicyError: a negative number, an unknown unit or another type.
+        PolicyError: naming ``key``: a negative, NaN or infinite number (1e400
+            is infinite), a malformed number (``'1.2.3MiB'``), an unknown unit
+            or another type.
     """
     if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
         return None
     if isinstance(value, bool):
         raise _err(key, value, "must be a byte count")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise _err(key, value, "must be >= 0")
-        return int(value)
-    m = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise _err(key, value, f"must be bytes, e.g. 1073741824, '512MiB' or '2GB' (units {sorted(_UNITS)[1:]})")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise _err(key, value, "must be bytes, e.g. 1073741824, '512MiB' or '2GB' "
+                                   f"(units {sorted(_UNITS)[1:]})")
+        number = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    elif isinstance(value, Real):  # NumPy numbers too
+        number = value
+    else:
+        raise _err(key, value, "must be a byte count or a string such as '512MiB'")
+    if number != number or number in (math.inf, -math.inf):  # NaN, or 1e400 read as a float
+        raise _err(key, value, "must be a finite number of bytes (leave it unset for no limit)")
+    if number < 0:
+        raise _err(key, value, "must be >= 0")
+    return int(number)
 
 
 def parse_fraction(value, key: str = "workspace_tolerance") -> float:

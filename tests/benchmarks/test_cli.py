@@ -287,6 +287,20 @@ def test_policy_and_workspace_errors_are_usage_errors(tmp_path, capsys):
     assert status == 2 and "--summary" in err
 
 
+@pytest.mark.parametrize("value", ["1e400", "inf", "nan", "1.2.3MiB", ".."])
+def test_malformed_workspace_limit_flag_exits_2_naming_it(capsys, value):
+    status, out, err = run_cli(capsys, "--model", "L5", "--workspace-limit", value)
+    assert status == 2 and "--workspace-limit" in err and repr(value) in err
+    assert "Traceback" not in err and out == ""
+
+
+def test_infinite_workspace_limit_in_a_policy_file_exits_2_naming_file_and_key(capsys, tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text("workspace_limit = inf\n")
+    status, _, err = run_cli(capsys, "--model", "L5", "--policy", str(path))
+    assert status == 2 and str(path) in err and "workspace_limit=inf" in err
+
+
 def test_corrupt_onnx_file_is_a_clear_error(tmp_path, capsys):
     pytest.importorskip("onnx")
     bad = tmp_path / "bad.onnx"

@@ -25,7 +25,10 @@ Location: ``policy.cache``, else the environment variable ``OPGRAPH_CACHE``
 Robustness: writes are atomic (a temporary file in the same folder, then
 ``os.replace``), merged with whatever another process wrote meanwhile; a
 corrupt or foreign file is reported (``warnings.warn`` naming it) and
-rebuilt, never a crash; an unwritable location is reported the same way.
+rebuilt, never a crash; an unwritable location is reported the same way; an
+entry whose options its rule refuses (a hand-edited Winograd ``tile = 7``:
+not one of the rule's variants for the node) is reported and re-tuned
+(``passes.autotune.refused_options``).
 """
 
 from __future__ import annotations
@@ -104,7 +107,9 @@ class AutotuneCache:
             return cls(None if policy.cache.strip().lower() == "off" else policy.cache)
         return cls(default_path())
 
-    def _warn(self, msg: str) -> None:
+    def warn(self, msg: str) -> None:
+        """Report a problem with the file or an entry: a ``RuntimeWarning``, and
+        kept in ``messages`` (the autotune pass copies them into its report)."""
         self.messages.append(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
@@ -115,7 +120,7 @@ class AutotuneCache:
             return {}
         except OSError as e:
             if report:
-                self._warn(f"autotune cache {self.path} cannot be read ({e}); tuning from scratch")
+                self.warn(f"autotune cache {self.path} cannot be read ({e}); tuning from scratch")
             return {}
         try:
             data = json.loads(raw.decode("utf-8"))  # UnicodeDecodeError is a ValueError: corrupt
@@ -125,7 +130,7 @@ class AutotuneCache:
                 raise ValueError(f"not an {FORMAT} file")
         except (ValueError, KeyError, TypeError, RecursionError) as e:
             if report:
-                self._warn(f"autotune cache {self.path} is corrupt ({type(e).__name__}: {e}); "
+                self.warn(f"autotune cache {self.path} is corrupt ({type(e).__name__}: {e}); "
                            "it will be rebuilt")
             return {}
         return entries
@@ -154,7 +159,7 @@ class AutotuneCache:
             tmp = None
             self.dirty = {}
         except OSError as e:
-            self._warn(f"autotune cache {self.path} cannot be written ({e}); decisions kept in memory")
+            self.warn(f"autotune cache {self.path} cannot be written ({e}); decisions kept in memory")
         finally:
             if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)

@@ -278,3 +278,42 @@ def test_candidates_and_their_reference_get_the_node_type(monkeypatch, tmp_path)
         "fast": Rule(Scale, "fast", recording), "slow": Rule(Scale, "slow", recording)})
     tune(scale_graph()[1], tmp_path / "c.json", StubTimer({"fast": 1.0, "slow": 2.0}))
     assert set(seen) == {((4, 5), "float64", "float64"), ((4, 5), "float32", "float32")}
+
+
+def _winograd_conv():
+    g = og.Graph()
+    x, w = g.input("x", (2, 3, 8, 8)), g.param("w", (4, 3, 3, 3))
+    y = og.conv2d(x, w, padding=1, name="conv")
+    rng = np.random.default_rng(0)
+    feeds = dict(x=rng.standard_normal((2, 3, 8, 8)), w=rng.standard_normal((4, 3, 3, 3)))
+    return y, feeds
+
+
+@pytest.mark.parametrize("edit", ["entry", "rows"])
+def test_cached_options_a_kernel_refuses_are_reported_and_retuned(tmp_path, edit):
+    """A hand-edited entry (Winograd with tile = 7, a tile the kernel has no
+    transform for) must not reach the executable: it is checked against the
+    rule's variants, reported, and the node is tuned again."""
+    y, feeds = _winograd_conv()
+    path = tmp_path / "c.json"
+    policy = LoweringPolicy(autotune=True, cache=str(path), exclude=["fused"])
+    og.compile([y], policy=policy)
+    data = json.loads(path.read_text())
+    for entry in data["entries"].values():
+        if edit == "entry":  # an entry of the old format: its algorithm and options are used as written
+            entry.pop("rechoose", None)
+            entry.update(algorithm="winograd", options={"tile": 7})
+        else:  # the rows rechoose() decides from: the fastest row now says tile 7
+            row = next(r for r in entry["candidates"] if r["algorithm"] == "winograd")
+            row.update(options={"tile": 7}, time_ms=1e-6, min_ms=1e-6)
+    path.write_text(json.dumps(data))
+    with pytest.warns(RuntimeWarning, match=r"node conv: cached options \{'tile': 7\} of winograd are not "
+                                            r"among its variants.*re-tuned"):
+        exe = og.compile([y], policy=policy)
+    assert exe.report.nodes["conv"].how == "autotune"
+    assert any("tile': 7" in n for n in exe.report.notes)
+    (got,) = exe(**feeds)  # runs: no kernel refuses its options
+    (want,) = og.compile([y], pipeline="reference", dtype="float64")(**feeds)
+    assert np.linalg.norm(got - want) <= 1e-3 * np.linalg.norm(want)
+    rewritten = json.loads(path.read_text())["entries"]
+    assert all(e["options"].get("tile") != 7 for e in rewritten.values())

@@ -18,12 +18,14 @@ written first).
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import time
 import warnings
 
 from opgraph.analysis import summarize, totals
+from opgraph.atomic_file import write_atomic
 from opgraph.errors import OpgraphError, ParameterError
 from opgraph.passes.policy import LoweringPolicy
 
@@ -134,22 +136,6 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder."""
-    import tempfile
-
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".opgraph-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def check_output_paths(args) -> None:
     """Refuse ``--output`` / ``--plot`` paths that cannot be written, before any
     work is done (a run can take minutes).
@@ -237,7 +223,7 @@ def run_timing(names: list[str], args) -> dict:
             progress.result(r)
         shown = len(doc["results"])
         if incremental:
-            _write_atomic(args.output, report.render_json(doc))
+            write_atomic(args.output, report.render_json(doc))
 
     try:
         return driver.run_benchmark(tgs, settings, progress=progress.describe, on_result=on_result,
@@ -292,11 +278,9 @@ def _main(argv: list[str] | None) -> int:
         return 1
     try:
         if args.output:
-            if args.format == "json":
-                _write_atomic(args.output, report.render_json(doc))
-            else:
-                with open(args.output, "w", encoding="utf-8", newline="") as f:
-                    report.write(doc, args.format, f)
+            text = io.StringIO()
+            report.write(doc, args.format, text)
+            write_atomic(args.output, text.getvalue())
             if not args.quiet:
                 log(f"wrote {args.format} to {args.output}")
         else:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -163,6 +165,23 @@ def test_timing_run_json(capsys, tmp_path):
     assert l5["times"]["backward_data"]["median_ms"] > 0 and "layers" in l5
     assert doc["environment"]["batch"] == {"L5": 1, "L1": 1}
     assert doc["notes"][0].startswith("device: cpu")
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_output_keeps_mode_and_symbolic_link(capsys, tmp_path, fmt):
+    real = tmp_path / "results" / f"run.{fmt}"
+    real.parent.mkdir()
+    real.write_text("old")
+    os.chmod(real, 0o644)
+    link = tmp_path / f"latest.{fmt}"
+    link.symlink_to(real)
+    status, _, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--device", "cpu", "--lowering",
+                             "gemm", "--warmup", "0", "--repeat", "1", "--no-per-layer", "--no-check",
+                             "--format", fmt, "--output", str(link))
+    assert status == 0, err
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert stat.S_IMODE(os.stat(real).st_mode) == 0o644
+    assert "L5" in real.read_text() and not list(real.parent.glob(".opgraph-*"))
 
 
 def test_default_run_on_cpu_states_its_defaults(capsys, monkeypatch):

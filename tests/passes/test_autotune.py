@@ -1,6 +1,8 @@
 """The autotune pass: fastest correct candidate, cache behaviour, reports."""
 
 import json
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -317,3 +319,31 @@ def test_cached_options_a_kernel_refuses_are_reported_and_retuned(tmp_path, edit
     assert np.linalg.norm(got - want) <= 1e-3 * np.linalg.norm(want)
     rewritten = json.loads(path.read_text())["entries"]
     assert all(e["options"].get("tile") != 7 for e in rewritten.values())
+
+
+def test_an_empty_opgraph_cache_is_the_default_location(monkeypatch):
+    monkeypatch.setenv("OPGRAPH_CACHE", "")
+    assert default_path().endswith(".cache/opgraph/autotune.json")
+    monkeypatch.setenv("OPGRAPH_CACHE", "  ")
+    assert default_path().endswith(".cache/opgraph/autotune.json")
+    monkeypatch.setenv("OPGRAPH_CACHE", "off")
+    assert default_path() is None
+
+
+def test_a_cache_behind_a_symbolic_link_keeps_its_link_and_mode(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
+    shared = tmp_path / "shared" / "autotune.json"
+    shared.parent.mkdir()
+    shared.write_text('{"format": "opgraph-autotune/1", "entries": {}}')
+    os.chmod(shared, 0o664)
+    link = tmp_path / "mine.json"
+    link.symlink_to(shared)
+    monkeypatch.setenv("OPGRAPH_CACHE", str(link))
+    policy = LoweringPolicy(autotune=True)
+    ctx = PassContext(policy=policy, timer=StubTimer({"fast": 1.0}), versions=lambda: dict(VERSIONS_A),
+                      device_name=lambda: "test-cpu")
+    outs = scale_graph()[1]
+    Pipeline("t", [LowerPass(), AutotunePass()]).run(outs[0].graph, outs, ctx)
+    assert link.is_symlink() and os.readlink(link) == str(shared)
+    assert len(json.loads(shared.read_text())["entries"]) == 1
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o664

@@ -5,7 +5,10 @@ The user swaps implementations here, never in the model. A policy holds
 * ``prefer``: op-type key -> algorithms tried first, in order (then the
   device's default order, then any other registered rule);
 * ``force``: node name (or ``fnmatch`` pattern) -> the one algorithm it must
-  get; an algorithm that declines the node is a ``LoweringError``;
+  get; a convolution's name stands for its backward nodes too, and
+  ``name:forward`` / ``name:backward_data`` / ``name:backward_filter``
+  narrows it to one direction (``passes/force.py``); an algorithm that
+  declines the node is a ``LoweringError``;
 * ``include`` / ``exclude``: algorithm names or rule tags (Theano's
   ``optimizer_including`` / ``optimizer_excluding``): excluded rules are never
   candidates; rules tagged ``optional`` are candidates only when included;
@@ -40,14 +43,14 @@ TOML schema (``LoweringPolicy.from_toml``; every key optional)::
     conv_wgrad = "gemm"
 
     [force]                       # node name or fnmatch pattern -> algorithm
-    "conv2" = "fft"
+    "conv2" = "fft"               # conv2 in all three directions
+    "conv3:backward_filter" = "gemm"   # one direction
 
 ``docs/policy.md`` has a commented example.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import os
 import re
@@ -62,6 +65,8 @@ from opgraph import ops
 from opgraph import precision as precisions
 from opgraph.errors import ParameterError
 from opgraph.precision import PRECISIONS  # re-exported: the CLI lists them
+
+from .force import forced_algorithm
 
 LAYOUTS = ("NCHW", "NHWC")
 OP_TYPES = tuple(sorted(ops.__all__))
@@ -292,14 +297,12 @@ class LoweringPolicy:
         default = table["conv"] if op_type in CONV_OPS else table["*"]
         return _dedupe((*self.preferred(op_type), *default))
 
-    def forced(self, node_name: str) -> str | None:
-        """The algorithm forced for ``node_name``: an exact key wins over patterns."""
-        if node_name in self.force:
-            return self.force[node_name]
-        for pattern, algo in self.force.items():
-            if fnmatch.fnmatchcase(node_name, pattern):
-                return algo
-        return None
+    def forced(self, node_name: str, direction: str | None = None) -> str | None:
+        """The algorithm forced for ``node_name``, whose op has ``direction``
+        (``Op.direction``): a key names a node, or a layer in all its
+        directions or one (``conv2``, ``conv2:backward_data``); an exact key
+        wins over patterns (``passes/force.py``)."""
+        return forced_algorithm(self.force, node_name, direction)
 
     def exclusion(self, algorithm: str, tags) -> str | None:
         """Why the policy keeps rule (``algorithm``, ``tags``) out, or None."""

@@ -13,11 +13,14 @@ precision; a negative --seed or --time-limit; --plot with --summary; a
 lowering that applies to no convolution of the selected models);
 1 when the device is unavailable or building a model fails; 3 when the run
 finished but some column is a ``mismatch`` or an ``error`` (the outputs are
-written first).
+written first); 4 when --time-limit skipped every column (nothing was
+timed); 130 on Ctrl-C (the finished columns are written where the run would
+have written them, and one line says where).
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import sys
@@ -118,14 +121,25 @@ class Progress:
             self.bar.update(self.task, description=text)
 
     def result(self, r: dict) -> None:
+        """One line per column without a bar; an error in full (type, message,
+        innermost frames) with a bar too, as it would scroll away in the table."""
         self.done += 1
         if self.bar is not None:
             self.bar.advance(self.task)
-        elif not self.quiet:
-            tot = (r.get("totals") or {}).get("total_ms")
-            what = f"total {tot:.2f} ms" if tot is not None else (r.get("reason") or "")[:120]
-            log(f"[{self.done}/{self.total}] {r['model']} {r['precision']} {r['lowering']}: "
-                f"{r['status']} {what} ({time.perf_counter() - self.t0:.0f} s)")
+        error = r.get("error") if r["status"] == "error" else None
+        if self.quiet or (self.bar is not None and error is None):
+            return
+        tot = (r.get("totals") or {}).get("total_ms")
+        what = f"total {tot:.2f} ms" if tot is not None else (r.get("reason") or "")
+        line = (f"[{self.done}/{self.total}] {r['model']} {r['precision']} {r['lowering']}: "
+                f"{r['status']} {what if error else what[:120]} ({time.perf_counter() - self.t0:.0f} s)")
+        line += "".join(f"\n    at {f}" for f in (error or {}).get("frames", ()))
+        if self.bar is not None:
+            from rich.text import Text
+
+            self.bar.console.print(Text(line))
+        else:
+            log(line)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -185,7 +199,8 @@ def run_timing(names: list[str], args) -> dict:
         lowerings = lw.default_lowerings(device)
         if device == "cpu":
             notes.append(driver.CPU_DEFAULT_NOTE)
-    base = LoweringPolicy.from_cli(policy_file=args.policy, workspace_limit=args.workspace_limit,
+    base = LoweringPolicy.from_cli(lowering=args.lowering_policy, policy_file=args.policy,
+                                   workspace_limit=args.workspace_limit,
                                    workspace_tolerance=args.workspace_tolerance)
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
     if args.cuda_graph and device != "cuda":
@@ -215,25 +230,43 @@ def run_timing(names: list[str], args) -> dict:
     progress = Progress(driver.unit_count(models, settings), args.quiet)
     incremental = args.output and args.format == "json"
 
-    shown = 0
+    shown, finished = 0, None
 
     def on_result(doc: dict) -> None:
-        nonlocal shown
+        nonlocal shown, finished
+        finished = doc  # first: a Ctrl-C from here on keeps this column
+        if incremental:
+            write_atomic(args.output, report.render_json(doc))
         for r in doc["results"][shown:]:  # a lowering with --cuda-graph adds two records
             progress.result(r)
         shown = len(doc["results"])
-        if incremental:
-            write_atomic(args.output, report.render_json(doc))
 
     try:
         return driver.run_benchmark(tgs, settings, progress=progress.describe, on_result=on_result,
                                     notes=notes)
+    except KeyboardInterrupt:
+        raise Interrupted(finished) from None
     finally:
         progress.close()
 
 
 class UsageError(Exception):
     """A bad combination of arguments found after parsing (exit status 2)."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a timing run; ``doc`` is the document of the columns
+    finished before it (None when none had)."""
+
+    def __init__(self, doc: dict | None):
+        super().__init__("interrupted")
+        self.doc = doc
+
+
+#: Exit status of a run interrupted by Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
+#: Exit status of a run that timed nothing: --time-limit skipped every column.
+EXIT_NOTHING_TIMED = 4
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -276,33 +309,77 @@ def _main(argv: list[str] | None) -> int:
     except (OpgraphError, ValueError, OSError, MemoryError, ImportError) as e:
         print(f"opgraph-bench: error: {e}", file=sys.stderr)
         return 1
+    except Interrupted as e:
+        return _interrupted(e.doc, args)
+    except KeyboardInterrupt:  # before the first column (building models, the peak, ...)
+        return _interrupted(None, args)
     try:
-        if args.output:
-            text = io.StringIO()
-            report.write(doc, args.format, text)
-            write_atomic(args.output, text.getvalue())
-            if not args.quiet:
-                log(f"wrote {args.format} to {args.output}")
-        else:
-            if args.format != "table" and not args.quiet:
-                for note in doc.get("notes", ()):
-                    log(f"# {note}")
-            report.write(doc, args.format, sys.stdout)
-        if args.plot:
-            from .plot import plot
-
-            plot(doc, args.plot)
-            if not args.quiet:
-                log(f"wrote plot to {args.plot}")
+        write_outputs(doc, args)
     except (ValueError, OSError, ImportError) as e:
         print(f"opgraph-bench: error: {e}", file=sys.stderr)
         return 1
-    bad = [r for r in doc.get("results", ()) if r["status"] in ("mismatch", "error")]
+    results = doc.get("results", ())
+    bad = [r for r in results if r["status"] in ("mismatch", "error")]
     if bad:
         log(f"opgraph-bench: {len(bad)} column(s) failed: " + "; ".join(
             f"{r['model']} {r['precision']} {r['lowering']}: {r['status']}" for r in bad[:5]))
         return 3
+    skipped = [r for r in results if r["status"] == "skipped"]
+    if skipped and all(r["status"] in ("skipped", "n/a") for r in results):
+        log(f"opgraph-bench: error: --time-limit {args.time_limit:g} s was reached before any column ran: "
+            f"all {len(skipped)} column(s) skipped, nothing was timed")
+        return EXIT_NOTHING_TIMED
+    if skipped and not args.quiet:
+        log(f"opgraph-bench: --time-limit {args.time_limit:g} s skipped {len(skipped)} of {len(results)} "
+            "column(s)")
     return 0
+
+
+def write_outputs(doc: dict, args, *, quiet: bool | None = None) -> str:
+    """Write ``doc`` where the flags say (``--output`` or standard output, in
+    ``--format``; then ``--plot``); returns where the document went.
+
+    Raises:
+        ValueError, OSError, ImportError: a file cannot be written, matplotlib is missing.
+    """
+    quiet = args.quiet if quiet is None else quiet
+    if args.output:
+        text = io.StringIO()
+        report.write(doc, args.format, text)
+        write_atomic(args.output, text.getvalue())
+        if not quiet:
+            log(f"wrote {args.format} to {args.output}")
+    else:
+        if args.format != "table" and not quiet:
+            for note in doc.get("notes", ()):
+                log(f"# {note}")
+        report.write(doc, args.format, sys.stdout)
+    if args.plot:
+        from .plot import plot
+
+        plot(doc, args.plot)
+        if not quiet:
+            log(f"wrote plot to {args.plot}")
+    return args.output or "standard output"
+
+
+def _interrupted(doc: dict | None, args) -> int:
+    """Ctrl-C: write the finished columns where the run would have written
+    them, say where in one line, and return :data:`EXIT_INTERRUPTED`."""
+    done = len(doc["results"]) if doc else 0
+    if not done:
+        print("opgraph-bench: interrupted before any column finished; nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    doc["notes"].append(f"interrupted (Ctrl-C) after {done} column(s); the others did not run")
+    try:
+        where = write_outputs(doc, argparse.Namespace(**{**vars(args), "plot": None}), quiet=True)
+    except (ValueError, OSError) as e:
+        print(f"opgraph-bench: interrupted; the {done} finished column(s) could not be written: {e}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"opgraph-bench: interrupted; the {done} finished column(s) were written to {where}",
+          file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -54,7 +54,8 @@ from .models import LAYERS, Model
 from .peak import measure_peaks
 from .peer_column import add_ratios, run_peer_entry
 from .protocol import PHASES, PhaseRunner, TrainingGraph, random_feeds, schedule, training_graph
-from .records import fill_throughput, layer_records, model_flops, new_record, phase_totals, release_device
+from .records import (error_reason, error_record, fill_throughput, forced_nodes, layer_records, model_flops,
+                      new_record, phase_totals, release_device)
 from .timer import Timer, make_timer
 
 #: Mini-batch used on the CPU when ``--batch`` is not given (see module doc).
@@ -161,7 +162,8 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         exe = og.compile(tg.outputs, device=s.device, policy=policy)
         rec["compile_s"] = time.perf_counter() - t0
         sched = schedule(exe, tg)
-        na = lw.not_applicable(exe, lowering)
+        rec["forced"] = forced_nodes(exe.report)  # the policy's choice, not a decline
+        na = {k: v for k, v in lw.not_applicable(exe, lowering).items() if k not in rec["forced"]}
         rec["algorithms"] = lw.algorithm_counts(exe)
         rec["precision_applied"] = lw.precision_applied(exe)
         rec["not_applicable"] = na
@@ -203,7 +205,8 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         if s.cuda_graph:
             out.append(graph_column(rec, runner, tg, sched, na, exe, ref, feeds, s, peak))
     except Exception as e:  # one column's failure (kernel error, OOM) must not end the run
-        rec.update(status="error", reason=f"{type(e).__name__}: {e}")
+        rec["error"] = error_record(e)
+        rec.update(status="error", reason=error_reason(rec["error"]))
     finally:
         exe = runner = None  # every array of the column (and a replay's pools) is freed here
         release_device(s.device)
@@ -266,7 +269,7 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
                 ref = chk.Reference(tg, feeds, s.device)
                 entry["reference_s"] = ref.seconds
             except Exception as e:  # e.g. out of memory: no column of this model can be checked
-                ref_error = f"float64 reference failed, so nothing was timed: {type(e).__name__}: {e}"
+                ref_error = f"float64 reference failed, so nothing was timed: {error_reason(error_record(e))}"
                 release_device(s.device)
         for precision in s.precisions:
             base = attrs.evolve(s.base_policy, precision=precision, layout=s.layout)

@@ -11,7 +11,7 @@ from opgraph.backends import device as dev
 
 from . import check as chk
 from .protocol import PhaseRunner
-from .records import fill_throughput, layer_records, model_flops, phase_totals
+from .records import error_reason, error_record, fill_throughput, layer_records, model_flops, phase_totals
 
 if TYPE_CHECKING:
     from .driver import Settings
@@ -117,7 +117,8 @@ def graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, exe, ref, 
         fill_throughput(g, peak)
         g["layers"] = layer_records(tg, sched, {}, na, exe.report)
     except Exception as e:  # the eager record stands; say why the replay did not
-        g.update(status="error", reason=f"CUDA-graph replay failed: {type(e).__name__}: {e}")
+        g["error"] = error_record(e)
+        g.update(status="error", reason=f"CUDA-graph replay failed: {error_reason(g['error'])}")
         for k in _TIMING_KEYS:
             g.pop(k, None)
         return g

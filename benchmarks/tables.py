@@ -27,6 +27,8 @@ import attrs
 
 PEER_KINDS = ("torch", "torch-compile")
 MARK = "†"
+#: Marks a column with nodes the policy forced, and each forced layer cell.
+FORCED_MARK = "‡"
 
 
 @attrs.define
@@ -104,6 +106,20 @@ def _status_cell(r: dict, notes: list[str]) -> str:
     return f"{r['status']} [{notes.index(reason) + 1}]"
 
 
+def forced_note(r: dict) -> str | None:
+    """``'‡ alexnet / gemm: forced by the policy: fft: conv2, conv2.grad/...'``:
+    every node of a column the policy forced, by the algorithm it ran; None
+    when none was forced."""
+    forced = r.get("forced") or {}
+    if not forced:
+        return None
+    by_algo: dict[str, list[str]] = {}
+    for node, algo in forced.items():
+        by_algo.setdefault(algo, []).append(node)
+    return (f"{FORCED_MARK} {r['model']} / {r['lowering']}: {len(forced)} node(s) forced by the policy: "
+            + "; ".join(f"{algo}: {', '.join(nodes)}" for algo, nodes in by_algo.items()))
+
+
 def layout_label(env: dict) -> str:
     """The layout a run computed in, with the one asked for when it differs
     (NHWC asked for on the CPU runs NCHW): ``'NCHW (NHWC requested)'``."""
@@ -157,7 +173,11 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
             if err is None:
                 err = (chk.get("end_to_end") or {}).get("max_grad")
             frac = r.get("peak_fraction")
-            rows.append([r["model"], r["lowering"], fmt_ms(tot["forward_ms"]),
+            forced = forced_note(r)
+            if forced:
+                notes.append(forced)
+            rows.append([r["model"], r["lowering"] + (f" {FORCED_MARK}" if forced else ""),
+                         fmt_ms(tot["forward_ms"]),
                          fmt_ms((t.get("backward_data") or {}).get("median_ms")),
                          fmt_ms((t.get("backward_filter") or {}).get("median_ms")),
                          fmt_ms(tot["backward_ms"]), fmt_ms(tot["total_ms"]), fmt_ms(tot["total_min_ms"]),
@@ -179,6 +199,8 @@ def _layer_cell(row: dict, phases) -> str:
         cell = fmt_ms(ms) if ms is not None else "-"
         if p in row["not_applicable"]:
             cell += MARK
+        if p in row.get("forced", {}):
+            cell += FORCED_MARK
         cells.append(cell)
     return " / ".join(cells)
 
@@ -209,6 +231,9 @@ def layer_tables(doc: dict, metric: str = "ms") -> Iterable[Table]:
                     for p, why in x["not_applicable"].items():
                         notes.append(f"{MARK} {name} {p} under {r['lowering']}: ran "
                                      f"{x['algorithm'].get(p)}; {r['lowering']}: {why}")
+                    for p, algo in x.get("forced", {}).items():
+                        notes.append(f"{FORCED_MARK} {name} {p} under {r['lowering']}: forced to {algo} "
+                                     "by the policy")
                 rows.append(row)
             if any(x.get("fused_relu") for r in res for x in r["layers"]):
                 notes.append("forward of a convolution fused with its ReLU (Conv2dBiasRelu, the "
@@ -255,4 +280,4 @@ def all_tables(doc: dict, *, per_layer_tflops: bool = False) -> list[Table]:
 
 __all__ = ["Table", "ordered", "precision_label", "fmt_ms", "fmt_num", "fmt_rate", "fmt_mib", "fmt_err", "precisions",
            "layout_label", "environment_table", "peak_table", "end_to_end_tables", "layer_tables", "memory_tables",
-           "all_tables", "PEER_KINDS", "MARK"]
+           "all_tables", "PEER_KINDS", "MARK", "FORCED_MARK", "forced_note"]

@@ -1,0 +1,68 @@
+"""Every ``opgraph-bench`` command and ``--lowering`` value that README.md and
+docs/*.md show goes through the argument parser and the policy builder, so a
+documented command always works (docs/policy.md once showed ``--lowering
+conv=fft+gemm`` and ``@conv2=fft``, which the command refused)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from opgraph.benchmarks.arguments import build_parser
+from opgraph.passes.policy import LoweringPolicy
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+#: Words the docs use for "your value here" (``--lowering SPEC``, ``--policy FILE``).
+PLACEHOLDERS = {"SPEC", "LIST", "FILE", "NAME", "ALGO", "TOML"}
+
+
+def _commands(path: Path):
+    """(where, argv) of every ``opgraph-bench`` command: lines of fenced code
+    blocks and inline code spans (which may wrap), comments dropped; a span
+    ``--lowering VALUE`` alone counts as a command with that flag."""
+    text = path.read_text()
+    fenced = re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
+    for block in fenced:
+        for line in block.splitlines():
+            if "opgraph-bench" in line:
+                cmd = line.split("opgraph-bench", 1)[1].split(" #", 1)[0]
+                yield f"{path.name}: {line.strip()}", shlex.split(cmd)
+    prose = re.sub(r"```[a-z]*\n.*?```", "", text, flags=re.S).replace("\n", " ")
+    for span in re.findall(r"`([^`]+)`", prose):
+        span = re.sub(r"\s+", " ", span).strip()
+        if span.startswith("opgraph-bench"):
+            yield f"{path.name}: `{span}`", shlex.split(span)[1:]
+        elif span.startswith("--lowering "):
+            yield f"{path.name}: `{span}`", shlex.split(span)
+
+
+COMMANDS = [c for path in DOCS for c in _commands(path)]
+
+
+def test_the_docs_show_commands():
+    where = {w.split(":", 1)[0] for w, _ in COMMANDS}
+    assert {"README.md", "policy.md"} <= where
+    spans = [argv for _, argv in COMMANDS]
+    assert ["--model", "alexnet", "--lowering", "conv=fft+gemm"] in spans
+    assert any("@conv2=direct" in " ".join(a) for a in spans)
+
+
+@pytest.mark.parametrize("where, argv", COMMANDS, ids=[w for w, _ in COMMANDS])
+def test_a_documented_command_parses_and_builds_its_policy(where, argv, tmp_path, monkeypatch):
+    if set(argv) & PLACEHOLDERS:
+        pytest.skip("a placeholder, not a command")
+    # the policy file docs/policy.md shows, where a command names it
+    example = re.search(r"```toml\n# policy.toml.*?\n(.*?)```", (REPO / "docs" / "policy.md").read_text(), re.S)
+    (tmp_path / "policy.toml").write_text(example.group(1))
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(argv)  # SystemExit(2) on a usage error: the test fails
+    policy = LoweringPolicy.from_cli(lowering=args.lowering_policy, policy_file=args.policy,
+                                     workspace_limit=args.workspace_limit,
+                                     workspace_tolerance=args.workspace_tolerance)
+    assert isinstance(policy, LoweringPolicy)
+    if args.lowering_policy:
+        assert args.lowering  # policy items alone still make a column

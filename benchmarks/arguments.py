@@ -15,6 +15,7 @@ from opgraph.passes.policy import PRECISIONS, LoweringPolicy
 from . import driver, lowerings as lw, report
 from .models import LAYERS, MODELS, WINNERS, resolve
 from .peer_torch import PEERS
+from .timer import AUTO_MAX_SECONDS, AUTO_ROUND, AUTO_THRESHOLD
 
 #: Names of model groups accepted by --model and --suite.
 GROUPS = {"all": WINNERS + LAYERS, "winners": WINNERS, "layers": LAYERS}
@@ -122,6 +123,11 @@ def _count(minimum: int):
     return parse
 
 
+def _repeat(text: str) -> int | str:
+    """``--repeat`` value: a count of 1 or more, or ``auto`` (:class:`timer.AdaptiveTimer`)."""
+    return "auto" if text.strip().lower() == "auto" else _count(1)(text)
+
+
 def _seconds(text: str) -> float:
     """``--time-limit`` value -> seconds, zero or more (``inf``: no limit).
 
@@ -194,9 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=_count(0), default=None,
                    help=f"untimed iterations (default {driver.GPU_WARMUP} on a GPU as the seed, "
                         f"{driver.CPU_WARMUP} on the CPU)")
-    p.add_argument("--repeat", type=_count(1), default=None,
+    p.add_argument("--repeat", type=_repeat, default=None, metavar="N|auto",
                    help=f"timed calls per loop (default {driver.GPU_REPEAT} on a GPU, "
-                        f"{driver.CPU_REPEAT} on the CPU)")
+                        f"{driver.CPU_REPEAT} on the CPU); auto: rounds of {AUTO_ROUND} calls until the "
+                        f"interquartile range is within {AUTO_THRESHOLD:.0%} of the median, at most "
+                        f"{AUTO_MAX_SECONDS:g} s per loop (benchmarks/timer.py, AdaptiveTimer)")
     p.add_argument("--cuda-graph", action="store_true",
                    help="also replay each phase as CUDA graphs: a column <lowering>+graph per lowering, "
                         "from the same compiled graph (cuda only; steps that cannot be captured, "

@@ -226,7 +226,7 @@ def run_timing(names: list[str], args) -> dict:
                                layout=layout, warmup=warmup, repeat=repeat,
                                per_layer=args.per_layer, check=args.check, compare=args.compare,
                                base_policy=base, seed=args.seed, time_limit=args.time_limit,
-                               cuda_graph=args.cuda_graph)
+                               cuda_graph=args.cuda_graph, adaptive=args.repeat == "auto")
     progress = Progress(driver.unit_count(models, settings), args.quiet)
     incremental = args.output and args.format == "json"
 

@@ -46,6 +46,7 @@ from opgraph.types import HALF_DTYPES
 
 from . import check as chk
 from . import lowerings as lw
+from . import stability
 from .environment import environment, git_commit  # noqa: F401  (re-exported)
 from .forward import ForwardTiming, lowering_summary, time_calls, time_forward  # noqa: F401
 from .graph_column import graph_column, graph_placeholder
@@ -56,7 +57,7 @@ from .peer_column import add_ratios, run_peer_entry
 from .protocol import PHASES, PhaseRunner, TrainingGraph, random_feeds, schedule, training_graph
 from .records import (error_reason, error_record, fill_throughput, forced_nodes, layer_records, model_flops,
                       new_record, phase_totals, release_device)
-from .timer import Timer, make_timer
+from .timer import AUTO_ROUND, AdaptiveTimer, Timer, make_timer
 
 #: Mini-batch used on the CPU when ``--batch`` is not given (see module doc).
 CPU_DEFAULT_BATCH = 8
@@ -99,9 +100,13 @@ def default_batch(model_seed_batch: int, device: str, batch: int | None) -> tupl
     return model_seed_batch, "the seed benchmark's batch"
 
 
-def protocol_defaults(device: str, warmup: int | None, repeat: int | None) -> tuple[int, int]:
-    """Warm-up and repeat counts: given values, else the device's defaults."""
+def protocol_defaults(device: str, warmup: int | None, repeat: int | str | None) -> tuple[int, int]:
+    """Warm-up and repeat counts: given values, else the device's defaults;
+    ``repeat='auto'`` gives :data:`timer.AUTO_ROUND` (the round of an
+    :class:`~timer.AdaptiveTimer`, ``Settings.adaptive``)."""
     w, r = (CPU_WARMUP, CPU_REPEAT) if device == "cpu" else (GPU_WARMUP, GPU_REPEAT)
+    if repeat == "auto":
+        repeat = AUTO_ROUND
     return (w if warmup is None else warmup), (r if repeat is None else repeat)
 
 
@@ -122,6 +127,9 @@ class Settings:
     seed: int = 0
     time_limit: float | None = None
     cuda_graph: bool = False
+    #: ``--repeat auto``: every opgraph loop repeats until stable (:class:`timer.AdaptiveTimer`,
+    #: rounds of ``repeat`` calls); the PyTorch peer times ``repeat`` calls.
+    adaptive: bool = False
 
     @property
     def applied_layout(self) -> str:
@@ -131,13 +139,14 @@ class Settings:
         return "NHWC" if self.layout == "NHWC" and self.device == "cuda" else "NCHW"
 
     def protocol(self, clock: str) -> dict:
-        return {"warmup": self.warmup, "repeat": self.repeat, "clock": clock,
+        return {"warmup": self.warmup, "repeat": "auto" if self.adaptive else self.repeat, "clock": clock,
                 "grad_output": "the model output itself (no loss)",
                 "wrt": "parameters only, so a first convolution reading the image has no "
                        "backward-data (L1-L5: the image too, as the layer-wise benchmark)",
                 "phases": list(PHASES), "per_layer": self.per_layer, "check": self.check,
                 "cuda_graph": self.cuda_graph,
-                "statistics": "median and min over the repeat calls of each loop; mean = the seed's",
+                "statistics": "median and min over the repeat calls of each loop; mean = the seed's; "
+                              "spread: quartiles and IQR (benchmarks/stability.py)",
                 "source": "convnet-benchmarks torch7/imagenet_winners/benchmark.lua"}
 
 
@@ -235,6 +244,8 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
            for m in models]
     models = [tg.model for tg in tgs]
     timer = timer or make_timer(s.device)
+    if s.adaptive:
+        timer = AdaptiveTimer(timer)
     start = time.perf_counter()
     peak = measure_peaks(s.device, s.precisions)
     # the policy as the columns run it: the layout asked for, and the precision when there is one
@@ -242,11 +253,13 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
                           **({"precision": s.precisions[0]} if len(s.precisions) == 1 else {}))
     env = environment(s.device, precision=list(s.precisions), layout=s.applied_layout,
                       layout_requested=s.layout, dtype=sorted({m.dtype for m in models}),
-                      batch={m.key: m.batch for m in models}, warmup=s.warmup, repeat=s.repeat,
+                      batch={m.key: m.batch for m in models}, warmup=s.warmup,
+                      repeat="auto" if s.adaptive else s.repeat,
                       lowerings=[lo.name for lo in s.lowerings], compare=list(s.compare),
                       seed=s.seed, policy=policy.to_dict())
     doc = {"tool": "opgraph-bench", "mode": "benchmark", "schema_version": SCHEMA_VERSION,
            "environment": env, "protocol": s.protocol(timer.clock), "peak": peak,
+           "stability": stability.run_stability(peak, s.device, env.get("device_name")),
            "lowerings": {lo.name: lo.describe() for lo in s.lowerings},
            "notes": list(notes), "models": [], "results": []}
     if s.cuda_graph:
@@ -294,10 +307,15 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
                     recs.append(graph_placeholder(recs[0]))
                 doc["results"] += recs
                 add_ratios(doc["results"])
+                stability.mark_columns(recs, doc["stability"]["reasons"])
                 if on_result:
                     on_result(doc)
         del ref, feeds
         release_device(s.device)
+    if time.perf_counter() - start > stability.DRIFT_MIN_SECONDS:  # did the load change meanwhile?
+        doc["peak_after"] = measure_peaks(s.device, s.precisions)
+        doc["stability"] = stability.run_stability(peak, s.device, env.get("device_name"), doc["peak_after"])
+        stability.mark_columns(doc["results"], doc["stability"]["reasons"])
     doc["elapsed_s"] = time.perf_counter() - start
     return doc
 

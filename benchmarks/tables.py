@@ -144,10 +144,16 @@ def environment_table(doc: dict) -> Table:
 
 def peak_table(doc: dict) -> Table:
     rows = []
+    expected = (doc.get("stability") or {}).get("expected_peak", {})
+    after = doc.get("peak_after") or {}
     for p, d in doc.get("peak", {}).items():
-        rows.append([p, fmt_rate(d.get("tflops")), d.get("error") or d.get("note") or d.get("method", "")])
-    return Table("measured matrix-multiply peak (this run)", ["precision", "TFLOP/s", "how"], rows,
-                 right={"TFLOP/s"})
+        want = (expected.get(p) or {}).get("tflops")
+        rows.append([p, fmt_rate(d.get("tflops")), fmt_rate((after.get(p) or {}).get("tflops")),
+                     fmt_rate(want), d.get("error") or d.get("note") or d.get("method", "")])
+    notes = [f"expected {p}: {e['how']}" for p, e in expected.items()] + run_stability_notes(doc)
+    return Table("measured matrix-multiply peak (this run)",
+                 ["precision", "TFLOP/s", "at the end", "expected", "how"], rows,
+                 right={"TFLOP/s", "at the end", "expected"}, notes=notes)
 
 
 def _mem(r: dict):
@@ -156,15 +162,35 @@ def _mem(r: dict):
         else m.get("planned_peak_bytes")
 
 
+def spread_cell(r: dict, notes: list[str]) -> str:
+    """``'±4%'``: the column's spread (``stability``); ``'±14% unstable'`` when
+    flagged, its own reasons joining ``notes`` (the run's are noted once)."""
+    st = r.get("stability") or {}
+    rel = st.get("spread")
+    cell = "-" if rel is None else f"±{rel:.0%}"
+    if st.get("unstable"):
+        cell += " unstable"
+        own = [why for why in st.get("reasons", ()) if not why.startswith("run: ")]
+        if own:
+            notes.append(f"unstable: {r['model']} / {r['lowering']}: {'; '.join(own)}")
+    return cell
+
+
+def run_stability_notes(doc: dict) -> list[str]:
+    """The run's own reasons to doubt every column (``doc['stability']``)."""
+    st = doc.get("stability") or {}
+    return [f"unstable run: {why}" for why in st.get("reasons", ())]
+
+
 def end_to_end_tables(doc: dict) -> Iterable[Table]:
     headers = ["model", "lowering", "forward", "bwd data", "bwd filter", "backward", "total",
-               "total min", "TFLOP/s", "% peak", "vs torch", "peak MiB", "max rel err"]
+               "total min", "spread", "TFLOP/s", "% peak", "vs torch", "peak MiB", "max rel err"]
     right = set(headers) - {"model", "lowering"}
     for prec in precisions(doc):
         rows, notes = [], []
         for r in ordered(doc, prec):
             if r["status"] != "ok":
-                rows.append([r["model"], r["lowering"], _status_cell(r, notes)] + [""] * 10)
+                rows.append([r["model"], r["lowering"], _status_cell(r, notes)] + [""] * 11)
                 continue
             t, tot = r["times"], r["totals"]
             ratio = (r.get("vs_torch") or {}).get("total")
@@ -181,11 +207,15 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
                          fmt_ms((t.get("backward_data") or {}).get("median_ms")),
                          fmt_ms((t.get("backward_filter") or {}).get("median_ms")),
                          fmt_ms(tot["backward_ms"]), fmt_ms(tot["total_ms"]), fmt_ms(tot["total_min_ms"]),
-                         fmt_rate((r.get("tflops") or {}).get("total")),
+                         spread_cell(r, notes), fmt_rate((r.get("tflops") or {}).get("total")),
                          "-" if frac is None else f"{100 * frac:.0f}%",
                          "-" if ratio is None else f"{ratio:.2f}x", fmt_mib(_mem(r)), fmt_err(err)])
+        notes += run_stability_notes(doc)
         notes += ["times: ms per mini-batch, median over the timed calls (total min: sum of minima); "
                   "backward = backward-data + backward-filter (PyTorch: one autograd pass)",
+                  "spread: the phases' interquartile ranges summed, over the total; unstable: "
+                  "above 10 %, or a run whose measured matmul peak is far below the device's "
+                  "(benchmarks/stability.py)",
                   "vs torch: opgraph total / PyTorch eager total (above 1: slower than PyTorch)",
                   "max rel err: largest per-node relative error against the float64 reference "
                   "(PyTorch and +graph columns: end-to-end, largest over the gradients)"]
@@ -280,4 +310,5 @@ def all_tables(doc: dict, *, per_layer_tflops: bool = False) -> list[Table]:
 
 __all__ = ["Table", "ordered", "precision_label", "fmt_ms", "fmt_num", "fmt_rate", "fmt_mib", "fmt_err", "precisions",
            "layout_label", "environment_table", "peak_table", "end_to_end_tables", "layer_tables", "memory_tables",
-           "all_tables", "PEER_KINDS", "MARK", "FORCED_MARK", "forced_note"]
+           "all_tables", "PEER_KINDS", "MARK", "FORCED_MARK", "forced_note", "spread_cell",
+           "run_stability_notes"]

@@ -277,6 +277,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``opgraph-bench`` console script; returns the exit status.
+    ``opgraph-bench compare A.json B.json`` compares two runs (:mod:`.compare`).
 
     Python warnings print as ``opgraph-bench: warning: MESSAGE`` while it runs
     (only here: a library user keeps the usual format).
@@ -284,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         SystemExit: a usage error found by argparse (status 2), ``--help``.
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["compare"]:  # opgraph-bench compare A.json B.json
+        from .compare import main as compare_main
+
+        return compare_main(argv[1:])
     saved, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         return _main(argv)

@@ -157,7 +157,11 @@ def write_table(doc: dict, stream: TextIO, *, use_rich: bool | None = None) -> N
     """Write ``doc`` as human-readable tables (notes first) to ``stream``."""
     for note in doc.get("notes", ()):
         stream.write(f"# {note}\n")
-    tables = tables_of(doc)
+    write_tables(tables_of(doc), stream, use_rich=use_rich)
+
+
+def write_tables(tables: list[Table], stream: TextIO, *, use_rich: bool | None = None) -> None:
+    """Write ``tables`` with ``rich`` when it is installed, else as aligned plain text."""
     if use_rich is None:
         use_rich = _rich_available()
     if use_rich:
@@ -265,5 +269,5 @@ def write(doc: dict, fmt: str, stream: TextIO) -> None:
 
 
 __all__ = ["FORMATS", "RESULT_KEYS", "TIMED_KEYS", "STATUSES", "CSV_COLUMNS", "layer_record",
-           "model_record", "summary_tables", "render_plain", "tables_of", "write", "write_table",
+           "model_record", "summary_tables", "render_plain", "tables_of", "write", "write_table", "write_tables",
            "render_json", "render_csv"]

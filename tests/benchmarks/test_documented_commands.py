@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from opgraph.benchmarks import compare
 from opgraph.benchmarks.arguments import build_parser
 from opgraph.passes.policy import LoweringPolicy
 
@@ -55,6 +56,10 @@ def test_the_docs_show_commands():
 def test_a_documented_command_parses_and_builds_its_policy(where, argv, tmp_path, monkeypatch):
     if set(argv) & PLACEHOLDERS:
         pytest.skip("a placeholder, not a command")
+    if argv[:1] == ["compare"]:  # opgraph-bench compare A.json B.json: its own parser
+        args = compare.build_parser().parse_args(argv[1:])
+        assert args.a.endswith(".json") and args.b.endswith(".json")
+        return
     # the policy file docs/policy.md shows, where a command names it
     example = re.search(r"```toml\n# policy.toml.*?\n(.*?)```", (REPO / "docs" / "policy.md").read_text(), re.S)
     (tmp_path / "policy.toml").write_text(example.group(1))

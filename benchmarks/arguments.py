@@ -222,6 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="PATH", help="write the result there instead of stdout "
                    "(JSON is rewritten after every column, so a killed run keeps what it finished)")
     p.add_argument("--plot", metavar="PATH.png", help="bar chart of forward + backward per model")
+    p.add_argument("--trace", metavar="PATH.json",
+                   help="one training step of every timed column as a Chrome trace (JSON trace events; "
+                        "Perfetto opens it): an event per node, named by node, op, algorithm and "
+                        "direction; perf_counter on the CPU, CUDA events on a GPU")
     p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     p.add_argument("--seed", type=_count(0), default=0,
                    help="seed of the random input and weights (0 or more; default 0)")

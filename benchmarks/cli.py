@@ -36,6 +36,7 @@ from . import driver, lowerings as lw, report
 from .arguments import build_parser, model_names
 from .environment import environment
 from .models import LAYERS, SEED_BATCHES, build
+from .trace import TraceCollector
 
 def run_summary(names: list[str], args) -> dict:
     """The summary document of ``names`` (no kernel runs)."""
@@ -157,7 +158,7 @@ def check_output_paths(args) -> None:
     Raises:
         UsageError: the path is a folder, or its folder does not exist.
     """
-    for flag, path in (("--output", args.output), ("--plot", args.plot)):
+    for flag, path in (("--output", args.output), ("--plot", args.plot), ("--trace", args.trace)):
         if not path:
             continue
         folder = os.path.dirname(os.path.abspath(path))
@@ -226,7 +227,8 @@ def run_timing(names: list[str], args) -> dict:
                                layout=layout, warmup=warmup, repeat=repeat,
                                per_layer=args.per_layer, check=args.check, compare=args.compare,
                                base_policy=base, seed=args.seed, time_limit=args.time_limit,
-                               cuda_graph=args.cuda_graph, adaptive=args.repeat == "auto")
+                               cuda_graph=args.cuda_graph, adaptive=args.repeat == "auto",
+                               trace=TraceCollector() if args.trace else None)
     progress = Progress(driver.unit_count(models, settings), args.quiet)
     incremental = args.output and args.format == "json"
 
@@ -248,6 +250,8 @@ def run_timing(names: list[str], args) -> dict:
         raise Interrupted(finished) from None
     finally:
         progress.close()
+        if settings.trace is not None and settings.trace.columns:  # what was traced, even on Ctrl-C
+            write_atomic(args.trace, settings.trace.render())
 
 
 class UsageError(Exception):
@@ -307,6 +311,8 @@ def _main(argv: list[str] | None) -> int:
             raise UsageError("--plot charts timing runs; --summary runs nothing: drop --summary or --plot")
         if args.summary and args.cuda_graph:
             raise UsageError("--cuda-graph replays timing runs; --summary runs nothing: drop one of them")
+        if args.summary and args.trace:
+            raise UsageError("--trace records a timed step; --summary runs nothing: drop one of them")
         check_output_paths(args)
         doc = run_summary(names, args) if args.summary else run_timing(names, args)
     except (UsageError, ParameterError) as e:  # bad flags, policy files and values

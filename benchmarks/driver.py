@@ -130,6 +130,8 @@ class Settings:
     #: ``--repeat auto``: every opgraph loop repeats until stable (:class:`timer.AdaptiveTimer`,
     #: rounds of ``repeat`` calls); the PyTorch peer times ``repeat`` calls.
     adaptive: bool = False
+    #: ``--trace``: a :class:`trace.TraceCollector` that gets one step of every timed column.
+    trace: object = None
 
     @property
     def applied_layout(self) -> str:
@@ -208,6 +210,8 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         rec["flops"] = model_flops(tg)
         fill_throughput(rec, peak)
         rec["layers"] = layer_records(tg, sched, layer_times, na, exe.report)
+        if s.trace is not None:  # one more step, outside every timed loop
+            s.trace.add(f"{model.key} {base.precision} {lowering.name}", sched, runner.slots, s.device)
         if s.per_layer:
             rec["other_ms"] = {p: ((rec["times"][p] or {}).get("median_ms") or 0.0)
                                - sum(r["ms"].get(p, 0.0) for r in rec["layers"]) for p in PHASES}

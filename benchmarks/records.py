@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .protocol import main_step
+from .stability import spread
 
 if TYPE_CHECKING:
     from .driver import Settings
@@ -117,8 +118,8 @@ def model_flops(tg) -> dict:
 
 
 def layer_records(tg, sched, layer_times: dict, na: dict, report) -> list[dict]:
-    """One row per conv/linear layer: its algorithm, times, throughput and
-    workspace per phase, the phases its column's algorithm did not run
+    """One row per conv/linear layer: its algorithm, times (median, min, IQR),
+    throughput and workspace per phase, the phases its column's algorithm did not run
     (``not_applicable``) and those the policy forced (``forced``: phase ->
     the algorithm that ran)."""
     nodes = getattr(report, "nodes", {}) or {}
@@ -127,7 +128,7 @@ def layer_records(tg, sched, layer_times: dict, na: dict, report) -> list[dict]:
     for layer, by_phase in sched.layers.items():
         f = tg.layer_flops[layer]
         row = {"layer": layer, "op": tg.layers[layer], "flops": f, "algorithm": {}, "ms": {},
-               "min_ms": {}, "tflops": {}, "workspace_bytes": {}, "not_applicable": {},
+               "min_ms": {}, "iqr_ms": {}, "tflops": {}, "workspace_bytes": {}, "not_applicable": {},
                "forced": {}, "fused_relu": False}
         for p, steps in by_phase.items():
             main = main_step(steps)
@@ -143,6 +144,7 @@ def layer_records(tg, sched, layer_times: dict, na: dict, report) -> list[dict]:
             t = layer_times.get(layer, {}).get(p)
             if t is not None:
                 row["ms"][p], row["min_ms"][p] = t.median_ms, t.min_ms
+                row["iqr_ms"][p] = spread(t.times_ms)["iqr_ms"]
                 row["tflops"][p] = f / (t.median_ms * 1e9) if t.median_ms > 0 else None
         rows.append(row)
     return rows

@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=_repeat, default=None, metavar="N|auto",
                    help=f"timed calls per loop (default {driver.GPU_REPEAT} on a GPU, "
                         f"{driver.CPU_REPEAT} on the CPU); auto: rounds of {AUTO_ROUND} calls until the "
-                        f"interquartile range is within {AUTO_THRESHOLD:.0%} of the median, at most "
+                        f"interquartile range is within {AUTO_THRESHOLD * 100:.0f}%% of the median, at most "
                         f"{AUTO_MAX_SECONDS:g} s per loop (benchmarks/timer.py, AdaptiveTimer)")
     p.add_argument("--cuda-graph", action="store_true",
                    help="also replay each phase as CUDA graphs: a column <lowering>+graph per lowering, "

@@ -161,3 +161,11 @@ def test_a_bad_policy_item_is_a_usage_error_naming_the_flag(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--lowering" in err and "unknown algorithm 'gemmm'" in err
+
+
+def test_help_formats_every_flag(capsys):
+    """argparse %-formats help strings: a bare % in one (5% of the median) broke --help."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "--repeat N|auto" in out and "--trace PATH.json" in out and "5% of" in out

@@ -20,7 +20,9 @@ For each model (:func:`run_benchmark`):
 4. the PyTorch peer(s) on the same model and feeds (:mod:`.peer_torch`).
 
 A failure of one column (a kernel raising, out of memory) is recorded as
-``status: error`` with its message and the run goes on. Throughput counts a
+``status: error`` with its exception's type, message and innermost frames
+(``records.error_record``) and the run goes on. Every timed column gets its
+spread and an ``unstable`` flag (:mod:`.stability`). Throughput counts a
 multiply-add as 2 FLOPs; backward-data and backward-filter of a layer each
 count its forward FLOPs; the fraction of peak divides by the matrix-multiply
 peak of the same precision measured once in this run (:mod:`.peak`).

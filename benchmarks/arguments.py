@@ -13,18 +13,19 @@ from opgraph.errors import ParameterError
 from opgraph.passes.policy import PRECISIONS, LoweringPolicy
 
 from . import driver, lowerings as lw, report
-from .models import LAYERS, MODELS, WINNERS, resolve
-from .peer_torch import PEERS
+from .models import ALIASES, LAYERS, MODELS, MODERN, WINNERS, resolve
+from .peer_run import PEERS
 from .timer import AUTO_MAX_SECONDS, AUTO_ROUND, AUTO_THRESHOLD
 
 #: Names of model groups accepted by --model and --suite.
-GROUPS = {"all": WINNERS + LAYERS, "winners": WINNERS, "layers": LAYERS}
+GROUPS = {"all": WINNERS + LAYERS + MODERN, "winners": WINNERS, "layers": LAYERS, "modern": MODERN}
 
 
 def parse_models(text: str) -> list[str]:
     """``--model`` value -> registry names: comma-separated names, aliases
-    (``overfeat_fast``, ``googlenet_v1``) or groups (``all``, ``winners``,
-    ``layers``), case-insensitive, duplicates dropped.
+    (``overfeat_fast``, ``googlenet_v1``, ``resnet-50``, ...) or groups
+    (``all``, ``winners``, ``layers``, ``modern``), case-insensitive,
+    duplicates dropped.
 
     Raises:
         argparse.ArgumentTypeError: an unknown name (argparse exits with 2).
@@ -41,7 +42,7 @@ def parse_models(text: str) -> list[str]:
             except KeyError:
                 raise argparse.ArgumentTypeError(
                     f"unknown model {part!r}; choose from {', '.join(MODELS)}, the aliases "
-                    f"overfeat_fast and googlenet_v1, or the groups {', '.join(GROUPS)}") from None
+                    f"{', '.join(ALIASES)}, or the groups {', '.join(GROUPS)}") from None
         names += [n for n in found if n not in names]
     if not names:
         raise argparse.ArgumentTypeError("no model given")
@@ -157,26 +158,34 @@ def build_parser() -> argparse.ArgumentParser:
                "130 Ctrl-C (the finished columns are written first).")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--model", type=parse_models, default=None, metavar="NAME[,NAME]",
-                      help="alexnet, overfeat, vgg_a, googlenet, L1..L5, or a group: winners (default), "
-                           "layers, all")
+                      help="alexnet, overfeat, vgg_a, googlenet, L1..L5, resnet50, densenet121, "
+                           "mobilenet_v2, efficientnet_b0, or a group: winners (default), layers, "
+                           "modern, all")
     what.add_argument("--suite", choices=tuple(GROUPS), default=None,
-                      help="a group of models: winners (the four ImageNet models), layers (L1-L5), all")
+                      help="a group of models: winners (the four ImageNet models), layers (L1-L5), "
+                           "modern (ResNet-50, DenseNet-121, MobileNet-v2, EfficientNet-B0, "
+                           "training-form batch norm), all")
     p.add_argument("--onnx", action="append", default=[], metavar="PATH",
-                   help="also benchmark an ONNX network (one image input, one output); repeatable")
+                   help="also benchmark an ONNX network (one image input, one output; every other graph "
+                        "input is a parameter, as in a weightless export); repeatable")
+    p.add_argument("--onnx-input", default=None, metavar="NAME",
+                   help="the image input of the --onnx files (default: each file's first graph input)")
     p.add_argument("--batch", type=_count(1), default=None,
-                   help="mini-batch (default: the seed's 128 / VGG-A 64 on a GPU and for --summary; "
+                   help="mini-batch (default: the seed's 128 / VGG-A 64, the modern suite's 128 / "
+                        "DenseNet-121 64, on a GPU and for --summary; "
                         f"{driver.CPU_DEFAULT_BATCH} on the CPU)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: the GPU if CuPy sees one, else the CPU (default)")
     p.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"), default="float32",
-                   help="storage dtype of inputs, parameters, activations and gradients (default "
-                        "float32; bfloat16 with --precision bf16 keeps the whole step in bf16, "
-                        "computing in fp32)")
+                   help="storage dtype of inputs, parameters, activations and gradients, --onnx "
+                        "networks included (default float32; bfloat16 with --precision bf16 keeps the "
+                        "whole step in bf16, computing in fp32)")
     p.add_argument("--lowering", action=LoweringAction, default=None, metavar="LIST",
                    help="columns: convolution algorithms (gemm, fft, winograd, direct, cudnn, ...), "
-                        "auto (autotune) or default; default: every algorithm the GPU runs plus "
-                        f"auto, or {','.join(lw.CPU_DEFAULT)} on the CPU. Policy items apply to "
-                        "every column (alone they make one column): conv=fft+gemm (prefer), "
+                        "auto (autotune) or default, each optionally with a workspace limit as its "
+                        "own column (cudnn@ws=0, auto@ws=64MiB); default: every algorithm the GPU "
+                        f"runs plus auto, or {','.join(lw.CPU_DEFAULT)} on the CPU. Policy items apply "
+                        "to every column (alone they make one column): conv=fft+gemm (prefer), "
                         "@conv2=fft (force a layer; @conv2:forward=fft one direction), "
                         "exclude=winograd, include=NAME (docs/policy.md)")
     p.set_defaults(lowering_policy=None)
@@ -196,7 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "fraction of the fastest, e.g. 0.03 or 3%% (policy workspace_tolerance; "
                         "default 0.03, 0 keeps the fastest)")
     p.add_argument("--compare", type=_list_of(PEERS, "peer"), default=[], metavar="PEERS",
-                   help="torch (PyTorch eager, cudnn.benchmark) and/or torch-compile, same run")
+                   help="PyTorch peers on the same model, same run: torch (eager, cudnn.benchmark), "
+                        "torch+graph (the whole step captured in a CUDA graph), torch-compile "
+                        "(torch.compile(dynamic=False)), torch-compile+graph; the +graph ones need "
+                        "a GPU")
     p.add_argument("--warmup", type=_count(0), default=None,
                    help=f"untimed iterations (default {driver.GPU_WARMUP} on a GPU as the seed, "
                         f"{driver.CPU_WARMUP} on the CPU)")

@@ -38,19 +38,17 @@ from .environment import environment
 from .models import LAYERS, SEED_BATCHES, build
 from .trace import TraceCollector
 
+
 def run_summary(names: list[str], args) -> dict:
     """The summary document of ``names`` (no kernel runs)."""
     models = []
-    built = [build(name, batch=args.batch, dtype=args.dtype) for name in names]
-    if getattr(args, "onnx", None):
-        from .onnx_model import load_model
-        built += [load_model(path, batch=args.batch) for path in args.onnx]
+    built = [build(name, batch=args.batch, dtype=args.dtype) for name in names] + onnx_models(args)
     for m in built:
         rows = summarize(m.graph, [m.output])
         models.append(report.model_record(m.key, m.spec_key, m.title, m.batch, m.dtype, rows,
                                           totals(rows, m.graph, [m.output])))
     batch = (f"batch {args.batch} (set with --batch)" if args.batch is not None
-             else "the seed benchmark's batch of each model")
+             else "the seed benchmark's (or the modern suite's) batch of each model")
     return {"tool": "opgraph-bench", "mode": "summary",
             "environment": environment("none", batch=args.batch, dtype=args.dtype),
             "notes": [f"static summary at {batch}; forward FLOPs from each op's rule, a "
@@ -66,10 +64,34 @@ def build_models(names, args, device: str, notes: list[str]) -> list:
         if note not in notes:
             notes.append(note)
         models.append(build(name, batch=batch, dtype=args.dtype))
-    for path in args.onnx:
-        from .onnx_model import load_model
+    onnx = onnx_models(args)
+    if args.batch is None:
+        notes += [f"{m.key}: batch {m.batch}, the file's (a symbolic batch builds 1; set with --batch)"
+                  for m in onnx]
+    return models + onnx
 
-        models.append(load_model(path, batch=args.batch))
+
+def onnx_models(args) -> list:
+    """The ``--onnx`` files as models, built at ``--batch`` (else the file's) in
+    ``--dtype``, each with the ``--onnx-input`` image (else its first graph input).
+
+    Raises:
+        UsageError: ``--onnx-input`` without ``--onnx``, or naming no graph
+            input of a file (the message lists them).
+    """
+    from .onnx_model import load_model
+
+    if args.onnx_input is not None and not args.onnx:
+        raise UsageError(f"--onnx-input {args.onnx_input}: names the image input of --onnx files, "
+                         "and no --onnx file is given")
+    models = []
+    for path in args.onnx:
+        try:
+            models.append(load_model(path, batch=args.batch, dtype=args.dtype, input_name=args.onnx_input))
+        except ParameterError as e:
+            if e.param != "input_name":
+                raise
+            raise UsageError(f"--onnx-input {args.onnx_input}: {e.why}") from None
     return models
 
 
@@ -104,6 +126,7 @@ class Progress:
 
     def __init__(self, total: int, quiet: bool):
         self.total, self.done, self.quiet, self.bar = total, 0, quiet, None
+        self.said: set[str] = set()  # reasons printed already: each is printed once per run
         self.t0 = time.perf_counter()
         if not quiet and sys.stderr.isatty():
             try:
@@ -131,10 +154,15 @@ class Progress:
         if self.quiet or (self.bar is not None and error is None):
             return
         tot = (r.get("totals") or {}).get("total_ms")
-        what = f"total {tot:.2f} ms" if tot is not None else (r.get("reason") or "")
+        reason = r.get("reason") or ""
+        repeated = bool(reason) and reason in self.said
+        self.said.add(reason)
+        what = f"total {tot:.2f} ms" if tot is not None else \
+            "(reason above)" if repeated else reason if error else reason[:120]
         line = (f"[{self.done}/{self.total}] {r['model']} {r['precision']} {r['lowering']}: "
-                f"{r['status']} {what if error else what[:120]} ({time.perf_counter() - self.t0:.0f} s)")
-        line += "".join(f"\n    at {f}" for f in (error or {}).get("frames", ()))
+                f"{r['status']} {what} ({time.perf_counter() - self.t0:.0f} s)")
+        if not repeated:
+            line += "".join(f"\n    at {f}" for f in (error or {}).get("frames", ()))
         if self.bar is not None:
             from rich.text import Text
 
@@ -209,14 +237,15 @@ def run_timing(names: list[str], args) -> dict:
     problem = check_applicable(tgs, lowerings, device, base)
     if problem:
         raise UsageError(problem)
+    peer_problem = None  # said once here; the peers' columns carry it as their reason
     if args.compare:
         from .peer_torch import PeerError, import_torch
 
         try:
             import_torch()
         except PeerError as e:
+            peer_problem = str(e)
             log(f"opgraph-bench: --compare {','.join(args.compare)}: {e}")
-            notes.append(f"--compare {','.join(args.compare)}: {e}")
     if device == "cpu" and args.warmup is None and args.repeat is None:
         notes.append(f"protocol: {warmup} warm-up + {repeat} timed calls per loop (CPU defaults; "
                      f"the seed's {driver.GPU_WARMUP} + {driver.GPU_REPEAT} on a GPU)")
@@ -230,6 +259,8 @@ def run_timing(names: list[str], args) -> dict:
                                cuda_graph=args.cuda_graph, adaptive=args.repeat == "auto",
                                trace=TraceCollector() if args.trace else None)
     progress = Progress(driver.unit_count(models, settings), args.quiet)
+    if peer_problem is not None:
+        progress.said.add(peer_problem)
     incremental = args.output and args.format == "json"
 
     shown, finished = 0, None

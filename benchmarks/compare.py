@@ -2,13 +2,14 @@
 
 For every column the two documents share (model, lowering, precision and
 storage dtype, layout) and that both timed, one row per phase (forward,
-backward-data, backward-filter or PyTorch's backward, and the total): A's
+backward-data, backward-filter or PyTorch's backward, the total, and the
+whole step timed as one loop, the only figure of a ``+graph`` peer): A's
 and B's median with its spread, the ratio B / A, and whether the change is
 beyond both runs' spread, as ``asv compare`` and ``pytest-benchmark
 compare`` mark only the changes their statistics support:
 
 * a phase's spread is the interquartile range of its loop's calls
-  (:func:`stability.spread`), the total's the phases' IQRs summed
+  (:func:`stability.spread`; the step's of its loop), the total's the phases' IQRs summed
   (:func:`stability.total_spread`); both come from ``times_ms``, so files
   written before the spread was recorded compare too;
 * a change is ``slower`` or ``faster`` when ``|median_B - median_A|``
@@ -58,18 +59,25 @@ def _key(r: dict) -> tuple:
 
 
 def _timed(doc: dict) -> dict[tuple, dict]:
-    return {_key(r): r for r in doc.get("results", ()) if r.get("status") == "ok" and r.get("times")}
+    return {_key(r): r for r in doc.get("results", ())
+            if r.get("status") == "ok" and (r.get("times") or r.get("step"))}
 
 
 def _figures(r: dict) -> dict[str, tuple[float, float | None]]:
-    """Phase -> (median ms, IQR ms or None) of one record, with ``total``."""
+    """Phase -> (median ms, IQR ms or None) of one record, with ``total`` (the
+    phases summed) and ``step`` (the whole step as one loop) where it has them."""
     out = {}
+    times = r.get("times") or {}
     for p in PHASES:
-        t = (r["times"] or {}).get(p)
+        t = times.get(p)
         if t and t.get("times_ms"):
             out[p] = (t["median_ms"], spread(t["times_ms"])["iqr_ms"])
-    total = total_spread(r["times"])
-    out["total"] = (r["totals"]["total_ms"], total["iqr_ms"] if total else None)
+    if out:
+        total = total_spread(times)
+        out["total"] = (r["totals"]["total_ms"], total["iqr_ms"] if total else None)
+    step = r.get("step")
+    if step and step.get("times_ms"):
+        out["step"] = (step["median_ms"], spread(step["times_ms"])["iqr_ms"])
     return out
 
 
@@ -93,7 +101,7 @@ def compare(a: dict, b: dict) -> dict:
     rows = []
     for key in (k for k in ta if k in tb):
         fa, fb = _figures(ta[key]), _figures(tb[key])
-        for phase in (p for p in (*PHASES, "total") if p in fa and p in fb):
+        for phase in (p for p in (*PHASES, "total", "step") if p in fa and p in fb):
             (ma, ia), (mb, ib) = fa[phase], fb[phase]
             rows.append(dict(zip(("model", "lowering", "precision", "layout"), key), phase=phase,
                              a_ms=ma, a_iqr_ms=ia, b_ms=mb, b_iqr_ms=ib,

@@ -13,11 +13,14 @@ For each model (:func:`run_benchmark`):
    step it decides is checked against the reference (``mismatch``: reported,
    not timed); one real run measures memory (:mod:`.memory`); then the
    seed's protocol (:mod:`.protocol`): warm-up, forward / backward-data /
-   backward-filter in separate loops, and each conv/linear layer's steps of
-   each phase alone; with ``cuda_graph``, a second record ``<lowering>+graph``
-   from the same compiled graph: each phase replayed as CUDA graphs
-   (:meth:`protocol.PhaseRunner.time_graphed_phases`);
-4. the PyTorch peer(s) on the same model and feeds (:mod:`.peer_torch`).
+   backward-filter in separate loops, the whole step in one loop
+   (:mod:`.whole_step`), and each conv/linear layer's steps of each phase
+   alone; with ``cuda_graph``, a second record ``<lowering>+graph`` from the
+   same compiled graph: each phase replayed as CUDA graphs
+   (:meth:`protocol.PhaseRunner.time_graphed_phases`), and the phases' graphs
+   back to back as the whole step;
+4. the PyTorch peers on the same model and feeds (:mod:`.peer_run`), first,
+   and the ratios of every column to them (:mod:`.peer_column`).
 
 A failure of one column (a kernel raising, out of memory) is recorded as
 ``status: error`` with its exception's type, message and innermost frames
@@ -27,8 +30,8 @@ multiply-add as 2 FLOPs; backward-data and backward-filter of a layer each
 count its forward FLOPs; the fraction of peak divides by the matrix-multiply
 peak of the same precision measured once in this run (:mod:`.peak`).
 
-CPU defaults: the seed's batches (128; VGG-A 64) and 10 + 10 calls are
-sized for a GPU; on a 2-core CPU the defaults are batch
+CPU defaults: the seed's batches (128; VGG-A 64; the modern suite's 128,
+DenseNet-121 64) and 10 + 10 calls are sized for a GPU; on a 2-core CPU the defaults are batch
 :data:`CPU_DEFAULT_BATCH`, :data:`CPU_WARMUP` + :data:`CPU_REPEAT` calls and
 the lowerings :data:`lowerings.CPU_DEFAULT`, so that ``opgraph-bench`` with
 no arguments finishes in a few minutes (the output says so).
@@ -55,11 +58,12 @@ from .graph_column import graph_column, graph_placeholder
 from .memory import memory_record, run_and_measure
 from .models import LAYERS, Model
 from .peak import measure_peaks
-from .peer_column import add_ratios, run_peer_entry
+from .peer_column import add_ratios, peer_records
 from .protocol import PHASES, PhaseRunner, TrainingGraph, random_feeds, schedule, training_graph
 from .records import (error_reason, error_record, fill_throughput, forced_nodes, layer_records, model_flops,
                       new_record, phase_totals, release_device)
 from .timer import AUTO_ROUND, AdaptiveTimer, Timer, make_timer
+from .whole_step import opgraph_step
 
 #: Mini-batch used on the CPU when ``--batch`` is not given (see module doc).
 CPU_DEFAULT_BATCH = 8
@@ -96,10 +100,10 @@ def default_batch(model_seed_batch: int, device: str, batch: int | None) -> tupl
         return batch, "set with --batch"
     if device == "cpu":
         return CPU_DEFAULT_BATCH, (
-            "CPU default: the seed's batches (128; VGG-A 64) are sized for a GPU; "
+            "CPU default: the seed's batches (128; VGG-A 64, DenseNet-121 64) are sized for a GPU; "
             f"{CPU_DEFAULT_BATCH} keeps a run of the four models within a few minutes on a "
             f"2-core CPU (use --batch N to change it)")
-    return model_seed_batch, "the seed benchmark's batch"
+    return model_seed_batch, "the seed benchmark's batch (the modern suite's for the modern convnets)"
 
 
 def protocol_defaults(device: str, warmup: int | None, repeat: int | str | None) -> tuple[int, int]:
@@ -206,6 +210,7 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         runner = PhaseRunner(sched, exe.feed(feeds), timer)
         runner.warmup(s.warmup)
         phases = runner.time_phases(s.repeat)
+        rec["step"] = opgraph_step(runner, s.repeat)  # the whole step in one loop: what the ratios use
         layer_times = runner.time_layers(s.repeat) if s.per_layer else {}
         rec["times"] = {p: (t.as_dict() if t else None) for p, t in phases.items()}
         rec["totals"] = phase_totals(rec["times"])
@@ -292,23 +297,25 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
                 release_device(s.device)
         for precision in s.precisions:
             base = attrs.evolve(s.base_policy, precision=precision, layout=s.layout)
-            # the peer first: cheap, and the reference every column is compared with, so a
+            # the peers first: cheap, and the reference every column is compared with, so a
             # --time-limit that cuts the run short still leaves the ratios of what ran
-            units = [(p, None) for p in s.compare] + [(lo.name, lo) for lo in s.lowerings]
-            for name, lowering in units:
+            units = [(list(s.compare), None)] if s.compare else []
+            units += [([lo.name], lo) for lo in s.lowerings]
+            for names, lowering in units:
                 if progress:
-                    progress(f"{model.key} {precision} {name}")
+                    progress(f"{model.key} {precision} {', '.join(names)}")
                 if s.time_limit is not None and time.perf_counter() - start > s.time_limit:
-                    rec = new_record(model, precision, s, name, "opgraph" if lowering else name)
-                    rec.update(status="skipped", reason=f"--time-limit {s.time_limit:g} s reached")
+                    recs = [new_record(model, precision, s, n, "opgraph" if lowering else n) for n in names]
+                    for rec in recs:
+                        rec.update(status="skipped", reason=f"--time-limit {s.time_limit:g} s reached")
                 elif ref_error is not None:
-                    rec = new_record(model, precision, s, name, "opgraph" if lowering else name)
-                    rec.update(status="error", reason=ref_error)
+                    recs = [new_record(model, precision, s, n, "opgraph" if lowering else n) for n in names]
+                    for rec in recs:
+                        rec.update(status="error", reason=ref_error)
                 elif lowering is not None:
-                    rec = run_lowering(tg, feeds, ref, lowering, base, s, timer, peak.get(precision))
-                else:
-                    rec = run_peer_entry(tg, feeds, ref, name, precision, s, peak.get(precision))
-                recs = rec if isinstance(rec, list) else [rec]
+                    recs = run_lowering(tg, feeds, ref, lowering, base, s, timer, peak.get(precision))
+                else:  # the peers of one model and precision run together: one compilation shared
+                    recs = peer_records(tg, feeds, ref, names, precision, s, peak.get(precision))
                 if s.cuda_graph and lowering is not None and len(recs) == 1:
                     recs.append(graph_placeholder(recs[0]))
                 doc["results"] += recs
@@ -328,6 +335,6 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
 
 __all__ = ["CPU_DEFAULT_BATCH", "CPU_WARMUP", "CPU_REPEAT", "GPU_WARMUP", "GPU_REPEAT",
            "CPU_DEFAULT_NOTE", "Settings", "cuda_status", "resolve_device", "default_batch",
-           "protocol_defaults", "random_feeds", "model_flops", "run_lowering", "run_peer_entry",
+           "protocol_defaults", "random_feeds", "model_flops", "run_lowering", "peer_records",
            "add_ratios", "unit_count", "run_benchmark", "time_calls", "ForwardTiming",
            "time_forward", "lowering_summary", "environment", "git_commit"]

@@ -1,8 +1,9 @@
 """Forward-only timing of one compiled model (the first ``opgraph-bench``
 mode, kept for scripts and the ONNX import tests).
 
-:func:`time_forward` compiles ``[model.output]`` with a policy and times
-``warmup`` + ``repeat`` calls of the whole forward pass (ms per mini-batch,
+:func:`time_forward` compiles ``model.forward_outputs`` (the output, and the
+new running statistics of a model with training-form batch norm) with a
+policy and times ``warmup`` + ``repeat`` calls of the whole forward pass (ms per mini-batch,
 median and min; CUDA events on a GPU, ``time.perf_counter`` on the CPU).
 The full convnet-benchmarks protocol (backward-data and backward-filter,
 per layer, checked, with memory and the PyTorch peer) is
@@ -67,7 +68,7 @@ def time_forward(model: Model, *, device: str = "cpu", warmup: int = 1,
     host-device copy is timed (as in the seed).
     """
     t0 = time.perf_counter()
-    run = og.compile([model.output], device=device, policy=policy, pipeline=pipeline)
+    run = og.compile(model.forward_outputs, device=device, policy=policy, pipeline=pipeline)
     compile_s = time.perf_counter() - t0
     feeds = random_feeds(model, seed)
     feeds = {k: dev.to_device(v, device) for k, v in feeds.items()}

@@ -1,7 +1,8 @@
 """The ``<lowering>+graph`` column: the eager column's compiled graph, each
-phase replayed as CUDA graphs (:meth:`protocol.PhaseRunner.time_graphed_phases`),
-checked end to end against the float64 reference and, on a new input, against
-the eager executor."""
+phase replayed as CUDA graphs (:meth:`protocol.PhaseRunner.time_graphed_phases`)
+and the phases' graphs replayed back to back as the whole step
+(:func:`.whole_step.graphed_step`), checked end to end against the float64
+reference and, on a new input, against the eager executor."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from opgraph.backends import device as dev
 from . import check as chk
 from .protocol import PhaseRunner
 from .records import error_reason, error_record, fill_throughput, layer_records, model_flops, phase_totals
+from .whole_step import graphed_step
 
 if TYPE_CHECKING:
     from .driver import Settings
@@ -40,7 +42,7 @@ def graph_check(eager_e2e: dict, graph_e2e: dict) -> tuple[bool, str | None]:
     its eager column's, and why not."""
     if not graph_e2e["finite"]:
         return False, f"non-finite values in {', '.join(graph_e2e['non_finite'][:3])}"
-    for key in ("output", "max_grad"):
+    for key in ("output", "max_grad", "max_state"):
         e, g = eager_e2e.get(key), graph_e2e.get(key)
         if e is None or g is None:
             continue
@@ -97,6 +99,7 @@ def graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, exe, ref, 
     try:
         phases, summary = runner.time_graphed_phases(s.repeat, s.warmup)
         g["graph"] = summary
+        step = graphed_step(runner, s.repeat)  # the phases' graphs back to back: the whole step
         if ref is not None:
             e2e = chk.end_to_end(ref.xp, [runner.slots[v.node] for v in exe.outputs], ref)
             passed, why = graph_check(rec["check"]["end_to_end"], e2e)
@@ -113,6 +116,7 @@ def graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, exe, ref, 
                 return g
         g["times"] = {p: (t.as_dict() if t else None) for p, t in phases.items()}
         g["totals"] = phase_totals(g["times"])
+        g["step"] = step
         g["flops"] = model_flops(tg)
         fill_throughput(g, peak)
         g["layers"] = layer_records(tg, sched, {}, na, exe.report)
@@ -133,7 +137,7 @@ def graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, exe, ref, 
 
 
 #: Keys of an eager record that describe its own timing, not the compiled graph.
-_TIMING_KEYS = ("times", "totals", "tflops", "peak_fraction", "layers", "other_ms")
+_TIMING_KEYS = ("times", "totals", "step", "tflops", "peak_fraction", "layers", "other_ms")
 
 
 def _graph_record(rec: dict, *drop: str) -> dict:

@@ -15,6 +15,13 @@ A *lowering* is one column of the benchmark:
   sizes); a ``--policy`` file can say otherwise;
 * ``default``: the device's default order, no preference.
 
+A lowering spec may add a workspace limit, ``<lowering>@ws=<bytes>``
+(``cudnn@ws=0``, ``auto@ws=64MiB``; bytes as the policy's
+``workspace_limit`` takes them): the same lowering with that scratch budget
+per node, as its own column beside the unlimited one (the 2014
+convnet-benchmarks discussion asked for cuDNN timed both without extra
+memory and with it). The limit replaces the base policy's for that column.
+
 Linear layers and the non-convolution ops get the device's default
 implementation in every column.
 """
@@ -28,7 +35,7 @@ from opgraph.executable import Executable
 from opgraph.op import abstract_of
 from opgraph.ops import of_family
 from opgraph.passes.candidates import decline_reason, policy_options, storage_dtype
-from opgraph.passes.policy import LoweringPolicy
+from opgraph.passes.policy import LoweringPolicy, parse_bytes
 
 from .protocol import TrainingGraph
 
@@ -56,29 +63,46 @@ def conv_algorithms() -> list[str]:
     return sorted(set.intersection(*sets))
 
 
+#: The option of a lowering spec: ``<lowering>@ws=<bytes>`` (module docstring).
+WORKSPACE_OPTION = "ws"
+
+
 @attrs.frozen
 class Lowering:
-    """One benchmark column: ``name`` and how it sets the policy."""
+    """One benchmark column: ``name`` (the spec as written, ``'cudnn'`` or
+    ``'cudnn@ws=0'``), its ``workspace_limit`` in bytes (None: the base
+    policy's), and how it sets the policy."""
 
     name: str
+    workspace_limit: int | None = None
+
+    @property
+    def base(self) -> str:
+        """The lowering without its options: ``'cudnn'`` for ``'cudnn@ws=0'``."""
+        return self.name.split("@", 1)[0]
 
     @property
     def algorithm(self) -> str | None:
         """The convolution algorithm it prefers; None for ``auto``/``default``."""
-        return None if self.name in SPECIAL else self.name
+        return None if self.base in SPECIAL else self.base
 
     @property
     def autotune(self) -> bool:
-        return self.name == "auto"
+        return self.base == "auto"
 
     def describe(self) -> str:
-        return SPECIAL.get(self.name, f"{self.name} preferred for every convolution node where it "
+        text = SPECIAL.get(self.base, f"{self.base} preferred for every convolution node where it "
                                       "applies, the device default elsewhere")
+        if self.workspace_limit is not None:
+            text += f"; workspace limit {self.workspace_limit} bytes per node"
+        return text
 
     def policy(self, base: LoweringPolicy, device: str) -> LoweringPolicy:
         """``base`` (precision, layout, workspace limit, a --policy file) with
-        this column's choice on top."""
-        if self.name == "default":
+        this column's choice on top (its own workspace limit replaces base's)."""
+        if self.workspace_limit is not None:
+            base = attrs.evolve(base, workspace_limit=self.workspace_limit)
+        if self.base == "default":
             return base
         if self.autotune:
             exclude = set(base.exclude)
@@ -86,27 +110,55 @@ class Lowering:
                 exclude |= set(AUTO_EXCLUDE_CUDA)
             return attrs.evolve(base, autotune=True, exclude=exclude)
         prefer = {k: list(v) for k, v in base.prefer.items()}
-        prefer["conv"] = [self.name] + [a for a in prefer.get("conv", []) if a != self.name]
+        prefer["conv"] = [self.base] + [a for a in prefer.get("conv", []) if a != self.base]
         return attrs.evolve(base, prefer=prefer)
 
 
-def parse_lowerings(text: str) -> list[Lowering]:
-    """``'gemm,fft,auto'`` -> lowerings, in order, duplicates dropped.
+def parse_lowering(spec: str) -> Lowering:
+    """One lowering spec: a name (case-insensitive), optionally with a workspace
+    limit, ``'cudnn@ws=0'``, ``'auto@ws=64MiB'`` (module docstring).
 
     Raises:
-        ValueError: an empty list or an unknown name (the message lists the known ones).
+        ValueError: an unknown name or option, or a limit the policy's byte
+            parser refuses (the message names the spec).
     """
+    base, _, options = spec.strip().partition("@")
+    name = base.strip().lower()
     known = conv_algorithms()
+    if name not in known and name not in SPECIAL:
+        raise ValueError(f"unknown lowering {base.strip()!r}; choose from {', '.join(known)} (the "
+                         f"convolution algorithms registered) or {', '.join(SPECIAL)}")
+    if not options:
+        return Lowering(name)
+    key, eq, value = options.partition("=")
+    if key.strip().lower() != WORKSPACE_OPTION or not eq:
+        raise ValueError(f"lowering {spec.strip()!r}: unknown option {options!r}; the one option is "
+                         f"@{WORKSPACE_OPTION}=BYTES, a workspace limit (cudnn@ws=0, auto@ws=64MiB)")
+    try:
+        limit = parse_bytes(value.strip(), key=WORKSPACE_OPTION)
+    except (ValueError, OverflowError) as e:  # PolicyError is a ValueError
+        raise ValueError(f"lowering {spec.strip()!r}: workspace limit {value.strip()!r}: {e}") from None
+    if limit is None:
+        raise ValueError(f"lowering {spec.strip()!r}: @{WORKSPACE_OPTION}= needs a byte count "
+                         f"(leave the option out for no limit)")
+    return Lowering(f"{name}@{WORKSPACE_OPTION}={value.strip()}", limit)
+
+
+def parse_lowerings(text: str) -> list[Lowering]:
+    """``'gemm,fft,auto,cudnn@ws=0'`` -> lowerings (:func:`parse_lowering`), in
+    order, duplicates (same lowering, same limit) dropped.
+
+    Raises:
+        ValueError: an empty list, an unknown name (the message lists the
+            known ones) or a bad option.
+    """
     out: list[Lowering] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        name = part.lower()
-        if name not in known and name not in SPECIAL:
-            raise ValueError(f"unknown lowering {part!r}; choose from {', '.join(known)} (the "
-                             f"convolution algorithms registered) or {', '.join(SPECIAL)}")
-        if Lowering(name) not in out:
-            out.append(Lowering(name))
+        lowering = parse_lowering(part)
+        if all((lo.base, lo.workspace_limit) != (lowering.base, lowering.workspace_limit) for lo in out):
+            out.append(lowering)
     if not out:
         raise ValueError("no lowering given")
     return out
@@ -188,6 +240,7 @@ def precision_applied(exe: Executable) -> dict[str, int]:
     return out
 
 
-__all__ = ["Lowering", "SPECIAL", "CPU_DEFAULT", "conv_algorithms", "parse_lowerings",
+__all__ = ["Lowering", "SPECIAL", "CPU_DEFAULT", "WORKSPACE_OPTION", "conv_algorithms", "parse_lowering",
+           "parse_lowerings",
            "default_lowerings", "conv_nodes", "applicability", "not_applicable",
            "algorithm_counts", "precision_applied"]

@@ -1,68 +1,125 @@
-"""The peers' columns (PyTorch eager and ``torch.compile``, :mod:`.peer_torch`)
-and the ratios of every opgraph column to them."""
+"""The peers' columns (:mod:`.peer_run`: PyTorch eager, ``+graph``, ``torch.compile``,
+``torch.compile+graph``) and the ratios of every opgraph column to them.
+
+Ratios (:func:`add_ratios`) divide opgraph's time by a peer's of the same
+model and precision, measured in the same run:
+
+* ``vs_<peer>`` (``vs_torch``, ``vs_torch_graph``, ``vs_torch_compile``,
+  ``vs_torch_compile_graph``): ``step`` is the whole step timed as one loop
+  on both sides (:mod:`.whole_step`), the like-for-like figure the tables
+  show; ``forward``, ``backward`` and ``total`` divide the seed protocol's
+  per-phase medians, where the peer has phases (a ``+graph`` peer has not);
+* ``vs_best_peer``: ``ratio`` is opgraph's whole step over the fastest
+  peer's (``peer``, ``peer_step_ms``) among those timed in the run.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .peer_run import PEERS, VARIANTS
 from .records import fill_throughput, model_flops, new_record, release_device
 
 if TYPE_CHECKING:
     from .driver import Settings
 
+#: The split the peers do not have: PyTorch's backward is one autograd pass.
+ONE_PASS_NOTE = ("PyTorch autograd computes input and weight gradients in one backward pass: "
+                 "backward-data / backward-filter split n/a")
+GRAPH_NOTE = ("forward and backward captured in one CUDA graph: whole step only (total = the "
+              "step; first call + capture in capture_s)")
 
-def run_peer_entry(tg, feeds: dict, ref, peer: str, precision: str, s: Settings,
-                   peak: dict | None) -> dict:
-    """The PyTorch peer's record for one model and precision."""
-    from .peer_torch import PeerError, run_peer
 
-    rec = new_record(tg.model, precision, s, peer, peer)
+def ratio_key(peer: str) -> str:
+    """The record key of the ratios to ``peer``: ``'vs_torch_compile_graph'``."""
+    return "vs_" + peer.replace("-", "_").replace("+", "_")
+
+
+def peer_records(tg, feeds: dict, ref, names, precision: str, s: Settings, peak: dict | None) -> list[dict]:
+    """The records of the peers ``names`` for one model and precision, in that order."""
+    from .peer_run import run_peers
+    from .peer_torch import PeerError
+
+    recs = {n: new_record(tg.model, precision, s, n, n) for n in names}
     try:
         # the layout opgraph applied, so that the ratios compare like with like
-        out = run_peer(tg.model, feeds, device=s.device, precision=precision, layout=s.applied_layout,
-                       warmup=s.warmup, repeat=s.repeat, compiled=peer == "torch-compile",
-                       reference=ref, input_grad=tg.input_grad is not None)
+        outs = run_peers(tg.model, feeds, names, device=s.device, precision=precision,
+                         layout=s.applied_layout, warmup=s.warmup, repeat=s.repeat, reference=ref,
+                         input_grad=tg.input_grad is not None)
     except PeerError as e:
-        rec.update(status="unavailable", reason=str(e))
-        return rec
+        outs = {n: {"status": "unavailable", "reason": str(e)} for n in names}
     except Exception as e:
-        rec.update(status="error", reason=f"{type(e).__name__}: {e}")
-        return rec
+        outs = {n: {"status": "error", "reason": f"{type(e).__name__}: {e}"} for n in names}
     finally:
         release_device(s.device)
-    times = out["times"]
-    rec["times"] = {"forward": times["forward"], "backward": times["backward"],
-                    "backward_data": None, "backward_filter": None}
-    fwd, bwd = times["forward"]["median_ms"], times["backward"]["median_ms"]
-    rec["totals"] = {"forward_ms": fwd, "backward_ms": bwd, "total_ms": fwd + bwd,
-                     "total_min_ms": times["forward"]["min_ms"] + times["backward"]["min_ms"]}
+    for name, rec in recs.items():
+        _fill(rec, outs[name], tg, peak)
+    return list(recs.values())
+
+
+def _fill(rec: dict, out: dict, tg, peak: dict | None) -> None:
+    rec.update(status=out["status"], reason=out.get("reason"))
+    if out.get("converter_check") is not None:
+        rec["converter_check"] = out["converter_check"]
+    if out["status"] != "ok":
+        if out.get("check") is not None:
+            rec["check"] = out["check"]
+        return
+    step = out["step"]
+    if out["times"] is None:  # one CUDA graph: no phases
+        rec["times"] = {"forward": None, "backward": None, "backward_data": None, "backward_filter": None}
+        rec["totals"] = {"forward_ms": None, "backward_ms": None, "total_ms": step["median_ms"],
+                         "total_min_ms": step["min_ms"]}
+        rec["capture_s"] = out["capture_s"]
+        rec["notes"].append(GRAPH_NOTE)
+    else:
+        times = out["times"]
+        rec["times"] = {"forward": times["forward"], "backward": times["backward"],
+                        "backward_data": None, "backward_filter": None}
+        fwd, bwd = times["forward"]["median_ms"], times["backward"]["median_ms"]
+        rec["totals"] = {"forward_ms": fwd, "backward_ms": bwd, "total_ms": fwd + bwd,
+                         "total_min_ms": times["forward"]["min_ms"] + times["backward"]["min_ms"]}
+        rec["notes"].append(ONE_PASS_NOTE)
+    rec["step"] = step
     rec["flops"] = {k: v for k, v in model_flops(tg).items() if k in ("forward", "backward", "total")}
     fill_throughput(rec, peak)
     rec["first_call_s"] = out["first_call_s"]
     rec["memory"] = out["memory"]
     rec["versions"] = out["versions"]
-    rec["notes"].append("PyTorch autograd computes input and weight gradients in one backward "
-                        "pass: backward-data / backward-filter split n/a")
     if out["check"] is not None:
-        rec["check"] = {"end_to_end": out["check"], "passed": out["check"]["finite"]}
-    return rec
+        rec["check"] = out["check"]
+
+
+def _quotient(a, b):
+    return a / b if a is not None and b else None
 
 
 def add_ratios(results: list[dict]) -> None:
-    """``vs_torch`` / ``vs_torch_compile`` on every timed opgraph record: its
-    forward, backward and total median over the peer's (same model, precision)."""
-    peers = {(r["model"], r["precision"], r["kind"]): r for r in results
-             if r["kind"] != "opgraph" and r["status"] == "ok"}
+    """``vs_<peer>`` and ``vs_best_peer`` on every timed opgraph record (module
+    docstring); a peer or a record without a whole-step time gives no step ratio."""
+    peers: dict[tuple, dict] = {}
+    for r in results:
+        if r["kind"] in VARIANTS and r["status"] == "ok":
+            peers[(r["model"], r["precision"], r["kind"])] = r
     for r in results:
         if r["kind"] != "opgraph" or r["status"] != "ok":
             continue
-        for kind in ("torch", "torch-compile"):
+        mine = (r.get("step") or {}).get("median_ms")
+        best = None
+        for kind in PEERS:
             p = peers.get((r["model"], r["precision"], kind))
             if p is None:
                 continue
-            r["vs_" + kind.replace("-", "_")] = {
-                k: r["totals"][k + "_ms"] / p["totals"][k + "_ms"] if p["totals"][k + "_ms"] else None
-                for k in ("forward", "backward", "total")}
+            theirs = (p.get("step") or {}).get("median_ms")
+            ratios = {"step": _quotient(mine, theirs)}
+            if p["totals"]["forward_ms"] is not None:
+                ratios.update({k: _quotient(r["totals"][k + "_ms"], p["totals"][k + "_ms"])
+                               for k in ("forward", "backward", "total")})
+            r[ratio_key(kind)] = ratios
+            if theirs and (best is None or theirs < best[1]):
+                best = (kind, theirs)
+        if best is not None:
+            r["vs_best_peer"] = {"ratio": _quotient(mine, best[1]), "peer": best[0], "peer_step_ms": best[1]}
 
 
-__all__ = ["run_peer_entry", "add_ratios"]
+__all__ = ["ONE_PASS_NOTE", "GRAPH_NOTE", "ratio_key", "peer_records", "add_ratios"]

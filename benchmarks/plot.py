@@ -4,7 +4,8 @@ One panel per (precision, model), each with its own y scale (models differ
 by 10x in work): one bar per column that was timed (the lowerings, then the
 PyTorch peer(s) in another colour family), forward at the bottom and
 backward (backward-data + backward-filter; PyTorch's one backward pass)
-stacked on top, in milliseconds per mini-batch (medians). A column that was
+stacked on top, in milliseconds per mini-batch (medians); a ``+graph`` peer,
+whose step is one CUDA graph, gets one bar of its whole step. A column that was
 not timed (n/a, mismatch, error) gets no bar and its status written at the
 bar's place, so the absence is visible.
 """
@@ -17,6 +18,8 @@ from .tables import ordered, precisions
 
 FORWARD, BACKWARD = "#4C72B0", "#DD8452"
 PEER_FORWARD, PEER_BACKWARD = "#55A868", "#C44E52"
+#: A peer whose whole step is one CUDA graph (``+graph``): one bar, no phases.
+PEER_STEP = "#8172B3"
 #: Narrowest figure, inches: one model's panel leaves the title and legend room.
 MIN_WIDTH = 6.4
 #: Resolution of the PNG, dots per inch.
@@ -81,8 +84,10 @@ def figure(doc: dict):
     entries = []
     if any(r["kind"] == "opgraph" for r in ok):
         entries += [(FORWARD, "forward"), (BACKWARD, "backward")]
-    if any(r["kind"] != "opgraph" for r in ok):
+    if any(r["kind"] != "opgraph" and r["totals"]["forward_ms"] is not None for r in ok):
         entries += [(PEER_FORWARD, "PyTorch forward"), (PEER_BACKWARD, "PyTorch backward")]
+    if any(r["kind"] != "opgraph" and r["totals"]["forward_ms"] is None for r in ok):
+        entries += [(PEER_STEP, "PyTorch whole step (CUDA graph)")]
     if entries:
         fig.legend([plt.Rectangle((0, 0), 1, 1, color=c) for c, _ in entries], [t for _, t in entries],
                    loc="outside lower center", ncol=len(entries), fontsize=8, frameon=False)
@@ -103,6 +108,11 @@ def _panel(ax, results: list[dict]) -> None:
             ax.text(x, 0.02 * top, r["status"], rotation=90, ha="center", va="bottom", fontsize=7)
             continue
         fwd, bwd = r["totals"]["forward_ms"], r["totals"]["backward_ms"]
+        if fwd is None:  # a peer's step captured in one CUDA graph: no phases, one bar
+            total = r["totals"]["total_ms"]
+            ax.bar(x, total, color=PEER_STEP)
+            ax.text(x, total, _short(total), ha="center", va="bottom", fontsize=7)
+            continue
         ax.bar(x, fwd, color=PEER_FORWARD if peer else FORWARD)
         ax.bar(x, bwd, bottom=fwd, color=PEER_BACKWARD if peer else BACKWARD)
         ax.text(x, fwd + bwd, _short(fwd + bwd), ha="center", va="bottom", fontsize=7)

@@ -20,10 +20,13 @@ its training graph also asks for the gradient of the image
 Here the training graph is ``opgraph.grad(output, params,
 grad_outputs=[output])`` (:func:`training_graph`): the cotangent of the output
 *is* the output value, and ``wrt`` holds the parameters only, so the first
-convolution gets no ``Conv2dBackwardData`` node at all. After compiling it, every
-scheduled step belongs to exactly one phase (:func:`classify`):
+convolution gets no ``Conv2dBackwardData`` node at all. A model with
+training-form batch norm also computes its new running statistics
+(``Model.state_updates``), as a PyTorch training step updates them in its
+forward pass; they are outputs of the training graph too. After compiling
+it, every scheduled step belongs to exactly one phase (:func:`classify`):
 
-* **forward**: the ancestors of the model output;
+* **forward**: the ancestors of the model output and of the state updates;
 * **backward-filter**: the nodes computing parameter gradients from output
   gradients and forward values (:func:`classify` gives the exact rule): in
   the models ``Conv2dBackwardFilter`` (and the ``Pad`` the legalize pass may
@@ -95,6 +98,8 @@ class TrainingGraph:
         data_grad_layers: the layers whose input gradient the backward graph
             computes (all but a first convolution reading the image, unless
             ``input_grad``).
+        state: the model's state updates (``Model.state_updates``: new
+            running statistics), computed in the forward phase.
     """
 
     model: Model
@@ -103,17 +108,21 @@ class TrainingGraph:
     layers: Mapping[str, str]
     layer_flops: Mapping[str, int]
     data_grad_layers: frozenset = frozenset()
+    state: tuple[Value, ...] = ()
 
     @property
     def outputs(self) -> list[Value]:
-        """``[model output, *parameter gradients[, input gradient]]``, the values compiled."""
+        """``[model output, *parameter gradients[, input gradient], *state]``, the values compiled."""
         extra = [self.input_grad] if self.input_grad is not None else []
-        return [self.model.output, *self.grads, *extra]
+        return [self.model.output, *self.grads, *extra, *self.state]
 
     @property
     def output_names(self) -> list[str]:
+        """Names of :attr:`outputs`: the output's, the parameters', the image's
+        (for its gradient) and the buffers' the state updates replace."""
         extra = [self.model.input.name] if self.input_grad is not None else []
-        return [self.model.output.name, *(p.name for p in self.model.params), *extra]
+        return [self.model.output.name, *(p.name for p in self.model.params), *extra,
+                *list(self.model.state_updates)[:len(self.state)]]
 
 
 def training_graph(model: Model, input_grad: bool = False) -> TrainingGraph:
@@ -140,7 +149,7 @@ def training_graph(model: Model, input_grad: bool = False) -> TrainingGraph:
                 data.add(node.name)
     n = len(model.params)
     return TrainingGraph(model, tuple(grads[:n]), grads[n] if input_grad else None, layers, flops,
-                         frozenset(data))
+                         frozenset(data), tuple(model.state_updates.values()))
 
 
 def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
@@ -149,11 +158,14 @@ def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
 
     The input is standard normal (the seed's ``torch.randn``); weights are
     He-normal (std ``sqrt(2 / fan_in)``, He et al. 2015) so activations keep
-    unit scale through the depth of VGG, biases are zero. Buffers (running
-    statistics, ``Graph.buffer``) get their declared default, else ones where
-    a batch norm reads them as a variance and zeros otherwise
-    (``torch.nn.BatchNorm2d``'s initial running statistics): see
-    :func:`buffer_feeds`. Deterministic in ``seed``.
+    unit scale through the depth of VGG, biases are zero, and the scale of a
+    normalisation (a 1-D parameter a batch or layer norm reads as its
+    ``weight``) is one, as ``torch.nn.BatchNorm2d`` initialises it (zeros
+    there would zero the whole network). Buffers (running statistics,
+    ``Graph.buffer``) that the output or the state updates read get their
+    declared default, else ones where a batch norm reads them as a variance
+    and zeros otherwise (``torch.nn.BatchNorm2d``'s initial running
+    statistics): see :func:`buffer_feeds`. Deterministic in ``seed``.
     """
     rng = np.random.default_rng(seed)
     dtype = numpy_dtype(model.dtype)
@@ -162,15 +174,29 @@ def random_feeds(model: Model, seed: int = 0) -> dict[str, np.ndarray]:
         return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(dtype, copy=False)
 
     feeds = {model.input.name: normal(model.input.type.shape)}
+    g = model.graph
     for p in model.params:
         shape = p.type.shape
         if len(shape) == 1:
-            feeds[p.name] = np.zeros(shape, dtype)
+            fill = np.ones if _read_as(g, p.node, _reads_scale) else np.zeros
+            feeds[p.name] = fill(shape, dtype)
         else:
             fan_in = math.prod(shape[1:])
             feeds[p.name] = normal(shape, math.sqrt(2.0 / max(fan_in, 1)))
-    feeds.update(buffer_feeds(model.graph, [model.output]))
+    feeds.update(buffer_feeds(g, model.forward_outputs))
     return feeds
+
+
+def _read_as(graph, source: int, role) -> bool:
+    """Whether some node reads ``source`` at a position where ``role(op, position)`` holds."""
+    return any(role(abstract_of(graph.node(user).op), i)
+               for user in graph.users(source)
+               for i, u in enumerate(graph.input_ids(user)) if u == source)
+
+
+def _reads_scale(op, position: int) -> bool:
+    """Whether ``op`` reads its input ``position`` as a normalisation's scale (weight)."""
+    return (op.name, position) in {("BatchNorm", 1), ("BatchNormTraining", 2), ("LayerNorm", 1)}
 
 
 def _reads_variance(op, position: int) -> bool:
@@ -193,10 +219,7 @@ def buffer_feeds(graph, outputs) -> dict[str, np.ndarray]:
         if src.name in graph.param_values:
             feeds[src.name] = np.asarray(graph.param_values[src.name])
             continue
-        variance = any(_reads_variance(abstract_of(graph.node(user).op), i)
-                       for user in graph.users(src.id)
-                       for i, u in enumerate(graph.input_ids(user)) if u == src.id)
-        fill = np.ones if variance else np.zeros
+        fill = np.ones if _read_as(graph, src.id, _reads_variance) else np.zeros
         feeds[src.name] = fill(src.type.shape, numpy_dtype(src.type.dtype))
     return feeds
 
@@ -217,11 +240,12 @@ FILTER_OPS = frozenset({"Conv2dBackwardFilter", "BiasAddBackward"})
 PASS_THROUGH_OPS = frozenset({"Add", "Reshape", "Flatten", "SumTo"})
 
 
-def classify(exe: Executable, n_params: int) -> dict[int, str]:
+def classify(exe: Executable, n_params: int, n_state: int = 0) -> dict[int, str]:
     """Phase of every scheduled step's node (see the module docstring).
 
     ``exe`` must compute ``TrainingGraph.outputs``: the output, then
-    ``n_params`` parameter gradients (then possibly the input gradient).
+    ``n_params`` parameter gradients (then possibly the input gradient),
+    then ``n_state`` state updates (forward values).
     Backward-filter is the smallest set holding the parameter-gradient
     outputs and the :data:`FILTER_OPS` nodes, closed under adding a node
     whose readers are all in it and that either reads no backward node
@@ -233,7 +257,7 @@ def classify(exe: Executable, n_params: int) -> dict[int, str]:
     gradients read it.
     """
     g = exe.graph
-    forward = g.ancestors(exe.outputs[:1])
+    forward = g.ancestors(exe.outputs[:1] + exe.outputs[len(exe.outputs) - n_state:])
     order = [st.node for st in exe.steps]
     backward = [n for n in order if n not in forward]
     bset = set(backward)
@@ -275,7 +299,7 @@ class Schedule:
 
 def schedule(exe: Executable, tg: TrainingGraph) -> Schedule:
     """Group ``exe``'s steps by phase and by layer (see :class:`Schedule`)."""
-    phase = classify(exe, len(tg.grads))
+    phase = classify(exe, len(tg.grads), len(tg.state))
     steps = tuple(attrs.evolve(st, free=()) for st in exe.steps)
     phases = {p: tuple(st for st in steps if phase[st.node] == p) for p in PHASES}
     layers: dict[str, dict[str, list[Step]]] = {name: {} for name in tg.layers}

@@ -134,7 +134,7 @@ def layer_records(tg, sched, layer_times: dict, na: dict, report) -> list[dict]:
             main = main_step(steps)
             if main is not None:
                 row["algorithm"][p] = main.op.algorithm
-                row["fused_relu"] |= main.op.op.name == "Conv2dBiasRelu"
+                row["fused_relu"] |= main.op.op.fused and main.op.family == "conv"
                 rec = nodes.get(main.name)
                 row["workspace_bytes"][p] = int(rec.workspace) if rec is not None else 0
                 if main.name in na:

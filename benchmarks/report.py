@@ -34,7 +34,7 @@ RESULT_KEYS = ("model", "batch", "dtype", "precision", "layout", "layout_request
                "lowering", "kind", "status", "reason", "notes")
 #: Keys a timed (``status: ok``) opgraph result adds.
 TIMED_KEYS = ("compile_s", "forced", "algorithms", "precision_applied", "not_applicable", "check", "memory",
-              "times", "totals", "flops", "tflops", "peak_fraction", "layers")
+              "times", "totals", "step", "flops", "tflops", "peak_fraction", "layers")
 #: Statuses of a result.
 STATUSES = ("ok", "n/a", "mismatch", "error", "unavailable", "skipped")
 
@@ -182,7 +182,8 @@ CSV_COLUMNS = ("model", "batch", "precision", "layout", "device", "lowering", "k
                "backward_ms", "total_ms", "total_min_ms", "gflop", "tflops_forward",
                "tflops_backward_data", "tflops_backward_filter", "tflops_total", "peak_fraction",
                "vs_torch", "planned_peak_bytes", "live_peak_bytes", "measured_peak_bytes",
-               "reserved_peak_bytes", "workspace_bytes", "max_rel_error", "reason", "forced")
+               "reserved_peak_bytes", "workspace_bytes", "max_rel_error", "reason", "step_ms",
+               "step_iqr_ms", "vs_best_peer", "best_peer", "first_call_s", "forced")
 
 
 def _benchmark_csv_rows(doc: dict):
@@ -200,7 +201,12 @@ def _benchmark_csv_rows(doc: dict):
                "tflops_forward": tf.get("forward"), "tflops_backward_data": tf.get("backward_data"),
                "tflops_backward_filter": tf.get("backward_filter"), "tflops_total": tf.get("total"),
                "peak_fraction": r.get("peak_fraction"),
-               "vs_torch": (r.get("vs_torch") or {}).get("total"),
+               "vs_torch": (r.get("vs_torch") or {}).get("step"),
+               "step_ms": (r.get("step") or {}).get("median_ms"),
+               "step_iqr_ms": (r.get("step") or {}).get("iqr_ms"),
+               "vs_best_peer": (r.get("vs_best_peer") or {}).get("ratio"),
+               "best_peer": (r.get("vs_best_peer") or {}).get("peer"),
+               "first_call_s": r.get("first_call_s"),
                "planned_peak_bytes": mem.get("planned_peak_bytes"),
                "live_peak_bytes": mem.get("live_peak_bytes"),
                "measured_peak_bytes": mem.get("measured_peak_bytes"),

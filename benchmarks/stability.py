@@ -11,6 +11,7 @@ warns when the standard deviation exceeds 10 % of the mean; asv and
   3 calls give an IQR too) and its ratio to the median (:func:`spread`);
 * **spread of a column**: the sum of its phase loops' IQRs over the sum of
   their medians (:func:`total_spread`; the loops run separately, so a bound);
+  a column timed as a whole step only (a ``+graph`` peer): its step loop's;
 * a column is **unstable** when that ratio exceeds :data:`SPREAD_LIMIT`
   (10 %, pyperf's threshold), or when its run is;
 * a **run** is unstable when its measured matmul peak is far below what the
@@ -157,7 +158,7 @@ def mark_columns(results: list[dict], run_reasons: list[str]) -> None:
     """Give every timed record of ``results`` its ``stability`` entry
     (:func:`column_stability`), again when the run's reasons changed."""
     for rec in results:
-        if rec.get("status") == "ok" and rec.get("times"):
+        if rec.get("status") == "ok" and (rec.get("times") or rec.get("step")):
             rec["stability"] = column_stability(rec, run_reasons)
 
 
@@ -177,9 +178,11 @@ def run_stability(peak: dict, device: str, device_name: str | None, after: dict 
 
 def column_stability(rec: dict, run_reasons: list[str]) -> dict:
     """The ``stability`` entry of a timed record: ``spread`` (the relative IQR
-    of its total, :func:`total_spread`, or None), ``unstable`` and its ``reasons``
-    (a spread above :data:`SPREAD_LIMIT`, a loop of one call, the run's)."""
-    total = total_spread(rec.get("times") or {})
+    of its total, :func:`total_spread`; of its whole ``step`` loop when it has
+    no phase loops; or None), ``unstable`` and its ``reasons`` (a spread above
+    :data:`SPREAD_LIMIT`, a loop of one call, the run's)."""
+    times = {p: t for p, t in (rec.get("times") or {}).items() if t}
+    total = total_spread(times) if times else total_spread({"step": rec.get("step")})
     rel = total["relative"] if total else None
     reasons = []
     if rel is not None and rel > SPREAD_LIMIT:

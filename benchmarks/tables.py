@@ -9,7 +9,9 @@ show the same numbers:
 * :func:`peak_table`: the matmul peak of each precision, measured in the run;
 * :func:`end_to_end_tables`: one per precision, a row per model and column,
   convnet-benchmarks README style (forward, backward, total ms per
-  mini-batch; median, min), TFLOP/s, fraction of peak, ratio to PyTorch,
+  mini-batch; median, min), the whole step timed as one loop (median and
+  interquartile range), TFLOP/s, fraction of peak, ratios of the whole step
+  to PyTorch eager and to the fastest peer, compile / first-call seconds,
   peak memory and the check's largest relative error;
 * :func:`layer_tables`: per model and precision, a row per conv/linear layer
   and a column per lowering: forward / backward-data / backward-filter ms
@@ -25,7 +27,7 @@ from typing import Iterable
 
 import attrs
 
-PEER_KINDS = ("torch", "torch-compile")
+from .peer_run import PEERS as PEER_KINDS
 MARK = "†"
 #: Marks a column with nodes the policy forced, and each forced layer cell.
 FORCED_MARK = "‡"
@@ -98,12 +100,39 @@ def ordered(doc: dict, precision: str) -> list[dict]:
                                       r["lowering"].endswith("+graph")))
 
 
-def _status_cell(r: dict, notes: list[str]) -> str:
-    """``n/a [1]``-style marker for an untimed result; the reason joins ``notes``."""
-    reason = f"{r['model']} / {r['lowering']}: {r['status']}: {r.get('reason') or ''}".rstrip(": ")
-    if reason not in notes:
-        notes.append(reason)
-    return f"{r['status']} [{notes.index(reason) + 1}]"
+def _status_cell(r: dict, columns: dict[str, list[str]]) -> str:
+    """``n/a [1]``-style marker for an untimed result: note 1 is its status and
+    reason (``columns``: each such text -> the columns it stands for, so that a
+    reason shared by many columns, e.g. PyTorch missing, is written once)."""
+    reason = f"{r['status']}: {r.get('reason') or ''}".rstrip(": ")
+    columns.setdefault(reason, []).append(f"{r['model']} / {r['lowering']}")
+    return f"{r['status']} [{list(columns).index(reason) + 1}]"
+
+
+def _status_notes(columns: dict[str, list[str]], said: dict[str, str], caption: str) -> list[str]:
+    """The notes of :func:`_status_cell`; a reason an earlier table gave already
+    (``said``: reason -> that table's caption) points there instead."""
+    out = []
+    for reason, cols in columns.items():
+        status = reason.split(":", 1)[0]
+        text = reason if reason not in said else f"{status}: as in the table '{said[reason]}'"
+        said.setdefault(reason, caption)
+        out.append(f"{', '.join(cols)}: {text}")
+    return out
+
+
+def _step_cell(step: dict | None) -> str:
+    """The whole step's median and interquartile range: ``'2.80 ±0.05'``."""
+    if not step:
+        return "-"
+    return f"{fmt_ms(step['median_ms'])} ±{fmt_ms(step.get('iqr_ms'))}"
+
+
+def _ratio_cell(ratio: dict | None, key: str, who: str | None = None) -> str:
+    x = (ratio or {}).get(key)
+    if x is None:
+        return "-"
+    return f"{x:.2f}x" + (f" ({ratio[who]})" if who else "")
 
 
 def forced_note(r: dict) -> str | None:
@@ -184,16 +213,18 @@ def run_stability_notes(doc: dict) -> list[str]:
 
 def end_to_end_tables(doc: dict) -> Iterable[Table]:
     headers = ["model", "lowering", "forward", "bwd data", "bwd filter", "backward", "total",
-               "total min", "spread", "TFLOP/s", "% peak", "vs torch", "peak MiB", "max rel err"]
+               "total min", "spread", "step", "TFLOP/s", "% peak", "vs torch", "vs best peer",
+               "compile s", "peak MiB", "max rel err"]
     right = set(headers) - {"model", "lowering"}
+    said: dict[str, str] = {}
     for prec in precisions(doc):
-        rows, notes = [], []
+        rows, columns, extra = [], {}, []  # extra: the forced and unstable columns' notes
+        caption = f"end to end, {prec}: milliseconds per mini-batch"
         for r in ordered(doc, prec):
             if r["status"] != "ok":
-                rows.append([r["model"], r["lowering"], _status_cell(r, notes)] + [""] * 11)
+                rows.append([r["model"], r["lowering"], _status_cell(r, columns)] + [""] * 14)
                 continue
             t, tot = r["times"], r["totals"]
-            ratio = (r.get("vs_torch") or {}).get("total")
             chk = r.get("check") or {}
             err = chk.get("max_rel_error")
             if err is None:
@@ -201,25 +232,42 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
             frac = r.get("peak_fraction")
             forced = forced_note(r)
             if forced:
-                notes.append(forced)
+                extra.append(forced)
             rows.append([r["model"], r["lowering"] + (f" {FORCED_MARK}" if forced else ""),
                          fmt_ms(tot["forward_ms"]),
                          fmt_ms((t.get("backward_data") or {}).get("median_ms")),
                          fmt_ms((t.get("backward_filter") or {}).get("median_ms")),
                          fmt_ms(tot["backward_ms"]), fmt_ms(tot["total_ms"]), fmt_ms(tot["total_min_ms"]),
-                         spread_cell(r, notes), fmt_rate((r.get("tflops") or {}).get("total")),
+                         spread_cell(r, extra), _step_cell(r.get("step")),
+                         fmt_rate((r.get("tflops") or {}).get("total")),
                          "-" if frac is None else f"{100 * frac:.0f}%",
-                         "-" if ratio is None else f"{ratio:.2f}x", fmt_mib(_mem(r)), fmt_err(err)])
-        notes += run_stability_notes(doc)
+                         _ratio_cell(r.get("vs_torch"), "step"),
+                         _ratio_cell(r.get("vs_best_peer"), "ratio", "peer"), _compile_cell(r),
+                         fmt_mib(_mem(r)), fmt_err(err)])
+        notes = _status_notes(columns, said, caption) + extra + run_stability_notes(doc)
         notes += ["times: ms per mini-batch, median over the timed calls (total min: sum of minima); "
-                  "backward = backward-data + backward-filter (PyTorch: one autograd pass)",
-                  "spread: the phases' interquartile ranges summed, over the total; unstable: "
-                  "above 10 %, or a run whose measured matmul peak is far below the device's "
-                  "(benchmarks/stability.py)",
-                  "vs torch: opgraph total / PyTorch eager total (above 1: slower than PyTorch)",
+                  "backward = backward-data + backward-filter (PyTorch: one autograd pass; +graph "
+                  "peers: the whole step only)",
+                  "spread: the phases' interquartile ranges summed, over the total (a column without "
+                  "phases: the step's); unstable: above 10 %, or a run whose measured matmul peak is "
+                  "far below the device's (benchmarks/stability.py)",
+                  "step: the whole training step timed as one loop, median ±interquartile range; "
+                  "opgraph +graph: the phases' CUDA graphs replayed back to back",
+                  "vs torch: opgraph step / PyTorch eager step; vs best peer: opgraph step / the "
+                  "fastest peer's step in this run (above 1: slower than PyTorch)",
+                  "compile s: opgraph compile (autotune included); PyTorch: first call (torch.compile "
+                  "included), + warm-up and capture for +graph",
                   "max rel err: largest per-node relative error against the float64 reference "
                   "(PyTorch and +graph columns: end-to-end, largest over the gradients)"]
-        yield Table(f"end to end, {prec}: milliseconds per mini-batch", headers, rows, right, notes)
+        yield Table(caption, headers, rows, right, notes)
+
+
+def _compile_cell(r: dict) -> str:
+    """Seconds before the first timed call: :func:`end_to_end_tables`' note."""
+    secs = r.get("compile_s") if r["kind"] == "opgraph" else r.get("first_call_s")
+    if secs is None:
+        return "-"
+    return f"{secs + (r.get('capture_s') or 0.0):.1f}"
 
 
 def _layer_cell(row: dict, phases) -> str:
@@ -266,8 +314,9 @@ def layer_tables(doc: dict, metric: str = "ms") -> Iterable[Table]:
                                      "by the policy")
                 rows.append(row)
             if any(x.get("fused_relu") for r in res for x in r["layers"]):
-                notes.append("forward of a convolution fused with its ReLU (Conv2dBiasRelu, the "
-                             "fuse pass) includes the ReLU")
+                notes.append("a convolution fused with its epilogue by the fuse pass (the forward with "
+                             "its ReLU / ReLU6 and residual add, backward-data with the ReLU gradient) "
+                             "includes it")
             unit = "ms" if metric == "ms" else "TFLOP/s"
             caption = (f"{m['model']} per layer, {prec}: forward / backward-data / backward-filter {unit} "
                        f"(median; each layer's steps timed alone)")

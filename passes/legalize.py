@@ -26,10 +26,9 @@ the first applicable one. ``E`` is the largest demand among those, declared
 by the rules' tags (``needs_explicit_padding``: all of the padding;
 ``symmetric_padding_only``: the asymmetric excess) or the policy's
 ``explicit_padding`` list of algorithm names (``candidates.explicit_padding``).
-This pass is meant to be the only place padding is legalized: a backend
-declares what it cannot take and never pads on its own (the one exception
-left is cuDNN's ``route`` in ``backends/cuda/cudnn.py``, until its rules declare
-``symmetric_padding_only``).
+This pass is the only place padding is legalized: a backend declares what
+it cannot take and never pads on its own (cuDNN's rules declare
+``symmetric_padding_only``, and its kernels refuse asymmetric padding).
 
 Output node ids are kept: the rewritten node keeps its id (``Graph.rewrite``;
 for the backward data case it becomes the ``PadBackward``), so users and

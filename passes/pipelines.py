@@ -34,9 +34,10 @@ def default(policy: LoweringPolicy) -> Pipeline:
         # physical layout of 4-D values (NHWC on cuda when asked); before
         # autotune so that candidates are timed in the layout they will run in
         LayoutPass(),
-        # conv + bias + relu -> one Conv2dBiasRelu node, and the gradient through a
-        # pooled ReLU -> one MaxPool2dBackwardRelu node, where the algorithm has a
-        # fused kernel; before autotune, which times the fused candidates
+        # conv + bias (+ residual add) + ReLU/ReLU6 -> one fused convolution node,
+        # backward-data + ReLU gradient -> one node, the gradient through a pooled
+        # ReLU -> one MaxPool2dBackwardRelu node, where the algorithm has a fused
+        # kernel; before autotune, which times the fused candidates
         FusePass(),
         # re-choose by timing checked candidates (the meta-optimizer), cached
         *([AutotunePass()] if policy.autotune else []),

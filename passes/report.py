@@ -5,7 +5,9 @@
 
 * the lower pass records, per node, the candidate order it tried, every
   candidate that declined with its reason, and the implementation chosen
-  (and how: ``policy``, ``forced``, ``autotune``, ``cache``);
+  (and how: ``policy``, ``forced``, ``autotune``, ``cache``); the text
+  table ends with the number of steps per algorithm (``codegen``: the
+  generated memory-bound kernels, ``reference``: the oracle);
 * the autotune pass adds one :class:`Candidate` row per (algorithm, variant)
   with its time (ms), workspace (bytes), relative error and status;
 * legalize, fuse and layout add notes; memory adds the planned peak bytes;
@@ -144,6 +146,15 @@ class LoweringReport:
         """Node name -> chosen implementation (``Lowered.describe()``)."""
         return {n: r.chosen for n, r in self.nodes.items() if r.chosen is not None}
 
+    def by_algorithm(self) -> dict[str, int]:
+        """Algorithm -> how many nodes it runs (``codegen``: generated kernels;
+        ``reference``: the oracle), most used first."""
+        counts: dict[str, int] = {}
+        for r in self.nodes.values():
+            if r.algorithm is not None:
+                counts[r.algorithm] = counts.get(r.algorithm, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
     def fallbacks(self) -> dict[str, dict[str, str]]:
         """Nodes not given the first algorithm of their order, with the reasons
         of the algorithms before the chosen one (what a benchmark of one
@@ -173,6 +184,8 @@ class LoweringReport:
                 lines += [f"{'':<{width}}    {a}: declined: {why}" for a, why in r.declined.items()]
             if r.candidates and (verbose or r.how in ("autotune", "cache")):
                 lines += [f"{'':<{width}}    {_candidate_line(c)}" for c in r.candidates]
+        if self.nodes:
+            lines.append("steps per algorithm: " + ", ".join(f"{a} {n}" for a, n in self.by_algorithm().items()))
         if self.memory:
             lines.append("memory: " + ", ".join(f"{k}={v}" for k, v in self.memory.items()
                                                  if not isinstance(v, (dict, list))))

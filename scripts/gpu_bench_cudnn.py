@@ -1,9 +1,10 @@
 """Short GPU benchmark and fact probe of the cuDNN lowering (run by scripts/gpu_check.sh).
 
-1. Facts: which route cuDNN takes for asymmetric padding in fprop/dgrad/wgrad
-   (native pre/post padding, or explicit padding), whether conv + bias (+ ReLU)
-   fuses into one graph, how many engines fp32 (TF32 excluded) and tf32 have,
-   and the host cost of one small convolution call.
+1. Facts: whether cuDNN's native asymmetric padding is right on every engine
+   (the legalize pass makes it explicit until it is), which epilogues fuse into
+   one graph (conv + bias (+ residual add) (+ ReLU / ReLU6); dgrad + ReLU
+   backward), how many engines fp32 (TF32 excluded) and tf32 have, and the
+   host cost of one small convolution call.
 2. Timings: AlexNet conv2 and layer-suite L2/L5 at batch 128, float32 NCHW,
    TF32 off: every engine screened (1 warm-up + 3 runs), then the heuristic
    engine and the best one timed properly (10 warm-ups, median of 20, CuPy
@@ -42,7 +43,7 @@ def _time(fn, warmup=10, reps=20):
 
 def native_asymmetric_probe(cp, shapes, p):
     """Run every engine of the *native* asymmetric-padding graph (cuDNN pre !=
-    post padding, bypassing the legalization of ``cudnn.route``) on a
+    post padding, which the legalize pass otherwise makes explicit) on a
     NaN-poisoned output; count the engines whose result is wrong."""
     from opgraph.backends.cuda import cudnn, cudnn_graph as cg
     from opgraph.backends.reference import conv as ref
@@ -86,12 +87,15 @@ def facts(cp):
               "dgrad": [(2, 16, 6, 7), (16, 8, 3, 3), (2, 8, 12, 12)],
               "wgrad": [(2, 8, 12, 12), (2, 16, 6, 7), (16, 8, 3, 3)]}
     out.update(native_asymmetric_probe(cp, shapes, p))
-    for prec, cl in (("fp32", False), ("bf16", True), ("fp16", True)):
-        for epi in ("bias", "bias_relu"):
-            sh = [(8, 64, 28, 28), (64, 64, 3, 3), (1, 64, 1, 1), (8, 64, 28, 28)]
-            plan, left, _ = cudnn.route(cudnn.signature("fprop", epi, sh, prec, ((1, 1), (1, 1)),
-                                                        (1, 1), (1, 1), cl))
-            out[f"fused_{epi}_{prec}_{'NHWC' if cl else 'NCHW'}"] = (
+    for prec, cl in (("fp32", False), ("fp32", True), ("bf16", True), ("fp16", True)):
+        y = (8, 64, 28, 28)
+        graphs = {epi: ("fprop", [y, (64, 64, 3, 3), (1, 64, 1, 1)] + [y] * ("add" in epi) + [y])
+                  for epi in ("bias", "bias_relu", "bias_relu6", "bias_add_relu", "bias_add_relu6")}
+        graphs["drelu"] = ("dgrad", [y, (64, 64, 3, 3), y, y])
+        for epi, (kind, sh) in graphs.items():
+            sig = cudnn.signature(kind, epi, sh, prec, ((1, 1), (1, 1)), (1, 1), (1, 1), cl)
+            plan, left = cudnn.route(sig)
+            out[f"fused_{kind}_{epi}_{prec}_{'NHWC' if cl else 'NCHW'}"] = (
                 f"one graph, {len(plan.engines())} engines" if left == "none" else "unfused (CuPy epilogue)")
     for prec in ("fp32", "tf32", "bf16"):
         x, w, pad = CONVS["alexnet_conv2"]
@@ -107,7 +111,7 @@ def facts(cp):
             out["alexnet_conv2_fprop_fp32_failures"] = sorted(set(plan.failed.values()))[:5]
     x = cp.random.standard_normal((8, 16, 16, 16), dtype=cp.float32)
     w = cp.random.standard_normal((16, 16, 3, 3), dtype=cp.float32)
-    kw = _params(1)
+    kw = dict(_params(1), out_shape=(8, 16, 16, 16))
     for _ in range(20):
         cudnn.conv2d(cp, x, w, **kw)
     cp.cuda.Device().synchronize()
@@ -123,7 +127,7 @@ def facts(cp):
     for plan in cg._CACHE.values():
         plan._fast = {}
     t0 = time.perf_counter()
-    cudnn.conv2d(cp, x[:, :8], w[:, :8], **kw)
+    cudnn.conv2d(cp, x[:, :8], w[:, :8], **dict(kw, out_shape=(8, 8, 16, 16)))
     cp.cuda.Device().synchronize()
     out["first_call_ms_new_signature"] = round((time.perf_counter() - t0) * 1e3, 1)
     builds = [t for plan in cg._CACHE.values() for t in plan.build_seconds.values()]
@@ -133,13 +137,15 @@ def facts(cp):
 
 def bench_ours(cp, name, quick):
     from opgraph.backends.cuda import cudnn
+    from opgraph.backends.reference.conv import conv_geometry
     xs, ws, pad = CONVS[name]
     kw = _params(pad)
     x = cp.random.standard_normal(xs, dtype=cp.float32)
     w = cp.random.standard_normal(ws, dtype=cp.float32)
-    y = cudnn.conv2d(cp, x, w, **kw)
+    ys = conv_geometry(xs, ws, **kw).y_shape
+    y = cudnn.conv2d(cp, x, w, **kw, out_shape=ys)
     gy = cp.random.standard_normal(y.shape, dtype=cp.float32)
-    calls = {"fprop": (lambda e: cudnn.conv2d(cp, x, w, **kw, engine=e), [xs, ws, y.shape]),
+    calls = {"fprop": (lambda e: cudnn.conv2d(cp, x, w, **kw, out_shape=ys, engine=e), [xs, ws, y.shape]),
              "dgrad": (lambda e: cudnn.conv2d_backward_data(cp, gy, w, **kw, input_shape=xs, engine=e),
                        [y.shape, ws, xs]),
              "wgrad": (lambda e: cudnn.conv2d_backward_filter(cp, x, gy, **kw, weight_shape=ws, engine=e),

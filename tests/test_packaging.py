@@ -89,6 +89,7 @@ def test_wheel_holds_only_the_opgraph_namespace(installed):
         assert pkg.replace(".", "/") + "/__init__.py" in names, pkg
     assert "opgraph/benchmarks/specs/imagenet_winners.json" in names
     assert "opgraph/benchmarks/specs/layer_suite.json" in names
+    assert "opgraph/benchmarks/specs/modern_convnets.json" in names
 
 
 def test_every_subpackage_imports_from_the_installed_copy(installed):

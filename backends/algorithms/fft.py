@@ -84,12 +84,19 @@ def _upsample(xp, gy, geom):
 
 
 def conv2d_forward(xp, x, w, *, stride=1, padding=0, dilation=1, groups=1):
-    """FFT convolution (cross-correlation) ``(N, C, H, W) * (O, C/G, kH, kW) -> (N, O, Ho, Wo)``.
+    """FFT convolution (cross-correlation) ``(N, C, H, W) * (O, C/G, kH, kW) -> (N, O, Ho, Wo)``
+    of arrays outside a graph (validated by :func:`conv_geometry`); :func:`forward`
+    runs a node on its geometry.
 
     Raises:
         ParameterError, ShapeError: bad parameters or shapes (see :func:`conv_geometry`).
     """
     g = conv_geometry(x.shape, w.shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    return forward(xp, x, w, g)
+
+
+def forward(xp, x, w, g):
+    """:func:`conv2d_forward` with the geometry ``g`` (``ConvGeometry``), which it trusts."""
     dt = result_dtype(xp, x, w)
     s = fft_shape(g)
     G = g.groups
@@ -106,13 +113,19 @@ def conv2d_forward(xp, x, w, *, stride=1, padding=0, dilation=1, groups=1):
 
 def conv2d_backward_data(xp, gy, w, *, stride=1, padding=0, dilation=1, groups=1, input_shape):
     """FFT input gradient: full convolution of the zero-upsampled ``gy`` with the
-    dilated kernel, then the padding border cropped; shape ``input_shape``.
+    dilated kernel, then the padding border cropped; shape ``input_shape``
+    (arrays outside a graph; :func:`backward_data` runs a node).
 
     Raises:
         ParameterError, ShapeError: bad parameters, or gy not of the output shape.
     """
     g = conv_geometry(input_shape, w.shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
     check_gy(g, gy.shape)
+    return backward_data(xp, gy, w, g)
+
+
+def backward_data(xp, gy, w, g):
+    """:func:`conv2d_backward_data` with the geometry ``g``, which it trusts."""
     dt = result_dtype(xp, gy, w)
     s = fft_shape(g)
     G = g.groups
@@ -131,13 +144,18 @@ def conv2d_backward_data(xp, gy, w, *, stride=1, padding=0, dilation=1, groups=1
 def conv2d_backward_filter(xp, x, gy, *, stride=1, padding=0, dilation=1, groups=1, weight_shape):
     """FFT weight gradient: correlation of the padded input with the zero-upsampled
     ``gy`` summed over the batch, read at the dilated taps; shape ``weight_shape``.
-    Batch 0 gives zeros.
+    Batch 0 gives zeros. Arrays outside a graph; :func:`backward_filter` runs a node.
 
     Raises:
         ParameterError, ShapeError: bad parameters, or gy not of the output shape.
     """
     g = conv_geometry(x.shape, weight_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
     check_gy(g, gy.shape)
+    return backward_filter(xp, x, gy, g)
+
+
+def backward_filter(xp, x, gy, g):
+    """:func:`conv2d_backward_filter` with the geometry ``g``, which it trusts."""
     dt = result_dtype(xp, x, gy)
     s = fft_shape(g)
     G = g.groups
@@ -172,5 +190,5 @@ def workspace(direction: str, op, in_types, options) -> int:
     return 2 * planes * lh * (lw // 2 + 1) * 2 * itemsize
 
 
-__all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "check", "workspace",
-           "fft_shape"]
+__all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "forward", "backward_data",
+           "backward_filter", "check", "workspace", "fft_shape"]

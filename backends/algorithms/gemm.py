@@ -98,7 +98,9 @@ def col2im(xp, cols, geom):
 
 def conv2d_forward(xp, x, w, *, stride=1, padding=0, dilation=1, groups=1,
                    workspace_limit=DEFAULT_WORKSPACE_LIMIT):
-    """``y = W @ im2col(x)``: convolution ``(N, C, H, W) * (O, C/G, kH, kW) -> (N, O, Ho, Wo)``.
+    """``y = W @ im2col(x)``: convolution ``(N, C, H, W) * (O, C/G, kH, kW) -> (N, O, Ho, Wo)``
+    of arrays outside a graph (validated by :func:`conv_geometry`); :func:`forward`
+    runs a node on its geometry.
 
     Args:
         xp: array module; x, w: input and weight; stride, padding, dilation, groups:
@@ -110,6 +112,11 @@ def conv2d_forward(xp, x, w, *, stride=1, padding=0, dilation=1, groups=1,
         LoweringError: a GEMM dimension of 2^31 or more (see :func:`limit_reason`).
     """
     g = conv_geometry(x.shape, w.shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    return forward(xp, x, w, g, workspace_limit=workspace_limit)
+
+
+def forward(xp, x, w, g, *, workspace_limit=DEFAULT_WORKSPACE_LIMIT):
+    """:func:`conv2d_forward` with the geometry ``g`` (``ConvGeometry``), which it trusts."""
     _require_limits(g)
     dt = result_dtype(xp, x, w)
     x = x.astype(dt, copy=False)
@@ -124,7 +131,8 @@ def conv2d_forward(xp, x, w, *, stride=1, padding=0, dilation=1, groups=1,
 
 def conv2d_backward_data(xp, gy, w, *, stride=1, padding=0, dilation=1, groups=1, input_shape,
                          workspace_limit=DEFAULT_WORKSPACE_LIMIT):
-    """``gx = col2im(W^T @ gy)``: input gradient of shape ``input_shape``.
+    """``gx = col2im(W^T @ gy)``: input gradient of shape ``input_shape``, of
+    arrays outside a graph (:func:`backward_data` runs a node).
 
     Args:
         gy: ``(N, O, Ho, Wo)``; w: ``(O, C/G, kH, kW)``; input_shape: ``(N, C, H, W)``.
@@ -135,6 +143,11 @@ def conv2d_backward_data(xp, gy, w, *, stride=1, padding=0, dilation=1, groups=1
     """
     g = conv_geometry(input_shape, w.shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
     check_gy(g, gy.shape)
+    return backward_data(xp, gy, w, g, workspace_limit=workspace_limit)
+
+
+def backward_data(xp, gy, w, g, *, workspace_limit=DEFAULT_WORKSPACE_LIMIT):
+    """:func:`conv2d_backward_data` with the geometry ``g``, which it trusts."""
     _require_limits(g)
     dt = result_dtype(xp, gy, w)
     wt = xp.swapaxes(w.astype(dt, copy=False).reshape(g.groups, g.og, g.cg * g.kh * g.kw), 1, 2)
@@ -148,7 +161,8 @@ def conv2d_backward_data(xp, gy, w, *, stride=1, padding=0, dilation=1, groups=1
 
 def conv2d_backward_filter(xp, x, gy, *, stride=1, padding=0, dilation=1, groups=1, weight_shape,
                            workspace_limit=DEFAULT_WORKSPACE_LIMIT):
-    """``gw = gy @ im2col(x)^T`` summed over the batch: weight gradient of ``weight_shape``.
+    """``gw = gy @ im2col(x)^T`` summed over the batch: weight gradient of
+    ``weight_shape``, of arrays outside a graph (:func:`backward_filter` runs a node).
 
     The chunk's images are folded into the contracted dimension (columns laid out
     ``(G, K, n*Ho*Wo)``), so each chunk is one GEMM per group. Batch 0 gives zeros.
@@ -162,6 +176,11 @@ def conv2d_backward_filter(xp, x, gy, *, stride=1, padding=0, dilation=1, groups
     """
     g = conv_geometry(x.shape, weight_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
     check_gy(g, gy.shape)
+    return backward_filter(xp, x, gy, g, workspace_limit=workspace_limit)
+
+
+def backward_filter(xp, x, gy, g, *, workspace_limit=DEFAULT_WORKSPACE_LIMIT):
+    """:func:`conv2d_backward_filter` with the geometry ``g``, which it trusts."""
     _require_limits(g)
     dt = result_dtype(xp, x, gy)
     x, gy = x.astype(dt, copy=False), gy.astype(dt, copy=False)
@@ -200,5 +219,6 @@ def _itemsize(dtype: str) -> int:
     return {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}.get(dtype, 4)
 
 
-__all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "im2col", "col2im",
+__all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "forward", "backward_data",
+           "backward_filter", "im2col", "col2im",
            "check", "workspace", "batch_chunk", "limit_reason", "DEFAULT_WORKSPACE_LIMIT"]

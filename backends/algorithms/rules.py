@@ -1,19 +1,24 @@
 """Lowering rules of every convolution algorithm, registered in one place.
 
 An algorithm is three plain functions, one per direction, written against an
-array module ``xp``::
+array module ``xp`` and a node's :class:`~opgraph.backends.reference.conv.ConvGeometry`::
 
-    forward(xp, x, w, *, stride, padding, dilation, groups, **options) -> y
-    backward_data(xp, gy, w, *, stride, padding, dilation, groups, input_shape, **options) -> gx
-    backward_filter(xp, x, gy, *, stride, padding, dilation, groups, weight_shape, **options) -> gw
+    forward(xp, x, w, g, **options) -> y
+    backward_data(xp, gy, w, g, **options) -> gx
+    backward_filter(xp, x, gy, g, **options) -> gw
 
-:func:`register_conv_algorithm` turns them into three registry ``Rule``\\ s for
-``Conv2d``, ``Conv2dBackwardData`` and ``Conv2dBackwardFilter``. Each kernel calls
-the function with ``**op.params()`` (the op's fields are exactly these keyword
-names) plus ``**ctx.options`` (the implementation's own choices, e.g. a Winograd
-``tile``), and, for ``Conv2d`` with a third input, adds the bias
-(``y += b.reshape(1, -1, 1, 1)``). float16 and bfloat16 arrays are computed in float32 and
-the result cast back (SEMANTICS.md: half storage accumulates in fp32).
+:func:`register_conv_algorithm` turns them into registry ``Rule``\\ s for every
+op of the convolution family (``ops.of_family('conv')``), by the op's
+direction. Each kernel builds the node's geometry once, from the op's
+canonical fields and the node's shapes (``reference.conv.node_geometry``: the
+output shape is ``ctx.out_shape``, never recomputed), and calls the function
+with it plus ``**ctx.options`` (the implementation's own choices, e.g. a
+Winograd ``tile``), then applies the node's epilogue in place on the fresh
+output (``reference.conv_epilogue.apply_epilogue`` of ``epilogue_steps``:
+``Conv2d``'s bias; the fused forward ops' bias, residual add and ReLU /
+ReLU6; backward-data's ReLU gradient). float16 and bfloat16 arrays are
+computed in float32 and the result cast back once (SEMANTICS.md: half
+storage accumulates in fp32), after the epilogue.
 
 Registered at import (the names are the policy's algorithm names):
 
@@ -36,68 +41,60 @@ import functools
 
 import numpy as np
 
-from opgraph.ops.conv import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, Conv2dBiasRelu
+from opgraph import ops
+from opgraph.ops.conv_fused import epilogue_steps
 from opgraph.types import HALF_DTYPES
 
 from . import fft, gemm, winograd
 from ..reference import conv as direct
+from ..reference.conv_epilogue import apply_epilogue
 from ..registry import Rule, register
 
-#: direction name -> abstract op type.
-OP_TYPES = {
-    "forward": Conv2d,
-    "backward_data": Conv2dBackwardData,
-    "backward_filter": Conv2dBackwardFilter,
-}
+#: the op's direction (``Op.direction``) -> the algorithm function's name (and
+#: the ``direction`` argument of its ``check``, ``variants``, ``workspace``).
+DIRECTIONS = {"fwd": "forward", "dgrad": "backward_data", "wgrad": "backward_filter"}
 
 
-def _half_safe(fn):
-    """Run ``fn`` in float32 when any array is float16 or bfloat16, casting the
-    result back to the first such array's dtype."""
-
-    @functools.wraps(fn)
-    def run(xp, *arrays, **kwargs):
-        half = [a.dtype for a in arrays if a.dtype.name in HALF_DTYPES]
-        if not half:
-            return fn(xp, *arrays, **kwargs)
-        out = fn(xp, *[a.astype(np.float32) for a in arrays], **kwargs)
-        return out.astype(half[0])
-
-    return run
+def _widened(arrays):
+    """``(arrays, half)``: float16/bfloat16 arrays as float32, and the first
+    such dtype (the one the result is cast back to), or None when none is."""
+    half = [a.dtype for a in arrays if a.dtype.name in HALF_DTYPES]
+    if not half:
+        return arrays, None
+    return [a.astype(np.float32) for a in arrays], half[0]
 
 
-def _forward_kernel(name, fn):
-    def conv_bias(xp, x, w, *bias, **kwargs):
-        y = fn(xp, x, w, **kwargs)
-        if bias:
-            y += bias[0].reshape(1, -1, 1, 1).astype(y.dtype, copy=False)
-        return y
-
-    # the bias is added before the one rounding of a half-precision result
-    run = _half_safe(conv_bias)
-
-    def kernel(ctx, op, x, w, b=None):
-        return run(ctx.xp, x, w, *(() if b is None else (b,)), **op.params(), **dict(ctx.options))
-
-    kernel.__name__ = kernel.__qualname__ = f"{name}_conv2d"
-    kernel.__doc__ = f"``{name}``: y = conv(x, w) (+ b over channels). " + (fn.__doc__ or "")
-    return kernel
+def _geometry(direction, ctx, op, a, b, rest):
+    """The node's geometry: a forward op's from x, w and the node's output
+    shape (``ctx.out_shape``), a backward op's from the shapes it was typed
+    with (``reference.conv.geometry_of``)."""
+    if direction == "forward":
+        return direct.node_geometry(op, a.shape, b.shape, ctx.out_shape(op, a, b, *rest))
+    return direct.geometry_of(direction, op, (a, b))
 
 
-def _backward_kernel(name, fn, what):
-    fn = _half_safe(fn)
+def _kernel(name, fn, direction):
+    """The kernel of an op of ``direction``: ``fn`` on the node's geometry,
+    then the node's epilogue (``Conv2d``'s bias; a fused forward op's bias,
+    residual add and activation; backward-data's ReLU gradient) in place on
+    the fresh output, before the one rounding of a half-precision result."""
 
-    def kernel(ctx, op, a, b):
-        return fn(ctx.xp, a, b, **op.params(), **dict(ctx.options))
+    def kernel(ctx, op, a, b, *rest):
+        g = _geometry(direction, ctx, op, a, b, rest)
+        (a, b, *rest), half = _widened((a, b, *rest))
+        y = fn(ctx.xp, a, b, g, **dict(ctx.options))
+        y = apply_epilogue(ctx.xp, epilogue_steps(op, 2 + len(rest)), y, rest)
+        return y if half is None else y.astype(half)
 
-    kernel.__name__ = kernel.__qualname__ = f"{name}_conv2d_{what}"
-    kernel.__doc__ = f"``{name}``: conv2d {what}. " + (fn.__doc__ or "")
+    suffix = "" if direction == "forward" else f"_{direction}"
+    kernel.__name__ = kernel.__qualname__ = f"{name}_conv2d{suffix}"
+    kernel.__doc__ = f"``{name}``: conv2d {direction} and the node's epilogue. " + (fn.__doc__ or "")
     return kernel
 
 
 def register_conv_algorithm(name, forward, backward_data, backward_filter, *, check, devices,
-                            variants=None, workspace=None, tags=(), fresh_output=True) -> dict[str, Rule]:
-    """Register ``name`` as a lowering of the three convolution ops.
+                            variants=None, workspace=None, tags=(), fresh_output=True) -> dict[type, Rule]:
+    """Register ``name`` as a lowering of every op of the convolution family.
 
     Args:
         name: algorithm name used by policies and reports (``'gemm'``, ...).
@@ -112,45 +109,29 @@ def register_conv_algorithm(name, forward, backward_data, backward_filter, *, ch
             of option sets for the autotuner; default a single ``{}``.
         workspace: optional ``workspace(direction, op, in_types, options) -> int``
             scratch bytes of one call; default 0.
-        tags: policy tags (include/exclude) of all three rules.
+        tags: policy tags (include/exclude) of every rule (a fused op's rule
+            also gets ``fused``, from ``Op.fused``).
         fresh_output: the functions return a new array, never a view of an
             input (``Rule.fresh_output``: the memory pass may then let an
             element-wise step overwrite it); a convolution computes a new
             array, so True unless a function says otherwise.
 
     Returns:
-        The three registered rules, by direction. Registering a name again
-        replaces its rules.
+        The registered rules, by op type. Registering a name again replaces its rules.
     """
     fns = {"forward": forward, "backward_data": backward_data, "backward_filter": backward_filter}
     rules = {}
-    for direction, op_type in OP_TYPES.items():
-        if direction == "forward":
-            kernel = _forward_kernel(name, fns[direction])
-        else:
-            kernel = _backward_kernel(name, fns[direction], direction[len("backward_"):])
+    for op_type in ops.of_family("conv"):
+        direction = DIRECTIONS[op_type.direction]
+        kernel = _kernel(name, fns[direction], direction)
         fields = dict(devices=devices, check=functools.partial(check, direction),
                       tags=frozenset(tags) | {"conv", name}, fresh_output=fresh_output)
         if variants is not None:
             fields["variants"] = functools.partial(variants, direction)
         if workspace is not None:
             fields["workspace"] = functools.partial(workspace, direction)
-        rules[direction] = register(Rule(op_type, name, kernel, **fields))
-        if direction == "forward":  # the fuse pass's conv + bias + ReLU, same kernel
-            rules["fused"] = register(Rule(Conv2dBiasRelu, name, _fused_kernel(kernel), **fields))
+        rules[op_type] = register(Rule(op_type, name, kernel, **fields))
     return rules
-
-
-def _fused_kernel(forward):
-    """``relu(forward(...))`` applied in place on the fresh convolution output
-    (``maximum`` propagates NaN, SEMANTICS.md)."""
-
-    def kernel(ctx, op, x, w, b):
-        y = forward(ctx, op, x, w, b)
-        return ctx.xp.maximum(y, 0, out=y)
-
-    kernel.__name__ = kernel.__qualname__ = forward.__name__ + "_relu"
-    return kernel
 
 
 def _accept_all(direction, op, in_types, device):
@@ -161,21 +142,18 @@ def _accept_all(direction, op, in_types, device):
 ALL_DEVICES = ("cpu", "cuda")
 
 for _name in ("direct", "reference"):
-    register_conv_algorithm(_name, direct.conv2d_forward, direct.conv2d_backward_data,
-                            direct.conv2d_backward_filter, check=_accept_all, devices=ALL_DEVICES,
-                            tags=("reference", "direct"))
+    register_conv_algorithm(_name, direct.forward, direct.backward_data, direct.backward_filter,
+                            check=_accept_all, devices=ALL_DEVICES, tags=("reference", "direct"))
 
-register_conv_algorithm("gemm", gemm.conv2d_forward, gemm.conv2d_backward_data,
-                        gemm.conv2d_backward_filter, check=gemm.check, devices=ALL_DEVICES,
-                        workspace=gemm.workspace, tags=("gemm", "im2col"))
+register_conv_algorithm("gemm", gemm.forward, gemm.backward_data, gemm.backward_filter,
+                        check=gemm.check, devices=ALL_DEVICES, workspace=gemm.workspace,
+                        tags=("gemm", "im2col"))
 
-register_conv_algorithm("fft", fft.conv2d_forward, fft.conv2d_backward_data,
-                        fft.conv2d_backward_filter, check=fft.check, devices=ALL_DEVICES,
-                        workspace=fft.workspace, tags=("fft", "fast"))
+register_conv_algorithm("fft", fft.forward, fft.backward_data, fft.backward_filter, check=fft.check,
+                        devices=ALL_DEVICES, workspace=fft.workspace, tags=("fft", "fast"))
 
-register_conv_algorithm("winograd", winograd.conv2d_forward, winograd.conv2d_backward_data,
-                        winograd.conv2d_backward_filter, check=winograd.check, devices=ALL_DEVICES,
-                        variants=winograd.variants, workspace=winograd.workspace,
-                        tags=("winograd", "fast"))
+register_conv_algorithm("winograd", winograd.forward, winograd.backward_data, winograd.backward_filter,
+                        check=winograd.check, devices=ALL_DEVICES, variants=winograd.variants,
+                        workspace=winograd.workspace, tags=("winograd", "fast"))
 
-__all__ = ["register_conv_algorithm", "OP_TYPES"]
+__all__ = ["register_conv_algorithm", "DIRECTIONS"]

@@ -133,7 +133,9 @@ def _tile_counts(g, tile):
 
 
 def conv2d_forward(xp, x, w, *, stride=1, padding=0, dilation=1, groups=1, tile=DEFAULT_TILE):
-    """Winograd ``F(tile x tile, 3x3)`` convolution ``(N, C, H, W) * (O, C/G, 3, 3) -> (N, O, Ho, Wo)``.
+    """Winograd ``F(tile x tile, 3x3)`` convolution ``(N, C, H, W) * (O, C/G, 3, 3) -> (N, O, Ho, Wo)``
+    of arrays outside a graph (validated by :func:`conv_geometry`); :func:`forward`
+    runs a node on its geometry.
 
     Raises:
         ParameterError: bad parameters or ``tile`` not in (2, 4).
@@ -141,6 +143,11 @@ def conv2d_forward(xp, x, w, *, stride=1, padding=0, dilation=1, groups=1, tile=
         LoweringError: kernel not 3x3, stride or dilation not 1.
     """
     g = conv_geometry(x.shape, w.shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    return forward(xp, x, w, g, tile=tile)
+
+
+def forward(xp, x, w, g, *, tile=DEFAULT_TILE):
+    """:func:`conv2d_forward` with the geometry ``g`` (``ConvGeometry``), which it trusts."""
     _require(g)
     dt = result_dtype(xp, x, w)
     bt, gm, at = matrices(xp, tile, dt)
@@ -159,7 +166,7 @@ def conv2d_backward_data(xp, gy, w, *, stride=1, padding=0, dilation=1, groups=1
                          tile=DEFAULT_TILE):
     """Winograd input gradient: the forward on ``gy`` padded by 2 with the flipped,
     transposed kernel ``wt[c, o] = w[o, c, ::-1, ::-1]`` (per group), cropped to
-    ``input_shape``.
+    ``input_shape`` (arrays outside a graph; :func:`backward_data` runs a node).
 
     Raises:
         ParameterError, ShapeError: bad parameters, or gy not of the output shape.
@@ -167,6 +174,11 @@ def conv2d_backward_data(xp, gy, w, *, stride=1, padding=0, dilation=1, groups=1
     """
     g = conv_geometry(input_shape, w.shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
     check_gy(g, gy.shape)
+    return backward_data(xp, gy, w, g, tile=tile)
+
+
+def backward_data(xp, gy, w, g, *, tile=DEFAULT_TILE):
+    """:func:`conv2d_backward_data` with the geometry ``g``, which it trusts."""
     _require(g)
     wt = w.reshape(g.groups, g.og, g.cg, 3, 3).transpose(0, 2, 1, 3, 4)[..., ::-1, ::-1]
     wt = xp.ascontiguousarray(wt).reshape(g.c, g.og, 3, 3)
@@ -182,7 +194,8 @@ def conv2d_backward_filter(xp, x, gy, *, stride=1, padding=0, dilation=1, groups
     ``gy`` is cut into ``tile x tile`` tiles (zero slack at the bottom/right), the
     matching ``(tile+2)``-square input tiles are transformed as in the forward,
     and the product is summed over batch and tiles by one GEMM per transform
-    coordinate and group. Batch 0 gives zeros.
+    coordinate and group. Batch 0 gives zeros. Arrays outside a graph;
+    :func:`backward_filter` runs a node.
 
     Raises:
         ParameterError, ShapeError: bad parameters, or gy not of the output shape.
@@ -190,6 +203,11 @@ def conv2d_backward_filter(xp, x, gy, *, stride=1, padding=0, dilation=1, groups
     """
     g = conv_geometry(x.shape, weight_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
     check_gy(g, gy.shape)
+    return backward_filter(xp, x, gy, g, tile=tile)
+
+
+def backward_filter(xp, x, gy, g, *, tile=DEFAULT_TILE):
+    """:func:`conv2d_backward_filter` with the geometry ``g``, which it trusts."""
     _require(g)
     dt = result_dtype(xp, x, gy)
     bt, gm, at = matrices(xp, tile, dt)
@@ -228,5 +246,6 @@ def workspace(direction: str, op, in_types, options) -> int:
     return a * a * (p * (cin + cout) + cout * cin // g.groups) * itemsize
 
 
-__all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "check", "variants",
+__all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "forward", "backward_data",
+           "backward_filter", "check", "variants",
            "workspace", "matrices", "TILES", "DEFAULT_TILE"]

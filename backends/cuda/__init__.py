@@ -6,7 +6,9 @@
   ``cublas_rules``, ``matmul_peak`` (the measured matrix-multiply peak);
 * our CuPy kernels: ``storage`` (bfloat16 storage, layouts), ``relu``,
   ``colsum`` (column sums, the bias gradient), ``lrn``, ``pool``, ``loss``;
-  ``rules`` registers them as the ``cuda`` lowering.
+  ``rules`` registers them as the ``cuda`` lowering;
+* generated kernels of memory-bound ops and fused chains: ``codegen/``,
+  registered by ``codegen_rules`` as the ``codegen`` lowering.
 
 Importing this package registers the rules; it needs neither CuPy nor cuDNN.
 """
@@ -14,3 +16,4 @@ Importing this package registers the rules; it needs neither CuPy nor cuDNN.
 from . import cudnn_rules as _cudnn_rules  # noqa: F401
 from . import rules as _rules  # noqa: F401
 from . import cublas_rules as _cublas_rules  # noqa: F401
+from . import codegen_rules as _codegen_rules  # noqa: F401

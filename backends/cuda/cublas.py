@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from opgraph import precision as precisions
 from opgraph.errors import ShapeError
 
 from ..reference.linear import check_linear, matmul_dims
@@ -99,20 +100,17 @@ def gemm_ex_args(a_shape, b_shape, transpose_a: bool, transpose_b: bool) -> dict
             "m": p, "n": m, "k": k, "lda": b_shape[1], "ldb": a_shape[1], "ldc": p}
 
 
-#: precision -> the dtype of its cuBLAS operands (bf16: passed as uint16 bits).
-_OPERAND_DTYPE = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-
-
 def _operand(xp, a, precision: str):
-    """``a`` C-contiguous in the operand storage of ``precision`` (bf16: uint16
-    bits), converted as our kernels convert storage (:func:`.storage.like`)."""
-    return xp.ascontiguousarray(like(xp, a, _OPERAND_DTYPE[precision]))
+    """``a`` C-contiguous in the operand storage of ``precision``
+    (:data:`opgraph.precision.IO_DTYPE`; bf16: uint16 bits), converted as our
+    kernels convert storage (:func:`.storage.like`)."""
+    return xp.ascontiguousarray(like(xp, a, precisions.IO_DTYPE[precision]))
 
 
 def gemm_ex(xp, a, b, *, transpose_a: bool = False, transpose_b: bool = False,
-            precision: str | None = None):
+            precision: str = "fp32"):
     """``op(a) @ op(b)`` for 2-D CuPy arrays through ``cublasGemmEx``, computed in
-    ``precision`` (module docstring; None: fp32), returned float32.
+    ``precision`` (module docstring), returned float32.
 
     Args:
         a: ``(M, K)``, or ``(K, M)`` with ``transpose_a``; b: ``(K, P)``, or
@@ -124,10 +122,7 @@ def gemm_ex(xp, a, b, *, transpose_a: bool = False, transpose_b: bool = False,
     Raises:
         ShapeError: the shapes do not fit; ParameterError: an unknown precision.
     """
-    precision = precision or "fp32"
-    if precision not in GEMM_TYPES:
-        from opgraph.errors import ParameterError
-        raise ParameterError("precision", precision, f"must be one of {', '.join(GEMM_TYPES)}")
+    precisions.check(precision)
     m, k, p = matmul_dims(a.shape, b.shape, transpose_a, transpose_b)
     out = xp.zeros((m, p), dtype=xp.float32)
     if out.size == 0 or k == 0:  # cuBLAS need not write C for an empty product
@@ -228,8 +223,12 @@ def _product(xp, a, b, *, transpose_a, transpose_b, precision, bias=None):
     precision's operand type (bf16 storage in bf16, fp16 in fp16) cuBLAS writes
     the result into that storage directly, the bias broadcast into the output
     first and accumulated (beta = 1), so it is rounded once and no float32
-    temporary is made; otherwise through :func:`gemm_ex` (float32) and a cast."""
-    precision = precision or "fp32"
+    temporary is made; otherwise through :func:`gemm_ex` (float32) and a cast.
+
+    Raises:
+        ParameterError: ``precision`` is not one of :data:`opgraph.precision.PRECISIONS`.
+    """
+    precisions.check(precision)
     if (a.dtype.name, precision) not in _DIRECT:
         y = gemm_ex(xp, a, b, transpose_a=transpose_a, transpose_b=transpose_b, precision=precision)
         if bias is not None:
@@ -248,17 +247,20 @@ def _product(xp, a, b, *, transpose_a, transpose_b, precision, bias=None):
     return out
 
 
-def linear(xp, x, w, b=None, *, precision=None):
+def linear(xp, x, w, b=None, *, precision):
     """``x @ w.T + b`` (``torch.nn.functional.linear``) through cuBLAS
-    (:func:`_product`): x ``(N, in)``, w ``(out, in)``, b ``(out,)`` or None;
-    returns ``(N, out)`` in x's dtype. Raises ShapeError when the shapes do
-    not fit."""
+    (:func:`_product`) in ``precision`` (one of :data:`opgraph.precision.PRECISIONS`;
+    the rule passes the one the lower pass resolved): x ``(N, in)``, w
+    ``(out, in)``, b ``(out,)`` or None; returns ``(N, out)`` in x's dtype.
+    Raises ShapeError when the shapes do not fit, ParameterError for an
+    unknown precision."""
     check_linear(x.shape, w.shape, None if b is None else b.shape)
     return _product(xp, x, w, transpose_a=False, transpose_b=True, precision=precision, bias=b)
 
 
-def matmul(xp, a, b, *, transpose_a, transpose_b, precision=None):
-    """``op(a) @ op(b)`` (the ``MatMul`` op) through cuBLAS (:func:`_product`):
+def matmul(xp, a, b, *, transpose_a, transpose_b, precision):
+    """``op(a) @ op(b)`` (the ``MatMul`` op) through cuBLAS (:func:`_product`) in
+    ``precision`` (as :func:`linear`):
     a ``(M, K)`` (``(K, M)`` with ``transpose_a``), b ``(K, P)`` (``(P, K)``
     with ``transpose_b``); returns ``(M, P)`` in a's dtype. Raises ShapeError
     when the shapes do not fit (:func:`reference.linear.matmul_dims`)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from opgraph import ops
 
-from ..reference.rules import params_kernel
+from ..reference.kernel import params_kernel
 from ..registry import Rule, register
 from .cublas import linear, matmul
 
@@ -26,9 +26,9 @@ def check(op, in_types, device):
 
 def register_rules() -> None:
     """Register the ``cublas`` rules of ``Linear`` and ``MatMul`` (idempotent);
-    their outputs are new arrays (``fresh_output``). Not in the cuda default
-    order: reached through ``prefer``, ``force`` or autotune, which checks it
-    against the reference first."""
+    their outputs are new arrays (``fresh_output``). In the cuda default order
+    before the reference (``passes/policy.py``): capturable into CUDA graphs
+    through nvmath-python, where CuPy's own product is not."""
     for op_type, fn in ((ops.Linear, linear), (ops.MatMul, matmul)):
         register(Rule(op_type, "cublas", params_kernel(fn, "cublas", ("precision",)),
                       devices={"cuda"}, check=check,

@@ -2,23 +2,32 @@
 
 Runs through NVIDIA's cuDNN frontend (the Python ``cudnn`` module of
 ``nvidia-cudnn-frontend``); graphs are built once per signature by
-:mod:`.cudnn_graph`. Every parameter form of SEMANTICS.md is accepted:
-stride, dilation, groups (incl. depthwise; cuDNN reads the group count off the
-weight shape), and asymmetric padding. The frontend takes asymmetric padding
-natively (pre/post padding) but on cuDNN 9.19 some wgrad engines compute it
-wrong, so asymmetric padding is legalized (:func:`route`): cuDNN pads the
-symmetric part, the remainder is explicit zero padding of the image operand
-(x, or a larger dx that is cropped). A fused epilogue without a fusion engine
-falls back to the unfused graph plus a CuPy epilogue. The route taken is
-remembered per signature.
+:mod:`.cudnn_graph`. Stride, dilation and groups (incl. depthwise; cuDNN reads
+the group count off the weight shape) are native. Padding must be symmetric
+per axis: the frontend takes asymmetric pre/post padding, but on cuDNN 9.19
+some wgrad engines compute it wrong (docs/gpu.md), so the rules are tagged
+``symmetric_padding_only`` and the legalize pass makes the asymmetric excess
+an explicit ``Pad`` node before a node gets here; these functions refuse
+asymmetric padding rather than pad on their own.
+
+Epilogues (``opgraph/ops/conv_fused.py``), built into the same cuDNN graph
+as pointwise ops (:func:`.cudnn_graph.build_graph`): fprop's bias, residual
+add and ReLU / ReLU6 (``conv_fprop -> bias -> add -> relu``), dgrad's ReLU
+gradient (``conv_dgrad -> relu_backward``). Where no engine fuses an
+epilogue, the unfused graph runs and the epilogue follows on CuPy
+(``reference.conv_epilogue.apply_epilogue``, the code every other algorithm
+runs); :func:`route` picks, and remembers it per signature.
 
 Options (``ctx.options`` of a ``Lowered`` node, or keywords):
 
-* ``precision``: ``'fp32'`` (float32, TF32 engines excluded), ``'tf32'``,
-  ``'bf16'``, ``'fp16'``; inputs are rounded to the precision's I/O type on
-  the device and the result is returned in the input dtype; compute and
-  accumulation are float32. Default: the arrays' own dtype
-  (float32 -> fp32, float16 -> fp16, bfloat16 -> bf16).
+* ``precision``: one of :data:`opgraph.precision.PRECISIONS` (``'fp32'``:
+  float32, TF32 engines excluded; ``'tf32'``, ``'bf16'``, ``'fp16'``); inputs
+  are rounded to the precision's I/O type (:data:`opgraph.precision.IO_DTYPE`)
+  on the device and the result is returned in the input dtype; compute and
+  accumulation are float32. The rules always pass the precision the lower
+  pass resolved; called by hand without one, the arrays' own
+  (:data:`opgraph.precision.DEFAULT_PRECISION`: float32 -> fp32, float16 ->
+  fp16, bfloat16 -> bf16).
 * ``engine``: cuDNN plan index (see :func:`variants`); default: the first plan
   in heuristic order that builds.
 
@@ -31,21 +40,17 @@ calling cuDNN.
 
 from __future__ import annotations
 
-from opgraph.errors import LoweringError, ShapeError
-from opgraph.params import conv_out_size
+from opgraph import precision as precisions
+from opgraph.errors import LoweringError, ParameterError, ShapeError
+from opgraph.ops.conv_fused import ACTIVATIONS
 from opgraph.types import is_channels_last as _channels_last, to_layout
 
+from ..reference.conv_epilogue import apply_epilogue
 from . import cudnn_graph as cg
 from .storage import like, unbits
 
 _DTYPES = ("float32", "float16", "bfloat16")
-_DEFAULT_PRECISION = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-_ROUTES: dict = {}  # requested signature -> (plan, CuPy epilogue, explicit padding)
-
-
-def default_precision(dtype_name: str) -> str:
-    """The precision that keeps ``dtype_name`` as the I/O type."""
-    return _DEFAULT_PRECISION[dtype_name]
+_ROUTES: dict = {}  # requested signature -> (plan, CuPy epilogue)
 
 
 # ----------------------------------------------------------------- layouts, dtypes
@@ -89,85 +94,49 @@ def signature(kind: str, epilogue: str, shapes, precision: str, padding, stride,
               cl: bool, device: int = 0) -> cg.ConvSignature:
     """The :class:`~.cudnn_graph.ConvSignature` of a convolution.
 
-    ``shapes`` are the operands' logical NCHW/OIHW shapes in
-    :data:`~.cudnn_graph.OPERANDS` order (bias, if any, as ``(1, K, 1, 1)``
-    before the output); ``cl`` picks the NHWC strides for every operand
-    (the bias is always dense).
+    ``epilogue`` is :func:`.cudnn_graph.epilogue_name` of its steps (``'none'``,
+    ``'bias'``, ``'bias_add_relu6'``, ``'drelu'``, ...). ``shapes`` are the
+    operands' logical NCHW/OIHW shapes in :data:`~.cudnn_graph.OPERANDS`
+    order, the epilogue's operands before the output (the bias as
+    ``(1, K, 1, 1)``); ``cl`` picks the NHWC strides for every operand (the
+    bias is always dense).
 
     Raises:
-        ValueError: unknown precision.
+        ParameterError: unknown precision (:func:`opgraph.precision.check`).
     """
-    if precision not in cg.PRECISIONS:
-        raise ValueError(f"precision {precision!r} is not one of {cg.PRECISIONS}")
-    strides = tuple((s[1], 1, 1, 1) if epilogue != "none" and i == 2 else _strides(s, cl)
-                    for i, s in enumerate(shapes))
+    precisions.check(precision)
+    bias = kind == "fprop" and "bias" in cg.epilogue_steps(epilogue)
+    strides = tuple((s[1], 1, 1, 1) if bias and i == 2 else _strides(s, cl) for i, s in enumerate(shapes))
     (pt, pb), (pl, pr) = padding
     return cg.ConvSignature(kind, epilogue, tuple(tuple(s) for s in shapes), strides,
-                            cg.IO_DTYPE[precision], precision, (pt, pl), (pb, pr),
+                            precisions.IO_DTYPE[precision], precision, (pt, pl), (pb, pr),
                             tuple(stride), tuple(dilation), bool(cl), device)
 
 
-def _split(sig: cg.ConvSignature, keep_symmetric: bool = True):
-    """The same convolution with padding split into a symmetric part cuDNN
-    applies (``min(pre, post)`` per axis, or none) and an explicit zero
-    padding of the image operand (x, or dx for dgrad) by the rest.
-
-    Returns ``(signature, extra)`` with ``extra = ((top, bottom), (left, right))``.
-    """
-    (pt, pl), (pb, pr) = sig.pre_padding, sig.post_padding
-    mh, mw = (min(pt, pb), min(pl, pr)) if keep_symmetric else (0, 0)
-    extra = ((pt - mh, pb - mh), (pl - mw, pr - mw))
-    dims, strides = list(sig.dims), list(sig.strides)
-    i = len(dims) - 1 if sig.kind == "dgrad" else 0  # the image operand: dx, or x
-    n, c, h, w = dims[i]
-    dims[i] = (n, c, h + sum(extra[0]), w + sum(extra[1]))
-    strides[i] = _strides(dims[i], sig.channels_last)
-    return sig._replace(dims=tuple(dims), strides=tuple(strides), pre_padding=(mh, mw),
-                        post_padding=(mh, mw)), extra
-
-
 def _unfused(sig: cg.ConvSignature) -> cg.ConvSignature:
-    return sig._replace(epilogue="none", dims=sig.dims[:2] + sig.dims[3:],
-                        strides=sig.strides[:2] + sig.strides[3:])
-
-
-#: Whether cuDNN's native pre != post padding is trusted, per operation. On the
-#: H200 with cuDNN 9.19 some wgrad engines returned wrong weight gradients for
-#: asymmetric padding (docs/gpu.md), so asymmetric padding is legalized: the
-#: symmetric part stays native, the rest becomes explicit zero padding.
-NATIVE_ASYMMETRIC = {"fprop": False, "dgrad": False, "wgrad": False}
+    """The same convolution without its epilogue (nor the epilogue's operands)."""
+    return sig._replace(epilogue="none", dims=sig.dims[:2] + sig.dims[-1:],
+                        strides=sig.strides[:2] + sig.strides[-1:])
 
 
 def route(sig: cg.ConvSignature):
-    """``(plan, epilogue_left_to_cupy, extra_padding)`` for ``sig``:
-
-    1. the graph of ``sig`` itself when its padding is symmetric (or native
-       asymmetric padding is trusted for the operation, :data:`NATIVE_ASYMMETRIC`);
-    2. else the split form (:func:`_split`), and as a last resort all padding
-       explicit;
-
-    each tried fused first, then without the epilogue (applied by CuPy).
-    ``extra_padding`` is None when cuDNN pads everything itself.
+    """``(plan, epilogue_left_to_cupy)`` for ``sig``: the graph of ``sig``
+    itself, or, where no engine fuses its epilogue, the graph without it
+    (the epilogue then applied by CuPy; ``'none'`` when cuDNN does it all).
 
     Raises:
-        LoweringError: no form builds; the message lists cuDNN's reasons.
+        LoweringError: neither builds; the message lists cuDNN's reasons.
     """
     got = _ROUTES.get(sig)
     if got is not None:
         return got
-    symmetric = sig.pre_padding == sig.post_padding
-    forms = [(sig, None)] if symmetric or NATIVE_ASYMMETRIC[sig.kind] else []
-    if not symmetric:
-        forms.append(_split(sig))
-    if any(sig.pre_padding) or any(sig.post_padding):
-        forms.append(_split(sig, keep_symmetric=False))
-    tries = [(s, "none", extra) for s, extra in forms]
+    tries = [(sig, "none")]
     if sig.epilogue != "none":
-        tries = [t for s, e in forms for t in ((s, "none", e), (_unfused(s), sig.epilogue, e))]
+        tries.append((_unfused(sig), sig.epilogue))
     errors = []
-    for s, epi, extra in tries:
+    for s, epi in tries:
         try:
-            got = (cg.plan_for(s), epi, extra)
+            got = (cg.plan_for(s), epi)
             break
         except LoweringError as exc:
             errors.append(str(exc))
@@ -179,36 +148,36 @@ def route(sig: cg.ConvSignature):
 
 # ----------------------------------------------------------------- the three operations
 
-def _run(xp, kind, epilogue, ins, out_shape, out_dtype, padding, stride, dilation, precision,
+def _require_symmetric(kind: str, padding) -> None:
+    """Refuse asymmetric padding (module docstring: the legalize pass makes its
+    excess explicit, the rules being tagged ``symmetric_padding_only``)."""
+    if any(p[0] != p[1] for p in padding):
+        raise LoweringError(f"cuDNN {kind}: padding {tuple(padding)} is asymmetric; cuDNN 9.19 is not "
+                            "trusted with it (docs/gpu.md): the legalize pass makes the excess an "
+                            "explicit Pad node (rule tag symmetric_padding_only)")
+
+
+def _run(xp, kind, steps, ins, out_shape, out_dtype, padding, stride, dilation, precision,
          engine, cl):
-    """Cast, route, execute; ``ins`` are the operands in signature order."""
-    io = cg.IO_DTYPE[precision]
+    """Cast, route, execute; ``ins`` are the operands in signature order (the
+    epilogue's after the first two), ``steps`` the epilogue's."""
+    _require_symmetric(kind, padding)
+    io = precisions.IO_DTYPE[precision]
     shapes = [tuple(a.shape) for a in ins] + [tuple(out_shape)]
-    if epilogue != "none":
+    if "bias" in steps:
         shapes[2] = (1, out_shape[1], 1, 1)
-    sig = signature(kind, epilogue, shapes, precision, padding, stride, dilation, cl, _device_id(xp))
-    plan, cupy_epilogue, extra = route(sig)
+    sig = signature(kind, cg.epilogue_name(steps), shapes, precision, padding, stride, dilation, cl,
+                    _device_id(xp))
+    plan, cupy_epilogue = route(sig)
     ops = [_in_layout(xp, _cast(xp, a, io), cl) if a.ndim == 4 else xp.ascontiguousarray(_cast(xp, a, io))
-           for a in ins]
-    if extra is not None and kind in ("fprop", "wgrad"):  # zero-pad the image operand
-        (et, eb), (el, er) = extra
-        t = ops[0].transpose(0, 2, 3, 1) if cl else ops[0]
-        t = xp.pad(t, ((0, 0), (et, eb), (el, er), (0, 0)) if cl else ((0, 0), (0, 0), (et, eb), (el, er)))
-        ops[0] = t.transpose(0, 3, 1, 2) if cl else t
-    if cupy_epilogue != "none":
-        ops = ops[:2]
+           for a in (ins if cupy_epilogue == "none" else ins[:2])]
     out = _empty(xp, plan.sig.dims[-1], xp.uint16 if io == "bfloat16" else io, cl)
     index = plan.default if engine is None else int(engine)
     scratch = cg.workspace(plan.ensure(index), plan.sig.device)
     plan.execute([a.data.ptr for a in ops] + [out.data.ptr], index, cg.pointer(scratch))
-    if extra is not None and kind == "dgrad":  # crop the explicit padding off dx
-        (et, _), (el, _) = extra
-        out = _in_layout(xp, out[:, :, et:et + out_shape[2], el:el + out_shape[3]], cl)
     y = _uncast(xp, out, io, out_dtype)
     if cupy_epilogue != "none":
-        y += ins[2].reshape(1, -1, 1, 1).astype(y.dtype, copy=False)
-        if cupy_epilogue == "bias_relu":
-            xp.maximum(y, 0, out=y)
+        y = apply_epilogue(xp, steps, y, ins[2:])
     return y
 
 
@@ -218,68 +187,93 @@ def _check_dtype(*arrays):
             raise ShapeError(f"cuDNN convolution takes {_DTYPES}, got dtype {a.dtype}")
 
 
-def conv2d(xp, x, w, b=None, *, stride, padding, dilation, groups, precision=None, engine=None,
-           relu=False):
-    """Forward convolution ``y = conv(x, w) (+ b) (then ReLU if relu)`` by cuDNN.
+def _precision(precision, dtype) -> str:
+    """The precision asked, or without one the storage's own (module docstring)."""
+    return precisions.DEFAULT_PRECISION[dtype.name] if precision is None else precision
+
+
+def conv2d(xp, x, w, b=None, r=None, *, stride, padding, dilation, groups, out_shape, precision=None,
+           engine=None, activation="none"):
+    """Forward convolution ``y = act(conv(x, w) (+ b) (+ r))`` by cuDNN, the
+    epilogue in the same graph where an engine fuses it.
 
     Args:
         xp: ``cupy``.
         x: ``(N, C, H, W)``; w: ``(K, C/groups, kH, kW)``; b: ``(K,)`` or None.
-        stride, dilation: ``(h, w)``; padding ``((top, bottom), (left, right))``;
-        groups: int (cuDNN infers it from ``C / w.shape[1]``; checked here).
+        r: a residual addend of the output's shape, or None.
+        stride, dilation: ``(h, w)``; padding ``((top, bottom), (left, right))``,
+        symmetric per axis; groups: int (cuDNN infers it from ``C / w.shape[1]``;
+        checked here).
+        out_shape: the output shape ``(N, K, Ho, Wo)``, as the node's type
+            inference computed it (``Conv2d.infer``; never recomputed here).
         precision, engine: see the module docstring.
-        relu: fuse a ReLU after the bias (see :func:`conv2d_bias_relu`).
+        activation: ``'none'``, ``'relu'`` or ``'relu6'``
+            (``opgraph.ops.conv_fused.ACTIVATIONS``), after the bias and ``r``.
 
     Returns:
-        ``(N, K, Ho, Wo)`` in x's dtype and layout.
+        ``out_shape`` in x's dtype and layout.
 
     Raises:
-        ShapeError: bad dtype or channel counts. LoweringError: cuDNN cannot run it.
+        ShapeError: bad dtype, channel counts or output shape. ParameterError:
+        an unknown activation. LoweringError: asymmetric padding, or cuDNN
+        cannot run it.
 
-    Source: SEMANTICS.md (Convolution); cuDNN ``conv_fprop``.
+    Source: SEMANTICS.md (Convolution); cuDNN ``conv_fprop``, pointwise ``bias``,
+    ``add``, ``relu`` (with ``upper_clip`` for ReLU6).
     """
     _check_dtype(x, w)
-    n, c, h, wd = x.shape
+    if activation not in ACTIVATIONS:
+        raise ParameterError("activation", activation, f"must be one of {list(ACTIVATIONS)}")
+    n, c = x.shape[:2]
     k = w.shape[0]
     if c != w.shape[1] * groups or k % groups:
         raise ShapeError(f"cuDNN conv2d: x {x.shape}, w {w.shape} do not fit groups={groups}")
-    out = (n, k) + tuple(conv_out_size(i, kk, s, d, p) for i, kk, s, d, p in
-                         zip((h, wd), w.shape[2:], stride, dilation, padding))
-    if min(out[2:]) < 1:
-        raise ShapeError(f"cuDNN conv2d: output {out} is empty (kernel larger than the padded input)")
+    out = tuple(int(v) for v in out_shape)
+    if out[:2] != (n, k):
+        raise ShapeError(f"cuDNN conv2d: output shape {out} does not fit x {x.shape} and w {w.shape}")
+    if r is not None and tuple(r.shape) != out:
+        raise ShapeError(f"cuDNN conv2d: residual shape {r.shape} != output shape {out}")
     cl = _channels_last(x)
     if n == 0:
         return _empty(xp, out, x.dtype, cl)
-    epilogue = "bias_relu" if relu else "bias" if b is not None else "none"
-    if relu and b is None:
-        b = xp.zeros((k,), dtype=x.dtype)
-    ins = [x, w] + ([b] if b is not None else [])
-    return _run(xp, "fprop", epilogue, ins, out, x.dtype, padding, stride, dilation,
-                precision or default_precision(x.dtype.name), engine, cl)
+    if b is None and (r is not None or activation != "none"):
+        b = xp.zeros((k,), dtype=x.dtype)  # the fused graphs start with the bias
+    steps = (("bias",) if b is not None else ()) + (("add",) if r is not None else ()) + \
+        ((activation,) if activation != "none" else ())
+    ins = [x, w] + [a for a in (b, r) if a is not None]
+    return _run(xp, "fprop", steps, ins, out, x.dtype, padding, stride, dilation,
+                _precision(precision, x.dtype), engine, cl)
 
 
-def conv2d_bias_relu(xp, x, w, b, *, stride, padding, dilation, groups, precision=None, engine=None):
+def conv2d_bias_relu(xp, x, w, b, *, stride, padding, dilation, groups, out_shape, precision=None,
+                     engine=None):
     """``relu(conv(x, w) + b)`` as one cuDNN graph (conv_fprop -> bias -> relu),
     falling back to conv + CuPy bias/ReLU where no fusion engine exists.
 
     Shapes, options and errors as :func:`conv2d`; ``b`` is required.
     """
     return conv2d(xp, x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                  precision=precision, engine=engine, relu=True)
+                  out_shape=out_shape, precision=precision, engine=engine, activation="relu")
 
 
 def conv2d_backward_data(xp, gy, w, *, stride, padding, dilation, groups, input_shape,
-                         precision=None, engine=None):
+                         precision=None, engine=None, relu_output=None):
     """``dL/dx`` by cuDNN ``conv_dgrad``: gy ``(N, K, Ho, Wo)``, w ``(K, C/groups, kH, kW)``
     -> ``(N, C, H, W)`` = ``input_shape`` (rows no window touches get 0), in gy's
-    dtype and layout. Options and errors as :func:`conv2d`."""
+    dtype and layout. With ``relu_output`` (``input_shape``: the output of the
+    ReLU the convolution read), the gradient is masked where it is not > 0
+    (``relu_backward`` in the same graph where an engine fuses it: the
+    ``Conv2dBackwardDataRelu`` op). Options and errors as :func:`conv2d`."""
     _check_dtype(gy, w)
     shape = tuple(int(v) for v in input_shape)
+    if relu_output is not None and tuple(relu_output.shape) != shape:
+        raise ShapeError(f"cuDNN conv2d_backward_data: ReLU output shape {relu_output.shape} != {shape}")
     cl = _channels_last(gy)
     if shape[0] == 0:
         return _empty(xp, shape, gy.dtype, cl)
-    return _run(xp, "dgrad", "none", [gy, w], shape, gy.dtype, padding, stride, dilation,
-                precision or default_precision(gy.dtype.name), engine, cl)
+    steps, ins = ((), [gy, w]) if relu_output is None else (("drelu",), [gy, w, relu_output])
+    return _run(xp, "dgrad", steps, ins, shape, gy.dtype, padding, stride, dilation,
+                _precision(precision, gy.dtype), engine, cl)
 
 
 def conv2d_backward_filter(xp, x, gy, *, stride, padding, dilation, groups, weight_shape,
@@ -294,9 +288,9 @@ def conv2d_backward_filter(xp, x, gy, *, stride, padding, dilation, groups, weig
         out = _empty(xp, shape, x.dtype, cl)
         out[...] = 0
         return out
-    return _run(xp, "wgrad", "none", [x, gy], shape, x.dtype, padding, stride, dilation,
-                precision or default_precision(x.dtype.name), engine, cl)
+    return _run(xp, "wgrad", (), [x, gy], shape, x.dtype, padding, stride, dilation,
+                _precision(precision, x.dtype), engine, cl)
 
 
 __all__ = ["conv2d", "conv2d_bias_relu", "conv2d_backward_data", "conv2d_backward_filter",
-           "signature", "route", "default_precision"]
+           "signature", "route"]

@@ -1,8 +1,9 @@
 """cuDNN frontend graphs for 2-D convolution, one per signature, built once.
 
 A *signature* (:class:`ConvSignature`) fixes everything a cuDNN graph depends
-on: the operation (fprop, dgrad, wgrad, with an optional bias / bias+ReLU
-epilogue on fprop), every operand's dims and element strides (so NCHW and
+on: the operation (fprop, dgrad, wgrad) with its epilogue (:func:`epilogue_name`:
+fprop's bias, residual add and ReLU / ReLU6; dgrad's ReLU gradient), every
+operand's dims and element strides (so NCHW and
 NHWC are just different strides), the I/O dtype, the precision and the
 convolution parameters. :func:`plan_for` builds the graph for a signature the
 first time it is asked and caches it; a later call is one dict lookup.
@@ -34,22 +35,34 @@ import time
 from typing import NamedTuple
 
 from opgraph.errors import LoweringError
+from opgraph.ops.conv_fused import ACTIVATIONS, EPILOGUE_STEPS
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-#: I/O dtype of the cuDNN tensors for each precision.
-IO_DTYPE = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-#: Operand names, inputs then the output, by operation.
+#: Operand names, inputs then the output, by operation (an epilogue's operands,
+#: ``EPILOGUE_STEPS``, go between the inputs and the output).
 OPERANDS = {"fprop": ("x", "w", "y"), "dgrad": ("dy", "w", "dx"), "wgrad": ("x", "dy", "dw")}
-EPILOGUES = ("none", "bias", "bias_relu")
+#: operation -> the epilogue steps its graphs take (``EPILOGUE_STEPS``' names).
+EPILOGUES = {"fprop": ("bias", "add", "relu", "relu6"), "dgrad": ("drelu",), "wgrad": ()}
+
+
+def epilogue_name(steps) -> str:
+    """A signature's ``epilogue``: the steps joined by ``_`` (``'bias_add_relu6'``),
+    ``'none'`` without any."""
+    return "_".join(steps) or "none"
+
+
+def epilogue_steps(name: str) -> tuple[str, ...]:
+    """The steps of an epilogue name (:func:`epilogue_name`'s inverse)."""
+    return () if name == "none" else tuple(name.split("_"))
 
 
 class ConvSignature(NamedTuple):
     """Everything a convolution graph depends on (hashable; the cache key).
 
     ``dims``/``strides`` hold one 4-tuple per operand in :data:`OPERANDS`
-    order, with the bias ``(1, K, 1, 1)`` inserted before the output when the
-    epilogue has one. Strides are in elements. Padding is split into
-    ``pre`` (top, left) and ``post`` (bottom, right).
+    order, with the epilogue's operands inserted before the output (the bias
+    as ``(1, K, 1, 1)``; a residual, or dgrad's ReLU output, of the output's
+    shape). Strides are in elements. Padding is split into ``pre`` (top,
+    left) and ``post`` (bottom, right).
     """
 
     kind: str
@@ -256,23 +269,23 @@ def build_graph(sig: ConvSignature, h):
     cudnn = cudnn_module()
     io, f32 = _data_type(cudnn, sig.io_dtype), cudnn.data_type.FLOAT
     g = cudnn.pygraph(io_data_type=io, intermediate_data_type=f32, compute_data_type=f32, handle=h)
-    names = list(OPERANDS[sig.kind][:2]) + (["b"] if sig.epilogue != "none" else [])
+    steps = epilogue_steps(sig.epilogue)
+    if any(step not in EPILOGUES[sig.kind] for step in steps):
+        raise ValueError(f"{sig.kind} takes the epilogue steps {EPILOGUES[sig.kind]}, not {sig.epilogue!r}")
+    names = list(OPERANDS[sig.kind][:2]) + [EPILOGUE_STEPS[s] for s in steps if EPILOGUE_STEPS[s]]
     ins = [g.tensor(name=n, dim=list(d), stride=list(s), data_type=io)
            for n, d, s in zip(names, sig.dims, sig.strides)]
     conv = dict(pre_padding=list(sig.pre_padding), post_padding=list(sig.post_padding),
                 stride=list(sig.stride), dilation=list(sig.dilation), compute_data_type=f32)
     if sig.kind == "fprop":
         out = g.conv_fprop(image=ins[0], weight=ins[1], **conv)
-        if sig.epilogue != "none":
-            out = g.bias(input=out, bias=ins[2], compute_data_type=f32)
-        if sig.epilogue == "bias_relu":
-            out = g.relu(input=out, compute_data_type=f32)
     elif sig.kind == "dgrad":
         out = g.conv_dgrad(loss=ins[0], filter=ins[1], **conv)
     elif sig.kind == "wgrad":
         out = g.conv_wgrad(image=ins[0], loss=ins[1], **conv)
     else:
         raise ValueError(f"unknown convolution kind {sig.kind!r}")
+    out = _epilogue(g, steps, out, iter(ins[2:]), f32)
     out.set_output(True).set_data_type(io).set_dim(list(sig.dims[-1])).set_stride(list(sig.strides[-1]))
     g.validate()
     g.build_operation_graph()
@@ -282,6 +295,25 @@ def build_graph(sig: ConvSignature, h):
     g.deselect_numeric_notes(notes)
     g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     return g, tuple(t.get_uid() for t in ins) + (out.get_uid(),)
+
+
+def _epilogue(g, steps, out, operands, f32):
+    """The epilogue's pointwise ops after the convolution ``out``, in order:
+    ``bias`` and ``add`` (the bias and the residual tensors), ``relu``,
+    ``relu6`` (``relu`` clipped to ``ACTIVATIONS['relu6']``), ``drelu``
+    (``relu_backward`` of the gradient, masked where the ReLU output is > 0)."""
+    for step in steps:
+        if step == "bias":
+            out = g.bias(input=out, bias=next(operands), compute_data_type=f32)
+        elif step == "add":
+            out = g.add(a=out, b=next(operands), compute_data_type=f32)
+        elif step == "drelu":
+            out = g.relu_backward(loss=out, input=next(operands), compute_data_type=f32)
+        else:
+            lo, hi = ACTIVATIONS[step]
+            clips = {"lower_clip": lo, "upper_clip": hi} if hi is not None else {}
+            out = g.relu(input=out, compute_data_type=f32, **clips)
+    return out
 
 
 def plan_for(sig: ConvSignature, *, need_default: bool = True) -> ConvPlan:
@@ -314,6 +346,6 @@ def cache_size() -> int:
     return len(_CACHE)
 
 
-__all__ = ["PRECISIONS", "IO_DTYPE", "OPERANDS", "EPILOGUES", "ConvSignature", "ConvPlan",
+__all__ = ["OPERANDS", "EPILOGUES", "epilogue_name", "epilogue_steps", "ConvSignature", "ConvPlan",
            "cudnn_module", "handle", "workspace", "pointer", "build_graph", "plan_for",
            "cache_size"]

@@ -1,17 +1,28 @@
-"""Registry rules of the ``cudnn`` algorithm (device ``cuda``) for the three convolution ops.
+"""Registry rules of the ``cudnn`` algorithm (device ``cuda``) for the convolution ops.
 
-Each rule's
+One rule per op of the convolution family: the three convolutions, and
+the fused ops of ``opgraph/ops/conv_fused.py`` (the forward with its
+epilogue, backward-data with its ReLU gradient; their graphs carry the
+epilogue as pointwise ops, :mod:`.cudnn_graph`). Each rule's
 
-* ``kernel`` calls :mod:`.cudnn` with the op's fields and the node's options
-  ``precision`` and ``engine``;
+* ``kernel`` calls :mod:`.cudnn` with the op's fields, the node's output
+  shape (``ctx.out_shape``) and the node's options ``precision`` (always
+  given: the rules are tagged ``option:precision``) and ``engine``;
 * ``check`` declines a dtype cuDNN graphs do not take here (float64), a
   missing frontend or CuPy, and, on a machine with a GPU, any convolution
   cuDNN rejects in every form (the reason is cuDNN's own message);
 * ``variants`` lists one ``{'engine': i}`` per cuDNN plan that builds, in
-  heuristic order (the first is the default choice), for the dtype's default
-  precision or ``precision`` when given;
+  heuristic order (the first is the default choice), for ``precision`` (the
+  storage's own without one, :data:`opgraph.precision.DEFAULT_PRECISION`);
 * ``workspace`` is the plan's cuDNN workspace plus the scratch arrays of the
-  call (precision casts, explicit padding of asymmetric padding).
+  call (precision casts).
+
+Every rule is tagged ``symmetric_padding_only``: the legalize pass makes the
+asymmetric excess of a node's padding an explicit ``Pad`` node first
+(:mod:`.cudnn`'s docstring says why). The tag ``fused`` is not declared
+here: ``backends.registry.Rule`` adds it to the rules of fused op types
+(``Op.fused``) only, so excluding ``fused`` keeps the plain convolutions on
+cuDNN.
 
 Shapes and layouts come from the ``TensorType``\\ s: ``layout == 'NHWC'`` on
 the first input means channels-last operands, as the kernel will see them.
@@ -21,18 +32,20 @@ from __future__ import annotations
 
 import math
 
+from opgraph import ops
 from opgraph.errors import LoweringError
-from opgraph.ops.conv import Conv2d, Conv2dBackwardData, Conv2dBackwardFilter, Conv2dBiasRelu
-from opgraph.params import conv_out_size
+from opgraph.ops.conv_fused import EPILOGUE_STEPS, epilogue_steps
+from opgraph.precision import DEFAULT_PRECISION
 
 from ..device import cuda_status
 from ..registry import Rule, register
-from .cudnn import (conv2d, conv2d_backward_data, conv2d_backward_filter, conv2d_bias_relu, default_precision,
-                    route, signature)
+from .cudnn import conv2d, conv2d_backward_data, conv2d_backward_filter, route, signature
+from .cudnn_graph import epilogue_name
 
-KIND = {Conv2d: "fprop", Conv2dBackwardData: "dgrad", Conv2dBackwardFilter: "wgrad"}
+#: the op's direction (``Op.direction``) -> the cuDNN operation.
+KIND = {"fwd": "fprop", "dgrad": "dgrad", "wgrad": "wgrad"}
 _DTYPES = ("float32", "float16", "bfloat16")
-_FUSED: set = set()  # op types of fused conv + bias + ReLU (register_fused_rule)
+TAGS = frozenset({"cudnn", "gpu", "option:precision", "symmetric_padding_only"})
 
 
 def _options(options) -> dict:
@@ -40,27 +53,21 @@ def _options(options) -> dict:
 
 
 def _signature(op, in_types, precision=None, device: int = 0):
-    """The signature the kernel will build for ``op`` on inputs ``in_types``;
-    None for an empty batch (no cuDNN call)."""
-    fused = type(op) in _FUSED
-    kind = "fprop" if fused else KIND[type(op)]
+    """The signature the kernel will build for ``op`` on inputs ``in_types``
+    (the output shape is the op's own inference, as the node's); None for an
+    empty batch (no cuDNN call)."""
     first = in_types[0]
-    precision = precision or default_precision(first.dtype)
-    if kind == "fprop":
-        out = (first.shape[0], in_types[1].shape[0]) + tuple(
-            conv_out_size(n, k, s, d, p) for n, k, s, d, p in
-            zip(first.shape[2:], in_types[1].shape[2:], op.stride, op.dilation, op.padding))
-        bias = [(1, out[1], 1, 1)] if len(in_types) > 2 else []
-        shapes = [first.shape, in_types[1].shape] + bias + [out]
-    elif kind == "dgrad":
-        shapes = [first.shape, in_types[1].shape, op.input_shape]
-    else:
-        shapes = [first.shape, in_types[1].shape, op.weight_shape]
-    if shapes[-1][0] == 0 or first.shape[0] == 0:
+    precision = precision or DEFAULT_PRECISION[first.dtype]
+    out = op.infer(*in_types).shape
+    steps = epilogue_steps(op, len(in_types))
+    readers = [step for step in steps if EPILOGUE_STEPS[step]]  # the steps reading inputs 2, 3, ...
+    # the bias as (1, K, 1, 1); a residual or the ReLU output of dgrad as given
+    extra = [(1, out[1], 1, 1) if step == "bias" else t.shape for step, t in zip(readers, in_types[2:])]
+    shapes = [first.shape, in_types[1].shape, *extra, out]
+    if out[0] == 0 or first.shape[0] == 0:
         return None
-    epilogue = "bias_relu" if fused else "bias" if kind == "fprop" and len(in_types) > 2 else "none"
-    return signature(kind, epilogue, shapes, precision, op.padding, op.stride, op.dilation,
-                     first.layout == "NHWC", device)
+    return signature(KIND[op.direction], epilogue_name(steps), shapes, precision, op.padding, op.stride,
+                     op.dilation, first.layout == "NHWC", device)
 
 
 def _device() -> int:
@@ -100,73 +107,65 @@ def variants(op, in_types, device, precision=None):
 
 
 def workspace(op, in_types, options) -> int:
-    """Scratch bytes of one call: cuDNN workspace of the engine, plus cast and
-    padding buffers."""
+    """Scratch bytes of one call: cuDNN workspace of the engine, plus the cast
+    copies of the operands."""
     opts = _options(options)
     sig = _signature(op, in_types, opts.get("precision"), _device())
     if sig is None:
         return 0
-    plan, _, extra = route(sig)
+    plan, _ = route(sig)
     engine = opts.get("engine")
     total = plan.ensure(plan.pick_default() if engine is None else int(engine))
-    io_size = 4 if sig.io_dtype == "float32" else 2
     if in_types[0].dtype != sig.io_dtype:  # every operand and the output are cast
-        total += io_size * sum(math.prod(d) for d in sig.dims)
-    if extra is not None:  # the explicitly padded image operand
-        total += io_size * math.prod(plan.sig.dims[-1 if sig.kind == "dgrad" else 0])
+        total += (4 if sig.io_dtype == "float32" else 2) * sum(math.prod(d) for d in sig.dims)
     return total
 
 
-def _fprop(ctx, op, x, w, b=None):
+def _fprop(ctx, op, x, w, *b):
     """cuDNN ``conv_fprop`` (+ bias in the same graph when the third input is given)."""
     o = ctx.options
-    return conv2d(ctx.xp, x, w, b, **op.params(), precision=o.get("precision"), engine=o.get("engine"))
+    return conv2d(ctx.xp, x, w, *b, **op.params(), out_shape=ctx.out_shape(op, x, w, *b),
+                  precision=o["precision"], engine=o.get("engine"))
 
 
-def _dgrad(ctx, op, gy, w):
-    """cuDNN ``conv_dgrad``: dL/dx."""
+def _dgrad(ctx, op, gy, w, *relu_output):
+    """cuDNN ``conv_dgrad``: dL/dx (``-> relu_backward`` in the same graph for
+    ``Conv2dBackwardDataRelu``, whose third input is the ReLU's output)."""
     o = ctx.options
-    return conv2d_backward_data(ctx.xp, gy, w, **op.params(), precision=o.get("precision"),
-                                engine=o.get("engine"))
+    return conv2d_backward_data(ctx.xp, gy, w, **op.conv_params(), input_shape=op.input_shape,
+                                relu_output=relu_output[0] if relu_output else None,
+                                precision=o["precision"], engine=o.get("engine"))
 
 
 def _wgrad(ctx, op, x, gy):
     """cuDNN ``conv_wgrad``: dL/dw."""
     o = ctx.options
-    return conv2d_backward_filter(ctx.xp, x, gy, **op.params(), precision=o.get("precision"),
+    return conv2d_backward_filter(ctx.xp, x, gy, **op.params(), precision=o["precision"],
                                   engine=o.get("engine"))
 
 
-def _fused(ctx, op, x, w, b):
-    """cuDNN ``conv_fprop -> bias -> relu`` as one graph (:func:`.cudnn.conv2d_bias_relu`)."""
+def _fused(ctx, op, x, w, b, *r):
+    """cuDNN ``conv_fprop -> bias [-> add] [-> relu]`` as one graph (the fused
+    forward ops: ``Conv2dBiasRelu``, ``Conv2dBiasActivation``)."""
     o = ctx.options
-    return conv2d_bias_relu(ctx.xp, x, w, b, stride=op.stride, padding=op.padding,
-                            dilation=op.dilation, groups=op.groups,
-                            precision=o.get("precision"), engine=o.get("engine"))
-
-
-def register_fused_rule(op_type) -> None:
-    """Register the ``cudnn`` rule of a fused conv + bias + ReLU op type: inputs
-    ``(x, w, b)``, fields ``stride, padding, dilation, groups`` (canonical forms)."""
-    _FUSED.add(op_type)
-    register(Rule(op_type, "cudnn", _fused, devices={"cuda"}, check=check, variants=variants,
-                  workspace=workspace, tags={"cudnn", "gpu", "fused", "option:precision"},
-                  fresh_output=True))
+    return conv2d(ctx.xp, x, w, b, *r, **op.conv_params(), out_shape=ctx.out_shape(op, x, w, b, *r),
+                  activation=op.activation, precision=o["precision"], engine=o.get("engine"))
 
 
 def register_rules() -> None:
-    """Register the three ``cudnn`` rules (idempotent). Every output is a new
-    array (``fresh_output``: cuDNN writes into one of ours, at most cropped or
-    viewed as another dtype), so the memory pass may run a later step in place
-    on it."""
-    for op_type, kernel in ((Conv2d, _fprop), (Conv2dBackwardData, _dgrad),
-                            (Conv2dBackwardFilter, _wgrad)):
-        register(Rule(op_type, "cudnn", kernel, devices={"cuda"}, check=check,
-                      variants=variants, workspace=workspace,
-                      tags={"cudnn", "gpu", "fused", "option:precision"}, fresh_output=True))
+    """Register the ``cudnn`` rules of the convolution family (idempotent),
+    found by direction (``ops.of_family('conv', ...)``); a fused forward op
+    gets the fused kernel, backward-data with ReLU the dgrad one (its third
+    input the mask). Every output is a new array (``fresh_output``: cuDNN
+    writes into one of ours, at most viewed as another dtype), so the memory
+    pass may run a later step in place on it."""
+    kernels = {"fwd": _fprop, "dgrad": _dgrad, "wgrad": _wgrad}
+    for op_type in ops.of_family("conv"):
+        kernel = _fused if op_type.fused and op_type.direction == "fwd" else kernels[op_type.direction]
+        register(Rule(op_type, "cudnn", kernel, devices={"cuda"}, check=check, variants=variants,
+                      workspace=workspace, tags=TAGS, fresh_output=True))
 
 
 register_rules()
-register_fused_rule(Conv2dBiasRelu)  # the fuse pass's conv + bias + ReLU node
 
-__all__ = ["KIND", "check", "variants", "workspace", "register_rules", "register_fused_rule"]
+__all__ = ["KIND", "TAGS", "check", "variants", "workspace", "register_rules"]

@@ -44,7 +44,7 @@ import functools
 
 from opgraph.errors import ParameterError, ShapeError
 
-from ..reference.pool import geometry
+from ..reference.pool import PoolGeometry, geometry, node_geometry
 
 from .storage import bits, dtype_name, in_layout, kernel_tag, logical, physical, storage_preamble, unbits
 
@@ -218,11 +218,26 @@ def _finish(xp, out, cl, dtype):
     return out.astype(xp.float16) if dtype_name(dtype) == "float16" else unbits(out, dtype)
 
 
-def _geo(shape, out, k, s, pad, cl, ab):
-    """Scalar kernel arguments; ``ab`` is the (A, B) extent the threads walk."""
-    (pt, pb), (pl, pr) = pad
-    return (shape[1], shape[2], shape[3], out[0], out[1], ab[0], ab[1], cl, k[0], k[1], s[0], s[1],
-            pt, pb, pl, pr)
+def _geo(c, g: PoolGeometry, cl, ab):
+    """Scalar kernel arguments of ``c`` channels pooled as ``g``; ``ab`` is the
+    (A, B) extent the threads walk."""
+    (pt, pb), (pl, pr) = g.padding
+    (h, w), out, k, s = g.in_hw, g.out, g.kernel, g.stride
+    return (c, h, w, out[0], out[1], ab[0], ab[1], cl, k[0], k[1], s[0], s[1], pt, pb, pl, pr)
+
+
+def _called(x_shape, kernel_size, stride, padding, ceil_mode) -> PoolGeometry:
+    """The geometry of a call outside a graph: parameters in any form,
+    canonicalised and checked once (``reference.pool.geometry``).
+
+    Raises:
+        ShapeError: ``x_shape`` is not 4-D; ParameterError, ShapeError: as
+            ``reference.pool.geometry``.
+    """
+    if len(x_shape) != 4:
+        raise ShapeError(f"pooling: x must be 4-D NCHW, got shape {tuple(x_shape)}")
+    k, s, pad, out = geometry(x_shape[2:], kernel_size, stride, padding, ceil_mode)
+    return PoolGeometry(k, s, pad, tuple(x_shape[2:]), out)
 
 
 def _out(xp, buf, n, c, hw, cl, dtype=None):
@@ -236,20 +251,19 @@ def _out(xp, buf, n, c, hw, cl, dtype=None):
 _STORE_ARG = {False: "arg[t] = (int)win;", True: "arg[t] = best > (CT)0 ? (int)win : -1;"}
 
 
-def _max(xp, x, kernel_size, stride, padding, ceil_mode, with_arg, what, specialize=False, relu=False):
+def _max(xp, x, g: PoolGeometry, with_arg, what, specialize=False, relu=False):
     buf, cl, dtype = _prepare(xp, x, what)
-    k, s, pad, out = geometry(x.shape[2:], kernel_size, stride, padding, ceil_mode)
     n, c = x.shape[:2]
-    y = _out(xp, buf, n, c, out, cl)
-    arg = _out(xp, buf, n, c, out, cl, xp.int32) if with_arg else None
+    y = _out(xp, buf, n, c, g.out, cl)
+    arg = _out(xp, buf, n, c, g.out, cl, xp.int32) if with_arg else None
     if y.size:
         body = _MAX.replace("STORE", _STORE_ARG[relu] if with_arg else "")
         outs = "raw T y, raw int32 arg" if with_arg else "raw T y"
         name = ("maxpool_arg" + ("_relu" if relu else "")) if with_arg else "maxpool"
         _run(name, "raw T x", [buf.ravel()], outs,
-             [y.ravel(), *([arg.ravel()] if with_arg else [])], body, _geo(x.shape, out, k, s, pad, cl, out),
+             [y.ravel(), *([arg.ravel()] if with_arg else [])], body, _geo(c, g, cl, g.out),
              size=y.size, arrays=(buf, y), storage=_storage(dtype), specialize=specialize)
-    return y, arg, cl, dtype, (k, s, pad, out)
+    return y, arg, cl, dtype
 
 
 def max_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, specialize=False):
@@ -258,7 +272,11 @@ def max_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, specialize=Fal
     ``specialize`` compiles the geometry in (module docstring); same result.
     Raises ParameterError / ShapeError as the reference. Source: SEMANTICS.md.
     """
-    y, _, cl, dtype, _ = _max(xp, x, kernel_size, stride, padding, ceil_mode, False, "max_pool2d", specialize)
+    return _max_pool(xp, x, _called(x.shape, kernel_size, stride, padding, ceil_mode), specialize)
+
+
+def _max_pool(xp, x, g, specialize):
+    y, _, cl, dtype = _max(xp, x, g, False, "max_pool2d", specialize)
     return _finish(xp, y, cl, dtype)
 
 
@@ -272,7 +290,8 @@ def max_pool2d_backward(xp, x, gy, *, kernel_size, stride, padding, ceil_mode, s
 
     Raises ShapeError when gy is not the pooled shape of x.
     """
-    return _max_backward(xp, x, gy, kernel_size, stride, padding, ceil_mode, specialize, False)
+    g = _called(x.shape, kernel_size, stride, padding, ceil_mode)
+    return _max_backward(xp, x, gy, g, specialize, False)
 
 
 def max_pool2d_backward_relu(xp, x, gy, *, kernel_size, stride, padding, ceil_mode, specialize=False):
@@ -283,20 +302,20 @@ def max_pool2d_backward_relu(xp, x, gy, *, kernel_size, stride, padding, ceil_mo
 
     Raises ShapeError when gy is not the pooled shape of x.
     """
-    return _max_backward(xp, x, gy, kernel_size, stride, padding, ceil_mode, specialize, True)
+    g = _called(x.shape, kernel_size, stride, padding, ceil_mode)
+    return _max_backward(xp, x, gy, g, specialize, True)
 
 
-def _max_backward(xp, x, gy, kernel_size, stride, padding, ceil_mode, specialize, relu):
+def _max_backward(xp, x, gy, g, specialize, relu):
     what = "max_pool2d_backward_relu" if relu else "max_pool2d_backward"
-    _, arg, cl, _, (k, s, pad, out) = _max(xp, x, kernel_size, stride, padding, ceil_mode, True,
-                                           what, specialize, relu)
-    if tuple(gy.shape) != tuple(x.shape[:2]) + out:
-        raise ShapeError(f"{what}: gy has shape {gy.shape}, expected {x.shape[:2] + out}")
-    g = _computable(xp, in_layout(xp, bits(xp, gy), cl))
-    gx = _out(xp, g, x.shape[0], x.shape[1], x.shape[2:], cl)
+    if tuple(gy.shape) != tuple(x.shape[:2]) + g.out:
+        raise ShapeError(f"{what}: gy has shape {gy.shape}, expected {x.shape[:2] + g.out}")
+    _, arg, cl, _ = _max(xp, x, g, True, what, specialize, relu)
+    gb = _computable(xp, in_layout(xp, bits(xp, gy), cl))
+    gx = _out(xp, gb, x.shape[0], x.shape[1], x.shape[2:], cl)
     if gx.size:
-        _run("maxpool_bwd", "raw T gy, raw int32 arg", [g.ravel(), arg.ravel()], "raw T gx", [gx.ravel()],
-             _MAX_BWD, _geo(x.shape, out, k, s, pad, cl, x.shape[2:]), size=gx.size, arrays=(g, gx),
+        _run("maxpool_bwd", "raw T gy, raw int32 arg", [gb.ravel(), arg.ravel()], "raw T gx", [gx.ravel()],
+             _MAX_BWD, _geo(x.shape[1], g, cl, x.shape[2:]), size=gx.size, arrays=(gb, gx),
              storage=_storage(gy.dtype), specialize=specialize)
     return _finish(xp, gx, cl, gy.dtype)
 
@@ -304,15 +323,18 @@ def _max_backward(xp, x, gy, kernel_size, stride, padding, ceil_mode, specialize
 def max_pool2d_select(xp, x, v, *, kernel_size, stride, padding, ceil_mode, specialize=False):
     """``v`` read at each window's winning cell of ``x`` (the adjoint of
     :func:`max_pool2d_backward`): pooled shape, v's dtype, x's layout."""
+    return _select(xp, x, v, _called(x.shape, kernel_size, stride, padding, ceil_mode), specialize)
+
+
+def _select(xp, x, v, g, specialize):
     if tuple(v.shape) != tuple(x.shape):
         raise ShapeError(f"max_pool2d_select: v has shape {v.shape}, x has {x.shape}")
-    _, arg, cl, _, (k, s, pad, out) = _max(xp, x, kernel_size, stride, padding, ceil_mode, True,
-                                           "max_pool2d_select", specialize)
+    _, arg, cl, _ = _max(xp, x, g, True, "max_pool2d_select", specialize)
     vb = in_layout(xp, bits(xp, v), cl)  # a copy of elements: float16 stays float16
-    y = _out(xp, vb, x.shape[0], x.shape[1], out, cl)
+    y = _out(xp, vb, x.shape[0], x.shape[1], g.out, cl)
     if y.size:
         _run("maxpool_select", "raw T v, raw int32 arg", [vb.ravel(), arg.ravel()], "raw T y", [y.ravel()],
-             _SELECT, _geo(x.shape, out, k, s, pad, cl, out), size=y.size, arrays=(vb, y),
+             _SELECT, _geo(x.shape[1], g, cl, g.out), size=y.size, arrays=(vb, y),
              storage=dtype_name(v.dtype), specialize=specialize)
     return unbits(logical(y, cl), v.dtype)
 
@@ -320,12 +342,16 @@ def max_pool2d_select(xp, x, v, *, kernel_size, stride, padding, ceil_mode, spec
 def avg_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, count_include_pad, specialize=False):
     """Average pooling of ``(N, C, H, W)`` x -> ``(N, C, Ho, Wo)``, x's dtype and layout;
     padding cells hold 0; divisor as the module docstring. Errors as max_pool2d."""
+    g = _called(x.shape, kernel_size, stride, padding, ceil_mode)
+    return _avg(xp, x, g, count_include_pad, specialize)
+
+
+def _avg(xp, x, g, count_include_pad, specialize):
     buf, cl, dtype = _prepare(xp, x, "avg_pool2d")
-    k, s, pad, out = geometry(x.shape[2:], kernel_size, stride, padding, ceil_mode)
-    y = _out(xp, buf, x.shape[0], x.shape[1], out, cl)
+    y = _out(xp, buf, x.shape[0], x.shape[1], g.out, cl)
     if y.size:
         _run("avgpool", "raw T x, bool include_pad", [buf.ravel(), bool(count_include_pad)], "raw T y",
-             [y.ravel()], _AVG, _geo(x.shape, out, k, s, pad, cl, out), size=y.size, arrays=(buf, y),
+             [y.ravel()], _AVG, _geo(x.shape[1], g, cl, g.out), size=y.size, arrays=(buf, y),
              storage=_storage(dtype), preamble=_DIVISOR, specialize=specialize)
     return _finish(xp, y, cl, dtype)
 
@@ -340,17 +366,66 @@ def avg_pool2d_backward(xp, gy, *, kernel_size, stride, padding, ceil_mode, coun
     shape = tuple(int(v) for v in input_shape)
     if len(shape) != 4:
         raise ParameterError("input_shape", input_shape, "must be an NCHW 4-tuple")
-    k, s, pad, out = geometry(shape[2:], kernel_size, stride, padding, ceil_mode)
-    if tuple(gy.shape) != shape[:2] + out:
-        raise ShapeError(f"avg_pool2d_backward: gy has shape {gy.shape}, expected {shape[:2] + out}")
-    g, cl, dtype = _prepare(xp, gy, "avg_pool2d_backward")
-    gx = _out(xp, g, shape[0], shape[1], shape[2:], cl)
+    g = _called(shape, kernel_size, stride, padding, ceil_mode)
+    if tuple(gy.shape) != shape[:2] + g.out:
+        raise ShapeError(f"avg_pool2d_backward: gy has shape {gy.shape}, expected {shape[:2] + g.out}")
+    return _avg_backward(xp, gy, g, count_include_pad, shape, specialize)
+
+
+def _avg_backward(xp, gy, g, count_include_pad, shape, specialize):
+    gb, cl, dtype = _prepare(xp, gy, "avg_pool2d_backward")
+    gx = _out(xp, gb, shape[0], shape[1], shape[2:], cl)
     if gx.size:
-        _run("avgpool_bwd", "raw T gy, bool include_pad", [g.ravel(), bool(count_include_pad)], "raw T gx",
-             [gx.ravel()], _AVG_BWD, _geo(shape, out, k, s, pad, cl, shape[2:]), size=gx.size,
-             arrays=(g, gx), storage=_storage(dtype), preamble=_DIVISOR, specialize=specialize)
+        _run("avgpool_bwd", "raw T gy, bool include_pad", [gb.ravel(), bool(count_include_pad)], "raw T gx",
+             [gx.ravel()], _AVG_BWD, _geo(shape[1], g, cl, shape[2:]), size=gx.size,
+             arrays=(gb, gx), storage=_storage(dtype), preamble=_DIVISOR, specialize=specialize)
     return _finish(xp, gx, cl, dtype)
 
 
-__all__ = ["geometry", "max_pool2d", "max_pool2d_backward", "max_pool2d_backward_relu", "max_pool2d_select",
-           "avg_pool2d", "avg_pool2d_backward"]
+# ---- the kernels of graph nodes (ctx, op, *arrays): the op's canonical fields and
+# ---- the node's extents (``reference.pool.node_geometry``), nothing recomputed
+
+def _specialize(ctx) -> bool:
+    """The autotune variant's choice (``cuda_rules.pool_variants``)."""
+    return bool(ctx.options.get("specialize", False))
+
+
+def max_pool2d_kernel(ctx, op, x):
+    """``MaxPool2d`` node: :func:`max_pool2d` with the node's geometry."""
+    g = node_geometry(op, x.shape[2:], ctx.out_shape(op, x)[2:])
+    return _max_pool(ctx.xp, x, g, _specialize(ctx))
+
+
+def max_pool2d_backward_kernel(ctx, op, x, gy):
+    """``MaxPool2dBackward`` node: :func:`max_pool2d_backward` with the node's geometry."""
+    return _max_backward(ctx.xp, x, gy, node_geometry(op, x.shape[2:], gy.shape[2:]), _specialize(ctx), False)
+
+
+def max_pool2d_backward_relu_kernel(ctx, op, x, gy):
+    """``MaxPool2dBackwardRelu`` node: :func:`max_pool2d_backward_relu` with the node's geometry."""
+    return _max_backward(ctx.xp, x, gy, node_geometry(op, x.shape[2:], gy.shape[2:]), _specialize(ctx), True)
+
+
+def max_pool2d_select_kernel(ctx, op, x, v):
+    """``MaxPool2dSelect`` node: :func:`max_pool2d_select` with the node's geometry."""
+    g = node_geometry(op, x.shape[2:], ctx.out_shape(op, x, v)[2:])
+    return _select(ctx.xp, x, v, g, _specialize(ctx))
+
+
+def avg_pool2d_kernel(ctx, op, x):
+    """``AvgPool2d`` node: :func:`avg_pool2d` with the node's geometry."""
+    g = node_geometry(op, x.shape[2:], ctx.out_shape(op, x)[2:])
+    return _avg(ctx.xp, x, g, op.count_include_pad, _specialize(ctx))
+
+
+def avg_pool2d_backward_kernel(ctx, op, gy):
+    """``AvgPool2dBackward`` node: :func:`avg_pool2d_backward` with the node's geometry."""
+    shape = tuple(op.input_shape)
+    g = node_geometry(op, shape[2:], gy.shape[2:])
+    return _avg_backward(ctx.xp, gy, g, op.count_include_pad, shape, _specialize(ctx))
+
+
+__all__ = ["max_pool2d", "max_pool2d_backward", "max_pool2d_backward_relu", "max_pool2d_select",
+           "avg_pool2d", "avg_pool2d_backward", "max_pool2d_kernel", "max_pool2d_backward_kernel",
+           "max_pool2d_backward_relu_kernel", "max_pool2d_select_kernel", "avg_pool2d_kernel",
+           "avg_pool2d_backward_kernel"]

@@ -1,29 +1,42 @@
 """Registers our CuPy kernels as the ``cuda`` lowering (device ``cuda``) of their ops.
 
-Each kernel is called as ``fn(cupy, *arrays, **op.params())``: the functions
-of :mod:`.pool`, :mod:`.relu`, :mod:`.colsum`, :mod:`.lrn` and :mod:`.loss` take
-exactly the op fields as keywords, like their NumPy references, plus the
-option of an autotune variant where :data:`OPTIONS` names one (pooling:
-``specialize``; bias gradient: ``method``). Importing this module needs
-neither CuPy nor a GPU; the kernels compile on first use.
+Two kernel conventions, as in the reference backend:
+
+* :data:`CUDA_KERNELS`: ``fn(cupy, *arrays, **op.params())``; the functions of
+  :mod:`.relu`, :mod:`.colsum`, :mod:`.lrn`, :mod:`.loss` (and
+  ``codegen.movement.zeros``, a memset) take exactly the
+  op fields as keywords, like their NumPy references, plus the option of an
+  autotune variant where :data:`OPTIONS` names one (bias gradient: ``method``);
+* :data:`NODE_KERNELS`: ``kernel(ctx, op, *arrays)`` reading the node's
+  geometry (the pooling kernels of :mod:`.pool`: the op's canonical fields
+  and the node's extents, ``reference.pool.node_geometry``), with the
+  variant's ``specialize`` from ``ctx.options``.
+
+Importing this module needs neither CuPy nor a GPU; the kernels compile on
+first use.
 """
 
 from __future__ import annotations
 
 from opgraph import ops
 
-from ..reference.rules import params_kernel
+from ..reference.kernel import params_kernel
 from ..registry import Rule, register
 from . import colsum, loss, lrn, pool, relu
+from .codegen import movement
+
+#: abstract op type -> node kernel ``kernel(ctx, op, *arrays)``.
+NODE_KERNELS = {
+    ops.MaxPool2d: pool.max_pool2d_kernel,
+    ops.MaxPool2dBackward: pool.max_pool2d_backward_kernel,
+    ops.MaxPool2dBackwardRelu: pool.max_pool2d_backward_relu_kernel,
+    ops.MaxPool2dSelect: pool.max_pool2d_select_kernel,
+    ops.AvgPool2d: pool.avg_pool2d_kernel,
+    ops.AvgPool2dBackward: pool.avg_pool2d_backward_kernel,
+}
 
 #: abstract op type -> CuPy kernel ``fn(xp, *arrays, **op.params())``.
 CUDA_KERNELS = {
-    ops.MaxPool2d: pool.max_pool2d,
-    ops.MaxPool2dBackward: pool.max_pool2d_backward,
-    ops.MaxPool2dBackwardRelu: pool.max_pool2d_backward_relu,
-    ops.MaxPool2dSelect: pool.max_pool2d_select,
-    ops.AvgPool2d: pool.avg_pool2d,
-    ops.AvgPool2dBackward: pool.avg_pool2d_backward,
     ops.Relu: relu.relu,
     ops.ReluBackward: relu.relu_backward,
     ops.Threshold: relu.threshold,
@@ -37,13 +50,14 @@ CUDA_KERNELS = {
     ops.LogSoftmaxBackward: loss.log_softmax_backward,
     ops.CrossEntropy: loss.cross_entropy,
     ops.CrossEntropyBackward: loss.cross_entropy_backward,
+    ops.Zeros: movement.zeros,
+    ops.Constant: movement.constant,
 }
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 #: Ops whose kernels take ``specialize`` (geometry compiled in: :mod:`.pool`).
-SPECIALIZABLE = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.MaxPool2dSelect,
-                 ops.AvgPool2d, ops.AvgPool2dBackward)
+SPECIALIZABLE = tuple(NODE_KERNELS)
 
 
 def pool_variants(op, in_types, device):
@@ -85,18 +99,20 @@ INPLACE = {ops.Relu: 0, ops.ReluBackward: 1}
 
 
 def register_rules() -> None:
-    """Register one ``cuda`` rule per entry of :data:`CUDA_KERNELS` (idempotent).
-    Every kernel returns a new array, never a view of an input
-    (``fresh_output``); ReLU and its gradient may run in place (:data:`INPLACE`)."""
-    for op_type, fn in CUDA_KERNELS.items():
-        options, variants = OPTIONS.get(op_type, ((), None))
-        register(Rule(op_type, "cuda", params_kernel(fn, "cuda", options),
-                      devices={"cuda"}, check=check, tags={"cuda", "gpu"},
+    """Register one ``cuda`` rule per entry of :data:`NODE_KERNELS` and
+    :data:`CUDA_KERNELS` (idempotent). Every kernel returns a new array, never
+    a view of an input (``fresh_output``); ReLU and its gradient may run in
+    place (:data:`INPLACE`)."""
+    kernels = dict(NODE_KERNELS)
+    kernels.update((t, params_kernel(fn, "cuda", OPTIONS.get(t, ((), None))[0])) for t, fn in CUDA_KERNELS.items())
+    for op_type, kernel in kernels.items():
+        variants = OPTIONS.get(op_type, ((), None))[1]
+        register(Rule(op_type, "cuda", kernel, devices={"cuda"}, check=check, tags={"cuda", "gpu"},
                       inplace=INPLACE.get(op_type), fresh_output=True,
                       **({"variants": variants} if variants else {})))
 
 
 register_rules()
 
-__all__ = ["CUDA_KERNELS", "INPLACE", "OPTIONS", "SPECIALIZABLE", "bias_variants", "check", "pool_variants",
-           "register_rules"]
+__all__ = ["CUDA_KERNELS", "NODE_KERNELS", "INPLACE", "OPTIONS", "SPECIALIZABLE", "bias_variants", "check",
+           "pool_variants", "register_rules"]

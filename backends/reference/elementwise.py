@@ -1,4 +1,4 @@
-"""Reference (oracle) element-wise kernels: ReLU, threshold, add, bias, dropout, zeros.
+"""Reference (oracle) element-wise kernels: ReLU, threshold, add, bias, zeros (dropout: ``dropout.py``).
 
 Every kernel takes the array module ``xp`` (numpy or cupy) first, returns a
 fresh array (never a view of an input, so an executor may overwrite its
@@ -18,8 +18,6 @@ infinite output gradient at a blocked position gives 0, not ``inf * 0 = NaN``
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from opgraph import ops
 from opgraph.errors import ShapeError
@@ -120,30 +118,6 @@ def bias_add_backward(xp, gy):
     return gy.sum(axis=axes, dtype=acc).astype(gy.dtype, copy=False)
 
 
-@reference(ops.Dropout)
-def dropout(xp, x, *, p, training, seed):
-    """Inverted dropout.
-
-    Not training (or ``p == 0``): a copy of x. Training: keep mask
-    ``numpy.random.default_rng(seed).random(x.shape) >= p`` (drawn with NumPy
-    on the host even for CuPy arrays, so the mask depends only on seed and
-    shape, and the backward is this same function applied to ``gy``); kept
-    cells are scaled by ``1 / (1 - p)``, dropped cells are 0 (an inf or NaN
-    input at a dropped cell gives 0); ``p == 1`` gives zeros. ``p`` outside
-    ``[0, 1]`` is checked by the op, not here.
-
-    Source: Srivastava et al., "Dropout", JMLR 2014 (inverted scaling as in
-    PyTorch). Returns x's shape and dtype.
-    """
-    if not training or p == 0:
-        return x.copy()
-    zero = xp.zeros((), dtype=x.dtype)
-    if p >= 1:
-        return xp.zeros_like(x)
-    keep = xp.asarray(np.random.default_rng(seed).random(x.shape) >= p)
-    return _select(xp, keep, x * xp.asarray(1.0 / (1.0 - p), dtype=x.dtype), zero)
-
-
 @reference(ops.Zeros)
 def zeros(xp, *, type):
     """Zeros of an ``opgraph.types.TensorType`` (its shape and dtype; bfloat16
@@ -174,4 +148,4 @@ def _same_shape(what, a, b):
 
 
 __all__ = ["relu", "relu_backward", "threshold", "threshold_backward", "add", "bias_add",
-           "bias_add_backward", "dropout", "zeros"]
+           "bias_add_backward", "zeros"]

@@ -12,8 +12,6 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .kernel import params_kernel  # noqa: F401  (the CUDA and cuBLAS rules wrap their functions with it)
-
 _PACKAGE = __name__.rpartition(".")[0]
 for _module in pkgutil.iter_modules(importlib.import_module(_PACKAGE).__path__):
     importlib.import_module(f"{_PACKAGE}.{_module.name}")

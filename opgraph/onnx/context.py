@@ -1,6 +1,22 @@
 """What a converter sees of one ONNX node: its attributes (each read marked,
-so that an unread one is an error), its inputs (import-time values or graph
-values), and the builders that add ops named after the node."""
+so that an unread one is an error), its inputs (import-time values, declared
+parameters or graph values), and the builders that add ops named after the node.
+
+What the importer holds per ONNX tensor name (``Importer.env``):
+
+* a graph ``Value`` (a data input or a node's output);
+* :class:`Static`: a value known at import time (an initializer or a folded
+  constant);
+* :class:`Declared`: a parameter without a value (a graph input with a
+  static shape in a weightless export, ``export_params=False``).
+
+A trainable ``Static`` and a ``Declared`` enter the graph where a node first
+reads them, as a ``param`` source or, read as BatchNorm running statistics,
+a ``buffer`` source, named after the tensor the node reads. An ``Identity``
+of one gives it the Identity output's name, so a tensor the exporter
+deduplicated behind ``Identity`` nodes becomes one source per name
+(``opgraph/onnx/__init__.py`` says why).
+"""
 
 from __future__ import annotations
 
@@ -24,6 +40,19 @@ class Static:
     name: str
     value: np.ndarray
     trainable: bool = False
+
+
+@attrs.frozen
+class Declared:
+    """A parameter the file declares without a value: ``shape`` static, ``dtype`` floating."""
+
+    name: str
+    shape: tuple
+    dtype: str
+
+
+#: How a node reads an input that has no graph value yet (``NodeContext.input``).
+ROLES = ("param", "buffer", "constant")
 
 
 class NodeContext:
@@ -91,25 +120,30 @@ class NodeContext:
     def require_static(self, i: int, what: str) -> np.ndarray:
         v = self.static(i)
         if v is None:
-            raise self.error(f"input {i} ({what}) must be a constant (initializer or Constant); "
-                             f"computed {what} is not supported")
+            item = self.passthrough(i)
+            how = (f"graph input {item.name!r} has no value in the file" if isinstance(item, Declared)
+                   else f"computed {what} is not supported")
+            raise self.error(f"input {i} ({what}) must be a constant (initializer or Constant); {how}")
         return v
 
-    def input(self, i: int, *, constant: bool = False, dtype: str | None = None) -> Value:
-        """Input ``i`` as a graph value (import-time values enter the graph here).
+    def input(self, i: int, *, role: str = "param", dtype: str | None = None) -> Value:
+        """Input ``i`` as a graph value (import-time values and parameters enter the graph here).
 
-        A trainable initializer becomes a ``param`` source unless ``constant``;
-        ``dtype`` casts an import-time value (never a computed one).
+        A trainable initializer or a declared parameter becomes a source of
+        ``role``: ``'param'`` (trainable), ``'buffer'`` (state such as running
+        statistics) or ``'constant'`` (a ``Constant`` op; declared parameters
+        have no value and are buffers then); ``dtype`` casts an import-time
+        value (never a computed one).
         """
         if not self.has_input(i):
             raise self.error(f"input {i} is required")
-        return self.imp.value(self.node.input[i], constant=constant, dtype=dtype, ctx=self)
+        return self.imp.value(self.node.input[i], role=role, dtype=dtype, ctx=self)
 
     def shape(self, i: int) -> tuple[int, ...]:
         s = self.passthrough(i)
-        return tuple(s.value.shape) if isinstance(s, Static) else s.shape
+        return tuple(s.value.shape) if isinstance(s, Static) else tuple(s.shape)
 
-    def passthrough(self, i: int) -> "Value | Static":
+    def passthrough(self, i: int) -> "Value | Static | Declared":
         """Input ``i`` exactly as it is (for Identity-like nodes: no node is added)."""
         if not self.has_input(i):
             raise self.error(f"input {i} is required")
@@ -137,4 +171,4 @@ class NodeContext:
         return self.apply(Add if a.shape == b.shape else BroadcastAdd, {}, [a, b], part)
 
 
-__all__ = ["NodeContext", "Static"]
+__all__ = ["NodeContext", "Static", "Declared", "ROLES"]

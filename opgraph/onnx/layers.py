@@ -1,5 +1,5 @@
 """ONNX converters of the layer operators: convolution, pooling, LRN, batch
-norm, Gemm / MatMul, ReLU, softmax, dropout.
+and layer norm, Gemm / MatMul, ReLU, softmax, dropout.
 
 Each converter reads every attribute of its node (``ctx.attr``) and maps it
 onto canonical op parameters, following the ONNX operator spec
@@ -21,8 +21,8 @@ import math
 
 import numpy as np
 
-from ..ops import (AvgPool2d, BatchNorm, Conv2d, GlobalAvgPool2d, Linear, LocalResponseNorm, LogSoftmax, MatMul,
-                   MaxPool2d, Mul, Relu, Reshape, Softmax)
+from ..ops import (AvgPool2d, BatchNorm, Conv2d, GlobalAvgPool2d, LayerNorm, Linear, LocalResponseNorm,
+                   LogSoftmax, MatMul, MaxPool2d, Mul, Relu, Reshape, Softmax)
 from ..ops.broadcast import broadcast_shapes
 from .registry import converter
 
@@ -144,7 +144,8 @@ def lrn(ctx):
 
 @converter("BatchNormalization", {7, 9, 14, 15})
 def batch_normalization(ctx):
-    """Inference form; the running mean and var enter as constants."""
+    """Inference form; the running mean and var enter as buffers (``Graph.buffer``:
+    fed by name, never trained), with the file's values as their defaults."""
     ctx.attr("momentum")  # only used to update running statistics in training
     if ctx.version == 7 and ctx.attr("spatial", 1) != 1:
         raise ctx.error("attribute spatial=0 (per-activation statistics) is not supported")
@@ -157,8 +158,47 @@ def batch_normalization(ctx):
     x = ctx.input(0)
     dt = x.dtype
     ins = [x, ctx.input(1, dtype=dt), ctx.input(2, dtype=dt),
-           ctx.input(3, constant=True, dtype=dt), ctx.input(4, constant=True, dtype=dt)]
+           ctx.input(3, role="buffer", dtype=dt), ctx.input(4, role="buffer", dtype=dt)]
     return ctx.apply(BatchNorm, {"eps": float(ctx.attr("epsilon", 1e-5))}, ins)
+
+
+def _without_leading_ones(shape) -> tuple:
+    shape = tuple(shape)
+    while shape and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
+@converter("LayerNormalization", {17})
+def layer_normalization(ctx):
+    """``(x - mean) / sqrt(var + epsilon) * Scale + B`` over axes ``axis ..`` (default
+    -1; biased variance), one ``LayerNorm``. Scale and B must have the normalized
+    shape (leading 1s allowed); ``stash_type`` must be 1 (statistics in float32:
+    opgraph's are float32 for float32 and half-precision inputs, float64 for float64);
+    the Mean and InvStdDev outputs may not be used."""
+    x = ctx.input(0)
+    rank = len(x.shape)
+    axis = int(ctx.attr("axis", -1))
+    if not -rank <= axis < rank:
+        raise ctx.error(f"attribute axis={axis} is out of range for a {rank}-D input")
+    stash = int(ctx.attr("stash_type", 1))
+    if stash != 1:
+        raise ctx.error(f"attribute stash_type={stash} is not supported (only 1, float32 statistics)")
+    normalized = tuple(x.shape[axis % rank:])
+    affine = []
+    for i, what in ((1, "Scale"), (2, "B")):
+        if not ctx.has_input(i):
+            continue
+        v = ctx.input(i, dtype=x.dtype)
+        if v.shape != normalized:
+            if _without_leading_ones(v.shape) != _without_leading_ones(normalized):
+                raise ctx.error(f"{what} of shape {v.shape} is not the normalized shape {normalized}")
+            v = ctx.apply(Reshape, {"shape": normalized}, [v], what.lower())
+        affine.append(v)
+    if len(affine) == 1 and ctx.has_input(2):
+        raise ctx.error("input Scale is required")
+    params = dict(normalized_shape=normalized, eps=float(ctx.attr("epsilon", 1e-5)))
+    return ctx.apply(LayerNorm, params, [x, *affine])
 
 
 @converter("Relu", {6, 13, 14})
@@ -260,4 +300,4 @@ def dropout(ctx):
 
 
 __all__ = ["conv", "max_pool", "average_pool", "global_average_pool", "lrn", "batch_normalization",
-           "relu", "gemm", "matmul", "softmax", "log_softmax", "dropout"]
+           "layer_normalization", "relu", "gemm", "matmul", "softmax", "log_softmax", "dropout"]

@@ -1,15 +1,18 @@
 """ONNX converters of the tensor operators: element-wise arithmetic with
-broadcasting, shape manipulation and constants.
+broadcasting, the mean reduction, casts, shape manipulation and constants.
 
 Where every input is an import-time constant that is not a trainable
 initializer, the node is evaluated here with NumPy (constant folding) and
 no graph node is added: the shape arithmetic exporters write
-(``Shape -> Gather -> Unsqueeze -> Concat -> Reshape``) folds into a
+(``Shape -> Gather -> Unsqueeze -> Concat -> Reshape``, and ShuffleNet's
+channel shuffle with ``Div`` and ``Cast`` of its shape) folds into a
 constant target shape. ``Shape`` and ``Gather`` are supported for that use
-only (``Gather`` on computed data is an error).
+only (``Gather`` on computed data is an error); ``Cast`` of a computed tensor
+only to its own dtype.
 
-Semantics follow the ONNX operator spec: ``Add``/``Mul``/``Sum`` broadcast
-multidirectionally (NumPy rule; ``Sum`` version 6 needs equal shapes);
+Semantics follow the ONNX operator spec: ``Add``/``Mul``/``Div``/``Sum``
+broadcast multidirectionally (NumPy rule; ``Sum`` version 6 needs equal
+shapes; integer ``Div`` truncates toward zero);
 ``Reshape`` reads ``0`` as "copy this dimension" unless ``allowzero=1`` and
 ``-1`` as "infer"; ``Flatten`` always returns 2-D
 ``(prod(shape[:axis]), prod(shape[axis:]))``; ``Unsqueeze``/``Squeeze`` take
@@ -20,9 +23,12 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import numpy as np
 
-from ..ops import Concat, Flatten, Mul, Reshape, Transpose
+from ..ops import Concat, Div, Flatten, Mean, Mul, Reshape, Transpose
+from ..types import DTYPES, numpy_dtype
+from .context import Declared, Static
 from .registry import converter
 
 ALL_VERSIONS = {1, 13, 14, 16, 19, 21, 23, 24, 25}
@@ -47,6 +53,28 @@ def mul(ctx):
     if ctx.foldable():
         return ctx.static(0) * ctx.static(1)
     return ctx.apply(Mul, {}, [ctx.input(0), ctx.input(1)])
+
+
+def _divide(ctx, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ONNX ``Div`` of import-time values: true division of floats (IEEE), and
+    of integers with truncation toward zero (C semantics, as onnxruntime)."""
+    if a.dtype != b.dtype:
+        raise ctx.error(f"operands have different dtypes {a.dtype} and {b.dtype}")
+    if a.dtype.kind not in "iu":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.divide(a, b).astype(a.dtype)
+    if (b == 0).any():
+        raise ctx.error("integer division by zero")
+    q = np.abs(a) // np.abs(b)
+    return np.where((a < 0) != (b < 0), -q, q).astype(a.dtype)
+
+
+@converter("Div", {7, 13, 14})
+def div(ctx):
+    """``a / b`` with multidirectional broadcasting (``Div`` op)."""
+    if ctx.foldable():
+        return _divide(ctx, ctx.static(0), ctx.static(1))
+    return ctx.apply(Div, {}, [ctx.input(0), ctx.input(1)])
 
 
 @converter("Sum", {6, 8, 13})
@@ -206,7 +234,12 @@ def squeeze(ctx):
 
 @converter("Identity", ALL_VERSIONS)
 def identity(ctx):
-    return ctx.passthrough(0)
+    """No node. An Identity of a parameter (a trainable initializer or a declared
+    parameter input) names it anew: one source per name (the package docstring)."""
+    item = ctx.passthrough(0)
+    if isinstance(item, Declared) or (isinstance(item, Static) and item.trainable):
+        return attrs.evolve(item, name=ctx.node.output[0])
+    return item
 
 
 @converter("Constant", {1, 9, 11, 12, 13, 19, 21, 23, 24, 25})
@@ -257,5 +290,65 @@ def gather(ctx):
     return np.take(data, indices, axis=axis)
 
 
-__all__ = ["add", "mul", "sum_", "concat", "reshape", "flatten", "transpose", "unsqueeze",
-           "squeeze", "identity", "constant", "constant_of_shape", "shape", "gather"]
+#: Cast targets: opgraph's dtypes, and the integer and bool types shape arithmetic uses.
+CAST_TARGETS = (*DTYPES, "int8", "int16", "int32", "uint8", "uint16", "uint32", "uint64", "bool")
+
+
+@converter("Cast", {6, 9, 13, 19, 21, 23, 24, 25})
+def cast(ctx):
+    """Cast to ``to``: import-time values are converted (NumPy ``astype``; float
+    to int truncates toward zero); a parameter gets the new dtype; a computed
+    tensor only to its own storage dtype (opgraph has no cast op). ``saturate``
+    and ``round_mode`` only affect float8 targets, which are refused."""
+    to = ctx.attr("to")
+    ctx.attr("saturate")
+    ctx.attr("round_mode")
+    if to is None:
+        raise ctx.error("attribute to is required")
+    try:
+        target = np.dtype(ctx.imp.onnx.helper.tensor_dtype_to_np_dtype(int(to))).name
+    except (KeyError, TypeError, ValueError):
+        target = f"ONNX element type {to}"
+    if target not in CAST_TARGETS:
+        raise ctx.error(f"attribute to={to} ({target}) is not supported; targets: {', '.join(CAST_TARGETS)}")
+    item = ctx.passthrough(0)
+    if ctx.foldable(0):
+        return item.value.astype(numpy_dtype(target) if target in DTYPES else target)
+    storage = ctx.imp.storage(target)
+    if isinstance(item, Static):  # a trainable initializer stays a parameter, converted
+        return attrs.evolve(item, value=item.value.astype(numpy_dtype(storage)))
+    if isinstance(item, Declared):
+        return attrs.evolve(item, dtype=storage)
+    if item.dtype != storage:
+        raise ctx.error(f"casting a computed {item.dtype} tensor to {target} is not supported (opgraph has "
+                        "no cast op); only import-time values and casts to the tensor's own dtype")
+    return item
+
+
+@converter("ReduceMean", {1, 11, 13, 18})
+def reduce_mean(ctx):
+    """Mean over ``axes`` (all axes when absent or empty, unless
+    ``noop_with_empty_axes=1`` (18): then the identity); ``keepdims`` default 1.
+    ``axes`` is an attribute before version 18, an optional input from 18."""
+    keep = bool(ctx.attr("keepdims", 1))
+    if ctx.version >= 18:
+        noop = bool(ctx.attr("noop_with_empty_axes", 0))
+        axes = _ints(ctx, ctx.require_static(1, "axes"), "axes") if ctx.has_input(1) else []
+    else:
+        noop, axes = False, [int(a) for a in ctx.attr("axes", [])]
+    rank = len(ctx.shape(0))
+    if not axes and noop:
+        return ctx.passthrough(0)
+    if any(not -rank <= a < rank for a in axes):
+        raise ctx.error(f"axes {axes} are out of range for a {rank}-D input")
+    norm = sorted({a % rank for a in axes}) if axes else list(range(rank))
+    if len(norm) != len(axes) and axes:
+        raise ctx.error(f"axes {axes} repeat an axis")
+    if ctx.foldable(0):
+        v = ctx.static(0)
+        return np.mean(v, axis=tuple(norm), keepdims=keep).astype(v.dtype)
+    return ctx.apply(Mean, dict(axes=norm, keepdim=keep), [ctx.input(0)])
+
+
+__all__ = ["add", "mul", "div", "sum_", "concat", "reshape", "flatten", "transpose", "unsqueeze",
+           "squeeze", "identity", "constant", "constant_of_shape", "shape", "gather", "cast", "reduce_mean"]

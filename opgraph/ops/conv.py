@@ -95,9 +95,7 @@ class Conv2d(_ConvOp):
     def vjp(self, node, gy, wanted):
         x, w, *b = node.inputs
         g = node.graph
-        p = self.conv_params()
-        gx = g.apply(Conv2dBackwardData, dict(p, input_shape=x.shape), [gy, w]) if wanted[0] else None
-        gw = g.apply(Conv2dBackwardFilter, dict(p, weight_shape=w.shape), [x, gy]) if wanted[1] else None
+        gx, gw = conv_cotangents(g, self.conv_params(), x, w, gy, wanted[:2])
         if not b:
             return (gx, gw)
         from .elementwise import BiasAddBackward
@@ -129,10 +127,7 @@ class Conv2dBackwardData(_ConvOp):
 
     def vjp(self, node, ggx, wanted):
         gy, w = node.inputs
-        g, p = node.graph, self.conv_params()
-        d_gy = g.apply(Conv2d, p, [ggx, w]) if wanted[0] else None
-        d_w = g.apply(Conv2dBackwardFilter, dict(p, weight_shape=w.shape), [ggx, gy]) if wanted[1] else None
-        return (d_gy, d_w)
+        return dgrad_cotangents(node.graph, self.conv_params(), gy, w, ggx, wanted)
 
 
 @attrs.frozen
@@ -165,27 +160,18 @@ class Conv2dBackwardFilter(_ConvOp):
         return (d_x, d_gy)
 
 
-@attrs.frozen
-class Conv2dBiasRelu(_ConvOp):
-    """``relu(conv(x, w) + b)`` as one node: x (N, C, H, W), w (O, C/groups, kH, kW), b (O,).
+def conv_cotangents(graph, params: dict, x, w, gy, wanted) -> tuple:
+    """``(gx, gw)`` of ``y = conv(x, w)`` with ``params`` given ``gy`` (None
+    where ``wanted`` is False): backward-data and backward-filter nodes."""
+    gx = graph.apply(Conv2dBackwardData, dict(params, input_shape=x.shape), [gy, w]) if wanted[0] else None
+    gw = graph.apply(Conv2dBackwardFilter, dict(params, weight_shape=w.shape), [x, gy]) if wanted[1] else None
+    return gx, gw
 
-    Made by the fuse pass from a ``Conv2d`` whose output only its ``Relu``
-    reads, for a backend with a fused kernel (cuDNN's conv-bias-activation
-    graph): it saves one write and one read of the convolution output.
-    """
 
-    arity: ClassVar = (3, 3)
-    kind: ClassVar[str] = "conv2d_bias_relu"
-    direction: ClassVar[str] = "fwd"
-    fused: ClassVar[bool] = True
-
-    def infer(self, x, w, b):
-        return Conv2d(**self.conv_params()).infer(x, w, b)
-
-    def flops(self, types, out) -> int:
-        return 2 * self.macs(types[0].shape, types[1].shape)
-
-    def vjp(self, node, gy, wanted):
-        from .elementwise import ReluBackward
-        g_pre = node.graph.apply(ReluBackward, {}, [node.output, gy])
-        return Conv2d(**self.conv_params()).vjp(node, g_pre, wanted)
+def dgrad_cotangents(graph, params: dict, gy, w, ggx, wanted) -> tuple:
+    """``(d_gy, d_w)`` of ``gx = Conv2dBackwardData(gy, w)`` given its cotangent
+    ``ggx``: a convolution and a backward-filter (the adjoint identities above)."""
+    d_gy = graph.apply(Conv2d, params, [ggx, w]) if wanted[0] else None
+    d_w = (graph.apply(Conv2dBackwardFilter, dict(params, weight_shape=w.shape), [ggx, gy])
+           if wanted[1] else None)
+    return d_gy, d_w

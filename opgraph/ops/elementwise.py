@@ -3,10 +3,14 @@
 ReLU is ``max(x, 0)`` with NaN propagating and gradient 0 at exactly 0
 (SEMANTICS.md). ``Threshold`` follows ``torch.nn.functional.threshold``:
 ``y = x if x > threshold else value`` (convnet-benchmarks' ``nn.Threshold(0,
-1e-6)`` after fc6/fc7). Dropout is the identity at inference; in training a
-mask drawn from ``numpy.random.default_rng(seed)`` over the shape, scaled by
-``1/(1-p)``; the mask depends only on (seed, shape), so its gradient is the
-same dropout applied to the output gradient.
+1e-6)`` after fc6/fc7). Dropout is the identity at inference; in training
+kept elements are scaled by ``1/(1-p)`` and the others are 0. The keep mask is
+counter-based: element ``k`` (row-major index of the logical NCHW shape) is
+kept when the top 24 bits of the ``k+1``-th SplitMix64 output seeded with
+``seed`` are at least ``ceil(p * 2^24)`` (``backends/reference/dropout.py``
+has the constants), so every backend and layout draws the same mask with no
+host random draw, the mask depends only on (seed, shape), and the gradient is
+the same dropout applied to the output gradient.
 """
 
 from __future__ import annotations
@@ -148,7 +152,8 @@ class BiasAddBackward(Op):
 
 @attrs.frozen
 class Dropout(Op):
-    """Inverted dropout with probability ``p`` of zeroing, seeded mask."""
+    """Inverted dropout with probability ``p`` of zeroing; the seeded counter-based
+    mask of the module docstring."""
 
     p: float = F.real("p", 0.5, lo=0.0, hi=1.0)
     training: bool = F.flag("training", False)

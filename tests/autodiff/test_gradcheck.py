@@ -87,6 +87,7 @@ FD_CHECKED = {
                      "MaxPool2dBackward", "MaxPool2dBackwardRelu", "MaxPool2dSelect", "AvgPool2d",
                      "AvgPool2dBackward"],
                     "test_conv_pool_gradients"),
+    **dict.fromkeys(["Conv2dBiasActivation", "Conv2dBackwardDataRelu"], "test_conv_fused_gradients"),
     **dict.fromkeys(["Relu", "ReluBackward", "Threshold", "ThresholdBackward", "Add", "BiasAdd",
                      "BiasAddBackward", "Dropout", "LocalResponseNorm", "Linear", "MatMul",
                      "Flatten", "Reshape", "Concat", "Slice", "SliceBackward", "Pad",
@@ -103,8 +104,9 @@ FD_CHECKED = {
 }
 NO_INPUTS = {"Zeros", "Constant"}  # their rule returns nothing
 #: Rules that refuse with a reason (checked in test_norm_op_gradients): batch statistics are
-#: differentiated by their BatchNormTraining reader, running statistics get no gradient.
-REFUSES = {"BatchNormStats", "BatchNormRunningUpdate"}
+#: differentiated by their BatchNormTraining reader, running statistics get no gradient; a
+#: fused node is made after grad (checked in tests/test_ops_fused.py).
+REFUSES = {"BatchNormStats", "BatchNormRunningUpdate", "FusedElementwise"}
 
 
 def test_every_gradient_rule_has_a_finite_difference_test():

@@ -83,20 +83,41 @@ def _workdir() -> str:
     return _WORKDIR
 
 
-def _compile(source: str):
-    """The ``opgraph_cpu_kernel(void**, long long)`` of ``source``, built once."""
+#: entry point -> (argument types, result type) of the compiled library's function.
+_ENTRIES = {"opgraph_cpu_kernel": ([ctypes.POINTER(ctypes.c_void_p), ctypes.c_longlong], None),
+            "og_launch": ([ctypes.POINTER(ctypes.c_void_p)] + [ctypes.c_uint] * 6, ctypes.c_int)}
+
+
+#: g++ flags of every emulated kernel (a precompiled header must be built with the same).
+GXX_FLAGS = ["-O1", "-std=c++17", "-fno-strict-aliasing", "-fPIC"]
+
+
+def precompiled_header(name: str, text: str) -> str:
+    """Write header ``name`` holding ``text`` into the work folder and precompile it
+    (once per process: g++ then reads the ``.gch`` instead of parsing the
+    standard headers again for every kernel). Returns the folder, for ``-I``."""
+    path = os.path.join(_workdir(), name)
+    if not os.path.exists(path + ".gch"):
+        with open(path, "w") as f:
+            f.write(text)
+        subprocess.run([GXX, *GXX_FLAGS, "-x", "c++-header", "-o", path + ".gch", path], capture_output=True)
+    return _workdir()
+
+
+def _compile(source: str, entry: str = "opgraph_cpu_kernel", include: str | None = None):
+    """The function ``entry`` (:data:`_ENTRIES`) of ``source`` compiled by g++, built once."""
     key = hashlib.sha1(source.encode()).hexdigest()[:20]
     if key not in _LIBS:
         base = os.path.join(_workdir(), f"k_{key}")
         with open(base + ".cpp", "w") as f:
             f.write(source)
-        cmd = [GXX, "-O1", "-std=c++17", "-shared", "-fPIC", "-o", base + ".so", base + ".cpp"]
+        cmd = [GXX, *GXX_FLAGS, "-shared", *(["-I", include] if include else []), "-o", base + ".so",
+               base + ".cpp"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
-            raise RuntimeError(f"g++ rejected the kernel:\n{done.stderr}\n--- source ---\n{source}")
-        fn = ctypes.CDLL(base + ".so").opgraph_cpu_kernel
-        fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_longlong]
-        fn.restype = None
+            raise RuntimeError(f"g++ rejected the kernel:\n{done.stderr[-4000:]}\n--- source ---\n{source}")
+        fn = getattr(ctypes.CDLL(base + ".so"), entry)
+        fn.argtypes, fn.restype = _ENTRIES[entry]
         _LIBS[key] = fn
     return _LIBS[key]
 
@@ -198,12 +219,22 @@ class EmulatedKernel:
 class EmulatedCupy:
     """Stands in for ``cupy`` where our modules import it (kernel construction
     only; the arrays are NumPy's, ``xp`` is ``numpy``). With ``run=False`` the
-    kernels are recorded, not compiled or run (outputs stay uninitialised)."""
+    kernels are recorded, not compiled or run (outputs stay uninitialised).
+    ``RawModule`` / ``RawKernel`` launches run through ``cuda_raw_emulator``
+    (recorded in ``raw_launches``, their sources in ``raw_sources``)."""
 
     def __init__(self, run=True):
         self.run = run
         self.launches = []
         self.cuda_sources = {}
+        self.raw_launches, self.raw_sources = [], []
+
+    def RawModule(self, code, options=(), **kwargs):
+        from cuda_raw_emulator import raw_module
+        return raw_module(self, code)
+
+    def RawKernel(self, code, name, options=(), **kwargs):
+        return self.RawModule(code).get_function(name)
 
     def ElementwiseKernel(self, in_params, out_params, operation, name="kernel", preamble="", **options):
         return EmulatedKernel(self, in_params, out_params, operation, name, preamble)

@@ -34,7 +34,7 @@ def test_cuda_rules_declare_relu_and_its_gradient_in_place():
     assert lookup(ops.Relu, "cuda").inplace == (0,)
     assert lookup(ops.ReluBackward, "cuda").inplace == (1,)
     assert lookup(ops.Threshold, "cuda").inplace == ()
-    assert all(lookup(t, "cuda").fresh_output for t in cuda_rules.CUDA_KERNELS)
+    assert all(lookup(t, "cuda").fresh_output for t in (*cuda_rules.NODE_KERNELS, *cuda_rules.CUDA_KERNELS))
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])

@@ -185,6 +185,7 @@ def test_cuda_graph_adds_a_graph_column_from_the_same_compile(setup, monkeypatch
     assert graph["status"] == "ok" and graph["check"]["passed"], graph.get("reason")
     assert graph["check"]["new_input_max_diff"] <= graph_column.graph_follow_tolerance("float32")
     assert set(graph["times"]) == set(eager["times"]) and len(graph["times"]["forward"]["times_ms"]) == 2
+    assert len(graph["step"]["times_ms"]) == len(eager["step"]["times_ms"]) == 2  # whole step, one loop each
     assert graph["graph"]["forward"]["captured_steps"] == graph["graph"]["forward"]["steps"] > 0
     assert any(n.startswith("CUDA graphs:") for n in graph["notes"])
     assert all(not row["ms"] for row in graph["layers"])  # per-layer times stay with the eager record

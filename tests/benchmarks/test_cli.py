@@ -20,6 +20,7 @@ from opgraph.benchmarks import cli, driver
 SPECS = Path(__file__).resolve().parents[2] / "benchmarks" / "specs"
 WINNERS = json.loads((SPECS / "imagenet_winners.json").read_text())["models"]
 SUITE = {L["name"]: L for L in json.loads((SPECS / "layer_suite.json").read_text())["layers"]}
+MODERN = json.loads((SPECS / "modern_convnets.json").read_text())["models"]
 
 
 def spec_rows(spec):
@@ -42,15 +43,25 @@ def run_cli(capsys, *args):
     return status, out, err
 
 
-def test_summary_json_of_all_nine_entries_equals_the_spec(capsys):
+def test_summary_json_of_all_thirteen_entries_equals_the_specs(capsys):
     status, out, err = run_cli(capsys, "--model", "all", "--summary", "--format", "json")
     assert status == 0, err
     doc = json.loads(out)
     assert doc["mode"] == "summary"
     got = {m["model"]: m for m in doc["models"]}
-    assert list(got) == ["alexnet", "overfeat", "vgg_a", "googlenet", "L1", "L2", "L3", "L4", "L5"]
+    assert list(got) == ["alexnet", "overfeat", "vgg_a", "googlenet", "L1", "L2", "L3", "L4", "L5",
+                         "resnet50", "densenet121", "mobilenet_v2", "efficientnet_b0"]
     for m in got.values():
         b = m["batch"]
+        if m["model"] in MODERN:  # every layer: tests/benchmarks/test_models_modern_spec.py
+            spec = MODERN[m["model"]]
+            assert b == (64 if m["model"] == "densenet121" else 128)
+            assert m["totals"]["params"] == spec["params"]
+            conv_fc = sum(l["flops"] for l in m["layers"] if l["op"] in ("Conv2d", "Linear"))
+            assert conv_fc == b * (spec["conv_flops_per_image"] + spec["linear_flops_per_image"])
+            shapes = {l["name"]: l["output_shape"] for l in m["layers"]}
+            assert all(shapes[l["name"]] == [b, *l["out"]] for l in spec["layers"])
+            continue
         if m["model"] in SUITE:
             spec = SUITE[m["model"]]
             (layer,) = m["layers"]
@@ -75,6 +86,17 @@ def test_summary_json_of_all_nine_entries_equals_the_spec(capsys):
         assert m["totals"]["activation_bytes"] == 4 * b * c["activation_elements_per_image_all_layer_outputs"]
     env = doc["environment"]
     assert {"timestamp", "python", "numpy", "git_commit", "dtype"} <= set(env)
+
+
+def test_suite_modern_aliases_and_the_default_suite():
+    from opgraph.benchmarks.arguments import model_names, parse_models
+
+    modern = ["resnet50", "densenet121", "mobilenet_v2", "efficientnet_b0"]
+    assert model_names(cli.build_parser().parse_args(["--suite", "modern"])) == modern
+    assert model_names(cli.build_parser().parse_args([])) == ["alexnet", "overfeat", "vgg_a", "googlenet"]
+    assert parse_models("ResNet-50,mobilenetv2,modern") == ["resnet50", "mobilenet_v2", "densenet121",
+                                                            "efficientnet_b0"]
+    assert parse_models("all")[-4:] == modern
 
 
 def test_summary_batch_flag_scales_flops_but_not_params(capsys):
@@ -332,6 +354,65 @@ def test_corrupt_onnx_file_is_a_clear_error(tmp_path, capsys):
     assert status == 1 and "bad.onnx" in err and "not a valid ONNX model" in err
     status, _, err = run_cli(capsys, "--onnx", str(tmp_path / "nope.onnx"), "--summary")
     assert status == 1 and "nope.onnx" in err and "cannot be read" in err
+
+
+def test_empty_onnx_file_names_the_file(tmp_path, capsys):
+    """Issue 17: an empty file said 'the model imports no opset of the default ONNX domain'."""
+    pytest.importorskip("onnx")
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    status, _, err = run_cli(capsys, "--onnx", str(empty), "--summary")
+    assert status == 1 and "empty.onnx" in err and "is empty (0 bytes)" in err and "opset" not in err
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_dtype_applies_to_onnx_models(tmp_path, capsys, dtype):
+    """--dtype was silently ignored for an ONNX model (the record said float32)."""
+    path = _tiny_onnx(tmp_path / "tiny.onnx")
+    status, out, _ = run_cli(capsys, "--onnx", str(path), "--dtype", dtype, "--summary", "--format", "json")
+    assert status == 0 and json.loads(out)["models"][0]["dtype"] == dtype
+    status, out, _ = run_cli(capsys, "--onnx", str(path), "--dtype", dtype, "--device", "cpu", "--batch", "1",
+                             "--warmup", "0", "--repeat", "1", "--no-per-layer", "--format", "json")
+    doc = json.loads(out)
+    assert status == 0 and doc["models"][0]["dtype"] == dtype
+    assert all(r["dtype"] == dtype and r["status"] == "ok" for r in doc["results"])
+
+
+def test_onnx_input_names_the_image(tmp_path, capsys):
+    path = _tiny_onnx(tmp_path / "tiny.onnx")
+    status, out, _ = run_cli(capsys, "--onnx", str(path), "--onnx-input", "x", "--summary", "--format", "json")
+    assert status == 0 and json.loads(out)["models"][0]["batch"] == 1
+    status, _, err = run_cli(capsys, "--onnx", str(path), "--onnx-input", "image", "--summary")
+    assert status == 2 and "--onnx-input image" in err and "its graph inputs are x" in err
+    status, _, err = run_cli(capsys, "--model", "L4", "--onnx-input", "x", "--summary")
+    assert status == 2 and "--onnx-input x" in err and "no --onnx file" in err
+
+
+def test_weightless_onnx_model_is_timed_with_drawn_parameters(tmp_path, capsys):
+    """A weightless export (parameters as graph inputs, as issue 15's files): imported
+    with its first input as the image, parameters drawn like the built-in models'."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    nodes = [helper.make_node("Identity", ["zero"], ["c1.bias"]), helper.make_node("Identity", ["zero"], ["c2.bias"]),
+             helper.make_node("Conv", ["x", "c1.weight", "c1.bias"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Clip", ["a", "lo", "hi"], ["r"]),
+             helper.make_node("Conv", ["r", "c2.weight", "c2.bias"], ["y"], pads=[1, 1, 1, 1])]
+    info = helper.make_tensor_value_info
+    g = helper.make_graph(nodes, "weightless", [info("x", TensorProto.FLOAT, ["N", 3, 8, 8]),
+                                                info("c1.weight", TensorProto.FLOAT, [4, 3, 3, 3]),
+                                                info("c2.weight", TensorProto.FLOAT, [4, 4, 3, 3]),
+                                                info("zero", TensorProto.FLOAT, [4])],
+                          [info("y", TensorProto.FLOAT, ["N", 4, 8, 8])],
+                          [helper.make_tensor("lo", TensorProto.FLOAT, [], [0.0]),
+                           helper.make_tensor("hi", TensorProto.FLOAT, [], [6.0])])
+    path = tmp_path / "weightless.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    status, out, _ = run_cli(capsys, "--onnx", str(path), "--device", "cpu", "--warmup", "0",
+                             "--repeat", "1", "--format", "json")
+    doc = json.loads(out)
+    assert status == 0 and doc["models"][0]["params"] == 2 * 4 + 4 * 27 + 4 * 36  # one bias per conv
+    assert "weightless: batch 1, the file's (a symbolic batch builds 1; set with --batch)" in doc["notes"]
+    assert all(r["status"] == "ok" and r["check"]["passed"] for r in doc["results"])
 
 
 FAST = ("--model", "L4", "--batch", "1", "--device", "cpu", "--lowering", "direct", "--warmup", "0",

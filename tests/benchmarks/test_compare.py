@@ -51,6 +51,18 @@ def test_changes_beyond_both_spreads_are_marked():
     assert got["only_a"] == ["alexnet / winograd / fp32"] and got["only_b"] == ["alexnet / direct / fp32"]
 
 
+def test_a_column_timed_as_a_whole_step_only_compares_by_its_step():
+    """A ``+graph`` peer has no phase loops (``times`` null), only ``step``."""
+    def peer(step):
+        return {"model": "alexnet", "lowering": "torch+graph", "precision": "fp32", "dtype": "float32",
+                "layout": "NCHW", "status": "ok", "times": None, "totals": {"total_ms": None},
+                "step": _loop(step)}
+
+    got = compare.compare(_doc(peer([10, 10.2, 10.4])), _doc(peer([12, 12.2, 12.4])))
+    assert [(r["phase"], r["change"]) for r in got["rows"]] == [("step", "slower")]
+    assert got["rows"][0]["ratio"] == pytest.approx(12.2 / 10.2)
+
+
 def test_a_change_is_marked_only_beyond_both_iqrs():
     assert compare.change((10.0, 1.0), (12.0, 1.0)) == "slower"
     assert compare.change((10.0, 1.0), (12.0, 3.0)) == ""  # within B's spread
@@ -79,7 +91,8 @@ def test_the_command_compares_two_real_runs(tmp_path, capsys):
     status = cli.main(["compare", *map(str, paths), "--format", "csv"])
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert {(r["lowering"], r["phase"]) for r in rows} == {
-        (lo, p) for lo in ("gemm", "direct") for p in ("forward", "backward_data", "backward_filter", "total")}
+        (lo, p) for lo in ("gemm", "direct")
+        for p in ("forward", "backward_data", "backward_filter", "total", "step")}  # step: the whole step's loop
     assert all(float(r["ratio"]) > 0 for r in rows)
 
 

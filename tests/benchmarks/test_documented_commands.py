@@ -23,12 +23,13 @@ PLACEHOLDERS = {"SPEC", "LIST", "FILE", "NAME", "ALGO", "TOML"}
 
 def _commands(path: Path):
     """(where, argv) of every ``opgraph-bench`` command: lines of fenced code
-    blocks and inline code spans (which may wrap), comments dropped; a span
+    blocks (a line ending in a backslash continues on the next) and inline
+    code spans (which may wrap), comments dropped; a span
     ``--lowering VALUE`` alone counts as a command with that flag."""
     text = path.read_text()
     fenced = re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
     for block in fenced:
-        for line in block.splitlines():
+        for line in block.replace("\\\n", " ").splitlines():
             if "opgraph-bench" in line:
                 cmd = line.split("opgraph-bench", 1)[1].split(" #", 1)[0]
                 yield f"{path.name}: {line.strip()}", shlex.split(cmd)
@@ -71,3 +72,4 @@ def test_a_documented_command_parses_and_builds_its_policy(where, argv, tmp_path
     assert isinstance(policy, LoweringPolicy)
     if args.lowering_policy:
         assert args.lowering  # policy items alone still make a column
+

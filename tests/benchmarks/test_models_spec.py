@@ -64,8 +64,9 @@ def winner(request):
     return model, spec, rows, {r.name: r for r in rows}
 
 
-def test_registry_has_the_nine_entries_and_their_spec_keys():
-    assert set(M.MODELS) == {"alexnet", "overfeat", "vgg_a", "googlenet", "L1", "L2", "L3", "L4", "L5"}
+def test_registry_has_the_thirteen_entries_and_their_spec_keys():
+    assert set(M.MODELS) == {"alexnet", "overfeat", "vgg_a", "googlenet", "L1", "L2", "L3", "L4", "L5",
+                             *M.MODERN}  # the modern four: test_models_modern_spec.py
     for key, spec_key in WINNER_KEYS.items():
         assert M.resolve(spec_key) == key
         m = M.build(key, batch=1)

@@ -82,19 +82,53 @@ def test_peer_in_the_same_run(tiny):
 
 def test_peer_precisions_run(tiny):
     torch = pytest.importorskip("torch")
-    from opgraph.benchmarks.peer_torch import run_peer
+    from opgraph.benchmarks.peer_run import run_peers
 
     tg = training_graph(tiny)
     feeds = random_feeds(tiny)
     ref = check.Reference(tg, feeds, "cpu")
-    out = run_peer(tiny, feeds, device="cpu", precision="bf16", warmup=0, repeat=1, reference=ref)
-    e2e = out["check"]
+    (out,) = run_peers(tiny, feeds, ["torch"], device="cpu", precision="bf16", warmup=0, repeat=1,
+                       reference=ref).values()
+    e2e = out["check"]["end_to_end"]
     assert e2e["finite"] and 1e-4 < e2e["output"] < 5e-2  # bf16 autocast: visibly rounded
+    assert out["converter_check"]["end_to_end"]["output"] < 1e-12  # the converters, in float64
     old = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = True
     try:
-        out = run_peer(tiny, feeds, device="cpu", precision="fp32", warmup=0, repeat=1, reference=ref)
-        assert out["check"]["output"] < 1e-5
+        (out,) = run_peers(tiny, feeds, ["torch"], device="cpu", precision="fp32", warmup=0, repeat=1,
+                           reference=ref).values()
+        assert out["check"]["end_to_end"]["output"] < 1e-5
         assert torch.backends.cudnn.allow_tf32 is True  # fp32 turned TF32 off, then restored it
     finally:
         torch.backends.cudnn.allow_tf32 = old
+
+
+def test_bf16_storage_peer_stores_bf16(tiny):
+    """A --dtype bfloat16 model: the peer's parameters and activations are bf16 too."""
+    torch = pytest.importorskip("torch")
+    import ml_dtypes
+
+    from opgraph.benchmarks.peer_torch import TorchModel, storage_dtype
+
+    feeds = {k: v.astype(ml_dtypes.bfloat16) for k, v in random_feeds(tiny).items()}
+    tm = TorchModel(tiny, feeds, "cpu", dtype=storage_dtype(torch, "bfloat16"), channels_last=True)
+    y = tm.forward()
+    assert y.dtype == torch.bfloat16 and all(p.dtype == torch.bfloat16 for p in tm.param_list)
+    assert tm.inputs[tiny.input.node].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_a_parameter_the_output_does_not_read_gets_a_zero_gradient(tiny):
+    """opgraph's grad gives Zeros for it; the peer's autograd must too (not refuse)."""
+    torch = pytest.importorskip("torch")
+    from opgraph.benchmarks.peer_torch import TorchModel
+
+    unused = tiny.graph.param("spare.weight", (3, 2))
+    tiny.params.append(unused)
+    tg = training_graph(tiny)
+    feeds = random_feeds(tiny)
+    read = {k: v for k, v in feeds.items() if k != unused.name}  # the executor refuses an unread feed
+    want = og.compile(tg.outputs, pipeline="reference", dtype="float64")(**read)
+    tm = TorchModel(tiny, feeds, "cpu", dtype=torch.float64)
+    grads = tm.grads(tm.forward())
+    assert len(grads) == len(tiny.params) and not grads[-1].any() and not want[-1].any()
+    np.testing.assert_allclose(grads[0].numpy(), want[1], rtol=1e-10)

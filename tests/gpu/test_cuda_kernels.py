@@ -253,7 +253,7 @@ def test_cuda_rules_registered(cp, rng):
     from opgraph.backends.cuda import rules as cuda_rules
     from opgraph.backends.registry import KernelContext, rules_for
     from opgraph.types import TensorType
-    for op_type in cuda_rules.CUDA_KERNELS:
+    for op_type in (*cuda_rules.NODE_KERNELS, *cuda_rules.CUDA_KERNELS):
         rule = rules_for(op_type)["cuda"]
         assert rule.devices == {"cuda"}
     op = ops.MaxPool2d(kernel_size=3, stride=2, padding=1, ceil_mode=True)

@@ -272,3 +272,33 @@ def test_dropout_is_identity_at_inference():
     g, _, outs = oxi.load(m)
     assert not any(isinstance(v.op, ops.Dropout) for v in g.nodes_in_order(outs))
     compare(m, {"x": x})
+
+
+@pytest.mark.parametrize("axis,affine", [(-1, "scale_bias"), (-1, "scale"), (1, "scale_bias"), (2, "scale_bias"),
+                                         (-1, "scale_1c")])
+def test_layer_normalization(axis, affine):
+    """Normalised over axes ``axis ..`` (biased variance), as the opset 17 spec;
+    ConvNeXt's form is axis -1 after a channels-last Transpose."""
+    x = randn(2, 3, 4, 5) * 3 + 1
+    shape = x.shape[axis % 4:]
+    inits = {"s": randn(*shape, seed=1), "b": randn(*shape, seed=2)}
+    if affine == "scale_1c":
+        inits = {"s": randn(1, *shape, seed=1)}
+    names = ["x", "s", "b"][:3 if affine == "scale_bias" else 2]
+    node = helper.make_node("LayerNormalization", names, ["y"], axis=axis, epsilon=1e-3)
+    m = model([node], {"x": x}, ["y"], {k: inits[k] for k in names[1:]})
+    compare(m, {"x": x}, tol=1e-5)
+    _, _, (y,) = oxi.load(m)
+    assert isinstance(y.op, ops.LayerNorm) and y.op.normalized_shape == shape and y.op.eps == pytest.approx(1e-3)
+
+
+def test_layer_normalization_refuses_used_statistics_and_other_stash_types():
+    x = randn(2, 3)
+    node = helper.make_node("LayerNormalization", ["x", "s"], ["y", "mean"], name="ln")
+    m = model([node], {"x": x}, ["y", "mean"], {"s": randn(3, seed=1)})
+    with pytest.raises(oxi.OnnxImportError, match="ONNX node 'ln' \\(LayerNormalization\\): output 1 \\('mean'\\)"):
+        oxi.load(m)
+    node = helper.make_node("LayerNormalization", ["x", "s"], ["y"], name="ln", stash_type=11)
+    m = model([node], {"x": x}, ["y"], {"s": randn(3, seed=1)}, check=False, output_shapes={"y": (2, 3)})
+    with pytest.raises(oxi.OnnxImportError, match="stash_type=11"):
+        oxi.load(m)

@@ -1,6 +1,8 @@
 """``opgraph.benchmarks.onnx_model``: an ONNX file as a benchmark Model that
 the driver times like the built-in models."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,9 @@ from test_onnx_networks import build  # noqa: E402
 import opgraph as og  # noqa: E402
 from opgraph.benchmarks import driver  # noqa: E402
 from opgraph.benchmarks.onnx_model import declared_batch, load_model  # noqa: E402
+from opgraph.benchmarks.protocol import random_feeds  # noqa: E402
 from opgraph.errors import ParameterError  # noqa: E402
+from opgraph.onnx import OnnxImportError  # noqa: E402
 
 
 @pytest.fixture
@@ -66,8 +70,49 @@ def test_load_model_refuses_what_the_protocol_cannot_feed(tmp_path):
     assert declared_batch(path) == 2
 
 
-def test_dtype_must_be_the_files(resnet_file):
-    path, _, _ = resnet_file
-    assert load_model(path, dtype="float32").dtype == "float32"
-    with pytest.raises(ParameterError, match="dtype='float16'"):
-        load_model(path, dtype="float16")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_dtype_converts_the_model(resnet_file, dtype):
+    """``--dtype`` applies to an imported model as to the built-in ones: every
+    floating tensor is stored in it (it was ignored: the record said float32)."""
+    path, m, x = resnet_file
+    mod = load_model(path, batch=2, dtype=dtype)
+    assert mod.dtype == dtype and mod.input.dtype == mod.output.dtype == dtype
+    assert {p.dtype for p in mod.params} == {dtype}
+    assert {s.type.dtype for s in mod.graph.sources("buffer")} == {dtype}
+    assert load_model(path).dtype == "float32"  # None: the file's
+    xs = np.concatenate([x, x[:1]])[:2]
+    got = og.compile([mod.output])(**{mod.input.name: xs})[0]
+    assert got.dtype.name == dtype
+    want = reference(m, {"x": xs})[0]
+    assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want) < (1e-6 if dtype == "float64" else 3e-2)
+    with pytest.raises(ParameterError, match="dtype='int64'"):
+        load_model(path, dtype="int64")
+
+
+WEIGHTLESS = Path(__file__).parent / "models" / "resnet18.onnx"
+
+
+def test_weightless_file_takes_its_parameters_from_the_graph_inputs():
+    mod = load_model(WEIGHTLESS, batch=2)
+    assert mod.input.name == "x" and mod.input.shape == (2, 3, 224, 224) and mod.seed_batch == 1
+    assert len(mod.params) == 42 and sum(p.type.size for p in mod.params) == 11_684_712
+    feeds = random_feeds(mod)  # the protocol draws them as the built-in models' parameters
+    assert set(feeds) == {"x", *(p.name for p in mod.params)}
+    assert all(np.isfinite(a).all() for a in feeds.values())
+
+
+def test_the_image_input_can_be_named(tmp_path):
+    """``--onnx-input NAME``: another graph input than the first is the image, the rest parameters."""
+    nodes = [helper.make_node("Conv", ["img", "w"], ["y"])]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("w", 1, [4, 3, 3, 3]),
+                                       helper.make_tensor_value_info("img", 1, ["N", 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", 1, ["N", 4, 6, 6])])
+    path = tmp_path / "second.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    with pytest.raises(OnnxImportError, match="graph input 'img' has a symbolic dimension at axis 0; a parameter "
+                                              "input \\(any input but 'w'\\) needs a static shape"):
+        load_model(path)
+    mod = load_model(path, batch=2, input_name="img")
+    assert mod.input.name == "img" and [p.name for p in mod.params] == ["w"] and mod.output.shape == (2, 4, 6, 6)
+    with pytest.raises(ParameterError, match="second.onnx has no graph input of that name; its graph inputs are w, img"):
+        load_model(path, input_name="image")

@@ -112,7 +112,8 @@ def test_identity_of_an_input_and_of_an_initializer():
     m = model(nodes, {"x": x}, ["z"], {"w": w})
     compare(m, {"x": x}, tol=0.0)
     g, _, _ = oxi.load(m)
-    assert [s.name for s in g.sources("param")] == ["w"]  # an Identity keeps it trainable
+    # an Identity keeps it trainable, under the Identity's name (one source per name)
+    assert [s.name for s in g.sources("param")] == ["b"]
 
 
 @pytest.mark.parametrize("attr,value", [("value", numpy_helper.from_array(randn(3, seed=5))),
@@ -230,3 +231,77 @@ def test_int64_model_input_is_typed():
                           [helper.make_tensor_value_info("o", TensorProto.INT64, [3])])
     _, ins, _ = oxi.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
     assert ins[0].dtype == "int64"
+
+
+# ---- Div, Cast, ReduceMean ----------------------------------------------------
+@pytest.mark.parametrize("a,b", BROADCASTS)
+@pytest.mark.parametrize("opset", [7, 13, 14])
+def test_div_broadcasting(a, b, opset):
+    x, y = randn(*a), randn(*b, seed=1) + np.float32(3.0)  # away from 0
+    node = helper.make_node("Div", ["x", "y"], ["z"])
+    compare(model([node], {"x": x, "y": y}, ["z"], opset=opset), {"x": x, "y": y}, tol=1e-7)
+
+
+def test_div_of_integer_constants_truncates_toward_zero():
+    """Folded integer Div (ShuffleNet's ``channels // groups``): C division, as onnxruntime."""
+    a = np.array([7, -7, 7, -7, 6, 0], np.int64)
+    b = np.array([2, 2, -2, -2, 3, 5], np.int64)
+    nodes = [helper.make_node("Constant", [], ["a"], value=numpy_helper.from_array(a)),
+             helper.make_node("Constant", [], ["b"], value=numpy_helper.from_array(b)),
+             helper.make_node("Div", ["a", "b"], ["q"]), helper.make_node("Cast", ["q"], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["x", "f"], ["y"])]
+    x = np.zeros(6, np.float32)
+    compare(model(nodes, {"x": x}, ["y"]), {"x": x}, tol=0.0)
+    np.testing.assert_array_equal(run(model(nodes, {"x": x}, ["y"]), {"x": x})[0], [3, -3, -3, 3, 2, 0])
+
+
+@pytest.mark.parametrize("opset", [8, 9, 13, 19, 21, 23, 25])  # opset 8 selects Cast 6
+def test_cast_folds_constants_and_keeps_a_tensor_of_its_own_dtype(opset):
+    x = randn(4, 2, 3)
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),                                  # int64 [4, 2, 3]
+             helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),            # folded
+             helper.make_node("Cast", ["x"], ["xc"], to=TensorProto.FLOAT),            # same dtype: no node
+             helper.make_node("Mul", ["xc", "sf"], ["y"])]
+    m = model(nodes, {"x": x}, ["y"], opset=opset)
+    compare(m, {"x": x}, tol=0.0)
+    g, _, outs = oxi.load(m)
+    assert [type(v.op).__name__ for v in g.nodes_in_order(outs)] == ["Source", "Constant", "Mul"]
+
+
+def test_cast_of_a_computed_tensor_to_another_dtype_is_refused_and_a_parameter_is_converted():
+    x = randn(2, 3)
+    m = model([helper.make_node("Cast", ["x"], ["y"], name="c", to=TensorProto.DOUBLE)], {"x": x}, ["y"])
+    with pytest.raises(oxi.OnnxImportError, match="ONNX node 'c' \\(Cast\\): casting a computed float32 "
+                                                  "tensor to float64 is not supported"):
+        oxi.load(m)
+    w = randn(3, seed=2, dtype=np.float64)
+    nodes = [helper.make_node("Cast", ["w"], ["w32"], to=TensorProto.FLOAT), helper.make_node("Mul", ["x", "w32"], ["y"])]
+    m = model(nodes, {"x": x}, ["y"], {"w": w})
+    compare(m, {"x": x}, tol=0.0)
+    g, _, _ = oxi.load(m)
+    (p,) = g.sources("param")
+    assert p.type.dtype == "float32"  # still trainable, in the dtype the graph computes with
+
+
+@pytest.mark.parametrize("axes,keepdims", [([2, 3], 1), ([2, 3], 0), ([-1], 1), ([1], 0), (None, 1), (None, 0)])
+@pytest.mark.parametrize("opset", [10, 11, 13, 18])
+def test_reduce_mean(axes, keepdims, opset):
+    x = randn(2, 3, 4, 5)
+    if opset < 18:
+        node = helper.make_node("ReduceMean", ["x"], ["y"], keepdims=keepdims,
+                                **({} if axes is None else {"axes": axes}))
+        inits = None
+    else:
+        node = helper.make_node("ReduceMean", ["x"] + ([] if axes is None else ["axes"]), ["y"], keepdims=keepdims)
+        inits = None if axes is None else {"axes": np.array(axes, np.int64)}
+    compare(model([node], {"x": x}, ["y"], inits, opset=opset), {"x": x}, tol=1e-6)
+
+
+def test_reduce_mean_18_noop_with_empty_axes_and_errors():
+    x = randn(2, 3)
+    m = model([helper.make_node("ReduceMean", ["x"], ["y"], noop_with_empty_axes=1)], {"x": x}, ["y"], opset=18)
+    compare(m, {"x": x}, tol=0.0)
+    m = model([helper.make_node("ReduceMean", ["x"], ["y"], name="r", axes=[1, -1])], {"x": x}, ["y"], opset=13,
+              check=False, output_shapes={"y": (2, 1)})
+    with pytest.raises(oxi.OnnxImportError, match="ONNX node 'r' \\(ReduceMean\\): axes \\[1, -1\\] repeat"):
+        oxi.load(m)

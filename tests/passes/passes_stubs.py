@@ -81,3 +81,38 @@ class StubTimer:
         self.calls.append(label)
         fn()
         return [self.times_ms.get(label, self.default_ms) / 1e3] * repeats
+
+
+def _accept(op, in_types, device):
+    return None
+
+
+def cudnn_accepts(monkeypatch):
+    """Every ``cudnn`` rule of the conv family with its check stubbed to accept
+    (the real one needs a GPU and the frontend): kernel, tags, variants and
+    workspace are the real rule's, so a compile for cuda on this machine
+    surveys, legalizes, lowers and fuses as it would on the GPU (without
+    autotune, which would run kernels)."""
+    from opgraph import ops
+
+    for op_type in ops.of_family("conv"):
+        rule = registry.rules_for(op_type).get("cudnn")
+        if rule is not None:
+            install_rule(monkeypatch, op_type, attrs.evolve(rule, check=_accept))
+
+
+def compile_for_cuda(outputs, policy=None):
+    """The default pipeline for ``device='cuda'`` on this machine, no GPU needed
+    (``og.compile`` would resolve the device and refuse): returns the lowered
+    graph, its outputs and the report. The cuda rules whose check needs a GPU
+    must be stubbed first (:func:`cudnn_accepts`); our CuPy kernels' rules
+    check dtypes only."""
+    from opgraph.graph import graph_of
+    from opgraph.passes.base import PassContext
+    from opgraph.passes.pipelines import build
+    from opgraph.passes.policy import LoweringPolicy
+
+    policy = policy or LoweringPolicy()
+    ctx = PassContext(device="cuda", policy=policy)
+    graph, outs = build("default", policy).run(graph_of(*outputs), list(outputs), ctx)
+    return graph, outs, ctx.report

@@ -181,7 +181,7 @@ def test_autotune_legalizes_when_any_candidate_needs_it():
 
 def symmetric_only(rule):
     """A stand-in for a backend that takes symmetric padding only (as cuDNN's
-    rules will declare once its private legalizer goes): ``rule`` renamed
+    rules declare; it needs a GPU): ``rule`` renamed
     ``sympad``, tagged ``symmetric_padding_only``, whose kernel refuses any
     asymmetric padding, so a node legalize missed fails loudly."""
     def kernel(ctx, op, *arrays, **kw):

@@ -256,3 +256,14 @@ def test_the_resolved_precision_is_always_passed(monkeypatch, storage, compile_d
     LowerPass()(g, [y], ctx)
     rec = ctx.report.node("s")
     assert rec.algorithm == "exact" and rec.options == {"precision": want}
+
+
+def test_the_report_counts_steps_per_algorithm_and_cuda_steps_are_generated():
+    g, p = conv_pool_graph()
+    _, ctx = lower(g, [p])
+    assert ctx.report.by_algorithm() == {"reference": 2, "gemm": 1}
+    assert ctx.report.format().splitlines()[-1] == "steps per algorithm: reference 2, gemm 1"
+    _, ctx = lower(g, [p], device="cuda")  # no GPU needed: the pass only asks the rules
+    rec = ctx.report.node("relu1")
+    assert rec.algorithm == "codegen" and rec.chosen == "codegen[cuda]:Relu()"
+    assert ctx.report.node("pool1").algorithm == "cuda"

@@ -6,7 +6,7 @@ import pytest
 import opgraph as og
 from opgraph.errors import LoweringError, ParameterError
 from opgraph.passes.base import FunctionPass, PassContext, Pipeline, graph_pass
-from opgraph.passes.fuse import fusable_chains, pool_relu_backward_pairs
+from opgraph.passes.fuse import epilogue_chains, pool_relu_backward_pairs
 from opgraph.passes.layout import LayoutPass
 from opgraph.passes.lower import LowerPass
 from opgraph.passes.memory import plan_memory
@@ -154,6 +154,11 @@ def test_executable_feeds_nhwc_sources_channels_last_and_values_do_not_change():
     (got,) = run(**feeds)
     (want,) = og.compile([y], pipeline="reference")(**feeds)
     np.testing.assert_array_equal(got, want)
+
+
+def fusable_chains(g, outputs):
+    """``(conv, activation)`` node pairs of the forward epilogue chains."""
+    return [(c.conv, c.act) for c in epilogue_chains(g, outputs)]
 
 
 def _names(g, chains):

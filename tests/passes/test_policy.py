@@ -132,7 +132,7 @@ def test_order_appends_the_device_default():
     assert p.order("Conv2d", "cpu") == ("winograd", "gemm", "direct", "fft")
     assert p.order("Relu", "cpu") == ("reference",)
     assert p.order("Conv2d", "cuda")[:2] == ("winograd", "cudnn")
-    assert LoweringPolicy().order("Relu", "cuda") == ("cuda", "reference")
+    assert LoweringPolicy().order("Relu", "cuda") == ("codegen", "cuda", "cublas", "reference")
     assert DEFAULT_ORDER["cpu"]["conv"][0] == "gemm"
 
 
@@ -238,8 +238,8 @@ EARLIER_ALIASES = {
 def test_aliases_are_the_ops_family_declarations():
     """Every alias comes from ``Op.family`` / ``Op.direction`` (an op added to
     ``opgraph.ops`` gets its alias from its own class); the aliases the
-    policy spelled out before keep their ops, and the fused forward
-    convolution joins ``conv`` / ``conv_fwd``."""
+    policy spelled out before keep their ops, and the fused convolutions
+    join ``conv`` and their direction's alias (``conv_fwd``, ``conv_dgrad``)."""
     from opgraph import ops
     from opgraph.passes.policy import ALIASES, CONV_OPS
 
@@ -248,8 +248,11 @@ def test_aliases_are_the_ops_family_declarations():
         assert name in ALIASES[op.family] and name in ALIASES["*"]
         if op.direction is not None:
             assert name in ALIASES[f"{op.family}_{op.direction}"]
+    fused = {t.__name__: t.direction for t in ops.of_family("conv") if t.fused}
+    assert {"Conv2dBiasRelu", "Conv2dBiasActivation", "Conv2dBackwardDataRelu"} <= set(fused)
     for alias, names in EARLIER_ALIASES.items():
-        assert set(ALIASES[alias]) - names == ({"Conv2dBiasRelu"} if alias in ("conv", "conv_fwd") else set())
+        joined = {n for n, d in fused.items() if alias in ("conv", f"conv_{d}")}
+        assert set(ALIASES[alias]) - names == joined
         assert names <= set(ALIASES[alias])
     assert CONV_OPS == ALIASES["conv"] == tuple(t.__name__ for t in ops.of_family("conv"))
     assert ops.of_family("conv", "wgrad") == (ops.Conv2dBackwardFilter,)

@@ -1,0 +1,241 @@
+"""The kernel IR: a fused program as a DAG of loads, CUDA expressions and reductions.
+
+A program (``opgraph/ops/fused.py``; a single op is a one-step program) is
+built into this IR by the expression table (``expressions.py``): each member
+op turns its operands into :class:`Node` values through a :class:`Builder`.
+Every value lives in a *space* of the iteration shape ``S`` (the largest
+full-size shape of the program):
+
+* ``full``: one value per element of S (an operand of shape S, or anything
+  computed from one);
+* ``plane``: one per (n, c) (an ``(N, C, 1, 1)`` operand, a global-pool mean);
+* ``channel``: one per channel c of axis 1 (a ``(C,)`` vector, a row of batch
+  statistics, a per-channel sum);
+* ``scalar``: one value (a constant, a size-1 operand, a global sum).
+
+An operand that broadcasts to S along other axes is ``strided``: a full-space
+load through its strides. Reductions sum a full value over every axis but 1
+(to ``channel``), over the axes after 1 (to ``plane``) or over all (to
+``scalar``), in CT (fp32, or fp64 for float64 storage), and are the phase
+boundaries of ``plan.py``. Values are CT expressions; a node is emitted once
+per lane as ``const CT v<id>_<lane> = ...`` (``emit.py``), so a template may
+name an operand several times.
+
+Raises :class:`PlanError` (a reason the ``codegen`` rule gives when it
+declines) for what the generator does not cover.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from opgraph.errors import OpgraphError
+
+SPACES = ("scalar", "channel", "plane", "full")
+RANK = {s: k for k, s in enumerate(SPACES)}
+
+
+class PlanError(OpgraphError):
+    """The generator does not cover this program or these shapes (the reason)."""
+
+
+@attrs.frozen
+class Load:
+    """Where a load reads: ``input`` (the program input number) as ``kind``:
+    ``full`` (flat physical index, the output's layout), ``channel`` (element
+    ``row * C + c``), ``plane`` (``n * C + c``), ``scalar`` (element 0),
+    ``strided`` (the logical coordinates times the array's strides) or
+    ``sample`` (the element ``(0, c, 0, ...)`` of a full operand)."""
+
+    input: int
+    kind: str
+    row: int = 0
+
+
+@attrs.frozen
+class Node:
+    """One IR value. ``kind``: ``load`` (``load``), ``expr`` (``template`` over
+    ``args``), ``reduce`` (the sum of ``args[0]`` to ``target``), ``count``
+    (the number of elements a reduction to ``target`` sums, at least 1) or
+    ``keep`` (the dropout mask at the element's logical index: 1 or 0;
+    ``template`` holds ``state,threshold``)."""
+
+    kind: str
+    space: str
+    args: tuple = ()
+    template: str = ""
+    load: Load | None = None
+    target: str = ""
+
+
+@attrs.frozen
+class Val:
+    """A value of the program: IR node ``node`` in ``space``."""
+
+    node: int
+    space: str
+
+
+@attrs.frozen
+class Stacked:
+    """Several channel- or plane-space values read as the rows of one ``(K, ...)``
+    operand (``BatchNormStats``' mean and variance)."""
+
+    rows: tuple
+
+
+@attrs.frozen
+class Ext:
+    """Program input ``index`` of type ``type``, not yet loaded: the consuming
+    op decides how (:meth:`Builder.value`, :meth:`Builder.channel`, :meth:`Builder.row`)."""
+
+    index: int
+    type: object
+
+
+def classify(shape, full) -> str:
+    """The space of an operand of ``shape`` broadcast against the iteration
+    shape ``full`` (module docstring).
+
+    Raises:
+        PlanError: ``shape`` does not broadcast to ``full``.
+    """
+    shape, full = tuple(shape), tuple(full)
+    if shape == full:
+        return "full"
+    if math.prod(shape) == 1:
+        return "scalar"
+    if len(shape) > len(full):
+        raise PlanError(f"operand {shape} does not broadcast to {full}")
+    padded = (1,) * (len(full) - len(shape)) + shape
+    if any(s not in (1, f) for s, f in zip(padded, full)):
+        raise PlanError(f"operand {shape} does not broadcast to {full}")
+    axes = {a for a, s in enumerate(padded) if s != 1}
+    if len(full) >= 2 and axes <= {1}:
+        return "channel"
+    if len(full) >= 3 and axes <= {0, 1}:
+        return "plane"
+    return "strided"
+
+
+class Builder:
+    """Collects the IR nodes of one program (the expression table calls it).
+
+    Args:
+        full: the iteration shape S, or None for a program with no full-size
+            value (it then runs over its channels).
+        channels: C, the extent of axis 1 of S (or of the channel vectors).
+    """
+
+    def __init__(self, full: tuple | None, channels: int | None):
+        self.full, self.channels = full, channels
+        self.nodes: list[Node] = []
+        self._memo: dict[Node, Val] = {}
+
+    def _add(self, node: Node) -> Val:
+        if node not in self._memo:  # equal nodes (the same load twice) are one value
+            self.nodes.append(node)
+            self._memo[node] = Val(len(self.nodes) - 1, node.space)
+        return self._memo[node]
+
+    # ---- operands -------------------------------------------------------
+    def value(self, x, as_shape=None) -> Val:
+        """Operand ``x`` broadcast against S (``as_shape``: its shape read as
+        another of the same size, e.g. a mean without keepdim)."""
+        if not isinstance(x, Ext):
+            if isinstance(x, Stacked):
+                raise PlanError("stacked rows used as one value")
+            return x
+        shape = tuple(as_shape) if as_shape is not None else x.type.shape
+        if self.full is None:
+            if len(shape) == 1 and shape[0] == self.channels:
+                return self._add(Node("load", "channel", load=Load(x.index, "channel")))
+            if math.prod(shape) == 1:
+                return self._add(Node("load", "scalar", load=Load(x.index, "scalar")))
+            raise PlanError(f"operand {x.type.shape} in a program with no full-size value")
+        kind = classify(shape, self.full)
+        space = "full" if kind == "strided" else kind
+        return self._add(Node("load", space, load=Load(x.index, kind)))
+
+    def channel(self, x) -> Val:
+        """Operand ``x`` as a ``(C,)`` channel vector."""
+        if isinstance(x, Ext):
+            extents = [s for s in x.type.shape if s != 1] or [1]
+            if extents != [self.channels]:  # (C,), (1, C, 1, 1), (C, 1, 1) all are
+                raise PlanError(f"channel operand {x.type.shape} is not ({self.channels},)")
+            return self._add(Node("load", "channel", load=Load(x.index, "channel")))
+        if isinstance(x, Stacked) or RANK[x.space] > RANK["channel"]:
+            raise PlanError("a computed value used as a channel vector must be per channel")
+        return x
+
+    def row(self, x, k: int) -> Val:
+        """Row ``k`` of a ``(K, C)`` operand (batch statistics) as a channel value."""
+        if isinstance(x, Stacked):
+            return x.rows[k]
+        if isinstance(x, Ext):
+            if len(x.type.shape) != 2 or x.type.shape[1] != self.channels:
+                raise PlanError(f"rows operand {x.type.shape} is not (K, {self.channels})")
+            return self._add(Node("load", "channel", load=Load(x.index, "channel", k)))
+        raise PlanError("a computed full-size value read as rows")
+
+    def sample(self, x) -> Val:
+        """The first element of each channel of the full operand ``x`` (a shift
+        that keeps one-pass variances accurate)."""
+        if not isinstance(x, Ext) or self.full is None or tuple(x.type.shape) != self.full:
+            raise PlanError("a channel sample needs a full-size program input")
+        return self._add(Node("load", "channel", load=Load(x.index, "sample")))
+
+    # ---- computation ----------------------------------------------------
+    def expr(self, template: str, *args: Val) -> Val:
+        """A CT expression over ``args`` (``{0}``, ``{1}``...); its space is the widest."""
+        space = max((a.space for a in args), key=RANK.__getitem__, default="scalar")
+        return self._add(Node("expr", space, tuple(a.node for a in args), template))
+
+    def reduce(self, x: Val, target: str) -> Val:
+        """The sum of the full value ``x`` over the axes ``target`` drops."""
+        if self.full is None or x.space != "full":
+            raise PlanError(f"a reduction to {target} of a {x.space} value (only full-size values are reduced)")
+        if target == "plane" and len(self.full) < 3:
+            raise PlanError(f"a per-plane reduction of a {len(self.full)}-D value")
+        return self._add(Node("reduce", target, (x.node,), target=target))
+
+    def count(self, target: str) -> Val:
+        """``max(n, 1)``: the number of elements a reduction to ``target`` sums."""
+        return self._add(Node("count", "scalar", target=target))
+
+    def keep(self, state: int, threshold: int) -> Val:
+        """The dropout keep mask (1 or 0) at each element's logical index."""
+        if self.full is None:
+            raise PlanError("dropout in a program with no full-size value")
+        return self._add(Node("keep", "full", template=f"{state},{threshold}"))
+
+
+def depths(nodes: list[Node]) -> list[int]:
+    """Per node: how many reductions lie on its longest path from the loads
+    (a reduction's result is available from phase ``depth`` on)."""
+    out: list[int] = []
+    for node in nodes:
+        d = max((out[a] for a in node.args), default=0)
+        out.append(d + 1 if node.kind == "reduce" else d)
+    return out
+
+
+def needed(nodes: list[Node], roots) -> set[int]:
+    """The nodes ``roots`` depend on within one phase (themselves included): a
+    reduction is a leaf there (its result comes from an earlier phase), so
+    its argument is not followed."""
+    seen, stack = set(), list(roots)
+    while stack:
+        k = stack.pop()
+        if k in seen:
+            continue
+        seen.add(k)
+        if nodes[k].kind != "reduce":
+            stack.extend(nodes[k].args)
+    return seen
+
+
+__all__ = ["SPACES", "RANK", "PlanError", "Load", "Node", "Val", "Stacked", "Ext", "classify", "Builder",
+           "depths", "needed"]

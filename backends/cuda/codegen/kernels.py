@@ -1,0 +1,276 @@
+"""The kernel templates: element-wise sweeps, reductions and their finishing code.
+
+Every kernel is one ``extern "C" __global__`` function of 256-thread blocks
+whose body comes from an :class:`emit.Emitter`; its parameters are what the
+body referenced (``emit.Params``). All loops are grid-stride loops, so any
+grid size is correct and the launch plan picks one for occupancy.
+
+* :func:`sweep` — element-wise over S: one vector of V lanes per iteration,
+  16-byte loads and stores, then (``lane`` mode) a scalar tail.
+* :func:`space_sweep` — element-wise over the channels / planes / one value.
+* :func:`columns` — reduction of channels-last data, kept entries (k1, k2)
+  with k2 the contiguous channel axis: block ``(x, y, z)`` owns ``GB`` groups
+  of V channels (threads ``tid % GB``), ``RB = 256 / GB`` rows at a time,
+  rows ``[y * PER, (y + 1) * PER)`` of image ``z`` (a warp reads whole rows:
+  coalesced); the ``RB`` partial sums of each channel are added by a
+  shared-memory tree over the rows.
+* :func:`rows` — reduction of C-order data: ``TE`` threads (a power of two)
+  per kept (image, channel) run, ``256 / TE`` runs per block, each summing the
+  vectors ``[y * PER, (y + 1) * PER)`` of its run, then a tree over the ``TE``.
+* :func:`finalize` — the ``S`` partial sums of each kept entry (contiguous:
+  ``part[(entry * K + k) * S + split]``), added by a tree of ``FTE`` threads.
+
+Every tree adds fixed partners (``x += x[+h]`` for h = HALF, HALF/2, ..., 1,
+where the partner exists), so sums do not depend on timing.
+
+Reductions are deterministic (no atomics: every sum has a fixed order) and
+read their inputs once. With one split (``DIRECT``) a reduction runs its
+finishing code itself; otherwise it writes ``(entry, K, S)`` partial sums
+that :func:`finalize` adds. The finishing code (:func:`finish`) writes the
+raw sums as *carried* values for later phases and, in the last phase of a
+reduction program, the output rows.
+"""
+
+from __future__ import annotations
+
+from .contexts import Columns, Finish, Rows, SpaceSweep, Sweep
+from .emit import Emitter
+from .storage import DEVICE_HELPERS, storage_of, vector_store
+
+THREADS = 256
+
+
+def source(name: str, ct: str, params, body: str, restrict: bool = True) -> str:
+    """A whole NVRTC module: type aliases, device helpers, the kernel."""
+    return (f"typedef {ct} CT;\ntypedef {params.idx} IDX;\n{DEVICE_HELPERS}\n"
+            f'extern "C" __global__ void {name}({params.signature(restrict)}) {{\n{body}}}\n')
+
+
+def _block(em: Emitter) -> str:
+    return "\n".join(em.body(s) for s in ("pre", "vec", "lane") if em.lines[s])
+
+
+def _out_pointer(params, dtype: str) -> str:
+    return params.pointer("out", storage_of(dtype).ctype, "out", const=False)
+
+
+def sweep(name, program, geo, params, lanes: int, mode: str, reduced: dict, out_node: int, out_dtype: str,
+          restrict: bool = True) -> str:
+    """Element-wise kernel writing node ``out_node`` over S (module docstring)."""
+    nodes, dtypes = program
+    em = Emitter(nodes, dtypes, Sweep(geo, params, lanes, mode), reduced)
+    values = [em.ref(out_node, j) for j in range(lanes)]
+    out = _out_pointer(params, out_dtype)
+    for line in vector_store(storage_of(out_dtype), out, "i0", values, "o"):
+        em.add("lane", line)
+    total = params.scalar("TOTAL", geo.total, "long long")
+    nvec = params.scalar("NVEC", geo.total // lanes)
+    body = ["    const IDX gtid = (IDX)blockIdx.x * blockDim.x + threadIdx.x;",
+            "    const IDX gstride = (IDX)gridDim.x * blockDim.x;", em.body("pre"),
+            f"    for (IDX v = gtid; v < {nvec}; v += gstride) {{", f"        const IDX i0 = v * {lanes};",
+            em.body("vec"), em.body("lane"), "    }"]
+    if lanes > 1 and geo.total % lanes:
+        tail = Emitter(nodes, dtypes, Sweep(geo, params, 1, "lane"), reduced)
+        value = tail.ref(out_node, 0)
+        tail.add("lane", vector_store(storage_of(out_dtype), out, "i0", [value], "t")[0])
+        body += [f"    for (IDX i0 = {nvec} * {lanes} + gtid; i0 < (IDX){total}; i0 += gstride) {{",
+                 _block(tail), "    }"]
+    return source(name, geo.ct, params, "\n".join(line for line in body if line) + "\n", restrict)
+
+
+def _store_rows(em: Emitter, rows, out_dtype: str, target: str) -> None:
+    out, st = _out_pointer(em.params, out_dtype), storage_of(out_dtype)
+    size = em.ctx.space_size(target)
+    for r, k in enumerate(rows):
+        em.add("lane", f"{out}[{r} * {size} + i0] = {st.store(em.ref(k, 0))};")
+
+
+def space_sweep(name, program, geo, params, target: str, reduced: dict, rows, out_dtype: str) -> str:
+    """Element-wise kernel over the entries of ``target``, writing ``rows``
+    (one node per output row: ``out[r * entries + o]``)."""
+    nodes, dtypes = program
+    em = Emitter(nodes, dtypes, SpaceSweep(geo, params, target), reduced)
+    _store_rows(em, rows, out_dtype, target)
+    count = {"scalar": "1", "channel": em.ctx.space_size("channel"), "plane": em.ctx.space_size("plane")}[target]
+    body = ("    const IDX gtid = (IDX)blockIdx.x * blockDim.x + threadIdx.x;\n"
+            f"    for (IDX i0 = gtid; i0 < (IDX){count}; i0 += (IDX)gridDim.x * blockDim.x) {{\n"
+            f"{_block(em)}\n    }}\n")
+    return source(name, geo.ct, params, body)
+
+
+def finish(program, geo, params, group, reduced: dict, sums: list[str], rows, out_dtype: str | None) -> str:
+    """Statements after the sums ``sums`` (one per reduce node of ``group``) of the
+    kept entry ``i0``: the carried sums, then the output ``rows`` if any."""
+    nodes, dtypes = program
+    local = {k: ("local", s) for k, s in zip(group.nodes, sums)}
+    em = Emitter(nodes, dtypes, Finish(geo, params, group.target), {**reduced, **local})
+    carry = params.pointer(group.carry, geo.ct, group.carry, const=False)
+    size = em.ctx.space_size(group.target)
+    for r, s in enumerate(sums):
+        em.add("lane", f"{carry}[{r} * {size} + i0] = {s};")
+    if rows:
+        _store_rows(em, rows, out_dtype, group.target)
+    return _block(em)
+
+
+def _accumulators(em: Emitter, group, lanes: int, per_lane: bool) -> list[str]:
+    """Accumulation statements of the loop body (lane order fixed)."""
+    lines = []
+    for r, k in enumerate(group.nodes):
+        arg = em.nodes[k].args[0]
+        for j in range(lanes):
+            acc = f"acc{r}_{j}" if per_lane else f"acc{r}"
+            lines.append(f"{acc} += {em.ref(arg, j)};")
+    return lines
+
+
+def _indent(lines, depth: int) -> str:
+    return "\n".join(" " * depth + line for line in lines)
+
+
+def _tree(slots: int, lane: str, width: str, stride: str, guard: str) -> str:
+    """A fixed-order shared-memory tree: ``red[slot * 256 + tid] += red[... + h * stride]``
+    for h = HALF, HALF/2, ..., 1, over the ``width`` partners ``lane`` indexes."""
+    adds = " ".join(f"red[{q * THREADS} + tid] += red[{q * THREADS} + tid + h * {stride}];" for q in range(slots))
+    return (f"    for (IDX h = HALF; h > 0; h >>= 1) {{\n"
+            f"        if ({guard} && {lane} < h && {lane} + h < {width}) {{ {adds} }}\n"
+            f"        __syncthreads();\n    }}\n")
+
+
+def columns(name, program, geo, params, lanes, group, reduced, split, finish_code) -> str:
+    """Channels-last reduction kernel (module docstring); ``split``: the launch
+    geometry (``K1``, ``A``, ``K2``, ``GB``, ``RB``, ``S``, ``PER``);
+    ``finish_code(lane)``: the finishing block of the lane's channel."""
+    nodes, dtypes = program
+    em = Emitter(nodes, dtypes, Columns(geo, params, lanes, group.target), reduced)
+    acc = _accumulators(em, group, lanes, per_lane=True)
+    p = params
+    k, slots = len(group.nodes), len(group.nodes) * lanes
+    gb, rb, g = p.scalar("GB", split["GB"]), p.scalar("RB", split["RB"]), p.scalar("G", split["K2"] // lanes)
+    a_n, k2, per, s = p.scalar("A", split["A"]), p.scalar("K2", split["K2"]), p.scalar("PER", split["PER"]), \
+        p.scalar("S", split["S"])
+    p.scalar("HALF", _half(split["RB"]))
+    part = p.pointer("part", geo.ct, "part", const=False)
+    direct = p.scalar("DIRECT", int(split["S"] == 1))
+    slot = {(r, j): (r * lanes + j) * THREADS for r in range(k) for j in range(lanes)}
+    finishes = [f"{{ const IDX i0 = k1 * {k2} + g * {lanes} + {j};"
+                + "".join(f" const CT s{r} = red[{slot[r, j]} + gl];" for r in range(k))
+                + f"\n{finish_code(j)}\n}}" for j in range(lanes)]
+    writes = [f"{part}[((k1 * {k2} + g * {lanes} + {j}) * {k} + {r}) * {s} + blockIdx.y] = red[{slot[r, j]} + gl];"
+              for r in range(k) for j in range(lanes)]
+    body = f"""    __shared__ CT red[{slots * THREADS}];
+    const IDX tid = threadIdx.x, gl = tid % {gb}, r0 = tid / {gb};
+    const IDX graw = (IDX)blockIdx.x * {gb} + gl, k1 = blockIdx.z;
+    const bool active = r0 < {rb} && graw < {g};
+    const IDX g = graw < {g} ? graw : {g} - 1;
+{em.body("pre")}
+    {" ".join(f"CT acc{r}_{j} = 0;" for r in range(k) for j in range(lanes))}
+    const IDX a0 = (IDX)blockIdx.y * {per}, a1 = a0 + {per} < {a_n} ? a0 + {per} : {a_n};
+    if (active) {{
+        for (IDX a = a0 + r0; a < a1; a += {rb}) {{
+            const IDX i0 = (k1 * {a_n} + a) * {k2} + g * {lanes};
+{em.body("vec")}
+{em.body("lane")}
+{_indent(acc, 12)}
+        }}
+    }}
+{_indent([f"red[{slot[r, j]} + tid] = acc{r}_{j};" for r in range(k) for j in range(lanes)], 4)}
+    __syncthreads();
+{_tree(slots, "r0", rb, gb, "active")}    if (active && r0 == 0) {{
+        if ({direct}) {{
+{_indent(finishes, 12)}
+        }} else {{
+{_indent(writes, 12)}
+        }}
+    }}
+"""
+    return source(name, geo.ct, params, body)
+
+
+def _half(width: int) -> int:
+    """Half the power of two at or above ``width`` (the first step of a tree over ``width``)."""
+    return (1 << max(int(width) - 1, 0).bit_length()) // 2
+
+
+def rows(name, program, geo, params, lanes, group, reduced, split, finish_code) -> str:
+    """C-order reduction kernel (module docstring); ``split``: ``K1``, ``A``,
+    ``K2``, ``B``, ``S``, ``PER`` (vectors per split), ``TE`` (threads per
+    entry, a power of two: a block sums ``256 / TE`` entries); ``finish_code``:
+    the finishing block of an entry."""
+    nodes, dtypes = program
+    em = Emitter(nodes, dtypes, Rows(geo, params, lanes, group.target), reduced)
+    acc = _accumulators(em, group, lanes, per_lane=False)
+    p = params
+    k = len(group.nodes)
+    a_n, k2, b, s = p.scalar("A", split["A"]), p.scalar("K2", split["K2"]), p.scalar("B", split["B"]), \
+        p.scalar("S", split["S"])
+    jv, per = p.scalar("JV", split["A"] * (split["B"] // lanes)), p.scalar("PER", split["PER"])
+    te, eb = p.scalar("TE", split["TE"]), p.scalar("EB", THREADS // split["TE"])
+    p.scalar("HALF", split["TE"] // 2)
+    part = p.pointer("part", geo.ct, "part", const=False)
+    direct = p.scalar("DIRECT", int(split["S"] == 1))
+    a_of_j = p.div("j", "BV", split["B"] // lanes)
+    bvec = p.scalar("BVN", split["B"] // lanes)
+    finish_block = (f"const IDX i0 = k1 * {k2} + k2;" + "".join(f" const CT s{r} = red[{r * THREADS} + tid];"
+                                                              for r in range(k)) + f"\n{finish_code(0)}")
+    writes = [f"{part}[((k1 * {k2} + k2) * {k} + {r}) * {s} + blockIdx.y] = red[{r * THREADS} + tid];"
+              for r in range(k)]
+    body = f"""    __shared__ CT red[{k * THREADS}];
+    const IDX tid = threadIdx.x, lt = tid % {te}, k1 = blockIdx.z;
+    const IDX kraw = (IDX)blockIdx.x * {eb} + tid / {te};
+    const bool active = kraw < {k2};
+    const IDX k2 = active ? kraw : {k2} - 1;
+{em.body("pre")}
+    {" ".join(f"CT acc{r} = 0;" for r in range(k))}
+    const IDX j0 = (IDX)blockIdx.y * {per}, j1 = j0 + {per} < {jv} ? j0 + {per} : {jv};
+    if (active) {{
+        for (IDX j = j0 + lt; j < j1; j += {te}) {{
+            const IDX a = {a_of_j};
+            const IDX i0 = ((k1 * {a_n} + a) * {k2} + k2) * {b} + (j - a * {bvec}) * {lanes};
+{em.body("vec")}
+{em.body("lane")}
+{_indent(acc, 12)}
+        }}
+    }}
+{_indent([f"red[{r * THREADS} + tid] = acc{r};" for r in range(k)], 4)}
+    __syncthreads();
+{_tree(k, "lt", te, "1", "active")}    if (active && lt == 0) {{
+        if ({direct}) {{
+{finish_block}
+        }} else {{
+{_indent(writes, 12)}
+        }}
+    }}
+"""
+    return source(name, geo.ct, params, body)
+
+
+def finalize(name, ct, params, group, split, finish_code) -> str:
+    """The ``S`` partial sums of every kept entry (contiguous per entry), added by
+    ``FTE`` threads in a fixed tree, then its finishing block."""
+    p, k = params, len(group.nodes)
+    s, entries = p.scalar("S", split["S"]), p.scalar("ENTRIES", split["K1"] * split["K2"])
+    te, eb = p.scalar("TE", split["FTE"]), p.scalar("EB", THREADS // split["FTE"])
+    p.scalar("HALF", split["FTE"] // 2)
+    part = p.pointer("part", ct, "part", const=False)
+    loads = _indent([f"for (IDX q = lt; q < {s}; q += {te}) acc{r} += {part}[(e * {k} + {r}) * {s} + q];"
+                     for r in range(k)], 4)
+    body = f"""    __shared__ CT red[{k * THREADS}];
+    const IDX tid = threadIdx.x, lt = tid % {te};
+    const IDX e = (IDX)blockIdx.x * {eb} + tid / {te};
+    const bool active = e < {entries};
+    {" ".join(f"CT acc{r} = 0;" for r in range(k))}
+    if (active) {{
+{loads}
+    }}
+{_indent([f"red[{r * THREADS} + tid] = acc{r};" for r in range(k)], 4)}
+    __syncthreads();
+{_tree(k, "lt", te, "1", "active")}    if (active && lt == 0) {{
+        const IDX i0 = e;{"".join(f" const CT s{r} = red[{r * THREADS} + tid];" for r in range(k))}
+{finish_code(0)}
+    }}
+"""
+    return source(name, ct, params, body)
+
+
+__all__ = ["THREADS", "source", "sweep", "space_sweep", "finish", "columns", "rows", "finalize"]

@@ -1,0 +1,121 @@
+"""Running a generated program: the compile cache, the plan cache, the launch path.
+
+Compilation: each kernel source is compiled once per process through CuPy
+(``cupy.RawModule``: NVRTC), cached in :func:`compiled` by its source text.
+CuPy also keeps every compiled module on disk, keyed by a hash of the source,
+the options, the GPU architecture and the NVRTC version, in
+``$CUPY_CACHE_DIR`` (default ``~/.cupy/kernel_cache``): a second process
+loads the binary instead of compiling (``CUPY_CACHE_IN_MEMORY=1`` turns the
+disk cache off).
+
+Plans: :func:`run` keys a plan (``plan.lower``) by everything the source and
+the launch geometry depend on: the op (a frozen, hashable program), each
+input's shape, dtype and layout, the output type, whether every full-size
+buffer is 16-byte aligned and whether the output is written into an input.
+A hit costs one dictionary lookup; the launch then allocates the output and
+its temporaries from CuPy's pool and launches each kernel with scalars
+prepared when the plan was made. Nothing is copied from the host, so every
+step can be captured into a CUDA graph.
+
+Operands are passed as they are stored: an array that is neither C-ordered
+nor channels-last (a sliced view) is first made contiguous, and per-channel
+or per-plane operands must be contiguous (copied otherwise; they are small).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from opgraph.types import HALF_DTYPES, TensorType, is_channels_last, numpy_dtype
+
+from .plan import lower
+
+_PLANS: dict = {}
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(source: str, name: str):
+    """The kernel ``name`` of ``source``, compiled on first use (CuPy imported here)."""
+    import cupy
+    return cupy.RawModule(code=source).get_function(name)
+
+
+def array_layout(a) -> str | None:
+    """``'NHWC'`` for a channels-last 4-D array, ``'NCHW'`` for another 4-D one, else None."""
+    if getattr(a, "ndim", 0) != 4:
+        return None
+    return "NHWC" if is_channels_last(a) else "NCHW"
+
+
+def _stored(xp, a):
+    """``a`` as a kernel reads it: C-ordered or channels-last (copied to C order if neither)."""
+    if a.flags.c_contiguous or is_channels_last(a):
+        return a
+    return xp.ascontiguousarray(a)
+
+
+def address(a) -> int:
+    """The address of ``a``'s first element (a CuPy or, under the tests' emulator, a NumPy array)."""
+    return a.__array_interface__["data"][0] if isinstance(a, np.ndarray) else a.data.ptr
+
+
+def _aligned(arrays) -> bool:
+    return all(address(a) % 16 == 0 for a in arrays)
+
+
+def _dtype(a) -> str:
+    return a.dtype.name
+
+
+def _bits(xp, a):
+    """``a`` as a kernel takes it: bfloat16 and float16 as their uint16 bits (a view)."""
+    return a.view(xp.uint16) if a.dtype.name in HALF_DTYPES else a
+
+
+def plan_for(op, arrays, out_type: TensorType, out=None):
+    """The cached plan of ``op`` on these arrays (module docstring for the key)."""
+    key = (op, tuple((a.shape, _dtype(a), array_layout(a)) for a in arrays), out_type,
+           _aligned(list(arrays) + ([out] if out is not None else [])), out is not None)
+    plan = _PLANS.get(key)
+    if plan is None:
+        types = [TensorType(a.shape, _dtype(a), array_layout(a)) for a in arrays]
+        plan = _PLANS[key] = lower(op, types, out_type, aligned=key[3], inplace=key[4])
+    return plan
+
+
+def empty(xp, shape, dtype, layout: str | None = None):
+    """An uninitialised array of logical ``shape`` and ``dtype``, channels-last
+    when ``layout`` is ``'NHWC'`` and the shape is 4-D, else C-ordered
+    (bfloat16 and float16 allocated as uint16 and viewed: CuPy allocates those)."""
+    dt = numpy_dtype(dtype.name if hasattr(dtype, "name") else dtype)
+    store = xp.uint16 if dt.name in HALF_DTYPES else dt
+    if layout == "NHWC" and len(shape) == 4:
+        n, c, h, w = shape
+        return xp.empty((n, h, w, c), dtype=store).view(dt).transpose(0, 3, 1, 2)
+    return xp.empty(tuple(shape), dtype=store).view(dt)
+
+
+def run(xp, op, arrays, out_type: TensorType, out=None):
+    """``op`` (a single memory-bound op or a ``FusedElementwise``) on CuPy ``arrays``
+    by generated kernels: its output, of ``out_type`` (written into ``out``
+    when given: an input of the output's type, for an in-place step).
+
+    Raises:
+        ir.PlanError: the generator does not cover this op on these inputs.
+    """
+    arrays = [_stored(xp, a) for a in arrays]
+    plan = plan_for(op, arrays, out_type, out)
+    buffers = {("in", k): _bits(xp, a) for k, a in enumerate(arrays)}
+    target = out if out is not None else empty(xp, out_type.shape, out_type.dtype, plan.layout)
+    buffers["out"] = _bits(xp, target)
+    ct = np.float64 if plan.ct == "double" else np.float32
+    for key, count in plan.temps.items():
+        buffers[key] = xp.empty(max(count, 1), dtype=ct)
+    for launch in plan.launches:
+        compiled(launch.source, launch.name)(launch.grid, launch.block, launch.params.arguments(buffers))
+    return target
+
+
+__all__ = ["compiled", "address", "array_layout", "empty", "plan_for", "run"]

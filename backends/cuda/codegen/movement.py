@@ -1,0 +1,133 @@
+"""Data-movement ops on the GPU: concat, slice, pad, their gradients, reshapes, transposes, zeros,
+constants.
+
+Each function mirrors its reference in ``backends/reference/shape.py`` and
+``tensor.py`` (same arrays, the op's fields as keywords) and moves bytes with
+one generated strided copy per input (:func:`.copies.copy_into`), written in
+the output's memory order. A 4-D output is stored in ``layout`` (the layout
+pass's choice for the node; by default its first input's), so no transpose
+follows. A reshape of a C-ordered array is a view (no kernel: its rule
+declares no fresh output); of a channels-last one, a copy into C order first.
+"""
+
+from __future__ import annotations
+
+import math
+
+from opgraph.errors import ShapeError
+from opgraph.types import is_channels_last, numpy_dtype
+
+from .. import storage
+from .copies import copy_into
+from .launch import empty
+
+
+def layout_of(a, asked: str | None = None) -> str | None:
+    """``asked`` if given, else ``'NHWC'`` for a channels-last 4-D ``a``."""
+    if asked is not None:
+        return asked
+    return "NHWC" if getattr(a, "ndim", 0) == 4 and is_channels_last(a) else None
+
+
+def _axis(ndim: int, axis: int) -> int:
+    if not -ndim <= axis < ndim:
+        raise ShapeError(f"axis {axis} out of range for a {ndim}-D value")
+    return axis % ndim
+
+
+def concat(xp, *xs, axis, layout=None):
+    """Join ``xs`` along ``axis``: each input copied into its slice of the output."""
+    ax = _axis(xs[0].ndim, axis)
+    shape = list(xs[0].shape)
+    shape[ax] = sum(x.shape[ax] for x in xs)
+    out = empty(xp, shape, xs[0].dtype, layout_of(xs[0], layout))
+    start = 0
+    for x in xs:
+        stop = start + x.shape[ax]
+        copy_into(xp, out[(slice(None),) * ax + (slice(start, stop),)], x)
+        start = stop
+    return out
+
+
+def slice_(xp, x, *, axis, start, stop, layout=None):
+    """``x[..., start:stop, ...]`` on ``axis``, a new array."""
+    ax = _axis(x.ndim, axis)
+    src = x[(slice(None),) * ax + (slice(start, stop),)]
+    return copy_into(xp, empty(xp, src.shape, x.dtype, layout_of(x, layout)), src)
+
+
+def slice_backward(xp, gy, *, axis, start, stop, input_shape, layout=None):
+    """Zeros of ``input_shape`` with ``gy`` at ``start:stop`` on ``axis``: one pass."""
+    ax = _axis(len(input_shape), axis)
+    lo = [0] * len(input_shape)
+    lo[ax] = start
+    out = empty(xp, input_shape, gy.dtype, layout_of(gy, layout))
+    return copy_into(xp, out, gy, lo=lo, fill=0.0)
+
+
+def pad(xp, x, *, padding, value, layout=None):
+    """Spatial padding of an NCHW-shaped ``x`` with ``value``: one pass."""
+    (t, b), (l, r) = padding
+    n, c, h, w = x.shape
+    out = empty(xp, (n, c, h + t + b, w + l + r), x.dtype, layout_of(x, layout))
+    return copy_into(xp, out, x, lo=(0, 0, t, l), fill=value)
+
+
+def pad_backward(xp, gy, *, padding, layout=None):
+    """``gy`` cropped by ``padding``."""
+    (t, b), (l, r) = padding
+    src = gy[:, :, t:gy.shape[2] - b, l:gy.shape[3] - r]
+    return copy_into(xp, empty(xp, src.shape, gy.dtype, layout_of(gy, layout)), src)
+
+
+def reshape(xp, x, *, shape):
+    """``x`` with ``shape`` (same size), in logical order: a view of a C-ordered
+    ``x``, else a C-ordered copy first."""
+    if math.prod(shape) != x.size:
+        raise ShapeError(f"reshape: {x.shape} ({x.size} elements) cannot become {tuple(shape)}")
+    if not x.flags.c_contiguous:
+        x = copy_into(xp, empty(xp, x.shape, x.dtype), x)
+    return x.reshape(tuple(shape))
+
+
+def flatten(xp, x, *, start_dim):
+    """Axes ``start_dim..`` merged into one (:func:`reshape`)."""
+    return reshape(xp, x, shape=(*x.shape[:start_dim], math.prod(x.shape[start_dim:])))
+
+
+def transpose(xp, x, *, perm):
+    """``x.transpose(perm)`` as a new C-ordered array."""
+    src = x.transpose(tuple(perm))
+    return copy_into(xp, empty(xp, src.shape, x.dtype), src)
+
+
+def zeros(xp, *, type, layout=None):
+    """Zeros of a TensorType, stored in ``layout`` (default: the type's): a
+    memset (capturable; bfloat16 as zero bits)."""
+    dt = numpy_dtype(type.dtype)
+    if (layout or type.layout) == "NHWC" and len(type.shape) == 4:
+        n, c, h, w = type.shape
+        return storage.zeros(xp, (n, h, w, c), dt).transpose(0, 3, 1, 2)
+    return storage.zeros(xp, type.shape, dt)
+
+
+#: (device, id of a Constant's array) -> (that array, its device copy): each
+#: constant crosses to the device once, in its first (uncaptured) run.
+_ON_DEVICE: dict[tuple[int, int], tuple] = {}
+
+
+def constant(xp, *, value):
+    """A ``Constant``'s array on the device, as a fresh array: uploaded once per
+    array and device (the op holds it, read-only), then one device-to-device
+    copy per call, so that a step has no host-to-device transfer and can be
+    captured in a CUDA graph (EfficientNet's stochastic-depth masks are
+    constants read every step)."""
+    key = (xp.cuda.runtime.getDevice(), id(value))
+    hit = _ON_DEVICE.get(key)
+    if hit is None or hit[0] is not value:  # an id reused by another array
+        hit = _ON_DEVICE[key] = (value, xp.asarray(value))
+    return hit[1].copy()
+
+
+__all__ = ["layout_of", "concat", "slice_", "slice_backward", "pad", "pad_backward", "reshape",
+           "flatten", "transpose", "zeros", "constant"]

@@ -1,0 +1,364 @@
+"""Launch plans: a program on concrete shapes, dtypes and layouts as a list of kernels.
+
+:func:`lower` builds the program's IR (``expressions.py``) and cuts it into
+phases at its reductions: every reduction of one depth and target is one
+kernel (``kernels.columns`` for channels-last data, ``kernels.rows`` for
+C-order data, split over blocks to fill the GPU, then ``kernels.finalize``
+when split), and the output is written by a last element-wise kernel
+(``kernels.sweep`` over S, or ``kernels.space_sweep`` over channels or
+planes) or, for a reduction's output, by the finishing code of the last
+reduction. A later phase reads the sums of earlier ones (``carry`` buffers,
+in CT) as per-channel or per-plane values and recomputes the element-wise
+values it needs from the inputs, so no full-size intermediate is written.
+
+Choices made here, per signature (``ProgramPlan`` is cached by the caller):
+
+* vector width ``V = 16 / (smallest itemsize of the full-size operands)``
+  where every such buffer is 16-byte aligned (and, for a reduction, its kept
+  channel run divides by V), else 1;
+* sweep mode (``contexts.Sweep``): ``hoist``, ``uniform`` or ``lane``;
+* 32-bit index arithmetic below 2^31 elements, 64-bit above;
+* splits: about :data:`TARGET_BLOCKS` blocks per reduction, each thread
+  summing at least :data:`MIN_PER_THREAD` vectors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import attrs
+
+from opgraph.ops.fused import FusedElementwise, FusedStep, Program
+
+from . import kernels
+from .contexts import Geometry
+from .emit import Params
+from .expressions import EXPRESSIONS, reduction_target
+from .ir import RANK, Builder, Ext, PlanError, Stacked, Val, classify, depths, needed
+from .storage import compute_type, storage_of
+
+#: Blocks a reduction aims at (an H200 holds 132 SMs x 8 blocks of 256 threads).
+TARGET_BLOCKS = 1056
+#: Blocks an element-wise sweep launches at most (each thread then loops).
+MAX_SWEEP_BLOCKS = 4224
+#: Vectors each thread of a split reduction sums at least.
+MIN_PER_THREAD = 4
+#: Shared memory a reduction block may use for its partial sums (bytes).
+SHARED_BYTES = 48 * 1024
+#: Elements from which index arithmetic is 64-bit (the fast 32-bit division
+#: needs every dividend below 2^31).
+INT32_LIMIT = 2 ** 31
+
+
+def as_program(op, n_inputs: int) -> Program:
+    """``op``'s program: its own, or a one-step program of a single op."""
+    if isinstance(op, FusedElementwise):
+        return op.program
+    return Program(n_inputs, (FusedStep(op, tuple(range(n_inputs))),), (n_inputs,))
+
+
+@attrs.frozen
+class Group:
+    """The reductions one kernel computes: reduce node ids of one depth and target."""
+
+    target: str
+    nodes: tuple
+    depth: int
+    carry: str
+
+
+@attrs.frozen
+class Launch:
+    """One kernel launch of a plan."""
+
+    name: str
+    source: str
+    params: Params = attrs.field(eq=False)
+    grid: tuple
+    block: tuple = (kernels.THREADS, 1, 1)
+
+
+@attrs.frozen
+class Built:
+    """A program's IR on its shapes: nodes, output, iteration geometry."""
+
+    nodes: list
+    dtypes: tuple
+    full: tuple | None
+    channels: int
+    out_node: int | None     # the full-size output node, or None
+    rows: tuple              # else the output rows (node ids) of ``target``
+    target: str | None
+
+
+def _iteration_shape(program: Program, types) -> tuple | None:
+    values = program.value_types(types)
+    shapes = []
+    for k, step in enumerate(program.steps):
+        spec = EXPRESSIONS.get(type(step.op))
+        if spec is None:
+            raise PlanError(f"{step.op.name} has no generated kernel")
+        if spec.iterates == "out":
+            shapes.append(values[program.n_inputs + k].shape)
+        elif spec.iterates == "in":
+            shapes.append(values[step.args[0]].shape)
+    if not shapes:
+        return None
+    full = max(shapes, key=lambda s: (math.prod(s), len(s)))
+    for s in shapes:
+        classify(s, full)  # raises when an op runs over a shape that is not S or a broadcast of it
+    return tuple(full)
+
+
+def build(op, types, out_type) -> Built:
+    """The IR of ``op`` (a single op or a ``FusedElementwise``) on input ``types``.
+
+    Raises:
+        PlanError: an op without an expression, operands the generator cannot
+            place, or an output it cannot write.
+    """
+    program = as_program(op, len(types))
+    full = _iteration_shape(program, types)
+    channels = (full[1] if len(full) >= 2 else full[0]) if full else out_type.shape[-1]
+    b = Builder(full, channels)
+    values: list = [Ext(k, t) for k, t in enumerate(types)]
+    member_types = program.value_types(types)
+    for step in program.steps:
+        spec = EXPRESSIONS[type(step.op)]
+        values.append(spec.build(b, step.op, tuple(member_types[a] for a in step.args),
+                                 *(values[a] for a in step.args)))
+    outs = [values[o] for o in program.outputs]
+    if len(outs) == 1 and isinstance(outs[0], Stacked):
+        outs = list(outs[0].rows)
+    if any(not isinstance(v, Val) for v in outs):
+        raise PlanError("an output that is a program input or stacked rows inside several outputs")
+    dtypes = tuple(t.dtype for t in types)
+    if len(outs) == 1 and full is not None and tuple(out_type.shape) == full:
+        return Built(b.nodes, dtypes, full, channels, outs[0].node, (), None)
+    stacked = len(program.outputs) > 1 or isinstance(values[program.outputs[0]], Stacked)
+    row_shape = tuple(out_type.shape[1:] if stacked else out_type.shape)
+    if full is None:
+        target = "channel" if row_shape == (channels,) else "scalar"
+    else:
+        target = reduction_target(full, row_shape)
+    if target not in ("scalar", "channel", "plane") or any(RANK[v.space] > RANK[target] for v in outs):
+        raise PlanError(f"an output of shape {tuple(out_type.shape)} for values over {full}")
+    return Built(b.nodes, dtypes, full, channels, None, tuple(v.node for v in outs), target)
+
+
+def _groups(built: Built) -> list[Group]:
+    """The reduction kernels, in phase order (the writer of the output rows last)."""
+    roots = [built.out_node] if built.out_node is not None else list(built.rows)
+    seen, stack = set(), list(roots)
+    while stack:  # every node the output needs, through reductions
+        k = stack.pop()
+        if k not in seen:
+            seen.add(k)
+            stack.extend(built.nodes[k].args)
+    depth = depths(built.nodes)
+    keys = sorted({(depth[k], built.nodes[k].target) for k in seen if built.nodes[k].kind == "reduce"},
+                  key=lambda dk: (dk[0], dk[1] == built.target))
+    return [Group(t, tuple(sorted(k for k in seen if built.nodes[k].kind == "reduce" and depth[k] == d
+                                  and built.nodes[k].target == t)), d, f"carry{g}")
+            for g, (d, t) in enumerate(keys)]
+
+
+def _full_loads(built: Built, roots, strided) -> list[str]:
+    """Storage dtypes of the full-size loads (read as vectors) of the nodes ``roots`` need."""
+    return [built.dtypes[built.nodes[k].load.input] for k in needed(built.nodes, roots)
+            if built.nodes[k].kind == "load" and built.nodes[k].load.kind == "full"
+            and built.nodes[k].load.input not in strided]
+
+
+def _lanes(dtypes, aligned: bool, divides: int | None = None) -> int:
+    """V: one 16-byte word of the narrowest full-size operand per lane group
+    (wider operands take several words), or 1 where the buffers are not all
+    aligned or ``divides`` (the contiguous run a reduction vectorises) is not
+    a multiple of it."""
+    if not dtypes or not aligned:
+        return 1
+    v = 16 // min(storage_of(d).itemsize for d in dtypes)
+    return 1 if divides is not None and divides % v else v
+
+
+def _pow2(n: int) -> int:
+    """The power of two at or above ``n`` (1 for n <= 1)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _split(blocks_per_split: int, work: int, per_thread: int) -> tuple[int, int]:
+    """``(S, PER)``: splits of ``work`` items (each block's threads take
+    ``per_thread`` at a time) so that about TARGET_BLOCKS blocks run."""
+    if work <= 0:
+        return 1, max(work, 1)
+    s = max(1, min(-(-TARGET_BLOCKS // max(blocks_per_split, 1)), -(-work // (per_thread * MIN_PER_THREAD))))
+    per = -(-work // s)
+    return -(-work // per), per
+
+
+def _name(source: str, kind: str) -> str:
+    return f"opgraph_gen_{kind}_{hashlib.sha1(source.encode()).hexdigest()[:12]}"
+
+
+def _named(make, kind: str):
+    """``make(name)`` with the name derived from the source itself (so equal
+    kernels share a name and a cache entry)."""
+    draft = make("KERNEL")
+    name = _name(draft, kind)
+    return name, draft.replace("void KERNEL(", f"void {name}(")
+
+
+def _layout(built: Built, types, out_type) -> str:
+    """The physical order of S: the output's (a full-size output), else the
+    first full-size input's; only 4-D values are ever channels-last."""
+    if built.full is None or len(built.full) != 4:
+        return "NCHW"
+    if built.out_node is not None and out_type.layout in ("NCHW", "NHWC"):
+        return out_type.layout
+    return next((t.layout or "NCHW" for t in types if tuple(t.shape) == built.full), "NCHW")
+
+
+def logical_strides(t, full) -> tuple:
+    """Element strides of operand type ``t`` along each axis of ``full``
+    (0 on broadcast axes), for its layout (channels-last or C order)."""
+    shape = tuple(t.shape)
+    if t.layout == "NHWC" and len(shape) == 4:
+        n, c, h, w = shape
+        own = (h * w * c, 1, w * c, c)
+    else:
+        own = tuple(math.prod(shape[a + 1:]) for a in range(len(shape)))
+    pad = len(full) - len(shape)
+    return (0,) * pad + tuple(0 if s == 1 else st for s, st in zip(shape, own))
+
+
+@attrs.frozen
+class Lowered:
+    """A program's launches on one signature and the buffers they use.
+
+    ``temps``: buffer key -> element count (in the compute type ``ct``);
+    ``layout``: the order of a full-size output (None: rows, C order).
+    """
+
+    launches: tuple
+    temps: dict = attrs.field(eq=False)
+    ct: str
+    layout: str | None
+
+
+def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False) -> Lowered:
+    """The launches running ``op`` on inputs of ``types`` (TensorTypes whose
+    ``layout`` says how each array is stored) into ``out_type``.
+
+    ``aligned``: every full-size buffer starts on a 16-byte boundary (vector
+    access allowed); ``inplace``: the output buffer is one of the inputs
+    (no ``__restrict__``).
+
+    Raises:
+        PlanError: what the generator does not cover (``build``).
+    """
+    built = build(op, types, out_type)
+    layout = _layout(built, types, out_type)
+    strided = {}
+    for node in built.nodes:
+        load = node.load
+        if load is not None and (load.kind == "strided" or (load.kind == "full" and len(built.full) == 4 and
+                                                            (types[load.input].layout or "NCHW") != layout)):
+            strided[load.input] = logical_strides(types[load.input], built.full)
+    ct = compute_type([*built.dtypes, out_type.dtype])
+    geo = Geometry(built.full, layout, built.channels, strided, ct)
+    wide = max([geo.total, out_type.size, *(t.size for t in types)]) >= INT32_LIMIT
+    groups = _groups(built)
+    launches, temps, reduced = [], {}, {}
+    writer = bool(groups) and built.out_node is None and groups[-1].target == built.target
+    for g, group in enumerate(groups):
+        rows = built.rows if writer and g == len(groups) - 1 else ()
+        temps[group.carry] = len(group.nodes) * _entries(geo, group.target)
+        launches += _reduction(built, geo, wide, group, dict(reduced), rows, out_type.dtype, aligned, temps)
+        reduced.update({k: ("carry", group.carry, r, group.target) for r, k in enumerate(group.nodes)})
+    program = (built.nodes, built.dtypes)
+    if built.out_node is not None:
+        if geo.total:  # an empty output needs no sweep
+            launches.append(_sweep(built, geo, wide, reduced, out_type.dtype, aligned, inplace))
+    elif not writer:
+        params = Params(wide)
+        name, text = _named(lambda n: kernels.space_sweep(n, program, geo, params, built.target, reduced,
+                                                           built.rows, out_type.dtype), "space")
+        blocks = -(-_entries(geo, built.target) // kernels.THREADS)
+        launches.append(Launch(name, text, params, (min(blocks, MAX_SWEEP_BLOCKS), 1, 1)))
+    live = tuple(x for x in launches if all(d > 0 for d in x.grid))
+    return Lowered(live, temps, ct, layout if built.out_node is not None else None)
+
+
+def _entries(geo: Geometry, target: str) -> int:
+    return {"scalar": 1, "channel": geo.channels, "plane": geo.batch * geo.channels}[target]
+
+
+def _sweep(built, geo, wide, reduced, out_dtype, aligned, inplace) -> Launch:
+    program = (built.nodes, built.dtypes)
+    lanes = _lanes(_full_loads(built, [built.out_node], geo.strides) + [out_dtype], aligned)
+    groups = geo.channels // lanes if geo.channels else 1
+    if geo.channels_last and geo.channels % lanes == 0:
+        mode = "hoist"
+    elif not geo.channels_last and geo.inner % lanes == 0:
+        mode = "uniform"
+    else:
+        mode = "lane"
+    blocks = max(1, min(-(-(geo.total // lanes) // kernels.THREADS), MAX_SWEEP_BLOCKS))
+    if mode == "hoist":  # the grid's stride must keep each thread on its channels
+        step = groups // math.gcd(groups, kernels.THREADS)
+        if step > MAX_SWEEP_BLOCKS:
+            mode = "lane"
+        else:
+            blocks = -(-blocks // step) * step
+    params = Params(wide)
+    name, text = _named(lambda n: kernels.sweep(n, program, geo, params, lanes, mode, reduced, built.out_node,
+                                                out_dtype, restrict=not inplace), "sweep")
+    return Launch(name, text, params, (blocks, 1, 1))
+
+
+def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps) -> list[Launch]:
+    program, k = (built.nodes, built.dtypes), len(group.nodes)
+    loads = _full_loads(built, [built.nodes[n].args[0] for n in group.nodes], geo.strides)
+    n, c, total = geo.batch, geo.channels, geo.total
+    if group.target == "scalar" or not geo.channels_last:
+        k1, a, k2, b = {"scalar": (1, 1, 1, total), "channel": (1, n, c, geo.inner),
+                        "plane": (n, 1, c, geo.inner)}[group.target]
+        lanes = _lanes(loads, aligned, b)
+        s, per = _split(k1 * k2, a * (b // lanes), kernels.THREADS)
+        te = min(kernels.THREADS, _pow2(-(-per // MIN_PER_THREAD)))
+        split = dict(K1=k1, A=a, K2=k2, B=b, S=s, PER=per, TE=te)
+        grid, make = (-(-k2 // (kernels.THREADS // te)), s, k1), kernels.rows
+    else:
+        k1, a, k2 = (1, total // max(c, 1), c) if group.target == "channel" else (n, geo.inner, c)
+        lanes = _lanes(loads, aligned, k2)
+        if k * lanes * kernels.THREADS * (8 if geo.ct == "double" else 4) > SHARED_BYTES:
+            lanes = 1  # too many sums per thread for one word each
+        gb = max(1, min(k2 // lanes, kernels.THREADS))
+        rb = kernels.THREADS // gb
+        tiles = -(-(k2 // lanes) // gb)
+        s, per = _split(tiles * k1, a, rb)
+        split, grid, make = dict(K1=k1, A=a, K2=k2, GB=gb, RB=rb, S=s, PER=per), (tiles, s, k1), kernels.columns
+    split["FTE"] = min(kernels.THREADS, _pow2(-(-s // MIN_PER_THREAD)))
+    params = Params(wide)
+    sums = [f"s{r}" for r in range(k)]
+
+    def finish(lane):
+        return kernels.finish(program, geo, params, group, reduced, sums, rows, out_dtype)
+    name, text = _named(lambda nm: make(nm, program, geo, params, lanes, group, reduced, split, finish), "reduce")
+    out = [Launch(name, text, params, grid)]
+    temps["part"] = max(temps.get("part", 1), k1 * s * k * k2 if s > 1 else 1)
+    if s > 1:
+        fparams = Params(wide)
+
+        def final_finish(lane):
+            return kernels.finish(program, geo, fparams, group, reduced, sums, rows, out_dtype)
+        fname, ftext = _named(lambda nm: kernels.finalize(nm, geo.ct, fparams, group, split, final_finish),
+                              "finalize")
+        blocks = -(-(k1 * k2) // (kernels.THREADS // split["FTE"]))
+        out.append(Launch(fname, ftext, fparams, (blocks, 1, 1)))
+    return out
+
+
+__all__ = ["TARGET_BLOCKS", "MAX_SWEEP_BLOCKS", "MIN_PER_THREAD", "SHARED_BYTES", "INT32_LIMIT", "as_program", "Group",
+           "Launch", "Built", "Lowered", "build", "lower", "logical_strides"]

@@ -1,0 +1,121 @@
+"""Registers the generated kernels (``backends/cuda/codegen``) as the ``codegen`` lowering.
+
+Device ``cuda``; tags ``codegen``, ``generated`` and ``gpu`` (and ``fused``
+for ``FusedElementwise``: ``Rule`` adds it from ``Op.fused``), so
+``exclude=["codegen"]`` turns every generated kernel off and ``exclude=["fused"]``
+the fused ones only. Two kinds:
+
+* element-wise ops and their reductions (every op type of the expression
+  table, and ``FusedElementwise``): ``codegen.launch.run``, one or a few
+  kernels per node; the rule declines (with the generator's reason) a node
+  it cannot plan: an op outside the table, integer storage, an operand that
+  neither equals nor broadcasts to the iteration shape in a supported way;
+* data movement (concat, slice, pad, their gradients, reshape, flatten,
+  transpose): one generated strided copy per input
+  (``codegen.movement``); a reshape of a C-ordered array is a view.
+
+The default cuda order tries ``codegen`` before our hand-written ``cuda``
+kernels (``passes/policy.py``): where both exist (ReLU, threshold and their
+gradients, the bias gradient), the generated kernel moves the same bytes
+with 16-byte accesses and stays capturable, and autotune may still pick the
+hand-written one. Importing this module needs neither CuPy nor a GPU.
+"""
+
+from __future__ import annotations
+
+from opgraph import ops
+from opgraph.types import TensorType
+
+from ..registry import Rule, register
+from .codegen import launch, movement
+from .codegen.expressions import EXPRESSIONS
+from .codegen.ir import PlanError
+from .codegen.plan import build
+from .codegen.storage import STORAGES
+
+TAGS = frozenset({"codegen", "generated", "gpu"})
+
+#: op type -> the input its generated kernel may write its output into
+#: (an operand of the output's type whenever the op is well typed).
+INPLACE = {
+    **{t: 0 for t in (ops.Relu, ops.Threshold, ops.Hardtanh, ops.Hardsigmoid, ops.Hardswish, ops.Sigmoid,
+                      ops.Silu, ops.Gelu, ops.Neg, ops.Dropout, ops.BiasAdd, ops.BatchNorm,
+                      ops.BatchNormTraining, ops.BatchNormBackwardData, ops.BatchNormTrainingBackwardData)},
+    **{t: 1 for t in (ops.ReluBackward, ops.ThresholdBackward, ops.HardtanhBackward, ops.HardsigmoidBackward,
+                      ops.HardswishBackward, ops.SigmoidBackward, ops.SiluBackward, ops.GeluBackward,
+                      ops.BatchNormRunningUpdate)},
+    ops.Add: (0, 1),
+}
+
+
+def _types(arrays) -> tuple:
+    return tuple(TensorType(a.shape, a.dtype.name) for a in arrays)
+
+
+def _storage_reason(in_types, allowed=tuple(STORAGES)) -> str | None:
+    bad = sorted({t.dtype for t in in_types if t.dtype not in allowed})
+    if bad:
+        return f"generated kernels take {', '.join(allowed)}; got {', '.join(bad)}"
+    return None
+
+
+def movement_check(op, in_types, device) -> str | None:
+    """Copies move bits: any storage dtype, int64 (ONNX shape values) included."""
+    return _storage_reason(in_types, (*STORAGES, "int64"))
+
+
+def check(op, in_types, device) -> str | None:
+    """Why the generator cannot run this node, or None (the plan is built on
+    the node's types: cheap, no source is emitted)."""
+    why = _storage_reason(in_types)
+    if why is None:
+        try:
+            build(op, tuple(in_types), op.infer(*in_types))
+        except PlanError as e:
+            why = str(e)
+    return why
+
+
+def run_generated(ctx, op, *arrays, out=None):
+    """The ``codegen`` kernel of an element-wise op or a fused program: the
+    node's output (``ctx.out_type``, else the op's inferred type)."""
+    out_type = ctx.out_type if ctx.out_type is not None else op.infer(*_types(arrays))
+    return launch.run(ctx.xp, op, arrays, out_type, out=out)
+
+
+def _movement(fn, layout: bool = True):
+    """A rule kernel calling ``fn(xp, *arrays, **op.params(), layout=...)``."""
+    def kernel(ctx, op, *arrays):
+        extra = {"layout": ctx.out_type.layout if ctx.out_type is not None else None} if layout else {}
+        return fn(ctx.xp, *arrays, **op.params(), **extra)
+    kernel.__name__ = kernel.__qualname__ = f"codegen_{fn.__name__}"
+    kernel.__doc__ = fn.__doc__
+    return kernel
+
+
+#: data-movement op type -> (kernel, whether its output is always a new array).
+MOVEMENT = {
+    ops.Concat: (_movement(movement.concat), True),
+    ops.Slice: (_movement(movement.slice_), True),
+    ops.SliceBackward: (_movement(movement.slice_backward), True),
+    ops.Pad: (_movement(movement.pad), True),
+    ops.PadBackward: (_movement(movement.pad_backward), True),
+    ops.Transpose: (_movement(movement.transpose, layout=False), True),
+    ops.Reshape: (_movement(movement.reshape, layout=False), False),  # a view when it can be
+    ops.Flatten: (_movement(movement.flatten, layout=False), False),
+}
+
+
+def register_rules() -> None:
+    """Register every ``codegen`` rule (idempotent)."""
+    for op_type in (*EXPRESSIONS, ops.FusedElementwise):
+        register(Rule(op_type, "codegen", run_generated, devices={"cuda"}, check=check, tags=TAGS,
+                      inplace=INPLACE.get(op_type), fresh_output=True))
+    for op_type, (kernel, fresh) in MOVEMENT.items():
+        register(Rule(op_type, "codegen", kernel, devices={"cuda"}, check=movement_check, tags=TAGS,
+                      fresh_output=fresh))
+
+
+register_rules()
+
+__all__ = ["TAGS", "INPLACE", "MOVEMENT", "check", "movement_check", "run_generated", "register_rules"]

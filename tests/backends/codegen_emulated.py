@@ -1,0 +1,72 @@
+"""The generated kernels on the CPU: a fixture running them through the g++
+emulator of ``cuda_cpu_emulator`` / ``cuda_raw_emulator``, and the check of
+one op against its float64 reference (shared by the test_codegen_* modules)."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from cuda_cpu_emulator import GXX, EmulatedCupy
+from cupy_standin import cupy_replaced
+from codegen_cases import TOLERANCE, make_input, out_type, reference, rel_err
+from opgraph.backends.cuda.codegen import copies, launch
+from opgraph.backends.registry import KernelContext, rules_for
+from opgraph.types import is_channels_last
+
+needs_gxx = pytest.mark.skipif(GXX is None, reason="no g++: the kernels' CUDA text cannot run on the CPU")
+
+
+@pytest.fixture
+def emu(monkeypatch):
+    """The emulated ``cupy``: generated kernels compile with g++ and run thread
+    by thread; the compile and plan caches start empty and are emptied after."""
+    if GXX is None:
+        pytest.skip("no g++: the kernels' CUDA text cannot run on the CPU")
+    monkeypatch.setattr(launch, "_PLANS", {})
+    with cupy_replaced(monkeypatch, EmulatedCupy(), launch.compiled, copies._plan) as e:
+        yield e
+
+
+def seeded(*parts) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(repr(parts).encode()))
+
+
+def run_case(op, kinds, shape, dtype: str, layout: str, exact: bool = False, arrays=None, compare=True):
+    """``op``'s ``codegen`` kernel on inputs of ``kinds`` against its reference;
+    returns ``(out, ref, arrays)`` after checking dtype, shape, layout and (with
+    ``compare``) the error."""
+    if arrays is None:
+        rng = seeded(op, kinds, shape, dtype, layout)
+        arrays = [make_input(rng, k, shape, dtype, layout) for k in kinds]
+    want_type = out_type(op, arrays, layout)
+    rule = rules_for(type(op))["codegen"]
+    assert rule.check(op, tuple(a for a in map(_type, arrays)), "cuda") is None
+    out = rule.kernel(KernelContext(np, "cuda", {}, want_type), op, *arrays)
+    ref = reference(op, arrays)
+    assert out.dtype.name == want_type.dtype and out.shape == want_type.shape
+    if want_type.layout == "NHWC":
+        assert is_channels_last(out)
+    if not compare:
+        return out, ref, arrays
+    err = rel_err(out, ref)
+    if exact:
+        np.testing.assert_array_equal(np.asarray(out, np.float64), ref)
+    else:
+        assert err < TOLERANCE[dtype], (op, dtype, layout, err)
+    return out, ref, arrays
+
+
+def _type(a):
+    from opgraph.types import TensorType
+    return TensorType(a.shape, a.dtype.name)
+
+
+def launched(emu) -> list[str]:
+    """Kinds of the generated kernels launched so far (``sweep``, ``reduce``, ...)."""
+    return [x["name"].split("_")[2] for x in emu.raw_launches]
+
+
+__all__ = ["needs_gxx", "emu", "seeded", "run_case", "launched"]

@@ -1,0 +1,54 @@
+"""Fused programs (``FusedElementwise``) built by hand, compiled into one
+kernel per phase and run on the CPU through the g++ emulator, against the
+fused node's reference (the members' own reference kernels in order, on
+float64 copies): BN-apply + ReLU, batch statistics + BN + ReLU (a reduction
+phase, then the sweep), ReLU-backward + bias gradient (one reduction, nothing
+full-size written), SiLU times its squeeze-and-excitation scale, a gradient
+sum of three addends, the two per-channel sums of a batch-norm backward
+stacked in one output, and ReLU-backward into the batch-norm data gradient."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from codegen_cases import SHAPES, fused_cases
+from codegen_emulated import emu, launched, needs_gxx, run_case  # noqa: F401  (emu: fixture)
+from opgraph.backends.reference.fused import run_program
+from opgraph.backends.registry import KernelContext
+
+pytestmark = needs_gxx
+
+CASES = fused_cases()
+#: kernels each program needs (its phases), before any split of a reduction
+PHASES = {"bn_relu": ["sweep"], "stats_bn_relu": ["reduce", "sweep"], "relu_bwd_bias_grad": ["reduce"],
+          "silu_se_scale": ["reduce", "sweep"], "grad_sum_3": ["sweep"], "bn_backward_sums": ["reduce"],
+          "relu_bwd_bn_backward_data": ["reduce", "sweep"]}
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name,op,kinds", CASES, ids=[c[0] for c in CASES])
+def test_fused_program_against_its_members(emu, name, op, kinds, dtype, layout):
+    shape = SHAPES[layout]
+    out, ref, arrays = run_case(op, kinds, shape, dtype, layout)
+    assert launched(emu) == PHASES[name]
+    if name == "bn_backward_sums":  # stacked in the statistics dtype
+        assert out.shape == (2, shape[1]) and out.dtype == np.float32
+
+
+def test_one_kernel_writes_no_intermediate(emu):
+    """BN + ReLU as one sweep: its only full-size store is the output."""
+    name, op, kinds = CASES[0]
+    run_case(op, kinds, SHAPES["NHWC"], "bfloat16", "NHWC")
+    (sweep,) = emu.raw_launches
+    assert sweep["source"].count("reinterpret_cast<uint4*>(out") == 1 and "carry" not in sweep["source"]
+
+
+def test_the_reference_of_a_program_is_the_members_in_order():
+    name, op, kinds = CASES[2]  # ReLU-backward + bias gradient
+    rng = np.random.default_rng(0)
+    y, gy = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((2, 3, 4, 5))
+    values = run_program(KernelContext(np), op.program, [y, gy])
+    np.testing.assert_array_equal(values[2], np.where(y > 0, gy, 0))
+    np.testing.assert_allclose(values[3], values[2].sum(axis=(0, 2, 3)), rtol=1e-12)

@@ -1,0 +1,179 @@
+"""Every op of the code generator's expression table, on the CPU through the g++
+emulator, against its float64 reference: float32 and bfloat16 in both layouts,
+float16 and float64 on a representative set; the paths a shape selects
+(vector sweeps with hoisted or uniform channels, per-lane indices and tails,
+split reductions and their finishing kernel, 64-bit indices, misaligned
+views), in-place outputs, mixed layouts, SEMANTICS.md's edges (NaN, inf,
+empty batches) and the plan cache. The GPU runs the same cases
+(tests/gpu/test_codegen_gpu.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from codegen_cases import CASES, ODD_SHAPE, SHAPES, channels_last, make_input
+from codegen_emulated import emu, launched, needs_gxx, run_case, seeded  # noqa: F401  (emu: fixture)
+from opgraph import ops
+from opgraph.backends.cuda import codegen_rules
+from opgraph.backends.cuda.codegen import launch, plan
+from opgraph.backends.reference.dropout import keep_mask
+from opgraph.backends.registry import KernelContext, rules_for
+from opgraph.types import TensorType
+
+pytestmark = needs_gxx
+
+_IDS = [c.id for c in CASES]
+#: the cases also run in float16 (channels-last) and float64 (NCHW)
+REPRESENTATIVE = ["Silu()", "GeluBackward(approximate='tanh', order=2)", "BatchNormStats()", "BiasAddBackward()",
+                  "GlobalAvgPool2d()", "BatchNormTrainingBackwardData(eps=1e-05)", "Mul()",
+                  "Dropout(p=0.3, training=True, seed=11)", "BroadcastTo", "BatchNormRunningUpdate"]
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", CASES, ids=_IDS)
+def test_every_op_against_the_reference(emu, case, dtype, layout):
+    shape = SHAPES[layout]
+    run_case(case.make(shape), case.kinds, shape, dtype, layout, case.exact)
+
+
+@pytest.mark.parametrize("dtype,layout", [("float16", "NHWC"), ("float64", "NCHW")])
+@pytest.mark.parametrize("case", [c for c in CASES if c.id in REPRESENTATIVE], ids=REPRESENTATIVE)
+def test_other_storage_dtypes(emu, case, dtype, layout):
+    shape = SHAPES[layout]
+    run_case(case.make(shape), case.kinds, shape, dtype, layout, case.exact)
+    if dtype == "float64":
+        assert all("typedef double CT;" in x["source"] for x in emu.raw_launches)
+
+
+def _ops_by_id(*ids):
+    return [c for c in CASES if c.id in ids]
+
+
+SLOW_PATH_CASES = _ops_by_id("BiasAdd()", "Mul()", "Dropout(p=0.3, training=True, seed=11)", "BiasAddBackward()",
+                             "BatchNormTrainingBackwardData(eps=1e-05)", "SumTo(plane)", "BatchNormStats()")
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", SLOW_PATH_CASES, ids=[c.id for c in SLOW_PATH_CASES])
+def test_odd_shapes_take_per_lane_indices_and_tails(emu, case, dtype, layout):
+    run_case(case.make(ODD_SHAPE), case.kinds, ODD_SHAPE, dtype, layout, case.exact)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("case", _ops_by_id("BiasAddBackward()", "BatchNormStats()", "GlobalAvgPool2d()",
+                                            "BatchNormTrainingBackwardData(eps=1e-05)"),
+                         ids=lambda c: c.id)
+def test_split_reductions_add_their_partial_sums_in_a_second_kernel(emu, monkeypatch, case, layout):
+    monkeypatch.setattr(plan, "TARGET_BLOCKS", 48)
+    monkeypatch.setattr(plan, "MIN_PER_THREAD", 1)
+    shape = (1, 8, 64, 64) if case.id == "GlobalAvgPool2d()" else (8, 16, 16, 24)  # few entries: split
+    run_case(case.make(shape), case.kinds, shape, "bfloat16", layout)
+    assert "finalize" in launched(emu)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_64_bit_indices(emu, monkeypatch, layout):
+    monkeypatch.setattr(plan, "INT32_LIMIT", 100)
+    shape = SHAPES[layout]
+    for case in _ops_by_id("BatchNormTrainingBackwardData(eps=1e-05)", "Dropout(p=0.3, training=True, seed=11)",
+                           "GlobalAvgPool2d()", "Mul()"):
+        run_case(case.make(shape), case.kinds, shape, "float32", layout)
+    assert all("typedef long long IDX;" in x["source"] for x in emu.raw_launches)
+
+
+def test_vector_paths_and_the_scalar_fallback_of_a_misaligned_view(emu):
+    shape = SHAPES["NHWC"]
+    x = make_input(seeded(1), "x", shape, "bfloat16", "NHWC")
+    b = make_input(seeded(1), "c", shape, "bfloat16", "NHWC")
+    run_case(ops.BiasAdd(), ("x", "c"), shape, "bfloat16", "NHWC", arrays=[x, b])
+    assert "uint4" in emu.raw_launches[-1]["source"] and "cbase" in emu.raw_launches[-1]["source"]  # hoisted
+    shape = SHAPES["NCHW"]
+    run_case(ops.BiasAdd(), ("x", "c"), shape, "bfloat16", "NCHW")
+    assert "uint4" in emu.raw_launches[-1]["source"] and "qv" in emu.raw_launches[-1]["source"]  # uniform
+    flat = make_input(seeded(2), "x", (1, 1, 1, 1001), "float32", "NCHW").reshape(-1)
+    view = flat[1:]  # 4 bytes past a 16-byte boundary
+    run_case(ops.Relu(), ("x",), view.shape, "float32", "NCHW", exact=True, arrays=[view])
+    assert "uint4" not in emu.raw_launches[-1]["source"]
+
+
+def test_in_place_output(emu):
+    shape = SHAPES["NHWC"]
+    rng = seeded(3)
+    x, gy = (make_input(rng, "x", shape, "bfloat16", "NHWC") for _ in range(2))
+    want = np.where(x.astype(np.float32) > 0, gy.astype(np.float32), 0)
+    rule = rules_for(ops.ReluBackward)["codegen"]
+    assert rule.inplace == (1,)
+    out_t = TensorType(shape, "bfloat16", "NHWC")
+    got = rule.kernel(KernelContext(np, "cuda", {}, out_t), ops.ReluBackward(), x, gy, out=gy)
+    assert got is gy
+    np.testing.assert_array_equal(gy.astype(np.float32), want)
+    assert "__restrict__" not in emu.raw_launches[-1]["source"]
+
+
+def test_operands_in_another_layout_are_read_through_their_strides(emu):
+    shape = SHAPES["NHWC"]
+    rng = seeded(4)
+    a = make_input(rng, "x", shape, "float32", "NHWC")
+    b = np.ascontiguousarray(make_input(rng, "x", shape, "float32", "NCHW"))
+    out, _, _ = run_case(ops.Add(), ("x", "x"), shape, "float32", "NHWC", arrays=[a, b])
+    np.testing.assert_allclose(out, a + b, rtol=1e-6)
+    assert "ST1_" in emu.raw_launches[-1]["source"]  # b by its strides
+
+
+@pytest.mark.parametrize("case", _ops_by_id("Relu()", "BiasAdd()", "Dropout(p=0.3, training=True, seed=11)",
+                                            "BiasAddBackward()", "Threshold(threshold=0.25, value=-1.0)"),
+                         ids=lambda c: c.id)
+def test_two_dimensional_classifier_values(emu, case):
+    run_case(case.make((6, 40)), case.kinds, (6, 40), "bfloat16", "NCHW", case.exact)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_dropout_mask_is_the_reference_mask_bit_for_bit(emu, layout):
+    shape = SHAPES[layout]
+    x = make_input(seeded(5), "x", shape, "float32", layout) + np.float32(10)  # never 0
+    op = ops.Dropout(p=0.4, training=True, seed=2 ** 40 + 7)
+    out, _, _ = run_case(op, ("x",), shape, "float32", layout, arrays=[x])
+    np.testing.assert_array_equal(out != 0, keep_mask(np, shape, seed=op.seed, p=op.p))
+
+
+def test_nan_inf_and_signed_zero_edges(emu):
+    x = np.array([[np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0, -2.0, 7.0]], np.float32)
+    gy = np.array([[1.0, 1.0, 1.0, np.inf, 1.0, 2.0, np.inf, 1.0]], np.float32)
+    for op, args in [(ops.Relu(), [x]), (ops.ReluBackward(), [x, gy]),
+                     (ops.Hardtanh(min_val=0.0, max_val=6.0), [x]),
+                     (ops.HardtanhBackward(min_val=0.0, max_val=6.0), [x, gy]), (ops.Sigmoid(), [x]),
+                     (ops.Dropout(p=1.0, training=True), [x])]:
+        out, ref, _ = run_case(op, ("x",) * len(args), x.shape, "float32", "NCHW", arrays=args, compare=False)
+        np.testing.assert_allclose(out, ref, rtol=1e-6)  # NaN where the reference has NaN, infinities equal
+
+
+def test_empty_batch(emu):
+    x = np.zeros((0, 8, 3, 3), np.float32)
+    for op in (ops.BatchNormStats(), ops.BiasAddBackward(), ops.Relu()):
+        run_case(op, ("x",), x.shape, "float32", "NCHW", arrays=[x])
+
+
+def test_plans_and_kernels_are_cached_per_signature(emu):
+    shape = SHAPES["NHWC"]
+    x = make_input(seeded(6), "x", shape, "bfloat16", "NHWC")
+    t = TensorType(shape, "bfloat16", "NHWC")
+    launch.run(np, ops.Silu(), [x], t)
+    plans, compiled = len(launch._PLANS), launch.compiled.cache_info().misses
+    launch.run(np, ops.Silu(), [x], t)
+    assert len(launch._PLANS) == plans and launch.compiled.cache_info().misses == compiled
+    launch.run(np, ops.Silu(), [channels_last(np.ascontiguousarray(x[:2]))], t.with_shape((2, *shape[1:])))
+    assert len(launch._PLANS) == plans + 1
+
+
+def test_the_rule_declines_what_the_generator_does_not_cover():
+    check = codegen_rules.check
+    x = TensorType((2, 4, 3, 3))
+    assert "int64" in check(ops.Add(), (TensorType((2, 3), "int64"),) * 2, "cuda")
+    assert "per channel, per plane or total" in check(ops.Mean(axes=(1,)), (x,), "cuda")
+    assert "per channel, per plane or total" in check(ops.SumTo(shape=(2, 1, 3, 3)), (x,), "cuda")
+    assert check(ops.Mean(axes=(0, 1, 2, 3)), (x,), "cuda") is None
+    assert rules_for(ops.Relu)["codegen"].tags >= {"codegen", "generated", "gpu"}
+    assert "fused" in rules_for(ops.FusedElementwise)["codegen"].tags

@@ -1,0 +1,72 @@
+"""Lowering specs with a workspace limit (``cudnn@ws=0``, ``auto@ws=64MiB``): parsing,
+the policy each column gets, usage errors naming the flag, and the columns side by side."""
+
+from __future__ import annotations
+
+import pytest
+
+from opgraph.benchmarks import cli, lowerings as lw
+from opgraph.passes.policy import LoweringPolicy
+
+
+@pytest.mark.parametrize("spec, name, limit", [
+    ("cudnn", "cudnn", None), ("CUDNN@ws=0", "cudnn@ws=0", 0), ("auto@ws=64MiB", "auto@ws=64MiB", 64 * 2**20),
+    (" gemm @ WS = 2GB ", "gemm@ws=2GB", 2 * 10**9), ("default@ws=512", "default@ws=512", 512)])
+def test_specs_parse_with_the_policy_byte_parser(spec, name, limit):
+    lo = lw.parse_lowering(spec)
+    assert (lo.name, lo.workspace_limit) == (name, limit)
+    assert lo.base == name.split("@")[0]
+
+
+def test_the_limit_reaches_the_column_policy_only():
+    base = LoweringPolicy(workspace_limit="1GiB", precision="tf32")
+    plain, limited, tuned = lw.parse_lowerings("cudnn,cudnn@ws=0,auto@ws=64MiB")
+    assert plain.policy(base, "cuda").workspace_limit == 2**30
+    p = limited.policy(base, "cuda")
+    assert p.workspace_limit == 0 and p.prefer["conv"][0] == "cudnn" and p.precision == "tf32"
+    t = tuned.policy(base, "cuda")
+    assert t.autotune and t.workspace_limit == 64 * 2**20 and "direct" in t.exclude
+    assert lw.Lowering("default@ws=0", 0).policy(base, "cpu").workspace_limit == 0
+    assert "workspace limit 0 bytes per node" in limited.describe() and "limit" not in plain.describe()
+
+
+def test_duplicates_are_the_same_lowering_and_limit():
+    got = lw.parse_lowerings("gemm,gemm@ws=1KiB,gemm@ws=1024,GEMM,gemm@ws=0")
+    assert [(lo.name, lo.workspace_limit) for lo in got] == [("gemm", None), ("gemm@ws=1KiB", 1024),
+                                                              ("gemm@ws=0", 0)]
+
+
+@pytest.mark.parametrize("value, message", [
+    ("fast@ws=0", "unknown lowering 'fast'"), ("gemm@wx=1", "unknown option 'wx=1'"),
+    ("gemm@ws", "unknown option 'ws'"), ("gemm@ws=-1", "workspace limit '-1'"), ("gemm@ws=12 parsecs", "must be bytes"),
+    ("gemm@ws=1.2.3MiB", "workspace limit '1.2.3MiB'"), ("gemm@ws=1e400", "workspace limit '1e400'"),
+    ("gemm@ws=none", "needs a byte count")])
+def test_bad_specs_are_usage_errors_naming_the_flag(capsys, value, message):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--lowering", value, "--summary"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --lowering" in err and message in err, err
+    assert "Traceback" not in err
+
+
+def test_limited_and_unlimited_columns_side_by_side(capsys):
+    import json
+
+    status = cli.main(["--model", "L5", "--batch", "1", "--device", "cpu", "--lowering",
+                       "gemm,gemm@ws=16MiB,auto@ws=1MiB", "--warmup", "0", "--repeat", "1",
+                       "--no-per-layer", "--format", "json", "--quiet"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    doc = json.loads(out)
+    res = {r["lowering"]: r for r in doc["results"]}
+    assert list(res) == ["gemm", "gemm@ws=16MiB", "auto@ws=1MiB"] and all(r["status"] == "ok" for r in res.values())
+    # L5's GEMM needs 1.8 MB of scratch: under 1 MiB autotune keeps only what needs less
+    assert res["gemm@ws=16MiB"]["algorithms"] == res["gemm"]["algorithms"]
+    assert all(w <= 2**20 for w in res["auto@ws=1MiB"]["memory"]["workspace_per_node"].values())
+    assert "workspace limit 1048576 bytes" in doc["lowerings"]["auto@ws=1MiB"]
+
+
+def test_a_limit_no_convolution_fits_is_a_usage_error(capsys):
+    status = cli.main(["--model", "L5", "--batch", "1", "--device", "cpu", "--lowering", "gemm@ws=0"])
+    err = capsys.readouterr().err
+    assert status == 2 and "'gemm@ws=0' cannot run any convolution" in err and "exceeds the limit 0 B" in err

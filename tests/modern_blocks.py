@@ -1,0 +1,72 @@
+"""Small graphs of the modern-convnet ops for tests: a ResNet bottleneck and an
+MBConv block, each a training step's forward with training batch norm. Each
+builder returns ``(output, params, extra_outputs)``: the running statistics
+are the extra outputs, the parameters are what the protocol differentiates."""
+
+from __future__ import annotations
+
+import opgraph as og
+
+
+def bottleneck():
+    """A ResNet-50 bottleneck (1x1, 3x3 stride 2, 1x1, projection shortcut),
+    training batch norm with running statistics, and a classifier head."""
+    g = og.Graph("bottleneck")
+    x = g.input("x", (2, 64, 16, 16))
+    outs, params = [], []
+
+    def conv_bn(h, cin, cout, k, stride, name, act=True):
+        w = g.param(f"{name}.w", (cout, cin, k, k))
+        gamma, beta = g.param(f"{name}.gamma", (cout,)), g.param(f"{name}.beta", (cout,))
+        rm, rv = g.buffer(f"{name}.rm", (cout,), value=0.0), g.buffer(f"{name}.rv", (cout,), value=1.0)
+        h, m, v = og.batch_norm(og.conv2d(h, w, stride=stride, padding=k // 2), rm, rv, gamma, beta,
+                                training=True, return_running_stats=True, name=name)
+        outs.extend([m, v])
+        params.extend([w, gamma, beta])
+        return og.relu(h) if act else h
+
+    h = conv_bn(x, 64, 32, 1, 1, "a")
+    h = conv_bn(h, 32, 32, 3, 2, "b")
+    h = conv_bn(h, 32, 128, 1, 1, "c", act=False)
+    h = og.relu(og.add(h, conv_bn(x, 64, 128, 1, 2, "proj", act=False)))
+    fc = g.param("fc.w", (10, 128))
+    y = og.linear(og.flatten(og.adaptive_avg_pool2d(h, 1)), fc, g.param("fc.b", (10,)))
+    return y, params + [fc], outs
+
+
+def mbconv():
+    """An EfficientNet MBConv block (expand, depthwise, squeeze-and-excitation,
+    project, residual) and a MobileNet-v2 style head (ReLU6, hardswish, mean,
+    dropout in training)."""
+    g = og.Graph("mbconv")
+    x = g.input("x", (2, 24, 12, 12))
+    outs, params = [], []
+
+    def bn(h, c, name):
+        gamma, beta = g.param(f"{name}.gamma", (c,)), g.param(f"{name}.beta", (c,))
+        rm, rv = g.buffer(f"{name}.rm", (c,), value=0.0), g.buffer(f"{name}.rv", (c,), value=1.0)
+        h, m, v = og.batch_norm(h, rm, rv, gamma, beta, training=True, return_running_stats=True, name=name)
+        outs.extend([m, v])
+        params.extend([gamma, beta])
+        return h
+
+    def conv(h, cin, cout, k, name, groups=1):
+        w = g.param(f"{name}.w", (cout, cin // groups, k, k))
+        params.append(w)
+        return og.conv2d(h, w, padding=k // 2, groups=groups)
+
+    h = og.silu(bn(conv(x, 24, 96, 1, "expand"), 96, "bn0"))
+    h = og.silu(bn(conv(h, 96, 96, 3, "dw", groups=96), 96, "bn1"))
+    s = og.mean(h, (2, 3), keepdim=True)
+    s = og.sigmoid(conv(og.silu(conv(s, 96, 8, 1, "se1")), 8, 96, 1, "se2"))
+    h = bn(conv(og.mul(h, s), 96, 24, 1, "project"), 24, "bn2")
+    h = og.add(h, x)
+    h = og.hardswish(og.relu6(bn(conv(h, 24, 48, 1, "head"), 48, "bn3")))
+    pooled = og.reshape(og.mean(h, (2, 3)), (2, 48))
+    fc = g.param("fc.w", (10, 48))
+    params.append(fc)
+    y = og.linear(og.dropout(pooled, 0.2, training=True, seed=3), fc)
+    return y, params, outs
+
+
+__all__ = ["bottleneck", "mbconv"]

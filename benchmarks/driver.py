@@ -60,8 +60,8 @@ from .models import LAYERS, Model
 from .peak import measure_peaks
 from .peer_column import add_ratios, peer_records
 from .protocol import PHASES, PhaseRunner, TrainingGraph, random_feeds, schedule, training_graph
-from .records import (error_reason, error_record, fill_throughput, forced_nodes, layer_records, model_flops,
-                      new_record, phase_totals, release_device)
+from .records import (error_fields, fill_throughput, forced_nodes, layer_records, model_flops, new_record,
+                      phase_totals, release_device)
 from .timer import AUTO_ROUND, AdaptiveTimer, Timer, make_timer
 from .whole_step import opgraph_step
 
@@ -225,8 +225,7 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         if s.cuda_graph:
             out.append(graph_column(rec, runner, tg, sched, na, exe, ref, feeds, s, peak))
     except Exception as e:  # one column's failure (kernel error, OOM) must not end the run
-        rec["error"] = error_record(e)
-        rec.update(status="error", reason=error_reason(rec["error"]))
+        rec.update(error_fields(e))
     finally:
         exe = runner = None  # every array of the column (and a replay's pools) is freed here
         release_device(s.device)
@@ -293,7 +292,7 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
                 ref = chk.Reference(tg, feeds, s.device)
                 entry["reference_s"] = ref.seconds
             except Exception as e:  # e.g. out of memory: no column of this model can be checked
-                ref_error = f"float64 reference failed, so nothing was timed: {error_reason(error_record(e))}"
+                ref_error = error_fields(e, "float64 reference failed, so nothing was timed: ")
                 release_device(s.device)
         for precision in s.precisions:
             base = attrs.evolve(s.base_policy, precision=precision, layout=s.layout)
@@ -311,7 +310,7 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
                 elif ref_error is not None:
                     recs = [new_record(model, precision, s, n, "opgraph" if lowering else n) for n in names]
                     for rec in recs:
-                        rec.update(status="error", reason=ref_error)
+                        rec.update(ref_error)
                 elif lowering is not None:
                     recs = run_lowering(tg, feeds, ref, lowering, base, s, timer, peak.get(precision))
                 else:  # the peers of one model and precision run together: one compilation shared

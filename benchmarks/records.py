@@ -62,6 +62,13 @@ def error_record(e: BaseException) -> dict:
             "frames": [f"{_short_path(f.filename)}:{f.lineno} in {f.name}" for f in frames]}
 
 
+def error_fields(e: BaseException, context: str = "") -> dict:
+    """``status: error``, its ``reason`` line (``context`` first) and the
+    ``error`` entry (:func:`error_record`) of a column that raised ``e``."""
+    err = error_record(e)
+    return {"status": "error", "reason": context + error_reason(err), "error": err}
+
+
 def _short_path(path: str) -> str:
     """``.../site-packages/cupy/_core/core.py`` -> ``cupy/_core/core.py``;
     a file of this repository relative to its root; others as they are."""
@@ -150,5 +157,5 @@ def layer_records(tg, sched, layer_times: dict, na: dict, report) -> list[dict]:
     return rows
 
 
-__all__ = ["release_device", "new_record", "forced_nodes", "error_record", "error_reason", "ERROR_FRAMES",
+__all__ = ["release_device", "new_record", "forced_nodes", "error_record", "error_reason", "error_fields", "ERROR_FRAMES",
            "phase_totals", "fill_throughput", "model_flops", "layer_records"]

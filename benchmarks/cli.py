@@ -368,9 +368,12 @@ def _main(argv: list[str] | None) -> int:
             f"{r['model']} {r['precision']} {r['lowering']}: {r['status']}" for r in bad[:5]))
         return 3
     skipped = [r for r in results if r["status"] == "skipped"]
-    if skipped and all(r["status"] in ("skipped", "n/a") for r in results):
+    if skipped and not any(r["status"] == "ok" for r in results):  # the others n/a or unavailable
+        untimed = sorted({r["status"] for r in results} - {"skipped"})
+        which = (f"all {len(skipped)} column(s) skipped" if not untimed else
+                 f"{len(skipped)} of {len(results)} column(s) skipped and the others {', '.join(untimed)}")
         log(f"opgraph-bench: error: --time-limit {args.time_limit:g} s was reached before any column ran: "
-            f"all {len(skipped)} column(s) skipped, nothing was timed")
+            f"{which}, nothing was timed")
         return EXIT_NOTHING_TIMED
     if skipped and not args.quiet:
         log(f"opgraph-bench: --time-limit {args.time_limit:g} s skipped {len(skipped)} of {len(results)} "

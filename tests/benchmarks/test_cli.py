@@ -228,6 +228,23 @@ def test_time_limit_skips_the_rest(capsys):
     assert [r["status"] for r in rows] == ["skipped", "skipped"]
 
 
+def test_nothing_timed_is_an_error_when_the_other_columns_could_not_run(capsys, monkeypatch):
+    """The peers run first, so with PyTorch missing a time limit reached before
+    the first opgraph column leaves only 'unavailable' and 'skipped' columns:
+    nothing was timed, exit 4 (it exited 0: only skipped and n/a counted)."""
+    rec = {"model": "L5", "precision": "fp32", "batch": 1, "layout": "NCHW", "device": "cpu"}
+    results = [{**rec, "lowering": "torch", "kind": "torch", "status": "unavailable",
+                "reason": "PyTorch is not installed"},
+               {**rec, "lowering": "gemm", "kind": "opgraph", "status": "skipped",
+                "reason": "--time-limit 1 s reached"}]
+    monkeypatch.setattr(cli, "run_timing", lambda names, args: {
+        "tool": "opgraph-bench", "mode": "benchmark", "notes": [], "results": results})
+    status, _, err = run_cli(capsys, "--model", "L5", "--time-limit", "1", "--format", "json", "--quiet")
+    assert status == cli.EXIT_NOTHING_TIMED
+    assert err == ("opgraph-bench: error: --time-limit 1 s was reached before any column ran: 1 of 2 "
+                   "column(s) skipped and the others unavailable, nothing was timed\n")
+
+
 def test_markdown_and_plot_outputs(capsys, tmp_path):
     pytest.importorskip("matplotlib")
     png, md = tmp_path / "p.png", tmp_path / "r.md"

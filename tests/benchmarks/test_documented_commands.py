@@ -73,3 +73,43 @@ def test_a_documented_command_parses_and_builds_its_policy(where, argv, tmp_path
     if args.lowering_policy:
         assert args.lowering  # policy items alone still make a column
 
+
+def _run_lowering_flag(text: str) -> list[dict]:
+    """The results of ``--lowering TEXT`` on the tiny convnet (conv1, conv2), as
+    the CLI builds them: its parser splits columns from policy items, and
+    ``from_cli`` makes the base policy of every column; checked against float64."""
+    from opgraph.benchmarks import driver
+    from tinymodels import tiny_convnet
+
+    args = build_parser().parse_args(["--lowering", text])
+    s = driver.Settings(device="cpu", lowerings=args.lowering, warmup=0, repeat=1, per_layer=True,
+                        base_policy=LoweringPolicy.from_cli(lowering=args.lowering_policy))
+    return driver.run_benchmark([tiny_convnet()], s)["results"]
+
+
+def test_policy_md_prefer_item_runs_as_its_own_column():
+    """docs/policy.md: ``--lowering conv=fft+gemm`` is one column, every
+    convolution direction on FFT (the CLI refused it before issue 17)."""
+    (r,) = _run_lowering_flag("conv=fft+gemm")
+    assert (r["lowering"], r["status"]) == ("conv=fft+gemm", "ok"), r["reason"]
+    convs = {op: set(a) for op, a in r["algorithms"].items() if op.startswith("Conv2d")}
+    # the forward may be fused with its bias and ReLU (Conv2dBiasRelu): its convolution runs fft too
+    assert {"Conv2dBackwardData", "Conv2dBackwardFilter"} <= set(convs)
+    assert set().union(*convs.values()) == {"fft"}
+    assert r["forced"] == {} and r["check"]["passed"]
+
+
+def test_policy_md_force_item_forces_the_layer_in_every_column():
+    """docs/policy.md: ``@conv2=fft`` forces conv2 in all three directions in
+    each column beside it; conv1 keeps the column's algorithm, and the forced
+    nodes are no 'not applicable' declines."""
+    results = _run_lowering_flag("gemm,direct,@conv2=fft")
+    assert [(r["lowering"], r["status"]) for r in results] == [("gemm", "ok"), ("direct", "ok")]
+    for r in results:
+        assert r["forced"] == {"conv2": "fft", "conv2.grad/conv2d_backward_data": "fft",
+                               "conv2.grad/conv2d_backward_filter": "fft"}
+        assert r["not_applicable"] == {} and r["check"]["passed"]
+        layers = {x["layer"]: x for x in r["layers"]}
+        assert set(layers["conv2"]["algorithm"].values()) == {"fft"}
+        assert set(layers["conv1"]["algorithm"].values()) == {r["lowering"]}
+        assert layers["conv2"]["forced"] == {p: "fft" for p in layers["conv2"]["algorithm"]}

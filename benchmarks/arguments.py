@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "lowering checked against a float64 reference first; with --compare, PyTorch on "
                     "the same model in the same run.",
         epilog="Exit status: 0 ok; 2 usage error; 1 device or model failure; 3 some column is a "
-               "mismatch or an error (outputs written first); 4 --time-limit skipped every column; "
+               "mismatch or an error (outputs written first); 4 --time-limit left nothing timed; "
                "130 Ctrl-C (the finished columns are written first).")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--model", type=parse_models, default=None, metavar="NAME[,NAME]",

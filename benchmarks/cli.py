@@ -13,8 +13,8 @@ precision; a negative --seed or --time-limit; --plot with --summary; a
 lowering that applies to no convolution of the selected models);
 1 when the device is unavailable or building a model fails; 3 when the run
 finished but some column is a ``mismatch`` or an ``error`` (the outputs are
-written first); 4 when --time-limit skipped every column (nothing was
-timed); 130 on Ctrl-C (the finished columns are written where the run would
+written first); 4 when --time-limit left nothing timed (it skipped every
+column that was not n/a or unavailable); 130 on Ctrl-C (the finished columns are written where the run would
 have written them, and one line says where).
 """
 
@@ -300,7 +300,8 @@ class Interrupted(Exception):
 
 #: Exit status of a run interrupted by Ctrl-C (128 + SIGINT, as a shell reports it).
 EXIT_INTERRUPTED = 130
-#: Exit status of a run that timed nothing: --time-limit skipped every column.
+#: Exit status of a run that timed nothing: --time-limit skipped every column it did not
+#: find n/a or unavailable.
 EXIT_NOTHING_TIMED = 4
 
 

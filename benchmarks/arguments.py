@@ -7,11 +7,15 @@ from __future__ import annotations
 import argparse
 import math
 
-from opgraph.passes.policy import PRECISIONS
+import attrs
+
+from opgraph.errors import ParameterError
+from opgraph.passes.policy import PRECISIONS, LoweringPolicy
 
 from . import driver, lowerings as lw, report
 from .models import ALIASES, LAYERS, MODELS, MODERN, WINNERS, resolve
 from .peer_run import PEERS
+from .timer import AUTO_MAX_SECONDS, AUTO_ROUND, AUTO_THRESHOLD
 
 #: Names of model groups accepted by --model and --suite.
 GROUPS = {"all": WINNERS + LAYERS + MODERN, "winners": WINNERS, "layers": LAYERS, "modern": MODERN}
@@ -56,11 +60,56 @@ def _list_of(allowed, what: str):
     return parse
 
 
-def _lowerings(text: str) -> list[lw.Lowering]:
-    try:
-        return lw.parse_lowerings(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def is_policy_item(item: str) -> bool:
+    """Whether a ``--lowering`` item changes the policy (``LoweringPolicy.from_cli``:
+    ``conv=fft+gemm``, ``@conv2=fft``, ``exclude=winograd``) rather than name a
+    column: it forces a node (``@...``) or has a ``KEY=`` whose key holds no
+    ``@`` (a column spec such as ``cudnn@ws=0`` is a column)."""
+    key, sep, _ = item.partition("=")
+    return item.startswith("@") or (bool(sep) and "@" not in key)
+
+
+@attrs.frozen
+class PolicyColumn:
+    """The one column of a ``--lowering`` made of policy items only
+    (``conv=fft+gemm,@conv2=fft``): the base policy, which those items changed
+    (``LoweringPolicy.from_cli``), as it is. Named by the items; it prefers no
+    algorithm of its own, so it applies to every model."""
+
+    name: str
+    algorithm = None
+    autotune = False
+
+    def describe(self) -> str:
+        return f"the policy of --lowering {self.name} (docs/policy.md, Command line)"
+
+    def policy(self, base: LoweringPolicy, device: str) -> LoweringPolicy:
+        return base
+
+
+class LoweringAction(argparse.Action):
+    """``--lowering LIST``: the column names go to ``args.lowering`` (a list of
+    lowerings, :func:`lowerings.parse_lowerings`), the policy items
+    (:func:`is_policy_item`) to ``args.lowering_policy`` (a string for
+    ``LoweringPolicy.from_cli``; they apply to every column). Items alone make
+    one :class:`PolicyColumn`.
+
+    Raises:
+        argparse.ArgumentError: an unknown column name or a bad policy item
+            (argparse exits with 2, naming the flag).
+    """
+
+    def __call__(self, parser, namespace, text, option_string=None):
+        items = [p.strip() for p in text.split(",") if p.strip()]
+        policy = ",".join(i for i in items if is_policy_item(i))
+        columns = ",".join(i for i in items if not is_policy_item(i))
+        try:
+            if policy:
+                LoweringPolicy.from_cli(lowering=policy)  # a bad item fails here, before any work
+            lowerings = lw.parse_lowerings(columns) if columns or not policy else [PolicyColumn(policy)]
+        except (ValueError, ParameterError) as e:
+            raise argparse.ArgumentError(self, str(e)) from None
+        namespace.lowering, namespace.lowering_policy = lowerings, policy or None
 
 
 def _count(minimum: int):
@@ -73,6 +122,11 @@ def _count(minimum: int):
             raise argparse.ArgumentTypeError(f"{value} is below the minimum {minimum}")
         return value
     return parse
+
+
+def _repeat(text: str) -> int | str:
+    """``--repeat`` value: a count of 1 or more, or ``auto`` (:class:`timer.AdaptiveTimer`)."""
+    return "auto" if text.strip().lower() == "auto" else _count(1)(text)
 
 
 def _seconds(text: str) -> float:
@@ -100,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "lowering checked against a float64 reference first; with --compare, PyTorch on "
                     "the same model in the same run.",
         epilog="Exit status: 0 ok; 2 usage error; 1 device or model failure; 3 some column is a "
-               "mismatch or an error (outputs written first).")
+               "mismatch or an error (outputs written first); 4 --time-limit left nothing timed; "
+               "130 Ctrl-C (the finished columns are written first).")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--model", type=parse_models, default=None, metavar="NAME[,NAME]",
                       help="alexnet, overfeat, vgg_a, googlenet, L1..L5, resnet50, densenet121, "
@@ -125,11 +180,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="storage dtype of inputs, parameters, activations and gradients, --onnx "
                         "networks included (default float32; bfloat16 with --precision bf16 keeps the "
                         "whole step in bf16, computing in fp32)")
-    p.add_argument("--lowering", type=_lowerings, default=None, metavar="LIST",
+    p.add_argument("--lowering", action=LoweringAction, default=None, metavar="LIST",
                    help="columns: convolution algorithms (gemm, fft, winograd, direct, cudnn, ...), "
                         "auto (autotune) or default, each optionally with a workspace limit as its "
                         "own column (cudnn@ws=0, auto@ws=64MiB); default: every algorithm the GPU "
-                        f"runs plus auto, or {','.join(lw.CPU_DEFAULT)} on the CPU")
+                        f"runs plus auto, or {','.join(lw.CPU_DEFAULT)} on the CPU. Policy items apply "
+                        "to every column (alone they make one column): conv=fft+gemm (prefer), "
+                        "@conv2=fft (force a layer; @conv2:forward=fft one direction), "
+                        "exclude=winograd, include=NAME (docs/policy.md)")
+    p.set_defaults(lowering_policy=None)
     # None when not given, so that a --policy file's precision and layout are not overridden
     p.add_argument("--precision", type=_list_of(PRECISIONS, "precision"), default=None,
                    metavar="LIST", help=f"comma-separated, from {', '.join(PRECISIONS)} (default: "
@@ -153,9 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=_count(0), default=None,
                    help=f"untimed iterations (default {driver.GPU_WARMUP} on a GPU as the seed, "
                         f"{driver.CPU_WARMUP} on the CPU)")
-    p.add_argument("--repeat", type=_count(1), default=None,
+    p.add_argument("--repeat", type=_repeat, default=None, metavar="N|auto",
                    help=f"timed calls per loop (default {driver.GPU_REPEAT} on a GPU, "
-                        f"{driver.CPU_REPEAT} on the CPU)")
+                        f"{driver.CPU_REPEAT} on the CPU); auto: rounds of {AUTO_ROUND} calls until the "
+                        f"interquartile range is within {AUTO_THRESHOLD * 100:.0f}%% of the median, at most "
+                        f"{AUTO_MAX_SECONDS:g} s per loop (benchmarks/timer.py, AdaptiveTimer)")
     p.add_argument("--cuda-graph", action="store_true",
                    help="also replay each phase as CUDA graphs: a column <lowering>+graph per lowering, "
                         "from the same compiled graph (cuda only; steps that cannot be captured, "
@@ -180,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="PATH", help="write the result there instead of stdout "
                    "(JSON is rewritten after every column, so a killed run keeps what it finished)")
     p.add_argument("--plot", metavar="PATH.png", help="bar chart of forward + backward per model")
+    p.add_argument("--trace", metavar="PATH.json",
+                   help="one training step of every timed column as a Chrome trace (JSON trace events; "
+                        "Perfetto opens it): an event per node, named by node, op, algorithm and "
+                        "direction; perf_counter on the CPU, CUDA events on a GPU")
     p.add_argument("--quiet", action="store_true", help="no progress output on stderr")
     p.add_argument("--seed", type=_count(0), default=0,
                    help="seed of the random input and weights (0 or more; default 0)")
@@ -196,4 +261,5 @@ def model_names(args) -> list[str]:
     return list(GROUPS[args.suite or "winners"])
 
 
-__all__ = ["GROUPS", "parse_models", "build_parser", "model_names"]
+__all__ = ["GROUPS", "parse_models", "build_parser", "model_names", "is_policy_item", "PolicyColumn",
+           "LoweringAction"]

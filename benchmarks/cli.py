@@ -13,11 +13,15 @@ precision; a negative --seed or --time-limit; --plot with --summary; a
 lowering that applies to no convolution of the selected models);
 1 when the device is unavailable or building a model fails; 3 when the run
 finished but some column is a ``mismatch`` or an ``error`` (the outputs are
-written first).
+written first); 4 when --time-limit left nothing timed (it skipped every
+column that was not n/a or unavailable); 130 on Ctrl-C (the finished columns are written where the run would
+have written them, and one line says where).
 """
 
 from __future__ import annotations
 
+import argparse
+import io
 import os
 import sys
 import time
@@ -26,6 +30,7 @@ import warnings
 import attrs
 
 from opgraph.analysis import summarize, totals
+from opgraph.atomic_file import write_atomic
 from opgraph.errors import OpgraphError, ParameterError
 from opgraph.passes.policy import LoweringPolicy
 
@@ -33,6 +38,8 @@ from . import driver, lowerings as lw, report
 from .arguments import build_parser, model_names
 from .environment import environment
 from .models import LAYERS, SEED_BATCHES, build
+from .trace import TraceCollector
+
 
 def run_summary(names: list[str], args) -> dict:
     """The summary document of ``names`` (no kernel runs)."""
@@ -140,17 +147,30 @@ class Progress:
             self.bar.update(self.task, description=text)
 
     def result(self, r: dict) -> None:
+        """One line per column without a bar; an error in full (type, message,
+        innermost frames) with a bar too, as it would scroll away in the table."""
         self.done += 1
         if self.bar is not None:
             self.bar.advance(self.task)
-        elif not self.quiet:
-            tot = (r.get("totals") or {}).get("total_ms")
-            reason = r.get("reason") or ""
-            what = f"total {tot:.2f} ms" if tot is not None else \
-                "(reason above)" if reason in self.said else reason[:120]
-            self.said.add(reason)
-            log(f"[{self.done}/{self.total}] {r['model']} {r['precision']} {r['lowering']}: "
+        error = r.get("error") if r["status"] == "error" else None
+        if self.quiet or (self.bar is not None and error is None):
+            return
+        tot = (r.get("totals") or {}).get("total_ms")
+        reason = r.get("reason") or ""
+        repeated = bool(reason) and reason in self.said
+        self.said.add(reason)
+        what = f"total {tot:.2f} ms" if tot is not None else \
+            "(reason above)" if repeated else reason if error else reason[:120]
+        line = (f"[{self.done}/{self.total}] {r['model']} {r['precision']} {r['lowering']}: "
                 f"{r['status']} {what} ({time.perf_counter() - self.t0:.0f} s)")
+        if not repeated:
+            line += "".join(f"\n    at {f}" for f in (error or {}).get("frames", ()))
+        if self.bar is not None:
+            from rich.text import Text
+
+            self.bar.console.print(Text(line))
+        else:
+            log(line)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -161,22 +181,6 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder."""
-    import tempfile
-
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".opgraph-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def check_output_paths(args) -> None:
     """Refuse ``--output`` / ``--plot`` paths that cannot be written, before any
     work is done (a run can take minutes).
@@ -184,7 +188,7 @@ def check_output_paths(args) -> None:
     Raises:
         UsageError: the path is a folder, or its folder does not exist.
     """
-    for flag, path in (("--output", args.output), ("--plot", args.plot)):
+    for flag, path in (("--output", args.output), ("--plot", args.plot), ("--trace", args.trace)):
         if not path:
             continue
         folder = os.path.dirname(os.path.abspath(path))
@@ -231,7 +235,8 @@ def run_timing(names: list[str], args) -> dict:
             cuda_graph = ("auto",)
             notes.append(f"default lowerings on {device}: auto+graph too (--cuda-graph: a +graph "
                          "column for every lowering)")
-    base = LoweringPolicy.from_cli(policy_file=args.policy, workspace_limit=args.workspace_limit,
+    base = LoweringPolicy.from_cli(lowering=args.lowering_policy, policy_file=args.policy,
+                                   workspace_limit=args.workspace_limit,
                                    workspace_tolerance=args.workspace_tolerance)
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
     if args.cuda_graph and device != "cuda":
@@ -258,27 +263,33 @@ def run_timing(names: list[str], args) -> dict:
                                layout=layout, warmup=warmup, repeat=repeat,
                                per_layer=args.per_layer, check=args.check, compare=args.compare,
                                base_policy=base, seed=args.seed, time_limit=args.time_limit,
-                               cuda_graph=cuda_graph)
+                               cuda_graph=cuda_graph, adaptive=args.repeat == "auto",
+                               trace=TraceCollector() if args.trace else None)
     progress = Progress(driver.unit_count(models, settings), args.quiet)
     if peer_problem is not None:
         progress.said.add(peer_problem)
     incremental = args.output and args.format == "json"
 
-    shown = 0
+    shown, finished = 0, None
 
     def on_result(doc: dict) -> None:
-        nonlocal shown
+        nonlocal shown, finished
+        finished = doc  # first: a Ctrl-C from here on keeps this column
+        if incremental:
+            write_atomic(args.output, report.render_json(doc))
         for r in doc["results"][shown:]:  # a lowering with --cuda-graph adds two records
             progress.result(r)
         shown = len(doc["results"])
-        if incremental:
-            _write_atomic(args.output, report.render_json(doc))
 
     try:
         return driver.run_benchmark(tgs, settings, progress=progress.describe, on_result=on_result,
                                     notes=notes)
+    except KeyboardInterrupt:
+        raise Interrupted(finished) from None
     finally:
         progress.close()
+        if settings.trace is not None and settings.trace.columns:  # what was traced, even on Ctrl-C
+            write_atomic(args.trace, settings.trace.render())
 
 
 def run_profile(names: list[str], args) -> dict:
@@ -320,6 +331,22 @@ class UsageError(Exception):
     """A bad combination of arguments found after parsing (exit status 2)."""
 
 
+class Interrupted(Exception):
+    """Ctrl-C during a timing run; ``doc`` is the document of the columns
+    finished before it (None when none had)."""
+
+    def __init__(self, doc: dict | None):
+        super().__init__("interrupted")
+        self.doc = doc
+
+
+#: Exit status of a run interrupted by Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
+#: Exit status of a run that timed nothing: --time-limit skipped every column it did not
+#: find n/a or unavailable.
+EXIT_NOTHING_TIMED = 4
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """``warnings.showwarning`` of the command: one line naming the tool, as a
     user of the command has no use for the library's file, line and source."""
@@ -328,6 +355,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``opgraph-bench`` console script; returns the exit status.
+    ``opgraph-bench compare A.json B.json`` compares two runs (:mod:`.compare`).
 
     Python warnings print as ``opgraph-bench: warning: MESSAGE`` while it runs
     (only here: a library user keeps the usual format).
@@ -335,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         SystemExit: a usage error found by argparse (status 2), ``--help``.
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["compare"]:  # opgraph-bench compare A.json B.json
+        from .compare import main as compare_main
+
+        return compare_main(argv[1:])
     saved, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         return _main(argv)
@@ -356,6 +389,8 @@ def _main(argv: list[str] | None) -> int:
                              or args.format in ("csv", "markdown")):
             raise UsageError("--profile times each step alone; it takes neither --summary, --cuda-graph, "
                              "--compare, --plot nor --format csv/markdown")
+        if args.summary and args.trace:
+            raise UsageError("--trace records a timed step; --summary runs nothing: drop one of them")
         check_output_paths(args)
         if args.summary:
             doc = run_summary(names, args)
@@ -367,39 +402,84 @@ def _main(argv: list[str] | None) -> int:
     except (OpgraphError, ValueError, OSError, MemoryError, ImportError) as e:
         print(f"opgraph-bench: error: {e}", file=sys.stderr)
         return 1
+    except Interrupted as e:
+        return _interrupted(e.doc, args)
+    except KeyboardInterrupt:  # before the first column (building models, the peak, ...)
+        return _interrupted(None, args)
     try:
-        if args.json:
-            _write_atomic(args.json, report.render_json(doc))
+        if getattr(args, "json", None):  # --profile's document (any mode's), beside --output
+            write_atomic(args.json, report.render_json(doc))
             if not args.quiet:
                 log(f"wrote json to {args.json}")
-        if args.output:
-            if args.format == "json":
-                _write_atomic(args.output, report.render_json(doc))
-            else:
-                with open(args.output, "w", encoding="utf-8", newline="") as f:
-                    report.write(doc, args.format, f)
-            if not args.quiet:
-                log(f"wrote {args.format} to {args.output}")
-        else:
-            if args.format != "table" and not args.quiet:
-                for note in doc.get("notes", ()):
-                    log(f"# {note}")
-            report.write(doc, args.format, sys.stdout)
-        if args.plot:
-            from .plot import plot
-
-            plot(doc, args.plot)
-            if not args.quiet:
-                log(f"wrote plot to {args.plot}")
+        write_outputs(doc, args)
     except (ValueError, OSError, ImportError) as e:
         print(f"opgraph-bench: error: {e}", file=sys.stderr)
         return 1
-    bad = [r for r in doc.get("results", ()) if r["status"] in ("mismatch", "error")]
+    results = doc.get("results", ())
+    bad = [r for r in results if r["status"] in ("mismatch", "error")]
     if bad:
         log(f"opgraph-bench: {len(bad)} column(s) failed: " + "; ".join(
             f"{r['model']} {r['precision']} {r['lowering']}: {r['status']}" for r in bad[:5]))
         return 3
+    skipped = [r for r in results if r["status"] == "skipped"]
+    if skipped and not any(r["status"] == "ok" for r in results):  # the others n/a or unavailable
+        untimed = sorted({r["status"] for r in results} - {"skipped"})
+        which = (f"all {len(skipped)} column(s) skipped" if not untimed else
+                 f"{len(skipped)} of {len(results)} column(s) skipped and the others {', '.join(untimed)}")
+        log(f"opgraph-bench: error: --time-limit {args.time_limit:g} s was reached before any column ran: "
+            f"{which}, nothing was timed")
+        return EXIT_NOTHING_TIMED
+    if skipped and not args.quiet:
+        log(f"opgraph-bench: --time-limit {args.time_limit:g} s skipped {len(skipped)} of {len(results)} "
+            "column(s)")
     return 0
+
+
+def write_outputs(doc: dict, args, *, quiet: bool | None = None) -> str:
+    """Write ``doc`` where the flags say (``--output`` or standard output, in
+    ``--format``; then ``--plot``); returns where the document went.
+
+    Raises:
+        ValueError, OSError, ImportError: a file cannot be written, matplotlib is missing.
+    """
+    quiet = args.quiet if quiet is None else quiet
+    if args.output:
+        text = io.StringIO()
+        report.write(doc, args.format, text)
+        write_atomic(args.output, text.getvalue())
+        if not quiet:
+            log(f"wrote {args.format} to {args.output}")
+    else:
+        if args.format != "table" and not quiet:
+            for note in doc.get("notes", ()):
+                log(f"# {note}")
+        report.write(doc, args.format, sys.stdout)
+    if args.plot:
+        from .plot import plot
+
+        plot(doc, args.plot)
+        if not quiet:
+            log(f"wrote plot to {args.plot}")
+    return args.output or "standard output"
+
+
+def _interrupted(doc: dict | None, args) -> int:
+    """Ctrl-C: write the finished columns where the run would have written
+    them, say where in one line, and return :data:`EXIT_INTERRUPTED`."""
+    done = len(doc["results"]) if doc else 0
+    if not done:
+        print("opgraph-bench: interrupted before any column finished; nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    doc["notes"].append(f"interrupted (Ctrl-C) after {done} column(s); the others did not run")
+    try:
+        where = write_outputs(doc, argparse.Namespace(**{**vars(args), "plot": None}), quiet=True)
+    except (ValueError, OSError) as e:
+        print(f"opgraph-bench: interrupted; the {done} finished column(s) could not be written: {e}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"opgraph-bench: interrupted; the {done} finished column(s) were written to {where}",
+          file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

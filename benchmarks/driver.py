@@ -24,7 +24,9 @@ For each model (:func:`run_benchmark`):
    and the ratios of every column to them (:mod:`.peer_column`).
 
 A failure of one column (a kernel raising, out of memory) is recorded as
-``status: error`` with its message and the run goes on. Throughput counts a
+``status: error`` with its exception's type, message and innermost frames
+(``records.error_record``) and the run goes on. Every timed column gets its
+spread and an ``unstable`` flag (:mod:`.stability`). Throughput counts a
 multiply-add as 2 FLOPs; backward-data and backward-filter of a layer each
 count its forward FLOPs; the fraction of peak divides by the matrix-multiply
 peak of the same precision measured once in this run (:mod:`.peak`).
@@ -50,6 +52,7 @@ from opgraph.types import HALF_DTYPES
 
 from . import check as chk
 from . import lowerings as lw
+from . import stability
 from .environment import environment, git_commit  # noqa: F401  (re-exported)
 from .forward import ForwardTiming, lowering_summary, time_calls, time_forward  # noqa: F401
 from .graph_column import graph_column, graph_placeholder
@@ -58,8 +61,9 @@ from .models import LAYERS, Model
 from .peak import measure_peaks
 from .peer_column import add_ratios, peer_records
 from .protocol import PHASES, PhaseRunner, TrainingGraph, random_feeds, schedule, training_graph
-from .records import fill_throughput, layer_records, model_flops, new_record, phase_totals, release_device
-from .timer import Timer, make_timer
+from .records import (error_fields, fill_throughput, forced_nodes, layer_records, model_flops, new_record,
+                      phase_totals, release_device)
+from .timer import AUTO_ROUND, AdaptiveTimer, Timer, make_timer
 from .whole_step import opgraph_step
 
 #: Mini-batch used on the CPU when ``--batch`` is not given (see module doc).
@@ -103,9 +107,13 @@ def default_batch(model_seed_batch: int, device: str, batch: int | None) -> tupl
     return model_seed_batch, "the seed benchmark's batch (the modern suite's for the modern convnets)"
 
 
-def protocol_defaults(device: str, warmup: int | None, repeat: int | None) -> tuple[int, int]:
-    """Warm-up and repeat counts: given values, else the device's defaults."""
+def protocol_defaults(device: str, warmup: int | None, repeat: int | str | None) -> tuple[int, int]:
+    """Warm-up and repeat counts: given values, else the device's defaults;
+    ``repeat='auto'`` gives :data:`timer.AUTO_ROUND` (the round of an
+    :class:`~timer.AdaptiveTimer`, ``Settings.adaptive``)."""
     w, r = (CPU_WARMUP, CPU_REPEAT) if device == "cpu" else (GPU_WARMUP, GPU_REPEAT)
+    if repeat == "auto":
+        repeat = AUTO_ROUND
     return (w if warmup is None else warmup), (r if repeat is None else repeat)
 
 
@@ -133,6 +141,11 @@ class Settings:
     def graphed(self, lowering: str) -> bool:
         """Whether ``lowering`` gets a ``<lowering>+graph`` column."""
         return self.cuda_graph is True or (not isinstance(self.cuda_graph, bool) and lowering in self.cuda_graph)
+    #: ``--repeat auto``: every opgraph loop repeats until stable (:class:`timer.AdaptiveTimer`,
+    #: rounds of ``repeat`` calls); the PyTorch peer times ``repeat`` calls.
+    adaptive: bool = False
+    #: ``--trace``: a :class:`trace.TraceCollector` that gets one step of every timed column.
+    trace: object = None
 
     @property
     def applied_layout(self) -> str:
@@ -142,13 +155,14 @@ class Settings:
         return "NHWC" if self.layout == "NHWC" and self.device == "cuda" else "NCHW"
 
     def protocol(self, clock: str) -> dict:
-        return {"warmup": self.warmup, "repeat": self.repeat, "clock": clock,
+        return {"warmup": self.warmup, "repeat": "auto" if self.adaptive else self.repeat, "clock": clock,
                 "grad_output": "the model output itself (no loss)",
                 "wrt": "parameters only, so a first convolution reading the image has no "
                        "backward-data (L1-L5: the image too, as the layer-wise benchmark)",
                 "phases": list(PHASES), "per_layer": self.per_layer, "check": self.check,
                 "cuda_graph": [lo.name for lo in self.lowerings if self.graphed(lo.name)],
-                "statistics": "median and min over the repeat calls of each loop; mean = the seed's",
+                "statistics": "median and min over the repeat calls of each loop; mean = the seed's; "
+                              "spread: quartiles and IQR (benchmarks/stability.py)",
                 "source": "convnet-benchmarks torch7/imagenet_winners/benchmark.lua"}
 
 
@@ -173,7 +187,8 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         exe = og.compile(tg.outputs, device=s.device, policy=policy)
         rec["compile_s"] = time.perf_counter() - t0
         sched = schedule(exe, tg)
-        na = lw.not_applicable(exe, lowering)
+        rec["forced"] = forced_nodes(exe.report)  # the policy's choice, not a decline
+        na = {k: v for k, v in lw.not_applicable(exe, lowering).items() if k not in rec["forced"]}
         rec["algorithms"] = lw.algorithm_counts(exe)
         rec["precision_applied"] = lw.precision_applied(exe)
         rec["not_applicable"] = na
@@ -210,13 +225,15 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         rec["flops"] = model_flops(tg)
         fill_throughput(rec, peak)
         rec["layers"] = layer_records(tg, sched, layer_times, na, exe.report)
+        if s.trace is not None:  # one more step, outside every timed loop
+            s.trace.add(f"{model.key} {base.precision} {lowering.name}", sched, runner.slots, s.device)
         if s.per_layer:
             rec["other_ms"] = {p: ((rec["times"][p] or {}).get("median_ms") or 0.0)
                                - sum(r["ms"].get(p, 0.0) for r in rec["layers"]) for p in PHASES}
         if s.graphed(lowering.name):
             out.append(graph_column(rec, runner, tg, sched, na, exe, ref, feeds, s, peak))
     except Exception as e:  # one column's failure (kernel error, OOM) must not end the run
-        rec.update(status="error", reason=f"{type(e).__name__}: {e}")
+        rec.update(error_fields(e))
     finally:
         exe = runner = None  # every array of the column (and a replay's pools) is freed here
         release_device(s.device)
@@ -245,6 +262,8 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
            for m in models]
     models = [tg.model for tg in tgs]
     timer = timer or make_timer(s.device)
+    if s.adaptive:
+        timer = AdaptiveTimer(timer)
     start = time.perf_counter()
     peak = measure_peaks(s.device, s.precisions)
     # the policy as the columns run it: the layout asked for, and the precision when there is one
@@ -252,11 +271,13 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
                           **({"precision": s.precisions[0]} if len(s.precisions) == 1 else {}))
     env = environment(s.device, precision=list(s.precisions), layout=s.applied_layout,
                       layout_requested=s.layout, dtype=sorted({m.dtype for m in models}),
-                      batch={m.key: m.batch for m in models}, warmup=s.warmup, repeat=s.repeat,
+                      batch={m.key: m.batch for m in models}, warmup=s.warmup,
+                      repeat="auto" if s.adaptive else s.repeat,
                       lowerings=[lo.name for lo in s.lowerings], compare=list(s.compare),
                       seed=s.seed, policy=policy.to_dict())
     doc = {"tool": "opgraph-bench", "mode": "benchmark", "schema_version": SCHEMA_VERSION,
            "environment": env, "protocol": s.protocol(timer.clock), "peak": peak,
+           "stability": stability.run_stability(peak, s.device, env.get("device_name")),
            "lowerings": {lo.name: lo.describe() for lo in s.lowerings},
            "notes": list(notes), "models": [], "results": []}
     doc["lowerings"].update({lo.name + "+graph": lo.describe() + "; each phase replayed as CUDA "
@@ -278,7 +299,7 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
                 ref = chk.Reference(tg, feeds, s.device)
                 entry["reference_s"] = ref.seconds
             except Exception as e:  # e.g. out of memory: no column of this model can be checked
-                ref_error = f"float64 reference failed, so nothing was timed: {type(e).__name__}: {e}"
+                ref_error = error_fields(e, "float64 reference failed, so nothing was timed: ")
                 release_device(s.device)
         for precision in s.precisions:
             base = attrs.evolve(s.base_policy, precision=precision, layout=s.layout)
@@ -296,7 +317,7 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
                 elif ref_error is not None:
                     recs = [new_record(model, precision, s, n, "opgraph" if lowering else n) for n in names]
                     for rec in recs:
-                        rec.update(status="error", reason=ref_error)
+                        rec.update(ref_error)
                 elif lowering is not None:
                     recs = run_lowering(tg, feeds, ref, lowering, base, s, timer, peak.get(precision))
                 else:  # the peers of one model and precision run together: one compilation shared
@@ -305,10 +326,15 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
                     recs.append(graph_placeholder(recs[0]))
                 doc["results"] += recs
                 add_ratios(doc["results"])
+                stability.mark_columns(recs, doc["stability"]["reasons"])
                 if on_result:
                     on_result(doc)
         del ref, feeds
         release_device(s.device)
+    if time.perf_counter() - start > stability.DRIFT_MIN_SECONDS:  # did the load change meanwhile?
+        doc["peak_after"] = measure_peaks(s.device, s.precisions)
+        doc["stability"] = stability.run_stability(peak, s.device, env.get("device_name"), doc["peak_after"])
+        stability.mark_columns(doc["results"], doc["stability"]["reasons"])
     doc["elapsed_s"] = time.perf_counter() - start
     return doc
 

@@ -12,7 +12,7 @@ from opgraph.backends import device as dev
 
 from . import check as chk
 from .protocol import PhaseRunner
-from .records import fill_throughput, layer_records, model_flops, phase_totals
+from .records import error_fields, fill_throughput, layer_records, model_flops, phase_totals
 from .whole_step import graphed_step
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ def graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, exe, ref, 
         fill_throughput(g, peak)
         g["layers"] = layer_records(tg, sched, {}, na, exe.report)
     except Exception as e:  # the eager record stands; say why the replay did not
-        g.update(status="error", reason=f"CUDA-graph replay failed: {type(e).__name__}: {e}")
+        g.update(error_fields(e, "CUDA-graph replay failed: "))
         for k in _TIMING_KEYS:
             g.pop(k, None)
         return g

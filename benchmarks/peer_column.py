@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .peer_run import PEERS, VARIANTS
-from .records import fill_throughput, model_flops, new_record, release_device
+from .records import error_fields, fill_throughput, model_flops, new_record, release_device
 
 if TYPE_CHECKING:
     from .driver import Settings
@@ -49,7 +49,7 @@ def peer_records(tg, feeds: dict, ref, names, precision: str, s: Settings, peak:
     except PeerError as e:
         outs = {n: {"status": "unavailable", "reason": str(e)} for n in names}
     except Exception as e:
-        outs = {n: {"status": "error", "reason": f"{type(e).__name__}: {e}"} for n in names}
+        outs = {n: error_fields(e) for n in names}
     finally:
         release_device(s.device)
     for name, rec in recs.items():
@@ -59,6 +59,8 @@ def peer_records(tg, feeds: dict, ref, names, precision: str, s: Settings, peak:
 
 def _fill(rec: dict, out: dict, tg, peak: dict | None) -> None:
     rec.update(status=out["status"], reason=out.get("reason"))
+    if out.get("error") is not None:  # type, message, innermost frames (records.error_record)
+        rec["error"] = out["error"]
     if out.get("converter_check") is not None:
         rec["converter_check"] = out["converter_check"]
     if out["status"] != "ok":

@@ -50,6 +50,7 @@ from . import check as chk
 from .graph_column import graph_check
 from .peer_device import peer_device
 from .peer_torch import TorchModel, autocast, import_torch, storage_dtype, tf32_flags, to_xp
+from .records import error_fields
 from .timer import Timing
 from .whole_step import time_step
 
@@ -167,7 +168,7 @@ def run_peers(model, feeds: dict, names, *, device: str, precision: str = "fp32"
                                precision=precision, channels_last=channels_last, warmup=warmup,
                                repeat=repeat, reference=reference, input_grad=input_grad)
         except Exception as e:  # e.g. compilation failed: the other base's variants still run
-            results = {n: {"status": "error", "reason": f"{type(e).__name__}: {e}"} for n in group}
+            results = {n: error_fields(e) for n in group}
         finally:
             pdev.release()
         for n, r in results.items():
@@ -252,7 +253,7 @@ def _graphed(pdev, tm, step, common: dict, e2e, reference, device: str, repeat: 
         rec["step"] = time_step(pdev.timer, replay, repeat, "step (CUDA graph)")
         return rec
     except Exception as e:  # the variants without a graph stand; say why this one did not
-        return {"status": "error", "reason": f"CUDA-graph capture failed: {type(e).__name__}: {e}"}
+        return error_fields(e, "CUDA-graph capture failed: ")
     finally:
         del replay, static
 

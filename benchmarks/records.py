@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .protocol import main_step
+from .stability import spread
 
 if TYPE_CHECKING:
     from .driver import Settings
@@ -34,6 +35,59 @@ def new_record(model: Model, precision: str, s: Settings, lowering: str, kind: s
             "layout": s.applied_layout, "layout_requested": s.layout, "device": s.device,
             "lowering": lowering, "kind": kind,
             "status": "ok", "reason": None, "notes": []}
+
+
+def forced_nodes(report) -> dict[str, str]:
+    """Node name -> the algorithm it ran, for every node the policy forced
+    (``NodeReport.how == 'forced'``: ``force`` keys, ``--lowering @NAME=ALGO``),
+    so that a column labelled ``gemm`` says which of its nodes ran something else."""
+    nodes = getattr(report, "nodes", {}) or {}
+    return {name: r.algorithm for name, r in nodes.items() if r.how == "forced"}
+
+
+#: Innermost frames an error record keeps (file:line and function of each).
+ERROR_FRAMES = 5
+
+
+def error_record(e: BaseException) -> dict:
+    """The ``error`` entry of a failed column: exception ``type``, ``message``
+    and the :data:`ERROR_FRAMES` innermost ``frames`` (``file:line in
+    function``, innermost last, the file relative to the opgraph package or
+    the site-packages folder) of its traceback, so that the failing step can
+    be found from the JSON or the log alone."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)[-ERROR_FRAMES:]
+    return {"type": type(e).__name__, "message": str(e),
+            "frames": [f"{_short_path(f.filename)}:{f.lineno} in {f.name}" for f in frames]}
+
+
+def error_fields(e: BaseException, context: str = "") -> dict:
+    """``status: error``, its ``reason`` line (``context`` first) and the
+    ``error`` entry (:func:`error_record`) of a column that raised ``e``."""
+    err = error_record(e)
+    return {"status": "error", "reason": context + error_reason(err), "error": err}
+
+
+def _short_path(path: str) -> str:
+    """``.../site-packages/cupy/_core/core.py`` -> ``cupy/_core/core.py``;
+    a file of this repository relative to its root; others as they are."""
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if path.startswith(root + os.sep):
+        return os.path.relpath(path, root)
+    for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return path
+
+
+def error_reason(err: dict) -> str:
+    """One line for a column's ``reason``: ``type: message (at file:line in f)``,
+    the innermost frame."""
+    where = f" (at {err['frames'][-1]})" if err.get("frames") else ""
+    return f"{err['type']}: {err['message']}{where}"
 
 
 def phase_totals(times: dict) -> dict:
@@ -71,13 +125,18 @@ def model_flops(tg) -> dict:
 
 
 def layer_records(tg, sched, layer_times: dict, na: dict, report) -> list[dict]:
+    """One row per conv/linear layer: its algorithm, times (median, min, IQR),
+    throughput and workspace per phase, the phases its column's algorithm did not run
+    (``not_applicable``) and those the policy forced (``forced``: phase ->
+    the algorithm that ran)."""
     nodes = getattr(report, "nodes", {}) or {}
+    forced = forced_nodes(report)
     rows = []
     for layer, by_phase in sched.layers.items():
         f = tg.layer_flops[layer]
         row = {"layer": layer, "op": tg.layers[layer], "flops": f, "algorithm": {}, "ms": {},
-               "min_ms": {}, "tflops": {}, "workspace_bytes": {}, "not_applicable": {},
-               "fused_relu": False}
+               "min_ms": {}, "iqr_ms": {}, "tflops": {}, "workspace_bytes": {}, "not_applicable": {},
+               "forced": {}, "fused_relu": False}
         for p, steps in by_phase.items():
             main = main_step(steps)
             if main is not None:
@@ -87,12 +146,16 @@ def layer_records(tg, sched, layer_times: dict, na: dict, report) -> list[dict]:
                 row["workspace_bytes"][p] = int(rec.workspace) if rec is not None else 0
                 if main.name in na:
                     row["not_applicable"][p] = na[main.name]
+                if main.name in forced:
+                    row["forced"][p] = forced[main.name]
             t = layer_times.get(layer, {}).get(p)
             if t is not None:
                 row["ms"][p], row["min_ms"][p] = t.median_ms, t.min_ms
+                row["iqr_ms"][p] = spread(t.times_ms)["iqr_ms"]
                 row["tflops"][p] = f / (t.median_ms * 1e9) if t.median_ms > 0 else None
         rows.append(row)
     return rows
 
 
-__all__ = ["release_device", "new_record", "phase_totals", "fill_throughput", "model_flops", "layer_records"]
+__all__ = ["release_device", "new_record", "forced_nodes", "error_record", "error_reason", "error_fields", "ERROR_FRAMES",
+           "phase_totals", "fill_throughput", "model_flops", "layer_records"]

@@ -33,7 +33,7 @@ FORMATS = ("table", "json", "csv", "markdown")
 RESULT_KEYS = ("model", "batch", "dtype", "precision", "layout", "layout_requested", "device",
                "lowering", "kind", "status", "reason", "notes")
 #: Keys a timed (``status: ok``) opgraph result adds.
-TIMED_KEYS = ("compile_s", "algorithms", "precision_applied", "not_applicable", "check", "memory",
+TIMED_KEYS = ("compile_s", "forced", "algorithms", "precision_applied", "not_applicable", "check", "memory",
               "times", "totals", "step", "flops", "tflops", "peak_fraction", "layers")
 #: Statuses of a result.
 STATUSES = ("ok", "n/a", "mismatch", "error", "unavailable", "skipped")
@@ -160,7 +160,11 @@ def write_table(doc: dict, stream: TextIO, *, use_rich: bool | None = None) -> N
     """Write ``doc`` as human-readable tables (notes first) to ``stream``."""
     for note in doc.get("notes", ()):
         stream.write(f"# {note}\n")
-    tables = tables_of(doc)
+    write_tables(tables_of(doc), stream, use_rich=use_rich)
+
+
+def write_tables(tables: list[Table], stream: TextIO, *, use_rich: bool | None = None) -> None:
+    """Write ``tables`` with ``rich`` when it is installed, else as aligned plain text."""
     if use_rich is None:
         use_rich = _rich_available()
     if use_rich:
@@ -182,7 +186,7 @@ CSV_COLUMNS = ("model", "batch", "precision", "layout", "device", "lowering", "k
                "tflops_backward_data", "tflops_backward_filter", "tflops_total", "peak_fraction",
                "vs_torch", "planned_peak_bytes", "live_peak_bytes", "measured_peak_bytes",
                "reserved_peak_bytes", "workspace_bytes", "max_rel_error", "reason", "step_ms",
-               "step_iqr_ms", "vs_best_peer", "best_peer", "first_call_s")
+               "step_iqr_ms", "vs_best_peer", "best_peer", "first_call_s", "forced")
 
 
 def _benchmark_csv_rows(doc: dict):
@@ -211,8 +215,11 @@ def _benchmark_csv_rows(doc: dict):
                "measured_peak_bytes": mem.get("measured_peak_bytes"),
                "reserved_peak_bytes": mem.get("reserved_peak_bytes"),
                "workspace_bytes": mem.get("workspace_total_bytes"),
-               "max_rel_error": (r.get("check") or {}).get("max_rel_error"), "reason": r.get("reason")}
+               "max_rel_error": (r.get("check") or {}).get("max_rel_error"), "reason": r.get("reason"),
+               "forced": "; ".join(f"{n}={a}" for n, a in (r.get("forced") or {}).items()) or None}
         for x in r.get("layers") or ():
+            if not x["ms"]:  # not timed per layer (--no-per-layer, a +graph record): no row
+                continue
             yield {**head, "layer": x["layer"], "op": x["op"],
                    "algorithm": "/".join(x["algorithm"].get(p, "-") for p in
                                          ("forward", "backward_data", "backward_filter")),
@@ -223,7 +230,8 @@ def _benchmark_csv_rows(doc: dict):
                    "tflops_backward_data": x["tflops"].get("backward_data"),
                    "tflops_backward_filter": x["tflops"].get("backward_filter"),
                    "workspace_bytes": sum(x["workspace_bytes"].values()),
-                   "reason": "; ".join(f"{p}: {w}" for p, w in x["not_applicable"].items()) or None}
+                   "reason": "; ".join(f"{p}: {w}" for p, w in x["not_applicable"].items()) or None,
+                   "forced": "; ".join(f"{p}={a}" for p, a in x.get("forced", {}).items()) or None}
 
 
 def render_csv(doc: dict) -> str:
@@ -270,5 +278,5 @@ def write(doc: dict, fmt: str, stream: TextIO) -> None:
 
 
 __all__ = ["FORMATS", "RESULT_KEYS", "TIMED_KEYS", "STATUSES", "CSV_COLUMNS", "layer_record",
-           "model_record", "summary_tables", "render_plain", "tables_of", "write", "write_table",
+           "model_record", "summary_tables", "render_plain", "tables_of", "write", "write_table", "write_tables",
            "render_json", "render_csv"]

@@ -29,6 +29,8 @@ import attrs
 
 from .peer_run import PEERS as PEER_KINDS
 MARK = "†"
+#: Marks a column with nodes the policy forced, and each forced layer cell.
+FORCED_MARK = "‡"
 
 
 @attrs.define
@@ -133,6 +135,20 @@ def _ratio_cell(ratio: dict | None, key: str, who: str | None = None) -> str:
     return f"{x:.2f}x" + (f" ({ratio[who]})" if who else "")
 
 
+def forced_note(r: dict) -> str | None:
+    """``'‡ alexnet / gemm: forced by the policy: fft: conv2, conv2.grad/...'``:
+    every node of a column the policy forced, by the algorithm it ran; None
+    when none was forced."""
+    forced = r.get("forced") or {}
+    if not forced:
+        return None
+    by_algo: dict[str, list[str]] = {}
+    for node, algo in forced.items():
+        by_algo.setdefault(algo, []).append(node)
+    return (f"{FORCED_MARK} {r['model']} / {r['lowering']}: {len(forced)} node(s) forced by the policy: "
+            + "; ".join(f"{algo}: {', '.join(nodes)}" for algo, nodes in by_algo.items()))
+
+
 def layout_label(env: dict) -> str:
     """The layout a run computed in, with the one asked for when it differs
     (NHWC asked for on the CPU runs NCHW): ``'NCHW (NHWC requested)'``."""
@@ -157,10 +173,16 @@ def environment_table(doc: dict) -> Table:
 
 def peak_table(doc: dict) -> Table:
     rows = []
+    expected = (doc.get("stability") or {}).get("expected_peak", {})
+    after = doc.get("peak_after") or {}
     for p, d in doc.get("peak", {}).items():
-        rows.append([p, fmt_rate(d.get("tflops")), d.get("error") or d.get("note") or d.get("method", "")])
-    return Table("measured matrix-multiply peak (this run)", ["precision", "TFLOP/s", "how"], rows,
-                 right={"TFLOP/s"})
+        want = (expected.get(p) or {}).get("tflops")
+        rows.append([p, fmt_rate(d.get("tflops")), fmt_rate((after.get(p) or {}).get("tflops")),
+                     fmt_rate(want), d.get("error") or d.get("note") or d.get("method", "")])
+    notes = [f"expected {p}: {e['how']}" for p, e in expected.items()] + run_stability_notes(doc)
+    return Table("measured matrix-multiply peak (this run)",
+                 ["precision", "TFLOP/s", "at the end", "expected", "how"], rows,
+                 right={"TFLOP/s", "at the end", "expected"}, notes=notes)
 
 
 def _mem(r: dict):
@@ -169,18 +191,38 @@ def _mem(r: dict):
         else m.get("planned_peak_bytes")
 
 
+def spread_cell(r: dict, notes: list[str]) -> str:
+    """``'±4%'``: the column's spread (``stability``); ``'±14% unstable'`` when
+    flagged, its own reasons joining ``notes`` (the run's are noted once)."""
+    st = r.get("stability") or {}
+    rel = st.get("spread")
+    cell = "-" if rel is None else f"±{rel:.0%}"
+    if st.get("unstable"):
+        cell += " unstable"
+        own = [why for why in st.get("reasons", ()) if not why.startswith("run: ")]
+        if own:
+            notes.append(f"unstable: {r['model']} / {r['lowering']}: {'; '.join(own)}")
+    return cell
+
+
+def run_stability_notes(doc: dict) -> list[str]:
+    """The run's own reasons to doubt every column (``doc['stability']``)."""
+    st = doc.get("stability") or {}
+    return [f"unstable run: {why}" for why in st.get("reasons", ())]
+
+
 def end_to_end_tables(doc: dict) -> Iterable[Table]:
     headers = ["model", "lowering", "forward", "bwd data", "bwd filter", "backward", "total",
-               "total min", "step", "TFLOP/s", "% peak", "vs torch", "vs best peer", "compile s",
-               "peak MiB", "max rel err"]
+               "total min", "spread", "step", "TFLOP/s", "% peak", "vs torch", "vs best peer",
+               "compile s", "peak MiB", "max rel err"]
     right = set(headers) - {"model", "lowering"}
     said: dict[str, str] = {}
     for prec in precisions(doc):
-        rows, columns = [], {}
+        rows, columns, extra = [], {}, []  # extra: the forced and unstable columns' notes
         caption = f"end to end, {prec}: milliseconds per mini-batch"
         for r in ordered(doc, prec):
             if r["status"] != "ok":
-                rows.append([r["model"], r["lowering"], _status_cell(r, columns)] + [""] * 13)
+                rows.append([r["model"], r["lowering"], _status_cell(r, columns)] + [""] * 14)
                 continue
             t, tot = r["times"], r["totals"]
             chk = r.get("check") or {}
@@ -188,19 +230,27 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
             if err is None:
                 err = (chk.get("end_to_end") or {}).get("max_grad")
             frac = r.get("peak_fraction")
-            rows.append([r["model"], r["lowering"], fmt_ms(tot["forward_ms"]),
+            forced = forced_note(r)
+            if forced:
+                extra.append(forced)
+            rows.append([r["model"], r["lowering"] + (f" {FORCED_MARK}" if forced else ""),
+                         fmt_ms(tot["forward_ms"]),
                          fmt_ms((t.get("backward_data") or {}).get("median_ms")),
                          fmt_ms((t.get("backward_filter") or {}).get("median_ms")),
                          fmt_ms(tot["backward_ms"]), fmt_ms(tot["total_ms"]), fmt_ms(tot["total_min_ms"]),
-                         _step_cell(r.get("step")), fmt_rate((r.get("tflops") or {}).get("total")),
+                         spread_cell(r, extra), _step_cell(r.get("step")),
+                         fmt_rate((r.get("tflops") or {}).get("total")),
                          "-" if frac is None else f"{100 * frac:.0f}%",
                          _ratio_cell(r.get("vs_torch"), "step"),
                          _ratio_cell(r.get("vs_best_peer"), "ratio", "peer"), _compile_cell(r),
                          fmt_mib(_mem(r)), fmt_err(err)])
-        notes = _status_notes(columns, said, caption)
+        notes = _status_notes(columns, said, caption) + extra + run_stability_notes(doc)
         notes += ["times: ms per mini-batch, median over the timed calls (total min: sum of minima); "
                   "backward = backward-data + backward-filter (PyTorch: one autograd pass; +graph "
                   "peers: the whole step only)",
+                  "spread: the phases' interquartile ranges summed, over the total (a column without "
+                  "phases: the step's); unstable: above 10 %, or a run whose measured matmul peak is "
+                  "far below the device's (benchmarks/stability.py)",
                   "step: the whole training step timed as one loop, median ±interquartile range; "
                   "opgraph +graph: the phases' CUDA graphs replayed back to back",
                   "vs torch: opgraph step / PyTorch eager step; vs best peer: opgraph step / the "
@@ -227,6 +277,8 @@ def _layer_cell(row: dict, phases) -> str:
         cell = fmt_ms(ms) if ms is not None else "-"
         if p in row["not_applicable"]:
             cell += MARK
+        if p in row.get("forced", {}):
+            cell += FORCED_MARK
         cells.append(cell)
     return " / ".join(cells)
 
@@ -257,6 +309,9 @@ def layer_tables(doc: dict, metric: str = "ms") -> Iterable[Table]:
                     for p, why in x["not_applicable"].items():
                         notes.append(f"{MARK} {name} {p} under {r['lowering']}: ran "
                                      f"{x['algorithm'].get(p)}; {r['lowering']}: {why}")
+                    for p, algo in x.get("forced", {}).items():
+                        notes.append(f"{FORCED_MARK} {name} {p} under {r['lowering']}: forced to {algo} "
+                                     "by the policy")
                 rows.append(row)
             if any(x.get("fused_relu") for r in res for x in r["layers"]):
                 notes.append("a convolution fused with its epilogue by the fuse pass (the forward with "
@@ -304,4 +359,5 @@ def all_tables(doc: dict, *, per_layer_tflops: bool = False) -> list[Table]:
 
 __all__ = ["Table", "ordered", "precision_label", "fmt_ms", "fmt_num", "fmt_rate", "fmt_mib", "fmt_err", "precisions",
            "layout_label", "environment_table", "peak_table", "end_to_end_tables", "layer_tables", "memory_tables",
-           "all_tables", "PEER_KINDS", "MARK"]
+           "all_tables", "PEER_KINDS", "MARK", "FORCED_MARK", "forced_note", "spread_cell",
+           "run_stability_notes"]

@@ -29,6 +29,8 @@ from typing import Callable, Protocol
 
 import attrs
 
+from .stability import spread
+
 
 class Timer(Protocol):
     """What the protocol needs of a clock."""
@@ -94,6 +96,55 @@ class CudaEventTimer:
         self._cupy.cuda.get_current_stream().synchronize()
 
 
+#: ``--repeat auto`` (:class:`AdaptiveTimer`): calls per round (and the fewest per loop),
+#: the relative spread (IQR / median) that ends a loop, its wall-clock cap in seconds
+#: and its most calls.
+AUTO_ROUND, AUTO_THRESHOLD, AUTO_MAX_SECONDS, AUTO_MAX_CALLS = 5, 0.05, 5.0, 1000
+
+
+class AdaptiveTimer:
+    """``--repeat auto``: a clock that repeats each loop until its median is
+    stable, in the manner of ``torch.utils.benchmark.Timer.adaptive_autorange``
+    (which stops once the IQR is within ``threshold`` of the median or
+    ``max_run_time`` has passed). The rule:
+
+    1. time ``round`` calls (the loop's ``repeat``, :data:`AUTO_ROUND` from the
+       driver) on the wrapped clock;
+    2. stop when the interquartile range of every call so far is at most
+       ``threshold`` (:data:`AUTO_THRESHOLD`, 5 %) of their median;
+    3. else time another round, unless the loop has run ``max_seconds``
+       (:data:`AUTO_MAX_SECONDS`, wall clock, warm-up excluded) or
+       ``max_calls``: then stop with what it has (its spread says how far it
+       got, and the column is flagged when that is above 10 %).
+
+    Each loop's ``times_ms`` hold all its calls, so their number shows what it took.
+    """
+
+    def __init__(self, timer: Timer, *, threshold: float = AUTO_THRESHOLD,
+                 max_seconds: float = AUTO_MAX_SECONDS, max_calls: int = AUTO_MAX_CALLS):
+        self.timer, self.threshold = timer, threshold
+        self.max_seconds, self.max_calls = max_seconds, max_calls
+        self.clock = f"{timer.clock}; --repeat auto: {self.rule()}"
+
+    def rule(self) -> str:
+        return (f"rounds of the loop's repeat count until the IQR is within {self.threshold:.0%} of the "
+                f"median, at most {self.max_seconds:g} s or {self.max_calls} calls per loop")
+
+    def measure(self, fn, *, label: str = "", repeat: int = AUTO_ROUND) -> list[float]:
+        _check_repeat(repeat)
+        start, times = time.perf_counter(), []
+        while True:
+            times += self.timer.measure(fn, label=label, repeat=repeat)
+            rel = spread(times)["relative"]
+            if rel is not None and rel <= self.threshold:
+                return times
+            if time.perf_counter() - start >= self.max_seconds or len(times) + repeat > self.max_calls:
+                return times
+
+    def synchronize(self) -> None:
+        self.timer.synchronize()
+
+
 def make_timer(device: str) -> Timer:
     """The clock of ``device``: CUDA events on ``'cuda'``, perf_counter on ``'cpu'``."""
     return CudaEventTimer() if device == "cuda" else CpuTimer()
@@ -141,7 +192,11 @@ class Timing:
         return statistics.fmean(self.times_ms)
 
     def as_dict(self) -> dict:
+        """Median, min, mean, the spread (quartiles, IQR, max: :func:`stability.spread`)
+        and every call's time."""
+        sp = spread(self.times_ms)
         return {"median_ms": self.median_ms, "min_ms": self.min_ms, "mean_ms": self.mean_ms,
+                "q1_ms": sp["q1_ms"], "q3_ms": sp["q3_ms"], "iqr_ms": sp["iqr_ms"], "max_ms": sp["max_ms"],
                 "times_ms": list(self.times_ms)}
 
     @classmethod
@@ -149,4 +204,5 @@ class Timing:
         return cls(d["times_ms"])
 
 
-__all__ = ["Timer", "CpuTimer", "CudaEventTimer", "make_timer", "time_calls", "Timing"]
+__all__ = ["Timer", "CpuTimer", "CudaEventTimer", "AdaptiveTimer", "AUTO_ROUND", "AUTO_THRESHOLD",
+           "AUTO_MAX_SECONDS", "AUTO_MAX_CALLS", "make_timer", "time_calls", "Timing"]

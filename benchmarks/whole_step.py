@@ -23,24 +23,21 @@ maximum and the interquartile range of the calls.
 
 from __future__ import annotations
 
-import statistics
 from typing import Callable
 
 from .timer import Timer, Timing
 
 
 def step_record(times_ms) -> dict:
-    """``{"median_ms", "min_ms", "max_ms", "mean_ms", "iqr_ms", "times_ms"}`` of
-    one loop's per-call milliseconds; ``iqr_ms`` is the third quartile minus the
-    first (``statistics.quantiles``, inclusive method; 0 for one call).
+    """``{"median_ms", "min_ms", "mean_ms", "q1_ms", "q3_ms", "iqr_ms", "max_ms",
+    "times_ms"}`` of one loop's per-call milliseconds (:meth:`timer.Timing.as_dict`,
+    quartiles by :func:`stability.spread`); ``iqr_ms`` is 0 for one call.
 
     Raises:
         ValueError: no times.
     """
-    timing = Timing(times_ms)
-    times = list(timing.times_ms)
-    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else (0, 0, 0)
-    return {**timing.as_dict(), "max_ms": max(times), "iqr_ms": q3 - q1}
+    record = Timing(times_ms).as_dict()
+    return {**record, "iqr_ms": record["iqr_ms"] or 0.0}
 
 
 def time_step(timer: Timer, step: Callable[[], object], repeat: int, label: str = "step") -> dict:

@@ -14,6 +14,7 @@ from . import ops
 from .errors import ParameterError, ShapeError
 from .graph import Value, graph_of
 from .ops.batchnorm_training import channel_count
+from .ops._fields import real_value
 from .types import numpy_dtype
 
 
@@ -72,6 +73,12 @@ def batch_norm(input: Value, running_mean: Value | None, running_var: Value | No
     """
     g = graph_of(input, running_mean, running_var, weight, bias)
     node = name or ("batch_norm_training" if training else "batch_norm")
+    if momentum is not None and not (training and return_running_stats):
+        # unused here (no running update node checks it), yet a NaN must not pass silently
+        try:
+            real_value("momentum", momentum, lo=0.0, hi=1.0)
+        except ParameterError as e:
+            raise e.with_node(node) from None
     if input.type.ndim < 2:
         raise ShapeError(f"input must be (N, C, ...), got shape {input.shape}", node)
     stats_given = (running_mean is not None, running_var is not None)

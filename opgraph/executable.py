@@ -171,20 +171,24 @@ class Executable:
     def feed(self, feeds: Mapping[str, Any], grad_outputs: Mapping | None = None) -> dict[int, Any]:
         """Source slots from keyword feeds, graph param values and grad feeds.
 
+        A feed naming a source of the graph that the compiled outputs do not
+        read is ignored: a training loop feeds one dict of every parameter to
+        an executable that computes only some gradients (``dw`` does not read
+        ``w``). A name that is no source of the graph is an error.
+
         Raises:
-            ExecutionError: an unknown feed name, a missing feed, a wrong shape.
+            ExecutionError: a feed naming no source of the graph, a missing
+                feed, a wrong shape, a non-integral value fed to an integer
+                input, a ``grad_outputs`` key that is no output with a
+                gradient placeholder.
+            TypeError: ``grad_outputs`` is not a mapping.
         """
-        names = {s.name for s in self.sources}
-        unknown = set(feeds) - names
+        known = {s.name for s in self.graph.sources()}
+        unknown = set(feeds) - known
         if unknown:
-            raise ExecutionError(f"unknown feed(s) {sorted(unknown)}; this graph's sources are {sorted(names)}")
-        by_grad = {}
-        for key, arr in (grad_outputs or {}).items():
-            node = key.node if isinstance(key, Value) else self.graph[key].node
-            if node not in self.graph.grad_inputs:
-                raise ExecutionError(f"no gradient placeholder for output {self.graph.node(node).name}; "
-                                     "call opgraph.grad on it first")
-            by_grad[self.graph.grad_inputs[node]] = arr
+            raise ExecutionError(f"unknown feed(s) {sorted(unknown)}: no source of graph "
+                                 f"{self.graph.name!r} has that name; its sources are {sorted(known)}")
+        by_grad = self._grad_feeds(grad_outputs)
         slots = {}
         for s in self.sources:
             if s.name in feeds:
@@ -200,10 +204,49 @@ class Executable:
             slots[s.id] = self._to_array(s, arr)
         return slots
 
+    def _grad_feeds(self, grad_outputs) -> dict[int, Any]:
+        """``grad_outputs`` ({output Value or its node name: gradient}) by the
+        node id of each output's gradient placeholder.
+
+        Raises:
+            TypeError: not a mapping (a list of arrays, say).
+            ExecutionError: a key naming no node, a source (feeds are keyword
+                arguments: ``run({"x": X})`` reads the dict as grad_outputs),
+                or an output without a gradient placeholder.
+        """
+        if grad_outputs is None:
+            return {}
+        if not isinstance(grad_outputs, Mapping):
+            raise TypeError(f"grad_outputs must be a dict {{output Value or name: gradient array}}, got "
+                            f"{type(grad_outputs).__name__}; feeds are keyword arguments: run(x=..., "
+                            "grad_outputs={y: gy})")
+        by_grad = {}
+        for key, arr in grad_outputs.items():
+            if isinstance(key, Value):
+                node = key.node
+            elif isinstance(key, str) and key in self.graph:
+                node = self.graph[key].node
+            else:
+                raise ExecutionError(f"grad_outputs key {key!r} is neither an output Value nor the name "
+                                     f"of a node of graph {self.graph.name!r}")
+            view = self.graph.node(node)
+            if isinstance(view.op, Source):
+                raise ExecutionError(
+                    f"grad_outputs key {view.name!r} is a source ({view.op.role}), not an output: feed "
+                    f"sources as keyword arguments, run({view.name}=...) or run(**feeds) (a dict "
+                    "passed positionally is read as grad_outputs)")
+            if node not in self.graph.grad_inputs:
+                raise ExecutionError(f"no gradient placeholder for output {view.name}; "
+                                     "call opgraph.grad on it first")
+            by_grad[self.graph.grad_inputs[node]] = arr
+        return by_grad
+
     def _to_array(self, source, arr):
         want = source.type.dtype
         if self.dtype is not None and is_float(want):
             want = self.dtype
+        if np.dtype(numpy_dtype(want)).kind in "iu":
+            _check_integral(self.xp, source, arr, want)
         try:
             out = self.xp.asarray(arr, dtype=numpy_dtype(want))
         except (TypeError, ValueError) as e:
@@ -244,6 +287,29 @@ class Executable:
         width = max((len(st.name) for st in self.steps), default=0)
         return "\n".join(f"{st.name:<{width}}  {st.op.describe()}"
                          + (f"  [{st.view.describe()}]" if st.view is not None else "") for st in self.steps)
+
+
+def _check_integral(xp, source, arr, want: str) -> None:
+    """Refuse floating data fed to an integer source unless every value is a
+    whole number in ``want``'s range: the cast would truncate 1.7 to class 1
+    (PyTorch's cross-entropy refuses float targets outright).
+
+    Raises:
+        ExecutionError: naming the source and the first bad value.
+    """
+    given = arr if hasattr(arr, "dtype") else np.asarray(arr)
+    if getattr(given.dtype, "kind", "i") != "f":
+        return
+    given = xp.asarray(given)
+    if given.ndim == 0:
+        given = given.reshape(1)
+    info = np.iinfo(numpy_dtype(want))
+    bad = ~xp.isfinite(given) | (given != xp.trunc(given)) | (given < info.min) | (given > info.max)
+    if bool(bad.any()):
+        value = given[bad].ravel()[0].item()
+        raise ExecutionError(f"{source.op.role} {source.name!r} is {want}: got floating values such as "
+                             f"{value!r}, which are not whole numbers in its range (class indices "
+                             "are integers; round them yourself if that is meant)")
 
 
 def _stored_channels_last(kernel: Callable, xp) -> Callable:

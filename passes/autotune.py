@@ -169,7 +169,11 @@ class AutotunePass(Pass):
             hit = cache.get(key)
             rows, algorithm, cached_opts = rechoose(hit, policy.workspace_tolerance) if hit else ([], None, {})
             entry = next((e for e in applicable if e.rule.algorithm == algorithm), None)
-            if entry is not None:  # reuse: nothing runs, not even the variants enumeration
+            refused = entry and refused_options(entry, cached_opts, op, types, ctx.device)
+            if refused:  # a hand-edited or stale entry: a kernel would raise on every run
+                cache.warn(f"autotune cache {cache.path}: node {view.name}: {refused}; re-tuned")
+                entry = None
+            if entry is not None:  # reuse: nothing is timed
                 rule, opts = entry.rule, {**entry.options, **cached_opts}
                 rec.how, rec.candidates = "cache", rows
                 rec.cache_key = key
@@ -179,7 +183,7 @@ class AutotunePass(Pass):
                 if len(cands) < 2:
                     continue
                 rec.cache_key = key
-                if hit:
+                if hit and not refused:
                     ctx.report.note(f"autotune: {view.name}: cached choice {hit['algorithm']} no longer "
                                     "applies; re-tuned")
                 rows, timed = self._tune(op, types, cands, s, ctx, timer, view.type, view)
@@ -363,6 +367,20 @@ def _one_reference(applicable):
         yield entry
 
 
+def refused_options(entry, cached: dict, op, types, device) -> str | None:
+    """Why a cached decision's options cannot run the node (``entry``: the
+    applicable rule of the cached algorithm with the policy's options), or
+    None. Its options must be the policy's plus one of the rule's variants for
+    this node, as :meth:`AutotunePass._tune` would have timed them: a
+    hand-edited Winograd ``tile = 7`` is none, and its kernel would raise."""
+    allowed = [{**entry.options, **v} for v in _variants(entry.rule, op, types, device, entry.options)]
+    chosen = {**entry.options, **cached}
+    if chosen in allowed:
+        return None
+    return (f"cached options {cached} of {entry.rule.algorithm} are not among its variants for this "
+            f"node ({', '.join(map(str, allowed))})")
+
+
 def _variants(rule, op, types, device, options) -> list[dict]:
     """The rule's option sets; a rule taking the policy's precision (tag
     ``option:precision``) enumerates its variants (cuDNN engines) for it."""
@@ -373,5 +391,5 @@ def _variants(rule, op, types, device, options) -> list[dict]:
         return [{}]
 
 
-__all__ = ["AutotunePass", "choose", "rechoose", "Timer", "PerfCounterTimer", "CudaEventTimer", "default_timer",
+__all__ = ["AutotunePass", "choose", "rechoose", "refused_options", "Timer", "PerfCounterTimer", "CudaEventTimer", "default_timer",
            "tolerance", "random_inputs", "relative_error", "REFERENCE_ALGORITHMS"]

@@ -21,20 +21,28 @@ current tolerance (``passes.autotune.rechoose``).
 Location: ``policy.cache``, else the environment variable ``OPGRAPH_CACHE``
 (a ``.json`` file, or a folder that gets ``autotune.json``), else
 ``~/.cache/opgraph/autotune.json``; ``off`` keeps decisions in memory only.
+An empty ``OPGRAPH_CACHE`` is the same as an unset one.
 
-Robustness: writes are atomic (a temporary file in the same folder, then
-``os.replace``), merged with whatever another process wrote meanwhile; a
+Robustness: writes are atomic (``opgraph.atomic_file.write_atomic``: a
+temporary file in the same folder, then ``os.replace``; the file keeps its
+permission bits, or gets the umask's when new, and a symbolic link is
+followed to the file it names, which is replaced), merged with whatever
+another process wrote meanwhile; a
 corrupt or foreign file is reported (``warnings.warn`` naming it) and
-rebuilt, never a crash; an unwritable location is reported the same way.
+rebuilt, never a crash; an unwritable location is reported the same way; an
+entry whose options its rule refuses (a hand-edited Winograd ``tile = 7``:
+not one of the rule's variants for the node) is reported and re-tuned
+(``passes.autotune.refused_options``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 import warnings
 from pathlib import Path
+
+from opgraph.atomic_file import write_atomic
 
 FORMAT = "opgraph-autotune/1"
 DEFAULT_PATH = "~/.cache/opgraph/autotune.json"
@@ -42,9 +50,11 @@ ENV_VAR = "OPGRAPH_CACHE"
 
 
 def default_path() -> str | None:
-    """The cache file from ``OPGRAPH_CACHE`` or the default (None for ``off``)."""
-    env = os.environ.get(ENV_VAR)
-    if env is not None and env.strip().lower() in ("off", "none", ""):
+    """The cache file from ``OPGRAPH_CACHE`` or the default (None for ``off``
+    or ``none``). An empty or blank ``OPGRAPH_CACHE`` counts as unset (the
+    default file), as ``OPGRAPH_CACHE= cmd`` usually means "no override"."""
+    env = (os.environ.get(ENV_VAR) or "").strip()
+    if env.lower() in ("off", "none"):
         return None
     path = os.path.expanduser(env or DEFAULT_PATH)
     return path if path.endswith(".json") else os.path.join(path, "autotune.json")
@@ -104,7 +114,9 @@ class AutotuneCache:
             return cls(None if policy.cache.strip().lower() == "off" else policy.cache)
         return cls(default_path())
 
-    def _warn(self, msg: str) -> None:
+    def warn(self, msg: str) -> None:
+        """Report a problem with the file or an entry: a ``RuntimeWarning``, and
+        kept in ``messages`` (the autotune pass copies them into its report)."""
         self.messages.append(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
@@ -115,7 +127,7 @@ class AutotuneCache:
             return {}
         except OSError as e:
             if report:
-                self._warn(f"autotune cache {self.path} cannot be read ({e}); tuning from scratch")
+                self.warn(f"autotune cache {self.path} cannot be read ({e}); tuning from scratch")
             return {}
         try:
             data = json.loads(raw.decode("utf-8"))  # UnicodeDecodeError is a ValueError: corrupt
@@ -125,7 +137,7 @@ class AutotuneCache:
                 raise ValueError(f"not an {FORMAT} file")
         except (ValueError, KeyError, TypeError, RecursionError) as e:
             if report:
-                self._warn(f"autotune cache {self.path} is corrupt ({type(e).__name__}: {e}); "
+                self.warn(f"autotune cache {self.path} is corrupt ({type(e).__name__}: {e}); "
                            "it will be rebuilt")
             return {}
         return entries
@@ -144,20 +156,12 @@ class AutotuneCache:
             return
         merged = {**self._read(report=False), **self.dirty}
         text = json.dumps({"format": FORMAT, "entries": merged}, indent=1, sort_keys=True)
-        tmp = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".autotune-", suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, self.path)
-            tmp = None
+            write_atomic(self.path, text, prefix=".autotune-")
             self.dirty = {}
         except OSError as e:
-            self._warn(f"autotune cache {self.path} cannot be written ({e}); decisions kept in memory")
-        finally:
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
+            self.warn(f"autotune cache {self.path} cannot be written ({e}); decisions kept in memory")
 
 
 __all__ = ["valid_entry", "AutotuneCache", "cache_key", "default_path", "FORMAT", "ENV_VAR", "DEFAULT_PATH"]

@@ -22,6 +22,7 @@ from opgraph.backends.registry import Rule
 
 from .base import Pass, PassContext
 from .candidates import Survey, rule_workspace, survey_node
+from .force import matches_a_node
 from .policy import LoweringPolicy
 from .report import NodeReport
 
@@ -86,11 +87,9 @@ class LowerPass(Pass):
 
 def _check_forced_names(graph: Graph, policy: LoweringPolicy, ctx: PassContext) -> None:
     """Note ``force`` keys that match no node (a typo would otherwise pass silently)."""
-    import fnmatch
-
     names = [graph.node(n).name for n in graph.nx.nodes]
     for key in policy.force:
-        if key not in names and not fnmatch.filter(names, key):
+        if not matches_a_node(key, names):
             msg = f"policy.force key {key!r} matches no node of graph {graph.name!r}"
             ctx.report.note(msg)
             warnings.warn(msg, stacklevel=2)

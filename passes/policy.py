@@ -5,7 +5,10 @@ The user swaps implementations here, never in the model. A policy holds
 * ``prefer``: op-type key -> algorithms tried first, in order (then the
   device's default order, then any other registered rule);
 * ``force``: node name (or ``fnmatch`` pattern) -> the one algorithm it must
-  get; an algorithm that declines the node is a ``LoweringError``;
+  get; a convolution's name stands for its backward nodes too, and
+  ``name:forward`` / ``name:backward_data`` / ``name:backward_filter``
+  narrows it to one direction (``passes/force.py``); an algorithm that
+  declines the node is a ``LoweringError``;
 * ``include`` / ``exclude``: algorithm names or rule tags (Theano's
   ``optimizer_including`` / ``optimizer_excluding``): excluded rules are never
   candidates; rules tagged ``optional`` are candidates only when included;
@@ -40,17 +43,19 @@ TOML schema (``LoweringPolicy.from_toml``; every key optional)::
     conv_wgrad = "gemm"
 
     [force]                       # node name or fnmatch pattern -> algorithm
-    "conv2" = "fft"
+    "conv2" = "fft"               # conv2 in all three directions
+    "conv3:backward_filter" = "gemm"   # one direction
 
 ``docs/policy.md`` has a commented example.
 """
 
 from __future__ import annotations
 
-import fnmatch
+import math
 import os
 import re
 import sys
+from numbers import Real
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -60,6 +65,8 @@ from opgraph import ops
 from opgraph import precision as precisions
 from opgraph.errors import ParameterError
 from opgraph.precision import PRECISIONS  # re-exported: the CLI lists them
+
+from .force import forced_algorithm
 
 LAYOUTS = ("NCHW", "NHWC")
 OP_TYPES = tuple(sorted(ops.__all__))
@@ -182,23 +189,33 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 
 
 def parse_bytes(value, key: str = "workspace_limit") -> int | None:
-    """Bytes from an int, ``None`` (no limit) or a string like ``'512MiB'``, ``'2GB'``.
+    """Bytes from an int, ``None`` (no limit) or a string like ``'512MiB'``, ``'2GB'``,
+    ``'1.5e9'`` (a fractional count of bytes is rounded down).
 
     Raises:
-        PolicyError: a negative number, an unknown unit or another type.
+        PolicyError: naming ``key``: a negative, NaN or infinite number (1e400
+            is infinite), a malformed number (``'1.2.3MiB'``), an unknown unit
+            or another type.
     """
     if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
         return None
     if isinstance(value, bool):
         raise _err(key, value, "must be a byte count")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise _err(key, value, "must be >= 0")
-        return int(value)
-    m = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise _err(key, value, f"must be bytes, e.g. 1073741824, '512MiB' or '2GB' (units {sorted(_UNITS)[1:]})")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise _err(key, value, "must be bytes, e.g. 1073741824, '512MiB' or '2GB' "
+                                   f"(units {sorted(_UNITS)[1:]})")
+        number = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    elif isinstance(value, Real):  # NumPy numbers too
+        number = value
+    else:
+        raise _err(key, value, "must be a byte count or a string such as '512MiB'")
+    if number != number or number in (math.inf, -math.inf):  # NaN, or 1e400 read as a float
+        raise _err(key, value, "must be a finite number of bytes (leave it unset for no limit)")
+    if number < 0:
+        raise _err(key, value, "must be >= 0")
+    return int(number)
 
 
 def parse_fraction(value, key: str = "workspace_tolerance") -> float:
@@ -284,14 +301,12 @@ class LoweringPolicy:
         default = table["conv"] if op_type in CONV_OPS else table["*"]
         return _dedupe((*self.preferred(op_type), *default))
 
-    def forced(self, node_name: str) -> str | None:
-        """The algorithm forced for ``node_name``: an exact key wins over patterns."""
-        if node_name in self.force:
-            return self.force[node_name]
-        for pattern, algo in self.force.items():
-            if fnmatch.fnmatchcase(node_name, pattern):
-                return algo
-        return None
+    def forced(self, node_name: str, direction: str | None = None) -> str | None:
+        """The algorithm forced for ``node_name``, whose op has ``direction``
+        (``Op.direction``): a key names a node, or a layer in all its
+        directions or one (``conv2``, ``conv2:backward_data``); an exact key
+        wins over patterns (``passes/force.py``)."""
+        return forced_algorithm(self.force, node_name, direction)
 
     def exclusion(self, algorithm: str, tags) -> str | None:
         """Why the policy keeps rule (``algorithm``, ``tags``) out, or None."""

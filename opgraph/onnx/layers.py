@@ -216,6 +216,9 @@ def gemm(ctx):
     """
     a, b = ctx.input(0), ctx.input(1)
     alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
+    for name, value in (("alpha", alpha), ("beta", beta)):
+        if not math.isfinite(value):  # a NaN scale would turn every output into NaN silently
+            raise ctx.error(f"attribute {name}={value}: must be a finite number")
     ta, tb = bool(ctx.attr("transA", 0)), bool(ctx.attr("transB", 0))
     if len(a.shape) != 2 or len(b.shape) != 2:
         raise ctx.error(f"A {a.shape} and B {b.shape} must be 2-D")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from numbers import Integral, Real
 
 import attrs
@@ -18,17 +19,37 @@ def _int_at_least(name: str, minimum: int):
     return convert
 
 
-def _real(name: str, lo: float | None = None, hi: float | None = None, *, open_lo=False):
+def _real(name: str, lo: float | None = None, hi: float | None = None, *, open_lo=False,
+          infinite=False):
+    """Converter to a float in [lo, hi] (``(lo, hi]`` with ``open_lo``). NaN is
+    never a value (every comparison with it is false, so a range check alone
+    lets it through); an infinity only where ``infinite`` says one has a meaning
+    (a padding value of -inf, a one-sided clip)."""
     def convert(v):
         if not isinstance(v, Real) or isinstance(v, bool):
             raise ParameterError(name, v, "must be a real number")
         v = float(v)
+        if math.isnan(v):
+            raise ParameterError(name, v, "must be a number, not NaN")
+        if math.isinf(v) and not infinite:
+            raise ParameterError(name, v, "must be finite")
         if lo is not None and (v <= lo if open_lo else v < lo):
             raise ParameterError(name, v, f"must be {'>' if open_lo else '>='} {lo}")
         if hi is not None and v > hi:
             raise ParameterError(name, v, f"must be <= {hi}")
         return v
     return convert
+
+
+def real_value(name: str, value, lo: float | None = None, hi: float | None = None) -> float:
+    """``value`` checked as a finite real in [lo, hi], for a builder argument no
+    op field holds (batch norm's ``momentum`` where nothing updates running
+    statistics must still be a number).
+
+    Raises:
+        ParameterError: not a real, NaN, infinite or out of range.
+    """
+    return _real(name, lo, hi)(value)
 
 
 def _bool(name: str):
@@ -65,9 +86,11 @@ def integer(name: str, default=None, minimum: int = 0):
     return attrs.field(kw_only=True, converter=_int_at_least(name, minimum), **kw)
 
 
-def real(name: str, default=None, lo=None, hi=None, open_lo=False):
+def real(name: str, default=None, lo=None, hi=None, open_lo=False, infinite=False):
+    """A float field in [lo, hi]: finite unless ``infinite``, never NaN (:func:`_real`)."""
     kw = {} if default is None else {"default": default}
-    return attrs.field(kw_only=True, converter=_real(name, lo, hi, open_lo=open_lo), **kw)
+    return attrs.field(kw_only=True, converter=_real(name, lo, hi, open_lo=open_lo, infinite=infinite),
+                       **kw)
 
 
 def flag(name: str, default: bool = False):

@@ -129,8 +129,8 @@ class Hardtanh(Activation):
         ParameterError: ``min_val > max_val`` (PyTorch refuses it too).
     """
 
-    min_val: float = F.real("min_val", -1.0)
-    max_val: float = F.real("max_val", 1.0)
+    min_val: float = F.real("min_val", -1.0, infinite=True)  # +-inf: a one-sided clip
+    max_val: float = F.real("max_val", 1.0, infinite=True)
     kind: ClassVar[str] = "hardtanh"
     flops_per_element: ClassVar[int] = 2
 
@@ -143,8 +143,8 @@ class Hardtanh(Activation):
 class HardtanhBackward(ActivationBackward):
     """``gy`` where ``min_val < x < max_val`` strictly, else 0: (x, gy) -> gy's shape."""
 
-    min_val: float = F.real("min_val", -1.0)
-    max_val: float = F.real("max_val", 1.0)
+    min_val: float = F.real("min_val", -1.0, infinite=True)  # +-inf: a one-sided clip
+    max_val: float = F.real("max_val", 1.0, infinite=True)
     kind: ClassVar[str] = "hardtanh_backward"
 
 

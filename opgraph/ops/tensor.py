@@ -137,7 +137,7 @@ class Pad(Op):
     """Explicit spatial padding of NCHW x with ``value``: ((top, bottom), (left, right))."""
 
     padding: tuple = F.padding()
-    value: float = F.real("value", 0.0)
+    value: float = F.real("value", 0.0, infinite=True)  # -inf: max-pooling's padding
     kind: ClassVar[str] = "pad"
     family: ClassVar[str] = "tensor"
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -187,6 +189,23 @@ def test_timing_run_json(capsys, tmp_path):
     assert doc["notes"][0].startswith("device: cpu")
 
 
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_output_keeps_mode_and_symbolic_link(capsys, tmp_path, fmt):
+    real = tmp_path / "results" / f"run.{fmt}"
+    real.parent.mkdir()
+    real.write_text("old")
+    os.chmod(real, 0o644)
+    link = tmp_path / f"latest.{fmt}"
+    link.symlink_to(real)
+    status, _, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--device", "cpu", "--lowering",
+                             "gemm", "--warmup", "0", "--repeat", "1", "--no-per-layer", "--no-check",
+                             "--format", fmt, "--output", str(link))
+    assert status == 0, err
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert stat.S_IMODE(os.stat(real).st_mode) == 0o644
+    assert "L5" in real.read_text() and not list(real.parent.glob(".opgraph-*"))
+
+
 def test_default_run_on_cpu_states_its_defaults(capsys, monkeypatch):
     monkeypatch.setattr(cli.lw, "CPU_DEFAULT", ("direct",))  # L4 direct: fast and checked
     status, out, err = run_cli(capsys, "--model", "L4", "--device", "cpu", "--repeat", "1",
@@ -201,9 +220,29 @@ def test_time_limit_skips_the_rest(capsys):
     status, out, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--device", "cpu",
                                "--lowering", "gemm,direct", "--time-limit", "0", "--format", "csv",
                                "--quiet")
-    assert status == 0 and err == ""
+    # nothing was timed: said even with --quiet, and not a success (it was 0 and silent)
+    assert status == cli.EXIT_NOTHING_TIMED == 4
+    assert err == ("opgraph-bench: error: --time-limit 0 s was reached before any column ran: all 2 "
+                   "column(s) skipped, nothing was timed\n")
     rows = list(csv.DictReader(io.StringIO(out)))
     assert [r["status"] for r in rows] == ["skipped", "skipped"]
+
+
+def test_nothing_timed_is_an_error_when_the_other_columns_could_not_run(capsys, monkeypatch):
+    """The peers run first, so with PyTorch missing a time limit reached before
+    the first opgraph column leaves only 'unavailable' and 'skipped' columns:
+    nothing was timed, exit 4 (it exited 0: only skipped and n/a counted)."""
+    rec = {"model": "L5", "precision": "fp32", "batch": 1, "layout": "NCHW", "device": "cpu"}
+    results = [{**rec, "lowering": "torch", "kind": "torch", "status": "unavailable",
+                "reason": "PyTorch is not installed"},
+               {**rec, "lowering": "gemm", "kind": "opgraph", "status": "skipped",
+                "reason": "--time-limit 1 s reached"}]
+    monkeypatch.setattr(cli, "run_timing", lambda names, args: {
+        "tool": "opgraph-bench", "mode": "benchmark", "notes": [], "results": results})
+    status, _, err = run_cli(capsys, "--model", "L5", "--time-limit", "1", "--format", "json", "--quiet")
+    assert status == cli.EXIT_NOTHING_TIMED
+    assert err == ("opgraph-bench: error: --time-limit 1 s was reached before any column ran: 1 of 2 "
+                   "column(s) skipped and the others unavailable, nothing was timed\n")
 
 
 def test_markdown_and_plot_outputs(capsys, tmp_path):
@@ -252,7 +291,8 @@ def test_a_failing_column_sets_exit_status_3(capsys, monkeypatch):
                                "--format", "json")
     assert status == 3 and "1 column(s) failed" in err
     (r,) = json.loads(out)["results"]
-    assert r["status"] == "error" and r["reason"] == "RuntimeError: kernel exploded"
+    # the reason names the innermost frame too (tests/benchmarks/test_cli_reliability.py)
+    assert r["status"] == "error" and r["reason"].startswith("RuntimeError: kernel exploded (at ")
 
 
 def _tiny_onnx(path):
@@ -307,6 +347,20 @@ def test_policy_and_workspace_errors_are_usage_errors(tmp_path, capsys):
     assert status == 2 and "none.toml" in err
     status, _, err = run_cli(capsys, "--model", "L5", "--summary", "--format", "markdown")
     assert status == 2 and "--summary" in err
+
+
+@pytest.mark.parametrize("value", ["1e400", "inf", "nan", "1.2.3MiB", ".."])
+def test_malformed_workspace_limit_flag_exits_2_naming_it(capsys, value):
+    status, out, err = run_cli(capsys, "--model", "L5", "--workspace-limit", value)
+    assert status == 2 and "--workspace-limit" in err and repr(value) in err
+    assert "Traceback" not in err and out == ""
+
+
+def test_infinite_workspace_limit_in_a_policy_file_exits_2_naming_file_and_key(capsys, tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text("workspace_limit = inf\n")
+    status, _, err = run_cli(capsys, "--model", "L5", "--policy", str(path))
+    assert status == 2 and str(path) in err and "workspace_limit=inf" in err
 
 
 def test_corrupt_onnx_file_is_a_clear_error(tmp_path, capsys):

@@ -4,6 +4,7 @@ arithmetic are tested on the CPU; the real bindings are exercised on the GPU mac
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import types
@@ -161,3 +162,33 @@ def test_peak_refuses_a_wrong_binding(fake_cupy, monkeypatch):
         matmul_peak.measure_matmul_peak("tf32", n=64, repeat=1)
     res = peak.measure_peaks("cuda", ["tf32"])
     assert res["tf32"]["tflops"] is None and "check failed" in res["tf32"]["error"]
+
+
+def test_trace_on_the_gpu_path_uses_a_cuda_event_pair_per_step(fake_cupy, tiny):
+    """``--trace`` on cuda: each step between two CUDA events on the current
+    stream, one synchronisation at the end, device times from an event before
+    the first step, and the host's launch spans beside them."""
+    from opgraph.benchmarks.protocol import schedule
+    from opgraph.benchmarks.trace import GPU_TID, HOST_TID, TraceCollector
+
+    tg = training_graph(tiny)
+    exe = og.compile(tg.outputs)
+    sched = schedule(exe, tg)
+    slots = exe.feed(random_feeds(tiny))
+    for st in sched.steps:  # values every step reads, as after the timed loops
+        slots[st.node] = st.kernel(st.ctx, st.op.op, *[slots[a] for a in st.args])
+    syncs = fake_cupy.stream.syncs
+    trace = TraceCollector()
+    trace.add("tiny fp32 gemm", sched, slots, "cuda")
+    assert fake_cupy.stream.syncs == syncs + 1  # before the step; the last event is waited on after
+    events = [e for e in trace.events if e["ph"] == "X"]
+    gpu = [e for e in events if e["tid"] == GPU_TID]
+    host = [e for e in events if e["tid"] == HOST_TID]
+    assert [e["args"]["node"] for e in gpu] == [st.name for st in sched.steps] == [e["args"]["node"] for e in host]
+    starts = [e["ts"] for e in gpu]
+    assert starts == sorted(starts) and starts[0] >= 0 and all(e["dur"] >= 0 for e in gpu)
+    for a, b in zip(gpu, gpu[1:]):  # queued back to back: no overlap on the stream
+        assert a["ts"] + a["dur"] <= b["ts"] + 1e-3
+    names = {m["args"]["name"] for m in trace.events if m["name"] == "thread_name"}
+    assert names == {"gpu (CUDA events)", "host (launch)"}
+    json.loads(trace.render())

@@ -70,3 +70,15 @@ def test_a_limit_no_convolution_fits_is_a_usage_error(capsys):
     status = cli.main(["--model", "L5", "--batch", "1", "--device", "cpu", "--lowering", "gemm@ws=0"])
     err = capsys.readouterr().err
     assert status == 2 and "'gemm@ws=0' cannot run any convolution" in err and "exceeds the limit 0 B" in err
+
+
+def test_specs_and_policy_items_mix_on_one_flag():
+    """An ``@`` after a name is a column's option, an ``@`` first forces a node
+    (docs/policy.md, Command line): both kinds split apart on one ``--lowering``."""
+    from opgraph.benchmarks.arguments import build_parser
+
+    args = build_parser().parse_args(["--lowering", "cudnn@ws=0,auto@ws=64MiB,@conv2:forward=fft,"
+                                      "exclude=winograd,gemm"])
+    assert [(lo.name, lo.workspace_limit) for lo in args.lowering] == [
+        ("cudnn@ws=0", 0), ("auto@ws=64MiB", 64 * 2**20), ("gemm", None)]
+    assert args.lowering_policy == "@conv2:forward=fft,exclude=winograd"

@@ -97,6 +97,8 @@ def test_a_broken_replay_is_a_mismatch_and_a_failed_capture_an_error(tiny, count
     out = _peers(tiny, ["torch+graph", "torch"], pdev=lambda t: GraphStandIn(t, refuse=True))
     assert out["torch"]["status"] == "ok" and list(out) == ["torch+graph", "torch"]
     assert out["torch+graph"]["status"] == "error" and "stream is capturing" in out["torch+graph"]["reason"]
+    assert out["torch+graph"]["reason"].startswith("CUDA-graph capture failed: RuntimeError: ")
+    assert out["torch+graph"]["error"]["frames"][-1].endswith("in capture")  # GraphStandIn.capture
     del torch
 
 
@@ -111,6 +113,26 @@ def test_a_wrong_converter_is_not_timed(tiny, monkeypatch):
     assert not r["converter_check"]["passed"] and "times" not in r
 
 
+def test_a_peer_column_that_raises_records_type_message_and_frames(tiny, monkeypatch):
+    """An unexpected exception out of the peers (issue 17: an error column
+    recorded only 'IndexError: tuple index out of range') gives each of their
+    columns the error record opgraph's columns have."""
+    from opgraph.benchmarks.peer_column import peer_records
+
+    def broken(*args, **kwargs):
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setattr(peer_run, "run_peers", broken)
+    s = driver.Settings(device="cpu", lowerings=[], compare=["torch", "torch-compile"], warmup=0, repeat=1)
+    recs = peer_records(training_graph(tiny), random_feeds(tiny), None, ["torch", "torch-compile"], "fp32",
+                        s, None)
+    for r in recs:
+        assert r["status"] == "error" and r["error"]["type"] == "IndexError"
+        assert r["error"]["message"] == "tuple index out of range"
+        assert r["error"]["frames"][-1].endswith("in broken") and len(r["error"]["frames"]) >= 2
+        assert r["reason"].startswith("IndexError: tuple index out of range (at tests/benchmarks/")
+
+
 def test_a_compilation_failure_leaves_the_eager_peers(tiny, monkeypatch):
     def refuse(torch, fn):
         raise RuntimeError("inductor: no C++ compiler")
@@ -118,8 +140,12 @@ def test_a_compilation_failure_leaves_the_eager_peers(tiny, monkeypatch):
     monkeypatch.setattr(peer_run, "compile_function", refuse)
     out = _peers(tiny, ["torch", "torch-compile"])
     assert out["torch"]["status"] == "ok"
-    assert out["torch-compile"] == {"status": "error", "reason": "RuntimeError: inductor: no C++ compiler",
-                                    "converter_check": out["torch"]["converter_check"]}
+    got = out["torch-compile"]
+    assert got["status"] == "error" and got["converter_check"] == out["torch"]["converter_check"]
+    # an error record as opgraph's columns have (issue 17): type, message and innermost frames
+    assert got["error"]["type"] == "RuntimeError" and got["error"]["message"] == "inductor: no C++ compiler"
+    assert got["error"]["frames"][-1].endswith("in refuse")
+    assert got["reason"] == f"RuntimeError: inductor: no C++ compiler (at {got['error']['frames'][-1]})"
 
 
 @pytest.mark.slow

@@ -185,3 +185,36 @@ def test_missing_onnx_package_gives_an_install_hint(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", fake_import)
     with pytest.raises(ImportError, match="pip install 'opgraph\\[onnx\\]'"):
         oxi.load("model.onnx")
+
+
+@pytest.mark.parametrize("op_type, attrs, fragment", [
+    ("LRN", dict(size=3, alpha=float("nan")), "alpha=nan: must be a number, not NaN"),
+    ("LRN", dict(size=3, beta=float("inf")), "beta=inf: must be finite"),
+    ("LeakyRelu", dict(alpha=float("nan")), None),  # not supported at all: named either way
+])
+def test_nan_and_infinite_attributes_are_refused_naming_the_onnx_node(op_type, attrs, fragment):
+    node = helper.make_node(op_type, ["x"], ["y"], name="bad", **attrs)
+    m = raw_model([node], [info("x", list(X.shape))], [info("y", None)])
+    with pytest.raises((oxi.OnnxImportError, ParameterError)) as e:
+        oxi.load(m)
+    assert "bad" in str(e.value) and (fragment is None or fragment in str(e.value))
+
+
+@pytest.mark.parametrize("attr", ["alpha", "beta", "epsilon"])
+def test_nan_gemm_scales_and_batch_norm_epsilon_are_refused(attr):
+    if attr == "epsilon":
+        c = 2
+        inits = [helper.make_tensor(n, TensorProto.FLOAT, [c], np.ones(c, np.float32))
+                 for n in ("s", "b", "mean", "var")]
+        node = helper.make_node("BatchNormalization", ["x", "s", "b", "mean", "var"], ["y"], name="bad",
+                                epsilon=float("nan"))
+        m = raw_model([node], [info("x", list(X.shape))], [info("y", None)], inits)
+    else:
+        w = helper.make_tensor("w", TensorProto.FLOAT, [3, 4], np.ones(12, np.float32))
+        cc = helper.make_tensor("c", TensorProto.FLOAT, [4], np.ones(4, np.float32))
+        node = helper.make_node("Gemm", ["a", "w", "c"], ["y"], name="bad", **{attr: float("nan")})
+        m = raw_model([node], [info("a", [2, 3])], [info("y", None)], [w, cc])
+    with pytest.raises((oxi.OnnxImportError, ParameterError)) as e:
+        oxi.load(m)
+    named = "eps" if attr == "epsilon" else attr  # BatchNorm's own name for it, after the ONNX node's
+    assert "ONNX node 'bad'" in str(e.value) and f"{named}=nan" in str(e.value)

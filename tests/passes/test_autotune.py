@@ -1,6 +1,8 @@
 """The autotune pass: fastest correct candidate, cache behaviour, reports."""
 
 import json
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -278,3 +280,70 @@ def test_candidates_and_their_reference_get_the_node_type(monkeypatch, tmp_path)
         "fast": Rule(Scale, "fast", recording), "slow": Rule(Scale, "slow", recording)})
     tune(scale_graph()[1], tmp_path / "c.json", StubTimer({"fast": 1.0, "slow": 2.0}))
     assert set(seen) == {((4, 5), "float64", "float64"), ((4, 5), "float32", "float32")}
+
+
+def _winograd_conv():
+    g = og.Graph()
+    x, w = g.input("x", (2, 3, 8, 8)), g.param("w", (4, 3, 3, 3))
+    y = og.conv2d(x, w, padding=1, name="conv")
+    rng = np.random.default_rng(0)
+    feeds = dict(x=rng.standard_normal((2, 3, 8, 8)), w=rng.standard_normal((4, 3, 3, 3)))
+    return y, feeds
+
+
+@pytest.mark.parametrize("edit", ["entry", "rows"])
+def test_cached_options_a_kernel_refuses_are_reported_and_retuned(tmp_path, edit):
+    """A hand-edited entry (Winograd with tile = 7, a tile the kernel has no
+    transform for) must not reach the executable: it is checked against the
+    rule's variants, reported, and the node is tuned again."""
+    y, feeds = _winograd_conv()
+    path = tmp_path / "c.json"
+    policy = LoweringPolicy(autotune=True, cache=str(path), exclude=["fused"])
+    og.compile([y], policy=policy)
+    data = json.loads(path.read_text())
+    for entry in data["entries"].values():
+        if edit == "entry":  # an entry of the old format: its algorithm and options are used as written
+            entry.pop("rechoose", None)
+            entry.update(algorithm="winograd", options={"tile": 7})
+        else:  # the rows rechoose() decides from: the fastest row now says tile 7
+            row = next(r for r in entry["candidates"] if r["algorithm"] == "winograd")
+            row.update(options={"tile": 7}, time_ms=1e-6, min_ms=1e-6)
+    path.write_text(json.dumps(data))
+    with pytest.warns(RuntimeWarning, match=r"node conv: cached options \{'tile': 7\} of winograd are not "
+                                            r"among its variants.*re-tuned"):
+        exe = og.compile([y], policy=policy)
+    assert exe.report.nodes["conv"].how == "autotune"
+    assert any("tile': 7" in n for n in exe.report.notes)
+    (got,) = exe(**feeds)  # runs: no kernel refuses its options
+    (want,) = og.compile([y], pipeline="reference", dtype="float64")(**feeds)
+    assert np.linalg.norm(got - want) <= 1e-3 * np.linalg.norm(want)
+    rewritten = json.loads(path.read_text())["entries"]
+    assert all(e["options"].get("tile") != 7 for e in rewritten.values())
+
+
+def test_an_empty_opgraph_cache_is_the_default_location(monkeypatch):
+    monkeypatch.setenv("OPGRAPH_CACHE", "")
+    assert default_path().endswith(".cache/opgraph/autotune.json")
+    monkeypatch.setenv("OPGRAPH_CACHE", "  ")
+    assert default_path().endswith(".cache/opgraph/autotune.json")
+    monkeypatch.setenv("OPGRAPH_CACHE", "off")
+    assert default_path() is None
+
+
+def test_a_cache_behind_a_symbolic_link_keeps_its_link_and_mode(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
+    shared = tmp_path / "shared" / "autotune.json"
+    shared.parent.mkdir()
+    shared.write_text('{"format": "opgraph-autotune/1", "entries": {}}')
+    os.chmod(shared, 0o664)
+    link = tmp_path / "mine.json"
+    link.symlink_to(shared)
+    monkeypatch.setenv("OPGRAPH_CACHE", str(link))
+    policy = LoweringPolicy(autotune=True)
+    ctx = PassContext(policy=policy, timer=StubTimer({"fast": 1.0}), versions=lambda: dict(VERSIONS_A),
+                      device_name=lambda: "test-cpu")
+    outs = scale_graph()[1]
+    Pipeline("t", [LowerPass(), AutotunePass()]).run(outs[0].graph, outs, ctx)
+    assert link.is_symlink() and os.readlink(link) == str(shared)
+    assert len(json.loads(shared.read_text())["entries"]) == 1
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o664

@@ -98,12 +98,50 @@ def test_declining_preference_falls_back_to_gemm_with_reason():
 
 def test_force_by_node_name_and_pattern():
     g, outs = conv_grads()
-    algos, ctx = algorithms(g, outs, LoweringPolicy(force={"conv2": "fft", "conv2.grad/*filter": "direct"},
+    # conv2:forward narrows the layer key to its forward node (conv2 alone would force all three)
+    algos, ctx = algorithms(g, outs, LoweringPolicy(force={"conv2:forward": "fft",
+                                                           "conv2.grad/*filter": "direct"},
                                                      exclude=["fft"]))
     assert algos["Conv2d"] == "fft"  # forcing bypasses exclude
     assert algos["Conv2dBackwardFilter"] == "direct"
     assert algos["Conv2dBackwardData"] == "gemm"
     assert ctx.report.node("conv2").how == "forced"
+
+
+@pytest.mark.parametrize("force, want", [
+    ({"conv2": "fft"}, {"Conv2d": "fft", "Conv2dBackwardData": "fft", "Conv2dBackwardFilter": "fft"}),
+    ({"conv*": "fft"}, {"Conv2d": "fft", "Conv2dBackwardData": "fft", "Conv2dBackwardFilter": "fft"}),
+    # the narrower key wins whatever the table's order
+    ({"conv2:backward_filter": "direct", "conv2": "fft"},
+     {"Conv2d": "fft", "Conv2dBackwardData": "fft", "Conv2dBackwardFilter": "direct"}),
+    ({"conv2:backward_data": "fft"}, {"Conv2d": "gemm", "Conv2dBackwardData": "fft",
+                                      "Conv2dBackwardFilter": "gemm"}),
+    # a key of the backward node's full name beats the layer key
+    ({"conv2": "fft", "conv2.grad/conv2d_backward_data": "direct"},
+     {"Conv2d": "fft", "Conv2dBackwardData": "direct", "Conv2dBackwardFilter": "fft"}),
+])
+def test_a_layer_name_forces_every_direction_unless_narrowed(force, want):
+    g, outs = conv_grads()
+    algos, ctx = algorithms(g, outs, LoweringPolicy(force=force))
+    assert {k: algos[k] for k in want} == want
+    assert all(r.how == "forced" for r in ctx.report.nodes.values() if r.algorithm == "fft")
+
+
+def test_a_layer_key_leaves_the_layers_non_convolution_backward_nodes_alone():
+    g = og.Graph()
+    x, w, b = g.input("x", (1, 2, 6, 6)), g.param("w", (3, 2, 3, 3)), g.param("b", (3,))
+    y = og.conv2d(x, w, b, padding=1, name="conv2")
+    outs = [y, *og.grad(y, [x, w, b])]
+    exe = og.compile(outs, policy=LoweringPolicy(force={"conv2": "fft"}, exclude=["fused"]))
+    bias = next(r for n, r in exe.report.nodes.items() if r.op_type == "BiasAddBackward")
+    assert bias.how == "policy" and bias.algorithm == "reference"  # no fft rule: never forced
+    assert {r.algorithm for r in exe.report.nodes.values() if r.op_type.startswith("Conv2d")} == {"fft"}
+
+
+def test_a_narrowed_key_that_names_no_layer_warns():
+    g, outs = conv_grads()
+    with pytest.warns(UserWarning, match="'conv9:backward_data' matches no node"):
+        lower(g, outs, LoweringPolicy(force={"conv9:backward_data": "fft"}))
 
 
 def test_forced_algorithm_that_declines_is_an_error_naming_node_and_reason():

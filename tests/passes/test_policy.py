@@ -1,6 +1,7 @@
 """LoweringPolicy: construction, TOML loading, CLI strings, queries."""
 
 
+import numpy as np
 import pytest
 
 from opgraph.passes.policy import DEFAULT_ORDER, LoweringPolicy, PolicyError, parse_bytes
@@ -91,6 +92,27 @@ def test_toml_syntax_error_and_missing_file(tmp_path):
 ])
 def test_parse_bytes(text, expected):
     assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("value", ["1.2.3MiB", "..", ".", "1e", float("inf"), float("nan"), 1e400,
+                                   "1e400", "1e400MiB", "inf", "nan", -1.0, [1]])
+def test_malformed_or_infinite_workspace_limits_are_policy_errors_naming_the_key(value):
+    with pytest.raises(PolicyError, match=r"workspace_limit="):
+        LoweringPolicy(workspace_limit=value)
+
+
+@pytest.mark.parametrize("text", ["workspace_limit = inf", "workspace_limit = nan",
+                                  "workspace_limit = 1e400", 'workspace_limit = "1.2.3MiB"'])
+def test_toml_infinite_workspace_limit_names_file_and_key(tmp_path, text):
+    path = write(tmp_path, text)
+    with pytest.raises(PolicyError, match=r"workspace_limit=") as e:
+        LoweringPolicy.from_toml(path)
+    assert str(path) in str(e.value)
+
+
+def test_parse_bytes_reads_numpy_numbers_and_exponents():
+    assert parse_bytes(np.int64(4096)) == 4096 and parse_bytes("1.5e3") == 1500
+    assert parse_bytes(".5KiB") == 512
 
 
 def test_preferred_concatenates_most_specific_first():

@@ -1,0 +1,177 @@
+"""``opgraph-bench compare A.json B.json``: what changed between two runs.
+
+For every column the two documents share (model, lowering, precision and
+storage dtype, layout) and that both timed, one row per phase (forward,
+backward-data, backward-filter or PyTorch's backward, the total, and the
+whole step timed as one loop, the only figure of a ``+graph`` peer): A's
+and B's median with its spread, the ratio B / A, and whether the change is
+beyond both runs' spread, as ``asv compare`` and ``pytest-benchmark
+compare`` mark only the changes their statistics support:
+
+* a phase's spread is the interquartile range of its loop's calls
+  (:func:`stability.spread`; the step's of its loop), the total's the phases' IQRs summed
+  (:func:`stability.total_spread`); both come from ``times_ms``, so files
+  written before the spread was recorded compare too;
+* a change is ``slower`` or ``faster`` when ``|median_B - median_A|``
+  exceeds both A's IQR and B's; otherwise it is within the noise (blank);
+  a loop of one call has no spread, and its change is ``?``.
+
+Columns in one file only are listed in a note. Exit status 0, or 2 when a
+file cannot be read or is not an ``opgraph-bench`` benchmark document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+
+from .report import write_tables
+from .stability import spread, total_spread
+from .tables import Table, fmt_ms, precision_label
+
+PHASES = ("forward", "backward_data", "backward_filter", "backward")
+FORMATS = ("table", "markdown", "json", "csv")
+
+
+def load(path: str) -> dict:
+    """A benchmark document from ``path``.
+
+    Raises:
+        ValueError: unreadable, not JSON, or not an ``opgraph-bench`` benchmark document.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be read ({e.strerror})") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: is not JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("tool") != "opgraph-bench" or doc.get("mode") != "benchmark":
+        raise ValueError(f"{path}: is not an opgraph-bench benchmark document (--format json of a timing run)")
+    return doc
+
+
+def _key(r: dict) -> tuple:
+    return r["model"], r["lowering"], precision_label(r), r.get("layout") or "NCHW"
+
+
+def _timed(doc: dict) -> dict[tuple, dict]:
+    return {_key(r): r for r in doc.get("results", ())
+            if r.get("status") == "ok" and (r.get("times") or r.get("step"))}
+
+
+def _figures(r: dict) -> dict[str, tuple[float, float | None]]:
+    """Phase -> (median ms, IQR ms or None) of one record, with ``total`` (the
+    phases summed) and ``step`` (the whole step as one loop) where it has them."""
+    out = {}
+    times = r.get("times") or {}
+    for p in PHASES:
+        t = times.get(p)
+        if t and t.get("times_ms"):
+            out[p] = (t["median_ms"], spread(t["times_ms"])["iqr_ms"])
+    if out:
+        total = total_spread(times)
+        out["total"] = (r["totals"]["total_ms"], total["iqr_ms"] if total else None)
+    step = r.get("step")
+    if step and step.get("times_ms"):
+        out["step"] = (step["median_ms"], spread(step["times_ms"])["iqr_ms"])
+    return out
+
+
+def change(a: tuple[float, float | None], b: tuple[float, float | None]) -> str:
+    """``'slower'``, ``'faster'``, ``''`` (within a spread) or ``'?'`` (no spread)."""
+    (ma, ia), (mb, ib) = a, b
+    if ia is None or ib is None:
+        return "?"
+    delta = mb - ma
+    if abs(delta) <= ia or abs(delta) <= ib:
+        return ""
+    return "slower" if delta > 0 else "faster"
+
+
+def compare(a: dict, b: dict) -> dict:
+    """``{rows, only_a, only_b}``: a row per shared timed column and phase
+    (``model``, ``lowering``, ``precision``, ``layout``, ``phase``, ``a_ms``,
+    ``a_iqr_ms``, ``b_ms``, ``b_iqr_ms``, ``ratio`` = B / A, ``change``) and
+    the columns timed in one document only."""
+    ta, tb = _timed(a), _timed(b)
+    rows = []
+    for key in (k for k in ta if k in tb):
+        fa, fb = _figures(ta[key]), _figures(tb[key])
+        for phase in (p for p in (*PHASES, "total", "step") if p in fa and p in fb):
+            (ma, ia), (mb, ib) = fa[phase], fb[phase]
+            rows.append(dict(zip(("model", "lowering", "precision", "layout"), key), phase=phase,
+                             a_ms=ma, a_iqr_ms=ia, b_ms=mb, b_iqr_ms=ib,
+                             ratio=mb / ma if ma > 0 else None, change=change(fa[phase], fb[phase])))
+    label = lambda k: " / ".join(k[:3])  # noqa: E731
+    return {"rows": rows, "only_a": [label(k) for k in ta if k not in tb],
+            "only_b": [label(k) for k in tb if k not in ta]}
+
+
+def _iqr(x) -> str:
+    return "?" if x is None else f"±{fmt_ms(x)}"
+
+
+def comparison_table(result: dict, name_a: str, name_b: str) -> Table:
+    """The rows of :func:`compare` as one table, with its notes."""
+    headers = ["model", "lowering", "precision", "phase", "A ms", "A IQR", "B ms", "B IQR", "B / A", "change"]
+    rows = [[r["model"], r["lowering"], r["precision"], r["phase"], fmt_ms(r["a_ms"]), _iqr(r["a_iqr_ms"]),
+             fmt_ms(r["b_ms"]), _iqr(r["b_iqr_ms"]), "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
+             r["change"]] for r in result["rows"]]
+    counts = {c: sum(r["change"] == c for r in result["rows"]) for c in ("slower", "faster", "", "?")}
+    notes = [f"A: {name_a}; B: {name_b}; ms per mini-batch, median; IQR: interquartile range of the "
+             "calls (total: the phases' summed); B / A above 1: B is slower",
+             f"change: beyond both runs' IQR: {counts['slower']} slower, {counts['faster']} faster; "
+             f"{counts['']} within the spread" + (f"; {counts['?']} without a spread (one call)"
+                                                  if counts["?"] else "")]
+    if result["only_a"]:
+        notes.append(f"timed in A only: {', '.join(result['only_a'])}")
+    if result["only_b"]:
+        notes.append(f"timed in B only: {', '.join(result['only_b'])}")
+    return Table(f"{name_b} against {name_a}", headers, rows,
+                 right={"A ms", "A IQR", "B ms", "B IQR", "B / A"}, notes=notes)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opgraph-bench compare",
+                                description="Speedups and regressions between two opgraph-bench JSON "
+                                            "documents, by model, lowering, precision and phase; a change "
+                                            "is marked when it exceeds both runs' interquartile range.")
+    p.add_argument("a", metavar="A.json", help="the baseline (--format json of a timing run)")
+    p.add_argument("b", metavar="B.json", help="the run compared with it")
+    p.add_argument("--format", choices=FORMATS, default="table")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """``opgraph-bench compare``; returns the exit status (module docstring)."""
+    args = build_parser().parse_args(argv)
+    try:
+        a, b = load(args.a), load(args.b)
+    except ValueError as e:
+        print(f"opgraph-bench compare: error: {e}", file=sys.stderr)
+        return 2
+    result = compare(a, b)
+    if args.format == "json":
+        sys.stdout.write(json.dumps({"a": args.a, "b": args.b, **result}, indent=1) + "\n")
+    elif args.format == "csv":
+        buf = io.StringIO()
+        fields = ["model", "lowering", "precision", "layout", "phase", "a_ms", "a_iqr_ms", "b_ms", "b_iqr_ms",
+                  "ratio", "change"]
+        w = csv.DictWriter(buf, fields, lineterminator="\n")
+        w.writeheader()
+        w.writerows(result["rows"])
+        sys.stdout.write(buf.getvalue())
+    elif args.format == "markdown":
+        from .markdown import table_markdown
+
+        sys.stdout.write(table_markdown(comparison_table(result, args.a, args.b)))
+    else:
+        write_tables([comparison_table(result, args.a, args.b)], sys.stdout)
+    return 0
+
+
+__all__ = ["load", "compare", "change", "comparison_table", "build_parser", "main"]

@@ -1,0 +1,86 @@
+"""Which node a ``policy.force`` key names.
+
+A key is matched against a node's name (``PassContext.aliases`` may give a
+node the name of the one it stands for: the legalize pass's ``/unpadded``
+convolution is forced as the node it came from). For a node whose op has a
+direction (the convolution ops: ``Op.direction`` ``fwd``, ``dgrad``,
+``wgrad``; ``Linear``), a key also names the *layer* the node belongs to:
+``grad`` names a backward node ``<forward node>.grad/<op>``
+(``conv2.grad/conv2d_backward_data``), so its layer is the part before
+``.grad/``. A key is
+
+* ``NAME`` (or an ``fnmatch`` pattern): the node of that name, and every
+  direction of the layer of that name: ``conv2`` forces ``conv2``'s forward,
+  backward-data and backward-filter;
+* ``NAME:forward``, ``NAME:backward_data``, ``NAME:backward_filter``: that
+  layer in that direction only.
+
+When several keys match a node, the most specific wins: a key equal to the
+node's full name, then a pattern of its full name
+(``conv2.grad/*filter``), then a layer key narrowed to the node's direction,
+then a layer key for every direction (exact names before patterns each
+time, then the order of the ``force`` table).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Iterable, Mapping
+
+#: ``Op.direction`` -> the word a force key narrows with (the benchmark's phase names).
+DIRECTIONS = {"fwd": "forward", "dgrad": "backward_data", "wgrad": "backward_filter"}
+GRAD_SCOPE = ".grad/"
+
+
+def split_key(key: str) -> tuple[str, str | None]:
+    """``'conv2:backward_data'`` -> ``('conv2', 'backward_data')``; a key
+    without a direction suffix -> ``(key, None)``."""
+    layer, sep, word = key.rpartition(":")
+    if sep and word in DIRECTIONS.values() and layer:
+        return layer, word
+    return key, None
+
+
+def layer_of(node_name: str) -> str:
+    """The forward node a node belongs to: the part of its name before
+    ``.grad/`` (itself for a forward node)."""
+    return node_name.split(GRAD_SCOPE, 1)[0]
+
+
+def _matches(pattern: str, name: str) -> bool:
+    return pattern == name or fnmatch.fnmatchcase(name, pattern)
+
+
+def forced_algorithm(force: Mapping[str, str], node_name: str, direction: str | None = None) -> str | None:
+    """The algorithm ``force`` gives node ``node_name`` whose op has
+    ``direction`` (``Op.direction``; None for an op without one), by the
+    precedence of the module docstring; None if no key matches."""
+    if node_name in force:
+        return force[node_name]
+    for key, algo in force.items():
+        if split_key(key)[1] is None and fnmatch.fnmatchcase(node_name, key):
+            return algo
+    word = DIRECTIONS.get(direction)
+    if word is None:
+        return None
+    layer = layer_of(node_name)
+    ranked = []
+    for i, (key, algo) in enumerate(force.items()):
+        name, narrow = split_key(key)
+        if narrow not in (None, word) or not _matches(name, layer):
+            continue
+        ranked.append(((narrow is None, name != layer, i), algo))
+    return min(ranked)[1] if ranked else None
+
+
+def matches_a_node(key: str, names: Iterable[str]) -> bool:
+    """Whether force key ``key`` can name one of the nodes ``names`` (for the
+    warning about a key that matches nothing, a typo)."""
+    layer, narrow = split_key(key)
+    names = list(names)
+    if narrow is None and any(_matches(key, n) for n in names):
+        return True
+    return any(_matches(layer, layer_of(n)) for n in names)
+
+
+__all__ = ["DIRECTIONS", "split_key", "layer_of", "forced_algorithm", "matches_a_node"]

@@ -1,0 +1,171 @@
+"""``opgraph-bench`` when a run goes wrong or is steered by hand: Ctrl-C, a
+time limit, a failing column, --no-per-layer, policy items and forced nodes
+on --lowering."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from opgraph.benchmarks import cli, driver
+
+FAST = ("--batch", "1", "--device", "cpu", "--warmup", "0", "--repeat", "1")
+
+
+def run_cli(capsys, *args):
+    status = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def _interrupt_second_column(monkeypatch):
+    real, calls = driver.run_lowering, []
+
+    def run(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(driver, "run_lowering", run)
+
+
+def test_ctrl_c_writes_the_finished_columns_and_says_where(capsys, monkeypatch, tmp_path):
+    _interrupt_second_column(monkeypatch)
+    path = tmp_path / "run.json"
+    status, out, err = run_cli(capsys, "--model", "L5", *FAST, "--lowering", "direct,gemm", "--no-check",
+                               "--no-per-layer", "--format", "json", "--output", str(path), "--quiet")
+    assert status == cli.EXIT_INTERRUPTED == 130 and out == ""
+    assert err == f"opgraph-bench: interrupted; the 1 finished column(s) were written to {path}\n"
+    doc = json.loads(path.read_text())
+    assert [(r["lowering"], r["status"]) for r in doc["results"]] == [("direct", "ok")]
+    assert any("interrupted (Ctrl-C) after 1 column(s)" in n for n in doc["notes"])
+
+
+def test_ctrl_c_without_output_prints_the_finished_columns(capsys, monkeypatch):
+    _interrupt_second_column(monkeypatch)
+    status, out, err = run_cli(capsys, "--model", "L5", *FAST, "--lowering", "direct,gemm", "--no-check",
+                               "--no-per-layer", "--format", "csv", "--quiet")
+    assert status == 130 and err.endswith("were written to standard output\n") and err.count("\n") == 1
+    assert [r["lowering"] for r in csv.DictReader(io.StringIO(out))] == ["direct"]
+
+
+def test_ctrl_c_before_any_column(capsys, monkeypatch):
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_models", interrupt)
+    status, out, err = run_cli(capsys, "--model", "L5", *FAST, "--quiet")
+    assert status == 130 and out == ""
+    assert err == "opgraph-bench: interrupted before any column finished; nothing was written\n"
+
+
+def test_a_real_sigint_ends_the_console_script_in_one_line(tmp_path):
+    """SIGINT, as a terminal's Ctrl-C sends it, after the first column: no traceback."""
+    path = tmp_path / "run.json"
+    cmd = [sys.executable, "-c", "import sys; from opgraph.benchmarks.cli import main; sys.exit(main())",
+           "--model", "L5", *FAST, "--repeat", "30", "--lowering", "gemm,direct,fft", "--no-check",
+           "--no-per-layer", "--format", "json", "--output", str(path)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:  # one progress line per finished column (not a terminal)
+            if line.startswith("[1/3]"):
+                break
+        proc.send_signal(signal.SIGINT)
+        rest, out = proc.stderr.read(), proc.stdout.read()
+        status = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    assert status == 130 and "Traceback" not in rest and out == ""
+    assert rest.startswith("opgraph-bench: interrupted; the ") and rest.count("\n") == 1
+    assert f"were written to {path}" in rest
+    assert json.loads(path.read_text())["results"][0]["status"] == "ok"
+
+
+def test_no_per_layer_writes_no_per_layer_csv_rows(capsys):
+    status, out, _ = run_cli(capsys, "--model", "L4", *FAST, "--lowering", "direct", "--no-check",
+                             "--no-per-layer", "--format", "csv", "--quiet")
+    assert status == 0
+    assert [r["layer"] for r in csv.DictReader(io.StringIO(out))] == ["(total)"]
+
+
+def test_an_error_record_carries_type_message_and_innermost_frames(capsys, monkeypatch):
+    from opgraph.benchmarks import protocol
+
+    def broken(self, repeat):
+        return ().__getitem__(1)  # IndexError: tuple index out of range, as seen on DenseNet-121
+
+    monkeypatch.setattr(protocol.PhaseRunner, "time_phases", broken)
+    status, out, err = run_cli(capsys, "--model", "L5", *FAST, "--lowering", "direct", "--no-check",
+                               "--format", "json")
+    assert status == 3
+    (r,) = json.loads(out)["results"]
+    e = r["error"]
+    assert e["type"] == "IndexError" and e["message"] == "tuple index out of range"
+    assert e["frames"][-1].startswith("tests/benchmarks/test_cli_reliability.py:") and \
+        e["frames"][-1].endswith(" in broken")
+    assert any("benchmarks/driver.py:" in f and "in run_lowering" in f for f in e["frames"])
+    assert r["reason"] == f"IndexError: tuple index out of range (at {e['frames'][-1]})"
+    # the log shows every frame, one per line
+    log = err[err.index("[1/1] L5 fp32 direct: error"):]
+    assert all(f"\n    at {f}" in log for f in e["frames"])
+
+
+@pytest.mark.parametrize("per_layer", [True, False])
+def test_a_forced_node_shows_in_table_json_and_csv(capsys, tmp_path, per_layer):
+    flags = () if per_layer else ("--no-per-layer",)
+    status, out, err = run_cli(capsys, "--model", "L4", *FAST, "--lowering", "gemm,@L4=direct",
+                               "--no-check", "--quiet", *flags)
+    assert status == 0, err
+    assert "gemm ‡" in out
+    assert ("‡ L4 / gemm: 3 node(s) forced by the policy: direct: L4, "
+            "L4.grad/conv2d_backward_data, L4.grad/conv2d_backward_filter") in out
+    assert "no reason recorded" not in out
+    if per_layer:
+        assert "‡ L4 backward_filter under gemm: forced to direct by the policy" in out
+    path = tmp_path / "run.json"
+    run_cli(capsys, "--model", "L4", *FAST, "--lowering", "gemm,@L4:forward=direct", "--no-check",
+            "--quiet", "--format", "json", "--output", str(path), *flags)
+    (r,) = json.loads(path.read_text())["results"]
+    assert r["forced"] == {"L4": "direct"} and r["not_applicable"] == {}
+    (row,) = r["layers"]
+    assert row["forced"] == {"forward": "direct"} and row["algorithm"]["backward_data"] == "gemm"
+    run_cli(capsys, "--model", "L4", *FAST, "--lowering", "gemm,@L4:forward=direct", "--no-check",
+            "--quiet", "--format", "csv", "--output", str(path), *flags)
+    total = next(csv.DictReader(io.StringIO(path.read_text())))
+    assert total["layer"] == "(total)" and total["forced"] == "L4=direct"
+
+
+def test_policy_items_alone_make_one_column_named_by_them(capsys):
+    status, out, err = run_cli(capsys, "--model", "L4", *FAST, "--lowering", "conv=direct+gemm",
+                               "--no-check", "--no-per-layer", "--format", "json", "--quiet")
+    assert status == 0, err
+    doc = json.loads(out)
+    (r,) = doc["results"]
+    assert r["lowering"] == "conv=direct+gemm" and r["status"] == "ok"
+    assert {op: set(a) for op, a in r["algorithms"].items()} == {
+        "Conv2d": {"direct"}, "Conv2dBackwardData": {"direct"}, "Conv2dBackwardFilter": {"direct"}}
+    assert doc["environment"]["policy"]["prefer"] == {"conv": ["direct", "gemm"]}
+
+
+def test_a_bad_policy_item_is_a_usage_error_naming_the_flag(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--model", "L5", "--lowering", "conv=fft+gemmm"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--lowering" in err and "unknown algorithm 'gemmm'" in err
+
+
+def test_help_formats_every_flag(capsys):
+    """argparse %-formats help strings: a bare % in one (5% of the median) broke --help."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "--repeat N|auto" in out and "--trace PATH.json" in out and "5% of" in out

@@ -1,0 +1,105 @@
+"""``opgraph-bench compare A.json B.json``: rows by model, lowering, precision and
+phase, and a change marked only where it exceeds both runs' interquartile range."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from opgraph.benchmarks import cli, compare, driver, lowerings as lw
+
+from tinymodels import tiny_convnet
+
+
+def _loop(times):
+    times = list(times)
+    s = sorted(times)
+    return {"median_ms": s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2,
+            "min_ms": s[0], "times_ms": times}
+
+
+def _rec(lowering, fwd, bwd, model="alexnet", precision="fp32", dtype="float32"):
+    times = {"forward": _loop(fwd), "backward_data": _loop(bwd), "backward_filter": None}
+    return {"model": model, "lowering": lowering, "precision": precision, "dtype": dtype, "layout": "NCHW",
+            "status": "ok", "times": times,
+            "totals": {"total_ms": times["forward"]["median_ms"] + times["backward_data"]["median_ms"]}}
+
+
+def _doc(*results):
+    return {"tool": "opgraph-bench", "mode": "benchmark", "results": list(results)}
+
+
+A = _doc(_rec("gemm", [10, 10.5, 11], [20, 21, 22]), _rec("fft", [30, 31, 32], [5, 5, 5]),
+         _rec("winograd", [1, 1, 1], [1, 1, 1]))
+B = _doc(_rec("gemm", [15, 15.5, 16], [20.2, 21.2, 22.2]), _rec("fft", [20, 21, 22], [5, 5, 5.0]),
+         _rec("direct", [1, 1, 1], [1, 1, 1]))
+
+
+def test_changes_beyond_both_spreads_are_marked():
+    got = compare.compare(A, B)
+    rows = {(r["lowering"], r["phase"]): r for r in got["rows"]}
+    # gemm forward: +5 ms against IQRs of 0.5: slower; backward-data +0.2 within IQRs of 1: unmarked
+    assert rows["gemm", "forward"]["change"] == "slower"
+    assert rows["gemm", "forward"]["ratio"] == pytest.approx(15.5 / 10.5)
+    assert rows["gemm", "backward_data"]["change"] == ""
+    assert rows["fft", "forward"]["change"] == "faster"
+    assert rows["gemm", "total"]["a_iqr_ms"] == pytest.approx(0.5 + 1.0)  # the phases' IQRs summed
+    assert rows["fft", "backward_data"]["change"] == ""  # 5 -> 5 with no spread: no change
+    assert got["only_a"] == ["alexnet / winograd / fp32"] and got["only_b"] == ["alexnet / direct / fp32"]
+
+
+def test_a_column_timed_as_a_whole_step_only_compares_by_its_step():
+    """A ``+graph`` peer has no phase loops (``times`` null), only ``step``."""
+    def peer(step):
+        return {"model": "alexnet", "lowering": "torch+graph", "precision": "fp32", "dtype": "float32",
+                "layout": "NCHW", "status": "ok", "times": None, "totals": {"total_ms": None},
+                "step": _loop(step)}
+
+    got = compare.compare(_doc(peer([10, 10.2, 10.4])), _doc(peer([12, 12.2, 12.4])))
+    assert [(r["phase"], r["change"]) for r in got["rows"]] == [("step", "slower")]
+    assert got["rows"][0]["ratio"] == pytest.approx(12.2 / 10.2)
+
+
+def test_a_change_is_marked_only_beyond_both_iqrs():
+    assert compare.change((10.0, 1.0), (12.0, 1.0)) == "slower"
+    assert compare.change((10.0, 1.0), (12.0, 3.0)) == ""  # within B's spread
+    assert compare.change((10.0, 3.0), (8.0, 1.0)) == ""  # within A's
+    assert compare.change((10.0, 0.5), (8.0, 1.0)) == "faster"
+    assert compare.change((10.0, None), (20.0, 1.0)) == "?"
+
+
+def test_precisions_and_storage_dtypes_are_separate_columns():
+    a = _doc(_rec("gemm", [1, 1, 1], [1, 1, 1], precision="bf16", dtype="bfloat16"))
+    b = _doc(_rec("gemm", [1, 1, 1], [1, 1, 1], precision="bf16", dtype="float32"))
+    got = compare.compare(a, b)
+    assert got["rows"] == [] and got["only_a"] == ["alexnet / gemm / bf16, bfloat16 storage"]
+
+
+def test_the_command_compares_two_real_runs(tmp_path, capsys):
+    s = driver.Settings(device="cpu", lowerings=lw.parse_lowerings("gemm,direct"), warmup=0, repeat=3)
+    paths = []
+    for name in ("a", "b"):
+        doc = driver.run_benchmark([tiny_convnet()], s)
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(doc))
+    status = cli.main(["compare", *map(str, paths)])
+    out = capsys.readouterr().out
+    assert status == 0 and "b.json against" in out and "backward_filter" in out and "change:" in out
+    status = cli.main(["compare", *map(str, paths), "--format", "csv"])
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert {(r["lowering"], r["phase"]) for r in rows} == {
+        (lo, p) for lo in ("gemm", "direct")
+        for p in ("forward", "backward_data", "backward_filter", "total", "step")}  # step: the whole step's loop
+    assert all(float(r["ratio"]) > 0 for r in rows)
+
+
+def test_a_file_that_is_no_benchmark_document_exits_2(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"tool": "opgraph-bench", "mode": "summary"}')
+    assert cli.main(["compare", str(bad), str(bad)]) == 2
+    assert "is not an opgraph-bench benchmark document" in capsys.readouterr().err
+    assert cli.main(["compare", str(tmp_path / "none.json"), str(bad)]) == 2
+    assert "cannot be read" in capsys.readouterr().err

@@ -1,0 +1,150 @@
+"""Spread, unstable columns and runs, and ``--repeat auto`` (benchmarks/stability.py,
+timer.AdaptiveTimer): the figures against NumPy's percentiles, the flags on
+documents made with clocks whose spread is known."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from opgraph.benchmarks import cli, driver, lowerings as lw, report, stability, tables
+from opgraph.benchmarks.timer import AdaptiveTimer, Timing
+
+from tinymodels import tiny_convnet
+
+
+@pytest.mark.parametrize("times", [[3.0, 1.0, 2.0], [1.0, 2.0], [5.0, 1.0, 9.0, 2.0, 2.5, 7.0]])
+def test_spread_is_numpys_linear_interquartile_range(times):
+    sp = stability.spread(times)
+    q1, med, q3 = np.percentile(times, [25, 50, 75])  # linear interpolation, as 'inclusive'
+    assert sp["q1_ms"] == pytest.approx(q1) and sp["q3_ms"] == pytest.approx(q3)
+    assert sp["iqr_ms"] == pytest.approx(q3 - q1) and sp["relative"] == pytest.approx((q3 - q1) / med)
+    assert sp["max_ms"] == max(times)
+    assert Timing(times).as_dict()["iqr_ms"] == pytest.approx(q3 - q1)
+
+
+def test_a_single_call_has_no_spread():
+    assert stability.spread([4.0])["relative"] is None
+    assert stability.total_spread({"forward": {"times_ms": [4.0]}}) is None
+
+
+def test_a_columns_spread_adds_its_phases_iqrs():
+    times = {"forward": {"times_ms": [1.0, 2.0, 3.0]}, "backward_data": None,
+             "backward_filter": {"times_ms": [10.0, 10.0, 14.0]}}
+    got = stability.total_spread(times)
+    assert got["iqr_ms"] == pytest.approx(1.0 + 2.0) and got["relative"] == pytest.approx(3.0 / 12.0)
+
+
+class ScriptedTimer:
+    """Each call of a loop takes the next time of ``script`` (cycled)."""
+
+    clock = "scripted (test)"
+
+    def __init__(self, script):
+        self.script, self.i, self.rounds = list(script), 0, 0
+
+    def measure(self, fn, *, label, repeat):
+        self.rounds += 1
+        out = []
+        for _ in range(repeat):
+            fn()
+            out.append(self.script[self.i % len(self.script)])
+            self.i += 1
+        return out
+
+    def synchronize(self):
+        pass
+
+
+def test_auto_stops_once_the_iqr_is_within_the_threshold():
+    # a noisy round, then steady calls: the IQR of all calls falls to 0 after 3 rounds
+    t = ScriptedTimer([1.0, 5.0, 1.0, 5.0, 1.0] + [2.0] * 100)
+    times = AdaptiveTimer(t, threshold=0.05).measure(lambda: None, label="x", repeat=5)
+    rel = stability.spread(times)["relative"]
+    assert rel <= 0.05 and stability.spread(times[:-5])["relative"] > 0.05  # not one round earlier
+    assert len(times) == 5 * t.rounds and t.rounds >= 2
+
+
+def test_auto_stops_at_its_caps():
+    noisy = ScriptedTimer([1.0, 3.0])
+    times = AdaptiveTimer(noisy, max_calls=20).measure(lambda: None, label="x", repeat=5)
+    assert len(times) == 20
+    slow = ScriptedTimer([1.0, 3.0])
+    times = AdaptiveTimer(slow, max_seconds=0.0).measure(lambda: None, label="x", repeat=5)
+    assert len(times) == 5  # the wall-clock cap ends it after the first round
+
+
+def _doc(timer, **kw):
+    s = driver.Settings(device="cpu", lowerings=lw.parse_lowerings("gemm"), warmup=0, repeat=4, **kw)
+    return driver.run_benchmark([tiny_convnet()], s, timer=timer)
+
+
+QUIET_PEAK = {"fp32": {"tflops": 1.0, "method": "test"}}
+
+
+def test_a_noisy_column_is_flagged_in_json_and_table(monkeypatch):
+    monkeypatch.setattr(driver, "measure_peaks", lambda device, precisions: QUIET_PEAK)
+    monkeypatch.setattr(stability, "expected_peak", lambda *a: (1.0, "test"))
+    quiet = _doc(ScriptedTimer([2.0]))
+    (r,) = quiet["results"]
+    assert r["stability"] == {"spread": 0.0, "iqr_ms": 0.0, "unstable": False, "reasons": []}
+    assert not quiet["stability"]["unstable"]
+    noisy = _doc(ScriptedTimer([1.0, 1.0, 4.0, 4.0]))  # each loop: IQR 3 of a median 2.5
+    (r,) = noisy["results"]
+    assert r["stability"]["unstable"] and r["stability"]["spread"] == pytest.approx(3 * 3 / (3 * 2.5))
+    assert "exceeds 10%" in r["stability"]["reasons"][0]
+    (table,) = tables.end_to_end_tables(noisy)
+    row = table.rows[0]
+    assert row[table.headers.index("spread")] == "±120% unstable"
+    assert any(n.startswith("unstable: tiny / gemm: spread 120.0%") for n in table.notes)
+    assert json.loads(report.render_json(noisy))["results"][0]["stability"]["unstable"] is True
+
+
+def test_a_run_whose_peak_is_far_below_the_device_is_flagged(monkeypatch):
+    monkeypatch.setattr(driver, "measure_peaks", lambda device, precisions: {
+        "fp32": {"tflops": 0.02, "method": "test"}})
+    monkeypatch.setattr(stability, "_cpuinfo", lambda: {"cpu MHz": "2500.0", "flags": "sse avx2 fma",
+                                                        "siblings": "4", "cpu cores": "2"})
+    monkeypatch.setattr(stability.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    doc = _doc(ScriptedTimer([2.0]))
+    # 4 CPUs, 2 threads per core: 2 cores x 2.5 GHz x 32 FLOP/cycle = 0.16 TFLOP/s; 0.02 is 12 %
+    assert doc["stability"]["expected_peak"]["fp32"]["tflops"] == pytest.approx(0.16)
+    assert doc["stability"]["unstable"] and "12% of the 0.16" in doc["stability"]["reasons"][0]
+    (r,) = doc["results"]
+    assert r["stability"]["unstable"] and r["stability"]["reasons"][0].startswith("run: the measured")
+    peak = tables.peak_table(doc)
+    assert peak.rows[0][peak.headers.index("expected")] == "0.16"
+    assert any(n.startswith("unstable run: the measured fp32 matmul peak") for n in peak.notes)
+    (table,) = tables.end_to_end_tables(doc)
+    assert table.rows[0][table.headers.index("spread")] == "±0% unstable"
+
+
+def test_a_peak_that_moves_during_a_long_run_flags_it(monkeypatch):
+    peaks = iter([{"fp32": {"tflops": 1.0}}, {"fp32": {"tflops": 0.5}}])
+    monkeypatch.setattr(driver, "measure_peaks", lambda device, precisions: next(peaks))
+    monkeypatch.setattr(stability, "expected_peak", lambda *a: None)
+    monkeypatch.setattr(stability, "DRIFT_MIN_SECONDS", 0.0)
+    doc = _doc(ScriptedTimer([2.0]))
+    assert doc["peak_after"]["fp32"]["tflops"] == 0.5
+    assert doc["stability"]["reasons"] == ["the fp32 matmul peak moved from 1 to 0.5 TFLOP/s during the run: "
+                                           "the machine's load changed"]
+    assert doc["results"][0]["stability"]["unstable"]
+
+
+def test_repeat_auto_on_the_command_line(capsys, tmp_path):
+    path = tmp_path / "run.json"
+    status = cli.main(["--model", "L4", "--batch", "1", "--device", "cpu", "--lowering", "direct",
+                       "--warmup", "0", "--repeat", "auto", "--no-check", "--no-per-layer", "--quiet",
+                       "--format", "json", "--output", str(path)])
+    assert status == 0, capsys.readouterr().err
+    doc = json.loads(path.read_text())
+    assert doc["protocol"]["repeat"] == "auto" and "--repeat auto: rounds of" in doc["protocol"]["clock"]
+    assert doc["environment"]["repeat"] == "auto"
+    (r,) = doc["results"]
+    for t in r["times"].values():
+        n = len(t["times_ms"])
+        assert n % 5 == 0 and n >= 5
+        rel = stability.spread(t["times_ms"])["relative"]
+        assert rel <= 0.05 or n >= 1000 or sum(t["times_ms"]) >= 5e3 * 0.5  # stable, or a cap ended it

@@ -276,8 +276,9 @@ def check_lowering(exe: Executable, ref: Reference) -> CheckResult:
             scale = term_scale(xp, op, kctx, [expected(i) for i in g.input_ids(st.node)])
             if scale > norm:
                 err = err * (norm if norm > 0 else 1.0) / scale
-        got = getattr(getattr(out, "dtype", None), "name", view.type.dtype)
-        if got != view.type.dtype:  # right values in another dtype would change every later value
+        runs_in = getattr(getattr(st.ctx, "out_type", None), "dtype", None) or view.type.dtype  # compile's dtype
+        got = getattr(getattr(out, "dtype", None), "name", runs_in)
+        if got != runs_in:  # right values in another dtype would change every later value
             err = math.nan
         checked += 1
         if math.isnan(err) or err > worst_err:
@@ -286,8 +287,8 @@ def check_lowering(exe: Executable, ref: Reference) -> CheckResult:
             failures.append({"node": st.name, "op": abstract_of(st.op).name,
                              "algorithm": st.op.algorithm, "rel_error": None if math.isnan(err) else err,
                              "tolerance": tol,
-                             **({"dtype": f"returns {got}, the node's type is {view.type.dtype}"}
-                                if got != view.type.dtype else {})})
+                             **({"dtype": f"returns {got}, the node's type is {runs_in}"}
+                                if got != runs_in else {})})
         del out, ins
     memo.clear()
     unfused.clear()

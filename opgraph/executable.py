@@ -39,6 +39,7 @@ from .errors import ExecutionError, NotLoweredError
 from .graph import Graph, Value
 from .op import Lowered, Source
 from .types import TensorType, is_float, numpy_dtype, to_layout
+from .run_types import run_types
 
 
 @attrs.frozen
@@ -104,7 +105,8 @@ class Step:
 
 
 #: ``resolve(op, out_type) -> (kernel, ctx)``: a lowered op and its node's
-#: inferred output type to the kernel that runs it and the context it gets.
+#: output type as it runs (the compile dtype applied, ``run_types.py``) to the
+#: kernel that runs it and the context it gets.
 Resolver = Callable[[Lowered, TensorType], tuple[Callable, Any]]
 
 
@@ -129,8 +131,9 @@ class Executable:
         graph: a graph whose non-source nodes (among the ancestors of
             ``outputs``) are all ``Lowered``.
         outputs: values to return, in order.
-        resolve: maps a lowered op and its node's output type to ``(kernel,
-            ctx)`` (from the registry; the context carries the type).
+        resolve: maps a lowered op and its node's output type as it runs
+            (``dtype`` applied: :func:`opgraph.run_types.run_types`) to
+            ``(kernel, ctx)`` (from the registry; the context carries the type).
         xp: the array module (``numpy`` or ``cupy``).
         dtype: if set (e.g. ``'float64'`` for the reference oracle), floating
             feeds are cast to it instead of their declared dtype.
@@ -145,7 +148,7 @@ class Executable:
         self.outputs = [graph.value(v.node) for v in outputs]
         order = graph.topological(graph.ancestors(self.outputs))
         self.sources = [graph.node(n) for n in order if isinstance(graph.node(n).op, Source)]
-        steps = []
+        steps, types = [], run_types(graph, order, dtype)
         for n in order:
             view = graph.node(n)
             if isinstance(view.op, Source):
@@ -154,7 +157,7 @@ class Executable:
                 raise NotLoweredError(
                     f"node {view.name} ({view.op.name}) is abstract and cannot run; the 'lower' pass "
                     f"chooses its implementation (opgraph.compile runs it)")
-            kernel, ctx = resolve(view.op, view.type)
+            kernel, ctx = resolve(view.op, types[n])
             if view.type.layout == "NHWC" and view.type.ndim == 4:
                 kernel = _stored_channels_last(kernel, xp)
             steps.append(Step(n, view.name, view.op, kernel, ctx, tuple(graph.input_ids(n))))

@@ -48,7 +48,7 @@ import numpy as np
 from opgraph.errors import LoweringError
 from opgraph.graph import Graph
 from opgraph.op import Lowered
-from opgraph.types import run_type
+from opgraph.run_types import run_types
 from opgraph.backends.registry import KernelContext
 
 from .autotune_cache import AutotuneCache, cache_key
@@ -153,6 +153,8 @@ class AutotunePass(Pass):
         timer = ctx.timer or default_timer(ctx.device)
         versions = ctx.versions()
         device_name = ctx.device_name()
+        # the types values run in (compile's dtype applied; batch statistics stay float32)
+        run = run_types(graph, graph.ancestors(outputs), ctx.dtype)
         for view in list(graph.nodes_in_order(outputs)):
             if not isinstance(view.op, Lowered):
                 continue
@@ -162,7 +164,7 @@ class AutotunePass(Pass):
             if s.forced is not None or rec is None:
                 continue
             # without the workspace limit: an over-budget candidate is reported, not declined
-            applicable = list(_one_reference(s.applicable(limited=False)))
+            applicable = list(_contenders(s.applicable(limited=False), ctx.device))
             layout = getattr(types[0], "layout", None) or "NCHW"
             key = cache_key(op, types, ctx.dtype, layout, policy, ctx.device, device_name, versions,
                             candidates=candidate_set((e.rule, e.options) for e in applicable))
@@ -186,7 +188,8 @@ class AutotunePass(Pass):
                 if hit and not refused:
                     ctx.report.note(f"autotune: {view.name}: cached choice {hit['algorithm']} no longer "
                                     "applies; re-tuned")
-                rows, timed = self._tune(op, types, cands, s, ctx, timer, view.type, view)
+                rows, timed = self._tune(op, types, cands, s, ctx, timer, run[view.id], view,
+                                         run_in=tuple(run[i] for i in graph.input_ids(view.id)))
                 measured = [c.to_dict() for c in rows]  # cached as timed: rechoose() decides again
                 best = choose(rows, timed, policy.workspace_tolerance)
                 if best is None:
@@ -209,16 +212,19 @@ class AutotunePass(Pass):
         return graph
 
     def _tune(self, op, types, cands, s, ctx: PassContext, timer,
-              out_type=None, view=None) -> tuple[list[Candidate], list[Candidate]]:
+              out_type=None, view=None, run_in=None) -> tuple[list[Candidate], list[Candidate]]:
         """Check and time each candidate; returns the report rows (declined ones
-        too) and those of them timed in full (not pruned). A candidate whose
-        output dtype is not the node's (``out_type``, with ``ctx.dtype``
-        replacing a floating one) is ``wrong``: a float32 result in a bf16
-        graph would turn every later value into float32."""
+        too) and those of them timed in full (not pruned). ``out_type`` and
+        ``run_in`` are the node's output and input types as they run
+        (:func:`opgraph.run_types.run_types`: ``ctx.dtype`` applied, batch
+        statistics kept in float32); inputs are drawn in ``run_in``. A
+        candidate whose output dtype is not ``out_type``'s is ``wrong``: a
+        float32 result in a bf16 graph would turn every later value into float32."""
         xp, policy = ctx.xp, ctx.policy
-        run_as = None if out_type is None else run_type(out_type, ctx.dtype)
+        run_as = out_type
         want = None if run_as is None else run_as.dtype
-        arrays = random_inputs(types, xp, ctx.seed, ctx.dtype)
+        arrays = (random_inputs(run_in, xp, ctx.seed) if run_in is not None
+                  else random_inputs(types, xp, ctx.seed, ctx.dtype))
         if view is not None:  # e.g. batch statistics that are x's own (autotune_inputs)
             arrays = consistent_inputs(view, arrays, xp, ctx.device)
         try:
@@ -355,9 +361,16 @@ def _stable_name(fn) -> str:
     return getattr(fn, "__qualname__", type(fn).__qualname__)
 
 
-def _one_reference(applicable):
-    """Drop all but the first reference alias (``direct`` and ``reference`` run the
-    same conv code: timing both is wasted work)."""
+def _contenders(applicable, device: str):
+    """The candidates worth timing: all but the first reference alias (``direct``
+    and ``reference`` run the same conv code: timing both is wasted work), and on
+    ``cuda`` no reference at all when another rule applies: the oracle kernels
+    are written to be right, not fast (float64-capable NumPy/CuPy code, host
+    synchronisations), no step of a model may run them on the GPU (issue 16),
+    and timing them on every node of a large model cost minutes of autotuning."""
+    applicable = list(applicable)
+    if device == "cuda" and any(e.rule.algorithm not in REFERENCE_ALGORITHMS for e in applicable):
+        applicable = [e for e in applicable if e.rule.algorithm not in REFERENCE_ALGORITHMS]
     seen_ref = False
     for entry in applicable:
         if entry.rule.algorithm in REFERENCE_ALGORITHMS:

@@ -15,7 +15,7 @@ from opgraph.errors import ParameterError
 from opgraph.executable import Executable
 from opgraph.graph import Value, graph_of
 from opgraph.op import Lowered
-from opgraph.types import FLOAT_DTYPES, TensorType, run_type  # FLOAT_DTYPES: what compile(dtype=...) accepts
+from opgraph.types import FLOAT_DTYPES, TensorType  # FLOAT_DTYPES: what compile(dtype=...) accepts
 from opgraph.backends.registry import KernelContext, device_support, lookup
 
 from .base import PassContext, Pipeline, host_versions
@@ -117,7 +117,7 @@ def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
         rule = lookup(type(op.op), op.algorithm)
         # a rule that declares nothing is left to the replay's trial capture (Rule.capture_blocker)
         blocker = rule.capture_blocker() if dev_name == "cuda" and rule.capturable is not None else None
-        return rule.kernel, KernelContext(xp, dev_name, op.option_dict, run_type(out_type, dtype), blocker)
+        return rule.kernel, KernelContext(xp, dev_name, op.option_dict, out_type, blocker)  # run type
 
     exe = Executable(lowered, louts, resolve, xp=xp, device=dev_name, dtype=dtype)
     for st in exe.steps:  # the zero-copy steps, marked in the report's table

@@ -51,7 +51,6 @@ from opgraph.ops.conv_fused import epilogue_steps
 from opgraph.types import HALF_DTYPES
 
 from . import fft, gemm, winograd
-from ..cuda.cublas import capture_requirement
 from ..reference import conv as direct
 from ..reference.conv_epilogue import apply_epilogue
 from ..registry import Rule, register
@@ -162,12 +161,15 @@ for _name in ("direct", "reference"):
     register_conv_algorithm(_name, direct.forward, direct.backward_data, direct.backward_filter,
                             check=_accept_all, devices=ALL_DEVICES, tags=("reference", "direct"))
 
-# gemm's products on CuPy go through our own cuBLAS handle (gemm._matmul), capturable
-# where nvmath-python is installed; FFT's cuFFT calls are left to a replay's trial
-# capture (not declared); Winograd's products still use CuPy's cuBLAS handle.
+# gemm's products on CuPy go through our own cuBLAS handle (gemm._matmul), but on the
+# H200 (2026-12-02) a ResNet-50 bf16 step on gemm still made a host-to-device copy
+# while capturing ("the current stream is capturing, so H2D transfers are
+# disallowed"): gemm is not declared, so a replay's trial capture decides per step
+# (those steps run eagerly), as for FFT's cuFFT calls; Winograd's products use
+# CuPy's cuBLAS handle.
 register_conv_algorithm("gemm", gemm.forward, gemm.backward_data, gemm.backward_filter,
                         check=gemm.check, devices=ALL_DEVICES, workspace=gemm.workspace,
-                        tags=("gemm", "im2col"), capturable=True, capture_requires=capture_requirement)
+                        tags=("gemm", "im2col"))
 
 register_conv_algorithm("fft", fft.forward, fft.backward_data, fft.backward_filter, check=fft.check,
                         devices=ALL_DEVICES, workspace=fft.workspace, tags=("fft", "fast"))

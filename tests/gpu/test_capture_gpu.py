@@ -46,7 +46,10 @@ def test_a_resnet50_bf16_step_is_captured_whole(cp, relerr, replay_phases, prefe
     if prefer:
         assert any(st.op.algorithm == "gemm" for st in exe.steps)
     eager = {p: s["eager"] for p, s in summary.items() if s["eager_steps"]}
-    assert not eager, eager
+    if not prefer:  # cuDNN and the generated kernels: every step captured
+        assert not eager, eager
+    # gemm is left to the trial capture (backends/algorithms/rules.py: a host-to-device
+    # copy was seen while capturing on the H200); steps that fail it run eagerly, correctly
     for g, w in zip(got, want):
         assert relerr(g, w) < 2e-2  # nondeterministic wgrad sums stored in bf16
 

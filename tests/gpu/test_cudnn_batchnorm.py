@@ -107,10 +107,22 @@ def test_whole_forward_against_the_reference(cp, cn, rng, relerr, dtype, layout)
 def test_normalize_with_the_node_s_statistics(cp, cn, rng, relerr, dtype, layout):
     from opgraph.backends.cuda.cudnn_norm_rules import KERNELS
     from opgraph.backends.registry import KernelContext
+    from opgraph.backends.cuda.cudnn_norm_rules import check
+    from opgraph.errors import LoweringError
     dev, h = _data(cp, rng, (8, 16, 7, 9), dtype, layout)
     stats = _stats(h)
     want = ref.batch_norm_training(np, h["x"], stats, h["w"], h["b"], eps=EPS)
-    y = cn.batch_norm_normalize(cp, dev["x"], cp.asarray(stats.astype(np.float32)), dev["w"], dev["b"], eps=EPS)
+    try:
+        y = cn.batch_norm_normalize(cp, dev["x"], cp.asarray(stats.astype(np.float32)), dev["w"], dev["b"],
+                                    eps=EPS)
+    except LoweringError as e:  # cuDNN 9.19 on the H200 (2026-12-02) proposes no engine for this graph:
+        # then the rule must decline the node with cuDNN's own reason, so that codegen runs it
+        assert "cuDNN rejects bn_normalize" in str(e)
+        x_type = TensorType((8, 16, 7, 9), dtype, layout=layout)
+        why = check(ops.BatchNormTraining(eps=EPS), (x_type, TensorType((2, 16), "float32"),
+                                                     TensorType((16,), dtype)), "cuda")
+        assert why is not None and "cuDNN rejects" in why
+        return
     assert relerr(_host(cp, y), want) < TOL[dtype]
     op = ops.BatchNormTraining(eps=EPS)
     out_type = TensorType((8, 16, 7, 9), dtype, layout=layout)
@@ -184,8 +196,9 @@ def test_training_step_with_cudnn_batch_norm(cp, relerr, layout, dtype):
         exe = og.compile(outs, device="cuda", dtype=dtype, policy=og.LoweringPolicy(prefer={"norm": [algo]},
                                                                                      layout=layout))
         on_cudnn = sorted(st.op.op.name for st in exe.steps if st.op.algorithm == "cudnn")
-        assert on_cudnn == (["BatchNormTraining", "BatchNormTrainingBackwardData", "BatchNormTrainingBackwardScale"]
-                            if algo == "cudnn" else [])
+        # the normalisation only where cuDNN builds its graph (declined on the H200 with cuDNN 9.19)
+        want_on = {"BatchNormTrainingBackwardData", "BatchNormTrainingBackwardScale"} if algo == "cudnn" else set()
+        assert want_on <= set(on_cudnn) <= want_on | ({"BatchNormTraining"} if algo == "cudnn" else set())
         runs[algo] = [_host(cp, a) for a in exe(grad_outputs={z: gz.astype(np.float32)}, **f32)]
     names = ["z", "dx", "dw", "db", "running_mean", "running_var"]
     for name, a, b, w in zip(names, runs["cudnn"], runs["codegen"], want):
@@ -204,7 +217,9 @@ def test_autotune_checks_and_times_cudnn_and_codegen(cp, relerr, tmp_path):
     for st in exe.steps:
         if st.op.op.name in ("BatchNormTraining", "BatchNormTrainingBackwardData", "BatchNormTrainingBackwardScale"):
             rows = exe.report.node(st.name).candidates
-            for algo in ("codegen", "cudnn"):
+            # cuDNN's normalisation graph is declined on the H200 (cuDNN 9.19): codegen alone there
+            algos = ("codegen",) if st.op.op.name == "BatchNormTraining" else ("codegen", "cudnn")
+            for algo in algos:
                 mine = [c for c in rows if c.algorithm == algo]
                 assert any(c.status in ("ok", "chosen") for c in mine), \
                     (st.name, algo, [(c.label, c.status, c.reason) for c in mine])
@@ -227,6 +242,15 @@ SHAPES = [(128, 64, 112, 112), (128, 256, 56, 56), (128, 512, 28, 28), (128, 102
 def _median_ms(fn, repeats=20):
     from opgraph.passes.autotune import CudaEventTimer
     return 1e3 * statistics.median(CudaEventTimer().measure(fn, label="", warmup=3, repeats=repeats))
+
+
+def _declined_nan(time_it):
+    """``time_it()``, or NaN where cuDNN proposes no engine for the graph."""
+    from opgraph.errors import LoweringError
+    try:
+        return time_it()
+    except LoweringError:
+        return float("nan")
 
 
 def _codegen(op, out_type):
@@ -271,7 +295,8 @@ def test_timing_cudnn_against_codegen(cp, cn, to_cl, dtype, layout):
         t = {
             "fwd codegen (4 nodes)": _median_ms(codegen_fwd),
             "fwd codegen normalise": _median_ms(lambda: norm_k(x, stats, w, b)),
-            "fwd cudnn normalise (rule)": _median_ms(lambda: cn.batch_norm_normalize(cp, x, stats, w, b, eps=EPS)),
+            "fwd cudnn normalise (rule)": _declined_nan(lambda: _median_ms(
+                lambda: cn.batch_norm_normalize(cp, x, stats, w, b, eps=EPS))),
             "fwd cudnn whole": _median_ms(lambda: cn.batch_norm_training_forward(cp, x, w, b, rm, rv, eps=EPS,
                                                                                  momentum=MOMENTUM)),
             "bwd codegen (3 nodes)": _median_ms(codegen_bwd),

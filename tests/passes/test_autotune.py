@@ -347,3 +347,23 @@ def test_a_cache_behind_a_symbolic_link_keeps_its_link_and_mode(monkeypatch, tmp
     assert link.is_symlink() and os.readlink(link) == str(shared)
     assert len(json.loads(shared.read_text())["entries"]) == 1
     assert stat.S_IMODE(os.stat(shared).st_mode) == 0o664
+
+
+def test_the_oracle_is_timed_on_the_cpu_but_not_on_cuda_where_another_rule_applies():
+    """On cuda the reference kernels never compete (no model step may run them on
+    the GPU, and timing them on every node made large models' autotune take
+    minutes); on the CPU one reference alias does; alone it stays a candidate."""
+    from types import SimpleNamespace as NS
+
+    from opgraph.passes.autotune import _contenders
+
+    def entries(*algos):
+        return [NS(rule=NS(algorithm=a)) for a in algos]
+
+    def names(found):
+        return [e.rule.algorithm for e in found]
+
+    both = entries("direct", "reference", "gemm", "cudnn")
+    assert names(_contenders(both, "cpu")) == ["direct", "gemm", "cudnn"]
+    assert names(_contenders(both, "cuda")) == ["gemm", "cudnn"]
+    assert names(_contenders(entries("reference"), "cuda")) == ["reference"]

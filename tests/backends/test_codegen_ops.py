@@ -51,8 +51,9 @@ def _ops_by_id(*ids):
     return [c for c in CASES if c.id in ids]
 
 
-SLOW_PATH_CASES = _ops_by_id("BiasAdd()", "Mul()", "Dropout(p=0.3, training=True, seed=11)", "BiasAddBackward()",
-                             "BatchNormTrainingBackwardData(eps=1e-05)", "SumTo(plane)", "BatchNormStats()")
+SLOW_PATH_CASES = _ops_by_id("BiasAdd()", "Mul()", "Mul(per-sample)", "Dropout(p=0.3, training=True, seed=11)",
+                             "BiasAddBackward()", "BatchNormTrainingBackwardData(eps=1e-05)", "SumTo(plane)",
+                             "BatchNormStats()")
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
@@ -177,3 +178,4 @@ def test_the_rule_declines_what_the_generator_does_not_cover():
     assert check(ops.Mean(axes=(0, 1, 2, 3)), (x,), "cuda") is None
     assert rules_for(ops.Relu)["codegen"].tags >= {"codegen", "generated", "gpu"}
     assert "fused" in rules_for(ops.FusedElementwise)["codegen"].tags
+

@@ -7,7 +7,8 @@ An input kind names how an operand is made for an iteration shape
 ``(N, C, H, W)``: ``x`` (full, standard normal, in the case's layout), ``c``
 (a ``(C,)`` vector), ``var`` (a positive ``(C,)`` vector), ``stats`` (the
 ``(2, C)`` mean and variance, float32 for half storage), ``plane``
-(``(N, C, 1, 1)``), ``nc`` (``(N, C)``), ``bias4`` (``(1, C, 1, 1)``).
+(``(N, C, 1, 1)``), ``nc`` (``(N, C)``), ``bias4`` (``(1, C, 1, 1)``), ``mask``
+(``(N, 1, 1, 1)``: one factor per sample, as a stochastic-depth mask).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ CASES = [
     _f(ops.BatchNormTrainingBackwardScale(), "x", "stats", "x"),
     _f(lambda s: ops.BatchNormRunningUpdate(statistic="var", momentum=0.1, count=_count(s)), "stats", "var",
        name="BatchNormRunningUpdate"),
+    _f(ops.Mul(), "x", "mask", name="Mul(per-sample)"),
 ]
 
 
@@ -100,6 +102,7 @@ def make_input(rng, kind: str, shape, dtype: str, layout: str):
     made = {"c": lambda: rng.standard_normal(c), "var": lambda: rng.uniform(0.5, 2.0, c),
             "plane": lambda: rng.standard_normal((n, c, 1, 1)), "nc": lambda: rng.standard_normal((n, c)),
             "bias4": lambda: rng.standard_normal((1, c, 1, 1)), "var4": lambda: rng.uniform(0.5, 2, (1, c, 1, 1)),
+            "mask": lambda: rng.standard_normal((n, 1, 1, 1)),
             "c4": lambda: rng.standard_normal((c, 1, 1))}[kind]
     return made().astype(dt)
 
@@ -155,6 +158,10 @@ def fused_cases():
         ("relu_bwd_bn_backward_data", program([(ops.ReluBackward(), (0, 1)),
                                                (ops.BatchNormTrainingBackwardData(), (4, 2, 3))], 4, 5),
          ("x", "x", "x", "stats")),
+        # an MBConv residual with stochastic depth (benchmarks/models/common.py):
+        # x + mask * BN(h), the mask one factor per sample
+        ("stochastic_depth_residual", program([(ops.BatchNormTraining(), (0, 1, 2, 3)), (ops.Mul(), (6, 4)),
+                                               (ops.Add(), (7, 5))], 6, 8), ("x", "stats", "c", "c", "mask", "x")),
     ]
 
 

@@ -5,7 +5,9 @@ float64 copies): BN-apply + ReLU, batch statistics + BN + ReLU (a reduction
 phase, then the sweep), ReLU-backward + bias gradient (one reduction, nothing
 full-size written), SiLU times its squeeze-and-excitation scale, a gradient
 sum of three addends, the two per-channel sums of a batch-norm backward
-stacked in one output, and ReLU-backward into the batch-norm data gradient."""
+stacked in one output, ReLU-backward into the batch-norm data gradient, and
+a residual add of a branch scaled per sample (stochastic depth: an
+``(N, 1, 1, 1)`` operand, once read as per-plane, out of bounds)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ CASES = fused_cases()
 #: kernels each program needs (its phases), before any split of a reduction
 PHASES = {"bn_relu": ["sweep"], "stats_bn_relu": ["reduce", "sweep"], "relu_bwd_bias_grad": ["reduce"],
           "silu_se_scale": ["reduce", "sweep"], "grad_sum_3": ["sweep"], "bn_backward_sums": ["reduce"],
-          "relu_bwd_bn_backward_data": ["reduce", "sweep"]}
+          "relu_bwd_bn_backward_data": ["reduce", "sweep"], "stochastic_depth_residual": ["sweep"]}
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])

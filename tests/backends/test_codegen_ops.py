@@ -51,8 +51,9 @@ def _ops_by_id(*ids):
     return [c for c in CASES if c.id in ids]
 
 
-SLOW_PATH_CASES = _ops_by_id("BiasAdd()", "Mul()", "Dropout(p=0.3, training=True, seed=11)", "BiasAddBackward()",
-                             "BatchNormTrainingBackwardData(eps=1e-05)", "SumTo(plane)", "BatchNormStats()")
+SLOW_PATH_CASES = _ops_by_id("BiasAdd()", "Mul()", "Mul(per-sample)", "Dropout(p=0.3, training=True, seed=11)",
+                             "BiasAddBackward()", "BatchNormTrainingBackwardData(eps=1e-05)", "SumTo(plane)",
+                             "BatchNormStats()")
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
@@ -177,3 +178,17 @@ def test_the_rule_declines_what_the_generator_does_not_cover():
     assert check(ops.Mean(axes=(0, 1, 2, 3)), (x,), "cuda") is None
     assert rules_for(ops.Relu)["codegen"].tags >= {"codegen", "generated", "gpu"}
     assert "fused" in rules_for(ops.FusedElementwise)["codegen"].tags
+
+
+def test_sums_are_read_by_axis_position_not_by_matching_extents(emu):
+    """With N = C = W a per-sample sum ``(N, 1, 1, 1)`` and a ``(W,)`` one (SumTo
+    aligns trailing axes) have the extents of a per-channel sum; the generator
+    once summed them per channel. It declines them; the true per-channel ones
+    run against the reference."""
+    shape = (3, 3, 4, 3)
+    x = TensorType(shape)
+    for kept in ((3, 1, 1, 1), (3,)):
+        assert "per channel, per plane or total" in codegen_rules.check(ops.SumTo(shape=kept), (x,), "cuda")
+    arrays = [make_input(seeded(7), "x", shape, "float32", "NCHW")]
+    for kept in ((1, 3, 1, 1), (3, 1, 1)):
+        run_case(ops.SumTo(shape=kept), None, shape, "float32", "NCHW", arrays=arrays)

@@ -243,23 +243,29 @@ def reduction_target(in_shape, out_shape) -> str | None:
     axes after 1: ``(N, C, 1, 1)`` or ``(N, C)``), ``'channel'`` (every axis
     but 1: ``(C,)``, ``(1, C, 1, 1)``, ``(C, 1, 1)``), ``'scalar'`` (all), None
     (none: the same shape); PlanError for another pattern. With N = 1 a
-    ``(1, C, 1, 1)`` result is per plane (the same sums)."""
+    ``(1, C, 1, 1)`` result is per plane (the same sums). A result of the input's
+    rank is read by position: ``(N, 1, 1, 1)`` is not per channel even when N = C."""
     in_shape, out_shape = tuple(in_shape), tuple(out_shape)
     if in_shape == out_shape:
         return None
     if math.prod(out_shape) == 1 and math.prod(in_shape) > 0:
         return "scalar"
+    same_rank = len(out_shape) == len(in_shape)
     if len(in_shape) >= 3 and (out_shape == in_shape[:2] or (
-            len(out_shape) == len(in_shape) and out_shape[:2] == in_shape[:2] and set(out_shape[2:]) == {1})):
+            same_rank and out_shape[:2] == in_shape[:2] and set(out_shape[2:]) == {1})):
         return "plane"
-    if len(in_shape) >= 2 and [s for s in out_shape if s != 1] == [in_shape[1]]:
+    if (len(in_shape) >= 2 and [s for s in out_shape if s != 1] == [in_shape[1]]
+            and (not same_rank or out_shape[1] == in_shape[1])):
         return "channel"
     raise PlanError(f"a sum from {in_shape} to {out_shape} is not per channel, per plane or total")
 
 
 @expression(ops.SumTo, iterates="in")
 def _sum_to(b, op, types, x):
-    target = reduction_target(types[0].shape, op.shape)
+    # SumTo aligns its shape with the input's trailing axes (NumPy broadcasting):
+    # a (C,) target of a 4-D input keeps W, so it is compared at the input's rank
+    rank = len(types[0].shape)
+    target = reduction_target(types[0].shape, (1,) * (rank - len(op.shape)) + tuple(op.shape))
     x = b.value(x)
     return x if target is None else b.reduce(x, target)
 

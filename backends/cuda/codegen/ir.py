@@ -8,7 +8,8 @@ full-size shape of the program):
 
 * ``full``: one value per element of S (an operand of shape S, or anything
   computed from one);
-* ``plane``: one per (n, c) (an ``(N, C, 1, 1)`` operand, a global-pool mean);
+* ``plane``: one per (n, c) (an ``(N, C, 1, 1)`` operand, a global-pool mean;
+  not an ``(N, 1, 1, 1)`` one: that is ``strided``);
 * ``channel``: one per channel c of axis 1 (a ``(C,)`` vector, a row of batch
   statistics, a per-channel sum);
 * ``scalar``: one value (a constant, a size-1 operand, a global sum).
@@ -113,9 +114,11 @@ def classify(shape, full) -> str:
     if any(s not in (1, f) for s, f in zip(padded, full)):
         raise PlanError(f"operand {shape} does not broadcast to {full}")
     axes = {a for a, s in enumerate(padded) if s != 1}
-    if len(full) >= 2 and axes <= {1}:
+    if len(full) >= 2 and axes == {1}:
         return "channel"
-    if len(full) >= 3 and axes <= {0, 1}:
+    # a plane load reads element n * C + c: both axes must be there (a per-sample
+    # (N, 1, 1, 1) operand, a stochastic-depth mask, goes through its strides)
+    if len(full) >= 3 and axes == {0, 1}:
         return "plane"
     return "strided"
 

@@ -145,6 +145,20 @@ def _seconds(text: str) -> float:
     return value
 
 
+#: --output suffix -> the format written when --format is not given.
+SUFFIX_FORMATS = {".json": "json", ".csv": "csv", ".md": "markdown"}
+
+
+def output_format(args) -> str:
+    """``--format``, else the one ``--output``'s suffix names (``run.json`` is JSON,
+    as a user who names the file expects), else ``table``."""
+    if args.format is not None:
+        return args.format
+    import os
+    suffix = os.path.splitext(args.output or "")[1].lower()
+    return SUFFIX_FORMATS.get(suffix, "table")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="opgraph-bench",
@@ -237,7 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "lowering per column: default auto on a GPU, gemm on the CPU)")
     p.add_argument("--json", metavar="PATH", default=None,
                    help="also write the result document as JSON to PATH (atomically), whatever --format")
-    p.add_argument("--format", choices=report.FORMATS, default="table")
+    p.add_argument("--format", choices=report.FORMATS, default=None,
+                   help="default: from --output's suffix (.json, .csv, .md), else table")
     p.add_argument("--output", metavar="PATH", help="write the result there instead of stdout "
                    "(JSON is rewritten after every column, so a killed run keeps what it finished)")
     p.add_argument("--plot", metavar="PATH.png", help="bar chart of forward + backward per model")

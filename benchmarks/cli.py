@@ -35,7 +35,7 @@ from opgraph.errors import OpgraphError, ParameterError
 from opgraph.passes.policy import LoweringPolicy
 
 from . import driver, lowerings as lw, report
-from .arguments import build_parser, model_names
+from .arguments import build_parser, model_names, output_format
 from .environment import environment
 from .models import LAYERS, SEED_BATCHES, build
 from .trace import TraceCollector
@@ -377,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    args.format = output_format(args)
     names = model_names(args)
     try:
         if args.summary and args.format == "markdown":

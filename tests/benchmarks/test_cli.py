@@ -541,3 +541,13 @@ def test_the_default_gpu_run_replays_auto_as_cuda_graphs(monkeypatch):
 def test_the_default_cpu_run_has_no_graph_column(monkeypatch):
     s, _ = _settings_of_a_run(monkeypatch, "cpu", ["--model", "L1", "--quiet"])
     assert s.cuda_graph is False and driver.unit_count([object()], s) == len(s.lowerings)
+
+
+@pytest.mark.parametrize("name, fmt", [("run.json", "json"), ("run.CSV", "csv"), ("run.md", "markdown"),
+                                       ("run.txt", "table"), (None, "table")])
+def test_the_output_suffix_names_the_format_unless_format_is_given(name, fmt):
+    """``--output run.json`` wrote a rich table into a .json file (fresh-user run)."""
+    from opgraph.benchmarks.arguments import build_parser, output_format
+    argv = ["--output", name] if name else []
+    assert output_format(build_parser().parse_args(argv)) == fmt
+    assert output_format(build_parser().parse_args(argv + ["--format", "csv"])) == "csv"

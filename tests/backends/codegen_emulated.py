@@ -1,11 +1,13 @@
 """The generated kernels on the CPU: a fixture running them through the g++
-emulator of ``cuda_cpu_emulator`` / ``cuda_raw_emulator``, and the check of
-one op against its float64 reference (shared by the test_codegen_* modules)."""
+emulator of ``cuda_cpu_emulator`` / ``cuda_raw_emulator``, the check of one op
+against its float64 reference (shared by the test_codegen_* modules), and a
+whole graph lowered for cuda run with them (:func:`emulated_cuda_executable`)."""
 
 from __future__ import annotations
 
 import zlib
 
+import attrs
 import numpy as np
 import pytest
 
@@ -14,7 +16,12 @@ from cupy_standin import cupy_replaced
 from codegen_cases import TOLERANCE, make_input, out_type, reference, rel_err
 from opgraph.backends.cuda.codegen import copies, launch
 from opgraph.backends.registry import KernelContext, rules_for
-from opgraph.types import is_channels_last
+from opgraph.executable import Executable
+from opgraph.graph import graph_of
+from opgraph.passes.base import PassContext
+from opgraph.passes.pipelines import default
+from opgraph.passes.policy import LoweringPolicy
+from opgraph.types import is_channels_last, is_float, numpy_dtype, to_layout
 
 needs_gxx = pytest.mark.skipif(GXX is None, reason="no g++: the kernels' CUDA text cannot run on the CPU")
 
@@ -69,4 +76,32 @@ def launched(emu) -> list[str]:
     return [x["name"].split("_")[2] for x in emu.raw_launches]
 
 
-__all__ = ["needs_gxx", "emu", "seeded", "run_case", "launched"]
+def emulated_cuda_executable(outputs, policy, dtype: str | None):
+    """``outputs`` through the default pipeline for device ``cuda`` (no GPU
+    needed: the passes only ask the rules; cuDNN declines) under ``compile``'s
+    ``dtype``, as an executable over host arrays: ``codegen`` steps run their
+    generated kernels (inside the :func:`emu` fixture: through the emulator),
+    every other step (GEMM convolutions, cuBLAS) the op's reference kernel in
+    float32 on its inputs, its result rounded once to the node's run type, as
+    a kernel storing that type and accumulating in float32 would."""
+    policy = LoweringPolicy.from_mapping(policy)
+    ctx = PassContext(device="cuda", policy=policy, dtype=dtype)
+    graph, outs = default(policy).run(graph_of(*outputs), list(outputs), ctx)
+
+    def resolve(op, out_type):
+        if op.algorithm == "codegen":
+            return rules_for(type(op.op))["codegen"].kernel, KernelContext(np, "cuda", op.option_dict, out_type)
+        wide = attrs.evolve(out_type, dtype="float32") if is_float(out_type.dtype) else out_type
+        reference = rules_for(type(op.op))["reference"].kernel
+
+        def run(kctx, lowered_op, *arrays, out=None):  # out=: an in-place plan; the result is returned all the same
+            arrays = [a.astype(np.float32) if is_float(a.dtype.name) else a for a in arrays]
+            y = np.asarray(reference(kctx, lowered_op, *arrays))
+            return to_layout(np, y.astype(numpy_dtype(out_type.dtype)), out_type.layout)
+
+        return run, KernelContext(np, "cpu", {}, wide)
+
+    return Executable(graph, outs, resolve, xp=np, device="cuda", dtype=dtype)
+
+
+__all__ = ["needs_gxx", "emu", "seeded", "run_case", "launched", "emulated_cuda_executable"]

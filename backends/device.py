@@ -21,7 +21,7 @@ from types import ModuleType
 
 import numpy as np
 
-from opgraph.errors import OpgraphError
+from opgraph.errors import OpgraphError, ParameterError
 
 from .registry import DeviceSupport, register_devices
 
@@ -80,11 +80,11 @@ def resolve_device(device: str = "auto") -> ResolvedDevice:
     Raises:
         DeviceUnavailableError: ``'cuda'`` asked for and not usable (the
             message says why and how to install CuPy).
-        ValueError: an unknown device name.
+        ParameterError: an unknown device name (a ``ValueError`` too).
     """
     name = str(device).lower()
     if name == "cpu":
-        return ResolvedDevice("cpu", "cpu: asked for explicitly")
+        return ResolvedDevice("cpu", "cpu: the device asked for (opgraph.compile's default)")
     if name in ("cuda", "gpu"):
         ok, why = cuda_status()
         if not ok:
@@ -95,7 +95,7 @@ def resolve_device(device: str = "auto") -> ResolvedDevice:
         ok, why = cuda_status()
         return ResolvedDevice("cuda" if ok else "cpu",
                               f"auto: {why}" + ("" if ok else "; falling back to the CPU"))
-    raise ValueError(f"device {device!r} is not one of 'auto', 'cpu', 'cuda'")
+    raise ParameterError("device", device, "must be one of 'auto', 'cpu', 'cuda'")
 
 
 def array_module(device: str) -> ModuleType:

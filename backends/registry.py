@@ -242,6 +242,12 @@ def algorithms() -> set[str]:
     return {a for rules in _RULES.values() for a in rules}
 
 
+def registered_tags() -> set[str]:
+    """Every tag some rule carries (what a policy's include / exclude may name)."""
+    _load_backends()
+    return {t for rules in _RULES.values() for rule in rules.values() for t in rule.tags}
+
+
 @attrs.frozen
 class DeviceSupport:
     """What the passes need of the device backend (``backends/device.py``).

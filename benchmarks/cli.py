@@ -33,6 +33,7 @@ from opgraph.analysis import summarize, totals
 from opgraph.atomic_file import write_atomic
 from opgraph.errors import OpgraphError, ParameterError
 from opgraph.passes.policy import LoweringPolicy
+from opgraph.passes.policy_names import check_names
 
 from . import driver, lowerings as lw, report
 from .arguments import build_parser, model_names, output_format
@@ -238,6 +239,7 @@ def run_timing(names: list[str], args) -> dict:
     base = LoweringPolicy.from_cli(lowering=args.lowering_policy, policy_file=args.policy,
                                    workspace_limit=args.workspace_limit,
                                    workspace_tolerance=args.workspace_tolerance)
+    check_names(base)  # an include / exclude typo is exit 2, not a silent no-op
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
     if args.cuda_graph and device != "cuda":
         raise UsageError(f"--cuda-graph replays CUDA graphs: it needs --device cuda (this run: {device})")
@@ -307,6 +309,7 @@ def run_profile(names: list[str], args) -> dict:
     lowerings = args.lowering or [lw.Lowering("auto" if device == "cuda" else lw.CPU_DEFAULT[0])]
     base = LoweringPolicy.from_cli(policy_file=args.policy, workspace_limit=args.workspace_limit,
                                    workspace_tolerance=args.workspace_tolerance)
+    check_names(base)
     precisions = args.precision or [base.precision]
     layout = args.layout.upper() if args.layout else base.layout
     limits = pf.measure_limits(device, precisions)

@@ -21,6 +21,7 @@ from opgraph.backends.registry import KernelContext, device_support, lookup
 from .base import PassContext, Pipeline, host_versions
 from .pipelines import build
 from .policy import LoweringPolicy
+from .policy_names import check_names
 
 
 def as_policy(policy) -> LoweringPolicy:
@@ -108,6 +109,7 @@ def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
     outs = [outputs] if isinstance(outputs, Value) else list(outputs)
     g = graph_of(*outs)
     pol = as_policy(policy)
+    check_names(pol)  # include / exclude name something (passes/policy_names.py)
     ctx = make_context(device, pol, dtype, timer)
     pipe = pipeline if isinstance(pipeline, Pipeline) else build(pipeline, pol)
     lowered, louts = pipe.run(g, outs, ctx)

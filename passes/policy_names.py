@@ -1,0 +1,44 @@
+"""The names a policy's ``include`` / ``exclude`` may hold, and the check that
+refuses the others.
+
+A name there is an algorithm (``winograd``), a tag some lowering rule carries
+(``fused``, ``gemm``, ``optional``), the name of a fusion rule of the fuse
+pass's table (``elementwise``, ``gradient-sum``: ``passes/fuse.py``) or the
+opt-in of the generated fusion on the CPU (``fused-reference``). A typo
+(``exclude=["winogard"]``) used to be accepted silently, and Winograd kept
+running; ``prefer`` and ``force`` already refused unknown algorithms.
+
+The check runs when a policy is used (``opgraph.compile``, ``opgraph-bench``),
+not when it is built: ``passes/policy.py`` sits below the passes and the
+backends' registries that know these names.
+"""
+
+from __future__ import annotations
+
+from opgraph.backends.registry import algorithms, registered_tags
+
+from .fuse import TABLE
+from .fuse_elementwise import OPT_IN
+from .policy import LoweringPolicy, PolicyError
+
+
+def known_names() -> set[str]:
+    """Every name ``include`` / ``exclude`` can mean (module docstring)."""
+    return algorithms() | registered_tags() | {rule.name for rule in TABLE} | {OPT_IN}
+
+
+def check_names(policy: LoweringPolicy) -> None:
+    """Refuse an ``include`` / ``exclude`` entry that names nothing.
+
+    Raises:
+        PolicyError: names the key, the unknown entry and the known names.
+    """
+    known = known_names()
+    for key in ("include", "exclude"):
+        unknown = sorted(set(getattr(policy, key)) - known)
+        if unknown:
+            raise PolicyError(key, unknown[0], "names no algorithm, rule tag or fusion rule; known: "
+                              + ", ".join(sorted(known)))
+
+
+__all__ = ["known_names", "check_names"]

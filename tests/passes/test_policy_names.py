@@ -1,0 +1,37 @@
+"""A policy's include / exclude must name an algorithm, a rule tag or a fusion
+rule: a typo ('winogard') was accepted silently and Winograd kept running
+(fresh-user run, 2026-12-02)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.passes.policy import PolicyError
+from opgraph.passes.policy_names import known_names
+
+
+def _conv():
+    g = og.Graph("c")
+    x, w = g.input("x", (1, 2, 6, 6)), g.param("w", (3, 2, 3, 3))
+    return og.conv2d(x, w, padding=1)
+
+
+@pytest.mark.parametrize("key, name", [("exclude", "winogard"), ("include", "nosuch")])
+def test_an_unknown_name_is_a_policy_error_naming_key_and_name(key, name):
+    with pytest.raises(PolicyError, match=rf"{key}.*{name}.*names no algorithm"):
+        og.compile([_conv()], policy={key: [name]})
+
+
+@pytest.mark.parametrize("name", ["winograd", "fused", "gemm", "elementwise", "gradient-sum",
+                                  "conv-epilogue", "fused-reference"])
+def test_algorithms_tags_and_fusion_rules_are_known(name):
+    assert name in known_names()
+    og.compile([_conv()], policy={"exclude": [name]} if name != "gemm" else {"include": [name]})
+
+
+def test_the_cli_exits_2_naming_the_unknown_exclusion(capsys):
+    from opgraph.benchmarks.cli import main
+    assert main(["--model", "L1", "--batch", "1", "--lowering", "exclude=nosuch", "--quiet"]) == 2
+    assert "nosuch" in capsys.readouterr().err

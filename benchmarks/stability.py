@@ -54,7 +54,14 @@ FLOPS_PER_CYCLE = {"fma": 32, "sse": 8}
 
 def spread(times_ms) -> dict:
     """``{q1_ms, q3_ms, iqr_ms, max_ms, relative}`` of one loop's per-call
-    milliseconds; ``relative`` (IQR / median) is None for a single call."""
+    milliseconds (any iterable of floats, in any order); ``relative`` (IQR /
+    median, dimensionless) is None for a single call (``iqr_ms`` too) and for
+    a median of 0. Quartiles: ``statistics.quantiles(method='inclusive')``,
+    NumPy's default linear percentile.
+
+    Raises:
+        statistics.StatisticsError: no times.
+    """
     times = sorted(times_ms)
     med = statistics.median(times)
     if len(times) < 2:

@@ -30,6 +30,8 @@ tries). The plan is tested on the CPU against a NumPy emulation of
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import numpy as np
 
@@ -152,6 +154,11 @@ def _prepared(xp, a):
     return a
 
 
+#: :func:`plan_batched` once per (shapes, strides): it is pure, and a training
+#: step calls :func:`batched_matmul` with the same operands every iteration.
+_cached_plan = functools.lru_cache(maxsize=1024)(plan_batched)
+
+
 def batched_matmul(xp, a, b, *, out=None, accumulate: bool = False):
     """``a @ b`` (``numpy.matmul``: ``(..., M, K) @ (..., K, P)``, at most two
     batch axes, broadcast) of CuPy arrays of one dtype (:data:`BATCHED_TYPES`)
@@ -185,7 +192,7 @@ def batched_matmul(xp, a, b, *, out=None, accumulate: bool = False):
             out[...] = product
         return out
     a, b = _prepared(xp, a), _prepared(xp, b)
-    shape, calls = plan_batched(a.shape, _element_strides(a), b.shape, _element_strides(b))
+    shape, calls = _cached_plan(tuple(a.shape), _element_strides(a), tuple(b.shape), _element_strides(b))
     if out is None:
         out = (xp.zeros if accumulate or not calls else xp.empty)(shape, dtype=a.dtype)
     elif tuple(out.shape) != shape or out.dtype != a.dtype or not out.flags.c_contiguous:

@@ -57,26 +57,13 @@ from opgraph.types import is_channels_last as _channels_last, to_layout
 
 from ..reference.conv_epilogue import apply_epilogue
 from . import cudnn_graph as cg
-from .storage import like, unbits
+from .storage import dense_strides, empty_in_layout, like, unbits
 
 _DTYPES = ("float32", "float16", "bfloat16")
 _ROUTES: dict = {}  # requested signature -> (plan, CuPy epilogue)
 
 
 # ----------------------------------------------------------------- layouts, dtypes
-
-def _strides(shape, cl: bool) -> tuple:
-    """Canonical element strides of an NCHW-shaped tensor stored NCHW or NHWC."""
-    n, c, h, w = shape
-    return (c * h * w, 1, w * c, c) if cl else (c * h * w, h * w, w, 1)
-
-
-def _empty(xp, shape, dtype, cl: bool):
-    if cl:
-        n, c, h, w = shape
-        return xp.empty((n, h, w, c), dtype=dtype).transpose(0, 3, 1, 2)
-    return xp.empty(shape, dtype=dtype)
-
 
 def _in_layout(xp, a, cl: bool):
     return to_layout(xp, a, "NHWC") if cl else xp.ascontiguousarray(a)
@@ -117,7 +104,7 @@ def signature(kind: str, epilogue: str, shapes, precision: str, padding, stride,
     """
     precisions.check(precision)
     bias = kind == "fprop" and "bias" in cg.epilogue_steps(epilogue)
-    strides = tuple((s[1], 1, 1, 1) if bias and i == 2 else _strides(s, cl) for i, s in enumerate(shapes))
+    strides = tuple((s[1], 1, 1, 1) if bias and i == 2 else dense_strides(s, cl) for i, s in enumerate(shapes))
     if out_strides is not None:
         strides = strides[:-1] + (tuple(int(v) for v in out_strides),)
     (pt, pb), (pl, pr) = padding
@@ -176,7 +163,7 @@ def _engine_in(plan, sig: cg.ConvSignature, engine):
     plan name), or ``plan``'s default when it has none of that name."""
     if engine is None:
         return plan.pick_default()
-    dense, _ = route(sig._replace(strides=sig.strides[:-1] + (_strides(sig.dims[-1], sig.cl),)))
+    dense, _ = route(sig._replace(strides=sig.strides[:-1] + (dense_strides(sig.dims[-1], sig.cl),)))
     name = dense.name(int(engine))
     found = next((i for i in range(plan.count) if plan.name(i) == name), None)
     return plan.pick_default() if found is None else found
@@ -198,7 +185,7 @@ def _run(xp, kind, steps, ins, out_shape, out_dtype, padding, stride, dilation, 
     plan, cupy_epilogue = route(sig)
     ops = [_in_layout(xp, _cast(xp, a, io), cl) if a.ndim == 4 else xp.ascontiguousarray(_cast(xp, a, io))
            for a in (ins if cupy_epilogue == "none" else ins[:2])]
-    target = out if direct else _empty(xp, plan.sig.dims[-1], xp.uint16 if io == "bfloat16" else io, cl)
+    target = out if direct else empty_in_layout(xp, plan.sig.dims[-1], xp.uint16 if io == "bfloat16" else io, cl)
     index = _engine_in(plan, sig, engine) if direct else plan.default if engine is None else int(engine)
     scratch = cg.workspace(plan.ensure(index), plan.sig.device)
     plan.execute([a.data.ptr for a in ops] + [target.data.ptr], index, cg.pointer(scratch))
@@ -269,7 +256,7 @@ def conv2d(xp, x, w, b=None, r=None, *, stride, padding, dilation, groups, out_s
         raise ShapeError(f"cuDNN conv2d: residual shape {r.shape} != output shape {out}")
     cl = _channels_last(x)
     if n == 0:
-        return _empty(xp, out, x.dtype, cl) if into is None else into
+        return empty_in_layout(xp, out, x.dtype, cl) if into is None else into
     if b is None and (r is not None or activation != "none"):
         b = xp.zeros((k,), dtype=x.dtype)  # the fused graphs start with the bias
     steps = (("bias",) if b is not None else ()) + (("add",) if r is not None else ()) + \
@@ -304,7 +291,7 @@ def conv2d_backward_data(xp, gy, w, *, stride, padding, dilation, groups, input_
         raise ShapeError(f"cuDNN conv2d_backward_data: ReLU output shape {relu_output.shape} != {shape}")
     cl = _channels_last(gy)
     if shape[0] == 0:
-        return _empty(xp, shape, gy.dtype, cl)
+        return empty_in_layout(xp, shape, gy.dtype, cl)
     steps, ins = ((), [gy, w]) if relu_output is None else (("drelu",), [gy, w, relu_output])
     return _run(xp, "dgrad", steps, ins, shape, gy.dtype, padding, stride, dilation,
                 _precision(precision, gy.dtype), engine, cl)
@@ -319,7 +306,7 @@ def conv2d_backward_filter(xp, x, gy, *, stride, padding, dilation, groups, weig
     shape = tuple(int(v) for v in weight_shape)
     cl = _channels_last(x)
     if x.shape[0] == 0:
-        out = _empty(xp, shape, x.dtype, cl)
+        out = empty_in_layout(xp, shape, x.dtype, cl)
         out[...] = 0
         return out
     return _run(xp, "wgrad", (), [x, gy], shape, x.dtype, padding, stride, dilation,

@@ -124,17 +124,19 @@ class ConvPlan:
         self.workspace[index] = ws
         return ws
 
+    def _builds(self, index: int) -> bool:
+        """Whether plan ``index`` builds (built now if not tried yet)."""
+        try:
+            self.ensure(index)
+        except LoweringError:
+            return False
+        return True
+
     def pick_default(self) -> int:
         """The first plan in heuristic order that builds (built on the way)."""
         if self.default is None:
-            for i in range(self.count):
-                try:
-                    self.ensure(i)
-                except LoweringError:
-                    continue
-                self.default = i
-                break
-            else:
+            self.default = next((i for i in range(self.count) if self._builds(i)), None)
+            if self.default is None:
                 reasons = "; ".join(f"[{i}] {r}" for i, r in list(self.failed.items())[:4])
                 raise LoweringError(f"no cuDNN engine builds for {self.describe()}: {reasons}")
         return self.default
@@ -143,10 +145,7 @@ class ConvPlan:
         """Every plan index that builds, in heuristic order (builds them all once)."""
         if not self._all_built:
             for i in range(self.count):
-                try:
-                    self.ensure(i)
-                except LoweringError:
-                    pass
+                self._builds(i)
             self._all_built = True
         return sorted(self.workspace)
 
@@ -254,7 +253,10 @@ def pointer(buffer) -> int:
     return 0 if buffer is None else buffer.data.ptr
 
 
-def _data_type(cudnn, dtype: str):
+def data_type(cudnn, dtype: str):
+    """cuDNN frontend's ``data_type`` of I/O dtype name ``dtype`` ('float32',
+    'float16' or 'bfloat16'); KeyError for another name. Used by every graph
+    builder (convolution here, batch norm in :mod:`.cudnn_norm_graph`)."""
     return {"float32": cudnn.data_type.FLOAT, "float16": cudnn.data_type.HALF,
             "bfloat16": cudnn.data_type.BFLOAT16}[dtype]
 
@@ -267,7 +269,7 @@ def build_graph(sig: ConvSignature, h):
         cudnn.cudnnGraphNotSupportedError, RuntimeError: cuDNN rejects it.
     """
     cudnn = cudnn_module()
-    io, f32 = _data_type(cudnn, sig.io_dtype), cudnn.data_type.FLOAT
+    io, f32 = data_type(cudnn, sig.io_dtype), cudnn.data_type.FLOAT
     g = cudnn.pygraph(io_data_type=io, intermediate_data_type=f32, compute_data_type=f32, handle=h)
     steps = epilogue_steps(sig.epilogue)
     if any(step not in EPILOGUES[sig.kind] for step in steps):
@@ -360,5 +362,5 @@ def cache_size() -> int:
 
 
 __all__ = ["OPERANDS", "EPILOGUES", "epilogue_name", "epilogue_steps", "ConvSignature", "ConvPlan",
-           "cudnn_module", "handle", "workspace", "pointer", "build_graph", "cached_plan", "plan_for",
+           "cudnn_module", "data_type", "handle", "workspace", "pointer", "build_graph", "cached_plan", "plan_for",
            "cache_size"]

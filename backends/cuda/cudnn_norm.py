@@ -38,7 +38,7 @@ from opgraph.types import is_channels_last
 
 from . import cudnn_graph as cg
 from . import cudnn_norm_graph as ng
-from .storage import BF16, bits, dtype_name, like, unbits
+from .storage import BF16, bits, dense_strides, dtype_name, empty_in_layout, like, unbits
 
 
 class Geometry(NamedTuple):
@@ -66,8 +66,7 @@ def geometry(shape, channels_last: bool) -> Geometry:
         h, w = shape[2:]
     else:
         h, w = math.prod(shape[2:]), 1
-    strides = (c * h * w, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
-    return Geometry((n, c, h, w), strides, channels_last)
+    return Geometry((n, c, h, w), dense_strides((n, c, h, w), channels_last), channels_last)
 
 
 def _io_dtype(*arrays) -> str:
@@ -91,12 +90,7 @@ def _empty_like_x(xp, shape, geo: Geometry, dtype: str):
     """A new array of x's logical ``shape`` in x's layout: ``(storage, result)``,
     the first in cuDNN's bits form (uint16 for bfloat16), the second a view
     in ``dtype``."""
-    store = xp.uint16 if dtype == BF16 else dtype
-    if geo.channels_last:
-        n, c, h, w = shape
-        buf = xp.empty((n, h, w, c), dtype=store).transpose(0, 3, 1, 2)
-    else:
-        buf = xp.empty(shape, dtype=store)
+    buf = empty_in_layout(xp, shape, xp.uint16 if dtype == BF16 else dtype, geo.channels_last)
     return buf, unbits(buf, dtype)
 
 

@@ -77,11 +77,6 @@ def vector_dims(c: int) -> tuple[list, list]:
     return [1, c, 1, 1], [c, 1, c, c]
 
 
-def _data_type(cudnn, dtype: str):
-    return {"float32": cudnn.data_type.FLOAT, "float16": cudnn.data_type.HALF,
-            "bfloat16": cudnn.data_type.BFLOAT16}[dtype]
-
-
 def build_graph(sig: NormSignature, h):
     """Build (validate, plan) the cuDNN graph of ``sig``; return ``(graph, uids)``
     with the uids in :data:`OPERANDS` order. No plan is built yet.
@@ -95,7 +90,7 @@ def build_graph(sig: NormSignature, h):
     if sig.io_dtype not in IO_DTYPES:
         raise ValueError(f"cuDNN batch norm takes {IO_DTYPES}, not {sig.io_dtype!r}")
     cudnn = cg.cudnn_module()
-    io, f32 = _data_type(cudnn, sig.io_dtype), cudnn.data_type.FLOAT
+    io, f32 = cg.data_type(cudnn, sig.io_dtype), cudnn.data_type.FLOAT
     g = cudnn.pygraph(io_data_type=io, intermediate_data_type=f32, compute_data_type=f32, handle=h)
     vdims, vstrides = vector_dims(sig.dims[1])
     inputs, outputs = OPERANDS[sig.kind]

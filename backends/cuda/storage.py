@@ -184,6 +184,22 @@ def logical(buf, cl: bool):
     return buf.transpose(0, 3, 1, 2) if cl else buf
 
 
+def dense_strides(shape, cl: bool) -> tuple:
+    """Element strides (not bytes) of a dense ``(N, C, H, W)``-shaped tensor
+    stored NHWC (``cl``) or NCHW, as cuDNN's tensor descriptors take them."""
+    n, c, h, w = shape
+    return (c * h * w, 1, w * c, c) if cl else (c * h * w, h * w, w, 1)
+
+
+def empty_in_layout(xp, shape, dtype, cl: bool):
+    """A new uninitialised ``(N, C, H, W)``-shaped array of ``dtype``, stored
+    NHWC (a channels-last view, ``cl``) or NCHW."""
+    if cl:
+        n, c, h, w = shape
+        return logical(xp.empty((n, h, w, c), dtype=dtype), True)
+    return xp.empty(shape, dtype=dtype)
+
+
 __all__ = ["BF16", "BF16_DEVICE", "elementwise_kernel", "storage_preamble", "kernel_tag", "dtype_name",
            "is_bf16", "bits", "unbits", "zeros", "copy", "like", "same_shape", "float_to_bf16_bits",
-           "bf16_bits_to_float", "physical", "in_layout", "logical"]
+           "bf16_bits_to_float", "physical", "in_layout", "logical", "dense_strides", "empty_in_layout"]

@@ -188,8 +188,8 @@ class AutotunePass(Pass):
                 if hit and not refused:
                     ctx.report.note(f"autotune: {view.name}: cached choice {hit['algorithm']} no longer "
                                     "applies; re-tuned")
-                rows, timed = self._tune(op, types, cands, s, ctx, timer, run[view.id], view,
-                                         run_in=tuple(run[i] for i in graph.input_ids(view.id)))
+                rows, timed = self._tune(op, types, cands, s, ctx, timer, view,
+                                         run[view.id], tuple(run[i] for i in graph.input_ids(view.id)))
                 measured = [c.to_dict() for c in rows]  # cached as timed: rechoose() decides again
                 best = choose(rows, timed, policy.workspace_tolerance)
                 if best is None:
@@ -211,8 +211,8 @@ class AutotunePass(Pass):
             ctx.report.note(w)
         return graph
 
-    def _tune(self, op, types, cands, s, ctx: PassContext, timer,
-              out_type=None, view=None, run_in=None) -> tuple[list[Candidate], list[Candidate]]:
+    def _tune(self, op, types, cands, s, ctx: PassContext, timer, view,
+              out_type, run_in) -> tuple[list[Candidate], list[Candidate]]:
         """Check and time each candidate; returns the report rows (declined ones
         too) and those of them timed in full (not pruned). ``out_type`` and
         ``run_in`` are the node's output and input types as they run
@@ -221,12 +221,9 @@ class AutotunePass(Pass):
         candidate whose output dtype is not ``out_type``'s is ``wrong``: a
         float32 result in a bf16 graph would turn every later value into float32."""
         xp, policy = ctx.xp, ctx.policy
-        run_as = out_type
-        want = None if run_as is None else run_as.dtype
-        arrays = (random_inputs(run_in, xp, ctx.seed) if run_in is not None
-                  else random_inputs(types, xp, ctx.seed, ctx.dtype))
-        if view is not None:  # e.g. batch statistics that are x's own (autotune_inputs)
-            arrays = consistent_inputs(view, arrays, xp, ctx.device)
+        want = out_type.dtype
+        # e.g. batch statistics that are x's own (autotune_inputs)
+        arrays = consistent_inputs(view, random_inputs(run_in, xp, ctx.seed), xp, ctx.device)
         try:
             ref = _reference(op, arrays, xp, ctx.device, out_type)
         except Exception:
@@ -240,14 +237,14 @@ class AutotunePass(Pass):
             if policy.workspace_limit is not None and c.workspace > policy.workspace_limit:
                 c.status, c.reason = "over budget", f"workspace > limit {policy.workspace_limit:,d} B"
                 continue
-            kctx = KernelContext(xp, ctx.device, dict(opts), run_as)
+            kctx = KernelContext(xp, ctx.device, dict(opts), out_type)
             try:
                 out = rule.kernel(kctx, op, *arrays)
             except Exception as e:  # includes device out-of-memory errors
                 c.status, c.reason = "failed", f"{type(e).__name__}: {e}"
                 continue
             got = getattr(getattr(out, "dtype", None), "name", None)
-            if want is not None and got is not None and got != want:
+            if got is not None and got != want:
                 c.status, c.reason = "wrong", f"returns {got}, the node's type is {want}"
                 continue
             if ref is not None:

@@ -43,6 +43,7 @@ from opgraph.graph import Graph
 from opgraph.op import Lowered, abstract_of
 from opgraph.ops.fused import FusedElementwise, FusedStep, Program
 
+from .autotune_inputs import REFERENCE_ALGORITHMS
 from .base import PassContext
 from .candidates import decline_reason, policy_options, storage_dtype
 from .pattern import FusionRule, Match, Scope, rewrite_lowered
@@ -54,7 +55,7 @@ NORM_MEMBERS = frozenset({ops.BatchNorm, ops.BatchNormBackwardData, ops.BatchNor
                           ops.BatchNormRunningUpdate, ops.BatchNormStats, ops.BatchNormTraining,
                           ops.BatchNormTrainingBackwardData, ops.BatchNormTrainingBackwardScale})
 #: Algorithms that are the oracle: fusing on them is opt-in (module docstring).
-ORACLE_ALGORITHMS = ("reference", "direct")
+ORACLE_ALGORITHMS = REFERENCE_ALGORITHMS
 #: The ``include`` name that lets these rules fuse on the oracle algorithms.
 OPT_IN = "fused-reference"
 
@@ -132,12 +133,20 @@ def _joins(scope: Scope, node: int, group: list[int], algorithm: str, accept) ->
     return forced in (None, algorithm) and scope.private(node, group)
 
 
+def _fused(graph: Graph, members: Sequence[int], algorithm: str, ctx: PassContext):
+    """``(op, inputs, rule, options)``: the ``FusedElementwise`` of ``members``
+    (topological order, :func:`program_of`), the values it reads, and
+    ``algorithm``'s rule for it with the policy's options for its storage dtype."""
+    op, inputs = program_of(graph, members)
+    rule = rules_for(FusedElementwise)[algorithm]
+    options = policy_options(rule, ctx.policy, storage_dtype([v.type for v in inputs], ctx.dtype))
+    return op, inputs, rule, options
+
+
 def _declines(scope: Scope, members: list[int], algorithm: str) -> str | None:
     """Why ``algorithm``'s ``FusedElementwise`` rule would not run these members."""
-    op, inputs = program_of(scope.graph, scope.sorted(members))
+    op, inputs, rule, options = _fused(scope.graph, scope.sorted(members), algorithm, scope.ctx)
     types = tuple(v.type for v in inputs)
-    rule = rules_for(FusedElementwise)[algorithm]
-    options = policy_options(rule, scope.ctx.policy, storage_dtype(types, scope.ctx.dtype))
     return decline_reason(rule, op, types, scope.ctx.device, scope.ctx.policy, options)
 
 
@@ -172,9 +181,7 @@ def grow(scope: Scope, root: int, rule: str, accept, minimum: int = 2) -> Match 
 def rewrite_chain(graph: Graph, m: Match, ctx: PassContext) -> str | None:
     """Make the chain's last node one ``FusedElementwise`` on the chain's
     algorithm; returns None when done, else why not."""
-    op, inputs = program_of(graph, [*m.absorbed, m.root])
-    rule = rules_for(FusedElementwise)[m.data]
-    options = policy_options(rule, ctx.policy, storage_dtype([v.type for v in inputs], ctx.dtype))
+    op, inputs, _, options = _fused(graph, [*m.absorbed, m.root], m.data, ctx)
     return rewrite_lowered(graph, m.root, m.absorbed, op, inputs, m.data, ctx, options,
                            "FusedElementwise kernel")
 

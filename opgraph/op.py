@@ -28,6 +28,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from .graph import NodeView, Value
 
 
+#: ``Op.direction`` -> the phase name the benchmark protocol, the conv algorithm
+#: functions and the policy's ``NAME:forward`` keys use for it.
+DIRECTION_NAMES = {"fwd": "forward", "dgrad": "backward_data", "wgrad": "backward_filter"}
+
+
 class Op:
     """Base class of all ops. Subclasses are ``@attrs.frozen`` classes."""
 

@@ -27,8 +27,10 @@ from __future__ import annotations
 import fnmatch
 from typing import Iterable, Mapping
 
+from opgraph.op import DIRECTION_NAMES
+
 #: ``Op.direction`` -> the word a force key narrows with (the benchmark's phase names).
-DIRECTIONS = {"fwd": "forward", "dgrad": "backward_data", "wgrad": "backward_filter"}
+DIRECTIONS = DIRECTION_NAMES  # one map, declared beside Op.direction
 GRAD_SCOPE = ".grad/"
 
 

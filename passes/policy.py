@@ -33,7 +33,7 @@ TOML schema (``LoweringPolicy.from_toml``; every key optional)::
     precision = "fp32"            # fp32 | tf32 | bf16 | fp16 (opgraph/precision.py); fp32 on
                                   # float16/bfloat16 storage means the storage's own (fp16/bf16)
     layout = "NCHW"               # NCHW | NHWC (NHWC only acted on for cuda)
-    include = ["optional-tag"]    # algorithm names or rule tags
+    include = ["fused-reference"] # algorithm names, rule tags or fusion rules (passes/policy_names.py)
     exclude = ["winograd"]
     explicit_padding = ["fft"]    # algorithms given explicit Pad nodes ("*" = all)
     cache = "~/.cache/opgraph/autotune.json"

@@ -45,6 +45,7 @@ import functools
 
 import numpy as np
 
+from opgraph.op import DIRECTION_NAMES
 from opgraph import ops
 from opgraph.buffer_views import copy_into
 from opgraph.ops.conv_fused import epilogue_steps
@@ -57,7 +58,7 @@ from ..registry import Rule, register
 
 #: the op's direction (``Op.direction``) -> the algorithm function's name (and
 #: the ``direction`` argument of its ``check``, ``variants``, ``workspace``).
-DIRECTIONS = {"fwd": "forward", "dgrad": "backward_data", "wgrad": "backward_filter"}
+DIRECTIONS = DIRECTION_NAMES  # one map, declared beside Op.direction
 
 
 def _widened(arrays):

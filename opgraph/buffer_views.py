@@ -60,6 +60,12 @@ class Region:
     dtype: Any
     channels_last: bool = False
     chain: Chain = ()
+    #: the chain composed once into one basic index of the root buffer (the hot path slices once)
+    index: tuple = attrs.field(init=False, eq=False, repr=False)
+
+    @index.default
+    def _compose_chain(self) -> tuple:
+        return tuple(slice(start, stop) for start, stop in self.bounds()[1])
 
     def bounds(self) -> tuple:
         """``(root, ((start, stop) per axis))``: where the region lies in the
@@ -84,9 +90,7 @@ class Region:
             else:
                 buf = xp.empty(self.shape, dtype=self.dtype)
             slots[self.root] = buf
-        for axis, start, stop in self.chain:
-            buf = sliced(buf, axis, start, stop)
-        return buf
+        return buf[self.index] if self.chain else buf
 
 
 def copy_into(dst, src) -> None:
@@ -170,9 +174,6 @@ class SliceView(StepView):
         return "zero-copy: a view of its input"
 
 
-__all__ = ["Region", "StepView", "WriteInto", "AssembleConcat", "SliceView", "copy_into", "sliced"]
-
-
 def step_views(graph, plan, xp, run_dtype: str | None = None) -> dict:
     """Node id -> :class:`StepView` for every step the zero-copy plan touches.
 
@@ -224,4 +225,5 @@ def step_views(graph, plan, xp, run_dtype: str | None = None) -> dict:
     return out
 
 
-__all__ += ["step_views"]
+__all__ = ["Region", "StepView", "WriteInto", "AssembleConcat", "SliceView", "copy_into", "sliced",
+           "step_views"]

@@ -2,8 +2,10 @@
 ``torch.nn.functional`` (no ``inplace``: nodes never update their input).
 
 Each adds one node over x (any shape, floating) and returns a value of x's
-shape and dtype. Semantics and sources: ``opgraph/ops/activation.py`` and
-``smooth_activation.py`` (SEMANTICS.md, "Activations of modern convnets").
+shape and dtype; every builder raises ShapeError for an integer x and
+ParameterError for a bad parameter. Semantics and sources:
+``opgraph/ops/activation.py`` and ``smooth_activation.py`` (SEMANTICS.md,
+"Activations of modern convnets").
 Re-exported by ``opgraph.builders`` and ``opgraph``.
 """
 

@@ -138,12 +138,7 @@ class Graph:
         Raises:
             ShapeError: ``value`` has another shape than ``shape``.
         """
-        if value is not None and tuple(getattr(value, "shape", ())) != tuple(shape):
-            raise ShapeError(f"param value shape {getattr(value, 'shape', None)} != {tuple(shape)}", name)
-        v = self.add_node(Source(_source_type(name, shape, dtype), "param"), [], name=name)
-        if value is not None:
-            self.param_values[v.name] = value
-        return v
+        return self._state_source("param", name, _source_type(name, shape, dtype), value)
 
     def buffer(self, name: str, shape: Sequence[int], dtype: str = "float32", value=None) -> Value:
         """Add a buffer: state fed by name like a parameter, never trained or
@@ -161,9 +156,14 @@ class Graph:
         t = _source_type(name, shape, dtype)
         if value is not None and np.ndim(value) == 0:
             value = np.full(t.shape, value, dtype=numpy_dtype(t.dtype))
-        if value is not None and tuple(value.shape) != t.shape:
-            raise ShapeError(f"buffer value shape {value.shape} != {t.shape}", name)
-        v = self.add_node(Source(t, "buffer"), [], name=name)
+        return self._state_source("buffer", name, t, value)
+
+    def _state_source(self, role: str, name: str, t: TensorType, value) -> Value:
+        """Add a ``param`` or ``buffer`` source of type ``t`` whose default
+        feed is ``value`` (None: none); ShapeError if ``value``'s shape is not ``t``'s."""
+        if value is not None and tuple(getattr(value, "shape", ())) != t.shape:
+            raise ShapeError(f"{role} value shape {getattr(value, 'shape', None)} != {t.shape}", name)
+        v = self.add_node(Source(t, role), [], name=name)
         if value is not None:
             self.param_values[v.name] = value
         return v

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ops import Gelu, Hardsigmoid, Hardswish, Hardtanh, Relu, Sigmoid
+from ..ops.smooth_activation import GELU_APPROXIMATIONS
 from .registry import converter
 
 #: Version 6's default bounds: -/+ the largest float32.
@@ -76,7 +77,7 @@ def hard_swish(ctx):
 @converter("Gelu", {20})
 def gelu(ctx):
     approximate = ctx.attr("approximate", "none")
-    if approximate not in ("none", "tanh"):
+    if approximate not in GELU_APPROXIMATIONS:
         raise ctx.error(f"attribute approximate={approximate!r} is not 'none' or 'tanh'")
     return ctx.apply(Gelu, {"approximate": approximate}, [ctx.input(0)])
 

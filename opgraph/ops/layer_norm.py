@@ -56,22 +56,20 @@ def _check(op, x: TensorType, others: dict) -> None:
     require_same_dtype(op, (x, *others.values()))
 
 
-def _ns():
-    return F.shape("normalized_shape")
+@attrs.frozen
+class _LayerNormFamily(Op):
+    """The parameters every layer-norm op shares (underscored: a base, not an op)."""
 
-
-def _eps():
-    return F.real("eps", 1e-5, lo=0.0)
+    normalized_shape: tuple = F.shape("normalized_shape")
+    eps: float = F.real("eps", 1e-5, lo=0.0)
+    family: ClassVar[str] = "norm"
 
 
 @attrs.frozen
-class LayerNorm(Op):
+class LayerNorm(_LayerNormFamily):
     """(x[, weight[, bias]]) -> x's shape: normalised over the trailing ``normalized_shape``."""
 
-    normalized_shape: tuple = _ns()
-    eps: float = _eps()
     arity: ClassVar = (1, 3)
-    family: ClassVar[str] = "norm"
     kind: ClassVar[str] = "layer_norm"
 
     def infer(self, x, *affine):
@@ -92,13 +90,10 @@ class LayerNorm(Op):
 
 
 @attrs.frozen
-class LayerNormBackwardData(Op):
+class LayerNormBackwardData(_LayerNormFamily):
     """dL/dx of ``LayerNorm`` through the statistics: (gy, x[, weight]) -> x's shape."""
 
-    normalized_shape: tuple = _ns()
-    eps: float = _eps()
     arity: ClassVar = (2, 3)
-    family: ClassVar[str] = "norm"
     kind: ClassVar[str] = "layer_norm_backward_data"
 
     def infer(self, gy, x, *weight):
@@ -122,13 +117,10 @@ class LayerNormBackwardData(Op):
 
 
 @attrs.frozen
-class LayerNormBackwardScale(Op):
+class LayerNormBackwardScale(_LayerNormFamily):
     """dL/dweight of ``LayerNorm``: (x, gy) -> ``sum(gy * xhat)`` over the leading axes."""
 
-    normalized_shape: tuple = _ns()
-    eps: float = _eps()
     arity: ClassVar = (2, 2)
-    family: ClassVar[str] = "norm"
     kind: ClassVar[str] = "layer_norm_backward_scale"
 
     def infer(self, x, gy):
@@ -148,14 +140,11 @@ class LayerNormBackwardScale(Op):
 
 
 @attrs.frozen
-class LayerNormDoubleBackward(Op):
+class LayerNormDoubleBackward(_LayerNormFamily):
     """d<v, dx>/dx of ``LayerNormBackwardData``: (v, gy, x[, weight]) -> x's shape.
     No gradient rule (third order)."""
 
-    normalized_shape: tuple = _ns()
-    eps: float = _eps()
     arity: ClassVar = (3, 4)
-    family: ClassVar[str] = "norm"
     kind: ClassVar[str] = "layer_norm_double_backward"
 
     def infer(self, v, gy, x, *weight):

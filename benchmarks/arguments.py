@@ -218,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="autotune keeps the smallest workspace among candidates within this "
                         "fraction of the fastest, e.g. 0.03 or 3%% (policy workspace_tolerance; "
                         "default 0.03, 0 keeps the fastest)")
+    p.add_argument("--engine-limit", default=None, metavar="N|all",
+                   help="autotune times at most N cuDNN engines per node, the first that build in "
+                        "cuDNN's heuristic order (policy engine_limit; default 10, as PyTorch's "
+                        "cudnn.benchmark_limit; all: every engine)")
     p.add_argument("--compare", type=_list_of(PEERS, "peer"), default=[], metavar="PEERS",
                    help="PyTorch peers on the same model, same run: torch (eager, cudnn.benchmark), "
                         "torch+graph (the whole step captured in a CUDA graph), torch-compile "

@@ -238,7 +238,8 @@ def run_timing(names: list[str], args) -> dict:
                          "column for every lowering)")
     base = LoweringPolicy.from_cli(lowering=args.lowering_policy, policy_file=args.policy,
                                    workspace_limit=args.workspace_limit,
-                                   workspace_tolerance=args.workspace_tolerance)
+                                   workspace_tolerance=args.workspace_tolerance,
+                                   engine_limit=args.engine_limit)
     check_names(base)  # an include / exclude typo is exit 2, not a silent no-op
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
     if args.cuda_graph and device != "cuda":
@@ -308,7 +309,8 @@ def run_profile(names: list[str], args) -> dict:
     models = build_models(names, args, device, notes)
     lowerings = args.lowering or [lw.Lowering("auto" if device == "cuda" else lw.CPU_DEFAULT[0])]
     base = LoweringPolicy.from_cli(policy_file=args.policy, workspace_limit=args.workspace_limit,
-                                   workspace_tolerance=args.workspace_tolerance)
+                                   workspace_tolerance=args.workspace_tolerance,
+                                   engine_limit=args.engine_limit)
     check_names(base)
     precisions = args.precision or [base.precision]
     layout = args.layout.upper() if args.layout else base.layout

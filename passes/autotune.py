@@ -55,7 +55,7 @@ from .autotune_cache import AutotuneCache, cache_key
 from .autotune_inputs import REFERENCE_ALGORITHMS, consistent_inputs, random_inputs
 from .autotune_inputs import reference_output as _reference
 from .base import Pass, PassContext
-from .candidates import rule_workspace, survey_node
+from .candidates import ENGINE_LIMIT_TAG, rule_workspace, survey_node
 from .report import Candidate
 
 #: A candidate whose first timed run is this many times the best median so far
@@ -167,11 +167,11 @@ class AutotunePass(Pass):
             applicable = list(_contenders(s.applicable(limited=False), ctx.device))
             layout = getattr(types[0], "layout", None) or "NCHW"
             key = cache_key(op, types, ctx.dtype, layout, policy, ctx.device, device_name, versions,
-                            candidates=candidate_set((e.rule, e.options) for e in applicable))
+                            candidates=candidate_set(((e.rule, e.options) for e in applicable), policy.engine_limit))
             hit = cache.get(key)
             rows, algorithm, cached_opts = rechoose(hit, policy.workspace_tolerance) if hit else ([], None, {})
             entry = next((e for e in applicable if e.rule.algorithm == algorithm), None)
-            refused = entry and refused_options(entry, cached_opts, op, types, ctx.device)
+            refused = entry and refused_options(entry, cached_opts, op, types, ctx.device, policy.engine_limit)
             if refused:  # a hand-edited or stale entry: a kernel would raise on every run
                 cache.warn(f"autotune cache {cache.path}: node {view.name}: {refused}; re-tuned")
                 entry = None
@@ -181,7 +181,7 @@ class AutotunePass(Pass):
                 rec.cache_key = key
             else:
                 cands = [(e.rule, {**e.options, **variant}) for e in applicable
-                         for variant in _variants(e.rule, op, types, ctx.device, e.options)]
+                         for variant in _variants(e.rule, op, types, ctx.device, e.options, policy.engine_limit)]
                 if len(cands) < 2:
                     continue
                 rec.cache_key = key
@@ -341,12 +341,16 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 / 10 else f"{nbytes:,d} B"
 
 
-def candidate_set(applicable) -> str:
-    """``'cuda:pool_variants,reference:_one_variant'``: the competing rules
-    (``(rule, options)`` pairs) and the function enumerating each one's
-    variants (part of the cache key, so the same in every process: no object
-    address)."""
-    return ",".join(sorted(f"{r.algorithm}:{_stable_name(r.variants)}" for r, _ in applicable))
+def candidate_set(applicable, engine_limit: int | None = None) -> str:
+    """``'cuda:pool_variants,cudnn:variants[engines<=10]'``: the competing
+    rules (``(rule, options)`` pairs) and the function enumerating each one's
+    variants, with the engine limit of those that take it (part of the cache
+    key, so the same in every process: no object address; a decision tuned
+    among 10 engines is not reused for a policy asking for all)."""
+    def name(rule) -> str:
+        limited = ENGINE_LIMIT_TAG in rule.tags and engine_limit is not None
+        return f"{rule.algorithm}:{_stable_name(rule.variants)}" + (f"[engines<={engine_limit}]" if limited else "")
+    return ",".join(sorted(name(r) for r, _ in applicable))
 
 
 def _stable_name(fn) -> str:
@@ -377,24 +381,39 @@ def _contenders(applicable, device: str):
         yield entry
 
 
-def refused_options(entry, cached: dict, op, types, device) -> str | None:
+def refused_options(entry, cached: dict, op, types, device, engine_limit: int | None = None) -> str | None:
     """Why a cached decision's options cannot run the node (``entry``: the
     applicable rule of the cached algorithm with the policy's options), or
     None. Its options must be the policy's plus one of the rule's variants for
     this node, as :meth:`AutotunePass._tune` would have timed them: a
-    hand-edited Winograd ``tile = 7`` is none, and its kernel would raise."""
-    allowed = [{**entry.options, **v} for v in _variants(entry.rule, op, types, device, entry.options)]
+    hand-edited Winograd ``tile = 7`` is none, and its kernel would raise. A
+    cuDNN engine (rules tagged ``variants:engine_limit``) is checked by
+    building its plan alone: listing the variants would build every plan of
+    the node again, the cost the cache is there to save."""
     chosen = {**entry.options, **cached}
+    if ENGINE_LIMIT_TAG in entry.rule.tags and set(cached) <= {"engine"} | set(entry.options):
+        engine = chosen.get("engine")
+        if not isinstance(engine, int) or isinstance(engine, bool):
+            return f"cached options {cached} of {entry.rule.algorithm}: engine must be a plan index"
+        try:
+            entry.rule.workspace(op, types, chosen)  # builds the engine's plan; raises if it cannot
+        except Exception as e:
+            return f"cached options {cached} of {entry.rule.algorithm} cannot run this node: {e}"
+        return None
+    allowed = [{**entry.options, **v} for v in _variants(entry.rule, op, types, device, entry.options, engine_limit)]
     if chosen in allowed:
         return None
     return (f"cached options {cached} of {entry.rule.algorithm} are not among its variants for this "
             f"node ({', '.join(map(str, allowed))})")
 
 
-def _variants(rule, op, types, device, options) -> list[dict]:
+def _variants(rule, op, types, device, options, engine_limit: int | None = None) -> list[dict]:
     """The rule's option sets; a rule taking the policy's precision (tag
-    ``option:precision``) enumerates its variants (cuDNN engines) for it."""
+    ``option:precision``) enumerates its variants (cuDNN engines) for it, and
+    one tagged ``variants:engine_limit`` lists at most ``engine_limit``."""
     extra = {"precision": options["precision"]} if "precision" in options else {}
+    if ENGINE_LIMIT_TAG in rule.tags:
+        extra["limit"] = engine_limit
     try:
         return [dict(v) for v in rule.variants(op, types, device, **extra)] or [{}]
     except Exception:

@@ -25,7 +25,9 @@ Rule tags read here (the contract with the backends):
 * ``option:precision`` / ``option:workspace_limit``: its kernel takes that
   keyword option, filled from the policy: the precision resolved for the
   node's storage (``opgraph/precision.py``), always, and the workspace limit
-  when there is one.
+  when there is one;
+* ``variants:engine_limit``: its ``variants`` take ``limit=policy.engine_limit``
+  (autotune times the first ``limit`` cuDNN engines, not every one).
 
 A node is surveyed once per compile: :func:`survey_node` keeps each
 :class:`Survey` in ``PassContext.surveys``, keyed by the node's id, its op,
@@ -51,6 +53,7 @@ from .policy import LoweringPolicy
 NEEDS_EXPLICIT_PADDING = "needs_explicit_padding"
 SYMMETRIC_PADDING_ONLY = "symmetric_padding_only"
 OPTION_TAGS = {"precision": "option:precision", "workspace_limit": "option:workspace_limit"}
+ENGINE_LIMIT_TAG = "variants:engine_limit"
 
 NO_PADDING = ((0, 0), (0, 0))
 

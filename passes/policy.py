@@ -14,7 +14,8 @@ The user swaps implementations here, never in the model. A policy holds
   candidates; rules tagged ``optional`` are candidates only when included;
 * ``autotune``, ``workspace_limit`` (bytes), ``workspace_tolerance`` (a
   fraction: autotune keeps the smallest-workspace candidate within it of the
-  fastest), ``precision``, ``layout``, ``explicit_padding`` (algorithms the
+  fastest), ``engine_limit`` (how many cuDNN engines per node autotune times,
+  in cuDNN's heuristic order), ``precision``, ``layout``, ``explicit_padding`` (algorithms the
   legalize pass pads for), ``cache``.
 
 Op-type keys are op class names (``Conv2d``, case-insensitive), family aliases
@@ -30,6 +31,8 @@ TOML schema (``LoweringPolicy.from_toml``; every key optional)::
     workspace_limit = "512MiB"    # int bytes, or a string with B/KB/MB/GB/KiB/MiB/GiB
     workspace_tolerance = 0.03    # 0..1 or "3%": autotune keeps the smallest workspace
                                   # among candidates within 3 % of the fastest; 0 = off
+    engine_limit = 10             # int >= 1 or "all": cuDNN engines timed per node, in
+                                  # heuristic order (PyTorch's cudnn.benchmark_limit, 10)
     precision = "fp32"            # fp32 | tf32 | bf16 | fp16 (opgraph/precision.py); fp32 on
                                   # float16/bfloat16 storage means the storage's own (fp16/bf16)
     layout = "NCHW"               # NCHW | NHWC (NHWC only acted on for cuda)
@@ -234,6 +237,29 @@ def parse_fraction(value, key: str = "workspace_tolerance") -> float:
     return float(number)
 
 
+def parse_engine_limit(value, key: str = "engine_limit") -> int | None:
+    """How many cuDNN engines autotune times per node: an int >= 1, or
+    ``"all"`` / ``None`` for every engine that builds.
+
+    The first engines in cuDNN's heuristic order are the likely fastest, and
+    building a plan costs host time (tens of ms each, about 48 plans per
+    convolution on the H200): timing them all made autotuning ResNet-50 take
+    five minutes. PyTorch caps ``cudnn.benchmark`` the same way
+    (``torch.backends.cudnn.benchmark_limit``, default 10).
+
+    Raises:
+        PolicyError: another type, or a number below 1.
+    """
+    if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
+        return None
+    number = value
+    if isinstance(value, str) and value.strip().isdigit():
+        number = int(value.strip())
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise _err(key, value, 'must be a whole number >= 1, or "all" for every engine that builds')
+    return number
+
+
 def _precision(inst, attribute, value):
     try:
         precisions.check(value)
@@ -279,6 +305,9 @@ class LoweringPolicy:
     #: Autotune: among the correct, fully timed candidates whose median is within
     #: ``(1 + workspace_tolerance) x`` the fastest, the smallest workspace wins.
     workspace_tolerance: float = attrs.field(default=0.03, converter=parse_fraction)
+    #: Autotune times at most this many cuDNN engines per node, the first in
+    #: cuDNN's heuristic order that build (None: all of them).
+    engine_limit: int | None = attrs.field(default=10, converter=parse_engine_limit)
     #: The precision asked of compute-bound kernels (``opgraph/precision.py``);
     #: each node gets ``precision.resolve(precision, its storage)``: this,
     #: except that ``fp32`` on half storage is the storage's own.
@@ -327,6 +356,7 @@ class LoweringPolicy:
              "include": sorted(self.include), "exclude": sorted(self.exclude),
              "autotune": self.autotune, "workspace_limit": self.workspace_limit,
              "workspace_tolerance": self.workspace_tolerance,
+             "engine_limit": "all" if self.engine_limit is None else self.engine_limit,
              "precision": self.precision, "layout": self.layout,
              "explicit_padding": sorted(self.explicit_padding), "cache": self.cache}
         return {k: v for k, v in d.items() if v not in (None, [], {})}
@@ -375,7 +405,7 @@ class LoweringPolicy:
     @classmethod
     def from_cli(cls, lowering: str | None = None, policy_file=None, autotune: bool = False,
                  precision: str | None = None, workspace_limit=None,
-                 workspace_tolerance=None) -> "LoweringPolicy":
+                 workspace_tolerance=None, engine_limit=None) -> "LoweringPolicy":
         """A policy from command-line strings; flags override the file.
 
         ``lowering`` is a comma-separated list of items:
@@ -423,11 +453,13 @@ class LoweringPolicy:
             changes["workspace_limit"] = workspace_limit
         if workspace_tolerance is not None:
             changes["workspace_tolerance"] = workspace_tolerance
+        if engine_limit is not None:
+            changes["engine_limit"] = engine_limit
         try:
             return attrs.evolve(base, **changes)
         except PolicyError as e:
             flag = {"workspace_limit": "--workspace-limit", "workspace_tolerance": "--workspace-tolerance",
-                    "precision": "--precision"}.get(e.param, "--lowering")
+                    "engine_limit": "--engine-limit", "precision": "--precision"}.get(e.param, "--lowering")
             raise _err(e.param, e.value, e.why, flag) from None
 
 
@@ -436,4 +468,4 @@ def _dedupe(items) -> tuple[str, ...]:
 
 
 __all__ = ["LoweringPolicy", "PolicyError", "ALIASES", "DEFAULT_ORDER", "PRECISIONS", "LAYOUTS",
-           "CONV_OPS", "parse_bytes", "parse_fraction"]
+           "CONV_OPS", "parse_bytes", "parse_fraction", "parse_engine_limit"]

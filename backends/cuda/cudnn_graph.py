@@ -9,8 +9,9 @@ convolution parameters. :func:`plan_for` builds the graph for a signature the
 first time it is asked and caches it; a later call is one dict lookup.
 
 Engines: the frontend's heuristics (modes A then FALLBACK) rank execution
-plans; each plan index is one engine configuration, and every one that builds
-is an autotune candidate (:meth:`ConvPlan.engines`). The default engine is the
+plans; each plan index is one engine configuration, and every one that builds, or
+the first ``policy.engine_limit`` of them, is an autotune candidate
+(:meth:`ConvPlan.engines`). The default engine is the
 first plan in heuristic order that builds, which is what
 ``build_plans(HEURISTICS_CHOICE)`` picks.
 
@@ -141,13 +142,23 @@ class ConvPlan:
                 raise LoweringError(f"no cuDNN engine builds for {self.describe()}: {reasons}")
         return self.default
 
-    def engines(self) -> list[int]:
-        """Every plan index that builds, in heuristic order (builds them all once)."""
-        if not self._all_built:
-            for i in range(self.count):
-                self._builds(i)
-            self._all_built = True
-        return sorted(self.workspace)
+    def engines(self, limit: int | None = None) -> list[int]:
+        """The plan indices that build, in heuristic order: every one (``limit``
+        None; builds them all once) or the first ``limit`` of them (builds only
+        as far down the ranking as it takes)."""
+        if limit is None:
+            if not self._all_built:
+                for i in range(self.count):
+                    self._builds(i)
+                self._all_built = True
+            return sorted(self.workspace)
+        found = []
+        for i in range(self.count):
+            if len(found) >= limit:
+                break
+            if self._builds(i):
+                found.append(i)
+        return found
 
     def name(self, index: int) -> str:
         """cuDNN's name of plan ``index`` (engine id and knobs)."""

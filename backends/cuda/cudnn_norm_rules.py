@@ -52,7 +52,7 @@ from .cudnn_norm import batch_norm_backward, batch_norm_normalize, plan_of
 from .cudnn_norm_graph import IO_DTYPES
 from .cudnn_rules import environment_reason
 
-TAGS = frozenset({"cudnn", "gpu"})
+TAGS = frozenset({"cudnn", "gpu", "variants:engine_limit"})
 #: op type -> (cuDNN graph kind, position of x among the node's inputs).
 GRAPHS = {
     ops.BatchNormTraining: ("bn_normalize", 0),
@@ -106,10 +106,11 @@ def check(op, in_types, device):
     return None
 
 
-def variants(op, in_types, device):
-    """``[{'engine': i}, ...]``: every cuDNN plan that builds, heuristic order first."""
+def variants(op, in_types, device, limit=None):
+    """``[{'engine': i}, ...]``: the cuDNN plans that build, heuristic order
+    first; every one, or the first ``limit`` (``policy.engine_limit``)."""
     plan = _plan(op, in_types)
-    return [{}] if plan is None else [{"engine": i} for i in plan.engines()]
+    return [{}] if plan is None else [{"engine": i} for i in plan.engines(limit)]
 
 
 def workspace(op, in_types, options) -> int:

@@ -45,7 +45,7 @@ from .cudnn_graph import epilogue_name
 #: the op's direction (``Op.direction``) -> the cuDNN operation.
 KIND = {"fwd": "fprop", "dgrad": "dgrad", "wgrad": "wgrad"}
 _DTYPES = ("float32", "float16", "bfloat16")
-TAGS = frozenset({"cudnn", "gpu", "option:precision", "symmetric_padding_only"})
+TAGS = frozenset({"cudnn", "gpu", "option:precision", "variants:engine_limit", "symmetric_padding_only"})
 
 
 def _options(options) -> dict:
@@ -106,12 +106,13 @@ def check(op, in_types, device):
     return None
 
 
-def variants(op, in_types, device, precision=None):
-    """``[{'engine': i}, ...]``: every cuDNN plan that builds, heuristic order first."""
+def variants(op, in_types, device, precision=None, limit=None):
+    """``[{'engine': i}, ...]``: the cuDNN plans that build, heuristic order
+    first; every one, or the first ``limit`` (``policy.engine_limit``)."""
     sig = _signature(op, in_types, precision, _device())
     if sig is None:
         return [{}]
-    return [{"engine": i} for i in route(sig)[0].engines()]  # ascending = heuristic order
+    return [{"engine": i} for i in route(sig)[0].engines(limit)]  # ascending = heuristic order
 
 
 def workspace(op, in_types, options) -> int:

@@ -1,0 +1,145 @@
+"""``policy.engine_limit``: autotune times the first N cuDNN engines in cuDNN's
+heuristic order (PyTorch's ``cudnn.benchmark_limit``), builds no more plans than
+that, keys its cache by the limit, and checks a cached engine by building that
+one plan alone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from opgraph.backends.cuda import cudnn_graph as cg
+from opgraph.backends.registry import Rule
+from opgraph.passes.autotune import candidate_set
+from opgraph.passes.candidates import ENGINE_LIMIT_TAG
+from opgraph.passes.policy import LoweringPolicy, PolicyError
+
+from passes_stubs import Scale, StubTimer, _twice, install_rule, install_scale_rules
+from test_autotune import scale_graph, table, tune
+
+
+# ---- the policy key ------------------------------------------------------
+
+def test_the_default_is_pytorchs_benchmark_limit_and_all_means_every_engine():
+    assert LoweringPolicy().engine_limit == 10
+    assert LoweringPolicy(engine_limit="all").engine_limit is None
+    assert LoweringPolicy(engine_limit=" 3 ").engine_limit == 3
+    assert LoweringPolicy.from_mapping({"engine_limit": 4}).engine_limit == 4
+    assert LoweringPolicy.from_mapping(LoweringPolicy(engine_limit="all").to_dict()).engine_limit is None
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, True, "ten", ""])
+def test_a_bad_engine_limit_names_the_key_and_the_value(bad):
+    with pytest.raises(PolicyError, match="engine_limit"):
+        LoweringPolicy(engine_limit=bad)
+
+
+def test_the_flag_is_named_in_its_error():
+    with pytest.raises(PolicyError, match="--engine-limit"):
+        LoweringPolicy.from_cli(lowering="auto", engine_limit="0")
+    assert LoweringPolicy.from_cli(lowering="auto", engine_limit="all").engine_limit is None
+
+
+# ---- ConvPlan.engines(limit): builds only as far down the ranking as needed ----
+
+class RankedGraph:
+    """A frontend graph whose plans ``bad`` do not build; records the builds."""
+
+    def __init__(self, count, bad):
+        self.count, self.bad, self.built = count, set(bad), []
+
+    def get_execution_plan_count(self):
+        return self.count
+
+    def build_plan_at_index(self, i):
+        self.built.append(i)
+        if i in self.bad:
+            raise RuntimeError(f"plan {i} not supported")
+
+    def get_workspace_size_plan_at_index(self, i):
+        return 100 * i
+
+
+SIG = cg.ConvSignature("fprop", "none", ((2, 3, 4, 4),) * 3, ((48, 16, 4, 1),) * 3, "float32", "fp32",
+                       (0, 0), (0, 0), (1, 1), (1, 1))
+
+
+def test_the_first_n_engines_that_build_in_heuristic_order():
+    graph = RankedGraph(12, bad={1, 2, 5})
+    plan = cg.ConvPlan(SIG, graph, (), None)
+    assert plan.engines(3) == [0, 3, 4]
+    assert graph.built == [0, 1, 2, 3, 4]  # nothing past the third engine that builds
+    assert plan.engines(3) == [0, 3, 4] and graph.built == [0, 1, 2, 3, 4]  # built once
+    assert plan.engines(None) == [0, 3, 4, 6, 7, 8, 9, 10, 11]
+    assert plan.engines(50) == plan.engines()
+
+
+# ---- autotune with a limited rule ----------------------------------------
+
+def _engine_rule(calls: list, bad=()):
+    """A Scale rule enumerating six 'engines' the way the cuDNN rules do."""
+
+    def variants(op, types, device, limit=None):
+        calls.append(limit)
+        engines = [i for i in range(6) if i not in bad]
+        return [{"engine": i} for i in engines[:limit]]
+
+    def workspace(op, types, options):
+        if options.get("engine") in bad:
+            raise RuntimeError(f"engine {options['engine']} does not build")
+        return 0
+
+    return Rule(Scale, "eng", _twice, variants=variants, workspace=workspace, tags={ENGINE_LIMIT_TAG})
+
+
+def test_autotune_times_only_the_first_engines_and_keys_the_cache_by_the_limit(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference"])
+    calls = []
+    install_rule(monkeypatch, Scale, _engine_rule(calls))
+    timer = StubTimer({"eng[engine=0]": 3.0, "eng[engine=1]": 2.0, "eng[engine=5]": 0.5})
+    cache = tmp_path / "c.json"
+    _, report = tune(scale_graph()[1], cache, timer, engine_limit=2)
+    assert calls == [2]
+    assert {k for k in table(report) if k.startswith("eng")} == {"eng[engine=0]", "eng[engine=1]"}
+    assert report.node("s0").options == {"engine": 1}
+    (key,) = json.loads(cache.read_text())["entries"]
+    assert "eng:" in key and "[engines<=2]" in key
+
+    # a policy asking for every engine does not reuse the decision made among two
+    _, report = tune(scale_graph()[1], cache, timer, engine_limit="all")
+    assert report.node("s0").how == "autotune" and report.node("s0").options == {"engine": 5}
+    assert calls == [2, None]
+
+
+def test_a_cache_hit_builds_the_chosen_engine_alone(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference"])
+    calls = []
+    install_rule(monkeypatch, Scale, _engine_rule(calls))
+    cache = tmp_path / "c.json"
+    tune(scale_graph()[1], cache, StubTimer({"eng[engine=1]": 1.0}), engine_limit=3)
+    _, report = tune(scale_graph()[1], cache, StubTimer({}), engine_limit=3)
+    assert report.node("s0").how == "cache" and report.node("s0").options == {"engine": 1}
+    assert calls == [3]  # the hit listed no variants
+
+
+def test_a_cached_engine_that_no_longer_builds_is_reported_and_retuned(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference"])
+    calls = []
+    install_rule(monkeypatch, Scale, _engine_rule(calls))
+    cache = tmp_path / "c.json"
+    tune(scale_graph()[1], cache, StubTimer({"eng[engine=1]": 1.0}), engine_limit=3)
+    install_rule(monkeypatch, Scale, _engine_rule(calls, bad={1}))  # e.g. another cuDNN version
+    _, report = tune(scale_graph()[1], cache, StubTimer({"eng[engine=2]": 1.0}), engine_limit=3)
+    assert report.node("s0").how == "autotune" and report.node("s0").options == {"engine": 2}
+    assert any("engine 1 does not build" in n and "re-tuned" in n for n in report.notes)
+
+
+def test_the_real_cudnn_rules_take_the_limit():
+    import opgraph.backends.cuda.cudnn_rules as conv_rules
+    import opgraph.backends.cuda.cudnn_norm_rules as norm_rules
+
+    assert ENGINE_LIMIT_TAG in conv_rules.TAGS and ENGINE_LIMIT_TAG in norm_rules.TAGS
+    rule = Rule(Scale, "cudnn", _twice, variants=conv_rules.variants, tags=conv_rules.TAGS)
+    assert candidate_set([(rule, {})], 10) == "cudnn:variants[engines<=10]"
+    assert candidate_set([(rule, {})], None) == "cudnn:variants"

@@ -165,7 +165,8 @@ class AutotunePass(Pass):
                 continue
             # without the workspace limit: an over-budget candidate is reported, not declined
             applicable = list(_contenders(s.applicable(limited=False), ctx.device))
-            layout = getattr(types[0], "layout", None) or "NCHW"
+            # a source such as a Constant (a stochastic-depth mask) has no input: its own layout
+            layout = getattr(types[0] if types else view.type, "layout", None) or "NCHW"
             key = cache_key(op, types, ctx.dtype, layout, policy, ctx.device, device_name, versions,
                             candidates=candidate_set(((e.rule, e.options) for e in applicable), policy.engine_limit))
             hit = cache.get(key)

@@ -367,3 +367,21 @@ def test_the_oracle_is_timed_on_the_cpu_but_not_on_cuda_where_another_rule_appli
     assert names(_contenders(both, "cpu")) == ["direct", "gemm", "cudnn"]
     assert names(_contenders(both, "cuda")) == ["gemm", "cudnn"]
     assert names(_contenders(entries("reference"), "cuda")) == ["reference"]
+
+
+def test_a_source_node_without_inputs_is_tuned_or_skipped_not_an_error(tmp_path):
+    """EfficientNet-B0's stochastic-depth masks are ``Constant`` nodes: no
+    inputs, so the layout of the cache key comes from the node's own type
+    (it raised IndexError on every autotuned EfficientNet, on the H200 and here)."""
+    from opgraph import ops
+    from opgraph.builders_tensor import mul
+
+    g = og.Graph()
+    x = g.input("x", (2, 3, 4, 4))
+    mask = g.apply(ops.Constant, {"value": np.full((2, 1, 1, 1), 1.25, np.float32)}, [], "mask")
+    y = og.relu(mul(x, mask, name="scaled"))
+    policy = LoweringPolicy(autotune=True, cache=str(tmp_path / "c.json"))
+    exe = og.compile([y], policy=policy)
+    feed = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    (out,) = exe(x=feed)
+    np.testing.assert_allclose(out, np.maximum(feed * 1.25, 0), rtol=1e-6)

@@ -178,6 +178,18 @@ class Progress:
             self.bar.stop()
 
 
+def gpu_library_notes(device: str) -> list[str]:
+    """:func:`.environment.missing_gpu_libraries`, each also printed as a
+    warning (a profile taken without the cuDNN frontend looked like a cuDNN
+    one until its convolutions were read)."""
+    from .environment import missing_gpu_libraries
+
+    lines = missing_gpu_libraries(device)
+    for line in lines:
+        log(f"opgraph-bench: warning: {line}")
+    return lines
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -224,7 +236,7 @@ def run_timing(names: list[str], args) -> dict:
 
     device, why = driver.resolve_device(args.device)
     warmup, repeat = driver.protocol_defaults(device, args.warmup, args.repeat)
-    notes = [f"device: {device} ({why})"]
+    notes = [f"device: {device} ({why})", *gpu_library_notes(device)]
     models = build_models(names, args, device, notes)
     lowerings = args.lowering
     cuda_graph = args.cuda_graph
@@ -305,7 +317,8 @@ def run_profile(names: list[str], args) -> dict:
 
     device, why = driver.resolve_device(args.device)
     warmup, repeat = driver.protocol_defaults(device, args.warmup, args.repeat)
-    notes = [f"device: {device} ({why})", f"profile: each step {warmup} warm-up + {repeat} timed calls, median"]
+    notes = [f"device: {device} ({why})", *gpu_library_notes(device),
+             f"profile: each step {warmup} warm-up + {repeat} timed calls, median"]
     models = build_models(names, args, device, notes)
     lowerings = args.lowering or [lw.Lowering("auto" if device == "cuda" else lw.CPU_DEFAULT[0])]
     base = LoweringPolicy.from_cli(policy_file=args.policy, workspace_limit=args.workspace_limit,

@@ -89,3 +89,20 @@ def environment(device: str, **extra) -> dict:
 
 
 __all__ = ["git_commit", "package_version", "nvidia_driver", "environment"]
+
+
+def missing_gpu_libraries(device: str) -> list[str]:
+    """One line per GPU library opgraph would use on ``device`` but cannot
+    import (the cuDNN frontend: every ``cudnn`` rule; nvmath-python: cuBLAS
+    calls inside CUDA graphs). Without the frontend, ``auto`` still runs, on
+    ``gemm`` / ``fft`` convolutions several times slower: a run must say so,
+    not look like a cuDNN run. Empty on the CPU."""
+    if device != "cuda":
+        return []
+    from opgraph.backends.cuda.cublas import capture_requirement
+    from opgraph.backends.cuda.cudnn_rules import environment_reason
+
+    return [f"{what}: {why}" for what, why in (("cudnn unavailable", environment_reason()),
+                                               ("cuBLAS not capturable", capture_requirement()))
+            if why is not None]
+

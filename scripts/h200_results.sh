@@ -20,6 +20,9 @@
 #                  issue 7's side-by-side run; $PERF_NAME is appended to the file names
 #   modern         ResNet-50, DenseNet-121, MobileNet-v2, EfficientNet-B0 ($MODELS), $MODERN_PRECISION (bf16:
 #                  bf16 storage), NHWC, auto and auto+graph ($MODERN_LOWERINGS) + the four PyTorch peers ($PEERS)
+#   modern-profile opgraph-bench --profile of $MODELS (default resnet50), $MODERN_PRECISION, NHWC, auto:
+#                  each step timed alone, per op type and direction against the copy bandwidth and
+#                  matmul peak measured in the same run (profile-<precision>.json); reuses the carried cache
 #   default        opgraph-bench with no arguments but the output files
 #
 # The autotune cache is $LOG/autotune-cache.json (OPGRAPH_CACHE), seeded from
@@ -88,6 +91,14 @@ for stage in "$@"; do
             bench "modern-$p${RUN_NAME:-}" "$TIME_LIMIT" --model "${MODELS:-modern}" --precision "$p" --dtype "$d" \
                 --layout nhwc --lowering "${MODERN_LOWERINGS:-auto}" --cuda-graph --no-per-layer \
                 --compare "${PEERS:-torch,torch+graph,torch-compile,torch-compile+graph}" ;;
+        modern-profile)
+            p=${MODERN_PRECISION:-bf16}
+            d=float32; [ "$p" = bf16 ] && d=bfloat16; [ "$p" = fp16 ] && d=float16
+            echo "== modern-profile $p ($(date -u +%H:%M:%S))"
+            timeout "${STAGE_TIMEOUT:-590}" $PY -m opgraph.benchmarks.cli --profile --device cuda \
+                --model "${MODELS:-resnet50}" --precision "$p" --dtype "$d" --layout nhwc --lowering auto \
+                --warmup "$WARMUP" --repeat "$REPEAT" --format json --output "$LOG/profile-$p${RUN_NAME:-}.json" \
+                2>&1 | tee "$LOG/profile-$p${RUN_NAME:-}.log" | tail -n 20 ;;
         tests)
             echo "== tests ($(date -u +%H:%M:%S))"
             timeout "${GPU_TEST_TIMEOUT:-300}" $PY -m pytest ${GPU_TESTS:-tests} -m gpu -q -ra -p no:cacheprovider \
@@ -115,7 +126,8 @@ for stage in "$@"; do
             $PY scripts/results_to_markdown.py "$LOG"/winners-*.json "$LOG"/perf-*.json "$LOG"/layers.json \
                 --plot "$LOG/results.png" > "$LOG/results.md" && echo "wrote $LOG/results.md" ;;
         *)
-            echo "unknown stage $stage (winners-fp32, winners-mixed, layers, modern, tests, kernels, profile, perf," \
+            echo "unknown stage $stage (winners-fp32, winners-mixed, layers, modern, modern-profile, tests, kernels," \
+                 "profile, perf," \
                  "default, markdown)" >&2
             exit 2 ;;
     esac

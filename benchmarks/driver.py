@@ -186,6 +186,7 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         t0 = time.perf_counter()
         exe = og.compile(tg.outputs, device=s.device, policy=policy)
         rec["compile_s"] = time.perf_counter() - t0
+        rec["autotune"] = exe.report.autotune or None  # where compile_s went, when autotune ran
         sched = schedule(exe, tg)
         rec["forced"] = forced_nodes(exe.report)  # the policy's choice, not a decline
         na = {k: v for k, v in lw.not_applicable(exe, lowering).items() if k not in rec["forced"]}

@@ -94,7 +94,9 @@ def profile_steps(tg, feeds: dict, device: str, policy, timer, *, warmup: int, r
         timer: a :mod:`.timer` timer of ``device``; warmup, repeat: calls per step.
 
     Returns:
-        ``{'compile_s', 'step_ms', 'nodes_ms', 'nodes': [...]}``; each node
+        ``{'compile_s', 'autotune', 'step_ms', 'nodes_ms', 'nodes': [...]}``
+        (``autotune``: where the compile's autotune time went,
+        ``passes/autotune_clock.py``; None without autotune); each node
         ``{'name', 'op', 'algorithm', 'phase', 'direction', 'kind', 'ms', 'bytes', 'flops'}``
         (``kind``: ``'compute'`` or ``'memory'``).
     """
@@ -124,7 +126,8 @@ def profile_steps(tg, feeds: dict, device: str, policy, timer, *, warmup: int, r
         nodes.append({"name": st.name, "op": op.name, "algorithm": st.op.algorithm, "phase": phase[st.node],
                       "direction": direction_of(op, phase[st.node]), "kind": "compute" if compute else "memory",
                       "ms": ms, "bytes": moved, "flops": flops})
-    return {"compile_s": compile_s, "step_ms": step_ms, "nodes_ms": sum(n["ms"] for n in nodes), "nodes": nodes}
+    return {"compile_s": compile_s, "autotune": exe.report.autotune or None, "step_ms": step_ms,
+            "nodes_ms": sum(n["ms"] for n in nodes), "nodes": nodes}
 
 
 def group_by_op(nodes, matmul_tflops: float | None, copy_gbps: float | None) -> list[dict]:

@@ -3,7 +3,7 @@ one per model, a row per op type and direction, slowest first."""
 
 from __future__ import annotations
 
-from .tables import Table, fmt_ms
+from .tables import Table, autotune_note, fmt_ms
 
 HEADERS = ["op", "direction", "steps", "algorithms", "ms", "% of nodes", "MB moved", "GFLOP", "GB/s",
            "TFLOP/s", "% of limit", "limit"]
@@ -46,6 +46,7 @@ def profile_tables(doc: dict) -> list[Table]:
                  "ms: each step timed alone (median), summed per row; MB: inputs read + output written "
                  "once, in the storage dtype; % of limit: TFLOP/s of the matmul peak (conv, linear) "
                  "or GB/s of the copy bandwidth (every other op)"]
+        notes += filter(None, [autotune_note(rec)])
         tables.append(Table(caption, list(HEADERS), rows, set(RIGHT), notes=notes))
     return tables
 

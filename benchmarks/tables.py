@@ -27,10 +27,15 @@ from typing import Iterable
 
 import attrs
 
+from opgraph.passes.autotune_clock import describe as describe_autotune
+
 from .peer_run import PEERS as PEER_KINDS
 MARK = "†"
 #: Marks a column with nodes the policy forced, and each forced layer cell.
 FORCED_MARK = "‡"
+#: A column whose autotune took longer than this (seconds) gets a note saying
+#: where that time went (:func:`autotune_note`); shorter ones are not worth a line.
+AUTOTUNE_NOTE_SECONDS = 5.0
 
 
 @attrs.define
@@ -149,6 +154,18 @@ def forced_note(r: dict) -> str | None:
             + "; ".join(f"{algo}: {', '.join(nodes)}" for algo, nodes in by_algo.items()))
 
 
+def autotune_note(r: dict) -> str | None:
+    """``'resnet50 / auto: autotune 295.0 s: inputs 12.0 s, reference 40.0 s, ...'``:
+    where a column's autotune wall time went (``r['autotune']``, the summary of
+    ``passes/autotune_clock.py``), when it took more than
+    :data:`AUTOTUNE_NOTE_SECONDS`; None otherwise, and for a ``+graph`` column
+    (it replays its eager column's compile, whose note says it)."""
+    summary = r.get("autotune")
+    if not summary or summary["total_s"] <= AUTOTUNE_NOTE_SECONDS or r["lowering"].endswith("+graph"):
+        return None
+    return f"{r['model']} / {r['lowering']}: {describe_autotune(summary)}"
+
+
 def layout_label(env: dict) -> str:
     """The layout a run computed in, with the one asked for when it differs
     (NHWC asked for on the CPU runs NCHW): ``'NCHW (NHWC requested)'``."""
@@ -221,6 +238,9 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
         rows, columns, extra = [], {}, []  # extra: the forced and unstable columns' notes
         caption = f"end to end, {prec}: milliseconds per mini-batch"
         for r in ordered(doc, prec):
+            tuned = autotune_note(r)  # a mismatch or error after the compile has one too
+            if tuned:
+                extra.append(tuned)
             if r["status"] != "ok":
                 rows.append([r["model"], r["lowering"], _status_cell(r, columns)] + [""] * 14)
                 continue
@@ -360,4 +380,4 @@ def all_tables(doc: dict, *, per_layer_tflops: bool = False) -> list[Table]:
 __all__ = ["Table", "ordered", "precision_label", "fmt_ms", "fmt_num", "fmt_rate", "fmt_mib", "fmt_err", "precisions",
            "layout_label", "environment_table", "peak_table", "end_to_end_tables", "layer_tables", "memory_tables",
            "all_tables", "PEER_KINDS", "MARK", "FORCED_MARK", "forced_note", "spread_cell",
-           "run_stability_notes"]
+           "run_stability_notes", "AUTOTUNE_NOTE_SECONDS", "autotune_note"]

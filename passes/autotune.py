@@ -32,7 +32,7 @@ Decisions persist in :class:`~passes.autotune_cache.AutotuneCache` with every
 candidate's measurements; a cached decision is reused without running
 anything if its algorithm still applies, the winner chosen again from the
 cached measurements under the current ``workspace_tolerance``
-(:func:`rechoose`).
+(:func:`rechoose`). Each node's seconds by part: ``autotune_clock``.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from opgraph.run_types import run_types
 from opgraph.backends.registry import KernelContext
 
 from .autotune_cache import AutotuneCache, cache_key
+from .autotune_clock import NodeClock, TuneClock
 from .autotune_inputs import REFERENCE_ALGORITHMS, consistent_inputs, random_inputs
 from .autotune_inputs import reference_output as _reference
 from .base import Pass, PassContext
@@ -68,7 +69,7 @@ class Timer(Protocol):
     """Times one candidate: ``measure(fn, label=..., warmup=..., repeats=...)``
     calls ``fn`` ``warmup`` times untimed, then returns ``repeats`` durations
     in seconds. ``label`` (``'winograd[tile=2]'``) lets a test stub answer
-    known times per candidate."""
+    known times per candidate. Optional: ``synchronize()`` (``autotune_clock``)."""
 
     def measure(self, fn: Callable[[], object], *, label: str, warmup: int,
                 repeats: int) -> list[float]: ...
@@ -105,6 +106,12 @@ class CudaEventTimer:
             end.synchronize()
             out.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
         return out
+
+    def synchronize(self) -> None:
+        """Wait for the work queued on the current stream."""
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
 
 
 def default_timer(device: str) -> Timer:
@@ -155,9 +162,11 @@ class AutotunePass(Pass):
         device_name = ctx.device_name()
         # the types values run in (compile's dtype applied; batch statistics stay float32)
         run = run_types(graph, graph.ancestors(outputs), ctx.dtype)
+        clock = TuneClock(getattr(timer, "synchronize", None))  # where the pass's time goes
         for view in list(graph.nodes_in_order(outputs)):
             if not isinstance(view.op, Lowered):
                 continue
+            node_clock = clock.node()
             op, types = view.op.op, view.input_types
             s = survey_node(view, ctx, op=op)
             rec = ctx.report.nodes.get(view.name)
@@ -172,7 +181,8 @@ class AutotunePass(Pass):
             hit = cache.get(key)
             rows, algorithm, cached_opts = rechoose(hit, policy.workspace_tolerance) if hit else ([], None, {})
             entry = next((e for e in applicable if e.rule.algorithm == algorithm), None)
-            refused = entry and refused_options(entry, cached_opts, op, types, ctx.device, policy.engine_limit)
+            with node_clock.part("variants"):  # a cuDNN engine's plan is built here
+                refused = entry and refused_options(entry, cached_opts, op, types, ctx.device, policy.engine_limit)
             if refused:  # a hand-edited or stale entry: a kernel would raise on every run
                 cache.warn(f"autotune cache {cache.path}: node {view.name}: {refused}; re-tuned")
                 entry = None
@@ -181,16 +191,18 @@ class AutotunePass(Pass):
                 rec.how, rec.candidates = "cache", rows
                 rec.cache_key = key
             else:
-                cands = [(e.rule, {**e.options, **variant}) for e in applicable
-                         for variant in _variants(e.rule, op, types, ctx.device, e.options, policy.engine_limit)]
+                with node_clock.part("variants"):  # every cuDNN engine's plan is built here
+                    cands = [(e.rule, {**e.options, **variant}) for e in applicable
+                             for variant in _variants(e.rule, op, types, ctx.device, e.options, policy.engine_limit)]
                 if len(cands) < 2:
+                    rec.tune_seconds = clock.done(node_clock, "untimed")
                     continue
                 rec.cache_key = key
                 if hit and not refused:
                     ctx.report.note(f"autotune: {view.name}: cached choice {hit['algorithm']} no longer "
                                     "applies; re-tuned")
-                rows, timed = self._tune(op, types, cands, s, ctx, timer, view,
-                                         run[view.id], tuple(run[i] for i in graph.input_ids(view.id)))
+                rows, timed = self._tune(op, types, cands, s, ctx, timer, view, run[view.id],
+                                         tuple(run[i] for i in graph.input_ids(view.id)), node_clock)
                 measured = [c.to_dict() for c in rows]  # cached as timed: rechoose() decides again
                 best = choose(rows, timed, policy.workspace_tolerance)
                 if best is None:
@@ -207,28 +219,33 @@ class AutotunePass(Pass):
             graph.replace_op(view.id, lowered)
             rec.algorithm, rec.options, rec.chosen = rule.algorithm, dict(opts), lowered.describe()
             rec.workspace = rule_workspace(rule, op, types, opts)
+            rec.tune_seconds = clock.done(node_clock, "cache" if rec.how == "cache" else "tuned")
         cache.save()
         for w in cache.messages:
             ctx.report.note(w)
+        ctx.report.autotune = clock.summary()
         return graph
 
-    def _tune(self, op, types, cands, s, ctx: PassContext, timer, view,
-              out_type, run_in) -> tuple[list[Candidate], list[Candidate]]:
+    def _tune(self, op, types, cands, s, ctx: PassContext, timer, view, out_type, run_in,
+              clock: NodeClock) -> tuple[list[Candidate], list[Candidate]]:
         """Check and time each candidate; returns the report rows (declined ones
         too) and those of them timed in full (not pruned). ``out_type`` and
         ``run_in`` are the node's output and input types as they run
         (:func:`opgraph.run_types.run_types`: ``ctx.dtype`` applied, batch
         statistics kept in float32); inputs are drawn in ``run_in``. A
         candidate whose output dtype is not ``out_type``'s is ``wrong``: a
-        float32 result in a bf16 graph would turn every later value into float32."""
+        float32 result in a bf16 graph would turn every later value into float32.
+        ``clock`` gets the seconds of each part (``passes/autotune_clock.py``)."""
         xp, policy = ctx.xp, ctx.policy
         want = out_type.dtype
-        # e.g. batch statistics that are x's own (autotune_inputs)
-        arrays = consistent_inputs(view, random_inputs(run_in, xp, ctx.seed), xp, ctx.device)
-        try:
-            ref = _reference(op, arrays, xp, ctx.device, out_type)
-        except Exception:
-            ref = None
+        with clock.part("inputs", settle=True):  # layout transposes may still be queued
+            # e.g. batch statistics that are x's own (autotune_inputs)
+            arrays = consistent_inputs(view, random_inputs(run_in, xp, ctx.seed), xp, ctx.device)
+        with clock.part("reference", settle=True):  # float64 kernels, else billed to the first check
+            try:
+                ref = _reference(op, arrays, xp, ctx.device, out_type)
+            except Exception:
+                ref = None
         dtype = str(arrays[0].dtype) if arrays else "float32"
         rows, timed, best = [], [], None  # best: fastest fully timed median so far, seconds
         for rule, opts in cands:
@@ -239,33 +256,40 @@ class AutotunePass(Pass):
                 c.status, c.reason = "over budget", f"workspace > limit {policy.workspace_limit:,d} B"
                 continue
             kctx = KernelContext(xp, ctx.device, dict(opts), out_type)
-            try:
-                out = rule.kernel(kctx, op, *arrays)
-            except Exception as e:  # includes device out-of-memory errors
-                c.status, c.reason = "failed", f"{type(e).__name__}: {e}"
-                continue
-            got = getattr(getattr(out, "dtype", None), "name", None)
-            if got is not None and got != want:
-                c.status, c.reason = "wrong", f"returns {got}, the node's type is {want}"
-                continue
-            if ref is not None:
-                c.rel_error = relative_error(xp, out, ref)
-                if not c.rel_error <= c.tolerance:  # NaN fails too
-                    c.status, c.reason = "wrong", f"relative error {c.rel_error:.2e} > {c.tolerance:.0e}"
+            clock.checked += 1
+            # settle: relative_error waits for the kernel; a failed, wrong-dtype or
+            # unverified one has nobody waiting, and its run would be billed to timing
+            with clock.part("check", settle=True):
+                try:
+                    out = rule.kernel(kctx, op, *arrays)
+                except Exception as e:  # includes device out-of-memory errors
+                    c.status, c.reason = "failed", f"{type(e).__name__}: {e}"
                     continue
-            else:
-                c.status, c.reason = "unverified", "no reference rule for this op"
+                got = getattr(getattr(out, "dtype", None), "name", None)
+                if got is not None and got != want:
+                    c.status, c.reason = "wrong", f"returns {got}, the node's type is {want}"
+                    continue
+                if ref is not None:
+                    c.rel_error = relative_error(xp, out, ref)
+                    if not c.rel_error <= c.tolerance:  # NaN fails too
+                        c.status, c.reason = "wrong", f"relative error {c.rel_error:.2e} > {c.tolerance:.0e}"
+                        continue
+                else:
+                    c.status, c.reason = "unverified", "no reference rule for this op"
             run = lambda: rule.kernel(kctx, op, *arrays)  # noqa: E731
             # One timed run first (the check run above warmed plans and caches):
             # a candidate already PRUNE_FACTOR x slower than the best median is
             # not worth the full protocol.
-            (once,) = timer.measure(run, label=c.label, warmup=0, repeats=1)
+            clock.timed += 1
+            with clock.part("timing"):  # no settle: the timer waits for its own runs
+                (once,) = timer.measure(run, label=c.label, warmup=0, repeats=1)
             if best is not None and once > PRUNE_FACTOR * best:
                 c.time_ms = c.min_ms = 1e3 * once
                 c.reason = f"pruned after 1 timed run (> {PRUNE_FACTOR:g}x the best {1e3 * best:.3f} ms)"
                 continue
-            times = timer.measure(run, label=c.label, warmup=max(0, ctx.warmup - 1),
-                                  repeats=max(1, ctx.repeats))
+            with clock.part("timing"):
+                times = timer.measure(run, label=c.label, warmup=max(0, ctx.warmup - 1),
+                                      repeats=max(1, ctx.repeats))
             c.time_ms, c.min_ms = 1e3 * statistics.median(times), 1e3 * min(times)
             timed.append(c)
             best = min(best if best is not None else math.inf, statistics.median(times))

@@ -9,7 +9,9 @@
   table ends with the number of steps per algorithm (``codegen``: the
   generated memory-bound kernels, ``reference``: the oracle);
 * the autotune pass adds one :class:`Candidate` row per (algorithm, variant)
-  with its time (ms), workspace (bytes), relative error and status;
+  with its time (ms), workspace (bytes), relative error and status, the
+  seconds it spent on each node by part, and their sum over the compile
+  (``passes/autotune_clock.py``);
 * legalize, fuse and layout add notes; memory adds the planned peak bytes;
 * the pipeline adds the wall time of each pass.
 
@@ -22,6 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+
+from .autotune_clock import describe as describe_autotune
 
 #: Candidate statuses, in the order a table lists them.
 STATUSES = ("chosen", "ok", "wrong", "failed", "over budget", "declined", "excluded", "unverified")
@@ -85,6 +89,10 @@ class NodeReport:
             type of each node it absorbed (``passes/pattern.py``).
         buffer: how the executable runs the step when its output is a view
             (``[zero-copy: ...]``, ``opgraph/buffer_views.py``), else ''.
+        tune_seconds: the autotune pass's wall seconds on this node per part
+            (``inputs``, ``reference``, ``variants``, ``check``, ``timing``,
+            ``other``: ``passes.autotune_clock.PARTS``); empty when the pass
+            did not look at it (no autotune, a forced node).
     """
 
     node: int
@@ -102,10 +110,12 @@ class NodeReport:
     cache_key: str | None = None
     absorbed: dict[str, str] = attrs.field(factory=dict)
     buffer: str = ""
+    tune_seconds: dict[str, float] = attrs.field(factory=dict)
 
     def to_dict(self) -> dict:
         d = attrs.asdict(self, recurse=False)
         d["absorbed"] = dict(self.absorbed)
+        d["tune_seconds"] = dict(self.tune_seconds)
         d["candidates"] = [c.to_dict() for c in self.candidates]
         return d
 
@@ -119,6 +129,10 @@ class LoweringReport:
         passes: ``(pass name, seconds)`` in run order.
         memory: planned memory of the schedule (see ``passes/memory.py``).
         notes: free-form lines from legalize, fuse, layout and the policy.
+        autotune: where the autotune pass's wall time went
+            (``passes.autotune_clock.TuneClock.summary``: seconds per part,
+            nodes tuned, cache hits, candidates checked and timed); empty
+            without autotune.
     """
 
     device: str = "cpu"
@@ -128,6 +142,7 @@ class LoweringReport:
     passes: list[tuple[str, float]] = attrs.field(factory=list)
     memory: dict[str, Any] = attrs.field(factory=dict)
     notes: list[str] = attrs.field(factory=list)
+    autotune: dict[str, Any] = attrs.field(factory=dict)
 
     def node(self, name: str) -> NodeReport:
         """The record of node ``name``.
@@ -177,7 +192,7 @@ class LoweringReport:
         return {"device": self.device, "pipeline": self.pipeline, "policy": self.policy,
                 "nodes": {n: r.to_dict() for n, r in self.nodes.items()},
                 "passes": [list(p) for p in self.passes], "memory": dict(self.memory),
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "autotune": dict(self.autotune)}
 
     def format(self, verbose: bool = False) -> str:
         """A text table: one line per node (name, chosen implementation, how),
@@ -200,6 +215,8 @@ class LoweringReport:
                                                  if not isinstance(v, (dict, list))))
         if self.passes:
             lines.append("passes: " + ", ".join(f"{n} {1e3 * s:.1f} ms" for n, s in self.passes))
+        if self.autotune:
+            lines.append(describe_autotune(self.autotune))
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 

@@ -1,0 +1,81 @@
+"""opgraph-bench carries where autotune's time went (passes/autotune_clock.py):
+in each opgraph column's record, in the end-to-end table's notes when it took
+long, and in a ``--profile`` model record."""
+
+from __future__ import annotations
+
+import pytest
+
+from opgraph.benchmarks import driver, lowerings as lw, profile as pf, profile_table, tables
+from opgraph.benchmarks.protocol import random_feeds, training_graph
+from opgraph.benchmarks.timer import make_timer
+from opgraph.passes.autotune_clock import PARTS, describe
+from opgraph.passes.policy import LoweringPolicy
+
+from tinymodels import tiny_convnet
+
+NO_CACHE = LoweringPolicy(cache="off")  # every column tunes afresh, and no file is written
+
+
+@pytest.fixture(scope="module")
+def doc():
+    s = driver.Settings(device="cpu", lowerings=lw.parse_lowerings("gemm,auto"), warmup=0, repeat=1,
+                        per_layer=False, base_policy=NO_CACHE)
+    return driver.run_benchmark([tiny_convnet()], s)
+
+
+def _column(doc, lowering):
+    (rec,) = [r for r in doc["results"] if r["lowering"] == lowering]
+    return rec
+
+
+def test_the_auto_column_records_its_autotune_summary(doc):
+    rec = _column(doc, "auto")
+    assert rec["status"] == "ok"
+    summary = rec["autotune"]
+    assert set(summary["seconds"]) == set(PARTS)
+    assert summary["nodes_tuned"] > 0 and summary["candidates_timed"] > 0
+    assert summary["candidates_checked"] >= summary["candidates_timed"]
+    # the pass's own wall time, within the compile's
+    assert sum(summary["seconds"].values()) <= summary["total_s"] <= rec["compile_s"]
+    assert summary["seconds"]["timing"] > 0 and summary["seconds"]["check"] > 0
+
+
+def test_a_column_without_autotune_has_none(doc):
+    assert _column(doc, "gemm")["autotune"] is None
+
+
+def test_a_long_autotune_gets_a_note_under_the_end_to_end_table(doc, monkeypatch):
+    def notes():
+        (table,) = tables.end_to_end_tables(doc)
+        return [n for n in table.notes if ": autotune " in n]
+
+    assert notes() == []  # the tiny model tunes in well under AUTOTUNE_NOTE_SECONDS
+    monkeypatch.setattr(tables, "AUTOTUNE_NOTE_SECONDS", 0.0)
+    (line,) = notes()
+    assert line == "tiny / auto: " + describe(_column(doc, "auto")["autotune"])
+    assert line.startswith("tiny / auto: autotune ") and ": inputs " in line
+    assert "variants (cuDNN plans)" in line and "nodes tuned" in line and "cache hits" in line
+
+
+def test_a_graph_column_leaves_the_note_to_its_eager_column(doc, monkeypatch):
+    monkeypatch.setattr(tables, "AUTOTUNE_NOTE_SECONDS", 0.0)
+    rec = _column(doc, "auto")
+    assert tables.autotune_note(rec) is not None
+    assert tables.autotune_note({**rec, "lowering": "auto+graph"}) is None
+
+
+def test_the_profile_record_and_table_carry_the_summary(monkeypatch):
+    m = tiny_convnet(batch=2)
+    limits = {"matmul": {}, "copy": {}}
+    rec = pf.profile_model(training_graph(m), lw.Lowering("auto"), NO_CACHE, "cpu", make_timer("cpu"), limits,
+                           warmup=0, repeat=1)
+    summary = rec["autotune"]
+    assert summary["nodes_tuned"] > 0 and set(summary["seconds"]) == set(PARTS)
+    assert summary["total_s"] <= rec["compile_s"]
+    monkeypatch.setattr(tables, "AUTOTUNE_NOTE_SECONDS", 0.0)
+    (table,) = profile_table.profile_tables(pf.profile_document({}, limits, [rec]))
+    assert any(n.startswith("tiny / auto: autotune ") for n in table.notes)
+    plain = pf.profile_steps(training_graph(m), random_feeds(m), "cpu", NO_CACHE, make_timer("cpu"),
+                             warmup=0, repeat=1)
+    assert plain["autotune"] is None

@@ -11,14 +11,19 @@ every one off, and nothing else (the fused ops' rules carry the tag
    ``Conv2dBackwardDataRelu`` node;
 3. ``pool-relu-backward``: the gradient through a pooled ReLU -> one
    ``MaxPool2dBackwardRelu`` node;
-4. ``gradient-sum``: a tree of ``Add`` nodes summing a fan-out's gradients ->
+4. ``bn-backward-sums``: a training batch norm's data gradient reads the sums
+   its scale and bias gradients computed -> one
+   ``BatchNormTrainingBackwardDataFromSums`` node, float32/float64 storage
+   (``passes/fuse_bn_backward.py``);
+5. ``gradient-sum``: a tree of ``Add`` nodes summing a fan-out's gradients ->
    one n-ary sum (``passes/fuse_elementwise.py``);
-5. ``elementwise``: maximal chains of memory-bound ops -> one
+6. ``elementwise``: maximal chains of memory-bound ops -> one
    ``FusedElementwise`` node, one generated kernel on cuda
    (``passes/fuse_elementwise.py``; opt-in on the CPU's oracle kernels).
 
 The epilogues come first so that a convolution's ReLU goes to cuDNN's fused
-graph, not to a generated kernel.
+graph, not to a generated kernel; the batch-norm rule before the element-wise
+ones so that a data gradient is not taken into a chain first.
 
 A fused epilogue (cuDNN's conv -> bias -> add -> relu graph,
 ``backends/cuda/cudnn.py``; on the other algorithms the epilogue applied in
@@ -69,6 +74,7 @@ from opgraph.ops import (Add, Conv2d, Conv2dBackwardData, Conv2dBackwardDataRelu
 from opgraph.ops.conv_fused import ACTIVATIONS, activation_of, fused_conv_forward
 
 from .base import Pass, PassContext
+from .fuse_bn_backward import BN_BACKWARD_SUMS
 from .fuse_elementwise import ELEMENTWISE, GRADIENT_SUM
 from .pattern import FusionRule, Match, Scope, apply_table, rewrite_lowered
 
@@ -227,6 +233,7 @@ TABLE: tuple[FusionRule, ...] = (
     FusionRule("dgrad-relu", match_dgrad_relu, lambda g, m, ctx: fuse_dgrad_relu(g, m.root, m.absorbed[0], ctx)),
     FusionRule("pool-relu-backward", match_pool_relu_backward,
                lambda g, m, ctx: fuse_pool_relu_backward(g, m.root, m.absorbed[0], ctx)),
+    BN_BACKWARD_SUMS,
     GRADIENT_SUM,
     ELEMENTWISE,
 )

@@ -97,9 +97,19 @@ class Scope:
         self.outputs = frozenset(v.node for v in outputs)
         self.nodes = graph.ancestors(outputs)
         self.notes: dict[str, set[str]] = {}
-        # a rewrite only makes a node read its ancestors' values: this order stays valid
-        self._order = graph.topological(self.nodes)
+        self._ordered()
+
+    def _ordered(self) -> None:
+        self._order = self.graph.topological(self.nodes)
         self.position = {n: k for k, n in enumerate(self._order)}
+
+    def rewired(self, root: int) -> None:
+        """Keep the order topological after ``root`` was rewritten: most rewrites
+        make a node read its ancestors' values only (the order stays valid), but
+        one may read a sibling's (``bn-backward-sums``: the data gradient reads
+        the sums of the scale and bias gradients), which can sit later."""
+        if any(self.position.get(u, -1) > self.position[root] for u in self.graph.input_ids(root)):
+            self._ordered()
 
     def __contains__(self, node: int) -> bool:
         return node in self.nodes
@@ -187,6 +197,7 @@ def _sweep(rule, graph, scope, ctx, tallies, refused) -> bool:
             tally.skipped.append(f"{names} ({why})")
         else:
             scope.removed(m.absorbed)
+            scope.rewired(m.root)
             tally.done.append(names)
             changed = True
     return changed

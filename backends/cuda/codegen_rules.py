@@ -40,7 +40,8 @@ TAGS = frozenset({"codegen", "generated", "gpu"})
 INPLACE = {
     **{t: 0 for t in (ops.Relu, ops.Threshold, ops.Hardtanh, ops.Hardsigmoid, ops.Hardswish, ops.Sigmoid,
                       ops.Silu, ops.Gelu, ops.Neg, ops.Dropout, ops.BiasAdd, ops.BatchNorm,
-                      ops.BatchNormTraining, ops.BatchNormBackwardData, ops.BatchNormTrainingBackwardData)},
+                      ops.BatchNormTraining, ops.BatchNormBackwardData, ops.BatchNormTrainingBackwardData,
+                      ops.BatchNormTrainingBackwardDataFromSums)},
     **{t: 1 for t in (ops.ReluBackward, ops.ThresholdBackward, ops.HardtanhBackward, ops.HardsigmoidBackward,
                       ops.HardswishBackward, ops.SigmoidBackward, ops.SiluBackward, ops.GeluBackward,
                       ops.BatchNormRunningUpdate)},

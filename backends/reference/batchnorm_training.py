@@ -17,7 +17,7 @@ from opgraph.errors import ShapeError
 from opgraph.types import compute_dtype
 
 from .kernel import reference
-from .normalization import data_gradient, data_gradient_input_grad, moments, normalized
+from .normalization import data_gradient, data_gradient_input_grad, group_size, moments, normalized
 
 
 def _axes(x):
@@ -100,6 +100,25 @@ def batch_norm_training_backward_data(xp, gy, x, stats, weight=None, *, eps):
     return data_gradient(g, xhat, rstd, _axes(x)).astype(gy.dtype, copy=False)
 
 
+@reference(ops.BatchNormTrainingBackwardDataFromSums)
+def batch_norm_training_backward_data_from_sums(xp, gy, x, stats, sum_gy_xhat, sum_gy, weight=None, *, eps):
+    """``dx = weight * rstd * (gy - sum_gy / n - xhat * sum_gy_xhat / n)``: the
+    data gradient of :func:`batch_norm_training_backward_data` with its two
+    per-channel sums given (the op's docstring: weight factors out of them).
+
+    Shapes: gy and x (N, C, ...), stats (2, C), the sums and weight (C,)
+    (weight None: 1). Returns gy's shape and dtype.
+    """
+    _check("batch_norm_training_backward_data_from_sums", x, stats, sum_gy_xhat=sum_gy_xhat, sum_gy=sum_gy,
+           weight=weight)
+    xc, xhat, rstd = _xhat(xp, x, stats, eps)
+    dt, n = xc.dtype, max(group_size(x.shape, _axes(x)), 1)  # an empty batch: no division by 0
+    mean_g = _channel(sum_gy, x.ndim, dt) / n
+    mean_gx = _channel(sum_gy_xhat, x.ndim, dt) / n
+    dx = _scaled(rstd * (gy.astype(dt, copy=False) - mean_g - xhat * mean_gx), weight)
+    return dx.astype(gy.dtype, copy=False)
+
+
 @reference(ops.BatchNormTrainingBackwardScale)
 def batch_norm_training_backward_scale(xp, x, stats, gy, *, eps):
     """``dweight = sum(gy * xhat)`` over every axis but 1 -> (C,), x's dtype."""
@@ -142,5 +161,6 @@ def batch_norm_running_update(xp, stats, running, *, statistic, momentum, count)
 
 
 __all__ = ["batch_norm_stats", "batch_norm_training", "batch_norm_training_backward_data",
+           "batch_norm_training_backward_data_from_sums",
            "batch_norm_training_backward_scale", "batch_norm_training_double_backward",
            "batch_norm_running_update"]

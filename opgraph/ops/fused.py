@@ -81,8 +81,11 @@ class Program:
             raise OpgraphError(f"a fused program needs inputs and steps, got {self.n_inputs} inputs, "
                                f"{len(self.steps)} steps")
         for k, step in enumerate(self.steps):
-            if isinstance(step.op, (Source, Lowered)) or getattr(step.op, "fused", False):
-                what = "already fused" if getattr(step.op, "fused", False) else "a source or a lowered op"
+            # a fused chain is spliced in, never nested; another fused op (the fuse pass's
+            # BatchNormTrainingBackwardDataFromSums) is one op: a one-step program of it is
+            # how the generator plans a single op (backends/cuda/codegen/plan.py)
+            if isinstance(step.op, (Source, Lowered, FusedElementwise)):
+                what = "already fused" if isinstance(step.op, FusedElementwise) else "a source or a lowered op"
                 raise OpgraphError(f"fused step {k}: {step.op.name} is {what}, not an abstract member op")
             bad = [a for a in step.args if not 0 <= a < self.n_inputs + k]
             if bad:

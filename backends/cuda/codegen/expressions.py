@@ -393,6 +393,18 @@ def _batch_norm_training_backward_data(b, op, types, gy, x, stats, *weight):
     return b.expr("({0} * ({1} - {2} - {3} * {4}))", rstd, g, mean_g, xhat, mean_gx)
 
 
+@expression(ops.BatchNormTrainingBackwardDataFromSums)
+def _batch_norm_training_backward_data_from_sums(b, op, types, gy, x, stats, sum_gy_xhat, sum_gy, *weight):
+    """The data gradient with its sums given (the op's docstring): one element-wise pass."""
+    xhat, rstd = _xhat(b, x, stats, op.eps)
+    n = b.count("channel")
+    mean_g = b.expr("({0} / {1})", b.channel(sum_gy), n)  # per channel values: computed once per channel
+    mean_gx = b.expr("({0} / {1})", b.channel(sum_gy_xhat), n)
+    centred = b.expr("({0} - {1} - {2} * {3})", b.value(gy), mean_g, xhat, mean_gx)
+    factor = b.expr("({0} * {1})", rstd, b.channel(weight[0])) if weight else rstd
+    return b.expr("({0} * {1})", factor, centred)
+
+
 @expression(ops.BatchNormTrainingBackwardScale, iterates="in")
 def _batch_norm_training_backward_scale(b, op, types, x, stats, gy):
     xhat, _ = _xhat(b, x, stats, op.eps)

@@ -112,23 +112,26 @@ def test_autotune_times_only_the_first_engines_and_keys_the_cache_by_the_limit(m
     assert calls == [2, None]
 
 
-def test_a_cache_hit_builds_the_chosen_engine_alone(monkeypatch, tmp_path):
+def _tuned_once(monkeypatch, tmp_path, calls):
+    """The engine rule installed and engine 1 (of the first 3) tuned into a fresh cache."""
     install_scale_rules(monkeypatch, ["reference"])
-    calls = []
     install_rule(monkeypatch, Scale, _engine_rule(calls))
     cache = tmp_path / "c.json"
     tune(scale_graph()[1], cache, StubTimer({"eng[engine=1]": 1.0}), engine_limit=3)
+    return cache
+
+
+def test_a_cache_hit_builds_the_chosen_engine_alone(monkeypatch, tmp_path):
+    calls = []
+    cache = _tuned_once(monkeypatch, tmp_path, calls)
     _, report = tune(scale_graph()[1], cache, StubTimer({}), engine_limit=3)
     assert report.node("s0").how == "cache" and report.node("s0").options == {"engine": 1}
     assert calls == [3]  # the hit listed no variants
 
 
 def test_a_cached_engine_that_no_longer_builds_is_reported_and_retuned(monkeypatch, tmp_path):
-    install_scale_rules(monkeypatch, ["reference"])
     calls = []
-    install_rule(monkeypatch, Scale, _engine_rule(calls))
-    cache = tmp_path / "c.json"
-    tune(scale_graph()[1], cache, StubTimer({"eng[engine=1]": 1.0}), engine_limit=3)
+    cache = _tuned_once(monkeypatch, tmp_path, calls)
     install_rule(monkeypatch, Scale, _engine_rule(calls, bad={1}))  # e.g. another cuDNN version
     _, report = tune(scale_graph()[1], cache, StubTimer({"eng[engine=2]": 1.0}), engine_limit=3)
     assert report.node("s0").how == "autotune" and report.node("s0").options == {"engine": 2}

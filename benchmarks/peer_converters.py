@@ -281,7 +281,7 @@ PREPARED: dict[str, Callable] = {"Constant": _constant, "Dropout": _dropout_mask
 #: one backward pass.
 GRADIENT_OPS = frozenset((
     "AvgPool2dBackward", "BatchNormBackwardData", "BatchNormBackwardScale",
-    "BatchNormSumsRow", "BatchNormTrainingBackwardData", "BatchNormTrainingBackwardDataFromSums",
+    "BatchNormBackwardSumsRow", "BatchNormTrainingBackwardData", "BatchNormTrainingBackwardDataFromSums",
     "BatchNormTrainingBackwardScale", "BatchNormTrainingBackwardSums",
     "BatchNormTrainingDoubleBackward", "BiasAddBackward", "Conv2dBackwardData",
     "Conv2dBackwardFilter", "CrossEntropyBackward", "GeluBackward", "GlobalAvgPool2dBackward",

@@ -13,7 +13,7 @@ every one off, and nothing else (the fused ops' rules carry the tag
    ``MaxPool2dBackwardRelu`` node;
 4. ``bn-backward-sums``: a training batch norm's data, scale and bias
    gradients -> one ``BatchNormTrainingBackwardSums`` pass (float32 sums for
-   half storage) read by ``BatchNormSumsRow`` (dbias, dweight) and
+   half storage) read by ``BatchNormBackwardSumsRow`` (dbias, dweight) and
    ``BatchNormTrainingBackwardDataFromSums`` (dx) (``passes/fuse_bn_backward.py``);
 5. ``gradient-sum``: a tree of ``Add`` nodes summing a fan-out's gradients ->
    one n-ary sum (``passes/fuse_elementwise.py``);

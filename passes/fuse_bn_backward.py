@@ -14,8 +14,8 @@ element-wise phase: 8 passes over the tensors per batch norm. The rule
 rewrites the trio into (``opgraph/ops/batchnorm_sums.py``)::
 
     sums    = BatchNormTrainingBackwardSums(x, stats, gy)     (2, C), float32 for half storage
-    dbias   = BatchNormSumsRow(row=0)(sums, gy)               rounded to the storage dtype
-    dweight = BatchNormSumsRow(row=1)(sums, gy)
+    dbias   = BatchNormBackwardSumsRow(row=0)(sums, gy)               rounded to the storage dtype
+    dweight = BatchNormBackwardSumsRow(row=1)(sums, gy)
     dx      = BatchNormTrainingBackwardDataFromSums(gy, x, stats, sums, weight)
 
 5 passes (the sums read x and gy; dx reads gy and x and writes dx). The
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from opgraph.graph import Graph, NodeView
 from opgraph.op import Lowered, abstract_of
-from opgraph.ops import (BatchNormSumsRow, BatchNormTrainingBackwardData, BatchNormTrainingBackwardDataFromSums,
+from opgraph.ops import (BatchNormBackwardSumsRow, BatchNormTrainingBackwardData, BatchNormTrainingBackwardDataFromSums,
                          BatchNormTrainingBackwardScale, BatchNormTrainingBackwardSums, BiasAddBackward)
 from opgraph.ops.batchnorm_sums import SUM_GY, SUM_GY_XHAT
 
@@ -104,8 +104,8 @@ def _planned(graph: Graph, m: Match) -> dict:
     sums_op = BatchNormTrainingBackwardSums(eps=eps)
     sums = sums_op.infer(x, stats, gy)
     return {"sums": (sums_op, (x, stats, gy)),
-            scale: (BatchNormSumsRow(row=SUM_GY_XHAT), (sums, gy)),
-            bias: (BatchNormSumsRow(row=SUM_GY), (sums, gy)),
+            scale: (BatchNormBackwardSumsRow(row=SUM_GY_XHAT), (sums, gy)),
+            bias: (BatchNormBackwardSumsRow(row=SUM_GY), (sums, gy)),
             m.root: (BatchNormTrainingBackwardDataFromSums(eps=eps), (gy, x, stats, sums, *weight))}
 
 

@@ -82,7 +82,7 @@ CASES = [
     _f(ops.BatchNormTrainingBackwardData(), "x", "x", "stats", "c"),
     _f(ops.BatchNormTrainingBackwardScale(), "x", "stats", "x"),
     _f(ops.BatchNormTrainingBackwardSums(), "x", "stats", "x"),
-    _f(ops.BatchNormSumsRow(row=0), "sums", "x"), _f(ops.BatchNormSumsRow(row=1), "sums", "x"),
+    _f(ops.BatchNormBackwardSumsRow(row=0), "sums", "x"), _f(ops.BatchNormBackwardSumsRow(row=1), "sums", "x"),
     _f(ops.BatchNormTrainingBackwardDataFromSums(), "x", "x", "stats", "sums", "c"),
     _f(ops.BatchNormTrainingBackwardDataFromSums(eps=1e-3), "x", "x", "stats", "sums",
        name="BatchNormTrainingBackwardDataFromSums(no weight)"),

@@ -119,11 +119,11 @@ def batch_norm_training_backward_sums(xp, x, stats, gy, *, eps):
     return xp.stack([rows[r] for r in sorted(rows)]).astype(stats.dtype, copy=False)
 
 
-@reference(ops.BatchNormSumsRow)
-def batch_norm_sums_row(xp, sums, gy, *, row):
+@reference(ops.BatchNormBackwardSumsRow)
+def batch_norm_backward_sums_row(xp, sums, gy, *, row):
     """Row ``row`` of the (2, C) ``sums`` rounded to gy's dtype -> (C,) (gy's
     values are not read: it gives the storage dtype)."""
-    _check("batch_norm_sums_row", gy, None, sums)
+    _check("batch_norm_backward_sums_row", gy, None, sums)
     return sums[row].astype(gy.dtype)
 
 
@@ -188,6 +188,6 @@ def batch_norm_running_update(xp, stats, running, *, statistic, momentum, count)
 
 
 __all__ = ["batch_norm_stats", "batch_norm_training", "batch_norm_training_backward_data",
-           "batch_norm_training_backward_sums", "batch_norm_sums_row", "batch_norm_training_backward_data_from_sums",
+           "batch_norm_training_backward_sums", "batch_norm_backward_sums_row", "batch_norm_training_backward_data_from_sums",
            "batch_norm_training_backward_scale", "batch_norm_training_double_backward",
            "batch_norm_running_update"]

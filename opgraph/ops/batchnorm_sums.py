@@ -17,7 +17,7 @@ tensors). Here:
 * ``BatchNormTrainingBackwardSums(eps)``: (x, stats, gy) -> (2, C), row 0
   ``sum_gy``, row 1 ``sum_gy_xhat``, in :func:`stats_dtype` (float32 for
   half storage): one pass reading x and gy;
-* ``BatchNormSumsRow(row)``: (sums, gy) -> one row rounded to gy's dtype,
+* ``BatchNormBackwardSumsRow(row)``: (sums, gy) -> one row rounded to gy's dtype,
   the parameter gradients dbias (row 0) and dweight (row 1);
 * ``BatchNormTrainingBackwardDataFromSums(eps)``: (gy, x, stats, sums[,
   weight]) -> dx, one element-wise pass reading gy and x.
@@ -88,7 +88,7 @@ class BatchNormTrainingBackwardSums(Op):
 
 
 @attrs.frozen
-class BatchNormSumsRow(Op):
+class BatchNormBackwardSumsRow(Op):
     """Row ``row`` of :class:`BatchNormTrainingBackwardSums`' output rounded to
     the storage dtype: (sums, gy) -> (C,) in gy's dtype; row 0 is dbias, row 1
     dweight. gy's values are not read: it carries the storage dtype, which the
@@ -105,7 +105,7 @@ class BatchNormSumsRow(Op):
     arity: ClassVar = (2, 2)
     family: ClassVar[str] = "norm"
     fused: ClassVar[bool] = True
-    kind: ClassVar[str] = "batch_norm_sums_row"
+    kind: ClassVar[str] = "batch_norm_backward_sums_row"
 
     def infer(self, sums, gy):
         _check_input(self, gy)
@@ -160,5 +160,5 @@ class BatchNormTrainingBackwardDataFromSums(Op):
         raise _made_by_the_fuse_pass(node, self)
 
 
-__all__ = ["SUM_GY", "SUM_GY_XHAT", "BatchNormTrainingBackwardSums", "BatchNormSumsRow",
+__all__ = ["SUM_GY", "SUM_GY_XHAT", "BatchNormTrainingBackwardSums", "BatchNormBackwardSumsRow",
            "BatchNormTrainingBackwardDataFromSums"]

@@ -108,7 +108,7 @@ NO_INPUTS = {"Zeros", "Constant"}  # their rule returns nothing
 #: fused node is made after grad (checked in tests/test_ops_fused.py).
 REFUSES = {"BatchNormStats", "BatchNormRunningUpdate", "FusedElementwise",
            # made by the bn-backward-sums fuse rule after grad (tests/ops/test_batchnorm_sums.py)
-           "BatchNormTrainingBackwardSums", "BatchNormSumsRow", "BatchNormTrainingBackwardDataFromSums"}
+           "BatchNormTrainingBackwardSums", "BatchNormBackwardSumsRow", "BatchNormTrainingBackwardDataFromSums"}
 
 
 def test_every_gradient_rule_has_a_finite_difference_test():

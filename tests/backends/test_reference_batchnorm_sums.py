@@ -50,10 +50,10 @@ def test_half_storage_keeps_the_sums_in_float32_and_rounds_the_rows(storage):
     wide = bn.batch_norm_training_backward_sums(np, x.astype(np.float32), stats, gy.astype(np.float32), eps=1e-5)
     np.testing.assert_array_equal(sums, wide)
     for row in (0, 1):
-        got = bn.batch_norm_sums_row(np, sums, gy, row=row)
+        got = bn.batch_norm_backward_sums_row(np, sums, gy, row=row)
         assert got.dtype == storage and got.shape == (3,)
         np.testing.assert_array_equal(got, sums[row].astype(storage))
-    np.testing.assert_array_equal(bn.batch_norm_sums_row(np, sums, gy, row=1),
+    np.testing.assert_array_equal(bn.batch_norm_backward_sums_row(np, sums, gy, row=1),
                                   bn.batch_norm_training_backward_scale(np, x, stats, gy, eps=1e-5))
 
 
@@ -83,6 +83,6 @@ def test_the_kernels_check_the_sums_shape():
     with pytest.raises(ShapeError, match=r"from_sums: sums must have shape \(2, 3\), got \(2, 4\)"):
         bn.batch_norm_training_backward_data_from_sums(np, gy, x, stats, np.zeros((2, 4)), eps=1e-5)
     with pytest.raises(ShapeError, match=r"sums_row: sums must have shape \(2, 3\), got \(3,\)"):
-        bn.batch_norm_sums_row(np, np.zeros(3), gy, row=0)
+        bn.batch_norm_backward_sums_row(np, np.zeros(3), gy, row=0)
     with pytest.raises(ShapeError, match=r"backward_sums: stats must have shape \(2, 3\)"):
         bn.batch_norm_training_backward_sums(np, x, stats[:, :2], gy, eps=1e-5)

@@ -23,7 +23,7 @@ from fused_training_steps import bottleneck, step_errors, step_failures, trainin
 from passes_stubs import compile_for_cuda, cudnn_accepts
 
 FUSED, UNFUSED = "BatchNormTrainingBackwardDataFromSums", "BatchNormTrainingBackwardData"
-SUMS, ROW = "BatchNormTrainingBackwardSums", "BatchNormSumsRow"
+SUMS, ROW = "BatchNormTrainingBackwardSums", "BatchNormBackwardSumsRow"
 
 
 def conv_bn_relu(affine=True):

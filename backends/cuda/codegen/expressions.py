@@ -402,8 +402,8 @@ def _batch_norm_training_backward_sums(b, op, types, x, stats, gy):
     return Stacked((b.reduce(g, "channel"), b.reduce(b.expr("({0} * {1})", g, xhat), "channel")))
 
 
-@expression(ops.BatchNormSumsRow, iterates=None)
-def _batch_norm_sums_row(b, op, types, sums, gy):
+@expression(ops.BatchNormBackwardSumsRow, iterates=None)
+def _batch_norm_backward_sums_row(b, op, types, sums, gy):
     return b.row(sums, op.row)  # rounded to gy's storage dtype on the store; gy is not read
 
 

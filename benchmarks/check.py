@@ -80,7 +80,8 @@ CHECKED_OPS = frozenset({t.__name__ for f in LAYER_FAMILIES for t in of_family(f
                         | {"Pad", "PadBackward", "BiasAddBackward", "FusedElementwise"})
 #: (lowered op, abstract op at the same node id) pairs computing the same value.
 _SAME_VALUE = {("PadBackward", "Conv2dBackwardData"),
-               ("BatchNormTrainingBackwardDataFromSums", "BatchNormTrainingBackwardData")}
+               ("BatchNormTrainingBackwardDataFromSums", "BatchNormTrainingBackwardData"),
+               ("BatchNormBackwardSumsRow", "BatchNormTrainingBackwardScale"), ("BatchNormBackwardSumsRow", "BiasAddBackward")}
 _REFERENCE_ALGORITHMS = ("reference", "direct")
 #: End to end, a value whose reference norm is below this fraction of its group's
 #: (all gradients, all state updates) is vanishing: 0 but for rounding (:func:`end_to_end`).

@@ -281,7 +281,8 @@ PREPARED: dict[str, Callable] = {"Constant": _constant, "Dropout": _dropout_mask
 #: one backward pass.
 GRADIENT_OPS = frozenset((
     "AvgPool2dBackward", "BatchNormBackwardData", "BatchNormBackwardScale",
-    "BatchNormTrainingBackwardData", "BatchNormTrainingBackwardDataFromSums", "BatchNormTrainingBackwardScale",
+    "BatchNormBackwardSumsRow", "BatchNormTrainingBackwardData", "BatchNormTrainingBackwardDataFromSums",
+    "BatchNormTrainingBackwardScale", "BatchNormTrainingBackwardSums",
     "BatchNormTrainingDoubleBackward", "BiasAddBackward", "Conv2dBackwardData",
     "Conv2dBackwardFilter", "CrossEntropyBackward", "GeluBackward", "GlobalAvgPool2dBackward",
     "HardsigmoidBackward", "HardswishBackward", "HardtanhBackward", "LayerNormBackwardData",

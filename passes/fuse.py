@@ -11,10 +11,10 @@ every one off, and nothing else (the fused ops' rules carry the tag
    ``Conv2dBackwardDataRelu`` node;
 3. ``pool-relu-backward``: the gradient through a pooled ReLU -> one
    ``MaxPool2dBackwardRelu`` node;
-4. ``bn-backward-sums``: a training batch norm's data gradient reads the sums
-   its scale and bias gradients computed -> one
-   ``BatchNormTrainingBackwardDataFromSums`` node, float32/float64 storage
-   (``passes/fuse_bn_backward.py``);
+4. ``bn-backward-sums``: a training batch norm's data, scale and bias
+   gradients -> one ``BatchNormTrainingBackwardSums`` pass (float32 sums for
+   half storage) read by ``BatchNormBackwardSumsRow`` (dbias, dweight) and
+   ``BatchNormTrainingBackwardDataFromSums`` (dx) (``passes/fuse_bn_backward.py``);
 5. ``gradient-sum``: a tree of ``Add`` nodes summing a fan-out's gradients ->
    one n-ary sum (``passes/fuse_elementwise.py``);
 6. ``elementwise``: maximal chains of memory-bound ops -> one

@@ -1,5 +1,5 @@
-"""The ``bn-backward-sums`` fusion rule: the training batch norm's data gradient
-reuses the two sums its sibling gradients already computed.
+"""The ``bn-backward-sums`` fusion rule: the training batch norm's three
+gradients share one pass computing their two per-channel sums.
 
 The backward of ``BatchNormTraining(x, stats, weight, bias)`` is three nodes
 reading the same output gradient ``gy`` (``opgraph/ops/batchnorm_training.py``;
@@ -10,47 +10,50 @@ Ioffe & Szegedy 2015, §3)::
     dx      = BatchNormTrainingBackwardData(gy, x, stats, weight)
 
 and the generated data gradient computes both sums again before its
-element-wise phase: gy and x are read twice there, 8 passes over the tensors
-per batch norm in all. The rule makes ``dx`` a
-``BatchNormTrainingBackwardDataFromSums(gy, x, stats, dweight, dbias,
-weight)`` node (the weight factors out of both sums: the op's docstring),
-one element-wise pass: 6 passes in all.
+element-wise phase: 8 passes over the tensors per batch norm. The rule
+rewrites the trio into (``opgraph/ops/batchnorm_sums.py``)::
 
-A ``BatchNormTrainingBackwardData`` node (its id and name kept; nothing is
-absorbed) is rewritten when
+    sums    = BatchNormTrainingBackwardSums(x, stats, gy)     (2, C), float32 for half storage
+    dbias   = BatchNormBackwardSumsRow(row=0)(sums, gy)               rounded to the storage dtype
+    dweight = BatchNormBackwardSumsRow(row=1)(sums, gy)
+    dx      = BatchNormTrainingBackwardDataFromSums(gy, x, stats, sums, weight)
+
+5 passes (the sums read x and gy; dx reads gy and x and writes dx). The
+three nodes keep their ids and names (dbias and dweight are parameter
+gradients, outputs of the step); the sums node is new, named
+``<data gradient>/sums``, and not forceable. The sums stay in the
+statistics' dtype: rounded to bfloat16 they would dominate dx where gy is
+nearly ``a + b * xhat`` per channel (tests/passes/test_fuse_bn_backward.py).
+
+A ``BatchNormTrainingBackwardData`` node is rewritten when
 
 * a ``BatchNormTrainingBackwardScale`` of the same ``(x, stats, gy)`` and eps,
   and a ``BiasAddBackward`` of the same ``gy`` (a sum over every axis but the
   channel axis 1, as the data gradient's, in whatever layout gy is stored)
   are computed for the outputs anyway;
-* the storage dtype is float32 or float64 (:data:`STORAGES`): the sums
-  arrive in x's dtype, and in bfloat16 or float16 their rounding (2^-9,
-  2^-12 relative) dominates dx where gy is nearly ``a + b * xhat`` per
-  channel (measured: tests/passes/test_fuse_bn_backward.py, the cancellation
-  case; the unfused kernel keeps its sums in fp32);
-* the policy forces the node to no other algorithm, and the algorithm it was
-  lowered to has a rule for the fused op that the policy does not exclude
-  (the rule carries the tag ``fused``) and that does not decline it
-  (``rewrite_lowered``): ``codegen`` on cuda, ``reference`` on the CPU, where
-  the fused kernel also skips the two reductions (so no opt-in as for the
-  element-wise chains). cuDNN has no such kernel: a node lowered to cuDNN
-  stays.
+* the policy forces none of the three to another algorithm than the data
+  gradient's, and that algorithm has a rule for each of the three new ops
+  that the policy does not exclude (the rules carry the tag ``fused``) and
+  that does not decline it: ``codegen`` on cuda, ``reference`` on the CPU,
+  where the fused kernels also skip two reductions (so no opt-in as for the
+  element-wise chains). cuDNN has no such kernels: a data gradient lowered
+  to cuDNN stays, and so do its siblings.
 """
 
 from __future__ import annotations
 
 from opgraph.graph import Graph, NodeView
 from opgraph.op import Lowered, abstract_of
-from opgraph.ops import (BatchNormTrainingBackwardData, BatchNormTrainingBackwardDataFromSums,
-                         BatchNormTrainingBackwardScale, BiasAddBackward)
+from opgraph.ops import (BatchNormBackwardSumsRow, BatchNormTrainingBackwardData, BatchNormTrainingBackwardDataFromSums,
+                         BatchNormTrainingBackwardScale, BatchNormTrainingBackwardSums, BiasAddBackward)
+from opgraph.ops.batchnorm_sums import SUM_GY, SUM_GY_XHAT
 
 from .base import PassContext
-from .candidates import storage_dtype
-from .pattern import FusionRule, Match, Scope, rewrite_lowered
+from .pattern import FusionRule, Match, Scope, lowered_for, report_rewrite
+from .report import NodeReport
 
-#: Storage dtypes the rule applies to (module docstring: half sums are too coarse).
-STORAGES = frozenset({"float32", "float64"})
-LABEL = "batch-norm data gradient(s) from the scale and bias gradients' sums"
+LABEL = "batch-norm backward(s) sharing one pass of per-channel sums"
+WHAT = "batch-norm backward from sums"
 
 
 def _sibling(scope: Scope, gy: int, wanted) -> int | None:
@@ -66,11 +69,6 @@ def match_bn_backward_sums(scope: Scope, view: NodeView) -> Match | None:
     if not isinstance(op, BatchNormTrainingBackwardData):
         return None
     gy, x, stats = scope.graph.input_ids(view.id)[:3]
-    storage = storage_dtype([scope.graph.node(x).type], scope.ctx.dtype)
-    if storage not in STORAGES:
-        scope.note("bn-backward-sums", f"{storage} storage: the sums would arrive rounded to it "
-                                       "(passes/fuse_bn_backward.py)")
-        return None
 
     def is_scale(u):
         other = scope.op(u)
@@ -86,24 +84,66 @@ def match_bn_backward_sums(scope: Scope, view: NodeView) -> Match | None:
     return Match(view.id, (), LABEL, (scale, bias))
 
 
+def _forced_elsewhere(graph: Graph, nodes, algorithm: str, ctx: PassContext) -> str | None:
+    """Why not: a node the policy forces onto another algorithm than ``algorithm``."""
+    for node in nodes:
+        name = graph.node(node).name
+        forced = ctx.policy.forced(name)
+        if forced is not None and forced != algorithm:
+            return f"{name} is forced to {forced}"
+    return None
+
+
+def _planned(graph: Graph, m: Match) -> dict:
+    """The rewrite's ops and their input types: ``'sums'`` (the new node) and
+    the scale, bias and data gradient nodes' ids -> ``(op, types)``."""
+    data = graph.node(m.root)
+    gy, x, stats, *weight = (v.type for v in data.inputs)
+    eps = abstract_of(data.op).eps
+    scale, bias = m.data
+    sums_op = BatchNormTrainingBackwardSums(eps=eps)
+    sums = sums_op.infer(x, stats, gy)
+    return {"sums": (sums_op, (x, stats, gy)),
+            scale: (BatchNormBackwardSumsRow(row=SUM_GY_XHAT), (sums, gy)),
+            bias: (BatchNormBackwardSumsRow(row=SUM_GY), (sums, gy)),
+            m.root: (BatchNormTrainingBackwardDataFromSums(eps=eps), (gy, x, stats, sums, *weight))}
+
+
+def _record_added(ctx: PassContext, view: NodeView, lowered: Lowered) -> None:
+    """A lowering record for the new sums node, as the lower pass keeps for its nodes."""
+    op = lowered.op
+    ctx.report.record(NodeReport(node=view.id, name=view.name, op=op.describe(), op_type=op.name,
+                                 order=[lowered.algorithm], algorithm=lowered.algorithm,
+                                 options=dict(lowered.options), chosen=lowered.describe()))
+
+
 def fuse_bn_backward_sums(graph: Graph, m: Match, ctx: PassContext) -> str | None:
-    """Rewrite one match into ``BatchNormTrainingBackwardDataFromSums(gy, x,
-    stats, dweight, dbias[, weight])``; returns None when done, else why not."""
+    """Rewrite one match (module docstring); returns None when done, else why
+    not (then nothing changed: every new op's lowering is settled first)."""
     lowered = graph.node(m.root).op
     if not isinstance(lowered, Lowered):
         return "the data gradient is not lowered yet"
-    name = graph.node(m.root).name
-    forced = ctx.policy.forced(name)
-    if forced is not None and forced != lowered.algorithm:
-        return f"{name} is forced to {forced}"
+    why = _forced_elsewhere(graph, (m.root, *m.data), lowered.algorithm, ctx)
+    if why:
+        return why
+    options = {k: v for k, v in lowered.options if k != "engine"}  # engine indices are cuDNN's
+    new = {}
+    for key, (op, types) in _planned(graph, m).items():
+        new[key] = lowered_for(op, types, lowered.algorithm, ctx, options, WHAT)
+        if isinstance(new[key], str):
+            return new[key]
     gy, x, stats, *weight = graph.node(m.root).inputs
+    sums = graph.add_node(new["sums"], [x, stats, gy], name=f"{graph.node(m.root).name}/sums")
+    ctx.aliases[graph.node(sums.node).name] = None  # made here: no force key names it
+    _record_added(ctx, graph.node(sums.node), new["sums"])
     scale, bias = m.data
-    inputs = [gy, x, stats, graph.value(scale), graph.value(bias), *weight]
-    return rewrite_lowered(graph, m.root, [], BatchNormTrainingBackwardDataFromSums(eps=lowered.op.eps), inputs,
-                           lowered.algorithm, ctx, what="batch-norm data gradient from sums")
+    for node, inputs in ((scale, [sums, gy]), (bias, [sums, gy]), (m.root, [gy, x, stats, sums, *weight])):
+        graph.rewrite(node, new[node], inputs)
+        report_rewrite(ctx, graph.node(node).name, new[node])
+    return None
 
 
 BN_BACKWARD_SUMS = FusionRule("bn-backward-sums", match_bn_backward_sums, fuse_bn_backward_sums)
 
 
-__all__ = ["STORAGES", "LABEL", "match_bn_backward_sums", "fuse_bn_backward_sums", "BN_BACKWARD_SUMS"]
+__all__ = ["LABEL", "match_bn_backward_sums", "fuse_bn_backward_sums", "BN_BACKWARD_SUMS"]

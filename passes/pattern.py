@@ -104,11 +104,15 @@ class Scope:
         self.position = {n: k for k, n in enumerate(self._order)}
 
     def rewired(self, root: int) -> None:
-        """Keep the order topological after ``root`` was rewritten: most rewrites
-        make a node read its ancestors' values only (the order stays valid), but
-        one may read a sibling's (``bn-backward-sums``: the data gradient reads
-        the sums of the scale and bias gradients), which can sit later."""
-        if any(self.position.get(u, -1) > self.position[root] for u in self.graph.input_ids(root)):
+        """Keep the scope and its order right after ``root`` was rewritten: most
+        rewrites make a node read its ancestors' values only (the order stays
+        valid), but one may read a node it added (``bn-backward-sums``: the
+        data gradient reads a new sums node, which joins the scope) or a
+        sibling, which can sit later."""
+        inputs = self.graph.input_ids(root)
+        added = {u for u in inputs if u not in self.position}
+        self.nodes |= added
+        if added or any(self.position[u] > self.position[root] for u in inputs):
             self._ordered()
 
     def __contains__(self, node: int) -> bool:
@@ -218,35 +222,43 @@ def rewrite_lowered(graph: Graph, root: int, absorbed: Sequence[int], fused: Op,
         forces an absorbed node onto another algorithm, ``algorithm`` has no
         rule for the fused op, the policy excludes it, or it declines.
     """
-    lowered = graph.node(root).op
     names = [graph.node(a).name for a in absorbed]
     for absorbed_name in names:
         forced = ctx.policy.forced(absorbed_name)
         if forced is not None and forced != algorithm:  # fusing would drop the user's choice
             return f"{absorbed_name} is forced to {forced}, {graph.node(root).name} runs {algorithm}"
-    rule = rules_for(type(fused)).get(algorithm)
-    if rule is None:
-        return f"{algorithm} has no {what}"
     if options is None:  # engine indices belong to one cuDNN graph: the fused graph's are chosen anew
-        options = {k: v for k, v in getattr(lowered, "options", ()) if k != "engine"}
-    types = tuple(v.type for v in inputs)
-    why = (ctx.policy.exclusion(rule.algorithm, rule.tags)
-           or decline_reason(rule, fused, types, ctx.device, ctx.policy, options))
-    if why:
-        return why
-    new = Lowered(fused, algorithm, ctx.device, options)
+        options = {k: v for k, v in getattr(graph.node(root).op, "options", ()) if k != "engine"}
+    new = lowered_for(fused, tuple(v.type for v in inputs), algorithm, ctx, options, what)
+    if isinstance(new, str):
+        return new
     name = graph.node(root).name
     ops = {n: graph.node(a).op for n, a in zip(names, absorbed)}
     graph.rewrite(root, new, inputs)
     for a in reversed(list(absorbed)):  # readers first: a member's readers are later members
         if not graph.users(a) or graph.node(a).type.shape == graph.node(root).type.shape:
             graph.absorb(a, root)  # else read by dead code only (outside the scope): left to it
-    _report(ctx, name, new, names, ops)
+    report_rewrite(ctx, name, new, names, ops)
     return None
 
 
-def _report(ctx: PassContext, name: str, new: Lowered, names: list[str], ops: dict) -> None:
-    """The root's record shows the fused op and what it absorbed (and what those had absorbed)."""
+def lowered_for(fused: Op, types: Sequence, algorithm: str, ctx: PassContext, options: dict,
+                what: str = "fused kernel") -> Lowered | str:
+    """``fused`` on inputs of ``types`` lowered to ``algorithm``'s rule for it
+    with ``options``, or why not: no such rule, the policy excludes it, or it
+    declines the node."""
+    rule = rules_for(type(fused)).get(algorithm)
+    if rule is None:
+        return f"{algorithm} has no {what}"
+    why = (ctx.policy.exclusion(rule.algorithm, rule.tags)
+           or decline_reason(rule, fused, tuple(types), ctx.device, ctx.policy, options))
+    return why or Lowered(fused, algorithm, ctx.device, options)
+
+
+def report_rewrite(ctx: PassContext, name: str, new: Lowered, names: Sequence[str] = (),
+                   ops: dict | None = None) -> None:
+    """The record of node ``name`` shows the fused op ``new`` and the nodes
+    ``names`` it absorbed (``ops``: their ops by name), and what those had absorbed."""
     rec = ctx.report.nodes.get(name)
     gone = [ctx.report.nodes.pop(n, None) for n in names]
     if rec is None:
@@ -260,4 +272,4 @@ def _report(ctx: PassContext, name: str, new: Lowered, names: list[str], ops: di
     rec.algorithm, rec.options, rec.absorbed = new.algorithm, dict(new.options), absorbed
 
 
-__all__ = ["Match", "FusionRule", "Scope", "Tally", "apply_table", "rewrite_lowered"]
+__all__ = ["Match", "FusionRule", "Scope", "Tally", "apply_table", "rewrite_lowered", "lowered_for", "report_rewrite"]

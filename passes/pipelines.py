@@ -37,7 +37,7 @@ def default(policy: LoweringPolicy) -> Pipeline:
         # the fusion rule table, in order: conv + bias (+ residual add) + ReLU/ReLU6
         # -> one fused convolution node, backward-data + ReLU gradient -> one node,
         # the gradient through a pooled ReLU -> one MaxPool2dBackwardRelu node,
-        # a batch norm's data gradient reads its scale and bias gradients' sums,
+        # a batch norm's three gradients share one pass of per-channel sums,
         # gradient sums -> one n-ary sum, element-wise chains -> one generated
         # kernel, where the algorithm has a fused kernel; after layout (the
         # generator plans in the stored layout), before autotune, which times

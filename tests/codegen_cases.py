@@ -6,7 +6,8 @@ programs built by hand, each with the float64 reference to compare against.
 An input kind names how an operand is made for an iteration shape
 ``(N, C, H, W)``: ``x`` (full, standard normal, in the case's layout), ``c``
 (a ``(C,)`` vector), ``var`` (a positive ``(C,)`` vector), ``stats`` (the
-``(2, C)`` mean and variance, float32 for half storage), ``plane``
+``(2, C)`` mean and variance, float32 for half storage), ``sums`` (the
+``(2, C)`` per-channel sums of the batch norm's backward, likewise), ``plane``
 (``(N, C, 1, 1)``), ``nc`` (``(N, C)``), ``bias4`` (``(1, C, 1, 1)``), ``mask``
 (``(N, 1, 1, 1)``: one factor per sample, as a stochastic-depth mask).
 """
@@ -80,8 +81,10 @@ CASES = [
     _f(ops.BatchNormTraining(eps=1e-3), "x", "stats"),
     _f(ops.BatchNormTrainingBackwardData(), "x", "x", "stats", "c"),
     _f(ops.BatchNormTrainingBackwardScale(), "x", "stats", "x"),
-    _f(ops.BatchNormTrainingBackwardDataFromSums(), "x", "x", "stats", "c", "c", "c"),
-    _f(ops.BatchNormTrainingBackwardDataFromSums(eps=1e-3), "x", "x", "stats", "c", "c",
+    _f(ops.BatchNormTrainingBackwardSums(), "x", "stats", "x"),
+    _f(ops.BatchNormBackwardSumsRow(row=0), "sums", "x"), _f(ops.BatchNormBackwardSumsRow(row=1), "sums", "x"),
+    _f(ops.BatchNormTrainingBackwardDataFromSums(), "x", "x", "stats", "sums", "c"),
+    _f(ops.BatchNormTrainingBackwardDataFromSums(eps=1e-3), "x", "x", "stats", "sums",
        name="BatchNormTrainingBackwardDataFromSums(no weight)"),
     _f(lambda s: ops.BatchNormRunningUpdate(statistic="var", momentum=0.1, count=_count(s)), "stats", "var",
        name="BatchNormRunningUpdate"),
@@ -102,6 +105,8 @@ def make_input(rng, kind: str, shape, dtype: str, layout: str):
         return channels_last(a) if layout == "NHWC" and len(shape) == 4 else a
     if kind == "stats":
         return np.stack([rng.standard_normal(c), rng.uniform(0.5, 2.0, c)]).astype(numpy_dtype(stats_dtype(dtype)))
+    if kind == "sums":  # sum(gy) and sum(gy * xhat) over n values: of order sqrt(n)
+        return (np.sqrt(n * np.prod(shape[2:])) * rng.standard_normal((2, c))).astype(numpy_dtype(stats_dtype(dtype)))
     made = {"c": lambda: rng.standard_normal(c), "var": lambda: rng.uniform(0.5, 2.0, c),
             "plane": lambda: rng.standard_normal((n, c, 1, 1)), "nc": lambda: rng.standard_normal((n, c)),
             "bias4": lambda: rng.standard_normal((1, c, 1, 1)), "var4": lambda: rng.uniform(0.5, 2, (1, c, 1, 1)),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from opgraph import ops
 from opgraph.errors import ShapeError
+from opgraph.ops.batchnorm_sums import SUM_GY, SUM_GY_XHAT
 from opgraph.types import compute_dtype
 
 from .kernel import reference
@@ -24,11 +25,13 @@ def _axes(x):
     return (0,) + tuple(range(2, x.ndim))
 
 
-def _check(what, x, stats, **vectors):
+def _check(what, x, stats, sums=None, **vectors):
+    """x (N, C, ...), the (2, C) ``stats`` and ``sums`` (None: absent), (C,) ``vectors``."""
     if x.ndim < 2:
         raise ShapeError(f"{what}: x must be (N, C, ...), got shape {x.shape}")
-    if tuple(stats.shape) != (2, x.shape[1]):
-        raise ShapeError(f"{what}: stats must have shape (2, {x.shape[1]}), got {stats.shape}")
+    for name, rows in (("stats", stats), ("sums", sums)):
+        if rows is not None and tuple(rows.shape) != (2, x.shape[1]):
+            raise ShapeError(f"{what}: {name} must have shape (2, {x.shape[1]}), got {rows.shape}")
     for name, v in vectors.items():
         if v is not None and tuple(v.shape) != (x.shape[1],):
             raise ShapeError(f"{what}: {name} must have shape ({x.shape[1]},), got {v.shape}")
@@ -100,21 +103,45 @@ def batch_norm_training_backward_data(xp, gy, x, stats, weight=None, *, eps):
     return data_gradient(g, xhat, rstd, _axes(x)).astype(gy.dtype, copy=False)
 
 
-@reference(ops.BatchNormTrainingBackwardDataFromSums)
-def batch_norm_training_backward_data_from_sums(xp, gy, x, stats, sum_gy_xhat, sum_gy, weight=None, *, eps):
-    """``dx = weight * rstd * (gy - sum_gy / n - xhat * sum_gy_xhat / n)``: the
-    data gradient of :func:`batch_norm_training_backward_data` with its two
-    per-channel sums given (the op's docstring: weight factors out of them).
+@reference(ops.BatchNormTrainingBackwardSums)
+def batch_norm_training_backward_sums(xp, x, stats, gy, *, eps):
+    """``[sum(gy); sum(gy * xhat)]`` over every axis but 1 -> (2, C), in the
+    statistics' dtype (float32 for half x, else x's): the sums the data, weight
+    and bias gradients share (``ops/batchnorm_sums.py``), accumulated in the
+    compute dtype.
 
-    Shapes: gy and x (N, C, ...), stats (2, C), the sums and weight (C,)
-    (weight None: 1). Returns gy's shape and dtype.
+    Shapes: x and gy (N, C, ...), stats (2, C).
     """
-    _check("batch_norm_training_backward_data_from_sums", x, stats, sum_gy_xhat=sum_gy_xhat, sum_gy=sum_gy,
-           weight=weight)
+    _check("batch_norm_training_backward_sums", x, stats)
+    _, xhat, _ = _xhat(xp, x, stats, eps)
+    g = gy.astype(xhat.dtype, copy=False)
+    rows = {SUM_GY: g.sum(axis=_axes(x)), SUM_GY_XHAT: (g * xhat).sum(axis=_axes(x))}
+    return xp.stack([rows[r] for r in sorted(rows)]).astype(stats.dtype, copy=False)
+
+
+@reference(ops.BatchNormBackwardSumsRow)
+def batch_norm_backward_sums_row(xp, sums, gy, *, row):
+    """Row ``row`` of the (2, C) ``sums`` rounded to gy's dtype -> (C,) (gy's
+    values are not read: it gives the storage dtype)."""
+    _check("batch_norm_backward_sums_row", gy, None, sums)
+    return sums[row].astype(gy.dtype)
+
+
+@reference(ops.BatchNormTrainingBackwardDataFromSums)
+def batch_norm_training_backward_data_from_sums(xp, gy, x, stats, sums, weight=None, *, eps):
+    """``dx = weight * rstd * (gy - sums[0] / n - xhat * sums[1] / n)``: the
+    data gradient of :func:`batch_norm_training_backward_data` with its two
+    per-channel sums given (:func:`batch_norm_training_backward_sums`; the
+    op's docstring: weight factors out of them).
+
+    Shapes: gy and x (N, C, ...), stats and sums (2, C), weight (C,) or None
+    (1). Returns gy's shape and dtype.
+    """
+    _check("batch_norm_training_backward_data_from_sums", x, stats, sums, weight=weight)
     xc, xhat, rstd = _xhat(xp, x, stats, eps)
     dt, n = xc.dtype, max(group_size(x.shape, _axes(x)), 1)  # an empty batch: no division by 0
-    mean_g = _channel(sum_gy, x.ndim, dt) / n
-    mean_gx = _channel(sum_gy_xhat, x.ndim, dt) / n
+    mean_g = _channel(sums[SUM_GY], x.ndim, dt) / n
+    mean_gx = _channel(sums[SUM_GY_XHAT], x.ndim, dt) / n
     dx = _scaled(rstd * (gy.astype(dt, copy=False) - mean_g - xhat * mean_gx), weight)
     return dx.astype(gy.dtype, copy=False)
 
@@ -161,6 +188,6 @@ def batch_norm_running_update(xp, stats, running, *, statistic, momentum, count)
 
 
 __all__ = ["batch_norm_stats", "batch_norm_training", "batch_norm_training_backward_data",
-           "batch_norm_training_backward_data_from_sums",
+           "batch_norm_training_backward_sums", "batch_norm_backward_sums_row", "batch_norm_training_backward_data_from_sums",
            "batch_norm_training_backward_scale", "batch_norm_training_double_backward",
            "batch_norm_running_update"]

@@ -33,10 +33,8 @@ Design (the graph has single-output nodes; cuDNN's split):
   ``dx = weight * rstd / n * (n * gy - sum(gy) - xhat * sum(gy * xhat))``;
   ``BatchNormTrainingBackwardScale``: (x, stats, gy) -> ``dweight =
   sum(gy * xhat)``; ``dbias = sum(gy)`` is ``BiasAddBackward``.
-* ``BatchNormTrainingBackwardDataFromSums`` (made by the fuse pass's
-  ``bn-backward-sums`` rule, never by a builder): the data gradient from the
-  two sums its siblings already computed, ``(gy, x, stats, sum(gy * xhat),
-  sum(gy)[, weight])``, so it reads gy and x once and reduces nothing.
+* The fuse pass's ``bn-backward-sums`` rule computes both sums once in
+  float32 and the data gradient from them (``batchnorm_sums.py``).
 * Second derivatives: the data gradient is linear and self-adjoint in gy
   (d/dgy is the same op), ``d/dweight = sum(v * dx|weight=1)``, and d/dx is
   ``BatchNormTrainingDoubleBackward`` (v, gy, x, stats[, weight])::
@@ -236,52 +234,6 @@ class BatchNormTrainingBackwardScale(Op):
         d_x = g.apply(BatchNormTrainingBackwardData, p, [gy, x, stats, v]) if wanted[0] else None
         d_gy = g.apply(BatchNormTraining, p, [x, stats, v]) if wanted[2] else None
         return (d_x, None, d_gy)
-
-
-@attrs.frozen
-class BatchNormTrainingBackwardDataFromSums(Op):
-    """``BatchNormTrainingBackwardData`` given the per-channel sums (Ioffe & Szegedy 2015, §3):
-    (gy, x, stats, sum_gy_xhat, sum_gy[, weight]) -> ``dx``, gy's shape and dtype, with
-
-        dx = weight * rstd * (gy - sum_gy / n - xhat * sum_gy_xhat / n)
-
-    ``n`` the values per channel (:func:`channel_count`), ``xhat = (x - mean) *
-    rstd`` from the stats rows. The unfused formula scales gy by weight before
-    its two sums; weight is one number per channel, so it factors out of both
-    and the sums here are those of the unscaled gy: exactly what
-    ``BatchNormTrainingBackwardScale`` (``sum_gy_xhat``, dweight) and
-    ``BiasAddBackward`` (``sum_gy``, dbias) return. Absent weight is 1.
-
-    Numerics: the sums arrive in x's dtype, so for bfloat16 storage they are
-    rounded to 8 significant bits (relative error 2^-9), where the unfused
-    kernel keeps them in fp32; where gy is nearly ``a + b * xhat`` per channel
-    dx is a small difference and that rounding is a large part of it (the fuse
-    rule's docstring says where the rule applies for that reason).
-
-    Made by the fuse pass after grad: no gradient rule (``Op.vjp`` refuses).
-
-    Raises:
-        ShapeError: x not (N, C, ...) floating, gy not of x's shape, stats not
-            (2, C) in :func:`stats_dtype`, a sum or weight not (C,), mixed dtypes.
-    """
-
-    eps: float = F.real("eps", 1e-5, lo=0.0)
-    arity: ClassVar = (5, 6)
-    family: ClassVar[str] = "norm"
-    fused: ClassVar[bool] = True
-    kind: ClassVar[str] = "batch_norm_training_backward_data_from_sums"
-
-    def infer(self, gy, x, stats, sum_gy_xhat, sum_gy, *weight):
-        _check_input(self, x)
-        _same_as_input(self, x, gy, "output gradient")
-        _check_stats(x, stats)
-        named = {"sum_gy_xhat": sum_gy_xhat, "sum_gy": sum_gy, **dict(zip(("weight",), weight))}
-        _check_vectors(self, x, named)
-        return gy
-
-    def flops(self, types, out) -> int:
-        return 6 * out.size  # xhat (2), two scaled sums subtracted (3), the factor (1)
-
 
 
 @attrs.frozen

@@ -106,7 +106,9 @@ NO_INPUTS = {"Zeros", "Constant"}  # their rule returns nothing
 #: Rules that refuse with a reason (checked in test_norm_op_gradients): batch statistics are
 #: differentiated by their BatchNormTraining reader, running statistics get no gradient; a
 #: fused node is made after grad (checked in tests/test_ops_fused.py).
-REFUSES = {"BatchNormStats", "BatchNormRunningUpdate", "FusedElementwise"}
+REFUSES = {"BatchNormStats", "BatchNormRunningUpdate", "FusedElementwise",
+           # made by the bn-backward-sums fuse rule after grad (tests/ops/test_batchnorm_sums.py)
+           "BatchNormTrainingBackwardSums", "BatchNormBackwardSumsRow", "BatchNormTrainingBackwardDataFromSums"}
 
 
 def test_every_gradient_rule_has_a_finite_difference_test():

@@ -27,7 +27,8 @@ _IDS = [c.id for c in CASES]
 #: the cases also run in float16 (channels-last) and float64 (NCHW)
 REPRESENTATIVE = ["Silu()", "GeluBackward(approximate='tanh', order=2)", "BatchNormStats()", "BiasAddBackward()",
                   "GlobalAvgPool2d()", "BatchNormTrainingBackwardData(eps=1e-05)", "Mul()",
-                  "Dropout(p=0.3, training=True, seed=11)", "BroadcastTo", "BatchNormRunningUpdate"]
+                  "Dropout(p=0.3, training=True, seed=11)", "BroadcastTo", "BatchNormRunningUpdate",
+                  "BatchNormTrainingBackwardSums(eps=1e-05)", "BatchNormTrainingBackwardDataFromSums(eps=1e-05)"]
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
@@ -53,7 +54,7 @@ def _ops_by_id(*ids):
 
 SLOW_PATH_CASES = _ops_by_id("BiasAdd()", "Mul()", "Mul(per-sample)", "Dropout(p=0.3, training=True, seed=11)",
                              "BiasAddBackward()", "BatchNormTrainingBackwardData(eps=1e-05)", "SumTo(plane)",
-                             "BatchNormStats()")
+                             "BatchNormStats()", "BatchNormTrainingBackwardSums(eps=1e-05)")
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
@@ -192,3 +193,16 @@ def test_sums_are_read_by_axis_position_not_by_matching_extents(emu):
     arrays = [make_input(seeded(7), "x", shape, "float32", "NCHW")]
     for kept in ((1, 3, 1, 1), (3, 1, 1)):
         run_case(ops.SumTo(shape=kept), None, shape, "float32", "NCHW", arrays=arrays)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_batch_norm_sums_of_half_storage_are_float32_sums(emu, dtype, layout):
+    """The sums the bn-backward-sums rule shares are accumulated and stored in
+    float32: against the float64 sums of the same stored values, float32
+    rounding (not the storage's 2^-9 or 2^-12)."""
+    (case,) = _ops_by_id("BatchNormTrainingBackwardSums(eps=1e-05)")
+    shape = SHAPES[layout]
+    out, ref, _ = run_case(case.make(shape), case.kinds, shape, dtype, layout, compare=False)
+    assert out.dtype == np.float32
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-5

@@ -110,33 +110,3 @@ def test_half_storage_keeps_float32_statistics_and_rounds_results_once(storage):
     new = bn.batch_norm_running_update(np, stats, rv, statistic="var", momentum=0.1, count=512)
     assert new.dtype == storage
     np.testing.assert_array_equal(new, (0.9 + 0.1 * stats[1] * (512 / 511)).astype(storage))
-
-
-@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("weight", [None, np.array([1.5, -0.5, 2.0])])
-def test_data_gradient_from_sums_is_the_unfused_one_and_pytorchs(weight, layout):
-    """The sums of the scale and bias gradients (weight factored out) give
-    the data gradient: float64, both layouts (a channels-last array), against
-    the unfused kernel and PyTorch's autograd of ``batch_norm(training=True)``."""
-    torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(3)
-    x, gy, eps = _x((4, 3, 5, 2)), rng.standard_normal((4, 3, 5, 2)), 1e-3
-    if layout == "NHWC":
-        x, gy = (np.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2) for a in (x, gy))
-    stats = bn.batch_norm_stats(np, x)
-    sum_gy_xhat = bn.batch_norm_training_backward_scale(np, x, stats, gy, eps=eps)
-    sum_gy = gy.sum(axis=AXES)
-    got = bn.batch_norm_training_backward_data_from_sums(np, gy, x, stats, sum_gy_xhat, sum_gy, weight, eps=eps)
-    np.testing.assert_allclose(got, bn.batch_norm_training_backward_data(np, gy, x, stats, weight, eps=eps),
-                               rtol=1e-12, atol=1e-14)
-    tx = torch.tensor(x, requires_grad=True)
-    tw = None if weight is None else torch.tensor(weight)
-    torch.nn.functional.batch_norm(tx, None, None, tw, training=True, eps=eps).backward(torch.tensor(gy))
-    np.testing.assert_allclose(got, tx.grad.numpy(), rtol=1e-10, atol=1e-12)
-
-
-def test_data_gradient_from_sums_checks_the_sums():
-    x = _x()
-    with pytest.raises(ShapeError, match=r"sum_gy must have shape \(3,\)"):
-        bn.batch_norm_training_backward_data_from_sums(np, x, x, bn.batch_norm_stats(np, x), np.zeros(3),
-                                                       np.zeros(4), eps=1e-5)

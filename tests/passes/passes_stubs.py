@@ -101,9 +101,10 @@ def cudnn_accepts(monkeypatch):
             install_rule(monkeypatch, op_type, attrs.evolve(rule, check=_accept))
 
 
-def compile_for_cuda(outputs, policy=None):
+def compile_for_cuda(outputs, policy=None, dtype=None):
     """The default pipeline for ``device='cuda'`` on this machine, no GPU needed
-    (``og.compile`` would resolve the device and refuse): returns the lowered
+    (``og.compile`` would resolve the device and refuse), under compile's
+    ``dtype`` override (None: the declared dtypes): returns the lowered
     graph, its outputs and the report. The cuda rules whose check needs a GPU
     must be stubbed first (:func:`cudnn_accepts`); our CuPy kernels' rules
     check dtypes only."""
@@ -113,6 +114,6 @@ def compile_for_cuda(outputs, policy=None):
     from opgraph.passes.policy import LoweringPolicy
 
     policy = policy or LoweringPolicy()
-    ctx = PassContext(device="cuda", policy=policy)
+    ctx = PassContext(device="cuda", policy=policy, dtype=dtype)
     graph, outs = build("default", policy).run(graph_of(*outputs), list(outputs), ctx)
     return graph, outs, ctx.report

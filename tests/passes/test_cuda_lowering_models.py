@@ -92,7 +92,7 @@ def test_every_step_declares_itself_capturable(case, layout, dtype):
 
 def test_the_modern_blocks_use_the_generated_batch_norm_and_activations():
     steps, _, _ = _lowered("mbconv", "NHWC", "bfloat16", members=True)  # alone or in a fused chain
-    for op in ("BatchNormStats", "BatchNormTraining", "BatchNormTrainingBackwardData",
-               "BatchNormTrainingBackwardScale", "BatchNormRunningUpdate", "Silu", "SiluBackward", "Sigmoid",
+    for op in ("BatchNormStats", "BatchNormTraining", "BatchNormTrainingBackwardSums",
+               "BatchNormBackwardSumsRow", "BatchNormTrainingBackwardDataFromSums", "BatchNormRunningUpdate", "Silu", "SiluBackward", "Sigmoid",
                "Mul", "Mean", "MeanBackward", "Hardswish", "HardtanhBackward", "Dropout", "Add"):
         assert steps[op, "codegen"], (op, {k: n for k, n in steps.items() if k[0] == op})

@@ -34,6 +34,7 @@ import attrs
 import numpy as np
 
 from opgraph import ops
+from opgraph.ops.batchnorm_sums import SUM_GY, SUM_GY_XHAT
 from opgraph.types import numpy_dtype
 
 from ...reference.dropout import keep_threshold, seed_state
@@ -393,13 +394,26 @@ def _batch_norm_training_backward_data(b, op, types, gy, x, stats, *weight):
     return b.expr("({0} * ({1} - {2} - {3} * {4}))", rstd, g, mean_g, xhat, mean_gx)
 
 
+@expression(ops.BatchNormTrainingBackwardSums, iterates="in")
+def _batch_norm_training_backward_sums(b, op, types, x, stats, gy):
+    """``[sum(gy); sum(gy * xhat)]`` per channel, one pass over x and gy, summed in CT."""
+    xhat, _ = _xhat(b, x, stats, op.eps)
+    g = b.value(gy)
+    return Stacked((b.reduce(g, "channel"), b.reduce(b.expr("({0} * {1})", g, xhat), "channel")))
+
+
+@expression(ops.BatchNormBackwardSumsRow, iterates=None)
+def _batch_norm_backward_sums_row(b, op, types, sums, gy):
+    return b.row(sums, op.row)  # rounded to gy's storage dtype on the store; gy is not read
+
+
 @expression(ops.BatchNormTrainingBackwardDataFromSums)
-def _batch_norm_training_backward_data_from_sums(b, op, types, gy, x, stats, sum_gy_xhat, sum_gy, *weight):
+def _batch_norm_training_backward_data_from_sums(b, op, types, gy, x, stats, sums, *weight):
     """The data gradient with its sums given (the op's docstring): one element-wise pass."""
     xhat, rstd = _xhat(b, x, stats, op.eps)
     n = b.count("channel")
-    mean_g = b.expr("({0} / {1})", b.channel(sum_gy), n)  # per channel values: computed once per channel
-    mean_gx = b.expr("({0} / {1})", b.channel(sum_gy_xhat), n)
+    mean_g = b.expr("({0} / {1})", b.row(sums, SUM_GY), n)  # per channel values: computed once per channel
+    mean_gx = b.expr("({0} / {1})", b.row(sums, SUM_GY_XHAT), n)
     centred = b.expr("({0} - {1} - {2} * {3})", b.value(gy), mean_g, xhat, mean_gx)
     factor = b.expr("({0} * {1})", rstd, b.channel(weight[0])) if weight else rstd
     return b.expr("({0} * {1})", factor, centred)

@@ -215,6 +215,7 @@ class AutotunePass(Pass):
                 cache.put(key, {"algorithm": rule.algorithm, "options": opts, "time_ms": best.time_ms,
                                 "candidates": measured, "rechoose": RECHOOSE_VERSION,
                                 "device": device_name, "versions": versions})
+                cache.checkpoint()
             lowered = Lowered(op, rule.algorithm, ctx.device, opts)
             graph.replace_op(view.id, lowered)
             rec.algorithm, rec.options, rec.chosen = rule.algorithm, dict(opts), lowered.describe()

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import warnings
 from pathlib import Path
 
@@ -100,11 +101,15 @@ class AutotuneCache:
     ``messages`` collects what was reported (corrupt file, write failure).
     """
 
+    #: Seconds between the saves a long autotune makes on its way (:meth:`checkpoint`).
+    CHECKPOINT_SECONDS = 30.0
+
     def __init__(self, path: str | os.PathLike | None):
         self.path = None if path is None else Path(os.path.expanduser(str(path)))
         self.messages: list[str] = []
         self.entries: dict[str, dict] = {}
         self.dirty: dict[str, dict] = {}
+        self._saved_at = time.monotonic()
         if self.path is not None:
             self.entries = self._read(report=True)
 
@@ -149,6 +154,15 @@ class AutotuneCache:
         entry = json.loads(json.dumps(entry, default=str))  # what a reload would give back
         self.entries[key] = entry
         self.dirty[key] = entry
+
+    def checkpoint(self) -> None:
+        """:meth:`save` when the last save is :data:`CHECKPOINT_SECONDS` old, so
+        that a compile stopped before its end (a time limit, Ctrl-C: DenseNet-121
+        was still autotuning after 240 s on the H200) keeps what it tuned and the
+        next run resumes from there."""
+        if time.monotonic() - self._saved_at >= self.CHECKPOINT_SECONDS:
+            self.save()
+            self._saved_at = time.monotonic()
 
     def save(self) -> None:
         """Merge the new decisions into the file, atomically."""

@@ -385,3 +385,43 @@ def test_a_source_node_without_inputs_is_tuned_or_skipped_not_an_error(tmp_path)
     feed = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)
     (out,) = exe(x=feed)
     np.testing.assert_allclose(out, np.maximum(feed * 1.25, 0), rtol=1e-6)
+
+
+class _StopAfter(StubTimer):
+    """A timer that stops the compile (Ctrl-C, a time limit) at its ``limit``-th measurement."""
+
+    def __init__(self, times_ms, limit):
+        super().__init__(times_ms)
+        self.limit = limit
+
+    def measure(self, fn, *, label, warmup, repeats):
+        if len(self.calls) >= self.limit:
+            raise KeyboardInterrupt
+        return super().measure(fn, label=label, warmup=warmup, repeats=repeats)
+
+
+def test_a_stopped_autotune_keeps_the_nodes_it_finished(monkeypatch, tmp_path):
+    """The cache is saved on the way (``AutotuneCache.checkpoint``), so a
+    compile stopped in its third node leaves the first two decisions for the
+    next run, which tunes only the rest."""
+    install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
+    monkeypatch.setattr(AutotuneCache, "CHECKPOINT_SECONDS", 0.0)
+    times = {"fast": 1.0, "slow": 2.0}
+    one = StubTimer(times)
+    tune(scale_graph(1)[1], tmp_path / "one.json", one)
+    per_node = len(one.calls)
+    path = tmp_path / "c.json"
+    g = og.Graph()
+    outs = [g.add_node(Scale(), [g.input(f"x{i}", (4, 5 + i))], name=f"s{i}") for i in range(3)]
+    with pytest.raises(KeyboardInterrupt):
+        tune(outs, path, _StopAfter(times, limit=2 * per_node))  # stopped in s2
+    assert len(json.loads(path.read_text())["entries"]) == 2
+    resumed = StubTimer(times)
+    _, report = tune(outs, path, resumed)
+    assert [report.node(f"s{i}").how for i in range(3)] == ["cache", "cache", "autotune"]
+    assert len(resumed.calls) == per_node
+    monkeypatch.setattr(AutotuneCache, "CHECKPOINT_SECONDS", 3600.0)
+    path2 = tmp_path / "d.json"
+    with pytest.raises(KeyboardInterrupt):
+        tune(scale_graph(1)[1], path2, _StopAfter(times, limit=per_node - 1))
+    assert not path2.exists()  # nothing finished, nothing written

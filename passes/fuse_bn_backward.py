@@ -14,8 +14,8 @@ element-wise phase: 8 passes over the tensors per batch norm. The rule
 rewrites the trio into (``opgraph/ops/batchnorm_sums.py``)::
 
     sums    = BatchNormTrainingBackwardSums(x, stats, gy)     (2, C), float32 for half storage
-    dbias   = BatchNormBackwardSumsRow(row=0)(sums, gy)               rounded to the storage dtype
-    dweight = BatchNormBackwardSumsRow(row=1)(sums, gy)
+    dbias   = BatchNormBackwardSumsRow(row=0)(sums, x)                rounded to the storage dtype
+    dweight = BatchNormBackwardSumsRow(row=1)(sums, x)
     dx      = BatchNormTrainingBackwardDataFromSums(gy, x, stats, sums, weight)
 
 5 passes (the sums read x and gy; dx reads gy and x and writes dx). The
@@ -49,7 +49,7 @@ from opgraph.ops import (BatchNormBackwardSumsRow, BatchNormTrainingBackwardData
 from opgraph.ops.batchnorm_sums import SUM_GY, SUM_GY_XHAT
 
 from .base import PassContext
-from .pattern import FusionRule, Match, Scope, lowered_for, report_rewrite
+from .pattern import FusionRule, Match, Scope, forced_elsewhere, lowered_for, report_rewrite
 from .report import NodeReport
 
 LABEL = "batch-norm backward(s) sharing one pass of per-channel sums"
@@ -84,16 +84,6 @@ def match_bn_backward_sums(scope: Scope, view: NodeView) -> Match | None:
     return Match(view.id, (), LABEL, (scale, bias))
 
 
-def _forced_elsewhere(graph: Graph, nodes, algorithm: str, ctx: PassContext) -> str | None:
-    """Why not: a node the policy forces onto another algorithm than ``algorithm``."""
-    for node in nodes:
-        name = graph.node(node).name
-        forced = ctx.policy.forced(name)
-        if forced is not None and forced != algorithm:
-            return f"{name} is forced to {forced}"
-    return None
-
-
 def _planned(graph: Graph, m: Match) -> dict:
     """The rewrite's ops and their input types: ``'sums'`` (the new node) and
     the scale, bias and data gradient nodes' ids -> ``(op, types)``."""
@@ -104,8 +94,8 @@ def _planned(graph: Graph, m: Match) -> dict:
     sums_op = BatchNormTrainingBackwardSums(eps=eps)
     sums = sums_op.infer(x, stats, gy)
     return {"sums": (sums_op, (x, stats, gy)),
-            scale: (BatchNormBackwardSumsRow(row=SUM_GY_XHAT), (sums, gy)),
-            bias: (BatchNormBackwardSumsRow(row=SUM_GY), (sums, gy)),
+            scale: (BatchNormBackwardSumsRow(row=SUM_GY_XHAT), (sums, x)),
+            bias: (BatchNormBackwardSumsRow(row=SUM_GY), (sums, x)),
             m.root: (BatchNormTrainingBackwardDataFromSums(eps=eps), (gy, x, stats, sums, *weight))}
 
 
@@ -123,7 +113,7 @@ def fuse_bn_backward_sums(graph: Graph, m: Match, ctx: PassContext) -> str | Non
     lowered = graph.node(m.root).op
     if not isinstance(lowered, Lowered):
         return "the data gradient is not lowered yet"
-    why = _forced_elsewhere(graph, (m.root, *m.data), lowered.algorithm, ctx)
+    why = forced_elsewhere(graph, m.root, (m.root, *m.data), lowered.algorithm, ctx)
     if why:
         return why
     options = {k: v for k, v in lowered.options if k != "engine"}  # engine indices are cuDNN's
@@ -137,7 +127,8 @@ def fuse_bn_backward_sums(graph: Graph, m: Match, ctx: PassContext) -> str | Non
     ctx.aliases[graph.node(sums.node).name] = None  # made here: no force key names it
     _record_added(ctx, graph.node(sums.node), new["sums"])
     scale, bias = m.data
-    for node, inputs in ((scale, [sums, gy]), (bias, [sums, gy]), (m.root, [gy, x, stats, sums, *weight])):
+    # the rows read x for its dtype, not gy: gy's last reader stays dx, which may overwrite it
+    for node, inputs in ((scale, [sums, x]), (bias, [sums, x]), (m.root, [gy, x, stats, sums, *weight])):
         graph.rewrite(node, new[node], inputs)
         report_rewrite(ctx, graph.node(node).name, new[node])
     return None

@@ -223,10 +223,9 @@ def rewrite_lowered(graph: Graph, root: int, absorbed: Sequence[int], fused: Op,
         rule for the fused op, the policy excludes it, or it declines.
     """
     names = [graph.node(a).name for a in absorbed]
-    for absorbed_name in names:
-        forced = ctx.policy.forced(absorbed_name)
-        if forced is not None and forced != algorithm:  # fusing would drop the user's choice
-            return f"{absorbed_name} is forced to {forced}, {graph.node(root).name} runs {algorithm}"
+    why = forced_elsewhere(graph, root, absorbed, algorithm, ctx)
+    if why:
+        return why
     if options is None:  # engine indices belong to one cuDNN graph: the fused graph's are chosen anew
         options = {k: v for k, v in getattr(graph.node(root).op, "options", ()) if k != "engine"}
     new = lowered_for(fused, tuple(v.type for v in inputs), algorithm, ctx, options, what)
@@ -239,6 +238,19 @@ def rewrite_lowered(graph: Graph, root: int, absorbed: Sequence[int], fused: Op,
         if not graph.users(a) or graph.node(a).type.shape == graph.node(root).type.shape:
             graph.absorb(a, root)  # else read by dead code only (outside the scope): left to it
     report_rewrite(ctx, name, new, names, ops)
+    return None
+
+
+def forced_elsewhere(graph: Graph, root: int, nodes: Sequence[int], algorithm: str,
+                     ctx: PassContext) -> str | None:
+    """Why a rewrite of ``root`` (lowered to ``algorithm``) must not absorb or
+    rewrite ``nodes``: one of them is forced onto another algorithm, and
+    fusing would drop the user's choice; None when none is."""
+    for node in nodes:
+        name = graph.node(node).name
+        forced = ctx.policy.forced(name)
+        if forced is not None and forced != algorithm:
+            return f"{name} is forced to {forced}, {graph.node(root).name} runs {algorithm}"
     return None
 
 
@@ -272,4 +284,5 @@ def report_rewrite(ctx: PassContext, name: str, new: Lowered, names: Sequence[st
     rec.algorithm, rec.options, rec.absorbed = new.algorithm, dict(new.options), absorbed
 
 
-__all__ = ["Match", "FusionRule", "Scope", "Tally", "apply_table", "rewrite_lowered", "lowered_for", "report_rewrite"]
+__all__ = ["Match", "FusionRule", "Scope", "Tally", "apply_table", "rewrite_lowered", "forced_elsewhere",
+           "lowered_for", "report_rewrite"]

@@ -120,11 +120,11 @@ def batch_norm_training_backward_sums(xp, x, stats, gy, *, eps):
 
 
 @reference(ops.BatchNormBackwardSumsRow)
-def batch_norm_backward_sums_row(xp, sums, gy, *, row):
-    """Row ``row`` of the (2, C) ``sums`` rounded to gy's dtype -> (C,) (gy's
-    values are not read: it gives the storage dtype)."""
-    _check("batch_norm_backward_sums_row", gy, None, sums)
-    return sums[row].astype(gy.dtype)
+def batch_norm_backward_sums_row(xp, sums, like, *, row):
+    """Row ``row`` of the (2, C) ``sums`` rounded to like's dtype -> (C,)
+    (``like``, (N, C, ...), is not read: it gives the storage dtype)."""
+    _check("batch_norm_backward_sums_row", like, None, sums)
+    return sums[row].astype(like.dtype)
 
 
 @reference(ops.BatchNormTrainingBackwardDataFromSums)

@@ -17,8 +17,8 @@ tensors). Here:
 * ``BatchNormTrainingBackwardSums(eps)``: (x, stats, gy) -> (2, C), row 0
   ``sum_gy``, row 1 ``sum_gy_xhat``, in :func:`stats_dtype` (float32 for
   half storage): one pass reading x and gy;
-* ``BatchNormBackwardSumsRow(row)``: (sums, gy) -> one row rounded to gy's dtype,
-  the parameter gradients dbias (row 0) and dweight (row 1);
+* ``BatchNormBackwardSumsRow(row)``: (sums, x) -> one row rounded to x's
+  (the storage) dtype, the parameter gradients dbias (row 0) and dweight (row 1);
 * ``BatchNormTrainingBackwardDataFromSums(eps)``: (gy, x, stats, sums[,
   weight]) -> dx, one element-wise pass reading gy and x.
 
@@ -90,15 +90,17 @@ class BatchNormTrainingBackwardSums(Op):
 @attrs.frozen
 class BatchNormBackwardSumsRow(Op):
     """Row ``row`` of :class:`BatchNormTrainingBackwardSums`' output rounded to
-    the storage dtype: (sums, gy) -> (C,) in gy's dtype; row 0 is dbias, row 1
-    dweight. gy's values are not read: it carries the storage dtype, which the
-    float32 sums do not, also where ``compile(dtype=...)`` overrides it
-    (``opgraph/run_types.py`` infers each node's dtype from its inputs').
+    the storage dtype: (sums, like) -> (C,) in like's dtype; row 0 is dbias,
+    row 1 dweight. ``like`` (the batch norm's input x, (N, C, ...)) is not
+    read: it carries the storage dtype, which the float32 sums do not, also
+    where ``compile(dtype=...)`` overrides it (``opgraph/run_types.py`` infers
+    each node's dtype from its inputs'). It is x rather than gy so that gy's
+    last reader stays the data gradient, which may then overwrite gy in place.
 
     Raises:
         ParameterError: row not 0 or 1.
-        ShapeError: gy not (N, C, ...) floating, sums not (2, C) in
-            :func:`stats_dtype` of gy's dtype.
+        ShapeError: like not (N, C, ...) floating, sums not (2, C) in
+            :func:`stats_dtype` of like's dtype.
     """
 
     row: int = F.choice("row", (SUM_GY, SUM_GY_XHAT))
@@ -107,10 +109,10 @@ class BatchNormBackwardSumsRow(Op):
     fused: ClassVar[bool] = True
     kind: ClassVar[str] = "batch_norm_backward_sums_row"
 
-    def infer(self, sums, gy):
-        _check_input(self, gy)
-        _check_sums(gy, sums)
-        return TensorType((gy.shape[1],), gy.dtype)
+    def infer(self, sums, like):
+        _check_input(self, like)
+        _check_sums(like, sums)
+        return TensorType((like.shape[1],), like.dtype)
 
     def flops(self, types, out) -> int:
         return 0  # a rounding copy

@@ -206,3 +206,15 @@ def test_the_scope_order_stays_topological_after_the_rewrite(monkeypatch):
     assert [len(t.done) for t in tallies.values()] == [1]
     position = {n: k for k, n in enumerate(scope.order())}
     assert all(position[u] < position[n] for n in position for u in graph.input_ids(n) if u in position)
+
+
+def test_the_rows_read_x_so_dx_may_overwrite_gy(monkeypatch):
+    """The rows take their dtype from x, not gy: gy's last reader is then the
+    data gradient, and the memory plan writes dx into gy's buffer on cuda (one
+    buffer per batch-norm backward fewer than with rows reading gy)."""
+    cudnn_accepts(monkeypatch)
+    graph, louts, _ = compile_for_cuda(conv_bn_relu_step(), og.LoweringPolicy(layout="NHWC"), dtype="bfloat16")
+    (dx,), rows = lowered_named(graph, louts, FUSED), lowered_named(graph, louts, ROW)
+    x = graph.input_ids(dx.id)[1]
+    assert len(rows) == 2 and all(graph.input_ids(r.id)[1] == x for r in rows)
+    assert graph.inplace_plan.writes.get(dx.id) == 0  # into gy

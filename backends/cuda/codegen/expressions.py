@@ -403,8 +403,8 @@ def _batch_norm_training_backward_sums(b, op, types, x, stats, gy):
 
 
 @expression(ops.BatchNormBackwardSumsRow, iterates=None)
-def _batch_norm_backward_sums_row(b, op, types, sums, gy):
-    return b.row(sums, op.row)  # rounded to gy's storage dtype on the store; gy is not read
+def _batch_norm_backward_sums_row(b, op, types, sums, like):
+    return b.row(sums, op.row)  # rounded to like's storage dtype on the store; like is not read
 
 
 @expression(ops.BatchNormTrainingBackwardDataFromSums)

@@ -178,6 +178,11 @@ class Progress:
             self.bar.stop()
 
 
+def autotune_flags(args) -> dict:
+    """The flags that only steer autotune, by name: their values, None when not given."""
+    return {"--engine-limit": args.engine_limit, "--workspace-tolerance": args.workspace_tolerance}
+
+
 def gpu_library_notes(device: str) -> list[str]:
     """:func:`.environment.missing_gpu_libraries`, each also printed as a
     warning (a profile taken without the cuDNN frontend looked like a cuDNN
@@ -253,6 +258,9 @@ def run_timing(names: list[str], args) -> dict:
                                    workspace_tolerance=args.workspace_tolerance,
                                    engine_limit=args.engine_limit)
     check_names(base)  # an include / exclude typo is exit 2, not a silent no-op
+    unused = lw.unused_autotune_flags(autotune_flags(args), lowerings, base, device)
+    if unused:
+        raise UsageError(unused)
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
     if args.cuda_graph and device != "cuda":
         raise UsageError(f"--cuda-graph replays CUDA graphs: it needs --device cuda (this run: {device})")
@@ -325,6 +333,9 @@ def run_profile(names: list[str], args) -> dict:
                                    workspace_tolerance=args.workspace_tolerance,
                                    engine_limit=args.engine_limit)
     check_names(base)
+    unused = lw.unused_autotune_flags(autotune_flags(args), lowerings, base, device)
+    if unused:
+        raise UsageError(unused)
     precisions = args.precision or [base.precision]
     layout = args.layout.upper() if args.layout else base.layout
     limits = pf.measure_limits(device, precisions)

@@ -175,6 +175,19 @@ def default_lowerings(device: str) -> list[Lowering]:
     return [Lowering(n) for n in first + [n for n in names if n not in first]] + [Lowering("auto")]
 
 
+def unused_autotune_flags(flags: dict, lowerings, base: LoweringPolicy, device: str) -> str | None:
+    """Why flags that only steer autotune (``flags``: flag name -> value, None
+    when not given, e.g. ``{'--engine-limit': '3'}``) would be silently
+    ignored: none of ``lowerings`` autotunes under ``base`` on ``device``;
+    None when a column autotunes or no such flag was given."""
+    given = [flag for flag, value in flags.items() if value is not None]
+    if not given or any(lo.policy(base, device).autotune for lo in lowerings):
+        return None
+    names = ", ".join(lo.name for lo in lowerings)
+    return (f"{' and '.join(given)} only steer{'s' if len(given) == 1 else ''} autotune, and no column "
+            f"autotunes (lowerings: {names}); add auto to --lowering")
+
+
 def conv_nodes(tg: TrainingGraph):
     """The convolution nodes (forward and backward) of the abstract training graph."""
     for node in tg.model.graph.nodes_in_order(tg.outputs):
@@ -240,7 +253,7 @@ def precision_applied(exe: Executable) -> dict[str, int]:
     return out
 
 
-__all__ = ["Lowering", "SPECIAL", "CPU_DEFAULT", "WORKSPACE_OPTION", "conv_algorithms", "parse_lowering",
+__all__ = ["Lowering", "SPECIAL", "unused_autotune_flags", "CPU_DEFAULT", "WORKSPACE_OPTION", "conv_algorithms", "parse_lowering",
            "parse_lowerings",
            "default_lowerings", "conv_nodes", "applicability", "not_applicable",
            "algorithm_counts", "precision_applied"]

@@ -169,3 +169,24 @@ def test_help_formats_every_flag(capsys):
         cli.main(["--help"])
     out = capsys.readouterr().out
     assert e.value.code == 0 and "--repeat N|auto" in out and "--trace PATH.json" in out and "5% of" in out
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--engine-limit", "3"], "--engine-limit only steers autotune"),
+    (["--workspace-tolerance", "0"], "--workspace-tolerance only steers autotune"),
+    (["--engine-limit", "all", "--workspace-tolerance", "5%"], "--engine-limit and --workspace-tolerance only steer"),
+])
+@pytest.mark.parametrize("mode", [[], ["--profile"]])
+def test_autotune_flags_without_an_autotuned_column_are_a_usage_error(capsys, flags, named, mode):
+    """A flag that cannot apply is exit 2 saying why, never silently ignored."""
+    status, out, err = run_cli(capsys, "--model", "L5", "--device", "cpu", "--lowering", "gemm", *mode, *flags)
+    assert status == 2 and out == ""
+    assert named in err and "no column autotunes (lowerings: gemm)" in err
+
+
+def test_autotune_flags_with_an_autotuned_column_are_taken(capsys, tmp_path):
+    status, out, err = run_cli(capsys, "--model", "L5", "--device", "cpu", "--batch", "2", "--lowering", "auto",
+                               "--engine-limit", "3", "--warmup", "0", "--repeat", "1", "--no-per-layer",
+                               "--format", "json")
+    assert status == 0, err
+    assert json.loads(out)["environment"]["policy"]["engine_limit"] == 3

@@ -36,7 +36,7 @@
 # WINNERS_LOWERINGS, MIXED_LOWERINGS, LAYER_LOWERINGS (e.g. MIXED_LOWERINGS=auto to save time);
 # BENCH_ARGS adds flags to every opgraph-bench stage but default (e.g. BENCH_ARGS=--cuda-graph: a
 # <lowering>+graph column per lowering, each phase replayed as CUDA graphs). GPU_TESTS narrows the
-# tests stage (pytest arguments; default: the whole tests folder). MODELS (default winners) narrows
+# tests stage (pytest arguments; default: the whole tests folder; GPU_TEST_K: a pytest -k expression). MODELS (default winners) narrows
 # the winners-fp32, winners-mixed and perf stages, e.g. MODELS=googlenet; RUN_NAME is appended to
 # the winners stages' file names.
 # Installs carried wheels (.whl/) and opgraph first, as scripts/gpu_check.sh does.
@@ -101,10 +101,10 @@ for stage in "$@"; do
                 2>&1 | tee "$LOG/profile-$p${RUN_NAME:-}.log" | tail -n 20 ;;
         tests)
             echo "== tests ($(date -u +%H:%M:%S))"
-            timeout "${GPU_TEST_TIMEOUT:-300}" $PY -m pytest ${GPU_TESTS:-tests} -m gpu -q -ra -p no:cacheprovider \
-                --durations=10 >"$LOG/pytest-gpu.log" 2>&1
+            timeout "${GPU_TEST_TIMEOUT:-300}" $PY -m pytest ${GPU_TESTS:-tests} ${GPU_TEST_K:+-k "$GPU_TEST_K"} -m gpu -q \
+                -ra -p no:cacheprovider --durations=10 >"$LOG/pytest-gpu${RUN_NAME:-}.log" 2>&1
             echo "gpu tests exit status: $?"
-            tail -n 25 "$LOG/pytest-gpu.log" ;;
+            tail -n 25 "$LOG/pytest-gpu${RUN_NAME:-}.log" ;;
         kernels)
             echo "== kernels ($(date -u +%H:%M:%S))"
             $PY scripts/gpu_kernel_bench.py --json "$LOG/kernels.json" ;;

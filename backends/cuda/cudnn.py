@@ -163,7 +163,7 @@ def _engine_in(plan, sig: cg.ConvSignature, engine):
     plan name), or ``plan``'s default when it has none of that name."""
     if engine is None:
         return plan.pick_default()
-    dense, _ = route(sig._replace(strides=sig.strides[:-1] + (dense_strides(sig.dims[-1], sig.cl),)))
+    dense, _ = route(sig._replace(strides=sig.strides[:-1] + (dense_strides(sig.dims[-1], sig.channels_last),)))
     name = dense.name(int(engine))
     found = next((i for i in range(plan.count) if plan.name(i) == name), None)
     return plan.pick_default() if found is None else found

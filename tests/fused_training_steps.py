@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 import opgraph as og
-from modern_blocks import bottleneck, mbconv
+from modern_blocks import bottleneck, dense_block, mbconv
 
 #: relative error allowed against the float64 reference (scaled as in :func:`step_errors`)
 TOLERANCE = {"float32": 1e-3, "bfloat16": 3e-2}
@@ -58,7 +58,7 @@ def fan_out():
     return y, [x, *scales], []
 
 
-MAKERS = {"bottleneck": bottleneck, "mbconv": mbconv, "fan_out": fan_out}
+MAKERS = {"bottleneck": bottleneck, "mbconv": mbconv, "fan_out": fan_out, "dense_block": dense_block}
 
 
 def training_step(make, rng):

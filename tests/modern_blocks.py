@@ -69,4 +69,40 @@ def mbconv():
     return y, params, outs
 
 
-__all__ = ["bottleneck", "mbconv"]
+def dense_block():
+    """A DenseNet-121 dense block of three layers (BN-ReLU-conv1x1-BN-ReLU-conv3x3,
+    growth 8, each layer reading the concatenation of every earlier feature)
+    and a BN-ReLU-pool-linear head: the zero-copy plan makes each layer's
+    batch norm read a channel slice of the block's buffer, and the gradient
+    of every feature a sum of slices of the concats' gradients."""
+    g = og.Graph("dense_block")
+    x = g.input("x", (2, 16, 8, 8))
+    outs, params = [], []
+
+    def bn_relu(h, c, name):
+        gamma, beta = g.param(f"{name}.gamma", (c,)), g.param(f"{name}.beta", (c,))
+        rm, rv = g.buffer(f"{name}.rm", (c,), value=0.0), g.buffer(f"{name}.rv", (c,), value=1.0)
+        h, m, v = og.batch_norm(h, rm, rv, gamma, beta, training=True, return_running_stats=True, name=name)
+        outs.extend([m, v])
+        params.extend([gamma, beta])
+        return og.relu(h)
+
+    def conv(h, cin, cout, k, name):
+        w = g.param(f"{name}.w", (cout, cin, k, k))
+        params.append(w)
+        return og.conv2d(h, w, padding=k // 2)
+
+    features = [x]
+    for i in range(3):
+        cin = 16 + 8 * i
+        h = og.concat(features, axis=1) if len(features) > 1 else x
+        h = conv(bn_relu(h, cin, f"l{i}.bn1"), cin, 16, 1, f"l{i}.conv1")
+        features.append(conv(bn_relu(h, 16, f"l{i}.bn2"), 16, 8, 3, f"l{i}.conv2"))
+    h = bn_relu(og.concat(features, axis=1), 40, "final")
+    fc = g.param("fc.w", (10, 40))
+    params.append(fc)
+    y = og.linear(og.flatten(og.adaptive_avg_pool2d(h, 1)), fc)
+    return y, params, outs
+
+
+__all__ = ["bottleneck", "mbconv", "dense_block"]

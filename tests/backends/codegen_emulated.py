@@ -94,10 +94,14 @@ def emulated_cuda_executable(outputs, policy, dtype: str | None):
         wide = attrs.evolve(out_type, dtype="float32") if is_float(out_type.dtype) else out_type
         reference = rules_for(type(op.op))["reference"].kernel
 
-        def run(kctx, lowered_op, *arrays, out=None):  # out=: an in-place plan; the result is returned all the same
+        def run(kctx, lowered_op, *arrays, out=None):
             arrays = [a.astype(np.float32) if is_float(a.dtype.name) else a for a in arrays]
             y = np.asarray(reference(kctx, lowered_op, *arrays))
-            return to_layout(np, y.astype(numpy_dtype(out_type.dtype)), out_type.layout)
+            y = to_layout(np, y.astype(numpy_dtype(out_type.dtype)), out_type.layout)
+            if out is None:
+                return y
+            out[...] = y  # an in-place plan's input, or a zero-copy slice of a concat's buffer
+            return out
 
         return run, KernelContext(np, "cpu", {}, wide)
 

@@ -198,9 +198,13 @@ class Emitter:
                      for a in range(len(ctx.geo.full))]
             return st.load(f"{ptr}[{' + '.join(terms)}]")
         c = ctx.space_index(self, "channel", lane)
-        if load.kind == "sample":
+        if load.kind == "sample":  # element (0, c, 0, 0): by the operand's own strides where it has them
             total = self.params.scalar("TOTAL", ctx.geo.total, "long long")
-            step = self.params.scalar("CSTRIDE", ctx.geo.channel_stride)
+            if load.input in ctx.geo.strides:
+                axis = 1 if len(ctx.geo.full) >= 2 else 0
+                step = self.params.scalar(f"ST{load.input}_{axis}", ctx.stride(load.input, axis), "long long")
+            else:
+                step = self.params.scalar("CSTRIDE", ctx.geo.channel_stride)
             return f"({total} > 0 ? {st.load(f'{ptr}[{c} * {step}]')} : (CT)0)"
         row = f"{load.row} * {ctx.space_size('channel')} + " if load.row else ""
         return st.load(f"{ptr}[{row}{c}]")

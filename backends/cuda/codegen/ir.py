@@ -42,6 +42,11 @@ class PlanError(OpgraphError):
     """The generator does not cover this program or these shapes (the reason)."""
 
 
+class ViewError(PlanError):
+    """A strided view among the operands is loaded as a packed row (a
+    per-channel or per-plane operand): the caller copies it and plans again."""
+
+
 @attrs.frozen
 class Load:
     """Where a load reads: ``input`` (the program input number) as ``kind``:
@@ -240,5 +245,5 @@ def needed(nodes: list[Node], roots) -> set[int]:
     return seen
 
 
-__all__ = ["SPACES", "RANK", "PlanError", "Load", "Node", "Val", "Stacked", "Ext", "classify", "Builder",
+__all__ = ["SPACES", "RANK", "PlanError", "ViewError", "Load", "Node", "Val", "Stacked", "Ext", "classify", "Builder",
            "depths", "needed"]

@@ -17,9 +17,16 @@ its temporaries from CuPy's pool and launches each kernel with scalars
 prepared when the plan was made. Nothing is copied from the host, so every
 step can be captured into a CUDA graph.
 
-Operands are passed as they are stored: an array that is neither C-ordered
-nor channels-last (a sliced view) is first made contiguous, and per-channel
-or per-plane operands must be contiguous (copied otherwise; they are small).
+Operands are passed as they are stored. A strided view (neither C-ordered
+nor packed channels-last: DenseNet's channel slice of a wider concat buffer,
+which the zero-copy plan hands its readers) is read in place through its own
+strides (:func:`view_strides`; the plan is keyed by them), in the physical
+order its channel stride says (a channel slice of an NHWC buffer iterates
+channels-last). Copying it to C order first cost a transposing copy per
+operand and then uncoalesced reads in an NHWC sweep: DenseNet-121's gradient
+sums ran at 59 GB/s on the H200 (docs/performance.md). A view the generator
+cannot read through strides (a per-channel or per-plane operand, loaded as a
+packed row) is copied to C order; such operands are small.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import numpy as np
 
 from opgraph.types import HALF_DTYPES, TensorType, is_channels_last, numpy_dtype
 
+from .ir import ViewError
 from .plan import lower
 
 _PLANS: dict = {}
@@ -43,14 +51,31 @@ def compiled(source: str, name: str):
 
 
 def array_layout(a) -> str | None:
-    """``'NHWC'`` for a channels-last 4-D array, ``'NCHW'`` for another 4-D one, else None."""
+    """``'NHWC'`` for a 4-D array whose channel axis is the fastest in memory
+    (packed channels-last, or a channel slice of a channels-last buffer),
+    ``'NCHW'`` for another 4-D one, else None."""
     if getattr(a, "ndim", 0) != 4:
         return None
-    return "NHWC" if is_channels_last(a) else "NCHW"
+    if is_channels_last(a):
+        return "NHWC"
+    if a.flags.c_contiguous:
+        return "NCHW"
+    return "NHWC" if a.shape[1] > 1 and a.strides[1] == a.itemsize else "NCHW"
 
 
-def _stored(xp, a):
-    """``a`` as a kernel reads it: C-ordered or channels-last (copied to C order if neither)."""
+def view_strides(a) -> tuple | None:
+    """Element strides of ``a`` when it is a strided view the kernels read in
+    place (neither C-ordered nor packed channels-last; non-negative strides
+    in whole elements), else None (a dense array, or one to copy)."""
+    if a.flags.c_contiguous or is_channels_last(a):
+        return None
+    if any(s < 0 or s % a.itemsize for s in a.strides):
+        return None
+    return tuple(s // a.itemsize for s in a.strides)
+
+
+def _contiguous(xp, a):
+    """``a`` C-ordered or channels-last as it is, else copied to C order."""
     if a.flags.c_contiguous or is_channels_last(a):
         return a
     return xp.ascontiguousarray(a)
@@ -74,14 +99,19 @@ def _bits(xp, a):
     return a.view(xp.uint16) if a.dtype.name in HALF_DTYPES else a
 
 
-def plan_for(op, arrays, out_type: TensorType, out=None):
-    """The cached plan of ``op`` on these arrays (module docstring for the key)."""
-    key = (op, tuple((a.shape, _dtype(a), array_layout(a)) for a in arrays), out_type,
-           _aligned(list(arrays) + ([out] if out is not None else [])), out is not None)
+def plan_for(op, arrays, out_type: TensorType, out=None, views: tuple | None = None):
+    """The cached plan of ``op`` on these arrays (module docstring for the key).
+    ``views``: :func:`view_strides` of each array (None: every array dense);
+    a view is read through its strides, so its address need not be aligned."""
+    views = views or (None,) * len(arrays)
+    dense = [a for a, v in zip(arrays, views) if v is None]
+    key = (op, tuple((a.shape, _dtype(a), array_layout(a), v) for a, v in zip(arrays, views)), out_type,
+           _aligned(dense + ([out] if out is not None else [])), out is not None)
     plan = _PLANS.get(key)
     if plan is None:
         types = [TensorType(a.shape, _dtype(a), array_layout(a)) for a in arrays]
-        plan = _PLANS[key] = lower(op, types, out_type, aligned=key[3], inplace=key[4])
+        strided = {k: v for k, v in enumerate(views) if v is not None}
+        plan = _PLANS[key] = lower(op, types, out_type, aligned=key[3], inplace=key[4], views=strided)
     return plan
 
 
@@ -105,8 +135,16 @@ def run(xp, op, arrays, out_type: TensorType, out=None):
     Raises:
         ir.PlanError: the generator does not cover this op on these inputs.
     """
-    arrays = [_stored(xp, a) for a in arrays]
-    plan = plan_for(op, arrays, out_type, out)
+    views = tuple(view_strides(a) for a in arrays)
+    plan = None
+    if any(v is not None for v in views):
+        try:
+            plan = plan_for(op, arrays, out_type, out, views)
+        except ViewError:  # a view loaded as a packed row: copy it (module docstring)
+            plan = None
+    if plan is None:
+        arrays = [_contiguous(xp, a) for a in arrays]
+        plan = plan_for(op, arrays, out_type, out)
     buffers = {("in", k): _bits(xp, a) for k, a in enumerate(arrays)}
     target = out if out is not None else empty(xp, out_type.shape, out_type.dtype, plan.layout)
     buffers["out"] = _bits(xp, target)
@@ -118,4 +156,4 @@ def run(xp, op, arrays, out_type: TensorType, out=None):
     return target
 
 
-__all__ = ["compiled", "address", "array_layout", "empty", "plan_for", "run"]
+__all__ = ["compiled", "address", "array_layout", "view_strides", "empty", "plan_for", "run"]

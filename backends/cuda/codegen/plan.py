@@ -35,7 +35,7 @@ from . import kernels
 from .contexts import Geometry
 from .emit import Params
 from .expressions import EXPRESSIONS, reduction_target
-from .ir import RANK, Builder, Ext, PlanError, Stacked, Val, classify, depths, needed
+from .ir import RANK, Builder, Ext, PlanError, Stacked, Val, ViewError, classify, depths, needed
 from .storage import compute_type, storage_of
 
 #: Blocks a reduction aims at (an H200 holds 132 SMs x 8 blocks of 256 threads).
@@ -219,11 +219,14 @@ def _layout(built: Built, types, out_type) -> str:
     return next((t.layout or "NCHW" for t in types if tuple(t.shape) == built.full), "NCHW")
 
 
-def logical_strides(t, full) -> tuple:
+def logical_strides(t, full, own: tuple | None = None) -> tuple:
     """Element strides of operand type ``t`` along each axis of ``full``
-    (0 on broadcast axes), for its layout (channels-last or C order)."""
+    (0 on broadcast axes): ``own`` (a strided view's, per axis of ``t``), else
+    those of its layout (channels-last or C order)."""
     shape = tuple(t.shape)
-    if t.layout == "NHWC" and len(shape) == 4:
+    if own is not None:
+        own = tuple(own)
+    elif t.layout == "NHWC" and len(shape) == 4:
         n, c, h, w = shape
         own = (h * w * c, 1, w * c, c)
     else:
@@ -246,24 +249,37 @@ class Lowered:
     layout: str | None
 
 
-def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False) -> Lowered:
+def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
+          views: dict | None = None) -> Lowered:
     """The launches running ``op`` on inputs of ``types`` (TensorTypes whose
     ``layout`` says how each array is stored) into ``out_type``.
 
     ``aligned``: every full-size buffer starts on a 16-byte boundary (vector
     access allowed); ``inplace``: the output buffer is one of the inputs
-    (no ``__restrict__``).
+    (no ``__restrict__``); ``views``: input number -> element strides of the
+    inputs that are strided views (``launch.view_strides``), read through
+    those strides wherever they are loaded as full-size or strided operands
+    (or sampled at ``(0, c, 0, 0)``).
 
     Raises:
         PlanError: what the generator does not cover (``build``).
+        ViewError: a view of ``views`` is loaded as a packed per-channel or
+            per-plane row.
     """
+    views = views or {}
     built = build(op, types, out_type)
     layout = _layout(built, types, out_type)
     strided = {}
     for node in built.nodes:
         load = node.load
-        if load is not None and (load.kind == "strided" or (load.kind == "full" and len(built.full) == 4 and
-                                                            (types[load.input].layout or "NCHW") != layout)):
+        if load is None:
+            continue
+        if load.input in views:
+            if load.kind not in ("full", "strided", "sample"):
+                raise ViewError(f"input {load.input}: a strided view loaded as a {load.kind} row")
+            strided[load.input] = logical_strides(types[load.input], built.full, views[load.input])
+        elif load.kind == "strided" or (load.kind == "full" and len(built.full) == 4 and
+                                        (types[load.input].layout or "NCHW") != layout):
             strided[load.input] = logical_strides(types[load.input], built.full)
     ct = compute_type([*built.dtypes, out_type.dtype])
     geo = Geometry(built.full, layout, built.channels, strided, ct)

@@ -1,0 +1,121 @@
+"""Strided views read in place by the generated kernels (``codegen.launch``):
+DenseNet's zero-copy plan hands a batch norm, an activation or a gradient sum
+a channel slice of a wider concat buffer. Every case of the expression table
+whose operands include a full-size tensor runs with each such operand a
+channel slice (at an odd, misaligned channel offset) of a wider buffer in the
+case's layout, against the float64 reference of the same values, and no
+full-size operand may be copied first (the copy to C order was a transposing
+copy plus uncoalesced reads: 59 GB/s for DenseNet-121's gradient sums on the
+H200, docs/performance.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from codegen_cases import CASES, SHAPES, channels_last
+from codegen_emulated import emu, needs_gxx, run_case, seeded  # noqa: F401  (emu: fixture)
+from codegen_cases import make_input
+from opgraph import ops
+from opgraph.backends.cuda.codegen import launch
+from opgraph.types import is_channels_last
+
+pytestmark = needs_gxx
+
+EXTRA, START = 11, 3  # the wider buffer's extra channels and the slice's first channel
+
+
+def channel_slice(a, layout: str):
+    """``a``'s values as channels ``START:START + C`` of a wider buffer stored in ``layout``."""
+    n, c, h, w = a.shape
+    wide = np.zeros((n, c + EXTRA, h, w), a.dtype)
+    if layout == "NHWC":
+        wide = channels_last(wide)
+    view = wide[:, START:START + c]
+    view[...] = a
+    assert not view.flags.c_contiguous and not is_channels_last(view)
+    return view
+
+
+@pytest.fixture
+def copies(monkeypatch):
+    """The full-size (4-D, not per-channel) operands the launch path copied."""
+    seen = []
+    real = launch._contiguous
+
+    def spy(xp, a):
+        if a.ndim == 4 and a.shape[2:] != (1, 1) and a.shape[1] > 1 and not (a.flags.c_contiguous
+                                                                               or is_channels_last(a)):
+            seen.append(a.shape)
+        return real(xp, a)
+    monkeypatch.setattr(launch, "_contiguous", spy)
+    return seen
+
+
+VIEWED = [c for c in CASES if "x" in c.kinds]
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", VIEWED, ids=[c.id for c in VIEWED])
+def test_channel_slices_are_read_in_place(emu, copies, case, dtype, layout):
+    shape = SHAPES[layout]
+    rng = seeded(case.id, dtype, layout, "view")
+    dense = [make_input(rng, k, shape, dtype, layout) for k in case.kinds]
+    arrays = [channel_slice(a, layout) if k == "x" else a for a, k in zip(dense, case.kinds)]
+    out, ref, _ = run_case(case.make(shape), case.kinds, shape, dtype, layout, case.exact, arrays=arrays)
+    assert not copies, f"full-size views copied before the kernel: {copies}"
+    for k, kind in enumerate(case.kinds):  # every kernel reading a slice reads it through its strides
+        if kind == "x":
+            readers = [x["source"] for x in emu.raw_launches if f" in{k}" in x["source"]]
+            assert all(f"ST{k}_" in src for src in readers), (k, "a slice read as a packed array")
+
+
+def test_an_nhwc_slice_iterates_channels_last(emu, copies):
+    """A gradient sum of three channel slices of NHWC buffers writes an NHWC
+    result and plans its sweep channels-last (the slices' physical order)."""
+    shape = SHAPES["NHWC"]
+    rng = seeded("sum3")
+    parts = [channel_slice(make_input(rng, "x", shape, "bfloat16", "NHWC"), "NHWC") for _ in range(3)]
+    assert all(launch.array_layout(p) == "NHWC" for p in parts)
+    from opgraph.ops.fused import FusedElementwise, FusedStep, Program
+    op = FusedElementwise(Program(3, (FusedStep(ops.Add(), (0, 1)), FusedStep(ops.Add(), (3, 2))), (4,)))
+    out, ref, _ = run_case(op, ("x", "x", "x"), shape, "bfloat16", "NHWC", arrays=parts)
+    assert is_channels_last(out) and not copies
+
+
+def test_a_per_channel_view_is_copied_and_the_result_is_right(emu, copies):
+    """A strided view loaded as a packed per-channel row cannot be read in
+    place (``ir.ViewError``): the launch copies it and plans again."""
+    shape = SHAPES["NCHW"]
+    rng = seeded("bias-view")
+    x = make_input(rng, "x", shape, "float32", "NCHW")
+    wide = rng.standard_normal(2 * shape[1]).astype(np.float32)
+    bias = wide[::2]  # a strided (C,) view
+    assert launch.view_strides(bias) == (2,)
+    run_case(ops.BiasAdd(), ("x", "c"), shape, "float32", "NCHW", arrays=[x, bias])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_dense_blocks_training_step_reads_the_concat_buffers_in_place(emu, copies, monkeypatch, dtype):
+    """The DenseNet block of ``tests/modern_blocks.py`` lowered for cuda, NHWC:
+    its batch norms and gradient sums get channel slices of the concat buffers
+    (the zero-copy plan) and read them in place; the step meets the fused-step
+    criterion of ``tests/fused_training_steps.py``."""
+    import opgraph as og
+    from codegen_emulated import emulated_cuda_executable
+    from fused_training_steps import step_failures, training_step
+    from modern_blocks import dense_block
+
+    viewed = []
+    real = launch.view_strides
+    monkeypatch.setattr(launch, "view_strides", lambda a: viewed.append(real(a)) or viewed[-1])
+    outs, feeds, n_grads = training_step(dense_block, np.random.default_rng(0))
+    ref = og.compile(outs, pipeline="reference", dtype="float64")(**feeds)
+    exe = emulated_cuda_executable(outs, {"layout": "NHWC"}, dtype)
+    off = emulated_cuda_executable(outs, {"layout": "NHWC", "exclude": ["fused"]}, dtype)
+    got = exe(**feeds)
+    # layers 1 and 2 read prefixes of the block buffer: batch-norm statistics and the fused BN-ReLU at least
+    assert sum(v is not None for v in viewed) >= 4, "the generated kernels were handed no concat slice"
+    assert not copies, f"full-size views copied before the kernel: {copies}"
+    assert not step_failures(got, off(**feeds), ref, n_grads, dtype)

@@ -53,7 +53,7 @@ from opgraph.backends.registry import KernelContext
 
 from .autotune_cache import AutotuneCache, cache_key
 from .autotune_clock import NodeClock, TuneClock
-from .autotune_inputs import REFERENCE_ALGORITHMS, consistent_inputs, random_inputs
+from .autotune_inputs import REFERENCE_ALGORITHMS, InputPool, consistent_inputs, random_inputs
 from .autotune_inputs import reference_output as _reference
 from .base import Pass, PassContext
 from .candidates import ENGINE_LIMIT_TAG, rule_workspace, survey_node
@@ -163,6 +163,7 @@ class AutotunePass(Pass):
         # the types values run in (compile's dtype applied; batch statistics stay float32)
         run = run_types(graph, graph.ancestors(outputs), ctx.dtype)
         clock = TuneClock(getattr(timer, "synchronize", None))  # where the pass's time goes
+        pool = InputPool(ctx.xp, ctx.seed)  # candidates' inputs, drawn once per type for the whole run
         for view in list(graph.nodes_in_order(outputs)):
             if not isinstance(view.op, Lowered):
                 continue
@@ -202,7 +203,7 @@ class AutotunePass(Pass):
                     ctx.report.note(f"autotune: {view.name}: cached choice {hit['algorithm']} no longer "
                                     "applies; re-tuned")
                 rows, timed = self._tune(op, types, cands, s, ctx, timer, view, run[view.id],
-                                         tuple(run[i] for i in graph.input_ids(view.id)), node_clock)
+                                         tuple(run[i] for i in graph.input_ids(view.id)), node_clock, pool)
                 measured = [c.to_dict() for c in rows]  # cached as timed: rechoose() decides again
                 best = choose(rows, timed, policy.workspace_tolerance)
                 if best is None:
@@ -228,7 +229,7 @@ class AutotunePass(Pass):
         return graph
 
     def _tune(self, op, types, cands, s, ctx: PassContext, timer, view, out_type, run_in,
-              clock: NodeClock) -> tuple[list[Candidate], list[Candidate]]:
+              clock: NodeClock, pool: InputPool) -> tuple[list[Candidate], list[Candidate]]:
         """Check and time each candidate; returns the report rows (declined ones
         too) and those of them timed in full (not pruned). ``out_type`` and
         ``run_in`` are the node's output and input types as they run
@@ -236,12 +237,13 @@ class AutotunePass(Pass):
         statistics kept in float32); inputs are drawn in ``run_in``. A
         candidate whose output dtype is not ``out_type``'s is ``wrong``: a
         float32 result in a bf16 graph would turn every later value into float32.
-        ``clock`` gets the seconds of each part (``passes/autotune_clock.py``)."""
+        ``clock`` gets the seconds of each part (``passes/autotune_clock.py``);
+        ``pool`` draws the inputs (``autotune_inputs.InputPool``)."""
         xp, policy = ctx.xp, ctx.policy
         want = out_type.dtype
         with clock.part("inputs", settle=True):  # layout transposes may still be queued
             # e.g. batch statistics that are x's own (autotune_inputs)
-            arrays = consistent_inputs(view, random_inputs(run_in, xp, ctx.seed), xp, ctx.device)
+            arrays = consistent_inputs(view, pool.inputs(run_in), xp, ctx.device)
         with clock.part("reference", settle=True):  # float64 kernels, else billed to the first check
             try:
                 ref = _reference(op, arrays, xp, ctx.device, out_type)

@@ -77,3 +77,56 @@ def test_a_training_batch_norm_node_with_two_candidates_is_tuned(op_type, monkey
     rows = {c.label: c for c in ctx.report.node(view.name).candidates}
     assert rows["fast"].status == "chosen" and rows["reference"].status == "ok"
     assert rows["fast"].rel_error < 1e-6
+
+
+def test_the_pool_draws_each_position_and_type_once():
+    from opgraph.passes.autotune_inputs import InputPool
+    from opgraph.types import TensorType
+    t, u = TensorType((2, 3, 4, 4), "float32", "NHWC"), TensorType((3,), "float32")
+    pool = InputPool(np, seed=5)
+    a = pool.inputs([t, t, u])
+    assert pool.inputs([t, t, u])[0] is a[0] and pool.drawn == 3
+    assert not np.array_equal(a[0], a[1])  # same type, other position: other values
+    assert a[0].strides[1] == a[0].itemsize  # drawn in the type's layout (channels-last)
+    again = InputPool(np, seed=5).inputs([t, t, u])
+    assert all(np.array_equal(x, y) for x, y in zip(a, again))  # seeded: the same arrays in every run
+    assert InputPool(np, seed=5).inputs([TensorType((2, 3), "bfloat16")])[0].dtype.name == "bfloat16"
+
+
+def test_the_pool_drops_the_oldest_arrays_beyond_its_bound():
+    from opgraph.passes.autotune_inputs import InputPool
+    from opgraph.types import TensorType
+    types = [TensorType((64, 64), "float32") for _ in range(3)]  # 16 KiB each
+    pool = InputPool(np, seed=0, limit_bytes=40_000)
+    first = pool.inputs(types[:1])[0]
+    pool.inputs(types)  # positions 1 and 2: 48 KiB in all, over the bound
+    assert pool.bytes <= 40_000 and pool.drawn == 3
+    redrawn = pool.inputs(types[:1])[0]  # position 0 was the oldest: drawn again, equal values
+    assert pool.drawn == 4 and redrawn is not first and np.array_equal(redrawn, first)
+
+
+def test_one_autotune_run_draws_a_shared_type_once(monkeypatch, tmp_path):
+    """A ReLU and a sigmoid of the same shape, each with two candidates: the
+    second node reuses the first one's input (before the pool each node drew
+    its own)."""
+    from opgraph.passes import autotune_inputs
+    pools = []
+    real = autotune_inputs.InputPool
+
+    class Recorded(real):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            pools.append(self)
+    monkeypatch.setattr("opgraph.passes.autotune.InputPool", Recorded)
+    for op_type in (ops.Relu, ops.Sigmoid):
+        ref = registry.rules_for(op_type)["reference"]
+        install_rule(monkeypatch, op_type, attrs.evolve(ref, algorithm="fast", tags=frozenset()))
+    g = og.Graph()
+    x = g.input("x", (4, 3, 5, 5))
+    outs = [og.sigmoid(og.relu(x, name="r1"), name="r2")]
+    pol = LoweringPolicy(autotune=True, cache=str(tmp_path / "c.json"))
+    ctx = PassContext(policy=pol, timer=StubTimer({"fast": 1.0, "reference": 3.0}), versions=lambda: {},
+                      device_name=lambda: "test-cpu")
+    Pipeline("t", [LowerPass(), AutotunePass()]).run(g, outs, ctx)
+    assert [ctx.report.node(n).how for n in ("r1", "r2")] == ["autotune", "autotune"]
+    assert len(pools) == 1 and pools[0].drawn == 1

@@ -120,6 +120,23 @@ def compile_function(torch, fn):
     return torch.compile(fn, dynamic=False)
 
 
+def _drop_compiled(torch) -> None:
+    """Drop what ``torch.compile`` built (Dynamo's caches, Inductor's graphs) and
+    collect it, so that the columns timed after the peers in this process do
+    not pay for it. On the H200 (2026-12-02) opgraph's host-bound eager
+    ``auto`` column of ResNet-50, timed right after the compiled peers, took
+    68 ms per step (its first four rounds 84 ms) against 40 ms in a process
+    without them; whether this closes that gap is to be measured
+    (docs/performance.md)."""
+    import gc
+
+    try:
+        torch._dynamo.reset()
+    except Exception:  # an older or stripped PyTorch: nothing to drop
+        pass
+    gc.collect()
+
+
 def run_peers(model, feeds: dict, names, *, device: str, precision: str = "fp32", layout: str = "NCHW",
               warmup: int = 1, repeat: int = 3, reference=None, input_grad: bool = False,
               pdev=None) -> dict[str, dict]:
@@ -170,6 +187,8 @@ def run_peers(model, feeds: dict, names, *, device: str, precision: str = "fp32"
         except Exception as e:  # e.g. compilation failed: the other base's variants still run
             results = {n: error_fields(e) for n in group}
         finally:
+            if compiled:
+                _drop_compiled(torch)
             pdev.release()
         for n, r in results.items():
             if conv is not None:

@@ -15,9 +15,13 @@ every one off, and nothing else (the fused ops' rules carry the tag
    gradients -> one ``BatchNormTrainingBackwardSums`` pass (float32 sums for
    half storage) read by ``BatchNormBackwardSumsRow`` (dbias, dweight) and
    ``BatchNormTrainingBackwardDataFromSums`` (dx) (``passes/fuse_bn_backward.py``);
-5. ``gradient-sum``: a tree of ``Add`` nodes summing a fan-out's gradients ->
+5. ``bn-apply-remat``: an activation gradient reading a training batch norm's
+   output gets its own recomputed copy, so that the forward fuses the batch
+   norm with its activation (``passes/remat_bn_apply.py``; only where rule 7
+   then fuses both);
+6. ``gradient-sum``: a tree of ``Add`` nodes summing a fan-out's gradients ->
    one n-ary sum (``passes/fuse_elementwise.py``);
-6. ``elementwise``: maximal chains of memory-bound ops -> one
+7. ``elementwise``: maximal chains of memory-bound ops -> one
    ``FusedElementwise`` node, one generated kernel on cuda
    (``passes/fuse_elementwise.py``; opt-in on the CPU's oracle kernels).
 
@@ -77,6 +81,7 @@ from .base import Pass, PassContext
 from .fuse_bn_backward import BN_BACKWARD_SUMS
 from .fuse_elementwise import ELEMENTWISE, GRADIENT_SUM
 from .pattern import FusionRule, Match, Scope, apply_table, rewrite_lowered
+from .remat_bn_apply import BN_APPLY_REMAT
 
 
 @attrs.frozen
@@ -234,6 +239,7 @@ TABLE: tuple[FusionRule, ...] = (
     FusionRule("pool-relu-backward", match_pool_relu_backward,
                lambda g, m, ctx: fuse_pool_relu_backward(g, m.root, m.absorbed[0], ctx)),
     BN_BACKWARD_SUMS,
+    BN_APPLY_REMAT,
     GRADIENT_SUM,
     ELEMENTWISE,
 )

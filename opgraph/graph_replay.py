@@ -169,7 +169,9 @@ class GraphReplay:
 
     Args:
         steps: scheduled steps (``opgraph.executable.Step``), in order; each
-            writes ``slots[step.node]``.
+            writes ``slots[step.node]``. A step may be listed several times
+            (``--profile`` captures k calls of one step in one graph,
+            ``benchmarks/step_clock.py``): its trial capture runs once.
         slots: node id -> device array; holds every value the steps read and,
             from a previous run, every value they write (see module doc).
         run_step: computes one step's output (the executor's kernel call).
@@ -195,7 +197,7 @@ class GraphReplay:
             if value is not None and any(slots.get(a) is value for a in st.args):
                 slots[st.node] = value.copy(order="K")
         reasons = {}
-        for st in steps:
+        for st in {st.node: st for st in steps}.values():  # a step listed k times is tried once
             why = ("excluded by the caller" if st.node in eager
                    else declared_blocker(st) or capture_error(st, slots, run_step, stream))
             if why is not None:

@@ -189,7 +189,7 @@ class GraphClock(EagerClock):
         one, why = self._replayed_ms([st], slots, warmup, repeat)
         if why is not None:
             return attrs.evolve(super().step(st, slots, warmup=warmup, repeat=repeat), eager_reason=why)
-        calls = graph_calls(one)
+        calls = graph_calls(one)  # a short replay is mostly the graph's launch: share it (module doc)
         if calls > 1:
             many, why = self._replayed_ms([st] * calls, slots, warmup, repeat)
             if why is None:  # else: k calls would not capture together, one did
@@ -200,7 +200,9 @@ class GraphClock(EagerClock):
         """``{'graph_step_ms': median ms of one replay of every step in order,
         'graph_step_capture': GraphReplay.summary()}`` (steps, captured steps,
         graphs, eager steps and their reasons, pool bytes); when the build or a
-        replay raises, ``graph_step_ms`` is None and the capture ``{'error'}``."""
+        replay raises, ``graph_step_ms`` is None and the capture ``{'error'}``.
+        While the replay lives every value is held twice (in ``slots`` and in
+        its private pools), as during the build of the ``+graph`` column's replays."""
         self.release()  # room for the private pools: the default pool's cache is not theirs
         try:
             with self._replay_of(steps, slots) as replay:

@@ -3,10 +3,20 @@ machine's own limits (``opgraph-bench --profile``; issue 16, section 6).
 
 For one model, lowering, dtype and layout, the benchmark's training graph
 (:func:`.protocol.training_graph`: forward, parameter gradients, the model
-output as its own output gradient) is compiled and every step is timed
-alone: its kernel on the values of one full run, out of place, ``--warmup``
-then ``--repeat`` calls, the median (CUDA events on a GPU, ``perf_counter``
-on the CPU). Per step:
+output as its own output gradient) is compiled, run once keeping every
+value, and every step is timed alone on those values, out of place,
+``--warmup`` then ``--repeat`` calls, the median (:mod:`.step_clock`):
+
+* on a GPU, as a **CUDA-graph replay of that step alone** (device time,
+  CUDA events; a short step captured as several calls of itself so that
+  the graph's launch is shared), the time it costs inside the ``+graph``
+  column's graphs; a step that cannot be captured (a cuBLAS call through
+  CuPy, a declared blocker) is called eagerly from Python and marked
+  (``timed: 'eager'`` and ``eager_reason`` on its node; the record's
+  ``timing`` counts both kinds);
+* on the CPU, called from Python between ``perf_counter`` readings.
+
+Per step:
 
 * **bytes**: every input read once plus the output written once, from the
   node's shapes and storage dtype (a view step such as a reshape counts as
@@ -24,14 +34,18 @@ on the CPU). Per step:
 Steps are grouped by abstract op type and direction: ``fprop`` / ``dgrad`` /
 ``wgrad`` for the compute-bound families (the phase of the benchmark's
 schedule: forward, backward-data, backward-filter), ``forward`` /
-``backward`` for the others. The whole step (every step in order, one
-timed loop) is reported beside the sum of the steps alone; their difference
-is dispatch the device could not hide.
+``backward`` for the others. The whole step (every step in order) is timed
+twice beside the sum of the steps alone: as one loop of eager calls
+(``step_ms``; minus the sum, the dispatch the device could not hide) and,
+on a GPU, replayed as CUDA graphs (``graph_step_ms``; minus the sum, the
+gaps between kernels and what a step alone measures differently).
+
+Schema version 2 (this one): on a GPU a node's ``ms`` (and ``nodes_ms``) is
+graph-timed where the step captures; version 1 timed every step eagerly.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 
 import attrs
@@ -46,6 +60,7 @@ from opgraph.types import numpy_dtype
 
 from .peak import measure_peaks
 from .protocol import random_feeds, schedule
+from .step_clock import median_ms, step_clock, timing_summary
 
 
 #: Families whose steps are compute-bound (judged against the matmul peak).
@@ -53,7 +68,7 @@ COMPUTE_FAMILIES = ("conv", "linear")
 #: Benchmark phase -> direction of a compute-bound step.
 COMPUTE_DIRECTIONS = {"forward": "fprop", "backward_data": "dgrad", "backward_filter": "wgrad"}
 #: Version of the JSON document (:func:`profile_document`).
-PROFILE_SCHEMA_VERSION = 1
+PROFILE_SCHEMA_VERSION = 2
 
 
 def tensor_bytes(t) -> int:
@@ -78,30 +93,31 @@ def direction_of(op, phase: str) -> str:
     return "forward" if phase == "forward" else "backward"
 
 
-def _median_ms(timer, fn, warmup: int, repeat: int) -> float:
-    for _ in range(warmup):
-        fn()
-    timer.synchronize()
-    return statistics.median(timer.measure(fn, label="profile", repeat=repeat))
-
-
-def profile_steps(tg, feeds: dict, device: str, policy, timer, *, warmup: int, repeat: int) -> dict:
+def profile_steps(tg, feeds: dict, device: str, policy, timer, *, warmup: int, repeat: int,
+                  clock=None) -> dict:
     """The profile of one compiled training graph (module docstring).
 
     Args:
         tg: a :class:`.protocol.TrainingGraph`; feeds: its sources by name, on ``device``.
         policy: the lowering policy (or dict) to compile with.
         timer: a :mod:`.timer` timer of ``device``; warmup, repeat: calls per step.
+        clock: how a step alone and the whole step as a graph are timed
+            (:mod:`.step_clock`); None: :func:`.step_clock.step_clock` of ``device``.
 
     Returns:
-        ``{'compile_s', 'autotune', 'step_ms', 'nodes_ms', 'nodes': [...]}``
-        (``autotune``: where the compile's autotune time went,
-        ``passes/autotune_clock.py``; None without autotune); each node
-        ``{'name', 'op', 'algorithm', 'phase', 'direction', 'kind', 'ms', 'bytes', 'flops'}``
-        (``kind``: ``'compute'`` or ``'memory'``).
+        ``{'compile_s', 'autotune', 'step_ms', 'graph_step_ms', 'graph_step_capture',
+        'nodes_ms', 'timing', 'nodes': [...]}`` (``autotune``: where the compile's
+        autotune time went, ``passes/autotune_clock.py``, None without autotune;
+        ``step_ms``: the whole step as one loop of eager calls; ``graph_step_ms``:
+        replayed as CUDA graphs, None on the CPU; ``graph_step_capture``: that
+        replay's summary; ``timing``: :func:`.step_clock.timing_summary`); each node
+        ``{'name', 'op', 'algorithm', 'phase', 'direction', 'kind', 'ms', 'timed',
+        'graph_calls', 'eager_reason', 'bytes', 'flops'}`` (``kind``: ``'compute'`` or
+        ``'memory'``; ``timed``: ``'graph'`` or ``'eager'``, :class:`.step_clock.StepTime`).
     """
     import time
 
+    clock = clock if clock is not None else step_clock(device, timer)
     t0 = time.perf_counter()
     exe = og.compile(tg.outputs, device=device, policy=policy)
     compile_s = time.perf_counter() - t0
@@ -116,22 +132,24 @@ def profile_steps(tg, feeds: dict, device: str, policy, timer, *, warmup: int, r
         for st in steps:
             run_step(st, slots)
 
-    step_ms = _median_ms(timer, whole, warmup, repeat)
+    step_ms = median_ms(timer, whole, warmup, repeat)
+    graph = clock.whole_graph(steps, slots, warmup=warmup, repeat=repeat)
     nodes = []
     for st in steps:
         op = abstract_of(st.op)
         moved, flops = step_traffic(exe.graph, st.node)
-        ms = _median_ms(timer, lambda st=st: run_step(st, slots), warmup, repeat)
+        timed = clock.step(st, slots, warmup=warmup, repeat=repeat)
         compute = op.family in COMPUTE_FAMILIES
         nodes.append({"name": st.name, "op": op.name, "algorithm": st.op.algorithm, "phase": phase[st.node],
                       "direction": direction_of(op, phase[st.node]), "kind": "compute" if compute else "memory",
-                      "ms": ms, "bytes": moved, "flops": flops})
-    return {"compile_s": compile_s, "autotune": exe.report.autotune or None, "step_ms": step_ms,
-            "nodes_ms": sum(n["ms"] for n in nodes), "nodes": nodes}
+                      **timed.fields(), "bytes": moved, "flops": flops})
+    return {"compile_s": compile_s, "autotune": exe.report.autotune or None, "step_ms": step_ms, **graph,
+            "nodes_ms": sum(n["ms"] for n in nodes), "timing": timing_summary(clock, nodes), "nodes": nodes}
 
 
 def group_by_op(nodes, matmul_tflops: float | None, copy_gbps: float | None) -> list[dict]:
-    """Rows per ``(op, direction)``, slowest first: ``count``, ``ms`` (sum of
+    """Rows per ``(op, direction)``, slowest first: ``count``, ``eager_steps``
+    (of them, steps timed eagerly: node ``timed == 'eager'``), ``ms`` (sum of
     the steps alone), ``bytes``, ``flops``, ``gbps``, ``tflops``, ``kind``,
     ``algorithms`` (steps per algorithm) and ``fraction`` of its limit
     (compute: ``tflops / matmul_tflops``; memory: ``gbps / copy_gbps``; None
@@ -139,9 +157,10 @@ def group_by_op(nodes, matmul_tflops: float | None, copy_gbps: float | None) -> 
     rows: dict[tuple, dict] = {}
     for n in nodes:
         r = rows.setdefault((n["op"], n["direction"]), {
-            "op": n["op"], "direction": n["direction"], "kind": n["kind"], "count": 0, "ms": 0.0,
-            "bytes": 0, "flops": 0, "algorithms": defaultdict(int)})
+            "op": n["op"], "direction": n["direction"], "kind": n["kind"], "count": 0, "eager_steps": 0,
+            "ms": 0.0, "bytes": 0, "flops": 0, "algorithms": defaultdict(int)})
         r["count"] += 1
+        r["eager_steps"] += n.get("timed") == "eager"
         r["ms"] += n["ms"]
         r["bytes"] += n["bytes"]
         r["flops"] += n["flops"]

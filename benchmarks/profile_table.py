@@ -1,5 +1,8 @@
 """The tables of a profile document (``opgraph-bench --profile``, :mod:`.profile`):
-one per model, a row per op type and direction, slowest first."""
+one per model, a row per op type and direction, slowest first. The caption
+gives the whole step twice (one loop of eager calls; replayed as CUDA graphs,
+on a GPU) beside the sum of the steps alone, and the notes say how the steps
+were timed (:mod:`.step_clock`)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ from .tables import Table, autotune_note, fmt_ms
 HEADERS = ["op", "direction", "steps", "algorithms", "ms", "% of nodes", "MB moved", "GFLOP", "GB/s",
            "TFLOP/s", "% of limit", "limit"]
 RIGHT = {"steps", "ms", "% of nodes", "MB moved", "GFLOP", "GB/s", "TFLOP/s", "% of limit"}
+#: Reasons for eager steps listed in a table's note (the JSON document has them all).
+NOTE_REASONS = 3
 
 
 def _num(x, digits: int = 1) -> str:
@@ -23,31 +28,69 @@ def _limits_line(limits: dict, precision: str) -> str:
             f"({cp.get('method') or cp.get('error', '')})")
 
 
+def _caption(rec: dict) -> str:
+    whole = f"whole step eager {fmt_ms(rec['step_ms'])} ms"
+    if rec.get("graph_step_ms") is not None:
+        whole += f", as CUDA graphs {fmt_ms(rec['graph_step_ms'])} ms"
+    alone = f"sum of the steps alone {fmt_ms(rec['nodes_ms'])} ms"
+    timing = rec.get("timing") or {}  # absent from schema-1 documents
+    if timing.get("clock") == "graph":
+        alone += f" ({timing['graph_steps']} graph-timed, {timing['eager_steps']} eager)"
+    return (f"{rec['title']} (batch {rec['batch']}, {rec['dtype']}, {rec['layout']}, "
+            f"{rec['precision']}, lowering {rec['lowering']}): {whole}; {alone}")
+
+
+def _timing_notes(rec: dict) -> list[str]:
+    """How the steps alone and the whole step as graphs were timed, with the
+    reasons for eager steps (most frequent first)."""
+    timing = rec.get("timing")
+    if not timing:
+        return []
+    notes = [f"steps alone timed by {timing['method']}"]
+    if timing["clock"] == "graph" and timing["eager_steps"]:
+        reasons = sorted(timing["eager_reasons"].items(), key=lambda kv: -kv[1])
+        shown = "; ".join(f"{why} ({n})" for why, n in reasons[:NOTE_REASONS])
+        more = f"; {len(reasons) - NOTE_REASONS} more reasons in the JSON document" \
+            if len(reasons) > NOTE_REASONS else ""
+        notes.append(f"{timing['eager_steps']} steps timed eagerly: {shown}{more}")
+    capture = rec.get("graph_step_capture")
+    if capture and "error" in capture:
+        notes.append(f"whole step as CUDA graphs: not timed ({capture['error']})")
+    elif capture:
+        notes.append(f"whole step as CUDA graphs: {capture['captured_steps']} of {capture['steps']} steps "
+                     f"captured in {capture['graphs']} graphs, the others run eagerly between them")
+    return notes
+
+
+def _steps_cell(r: dict, graph_timed: bool) -> str:
+    eager = r.get("eager_steps", 0)
+    return f"{r['count']} ({eager} eager)" if graph_timed and eager else str(r["count"])
+
+
 def profile_tables(doc: dict) -> list[Table]:
     """A :class:`.tables.Table` per model record of a profile document: per op
-    type and direction, the steps, their algorithms, the summed time alone,
-    its share of the nodes' sum, MB moved, GFLOP, achieved GB/s and TFLOP/s,
-    and the fraction of the limit that bounds it (``matmul`` peak for
-    convolutions and GEMMs, ``copy`` bandwidth for the rest)."""
+    type and direction, the steps (with how many were timed eagerly when others
+    were graph-timed), their algorithms, the summed time alone, its share of
+    the nodes' sum, MB moved, GFLOP, achieved GB/s and TFLOP/s, and the
+    fraction of the limit that bounds it (``matmul`` peak for convolutions and
+    GEMMs, ``copy`` bandwidth for the rest)."""
     tables = []
     for rec in doc["models"]:
         total = rec["nodes_ms"] or None
-        rows = [[r["op"], r["direction"], str(r["count"]),
+        graph_timed = (rec.get("timing") or {}).get("clock") == "graph"
+        rows = [[r["op"], r["direction"], _steps_cell(r, graph_timed),
                  ", ".join(f"{a} {n}" for a, n in sorted(r["algorithms"].items())),
                  fmt_ms(r["ms"]), _num(100 * r["ms"] / total) if total else "-",
                  _num(r["bytes"] / 1e6), _num(r["flops"] / 1e9, 2), _num(r["gbps"]), _num(r["tflops"], 3),
                  _num(100 * r["fraction"]) if r["fraction"] is not None else "-",
                  "matmul" if r["kind"] == "compute" else "copy"]
                 for r in rec["by_op"]]
-        caption = (f"{rec['title']} (batch {rec['batch']}, {rec['dtype']}, {rec['layout']}, "
-                   f"{rec['precision']}, lowering {rec['lowering']}): whole step {fmt_ms(rec['step_ms'])} ms, "
-                   f"steps alone {fmt_ms(rec['nodes_ms'])} ms")
-        notes = [_limits_line(doc.get("limits", {}), rec["precision"]),
+        notes = [_limits_line(doc.get("limits", {}), rec["precision"]), *_timing_notes(rec),
                  "ms: each step timed alone (median), summed per row; MB: inputs read + output written "
                  "once, in the storage dtype; % of limit: TFLOP/s of the matmul peak (conv, linear) "
                  "or GB/s of the copy bandwidth (every other op)"]
         notes += filter(None, [autotune_note(rec)])
-        tables.append(Table(caption, list(HEADERS), rows, set(RIGHT), notes=notes))
+        tables.append(Table(_caption(rec), list(HEADERS), rows, set(RIGHT), notes=notes))
     return tables
 
 

@@ -87,7 +87,9 @@ def release_cached() -> None:
     _cupy().get_default_memory_pool().free_all_blocks()
 
 
-def _first_line(e: BaseException) -> str:
+def error_line(e: BaseException) -> str:
+    """``'Type: first line of the message'``, at most 200 characters: why a
+    step runs eagerly, for a result file."""
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"[:200]
 
@@ -125,7 +127,7 @@ def capture_error(step, slots: dict, run_step: RunStep, stream) -> str | None:
     try:
         _captured(stream, lambda: run_step(step, slots))
     except Exception as e:  # cuBLAS refused, an invalidated capture, a host sync
-        return _first_line(e)
+        return error_line(e)
     return None
 
 
@@ -169,7 +171,9 @@ class GraphReplay:
 
     Args:
         steps: scheduled steps (``opgraph.executable.Step``), in order; each
-            writes ``slots[step.node]``.
+            writes ``slots[step.node]``. A step may be listed several times
+            (``--profile`` captures k calls of one step in one graph,
+            ``benchmarks/step_clock.py``): its trial capture runs once.
         slots: node id -> device array; holds every value the steps read and,
             from a previous run, every value they write (see module doc).
         run_step: computes one step's output (the executor's kernel call).
@@ -195,7 +199,7 @@ class GraphReplay:
             if value is not None and any(slots.get(a) is value for a in st.args):
                 slots[st.node] = value.copy(order="K")
         reasons = {}
-        for st in steps:
+        for st in {st.node: st for st in steps}.values():  # a step listed k times is tried once
             why = ("excluded by the caller" if st.node in eager
                    else declared_blocker(st) or capture_error(st, slots, run_step, stream))
             if why is not None:
@@ -241,7 +245,7 @@ class GraphReplay:
             seg.graph, _ = _captured(self.stream, body, pool)
             seg.pool = pool
         except Exception as e:  # each step captured alone, together they did not
-            why = f"captured alone but not in a run of {len(seg.steps)} steps ({_first_line(e)})"
+            why = f"captured alone but not in a run of {len(seg.steps)} steps ({error_line(e)})"
             for st in seg.steps:
                 reasons[st.node] = why
                 slots[st.node] = before[st.node]  # not the failed capture's unwritten arrays
@@ -306,4 +310,5 @@ class GraphReplay:
                 "pool_bytes": self.pool_bytes}
 
 
-__all__ = ["GraphReplay", "capture_error", "declared_blocker", "capture_stream", "release_cached", "RunStep"]
+__all__ = ["GraphReplay", "capture_error", "declared_blocker", "capture_stream", "release_cached", "error_line",
+           "RunStep"]

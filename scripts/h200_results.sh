@@ -21,8 +21,9 @@
 #   modern         ResNet-50, DenseNet-121, MobileNet-v2, EfficientNet-B0 ($MODELS), $MODERN_PRECISION (bf16:
 #                  bf16 storage), NHWC, auto and auto+graph ($MODERN_LOWERINGS) + the four PyTorch peers ($PEERS)
 #   modern-profile opgraph-bench --profile of $MODELS (default resnet50), $MODERN_PRECISION, NHWC, auto:
-#                  each step timed alone, per op type and direction against the copy bandwidth and
-#                  matmul peak measured in the same run (profile-<precision>.json); reuses the carried cache
+#                  each step timed alone (a CUDA-graph replay of it), per op type and direction against
+#                  the copy bandwidth and matmul peak measured in the same run (profile-<precision>.json);
+#                  reuses the carried cache
 #   default        opgraph-bench with no arguments but the output files
 #
 # The autotune cache is $LOG/autotune-cache.json (OPGRAPH_CACHE), seeded from

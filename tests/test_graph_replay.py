@@ -316,3 +316,19 @@ def test_a_replay_of_steps_that_do_not_compute_the_overwritten_input_runs_them_o
         want = eager_values(x)
         for node in (2, 3, 4):
             np.testing.assert_array_equal(slots[node], want[node])
+
+
+def test_a_step_listed_k_times_is_tried_once_and_captured_as_k_calls_in_one_graph():
+    # --profile's loop of k calls of one step (benchmarks/step_clock.py)
+    steps, run = chain()
+    stream = FakeStream()
+    x = np.arange(4.0)
+    slots = eager_values(x)
+    replay = graph_replay.GraphReplay([steps[1]] * 5, slots, lambda st, sl: run(st, sl, stream), stream)
+    assert stream.captures == 1 + 1  # one trial, one capture of the five calls
+    assert (replay.graphs, replay.captured_steps, replay.steps) == (1, 5, 5)
+    (seg,) = replay.segments
+    assert len(seg.graph.ops) == 5
+    slots[1][...] = 7.0  # b = a + 1 follows its input in every call
+    replay()
+    np.testing.assert_array_equal(slots[2], np.full(4, 8.0))

@@ -37,6 +37,11 @@ def test_every_step_is_accounted_once(unfused_profile):
     assert [n["name"] for n in prof["nodes"]] == [st.name for st in exe.steps]
     assert all(n["ms"] >= 0 for n in prof["nodes"]) and prof["step_ms"] > 0
     assert prof["nodes_ms"] == pytest.approx(sum(n["ms"] for n in prof["nodes"]))
+    # on the CPU every step is called from Python (no CUDA graphs), and says so
+    assert {(n["timed"], n["graph_calls"], n["eager_reason"]) for n in prof["nodes"]} == {
+        ("eager", None, "device cpu: no CUDA graphs")}
+    assert (prof["timing"]["graph_steps"], prof["timing"]["eager_steps"]) == (0, len(prof["nodes"]))
+    assert prof["graph_step_ms"] is None and prof["graph_step_capture"] is None
     rows = pf.group_by_op(prof["nodes"], 1.0, 10.0)
     assert sum(r["count"] for r in rows) == len(prof["nodes"])
     assert sum(r["ms"] for r in rows) == pytest.approx(prof["nodes_ms"])
@@ -92,15 +97,18 @@ def test_the_command_writes_a_table_and_the_json_document(tmp_path, capsys, monk
     assert status == 0
     text = capsys.readouterr().out
     assert "Conv2dBackwardFilter" in text and "% of limit" in text and "copy bandwidth" in text
+    assert "whole step eager" in text and "steps alone timed by eager: each step called alone" in text
+    assert "as CUDA graphs" not in text  # no graph figure on the CPU
     doc = json.loads(out.read_text())
-    assert (doc["tool"], doc["mode"], doc["schema_version"]) == ("opgraph-bench", "profile", 1)
+    # version 2: a node's ms is graph-timed on a GPU (benchmarks/step_clock.py)
+    assert (doc["tool"], doc["mode"], doc["schema_version"]) == ("opgraph-bench", "profile", 2)
     assert set(doc) == {"tool", "mode", "schema_version", "environment", "limits", "notes", "models"}
     (rec,) = doc["models"]
     assert {"model", "title", "batch", "dtype", "lowering", "precision", "layout", "compile_s", "step_ms",
-            "nodes_ms", "nodes", "by_op"} <= set(rec)
+            "graph_step_ms", "graph_step_capture", "timing", "nodes_ms", "nodes", "by_op"} <= set(rec)
     assert rec["model"] == "L4" and rec["lowering"] == "gemm"
-    assert {"op", "direction", "kind", "count", "ms", "bytes", "flops", "gbps", "tflops", "fraction",
-            "algorithms"} == set(rec["by_op"][0])
+    assert {"op", "direction", "kind", "count", "eager_steps", "ms", "bytes", "flops", "gbps", "tflops",
+            "fraction", "algorithms"} == set(rec["by_op"][0])
     assert sum(r["count"] for r in rec["by_op"]) == len(rec["nodes"])
 
 
@@ -108,3 +116,23 @@ def test_profile_refuses_what_it_cannot_do(capsys):
     assert cli.main(["--profile", "--summary"]) == 2
     assert cli.main(["--profile", "--format", "csv"]) == 2
     assert "--profile" in capsys.readouterr().err
+
+
+def test_a_schema_1_record_still_renders(unfused_profile):
+    # a document written before the graph-timed steps: no timing, graph figure or eager counts
+    from opgraph.benchmarks.profile_table import profile_tables
+    from opgraph.benchmarks.tables import fmt_ms
+
+    m, _, prof = unfused_profile
+    old = {k: v for k, v in prof.items() if k not in ("timing", "graph_step_ms", "graph_step_capture")}
+    old["nodes"] = [{k: v for k, v in n.items() if k not in ("timed", "graph_calls", "eager_reason")}
+                    for n in prof["nodes"]]
+    rows = [{k: v for k, v in r.items() if k != "eager_steps"} for r in pf.group_by_op(old["nodes"], 1.0, 10.0)]
+    record = {"title": m.title, "batch": 2, "dtype": "float32", "layout": "NCHW", "precision": "fp32",
+              "lowering": "gemm", "model": m.key, **old, "by_op": rows}
+    (table,) = profile_tables({"schema_version": 1, "limits": {}, "models": [record]})
+    assert table.caption.endswith(f"whole step eager {fmt_ms(prof['step_ms'])} ms; "
+                                  f"sum of the steps alone {fmt_ms(prof['nodes_ms'])} ms")
+    assert "as CUDA graphs" not in table.caption and "graph-timed" not in table.caption
+    assert [r[2] for r in table.rows] == [str(r["count"]) for r in rows]
+    assert not any(n.startswith("steps alone timed by") for n in table.notes)

@@ -40,9 +40,10 @@ forward rewrite (:func:`epilogue_chains`) applies to
   ``act`` a ``Relu`` or a ``Hardtanh(0, 6)`` (ReLU6, MobileNet);
 * when the convolution output (and the ``Add``'s) has no other reader than
   the next node of the chain, apart from gradients of the activation that
-  read the pre-activation (``HardtanhBackward`` does, ``ReluBackward`` reads
-  the ReLU output): they read the fused output instead, whose mask is the
-  same (``conv_fused``'s docstring); no node of the chain is an output;
+  read the pre-activation (a hand-built ``HardtanhBackward`` or ``ReluBackward``;
+  autodiff's read the activation's output, ``Relu.vjp`` and ``Hardtanh.vjp``):
+  they read the fused output instead, whose mask is the same
+  (``conv_fused``'s docstring); no node of the chain is an output;
 * when the algorithm the convolution was lowered to has a rule for the fused
   op (``Conv2dBiasRelu`` for ReLU alone, else ``Conv2dBiasActivation``) that
   does not decline the node under the policy (excluding the tag ``fused``

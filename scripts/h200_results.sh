@@ -14,6 +14,8 @@
 #   markdown       the tables of every JSON in the folder (results.md) and the plots
 #   tests          the GPU tests (pytest -m gpu), log in pytest-gpu.log                    (~1 min)
 #   kernels        scripts/gpu_kernel_bench.py: pool and bias-gradient variants (kernels.json) (~1 min)
+#   codegen-bench  scripts/gpu_codegen_bench.py: ResNet-50's generated batch-norm kernels alone against the
+#                  copy bandwidth, the reductions' TARGET_BLOCKS swept ($CODEGEN_DTYPE, default bfloat16)
 #   profile        scripts/gpu_profile.py, GoogLeNet and VGG-A, fp32 NCHW and tf32 NHWC      (~1 min)
 #   perf           the four models ($MODELS), auto ($PERF_LOWERINGS) + PyTorch eager ($PEERS), no
 #                  per-layer view, in $PRECISIONS (default fp32) and $PERF_LAYOUT (default nchw):
@@ -109,6 +111,11 @@ for stage in "$@"; do
         kernels)
             echo "== kernels ($(date -u +%H:%M:%S))"
             $PY scripts/gpu_kernel_bench.py --json "$LOG/kernels.json" ;;
+        codegen-bench)
+            echo "== codegen-bench ($(date -u +%H:%M:%S))"
+            timeout "${STAGE_TIMEOUT:-590}" $PY scripts/gpu_codegen_bench.py --dtype "${CODEGEN_DTYPE:-bfloat16}" \
+                --json "$LOG/codegen-bench-${CODEGEN_DTYPE:-bfloat16}.json" > "$LOG/codegen-bench.log" 2>&1
+            echo "codegen-bench exit status: $?"; tail -n 5 "$LOG/codegen-bench.log" ;;
         profile)
             echo "== profile ($(date -u +%H:%M:%S))"
             $PY scripts/gpu_profile.py --model googlenet --model vgg_a --json "$LOG/profile-fp32-nchw.json" \
@@ -127,7 +134,7 @@ for stage in "$@"; do
             $PY scripts/results_to_markdown.py "$LOG"/winners-*.json "$LOG"/perf-*.json "$LOG"/layers.json \
                 --plot "$LOG/results.png" > "$LOG/results.md" && echo "wrote $LOG/results.md" ;;
         *)
-            echo "unknown stage $stage (winners-fp32, winners-mixed, layers, modern, modern-profile, tests, kernels," \
+            echo "unknown stage $stage (winners-fp32, winners-mixed, layers, modern, modern-profile, tests, kernels, codegen-bench," \
                  "profile, perf," \
                  "default, markdown)" >&2
             exit 2 ;;

@@ -10,9 +10,10 @@ disk cache off).
 
 Plans: :func:`run` keys a plan (``plan.lower``) by everything the source and
 the launch geometry depend on: the op (a frozen, hashable program), each
-input's shape, dtype and layout, the output type, whether every full-size
-buffer is 16-byte aligned and whether the output is written into an input.
-A hit costs one dictionary lookup; the launch then allocates the output and
+input's shape, strides, dtype and 16-byte alignment (which give its layout
+and whether it is a view), the output type, and whether the output is
+written into a given buffer. A hit costs building that key and one
+dictionary lookup; the launch then allocates the output and
 its temporaries from CuPy's pool and launches each kernel with scalars
 prepared when the plan was made. Nothing is copied from the host, so every
 step can be captured into a CUDA graph.
@@ -74,20 +75,9 @@ def view_strides(a) -> tuple | None:
     return tuple(s // a.itemsize for s in a.strides)
 
 
-def _contiguous(xp, a):
-    """``a`` C-ordered or channels-last as it is, else copied to C order."""
-    if a.flags.c_contiguous or is_channels_last(a):
-        return a
-    return xp.ascontiguousarray(a)
-
-
 def address(a) -> int:
     """The address of ``a``'s first element (a CuPy or, under the tests' emulator, a NumPy array)."""
     return a.__array_interface__["data"][0] if isinstance(a, np.ndarray) else a.data.ptr
-
-
-def _aligned(arrays) -> bool:
-    return all(address(a) % 16 == 0 for a in arrays)
 
 
 def _dtype(a) -> str:
@@ -99,20 +89,49 @@ def _bits(xp, a):
     return a.view(xp.uint16) if a.dtype.name in HALF_DTYPES else a
 
 
-def plan_for(op, arrays, out_type: TensorType, out=None, views: tuple | None = None):
-    """The cached plan of ``op`` on these arrays (module docstring for the key).
-    ``views``: :func:`view_strides` of each array (None: every array dense);
-    a view is read through its strides, so its address need not be aligned."""
-    views = views or (None,) * len(arrays)
-    dense = [a for a, v in zip(arrays, views) if v is None]
-    key = (op, tuple((a.shape, _dtype(a), array_layout(a), v) for a, v in zip(arrays, views)), out_type,
-           _aligned(dense + ([out] if out is not None else [])), out is not None)
-    plan = _PLANS.get(key)
-    if plan is None:
-        types = [TensorType(a.shape, _dtype(a), array_layout(a)) for a in arrays]
-        strided = {k: v for k, v in enumerate(views) if v is not None}
-        plan = _PLANS[key] = lower(op, types, out_type, aligned=key[3], inplace=key[4], views=strided)
-    return plan
+def _dense(a) -> bool:
+    return a.flags.c_contiguous or is_channels_last(a)
+
+
+def _key(op, arrays, out_type: TensorType, out) -> tuple:
+    """Everything a plan depends on, from attributes alone (the hot path: no
+    layout test): each array's shape, strides, dtype and 16-byte alignment,
+    the output type and whether (and how aligned) an output buffer is given."""
+    return (op, tuple((a.shape, a.strides, a.dtype.name, address(a) % 16 == 0) for a in arrays), out_type,
+            None if out is None else address(out) % 16 == 0)
+
+
+def _entry(op, arrays, out_type: TensorType, out) -> tuple:
+    """``(plan, copied)``: the launch plan of ``op`` on arrays like these and the
+    inputs to copy to C order before each launch (module docstring): strided
+    views are read in place unless the generator loads one as a packed row
+    (``ir.ViewError``); an array neither dense nor a readable view is copied.
+    A copy is a fresh allocation, so it counts as aligned."""
+    views = [None if _dense(a) else view_strides(a) for a in arrays]
+    copied = [k for k, a in enumerate(arrays) if views[k] is None and not _dense(a)]
+    for attempt in ("views", "copies"):
+        if attempt == "copies":
+            copied = sorted(set(copied) | {k for k, v in enumerate(views) if v is not None})
+        read = {k: v for k, v in enumerate(views) if v is not None and k not in copied}
+        types = [TensorType(a.shape, _dtype(a), "NCHW" if k in copied and a.ndim == 4 else array_layout(a))
+                 for k, a in enumerate(arrays)]
+        aligned = all(address(a) % 16 == 0 for k, a in enumerate(arrays) if k not in read and k not in copied)
+        aligned = aligned and (out is None or address(out) % 16 == 0)
+        try:
+            return lower(op, types, out_type, aligned=aligned, inplace=out is not None, views=read), tuple(copied)
+        except ViewError:
+            if attempt == "copies":
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def plan_for(op, arrays, out_type: TensorType, out=None):
+    """The cached launch plan of ``op`` on these arrays (module docstring for the key)."""
+    key = _key(op, arrays, out_type, out)
+    entry = _PLANS.get(key)
+    if entry is None:
+        entry = _PLANS[key] = _entry(op, arrays, out_type, out)
+    return entry[0]
 
 
 def empty(xp, shape, dtype, layout: str | None = None):
@@ -135,16 +154,13 @@ def run(xp, op, arrays, out_type: TensorType, out=None):
     Raises:
         ir.PlanError: the generator does not cover this op on these inputs.
     """
-    views = tuple(view_strides(a) for a in arrays)
-    plan = None
-    if any(v is not None for v in views):
-        try:
-            plan = plan_for(op, arrays, out_type, out, views)
-        except ViewError:  # a view loaded as a packed row: copy it (module docstring)
-            plan = None
-    if plan is None:
-        arrays = [_contiguous(xp, a) for a in arrays]
-        plan = plan_for(op, arrays, out_type, out)
+    key = _key(op, arrays, out_type, out)
+    entry = _PLANS.get(key)
+    if entry is None:
+        entry = _PLANS[key] = _entry(op, arrays, out_type, out)
+    plan, copied = entry
+    if copied:
+        arrays = [xp.ascontiguousarray(a) if k in copied else a for k, a in enumerate(arrays)]
     buffers = {("in", k): _bits(xp, a) for k, a in enumerate(arrays)}
     target = out if out is not None else empty(xp, out_type.shape, out_type.dtype, plan.layout)
     buffers["out"] = _bits(xp, target)

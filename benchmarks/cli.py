@@ -178,6 +178,37 @@ class Progress:
             self.bar.stop()
 
 
+def base_policy(args, lowerings, device: str) -> LoweringPolicy:
+    """The base policy of every column, a benchmark's or ``--profile``'s alike
+    (each column puts its lowering's choice on top, :meth:`.lowerings.Lowering.policy`):
+    the ``--policy`` file, then the policy items of ``--lowering``
+    (``conv=fft+gemm``, ``@conv2=fft``, ``exclude=winograd``) and the policy
+    flags (``LoweringPolicy.from_cli``).
+
+    Raises:
+        PolicyError: a bad file, policy item, value or include / exclude name
+            (exit 2, not a silent no-op).
+        UsageError: a flag that only steers autotune while no column of
+            ``lowerings`` autotunes on ``device``.
+    """
+    base = LoweringPolicy.from_cli(lowering=args.lowering_policy, policy_file=args.policy,
+                                   workspace_limit=args.workspace_limit,
+                                   workspace_tolerance=args.workspace_tolerance,
+                                   engine_limit=args.engine_limit)
+    check_names(base)
+    unused = lw.unused_autotune_flags(autotune_flags(args), lowerings, base, device)
+    if unused:
+        raise UsageError(unused)
+    return base
+
+
+def precisions_and_layout(args, base: LoweringPolicy) -> tuple[list[str], str]:
+    """The precisions and the layout (``'NCHW'`` / ``'NHWC'``) the columns ask
+    for: the flags win over the ``--policy`` file, which wins over the
+    defaults (fp32, NCHW)."""
+    return args.precision or [base.precision], (args.layout.upper() if args.layout else base.layout)
+
+
 def autotune_flags(args) -> dict:
     """The flags that only steer autotune, by name: their values, None when not given."""
     return {"--engine-limit": args.engine_limit, "--workspace-tolerance": args.workspace_tolerance}
@@ -253,14 +284,7 @@ def run_timing(names: list[str], args) -> dict:
             cuda_graph = ("auto",)
             notes.append(f"default lowerings on {device}: auto+graph too (--cuda-graph: a +graph "
                          "column for every lowering)")
-    base = LoweringPolicy.from_cli(lowering=args.lowering_policy, policy_file=args.policy,
-                                   workspace_limit=args.workspace_limit,
-                                   workspace_tolerance=args.workspace_tolerance,
-                                   engine_limit=args.engine_limit)
-    check_names(base)  # an include / exclude typo is exit 2, not a silent no-op
-    unused = lw.unused_autotune_flags(autotune_flags(args), lowerings, base, device)
-    if unused:
-        raise UsageError(unused)
+    base = base_policy(args, lowerings, device)
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
     if args.cuda_graph and device != "cuda":
         raise UsageError(f"--cuda-graph replays CUDA graphs: it needs --device cuda (this run: {device})")
@@ -279,9 +303,7 @@ def run_timing(names: list[str], args) -> dict:
     if device == "cpu" and args.warmup is None and args.repeat is None:
         notes.append(f"protocol: {warmup} warm-up + {repeat} timed calls per loop (CPU defaults; "
                      f"the seed's {driver.GPU_WARMUP} + {driver.GPU_REPEAT} on a GPU)")
-    # flags win over the --policy file, which wins over the defaults (fp32, NCHW)
-    precisions = args.precision or [base.precision]
-    layout = args.layout.upper() if args.layout else base.layout
+    precisions, layout = precisions_and_layout(args, base)
     settings = driver.Settings(device=device, lowerings=lowerings, precisions=precisions,
                                layout=layout, warmup=warmup, repeat=repeat,
                                per_layer=args.per_layer, check=args.check, compare=args.compare,
@@ -329,20 +351,17 @@ def run_profile(names: list[str], args) -> dict:
              f"profile: each step {warmup} warm-up + {repeat} timed calls, median"]
     models = build_models(names, args, device, notes)
     lowerings = args.lowering or [lw.Lowering("auto" if device == "cuda" else lw.CPU_DEFAULT[0])]
-    base = LoweringPolicy.from_cli(policy_file=args.policy, workspace_limit=args.workspace_limit,
-                                   workspace_tolerance=args.workspace_tolerance,
-                                   engine_limit=args.engine_limit)
-    check_names(base)
-    unused = lw.unused_autotune_flags(autotune_flags(args), lowerings, base, device)
-    if unused:
-        raise UsageError(unused)
-    precisions = args.precision or [base.precision]
-    layout = args.layout.upper() if args.layout else base.layout
+    base = base_policy(args, lowerings, device)  # the benchmark's: a column of either compiles alike
+    tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
+    problem = check_applicable(tgs, lowerings, device, base)
+    if problem:
+        raise UsageError(problem)
+    precisions, layout = precisions_and_layout(args, base)
     limits = pf.measure_limits(device, precisions)
     timer = make_timer(device)
     records = []
-    for m in models:
-        tg = training_graph(m, input_grad=m.spec_key in LAYERS)
+    for tg in tgs:
+        m = tg.model
         for precision in precisions:
             policy = attrs.evolve(base, precision=precision, layout=layout)
             for lowering in lowerings:

@@ -42,3 +42,40 @@ def test_each_column_records_the_policy_it_compiled_with(capsys, no_cache):
     expected = LoweringPolicy.from_cli(lowering="exclude=winograd", engine_limit=3, precision="fp32")
     for name, policy in ran.items():
         assert policy == lw.parse_lowering(name).policy(expected, "cpu").to_dict(), name
+
+
+@pytest.fixture
+def quick_limits(monkeypatch):
+    """A stand-in for the limits --profile measures first (a 1 GiB copy and a
+    matmul peak: slow on the shared CPU, and no part of what is tested here)."""
+    from opgraph.benchmarks import profile as pf
+
+    monkeypatch.setattr(pf, "measure_limits", lambda device, precisions: {
+        "matmul": {p: {"tflops": None, "method": "not measured in this test"} for p in precisions},
+        "copy": {"gbps": None, "method": "not measured in this test"}})
+
+
+@pytest.mark.parametrize("spec", ["gemm,@L5=direct", "conv=direct+gemm"])
+def test_profile_compiles_with_the_policy_of_the_benchmark_column(capsys, tmp_path, quick_limits, spec):
+    """Policy items of --lowering (a forced layer, a preference) reach the
+    profile: its convolution steps run direct, not the CPU default gemm."""
+    path = tmp_path / "profile.json"
+    status, _, err = run_cli(capsys, *FAST, "--profile", "--lowering", spec, "--json", str(path), "--quiet")
+    assert status == 0, err
+    (profiled,) = json.loads(path.read_text())["models"]
+    convs = [n for n in profiled["nodes"] if n["op"].startswith("Conv2d")]
+    assert len(convs) == 3 and {n["algorithm"] for n in convs} == {"direct"}, convs  # fwd, dgrad, wgrad
+    status, out, err = run_cli(capsys, *FAST, "--lowering", spec, "--no-check", "--no-per-layer", "--format", "json")
+    assert status == 0, err
+    (column,) = json.loads(out)["results"]
+    assert profiled["lowering"] == column["lowering"] and profiled["policy"] == column["policy"]
+
+
+def test_profile_refuses_a_lowering_that_runs_no_convolution_as_the_benchmark_does(capsys, quick_limits):
+    """Winograd declines L1's 11x11 stride-4 convolution: profiling it would
+    only profile the fallback under winograd's name."""
+    for mode in ([], ["--profile"]):
+        status, out, err = run_cli(capsys, "--model", "L1", "--batch", "1", "--device", "cpu", "--warmup", "0",
+                                   "--repeat", "1", "--lowering", "winograd", *mode)
+        assert status == 2 and out == "", err
+        assert "lowering 'winograd' cannot run any convolution of the selected models on cpu" in err

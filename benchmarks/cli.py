@@ -178,6 +178,19 @@ class Progress:
             self.bar.stop()
 
 
+def check_policy_flags(args) -> None:
+    """Refuse a bad value of a policy flag (``--workspace-limit``,
+    ``--workspace-tolerance``, ``--engine-limit``) in every mode, before any
+    work: :func:`base_policy` reads them for a benchmark or a profile, and
+    ``--summary`` must not take ``--engine-limit 0`` silently either.
+
+    Raises:
+        PolicyError: naming the flag and the value (exit 2).
+    """
+    LoweringPolicy.from_cli(workspace_limit=args.workspace_limit, workspace_tolerance=args.workspace_tolerance,
+                            engine_limit=args.engine_limit)
+
+
 def base_policy(args, lowerings, device: str) -> LoweringPolicy:
     """The base policy of every column, a benchmark's or ``--profile``'s alike
     (each column puts its lowering's choice on top, :meth:`.lowerings.Lowering.policy`):
@@ -440,6 +453,7 @@ def _main(argv: list[str] | None) -> int:
                              "--compare, --plot nor --format csv/markdown")
         if args.summary and args.trace:
             raise UsageError("--trace records a timed step; --summary runs nothing: drop one of them")
+        check_policy_flags(args)
         check_output_paths(args)
         if args.summary:
             doc = run_summary(names, args)

@@ -9,8 +9,9 @@ Examples::
     opgraph-bench --model all --summary             # static shapes, params, GFLOP; nothing runs
 
 Exit status: 0 on success; 2 on a usage error (unknown model, lowering,
-precision; a negative --seed or --time-limit; --plot with --summary; a
-lowering that applies to no convolution of the selected models);
+precision; a negative --seed or --time-limit; a flag the mode cannot use,
+such as --plot with --summary (:mod:`.usage`); a lowering that applies to no
+convolution of the selected models);
 1 when the device is unavailable or building a model fails; 3 when the run
 finished but some column is a ``mismatch`` or an ``error`` (the outputs are
 written first); 4 when --time-limit left nothing timed (it skipped every
@@ -35,11 +36,12 @@ from opgraph.errors import OpgraphError, ParameterError
 from opgraph.passes.policy import LoweringPolicy
 from opgraph.passes.policy_names import check_names
 
-from . import driver, lowerings as lw, report
+from . import driver, lowerings as lw, report, usage
 from .arguments import build_parser, model_names, output_format
 from .environment import environment
 from .models import LAYERS, SEED_BATCHES, build
 from .trace import TraceCollector
+from .usage import UsageError
 
 
 def run_summary(names: list[str], args) -> dict:
@@ -388,10 +390,6 @@ def run_profile(names: list[str], args) -> dict:
     return pf.profile_document(env, limits, records, notes)
 
 
-class UsageError(Exception):
-    """A bad combination of arguments found after parsing (exit status 2)."""
-
-
 class Interrupted(Exception):
     """Ctrl-C during a timing run; ``doc`` is the document of the columns
     finished before it (None when none had)."""
@@ -437,23 +435,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    format_given = args.format is not None
     args.format = output_format(args)
     names = model_names(args)
     try:
-        if args.summary and args.format == "markdown":
-            raise UsageError("--format markdown renders timing runs; use table, json or csv with --summary")
-        if args.summary and args.plot:
-            raise UsageError("--plot charts timing runs; --summary runs nothing: drop --summary or --plot")
-        if args.summary and args.cuda_graph:
-            raise UsageError("--cuda-graph replays timing runs; --summary runs nothing: drop one of them")
-        if args.profile and (args.summary or args.cuda_graph or args.compare or args.plot
-                             or args.format in ("csv", "markdown")):
-            raise UsageError("--profile times each step alone; it takes neither --summary, --cuda-graph, "
-                             "--compare, --plot nor --format csv/markdown")
-        if args.summary and args.trace:
-            raise UsageError("--trace records a timed step; --summary runs nothing: drop one of them")
-        check_policy_flags(args)
+        check_policy_flags(args)  # a bad value first: it is wrong whatever the mode
+        usage.check_flags(args, parser)
+        usage.check_format(args, format_given)
         check_output_paths(args)
         if args.summary:
             doc = run_summary(names, args)

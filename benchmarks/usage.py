@@ -13,7 +13,9 @@ to the parser's default (``--device auto``) changes nothing.
 The output format is ``--format``, else the one ``--output``'s suffix names
 (``arguments.output_format``); a format the mode does not write is refused
 in the terms the user typed: the ``--format`` value, or the suffix of the
-``--output`` file when ``--format`` was not given.
+``--output`` file when ``--format`` was not given. So is an ``--output``,
+``--plot`` or ``--trace`` path that cannot be written, and a ``--plot``
+format matplotlib cannot write (:func:`check_output_paths`).
 """
 
 from __future__ import annotations
@@ -119,4 +121,42 @@ def check_format(args, format_given: bool) -> None:
                      f"not write; it writes {formats}: end the file name in {names}, or give --format")
 
 
-__all__ = ["UsageError", "FLAGS", "UNUSED", "MODE_FORMATS", "mode_of", "given", "check_flags", "check_format"]
+
+def check_output_paths(args) -> None:
+    """Refuse ``--output`` / ``--plot`` paths that cannot be written, before any
+    work is done (a run can take minutes).
+
+    Raises:
+        UsageError: the path is a folder, or its folder does not exist.
+    """
+    for flag, path in (("--output", args.output), ("--plot", args.plot), ("--trace", args.trace)):
+        if not path:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            raise UsageError(f"{flag} {path}: is a folder; give a file name")
+        if not os.path.isdir(folder):
+            raise UsageError(f"{flag} {path}: folder {folder} does not exist")
+        if not os.access(folder, os.W_OK):
+            raise UsageError(f"{flag} {path}: folder {folder} is not writable")
+    if args.plot:
+        kinds = _plot_formats()
+        ext = os.path.splitext(args.plot)[1].lstrip(".").lower()
+        if kinds and ext not in kinds:
+            what = ext or "a file without an extension"
+            raise UsageError(f"--plot {args.plot}: matplotlib cannot write {what}; "
+                             f"use one of {', '.join(sorted(kinds))}")
+
+
+def _plot_formats() -> set[str]:
+    """File extensions matplotlib can write, or an empty set without matplotlib
+    (the plot step then says that matplotlib is missing)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return set()
+    return set(Figure().canvas.get_supported_filetypes())
+
+
+__all__ = ["UsageError", "FLAGS", "UNUSED", "MODE_FORMATS", "mode_of", "given", "check_flags", "check_format",
+           "check_output_paths"]

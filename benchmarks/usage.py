@@ -59,7 +59,7 @@ UNUSED = {
     "--summary": dict.fromkeys(FLAGS, _SUMMARY_RUNS_NOTHING),
     "--profile": {
         "--compare": "--profile profiles opgraph's steps only",
-        "--cuda-graph": "--profile times each step alone, eagerly",
+        "--cuda-graph": "--profile has no +graph columns (how it times each step is set per device)",
         "--no-per-layer": "--profile always times each step alone",
         "--no-check": "--profile checks no output",
         "--time-limit": "--profile has no time limit",
@@ -121,13 +121,14 @@ def check_format(args, format_given: bool) -> None:
                      f"not write; it writes {formats}: end the file name in {names}, or give --format")
 
 
-
 def check_output_paths(args) -> None:
-    """Refuse ``--output`` / ``--plot`` paths that cannot be written, before any
-    work is done (a run can take minutes).
+    """Refuse ``--output`` / ``--plot`` / ``--trace`` paths that cannot be
+    written, before any work is done (a run can take minutes), and a
+    ``--plot`` format matplotlib cannot write.
 
     Raises:
-        UsageError: the path is a folder, or its folder does not exist.
+        UsageError: the path is a folder, its folder does not exist or is not
+            writable; the plot's extension is not one matplotlib writes.
     """
     for flag, path in (("--output", args.output), ("--plot", args.plot), ("--trace", args.trace)):
         if not path:

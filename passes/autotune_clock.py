@@ -95,7 +95,8 @@ class TuneClock:
 
     def summary(self) -> dict:
         """The pass's totals, JSON-ready: ``device`` (where it ran; None when
-        not told), ``total_s`` (the pass's wall seconds so far), ``seconds`` (part -> seconds summed over its nodes),
+        not told), ``total_s`` (the pass's wall seconds so far), ``seconds``
+        (part -> seconds summed over its nodes),
         ``outside_nodes_s`` (the rest: loading and saving the cache, the run
         types), ``nodes_tuned``, ``cache_hits``, ``cache_hit_s`` (the hits'
         seconds, included in ``seconds``), ``nodes_untimed``,

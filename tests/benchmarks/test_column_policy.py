@@ -44,17 +44,6 @@ def test_each_column_records_the_policy_it_compiled_with(capsys, no_cache):
         assert policy == lw.parse_lowering(name).policy(expected, "cpu").to_dict(), name
 
 
-@pytest.fixture
-def quick_limits(monkeypatch):
-    """A stand-in for the limits --profile measures first (a 1 GiB copy and a
-    matmul peak: slow on the shared CPU, and no part of what is tested here)."""
-    from opgraph.benchmarks import profile as pf
-
-    monkeypatch.setattr(pf, "measure_limits", lambda device, precisions: {
-        "matmul": {p: {"tflops": None, "method": "not measured in this test"} for p in precisions},
-        "copy": {"gbps": None, "method": "not measured in this test"}})
-
-
 @pytest.mark.parametrize("spec", ["gemm,@L5=direct", "conv=direct+gemm"])
 def test_profile_compiles_with_the_policy_of_the_benchmark_column(capsys, tmp_path, quick_limits, spec):
     """Policy items of --lowering (a forced layer, a preference) reach the

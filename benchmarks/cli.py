@@ -1,5 +1,10 @@
 """``opgraph-bench``: the convnet-benchmarks protocol on opgraph, per lowering, with a PyTorch peer.
 
+This module is the entry point (:func:`main`), the benchmark mode
+(:func:`run_timing`) and where a document is written; ``--summary`` and
+``--profile`` are in :mod:`.modes`, the parser in :mod:`.arguments`, and
+what each mode may take of the command line in :mod:`.usage`.
+
 Examples::
 
     opgraph-bench                                   # four models, every lowering (GPU) / gemm (CPU)
@@ -9,8 +14,9 @@ Examples::
     opgraph-bench --model all --summary             # static shapes, params, GFLOP; nothing runs
 
 Exit status: 0 on success; 2 on a usage error (unknown model, lowering,
-precision; a negative --seed or --time-limit; --plot with --summary; a
-lowering that applies to no convolution of the selected models);
+precision; a negative --seed or --time-limit; a flag the mode cannot use,
+such as --plot with --summary (:mod:`.usage`); a lowering that applies to no
+convolution of the selected models);
 1 when the device is unavailable or building a model fails; 3 when the run
 finished but some column is a ``mismatch`` or an ``error`` (the outputs are
 written first); 4 when --time-limit left nothing timed (it skipped every
@@ -22,106 +28,21 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import sys
 import time
 import warnings
 
-import attrs
-
-from opgraph.analysis import summarize, totals
 from opgraph.atomic_file import write_atomic
 from opgraph.errors import OpgraphError, ParameterError
-from opgraph.passes.policy import LoweringPolicy
-from opgraph.passes.policy_names import check_names
 
-from . import driver, lowerings as lw, report
+from . import driver, lowerings as lw, report, usage
 from .arguments import build_parser, model_names, output_format
-from .environment import environment
-from .models import LAYERS, SEED_BATCHES, build
+from .models import LAYERS
+# run_timing reads these as this module's names (tests stand in for build_models, check_applicable)
+from .modes import (base_policy, build_models, check_applicable, check_policy_flags, gpu_library_notes, log,
+                    precisions_and_layout, run_profile, run_summary)
 from .trace import TraceCollector
-
-
-def run_summary(names: list[str], args) -> dict:
-    """The summary document of ``names`` (no kernel runs)."""
-    models = []
-    built = [build(name, batch=args.batch, dtype=args.dtype) for name in names] + onnx_models(args)
-    for m in built:
-        rows = summarize(m.graph, [m.output])
-        models.append(report.model_record(m.key, m.spec_key, m.title, m.batch, m.dtype, rows,
-                                          totals(rows, m.graph, [m.output])))
-    batch = (f"batch {args.batch} (set with --batch)" if args.batch is not None
-             else "the seed benchmark's (or the modern suite's) batch of each model")
-    return {"tool": "opgraph-bench", "mode": "summary",
-            "environment": environment("none", batch=args.batch, dtype=args.dtype),
-            "notes": [f"static summary at {batch}; forward FLOPs from each op's rule, a "
-                      "multiply-add counted as 2 (convolution and linear exclude the bias add)"],
-            "models": models}
-
-
-def build_models(names, args, device: str, notes: list[str]) -> list:
-    models = []
-    for name in names:
-        batch, reason = driver.default_batch(SEED_BATCHES[name], device, args.batch)
-        note = f"batch {batch}: {reason}"
-        if note not in notes:
-            notes.append(note)
-        models.append(build(name, batch=batch, dtype=args.dtype))
-    onnx = onnx_models(args)
-    if args.batch is None:
-        notes += [f"{m.key}: batch {m.batch}, the file's (a symbolic batch builds 1; set with --batch)"
-                  for m in onnx]
-    return models + onnx
-
-
-def onnx_models(args) -> list:
-    """The ``--onnx`` files as models, built at ``--batch`` (else the file's) in
-    ``--dtype``, each with the ``--onnx-input`` image (else its first graph input).
-
-    Raises:
-        UsageError: ``--onnx-input`` without ``--onnx``, or naming no graph
-            input of a file (the message lists them).
-    """
-    from .onnx_model import load_model
-
-    if args.onnx_input is not None and not args.onnx:
-        raise UsageError(f"--onnx-input {args.onnx_input}: names the image input of --onnx files, "
-                         "and no --onnx file is given")
-    models = []
-    for path in args.onnx:
-        try:
-            models.append(load_model(path, batch=args.batch, dtype=args.dtype, input_name=args.onnx_input))
-        except ParameterError as e:
-            if e.param != "input_name":
-                raise
-            raise UsageError(f"--onnx-input {args.onnx_input}: {e.why}") from None
-    return models
-
-
-def check_applicable(tgs, lowerings, device: str, base: LoweringPolicy) -> str | None:
-    """A message when some explicit lowering applies to no convolution of any
-    of the models (a usage error: its column would only repeat the fallback),
-    else None."""
-    for lo in lowerings:
-        if lo.algorithm is None:
-            continue
-        policy = lo.policy(base, device)
-        reasons: dict[str, list[str]] = {}
-        usable = False
-        for tg in tgs:
-            app = lw.applicability(tg, lo, device, policy)
-            if any(why is None for why in app.values()):
-                usable = True
-                break
-            for why in app.values():
-                reasons.setdefault(why, [])
-                if tg.model.key not in reasons[why]:
-                    reasons[why].append(tg.model.key)
-        if not usable and reasons:
-            detail = "; ".join(f"{', '.join(ms)}: {why}" for why, ms in list(reasons.items())[:4])
-            return (f"lowering {lo.name!r} cannot run any convolution of the selected models on "
-                    f"{device} ({detail}); choose other lowerings or models")
-    return None
+from .usage import UsageError, check_output_paths
 
 
 class Progress:
@@ -178,63 +99,6 @@ class Progress:
             self.bar.stop()
 
 
-def autotune_flags(args) -> dict:
-    """The flags that only steer autotune, by name: their values, None when not given."""
-    return {"--engine-limit": args.engine_limit, "--workspace-tolerance": args.workspace_tolerance}
-
-
-def gpu_library_notes(device: str) -> list[str]:
-    """:func:`.environment.missing_gpu_libraries`, each also printed as a
-    warning (a profile taken without the cuDNN frontend looked like a cuDNN
-    one until its convolutions were read)."""
-    from .environment import missing_gpu_libraries
-
-    lines = missing_gpu_libraries(device)
-    for line in lines:
-        log(f"opgraph-bench: warning: {line}")
-    return lines
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def check_output_paths(args) -> None:
-    """Refuse ``--output`` / ``--plot`` paths that cannot be written, before any
-    work is done (a run can take minutes).
-
-    Raises:
-        UsageError: the path is a folder, or its folder does not exist.
-    """
-    for flag, path in (("--output", args.output), ("--plot", args.plot), ("--trace", args.trace)):
-        if not path:
-            continue
-        folder = os.path.dirname(os.path.abspath(path))
-        if os.path.isdir(path):
-            raise UsageError(f"{flag} {path}: is a folder; give a file name")
-        if not os.path.isdir(folder):
-            raise UsageError(f"{flag} {path}: folder {folder} does not exist")
-        if not os.access(folder, os.W_OK):
-            raise UsageError(f"{flag} {path}: folder {folder} is not writable")
-    if args.plot:
-        kinds = _plot_formats()
-        ext = os.path.splitext(args.plot)[1].lstrip(".").lower()
-        if kinds and ext not in kinds:
-            what = ext or "a file without an extension"
-            raise UsageError(f"--plot {args.plot}: matplotlib cannot write {what}; "
-                             f"use one of {', '.join(sorted(kinds))}")
-
-
-def _plot_formats() -> set[str]:
-    """File extensions matplotlib can write, or an empty set without matplotlib
-    (the plot step then says that matplotlib is missing)."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        return set()
-    return set(Figure().canvas.get_supported_filetypes())
-
-
 def run_timing(names: list[str], args) -> dict:
     """Build, check and time every model x precision x lowering (driver.run_benchmark)."""
     from .protocol import training_graph
@@ -253,14 +117,7 @@ def run_timing(names: list[str], args) -> dict:
             cuda_graph = ("auto",)
             notes.append(f"default lowerings on {device}: auto+graph too (--cuda-graph: a +graph "
                          "column for every lowering)")
-    base = LoweringPolicy.from_cli(lowering=args.lowering_policy, policy_file=args.policy,
-                                   workspace_limit=args.workspace_limit,
-                                   workspace_tolerance=args.workspace_tolerance,
-                                   engine_limit=args.engine_limit)
-    check_names(base)  # an include / exclude typo is exit 2, not a silent no-op
-    unused = lw.unused_autotune_flags(autotune_flags(args), lowerings, base, device)
-    if unused:
-        raise UsageError(unused)
+    base = base_policy(args, lowerings, device)
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
     if args.cuda_graph and device != "cuda":
         raise UsageError(f"--cuda-graph replays CUDA graphs: it needs --device cuda (this run: {device})")
@@ -279,9 +136,7 @@ def run_timing(names: list[str], args) -> dict:
     if device == "cpu" and args.warmup is None and args.repeat is None:
         notes.append(f"protocol: {warmup} warm-up + {repeat} timed calls per loop (CPU defaults; "
                      f"the seed's {driver.GPU_WARMUP} + {driver.GPU_REPEAT} on a GPU)")
-    # flags win over the --policy file, which wins over the defaults (fp32, NCHW)
-    precisions = args.precision or [base.precision]
-    layout = args.layout.upper() if args.layout else base.layout
+    precisions, layout = precisions_and_layout(args, base)
     settings = driver.Settings(device=device, lowerings=lowerings, precisions=precisions,
                                layout=layout, warmup=warmup, repeat=repeat,
                                per_layer=args.per_layer, check=args.check, compare=args.compare,
@@ -313,51 +168,6 @@ def run_timing(names: list[str], args) -> dict:
         progress.close()
         if settings.trace is not None and settings.trace.columns:  # what was traced, even on Ctrl-C
             write_atomic(args.trace, settings.trace.render())
-
-
-def run_profile(names: list[str], args) -> dict:
-    """``--profile``: every model x precision x lowering profiled step by step
-    (:mod:`.profile`), against the limits measured once at the start."""
-    from . import profile as pf
-    from .protocol import training_graph
-    from .records import release_device
-    from .timer import make_timer
-
-    device, why = driver.resolve_device(args.device)
-    warmup, repeat = driver.protocol_defaults(device, args.warmup, args.repeat)
-    notes = [f"device: {device} ({why})", *gpu_library_notes(device),
-             f"profile: each step {warmup} warm-up + {repeat} timed calls, median"]
-    models = build_models(names, args, device, notes)
-    lowerings = args.lowering or [lw.Lowering("auto" if device == "cuda" else lw.CPU_DEFAULT[0])]
-    base = LoweringPolicy.from_cli(policy_file=args.policy, workspace_limit=args.workspace_limit,
-                                   workspace_tolerance=args.workspace_tolerance,
-                                   engine_limit=args.engine_limit)
-    check_names(base)
-    unused = lw.unused_autotune_flags(autotune_flags(args), lowerings, base, device)
-    if unused:
-        raise UsageError(unused)
-    precisions = args.precision or [base.precision]
-    layout = args.layout.upper() if args.layout else base.layout
-    limits = pf.measure_limits(device, precisions)
-    timer = make_timer(device)
-    records = []
-    for m in models:
-        tg = training_graph(m, input_grad=m.spec_key in LAYERS)
-        for precision in precisions:
-            policy = attrs.evolve(base, precision=precision, layout=layout)
-            for lowering in lowerings:
-                if not args.quiet:
-                    log(f"opgraph-bench: profiling {m.key} {precision} {lowering.name}")
-                records.append(pf.profile_model(tg, lowering, policy, device, timer, limits, warmup=warmup,
-                                                repeat=repeat, seed=args.seed))
-                release_device(device)
-    env = environment(device, precision=list(precisions), layout=layout, warmup=warmup, repeat=repeat,
-                             lowerings=[lo.name for lo in lowerings], seed=args.seed)
-    return pf.profile_document(env, limits, records, notes)
-
-
-class UsageError(Exception):
-    """A bad combination of arguments found after parsing (exit status 2)."""
 
 
 class Interrupted(Exception):
@@ -405,22 +215,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    format_given = args.format is not None
     args.format = output_format(args)
     names = model_names(args)
     try:
-        if args.summary and args.format == "markdown":
-            raise UsageError("--format markdown renders timing runs; use table, json or csv with --summary")
-        if args.summary and args.plot:
-            raise UsageError("--plot charts timing runs; --summary runs nothing: drop --summary or --plot")
-        if args.summary and args.cuda_graph:
-            raise UsageError("--cuda-graph replays timing runs; --summary runs nothing: drop one of them")
-        if args.profile and (args.summary or args.cuda_graph or args.compare or args.plot
-                             or args.format in ("csv", "markdown")):
-            raise UsageError("--profile times each step alone; it takes neither --summary, --cuda-graph, "
-                             "--compare, --plot nor --format csv/markdown")
-        if args.summary and args.trace:
-            raise UsageError("--trace records a timed step; --summary runs nothing: drop one of them")
+        check_policy_flags(args)  # a bad value first: it is wrong whatever the mode
+        usage.check_flags(args, parser)
+        usage.check_format(args, format_given)
         check_output_paths(args)
         if args.summary:
             doc = run_summary(names, args)

@@ -175,6 +175,7 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
     rec = new_record(model, base.precision, s, lowering.name, "opgraph")
     out = [rec]
     policy = lowering.policy(base, s.device)
+    rec["policy"] = policy.to_dict()  # what this column compiles with (the environment's is the base)
     app = lw.applicability(tg, lowering, s.device, policy)
     if app and all(why is not None for why in app.values()):
         reasons = sorted(set(app.values()))
@@ -267,7 +268,8 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
         timer = AdaptiveTimer(timer)
     start = time.perf_counter()
     peak = measure_peaks(s.device, s.precisions)
-    # the policy as the columns run it: the layout asked for, and the precision when there is one
+    # the base policy every column starts from (each opgraph result records its own, its
+    # lowering's choice applied): the layout asked for, and the precision when there is one
     policy = attrs.evolve(s.base_policy, layout=s.layout,
                           **({"precision": s.precisions[0]} if len(s.precisions) == 1 else {}))
     env = environment(s.device, precision=list(s.precisions), layout=s.applied_layout,

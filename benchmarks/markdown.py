@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from .profile_table import profile_tables
 from .tables import (Table, end_to_end_tables, environment_table, layer_tables, layout_label,
                      memory_tables, peak_table)
 
@@ -44,9 +45,16 @@ def _section(level: int, title: str, tables: Iterable[Table]) -> list[str]:
 
 
 def render_markdown(doc: dict, *, level: int = 3, per_layer_tflops: bool = True) -> str:
-    """The Markdown of a benchmark document (``level``: heading depth of each table)."""
+    """The Markdown of a benchmark document, or of a ``--profile`` one
+    (:func:`render_profile_markdown`); ``level``: heading depth of each table.
+
+    Raises:
+        ValueError: a ``--summary`` document (its tables are the table and CSV formats').
+    """
+    if doc.get("mode") == "profile":
+        return render_profile_markdown(doc, level=level)
     if doc.get("mode") != "benchmark":
-        raise ValueError("--format markdown renders timing runs only (not --summary)")
+        raise ValueError("--format markdown renders timing runs and profiles only (not --summary)")
     h = "#" * level
     parts = [f"{h} Environment\n\n" + table_markdown(environment_table(doc), "").lstrip("\n")]
     if len(doc.get("runs") or []) > 1:  # a merged document: which run each row may come from
@@ -60,6 +68,14 @@ def render_markdown(doc: dict, *, level: int = 3, per_layer_tflops: bool = True)
         parts += _section(level, "", layer_tables(doc, "tflops"))
     parts += _section(level, "", memory_tables(doc))
     return "\n".join(parts)
+
+
+def render_profile_markdown(doc: dict, *, level: int = 3) -> str:
+    """The Markdown of a ``--profile`` document: its notes, then each model's
+    table (:func:`.profile_table.profile_tables`) under a heading, the
+    table's notes (the limits it is judged against) below it."""
+    parts = ["\n".join(f"- {_cell(n)}" for n in doc["notes"]) + "\n"] if doc.get("notes") else []
+    return "\n".join(parts + _section(level, "", profile_tables(doc)))
 
 
 def runs_table(runs: Sequence[dict]) -> Table:
@@ -123,4 +139,4 @@ def _latest(results) -> list[dict]:
     return list(kept.values())
 
 
-__all__ = ["render_markdown", "table_markdown", "merge", "runs_table"]
+__all__ = ["render_markdown", "render_profile_markdown", "table_markdown", "merge", "runs_table"]

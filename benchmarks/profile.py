@@ -192,9 +192,10 @@ def measure_limits(device: str, precisions) -> dict:
 def profile_model(tg, lowering, base_policy, device: str, timer, limits: dict, *, warmup: int, repeat: int,
                   seed: int = 0) -> dict:
     """One model's profile record: :func:`profile_steps` on random feeds
-    (:func:`.protocol.random_feeds`) with ``lowering``'s policy, and its rows
-    (:func:`group_by_op`) judged against ``limits`` (:func:`measure_limits`;
-    the matmul peak of ``base_policy.precision``)."""
+    (:func:`.protocol.random_feeds`) with ``lowering``'s policy (recorded as
+    ``policy``, as a benchmark column records the one it compiled with), and
+    its rows (:func:`group_by_op`) judged against ``limits``
+    (:func:`measure_limits`; the matmul peak of ``base_policy.precision``)."""
     model = tg.model
     feeds = {k: dev.to_device(v, device) for k, v in random_feeds(model, seed).items()}
     policy = lowering.policy(base_policy, device)
@@ -203,7 +204,7 @@ def profile_model(tg, lowering, base_policy, device: str, timer, limits: dict, *
     rows = group_by_op(prof["nodes"], peak.get("tflops"), limits["copy"].get("gbps"))
     return {"model": model.key, "title": model.title, "batch": model.batch, "dtype": model.dtype,
             "lowering": lowering.name, "precision": base_policy.precision, "layout": base_policy.layout,
-            **prof, "by_op": rows}
+            "policy": policy.to_dict(), **prof, "by_op": rows}
 
 
 def profile_document(environment: dict, limits: dict, records: list, notes=()) -> dict:

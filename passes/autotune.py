@@ -162,7 +162,7 @@ class AutotunePass(Pass):
         device_name = ctx.device_name()
         # the types values run in (compile's dtype applied; batch statistics stay float32)
         run = run_types(graph, graph.ancestors(outputs), ctx.dtype)
-        clock = TuneClock(getattr(timer, "synchronize", None))  # where the pass's time goes
+        clock = TuneClock(getattr(timer, "synchronize", None), ctx.device)  # where the pass's time goes
         pool = InputPool(ctx.xp, ctx.seed)  # candidates' inputs, drawn once per type for the whole run
         for view in list(graph.nodes_in_order(outputs)):
             if not isinstance(view.op, Lowered):

@@ -71,10 +71,13 @@ class TuneClock:
     """The node clocks of one autotune pass, and their sum.
 
     ``settle``: waits for queued device work (the timer's ``synchronize``;
-    a no-op where the timer has none)."""
+    a no-op where the timer has none); ``device``: where the pass ran
+    (``'cpu'``, ``'cuda'``; it names what the ``variants`` part built,
+    :func:`describe`)."""
 
-    def __init__(self, settle: Callable[[], None] | None = None):
+    def __init__(self, settle: Callable[[], None] | None = None, device: str | None = None):
         self._settle = settle or (lambda: None)
+        self._device = device
         self._started = time.perf_counter()
         self._nodes: list[tuple[str, NodeClock]] = []
 
@@ -91,8 +94,9 @@ class TuneClock:
         return seconds
 
     def summary(self) -> dict:
-        """The pass's totals, JSON-ready: ``total_s`` (the pass's wall seconds
-        so far), ``seconds`` (part -> seconds summed over its nodes),
+        """The pass's totals, JSON-ready: ``device`` (where it ran; None when
+        not told), ``total_s`` (the pass's wall seconds so far), ``seconds``
+        (part -> seconds summed over its nodes),
         ``outside_nodes_s`` (the rest: loading and saving the cache, the run
         types), ``nodes_tuned``, ``cache_hits``, ``cache_hit_s`` (the hits'
         seconds, included in ``seconds``), ``nodes_untimed``,
@@ -100,7 +104,7 @@ class TuneClock:
         total = time.perf_counter() - self._started
         seconds = {p: sum(c.seconds[p] for _, c in self._nodes) for p in PARTS}
         count = lambda outcome: sum(1 for o, _ in self._nodes if o == outcome)  # noqa: E731
-        return {"total_s": total, "seconds": seconds,
+        return {"device": self._device, "total_s": total, "seconds": seconds,
                 "outside_nodes_s": max(0.0, total - sum(seconds.values())),
                 "nodes_tuned": count("tuned"), "cache_hits": count("cache"),
                 "cache_hit_s": sum(sum(c.seconds.values()) for o, c in self._nodes if o == "cache"),
@@ -109,11 +113,20 @@ class TuneClock:
                 "candidates_timed": sum(c.timed for _, c in self._nodes)}
 
 
+#: What the ``variants`` part builds, by device, for :func:`describe`: cuDNN
+#: execution plans on cuda; elsewhere only the variants are listed (a rule's
+#: option values), and the line says no more than ``variants``.
+VARIANTS_LABEL = {"cuda": "variants (cuDNN plans)"}
+
+
 def describe(summary: dict) -> str:
     """One line of :meth:`TuneClock.summary`: ``'autotune 295.0 s: inputs 12.0 s,
     reference 40.0 s, variants (cuDNN plans) 180.0 s, ...; 120 nodes tuned
-    (2,100 candidates checked, 1,900 timed), 40 cache hits (0.8 s)'``."""
-    label = {"variants": "variants (cuDNN plans)"}
+    (2,100 candidates checked, 1,900 timed), 40 cache hits (0.8 s)'``; the
+    ``variants`` part is labelled per ``summary['device']``
+    (:data:`VARIANTS_LABEL`: cuDNN plans are built on cuda only; a summary
+    without a device, recorded before it was kept, gets the plain name)."""
+    label = {"variants": VARIANTS_LABEL.get(summary.get("device"), "variants")}
     parts = [f"{label.get(p, p)} {_duration(summary['seconds'][p])}" for p in PARTS]
     parts.append(f"outside nodes {_duration(summary['outside_nodes_s'])}")
     counts = (f"{summary['nodes_tuned']:,d} nodes tuned ({summary['candidates_checked']:,d} candidates "
@@ -128,4 +141,4 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds >= 0.1 else f"{1e3 * seconds:.1f} ms"
 
 
-__all__ = ["PARTS", "NodeClock", "TuneClock", "describe"]
+__all__ = ["PARTS", "VARIANTS_LABEL", "NodeClock", "TuneClock", "describe"]

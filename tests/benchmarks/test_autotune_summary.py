@@ -55,7 +55,16 @@ def test_a_long_autotune_gets_a_note_under_the_end_to_end_table(doc, monkeypatch
     (line,) = notes()
     assert line == "tiny / auto: " + describe(_column(doc, "auto")["autotune"])
     assert line.startswith("tiny / auto: autotune ") and ": inputs " in line
-    assert "variants (cuDNN plans)" in line and "nodes tuned" in line and "cache hits" in line
+    assert "nodes tuned" in line and "cache hits" in line
+    # a CPU run builds no cuDNN plan: its variants part says no more than that
+    assert ", variants " in line and "cuDNN" not in line
+
+
+def test_the_autotune_line_names_cudnn_plans_on_cuda_only(doc):
+    summary = _column(doc, "auto")["autotune"]
+    assert summary["device"] == "cpu"
+    assert ", variants " in describe(summary) and "cuDNN" not in describe(summary)
+    assert ", variants (cuDNN plans) " in describe({**summary, "device": "cuda"})
 
 
 def test_a_graph_column_leaves_the_note_to_its_eager_column(doc, monkeypatch):

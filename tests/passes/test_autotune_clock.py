@@ -186,7 +186,7 @@ def test_a_failing_part_keeps_its_seconds_and_its_error():
 
 
 def test_describe_names_every_part_and_the_counts():
-    pass_clock = TuneClock()
+    pass_clock = TuneClock(device="cuda")  # the variants part builds cuDNN plans there
     node = pass_clock.node()
     node.checked, node.timed = 3, 2
     with node.part("reference"):
@@ -199,3 +199,5 @@ def test_describe_names_every_part_and_the_counts():
     for part in PARTS:
         assert part in line
     assert "1 nodes tuned (3 candidates checked, 2 timed), 0 cache hits" in line
+    cpu = describe({**pass_clock.summary(), "device": "cpu"})
+    assert ", variants 0.0 ms," in cpu and "cuDNN" not in cpu

@@ -1,0 +1,225 @@
+"""The modes of ``opgraph-bench`` besides the benchmark, ``--summary`` and
+``--profile``, and what every mode reads off the command line: the models
+(built-in and ``--onnx``), the base lowering policy of the columns and the
+checks of the policy flags, whether a lowering applies at all, and the
+warnings about missing GPU libraries.
+
+A ``--profile`` column and a benchmark column of the same ``--lowering`` spec
+compile with one policy: both take the base from :func:`base_policy`, the
+precisions and layout from :func:`precisions_and_layout`, and put the
+lowering's choice on top (:meth:`.lowerings.Lowering.policy`). The benchmark
+mode itself is :func:`.cli.run_timing`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import attrs
+
+from opgraph.analysis import summarize, totals
+from opgraph.errors import ParameterError
+from opgraph.passes.policy import LoweringPolicy
+from opgraph.passes.policy_names import check_names
+
+from . import driver, lowerings as lw, report
+from .environment import environment
+from .models import LAYERS, SEED_BATCHES, build
+from .usage import UsageError
+
+
+def log(msg: str) -> None:
+    """One line to standard error, at once (progress and warnings of the command)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def build_models(names, args, device: str, notes: list[str]) -> list:
+    """The built-in models ``names`` at ``--batch``, else the device's default
+    batch (``driver.default_batch``; why, added to ``notes`` once), in
+    ``--dtype``, then the ``--onnx`` files (:func:`onnx_models`).
+
+    Raises:
+        UsageError: a bad ``--onnx-input`` (:func:`onnx_models`).
+    """
+    models = []
+    for name in names:
+        batch, reason = driver.default_batch(SEED_BATCHES[name], device, args.batch)
+        note = f"batch {batch}: {reason}"
+        if note not in notes:
+            notes.append(note)
+        models.append(build(name, batch=batch, dtype=args.dtype))
+    onnx = onnx_models(args)
+    if args.batch is None:
+        notes += [f"{m.key}: batch {m.batch}, the file's (a symbolic batch builds 1; set with --batch)"
+                  for m in onnx]
+    return models + onnx
+
+
+def onnx_models(args) -> list:
+    """The ``--onnx`` files as models, built at ``--batch`` (else the file's) in
+    ``--dtype``, each with the ``--onnx-input`` image (else its first graph input).
+
+    Raises:
+        UsageError: ``--onnx-input`` without ``--onnx``, or naming no graph
+            input of a file (the message lists them).
+    """
+    from .onnx_model import load_model
+
+    if args.onnx_input is not None and not args.onnx:
+        raise UsageError(f"--onnx-input {args.onnx_input}: names the image input of --onnx files, "
+                         "and no --onnx file is given")
+    models = []
+    for path in args.onnx:
+        try:
+            models.append(load_model(path, batch=args.batch, dtype=args.dtype, input_name=args.onnx_input))
+        except ParameterError as e:
+            if e.param != "input_name":
+                raise
+            raise UsageError(f"--onnx-input {args.onnx_input}: {e.why}") from None
+    return models
+
+
+def gpu_library_notes(device: str) -> list[str]:
+    """:func:`.environment.missing_gpu_libraries`, each also printed as a
+    warning (a profile taken without the cuDNN frontend looked like a cuDNN
+    one until its convolutions were read)."""
+    from .environment import missing_gpu_libraries
+
+    lines = missing_gpu_libraries(device)
+    for line in lines:
+        log(f"opgraph-bench: warning: {line}")
+    return lines
+
+
+def check_policy_flags(args) -> None:
+    """Refuse a bad value of a policy flag (``--workspace-limit``,
+    ``--workspace-tolerance``, ``--engine-limit``) in every mode, before any
+    work: :func:`base_policy` reads them for a benchmark or a profile, and
+    ``--summary`` must not take ``--engine-limit 0`` silently either.
+
+    Raises:
+        PolicyError: naming the flag and the value (exit 2).
+    """
+    LoweringPolicy.from_cli(workspace_limit=args.workspace_limit, workspace_tolerance=args.workspace_tolerance,
+                            engine_limit=args.engine_limit)
+
+
+def base_policy(args, lowerings, device: str) -> LoweringPolicy:
+    """The base policy of every column, a benchmark's or ``--profile``'s alike
+    (each column puts its lowering's choice on top, :meth:`.lowerings.Lowering.policy`):
+    the ``--policy`` file, then the policy items of ``--lowering``
+    (``conv=fft+gemm``, ``@conv2=fft``, ``exclude=winograd``) and the policy
+    flags (``LoweringPolicy.from_cli``).
+
+    Raises:
+        PolicyError: a bad file, policy item, value or include / exclude name
+            (exit 2, not a silent no-op).
+        UsageError: a flag that only steers autotune while no column of
+            ``lowerings`` autotunes on ``device``.
+    """
+    base = LoweringPolicy.from_cli(lowering=args.lowering_policy, policy_file=args.policy,
+                                   workspace_limit=args.workspace_limit,
+                                   workspace_tolerance=args.workspace_tolerance,
+                                   engine_limit=args.engine_limit)
+    check_names(base)
+    unused = lw.unused_autotune_flags(autotune_flags(args), lowerings, base, device)
+    if unused:
+        raise UsageError(unused)
+    return base
+
+
+def precisions_and_layout(args, base: LoweringPolicy) -> tuple[list[str], str]:
+    """The precisions and the layout (``'NCHW'`` / ``'NHWC'``) the columns ask
+    for: the flags win over the ``--policy`` file, which wins over the
+    defaults (fp32, NCHW)."""
+    return args.precision or [base.precision], (args.layout.upper() if args.layout else base.layout)
+
+
+def autotune_flags(args) -> dict:
+    """The flags that only steer autotune, by name: their values, None when not given."""
+    return {"--engine-limit": args.engine_limit, "--workspace-tolerance": args.workspace_tolerance}
+
+
+def check_applicable(tgs, lowerings, device: str, base: LoweringPolicy) -> str | None:
+    """A message when some explicit lowering applies to no convolution of any
+    of the models (a usage error: its column would only repeat the fallback),
+    else None."""
+    for lo in lowerings:
+        if lo.algorithm is None:
+            continue
+        policy = lo.policy(base, device)
+        reasons: dict[str, list[str]] = {}
+        usable = False
+        for tg in tgs:
+            app = lw.applicability(tg, lo, device, policy)
+            if any(why is None for why in app.values()):
+                usable = True
+                break
+            for why in app.values():
+                reasons.setdefault(why, [])
+                if tg.model.key not in reasons[why]:
+                    reasons[why].append(tg.model.key)
+        if not usable and reasons:
+            detail = "; ".join(f"{', '.join(ms)}: {why}" for why, ms in list(reasons.items())[:4])
+            return (f"lowering {lo.name!r} cannot run any convolution of the selected models on "
+                    f"{device} ({detail}); choose other lowerings or models")
+    return None
+
+
+def run_summary(names: list[str], args) -> dict:
+    """The summary document of ``names`` (no kernel runs)."""
+    models = []
+    built = [build(name, batch=args.batch, dtype=args.dtype) for name in names] + onnx_models(args)
+    for m in built:
+        rows = summarize(m.graph, [m.output])
+        models.append(report.model_record(m.key, m.spec_key, m.title, m.batch, m.dtype, rows,
+                                          totals(rows, m.graph, [m.output])))
+    batch = (f"batch {args.batch} (set with --batch)" if args.batch is not None
+             else "the seed benchmark's (or the modern suite's) batch of each model")
+    return {"tool": "opgraph-bench", "mode": "summary",
+            "environment": environment("none", batch=args.batch, dtype=args.dtype),
+            "notes": [f"static summary at {batch}; forward FLOPs from each op's rule, a "
+                      "multiply-add counted as 2 (convolution and linear exclude the bias add)"],
+            "models": models}
+
+
+def run_profile(names: list[str], args) -> dict:
+    """``--profile``: every model x precision x lowering profiled step by step
+    (:mod:`.profile`), against the limits measured once at the start."""
+    from . import profile as pf
+    from .protocol import training_graph
+    from .records import release_device
+    from .timer import make_timer
+
+    device, why = driver.resolve_device(args.device)
+    warmup, repeat = driver.protocol_defaults(device, args.warmup, args.repeat)
+    notes = [f"device: {device} ({why})", *gpu_library_notes(device),
+             f"profile: each step {warmup} warm-up + {repeat} timed calls, median"]
+    models = build_models(names, args, device, notes)
+    lowerings = args.lowering or [lw.Lowering("auto" if device == "cuda" else lw.CPU_DEFAULT[0])]
+    base = base_policy(args, lowerings, device)  # the benchmark's: a column of either compiles alike
+    tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
+    problem = check_applicable(tgs, lowerings, device, base)
+    if problem:
+        raise UsageError(problem)
+    precisions, layout = precisions_and_layout(args, base)
+    limits = pf.measure_limits(device, precisions)
+    timer = make_timer(device)
+    records = []
+    for tg in tgs:
+        m = tg.model
+        for precision in precisions:
+            policy = attrs.evolve(base, precision=precision, layout=layout)
+            for lowering in lowerings:
+                if not args.quiet:
+                    log(f"opgraph-bench: profiling {m.key} {precision} {lowering.name}")
+                records.append(pf.profile_model(tg, lowering, policy, device, timer, limits, warmup=warmup,
+                                                repeat=repeat, seed=args.seed))
+                release_device(device)
+    env = environment(device, precision=list(precisions), layout=layout, warmup=warmup, repeat=repeat,
+                      lowerings=[lo.name for lo in lowerings], seed=args.seed)
+    return pf.profile_document(env, limits, records, notes)
+
+
+__all__ = ["log", "build_models", "onnx_models", "gpu_library_notes", "check_policy_flags", "base_policy",
+           "precisions_and_layout", "autotune_flags", "check_applicable", "run_summary", "run_profile"]

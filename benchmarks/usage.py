@@ -1,0 +1,163 @@
+"""What each mode of ``opgraph-bench`` can use of its command line, checked
+once after parsing, before any work.
+
+The project's rule: no flag is ever silently ignored. A benchmark (the
+default mode) uses every flag; ``--summary`` runs nothing, so every flag that
+steers a run is refused with it; ``--profile`` compiles and times each step
+alone, so the flags of a benchmark's checking, replaying, tracing, charting,
+comparing and time limit are refused with it. Each refusal is a
+:class:`UsageError` (exit status 2) naming the flag, what it does and why
+the mode cannot use it. Only flags the user gave are refused: a value equal
+to the parser's default (``--device auto``) changes nothing.
+
+The output format is ``--format``, else the one ``--output``'s suffix names
+(``arguments.output_format``); a format the mode does not write is refused
+in the terms the user typed: the ``--format`` value, or the suffix of the
+``--output`` file when ``--format`` was not given. So is an ``--output``,
+``--plot`` or ``--trace`` path that cannot be written, and a ``--plot``
+format matplotlib cannot write (:func:`check_output_paths`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .arguments import SUFFIX_FORMATS
+from .report import FORMATS
+
+
+class UsageError(Exception):
+    """A bad combination of arguments found after parsing (exit status 2)."""
+
+
+#: Flag -> (its name in the parsed arguments, what it does), for the flags some mode cannot use.
+FLAGS = {
+    "--profile": ("profile", "profiles the training step"),
+    "--device": ("device", "picks the device that computes"),
+    "--lowering": ("lowering", "picks how the convolutions are compiled"),
+    "--precision": ("precision", "sets the precision the kernels compute in"),
+    "--layout": ("layout", "sets the layout the compiled graph computes in"),
+    "--policy": ("policy", "is the base lowering policy of each compile"),
+    "--workspace-limit": ("workspace_limit", "limits the scratch memory of each compiled node"),
+    "--workspace-tolerance": ("workspace_tolerance", "steers autotune"),
+    "--engine-limit": ("engine_limit", "steers autotune"),
+    "--compare": ("compare", "times PyTorch peers beside the columns"),
+    "--warmup": ("warmup", "sets the untimed calls before timing"),
+    "--repeat": ("repeat", "sets the timed calls"),
+    "--cuda-graph": ("cuda_graph", "replays timing runs"),
+    "--no-per-layer": ("per_layer", "skips timing each layer alone"),
+    "--no-check": ("check", "skips the float64 reference check"),
+    "--time-limit": ("time_limit", "stops a timing run from starting new columns"),
+    "--trace": ("trace", "records a timed step"),
+    "--plot": ("plot", "charts timing runs"),
+    "--seed": ("seed", "seeds the random inputs and weights"),
+}
+
+_SUMMARY_RUNS_NOTHING = "--summary runs nothing"
+#: Mode flag -> flag it cannot use -> why (the mode's side of the message).
+UNUSED = {
+    "--summary": dict.fromkeys(FLAGS, _SUMMARY_RUNS_NOTHING),
+    "--profile": {
+        "--compare": "--profile profiles opgraph's steps only",
+        "--cuda-graph": "--profile has no +graph columns (how it times each step is set per device)",
+        "--no-per-layer": "--profile always times each step alone",
+        "--no-check": "--profile checks no output",
+        "--time-limit": "--profile has no time limit",
+        "--trace": "--profile writes no trace",
+        "--plot": "--profile draws no chart",
+    },
+}
+#: Mode flag (None: a benchmark) -> the formats it writes (``report.FORMATS`` order).
+MODE_FORMATS = {None: FORMATS, "--summary": ("table", "json", "csv"), "--profile": ("table", "json", "markdown")}
+
+
+def mode_of(args) -> str | None:
+    """``'--summary'``, ``'--profile'`` or None (a benchmark); ``--summary``
+    first, so that ``--summary --profile`` is refused as ``--profile`` with
+    ``--summary``."""
+    return "--summary" if args.summary else "--profile" if args.profile else None
+
+
+def given(args, parser, flag: str) -> bool:
+    """Whether ``flag`` (a key of :data:`FLAGS`) was given a value other than its default."""
+    dest = FLAGS[flag][0]
+    return getattr(args, dest) != parser.get_default(dest)
+
+
+def check_flags(args, parser) -> None:
+    """Refuse the flags the mode cannot use (module docstring).
+
+    Raises:
+        UsageError: the first such flag, what it does and why not, e.g.
+            ``--plot charts timing runs; --summary runs nothing: drop --summary or --plot``.
+    """
+    mode = mode_of(args)
+    for flag, why in UNUSED.get(mode, {}).items():
+        if flag != mode and given(args, parser, flag):
+            raise UsageError(f"{flag} {FLAGS[flag][1]}; {why}: drop {mode} or {flag}")
+    if mode == "--profile" and args.repeat == "auto":
+        raise UsageError("--repeat auto repeats a benchmark's timed loops until their spread is small; "
+                         "--profile times each step a fixed number of calls: give --repeat a count")
+
+
+def check_format(args, format_given: bool) -> None:
+    """Refuse an output format (``args.format``, already inferred) the mode
+    does not write: named as ``--format`` when it was given, else as the
+    suffix of ``--output`` that picked it.
+
+    Raises:
+        UsageError: the format, the mode, and the formats it writes.
+    """
+    mode = mode_of(args)
+    writes = MODE_FORMATS[mode]
+    if args.format in writes:
+        return
+    formats = f"{', '.join(writes[:-1])} or {writes[-1]}"
+    if format_given:
+        raise UsageError(f"--format {args.format}: {mode} writes {formats}; choose one of them")
+    suffix = os.path.splitext(args.output)[1]
+    names = " or ".join(s for s, f in SUFFIX_FORMATS.items() if f in writes)
+    raise UsageError(f"--output {args.output}: its {suffix} suffix asks for {args.format}, which {mode} does "
+                     f"not write; it writes {formats}: end the file name in {names}, or give --format")
+
+
+def check_output_paths(args) -> None:
+    """Refuse ``--output`` / ``--plot`` / ``--trace`` paths that cannot be
+    written, before any work is done (a run can take minutes), and a
+    ``--plot`` format matplotlib cannot write.
+
+    Raises:
+        UsageError: the path is a folder, its folder does not exist or is not
+            writable; the plot's extension is not one matplotlib writes.
+    """
+    for flag, path in (("--output", args.output), ("--plot", args.plot), ("--trace", args.trace)):
+        if not path:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            raise UsageError(f"{flag} {path}: is a folder; give a file name")
+        if not os.path.isdir(folder):
+            raise UsageError(f"{flag} {path}: folder {folder} does not exist")
+        if not os.access(folder, os.W_OK):
+            raise UsageError(f"{flag} {path}: folder {folder} is not writable")
+    if args.plot:
+        kinds = _plot_formats()
+        ext = os.path.splitext(args.plot)[1].lstrip(".").lower()
+        if kinds and ext not in kinds:
+            what = ext or "a file without an extension"
+            raise UsageError(f"--plot {args.plot}: matplotlib cannot write {what}; "
+                             f"use one of {', '.join(sorted(kinds))}")
+
+
+def _plot_formats() -> set[str]:
+    """File extensions matplotlib can write, or an empty set without matplotlib
+    (the plot step then says that matplotlib is missing)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return set()
+    return set(Figure().canvas.get_supported_filetypes())
+
+
+__all__ = ["UsageError", "FLAGS", "UNUSED", "MODE_FORMATS", "mode_of", "given", "check_flags", "check_format",
+           "check_output_paths"]

@@ -8,6 +8,17 @@ from __future__ import annotations
 import opgraph as og
 
 
+def training_bn(g, h, c: int, name: str, outs: list, params: list):
+    """A training batch norm of ``h`` (``c`` channels) with running statistics:
+    its statistics join ``outs``, its weight and bias ``params``."""
+    gamma, beta = g.param(f"{name}.gamma", (c,)), g.param(f"{name}.beta", (c,))
+    rm, rv = g.buffer(f"{name}.rm", (c,), value=0.0), g.buffer(f"{name}.rv", (c,), value=1.0)
+    h, m, v = og.batch_norm(h, rm, rv, gamma, beta, training=True, return_running_stats=True, name=name)
+    outs.extend([m, v])
+    params.extend([gamma, beta])
+    return h
+
+
 def bottleneck():
     """A ResNet-50 bottleneck (1x1, 3x3 stride 2, 1x1, projection shortcut),
     training batch norm with running statistics, and a classifier head."""
@@ -43,12 +54,7 @@ def mbconv():
     outs, params = [], []
 
     def bn(h, c, name):
-        gamma, beta = g.param(f"{name}.gamma", (c,)), g.param(f"{name}.beta", (c,))
-        rm, rv = g.buffer(f"{name}.rm", (c,), value=0.0), g.buffer(f"{name}.rv", (c,), value=1.0)
-        h, m, v = og.batch_norm(h, rm, rv, gamma, beta, training=True, return_running_stats=True, name=name)
-        outs.extend([m, v])
-        params.extend([gamma, beta])
-        return h
+        return training_bn(g, h, c, name, outs, params)
 
     def conv(h, cin, cout, k, name, groups=1):
         w = g.param(f"{name}.w", (cout, cin // groups, k, k))
@@ -80,12 +86,7 @@ def dense_block():
     outs, params = [], []
 
     def bn_relu(h, c, name):
-        gamma, beta = g.param(f"{name}.gamma", (c,)), g.param(f"{name}.beta", (c,))
-        rm, rv = g.buffer(f"{name}.rm", (c,), value=0.0), g.buffer(f"{name}.rv", (c,), value=1.0)
-        h, m, v = og.batch_norm(h, rm, rv, gamma, beta, training=True, return_running_stats=True, name=name)
-        outs.extend([m, v])
-        params.extend([gamma, beta])
-        return og.relu(h)
+        return og.relu(training_bn(g, h, c, name, outs, params))
 
     def conv(h, cin, cout, k, name):
         w = g.param(f"{name}.w", (cout, cin, k, k))
@@ -105,4 +106,4 @@ def dense_block():
     return y, params, outs
 
 
-__all__ = ["bottleneck", "mbconv", "dense_block"]
+__all__ = ["training_bn", "bottleneck", "mbconv", "dense_block"]

@@ -60,7 +60,8 @@ from .memory import memory_record, run_and_measure
 from .models import LAYERS, Model
 from .peak import measure_peaks
 from .peer_column import add_ratios, peer_records
-from .protocol import PHASES, PhaseRunner, TrainingGraph, random_feeds, schedule, training_graph
+from .protocol import (PHASES, PhaseRunner, TrainingGraph, applied_layout, random_feeds, schedule,  # noqa: F401
+                       training_graph)
 from .records import (error_fields, fill_throughput, forced_nodes, layer_records, model_flops, new_record,
                       phase_totals, release_device)
 from .timer import AUTO_ROUND, AdaptiveTimer, Timer, make_timer
@@ -149,10 +150,8 @@ class Settings:
 
     @property
     def applied_layout(self) -> str:
-        """The layout the columns compute in: ``layout``, except that NHWC
-        applies on cuda only (passes/layout.py keeps NCHW elsewhere, as the CPU
-        kernels are written for it), so a CPU run is ``'NCHW'`` whatever was asked."""
-        return "NHWC" if self.layout == "NHWC" and self.device == "cuda" else "NCHW"
+        """The layout the columns compute in (:func:`applied_layout`)."""
+        return applied_layout(self.layout, self.device)
 
     def protocol(self, clock: str) -> dict:
         return {"warmup": self.warmup, "repeat": "auto" if self.adaptive else self.repeat, "clock": clock,
@@ -342,7 +341,7 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
     return doc
 
 
-__all__ = ["CPU_DEFAULT_BATCH", "CPU_WARMUP", "CPU_REPEAT", "GPU_WARMUP", "GPU_REPEAT",
+__all__ = ["applied_layout", "CPU_DEFAULT_BATCH", "CPU_WARMUP", "CPU_REPEAT", "GPU_WARMUP", "GPU_REPEAT",
            "CPU_DEFAULT_NOTE", "Settings", "cuda_status", "resolve_device", "default_batch",
            "protocol_defaults", "random_feeds", "model_flops", "run_lowering", "peer_records",
            "add_ratios", "unit_count", "run_benchmark", "time_calls", "ForwardTiming",

@@ -216,7 +216,8 @@ def run_profile(names: list[str], args) -> dict:
                 records.append(pf.profile_model(tg, lowering, policy, device, timer, limits, warmup=warmup,
                                                 repeat=repeat, seed=args.seed))
                 release_device(device)
-    env = environment(device, precision=list(precisions), layout=layout, warmup=warmup, repeat=repeat,
+    env = environment(device, precision=list(precisions), layout=driver.applied_layout(layout, device),
+                      layout_requested=layout, warmup=warmup, repeat=repeat,
                       lowerings=[lo.name for lo in lowerings], seed=args.seed)
     return pf.profile_document(env, limits, records, notes)
 

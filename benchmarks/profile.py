@@ -59,7 +59,7 @@ from opgraph.op import abstract_of
 from opgraph.types import numpy_dtype
 
 from .peak import measure_peaks
-from .protocol import random_feeds, schedule
+from .protocol import applied_layout, random_feeds, schedule
 from .step_clock import median_ms, step_clock, timing_summary
 
 
@@ -203,7 +203,8 @@ def profile_model(tg, lowering, base_policy, device: str, timer, limits: dict, *
     peak = limits["matmul"].get(base_policy.precision, {})
     rows = group_by_op(prof["nodes"], peak.get("tflops"), limits["copy"].get("gbps"))
     return {"model": model.key, "title": model.title, "batch": model.batch, "dtype": model.dtype,
-            "lowering": lowering.name, "precision": base_policy.precision, "layout": base_policy.layout,
+            "lowering": lowering.name, "precision": base_policy.precision,
+            "layout": applied_layout(base_policy.layout, device), "layout_requested": base_policy.layout,
             "policy": policy.to_dict(), **prof, "by_op": rows}
 
 

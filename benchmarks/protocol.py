@@ -125,6 +125,13 @@ class TrainingGraph:
                 *list(self.model.state_updates)[:len(self.state)]]
 
 
+def applied_layout(layout: str, device: str) -> str:
+    """The layout a run asked for ``layout`` computes in on ``device``: NHWC
+    applies on cuda only (passes/layout.py keeps NCHW elsewhere, as the CPU
+    kernels are written for it), so a CPU run is ``'NCHW'`` whatever was asked."""
+    return "NHWC" if layout == "NHWC" and device == "cuda" else "NCHW"
+
+
 def training_graph(model: Model, input_grad: bool = False) -> TrainingGraph:
     """Add the seed's backward graph to ``model`` (see the module docstring).
 
@@ -441,6 +448,6 @@ class PhaseRunner:
         return out
 
 
-__all__ = ["PHASES", "LAYER_FAMILIES", "LAYER_OPS", "FILTER_OPS", "PASS_THROUGH_OPS", "TrainingGraph",
+__all__ = ["applied_layout", "PHASES", "LAYER_FAMILIES", "LAYER_OPS", "FILTER_OPS", "PASS_THROUGH_OPS", "TrainingGraph",
            "training_graph", "random_feeds", "buffer_feeds", "layer_of", "classify", "Schedule", "schedule",
            "main_step", "run_step", "PhaseRunner"]

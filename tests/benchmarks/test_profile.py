@@ -112,6 +112,20 @@ def test_the_command_writes_a_table_and_the_json_document(tmp_path, capsys, monk
     assert sum(r["count"] for r in rec["by_op"]) == len(rec["nodes"])
 
 
+def test_a_cpu_profile_asked_for_nhwc_records_the_nchw_it_ran(tmp_path, monkeypatch):
+    """As a benchmark column: ``layout`` is what ran, ``layout_requested`` what was asked."""
+    monkeypatch.setattr(pf, "measure_limits", lambda device, precisions: {
+        "matmul": {p: {"tflops": 0.05, "method": "stub"} for p in precisions},
+        "copy": measure_copy_bandwidth("cpu", nbytes=1 << 20, repeat=2)})
+    out = tmp_path / "profile.json"
+    assert cli.main(["--profile", "--model", "L4", "--batch", "1", "--warmup", "0", "--repeat", "1",
+                     "--layout", "nhwc", "--json", str(out), "--quiet"]) == 0
+    doc = json.loads(out.read_text())
+    (rec,) = doc["models"]
+    assert (rec["layout"], rec["layout_requested"]) == ("NCHW", "NHWC")
+    assert (doc["environment"]["layout"], doc["environment"]["layout_requested"]) == ("NCHW", "NHWC")
+
+
 def test_profile_refuses_what_it_cannot_do(capsys):
     assert cli.main(["--profile", "--summary"]) == 2
     assert cli.main(["--profile", "--format", "csv"]) == 2

@@ -163,10 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="opgraph-bench",
         description="Time the ImageNet winners of convnet-benchmarks (AlexNet, OverFeat-fast, VGG-A, "
-                    "GoogLeNet v1) and its layers L1-L5 built as opgraph graphs: forward, "
-                    "backward-data and backward-filter per lowering, per layer and end to end, each "
-                    "lowering checked against a float64 reference first; with --compare, PyTorch on "
-                    "the same model in the same run.",
+                    "GoogLeNet v1), its layers L1-L5 and the modern convnets (ResNet-50, DenseNet-121, "
+                    "MobileNet-v2, EfficientNet-B0; --suite modern) built as opgraph graphs, or ONNX "
+                    "files (--onnx): forward, backward-data and backward-filter per lowering, per layer "
+                    "and end to end, each lowering checked against a float64 reference first; with "
+                    "--compare, the PyTorch peers on the same model in the same run. --profile: where "
+                    "one training step's time goes, per op type and direction against the measured "
+                    "limits; --summary: shapes, parameters and FLOPs, nothing run.",
         epilog="Exit status: 0 ok; 2 usage error; 1 device or model failure; 3 some column is a "
                "mismatch or an error (outputs written first); 4 --time-limit left nothing timed; "
                "130 Ctrl-C (the finished columns are written first).")

@@ -39,7 +39,8 @@ from . import driver, lowerings as lw, report, usage
 from .arguments import build_parser, model_names, output_format
 from .models import LAYERS
 # run_timing reads these as this module's names (tests stand in for build_models, check_applicable)
-from .modes import (base_policy, build_models, check_applicable, check_policy_flags, gpu_library_notes, log,
+from .modes import (base_policy, build_models, check_applicable, check_policy_flags, device_flag_notes,
+                    gpu_library_notes, log,
                     precisions_and_layout, run_profile, run_summary)
 from .trace import TraceCollector
 from .usage import UsageError, check_output_paths
@@ -105,7 +106,7 @@ def run_timing(names: list[str], args) -> dict:
 
     device, why = driver.resolve_device(args.device)
     warmup, repeat = driver.protocol_defaults(device, args.warmup, args.repeat)
-    notes = [f"device: {device} ({why})", *gpu_library_notes(device)]
+    notes = [f"device: {device} ({why})", *gpu_library_notes(device), *device_flag_notes(args, device)]
     models = build_models(names, args, device, notes)
     lowerings = args.lowering
     cuda_graph = args.cuda_graph

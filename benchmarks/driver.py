@@ -48,7 +48,6 @@ import attrs
 import opgraph as og
 from opgraph.backends import device as dev
 from opgraph.passes.policy import LoweringPolicy
-from opgraph.types import HALF_DTYPES
 
 from . import check as chk
 from . import lowerings as lw
@@ -175,11 +174,9 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
     out = [rec]
     policy = lowering.policy(base, s.device)
     rec["policy"] = policy.to_dict()  # what this column compiles with (the environment's is the base)
-    app = lw.applicability(tg, lowering, s.device, policy)
-    if app and all(why is not None for why in app.values()):
-        reasons = sorted(set(app.values()))
-        rec.update(status="n/a", reason=f"{lowering.name} applies to no convolution of {model.key}: "
-                   + "; ".join(reasons[:3]) + (" ..." if len(reasons) > 3 else ""))
+    why = lw.inapplicable(tg, lowering, s.device, policy)
+    if why:
+        rec.update(status="n/a", reason=why)
         return out
     exe = runner = None
     try:
@@ -193,13 +190,7 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         rec["algorithms"] = lw.algorithm_counts(exe)
         rec["precision_applied"] = lw.precision_applied(exe)
         rec["not_applicable"] = na
-        if base.precision != "fp32" and base.precision not in rec["precision_applied"]:
-            computed = "float32" if model.dtype in HALF_DTYPES else model.dtype
-            storage = f" from {model.dtype} storage" if computed != model.dtype else ""
-            rec["notes"].append(f"precision {base.precision} requested, but no kernel of this lowering "
-                                f"takes a precision option: it computed in {computed}{storage}")
-        if s.layout != "NCHW":
-            rec["notes"] += [n for n in exe.report.notes if n.startswith("layout:")]
+        rec["notes"] += lw.requested_notes(exe, base.precision, s.layout, model.dtype)
         if ref is not None:
             result = chk.check_lowering(exe, ref)
         outputs, measured = run_and_measure(exe, feeds, s.device)

@@ -253,7 +253,36 @@ def precision_applied(exe: Executable) -> dict[str, int]:
     return out
 
 
-__all__ = ["Lowering", "SPECIAL", "unused_autotune_flags", "CPU_DEFAULT", "WORKSPACE_OPTION", "conv_algorithms", "parse_lowering",
+def inapplicable(tg: TrainingGraph, lowering: "Lowering", device: str, policy: LoweringPolicy) -> str | None:
+    """Why ``lowering`` (under its ``policy``) runs no convolution of ``tg``'s
+    model, or None: its column (or profile) would only repeat the fallback."""
+    app = applicability(tg, lowering, device, policy)
+    if not app or any(why is None for why in app.values()):
+        return None
+    reasons = sorted(set(app.values()))
+    return (f"{lowering.name} applies to no convolution of {tg.model.key}: " + "; ".join(reasons[:3])
+            + (" ..." if len(reasons) > 3 else ""))
+
+
+def requested_notes(exe: Executable, precision: str, layout: str, dtype: str) -> list[str]:
+    """Notes for what a compile was asked and did not do: a ``precision`` no
+    kernel took (the CPU's oracle and generated kernels take none) and an
+    NHWC ``layout`` the layout pass kept NCHW (its note), so that neither
+    shows as applied in a record or a profile."""
+    from opgraph.types import HALF_DTYPES
+
+    notes = []
+    if precision != "fp32" and precision not in precision_applied(exe):
+        computed = "float32" if dtype in HALF_DTYPES else dtype
+        storage = f" from {dtype} storage" if computed != dtype else ""
+        notes.append(f"precision {precision} requested, but no kernel of this lowering takes a precision "
+                     f"option: it computed in {computed}{storage}")
+    if layout != "NCHW":
+        notes += [n for n in exe.report.notes if n.startswith("layout:")]
+    return notes
+
+
+__all__ = ["inapplicable", "requested_notes", "Lowering", "SPECIAL", "unused_autotune_flags", "CPU_DEFAULT", "WORKSPACE_OPTION", "conv_algorithms", "parse_lowering",
            "parse_lowerings",
            "default_lowerings", "conv_nodes", "applicability", "not_applicable",
            "algorithm_counts", "precision_applied"]

@@ -19,7 +19,7 @@ import attrs
 
 from opgraph.analysis import summarize, totals
 from opgraph.errors import ParameterError
-from opgraph.passes.policy import LoweringPolicy
+from opgraph.passes.policy import LoweringPolicy, PolicyError
 from opgraph.passes.policy_names import check_names
 
 from . import driver, lowerings as lw, report
@@ -91,6 +91,16 @@ def gpu_library_notes(device: str) -> list[str]:
     return lines
 
 
+def device_flag_notes(args, device: str) -> list[str]:
+    """Notes for flags given that ``device`` has nothing to apply to (a flag is
+    never silently ignored): ``--engine-limit`` counts cuDNN engines, which
+    exist on cuda only."""
+    if args.engine_limit is not None and device != "cuda":
+        return [f"--engine-limit {args.engine_limit}: it limits the cuDNN engines autotune times, and {device} "
+                "has none: no effect on this run"]
+    return []
+
+
 def check_policy_flags(args) -> None:
     """Refuse a bad value of a policy flag (``--workspace-limit``,
     ``--workspace-tolerance``, ``--engine-limit``) in every mode, before any
@@ -102,6 +112,16 @@ def check_policy_flags(args) -> None:
     """
     LoweringPolicy.from_cli(workspace_limit=args.workspace_limit, workspace_tolerance=args.workspace_tolerance,
                             engine_limit=args.engine_limit)
+
+
+def _source_of(args, key: str, name: str) -> str:
+    """Which of the flags gave ``name`` under ``key`` (``include``/``exclude``):
+    the ``--lowering`` policy items or the ``--policy`` file."""
+    if args.lowering_policy:
+        items = LoweringPolicy.from_cli(lowering=args.lowering_policy)
+        if name in getattr(items, key):
+            return f"--lowering {args.lowering_policy}"
+    return f"--policy {args.policy}" if args.policy else "the policy"
 
 
 def base_policy(args, lowerings, device: str) -> LoweringPolicy:
@@ -121,7 +141,10 @@ def base_policy(args, lowerings, device: str) -> LoweringPolicy:
                                    workspace_limit=args.workspace_limit,
                                    workspace_tolerance=args.workspace_tolerance,
                                    engine_limit=args.engine_limit)
-    check_names(base)
+    try:
+        check_names(base)
+    except PolicyError as e:  # name where the unknown entry came from, as a bad value is named
+        raise PolicyError(f"{_source_of(args, e.param, e.value)}: {e.param}", e.value, e.why) from None
     unused = lw.unused_autotune_flags(autotune_flags(args), lowerings, base, device)
     if unused:
         raise UsageError(unused)
@@ -193,7 +216,7 @@ def run_profile(names: list[str], args) -> dict:
 
     device, why = driver.resolve_device(args.device)
     warmup, repeat = driver.protocol_defaults(device, args.warmup, args.repeat)
-    notes = [f"device: {device} ({why})", *gpu_library_notes(device),
+    notes = [f"device: {device} ({why})", *gpu_library_notes(device), *device_flag_notes(args, device),
              f"profile: each step {warmup} warm-up + {repeat} timed calls, median"]
     models = build_models(names, args, device, notes)
     lowerings = args.lowering or [lw.Lowering("auto" if device == "cuda" else lw.CPU_DEFAULT[0])]
@@ -211,6 +234,11 @@ def run_profile(names: list[str], args) -> dict:
         for precision in precisions:
             policy = attrs.evolve(base, precision=precision, layout=layout)
             for lowering in lowerings:
+                why = lw.inapplicable(tg, lowering, device, lowering.policy(policy, device))
+                if why:  # as the benchmark's n/a column: a profile of the fallback under this name misleads
+                    notes.append(f"{m.key} {precision} {lowering.name}: not profiled: {why}")
+                    log(f"opgraph-bench: {notes[-1]}")
+                    continue
                 if not args.quiet:
                     log(f"opgraph-bench: profiling {m.key} {precision} {lowering.name}")
                 records.append(pf.profile_model(tg, lowering, policy, device, timer, limits, warmup=warmup,
@@ -222,5 +250,5 @@ def run_profile(names: list[str], args) -> dict:
     return pf.profile_document(env, limits, records, notes)
 
 
-__all__ = ["log", "build_models", "onnx_models", "gpu_library_notes", "check_policy_flags", "base_policy",
+__all__ = ["log", "build_models", "onnx_models", "gpu_library_notes", "device_flag_notes", "check_policy_flags", "base_policy",
            "precisions_and_layout", "autotune_flags", "check_applicable", "run_summary", "run_profile"]

@@ -56,9 +56,11 @@ from opgraph.backends import device as dev
 from opgraph.backends.copy_bandwidth import measure_copy_bandwidth
 from opgraph.executable import run_step
 from opgraph.op import abstract_of
+from opgraph.passes.policy import LoweringPolicy
 from opgraph.types import numpy_dtype
 
 from .peak import measure_peaks
+from .lowerings import requested_notes
 from .protocol import applied_layout, random_feeds, schedule
 from .step_clock import median_ms, step_clock, timing_summary
 
@@ -121,6 +123,8 @@ def profile_steps(tg, feeds: dict, device: str, policy, timer, *, warmup: int, r
     t0 = time.perf_counter()
     exe = og.compile(tg.outputs, device=device, policy=policy)
     compile_s = time.perf_counter() - t0
+    asked = policy if isinstance(policy, LoweringPolicy) else LoweringPolicy.from_mapping(policy or {})
+    notes = requested_notes(exe, asked.precision, asked.layout, tg.model.dtype)
     sched = schedule(exe, tg)
     phase = {st.node: p for p, sts in sched.phases.items() for st in sts}
     slots = exe.feed(feeds)
@@ -143,7 +147,7 @@ def profile_steps(tg, feeds: dict, device: str, policy, timer, *, warmup: int, r
         nodes.append({"name": st.name, "op": op.name, "algorithm": st.op.algorithm, "phase": phase[st.node],
                       "direction": direction_of(op, phase[st.node]), "kind": "compute" if compute else "memory",
                       **timed.fields(), "bytes": moved, "flops": flops})
-    return {"compile_s": compile_s, "autotune": exe.report.autotune or None, "step_ms": step_ms, **graph,
+    return {"compile_s": compile_s, "notes": notes, "autotune": exe.report.autotune or None, "step_ms": step_ms, **graph,
             "nodes_ms": sum(n["ms"] for n in nodes), "timing": timing_summary(clock, nodes), "nodes": nodes}
 
 

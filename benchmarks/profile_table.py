@@ -90,6 +90,7 @@ def profile_tables(doc: dict) -> list[Table]:
                  "once, in the storage dtype; % of limit: TFLOP/s of the matmul peak (conv, linear) "
                  "or GB/s of the copy bandwidth (every other op)"]
         notes += filter(None, [autotune_note(rec)])
+        notes += rec.get("notes", [])  # what was asked and not applied (precision, layout)
         tables.append(Table(_caption(rec), list(HEADERS), rows, set(RIGHT), notes=notes))
     return tables
 

@@ -122,15 +122,17 @@ def check_format(args, format_given: bool) -> None:
 
 
 def check_output_paths(args) -> None:
-    """Refuse ``--output`` / ``--plot`` / ``--trace`` paths that cannot be
-    written, before any work is done (a run can take minutes), and a
-    ``--plot`` format matplotlib cannot write.
+    """Refuse ``--output`` / ``--json`` / ``--plot`` / ``--trace`` paths that
+    cannot be written, before any work is done (a run can take minutes: a
+    ``--json`` path found bad at the end lost every result), and a ``--plot``
+    format matplotlib cannot write.
 
     Raises:
         UsageError: the path is a folder, its folder does not exist or is not
             writable; the plot's extension is not one matplotlib writes.
     """
-    for flag, path in (("--output", args.output), ("--plot", args.plot), ("--trace", args.trace)):
+    for flag, path in (("--output", args.output), ("--json", args.json), ("--plot", args.plot),
+                       ("--trace", args.trace)):
         if not path:
             continue
         folder = os.path.dirname(os.path.abspath(path))

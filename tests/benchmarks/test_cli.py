@@ -329,6 +329,8 @@ def test_onnx_model_alone_is_timed_and_summarised(tmp_path, capsys):
     ("--output", "{tmp}/missing/run.json", "does not exist"),
     ("--output", "{tmp}", "is a folder"),
     ("--plot", "{tmp}/missing/p.png", "does not exist"),
+    ("--json", "{tmp}/missing/run.json", "does not exist"),
+    ("--json", "{tmp}", "is a folder"),
 ])
 def test_unwritable_output_paths_are_usage_errors_before_any_work(tmp_path, capsys, flag, value, message):
     status, out, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--device", "cpu",
@@ -551,3 +553,12 @@ def test_the_output_suffix_names_the_format_unless_format_is_given(name, fmt):
     argv = ["--output", name] if name else []
     assert output_format(build_parser().parse_args(argv)) == fmt
     assert output_format(build_parser().parse_args(argv + ["--format", "csv"])) == "csv"
+
+
+def test_an_unknown_include_or_exclude_name_says_which_flag_gave_it(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('exclude = ["bn-apply-rematt"]\n')
+    status, _, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--policy", str(bad))
+    assert status == 2 and f"--policy {bad}: exclude='bn-apply-rematt'" in err, err
+    status, _, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--lowering", "gemm,exclude=bn-apply-rematt")
+    assert status == 2 and "--lowering" in err and "exclude='bn-apply-rematt'" in err, err

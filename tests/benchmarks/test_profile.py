@@ -124,6 +124,22 @@ def test_a_cpu_profile_asked_for_nhwc_records_the_nchw_it_ran(tmp_path, monkeypa
     (rec,) = doc["models"]
     assert (rec["layout"], rec["layout_requested"]) == ("NCHW", "NHWC")
     assert (doc["environment"]["layout"], doc["environment"]["layout_requested"]) == ("NCHW", "NHWC")
+    assert any(n.startswith("layout: NHWC requested but ignored on cpu") for n in rec["notes"]), rec["notes"]
+
+
+def test_a_cpu_profile_says_tf32_and_the_engine_limit_did_not_apply(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(pf, "measure_limits", lambda device, precisions: {
+        "matmul": {p: {"tflops": 0.05, "method": "stub"} for p in precisions},
+        "copy": measure_copy_bandwidth("cpu", nbytes=1 << 20, repeat=2)})
+    out = tmp_path / "profile.json"
+    assert cli.main(["--profile", "--model", "L4", "--batch", "1", "--warmup", "0", "--repeat", "1",
+                     "--precision", "tf32", "--lowering", "auto", "--engine-limit", "5",
+                     "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    (rec,) = doc["models"]
+    assert any(n.startswith("precision tf32 requested, but no kernel") for n in rec["notes"]), rec["notes"]
+    assert any(n.startswith("--engine-limit 5:") for n in doc["notes"]), doc["notes"]
+    assert "precision tf32 requested" in capsys.readouterr().out  # in the table's notes too
 
 
 def test_profile_refuses_what_it_cannot_do(capsys):
@@ -150,3 +166,19 @@ def test_a_schema_1_record_still_renders(unfused_profile):
     assert "as CUDA graphs" not in table.caption and "graph-timed" not in table.caption
     assert [r[2] for r in table.rows] == [str(r["count"]) for r in rows]
     assert not any(n.startswith("steps alone timed by") for n in table.notes)
+
+
+def test_a_model_the_lowering_cannot_run_is_not_profiled_but_noted(tmp_path, monkeypatch):
+    """L1's 11x11 convolutions have no Winograd kernel: as the benchmark marks
+    its column n/a, the profile leaves it out and says why (it profiled the
+    fallback under winograd's name before)."""
+    monkeypatch.setattr(pf, "measure_limits", lambda device, precisions: {
+        "matmul": {p: {"tflops": 0.05, "method": "stub"} for p in precisions},
+        "copy": measure_copy_bandwidth("cpu", nbytes=1 << 20, repeat=2)})
+    out = tmp_path / "profile.json"
+    assert cli.main(["--profile", "--model", "L1,L5", "--batch", "1", "--warmup", "0", "--repeat", "1",
+                     "--lowering", "winograd", "--json", str(out), "--quiet"]) == 0
+    doc = json.loads(out.read_text())
+    assert [r["model"] for r in doc["models"]] == ["L5"]
+    assert any(n.startswith("L1 fp32 winograd: not profiled: winograd applies to no convolution of L1")
+               for n in doc["notes"]), doc["notes"]

@@ -112,11 +112,8 @@ def test_the_command_writes_a_table_and_the_json_document(tmp_path, capsys, monk
     assert sum(r["count"] for r in rec["by_op"]) == len(rec["nodes"])
 
 
-def test_a_cpu_profile_asked_for_nhwc_records_the_nchw_it_ran(tmp_path, monkeypatch):
+def test_a_cpu_profile_asked_for_nhwc_records_the_nchw_it_ran(tmp_path, quick_limits):
     """As a benchmark column: ``layout`` is what ran, ``layout_requested`` what was asked."""
-    monkeypatch.setattr(pf, "measure_limits", lambda device, precisions: {
-        "matmul": {p: {"tflops": 0.05, "method": "stub"} for p in precisions},
-        "copy": measure_copy_bandwidth("cpu", nbytes=1 << 20, repeat=2)})
     out = tmp_path / "profile.json"
     assert cli.main(["--profile", "--model", "L4", "--batch", "1", "--warmup", "0", "--repeat", "1",
                      "--layout", "nhwc", "--json", str(out), "--quiet"]) == 0
@@ -127,10 +124,7 @@ def test_a_cpu_profile_asked_for_nhwc_records_the_nchw_it_ran(tmp_path, monkeypa
     assert any(n.startswith("layout: NHWC requested but ignored on cpu") for n in rec["notes"]), rec["notes"]
 
 
-def test_a_cpu_profile_says_tf32_and_the_engine_limit_did_not_apply(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(pf, "measure_limits", lambda device, precisions: {
-        "matmul": {p: {"tflops": 0.05, "method": "stub"} for p in precisions},
-        "copy": measure_copy_bandwidth("cpu", nbytes=1 << 20, repeat=2)})
+def test_a_cpu_profile_says_tf32_and_the_engine_limit_did_not_apply(tmp_path, quick_limits, capsys):
     out = tmp_path / "profile.json"
     assert cli.main(["--profile", "--model", "L4", "--batch", "1", "--warmup", "0", "--repeat", "1",
                      "--precision", "tf32", "--lowering", "auto", "--engine-limit", "5",
@@ -168,13 +162,10 @@ def test_a_schema_1_record_still_renders(unfused_profile):
     assert not any(n.startswith("steps alone timed by") for n in table.notes)
 
 
-def test_a_model_the_lowering_cannot_run_is_not_profiled_but_noted(tmp_path, monkeypatch):
+def test_a_model_the_lowering_cannot_run_is_not_profiled_but_noted(tmp_path, quick_limits):
     """L1's 11x11 convolutions have no Winograd kernel: as the benchmark marks
     its column n/a, the profile leaves it out and says why (it profiled the
     fallback under winograd's name before)."""
-    monkeypatch.setattr(pf, "measure_limits", lambda device, precisions: {
-        "matmul": {p: {"tflops": 0.05, "method": "stub"} for p in precisions},
-        "copy": measure_copy_bandwidth("cpu", nbytes=1 << 20, repeat=2)})
     out = tmp_path / "profile.json"
     assert cli.main(["--profile", "--model", "L1,L5", "--batch", "1", "--warmup", "0", "--repeat", "1",
                      "--lowering", "winograd", "--json", str(out), "--quiet"]) == 0

@@ -36,6 +36,7 @@ from opgraph.op import abstract_of
 from opgraph.ops import of_family
 from opgraph.passes.candidates import decline_reason, policy_options, storage_dtype
 from opgraph.passes.policy import LoweringPolicy, parse_bytes
+from opgraph.types import HALF_DTYPES
 
 from .protocol import TrainingGraph
 
@@ -269,8 +270,6 @@ def requested_notes(exe: Executable, precision: str, layout: str, dtype: str) ->
     kernel took (the CPU's oracle and generated kernels take none) and an
     NHWC ``layout`` the layout pass kept NCHW (its note), so that neither
     shows as applied in a record or a profile."""
-    from opgraph.types import HALF_DTYPES
-
     notes = []
     if precision != "fp32" and precision not in precision_applied(exe):
         computed = "float32" if dtype in HALF_DTYPES else dtype

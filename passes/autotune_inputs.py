@@ -21,6 +21,7 @@ H200 (19.8 of 45.7 s, 122 nodes tuned; DenseNet-121: 29.7 of 63 s;
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 
 from collections import OrderedDict
@@ -37,18 +38,11 @@ CONSISTENT_PRODUCERS = (ops.BatchNormStats,)
 
 
 def random_inputs(in_types, xp, seed: int, dtype: str | None = None) -> list:
-    """Standard-normal arrays of ``in_types`` on ``xp``; integer inputs (class
-    indices) are zeros, valid for any class count."""
+    """Standard-normal arrays of ``in_types`` on ``xp`` (``dtype``: the float
+    inputs' dtype instead of their own), in each type's layout; integer inputs
+    (class indices) are zeros, valid for any class count."""
     rng = np.random.default_rng(seed)
-    out = []
-    for t in in_types:
-        want = dtype if dtype and is_float(t.dtype) else t.dtype
-        if is_float(want):
-            host = rng.standard_normal(t.shape).astype(numpy_dtype(want))
-        else:
-            host = np.zeros(t.shape, dtype=want)
-        out.append(to_layout(xp, xp.asarray(host), t.layout))  # tune in the run's layout
-    return out
+    return [_drawn(attrs.evolve(t, dtype=dtype) if dtype and is_float(t.dtype) else t, xp, rng) for t in in_types]
 
 
 def _drawn(t, xp, rng):

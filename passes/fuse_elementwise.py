@@ -40,7 +40,7 @@ from typing import Sequence
 from opgraph import ops
 from opgraph.backends.registry import rules_for
 from opgraph.graph import Graph
-from opgraph.op import Lowered, abstract_of
+from opgraph.op import abstract_of
 from opgraph.ops.fused import FusedElementwise, FusedStep, Program
 
 from .autotune_inputs import REFERENCE_ALGORITHMS
@@ -119,15 +119,11 @@ def program_of(graph: Graph, members: Sequence[int]):
     return FusedElementwise(Program(len(inputs), tuple(steps), numbers[order[-1]])), inputs
 
 
-def _algorithm(scope: Scope, node: int) -> str | None:
-    op = scope.graph.node(node).op
-    return op.algorithm if isinstance(op, Lowered) else None
-
 
 def _joins(scope: Scope, node: int, group: list[int], algorithm: str, accept) -> bool:
     """Whether producer ``node`` may join ``group``: lowered to ``algorithm``,
     ``accept``-ed, read by the group alone, no output, not forced elsewhere."""
-    if node not in scope or _algorithm(scope, node) != algorithm or not accept(scope.op(node)):
+    if node not in scope or scope.algorithm(node) != algorithm or not accept(scope.op(node)):
         return False
     forced = scope.ctx.policy.forced(scope.graph.node(node).name)
     return forced in (None, algorithm) and scope.private(node, group)
@@ -154,7 +150,7 @@ def grow(scope: Scope, root: int, rule: str, accept, minimum: int = 2) -> Match 
     """The largest group of ``accept``-ed producers ending at ``root`` that the
     algorithm's ``FusedElementwise`` rule accepts (module docstring), as a
     match of at least ``minimum`` nodes labelled by ``rule``, or None."""
-    algorithm = _algorithm(scope, root)
+    algorithm = scope.algorithm(root)
     if algorithm is None or not accept(scope.op(root)):
         return None
     why = fusable(scope.ctx, algorithm)

@@ -131,6 +131,11 @@ class Scope:
         """The abstract op of ``node`` (behind its ``Lowered``)."""
         return abstract_of(self.graph.node(node).op)
 
+    def algorithm(self, node: int) -> str | None:
+        """The algorithm ``node`` is lowered to, or None (not lowered yet)."""
+        op = self.graph.node(node).op
+        return op.algorithm if isinstance(op, Lowered) else None
+
     def readers(self, node: int) -> list[int]:
         """The nodes of the scope reading ``node``."""
         return [u for u in self.graph.users(node) if u in self.nodes]

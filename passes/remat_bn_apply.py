@@ -43,7 +43,7 @@ A gradient node ``g`` is rewritten when
 from __future__ import annotations
 
 from opgraph.graph import Graph, NodeView
-from opgraph.op import Lowered, abstract_of
+from opgraph.op import abstract_of
 from opgraph.ops import BatchNormTraining
 from opgraph.ops.activation import Activation, ActivationBackward
 
@@ -55,10 +55,6 @@ from .report import NodeReport
 NAME = "bn-apply-remat"
 LABEL = "batch-norm output(s) recomputed for an activation gradient"
 
-
-def _algorithm(scope: Scope, node: int) -> str | None:
-    op = scope.graph.node(node).op
-    return op.algorithm if isinstance(op, Lowered) else None
 
 
 def _reads_as_input(scope: Scope, reader: int, z: int) -> bool:
@@ -79,8 +75,8 @@ def match_bn_apply_remat(scope: Scope, view: NodeView) -> Match | None:
     forward = [u for u in readers if isinstance(scope.op(u), Activation)]
     if len(forward) != 1 or not all(u in forward or _reads_as_input(scope, u, z) for u in readers):
         return None
-    algorithm = _algorithm(scope, z)
-    if algorithm is None or _algorithm(scope, view.id) != algorithm or _algorithm(scope, forward[0]) != algorithm:
+    algorithm = scope.algorithm(z)
+    if algorithm is None or scope.algorithm(view.id) != algorithm or scope.algorithm(forward[0]) != algorithm:
         return None
     return Match(view.id, (), LABEL, z)
 

@@ -106,32 +106,44 @@ def _entry(op, arrays, out_type: TensorType, out) -> tuple:
     inputs to copy to C order before each launch (module docstring): strided
     views are read in place unless the generator loads one as a packed row
     (``ir.ViewError``); an array neither dense nor a readable view is copied.
-    A copy is a fresh allocation, so it counts as aligned."""
-    views = [None if _dense(a) else view_strides(a) for a in arrays]
-    copied = [k for k, a in enumerate(arrays) if views[k] is None and not _dense(a)]
-    for attempt in ("views", "copies"):
-        if attempt == "copies":
-            copied = sorted(set(copied) | {k for k, v in enumerate(views) if v is not None})
-        read = {k: v for k, v in enumerate(views) if v is not None and k not in copied}
+    A copy is a fresh allocation, so it counts as aligned.
+
+    Raises:
+        ir.PlanError: the generator does not cover this op on these inputs.
+    """
+    views = {k: v for k, v in enumerate(map(view_strides, arrays)) if v is not None}
+    unreadable = {k for k, a in enumerate(arrays) if k not in views and not _dense(a)}
+
+    def planned(copied: set):
+        read = {k: v for k, v in views.items() if k not in copied}
         types = [TensorType(a.shape, _dtype(a), "NCHW" if k in copied and a.ndim == 4 else array_layout(a))
                  for k, a in enumerate(arrays)]
-        aligned = all(address(a) % 16 == 0 for k, a in enumerate(arrays) if k not in read and k not in copied)
-        aligned = aligned and (out is None or address(out) % 16 == 0)
-        try:
-            return lower(op, types, out_type, aligned=aligned, inplace=out is not None, views=read), tuple(copied)
-        except ViewError:
-            if attempt == "copies":
-                raise
-    raise AssertionError("unreachable")  # pragma: no cover
+        aligned = all(address(a) % 16 == 0 for k, a in enumerate([*arrays, *([out] if out is not None else [])])
+                      if k not in read and k not in copied)
+        return lower(op, types, out_type, aligned=aligned, inplace=out is not None, views=read), tuple(sorted(copied))
+
+    try:
+        return planned(unreadable)
+    except ViewError:  # a view loaded as a packed row: every view copied
+        return planned(unreadable | set(views))
 
 
-def plan_for(op, arrays, out_type: TensorType, out=None):
-    """The cached launch plan of ``op`` on these arrays (module docstring for the key)."""
+def _cached(op, arrays, out_type: TensorType, out) -> tuple:
+    """:func:`_entry`, made once per :func:`_key`."""
     key = _key(op, arrays, out_type, out)
     entry = _PLANS.get(key)
     if entry is None:
         entry = _PLANS[key] = _entry(op, arrays, out_type, out)
-    return entry[0]
+    return entry
+
+
+def plan_for(op, arrays, out_type: TensorType, out=None):
+    """The cached launch plan of ``op`` on these arrays (module docstring for the key).
+
+    Raises:
+        ir.PlanError: the generator does not cover this op on these inputs.
+    """
+    return _cached(op, arrays, out_type, out)[0]
 
 
 def empty(xp, shape, dtype, layout: str | None = None):
@@ -154,11 +166,7 @@ def run(xp, op, arrays, out_type: TensorType, out=None):
     Raises:
         ir.PlanError: the generator does not cover this op on these inputs.
     """
-    key = _key(op, arrays, out_type, out)
-    entry = _PLANS.get(key)
-    if entry is None:
-        entry = _PLANS[key] = _entry(op, arrays, out_type, out)
-    plan, copied = entry
+    plan, copied = _cached(op, arrays, out_type, out)
     if copied:
         arrays = [xp.ascontiguousarray(a) if k in copied else a for k, a in enumerate(arrays)]
     buffers = {("in", k): _bits(xp, a) for k, a in enumerate(arrays)}

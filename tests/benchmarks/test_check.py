@@ -52,6 +52,17 @@ def test_lowerings_pass_the_per_node_check(setup, policy):
     assert e2e["finite"] and e2e["output"] < 1e-5
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_graph_compiled_in_another_dtype_is_checked_in_that_dtype(setup, dtype):
+    """compile(dtype=...) of a float32 graph: each step is fed and judged in the
+    dtype it runs in (run_types.py), not the graph's declared float32."""
+    tg, feeds, ref = setup
+    exe = og.compile(tg.outputs, policy={"prefer": {"conv": ["gemm"]}}, dtype=dtype)
+    res = check.check_lowering(exe, ref)
+    assert res.passed, res.failures[:3]
+    assert res.nodes_checked >= 9 and res.max_rel_error > 1e-4  # judged on half-precision values
+
+
 def test_a_wrong_kernel_is_caught(setup):
     tg, feeds, ref = setup
     exe = og.compile(tg.outputs, policy={"prefer": {"conv": ["gemm"]}})

@@ -123,11 +123,10 @@ def compile_function(torch, fn):
 def _drop_compiled(torch) -> None:
     """Drop what ``torch.compile`` built (Dynamo's caches, Inductor's graphs) and
     collect it, so that the columns timed after the peers in this process do
-    not pay for it. On the H200 (2026-12-02) opgraph's host-bound eager
-    ``auto`` column of ResNet-50, timed right after the compiled peers, took
-    68 ms per step (its first four rounds 84 ms) against 40 ms in a process
-    without them; whether this closes that gap is to be measured
-    (docs/performance.md)."""
+    not hold its memory. It was also a guess at why opgraph's host-bound eager
+    ``auto`` column ran slower after the compiled peers (H200, 2026-12-02); it
+    was not the cause: PyTorch's own eager column, first in its process, was
+    as noisy (docs/performance.md, fourth session)."""
     import gc
 
     try:

@@ -14,9 +14,10 @@ the producer's reference rule, as the graph will compute it.
 One pass run draws each array once (:class:`InputPool`): the arrays are keyed
 by input position and type, so the many nodes of a model that read the same
 shapes (a dense block's convolutions, every batch norm of a stage) share
-them. Drawing them on the host was 43 % of EfficientNet-B0's autotune on the
-H200 (19.8 of 45.7 s, 122 nodes tuned; DenseNet-121: 29.7 of 63 s;
-``passes/autotune_clock.py``'s ``inputs`` part, docs/performance.md).
+them, and on a device they are drawn there. Drawing them on the host was
+43 % of EfficientNet-B0's autotune on the H200 (19.8 of 45.7 s, 122 nodes
+tuned), and still 14.8 s with the pool (``passes/autotune_clock.py``'s
+``inputs`` part, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -47,13 +48,21 @@ def random_inputs(in_types, xp, seed: int, dtype: str | None = None) -> list:
 
 def _drawn(t, xp, rng):
     """One standard-normal array of type ``t`` on ``xp`` in ``t``'s layout (float32
-    draws for every float dtype but float64; integer inputs are zeros)."""
-    if is_float(t.dtype):
-        wide = np.float64 if t.dtype == "float64" else np.float32
-        host = rng.standard_normal(t.shape, dtype=wide).astype(numpy_dtype(t.dtype), copy=False)
+    draws for every float dtype but float64; integer inputs are zeros).
+
+    On a device (``xp`` not NumPy) the draw is the device's own generator,
+    seeded from ``rng``: the host's draw and transfer of large tensors were
+    most of the ``inputs`` part of a cold autotune even with the pool (H200,
+    2026-12-02: EfficientNet-B0 14.8 s, DenseNet-121 31.1 s)."""
+    if not is_float(t.dtype):
+        return to_layout(xp, xp.asarray(np.zeros(t.shape, dtype=t.dtype)), t.layout)
+    wide = "float64" if t.dtype == "float64" else "float32"
+    if xp is np:
+        a = rng.standard_normal(t.shape, dtype=wide).astype(numpy_dtype(t.dtype), copy=False)
     else:
-        host = np.zeros(t.shape, dtype=t.dtype)
-    return to_layout(xp, xp.asarray(host), t.layout)
+        drawn = xp.random.default_rng(int(rng.integers(2 ** 63))).standard_normal(t.shape, dtype=wide)
+        a = xp.asarray(drawn, dtype=t.dtype)  # CuPy parses the name itself, bfloat16 included
+    return to_layout(xp, a, t.layout)
 
 
 class InputPool:

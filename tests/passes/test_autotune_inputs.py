@@ -130,3 +130,42 @@ def test_one_autotune_run_draws_a_shared_type_once(monkeypatch, tmp_path):
     Pipeline("t", [LowerPass(), AutotunePass()]).run(g, outs, ctx)
     assert [ctx.report.node(n).how for n in ("r1", "r2")] == ["autotune", "autotune"]
     assert len(pools) == 1 and pools[0].drawn == 1
+
+
+class _Device:
+    """A stand-in array module that is not NumPy (as CuPy is not): NumPy arrays,
+    its own generator, and dtype names parsed as CuPy parses them."""
+
+    def __init__(self):
+        self.generators = []
+        outer = self
+
+        class _Random:
+            @staticmethod
+            def default_rng(seed):
+                outer.generators.append(seed)
+                return np.random.default_rng(seed)
+
+        self.random = _Random()
+        self.ascontiguousarray = np.ascontiguousarray
+
+    @staticmethod
+    def asarray(a, dtype=None):
+        from opgraph.types import numpy_dtype
+        return np.asarray(a, dtype=None if dtype is None else numpy_dtype(dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_a_device_draws_with_its_own_generator_seeded_from_the_pass(dtype):
+    from opgraph.passes.autotune_inputs import InputPool
+    from opgraph.types import TensorType, is_channels_last
+    t = TensorType((2, 3, 4, 5), dtype, "NHWC")
+    dev = _Device()
+    (a,) = InputPool(dev, seed=7).inputs([t])
+    (b,) = InputPool(dev, seed=7).inputs([t])
+    assert len(dev.generators) == 2 and dev.generators[0] == dev.generators[1]  # seeded, reproducible
+    assert a.dtype.name == dtype and a.shape == t.shape and is_channels_last(a)
+    np.testing.assert_array_equal(a.astype(np.float64), b.astype(np.float64))
+    assert 0.5 < float(np.std(a.astype(np.float64))) < 1.5  # standard normal, not zeros
+    (c,) = InputPool(dev, seed=8).inputs([t])
+    assert not np.array_equal(a.astype(np.float64), c.astype(np.float64))

@@ -25,7 +25,8 @@
 #   modern-profile opgraph-bench --profile of $MODELS (default resnet50), $MODERN_PRECISION, NHWC, auto:
 #                  each step timed alone (a CUDA-graph replay of it), per op type and direction against
 #                  the copy bandwidth and matmul peak measured in the same run (profile-<precision>.json);
-#                  reuses the carried cache
+#                  reuses the carried cache; PROFILE_LOWERING replaces 'auto' (e.g. auto,exclude=bn-apply-remat
+#                  with RUN_NAME=-noremat: a fusion rule's share, on the same cache)
 #   default        opgraph-bench with no arguments but the output files
 #
 # The autotune cache is $LOG/autotune-cache.json (OPGRAPH_CACHE), seeded from
@@ -99,7 +100,8 @@ for stage in "$@"; do
             d=float32; [ "$p" = bf16 ] && d=bfloat16; [ "$p" = fp16 ] && d=float16
             echo "== modern-profile $p ($(date -u +%H:%M:%S))"
             timeout "${STAGE_TIMEOUT:-590}" $PY -m opgraph.benchmarks.cli --profile --device cuda \
-                --model "${MODELS:-resnet50}" --precision "$p" --dtype "$d" --layout nhwc --lowering auto \
+                --model "${MODELS:-resnet50}" --precision "$p" --dtype "$d" --layout nhwc \
+                --lowering "${PROFILE_LOWERING:-auto}" \
                 --warmup "$WARMUP" --repeat "$REPEAT" --format json --output "$LOG/profile-$p${RUN_NAME:-}.json" \
                 2>&1 | tee "$LOG/profile-$p${RUN_NAME:-}.log" | tail -n 20 ;;
         tests)

@@ -70,7 +70,7 @@ from opgraph.backends.registry import KernelContext, rules_for
 from opgraph.executable import Executable
 from opgraph.op import Source, abstract_of
 from opgraph.run_types import run_types
-from opgraph.ops import Add, ReluBackward, of_family
+from opgraph.ops import Add, BatchNorm, ReluBackward, of_family
 from opgraph.ops.conv_fused import activation_of, epilogue_steps
 from opgraph.passes.autotune import relative_error, tolerance
 from opgraph.types import is_float, numpy_dtype, run_type, to_layout
@@ -180,6 +180,11 @@ def abstract_twin(lowered_graph, abstract_graph, nid: int) -> int | None:
         return None
     view = lowered_graph.node(nid)
     low, orig = abstract_of(view.op).name, abstract_graph.node(nid).op.name
+    folded = _folded_batch_norm(lowered_graph, abstract_graph, nid)
+    if folded is not None:  # the convolution computes the batch norm's value (passes/fold_bn.py)
+        nid = folded
+        if low == orig:
+            return nid
     if isinstance(view.op, Source) or low == orig or (low, orig) in _SAME_VALUE:
         return nid
     op = abstract_of(view.op)
@@ -198,6 +203,22 @@ def abstract_twin(lowered_graph, abstract_graph, nid: int) -> int | None:
                  and abstract_graph.input_ids(u)[0] == x]
         return masks[0] if len(masks) == 1 else None
     return None
+
+
+def _folded_batch_norm(lowered_graph, abstract_graph, nid: int) -> int | None:
+    """The abstract ``BatchNorm`` that convolution ``nid`` absorbed by folding it
+    into its weights (``passes/fold_bn.py``: the weights it reads are a
+    ``Reshape`` of a ``BatchNormBackwardData``), or None."""
+    if abstract_of(lowered_graph.node(nid).op).family != "conv":
+        return None
+    ids = lowered_graph.input_ids(nid)
+    weight = lowered_graph.node(ids[1]) if len(ids) > 1 else None
+    if weight is None or abstract_of(weight.op).name != "Reshape" or not lowered_graph.input_ids(weight.id):
+        return None
+    if abstract_of(lowered_graph.node(lowered_graph.input_ids(weight.id)[0]).op).name != "BatchNormBackwardData":
+        return None
+    norms = [u for u in abstract_graph.users(nid) if isinstance(abstract_graph.node(u).op, BatchNorm)]
+    return norms[0] if len(norms) == 1 else None
 
 
 def _epilogue_reader(graph, node: int, step: str) -> int | None:

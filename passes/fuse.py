@@ -5,6 +5,9 @@ it off alone (``exclude=['conv-epilogue']``), and ``exclude=['fused']`` turns
 every one off, and nothing else (the fused ops' rules carry the tag
 ``fused``):
 
+0. ``bn-fold``: an inference-form batch norm after a convolution folded into
+   the convolution's weights and bias (``passes/fold_bn.py``), so that rule 1
+   sees a biased convolution;
 1. ``conv-epilogue``: a convolution with its epilogue (bias, residual add,
    ReLU or ReLU6) -> one ``Conv2dBiasRelu`` / ``Conv2dBiasActivation`` node;
 2. ``dgrad-relu``: backward-data with the ReLU gradient after it -> one
@@ -79,6 +82,7 @@ from opgraph.ops import (Add, Conv2d, Conv2dBackwardData, Conv2dBackwardDataRelu
 from opgraph.ops.conv_fused import ACTIVATIONS, activation_of, fused_conv_forward
 
 from .base import Pass, PassContext
+from .fold_bn import BN_FOLD
 from .fuse_bn_backward import BN_BACKWARD_SUMS
 from .fuse_elementwise import ELEMENTWISE, GRADIENT_SUM
 from .pattern import FusionRule, Match, Scope, apply_table, rewrite_lowered
@@ -235,6 +239,7 @@ def _matches(match, graph: Graph, outputs) -> list[Match]:
 
 #: The fusion table, in priority order (module docstring).
 TABLE: tuple[FusionRule, ...] = (
+    BN_FOLD,
     FusionRule("conv-epilogue", match_epilogue, lambda g, m, ctx: fuse_epilogue(g, m.data, ctx)),
     FusionRule("dgrad-relu", match_dgrad_relu, lambda g, m, ctx: fuse_dgrad_relu(g, m.root, m.absorbed[0], ctx)),
     FusionRule("pool-relu-backward", match_pool_relu_backward,

@@ -3,14 +3,14 @@
 Two kernel conventions, as in the reference backend:
 
 * :data:`CUDA_KERNELS`: ``fn(cupy, *arrays, **op.params())``; the functions of
-  :mod:`.relu`, :mod:`.colsum`, :mod:`.lrn`, :mod:`.loss` (and
-  ``codegen.movement.zeros``, a memset) take exactly the
+  :mod:`.relu`, :mod:`.colsum`, :mod:`.lrn`, :mod:`.loss` take exactly the
   op fields as keywords, like their NumPy references, plus the option of an
   autotune variant where :data:`OPTIONS` names one (bias gradient: ``method``);
 * :data:`NODE_KERNELS`: ``kernel(ctx, op, *arrays)`` reading the node's
   geometry (the pooling kernels of :mod:`.pool`: the op's canonical fields
   and the node's extents, ``reference.pool.node_geometry``), with the
-  variant's ``specialize`` from ``ctx.options``.
+  variant's ``specialize`` from ``ctx.options``; and ``Zeros``, a memset of
+  the type the node runs in.
 
 Importing this module needs neither CuPy nor a GPU; the kernels compile on
 first use.
@@ -25,8 +25,14 @@ from ..registry import Rule, register
 from . import colsum, loss, lrn, pool, relu
 from .codegen import movement
 
-#: abstract op type -> node kernel ``kernel(ctx, op, *arrays)``.
-NODE_KERNELS = {
+def zeros_node(ctx, op):
+    """A ``Zeros`` node's memset in the type it runs in (``ctx.out_type``, compile's
+    dtype applied), else the op's declared type (``reference.elementwise.zeros_node``)."""
+    return movement.zeros(ctx.xp, type=ctx.out_type or op.type)
+
+
+#: the pooling kernels, which take ``specialize`` (geometry compiled in)
+POOL_KERNELS = {
     ops.MaxPool2d: pool.max_pool2d_kernel,
     ops.MaxPool2dBackward: pool.max_pool2d_backward_kernel,
     ops.MaxPool2dBackwardRelu: pool.max_pool2d_backward_relu_kernel,
@@ -34,6 +40,9 @@ NODE_KERNELS = {
     ops.AvgPool2d: pool.avg_pool2d_kernel,
     ops.AvgPool2dBackward: pool.avg_pool2d_backward_kernel,
 }
+
+#: abstract op type -> node kernel ``kernel(ctx, op, *arrays)``.
+NODE_KERNELS = {**POOL_KERNELS, ops.Zeros: zeros_node}
 
 #: abstract op type -> CuPy kernel ``fn(xp, *arrays, **op.params())``.
 CUDA_KERNELS = {
@@ -50,14 +59,13 @@ CUDA_KERNELS = {
     ops.LogSoftmaxBackward: loss.log_softmax_backward,
     ops.CrossEntropy: loss.cross_entropy,
     ops.CrossEntropyBackward: loss.cross_entropy_backward,
-    ops.Zeros: movement.zeros,
     ops.Constant: movement.constant,
 }
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 #: Ops whose kernels take ``specialize`` (geometry compiled in: :mod:`.pool`).
-SPECIALIZABLE = tuple(NODE_KERNELS)
+SPECIALIZABLE = tuple(POOL_KERNELS)
 
 
 def pool_variants(op, in_types, device):

@@ -23,7 +23,7 @@ from opgraph import ops
 from opgraph.errors import ShapeError
 from opgraph.types import compute_dtype, numpy_dtype
 
-from .kernel import reference
+from .kernel import reference, reference_node
 
 
 @reference(ops.Relu, inplace=0)
@@ -118,11 +118,19 @@ def bias_add_backward(xp, gy):
     return gy.sum(axis=axes, dtype=acc).astype(gy.dtype, copy=False)
 
 
-@reference(ops.Zeros)
 def zeros(xp, *, type):
     """Zeros of an ``opgraph.types.TensorType`` (its shape and dtype; bfloat16
     is ``ml_dtypes.bfloat16``, which NumPy and CuPy >= 14 take)."""
     return xp.zeros(type.shape, dtype=numpy_dtype(type.dtype))
+
+
+@reference_node(ops.Zeros)
+def zeros_node(ctx, op):
+    """A ``Zeros`` node's zeros in the type it runs in (``ctx.out_type``: compile's
+    dtype applied, ``opgraph/run_types.py``), else the op's declared type: under
+    ``compile(dtype='float64')`` the declared float32 zeros made every op after
+    them compute in float32."""
+    return zeros(ctx.xp, type=ctx.out_type or op.type)
 
 
 def _select(xp, keep, a, other):

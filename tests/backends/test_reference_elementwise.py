@@ -105,6 +105,21 @@ def test_zeros():
     assert z.dtype.name == "bfloat16" and z.astype(np.float32).tolist() == [0.0, 0.0]
 
 
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+def test_a_zeros_node_runs_in_the_compile_dtype(dtype):
+    """Under ``compile(dtype=...)`` a ``Zeros`` node's zeros are in that dtype, as
+    its readers were typed (``run_types``): declared float32 zeros made a float64
+    check compute in float32 after them."""
+    import opgraph as og
+    from opgraph import ops
+    g = og.Graph()
+    x = g.input("x", (2, 3))
+    z = g.apply(ops.Zeros, {"type": TensorType((2, 3), "float32")}, [])
+    exe = og.compile([z, og.add(x, z)], dtype=dtype)
+    outs = exe(x=np.ones((2, 3), np.float32))
+    assert [o.dtype.name for o in outs] == [dtype, dtype]
+
+
 def test_batch_size_zero():
     x = np.zeros((0, 3, 4, 4))
     for y in (ew.relu(np, x), ew.relu_backward(np, x, x), ew.threshold(np, x, threshold=0, value=1),

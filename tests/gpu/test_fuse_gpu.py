@@ -54,3 +54,24 @@ def test_each_fused_node_passes_the_per_node_check(rng, dtype):
         assert any(st.op.op.name == "FusedElementwise" for st in exe.steps), key
         res = check.check_lowering(exe, ref)
         assert res.passed, (key, res.failures[:5])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_folded_inference_batch_norm_matches_the_reference(cp, layout, dtype, bias):
+    """``bn-fold`` on the GPU: conv -> inference batch norm -> ReLU forward (and the
+    convolution's gradients under the frozen batch norm) folded, the folded
+    convolution in cuDNN's conv + bias + ReLU graph, the folding ops generated,
+    against the float64 reference pipeline."""
+    import numpy as np
+    from inference_blocks import conv_bn_relu
+    g, y, params, feeds = conv_bn_relu(bias)
+    outs = [y, *og.grad(y, params[:1 + bias], grad_outputs=[y])]
+    exe = og.compile(outs, device="cuda", policy={"layout": layout}, dtype=dtype)
+    assert any("folded into the weights) fused" in n for n in exe.report.notes), exe.report.notes
+    assert "reference" not in exe.report.by_algorithm()
+    tol = 2e-2 if dtype == "bfloat16" else 1e-4
+    for got, want in zip(exe(**feeds), og.compile(outs, pipeline="reference", dtype="float64")(**feeds)):
+        got = cp.asnumpy(got).astype(np.float64)
+        assert np.abs(got - want).max() <= tol * np.abs(want).max()

@@ -80,10 +80,12 @@ def tensor_bytes(t) -> int:
 
 def step_traffic(graph, node: int) -> tuple[int, int]:
     """``(bytes moved, FLOPs)`` of a lowered node: its inputs read and its output
-    written once (module docstring), and ``Op.flops`` of its types."""
+    written once (module docstring; an input the op takes for its type only,
+    ``Op.unread_inputs``, is not read), and ``Op.flops`` of its types."""
     view = graph.node(node)
     types = tuple(view.input_types)
-    moved = sum(tensor_bytes(t) for t in types) + tensor_bytes(view.type)
+    unread = abstract_of(view.op).unread_inputs
+    moved = sum(tensor_bytes(t) for k, t in enumerate(types) if k not in unread) + tensor_bytes(view.type)
     return moved, int(view.op.flops(types, view.type))
 
 

@@ -53,6 +53,9 @@ class Op:
     #: (``'fwd'``, ``'dgrad'``, ``'wgrad'``): the alias ``<family>_<direction>``
     #: covers it (``conv_wgrad``), and the legalize pass pads by it.
     direction: ClassVar[str | None] = None
+    #: Input positions the op takes for their type only (shape, dtype), never
+    #: reading their values: a profile counts no traffic for them.
+    unread_inputs: ClassVar[tuple[int, ...]] = ()
 
     def infer(self, *types: TensorType) -> TensorType:  # pragma: no cover - abstract
         raise NotImplementedError

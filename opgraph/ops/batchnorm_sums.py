@@ -105,6 +105,7 @@ class BatchNormBackwardSumsRow(Op):
 
     row: int = F.choice("row", (SUM_GY, SUM_GY_XHAT))
     arity: ClassVar = (2, 2)
+    unread_inputs: ClassVar = (1,)  # like: its dtype only
     family: ClassVar[str] = "norm"
     fused: ClassVar[bool] = True
     kind: ClassVar[str] = "batch_norm_backward_sums_row"

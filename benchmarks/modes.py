@@ -39,7 +39,8 @@ def build_models(names, args, device: str, notes: list[str]) -> list:
     ``--dtype``, then the ``--onnx`` files (:func:`onnx_models`).
 
     Raises:
-        UsageError: a bad ``--onnx-input`` (:func:`onnx_models`).
+        UsageError: a bad ``--onnx-input`` or an ``--onnx`` file named as
+            another model (:func:`onnx_models`).
     """
     models = []
     for name in names:
@@ -48,34 +49,47 @@ def build_models(names, args, device: str, notes: list[str]) -> list:
         if note not in notes:
             notes.append(note)
         models.append(build(name, batch=batch, dtype=args.dtype))
-    onnx = onnx_models(args)
+    onnx = onnx_models(args, taken=[m.key for m in models])
     if args.batch is None:
-        notes += [f"{m.key}: batch {m.batch}, the file's (a symbolic batch builds 1; set with --batch)"
-                  for m in onnx]
+        notes += [file_batch_note(m) for m in onnx]
     return models + onnx
 
 
-def onnx_models(args) -> list:
+def file_batch_note(model) -> str:
+    """Where an ``--onnx`` model's batch came from, when ``--batch`` was not given."""
+    return f"{model.key}: batch {model.batch}, the file's (a symbolic batch builds 1; set with --batch)"
+
+
+def onnx_models(args, taken=()) -> list:
     """The ``--onnx`` files as models, built at ``--batch`` (else the file's) in
     ``--dtype``, each with the ``--onnx-input`` image (else its first graph input).
 
     Raises:
         UsageError: ``--onnx-input`` without ``--onnx``, or naming no graph
-            input of a file (the message lists them).
+            input of a file (the message lists them); a file whose model name
+            (its file name) is one of ``taken`` (the run's other models) or
+            another file's: results, tables and ``compare`` tell models apart
+            by name.
     """
     from .onnx_model import load_model
 
     if args.onnx_input is not None and not args.onnx:
         raise UsageError(f"--onnx-input {args.onnx_input}: names the image input of --onnx files, "
                          "and no --onnx file is given")
-    models = []
+    models, seen = [], set(taken)
     for path in args.onnx:
         try:
-            models.append(load_model(path, batch=args.batch, dtype=args.dtype, input_name=args.onnx_input))
+            model = load_model(path, batch=args.batch, dtype=args.dtype, input_name=args.onnx_input)
         except ParameterError as e:
             if e.param != "input_name":
                 raise
             raise UsageError(f"--onnx-input {args.onnx_input}: {e.why}") from None
+        if model.key in seen:
+            raise UsageError(f"--onnx {path}: its model name {model.key!r} (the file's name) is already the name "
+                             "of another model of this run, and results are told apart by name: copy the file "
+                             "under another name")
+        seen.add(model.key)
+        models.append(model)
     return models
 
 
@@ -192,17 +206,19 @@ def check_applicable(tgs, lowerings, device: str, base: LoweringPolicy) -> str |
 def run_summary(names: list[str], args) -> dict:
     """The summary document of ``names`` (no kernel runs)."""
     models = []
-    built = [build(name, batch=args.batch, dtype=args.dtype) for name in names] + onnx_models(args)
+    built = [build(name, batch=args.batch, dtype=args.dtype) for name in names]
+    built += onnx_models(args, taken=[m.key for m in built])
     for m in built:
         rows = summarize(m.graph, [m.output])
         models.append(report.model_record(m.key, m.spec_key, m.title, m.batch, m.dtype, rows,
                                           totals(rows, m.graph, [m.output])))
     batch = (f"batch {args.batch} (set with --batch)" if args.batch is not None
              else "the seed benchmark's (or the modern suite's) batch of each model")
+    onnx_notes = [] if args.batch is not None else [file_batch_note(m) for m in built if m.spec_key == "onnx"]
     return {"tool": "opgraph-bench", "mode": "summary",
             "environment": environment("none", batch=args.batch, dtype=args.dtype),
             "notes": [f"static summary at {batch}; forward FLOPs from each op's rule, a "
-                      "multiply-add counted as 2 (convolution and linear exclude the bias add)"],
+                      "multiply-add counted as 2 (convolution and linear exclude the bias add)", *onnx_notes],
             "models": models}
 
 

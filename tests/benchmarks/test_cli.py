@@ -323,6 +323,23 @@ def test_onnx_model_alone_is_timed_and_summarised(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     (model,) = summary["models"]
     assert model["model"] == "tiny" and model["totals"]["flops"] == 2 * 2 * 4 * 64 * 27
+    assert cli.main(["--onnx", str(path), "--summary", "--format", "json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert "tiny: batch 1, the file's (a symbolic batch builds 1; set with --batch)" in summary["notes"]
+
+
+@pytest.mark.parametrize("second", ["--model L1", "--onnx {tmp}/b/L1.onnx"])
+def test_an_onnx_file_named_as_another_model_is_refused(tmp_path, capsys, second):
+    """Results are keyed by model name: a DSL model and a file of the same name
+    made two indistinguishable rows (fresh-user review)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _tiny_onnx(tmp_path / "a" / "L1.onnx")
+    _tiny_onnx(tmp_path / "b" / "L1.onnx")
+    args = ["--onnx", str(tmp_path / "a" / "L1.onnx"), *second.format(tmp=tmp_path).split(), "--summary"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "'L1'" in err and "another name" in err
 
 
 @pytest.mark.parametrize("flag,value,message", [

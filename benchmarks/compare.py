@@ -1,7 +1,7 @@
 """``opgraph-bench compare A.json B.json``: what changed between two runs.
 
-For every column the two documents share (model, lowering, precision and
-storage dtype, layout) and that both timed, one row per phase (forward,
+For every column the two documents share (model, lowering, precision,
+storage dtype, layout and batch) and that both timed, one row per phase (forward,
 backward-data, backward-filter or PyTorch's backward, the total, and the
 whole step timed as one loop, the only figure of a ``+graph`` peer): A's
 and B's median with its spread, the ratio B / A, and whether the change is
@@ -55,7 +55,11 @@ def load(path: str) -> dict:
 
 
 def _key(r: dict) -> tuple:
-    return r["model"], r["lowering"], precision_label(r), r.get("layout") or "NCHW"
+    """What makes two records the same column: model, lowering, precision,
+    layout, batch and storage dtype (a batch-2 run is no baseline of a
+    batch-1 run, nor float64 storage of float32)."""
+    return (r["model"], r["lowering"], precision_label(r), r.get("layout") or "NCHW", r.get("batch"),
+            r.get("dtype") or "float32")
 
 
 def _timed(doc: dict) -> dict[tuple, dict]:
@@ -94,7 +98,7 @@ def change(a: tuple[float, float | None], b: tuple[float, float | None]) -> str:
 
 def compare(a: dict, b: dict) -> dict:
     """``{rows, only_a, only_b}``: a row per shared timed column and phase
-    (``model``, ``lowering``, ``precision``, ``layout``, ``phase``, ``a_ms``,
+    (``model``, ``lowering``, ``precision``, ``layout``, ``batch``, ``dtype``, ``phase``, ``a_ms``,
     ``a_iqr_ms``, ``b_ms``, ``b_iqr_ms``, ``ratio`` = B / A, ``change``) and
     the columns timed in one document only."""
     ta, tb = _timed(a), _timed(b)
@@ -103,10 +107,10 @@ def compare(a: dict, b: dict) -> dict:
         fa, fb = _figures(ta[key]), _figures(tb[key])
         for phase in (p for p in (*PHASES, "total", "step") if p in fa and p in fb):
             (ma, ia), (mb, ib) = fa[phase], fb[phase]
-            rows.append(dict(zip(("model", "lowering", "precision", "layout"), key), phase=phase,
+            rows.append(dict(zip(("model", "lowering", "precision", "layout", "batch", "dtype"), key), phase=phase,
                              a_ms=ma, a_iqr_ms=ia, b_ms=mb, b_iqr_ms=ib,
                              ratio=mb / ma if ma > 0 else None, change=change(fa[phase], fb[phase])))
-    label = lambda k: " / ".join(k[:3])  # noqa: E731
+    label = lambda k: f"{k[0]} / {k[1]} / {k[2]} (batch {k[4]}, {k[5]})"  # noqa: E731
     return {"rows": rows, "only_a": [label(k) for k in ta if k not in tb],
             "only_b": [label(k) for k in tb if k not in ta]}
 
@@ -117,8 +121,9 @@ def _iqr(x) -> str:
 
 def comparison_table(result: dict, name_a: str, name_b: str) -> Table:
     """The rows of :func:`compare` as one table, with its notes."""
-    headers = ["model", "lowering", "precision", "phase", "A ms", "A IQR", "B ms", "B IQR", "B / A", "change"]
-    rows = [[r["model"], r["lowering"], r["precision"], r["phase"], fmt_ms(r["a_ms"]), _iqr(r["a_iqr_ms"]),
+    headers = ["model", "batch", "lowering", "precision", "phase", "A ms", "A IQR", "B ms", "B IQR", "B / A",
+               "change"]
+    rows = [[r["model"], r["batch"], r["lowering"], r["precision"], r["phase"], fmt_ms(r["a_ms"]), _iqr(r["a_iqr_ms"]),
              fmt_ms(r["b_ms"]), _iqr(r["b_iqr_ms"]), "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
              r["change"]] for r in result["rows"]]
     counts = {c: sum(r["change"] == c for r in result["rows"]) for c in ("slower", "faster", "", "?")}
@@ -132,7 +137,7 @@ def comparison_table(result: dict, name_a: str, name_b: str) -> Table:
     if result["only_b"]:
         notes.append(f"timed in B only: {', '.join(result['only_b'])}")
     return Table(f"{name_b} against {name_a}", headers, rows,
-                 right={"A ms", "A IQR", "B ms", "B IQR", "B / A"}, notes=notes)
+                 right={"batch", "A ms", "A IQR", "B ms", "B IQR", "B / A"}, notes=notes)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,7 +164,7 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(json.dumps({"a": args.a, "b": args.b, **result}, indent=1) + "\n")
     elif args.format == "csv":
         buf = io.StringIO()
-        fields = ["model", "lowering", "precision", "layout", "phase", "a_ms", "a_iqr_ms", "b_ms", "b_iqr_ms",
+        fields = ["model", "lowering", "precision", "layout", "batch", "dtype", "phase", "a_ms", "a_iqr_ms", "b_ms", "b_iqr_ms",
                   "ratio", "change"]
         w = csv.DictWriter(buf, fields, lineterminator="\n")
         w.writeheader()

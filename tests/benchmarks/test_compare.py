@@ -21,9 +21,10 @@ def _loop(times):
             "min_ms": s[0], "times_ms": times}
 
 
-def _rec(lowering, fwd, bwd, model="alexnet", precision="fp32", dtype="float32"):
+def _rec(lowering, fwd, bwd, model="alexnet", precision="fp32", dtype="float32", batch=128):
     times = {"forward": _loop(fwd), "backward_data": _loop(bwd), "backward_filter": None}
     return {"model": model, "lowering": lowering, "precision": precision, "dtype": dtype, "layout": "NCHW",
+            "batch": batch,
             "status": "ok", "times": times,
             "totals": {"total_ms": times["forward"]["median_ms"] + times["backward_data"]["median_ms"]}}
 
@@ -48,7 +49,8 @@ def test_changes_beyond_both_spreads_are_marked():
     assert rows["fft", "forward"]["change"] == "faster"
     assert rows["gemm", "total"]["a_iqr_ms"] == pytest.approx(0.5 + 1.0)  # the phases' IQRs summed
     assert rows["fft", "backward_data"]["change"] == ""  # 5 -> 5 with no spread: no change
-    assert got["only_a"] == ["alexnet / winograd / fp32"] and got["only_b"] == ["alexnet / direct / fp32"]
+    assert got["only_a"] == ["alexnet / winograd / fp32 (batch 128, float32)"]
+    assert got["only_b"] == ["alexnet / direct / fp32 (batch 128, float32)"]
 
 
 def test_a_column_timed_as_a_whole_step_only_compares_by_its_step():
@@ -75,7 +77,17 @@ def test_precisions_and_storage_dtypes_are_separate_columns():
     a = _doc(_rec("gemm", [1, 1, 1], [1, 1, 1], precision="bf16", dtype="bfloat16"))
     b = _doc(_rec("gemm", [1, 1, 1], [1, 1, 1], precision="bf16", dtype="float32"))
     got = compare.compare(a, b)
-    assert got["rows"] == [] and got["only_a"] == ["alexnet / gemm / bf16, bfloat16 storage"]
+    assert got["rows"] == [] and got["only_a"] == ["alexnet / gemm / bf16, bfloat16 storage (batch 128, bfloat16)"]
+
+
+@pytest.mark.parametrize("other", [{"batch": 64}, {"dtype": "float64"}])
+def test_another_batch_or_float64_storage_is_another_column(other):
+    """A batch-2 run was compared with a batch-1 run, and float64 storage with
+    float32 (both labelled fp32), as if they were the same column (fresh-user review)."""
+    a = _doc(_rec("gemm", [1, 1, 1], [1, 1, 1]))
+    b = _doc(_rec("gemm", [2, 2, 2], [2, 2, 2], **other))
+    got = compare.compare(a, b)
+    assert got["rows"] == [] and len(got["only_a"]) == len(got["only_b"]) == 1
 
 
 def test_the_command_compares_two_real_runs(tmp_path, capsys):

@@ -128,16 +128,24 @@ def check_output_paths(args) -> None:
     format matplotlib cannot write.
 
     Raises:
-        UsageError: the path is a folder, its folder does not exist or is not
-            writable; the plot's extension is not one matplotlib writes.
+        UsageError: the path is a folder, its folder does not exist, is a
+            file or is not writable; two of the flags name one file (the
+            second write replaced the first); the plot's extension is not one
+            matplotlib writes.
     """
+    named: dict[str, str] = {}
     for flag, path in (("--output", args.output), ("--json", args.json), ("--plot", args.plot),
                        ("--trace", args.trace)):
         if not path:
             continue
+        same = named.setdefault(os.path.realpath(path), flag)
+        if same != flag:
+            raise UsageError(f"{flag} {path}: {same} writes the same file; give each its own")
         folder = os.path.dirname(os.path.abspath(path))
         if os.path.isdir(path):
             raise UsageError(f"{flag} {path}: is a folder; give a file name")
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            raise UsageError(f"{flag} {path}: {folder} is a file, not a folder")
         if not os.path.isdir(folder):
             raise UsageError(f"{flag} {path}: folder {folder} does not exist")
         if not os.access(folder, os.W_OK):

@@ -348,10 +348,13 @@ def test_an_onnx_file_named_as_another_model_is_refused(tmp_path, capsys, second
     ("--plot", "{tmp}/missing/p.png", "does not exist"),
     ("--json", "{tmp}/missing/run.json", "does not exist"),
     ("--json", "{tmp}", "is a folder"),
+    ("--json", "{tmp}/afile/run.json", "is a file, not a folder"),
+    ("--json", "{tmp}/same.json --output {tmp}/same.json --format csv", "writes the same file"),
 ])
 def test_unwritable_output_paths_are_usage_errors_before_any_work(tmp_path, capsys, flag, value, message):
+    (tmp_path / "afile").write_text("")
     status, out, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--device", "cpu",
-                               flag, value.format(tmp=tmp_path))
+                               flag, *value.format(tmp=tmp_path).split())
     assert status == 2 and flag in err and message in err
     assert "L5" not in out  # nothing was timed
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.parent.glob("*.tmp"))

@@ -111,6 +111,10 @@ def fill_throughput(rec: dict, peak: dict | None) -> None:
     rec["tflops"] = {p: (f / (ms[p] * 1e9) if ms.get(p) else None) for p, f in rec["flops"].items()}
     top = (peak or {}).get("tflops")
     total = rec["tflops"].get("total")
+    if rec.get("dtype") == "float64" and top:  # the measured peaks are of fp32 and narrower products
+        top = None
+        rec.setdefault("notes", []).append("peak fraction: none for float64 storage (no float64 matmul peak "
+                                           "is measured, and the fp32 one is not its ceiling)")
     rec["peak_fraction"] = total / top if top and total else None
 
 

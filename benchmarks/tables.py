@@ -76,11 +76,11 @@ def fmt_err(x) -> str:
 
 def precision_label(r: dict) -> str:
     """A result's precision as tables group it: ``'bf16'``, or with the storage
-    dtype when that is not float32/float64 (``'bf16, bfloat16 storage'``), so
-    that a ``--dtype bfloat16`` run never shares a table with a float32-storage
-    run of the same precision."""
+    dtype when that is not float32 (``'bf16, bfloat16 storage'``, ``'fp32,
+    float64 storage'``), so that a ``--dtype bfloat16`` (or float64) run never
+    shares a table with a float32-storage run of the same precision."""
     dtype = r.get("dtype") or "float32"
-    return r["precision"] if dtype in ("float32", "float64") else f"{r['precision']}, {dtype} storage"
+    return r["precision"] if dtype == "float32" else f"{r['precision']}, {dtype} storage"
 
 
 def precisions(doc: dict) -> list[str]:

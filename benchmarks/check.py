@@ -69,10 +69,10 @@ import opgraph as og
 from opgraph.backends.registry import KernelContext, rules_for
 from opgraph.executable import Executable
 from opgraph.op import Source, abstract_of
-from opgraph.run_types import run_types
 from opgraph.ops import Add, BatchNorm, ReluBackward, of_family
 from opgraph.ops.conv_fused import activation_of, epilogue_steps
 from opgraph.passes.autotune import relative_error, tolerance
+from opgraph.run_types import run_types
 from opgraph.types import is_float, numpy_dtype, run_type, to_layout
 
 from .protocol import LAYER_FAMILIES, TrainingGraph

@@ -107,8 +107,8 @@ def compare(a: dict, b: dict) -> dict:
         fa, fb = _figures(ta[key]), _figures(tb[key])
         for phase in (p for p in (*PHASES, "total", "step") if p in fa and p in fb):
             (ma, ia), (mb, ib) = fa[phase], fb[phase]
-            rows.append(dict(zip(("model", "lowering", "precision", "layout", "batch", "dtype"), key), phase=phase,
-                             a_ms=ma, a_iqr_ms=ia, b_ms=mb, b_iqr_ms=ib,
+            rows.append(dict(zip(("model", "lowering", "precision", "layout", "batch", "dtype"), key),
+                             phase=phase, a_ms=ma, a_iqr_ms=ia, b_ms=mb, b_iqr_ms=ib,
                              ratio=mb / ma if ma > 0 else None, change=change(fa[phase], fb[phase])))
     label = lambda k: f"{k[0]} / {k[1]} / {k[2]} (batch {k[4]}, {k[5]})"  # noqa: E731
     return {"rows": rows, "only_a": [label(k) for k in ta if k not in tb],
@@ -123,8 +123,8 @@ def comparison_table(result: dict, name_a: str, name_b: str) -> Table:
     """The rows of :func:`compare` as one table, with its notes."""
     headers = ["model", "batch", "lowering", "precision", "phase", "A ms", "A IQR", "B ms", "B IQR", "B / A",
                "change"]
-    rows = [[r["model"], r["batch"], r["lowering"], r["precision"], r["phase"], fmt_ms(r["a_ms"]), _iqr(r["a_iqr_ms"]),
-             fmt_ms(r["b_ms"]), _iqr(r["b_iqr_ms"]), "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
+    rows = [[r["model"], r["batch"], r["lowering"], r["precision"], r["phase"], fmt_ms(r["a_ms"]),
+             _iqr(r["a_iqr_ms"]), fmt_ms(r["b_ms"]), _iqr(r["b_iqr_ms"]), "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
              r["change"]] for r in result["rows"]]
     counts = {c: sum(r["change"] == c for r in result["rows"]) for c in ("slower", "faster", "", "?")}
     notes = [f"A: {name_a}; B: {name_b}; ms per mini-batch, median; IQR: interquartile range of the "
@@ -164,8 +164,8 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(json.dumps({"a": args.a, "b": args.b, **result}, indent=1) + "\n")
     elif args.format == "csv":
         buf = io.StringIO()
-        fields = ["model", "lowering", "precision", "layout", "batch", "dtype", "phase", "a_ms", "a_iqr_ms", "b_ms", "b_iqr_ms",
-                  "ratio", "change"]
+        fields = ["model", "lowering", "precision", "layout", "batch", "dtype", "phase", "a_ms", "a_iqr_ms",
+                  "b_ms", "b_iqr_ms", "ratio", "change"]
         w = csv.DictWriter(buf, fields, lineterminator="\n")
         w.writeheader()
         w.writerows(result["rows"])

@@ -21,6 +21,19 @@ from .timer import AUTO_MAX_SECONDS, AUTO_ROUND, AUTO_THRESHOLD
 GROUPS = {"all": WINNERS + LAYERS + MODERN, "winners": WINNERS, "layers": LAYERS, "modern": MODERN}
 
 
+def entries(text: str) -> list[str]:
+    """The stripped, comma-separated entries of a list flag's value.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty entry (``L1,,L2``, a comma at
+            an end): a typo, which used to be dropped without a word.
+    """
+    items = [p.strip() for p in text.split(",")]
+    if text.strip() and not all(items):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty entry (two commas in a row, or one at an end)")
+    return [p for p in items if p]
+
+
 def parse_models(text: str) -> list[str]:
     """``--model`` value -> registry names: comma-separated names, aliases
     (``overfeat_fast``, ``googlenet_v1``, ``resnet-50``, ...) or groups
@@ -28,12 +41,11 @@ def parse_models(text: str) -> list[str]:
     duplicates dropped.
 
     Raises:
-        argparse.ArgumentTypeError: an unknown name (argparse exits with 2).
+        argparse.ArgumentTypeError: an unknown name or an empty entry
+            (argparse exits with 2).
     """
     names: list[str] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
+    for part in entries(text):
         if part.lower() in GROUPS:
             found = list(GROUPS[part.lower()])
         else:
@@ -51,7 +63,7 @@ def parse_models(text: str) -> list[str]:
 
 def _list_of(allowed, what: str):
     def parse(text: str) -> list[str]:
-        items = list(dict.fromkeys(p.strip().lower() for p in text.split(",") if p.strip()))
+        items = list(dict.fromkeys(p.lower() for p in entries(text)))
         bad = [i for i in items if i not in allowed]
         if bad or not items:
             raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(map(repr, bad)) or '(none)'}; "
@@ -100,7 +112,10 @@ class LoweringAction(argparse.Action):
     """
 
     def __call__(self, parser, namespace, text, option_string=None):
-        items = [p.strip() for p in text.split(",") if p.strip()]
+        try:
+            items = entries(text)
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentError(self, str(e)) from None
         policy = ",".join(i for i in items if is_policy_item(i))
         columns = ",".join(i for i in items if not is_policy_item(i))
         try:
@@ -283,5 +298,5 @@ def model_names(args) -> list[str]:
     return list(GROUPS[args.suite or "winners"])
 
 
-__all__ = ["GROUPS", "parse_models", "build_parser", "model_names", "is_policy_item", "PolicyColumn",
+__all__ = ["GROUPS", "entries", "parse_models", "build_parser", "model_names", "is_policy_item", "PolicyColumn",
            "LoweringAction"]

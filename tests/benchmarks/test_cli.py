@@ -136,6 +136,16 @@ def test_plain_table_without_rich(capsys):
     assert any(l.startswith("L4 ") and "128x128x10x10" in l and "802,944" in l for l in lines)
 
 
+@pytest.mark.parametrize("flag,value", [("--model", "L1,,L2"), ("--model", "L1,"), ("--lowering", "gemm,,fft"),
+                                        ("--precision", "fp32,"), ("--compare", ",torch")])
+def test_an_empty_list_entry_is_a_usage_error(capsys, flag, value):
+    """A doubled or trailing comma was dropped without a word (fresh-user review)."""
+    with pytest.raises(SystemExit) as e:
+        cli.main([flag, value, "--summary"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and flag in err and "empty entry" in err
+
+
 @pytest.mark.parametrize("bad", [["--model", "resnet"], ["--model", "L6"], ["--batch", "0"],
                                  ["--format", "xml"], ["--repeat", "x"], ["--lowering", "fast"],
                                  ["--precision", "fp8"], ["--compare", "tensorflow"],

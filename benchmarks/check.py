@@ -63,7 +63,6 @@ import math
 import time
 
 import attrs
-import numpy as np
 
 import opgraph as og
 from opgraph.backends.registry import KernelContext, rules_for
@@ -73,7 +72,7 @@ from opgraph.ops import Add, BatchNorm, ReluBackward, of_family
 from opgraph.ops.conv_fused import activation_of, epilogue_steps
 from opgraph.passes.autotune import relative_error, tolerance
 from opgraph.run_types import run_types
-from opgraph.types import is_float, numpy_dtype, run_type, to_layout
+from opgraph.types import as_dtype, is_float, run_type, to_layout
 
 from .protocol import LAYER_FAMILIES, TrainingGraph
 
@@ -285,9 +284,7 @@ def check_lowering(exe: Executable, ref: Reference) -> CheckResult:
         t = runs[nid]
         a = expected(nid)
         if is_float(t.dtype):
-            # CuPy parses the name itself (bfloat16 included: the bf16 benchmark's checks on the
-            # H200); NumPy knows bfloat16 only as ml_dtypes' type
-            a = xp.asarray(a, dtype=numpy_dtype(t.dtype) if xp is np else t.dtype)
+            a = as_dtype(xp, a, t.dtype)
         return to_layout(xp, a, t.layout)
 
     failures, worst, worst_err, checked = [], None, -1.0, 0

@@ -33,6 +33,19 @@ def numpy_dtype(name) -> np.dtype:
     return np.dtype(name)
 
 
+def as_dtype(xp, a, name: str):
+    """``a`` (any shape) as an array of ``xp`` in the dtype named ``name`` (of
+    :data:`DTYPES`), converted where it lies. NumPy knows bfloat16 only as
+    ``ml_dtypes``' type (:func:`numpy_dtype`); CuPy converts a device array to
+    ``'bfloat16'`` by the name, the path the benchmark's per-node checks take on
+    the H200 (docs/gpu.md).
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`DTYPES`.
+    """
+    return xp.asarray(a, dtype=numpy_dtype(name) if xp is np else _canon_dtype(name))
+
+
 #: The floating dtypes (what ``compile(dtype=...)`` may replace).
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 

@@ -29,7 +29,7 @@ from collections import OrderedDict
 
 from opgraph import ops
 from opgraph.op import abstract_of
-from opgraph.types import is_float, numpy_dtype, run_type, to_layout
+from opgraph.types import as_dtype, is_float, numpy_dtype, run_type, to_layout
 from opgraph.backends.registry import KernelContext, rules_for
 
 REFERENCE_ALGORITHMS = ("reference", "direct")
@@ -61,7 +61,7 @@ def _drawn(t, xp, rng):
         a = rng.standard_normal(t.shape, dtype=wide).astype(numpy_dtype(t.dtype), copy=False)
     else:
         drawn = xp.random.default_rng(int(rng.integers(2 ** 63))).standard_normal(t.shape, dtype=wide)
-        a = xp.asarray(drawn, dtype=t.dtype)  # CuPy parses the name itself, bfloat16 included
+        a = as_dtype(xp, drawn, t.dtype)
     return to_layout(xp, a, t.layout)
 
 

@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import math
 
+import attrs
+
 from opgraph.errors import OpgraphError
 from opgraph.graph import Graph, NodeView
 from opgraph.op import Lowered, Op
@@ -55,8 +57,7 @@ from opgraph.types import TensorType
 
 from .base import PassContext
 from .candidates import survey
-from .pattern import FusionRule, Match, Scope, forced_elsewhere, lowered_for, rewrite_lowered
-from .report import NodeReport
+from .pattern import FusionRule, Match, Scope, add_lowered, forced_elsewhere, lowered_for, rewrite_lowered
 
 NAME = "bn-fold"
 LABEL = "convolution + inference batch norm (folded into the weights)"
@@ -83,7 +84,8 @@ def _lowering(name: str, op: Op, types, ctx: PassContext) -> Lowered | str:
     s = survey(name, op, tuple(types), ctx.device, ctx.policy, force_name=None, dtype=ctx.dtype)
     applicable = s.applicable()
     if not applicable:
-        return f"no lowering of {op.name} for {name} on {ctx.device}"
+        why = "; ".join(f"{a}: {r}" for a, r in s.declined().items()) or "no rule registered"
+        return f"no lowering of {op.name} for {name} on {ctx.device} ({why})"
     entry = applicable[0]
     return Lowered(op, entry.rule.algorithm, ctx.device, dict(entry.options))
 
@@ -133,24 +135,17 @@ def fold_bn(graph: Graph, m: Match, ctx: PassContext) -> str | None:
         if isinstance(lowered[key], str):
             return lowered[key]
     options = {k: v for k, v in conv.op.options if k != "engine"}  # the biased graph's engines are its own
-    weight_type = types["weight"] if conv.inputs[1].type.layout is None else \
-        TensorType(types["weight"].shape, types["weight"].dtype, conv.inputs[1].type.layout)
+    weight_type = attrs.evolve(types["weight"], layout=conv.inputs[1].type.layout)  # stored as the weights
     new_conv = lowered_for(conv.op.op, (conv.inputs[0].type, weight_type, types["bias"]), algorithm, ctx,
                            options, WHAT)
     if isinstance(new_conv, str):
         return new_conv
     values = {}
-    for key, op, inputs in plan:
-        made = graph.add_node(lowered[key], [values[i] if isinstance(i, str) else i for i in inputs],
-                              name=f"{prefix}/fold_{key}")
-        values[key] = made
-        view = graph.node(made.node)
-        ctx.aliases[view.name] = None  # made here: no force key names it
-        ctx.report.record(NodeReport(node=view.id, name=view.name, op=op.describe(), op_type=op.name,
-                                     order=[lowered[key].algorithm], algorithm=lowered[key].algorithm,
-                                     options=dict(lowered[key].options), chosen=lowered[key].describe()))
+    for key, _, inputs in plan:
+        values[key] = add_lowered(graph, lowered[key], [values[i] if isinstance(i, str) else i for i in inputs],
+                                  f"{prefix}/fold_{key}", ctx)
     if weight_type.layout is not None:
-        graph.set_layout(values["weight"].node, weight_type.layout)  # stored as the weights it replaces
+        graph.set_layout(values["weight"].node, weight_type.layout)
     return rewrite_lowered(graph, m.root, m.absorbed, conv.op.op, [conv.inputs[0], values["weight"], values["bias"]],
                            algorithm, ctx, options, WHAT)
 

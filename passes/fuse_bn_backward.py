@@ -49,8 +49,7 @@ from opgraph.ops import (BatchNormBackwardSumsRow, BatchNormTrainingBackwardData
 from opgraph.ops.batchnorm_sums import SUM_GY, SUM_GY_XHAT
 
 from .base import PassContext
-from .pattern import FusionRule, Match, Scope, forced_elsewhere, lowered_for, report_rewrite
-from .report import NodeReport
+from .pattern import FusionRule, Match, Scope, add_lowered, forced_elsewhere, lowered_for, report_rewrite
 
 LABEL = "batch-norm backward(s) sharing one pass of per-channel sums"
 WHAT = "batch-norm backward from sums"
@@ -99,14 +98,6 @@ def _planned(graph: Graph, m: Match) -> dict:
             m.root: (BatchNormTrainingBackwardDataFromSums(eps=eps), (gy, x, stats, sums, *weight))}
 
 
-def _record_added(ctx: PassContext, view: NodeView, lowered: Lowered) -> None:
-    """A lowering record for the new sums node, as the lower pass keeps for its nodes."""
-    op = lowered.op
-    ctx.report.record(NodeReport(node=view.id, name=view.name, op=op.describe(), op_type=op.name,
-                                 order=[lowered.algorithm], algorithm=lowered.algorithm,
-                                 options=dict(lowered.options), chosen=lowered.describe()))
-
-
 def fuse_bn_backward_sums(graph: Graph, m: Match, ctx: PassContext) -> str | None:
     """Rewrite one match (module docstring); returns None when done, else why
     not (then nothing changed: every new op's lowering is settled first)."""
@@ -123,9 +114,7 @@ def fuse_bn_backward_sums(graph: Graph, m: Match, ctx: PassContext) -> str | Non
         if isinstance(new[key], str):
             return new[key]
     gy, x, stats, *weight = graph.node(m.root).inputs
-    sums = graph.add_node(new["sums"], [x, stats, gy], name=f"{graph.node(m.root).name}/sums")
-    ctx.aliases[graph.node(sums.node).name] = None  # made here: no force key names it
-    _record_added(ctx, graph.node(sums.node), new["sums"])
+    sums = add_lowered(graph, new["sums"], [x, stats, gy], f"{graph.node(m.root).name}/sums", ctx)
     scale, bias = m.data
     # the rows read x for its dtype, not gy: gy's last reader stays dx, which may overwrite it
     for node, inputs in ((scale, [sums, x]), (bias, [sums, x]), (m.root, [gy, x, stats, sums, *weight])):

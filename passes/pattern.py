@@ -38,6 +38,7 @@ from opgraph.op import Lowered, Op, abstract_of
 
 from .base import PassContext
 from .candidates import decline_reason
+from .report import NodeReport
 
 
 @attrs.frozen
@@ -246,6 +247,24 @@ def rewrite_lowered(graph: Graph, root: int, absorbed: Sequence[int], fused: Op,
     return None
 
 
+def add_lowered(graph: Graph, lowered: Lowered, inputs: Sequence[Value], name: str, ctx: PassContext) -> Value:
+    """A node a rewrite makes (no abstract twin): ``lowered`` on ``inputs``,
+    named ``name``, which no ``force`` key names, with the lowering record the
+    lower pass keeps for its nodes (so ``exe.report`` lists it).
+
+    Raises:
+        ShapeError: ``lowered`` rejects ``inputs`` (``Graph.add_node``).
+    """
+    made = graph.add_node(lowered, inputs, name=name)
+    view = graph.node(made.node)
+    ctx.aliases[view.name] = None
+    op = lowered.op
+    ctx.report.record(NodeReport(node=view.id, name=view.name, op=op.describe(), op_type=op.name,
+                                 order=[lowered.algorithm], algorithm=lowered.algorithm,
+                                 options=dict(lowered.options), chosen=lowered.describe()))
+    return made
+
+
 def forced_elsewhere(graph: Graph, root: int, nodes: Sequence[int], algorithm: str,
                      ctx: PassContext) -> str | None:
     """Why a rewrite of ``root`` (lowered to ``algorithm``) must not absorb or
@@ -289,5 +308,6 @@ def report_rewrite(ctx: PassContext, name: str, new: Lowered, names: Sequence[st
     rec.algorithm, rec.options, rec.absorbed = new.algorithm, dict(new.options), absorbed
 
 
-__all__ = ["Match", "FusionRule", "Scope", "Tally", "apply_table", "rewrite_lowered", "forced_elsewhere",
+__all__ = ["Match", "FusionRule", "Scope", "Tally", "apply_table", "rewrite_lowered", "add_lowered",
+           "forced_elsewhere",
            "lowered_for", "report_rewrite"]

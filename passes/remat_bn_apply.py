@@ -49,8 +49,7 @@ from opgraph.ops.activation import Activation, ActivationBackward
 
 from .base import PassContext
 from .fuse_elementwise import fusable
-from .pattern import FusionRule, Match, Scope
-from .report import NodeReport
+from .pattern import FusionRule, Match, Scope, add_lowered
 
 NAME = "bn-apply-remat"
 LABEL = "batch-norm output(s) recomputed for an activation gradient"
@@ -90,12 +89,7 @@ def remat_bn_apply(graph: Graph, m: Match, ctx: PassContext) -> str | None:
         why = "the elementwise rule is excluded by policy"
     if why:
         return f"no fused chain would take it: {why}"
-    copy = graph.add_node(z.op, z.inputs, name=f"{z.name}/remat")
-    ctx.aliases[graph.node(copy.node).name] = None  # made here: no force key names it
-    op = z.op.op
-    ctx.report.record(NodeReport(node=copy.node, name=graph.node(copy.node).name, op=op.describe(),
-                                 op_type=op.name, order=[z.op.algorithm], algorithm=z.op.algorithm,
-                                 options=dict(z.op.options), chosen=z.op.describe()))
+    copy = add_lowered(graph, z.op, z.inputs, f"{z.name}/remat", ctx)
     gradient = graph.node(m.root)
     graph.rewrite(m.root, gradient.op, [copy, *gradient.inputs[1:]])
     return None

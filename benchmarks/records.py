@@ -100,6 +100,11 @@ def phase_totals(times: dict) -> dict:
             "total_min_ms": mins["forward"] + bwd_min}
 
 
+#: Why a float64-storage record has no ``peak_fraction``.
+FLOAT64_PEAK_NOTE = ("peak fraction: none for float64 storage (no float64 matmul peak is measured, and the fp32 "
+                     "one is not its ceiling)")
+
+
 def fill_throughput(rec: dict, peak: dict | None) -> None:
     """Fill ``tflops`` (per phase, backward and total, at the median times) and
     ``peak_fraction`` (total TFLOP/s over the measured matmul peak) of a timed record."""
@@ -113,8 +118,9 @@ def fill_throughput(rec: dict, peak: dict | None) -> None:
     total = rec["tflops"].get("total")
     if rec.get("dtype") == "float64" and top:  # the measured peaks are of fp32 and narrower products
         top = None
-        rec.setdefault("notes", []).append("peak fraction: none for float64 storage (no float64 matmul peak "
-                                           "is measured, and the fp32 one is not its ceiling)")
+        notes = rec.setdefault("notes", [])
+        if FLOAT64_PEAK_NOTE not in notes:  # a +graph record starts from its eager record's notes
+            notes.append(FLOAT64_PEAK_NOTE)
     rec["peak_fraction"] = total / top if top and total else None
 
 

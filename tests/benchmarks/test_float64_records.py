@@ -19,6 +19,8 @@ def test_a_float64_record_has_no_peak_fraction_and_says_why():
     fill_throughput(rec, {"tflops": 10.0})
     assert rec["peak_fraction"] is None and rec["tflops"]["total"] == 2.0
     assert any("float64" in n for n in rec["notes"])
+    fill_throughput(rec, {"tflops": 10.0})  # a +graph record starts from its eager one's notes
+    assert sum("float64" in n for n in rec["notes"]) == 1
     rec = _record("float32")
     fill_throughput(rec, {"tflops": 10.0})
     assert rec["peak_fraction"] == 0.2 and not rec["notes"]

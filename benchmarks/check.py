@@ -71,7 +71,6 @@ from opgraph.op import Source, abstract_of
 from opgraph.ops import Add, BatchNorm, ReluBackward, of_family
 from opgraph.ops.conv_fused import activation_of, epilogue_steps
 from opgraph.passes.autotune import relative_error, tolerance
-from opgraph.run_types import run_types
 from opgraph.types import as_dtype, is_float, run_type, to_layout
 
 from .protocol import LAYER_FAMILIES, TrainingGraph
@@ -277,8 +276,7 @@ def check_lowering(exe: Executable, ref: Reference) -> CheckResult:
         memo[nid] = _reference_kernel(op)(kctx, op, *[expected(i) for i in g.input_ids(nid)])
         return memo[nid]
 
-    # the types the steps run in: compile's dtype applied (run_types.py), not the graph's
-    runs = run_types(g, g.ancestors(exe.outputs), exe.dtype)
+    runs = exe.types  # compile's dtype applied (run_types.py), not the graph's declared types
 
     def operand(nid: int):
         t = runs[nid]

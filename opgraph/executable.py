@@ -138,6 +138,10 @@ class Executable:
         dtype: if set (e.g. ``'float64'`` for the reference oracle), floating
             feeds are cast to it instead of their declared dtype.
 
+    Attributes:
+        types: node id -> the type its value runs in (``dtype`` applied), for
+            every node the outputs depend on, sources included.
+
     Raises:
         NotLoweredError: an abstract node is left; names the node and the pass.
     """
@@ -149,6 +153,7 @@ class Executable:
         order = graph.topological(graph.ancestors(self.outputs))
         self.sources = [graph.node(n) for n in order if isinstance(graph.node(n).op, Source)]
         steps, types = [], run_types(graph, order, dtype)
+        self.types = types
         for n in order:
             view = graph.node(n)
             if isinstance(view.op, Source):

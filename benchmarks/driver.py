@@ -102,7 +102,7 @@ def default_batch(model_seed_batch: int, device: str, batch: int | None) -> tupl
     if device == "cpu":
         return CPU_DEFAULT_BATCH, (
             "CPU default: the seed's batches (128; VGG-A 64, DenseNet-121 64) are sized for a GPU; "
-            f"{CPU_DEFAULT_BATCH} keeps a run of the four models within a few minutes on a "
+            f"{CPU_DEFAULT_BATCH} keeps a run of the four models to about 6-8 minutes on a "
             f"2-core CPU (use --batch N to change it)")
     return model_seed_batch, "the seed benchmark's batch (the modern suite's for the modern convnets)"
 

@@ -78,7 +78,7 @@ def _summary_tables(doc: dict):
         rows = [[r["name"], r["op"], _shape(r["output_shape"]), _int(r["params"]),
                  _gflop(r["gflop"]), _mb(r["out_bytes"])] for r in m["layers"]]
         t = m["totals"]
-        footer = [f"total ({t['layers']} nodes)", "", "", _int(t["params"]), _gflop(t["gflop"]),
+        footer = [f"total ({t['layers']} node{'' if t['layers'] == 1 else 's'})", "", "", _int(t["params"]), _gflop(t["gflop"]),
                   _mb(t["activation_bytes"])]
         per_image = t["flops"] / m["batch"] / 1e9 if m["batch"] else 0.0
         caption = (f"{m['title']} [{m['model']}, spec {m['spec_key']}]: batch {m['batch']}, "

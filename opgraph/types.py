@@ -140,6 +140,26 @@ def is_channels_last(a) -> bool:
     return a.transpose(0, 2, 3, 1).flags.c_contiguous
 
 
+def storage_order(a) -> str | None:
+    """``'NHWC'`` for a 4-D array whose channel axis is the fastest in memory
+    (packed channels-last, or a strided view of a channels-last buffer such
+    as a channel slice of a concat's), ``'NCHW'`` for another 4-D one, else
+    None.
+
+    A kernel that copies a strided operand into a dense one copies it into
+    this order: a channel slice of an NHWC buffer copied C-contiguous (NCHW)
+    flipped the layout of everything downstream, and a cuDNN engine tuned on
+    the NHWC graph was asked to run the NCHW one (DenseNet-121, fp32, H200,
+    2026-12-02: ``cudnnGraphNotSupportedError`` at run time)."""
+    if getattr(a, "ndim", 0) != 4:
+        return None
+    if is_channels_last(a):
+        return "NHWC"
+    if a.flags.c_contiguous:
+        return "NCHW"
+    return "NHWC" if a.shape[1] > 1 and a.strides[1] == a.itemsize else "NCHW"
+
+
 def to_layout(xp, a, layout: str | None):
     """``a`` (logical NCHW) stored in ``layout``: for ``'NHWC'`` the NCHW-shaped
     view of a channels-last copy (strides ``(HWC, 1, WC, C)``); otherwise ``a``.

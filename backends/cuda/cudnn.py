@@ -53,7 +53,7 @@ from opgraph import precision as precisions
 from opgraph.buffer_views import copy_into
 from opgraph.errors import LoweringError, ParameterError, ShapeError
 from opgraph.ops.conv_fused import ACTIVATIONS
-from opgraph.types import is_channels_last as _channels_last, to_layout
+from opgraph.types import storage_order, to_layout
 
 from ..reference.conv_epilogue import apply_epilogue
 from . import cudnn_graph as cg
@@ -64,6 +64,13 @@ _ROUTES: dict = {}  # requested signature -> (plan, CuPy epilogue)
 
 
 # ----------------------------------------------------------------- layouts, dtypes
+
+def _channels_last(a) -> bool:
+    """Whether a convolution reading ``a`` runs NHWC: also for a strided view
+    of an NHWC buffer (:func:`~opgraph.types.storage_order`), copied packed
+    NHWC by :func:`_in_layout`, as the autotune pass ran it."""
+    return storage_order(a) == "NHWC"
+
 
 def _in_layout(xp, a, cl: bool):
     return to_layout(xp, a, "NHWC") if cl else xp.ascontiguousarray(a)

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from opgraph.errors import ShapeError
-from opgraph.types import is_channels_last
+from opgraph.types import is_channels_last, storage_order
 
 from . import cudnn_graph as cg
 from . import cudnn_norm_graph as ng
@@ -147,7 +147,7 @@ def _setup(x, gy=None):
     io = _io_dtype(x) if gy is None else _io_dtype(x, gy)
     if gy is not None and tuple(gy.shape) != tuple(x.shape):
         raise ShapeError(f"cuDNN batch norm: gradient shape {gy.shape} != x shape {x.shape}")
-    geo = geometry(x.shape, is_channels_last(x))
+    geo = geometry(x.shape, storage_order(x) == "NHWC")
     return io, geo, geo.dims[0] * geo.dims[2] * geo.dims[3]
 
 

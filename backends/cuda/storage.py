@@ -29,7 +29,7 @@ import functools
 import numpy as np
 
 from opgraph.errors import ShapeError
-from opgraph.types import is_channels_last, numpy_dtype
+from opgraph.types import is_channels_last, numpy_dtype, storage_order
 
 
 @functools.lru_cache(maxsize=None)
@@ -171,6 +171,8 @@ def physical(xp, x):
     when x is neither NCHW- nor NHWC-contiguous."""
     if is_channels_last(x):
         return x.transpose(0, 2, 3, 1), True
+    if storage_order(x) == "NHWC":  # a strided NHWC view stays NHWC (its copy too)
+        return xp.ascontiguousarray(x.transpose(0, 2, 3, 1)), True
     return xp.ascontiguousarray(x), False
 
 

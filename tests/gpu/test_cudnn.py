@@ -129,13 +129,13 @@ def test_asymmetric_padding_is_refused_unlegalized(cp, rng, direction):
             cudnn.conv2d_backward_filter(cp, x, gy, **p, weight_shape=ws)
 
 
-def _plan(direction, xs, ws, p, precision="fp32"):
-    """The route of a symmetric-padding convolution's signature."""
+def _plan(direction, xs, ws, p, precision="fp32", channels_last=False):
+    """The route of a symmetric-padding convolution's signature (packed NCHW, or NHWC)."""
     from opgraph.backends.cuda import cudnn
     ys = ref.conv_geometry(xs, ws, **p).y_shape
     shapes = {"fprop": [xs, ws, ys], "dgrad": [ys, ws, xs], "wgrad": [xs, ys, ws]}[direction]
     sig = cudnn.signature(direction, "none", shapes, precision, p["padding"], p["stride"],
-                          p["dilation"], False)
+                          p["dilation"], channels_last)
     return cudnn.route(sig), shapes
 
 
@@ -274,3 +274,34 @@ def test_empty_batch_and_cache(cp, rng):
     y2 = cudnn.conv2d(cp, x, w, **p, out_shape=(2, 6, 8, 8))
     assert cg.cache_size() == before
     assert cp.allclose(y1, y2, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("direction", ["dgrad", "wgrad"])
+def test_a_channel_slice_of_an_nhwc_buffer_runs_nhwc(cp, rng, relerr, to_cl, direction):
+    """A DenseNet layer's gradient arrives as a channel slice of the NHWC concat
+    gradient (a strided view, neither packed layout). It must run the NHWC
+    graph, as the autotune pass timed it on packed NHWC inputs, and give NHWC
+    out: it used to be copied NCHW, which flipped the layout downstream and
+    ran a tuned NHWC engine index on the NCHW graph, where it did not exist
+    (DenseNet-121 fp32 on the H200, 2026-12-02)."""
+    from opgraph.backends.cuda import cudnn
+    xs, ws, p = (4, 16, 7, 7), (8, 16, 3, 3), P(padding=((1, 1), (1, 1)))
+    x, w, _, _ = _data(rng, xs, ws, p)
+    big = to_cl(cp.asarray(rng.standard_normal((4, 24, 7, 7), dtype=np.float32)))
+    gy = big[:, 8:16]  # the channel slice
+    assert not _is_cl(gy) and not gy.flags.c_contiguous
+    host_gy = cp.asnumpy(gy).astype(np.float64)
+    q = dict(p, precision="fp32")
+    if direction == "dgrad":
+        want = ref.conv2d_backward_data(np, host_gy, w.astype(np.float64), **p, input_shape=xs)
+        (plan, _), _ = _plan("dgrad", xs, ws, p, channels_last=True)  # the graph the autotune pass times
+        engines = plan.engines()
+        assert engines
+        for engine in [None, *engines]:
+            got = cudnn.conv2d_backward_data(cp, gy, to_cl(cp.asarray(w)), **q, input_shape=xs, engine=engine)
+            assert _is_cl(got)
+            assert relerr(cp.asnumpy(got), want) < TOL["fp32"], engine
+    else:
+        want = ref.conv2d_backward_filter(np, x.astype(np.float64), host_gy, **p, weight_shape=ws)
+        got = cudnn.conv2d_backward_filter(cp, to_cl(cp.asarray(x)), gy, **q, weight_shape=ws)
+        assert relerr(cp.asnumpy(got), want) < TOL["fp32"]

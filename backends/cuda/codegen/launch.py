@@ -36,7 +36,7 @@ import functools
 
 import numpy as np
 
-from opgraph.types import HALF_DTYPES, TensorType, is_channels_last, numpy_dtype
+from opgraph.types import HALF_DTYPES, TensorType, is_channels_last, numpy_dtype, storage_order
 
 from .ir import ViewError
 from .plan import lower
@@ -51,17 +51,8 @@ def compiled(source: str, name: str):
     return cupy.RawModule(code=source).get_function(name)
 
 
-def array_layout(a) -> str | None:
-    """``'NHWC'`` for a 4-D array whose channel axis is the fastest in memory
-    (packed channels-last, or a channel slice of a channels-last buffer),
-    ``'NCHW'`` for another 4-D one, else None."""
-    if getattr(a, "ndim", 0) != 4:
-        return None
-    if is_channels_last(a):
-        return "NHWC"
-    if a.flags.c_contiguous:
-        return "NCHW"
-    return "NHWC" if a.shape[1] > 1 and a.strides[1] == a.itemsize else "NCHW"
+#: the storage order a kernel keeps for an operand (``'NHWC'``, ``'NCHW'`` or None)
+array_layout = storage_order
 
 
 def view_strides(a) -> tuple | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from opgraph.errors import ShapeError
-from opgraph.types import is_channels_last, numpy_dtype
+from opgraph.types import numpy_dtype, storage_order
 
 from .. import storage
 from .copies import copy_into
@@ -23,10 +23,12 @@ from .launch import empty
 
 
 def layout_of(a, asked: str | None = None) -> str | None:
-    """``asked`` if given, else ``'NHWC'`` for a channels-last 4-D ``a``."""
+    """``asked`` if given, else ``'NHWC'`` for a 4-D ``a`` stored channels-last
+    (packed, or a strided view such as a channel slice of an NHWC buffer:
+    :func:`~opgraph.types.storage_order`), else None."""
     if asked is not None:
         return asked
-    return "NHWC" if getattr(a, "ndim", 0) == 4 and is_channels_last(a) else None
+    return "NHWC" if storage_order(a) == "NHWC" else None
 
 
 def _axis(ndim: int, axis: int) -> int:

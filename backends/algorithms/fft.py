@@ -38,8 +38,11 @@ keep complex64); relative error vs the float64 reference is ~1e-6, within the
 
 from __future__ import annotations
 
+import math
+
 import scipy.fft
 
+from .products import matmul
 from ..reference.conv import check_gy, conv_geometry, geometry_of, pad_spatial, result_dtype
 
 FFT_SIZE_LIMIT = 2**31 - 1  # elements of one 2-D transform plane (32-bit plan sizes)
@@ -53,13 +56,20 @@ def fft_shape(geom) -> tuple[int, int]:
 def _freq_matmul(xp, a, b):
     """``out[..., m, p, f] = sum_k a[..., m, k, f] * b[..., k, p, f]``.
 
-    Frequencies ``f`` move to the front as a batch axis of one complex matmul.
-    The operands are made contiguous first: NumPy's matmul falls back to a
-    non-BLAS loop for arbitrarily strided operands.
+    Frequencies ``f`` move to the front as a batch axis of one complex matmul
+    (:func:`.products.matmul`: on CuPy our own cuBLAS handle, which a CUDA
+    graph can capture). The operands are made contiguous first: NumPy's matmul
+    falls back to a non-BLAS loop for arbitrarily strided operands.
     """
     a = xp.ascontiguousarray(xp.moveaxis(a, -1, 0))
     b = xp.ascontiguousarray(xp.moveaxis(b, -1, 0))
-    return xp.moveaxis(xp.matmul(a, b), 0, -1)
+    batch = a.shape[:-2]
+    if b.shape[:-2] != batch:
+        raise ValueError(f"fft products: batch axes {a.shape[:-2]} and {b.shape[:-2]} differ")
+    # frequencies x groups as one strided batch: one cuBLAS call on CuPy (products.matmul)
+    k = math.prod(batch)
+    out = matmul(xp, a.reshape(k, *a.shape[-2:]), b.reshape(k, *b.shape[-2:]))
+    return xp.moveaxis(out.reshape(*batch, *out.shape[-2:]), 0, -1)
 
 
 def _dilate(xp, w, dilation):

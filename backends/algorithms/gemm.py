@@ -25,19 +25,23 @@ or more, and chunks keep the folded ``chunk*Ho*Wo`` dimension below 2^31.
 
 Written against ``xp`` (NumPy or CuPy): only pad, reshape, transpose, strided
 slicing, matmul and the stride-tricks view of :func:`window_view`. The
-products go through :func:`_matmul`: NumPy's on the CPU; on CuPy our own
+products go through :func:`.products.matmul`: NumPy's on the CPU; on CuPy our own
 cuBLAS handle (``backends/cuda/cublas_batched.py``), because ``cupy.matmul``
 of these batched operands cannot be captured into a CUDA graph (CuPy's cuBLAS
 handle refuses stream capture, and the grouped weights broadcast over the
 images made it upload arrays of pointers on every call).
+
+A 1x1 convolution of stride 1 without padding needs no im2col at all
+(:mod:`.gemm_pointwise`): each direction is one product of the input as it is
+stored.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from opgraph.errors import LoweringError
 
+from . import gemm_pointwise as pointwise
+from .products import matmul
 from ..reference.conv import (check_gy, conv_geometry, geometry_of, pad_spatial, result_dtype,
                              tap_slices, window_view)
 
@@ -76,19 +80,6 @@ def batch_chunk(geom, itemsize: int, workspace_limit: int = DEFAULT_WORKSPACE_LI
     chunk = max(int(workspace_limit) // per_image, 1)
     chunk = min(chunk, max(INT32_LIMIT // max(geom.ho * geom.wo, 1), 1))
     return max(min(chunk, geom.n), 1)
-
-
-def _matmul(xp, a, b, *, out=None, accumulate: bool = False):
-    """``a @ b`` (``numpy.matmul`` broadcasting) into ``out`` (added to it with
-    ``accumulate``) or a new array: NumPy's on the CPU, on CuPy
-    :func:`..cuda.cublas_batched.batched_matmul` (capturable; module docstring)."""
-    if xp is np:
-        if accumulate:
-            out += np.matmul(a, b)
-            return out
-        return np.matmul(a, b, out=out)
-    from ..cuda.cublas_batched import batched_matmul
-    return batched_matmul(xp, a, b, out=out, accumulate=accumulate)
 
 
 def im2col(xp, x, geom):
@@ -141,11 +132,13 @@ def forward(xp, x, w, g, *, workspace_limit=DEFAULT_WORKSPACE_LIMIT):
     dt = result_dtype(xp, x, w)
     x = x.astype(dt, copy=False)
     wm = w.astype(dt, copy=False).reshape(g.groups, g.og, g.cg * g.kh * g.kw)
+    if pointwise.applies(g):
+        return pointwise.forward(xp, x, wm, g)
     y = xp.empty((g.n, g.groups, g.og, g.ho * g.wo), dtype=dt)
     step = batch_chunk(g, x.dtype.itemsize, workspace_limit)
     for i in range(0, g.n, step):
         # (G, Og, K) @ (n, G, K, L) -> (n, G, Og, L)
-        _matmul(xp, wm, im2col(xp, x[i:i + step], g), out=y[i:i + step])
+        matmul(xp, wm, im2col(xp, x[i:i + step], g), out=y[i:i + step])
     return y.reshape(g.y_shape)
 
 
@@ -170,12 +163,16 @@ def backward_data(xp, gy, w, g, *, workspace_limit=DEFAULT_WORKSPACE_LIMIT):
     """:func:`conv2d_backward_data` with the geometry ``g``, which it trusts."""
     _require_limits(g)
     dt = result_dtype(xp, gy, w)
-    wt = xp.swapaxes(w.astype(dt, copy=False).reshape(g.groups, g.og, g.cg * g.kh * g.kw), 1, 2)
-    gyg = gy.astype(dt, copy=False).reshape(g.n, g.groups, g.og, g.ho * g.wo)
+    wm = w.astype(dt, copy=False).reshape(g.groups, g.og, g.cg * g.kh * g.kw)
+    gy = gy.astype(dt, copy=False)
+    if pointwise.applies(g):
+        return pointwise.backward_data(xp, gy, wm, g)
+    wt = xp.swapaxes(wm, 1, 2)
+    gyg = gy.reshape(g.n, g.groups, g.og, g.ho * g.wo)
     gx = xp.empty(g.x_shape, dtype=dt)
     step = batch_chunk(g, gx.dtype.itemsize, workspace_limit)
     for i in range(0, g.n, step):
-        gx[i:i + step] = col2im(xp, _matmul(xp, wt, gyg[i:i + step]), g)  # (G,K,Og)@(n,G,Og,L)
+        gx[i:i + step] = col2im(xp, matmul(xp, wt, gyg[i:i + step]), g)  # (G,K,Og)@(n,G,Og,L)
     return gx
 
 
@@ -204,6 +201,8 @@ def backward_filter(xp, x, gy, g, *, workspace_limit=DEFAULT_WORKSPACE_LIMIT):
     _require_limits(g)
     dt = result_dtype(xp, x, gy)
     x, gy = x.astype(dt, copy=False), gy.astype(dt, copy=False)
+    if pointwise.applies(g):
+        return pointwise.backward_filter(xp, x, gy, g).reshape(g.w_shape)
     G, K, L = g.groups, g.cg * g.kh * g.kw, g.ho * g.wo
     gw = xp.zeros((G, g.og, K), dtype=dt)
     step = batch_chunk(g, x.dtype.itemsize, workspace_limit)
@@ -214,7 +213,7 @@ def backward_filter(xp, x, gy, g, *, workspace_limit=DEFAULT_WORKSPACE_LIMIT):
         win = window_view(xp, xg, (g.kh, g.kw), g.stride, g.dilation)  # (n,G,Cg,Ho,Wo,kH,kW)
         cols = win.transpose(1, 2, 5, 6, 0, 3, 4).reshape(G, K, n * L)
         gyc = gy[i:i + step].reshape(n, G, g.og, L).transpose(1, 2, 0, 3).reshape(G, g.og, n * L)
-        _matmul(xp, gyc, xp.swapaxes(cols, 1, 2), out=gw, accumulate=True)
+        matmul(xp, gyc, xp.swapaxes(cols, 1, 2), out=gw, accumulate=True)
     return gw.reshape(g.w_shape)
 
 
@@ -228,6 +227,8 @@ def workspace(direction: str, op, in_types, options) -> int:
     backward-filter also copies the chunk's output gradient)."""
     g = geometry_of(direction, op, in_types)
     itemsize = max(4, _itemsize(in_types[0].dtype))
+    if pointwise.applies(g):
+        return pointwise.workspace(direction, g, in_types[0].layout, itemsize)
     step = batch_chunk(g, itemsize, dict(options).get("workspace_limit", DEFAULT_WORKSPACE_LIMIT))
     cols = step * col_bytes_per_image(g, itemsize)
     if direction == "backward_filter":

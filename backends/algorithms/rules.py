@@ -162,12 +162,12 @@ for _name in ("direct", "reference"):
     register_conv_algorithm(_name, direct.forward, direct.backward_data, direct.backward_filter,
                             check=_accept_all, devices=ALL_DEVICES, tags=("reference", "direct"))
 
-# gemm's products on CuPy go through our own cuBLAS handle (gemm._matmul), but on the
-# H200 (2026-12-02) a ResNet-50 bf16 step on gemm still made a host-to-device copy
-# while capturing ("the current stream is capturing, so H2D transfers are
-# disallowed"): gemm is not declared, so a replay's trial capture decides per step
-# (those steps run eagerly), as for FFT's cuFFT calls; Winograd's products use
-# CuPy's cuBLAS handle.
+# gemm's and fft's products on CuPy go through our own cuBLAS handle (products.matmul), but
+# on the H200 (2026-12-02) gemm's 1x1 forward and backward-filter steps still made a
+# host-to-device copy while capturing ("the current stream is capturing, so H2D transfers
+# are disallowed"; those now take gemm_pointwise's path, not yet run on a GPU), and cuFFT's
+# calls were never declared: neither is declared, so a replay's trial capture decides per
+# step (a step that fails runs eagerly). Winograd's products use CuPy's cuBLAS handle.
 register_conv_algorithm("gemm", gemm.forward, gemm.backward_data, gemm.backward_filter,
                         check=gemm.check, devices=ALL_DEVICES, workspace=gemm.workspace,
                         tags=("gemm", "im2col"))

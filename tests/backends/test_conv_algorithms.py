@@ -26,6 +26,8 @@ CASES = {
     "kernel_gt_input": ((1, 2, 2, 3), (3, 2, 3, 3), dict(padding=1)),
     "kernel_gt_input_5x4": ((1, 2, 2, 2), (2, 2, 5, 4), dict(padding=((2, 1), (1, 1)))),
     "1x1_stride2": ((2, 3, 5, 6), (4, 3, 1, 1), dict(stride=2)),
+    "1x1": ((2, 3, 5, 6), (4, 3, 1, 1), {}),  # gemm's no-im2col path (gemm_pointwise)
+    "1x1_groups2_dil": ((2, 4, 3, 5), (6, 2, 1, 1), dict(groups=2, dilation=2)),
     "batch0": ((0, 4, 5, 5), (4, 2, 3, 3), dict(padding=1, groups=2)),
     "ragged_tiles": ((1, 2, 9, 7), (3, 2, 3, 3), dict(padding=((0, 2), (3, 0)))),
     "stride_not_tiling": ((1, 2, 8, 8), (2, 2, 3, 3), dict(stride=3)),
@@ -315,3 +317,19 @@ def test_a_half_precision_convolution_with_bias_is_rounded_once(algo):
     (exact,) = og.compile(y, pipeline="reference", dtype="float64")(**feeds)
     assert got.dtype == bf
     np.testing.assert_array_equal(got.astype(np.float64), exact.astype(bf).astype(np.float64))
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_fft_products_are_one_batched_product(monkeypatch, direction):
+    """FFT's per-frequency channel sums go through ``products.matmul`` (on CuPy our
+    capturable cuBLAS handle), frequencies and groups merged into one batch axis."""
+    calls = []
+
+    def recording(xp, a, b, **kw):
+        calls.append((a.shape, b.shape))
+        return np.matmul(a, b)
+    monkeypatch.setattr(fft, "matmul", recording)
+    arrays, expect = inputs("groups2", direction, "float64")
+    got = run(fft, direction, arrays, CASES["groups2"][:2], CASES["groups2"][2], {})
+    assert rel_err(got, expect) < TOLERANCE[("fft", "float64")]
+    assert len(calls) == 1 and len(calls[0][0]) == len(calls[0][1]) == 3

@@ -1,0 +1,100 @@
+"""The GEMM convolution of a 1x1 kernel at stride 1 without padding: no im2col.
+
+Such a convolution (ResNet's bottleneck ends, MobileNet's and EfficientNet's
+expansions and projections, DenseNet's bottlenecks) reads every input pixel
+once, so im2col is the identity and its buffer is a copy of x for nothing.
+Each direction is one product of the arrays as they are stored:
+
+* x stored NCHW: ``x.reshape(N, G, C/G, H*W)`` is a view, so ``y = W @ x``
+  batched over images and groups (backward-data ``gx = W^T @ gy``;
+  backward-filter folds the images into the contracted dimension, one copy of
+  each operand);
+* x stored NHWC (channels-last, :func:`opgraph.types.is_channels_last`) and one
+  group: the buffer is the ``(N*H*W, C)`` matrix of pixels, so ``y = x W^T``,
+  ``gx = gy W`` and ``gw = gy^T x`` are plain GEMMs on the buffers, with no copy
+  at all, and the result is returned NHWC, the layout its readers were planned
+  for.
+
+Why not im2col's path with the trivial window: on the H200 (2026-12-02, fp32
+ResNet-50 NHWC) every 1x1 GEMM forward and backward-filter step the tuner
+picked (23) failed its trial capture into a CUDA graph with "the current
+stream is capturing, so H2D transfers are disallowed", while the GEMM
+backward-data steps (no window view, no im2col copy) captured; this path
+runs the products alone. Same products, same accumulation (fp32 for fp32 and
+half storage, :mod:`.products`).
+"""
+
+from __future__ import annotations
+
+from opgraph.types import is_channels_last
+
+from .products import matmul
+
+INT32_LIMIT = 2**31 - 1
+
+
+def applies(g) -> bool:
+    """Whether geometry ``g`` is a 1x1 kernel at stride 1 without padding
+    (dilation is moot for one tap), on a non-empty batch (batch 0 keeps the
+    general path's explicit zeros)."""
+    return (g.n > 0 and g.kh == g.kw == 1 and tuple(g.stride) == (1, 1)
+            and all(tuple(p) == (0, 0) for p in g.padding))
+
+
+def _pixels(a):
+    """The ``(N*H*W, C)`` matrix of a channels-last ``(N, C, H, W)`` view (a view)."""
+    n, c, h, w = a.shape
+    return a.transpose(0, 2, 3, 1).reshape(n * h * w, c)
+
+
+def _as_nchw_view(m, n, h, w):
+    """The ``(N, C, H, W)``-shaped view of an ``(N*H*W, C)`` pixel matrix (NHWC storage)."""
+    return m.reshape(n, h, w, m.shape[1]).transpose(0, 3, 1, 2)
+
+
+def _one_gemm(g, *arrays) -> bool:
+    """The NHWC case: one group, every operand channels-last, and the pixel
+    count a 32-bit GEMM dimension."""
+    return g.groups == 1 and g.n * g.h * g.w <= INT32_LIMIT and all(is_channels_last(a) for a in arrays)
+
+
+def forward(xp, x, wm, g):
+    """``y (N, O, H, W)`` from ``x (N, C, H, W)`` and the weights as ``wm (G, O/G, C/G)``."""
+    if _one_gemm(g, x):
+        return _as_nchw_view(matmul(xp, _pixels(x), wm[0].T), g.n, g.h, g.w)
+    y = xp.empty((g.n, g.groups, g.og, g.h * g.w), dtype=x.dtype)
+    matmul(xp, wm, x.reshape(g.n, g.groups, g.cg, g.h * g.w), out=y)  # (G,Og,Cg) @ (N,G,Cg,L)
+    return y.reshape(g.y_shape)
+
+
+def backward_data(xp, gy, wm, g):
+    """``gx (N, C, H, W)`` from ``gy (N, O, H, W)`` and ``wm (G, O/G, C/G)``."""
+    if _one_gemm(g, gy):
+        return _as_nchw_view(matmul(xp, _pixels(gy), wm[0]), g.n, g.h, g.w)
+    gx = matmul(xp, xp.swapaxes(wm, 1, 2), gy.reshape(g.n, g.groups, g.og, g.h * g.w))  # (N,G,Cg,L)
+    return gx.reshape(g.x_shape)
+
+
+def backward_filter(xp, x, gy, g):
+    """``gw (G, O/G, C/G)`` from ``x (N, C, H, W)`` and ``gy (N, O, H, W)``: the
+    images folded into the contracted dimension."""
+    if _one_gemm(g, x, gy):
+        return matmul(xp, _pixels(gy).T, _pixels(x))[None]  # (O, N*L) @ (N*L, C)
+    G, L = g.groups, g.h * g.w
+    a = xp.ascontiguousarray(gy.reshape(g.n, G, g.og, L).transpose(1, 2, 0, 3)).reshape(G, g.og, g.n * L)
+    b = xp.ascontiguousarray(x.reshape(g.n, G, g.cg, L).transpose(1, 0, 3, 2)).reshape(G, g.n * L, g.cg)
+    return matmul(xp, a, b)
+
+
+def workspace(direction: str, g, layout: str | None, itemsize: int) -> int:
+    """Scratch bytes of one call: none for NHWC with one group (views of the
+    buffers); a copy of each operand for backward-filter otherwise (and the
+    reshape's copy of a strided x, not counted: a zero-copy view's)."""
+    if layout == "NHWC" and g.groups == 1:
+        return 0
+    if direction == "backward_filter":
+        return (g.c + g.o) * g.n * g.h * g.w * itemsize
+    return 0
+
+
+__all__ = ["applies", "forward", "backward_data", "backward_filter", "workspace"]

@@ -32,17 +32,10 @@ def matmul(xp, a, b, *, out=None, accumulate: bool = False):
             out += np.matmul(a, b)
             return out
         return np.matmul(a, b, out=out)
-    from ..cuda.cublas_batched import BATCHED_TYPES, batched_matmul
+    from ..cuda.cublas_batched import BATCHED_TYPES, batched_matmul, cupy_matmul
     if a.dtype == b.dtype and a.dtype.name in BATCHED_TYPES:
         return batched_matmul(xp, a, b, out=out, accumulate=accumulate)
-    product = xp.matmul(a, b)
-    if out is None:
-        return product
-    if accumulate:
-        out += product
-    else:
-        out[...] = product
-    return out
+    return cupy_matmul(xp, a, b, out=out, accumulate=accumulate)
 
 
 __all__ = ["matmul"]

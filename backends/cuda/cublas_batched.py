@@ -159,6 +159,19 @@ def _prepared(xp, a):
 _cached_plan = functools.lru_cache(maxsize=1024)(plan_batched)
 
 
+def cupy_matmul(xp, a, b, *, out=None, accumulate: bool = False):
+    """``a @ b`` by ``cupy.matmul`` (CuPy's cuBLAS handle: any dtype, never
+    capturable), into ``out`` (added to it with ``accumulate``) or a new array."""
+    product = xp.matmul(a, b)
+    if out is None:
+        return product
+    if accumulate:
+        out += product
+    else:
+        out[...] = product
+    return out
+
+
 def batched_matmul(xp, a, b, *, out=None, accumulate: bool = False):
     """``a @ b`` (``numpy.matmul``: ``(..., M, K) @ (..., K, P)``, at most two
     batch axes, broadcast) of CuPy arrays of one dtype (:data:`BATCHED_TYPES`)
@@ -183,14 +196,7 @@ def batched_matmul(xp, a, b, *, out=None, accumulate: bool = False):
     if own is None:  # CuPy's cuBLAS: correct, not capturable (capture_requirement says so)
         if xp.cuda.get_current_stream().is_capturing():
             raise RuntimeError(f"cuBLAS inside a CUDA-graph capture: {capture_requirement()}")
-        product = xp.matmul(a, b)
-        if out is None:
-            return product
-        if accumulate:
-            out += product
-        else:
-            out[...] = product
-        return out
+        return cupy_matmul(xp, a, b, out=out, accumulate=accumulate)
     a, b = _prepared(xp, a), _prepared(xp, b)
     shape, calls = _cached_plan(tuple(a.shape), _element_strides(a), tuple(b.shape), _element_strides(b))
     if out is None:
@@ -215,4 +221,4 @@ def batched_matmul(xp, a, b, *, out=None, accumulate: bool = False):
     return out
 
 
-__all__ = ["BATCHED_TYPES", "GemmCall", "matrix_layout", "plan_batched", "batched_matmul"]
+__all__ = ["BATCHED_TYPES", "GemmCall", "matrix_layout", "plan_batched", "cupy_matmul", "batched_matmul"]

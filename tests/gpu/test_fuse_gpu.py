@@ -40,20 +40,22 @@ def test_fused_training_steps_match_the_reference(cp, rng, layout, dtype):
         assert not bad, (case, bad)
 
 
+@pytest.mark.parametrize("key", ["resnet50", "densenet121", "efficientnet_b0", "googlenet"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_each_fused_node_passes_the_per_node_check(rng, dtype):
+def test_each_fused_node_passes_the_per_node_check(rng, dtype, key):
+    """One model per test (DenseNet-121's ~2,000 nodes take most of a minute), so a
+    device call's time limit cuts between models, not inside one test."""
     from opgraph.benchmarks import check
     from opgraph.benchmarks.models import build
     from opgraph.benchmarks.protocol import random_feeds, training_graph
 
-    for key in ("resnet50", "densenet121", "efficientnet_b0", "googlenet"):
-        tg = training_graph(build(key, batch=2))
-        feeds = random_feeds(tg.model, seed=3)
-        ref = check.Reference(tg, feeds, "cuda")
-        exe = og.compile(tg.outputs, device="cuda", policy={"layout": "NHWC"}, dtype=dtype)
-        assert any(st.op.op.name == "FusedElementwise" for st in exe.steps), key
-        res = check.check_lowering(exe, ref)
-        assert res.passed, (key, res.failures[:5])
+    tg = training_graph(build(key, batch=2))
+    feeds = random_feeds(tg.model, seed=3)
+    ref = check.Reference(tg, feeds, "cuda")
+    exe = og.compile(tg.outputs, device="cuda", policy={"layout": "NHWC"}, dtype=dtype)
+    assert any(st.op.op.name == "FusedElementwise" for st in exe.steps), key
+    res = check.check_lowering(exe, ref)
+    assert res.passed, (key, res.failures[:5])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -117,3 +117,31 @@ def test_data_types_are_the_cublas_enums():
     # library_types.h: CUDA_R_32F 0, CUDA_R_64F 1, CUDA_C_32F 4; cublas_api.h: COMPUTE_32F 68, 64F 70
     assert {k: v[:2] for k, v in BATCHED_TYPES.items()} == {"float32": (0, 68), "float64": (1, 70),
                                                              "complex64": (4, 68)}
+
+
+@pytest.mark.parametrize("G", [1, 2])
+def test_the_1x1_products_are_planned_without_a_copy(G):
+    """``gemm_pointwise``'s operands as it makes them: NHWC pixel matrices (rows
+    contiguous) against the weights or their transpose, and the backward-filter's
+    transposed pixel matrix; NCHW with groups, the images folded into the
+    contracted axis. Each must be planned as it is (no copy) and compute matmul."""
+    from opgraph.backends.algorithms.gemm_pointwise import _pixels
+    from opgraph.types import to_layout
+    rng = np.random.default_rng(G)
+    n, c, h, w, o = 2, 4, 3, 5, 6
+    x = to_layout(np, rng.standard_normal((n, c, h, w)), "NHWC")
+    gy = to_layout(np, rng.standard_normal((n, o, h, w)), "NHWC")
+    xbuf, gbuf = x.transpose(0, 2, 3, 1).reshape(-1), gy.transpose(0, 2, 3, 1).reshape(-1)
+    wbuf = rng.standard_normal(o * (c // G))
+    wm = wbuf.reshape(G, o // G, c // G)
+    if G == 1:
+        px, pg = _pixels(x), _pixels(gy)
+        for a, abuf, b, bbuf in [(px, xbuf, wm[0].T, wbuf), (pg, gbuf, wm[0], wbuf), (pg.T, gbuf, px, xbuf)]:
+            assert matrix_layout(a.shape, tuple(s // 8 for s in a.strides)) is not None
+            np.testing.assert_allclose(_run(a, abuf, b, bbuf), a @ b, rtol=1e-12)
+    else:  # NCHW: the folded operands gemm_pointwise copies contiguous
+        L = h * w
+        xc, gc = np.ascontiguousarray(x), np.ascontiguousarray(gy)
+        a = np.ascontiguousarray(gc.reshape(n, G, o // G, L).transpose(1, 2, 0, 3)).reshape(G, o // G, n * L)
+        b = np.ascontiguousarray(xc.reshape(n, G, c // G, L).transpose(1, 0, 3, 2)).reshape(G, n * L, c // G)
+        np.testing.assert_allclose(_run(a, a.reshape(-1), b, b.reshape(-1)), a @ b, rtol=1e-12)

@@ -143,8 +143,9 @@ def is_channels_last(a) -> bool:
 def storage_order(a) -> str | None:
     """``'NHWC'`` for a 4-D array whose channel axis is the fastest in memory
     (packed channels-last, or a strided view of a channels-last buffer such
-    as a channel slice of a concat's), ``'NCHW'`` for another 4-D one, else
-    None.
+    as a channel slice of a concat's, every other channel included), ``'NCHW'``
+    for another 4-D one (and for one channel or one pixel, where both orders
+    are the same memory), else None.
 
     A kernel that copies a strided operand into a dense one copies it into
     this order: a channel slice of an NHWC buffer copied C-contiguous (NCHW)
@@ -157,7 +158,12 @@ def storage_order(a) -> str | None:
         return "NHWC"
     if a.flags.c_contiguous:
         return "NCHW"
-    return "NHWC" if a.shape[1] > 1 and a.strides[1] == a.itemsize else "NCHW"
+    _, c, h, w = a.shape
+    spatial = [abs(st) for st, n in zip(a.strides[2:], (h, w)) if n > 1]
+    # one channel or one pixel: both orders are the same memory (NCHW, as is_channels_last says)
+    if c == 1 or not spatial:
+        return "NCHW"
+    return "NHWC" if abs(a.strides[1]) < min(spatial) else "NCHW"
 
 
 def to_layout(xp, a, layout: str | None):

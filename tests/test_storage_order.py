@@ -35,6 +35,11 @@ def test_a_channel_slice_keeps_its_buffers_order(a):
     assert storage_order(nhwc(a)[:, :, 1:, 1:4]) == "NHWC"
     # one channel: nothing is channels-fastest about it
     assert storage_order(nhwc(a)[:, 3:4]) == "NCHW"
+    # every other channel of an NHWC buffer is still channels-fastest
+    assert storage_order(nhwc(a)[:, ::2]) == "NHWC"
+    # one pixel: the same memory either way, NCHW as the unsliced array says
+    pixel = np.zeros((4, 6, 1, 1))
+    assert storage_order(pixel) == storage_order(pixel[:, 1:4]) == "NCHW"
 
 
 @pytest.mark.parametrize("view", ["channels", "crop"])

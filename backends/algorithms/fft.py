@@ -177,7 +177,9 @@ def backward_filter(xp, x, gy, g):
     wf = _freq_matmul(xp, a, b).reshape(g.o, g.cg, *xf.shape[-2:])
     eh, ew = g.kernel_extent
     gw = xp.fft.irfft2(wf, s=s)[..., :eh:g.dilation[0], :ew:g.dilation[1]]
-    return xp.ascontiguousarray(gw).astype(dt, copy=False)
+    # a copy, always: a 1x1 kernel's crop is already contiguous, and a view would keep
+    # the whole inverse transform (O*C/G*Hf*Wf values) alive for a weight-sized result
+    return gw.astype(dt, copy=True)
 
 
 def check(direction: str, op, in_types, device: str) -> str | None:

@@ -9,11 +9,12 @@ Each direction is one product of the arrays as they are stored:
   batched over images and groups (backward-data ``gx = W^T @ gy``;
   backward-filter folds the images into the contracted dimension, one copy of
   each operand);
-* x stored NHWC (channels-last, :func:`opgraph.types.is_channels_last`) and one
-  group: the buffer is the ``(N*H*W, C)`` matrix of pixels, so ``y = x W^T``,
-  ``gx = gy W`` and ``gw = gy^T x`` are plain GEMMs on the buffers, with no copy
-  at all, and the result is returned NHWC, the layout its readers were planned
-  for.
+* x stored NHWC (:func:`opgraph.types.storage_order`) and one group: the
+  buffer is the ``(N*H*W, C)`` matrix of pixels, so ``y = x W^T``, ``gx = gy W``
+  and ``gw = gy^T x`` are plain GEMMs on the buffers, with no copy at all for a
+  packed one (a strided view, such as a channel slice of a concat buffer, is
+  copied packed first), and the result is returned NHWC, the layout its readers
+  were planned for.
 
 Why not im2col's path with the trivial window: on the H200 (2026-12-02, fp32
 ResNet-50 NHWC) every 1x1 GEMM forward and backward-filter step the tuner
@@ -26,7 +27,7 @@ half storage, :mod:`.products`).
 
 from __future__ import annotations
 
-from opgraph.types import is_channels_last
+from opgraph.types import storage_order
 
 from .products import matmul
 
@@ -41,10 +42,12 @@ def applies(g) -> bool:
             and all(tuple(p) == (0, 0) for p in g.padding))
 
 
-def _pixels(a):
-    """The ``(N*H*W, C)`` matrix of a channels-last ``(N, C, H, W)`` view (a view)."""
+def _pixels(xp, a):
+    """The ``(N*H*W, C)`` matrix of a channels-last ``(N, C, H, W)`` array: a view
+    of a packed one, a packed copy of a strided one (a channel slice of an NHWC
+    concat buffer)."""
     n, c, h, w = a.shape
-    return a.transpose(0, 2, 3, 1).reshape(n * h * w, c)
+    return xp.ascontiguousarray(a.transpose(0, 2, 3, 1)).reshape(n * h * w, c)
 
 
 def _as_nchw_view(m, n, h, w):
@@ -55,13 +58,13 @@ def _as_nchw_view(m, n, h, w):
 def _one_gemm(g, *arrays) -> bool:
     """The NHWC case: one group, every operand channels-last, and the pixel
     count a 32-bit GEMM dimension."""
-    return g.groups == 1 and g.n * g.h * g.w <= INT32_LIMIT and all(is_channels_last(a) for a in arrays)
+    return g.groups == 1 and g.n * g.h * g.w <= INT32_LIMIT and all(storage_order(a) == "NHWC" for a in arrays)
 
 
 def forward(xp, x, wm, g):
     """``y (N, O, H, W)`` from ``x (N, C, H, W)`` and the weights as ``wm (G, O/G, C/G)``."""
     if _one_gemm(g, x):
-        return _as_nchw_view(matmul(xp, _pixels(x), wm[0].T), g.n, g.h, g.w)
+        return _as_nchw_view(matmul(xp, _pixels(xp, x), wm[0].T), g.n, g.h, g.w)
     y = xp.empty((g.n, g.groups, g.og, g.h * g.w), dtype=x.dtype)
     matmul(xp, wm, x.reshape(g.n, g.groups, g.cg, g.h * g.w), out=y)  # (G,Og,Cg) @ (N,G,Cg,L)
     return y.reshape(g.y_shape)
@@ -70,7 +73,7 @@ def forward(xp, x, wm, g):
 def backward_data(xp, gy, wm, g):
     """``gx (N, C, H, W)`` from ``gy (N, O, H, W)`` and ``wm (G, O/G, C/G)``."""
     if _one_gemm(g, gy):
-        return _as_nchw_view(matmul(xp, _pixels(gy), wm[0]), g.n, g.h, g.w)
+        return _as_nchw_view(matmul(xp, _pixels(xp, gy), wm[0]), g.n, g.h, g.w)
     gx = matmul(xp, xp.swapaxes(wm, 1, 2), gy.reshape(g.n, g.groups, g.og, g.h * g.w))  # (N,G,Cg,L)
     return gx.reshape(g.x_shape)
 
@@ -79,7 +82,7 @@ def backward_filter(xp, x, gy, g):
     """``gw (G, O/G, C/G)`` from ``x (N, C, H, W)`` and ``gy (N, O, H, W)``: the
     images folded into the contracted dimension."""
     if _one_gemm(g, x, gy):
-        return matmul(xp, _pixels(gy).T, _pixels(x))[None]  # (O, N*L) @ (N*L, C)
+        return matmul(xp, _pixels(xp, gy).T, _pixels(xp, x))[None]  # (O, N*L) @ (N*L, C)
     G, L = g.groups, g.h * g.w
     a = xp.ascontiguousarray(gy.reshape(g.n, G, g.og, L).transpose(1, 2, 0, 3)).reshape(G, g.og, g.n * L)
     b = xp.ascontiguousarray(x.reshape(g.n, G, g.cg, L).transpose(1, 0, 3, 2)).reshape(G, g.n * L, g.cg)
@@ -88,8 +91,9 @@ def backward_filter(xp, x, gy, g):
 
 def workspace(direction: str, g, layout: str | None, itemsize: int) -> int:
     """Scratch bytes of one call: none for NHWC with one group (views of the
-    buffers); a copy of each operand for backward-filter otherwise (and the
-    reshape's copy of a strided x, not counted: a zero-copy view's)."""
+    buffers); a copy of each operand for backward-filter otherwise. The packing
+    copy of a strided view is not counted: the types do not say which operand
+    will arrive as a zero-copy view."""
     if layout == "NHWC" and g.groups == 1:
         return 0
     if direction == "backward_filter":

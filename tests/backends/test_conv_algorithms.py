@@ -333,3 +333,14 @@ def test_fft_products_are_one_batched_product(monkeypatch, direction):
     got = run(fft, direction, arrays, CASES["groups2"][:2], CASES["groups2"][2], {})
     assert rel_err(got, expect) < TOLERANCE[("fft", "float64")]
     assert len(calls) == 1 and len(calls[0][0]) == len(calls[0][1]) == 3
+
+
+def test_fft_weight_gradient_owns_its_memory():
+    """A 1x1 kernel's crop of the inverse transform is contiguous: the result must
+    still be a copy, not a view keeping the whole transform alive."""
+    rng = np.random.default_rng(3)
+    x, gy = rng.standard_normal((2, 16, 12, 12)), rng.standard_normal((2, 8, 12, 12))
+    gw = fft.conv2d_backward_filter(np, x, gy, weight_shape=(8, 16, 1, 1))
+    assert gw.base is None or gw.base.nbytes == gw.nbytes
+    want = ref.conv2d_backward_filter(np, x, gy, weight_shape=(8, 16, 1, 1))
+    assert rel_err(gw, want) < TOLERANCE[("fft", "float64")]

@@ -135,7 +135,7 @@ def test_the_1x1_products_are_planned_without_a_copy(G):
     wbuf = rng.standard_normal(o * (c // G))
     wm = wbuf.reshape(G, o // G, c // G)
     if G == 1:
-        px, pg = _pixels(x), _pixels(gy)
+        px, pg = _pixels(np, x), _pixels(np, gy)
         for a, abuf, b, bbuf in [(px, xbuf, wm[0].T, wbuf), (pg, gbuf, wm[0], wbuf), (pg.T, gbuf, px, xbuf)]:
             assert matrix_layout(a.shape, tuple(s // 8 for s in a.strides)) is not None
             np.testing.assert_allclose(_run(a, abuf, b, bbuf), a @ b, rtol=1e-12)

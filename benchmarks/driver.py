@@ -102,8 +102,8 @@ def default_batch(model_seed_batch: int, device: str, batch: int | None) -> tupl
     if device == "cpu":
         return CPU_DEFAULT_BATCH, (
             "CPU default: the seed's batches (128; VGG-A 64, DenseNet-121 64) are sized for a GPU; "
-            f"{CPU_DEFAULT_BATCH} keeps a run of the four models to about 6-8 minutes on a "
-            f"2-core CPU (use --batch N to change it)")
+            f"{CPU_DEFAULT_BATCH} keeps a run of the four models to about 3-8 minutes on a "
+            f"2-core CPU (3 alone, 6-8 beside other work; use --batch N to change it)")
     return model_seed_batch, "the seed benchmark's batch (the modern suite's for the modern convnets)"
 
 

@@ -208,9 +208,10 @@ def applicability(tg: TrainingGraph, lowering: Lowering, device: str,
     out = {}
     for node in conv_nodes(tg):
         rule = lookup(type(node.op), algo)
-        out[node.name] = decline_reason(rule, node.op, node.input_types, device, policy,
-                                        policy_options(rule, policy, storage_dtype(node.input_types)),
-                                        padded_ok=True)
+        # the lowering's own policy may exclude its algorithm ('gemm,exclude=gemm'): then it runs nowhere
+        out[node.name] = policy.exclusion(rule.algorithm, rule.tags) or decline_reason(
+            rule, node.op, node.input_types, device, policy,
+            policy_options(rule, policy, storage_dtype(node.input_types)), padded_ok=True)
     return out
 
 

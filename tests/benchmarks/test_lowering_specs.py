@@ -72,6 +72,13 @@ def test_a_limit_no_convolution_fits_is_a_usage_error(capsys):
     assert status == 2 and "'gemm@ws=0' cannot run any convolution" in err and "exceeds the limit 0 B" in err
 
 
+def test_a_lowering_whose_own_policy_excludes_it_is_a_usage_error(capsys):
+    """'gemm,exclude=gemm' ran a column labelled gemm on the direct fallback (fresh-user review)."""
+    status = cli.main(["--model", "L1", "--batch", "1", "--device", "cpu", "--lowering", "gemm,exclude=gemm"])
+    err = capsys.readouterr().err
+    assert status == 2 and "'gemm' cannot run any convolution" in err and "exclude=['gemm']" in err
+
+
 def test_specs_and_policy_items_mix_on_one_flag():
     """An ``@`` after a name is a column's option, an ``@`` first forces a node
     (docs/policy.md, Command line): both kinds split apart on one ``--lowering``."""

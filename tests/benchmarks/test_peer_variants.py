@@ -206,10 +206,20 @@ def test_missing_torch_prints_its_message_once(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch", None)
     monkeypatch.setattr(cli, "build_models", lambda names, args, device, notes: [tiny_convnet(), every_op_model()])
     status = cli.main(["--model", "L5,L4", "--device", "cpu", "--lowering", "gemm", "--warmup", "0",
-                       "--repeat", "1", "--no-check", "--no-per-layer", "--compare", ",".join(ALL)])
+                       "--repeat", "1", "--no-check", "--no-per-layer", "--compare", "torch,torch-compile"])
     out, err = capsys.readouterr()
     assert status == 0, err
     out = " ".join(out.split())  # the table's notes wrap at the console's width
     assert err.count("PyTorch is not installed") == 1 and out.count("PyTorch is not installed") == 1
-    assert err.count("(reason above)") == 8  # every peer column of the two models: said before the run
-    assert out.count("unavailable [1]") == 8
+    assert err.count("(reason above)") == 4  # every peer column of the two models: said before the run
+    assert out.count("unavailable [1]") == 4
+
+
+def test_a_graph_peer_on_the_cpu_is_a_usage_error(capsys):
+    """A +graph peer captures CUDA graphs: on the CPU it is refused before anything
+    runs, as --cuda-graph is (it used to run every column, then say 'unavailable')."""
+    from opgraph.benchmarks import cli
+    status = cli.main(["--model", "L1", "--device", "cpu", "--compare", ",".join(ALL)])
+    err = capsys.readouterr().err
+    assert status == 2 and "--compare torch+graph,torch-compile+graph captures CUDA graphs" in err
+    assert "needs --device cuda (this run: cpu)" in err

@@ -122,9 +122,9 @@ def run_timing(names: list[str], args) -> dict:
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
     if args.cuda_graph and device != "cuda":
         raise UsageError(f"--cuda-graph replays CUDA graphs: it needs --device cuda (this run: {device})")
-    graphed_peers = [p for p in (args.compare or ()) if str(p).endswith("+graph")]
+    graphed_peers = [p for p in args.compare if p.endswith("+graph")]
     if graphed_peers and device != "cuda":
-        raise UsageError(f"--compare {','.join(map(str, graphed_peers))} captures CUDA graphs: it needs "
+        raise UsageError(f"--compare {','.join(graphed_peers)} captures CUDA graphs: it needs "
                          f"--device cuda (this run: {device})")
     problem = check_applicable(tgs, lowerings, device, base)
     if problem:

@@ -41,12 +41,11 @@ from __future__ import annotations
 from opgraph.errors import LoweringError
 
 from . import gemm_pointwise as pointwise
-from .products import matmul
+from .products import INT32_LIMIT, matmul
 from ..reference.conv import (check_gy, conv_geometry, geometry_of, pad_spatial, result_dtype,
                              tap_slices, window_view)
 
 DEFAULT_WORKSPACE_LIMIT = 2 * 2**30  # bytes of im2col buffer per chunk
-INT32_LIMIT = 2**31 - 1  # largest matrix dimension a 32-bit BLAS interface takes
 
 
 def gemm_dims(geom) -> dict[str, int]:

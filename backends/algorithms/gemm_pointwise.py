@@ -29,9 +29,7 @@ from __future__ import annotations
 
 from opgraph.types import storage_order
 
-from .products import matmul
-
-INT32_LIMIT = 2**31 - 1
+from .products import INT32_LIMIT, matmul
 
 
 def applies(g) -> bool:

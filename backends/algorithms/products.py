@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
+#: the largest matrix dimension a 32-bit BLAS interface (cuBLAS's) takes
+INT32_LIMIT = 2**31 - 1
+
 
 def matmul(xp, a, b, *, out=None, accumulate: bool = False):
     """``a @ b`` (``numpy.matmul`` broadcasting, at most two batch axes on CuPy)
@@ -38,4 +41,4 @@ def matmul(xp, a, b, *, out=None, accumulate: bool = False):
     return cupy_matmul(xp, a, b, out=out, accumulate=accumulate)
 
 
-__all__ = ["matmul"]
+__all__ = ["INT32_LIMIT", "matmul"]

@@ -29,7 +29,7 @@ import functools
 import numpy as np
 
 from opgraph.errors import ShapeError
-from opgraph.types import is_channels_last, numpy_dtype, storage_order
+from opgraph.types import numpy_dtype, storage_order
 
 
 @functools.lru_cache(maxsize=None)
@@ -169,9 +169,7 @@ def physical(xp, x):
     """``(buffer, channels_last)``: a C-contiguous array holding x's memory
     (NHWC order when x is a channels-last view of a 4-D tensor), copying only
     when x is neither NCHW- nor NHWC-contiguous."""
-    if is_channels_last(x):
-        return x.transpose(0, 2, 3, 1), True
-    if storage_order(x) == "NHWC":  # a strided NHWC view stays NHWC (its copy too)
+    if storage_order(x) == "NHWC":  # packed: a view; a strided NHWC view: its NHWC copy
         return xp.ascontiguousarray(x.transpose(0, 2, 3, 1)), True
     return xp.ascontiguousarray(x), False
 

@@ -197,6 +197,12 @@ class Rule:
             return str(self.capturable) if self.capturable else f"the {self.algorithm} rule does not capture"
         return self.capture_requires() if installed else None
 
+    def declared_capture_blocker(self) -> str | None:
+        """:meth:`capture_blocker` of a rule that declares itself (on this
+        machine's libraries); None for one that declares nothing, which a
+        replay's trial capture decides step by step."""
+        return None if self.capturable is None else self.capture_blocker()
+
 
 _RULES: dict[type, dict[str, Rule]] = {}
 

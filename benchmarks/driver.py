@@ -54,7 +54,8 @@ from . import lowerings as lw
 from . import stability
 from .environment import environment, git_commit  # noqa: F401  (re-exported)
 from .forward import ForwardTiming, lowering_summary, time_calls, time_forward  # noqa: F401
-from .graph_column import graph_column, graph_placeholder
+from .graph_column import (changed_choices, graph_column, graph_failed, graph_placeholder, recompile_note,
+                           replay_policy)
 from .memory import memory_record, run_and_measure
 from .models import LAYERS, Model
 from .peak import measure_peaks
@@ -223,7 +224,27 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
             rec["other_ms"] = {p: ((rec["times"][p] or {}).get("median_ms") or 0.0)
                                - sum(r["ms"].get(p, 0.0) for r in rec["layers"]) for p in PHASES}
         if s.graphed(lowering.name):
-            out.append(graph_column(rec, runner, tg, sched, na, exe, ref, feeds, s, peak))
+            recompiled = None
+            replay_pol = replay_policy(exe, policy)
+            if replay_pol is not None:  # a step would run eagerly between the graphs: choose again
+                try:
+                    eager_exe, exe = exe, None
+                    runner = None  # the eager column's arrays go before the replay's are made
+                    release_device(s.device)
+                    t0 = time.perf_counter()
+                    exe = og.compile(tg.outputs, device=s.device, policy=replay_pol)
+                    changed = changed_choices(eager_exe, exe)
+                    eager_exe = None
+                    recompiled = {"policy": replay_pol.to_dict(), "compile_s": time.perf_counter() - t0,
+                                  "algorithms": lw.algorithm_counts(exe), "notes": [recompile_note(changed)]}
+                    sched = schedule(exe, tg)
+                    na = {k: v for k, v in lw.not_applicable(exe, lowering).items() if k not in rec["forced"]}
+                    runner = PhaseRunner(sched, exe.feed(feeds), timer)
+                    runner.warmup(s.warmup)
+                except Exception as e:  # the eager record stands
+                    out.append(graph_failed(rec, e, "compiling for the replay (cuda_graph) failed: "))
+                    return out
+            out.append(graph_column(rec, runner, tg, sched, na, exe, ref, feeds, s, peak, recompiled))
     except Exception as e:  # one column's failure (kernel error, OOM) must not end the run
         rec.update(error_fields(e))
     finally:

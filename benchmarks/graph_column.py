@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import attrs
+
 from opgraph.backends import device as dev
 
 from . import check as chk
@@ -86,16 +88,54 @@ def graph_follows(runner: PhaseRunner, exe, tg, feeds: dict, s: Settings) -> tup
     return worst, None
 
 
+def replay_policy(exe, policy):
+    """The policy a ``+graph`` column compiles with when the eager column's
+    graph would not replay whole: ``cuda_graph`` on (autotune then picks, among
+    its measured candidates, a capturable one wherever one is correct) for an
+    autotuned policy one of whose compiled steps declares itself not capturable
+    (FFT, Winograd: such a step runs eagerly between the graphs, and on the H200
+    the fp32 ResNet-50 replay was slower than eager for it, 2026-12-02). None:
+    the column replays the eager column's graph. No timing is repeated: the
+    choice is made again from the cached measurements."""
+    if not policy.autotune or policy.cuda_graph:
+        return None
+    if not any(getattr(st.ctx, "capture_blocker", None) for st in exe.steps):
+        return None
+    return attrs.evolve(policy, cuda_graph=True)
+
+
+def changed_choices(eager_exe, replay_exe) -> dict[str, str]:
+    """Step name -> ``'fft -> cudnn'`` for the steps whose algorithm differs
+    between the two compiles of one graph."""
+    before = {st.name: st.op.algorithm for st in eager_exe.steps}
+    return {st.name: f"{before[st.name]} -> {st.op.algorithm}" for st in replay_exe.steps
+            if st.name in before and before[st.name] != st.op.algorithm}
+
+
+def recompile_note(changed: dict[str, str]) -> str:
+    """The ``+graph`` record's note on a compile for the replay (:func:`changed_choices`)."""
+    shown = ", ".join(f"{name} ({how})" for name, how in list(changed.items())[:6])
+    return ("compiled again with cuda_graph (autotune picks a capturable candidate where one is correct): "
+            f"{len(changed)} step{'' if len(changed) == 1 else 's'} changed" + (f": {shown}" + (", ..." if len(changed) > 6 else "")
+                                               if changed else ""))
+
+
 def graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, exe, ref, feeds: dict,
-                  s: Settings, peak: dict | None) -> dict:
+                  s: Settings, peak: dict | None, recompiled: dict | None = None) -> dict:
     """The ``<lowering>+graph`` record: ``rec``'s compiled graph, each phase
     replayed as CUDA graphs; per-layer times stay with the eager record. Two
     checks (the per-node check of the eager column holds: the same kernels
     run): the replayed outputs end to end against the float64 reference
     (:func:`_graph_check`, catches unwritten or corrupted arrays) and the
     replay on a new input against the eager executor (:func:`_graph_follows`,
-    catches a graph reading an array that is not the current one)."""
+    catches a graph reading an array that is not the current one).
+    ``recompiled``: the fields of a compile for the replay (:func:`replay_policy`:
+    ``policy``, ``compile_s``, ``algorithms``, ``notes``), which replace the
+    eager column's."""
     g = _graph_record(rec, "check")
+    if recompiled:
+        g.update({k: v for k, v in recompiled.items() if k != "notes"})
+        g["notes"] += recompiled.get("notes", [])
     try:
         phases, summary = runner.time_graphed_phases(s.repeat, s.warmup)
         g["graph"] = summary
@@ -163,6 +203,13 @@ def _graph_record(rec: dict, *drop: str) -> dict:
     return g
 
 
+def graph_failed(rec: dict, e: BaseException, prefix: str) -> dict:
+    """The ``+graph`` record of a replay that could not be built (the eager record stands)."""
+    g = _graph_record(rec, "check")
+    g.update(error_fields(e, prefix))
+    return g
+
+
 def graph_placeholder(rec: dict) -> dict:
     """The ``+graph`` record of a lowering whose eager column did not time
     (n/a, mismatch, error, skipped): not replayed, and why."""
@@ -176,4 +223,4 @@ def graph_placeholder(rec: dict) -> dict:
 
 __all__ = ["GRAPH_CHECK_FACTOR", "GRAPH_CHECK_SLACK", "GRAPH_FOLLOW_TOL", "GRAPH_FOLLOW_TOL_DEFAULT",
            "graph_follow_tolerance", "graph_check", "graph_follows", "graph_column", "graph_placeholder",
-           "capture_notes"]
+           "capture_notes", "replay_policy", "changed_choices", "graph_failed", "recompile_note"]

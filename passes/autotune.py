@@ -41,7 +41,8 @@ import functools
 import math
 import statistics
 import time
-from typing import Callable, Protocol
+from types import MappingProxyType
+from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
@@ -180,7 +181,9 @@ class AutotunePass(Pass):
             key = cache_key(op, types, ctx.dtype, layout, policy, ctx.device, device_name, versions,
                             candidates=candidate_set(((e.rule, e.options) for e in applicable), policy.engine_limit))
             hit = cache.get(key)
-            rows, algorithm, cached_opts = rechoose(hit, policy.workspace_tolerance) if hit else ([], None, {})
+            uncapturable = _uncapturable(applicable) if policy.cuda_graph and ctx.device == "cuda" else {}
+            rows, algorithm, cached_opts = (rechoose(hit, policy.workspace_tolerance, uncapturable) if hit
+                                            else ([], None, {}))
             entry = next((e for e in applicable if e.rule.algorithm == algorithm), None)
             with node_clock.part("variants"):  # a cuDNN engine's plan is built here
                 refused = entry and refused_options(entry, cached_opts, op, types, ctx.device, policy.engine_limit)
@@ -205,7 +208,7 @@ class AutotunePass(Pass):
                 rows, timed = self._tune(op, types, cands, s, ctx, timer, view, run[view.id],
                                          tuple(run[i] for i in graph.input_ids(view.id)), node_clock, pool)
                 measured = [c.to_dict() for c in rows]  # cached as timed: rechoose() decides again
-                best = choose(rows, timed, policy.workspace_tolerance)
+                best = choose(rows, timed, policy.workspace_tolerance, uncapturable)
                 if best is None:
                     raise LoweringError(f"node {view.name} ({op.describe()}): autotune found no correct "
                                         "candidate:" + "".join(f"\n  {c.label}: {c.status}: {c.reason}"
@@ -302,7 +305,8 @@ class AutotunePass(Pass):
         return rows, timed
 
 
-def choose(rows: list[Candidate], timed: list[Candidate], workspace_tolerance: float) -> Candidate | None:
+def choose(rows: list[Candidate], timed: list[Candidate], workspace_tolerance: float,
+           uncapturable: Mapping[str, str] = MappingProxyType({})) -> Candidate | None:
     """The winning row, marked ``chosen``; None when no row is correct.
 
     Correct rows (status ``ok``, or ``unverified`` for an op without a
@@ -315,8 +319,22 @@ def choose(rows: list[Candidate], timed: list[Candidate], workspace_tolerance: f
     ``reason`` says why it was chosen (``within 3 % of the fastest
     cudnn[engine=1] (0.412 vs 0.405 ms), 290.0 MiB less workspace ...``) and
     the fastest's why it was not.
+
+    ``uncapturable`` (policy ``cuda_graph``: the step is replayed as CUDA
+    graphs) maps the algorithms whose rule declares itself not capturable to
+    the reason: their rows compete only when no other row is correct, and a
+    faster one left out says so in its ``reason``.
     """
     correct = [c for c in rows if c.status in ("ok", "unverified")]
+    capturable = [c for c in correct if c.algorithm not in uncapturable]
+    if capturable and len(capturable) < len(correct):
+        bar = min(c.time_ms for c in capturable)
+        for c in correct:
+            if c.algorithm in uncapturable and c.time_ms < bar:
+                c.reason = "; ".join(filter(None, [
+                    c.reason, f"faster, but not capturable ({uncapturable[c.algorithm]}) and the step is "
+                              "replayed as CUDA graphs (cuda_graph)"]))
+        correct = capturable
     fastest = min(correct, key=lambda c: c.time_ms, default=None)
     if fastest is None:
         return None
@@ -344,11 +362,12 @@ def choose(rows: list[Candidate], timed: list[Candidate], workspace_tolerance: f
 RECHOOSE_VERSION = 1
 
 
-def rechoose(entry: dict, workspace_tolerance: float) -> tuple[list[Candidate], str | None, dict]:
+def rechoose(entry: dict, workspace_tolerance: float,
+             uncapturable: Mapping[str, str] = MappingProxyType({})) -> tuple[list[Candidate], str | None, dict]:
     """``(rows, algorithm, options)`` of a cached decision under the current
-    ``workspace_tolerance``: the cached rows (times and workspaces as measured)
-    go through :func:`choose` again, so changing the tolerance needs no
-    re-tuning. An entry without the :data:`RECHOOSE_VERSION` tag (written
+    ``workspace_tolerance`` and ``uncapturable`` algorithms: the cached rows
+    (times and workspaces as measured) go through :func:`choose` again, so
+    changing either needs no re-tuning. An entry without the :data:`RECHOOSE_VERSION` tag (written
     before the tie-break and the output-dtype check) keeps its algorithm and
     options: its rows were not all checked as today's are."""
     rows = [Candidate.from_dict(c) for c in entry.get("candidates", [])]
@@ -358,10 +377,17 @@ def rechoose(entry: dict, workspace_tolerance: float) -> tuple[list[Candidate], 
         if c.status == "chosen":
             c.status = "ok"
     timed = [c for c in rows if c.time_ms is not None and not c.reason.startswith("pruned")]
-    best = choose(rows, timed, workspace_tolerance)
+    best = choose(rows, timed, workspace_tolerance, uncapturable)
     if best is None:
         return rows, entry.get("algorithm"), dict(entry.get("options", {}))
     return rows, best.algorithm, dict(best.options)
+
+
+def _uncapturable(applicable) -> dict[str, str]:
+    """Algorithm -> why its rule cannot be captured into a CUDA graph, for the
+    applicable candidates that declare so (``Rule.declared_capture_blocker``)."""
+    return {e.rule.algorithm: why for e in applicable
+            if (why := e.rule.declared_capture_blocker()) is not None}
 
 
 def _size(nbytes: int) -> str:

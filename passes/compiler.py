@@ -118,7 +118,7 @@ def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
     def resolve(op: Lowered, out_type: TensorType):
         rule = lookup(type(op.op), op.algorithm)
         # a rule that declares nothing is left to the replay's trial capture (Rule.capture_blocker)
-        blocker = rule.capture_blocker() if dev_name == "cuda" and rule.capturable is not None else None
+        blocker = rule.declared_capture_blocker() if dev_name == "cuda" else None
         return rule.kernel, KernelContext(xp, dev_name, op.option_dict, out_type, blocker)  # run type
 
     exe = Executable(lowered, louts, resolve, xp=xp, device=dev_name, dtype=dtype)

@@ -16,7 +16,8 @@ The user swaps implementations here, never in the model. A policy holds
   fraction: autotune keeps the smallest-workspace candidate within it of the
   fastest), ``engine_limit`` (how many cuDNN engines per node autotune times,
   in cuDNN's heuristic order), ``precision``, ``layout``, ``explicit_padding`` (algorithms the
-  legalize pass pads for), ``cache``.
+  legalize pass pads for), ``cache``, ``cuda_graph`` (autotune prefers
+  candidates a CUDA graph can capture).
 
 Op-type keys are op class names (``Conv2d``, case-insensitive), family aliases
 (:data:`ALIASES`, derived from each op's ``family`` and ``direction``
@@ -40,6 +41,8 @@ TOML schema (``LoweringPolicy.from_toml``; every key optional)::
     exclude = ["winograd"]
     explicit_padding = ["fft"]    # algorithms given explicit Pad nodes ("*" = all)
     cache = "~/.cache/opgraph/autotune.json"
+    cuda_graph = false            # bool: the step is replayed as CUDA graphs, so autotune
+                                  # picks a capturable candidate when one is correct (needs autotune)
 
     [prefer]                      # key -> algorithm or list of algorithms
     conv = ["fft", "gemm"]
@@ -282,10 +285,18 @@ def _path(value) -> str | None:
     return str(value)
 
 
-def _flag(value) -> bool:
-    if not isinstance(value, bool):
-        raise _err("autotune", value, "must be true or false")
-    return value
+def _flag(name: str):
+    def convert(value) -> bool:
+        if not isinstance(value, bool):
+            raise _err(name, value, "must be true or false")
+        return value
+    return convert
+
+
+def _cuda_graph_needs_autotune(policy, attribute, value) -> None:
+    if value and not policy.autotune:
+        raise _err("cuda_graph", value, "acts on autotune's choice among timed candidates; "
+                   "turn autotune on (the lowering 'auto')")
 
 
 @attrs.frozen
@@ -300,7 +311,7 @@ class LoweringPolicy:
     force: Mapping[str, str] = attrs.field(factory=dict, converter=_force)
     include: frozenset = attrs.field(default=frozenset(), converter=_names("include"))
     exclude: frozenset = attrs.field(default=frozenset(), converter=_names("exclude"))
-    autotune: bool = attrs.field(default=False, converter=_flag)
+    autotune: bool = attrs.field(default=False, converter=_flag("autotune"))
     workspace_limit: int | None = attrs.field(default=None, converter=parse_bytes)
     #: Autotune: among the correct, fully timed candidates whose median is within
     #: ``(1 + workspace_tolerance) x`` the fastest, the smallest workspace wins.
@@ -316,6 +327,13 @@ class LoweringPolicy:
                               converter=lambda v: v.upper() if isinstance(v, str) else v)  # nhwc = NHWC
     explicit_padding: frozenset = attrs.field(default=frozenset(), converter=_names("explicit_padding"))
     cache: str | None = attrs.field(default=None, converter=_path)
+    #: The step will be replayed as CUDA graphs: autotune chooses among the
+    #: correct candidates whose rule does not declare itself uncapturable
+    #: (``Rule.declared_capture_blocker``) whenever there is one, since such a
+    #: step runs eagerly between the graphs of the replay (``opgraph/graph_replay.py``).
+    #: Needs ``autotune``.
+    cuda_graph: bool = attrs.field(default=False, converter=_flag("cuda_graph"),
+                                   validator=_cuda_graph_needs_autotune)
 
     # ---- queries used by the passes --------------------------------------
     def preferred(self, op_type: str) -> tuple[str, ...]:
@@ -358,7 +376,8 @@ class LoweringPolicy:
              "workspace_tolerance": self.workspace_tolerance,
              "engine_limit": "all" if self.engine_limit is None else self.engine_limit,
              "precision": self.precision, "layout": self.layout,
-             "explicit_padding": sorted(self.explicit_padding), "cache": self.cache}
+             "explicit_padding": sorted(self.explicit_padding), "cache": self.cache,
+             "cuda_graph": self.cuda_graph or None}
         return {k: v for k, v in d.items() if v not in (None, [], {})}
 
     # ---- construction from files and flags -------------------------------

@@ -162,18 +162,24 @@ for _name in ("direct", "reference"):
     register_conv_algorithm(_name, direct.forward, direct.backward_data, direct.backward_filter,
                             check=_accept_all, devices=ALL_DEVICES, tags=("reference", "direct"))
 
-# gemm's and fft's products on CuPy go through our own cuBLAS handle (products.matmul), but
-# on the H200 (2026-12-02) gemm's 1x1 forward and backward-filter steps still made a
-# host-to-device copy while capturing ("the current stream is capturing, so H2D transfers
-# are disallowed"; those now take gemm_pointwise's path, not yet run on a GPU), and cuFFT's
-# calls were never declared: neither is declared, so a replay's trial capture decides per
-# step (a step that fails runs eagerly). Winograd's products use CuPy's cuBLAS handle.
+# gemm's products on CuPy go through our own cuBLAS handle (products.matmul); on the H200
+# (2026-12-02) its 1x1 forward and backward-filter steps once made a host-to-device copy while
+# capturing (now gemm_pointwise's path: captured, tests/gpu/test_capture_gpu.py), so it is not
+# declared and a replay's trial capture decides per step. FFT's products run on the same
+# handle, but its transforms are CuPy's cuFFT plans from CuPy's plan cache (16 plans by
+# default): ResNet-50 needs more, so capturing a run of FFT steps creates and destroys
+# plans while the stream captures, and on the H200 (2026-12-02) ending that capture crashed
+# the process (a segmentation fault in cudaStreamEndCapture, after every step had passed its
+# trial capture alone). A captured graph must also never outlive the plans its kernels came
+# from, which an evicting cache cannot promise: FFT steps run eagerly between the graphs.
 register_conv_algorithm("gemm", gemm.forward, gemm.backward_data, gemm.backward_filter,
                         check=gemm.check, devices=ALL_DEVICES, workspace=gemm.workspace,
                         tags=("gemm", "im2col"))
 
 register_conv_algorithm("fft", fft.forward, fft.backward_data, fft.backward_filter, check=fft.check,
-                        devices=ALL_DEVICES, workspace=fft.workspace, tags=("fft", "fast"))
+                        devices=ALL_DEVICES, workspace=fft.workspace, tags=("fft", "fast"),
+                        capturable="cuFFT plans come from CuPy's evicting plan cache: a capture "
+                                   "would create and destroy plans, and its graph outlive them")
 
 register_conv_algorithm("winograd", winograd.forward, winograd.backward_data, winograd.backward_filter,
                         check=winograd.check, devices=ALL_DEVICES, variants=winograd.variants,

@@ -33,29 +33,31 @@ def no_im2col(monkeypatch):
     monkeypatch.setattr(gemm, "im2col", refuse)
 
 
+@pytest.mark.parametrize("stride", [1, 2, (2, 3)])
 @pytest.mark.parametrize("groups", [1, 2])
 @pytest.mark.parametrize("how", ["NCHW", "NHWC", "slice"])
 @pytest.mark.parametrize("direction", ["forward", "backward_data", "backward_filter"])
-def test_matches_the_reference(direction, how, groups):
+def test_matches_the_reference(direction, how, groups, stride):
     rng = np.random.default_rng(7)
     ws = (WS[0], WS[1] // groups, 1, 1)
     x, w = rng.standard_normal(XS), rng.standard_normal(ws)
-    gy = rng.standard_normal((XS[0], WS[0], *XS[2:]))
+    conv = {"groups": groups, "stride": stride}
+    gy = rng.standard_normal(ref.conv_geometry(XS, ws, **conv).y_shape)
     x32, w32, gy32 = (a.astype(np.float32) for a in (x, w, gy))
     if direction == "forward":
-        got = gemm.conv2d_forward(np, stored(x32, how), w32, groups=groups)
-        want = ref.conv2d_forward(np, x32.astype(np.float64), w32.astype(np.float64), groups=groups)
+        got = gemm.conv2d_forward(np, stored(x32, how), w32, **conv)
+        want = ref.conv2d_forward(np, x32.astype(np.float64), w32.astype(np.float64), **conv)
         lead = x32
     elif direction == "backward_data":
-        got = gemm.conv2d_backward_data(np, stored(gy32, how), w32, groups=groups, input_shape=XS)
+        got = gemm.conv2d_backward_data(np, stored(gy32, how), w32, **conv, input_shape=XS)
         want = ref.conv2d_backward_data(np, gy32.astype(np.float64), w32.astype(np.float64),
-                                        groups=groups, input_shape=XS)
+                                        **conv, input_shape=XS)
         lead = gy32
     else:
-        got = gemm.conv2d_backward_filter(np, stored(x32, how), stored(gy32, how), groups=groups,
+        got = gemm.conv2d_backward_filter(np, stored(x32, how), stored(gy32, how), **conv,
                                           weight_shape=ws)
         want = ref.conv2d_backward_filter(np, x32.astype(np.float64), gy32.astype(np.float64),
-                                          groups=groups, weight_shape=ws)
+                                          **conv, weight_shape=ws)
         lead = None
     assert got.shape == want.shape and got.dtype == np.float32
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
@@ -63,10 +65,10 @@ def test_matches_the_reference(direction, how, groups):
         assert is_channels_last(got) == (how in ("NHWC", "slice") and groups == 1)
 
 
-def test_only_a_stride_one_unpadded_1x1_takes_the_path():
+def test_only_an_unpadded_1x1_takes_the_path():
     g = ref.conv_geometry(XS, WS)
     assert gemm_pointwise.applies(g)
-    assert not gemm_pointwise.applies(ref.conv_geometry(XS, WS, stride=2))
+    assert gemm_pointwise.applies(ref.conv_geometry(XS, WS, stride=2))  # the pixels it reads, subsampled
     assert not gemm_pointwise.applies(ref.conv_geometry(XS, WS, padding=1))
     assert not gemm_pointwise.applies(ref.conv_geometry(XS, (8, 6, 3, 3)))
     assert not gemm_pointwise.applies(ref.conv_geometry((0, *XS[1:]), WS))

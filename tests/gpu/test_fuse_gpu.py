@@ -74,6 +74,11 @@ def test_a_folded_inference_batch_norm_matches_the_reference(cp, layout, dtype, 
     assert any("folded into the weights) fused" in n for n in exe.report.notes), exe.report.notes
     assert "reference" not in exe.report.by_algorithm()
     tol = 2e-2 if dtype == "bfloat16" else 1e-4
-    for got, want in zip(exe(**feeds), og.compile(outs, pipeline="reference", dtype="float64")(**feeds)):
+    # the oracle reads the inputs as the compiled graph stores them: without a bias this
+    # block's weight gradient cancels, and rounding x alone to bf16 moves it by 3.5 % of
+    # its largest entry in float64 (the H200 failed it at 3.6 %, as does the CPU with or
+    # without bn-fold); against the rounded inputs the bf16 run is within 0.9 %
+    stored = {k: og.types.as_dtype(np, v, dtype).astype(np.float32) for k, v in feeds.items()}
+    for got, want in zip(exe(**feeds), og.compile(outs, pipeline="reference", dtype="float64")(**stored)):
         got = cp.asnumpy(got).astype(np.float64)
         assert np.abs(got - want).max() <= tol * np.abs(want).max()

@@ -1,0 +1,141 @@
+"""Autotune for a step that is replayed as CUDA graphs (``policy.cuda_graph``):
+a candidate whose rule declares itself not capturable (FFT, Winograd) would run
+eagerly between the graphs of the replay, so it competes only when no
+capturable candidate is correct; the cached measurements decide again, nothing
+is timed twice; and the benchmark's ``+graph`` column compiles that way only
+when the eager column's graph has such a step."""
+
+import json
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.backends import registry
+from opgraph.backends.registry import KernelContext, Rule, lookup
+from opgraph import ops
+from opgraph.benchmarks.graph_column import changed_choices, recompile_note, replay_policy
+from opgraph.passes.autotune import AutotunePass, choose
+from opgraph.passes.base import PassContext, Pipeline
+from opgraph.passes.lower import LowerPass
+from opgraph.passes.policy import LoweringPolicy, PolicyError
+from opgraph.passes.report import Candidate
+
+from passes_stubs import SCALE_RULES, Scale, StubTimer
+
+WHY = "its transforms run on a handle that refuses stream capture"
+
+
+def install(monkeypatch):
+    """Scale rules: the reference, ``graphed`` (declares itself capturable) and
+    ``split`` (declares it is not: :data:`WHY`)."""
+    registry.rules_for(Scale)
+    monkeypatch.setitem(registry._RULES, Scale, {
+        "reference": SCALE_RULES["reference"],
+        "graphed": Rule(Scale, "graphed", SCALE_RULES["fast"].kernel, capturable=True),
+        "split": Rule(Scale, "split", SCALE_RULES["fast"].kernel, capturable=WHY)})
+
+
+def tune(cache, timer, device="cuda", **policy):
+    """One Scale node tuned on ``device`` (NumPy arrays either way: the
+    ``cuda`` context only decides which declarations count)."""
+    g = og.Graph()
+    out = g.add_node(Scale(), [g.input("x", (4, 5))], name="s0")
+    ctx = PassContext(device=device, xp=np, policy=LoweringPolicy(autotune=True, cache=str(cache), **policy),
+                      timer=timer, versions=lambda: {"numpy": "2.4.0"}, device_name=lambda: "test-gpu")
+    Pipeline("t", [LowerPass(), AutotunePass()]).run(g, [out], ctx)
+    return ctx.report.node("s0")
+
+
+def test_choose_leaves_out_a_faster_uncapturable_row_when_a_capturable_one_is_correct():
+    split = Candidate("split", time_ms=1.0)
+    graphed = Candidate("graphed", time_ms=1.5)
+    rows = [split, graphed]
+    assert choose(rows, rows, 0.03, {"split": WHY}) is graphed and graphed.status == "chosen"
+    assert split.status == "ok" and WHY in split.reason and "cuda_graph" in split.reason
+    again = [Candidate("split", time_ms=1.0), Candidate("graphed", time_ms=1.5)]
+    assert choose(again, again, 0.03) is again[0]  # without cuda_graph: the fastest
+
+
+def test_an_uncapturable_row_still_wins_when_nothing_else_is_correct():
+    rows = [Candidate("split", time_ms=1.0), Candidate("graphed", time_ms=0.5, status="wrong")]
+    assert choose(rows, rows, 0.03, {"split": WHY}) is rows[0]
+    assert rows[0].reason == ""  # nothing faster was left out
+
+
+def test_a_slower_uncapturable_row_gets_no_reason():
+    rows = [Candidate("split", time_ms=2.0), Candidate("graphed", time_ms=1.0)]
+    assert choose(rows, rows, 0.03, {"split": WHY}) is rows[1] and rows[0].reason == ""
+
+
+def test_the_tuner_picks_the_capturable_candidate_for_a_replayed_step(monkeypatch, tmp_path):
+    install(monkeypatch)
+    times = {"reference": 3.0, "split": 1.0, "graphed": 1.4}
+    assert tune(tmp_path / "a.json", StubTimer(times)).algorithm == "split"
+    rec = tune(tmp_path / "b.json", StubTimer(times), cuda_graph=True)
+    assert rec.how == "autotune" and rec.algorithm == "graphed"
+    left_out = next(c for c in rec.candidates if c.algorithm == "split")
+    assert WHY in left_out.reason
+
+
+def test_cuda_graph_chooses_again_from_the_cache_without_timing(monkeypatch, tmp_path):
+    install(monkeypatch)
+    path = tmp_path / "c.json"
+    assert tune(path, StubTimer({"reference": 3.0, "split": 1.0, "graphed": 1.4})).algorithm == "split"
+    counter = StubTimer({})
+    rec = tune(path, counter, cuda_graph=True)
+    assert rec.how == "cache" and rec.algorithm == "graphed" and counter.calls == []
+    assert tune(path, counter).algorithm == "split"  # the same entry, chosen for eager again
+    assert len(json.loads(path.read_text())["entries"]) == 1
+
+
+def test_cuda_graph_counts_only_on_cuda(monkeypatch, tmp_path):
+    # on the CPU nothing is captured: the fastest wins
+    install(monkeypatch)
+    times = {"reference": 3.0, "split": 1.0, "graphed": 1.4}
+    assert tune(tmp_path / "a.json", StubTimer(times), device="cpu", cuda_graph=True).algorithm == "split"
+
+
+def test_the_policy_refuses_cuda_graph_without_autotune():
+    with pytest.raises(PolicyError, match="cuda_graph.*autotune"):
+        LoweringPolicy(cuda_graph=True)
+    with pytest.raises(PolicyError, match="cuda_graph.*true or false"):
+        LoweringPolicy(autotune=True, cuda_graph="yes")
+    pol = LoweringPolicy.from_mapping({"autotune": True, "cuda_graph": True})
+    assert pol.to_dict()["cuda_graph"] is True
+    assert LoweringPolicy.from_mapping(pol.to_dict()) == pol
+    assert "cuda_graph" not in LoweringPolicy(autotune=True).to_dict()
+
+
+def test_fft_and_winograd_declare_themselves_not_capturable_and_gemm_is_left_to_the_trial():
+    for algorithm in ("fft", "winograd"):
+        for op_type in (ops.Conv2d, ops.Conv2dBackwardData, ops.Conv2dBackwardFilter):
+            assert lookup(op_type, algorithm).declared_capture_blocker(), (op_type, algorithm)
+    assert lookup(ops.Conv2d, "gemm").declared_capture_blocker() is None
+
+
+class _Step:
+    def __init__(self, name, algorithm, blocker=None):
+        self.name = name
+        self.op = type("L", (), {"algorithm": algorithm})()
+        self.ctx = KernelContext(np, "cuda", capture_blocker=blocker)
+
+
+class _Exe:
+    def __init__(self, *steps):
+        self.steps = steps
+
+
+def test_the_graph_column_compiles_again_only_when_a_step_would_split_the_replay():
+    auto = LoweringPolicy(autotune=True)
+    split = _Exe(_Step("conv1", "cudnn"), _Step("conv2.dgrad", "fft", blocker=WHY))
+    whole = _Exe(_Step("conv1", "cudnn"), _Step("conv2.dgrad", "cudnn"))
+    assert replay_policy(split, auto) == LoweringPolicy(autotune=True, cuda_graph=True)
+    assert replay_policy(whole, auto) is None
+    assert replay_policy(split, LoweringPolicy(prefer={"conv": ["fft"]})) is None  # not tuned: fft asked for
+    assert replay_policy(split, LoweringPolicy(autotune=True, cuda_graph=True)) is None
+    changed = changed_choices(split, whole)
+    assert changed == {"conv2.dgrad": "fft -> cudnn"}
+    note = recompile_note(changed)
+    assert "1 step changed: conv2.dgrad (fft -> cudnn)" in note and "cuda_graph" in note
+    assert recompile_note({}).endswith("0 steps changed")

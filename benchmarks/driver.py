@@ -187,6 +187,10 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         rec["autotune"] = exe.report.autotune or None  # where compile_s went, when autotune ran
         sched = schedule(exe, tg)
         rec["forced"] = forced_nodes(exe.report)  # the policy's choice, not a decline
+        if policy.force and not rec["forced"]:  # a typo'd node name: the column would be the fallback's
+            rec.update(status="n/a", reason=f"{lowering.name}: its policy forces no node of {model.key}: " + "; ".join(
+                n for n in exe.report.notes if n.startswith("policy.force key")))
+            return out
         na = {k: v for k, v in lw.not_applicable(exe, lowering).items() if k not in rec["forced"]}
         rec["algorithms"] = lw.algorithm_counts(exe)
         rec["precision_applied"] = lw.precision_applied(exe)

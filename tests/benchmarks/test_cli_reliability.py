@@ -142,6 +142,18 @@ def test_a_forced_node_shows_in_table_json_and_csv(capsys, tmp_path, per_layer):
     assert total["layer"] == "(total)" and total["forced"] == "L4=direct"
 
 
+def test_a_force_that_matches_no_node_is_not_an_ok_column(capsys):
+    """``@L9=direct`` on L4 (a typo) forced nothing: the column is n/a and says
+    why, rather than an ``ok`` column of the fallback under the typo's label."""
+    status, out, err = run_cli(capsys, "--model", "L4", *FAST, "--lowering", "gemm,@L9=direct",
+                               "--no-check", "--no-per-layer", "--format", "json", "--quiet")
+    assert "warning: policy.force key 'L9' matches no node" in err
+    (r,) = json.loads(out)["results"]
+    assert r["status"] == "n/a", r
+    assert r["reason"] == ("gemm: its policy forces no node of L4: policy.force key 'L9' matches no node "
+                           "of graph 'L4'")
+
+
 def test_policy_items_alone_make_one_column_named_by_them(capsys):
     status, out, err = run_cli(capsys, "--model", "L4", *FAST, "--lowering", "conv=direct+gemm",
                                "--no-check", "--no-per-layer", "--format", "json", "--quiet")

@@ -188,8 +188,8 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         sched = schedule(exe, tg)
         rec["forced"] = forced_nodes(exe.report)  # the policy's choice, not a decline
         if policy.force and not rec["forced"]:  # a typo'd node name: the column would be the fallback's
-            rec.update(status="n/a", reason=f"{lowering.name}: its policy forces no node of {model.key}: " + "; ".join(
-                n for n in exe.report.notes if n.startswith("policy.force key")))
+            typos = "; ".join(n for n in exe.report.notes if n.startswith("policy.force key"))
+            rec.update(status="n/a", reason=f"{lowering.name}: its policy forces no node of {model.key}: {typos}")
             return out
         na = {k: v for k, v in lw.not_applicable(exe, lowering).items() if k not in rec["forced"]}
         rec["algorithms"] = lw.algorithm_counts(exe)

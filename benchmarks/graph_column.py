@@ -114,10 +114,12 @@ def changed_choices(eager_exe, replay_exe) -> dict[str, str]:
 
 def recompile_note(changed: dict[str, str]) -> str:
     """The ``+graph`` record's note on a compile for the replay (:func:`changed_choices`)."""
+    head = ("compiled again with cuda_graph (autotune picks a capturable candidate where one is correct): "
+            f"{len(changed)} step{'' if len(changed) == 1 else 's'} changed")
+    if not changed:
+        return head
     shown = ", ".join(f"{name} ({how})" for name, how in list(changed.items())[:6])
-    return ("compiled again with cuda_graph (autotune picks a capturable candidate where one is correct): "
-            f"{len(changed)} step{'' if len(changed) == 1 else 's'} changed" + (f": {shown}" + (", ..." if len(changed) > 6 else "")
-                                               if changed else ""))
+    return f"{head}: {shown}" + (", ..." if len(changed) > 6 else "")
 
 
 def graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, exe, ref, feeds: dict,

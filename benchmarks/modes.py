@@ -108,11 +108,15 @@ def gpu_library_notes(device: str) -> list[str]:
 def device_flag_notes(args, device: str) -> list[str]:
     """Notes for flags given that ``device`` has nothing to apply to (a flag is
     never silently ignored): ``--engine-limit`` counts cuDNN engines, which
-    exist on cuda only."""
+    exist on cuda only; ``--layout nhwc`` is acted on for cuda only (the
+    layout pass keeps NCHW elsewhere)."""
+    notes = []
     if args.engine_limit is not None and device != "cuda":
-        return [f"--engine-limit {args.engine_limit}: it limits the cuDNN engines autotune times, and {device} "
-                "has none: no effect on this run"]
-    return []
+        notes.append(f"--engine-limit {args.engine_limit}: it limits the cuDNN engines autotune times, and "
+                     f"{device} has none: no effect on this run")
+    if getattr(args, "layout", None) == "nhwc" and device != "cuda":
+        notes.append(f"--layout nhwc: the layout pass stores NHWC on cuda only; {device} runs NCHW")
+    return notes
 
 
 def check_policy_flags(args) -> None:

@@ -201,3 +201,13 @@ def test_autotune_flags_with_an_autotuned_column_are_taken(capsys, tmp_path):
                                "--format", "json")
     assert status == 0, err
     assert json.loads(out)["environment"]["policy"]["engine_limit"] == 3
+
+
+def test_a_gpu_only_layout_on_the_cpu_is_said_not_silently_dropped(capsys):
+    """``--layout nhwc`` on the CPU runs NCHW (the layout pass stores NHWC on cuda
+    only): the run says so in its notes, not only in the environment table."""
+    status, out, err = run_cli(capsys, "--model", "L4", *FAST, "--lowering", "gemm", "--layout", "nhwc",
+                               "--no-check", "--no-per-layer", "--format", "json", "--quiet")
+    assert status == 0, err
+    notes = json.loads(out)["notes"]
+    assert "--layout nhwc: the layout pass stores NHWC on cuda only; cpu runs NCHW" in notes, notes

@@ -165,6 +165,12 @@ class Settings:
                 "source": "convnet-benchmarks torch7/imagenet_winners/benchmark.lua"}
 
 
+def _declined(exe, lowering: lw.Lowering, forced: dict) -> dict:
+    """Layer -> why ``lowering``'s algorithm did not run it in ``exe``
+    (:func:`lowerings.not_applicable`), the layers the policy forced left out."""
+    return {k: v for k, v in lw.not_applicable(exe, lowering).items() if k not in forced}
+
+
 def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPolicy, s: Settings,
                  timer: Timer, peak: dict | None) -> list[dict]:
     """The column(s) of one lowering for one model and precision (see the
@@ -191,7 +197,7 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
             typos = "; ".join(n for n in exe.report.notes if n.startswith("policy.force key"))
             rec.update(status="n/a", reason=f"{lowering.name}: its policy forces no node of {model.key}: {typos}")
             return out
-        na = {k: v for k, v in lw.not_applicable(exe, lowering).items() if k not in rec["forced"]}
+        na = _declined(exe, lowering, rec["forced"])
         rec["algorithms"] = lw.algorithm_counts(exe)
         rec["precision_applied"] = lw.precision_applied(exe)
         rec["not_applicable"] = na
@@ -242,7 +248,7 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
                     recompiled = {"policy": replay_pol.to_dict(), "compile_s": time.perf_counter() - t0,
                                   "algorithms": lw.algorithm_counts(exe), "notes": [recompile_note(changed)]}
                     sched = schedule(exe, tg)
-                    na = {k: v for k, v in lw.not_applicable(exe, lowering).items() if k not in rec["forced"]}
+                    na = _declined(exe, lowering, rec["forced"])
                     runner = PhaseRunner(sched, exe.feed(feeds), timer)
                     runner.warmup(s.warmup)
                 except Exception as e:  # the eager record stands

@@ -127,7 +127,8 @@ def graph_column(rec: dict, runner: PhaseRunner, tg, sched, na: dict, exe, ref, 
     """The ``<lowering>+graph`` record: ``rec``'s compiled graph, each phase
     replayed as CUDA graphs; per-layer times stay with the eager record. Two
     checks (the per-node check of the eager column holds: the same kernels
-    run): the replayed outputs end to end against the float64 reference
+    run, or, after a compile for the replay, kernels autotune checked against
+    the float64 reference as candidates of the same nodes): the replayed outputs end to end against the float64 reference
     (:func:`_graph_check`, catches unwritten or corrupted arrays) and the
     replay on a new input against the eager executor (:func:`_graph_follows`,
     catches a graph reading an array that is not the current one).

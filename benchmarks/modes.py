@@ -114,7 +114,7 @@ def device_flag_notes(args, device: str) -> list[str]:
     if args.engine_limit is not None and device != "cuda":
         notes.append(f"--engine-limit {args.engine_limit}: it limits the cuDNN engines autotune times, and "
                      f"{device} has none: no effect on this run")
-    if getattr(args, "layout", None) == "nhwc" and device != "cuda":
+    if args.layout == "nhwc" and device != "cuda":
         notes.append(f"--layout nhwc: the layout pass stores NHWC on cuda only; {device} runs NCHW")
     return notes
 

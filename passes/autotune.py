@@ -32,7 +32,10 @@ Decisions persist in :class:`~passes.autotune_cache.AutotuneCache` with every
 candidate's measurements; a cached decision is reused without running
 anything if its algorithm still applies, the winner chosen again from the
 cached measurements under the current ``workspace_tolerance``
-(:func:`rechoose`). Each node's seconds by part: ``autotune_clock``.
+(:func:`rechoose`), unless the entry's top-level choice was edited by hand
+to another candidate its rows show correct: that one is used, and the
+report's notes say so; an edit that is not used is a ``RuntimeWarning``
+saying why (:func:`hand_edit`). Each node's seconds by part: ``autotune_clock``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import time
 from types import MappingProxyType
 from typing import Callable, Mapping, Protocol
 
+import attrs
 import numpy as np
 
 from opgraph.errors import LoweringError
@@ -184,12 +188,25 @@ class AutotunePass(Pass):
             uncapturable = _uncapturable(applicable) if policy.cuda_graph and ctx.device == "cuda" else {}
             rows, algorithm, cached_opts = (rechoose(hit, policy.workspace_tolerance, uncapturable) if hit
                                             else ([], None, {}))
+            # a top-level choice edited by hand: used when its row is correct (hand_edit)
+            edit = hand_edit(hit, rows, algorithm, cached_opts, policy.workspace_tolerance,
+                             uncapturable) if hit else None
+            if edit is not None and edit.used:
+                algorithm, cached_opts = edit.algorithm, edit.options
             entry = next((e for e in applicable if e.rule.algorithm == algorithm), None)
             with node_clock.part("variants"):  # a cuDNN engine's plan is built here
                 refused = entry and refused_options(entry, cached_opts, op, types, ctx.device, policy.engine_limit)
+                if not refused and edit is not None and not edit.used and not edit.measured:
+                    # an edit to options no row has: the documented tile = 7 case is re-tuned
+                    edited = next((e for e in applicable if e.rule.algorithm == edit.algorithm), None)
+                    refused = edited and refused_options(edited, edit.options, op, types, ctx.device,
+                                                         policy.engine_limit)
             if refused:  # a hand-edited or stale entry: a kernel would raise on every run
                 cache.warn(f"autotune cache {cache.path}: node {view.name}: {refused}; re-tuned")
                 entry = None
+            elif edit is not None and entry is not None:
+                say = ctx.report.note if edit.used else cache.warn
+                say(f"autotune cache {cache.path}: node {view.name}: {edit.message}")
             if entry is not None:  # reuse: nothing is timed
                 rule, opts = entry.rule, {**entry.options, **cached_opts}
                 rec.how, rec.candidates = "cache", rows
@@ -218,6 +235,8 @@ class AutotunePass(Pass):
                 rec.how, rec.candidates = "autotune", rows
                 cache.put(key, {"algorithm": rule.algorithm, "options": opts, "time_ms": best.time_ms,
                                 "candidates": measured, "rechoose": RECHOOSE_VERSION,
+                                # what the tuner chose: a top-level choice unlike it is a hand edit
+                                "tuned": {"algorithm": rule.algorithm, "options": opts},
                                 "device": device_name, "versions": versions})
                 cache.checkpoint()
             lowered = Lowered(op, rule.algorithm, ctx.device, opts)
@@ -383,6 +402,100 @@ def rechoose(entry: dict, workspace_tolerance: float,
     return rows, best.algorithm, dict(best.options)
 
 
+@attrs.frozen
+class HandEdit:
+    """A cache entry's top-level ``algorithm``/``options`` that differ from the
+    choice made from its measured rows (:func:`hand_edit`).
+
+    Attributes:
+        algorithm, options: the entry's top-level choice, as edited.
+        used: whether it replaces the rows' choice.
+        measured: whether the entry has a row of it (checked and timed).
+        message: what the report says (a note when ``used``; else a
+            ``RuntimeWarning`` through ``AutotuneCache.warn``).
+    """
+
+    algorithm: str
+    options: dict
+    used: bool
+    measured: bool
+    message: str
+
+
+def hand_edit(entry: dict, rows: list[Candidate], algorithm: str | None, options: dict,
+              workspace_tolerance: float,
+              uncapturable: Mapping[str, str] = MappingProxyType({})) -> HandEdit | None:
+    """The hand edit of a cached decision's top-level choice, or None.
+
+    ``rows``, ``algorithm`` and ``options`` are :func:`rechoose`'s answer for
+    ``entry``. An entry the tuner writes records its own choice in ``tuned``
+    (``{"algorithm": ..., "options": ...}``); a top-level ``algorithm`` /
+    ``options`` unlike it was edited in the file, and is used (``used``; the
+    rows' choice is then marked ``ok`` and the edited row ``chosen``, each
+    ``reason`` saying so) when the entry has a row of exactly that choice
+    whose status is correct (``ok``, or ``unverified`` for an op without a
+    reference rule), and, when ``uncapturable`` is given (policy
+    ``cuda_graph``), that can be captured into a CUDA graph unless the rows'
+    choice cannot either. Otherwise the rows' choice stands and ``message``
+    says why the edit is not used. None when nothing conflicts: an entry
+    without the ``rechoose`` tag (its top-level choice is used as written
+    anyway), a top-level choice equal to ``tuned`` or to the rows' choice.
+
+    An entry without a valid ``tuned`` (written before opgraph recorded it)
+    cannot tell an edit from a choice made under another
+    ``workspace_tolerance`` or ``cuda_graph``: the rows' choice stands, as the
+    cache's documented re-choosing says, and ``message`` says so.
+    """
+    if entry.get("rechoose") != RECHOOSE_VERSION:
+        return None
+    edited_alg, edited_opts = entry.get("algorithm"), dict(entry.get("options", {}))
+    if (edited_alg, edited_opts) == (algorithm, options):
+        return None
+    tuned = entry.get("tuned")
+    valid = (isinstance(tuned, dict) and isinstance(tuned.get("algorithm"), str)
+             and isinstance(tuned.get("options", {}), dict))
+    if valid and (edited_alg, edited_opts) == (tuned["algorithm"], dict(tuned.get("options", {}))):
+        return None
+    e_label = Candidate(edited_alg, edited_opts).label
+    best = next((c for c in rows if c.status == "chosen"), None)
+    b_label = best.label if best is not None else Candidate(algorithm, options).label
+    row = next((c for c in rows if c.algorithm == edited_alg and c.options == edited_opts), None)
+    instead = f"{b_label} chosen from the entry's measured candidates instead"
+
+    def no(why: str) -> HandEdit:
+        return HandEdit(edited_alg, edited_opts, False, row is not None, why)
+
+    if not valid:
+        return no(f"the entry's choice {e_label} is not used: {instead} (workspace_tolerance "
+                  f"{workspace_tolerance:g}); the entry has no \"tuned\" record of the tuner's own "
+                  "choice (written before opgraph kept one), so a hand edit cannot be told from a choice "
+                  "made under another workspace_tolerance or cuda_graph: pin a choice with the policy's "
+                  "force, or delete the entry and edit the one re-tuning writes")
+    tail = f"; {instead} (set algorithm/options back to \"tuned\" to silence this)"
+    if row is None:
+        measured = ", ".join(c.label for c in rows if c.status not in ("excluded", "declined"))
+        return no(f"hand-edited choice {e_label} is not used: it is not among the entry's measured "
+                  f"candidates ({measured}){tail}")
+    if row.status not in ("ok", "unverified"):
+        return no(f"hand-edited choice {e_label} is not used: its measured row is {row.status}"
+                  + (f" ({row.reason})" if row.reason else "") + tail)
+    if edited_alg in uncapturable and algorithm not in uncapturable:
+        return no(f"hand-edited choice {e_label} is not used: it cannot be captured into a CUDA graph "
+                  f"({uncapturable[edited_alg]}) and the step is replayed as CUDA graphs (cuda_graph){tail}")
+    if best is not None:
+        best.status = "ok"
+        best.reason = "; ".join(filter(None, [best.reason, f"the measurements' choice; the cache entry's "
+                                                          f"hand-edited {e_label} is used instead"]))
+    row.status = "chosen"
+    row.reason = "; ".join(filter(None, [row.reason, f"hand-edited in the autotune cache (the measurements "
+                                                    f"choose {b_label})"]))
+    at = f"{row.time_ms:.3f} ms" if row.time_ms is not None else "untimed"
+    than = f" ({best.time_ms:.3f} ms)" if best is not None and best.time_ms is not None else ""
+    return HandEdit(edited_alg, edited_opts, True, True,
+                    f"hand-edited choice {e_label} used ({at}, checked correct when tuned); "
+                    f"the measurements alone choose {b_label}{than}")
+
+
 def _uncapturable(applicable) -> dict[str, str]:
     """Algorithm -> why its rule cannot be captured into a CUDA graph, for the
     applicable candidates that declare so (``Rule.declared_capture_blocker``)."""
@@ -474,5 +587,6 @@ def _variants(rule, op, types, device, options, engine_limit: int | None = None)
         return [{}]
 
 
-__all__ = ["AutotunePass", "choose", "rechoose", "refused_options", "Timer", "PerfCounterTimer", "CudaEventTimer", "default_timer",
-           "tolerance", "random_inputs", "relative_error", "REFERENCE_ALGORITHMS"]
+__all__ = ["AutotunePass", "choose", "rechoose", "hand_edit", "HandEdit", "refused_options", "Timer",
+           "PerfCounterTimer", "CudaEventTimer", "default_timer", "tolerance", "random_inputs", "relative_error",
+           "REFERENCE_ALGORITHMS"]

@@ -6,6 +6,7 @@ File format (``format`` guards against reading something else)::
      "entries": {
         "<key>": {"algorithm": "gemm", "options": {}, "time_ms": 1.9,
                   "candidates": [{"algorithm": "fft", "status": "ok", ...}, ...],
+                  "rechoose": 1, "tuned": {"algorithm": "gemm", "options": {}},
                   "device": "NVIDIA H200", "versions": {"numpy": "2.4.0", ...}}}}
 
 The key (:func:`cache_key`) spells out everything a decision depends on: the
@@ -17,6 +18,18 @@ in the file, harmless, until it is deleted). The workspace tie-break
 (``policy.workspace_tolerance``) is not in the key: an entry keeps every
 candidate's measurements, and the winner is chosen again from them under the
 current tolerance (``passes.autotune.rechoose``).
+
+Hand edits: ``tuned`` is the tuner's own choice, written beside the top-level
+``algorithm`` / ``options`` that a user may edit. A top-level choice unlike
+``tuned`` naming another candidate whose row is correct (``ok``, or
+``unverified``) is used instead of the choice made from the rows, and the
+report's notes say so; one whose row is wrong, failed or over budget, that
+has no row, or that cannot be captured when ``cuda_graph`` needs it, is not
+used: a ``RuntimeWarning`` names the node, the edited choice, the choice
+used instead and why (``passes.autotune.hand_edit``). An entry written
+without ``tuned`` cannot tell an edit from a choice made under another
+tolerance: its rows decide, and a top-level choice they override is
+reported the same way.
 
 Location: ``policy.cache``, else the environment variable ``OPGRAPH_CACHE``
 (a ``.json`` file, or a folder that gets ``autotune.json``), else

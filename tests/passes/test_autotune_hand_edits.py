@@ -1,0 +1,196 @@
+"""Hand edits of an autotune cache entry's top-level ``algorithm``/``options``
+(``passes.autotune.hand_edit``): an edit to another candidate whose row is
+correct is used and the report says so; any other edit is not used and a
+``RuntimeWarning`` names the node, the edited choice, the one used instead
+and why. The tuner records its own choice in the entry's ``tuned``, so a
+changed ``workspace_tolerance`` (the rows chosen from again) is no edit."""
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import opgraph as og
+from opgraph.backends import registry
+from opgraph.backends.registry import Rule
+from opgraph.passes.autotune import AutotunePass
+from opgraph.passes.base import PassContext, Pipeline
+from opgraph.passes.lower import LowerPass
+from opgraph.passes.policy import LoweringPolicy
+
+from passes_stubs import SCALE_RULES, Scale, StubTimer
+
+MIB = 2**20
+WHY = "its transforms run on a handle that refuses stream capture"
+#: e=0 the fastest (300 MiB of workspace), e=1 2 % slower with 10 MiB: the
+#: default 3 % tolerance chooses e=1; ``wrong`` is fastest and wrong.
+TIMES = {"reference": 2.5, "engine[e=0]": 1.0, "engine[e=1]": 1.02, "wrong": 0.5}
+
+
+def install(monkeypatch, *extra):
+    """Scale rules: the reference, ``engine`` (variants e=0 and e=1, workspace
+    300 and 10 MiB) and ``extra`` ones of ``SCALE_RULES`` or given as rules."""
+    engine = Rule(Scale, "engine", SCALE_RULES["fast"].kernel,
+                  variants=lambda op, types, device: [{"e": 0}, {"e": 1}],
+                  workspace=lambda op, types, options: (300 if options["e"] == 0 else 10) * MIB)
+    registry.rules_for(Scale)  # load the backends first
+    table = {"reference": SCALE_RULES["reference"], "engine": engine}
+    for r in extra:
+        r = SCALE_RULES[r] if isinstance(r, str) else r
+        table[r.algorithm] = r
+    monkeypatch.setitem(registry._RULES, Scale, table)
+
+
+def tune(cache, timer, device="cpu", **policy):
+    g = og.Graph()
+    out = g.add_node(Scale(), [g.input("x", (4, 5))], name="s0")
+    ctx = PassContext(device=device, xp=np, policy=LoweringPolicy(autotune=True, cache=str(cache), **policy),
+                      timer=timer, versions=lambda: {"numpy": "2.4.0"}, device_name=lambda: "test")
+    Pipeline("t", [LowerPass(), AutotunePass()]).run(g, [out], ctx)
+    return ctx.report
+
+
+def edit(path, algorithm, options, drop_tuned=False):
+    """Set the (single) entry's top-level choice, as a user would in an editor."""
+    data = json.loads(path.read_text())
+    (entry,) = data["entries"].values()
+    entry.update(algorithm=algorithm, options=options)
+    if drop_tuned:
+        entry.pop("tuned")
+    path.write_text(json.dumps(data))
+
+
+def statuses(report):
+    return {c.label: c.status for c in report.node("s0").candidates}
+
+
+def quiet_tune(*args, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return tune(*args, **kw)
+
+
+def test_the_tuner_records_its_own_choice(monkeypatch, tmp_path):
+    install(monkeypatch)
+    path = tmp_path / "c.json"
+    assert tune(path, StubTimer(TIMES)).node("s0").options == {"e": 1}
+    (entry,) = json.loads(path.read_text())["entries"].values()
+    assert entry["tuned"] == {"algorithm": "engine", "options": {"e": 1}}
+    assert (entry["algorithm"], entry["options"]) == ("engine", {"e": 1})
+
+
+@pytest.mark.parametrize("algorithm, options, label", [("engine", {"e": 0}, "engine[e=0]"),
+                                                       ("reference", {}, "reference")])
+def test_an_edit_to_a_correct_row_is_used_and_reported(monkeypatch, tmp_path, algorithm, options, label):
+    install(monkeypatch)
+    path = tmp_path / "c.json"
+    tune(path, StubTimer(TIMES))
+    edit(path, algorithm, options)
+    timer = StubTimer({})
+    report = quiet_tune(path, timer)  # a note, not a warning: the edit is what the user asked for
+    rec = report.node("s0")
+    assert rec.how == "cache" and (rec.algorithm, rec.options) == (algorithm, options) and timer.calls == []
+    assert statuses(report)[label] == "chosen" and statuses(report)["engine[e=1]"] == "ok"
+    rows = {c.label: c for c in rec.candidates}
+    assert "hand-edited in the autotune cache (the measurements choose engine[e=1])" in rows[label].reason
+    assert f"hand-edited {label} is used instead" in rows["engine[e=1]"].reason
+    (note,) = [n for n in report.notes if "hand-edited" in n]
+    assert f"node s0: hand-edited choice {label} used" in note and "measurements alone choose engine[e=1]" in note
+    # honoured again on the next compile, and under another tolerance: the file keeps the edit
+    assert tune(path, timer, workspace_tolerance=0).node("s0").options == options
+    (entry,) = json.loads(path.read_text())["entries"].values()
+    assert (entry["algorithm"], entry["options"]) == (algorithm, options)
+
+
+def test_an_edit_to_a_wrong_row_is_not_used_and_says_why(monkeypatch, tmp_path):
+    install(monkeypatch, "wrong")
+    path = tmp_path / "c.json"
+    assert tune(path, StubTimer(TIMES)).node("s0").options == {"e": 1}
+    edit(path, "wrong", {})
+    with pytest.warns(RuntimeWarning, match=r"node s0: hand-edited choice wrong is not used: its measured row "
+                                            r"is wrong \(relative error .*\); engine\[e=1\] chosen from the "
+                                            r"entry's measured candidates instead"):
+        report = tune(path, StubTimer({}))
+    assert report.node("s0").how == "cache" and report.node("s0").options == {"e": 1}
+    assert statuses(report)["engine[e=1]"] == "chosen" and statuses(report)["wrong"] == "wrong"
+    assert any("hand-edited choice wrong is not used" in n for n in report.notes)
+
+
+def test_an_edit_to_no_measured_candidate_is_not_used(monkeypatch, tmp_path):
+    install(monkeypatch)
+    path = tmp_path / "c.json"
+    tune(path, StubTimer(TIMES))
+    edit(path, "engnie", {"e": 0})  # a typo: no such rule
+    with pytest.warns(RuntimeWarning, match=r"node s0: hand-edited choice engnie\[e=0\] is not used: it is not "
+                                            r"among the entry's measured candidates \(reference, engine\[e=0\], "
+                                            r"engine\[e=1\]\); engine\[e=1\] chosen"):
+        assert tune(path, StubTimer({})).node("s0").options == {"e": 1}
+
+
+def test_an_edit_to_options_the_kernel_refuses_is_reported_and_retuned(monkeypatch, tmp_path):
+    # the documented Winograd tile = 7 case: options that are none of the rule's variants
+    install(monkeypatch)
+    path = tmp_path / "c.json"
+    tune(path, StubTimer(TIMES))
+    edit(path, "engine", {"e": 7})
+    timer = StubTimer(TIMES)
+    with pytest.warns(RuntimeWarning, match=r"node s0: cached options \{'e': 7\} of engine are not among its "
+                                            r"variants.*re-tuned"):
+        report = tune(path, timer)
+    assert report.node("s0").how == "autotune" and report.node("s0").options == {"e": 1} and timer.calls
+    (entry,) = json.loads(path.read_text())["entries"].values()
+    assert entry["options"] == {"e": 1} == entry["tuned"]["options"]
+
+
+def test_an_uncapturable_edit_is_not_used_when_the_step_is_replayed_as_cuda_graphs(monkeypatch, tmp_path):
+    install(monkeypatch, Rule(Scale, "split", SCALE_RULES["fast"].kernel, capturable=WHY))
+    path = tmp_path / "c.json"
+    times = {**TIMES, "split": 0.5}
+    assert tune(path, StubTimer(times), device="cuda", cuda_graph=True).node("s0").options == {"e": 1}
+    edit(path, "split", {})
+    with pytest.warns(RuntimeWarning, match=r"hand-edited choice split is not used: it cannot be captured into "
+                                            rf"a CUDA graph \({WHY}\).*\(cuda_graph\); engine\[e=1\] chosen"):
+        assert tune(path, StubTimer({}), device="cuda", cuda_graph=True).node("s0").options == {"e": 1}
+    # eager, the same edit is the rows' own choice (the fastest): nothing to report
+    assert quiet_tune(path, StubTimer({}), device="cuda").node("s0").algorithm == "split"
+
+
+def test_an_entry_without_the_tuners_record_says_it_cannot_tell(monkeypatch, tmp_path):
+    install(monkeypatch)
+    path = tmp_path / "c.json"
+    tune(path, StubTimer(TIMES))
+    edit(path, "engine", {"e": 0}, drop_tuned=True)
+    with pytest.warns(RuntimeWarning, match=r"node s0: the entry's choice engine\[e=0\] is not used: "
+                                            r"engine\[e=1\] chosen .*workspace_tolerance 0.03.*no \"tuned\""):
+        assert tune(path, StubTimer({})).node("s0").options == {"e": 1}
+
+
+def test_a_changed_tolerance_is_no_edit(monkeypatch, tmp_path):
+    install(monkeypatch)
+    path = tmp_path / "c.json"
+    tune(path, StubTimer(TIMES))
+    report = quiet_tune(path, StubTimer({}), workspace_tolerance=0)
+    assert report.node("s0").options == {"e": 0} and not any("hand-edited" in n for n in report.notes)
+
+
+def test_a_real_convolution_runs_the_hand_edited_algorithm(tmp_path):
+    g = og.Graph()
+    x, w = g.input("x", (2, 3, 8, 8)), g.param("w", (4, 3, 3, 3))
+    y = og.conv2d(x, w, padding=1, name="conv")
+    rng = np.random.default_rng(0)
+    feeds = dict(x=rng.standard_normal((2, 3, 8, 8)), w=rng.standard_normal((4, 3, 3, 3)))
+    path = tmp_path / "c.json"
+    policy = LoweringPolicy(autotune=True, cache=str(path), exclude=["fused"])
+    first = og.compile([y], policy=policy).report.nodes["conv"]
+    other = next(c for c in first.candidates if c.status == "ok" and c.algorithm != first.algorithm)
+    edit(path, other.algorithm, other.options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        exe = og.compile([y], policy=policy)
+    rec = exe.report.nodes["conv"]
+    assert rec.how == "cache" and (rec.algorithm, rec.options) == (other.algorithm, other.options)
+    assert exe.report.choices["conv"].startswith(other.algorithm)
+    (got,) = exe(**feeds)
+    (want,) = og.compile([y], pipeline="reference", dtype="float64")(**feeds)
+    assert np.linalg.norm(got - want) <= 1e-3 * np.linalg.norm(want)

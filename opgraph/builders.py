@@ -14,6 +14,7 @@ from typing import Sequence
 from . import ops
 from .errors import ParameterError
 from .graph import Value, graph_of
+from .builders_tensor import _dim
 from .params import pair, padding2d
 
 
@@ -123,9 +124,33 @@ def reshape(x: Value, shape: Sequence[int], *, name: str | None = None) -> Value
     return x.graph.apply(ops.Reshape, dict(shape=shape), [x], name)
 
 
-def concat(xs: Sequence[Value], axis: int = 1, *, name: str | None = None) -> Value:
-    """Join ``xs`` along ``axis`` (channels by default)."""
-    return graph_of(*xs).apply(ops.Concat, dict(axis=axis), list(xs), name)
+def concat(tensors: Sequence[Value], dim: int = 1, *, name: str | None = None) -> Value:
+    """Join ``tensors`` along ``dim``, as ``torch.cat(tensors, dim)``: one ``Concat`` node.
+
+    Shapes: the inputs have one rank and dtype and the same extents on every
+    axis but ``dim``, whose extents add up: (N, C1, H, W) and (N, C2, H, W)
+    give (N, C1 + C2, H, W) with ``dim=1``. ``dim`` may be negative (counted
+    from the end); it is resolved against the rank here.
+
+    The default is ``dim=1``, not ``torch.cat``'s 0: joining the channels of
+    NCHW activations (Inception modules, DenseNet blocks: every concat of the
+    benchmark models) is what a convnet graph does, as ``split``'s default
+    ``dim=1`` is; pass ``dim`` when porting code that relies on torch's default.
+    ``axis`` (NumPy's and ONNX's name, which this builder once took) is no
+    longer a keyword: Python's ``TypeError`` names it.
+
+    Raises:
+        ParameterError: ``dim`` not an int in ``[-rank, rank - 1]``, or no tensors.
+        ShapeError: inputs whose ranks, dtypes or extents off ``dim`` differ.
+        OpgraphError: inputs of different graphs, or something not a ``Value``.
+    """
+    node = name or "concat"
+    tensors = list(tensors)
+    if not tensors:
+        raise ParameterError("tensors", tensors, "must hold at least one value", node)
+    graph = graph_of(*tensors)
+    ax = _dim(node, "dim", dim, tensors[0].type.ndim)
+    return graph.apply(ops.Concat, dict(axis=ax), tensors, name)
 
 
 def pad(x: Value, padding, value: float = 0.0, *, name: str | None = None) -> Value:
@@ -133,20 +158,45 @@ def pad(x: Value, padding, value: float = 0.0, *, name: str | None = None) -> Va
     return x.graph.apply(ops.Pad, dict(padding=padding, value=value), [x], name)
 
 
-def dropout(x: Value, p: float = 0.5, training: bool = False, seed: int = 0, *,
+def dropout(x: Value, p: float = 0.5, training: bool = True, seed: int = 0, *,
             name: str | None = None) -> Value:
-    """Identity unless ``training``; then a seeded mask scaled by 1/(1-p)."""
+    """Inverted dropout, as ``torch.nn.functional.dropout(x, p, training)``: one ``Dropout`` node.
+
+    With ``training`` (the default, as ``F.dropout``'s) each element is zeroed
+    with probability ``p`` and the rest scaled by ``1 / (1 - p)``; the mask is
+    a function of ``seed`` and the element's logical index, the same in every
+    step and layout (``backends/reference/dropout.py``), where PyTorch draws a
+    new one each call. With ``training=False`` it is the identity (inference).
+    The default was ``False`` before it followed ``F.dropout``; every caller in
+    the repository passes ``training`` explicitly, so no model changed with it.
+    Shapes: any; the output has ``x``'s type.
+
+    Raises:
+        ParameterError: ``p`` outside ``[0, 1]`` (NaN included), or a bad ``seed``.
+    """
     return x.graph.apply(ops.Dropout, dict(p=p, training=training, seed=seed), [x], name)
 
 
 def softmax(x: Value, dim: int = 1, *, name: str | None = None) -> Value:
-    """Max-subtracted softmax along ``dim``."""
-    return x.graph.apply(ops.Softmax, dict(axis=dim), [x], name)
+    """Max-subtracted softmax along ``dim`` (``F.softmax``; default 1, the
+    classes of (N, C) logits); the output has ``x``'s shape.
+
+    Raises:
+        ParameterError: ``dim`` not an int in ``[-rank, rank - 1]``.
+    """
+    ax = _dim(name or "softmax", "dim", dim, x.type.ndim)
+    return x.graph.apply(ops.Softmax, dict(axis=ax), [x], name)
 
 
 def log_softmax(x: Value, dim: int = 1, *, name: str | None = None) -> Value:
-    """Log-sum-exp based log-softmax along ``dim``."""
-    return x.graph.apply(ops.LogSoftmax, dict(axis=dim), [x], name)
+    """Log-sum-exp based log-softmax along ``dim`` (``F.log_softmax``; default
+    1); the output has ``x``'s shape.
+
+    Raises:
+        ParameterError: ``dim`` not an int in ``[-rank, rank - 1]``.
+    """
+    ax = _dim(name or "log_softmax", "dim", dim, x.type.ndim)
+    return x.graph.apply(ops.LogSoftmax, dict(axis=ax), [x], name)
 
 
 def cross_entropy(logits: Value, target: Value, reduction: str = "mean", *,

@@ -54,7 +54,7 @@ def fan_out():
     x = g.input("x", (4, 16, 12, 12))
     h = og.relu(x)
     scales = [g.param(f"s{k}", (4, 16, 12, 12)) for k in range(4)]
-    y = og.concat([og.flatten(og.relu(og.mul(h, s))) for s in scales], axis=1)
+    y = og.concat([og.flatten(og.relu(og.mul(h, s))) for s in scales], dim=1)
     return y, [x, *scales], []
 
 

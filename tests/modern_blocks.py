@@ -96,10 +96,10 @@ def dense_block():
     features = [x]
     for i in range(3):
         cin = 16 + 8 * i
-        h = og.concat(features, axis=1) if len(features) > 1 else x
+        h = og.concat(features, dim=1) if len(features) > 1 else x
         h = conv(bn_relu(h, cin, f"l{i}.bn1"), cin, 16, 1, f"l{i}.conv1")
         features.append(conv(bn_relu(h, 16, f"l{i}.bn2"), 16, 8, 3, f"l{i}.conv2"))
-    h = bn_relu(og.concat(features, axis=1), 40, "final")
+    h = bn_relu(og.concat(features, dim=1), 40, "final")
     fc = g.param("fc.w", (10, 40))
     params.append(fc)
     y = og.linear(og.flatten(og.adaptive_avg_pool2d(h, 1)), fc)

@@ -2,6 +2,8 @@
 hand here) and the errors of invalid parameters, which must name the node,
 the parameter and the offending value."""
 
+import inspect
+
 import pytest
 
 import opgraph as og
@@ -94,8 +96,11 @@ def test_automatic_name_is_in_the_error():
 
 OTHER_INVALID = [
     (lambda x: og.local_response_norm(x, 0, name="n"), ["node n", "size=0"]),
-    (lambda x: og.dropout(x, 1.5, name="d"), ["node d", "p=1.5"]),
-    (lambda x: og.softmax(x, 4, name="s"), ["node s", "axis=4"]),
+    (lambda x: og.dropout(x, 1.5, training=False, name="d"), ["node d", "p=1.5"]),
+    (lambda x: og.softmax(x, 4, name="s"), ["node s", "parameter dim=4"]),
+    (lambda x: og.log_softmax(x, -5, name="ls"), ["node ls", "parameter dim=-5"]),
+    (lambda x: og.concat([x, x], 4, name="c4"), ["node c4", "parameter dim=4"]),
+    (lambda x: og.concat([], name="c0"), ["node c0", "parameter tensors=[]"]),
     (lambda x: og.concat([x, og.max_pool2d(x, 2)], 1, name="cat"),
      ["node cat", "(2, 4, 6, 6)", "(2, 4, 3, 3)"]),
     (lambda x: og.reshape(x, (5, 5), name="r"), ["node r", "shape=(5, 5)"]),
@@ -214,3 +219,37 @@ def test_batch_size_zero_shapes():
     assert fc.shape == (0, 10)
     assert og.concat([p, p]).shape == (0, 8, 2, 2)
     assert og.cross_entropy(fc, g.input("t", (0,), "int64")).shape == ()
+
+
+# ---- torch names and defaults ------------------------------------------------------
+
+def test_concat_takes_torch_cats_dim_with_the_channel_default():
+    g = og.Graph()
+    a, b = g.input("a", (2, 3, 4, 4)), g.input("b", (2, 5, 4, 4))
+    assert og.concat([a, b]).shape == (2, 8, 4, 4)  # dim=1: NCHW channels (torch.cat's default is 0)
+    assert og.concat((a, a), dim=0).shape == (4, 3, 4, 4)
+    last = og.concat([a, a], dim=-1)
+    assert last.shape == (2, 3, 4, 8) and last.op.axis == 3  # resolved against the rank
+    assert list(inspect.signature(og.concat).parameters) == ["tensors", "dim", "name"]
+    with pytest.raises(TypeError, match="axis"):
+        og.concat([a, b], axis=1)
+    with pytest.raises(ShapeError, match="node cat"):
+        og.concat([a, b], dim=0, name="cat")
+
+
+def test_no_builder_takes_axis():
+    """Builders follow torch's names: ``dim`` (``torch.cat``, ``F.softmax``), never ``axis``."""
+    import opgraph.builders as builders
+    funcs = [f for f in vars(builders).values() if inspect.isfunction(f) and not f.__name__.startswith("_")
+             and f.__module__.startswith("opgraph.builders")]
+    assert len(funcs) > 30
+    assert [f.__name__ for f in funcs if "axis" in inspect.signature(f).parameters] == []
+
+
+def test_dropout_defaults_are_torch_functional_dropouts():
+    F = pytest.importorskip("torch.nn.functional")
+    ours, theirs = inspect.signature(og.dropout).parameters, inspect.signature(F.dropout).parameters
+    assert [(ours[p].default, p) for p in ("p", "training")] == [(theirs[p].default, p) for p in ("p", "training")]
+    g = og.Graph()
+    x = g.input("x", (2, 3))
+    assert og.dropout(x).op.training is True and og.dropout(x, training=False).op.training is False

@@ -57,7 +57,7 @@ def inception(m: ModelBuilder, x: Value, name: str, b1: int, b2: tuple[int, int]
     y3 = m.conv_relu(y3, p + "5x5", p + "relu_5x5", b3[1], 5, pad=2)
     y4 = m.max_pool(x, p + "pool", 3, 1, 1)
     y4 = m.conv_relu(y4, p + "pool_proj", p + "relu_pool_proj", b4, 1)
-    return og.concat([y1, y2, y3, y4], axis=1, name=name)
+    return og.concat([y1, y2, y3, y4], dim=1, name=name)
 
 
 def build(batch: int | None = None, dtype: str = "float32") -> Model:

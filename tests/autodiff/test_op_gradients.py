@@ -143,15 +143,15 @@ def test_reshape():
     check_grad(og.reshape(x, (4, 6)), [x], _normal([x]))
 
 
-@pytest.mark.parametrize("axis", [1, 0, -1, 3])
-def test_concat(axis):
+@pytest.mark.parametrize("dim", [1, 0, -1, 3])
+def test_concat(dim):
     shapes = []
     for extent in (2, 3, 1):
         s = [2, 3, 2, 2]
-        s[axis % 4] = extent
+        s[dim % 4] = extent
         shapes.append(tuple(s))
     g, xs = _graph(*shapes)
-    check_grad(og.concat(xs, axis), xs, _normal(xs))
+    check_grad(og.concat(xs, dim=dim), xs, _normal(xs))
 
 
 def test_concat_of_one_value_twice():

@@ -54,7 +54,7 @@ def test_split_matches_torch(sections, dim):
     """Every chunk against torch.split; the gradient of their concatenation is the
     gradient of x (each chunk's slice-backward summed)."""
     def ours(x):
-        return og.concat([og.relu(c) for c in og.split(x, sections, dim)], axis=dim)
+        return og.concat([og.relu(c) for c in og.split(x, sections, dim)], dim=dim)
 
     def theirs(x):
         return torch.cat([torch.relu(c) for c in torch.split(x, sections, dim)], dim)

@@ -46,7 +46,7 @@ def conv_pool():
     a = og.max_pool2d(fused, 3, stride=2, padding=1, ceil_mode=True)
     c = og.max_pool2d(fused, 2, stride=2, padding=((1, 0), (0, 1)), ceil_mode=True)  # asymmetric
     d = og.avg_pool2d(fused, 3, stride=2, padding=1, count_include_pad=False)
-    return n.model(og.concat([og.flatten(v, 1) for v in (a, c, d)], axis=1))
+    return n.model(og.concat([og.flatten(v, 1) for v in (a, c, d)], dim=1))
 
 
 def avg_pools():
@@ -57,7 +57,7 @@ def avg_pools():
     c = og.avg_pool2d(y, 2, stride=2, padding=((0, 1), (1, 0)))
     g = og.adaptive_avg_pool2d(y, 1)
     flat = [og.flatten(v, 1) for v in (a, b, c, g)]
-    return n.model(og.concat(flat, axis=1))
+    return n.model(og.concat(flat, dim=1))
 
 
 def activations():
@@ -108,7 +108,7 @@ def arithmetic():
     pieces = [g.apply(ops.SumTo, {"shape": (3, 1, 4)}, [y]), og.mean(y, (1,)),
               g.apply(ops.Mean, {"axes": ()}, [y]), og.mean(y), *og.split(y, [1, 2, 1], dim=2),
               og.pad(og.narrow(y, 1, 1, 2), ((1, 0), (0, 2)), value=0.5)]
-    flat = og.concat([og.reshape(v, (1, v.type.size)) for v in pieces], axis=1)
+    flat = og.concat([og.reshape(v, (1, v.type.size)) for v in pieces], dim=1)
     ints = og.div(g.apply(ops.Constant, {"value": np.array([7, -7, 9])}, []),
                   g.apply(ops.Constant, {"value": np.array([2, 2, -4])}, []), rounding_mode="trunc")
     return n.model(flat, [ints])

@@ -38,7 +38,7 @@ def every_op_model(batch: int = 2) -> Model:
     b = og.local_response_norm(b, 3, alpha=0.1, beta=0.75, k=2.0, name="lrn")
     p1 = og.max_pool2d(a, 3, stride=1, padding=1, name="mp")
     p2 = og.avg_pool2d(a, 3, stride=1, padding=1, count_include_pad=False, name="ap")
-    y = og.concat([b, p1, p2], axis=1, name="cat")
+    y = og.concat([b, p1, p2], dim=1, name="cat")
     y = og.threshold(y, 0.1, -0.5, name="th")
     y = og.flatten(y, 1, name="flat")
     y = og.linear(y, param("fc.weight", (7, y.shape[1])), param("fc.bias", (7,)), name="fc")

@@ -33,7 +33,7 @@ def fan_out(n: int = 4):
     x = og.relu(x0, name="x")
     scales = [g.param(f"s{k}", (2, 3, 4, 4)) for k in range(n)]
     branches = [og.flatten(og.relu(og.mul(x, s, name=f"mul{k}"), name=f"r{k}")) for k, s in enumerate(scales)]
-    y = og.concat(branches, axis=1, name="y")
+    y = og.concat(branches, dim=1, name="y")
     return g, y, [y, *og.grad(y, [x0, *scales])]
 
 

@@ -84,7 +84,7 @@ def test_leaves_chains_whose_intermediates_are_read_or_wanted():
     c = og.conv2d(x, w, b, name="c")
     twice = og.relu(og.add(c, c, name="twice"), name="r")  # the conv is both operands: no residual
     clipped = og.hardtanh(og.conv2d(x, w, b, name="c2"), -1.0, 1.0, name="t")  # not ReLU6
-    out = og.concat([og.flatten(twice), og.flatten(clipped)], axis=1)
+    out = og.concat([og.flatten(twice), og.flatten(clipped)], dim=1)
     assert epilogue_chains(h, [out]) == []
 
 

@@ -269,7 +269,7 @@ def _pooled_relu(second_reader: bool = False):
     y = og.flatten(og.max_pool2d(r, 2, name="pool1"))
     if second_reader:  # the ReLU output read twice: its gradient is a sum (GoogLeNet's inception)
         w2 = g.param("w2", (2, 4, 8, 8))
-        y = og.concat([y, og.flatten(og.conv2d(r, w2, name="conv2"))], axis=1, name="cat")
+        y = og.concat([y, og.flatten(og.conv2d(r, w2, name="conv2"))], dim=1, name="cat")
     return g, y, og.grad(y, [w, b] + ([g["w2"]] if second_reader else []))
 
 

@@ -205,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=_count(1), default=None,
                    help="mini-batch (default: the seed's 128 / VGG-A 64, the modern suite's 128 / "
                         "DenseNet-121 64, on a GPU and for --summary; "
-                        f"{driver.CPU_DEFAULT_BATCH} on the CPU)")
+                        f"{driver.CPU_DEFAULT_BATCH} on the CPU, where the default run of the four "
+                        f"winners takes {driver.CPU_RUN_TIME})")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: the GPU if CuPy sees one, else the CPU (default)")
     p.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"), default="float32",

@@ -35,7 +35,7 @@ CPU defaults: the seed's batches (128; VGG-A 64; the modern suite's 128,
 DenseNet-121 64) and 10 + 10 calls are sized for a GPU; on a 2-core CPU the defaults are batch
 :data:`CPU_DEFAULT_BATCH`, :data:`CPU_WARMUP` + :data:`CPU_REPEAT` calls and
 the lowerings :data:`lowerings.CPU_DEFAULT`, so that ``opgraph-bench`` with
-no arguments finishes in a few minutes (the output says so).
+no arguments finishes in a few minutes (:data:`CPU_RUN_TIME`; the output says so).
 """
 
 from __future__ import annotations
@@ -69,6 +69,12 @@ from .whole_step import opgraph_step
 
 #: Mini-batch used on the CPU when ``--batch`` is not given (see module doc).
 CPU_DEFAULT_BATCH = 8
+#: How long the default CPU run (the four winners, batch 8, gemm, 1 + 3 calls)
+#: takes, as the run's notes, ``--batch``'s help and README.md say it (a test
+#: keeps README's words equal to these): 3 minutes measured alone on 2026-12-02
+#: and by a later fresh-user run on 2 cores; 6 to 11.3 minutes beside other work.
+CPU_RUN_TIME = ("about 3 minutes on an otherwise idle 2-core machine, "
+                "6-11 minutes when other work shares its cores")
 #: Warm-up calls and timed calls on the CPU, and on a GPU (the seed's 10/10).
 CPU_WARMUP, CPU_REPEAT = 1, 3
 GPU_WARMUP, GPU_REPEAT = 10, 10
@@ -103,8 +109,8 @@ def default_batch(model_seed_batch: int, device: str, batch: int | None) -> tupl
     if device == "cpu":
         return CPU_DEFAULT_BATCH, (
             "CPU default: the seed's batches (128; VGG-A 64, DenseNet-121 64) are sized for a GPU; "
-            f"{CPU_DEFAULT_BATCH} keeps a run of the four models to about 3-8 minutes on a "
-            f"2-core CPU (3 alone, 6-8 beside other work; use --batch N to change it)")
+            f"{CPU_DEFAULT_BATCH} keeps a run of the four models to {CPU_RUN_TIME} "
+            "(use --batch N to change it)")
     return model_seed_batch, "the seed benchmark's batch (the modern suite's for the modern convnets)"
 
 

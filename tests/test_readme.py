@@ -35,3 +35,19 @@ def test_readme_python_examples_run(tmp_path, monkeypatch, capsys):
     assert namespace["y_val"].shape == (8, 16, 16, 16)
     assert namespace["dw_val"].shape == (16, 3, 3, 3)
     assert "conv1" in capsys.readouterr().out
+
+
+def test_readme_gives_the_cpu_run_time_the_cli_gives():
+    """The default CPU run's duration: README says what the run's notes and
+    ``--batch``'s help say (``driver.CPU_RUN_TIME``), not another figure."""
+    from opgraph.benchmarks import driver
+    from opgraph.benchmarks.arguments import build_parser
+
+    def bare(text):  # line breaks (argparse may wrap at a hyphen) are not words
+        return "".join(text.split())
+
+    said = bare(driver.CPU_RUN_TIME)
+    assert said in bare(README)
+    assert said in bare(driver.default_batch(128, "cpu", None)[1])
+    assert said in bare(build_parser().format_help())
+    assert "eightminutes" not in bare(README) and "3-8minutes" not in bare(README)

@@ -1,5 +1,6 @@
-"""The generated batch-norm kernels of a ResNet-50 training step, alone, against
-the copy bandwidth, with the reduction split swept: what to tune next.
+"""The generated batch-norm kernels of a ResNet-50 or DenseNet-121 training
+step, alone, against the copy bandwidth, with the reduction split and the
+loop unrolling swept: what to tune next.
 
 The H200 profile of 2026-12-02 puts ResNet-50's remaining gap to
 ``torch.compile`` + CUDA graphs in the training batch norm's passes, whose
@@ -12,16 +13,26 @@ batch-norm input shape of ResNet-50 (batch 128, NHWC, bf16 by default):
 * ``dx``: ``BatchNormTrainingBackwardDataFromSums(gy, x, stats, sums, w)``;
 * ``copy``: a device-to-device copy of x, the ceiling at that size;
 
-each captured ``--calls`` times into one CUDA graph (no Python dispatch in the
+``--model densenet121`` (batch 64) takes DenseNet-121's shapes instead, each
+dense layer's input both as it runs there, a channel prefix of its block's
+concat buffer (a strided view at a pitch: ``view_of`` > 0), and dense.
+
+Each is captured ``--calls`` times into one CUDA graph (no Python dispatch in the
 measurement), replayed ``--repeat`` times between CUDA events; the median
 per call, the bytes a perfect kernel moves (inputs read once, output written
 once), GB/s and the fraction of the copy bandwidth measured at the start of
-the run (``opgraph.backends.copy_bandwidth``). The reductions are timed again
-for each ``TARGET_BLOCKS`` of ``--blocks`` (``codegen/plan.py``: how many
-blocks a split reduction aims at), which shows whether the split is the
-limit. One JSON object per line on stdout (and ``--json`` writes them all).
+the run (``opgraph.backends.copy_bandwidth``). Each kernel is timed for
+every combination of:
 
-    python scripts/gpu_codegen_bench.py [--dtype bfloat16] [--layout NHWC] [--json out.json]
+* ``--blocks`` (reductions): ``TARGET_BLOCKS`` (``codegen/plan.py``: how many
+  blocks a split reduction aims at), which shows whether the split is the limit;
+* ``--sweep-blocks`` (element-wise kernels): ``MAX_SWEEP_BLOCKS`` (the most
+  blocks a sweep launches: fewer blocks, more vectors per thread);
+* ``--unroll``: ``UNROLL`` (``codegen/kernels.py``: the main loops' ``#pragma unroll``).
+
+One JSON object per line on stdout (and ``--json`` writes them all).
+
+    python scripts/gpu_codegen_bench.py [--model densenet121] [--dtype bfloat16] [--layout NHWC] [--json out.json]
 """
 
 from __future__ import annotations
@@ -40,18 +51,34 @@ from opgraph.types import TensorType
 RESNET50_BN = [(64, 112, 112), (64, 56, 56), (256, 56, 56), (128, 56, 56), (128, 28, 28), (512, 28, 28),
                (256, 28, 28), (256, 14, 14), (1024, 14, 14), (512, 14, 14), (512, 7, 7), (2048, 7, 7)]
 
+#: DenseNet-121's batch-norm inputs (C, H, W, channels of the concat buffer the
+#: input is a prefix of, 0: a dense tensor) at batch 64: each block's first,
+#: middle and last dense layer (their first batch norm reads the block buffer's
+#: prefix), the second batch norm of a layer (128 channels, dense), the
+#: transitions' and the last batch norm (a whole block buffer).
+DENSENET121_BN = [(64, 56, 56, 256), (160, 56, 56, 256), (224, 56, 56, 256), (128, 56, 56, 0), (256, 56, 56, 0),
+                  (128, 28, 28, 512), (320, 28, 28, 512), (480, 28, 28, 512), (128, 28, 28, 0), (512, 28, 28, 0),
+                  (256, 14, 14, 1024), (640, 14, 14, 1024), (992, 14, 14, 1024), (128, 14, 14, 0),
+                  (1024, 14, 14, 0), (512, 7, 7, 1024), (768, 7, 7, 1024), (992, 7, 7, 1024), (128, 7, 7, 0),
+                  (1024, 7, 7, 0)]
+
+#: model -> (batch, shapes as (C, H, W, concat-buffer channels or 0))
+MODELS = {"resnet50": (128, [(*s, 0) for s in RESNET50_BN]), "densenet121": (64, DENSENET121_BN)}
+
 APPLY_RELU = FusedElementwise(Program(4, (FusedStep(ops.BatchNormTraining(), (0, 1, 2, 3)),
                                           FusedStep(ops.Relu(), (4,))), (5,)))
 
 
-def cases(batch: int, dtype: str, layout: str) -> list[dict]:
+def cases(batch: int, dtype: str, layout: str, shapes=None) -> list[dict]:
     """One dict per (op, shape): ``name``, ``shape``, ``op``, ``types`` (the
     inputs: ``'x'`` full size, ``'stats'``/``'sums'`` (2, C) float32 for half
-    storage, ``'c'`` (C,)), ``out`` (the output type) and ``reduction``."""
+    storage, ``'c'`` (C,)), ``out`` (the output type), ``reduction`` and
+    ``view_of`` (x is channels ``[0, C)`` of a buffer of that many channels;
+    0: dense). ``shapes``: ``(C, H, W, view_of)``, ResNet-50's by default."""
     from opgraph.ops.batchnorm_training import stats_dtype
 
     out = []
-    for c, h, w in RESNET50_BN:
+    for c, h, w, view_of in (shapes if shapes is not None else MODELS["resnet50"][1]):
         full = TensorType((batch, c, h, w), dtype, layout)
         two = TensorType((2, c), stats_dtype(dtype))
         vec = TensorType((c,), dtype)
@@ -64,8 +91,21 @@ def cases(batch: int, dtype: str, layout: str) -> list[dict]:
             if result.shape == full.shape:
                 result = TensorType(result.shape, result.dtype, layout)
             out.append({"name": name, "shape": (batch, c, h, w), "op": op, "types": types, "out": result,
-                        "reduction": reduction})
+                        "reduction": reduction, "view_of": view_of})
     return out
+
+
+def _as_prefix(cp, x, channels: int):
+    """``x``'s values as channels ``[0, C)`` of a new buffer of ``channels``
+    channels in ``x``'s storage order (a DenseNet layer's input)."""
+    from opgraph.backends.cuda.codegen.launch import empty
+    from opgraph.types import is_channels_last
+
+    n, c, h, w = x.shape
+    wide = empty(cp, (n, channels, h, w), x.dtype, "NHWC" if is_channels_last(x) else "NCHW")
+    view = wide[:, :c]
+    view[...] = x
+    return view
 
 
 def _nbytes(t) -> int:
@@ -79,6 +119,9 @@ def _inputs(cp, case, seed: int):
     from opgraph.passes.autotune_inputs import InputPool
 
     arrays = InputPool(cp, seed).inputs(case["types"])
+    if case["view_of"]:
+        k = 1 if case["name"] == "dx" else 0
+        arrays[k] = _as_prefix(cp, arrays[k], case["view_of"])
     if case["name"] != "stats":
         x = arrays[1] if case["name"] == "dx" else arrays[0]
         st = case["types"][2 if case["name"] == "dx" else 1]
@@ -114,54 +157,68 @@ def graph_ms(cp, fn, calls: int, repeat: int) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--model", default="resnet50", choices=sorted(MODELS),
+                    help="whose batch-norm shapes (default %(default)s)")
+    ap.add_argument("--batch", type=int, help="default: 128 (ResNet-50), 64 (DenseNet-121)")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--layout", default="NHWC", choices=["NCHW", "NHWC"])
     ap.add_argument("--calls", type=int, default=20, help="calls captured per graph (default 20)")
     ap.add_argument("--repeat", type=int, default=10, help="timed replays (default 10)")
     ap.add_argument("--blocks", default="264,528,1056,2112,4224",
                     help="TARGET_BLOCKS values to time the reductions with (default %(default)s)")
+    ap.add_argument("--sweep-blocks", default="4224",
+                    help="MAX_SWEEP_BLOCKS values to time the element-wise kernels with (default %(default)s)")
+    ap.add_argument("--unroll", default="1,4",
+                    help="UNROLL values (codegen/kernels.py) to time every kernel with (default %(default)s)")
     ap.add_argument("--json", help="also write every result to this file")
     args = ap.parse_args(argv)
+    batch, shapes = MODELS[args.model]
+    batch = args.batch or batch
 
     import cupy as cp
 
     from opgraph.backends.copy_bandwidth import measure_copy_bandwidth
-    from opgraph.backends.cuda.codegen import launch, plan
+    from opgraph.backends.cuda.codegen import kernels, launch, plan
     from opgraph.backends.registry import KernelContext, rules_for
 
     copy_gbps = measure_copy_bandwidth("cuda")["gbps"]
-    default_blocks = plan.TARGET_BLOCKS
+    default_blocks, default_sweep, default_unroll = plan.TARGET_BLOCKS, plan.MAX_SWEEP_BLOCKS, kernels.UNROLL
     results = []
 
     def emit(rec):
         results.append(rec)
         print(json.dumps(rec), flush=True)
 
-    emit({"copy_bandwidth_gbps": copy_gbps, "dtype": args.dtype, "layout": args.layout, "batch": args.batch,
-          "default_target_blocks": default_blocks})
-    for case in cases(args.batch, args.dtype, args.layout):
+    emit({"copy_bandwidth_gbps": copy_gbps, "model": args.model, "dtype": args.dtype, "layout": args.layout,
+          "batch": batch, "default_target_blocks": default_blocks, "default_sweep_blocks": default_sweep,
+          "default_unroll": default_unroll})
+    unrolls = [int(u) for u in args.unroll.split(",")]
+    reduce_variants = [(b, default_sweep, u) for u in unrolls for b in map(int, args.blocks.split(","))]
+    sweep_variants = [(default_blocks, b, u) for u in unrolls for b in map(int, args.sweep_blocks.split(","))]
+    for case in cases(batch, args.dtype, args.layout, shapes):
         arrays = _inputs(cp, case, seed=0)
         rule = rules_for(type(case["op"]))["codegen"]
         ctx = KernelContext(cp, "cuda", {}, case["out"])
         moved = sum(_nbytes(t) for t in case["types"]) + _nbytes(case["out"])
-        for blocks in ([int(b) for b in args.blocks.split(",")] if case["reduction"] else [default_blocks]):
-            plan.TARGET_BLOCKS = blocks
+        for blocks, sweep_blocks, unroll in (reduce_variants if case["reduction"] else sweep_variants):
+            plan.TARGET_BLOCKS, plan.MAX_SWEEP_BLOCKS, kernels.UNROLL = blocks, sweep_blocks, unroll
             launch._PLANS.clear()
             try:
                 ms = graph_ms(cp, lambda: rule.kernel(ctx, case["op"], *arrays), args.calls, args.repeat)
                 p = launch.plan_for(case["op"], arrays, case["out"])
-                emit({"kernel": case["name"], "shape": case["shape"], "target_blocks": blocks, "ms": ms,
+                emit({"kernel": case["name"], "shape": case["shape"], "view_of": case["view_of"],
+                      "target_blocks": blocks, "sweep_blocks": sweep_blocks, "unroll": unroll, "ms": ms,
                       "bytes": moved, "gbps": moved / ms / 1e6, "of_copy": moved / ms / 1e6 / copy_gbps,
                       "launches": [{"name": x.name.split("_")[2], "grid": list(x.grid)} for x in p.launches]})
             finally:
-                plan.TARGET_BLOCKS = default_blocks
+                plan.TARGET_BLOCKS, plan.MAX_SWEEP_BLOCKS, kernels.UNROLL = default_blocks, default_sweep, default_unroll
                 launch._PLANS.clear()
         x = arrays[1] if case["name"] == "dx" else arrays[0]
         if case["name"] == "stats":  # the ceiling at this size: a copy of x
             dst = cp.empty(x.nbytes, dtype=cp.uint8)  # bytes as x stores them: one memcpy
             ms = graph_ms(cp, lambda: dst.data.copy_from_device_async(x.data, x.nbytes), args.calls, args.repeat)
-            emit({"kernel": "copy", "shape": case["shape"], "ms": ms, "bytes": 2 * x.nbytes,
+            emit({"kernel": "copy", "shape": case["shape"], "view_of": case["view_of"], "ms": ms,
+                  "bytes": 2 * x.nbytes,
                   "gbps": 2 * x.nbytes / ms / 1e6, "of_copy": 2 * x.nbytes / ms / 1e6 / copy_gbps})
     if args.json:
         with open(args.json, "w") as f:

@@ -14,8 +14,10 @@
 #   markdown       the tables of every JSON in the folder (results.md) and the plots
 #   tests          the GPU tests (pytest -m gpu), log in pytest-gpu.log                    (~1 min)
 #   kernels        scripts/gpu_kernel_bench.py: pool and bias-gradient variants (kernels.json) (~1 min)
-#   codegen-bench  scripts/gpu_codegen_bench.py: ResNet-50's generated batch-norm kernels alone against the
-#                  copy bandwidth, the reductions' TARGET_BLOCKS swept ($CODEGEN_DTYPE, default bfloat16)
+#   codegen-bench  scripts/gpu_codegen_bench.py: ResNet-50's ($CODEGEN_MODEL=densenet121: DenseNet-121's)
+#                  generated batch-norm kernels alone against the copy bandwidth, the reductions'
+#                  TARGET_BLOCKS and the loops' UNROLL swept ($CODEGEN_DTYPE, default bfloat16;
+#                  $CODEGEN_ARGS, e.g. "--blocks 1056,2112 --unroll 1,4")
 #   profile        scripts/gpu_profile.py, GoogLeNet and VGG-A, fp32 NCHW and tf32 NHWC      (~1 min)
 #   perf           the four models ($MODELS), auto ($PERF_LOWERINGS) + PyTorch eager ($PEERS), no
 #                  per-layer view, in $PRECISIONS (default fp32) and $PERF_LAYOUT (default nchw):
@@ -116,7 +118,9 @@ for stage in "$@"; do
         codegen-bench)
             echo "== codegen-bench ($(date -u +%H:%M:%S))"
             timeout "${STAGE_TIMEOUT:-590}" $PY scripts/gpu_codegen_bench.py --dtype "${CODEGEN_DTYPE:-bfloat16}" \
-                --json "$LOG/codegen-bench-${CODEGEN_DTYPE:-bfloat16}.json" > "$LOG/codegen-bench.log" 2>&1
+                --model "${CODEGEN_MODEL:-resnet50}" ${CODEGEN_ARGS:-} \
+                --json "$LOG/codegen-bench-${CODEGEN_MODEL:-resnet50}-${CODEGEN_DTYPE:-bfloat16}.json" \
+                > "$LOG/codegen-bench.log" 2>&1
             echo "codegen-bench exit status: $?"; tail -n 5 "$LOG/codegen-bench.log" ;;
         profile)
             echo "== profile ($(date -u +%H:%M:%S))"

@@ -22,16 +22,20 @@ from opgraph.types import is_channels_last
 
 pytestmark = needs_gxx
 
-EXTRA, START = 11, 3  # the wider buffer's extra channels and the slice's first channel
+#: (the wider buffer's extra channels, the slice's first channel): "odd" rows
+#: start anywhere (element loads), "aligned" ones on 16-byte boundaries at a
+#: pitch of whole 16-byte words (DenseNet's slices: 16-byte loads)
+SLICES = {"odd": (11, 3), "aligned": (16, 8)}
 
 
-def channel_slice(a, layout: str):
+def channel_slice(a, layout: str, where: str = "odd"):
     """``a``'s values as channels ``START:START + C`` of a wider buffer stored in ``layout``."""
+    extra, start = SLICES[where]
     n, c, h, w = a.shape
-    wide = np.zeros((n, c + EXTRA, h, w), a.dtype)
+    wide = np.zeros((n, c + extra, h, w), a.dtype)
     if layout == "NHWC":
         wide = channels_last(wide)
-    view = wide[:, START:START + c]
+    view = wide[:, start:start + c]
     view[...] = a
     assert not view.flags.c_contiguous and not is_channels_last(view)
     return view
@@ -48,20 +52,29 @@ def copied_full_size() -> list:
 VIEWED = [c for c in CASES if "x" in c.kinds]
 
 
+@pytest.mark.parametrize("where", sorted(SLICES))
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("case", VIEWED, ids=[c.id for c in VIEWED])
-def test_channel_slices_are_read_in_place(emu, case, dtype, layout):
+def test_channel_slices_are_read_in_place(emu, case, dtype, layout, where):
+    """A channel slice is rows at a pitch (``contexts.pitch_of``): every kernel
+    reading it takes the pitch form, and an aligned slice's full-size loads are
+    16-byte words (as a dense operand's would be)."""
     shape = SHAPES[layout]
-    rng = seeded(case.id, dtype, layout, "view")
+    rng = seeded(case.id, dtype, layout, "view", where)
     dense = [make_input(rng, k, shape, dtype, layout) for k in case.kinds]
-    arrays = [channel_slice(a, layout) if k == "x" else a for a, k in zip(dense, case.kinds)]
+    arrays = [channel_slice(a, layout, where) if k == "x" else a for a, k in zip(dense, case.kinds)]
     out, ref, _ = run_case(case.make(shape), case.kinds, shape, dtype, layout, case.exact, arrays=arrays)
     assert not copied_full_size(), f"full-size views copied before the kernel: {copied_full_size()}"
-    for k, kind in enumerate(case.kinds):  # every kernel reading a slice reads it through its strides
-        if kind == "x":
-            readers = [x["source"] for x in emu.raw_launches if f" in{k}" in x["source"]]
-            assert all(f"ST{k}_" in src for src in readers), (k, "a slice read as a packed array")
+    for k, kind in enumerate(case.kinds):
+        if kind != "x":
+            continue
+        readers = [x["source"] for x in emu.raw_launches if f" in{k}" in x["source"]]
+        full = [src for src in readers if f"in{k}[" in src or f"in{k} +" in src]
+        assert all(f"PP{k}" in src for src in full), (k, "a slice read as a packed array")
+        if where == "aligned":
+            assert all(f"reinterpret_cast<const uint4*>(in{k} +" in src for src in full
+                       if "uint4" in src), (k, "an aligned slice read an element at a time beside vectors")
 
 
 def test_an_nhwc_slice_iterates_channels_last(emu):

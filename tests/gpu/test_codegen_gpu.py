@@ -96,6 +96,42 @@ def test_reductions_on_model_sizes(cp, rng, case, shape, layout):
     check(cp, op, [make_input(rng, k, shape, "bfloat16", layout) for k in case.kinds], layout, "bfloat16")
 
 
+def dev_slice(cp, a, layout: str, extra: int, start: int):
+    """Host ``a``'s values as channels ``[start, start + C)`` of a device buffer
+    of ``C + extra`` channels stored in ``layout`` (a zero-copy concat slice)."""
+    from codegen_cases import channels_last
+    n, c, h, w = a.shape
+    wide = np.zeros((n, c + extra, h, w), a.dtype)
+    wide[:, start:start + c] = a
+    return dev(cp, channels_last(wide) if layout == "NHWC" else wide)[:, start:start + c]
+
+
+VIEWED = [c for c in CASES if "x" in c.kinds]
+
+
+@pytest.mark.parametrize("slice_at", [(11, 3), (16, 8), (32, 0)], ids=["odd", "aligned", "prefix"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", VIEWED, ids=[c.id for c in VIEWED])
+def test_channel_slices_read_in_place(cp, rng, case, dtype, layout, slice_at):
+    """Every op reading full-size operands that are channel slices of wider
+    buffers (read in place at their pitch; 16-byte loads where the slice
+    starts on a 16-byte boundary: ``aligned``, and DenseNet's ``prefix``),
+    on a model size whose reductions split, against the float64 reference."""
+    from opgraph.backends.registry import KernelContext, rules_for
+    shape = (8, 64, 14, 14) if layout == "NHWC" else (8, 24, 12, 16)
+    op = case.make(shape)
+    arrays = [make_input(rng, k, shape, dtype, layout) for k in case.kinds]
+    device = [dev_slice(cp, a, layout, *slice_at) if k == "x" else dev(cp, a) for a, k in zip(arrays, case.kinds)]
+    t = out_type(op, arrays, layout)
+    got = host(cp, rules_for(type(op))["codegen"].kernel(KernelContext(cp, "cuda", {}, t), op, *device))
+    ref = reference(op, arrays)
+    if case.exact:
+        np.testing.assert_array_equal(np.asarray(got, np.float64), ref)
+    else:
+        assert rel_err(got, ref) < TOLERANCE[dtype], (op, dtype, layout, slice_at, rel_err(got, ref))
+
+
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_forced_64_bit_indices(cp, rng, monkeypatch, layout):
     from opgraph.backends.cuda.codegen import launch, plan

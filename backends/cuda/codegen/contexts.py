@@ -39,7 +39,10 @@ class Geometry:
     ``full`` is S (None: a program over channels only), ``layout`` ``'NCHW'``
     (C order) or ``'NHWC'``, ``channels`` C, ``strides`` the logical element
     strides of each operand read through its strides (input number -> tuple),
-    ``ct`` the compute type.
+    ``ct`` the compute type, ``pitched`` the operands among ``strides`` whose
+    full-size loads take the row-pitch form (input number -> :class:`Pitch`),
+    ``aligned`` whether every operand not read through strides starts on a
+    16-byte boundary.
     """
 
     full: tuple | None
@@ -47,6 +50,8 @@ class Geometry:
     channels: int
     strides: dict = attrs.field(factory=dict, eq=False, hash=False)
     ct: str = "float"
+    pitched: dict = attrs.field(factory=dict, eq=False, hash=False)
+    aligned: bool = False
 
     @property
     def total(self) -> int:
@@ -81,6 +86,44 @@ class Geometry:
         return tuple(self.full), tuple(range(len(self.full)))
 
 
+@attrs.frozen
+class Pitch:
+    """A strided operand stored as rows of ``block`` contiguous elements, one
+    row every ``pitch`` elements: physical index ``i`` of S is element
+    ``(i / block) * pitch + i % block`` (a channel slice of a wider
+    channels-last buffer: ``block`` = C, ``pitch`` = the buffer's channels).
+    ``aligned``: its first element lies on a 16-byte boundary."""
+
+    block: int
+    pitch: int
+    aligned: bool
+
+    def vectorises(self, lanes: int) -> bool:
+        """Whether ``lanes`` adjacent elements from a lane-0 index that is a
+        multiple of ``lanes`` are one aligned run (16-byte loads)."""
+        return self.aligned and self.block % lanes == 0 and self.pitch % lanes == 0
+
+
+def pitch_of(extents, strides) -> tuple[int, int] | None:
+    """``(block, pitch)`` when an operand with element ``strides`` along the
+    physical ``extents`` of S (outermost first) is rows of ``block``
+    contiguous elements at a constant ``pitch``, else None. Axes of extent 1
+    are ignored (any stride addresses their one element)."""
+    dims = [(e, s) for e, s in zip(extents, strides) if e != 1]
+    k, block = len(dims) - 1, 1
+    while k >= 0 and dims[k][1] == block:
+        block *= dims[k][0]
+        k -= 1
+    if k < 0 or block == 1 or dims[k][1] < block:
+        return None  # dense, no contiguous run, or overlapping rows
+    pitch, expected = dims[k][1], dims[k][1] * dims[k][0]
+    for e, s in reversed(dims[:k]):
+        if s != expected:
+            return None
+        expected *= e
+    return block, pitch
+
+
 class Context:
     """Base of the index contexts (module docstring)."""
 
@@ -103,6 +146,12 @@ class Context:
 
     def stride(self, index: int, axis: int) -> int:
         return self.geo.strides[index][axis]
+
+    def channel_run(self, em) -> str | None:
+        """The channel of lane 0 when lane ``j`` is at channel ``c0 + j`` with
+        ``c0`` a multiple of the lane count (a per-channel row is then read
+        as whole vectors), else None."""
+        return None
 
     def space_index(self, em, target: str, lane: int) -> str:
         """Index of the lane's entry in ``target`` (channel c, plane n*C + c, scalar 0)."""
@@ -200,6 +249,13 @@ class Sweep(Context):
         return super()._index(em, what, lane)
 
 
+    def channel_run(self, em):
+        if self.mode != "hoist" or self.lanes == 1:
+            return None
+        self.index(em, "c", 0)  # defines cbase
+        return "cbase"
+
+
 class SpaceSweep(Context):
     """The element-wise kernel over the channels, the planes (``o = n*C + c``)
     or one value: ``i0`` is the entry index ``o``."""
@@ -245,6 +301,9 @@ class Columns(Context):
             return ("pre", True)
         return ("vec", True)
 
+    def channel_run(self, em):
+        return f"(g * {self.lanes})" if self.lanes > 1 else None
+
     def _index(self, em, what, lane):
         if what == "c":
             return f"(g * {self.lanes} + {lane})"
@@ -285,4 +344,4 @@ class Rows(Context):
         return super()._index(em, what, lane)
 
 
-__all__ = ["Geometry", "Context", "Sweep", "SpaceSweep", "Finish", "Columns", "Rows"]
+__all__ = ["Geometry", "Pitch", "pitch_of", "Context", "Sweep", "SpaceSweep", "Finish", "Columns", "Rows"]

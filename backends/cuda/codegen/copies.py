@@ -38,6 +38,11 @@ from .kernels import THREADS, source
 from .launch import address, compiled
 from . import plan
 
+#: Blocks a copy launches at most (grid-stride beyond): a copy has no
+#: per-channel work to spread, so it keeps the many small blocks the sweeps
+#: used before their cap came down to ``plan.MAX_SWEEP_BLOCKS``.
+COPY_BLOCKS = 4224
+
 #: element size -> C type the copy moves.
 _BITS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 
@@ -131,7 +136,7 @@ def _plan(shape, dst_strides, src_shape, src_strides, lo, itemsize: int, fill: i
     body = _kernel(len(dims), vector, tuple(b), params, fill_text)
     draft = f"typedef {'uint4' if vector else _BITS[itemsize]} ELEM;\n" + source("KERNEL", "float", params, body)
     name = f"opgraph_gen_copy_{hashlib.sha1(draft.encode()).hexdigest()[:12]}"
-    blocks = max(1, min(-(-(total // lanes) // THREADS), plan.MAX_SWEEP_BLOCKS))
+    blocks = max(1, min(-(-(total // lanes) // THREADS), COPY_BLOCKS))
     return name, draft.replace("void KERNEL(", f"void {name}("), params, blocks
 
 

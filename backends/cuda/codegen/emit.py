@@ -146,9 +146,10 @@ class Emitter:
         if key in self.memo:
             return self.memo[key]
         node = self.nodes[k]
-        if (node.kind == "load" and node.load.kind == "full" and self.ctx.lanes > 1
-                and node.load.input not in self.ctx.geo.strides):
+        if node.kind == "load" and node.load.kind == "full" and self._vectorised(node.load.input):
             self._vector(k, node)
+            return self.memo[key]
+        if node.kind == "load" and node.load.kind == "channel" and varies and self._row_vector(k, node, scope):
             return self.memo[key]
         rhs = self._rhs(k, node, lane)
         name = f"v{k}_{lane}" if varies else f"v{k}"
@@ -178,6 +179,55 @@ class Emitter:
         pointer = self.params.pointer(pointer, self.ctx.geo.ct, pointer)
         return f"{pointer}[{row} * {self.ctx.space_size(target)} + {self.ctx.space_index(self, target, lane)}]"
 
+    def _vectorised(self, index: int) -> bool:
+        """Whether full-size input ``index`` is loaded 16 bytes at a time: a
+        dense operand, or a pitched view whose rows and start allow it."""
+        geo, lanes = self.ctx.geo, self.ctx.lanes
+        if lanes == 1:
+            return False
+        pitch = geo.pitched.get(index)
+        return index not in geo.strides or (pitch is not None and pitch.vectorises(lanes))
+
+    def _row_vector(self, k: int, node: Node, scope: str) -> bool:
+        """Load a per-channel row's values of every lane as whole 16-byte words
+        where the context walks adjacent channels (``channel_run``) and every
+        buffer is aligned (a channels-last sweep's or reduction's rstd, affine
+        weights, sums: one load per word instead of one per lane, which on
+        small tensors, a few vectors per thread, cost as much as the data);
+        False: loaded lane by lane."""
+        st, lanes = storage_of(self.dtypes[node.load.input]), self.ctx.lanes
+        if not self.ctx.geo.aligned or lanes * st.itemsize % 16:
+            return False
+        base = self.ctx.channel_run(self)
+        if base is None:
+            return False
+        row = f"{node.load.row} * {self.ctx.space_size('channel')} + " if node.load.row else ""
+        lines, values = vector_load(st, self._pointer(node.load.input), f"{row}{base}", lanes, f"r{k}")
+        for line in lines:
+            self.add(scope, line)
+        for j, expr in enumerate(values):
+            self.add(scope, f"const CT v{k}_{j} = {expr};")
+            self.memo[(k, j)] = f"v{k}_{j}"
+        return True
+
+    def _element(self, index: int, i: str) -> str:
+        """The element of input ``index`` at physical index ``i`` of S: ``i``
+        itself for a dense operand, ``(i / block) * pitch + i % block`` for a
+        pitched view (one division, shared by the loads at ``i``)."""
+        pitch = self.ctx.geo.pitched.get(index)
+        if pitch is None:
+            return i
+        key = ("pitched", index, i)
+        if key not in self.memo:
+            name = f"p{index}_{len(self.memo)}"
+            row = self.params.div(i, f"PB{index}", pitch.block)
+            block = self.params.scalar(f"PBV{index}", pitch.block)
+            step = self.params.scalar(f"PP{index}", pitch.pitch)
+            self.add("lane", f"const IDX {name}r = {row};")
+            self.add("lane", f"const IDX {name} = {name}r * {step} + ({i} - {name}r * {block});")
+            self.memo[key] = name
+        return self.memo[key]
+
     def _pointer(self, index: int) -> str:
         st = storage_of(self.dtypes[index])
         return self.params.pointer(f"in{index}", st.ctype, ("in", index))
@@ -186,8 +236,8 @@ class Emitter:
         load, ctx = node.load, self.ctx
         st = storage_of(self.dtypes[load.input])
         ptr = self._pointer(load.input)
-        if load.kind == "full" and load.input not in ctx.geo.strides:
-            return st.load(f"{ptr}[{ctx.index(self, 'i', lane)}]")
+        if load.kind == "full" and (load.input not in ctx.geo.strides or load.input in ctx.geo.pitched):
+            return st.load(f"{ptr}[{self._element(load.input, ctx.index(self, 'i', lane))}]")
         if load.kind == "scalar":
             return st.load(f"{ptr}[0]")
         if load.kind == "plane":
@@ -212,7 +262,8 @@ class Emitter:
     def _vector(self, k: int, node: Node) -> None:
         st = storage_of(self.dtypes[node.load.input])
         ptr = self._pointer(node.load.input)
-        lines, lanes = vector_load(st, ptr, self.ctx.index(self, "i0", 0), self.ctx.lanes, f"r{k}")
+        start = self._element(node.load.input, self.ctx.index(self, "i0", 0))
+        lines, lanes = vector_load(st, ptr, start, self.ctx.lanes, f"r{k}")
         for line in lines:
             self.add("lane", line)
         for j, expr in enumerate(lanes):

@@ -38,6 +38,18 @@ from .emit import Emitter
 from .storage import DEVICE_HELPERS, storage_of, vector_store
 
 THREADS = 256
+#: Iterations of a kernel's main loop the compiler is asked to unroll
+#: (``#pragma unroll``), so that a thread may have several independent 16-byte
+#: loads in flight; the order of every sum stays the loop's order. 1: no
+#: pragma. Measured on the H200 (``scripts/gpu_codegen_bench.py``, DenseNet-121's
+#: batch-norm kernels, docs/performance.md): 4 changed no reduction and slowed
+#: the sweeps by up to 15 %, so the default is 1; the bench sweeps it.
+UNROLL = 1
+
+
+def _unroll(indent: int) -> str:
+    """The pragma before a main loop indented by ``indent`` spaces."""
+    return f"#pragma unroll {UNROLL}\n{' ' * indent}" if UNROLL > 1 else ""
 
 
 def source(name: str, ct: str, params, body: str, restrict: bool = True) -> str:
@@ -67,7 +79,7 @@ def sweep(name, program, geo, params, lanes: int, mode: str, reduced: dict, out_
     nvec = params.scalar("NVEC", geo.total // lanes)
     body = ["    const IDX gtid = (IDX)blockIdx.x * blockDim.x + threadIdx.x;",
             "    const IDX gstride = (IDX)gridDim.x * blockDim.x;", em.body("pre"),
-            f"    for (IDX v = gtid; v < {nvec}; v += gstride) {{", f"        const IDX i0 = v * {lanes};",
+            f"    {_unroll(4)}for (IDX v = gtid; v < {nvec}; v += gstride) {{", f"        const IDX i0 = v * {lanes};",
             em.body("vec"), em.body("lane"), "    }"]
     if lanes > 1 and geo.total % lanes:
         tail = Emitter(nodes, dtypes, Sweep(geo, params, 1, "lane"), reduced)
@@ -167,7 +179,7 @@ def columns(name, program, geo, params, lanes, group, reduced, split, finish_cod
     {" ".join(f"CT acc{r}_{j} = 0;" for r in range(k) for j in range(lanes))}
     const IDX a0 = (IDX)blockIdx.y * {per}, a1 = a0 + {per} < {a_n} ? a0 + {per} : {a_n};
     if (active) {{
-        for (IDX a = a0 + r0; a < a1; a += {rb}) {{
+        {_unroll(8)}for (IDX a = a0 + r0; a < a1; a += {rb}) {{
             const IDX i0 = (k1 * {a_n} + a) * {k2} + g * {lanes};
 {em.body("vec")}
 {em.body("lane")}
@@ -224,7 +236,7 @@ def rows(name, program, geo, params, lanes, group, reduced, split, finish_code) 
     {" ".join(f"CT acc{r} = 0;" for r in range(k))}
     const IDX j0 = (IDX)blockIdx.y * {per}, j1 = j0 + {per} < {jv} ? j0 + {per} : {jv};
     if (active) {{
-        for (IDX j = j0 + lt; j < j1; j += {te}) {{
+        {_unroll(8)}for (IDX j = j0 + lt; j < j1; j += {te}) {{
             const IDX a = {a_of_j};
             const IDX i0 = ((k1 * {a_n} + a) * {k2} + k2) * {b} + (j - a * {bvec}) * {lanes};
 {em.body("vec")}

@@ -23,7 +23,8 @@ nor packed channels-last: DenseNet's channel slice of a wider concat buffer,
 which the zero-copy plan hands its readers) is read in place through its own
 strides (:func:`view_strides`; the plan is keyed by them), in the physical
 order its channel stride says (a channel slice of an NHWC buffer iterates
-channels-last). Copying it to C order first cost a transposing copy per
+channels-last); a view stored as rows at a constant pitch (that slice) is
+read 16 bytes at a time where its start and pitch allow (``plan.lower``). Copying it to C order first cost a transposing copy per
 operand and then uncoalesced reads in an NHWC sweep: DenseNet-121's gradient
 sums ran at 59 GB/s on the H200 (docs/performance.md). A view the generator
 cannot read through strides (a per-channel or per-plane operand, loaded as a
@@ -111,7 +112,9 @@ def _entry(op, arrays, out_type: TensorType, out) -> tuple:
                  for k, a in enumerate(arrays)]
         aligned = all(address(a) % 16 == 0 for k, a in enumerate([*arrays, *([out] if out is not None else [])])
                       if k not in read and k not in copied)
-        return lower(op, types, out_type, aligned=aligned, inplace=out is not None, views=read), tuple(sorted(copied))
+        aligned_views = {k for k in read if address(arrays[k]) % 16 == 0}
+        return (lower(op, types, out_type, aligned=aligned, inplace=out is not None, views=read,
+                      aligned_views=aligned_views), tuple(sorted(copied)))
 
     try:
         return planned(unreadable)

@@ -32,16 +32,23 @@ import attrs
 from opgraph.ops.fused import FusedElementwise, FusedStep, Program
 
 from . import kernels
-from .contexts import Geometry
+from .contexts import Geometry, Pitch, pitch_of
 from .emit import Params
 from .expressions import EXPRESSIONS, reduction_target
 from .ir import RANK, Builder, Ext, PlanError, Stacked, Val, ViewError, classify, depths, needed
 from .storage import compute_type, storage_of
 
-#: Blocks a reduction aims at (an H200 holds 132 SMs x 8 blocks of 256 threads).
-TARGET_BLOCKS = 1056
-#: Blocks an element-wise sweep launches at most (each thread then loops).
-MAX_SWEEP_BLOCKS = 4224
+#: Blocks a split reduction aims at: 4 per SM of an H200 (132 SMs). Half of
+#: 1056 (8 per SM, one full wave) halves the partial sums each block writes
+#: and the finishing kernel reads; on the H200 it took the batch-norm
+#: reductions of ResNet-50 from 1.20 to 0.98 ms and DenseNet-121's sample from
+#: 1.14 to 0.93 ms (``scripts/gpu_codegen_bench.py``, docs/performance.md).
+TARGET_BLOCKS = 528
+#: Blocks an element-wise sweep launches at most (each thread then loops):
+#: one full wave of 8 blocks per SM. More blocks leave a thread one vector,
+#: so its per-channel values (loaded and computed once per thread) cost as
+#: much as its data: 4224 was 7-11 % slower on the same samples.
+MAX_SWEEP_BLOCKS = 1056
 #: Vectors each thread of a split reduction sums at least.
 MIN_PER_THREAD = 4
 #: Shared memory a reduction block may use for its partial sums (bytes).
@@ -164,11 +171,13 @@ def _groups(built: Built) -> list[Group]:
             for g, (d, t) in enumerate(keys)]
 
 
-def _full_loads(built: Built, roots, strided) -> list[str]:
-    """Storage dtypes of the full-size loads (read as vectors) of the nodes ``roots`` need."""
+def _full_loads(built: Built, roots, geo: Geometry) -> list[str]:
+    """Storage dtypes of the full-size loads (read as vectors) of the nodes
+    ``roots`` need: dense operands and pitched views (those read through
+    coordinates take one element per lane whatever V is)."""
     return [built.dtypes[built.nodes[k].load.input] for k in needed(built.nodes, roots)
             if built.nodes[k].kind == "load" and built.nodes[k].load.kind == "full"
-            and built.nodes[k].load.input not in strided]
+            and (built.nodes[k].load.input not in geo.strides or built.nodes[k].load.input in geo.pitched)]
 
 
 def _lanes(dtypes, aligned: bool, divides: int | None = None) -> int:
@@ -250,7 +259,7 @@ class Lowered:
 
 
 def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
-          views: dict | None = None) -> Lowered:
+          views: dict | None = None, aligned_views=frozenset()) -> Lowered:
     """The launches running ``op`` on inputs of ``types`` (TensorTypes whose
     ``layout`` says how each array is stored) into ``out_type``.
 
@@ -259,7 +268,12 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
     (no ``__restrict__``); ``views``: input number -> element strides of the
     inputs that are strided views (``launch.view_strides``), read through
     those strides wherever they are loaded as full-size or strided operands
-    (or sampled at ``(0, c, 0, 0)``).
+    (or sampled at ``(0, c, 0, 0)``); ``aligned_views``: the inputs of
+    ``views`` whose first element lies on a 16-byte boundary. A full-size
+    operand stored as rows at a constant pitch (a channel slice of a wider
+    buffer, ``contexts.pitch_of``) is read with one division per vector, 16
+    bytes at a time where its rows and start allow, instead of dividing each
+    lane's index into coordinates.
 
     Raises:
         PlanError: what the generator does not cover (``build``).
@@ -283,7 +297,9 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
             strided[load.input] = logical_strides(types[load.input], built.full)
     ct = compute_type([*built.dtypes, out_type.dtype])
     geo = Geometry(built.full, layout, built.channels, strided, ct)
-    wide = max([geo.total, out_type.size, *(t.size for t in types)]) >= INT32_LIMIT
+    geo = attrs.evolve(geo, pitched=_pitched(built, geo, aligned_views), aligned=aligned)
+    spans = [geo.total // p.block * p.pitch for p in geo.pitched.values()]  # a pitched view's last row's start
+    wide = max([geo.total, out_type.size, *(t.size for t in types), *spans]) >= INT32_LIMIT
     groups = _groups(built)
     launches, temps, reduced = [], {}, {}
     writer = bool(groups) and built.out_node is None and groups[-1].target == built.target
@@ -306,13 +322,26 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
     return Lowered(live, temps, ct, layout if built.out_node is not None else None)
 
 
+def _pitched(built: Built, geo: Geometry, aligned_views) -> dict:
+    """The strided operands whose full-size loads take the row-pitch form (``Pitch``)."""
+    full_loads = {node.load.input for node in built.nodes
+                  if node.load is not None and node.load.kind == "full"}
+    extents, axes = geo.physical
+    out = {}
+    for k in full_loads & set(geo.strides):
+        form = pitch_of(extents, [geo.strides[k][a] for a in axes])
+        if form is not None:
+            out[k] = Pitch(*form, aligned=k in aligned_views)
+    return out
+
+
 def _entries(geo: Geometry, target: str) -> int:
     return {"scalar": 1, "channel": geo.channels, "plane": geo.batch * geo.channels}[target]
 
 
 def _sweep(built, geo, wide, reduced, out_dtype, aligned, inplace) -> Launch:
     program = (built.nodes, built.dtypes)
-    lanes = _lanes(_full_loads(built, [built.out_node], geo.strides) + [out_dtype], aligned)
+    lanes = _lanes(_full_loads(built, [built.out_node], geo) + [out_dtype], aligned)
     groups = geo.channels // lanes if geo.channels else 1
     if geo.channels_last and geo.channels % lanes == 0:
         mode = "hoist"
@@ -335,7 +364,7 @@ def _sweep(built, geo, wide, reduced, out_dtype, aligned, inplace) -> Launch:
 
 def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps) -> list[Launch]:
     program, k = (built.nodes, built.dtypes), len(group.nodes)
-    loads = _full_loads(built, [built.nodes[n].args[0] for n in group.nodes], geo.strides)
+    loads = _full_loads(built, [built.nodes[n].args[0] for n in group.nodes], geo)
     n, c, total = geo.batch, geo.channels, geo.total
     if group.target == "scalar" or not geo.channels_last:
         k1, a, k2, b = {"scalar": (1, 1, 1, total), "channel": (1, n, c, geo.inner),

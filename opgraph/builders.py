@@ -9,6 +9,7 @@ parameter and the value. Shapes: activations NCHW, conv weights OIHW.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from . import ops
@@ -120,8 +121,30 @@ def flatten(x: Value, start_dim: int = 1, *, name: str | None = None) -> Value:
 
 
 def reshape(x: Value, shape: Sequence[int], *, name: str | None = None) -> Value:
-    """Same elements, new ``shape``."""
-    return x.graph.apply(ops.Reshape, dict(shape=shape), [x], name)
+    """Same elements, new ``shape`` (``torch.reshape``): one ``Reshape`` node.
+
+    One entry may be -1: the extent that keeps the element count, resolved
+    here (the node holds the concrete shape). (6, 4) reshaped to (3, -1)
+    is (3, 8).
+
+    Raises:
+        ParameterError: more than one -1, or -1 where the other extents do not
+            divide the element count (or multiply to 0); other entries
+            below 0 (the op's own check).
+        ShapeError: a shape of another element count (the op's check).
+    """
+    node = name or "reshape"
+    shape = list(shape) if isinstance(shape, (list, tuple)) else shape
+    whole = isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
+    if whole and shape.count(-1) == 1:  # anything else is the op's to check and report
+        known = math.prod(d for d in shape if d != -1)
+        if known <= 0 or x.type.size % known:
+            raise ParameterError("shape", tuple(shape), f"-1 cannot be inferred: {x.type.size} elements "
+                                 f"do not divide into the other extents (product {known})", node)
+        shape[shape.index(-1)] = x.type.size // known
+    elif whole and shape.count(-1) > 1:
+        raise ParameterError("shape", tuple(shape), "at most one entry may be -1", node)
+    return x.graph.apply(ops.Reshape, dict(shape=tuple(shape) if isinstance(shape, list) else shape), [x], name)
 
 
 def concat(tensors: Sequence[Value], dim: int = 1, *, name: str | None = None) -> Value:

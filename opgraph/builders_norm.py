@@ -103,6 +103,11 @@ def batch_norm(input: Value, running_mean: Value | None, running_var: Value | No
     if momentum is None:
         raise ParameterError("momentum", None, "None (a cumulative moving average) is not supported; "
                              "give a number in [0, 1]", node)
+    channels = tuple(input.shape[1:2])
+    for which, running in (("running_mean", running_mean), ("running_var", running_var)):
+        # checked here, in the builder's terms: the update node would name its internal (2, C) input
+        if running is not None and tuple(running.shape) != channels:
+            raise ShapeError(f"{which} shape {tuple(running.shape)} != (C,) = {channels}", node)
     stats = g.apply(ops.BatchNormStats, {}, [input], _part(name, "stats"))
     affine = [weight, bias] if bias is not None else [weight] if weight is not None else []
     if affine and affine[0] is None:

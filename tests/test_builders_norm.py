@@ -84,6 +84,19 @@ def test_wrong_weight_shape_names_the_node():
         og.batch_norm(x, None, None, w5, training=True, name="bn")
 
 
+@pytest.mark.parametrize("which", ["running_mean", "running_var"])
+def test_wrong_running_statistics_shape_names_the_node_in_the_builders_terms(which):
+    """Training form: the running update's (2, C) statistics input is internal;
+    the error names the argument the user gave (a fresh user got the update
+    node's ``stats must be float32[2, 3]``)."""
+    g, x, rm, rv, w, b = _bn_graph()
+    wrong = g.param("r4", (4,))
+    stats = {"running_mean": rm, "running_var": rv, which: wrong}
+    with pytest.raises(ShapeError, match=rf"node bn: {which} shape \(4,\) != \(C,\) = \(3,\)"):
+        og.batch_norm(x, stats["running_mean"], stats["running_var"], w, b, training=True,
+                      return_running_stats=True, name="bn")
+
+
 def test_layer_norm_builder():
     g = og.Graph()
     x = g.input("x", (2, 7, 7, 8))

@@ -103,3 +103,20 @@ def test_narrow_permute_transpose():
         og.permute(x, (0, 1, 1, 2), name="t1")
     with pytest.raises(ParameterError, match="node t2: parameter dim1=4"):
         og.transpose(x, 0, 4, name="t2")
+
+
+@pytest.mark.parametrize("shape,want", [((3, -1), (3, 8)), ((-1,), (24,)), ((2, -1, 4), (2, 3, 4))])
+def test_reshape_infers_one_minus_one_as_torch_does(shape, want):
+    import torch
+    g = og.Graph()
+    x = g.input("x", (6, 4))
+    assert og.reshape(x, shape).shape == want == tuple(torch.zeros(6, 4).reshape(shape).shape)
+
+
+@pytest.mark.parametrize("shape,text", [((-1, -1), "at most one entry may be -1"),
+                                        ((5, -1), "-1 cannot be inferred"), ((0, -1), "-1 cannot be inferred")])
+def test_reshape_minus_one_errors_name_the_node(shape, text):
+    g = og.Graph()
+    x = g.input("x", (6, 4))
+    with pytest.raises(ParameterError, match=rf"node r: parameter shape=.*{text}"):
+        og.reshape(x, shape, name="r")

@@ -185,6 +185,10 @@ class AutotunePass(Pass):
             key = cache_key(op, types, ctx.dtype, layout, policy, ctx.device, device_name, versions,
                             candidates=candidate_set(((e.rule, e.options) for e in applicable), policy.engine_limit))
             hit = cache.get(key)
+            problem = entry_problem(hit) if hit else None
+            if problem:  # hand-edited rows that cannot decide: measured again
+                cache.warn(f"autotune cache {cache.path}: node {view.name}: {problem}; re-tuned")
+                hit = None
             uncapturable = _uncapturable(applicable) if policy.cuda_graph and ctx.device == "cuda" else {}
             rows, algorithm, cached_opts = (rechoose(hit, policy.workspace_tolerance, uncapturable) if hit
                                             else ([], None, {}))
@@ -400,6 +404,25 @@ def rechoose(entry: dict, workspace_tolerance: float,
     if best is None:
         return rows, entry.get("algorithm"), dict(entry.get("options", {}))
     return rows, best.algorithm, dict(best.options)
+
+
+def entry_problem(entry: dict) -> str | None:
+    """Why a cache entry's rows cannot decide, or None: a measured time that is
+    not a finite number >= 0 (a hand edit: ``time_ms: -1e9`` would win every
+    comparison), or, in an entry :func:`rechoose` decides from, no correct row
+    (the tuner never writes one: it raises when no candidate is correct)."""
+    rows = entry.get("candidates", [])
+    for row in rows:
+        for field in ("time_ms", "min_ms"):
+            t = row.get(field)
+            if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool)
+                                      and math.isfinite(t) and t >= 0):
+                return f"row {row.get('algorithm')!r} has {field} {t!r}, not a finite time >= 0"
+    if entry.get("rechoose") == RECHOOSE_VERSION and rows and not any(
+            row.get("status") in ("ok", "unverified", "chosen") for row in rows):
+        return "no row is correct (every row's status is " + ", ".join(
+            sorted({str(row.get("status")) for row in rows})) + ")"
+    return None
 
 
 @attrs.frozen

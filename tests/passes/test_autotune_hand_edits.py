@@ -194,3 +194,38 @@ def test_a_real_convolution_runs_the_hand_edited_algorithm(tmp_path):
     (got,) = exe(**feeds)
     (want,) = og.compile([y], pipeline="reference", dtype="float64")(**feeds)
     assert np.linalg.norm(got - want) <= 1e-3 * np.linalg.norm(want)
+
+
+def edit_rows(path, change):
+    """Apply ``change(row)`` to every candidate row of the (single) entry."""
+    data = json.loads(path.read_text())
+    (entry,) = data["entries"].values()
+    for row in entry["candidates"]:
+        change(row)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("bad", [-1e9, float("nan"), float("inf")])
+def test_a_row_time_that_is_no_time_is_reported_and_retuned(monkeypatch, tmp_path, bad):
+    """A fresh user set one row's time_ms to -1e9 and its algorithm won."""
+    install(monkeypatch)
+    path = tmp_path / "c.json"
+    tune(path, StubTimer(TIMES))
+    edit_rows(path, lambda row: row.update(time_ms=bad) if row["algorithm"] == "reference" else None)
+    timer = StubTimer(TIMES)
+    with pytest.warns(RuntimeWarning, match=r"node s0: row 'reference' has time_ms .* not a finite time >= 0; "
+                                            r"re-tuned"):
+        report = tune(path, timer)
+    assert report.node("s0").how == "autotune" and report.node("s0").options == {"e": 1} and timer.calls
+
+
+def test_an_entry_with_no_correct_row_is_reported_and_retuned(monkeypatch, tmp_path):
+    """Every row edited to ``wrong``: the cached choice was used as a hit, silently."""
+    install(monkeypatch)
+    path = tmp_path / "c.json"
+    tune(path, StubTimer(TIMES))
+    edit_rows(path, lambda row: row.update(status="wrong"))
+    timer = StubTimer(TIMES)
+    with pytest.warns(RuntimeWarning, match=r"node s0: no row is correct \(every row's status is wrong\); re-tuned"):
+        report = tune(path, timer)
+    assert report.node("s0").how == "autotune" and timer.calls

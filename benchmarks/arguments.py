@@ -63,11 +63,15 @@ def parse_models(text: str) -> list[str]:
 
 def _list_of(allowed, what: str):
     def parse(text: str) -> list[str]:
-        items = list(dict.fromkeys(p.lower() for p in entries(text)))
+        given = [p.lower() for p in entries(text)]
+        items = list(dict.fromkeys(given))
         bad = [i for i in items if i not in allowed]
         if bad or not items:
             raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(map(repr, bad)) or '(none)'}; "
                                              f"choose from {', '.join(allowed)}")
+        twice = [i for i in items if given.count(i) > 1]
+        if twice:  # one column each: a second would be silently merged away
+            raise argparse.ArgumentTypeError(f"{what} {', '.join(map(repr, twice))} given more than once")
         return items
     return parse
 

@@ -146,6 +146,15 @@ def test_an_empty_list_entry_is_a_usage_error(capsys, flag, value):
     assert e.value.code == 2 and flag in err and "empty entry" in err
 
 
+@pytest.mark.parametrize("flag,value", [("--compare", "torch,torch"), ("--precision", "fp32,bf16,FP32")])
+def test_an_entry_given_twice_is_a_usage_error(capsys, flag, value):
+    """``--compare torch,torch`` gave one column without a word (fresh-user review)."""
+    with pytest.raises(SystemExit) as e:
+        cli.main([flag, value, "--summary"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and flag in err and "given more than once" in err
+
+
 @pytest.mark.parametrize("bad", [["--model", "resnet"], ["--model", "L6"], ["--batch", "0"],
                                  ["--format", "xml"], ["--repeat", "x"], ["--lowering", "fast"],
                                  ["--precision", "fp8"], ["--compare", "tensorflow"],

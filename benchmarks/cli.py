@@ -32,7 +32,7 @@ import sys
 import time
 import warnings
 
-from opgraph.atomic_file import write_atomic
+from opgraph.atomic_file import write_atomic, writes_into
 from opgraph.errors import OpgraphError, ParameterError
 
 from . import driver, lowerings as lw, report, usage
@@ -151,7 +151,9 @@ def run_timing(names: list[str], args) -> dict:
     progress = Progress(driver.unit_count(models, settings), args.quiet)
     if peer_problem is not None:
         progress.said.add(peer_problem)
-    incremental = args.output and args.format == "json"
+    # a regular file holds the finished columns should the run stop; a device or pipe
+    # (/dev/stdout) would receive the document once per column
+    incremental = args.output and args.format == "json" and not writes_into(args.output)
 
     shown, finished = 0, None
 
@@ -159,7 +161,7 @@ def run_timing(names: list[str], args) -> dict:
         nonlocal shown, finished
         finished = doc  # first: a Ctrl-C from here on keeps this column
         if incremental:
-            write_atomic(args.output, report.render_json(doc))
+            write_file("--output", args.output, report.render_json(doc))
         for r in doc["results"][shown:]:  # a lowering with --cuda-graph adds two records
             progress.result(r)
         shown = len(doc["results"])
@@ -172,7 +174,27 @@ def run_timing(names: list[str], args) -> dict:
     finally:
         progress.close()
         if settings.trace is not None and settings.trace.columns:  # what was traced, even on Ctrl-C
-            write_atomic(args.trace, settings.trace.render())
+            write_file("--trace", args.trace, settings.trace.render())
+
+
+class OutputError(OSError):
+    """A file a flag names could not be written after the run (the up-front
+    :func:`.usage.check_output_paths` passed: the disk filled, the folder
+    went away, ...); the message names the flag, the path and the OS's reason."""
+
+
+def write_file(flag: str, path: str, text: str) -> None:
+    """``write_atomic(path, text)`` (a device or FIFO written into), its error
+    naming ``flag`` and ``path``.
+
+    Raises:
+        OutputError: the file cannot be written, e.g. ``--output /x/run.json:
+            cannot be written: No space left on device``.
+    """
+    try:
+        write_atomic(path, text)
+    except OSError as e:
+        raise OutputError(f"{flag} {path}: cannot be written: {e.strerror or e}") from e
 
 
 class Interrupted(Exception):
@@ -246,7 +268,7 @@ def _main(argv: list[str] | None) -> int:
         return _interrupted(None, args)
     try:
         if getattr(args, "json", None):  # --profile's document (any mode's), beside --output
-            write_atomic(args.json, report.render_json(doc))
+            write_file("--json", args.json, report.render_json(doc))
             if not args.quiet:
                 log(f"wrote json to {args.json}")
         write_outputs(doc, args)
@@ -278,13 +300,14 @@ def write_outputs(doc: dict, args, *, quiet: bool | None = None) -> str:
     ``--format``; then ``--plot``); returns where the document went.
 
     Raises:
-        ValueError, OSError, ImportError: a file cannot be written, matplotlib is missing.
+        OutputError: a file cannot be written (the message names flag, path and reason).
+        ValueError, ImportError: ``--plot`` of a --summary document, matplotlib is missing.
     """
     quiet = args.quiet if quiet is None else quiet
     if args.output:
         text = io.StringIO()
         report.write(doc, args.format, text)
-        write_atomic(args.output, text.getvalue())
+        write_file("--output", args.output, text.getvalue())
         if not quiet:
             log(f"wrote {args.format} to {args.output}")
     else:
@@ -295,7 +318,10 @@ def write_outputs(doc: dict, args, *, quiet: bool | None = None) -> str:
     if args.plot:
         from .plot import plot
 
-        plot(doc, args.plot)
+        try:
+            plot(doc, args.plot)
+        except OSError as e:
+            raise OutputError(f"--plot {args.plot}: cannot be written: {e.strerror or e}") from e
         if not quiet:
             log(f"wrote plot to {args.plot}")
     return args.output or "standard output"

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 
+from opgraph.atomic_file import check_writable
+
 from .arguments import SUFFIX_FORMATS
 from .report import FORMATS
 
@@ -125,13 +127,19 @@ def check_output_paths(args) -> None:
     """Refuse ``--output`` / ``--json`` / ``--plot`` / ``--trace`` paths that
     cannot be written, before any work is done (a run can take minutes: a
     ``--json`` path found bad at the end lost every result), and a ``--plot``
-    format matplotlib cannot write.
+    format matplotlib cannot write. Writing is tried
+    (:func:`opgraph.atomic_file.check_writable`: a temporary file created and
+    removed in the folder, an existing file opened for appending), so that
+    root, whom ``os.access`` never refuses, is refused ``/proc/x.json``; a
+    device or FIFO (``/dev/null``, ``/dev/stdout``) is written into directly
+    and not opened here.
 
     Raises:
-        UsageError: the path is a folder, its folder does not exist, is a
-            file or is not writable; two of the flags name one file (the
-            second write replaced the first); the plot's extension is not one
-            matplotlib writes.
+        UsageError: the path is a folder, its folder does not exist or is a
+            file, no file can be created in it or the existing file cannot be
+            opened for writing (with the OS's reason); two of the flags name
+            one file (the second write replaced the first); the plot's
+            extension is not one matplotlib writes.
     """
     named: dict[str, str] = {}
     for flag, path in (("--output", args.output), ("--json", args.json), ("--plot", args.plot),
@@ -148,8 +156,10 @@ def check_output_paths(args) -> None:
             raise UsageError(f"{flag} {path}: {folder} is a file, not a folder")
         if not os.path.isdir(folder):
             raise UsageError(f"{flag} {path}: folder {folder} does not exist")
-        if not os.access(folder, os.W_OK):
-            raise UsageError(f"{flag} {path}: folder {folder} is not writable")
+        try:  # tried, not os.access: that says yes to root where nothing can be created (/proc)
+            check_writable(path, beside=flag != "--plot")  # matplotlib rewrites a plot in place
+        except OSError as e:
+            raise UsageError(f"{flag} {path}: {_why_not(e, path)}") from None
     if args.plot:
         kinds = _plot_formats()
         ext = os.path.splitext(args.plot)[1].lstrip(".").lower()
@@ -157,6 +167,15 @@ def check_output_paths(args) -> None:
             what = ext or "a file without an extension"
             raise UsageError(f"--plot {args.plot}: matplotlib cannot write {what}; "
                              f"use one of {', '.join(sorted(kinds))}")
+
+
+def _why_not(e: OSError, path: str) -> str:
+    """Why ``path`` cannot be written, from the OS's error ``e`` of
+    ``check_writable``: the path itself, or the temporary file in its folder."""
+    reason = e.strerror or str(e)
+    if e.filename is not None and os.fspath(e.filename) != path:  # the temporary file
+        return f"no file can be created in folder {os.path.dirname(os.fspath(e.filename))}: {reason}"
+    return f"cannot be written: {reason}"
 
 
 def _plot_formats() -> set[str]:

@@ -12,11 +12,20 @@ new, never half of it, and
 * an existing file keeps its permission bits; a new one gets those of the
   process's umask (``0o666 & ~umask``, as ``open(path, "w")`` would give),
   not the owner-only 0600 of ``tempfile.mkstemp``, so that a shared cache
-  stays readable to the users who could read it before.
+  stays readable to the users who could read it before;
+* a path that names something other than a regular file or a folder (a
+  character or block device such as ``/dev/null``, a FIFO, a socket; also
+  through a symbolic link, such as ``/dev/stdout``) is written into directly,
+  never replaced: renaming a file over ``/dev/null`` would replace the
+  system's device, and a pipe's reader would never see the text.
+
+:func:`check_writable` tries, before any work, what :func:`write_atomic`
+will do (``os.access`` says yes to root even where nothing can be created).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
@@ -24,7 +33,8 @@ import stat
 
 def write_atomic(path: str | os.PathLike, text: str, *, prefix: str = ".opgraph-") -> None:
     """Replace the file at ``path`` (or the file a symbolic link there points
-    to) by ``text``, UTF-8, atomically (module docstring).
+    to) by ``text``, UTF-8, atomically; write ``text`` into a device, FIFO
+    or socket there instead (module docstring).
 
     Args:
         path: the file; its folder must exist.
@@ -33,14 +43,21 @@ def write_atomic(path: str | os.PathLike, text: str, *, prefix: str = ".opgraph-
 
     Raises:
         OSError: the folder cannot be written, the disk is full, ...; the
-            temporary file is removed and the old file is left as it was.
+            temporary file is removed and the old file is left as it was;
+            for a device, FIFO or socket: it cannot be opened for writing
+            (a socket: ``ENXIO``) or refuses the text.
     """
-    target = os.path.realpath(os.fspath(path))
-    folder = os.path.dirname(target)
+    path = os.fspath(path)
     try:
-        mode = stat.S_IMODE(os.stat(target).st_mode)
+        st = os.stat(path)  # follows every link, /proc/self/fd/N's included
     except FileNotFoundError:
-        mode = None  # a new file: os.open's 0o666 masked by the umask
+        st = None  # a new file (or a dangling link's target)
+    if st is not None and _written_into(st):
+        _write_into(path, text)
+        return
+    target = os.path.realpath(path)
+    folder = os.path.dirname(target)
+    mode = None if st is None else stat.S_IMODE(st.st_mode)  # None: os.open's 0o666 less the umask
     fd, tmp = _create_beside(folder, prefix)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
@@ -56,6 +73,70 @@ def write_atomic(path: str | os.PathLike, text: str, *, prefix: str = ".opgraph-
         raise
 
 
+def check_writable(path: str | os.PathLike, *, prefix: str = ".opgraph-", beside: bool = True) -> None:
+    """Try what writing ``path`` will need, changing nothing: for a path that
+    does not exist, create and remove a temporary file in the folder of its
+    target (as :func:`write_atomic` creates its own); for a regular file, open
+    it for appending (nothing is written) and, with ``beside``, create and
+    remove a temporary file beside it; a device, FIFO or socket is written
+    into directly and is not opened here (opening a FIFO blocks until it has
+    a reader).
+
+    Args:
+        path: the file to be written.
+        prefix: the name prefix of the temporary file.
+        beside: whether the writer needs a temporary file beside an existing
+            file (False for a writer that rewrites the file in place).
+
+    Raises:
+        OSError: the attempt that failed (``e.filename`` is the temporary
+            file or ``path``); ``IsADirectoryError`` for a folder.
+    """
+    path = os.fspath(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if st is not None and _written_into(st):
+        return
+    if st is not None:
+        with open(path, "ab"):
+            pass
+        if not beside:
+            return
+    fd, tmp = _create_beside(os.path.dirname(os.path.realpath(path)), prefix)
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def writes_into(path: str | os.PathLike) -> bool:
+    """Whether :func:`write_atomic` writes into ``path`` rather than replacing
+    it: something other than a regular file or a folder is there (a device,
+    a FIFO, a socket, ``/dev/stdout`` on a pipe or terminal). A reader of such
+    a path sees every write, so a writer that rewrites a whole document
+    several times should write it once."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return _written_into(st)
+
+
+def _written_into(st: os.stat_result) -> bool:
+    """Neither a regular file (replaced) nor a folder (refused)."""
+    return not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode)
+
+
+def _write_into(path: str, text: str) -> None:
+    """Write ``text``, UTF-8, into the device, FIFO or socket at ``path``
+    without truncating or replacing it (a FIFO's open waits for a reader)."""
+    fd = os.open(path, os.O_WRONLY)
+    with os.fdopen(fd, "wb") as f:
+        f.write(text.encode("utf-8"))
+
+
 def _create_beside(folder: str, prefix: str) -> tuple[int, str]:
     """A new file of a fresh name in ``folder``, opened for writing with mode
     0o666 less the umask (the kernel applies it)."""
@@ -67,4 +148,4 @@ def _create_beside(folder: str, prefix: str) -> tuple[int, str]:
             continue
 
 
-__all__ = ["write_atomic"]
+__all__ = ["write_atomic", "check_writable", "writes_into"]

@@ -1,14 +1,18 @@
 """``opgraph.atomic_file.write_atomic``: the one writer of the autotune cache
 and of ``opgraph-bench --output`` keeps a file's mode (or the umask's for a
 new one), writes through a symbolic link to its target, and leaves nothing
-behind when it fails."""
+behind when it fails; a device or FIFO (``/dev/null``, ``/dev/stdout``) is
+written into, never replaced; ``check_writable`` tries, changing nothing."""
 
 import os
 import stat
+import subprocess
+import sys
+import threading
 
 import pytest
 
-from opgraph.atomic_file import write_atomic
+from opgraph.atomic_file import check_writable, write_atomic, writes_into
 
 
 @pytest.fixture
@@ -67,3 +71,84 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
     with pytest.raises(OSError, match="No space"):
         write_atomic(path, "new")
     assert path.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["keep.json"]
+
+
+def read_fifo_in_thread(path):
+    """Start a reader of the FIFO at ``path``; returns (thread, chunks)."""
+    chunks: list[bytes] = []
+
+    def read():
+        with open(path, "rb") as f:
+            chunks.append(f.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader, chunks
+
+
+def test_a_fifo_receives_the_text_and_stays_a_fifo(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader, chunks = read_fifo_in_thread(fifo)
+    write_atomic(fifo, "through the pipe\n")
+    reader.join(10)
+    assert not reader.is_alive() and chunks == [b"through the pipe\n"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]  # no temporary left
+
+
+def test_a_symbolic_link_to_a_fifo_writes_into_the_fifo(tmp_path):
+    fifo, link = tmp_path / "pipe", tmp_path / "out.json"
+    os.mkfifo(fifo)
+    link.symlink_to(fifo)
+    reader, chunks = read_fifo_in_thread(fifo)
+    write_atomic(link, "{}\n")
+    reader.join(10)
+    assert chunks == [b"{}\n"]
+    assert link.is_symlink() and os.readlink(link) == str(fifo) and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert writes_into(link) and writes_into(fifo) and not writes_into(tmp_path / "new.json")
+
+
+@pytest.mark.skipif(not os.access("/dev/null", os.W_OK), reason="/dev/null is not writable here")
+def test_dev_null_is_written_into_and_stays_a_character_device():
+    before = os.stat("/dev/null")
+    write_atomic("/dev/null", "discarded")  # written into, never replaced
+    after = os.stat("/dev/null")
+    assert os.path.exists("/dev/null") and stat.S_ISCHR(after.st_mode)
+    assert (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
+
+
+def test_dev_stdout_on_a_pipe_is_written_into():
+    """``/dev/stdout`` links to /proc/self/fd/1, which on a pipe names no folder
+    (its temporary file was '/proc/<pid>/fd/.opgraph-....tmp': not found)."""
+    code = "from opgraph.atomic_file import write_atomic; write_atomic('/dev/stdout', 'to the pipe\\n')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "to the pipe\n"
+
+
+def test_check_writable_tries_creating_and_changes_nothing(tmp_path):
+    check_writable(tmp_path / "new.json")
+    existing = tmp_path / "old.json"
+    existing.write_text("kept")
+    check_writable(existing)
+    assert existing.read_text() == "kept" and sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]
+    with pytest.raises(NotADirectoryError):
+        check_writable(existing / "out.json")
+    with pytest.raises(IsADirectoryError):
+        check_writable(tmp_path)
+    with pytest.raises(OSError):  # refused even to root, whom os.access never refuses
+        check_writable("/proc/opgraph-test.json")
+    assert not os.path.exists("/proc/opgraph-test.json")
+
+
+def test_check_writable_does_not_open_a_fifo(tmp_path):
+    """Opening a FIFO for writing blocks until a reader comes: the check must not."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    checker = threading.Thread(target=check_writable, args=(fifo,), daemon=True)
+    checker.start()
+    checker.join(10)
+    if checker.is_alive():  # unblock it before failing
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+    assert not checker.is_alive()

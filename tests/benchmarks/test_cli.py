@@ -369,14 +369,98 @@ def test_an_onnx_file_named_as_another_model_is_refused(tmp_path, capsys, second
     ("--json", "{tmp}", "is a folder"),
     ("--json", "{tmp}/afile/run.json", "is a file, not a folder"),
     ("--json", "{tmp}/same.json --output {tmp}/same.json --format csv", "writes the same file"),
+    # tried, not os.access (which says yes to root): nothing can be created in /proc, even by root
+    ("--output", "/proc/opgraph-test.json", "no file can be created in folder /proc: No such file"),
+    ("--output", "/proc/opgraph-test.txt --format table", "no file can be created in folder /proc"),
+    ("--plot", "/proc/opgraph-test.png", "no file can be created in folder /proc: No such file"),
+    ("--trace", "/proc/opgraph-test.json", "no file can be created in folder /proc: No such file"),
+    ("--json", "/proc/version", "cannot be written: Invalid argument"),  # no one opens it for writing
+    ("--output", "{tmp}/afile/out.json", "is a file, not a folder"),
 ])
 def test_unwritable_output_paths_are_usage_errors_before_any_work(tmp_path, capsys, flag, value, message):
     (tmp_path / "afile").write_text("")
     status, out, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--device", "cpu",
                                flag, *value.format(tmp=tmp_path).split())
     assert status == 2 and flag in err and message in err
+    assert value.format(tmp=tmp_path).split()[0] in err  # the path
     assert "L5" not in out  # nothing was timed
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.parent.glob("*.tmp"))
+
+
+def test_the_output_check_tries_the_writer_s_temporary_file_and_leaves_nothing(tmp_path, capsys):
+    """An existing --output file is opened for appending (not changed) and a
+    temporary file is created beside it and removed; a FIFO is not opened
+    (it would block until a reader came)."""
+    out = tmp_path / "run.json"
+    out.write_text("old")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    args = cli.build_parser().parse_args(["--output", str(out), "--trace", str(fifo),
+                                          "--json", str(tmp_path / "new.json")])
+    cli.check_output_paths(args)
+    assert out.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["pipe", "run.json"]
+
+
+def test_an_output_that_fails_at_the_end_names_its_flag_and_path(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "run.json"
+
+    def full(path, text, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cli, "write_atomic", full)
+    status, _, err = run_cli(capsys, "--model", "L5", "--summary", "--format", "json", "--output", str(path))
+    assert status == 1 and "Traceback" not in err
+    assert err == f"opgraph-bench: error: --output {path}: cannot be written: No space left on device\n"
+
+
+@pytest.mark.skipif(not os.access("/dev/null", os.W_OK), reason="/dev/null is not writable here")
+def test_output_to_dev_null_keeps_the_device(capsys):
+    status, out, err = run_cli(capsys, "--model", "L5", "--summary", "--format", "json", "--output",
+                               "/dev/null")
+    assert status == 0, err
+    assert out == "" and stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_a_timing_run_writes_its_json_once_into_a_fifo(tmp_path, capsys):
+    """--output json rewrites a file after each column; a FIFO (or /dev/stdout
+    on a pipe) receives the document once, and stays a FIFO."""
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got, done = [], threading.Event()
+
+    def read():  # every opening of the FIFO for writing, until done
+        while not done.is_set():
+            got.append(fifo.read_bytes())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        status, _, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--device", "cpu", "--lowering",
+                                 "gemm,direct", "--warmup", "0", "--repeat", "1", "--no-per-layer",
+                                 "--no-check", "--format", "json", "--output", str(fifo), "--quiet")
+    finally:
+        done.set()
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the reader waits in open: wake it
+        reader.join(10)
+    assert status == 0, err
+    got = [b for b in got if b]
+    assert len(got) == 1  # one document, not one per column
+    doc = json.loads(got[0])
+    assert [r["lowering"] for r in doc["results"]] == ["gemm", "direct"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_console_script_writes_to_dev_stdout():
+    """/dev/stdout links to /proc/self/fd/1: on a pipe its temporary file was
+    '/proc/<pid>/fd/.opgraph-....tmp' (no such file)."""
+    exe = shutil.which("opgraph-bench", path=str(Path(sys.executable).parent))
+    cmd = [exe] if exe else [sys.executable, "-m", "opgraph.benchmarks.cli"]
+    proc = subprocess.run(cmd + ["--model", "L5", "--summary", "--format", "json", "--output", "/dev/stdout",
+                                 "--quiet"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["models"][0]["model"] == "L5"
 
 
 def test_policy_and_workspace_errors_are_usage_errors(tmp_path, capsys):

@@ -67,10 +67,13 @@ def test_ctrl_c_before_any_column(capsys, monkeypatch):
 
 
 def test_a_real_sigint_ends_the_console_script_in_one_line(tmp_path):
-    """SIGINT, as a terminal's Ctrl-C sends it, after the first column: no traceback."""
+    """SIGINT, as a terminal's Ctrl-C sends it, after the first column: no traceback.
+    The columns are long (300 calls) so that a loaded machine, where this
+    process reads the progress line late, still signals before the run ends
+    (with 30 calls a CI run once finished all three columns first)."""
     path = tmp_path / "run.json"
     cmd = [sys.executable, "-c", "import sys; from opgraph.benchmarks.cli import main; sys.exit(main())",
-           "--model", "L5", *FAST, "--repeat", "30", "--lowering", "gemm,direct,fft", "--no-check",
+           "--model", "L5", *FAST, "--repeat", "300", "--lowering", "gemm,direct,fft", "--no-check",
            "--no-per-layer", "--format", "json", "--output", str(path)]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

@@ -202,13 +202,17 @@ class Emitter:
         if base is None:
             return False
         row = f"{node.load.row} * {self.ctx.space_size('channel')} + " if node.load.row else ""
-        lines, values = vector_load(st, self._pointer(node.load.input), f"{row}{base}", lanes, f"r{k}")
+        self._words(k, st, self._pointer(node.load.input), f"{row}{base}", scope)
+        return True
+
+    def _words(self, k: int, st, ptr: str, start: str, scope: str) -> None:
+        """Node ``k``'s lanes loaded as 16-byte words from ``ptr[start]`` on, into ``scope``."""
+        lines, values = vector_load(st, ptr, start, self.ctx.lanes, f"r{k}")
         for line in lines:
             self.add(scope, line)
         for j, expr in enumerate(values):
             self.add(scope, f"const CT v{k}_{j} = {expr};")
             self.memo[(k, j)] = f"v{k}_{j}"
-        return True
 
     def _element(self, index: int, i: str) -> str:
         """The element of input ``index`` at physical index ``i`` of S: ``i``
@@ -261,14 +265,8 @@ class Emitter:
 
     def _vector(self, k: int, node: Node) -> None:
         st = storage_of(self.dtypes[node.load.input])
-        ptr = self._pointer(node.load.input)
         start = self._element(node.load.input, self.ctx.index(self, "i0", 0))
-        lines, lanes = vector_load(st, ptr, start, self.ctx.lanes, f"r{k}")
-        for line in lines:
-            self.add("lane", line)
-        for j, expr in enumerate(lanes):
-            self.add("lane", f"const CT v{k}_{j} = {expr};")
-            self.memo[(k, j)] = f"v{k}_{j}"
+        self._words(k, st, self._pointer(node.load.input), start, "lane")
 
     def body(self, scope: str) -> str:
         return "\n".join("        " + line for line in self.lines[scope])

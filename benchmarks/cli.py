@@ -16,7 +16,8 @@ Examples::
 Exit status: 0 on success; 2 on a usage error (unknown model, lowering,
 precision; a negative --seed or --time-limit; a flag the mode cannot use,
 such as --plot with --summary (:mod:`.usage`); a lowering that applies to no
-convolution of the selected models);
+convolution of the selected models; a --lowering force such as ``@conv99=fft``
+that names no node of them);
 1 when the device is unavailable or building a model fails; 3 when the run
 finished but some column is a ``mismatch`` or an ``error`` (the outputs are
 written first); 4 when --time-limit left nothing timed (it skipped every
@@ -39,7 +40,8 @@ from . import driver, lowerings as lw, report, usage
 from .arguments import build_parser, model_names, output_format
 from .models import LAYERS
 # run_timing reads these as this module's names (tests stand in for build_models, check_applicable)
-from .modes import (base_policy, build_models, check_applicable, check_policy_flags, device_flag_notes,
+from .modes import (base_policy, build_models, check_applicable, check_forces, check_policy_flags,
+                    device_flag_notes,
                     gpu_library_notes, log,
                     precisions_and_layout, run_profile, run_summary)
 from .trace import TraceCollector
@@ -126,6 +128,7 @@ def run_timing(names: list[str], args) -> dict:
     if graphed_peers and device != "cuda":
         raise UsageError(f"--compare {','.join(graphed_peers)} captures CUDA graphs: it needs "
                          f"--device cuda (this run: {device})")
+    check_forces(tgs, args)
     problem = check_applicable(tgs, lowerings, device, base)
     if problem:
         raise UsageError(problem)

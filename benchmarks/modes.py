@@ -19,6 +19,7 @@ import attrs
 
 from opgraph.analysis import summarize, totals
 from opgraph.errors import ParameterError
+from opgraph.passes.force import matches_a_node
 from opgraph.passes.policy import LoweringPolicy, PolicyError
 from opgraph.passes.policy_names import check_names
 
@@ -207,6 +208,38 @@ def check_applicable(tgs, lowerings, device: str, base: LoweringPolicy) -> str |
     return None
 
 
+def check_forces(tgs, args) -> None:
+    """Refuse a ``--lowering`` force item (``@conv99=fft``, ``@conv99:forward=fft``)
+    whose key names no node of any model of the run (a typo): every column
+    would only be the fallback's, marked n/a. Matched as the compiler matches
+    (:func:`opgraph.passes.force.matches_a_node`), against the training graphs
+    before any work; a key that names a node of one model only still forces
+    that one (the others' columns say why they are n/a). A ``--policy`` file's
+    keys stay warnings, as in ``og.compile``: a file may serve several models.
+
+    Raises:
+        UsageError: naming the item, the models and some layers they have.
+    """
+    items = [i for i in (args.lowering_policy or "").split(",") if i.strip().startswith("@")]
+    if not items or not tgs:
+        return
+    names = {tg.model.key: [v.name for v in tg.model.graph.nodes_in_order(tg.outputs)] for tg in tgs}
+    for item in items:
+        key = item.partition("=")[0].strip()[1:].strip()
+        if any(matches_a_node(key, ns) for ns in names.values()):
+            continue
+        layers = "; ".join(f"{tg.model.key}: {_few(list(tg.layers))}" for tg in tgs[:3])
+        raise UsageError(
+            f"--lowering {item.strip()}: {key!r} names no node of the model(s) of this run "
+            f"({', '.join(names)}); convolution and linear layers: {layers}{'; ...' if len(tgs) > 3 else ''} "
+            "(a force key is a node name or pattern, a layer optionally with :forward, "
+            ":backward_data or :backward_filter; --summary lists each model's layers)")
+
+
+def _few(names: list[str], n: int = 6) -> str:
+    return ", ".join(names[:n]) + (f", ... ({len(names)} in all)" if len(names) > n else "") if names else "(none)"
+
+
 def run_summary(names: list[str], args) -> dict:
     """The summary document of ``names`` (no kernel runs)."""
     models = []
@@ -242,6 +275,7 @@ def run_profile(names: list[str], args) -> dict:
     lowerings = args.lowering or [lw.Lowering("auto" if device == "cuda" else lw.CPU_DEFAULT[0])]
     base = base_policy(args, lowerings, device)  # the benchmark's: a column of either compiles alike
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
+    check_forces(tgs, args)
     problem = check_applicable(tgs, lowerings, device, base)
     if problem:
         raise UsageError(problem)

@@ -145,16 +145,42 @@ def test_a_forced_node_shows_in_table_json_and_csv(capsys, tmp_path, per_layer):
     assert total["layer"] == "(total)" and total["forced"] == "L4=direct"
 
 
-def test_a_force_that_matches_no_node_is_not_an_ok_column(capsys):
-    """``@L9=direct`` on L4 (a typo) forced nothing: the column is n/a and says
-    why, rather than an ``ok`` column of the fallback under the typo's label."""
-    status, out, err = run_cli(capsys, "--model", "L4", *FAST, "--lowering", "gemm,@L9=direct",
+def test_a_force_that_matches_no_node_of_a_model_is_not_an_ok_column_there(capsys):
+    """``@L5=direct`` on L4 and L5 forced nothing in L4: L4's column is n/a and
+    says why, rather than an ``ok`` column of the fallback under the force's label."""
+    status, out, err = run_cli(capsys, "--model", "L4,L5", *FAST, "--lowering", "gemm,@L5=direct",
                                "--no-check", "--no-per-layer", "--format", "json", "--quiet")
-    assert "warning: policy.force key 'L9' matches no node" in err
-    (r,) = json.loads(out)["results"]
-    assert r["status"] == "n/a", r
-    assert r["reason"] == ("gemm: its policy forces no node of L4: policy.force key 'L9' matches no node "
-                           "of graph 'L4'")
+    assert status == 0, err
+    assert "warning: policy.force key 'L5' matches no node of graph 'L4'" in err
+    l4, l5 = json.loads(out)["results"]
+    assert (l4["model"], l4["status"]) == ("L4", "n/a"), l4
+    assert l4["reason"] == ("gemm: its policy forces no node of L4: policy.force key 'L5' matches no node "
+                            "of graph 'L4'")
+    assert (l5["model"], l5["status"], l5["forced"]["L5"]) == ("L5", "ok", "direct"), l5
+
+
+@pytest.mark.parametrize("mode", [(), ("--profile",)])
+@pytest.mark.parametrize("item", ["@conv99=fft", "@conv99:forward=fft", "@conv9*=fft"])
+def test_a_force_that_names_no_node_of_any_model_is_a_usage_error_before_any_work(
+        capsys, monkeypatch, item, mode):
+    """A typo'd force (``@conv99=fft``: alexnet has conv1..conv5) would make
+    every column the fallback's, n/a: exit 2 before anything is timed, naming
+    the item, the models and some of their layers."""
+    from opgraph.benchmarks import profile
+
+    def timed(*a, **k):
+        raise AssertionError("timing started")
+
+    monkeypatch.setattr(driver, "run_benchmark", timed)
+    monkeypatch.setattr(profile, "measure_limits", timed)
+    status, out, err = run_cli(capsys, "--model", "alexnet,L4", *FAST, "--lowering", f"auto,{item}", *mode)
+    assert (status, out) == (2, "")
+    key = item[1:].partition("=")[0]
+    assert err == (f"opgraph-bench: error: --lowering {item}: {key!r} names no node of the model(s) of this "
+                   "run (alexnet, L4); convolution and linear layers: alexnet: conv1, conv2, conv3, conv4, "
+                   "conv5, fc6, ... (8 in all); L4: L4 (a force key is a node name or pattern, a layer "
+                   "optionally with :forward, :backward_data or :backward_filter; --summary lists each "
+                   "model's layers)\n")
 
 
 def test_policy_items_alone_make_one_column_named_by_them(capsys):

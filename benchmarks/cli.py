@@ -154,8 +154,8 @@ def run_timing(names: list[str], args) -> dict:
     progress = Progress(driver.unit_count(models, settings), args.quiet)
     if peer_problem is not None:
         progress.said.add(peer_problem)
-    # a regular file holds the finished columns should the run stop; a device or pipe
-    # (/dev/stdout) would receive the document once per column
+    # a regular file holds the finished columns should the run stop; a device, pipe or
+    # descriptor (/dev/stdout, even on a file) would receive the document once per column
     incremental = args.output and args.format == "json" and not writes_into(args.output)
 
     shown, finished = 0, None
@@ -187,7 +187,8 @@ class OutputError(OSError):
 
 
 def write_file(flag: str, path: str, text: str) -> None:
-    """``write_atomic(path, text)`` (a device or FIFO written into), its error
+    """``write_atomic(path, text)`` (a device, FIFO or descriptor such as
+    ``/dev/stdout`` written into), its error
     naming ``flag`` and ``path``.
 
     Raises:

@@ -131,8 +131,9 @@ def check_output_paths(args) -> None:
     (:func:`opgraph.atomic_file.check_writable`: a temporary file created and
     removed in the folder, an existing file opened for appending), so that
     root, whom ``os.access`` never refuses, is refused ``/proc/x.json``; a
-    device or FIFO (``/dev/null``, ``/dev/stdout``) is written into directly
-    and not opened here.
+    device or FIFO (``/dev/null``) is written into directly and not opened
+    here; a descriptor's path (``/dev/stdout``, ``/dev/fd/3``) must be open
+    for writing.
 
     Raises:
         UsageError: the path is a folder, its folder does not exist or is a

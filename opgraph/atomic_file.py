@@ -17,7 +17,13 @@ new, never half of it, and
   character or block device such as ``/dev/null``, a FIFO, a socket; also
   through a symbolic link, such as ``/dev/stdout``) is written into directly,
   never replaced: renaming a file over ``/dev/null`` would replace the
-  system's device, and a pipe's reader would never see the text.
+  system's device, and a pipe's reader would never see the text;
+* a path naming one of this process's open descriptors (``/dev/stdout``,
+  ``/dev/stderr``, ``/dev/fd/N``, ``/proc/self/fd/N``; :func:`descriptor_of`)
+  is written into that descriptor, at its offset, whatever it is open on:
+  with ``> out.json`` or ``>> log`` the shell opened the file, and replacing
+  it by a rename (``/proc/self/fd/1`` resolves to ``out.json``) would cut
+  the shell's descriptor off from the file and drop what ``>>`` kept.
 
 :func:`check_writable` tries, before any work, what :func:`write_atomic`
 will do (``os.access`` says yes to root even where nothing can be created).
@@ -27,8 +33,10 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import stat
+import sys
 
 
 def write_atomic(path: str | os.PathLike, text: str, *, prefix: str = ".opgraph-") -> None:
@@ -45,9 +53,14 @@ def write_atomic(path: str | os.PathLike, text: str, *, prefix: str = ".opgraph-
         OSError: the folder cannot be written, the disk is full, ...; the
             temporary file is removed and the old file is left as it was;
             for a device, FIFO or socket: it cannot be opened for writing
-            (a socket: ``ENXIO``) or refuses the text.
+            (a socket: ``ENXIO``) or refuses the text; for a descriptor's
+            path: the descriptor is not open for writing (``EBADF``).
     """
     path = os.fspath(path)
+    fd = descriptor_of(path)
+    if fd is not None:
+        _write_descriptor(fd, text)
+        return
     try:
         st = os.stat(path)  # follows every link, /proc/self/fd/N's included
     except FileNotFoundError:
@@ -80,7 +93,8 @@ def check_writable(path: str | os.PathLike, *, prefix: str = ".opgraph-", beside
     it for appending (nothing is written) and, with ``beside``, create and
     remove a temporary file beside it; a device, FIFO or socket is written
     into directly and is not opened here (opening a FIFO blocks until it has
-    a reader).
+    a reader); a descriptor's path (:func:`descriptor_of`) is checked to be
+    open for writing.
 
     Args:
         path: the file to be written.
@@ -90,9 +104,14 @@ def check_writable(path: str | os.PathLike, *, prefix: str = ".opgraph-", beside
 
     Raises:
         OSError: the attempt that failed (``e.filename`` is the temporary
-            file or ``path``); ``IsADirectoryError`` for a folder.
+            file or ``path``); ``IsADirectoryError`` for a folder; ``EBADF``
+            for a descriptor that is not open, or open for reading only.
     """
     path = os.fspath(path)
+    fd = descriptor_of(path)
+    if fd is not None:
+        _check_descriptor(fd, path)
+        return
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -114,14 +133,76 @@ def check_writable(path: str | os.PathLike, *, prefix: str = ".opgraph-", beside
 def writes_into(path: str | os.PathLike) -> bool:
     """Whether :func:`write_atomic` writes into ``path`` rather than replacing
     it: something other than a regular file or a folder is there (a device,
-    a FIFO, a socket, ``/dev/stdout`` on a pipe or terminal). A reader of such
-    a path sees every write, so a writer that rewrites a whole document
-    several times should write it once."""
+    a FIFO, a socket), or it names an open descriptor of this process
+    (``/dev/stdout``, on a pipe, a terminal or a file: :func:`descriptor_of`).
+    A reader of such a path sees every write, so a writer that rewrites a
+    whole document several times should write it once."""
+    if descriptor_of(path) is not None:
+        return True
     try:
         st = os.stat(path)
     except OSError:
         return False
     return _written_into(st)
+
+
+#: The standard streams' paths -> their descriptors.
+_STANDARD = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+#: A descriptor's path: /dev/fd/N, /proc/self/fd/N, /proc/<pid>[/task/<tid>]/fd/N.
+_FD_PATH = re.compile(r"/dev/fd/(\d+)|/proc/(self|thread-self|\d+)(?:/task/\d+)?/fd/(\d+)")
+
+
+def descriptor_of(path: str | os.PathLike) -> int | None:
+    """The open-file descriptor of this process that ``path`` names, or None:
+    ``/dev/stdin``, ``/dev/stdout``, ``/dev/stderr`` (0, 1, 2), ``/dev/fd/N``,
+    ``/proc/self/fd/N`` (``/proc/<this pid>/fd/N``, ``/proc/thread-self/fd/N``),
+    also through symbolic links (of the path or of its folders) that lead
+    there. Another process's ``/proc/<pid>/fd/N`` is None (a path as any)."""
+    p = os.path.abspath(os.fspath(path))
+    for _ in range(40):  # the kernel's limit on links followed
+        p = os.path.join(os.path.realpath(os.path.dirname(p)), os.path.basename(p))
+        if p in _STANDARD:
+            return _STANDARD[p]
+        m = _FD_PATH.fullmatch(p)
+        if m and m.group(1) is not None:
+            return int(m.group(1))
+        if m and m.group(2) in ("self", "thread-self", str(os.getpid())):
+            return int(m.group(3))
+        try:
+            link = os.readlink(p)
+        except OSError:  # not a link (or nothing there)
+            return None
+        p = os.path.normpath(os.path.join(os.path.dirname(p), link))
+    return None
+
+
+def _check_descriptor(fd: int, path: str) -> None:
+    """Raise ``EBADF`` (naming ``path``) unless descriptor ``fd`` is open for writing."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: the write will tell
+        return
+    try:
+        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+    except OSError:
+        raise OSError(errno.EBADF, f"descriptor {fd} is not open", path) from None
+    if mode not in (os.O_WRONLY, os.O_RDWR):
+        raise OSError(errno.EBADF, f"descriptor {fd} is open for reading only", path)
+
+
+def _write_descriptor(fd: int, text: str) -> None:
+    """Write ``text``, UTF-8, into descriptor ``fd`` at its offset (the end,
+    for one opened to append), after what ``sys.stdout`` / ``sys.stderr``
+    buffered for it; the descriptor stays open."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None and stream.fileno() == fd:
+                stream.flush()
+        except (AttributeError, OSError, ValueError):  # replaced by a stream without a descriptor
+            pass
+    data = memoryview(text.encode("utf-8"))
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def _written_into(st: os.stat_result) -> bool:
@@ -148,4 +229,4 @@ def _create_beside(folder: str, prefix: str) -> tuple[int, str]:
             continue
 
 
-__all__ = ["write_atomic", "check_writable", "writes_into"]
+__all__ = ["write_atomic", "check_writable", "writes_into", "descriptor_of"]

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from opgraph.atomic_file import check_writable, write_atomic, writes_into
+from opgraph.atomic_file import check_writable, descriptor_of, write_atomic, writes_into
 
 
 @pytest.fixture
@@ -125,6 +125,54 @@ def test_dev_stdout_on_a_pipe_is_written_into():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "to the pipe\n"
+
+
+def test_descriptor_paths_name_this_process_descriptors(tmp_path):
+    link = tmp_path / "out.json"
+    link.symlink_to("/dev/stdout")
+    assert [descriptor_of(p) for p in ("/dev/stdin", "/dev/stdout", "/dev/stderr", "/dev/fd/7",
+                                       "/proc/self/fd/7", f"/proc/{os.getpid()}/fd/7", link)] == [0, 1, 2, 7, 7, 7, 1]
+    assert descriptor_of("/proc/1/fd/1") is None or os.getpid() == 1  # another process's: a path as any
+    assert descriptor_of(tmp_path / "new.json") is None and descriptor_of("/dev/null") is None
+
+
+@pytest.mark.parametrize("flags", [os.O_WRONLY | os.O_APPEND, os.O_WRONLY], ids=[">>", ">"])
+def test_a_descriptor_on_a_regular_file_is_written_into_not_replaced(tmp_path, flags):
+    """``opgraph-bench --output /dev/stdout >> log``: /proc/self/fd/1 resolves
+    to ``log``; replacing it by a rename cut the shell's descriptor off from
+    the file and dropped what it held. Written at the descriptor's offset: the
+    end for ``>>``, after what was written through it for ``>``."""
+    path = tmp_path / "log"
+    path.write_text("kept\n")
+    inode = os.stat(path).st_ino
+    fd = os.open(path, flags)
+    try:
+        if not flags & os.O_APPEND:
+            os.lseek(fd, 0, os.SEEK_END)
+        for name in (f"/dev/fd/{fd}", f"/proc/self/fd/{fd}"):
+            assert writes_into(name)
+            check_writable(name)
+            write_atomic(name, f"{name}\n")
+    finally:
+        os.close(fd)
+    assert path.read_text() == f"kept\n/dev/fd/{fd}\n/proc/self/fd/{fd}\n"
+    assert os.stat(path).st_ino == inode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log"]  # no temporary file
+
+
+def test_a_descriptor_not_open_for_writing_is_refused(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_text("input")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError, match=f"descriptor {fd} is open for reading only") as e:
+            check_writable(f"/dev/fd/{fd}")
+        assert e.value.filename == f"/dev/fd/{fd}"
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError, match=f"descriptor {fd} is not open"):
+        check_writable(f"/dev/fd/{fd}")
+    assert path.read_text() == "input"
 
 
 def test_check_writable_tries_creating_and_changes_nothing(tmp_path):

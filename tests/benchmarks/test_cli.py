@@ -463,6 +463,34 @@ def test_console_script_writes_to_dev_stdout():
     assert json.loads(proc.stdout)["models"][0]["model"] == "L5"
 
 
+@pytest.mark.parametrize("redirect", [">", ">>"])
+def test_output_dev_stdout_into_a_shell_redirect_keeps_the_shell_file(tmp_path, redirect):
+    """``--output /dev/stdout > run.json``: /dev/stdout resolves to run.json,
+    which the atomic write replaced by a rename (``>>`` lost what the file
+    held; the per-column JSON rewrites replaced it each time). It is written
+    into the shell's descriptor, once: the file the shell opened holds the
+    earlier line, then one complete document."""
+    import shlex
+
+    exe = shutil.which("opgraph-bench", path=str(Path(sys.executable).parent))
+    cmd = [exe] if exe else [sys.executable, "-m", "opgraph.benchmarks.cli"]
+    out = tmp_path / "run.json"
+    args = cmd + ["--model", "L5", "--batch", "1", "--device", "cpu", "--lowering", "gemm,direct", "--warmup",
+                  "0", "--repeat", "1", "--no-per-layer", "--no-check", "--quiet", "--format", "json",
+                  "--output", "/dev/stdout"]
+    out.write_text("earlier\n")
+    inode = os.stat(out).st_ino
+    proc = subprocess.run(["sh", "-c", f"{shlex.join(args)} {redirect} {shlex.quote(str(out))}"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    head = "earlier\n" if redirect == ">>" else ""
+    assert text.startswith(head)
+    assert [r["lowering"] for r in json.loads(text[len(head):])["results"]] == ["gemm", "direct"]  # one document
+    assert os.stat(out).st_ino == inode  # the shell's file, not a new one renamed over it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
 def test_policy_and_workspace_errors_are_usage_errors(tmp_path, capsys):
     status, _, err = run_cli(capsys, "--model", "L5", "--workspace-limit", "lots")
     assert status == 2 and "--workspace-limit" in err and "'lots'" in err

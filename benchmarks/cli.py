@@ -49,7 +49,9 @@ from .usage import UsageError, check_output_paths
 
 
 class Progress:
-    """A rich progress bar on a terminal, one line per column otherwise, nothing with --quiet."""
+    """A rich progress bar on a terminal, one line per column otherwise (its
+    status, total and the seconds elapsed since the run started), nothing
+    with --quiet."""
 
     def __init__(self, total: int, quiet: bool):
         self.total, self.done, self.quiet, self.bar = total, 0, quiet, None
@@ -87,7 +89,7 @@ class Progress:
         what = f"total {tot:.2f} ms" if tot is not None else \
             "(reason above)" if repeated else reason if error else reason[:120]
         line = (f"[{self.done}/{self.total}] {r['model']} {r['precision']} {r['lowering']}: "
-                f"{r['status']} {what} ({time.perf_counter() - self.t0:.0f} s)")
+                f"{r['status']} {what} ({time.perf_counter() - self.t0:.0f} s elapsed)")
         if not repeated:
             line += "".join(f"\n    at {f}" for f in (error or {}).get("frames", ()))
         if self.bar is not None:

@@ -51,3 +51,13 @@ def test_readme_gives_the_cpu_run_time_the_cli_gives():
     assert said in bare(driver.default_batch(128, "cpu", None)[1])
     assert said in bare(build_parser().format_help())
     assert "eightminutes" not in bare(README) and "3-8minutes" not in bare(README)
+
+
+def test_readme_names_every_opgraph_bench_flag():
+    """A flag missing from README.md is one a reader of it cannot find (--seed,
+    --workspace-limit and --workspace-tolerance were)."""
+    from opgraph.benchmarks.arguments import build_parser
+
+    flags = [o for a in build_parser()._actions for o in a.option_strings if o.startswith("--") and o != "--help"]
+    assert len(flags) > 20
+    assert [f for f in flags if f"`{f}" not in README] == []

@@ -491,6 +491,14 @@ def test_output_dev_stdout_into_a_shell_redirect_keeps_the_shell_file(tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
 
 
+def test_a_progress_line_labels_its_seconds(capsys):
+    import re
+
+    status, out, err = run_cli(capsys, *[a for a in FAST if a != "--quiet"], "--format", "json")
+    assert status == 0, err
+    assert re.fullmatch(r"\[1/1\] L4 fp32 direct: ok total \d+\.\d\d ms \(\d+ s elapsed\)", err.splitlines()[0]), err
+
+
 def test_policy_and_workspace_errors_are_usage_errors(tmp_path, capsys):
     status, _, err = run_cli(capsys, "--model", "L5", "--workspace-limit", "lots")
     assert status == 2 and "--workspace-limit" in err and "'lots'" in err

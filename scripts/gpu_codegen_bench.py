@@ -28,7 +28,11 @@ every combination of:
   blocks a split reduction aims at), which shows whether the split is the limit;
 * ``--sweep-blocks`` (element-wise kernels): ``MAX_SWEEP_BLOCKS`` (the most
   blocks a sweep launches: fewer blocks, more vectors per thread);
-* ``--unroll``: ``UNROLL`` (``codegen/kernels.py``: the main loops' ``#pragma unroll``).
+* ``--unroll``: ``UNROLL`` (``codegen/kernels.py``: the main loops' ``#pragma unroll``);
+* ``--tile-bytes`` (channels-last reductions): ``TILE_BYTES`` (the row bytes a
+  block owns: 128 narrow tiles, 4096 the widest);
+* ``--finish-bytes`` (split reductions): ``FINISH_BYTES`` (a tile's partial
+  sums its last block adds itself; 0: always a ``finalize`` launch).
 
 One JSON object per line on stdout (and ``--json`` writes them all).
 
@@ -170,6 +174,10 @@ def main(argv=None) -> int:
                     help="MAX_SWEEP_BLOCKS values to time the element-wise kernels with (default %(default)s)")
     ap.add_argument("--unroll", default="1,4",
                     help="UNROLL values (codegen/kernels.py) to time every kernel with (default %(default)s)")
+    ap.add_argument("--tile-bytes", default=None,
+                    help="TILE_BYTES values to time the reductions with (default: plan.py's)")
+    ap.add_argument("--finish-bytes", default=None,
+                    help="FINISH_BYTES values to time the reductions with (default: plan.py's)")
     ap.add_argument("--json", help="also write every result to this file")
     args = ap.parse_args(argv)
     batch, shapes = MODELS[args.model]
@@ -182,7 +190,17 @@ def main(argv=None) -> int:
     from opgraph.backends.registry import KernelContext, rules_for
 
     copy_gbps = measure_copy_bandwidth("cuda")["gbps"]
-    default_blocks, default_sweep, default_unroll = plan.TARGET_BLOCKS, plan.MAX_SWEEP_BLOCKS, kernels.UNROLL
+    knobs = ((plan, "TARGET_BLOCKS"), (plan, "MAX_SWEEP_BLOCKS"), (kernels, "UNROLL"), (plan, "TILE_BYTES"),
+             (plan, "FINISH_BYTES"))
+    defaults = tuple(getattr(m, name) for m, name in knobs)
+    default_blocks, default_sweep, default_unroll, default_tile, default_finish = defaults
+
+    def values(text, default):
+        return [int(v) for v in text.split(",")] if text else [default]
+
+    def set_knobs(variant):
+        for (m, name), v in zip(knobs, variant):
+            setattr(m, name, v)
     results = []
 
     def emit(rec):
@@ -191,27 +209,31 @@ def main(argv=None) -> int:
 
     emit({"copy_bandwidth_gbps": copy_gbps, "model": args.model, "dtype": args.dtype, "layout": args.layout,
           "batch": batch, "default_target_blocks": default_blocks, "default_sweep_blocks": default_sweep,
-          "default_unroll": default_unroll})
+          "default_unroll": default_unroll, "default_tile_bytes": default_tile, "default_finish_bytes": default_finish})
     unrolls = [int(u) for u in args.unroll.split(",")]
-    reduce_variants = [(b, default_sweep, u) for u in unrolls for b in map(int, args.blocks.split(","))]
-    sweep_variants = [(default_blocks, b, u) for u in unrolls for b in map(int, args.sweep_blocks.split(","))]
+    reduce_variants = [(b, default_sweep, u, t, f) for u in unrolls for b in map(int, args.blocks.split(","))
+                       for t in values(args.tile_bytes, default_tile) for f in values(args.finish_bytes, default_finish)]
+    sweep_variants = [(default_blocks, b, u, default_tile, default_finish)
+                      for u in unrolls for b in map(int, args.sweep_blocks.split(","))]
     for case in cases(batch, args.dtype, args.layout, shapes):
         arrays = _inputs(cp, case, seed=0)
         rule = rules_for(type(case["op"]))["codegen"]
         ctx = KernelContext(cp, "cuda", {}, case["out"])
         moved = sum(_nbytes(t) for t in case["types"]) + _nbytes(case["out"])
-        for blocks, sweep_blocks, unroll in (reduce_variants if case["reduction"] else sweep_variants):
-            plan.TARGET_BLOCKS, plan.MAX_SWEEP_BLOCKS, kernels.UNROLL = blocks, sweep_blocks, unroll
+        for variant in (reduce_variants if case["reduction"] else sweep_variants):
+            blocks, sweep_blocks, unroll, tile_bytes, finish_bytes = variant
+            set_knobs(variant)
             launch._PLANS.clear()
             try:
                 ms = graph_ms(cp, lambda: rule.kernel(ctx, case["op"], *arrays), args.calls, args.repeat)
                 p = launch.plan_for(case["op"], arrays, case["out"])
                 emit({"kernel": case["name"], "shape": case["shape"], "view_of": case["view_of"],
-                      "target_blocks": blocks, "sweep_blocks": sweep_blocks, "unroll": unroll, "ms": ms,
+                      "target_blocks": blocks, "sweep_blocks": sweep_blocks, "unroll": unroll,
+                      "tile_bytes": tile_bytes, "finish_bytes": finish_bytes, "ms": ms,
                       "bytes": moved, "gbps": moved / ms / 1e6, "of_copy": moved / ms / 1e6 / copy_gbps,
                       "launches": [{"name": x.name.split("_")[2], "grid": list(x.grid)} for x in p.launches]})
             finally:
-                plan.TARGET_BLOCKS, plan.MAX_SWEEP_BLOCKS, kernels.UNROLL = default_blocks, default_sweep, default_unroll
+                set_knobs(defaults)
                 launch._PLANS.clear()
         x = arrays[1] if case["name"] == "dx" else arrays[0]
         if case["name"] == "stats":  # the ceiling at this size: a copy of x

@@ -33,6 +33,9 @@ def emu(monkeypatch):
     if GXX is None:
         pytest.skip("no g++: the kernels' CUDA text cannot run on the CPU")
     monkeypatch.setattr(launch, "_PLANS", {})
+    for name in ("_TICKET_OFFSETS", "_TICKET_BUFFERS", "_TICKET_VIEWS"):  # ticket counters start at zero
+        monkeypatch.setattr(launch, name, {})
+    monkeypatch.setattr(launch, "_RESERVED", [0])
     with cupy_replaced(monkeypatch, EmulatedCupy(), launch.compiled, copies._plan) as e:
         yield e
 

@@ -62,6 +62,11 @@ static inline int __double2hiint(double d) { unsigned long long u; std::memcpy(&
 static inline float opgraph_h2f(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }
 static inline unsigned short opgraph_f2h(float f) { _Float16 v = (_Float16)f; unsigned short h; std::memcpy(&h, &v, 2); return h; }
 void __syncthreads();
+// blocks run one after another and threads in turn: no other thread runs between
+// a read and a write, so atomics are plain read-modify-writes and fences are empty
+static inline unsigned int atomicAdd(unsigned int* p, unsigned int v) { unsigned int old = *p; *p = old + v; return old; }
+static inline void __threadfence() {}
+template <class T> static inline T __ldcg(const T* p) { return *p; }
 """
 
 LAUNCHER = r"""

@@ -68,12 +68,58 @@ def test_odd_shapes_take_per_lane_indices_and_tails(emu, case, dtype, layout):
 @pytest.mark.parametrize("case", _ops_by_id("BiasAddBackward()", "BatchNormStats()", "GlobalAvgPool2d()",
                                             "BatchNormTrainingBackwardData(eps=1e-05)"),
                          ids=lambda c: c.id)
-def test_split_reductions_add_their_partial_sums_in_a_second_kernel(emu, monkeypatch, case, layout):
+@pytest.mark.parametrize("finish_bytes", [0, 32 * 1024], ids=["finalize-launch", "last-block"])
+def test_split_reductions_add_their_partial_sums(emu, monkeypatch, case, layout, finish_bytes):
+    """Split over blocks, the partial sums are added by a second launch or by the
+    last block of each tile (``plan.FINISH_BYTES``), to the same values."""
     monkeypatch.setattr(plan, "TARGET_BLOCKS", 48)
     monkeypatch.setattr(plan, "MIN_PER_THREAD", 1)
+    monkeypatch.setattr(plan, "FINISH_BYTES", finish_bytes)
     shape = (1, 8, 64, 64) if case.id == "GlobalAvgPool2d()" else (8, 16, 16, 24)  # few entries: split
     run_case(case.make(shape), case.kinds, shape, "bfloat16", layout)
-    assert "finalize" in launched(emu)
+    kinds = launched(emu)
+    assert ("finalize" in kinds) == (finish_bytes == 0), kinds
+    p = next(iter(launch._PLANS.values()))[0]
+    assert any(x.grid[1] > 1 for x in p.launches), "the reduction was not split"
+    if finish_bytes:  # every launch left its counters at zero for the next
+        assert p.tickets and not launch._TICKET_BUFFERS[-1].any()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("channels", [72, 200])
+@pytest.mark.parametrize("case", _ops_by_id("BatchNormStats()", "GlobalAvgPool2d()",
+                                            "BatchNormTrainingBackwardData(eps=1e-05)"), ids=lambda c: c.id)
+def test_narrow_tiles_each_add_their_own_partial_sums(emu, monkeypatch, case, channels, dtype):
+    """Channels-last reductions over several 128-byte tiles of channels (the
+    last one partial), each split over blocks: each tile's last block adds
+    its tile's partial sums (per channel, and per image for the global pool),
+    for every reduction phase of the program, and leaves its counter at zero."""
+    monkeypatch.setattr(plan, "TARGET_BLOCKS", 24)
+    monkeypatch.setattr(plan, "MIN_PER_THREAD", 1)
+    shape = (3, channels, 7, 9)
+    run_case(case.make(shape), case.kinds, shape, dtype, "NHWC")
+    (p, _, _), = launch._PLANS.values()
+    reductions = [x for x in p.launches if x.name.split("_")[2] == "reduce"]
+    assert reductions and all(x.grid[0] > 1 and x.grid[1] > 1 for x in reductions), [x.grid for x in p.launches]
+    assert "finalize" not in launched(emu)
+    assert not launch._TICKET_BUFFERS[-1].any()
+
+
+def test_a_plan_made_while_a_stream_captures_adds_its_partial_sums_in_a_second_launch(emu, monkeypatch):
+    """Ticket counters are allocated and zeroed outside any capture: a plan
+    first made inside one takes none (a ``finalize`` launch instead)."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(plan, "TARGET_BLOCKS", 24)
+    monkeypatch.setattr(plan, "MIN_PER_THREAD", 1)
+    stream = SimpleNamespace(is_capturing=lambda: True)
+    capturing = SimpleNamespace(cuda=SimpleNamespace(get_current_stream=lambda: stream))
+    x = make_input(seeded("capture"), "x", (3, 200, 7, 9), "bfloat16", "NHWC")
+    op = ops.BatchNormStats()
+    out = op.infer(TensorType(x.shape, "bfloat16"))
+    made, _, _ = launch._cached(op, [x], out, None, capturing)
+    assert made.tickets == 0 and made.launches[-1].name.split("_")[2] == "finalize"
+    launch._PLANS.clear()
+    assert launch._cached(op, [x], out, None, np)[0].tickets > 0
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])

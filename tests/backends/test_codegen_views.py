@@ -45,7 +45,7 @@ def copied_full_size() -> list:
     """Shapes of the full-size (4-D, not per-channel) inputs that the cached
     plans copy before their launches (``launch._PLANS``: the emulator's
     fixture starts it empty)."""
-    return [arrays[k][0] for (op, arrays, *_), (plan, copied) in launch._PLANS.items() for k in copied
+    return [arrays[k][0] for (op, arrays, *_), (plan, copied, _) in launch._PLANS.items() for k in copied
             if len(arrays[k][0]) == 4 and arrays[k][0][2:] != (1, 1) and arrays[k][0][1] > 1]
 
 
@@ -100,7 +100,7 @@ def test_a_per_channel_view_is_copied_and_the_result_is_right(emu):
     bias = wide[::2]  # a strided (C,) view
     assert launch.view_strides(bias) == (2,)
     run_case(ops.BiasAdd(), ("x", "c"), shape, "float32", "NCHW", arrays=[x, bias])
-    assert [copied for plan, copied in launch._PLANS.values()] == [(1,)]
+    assert [copied for plan, copied, _ in launch._PLANS.values()] == [(1,)]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -11,24 +11,37 @@ grid size is correct and the launch plan picks one for occupancy.
 * :func:`columns` — reduction of channels-last data, kept entries (k1, k2)
   with k2 the contiguous channel axis: block ``(x, y, z)`` owns ``GB`` groups
   of V channels (threads ``tid % GB``), ``RB = 256 / GB`` rows at a time,
-  rows ``[y * PER, (y + 1) * PER)`` of image ``z`` (a warp reads whole rows:
-  coalesced); the ``RB`` partial sums of each channel are added by a
-  shared-memory tree over the rows.
+  rows ``[y * PER, (y + 1) * PER)`` of image ``z`` (a warp reads runs of ``GB``
+  16-byte vectors, at least a 128-byte line, of consecutive rows: coalesced);
+  the ``RB`` partial sums of each channel are added by a shared-memory tree
+  over the rows.
 * :func:`rows` — reduction of C-order data: ``TE`` threads (a power of two)
   per kept (image, channel) run, ``256 / TE`` runs per block, each summing the
   vectors ``[y * PER, (y + 1) * PER)`` of its run, then a tree over the ``TE``.
-* :func:`finalize` — the ``S`` partial sums of each kept entry (contiguous:
-  ``part[(entry * K + k) * S + split]``), added by a tree of ``FTE`` threads.
+* :func:`finalize` — the ``S`` partial sums of each kept entry, added by
+  :func:`combine` for a tile of entries per block.
+
+Partial sums are stored split-major, ``part[((k1 * S + split) * K + r) * K2 + k2]``
+(``r`` the reduce node), so a block writes its tile's sums as one contiguous
+run and the threads adding them read consecutive entries (both coalesced).
 
 Every tree adds fixed partners (``x += x[+h]`` for h = HALF, HALF/2, ..., 1,
 where the partner exists), so sums do not depend on timing.
 
-Reductions are deterministic (no atomics: every sum has a fixed order) and
-read their inputs once. With one split (``DIRECT``) a reduction runs its
-finishing code itself; otherwise it writes ``(entry, K, S)`` partial sums
-that :func:`finalize` adds. The finishing code (:func:`finish`) writes the
-raw sums as *carried* values for later phases and, in the last phase of a
-reduction program, the output rows.
+Reductions are deterministic (every sum has a fixed order) and read their
+inputs once. With one split (``DIRECT``) a reduction runs its finishing code
+itself. Otherwise each block writes its partial sums, and then either a
+separate :func:`finalize` launch adds them or (``last``: when a tile's
+partial sums are few) the last block of the tile to finish adds them in the
+same kernel: each block fences its writes and takes a ticket
+(``atomicAdd`` on the tile's counter in ``tickets``); the block that draws
+ticket ``S - 1`` resets the counter to 0 and runs :func:`combine`. The
+ticket only says who adds; the order of the additions is fixed, so the
+result does not depend on which block came last. The counters start at zero
+and every launch leaves them at zero (``launch.py`` keeps them per device).
+The finishing code (:func:`finish`) writes the raw sums as *carried* values
+for later phases and, in the last phase of a reduction program, the output
+rows.
 """
 
 from __future__ import annotations
@@ -140,18 +153,78 @@ def _indent(lines, depth: int) -> str:
     return "\n".join(" " * depth + line for line in lines)
 
 
-def _tree(slots: int, lane: str, width: str, stride: str, guard: str) -> str:
+def _tree(slots: int, lane: str, width: str, stride: str, guard: str, half: str = "HALF") -> str:
     """A fixed-order shared-memory tree: ``red[slot * 256 + tid] += red[... + h * stride]``
-    for h = HALF, HALF/2, ..., 1, over the ``width`` partners ``lane`` indexes."""
+    for h = ``half``, ``half``/2, ..., 1, over the ``width`` partners ``lane`` indexes."""
     adds = " ".join(f"red[{q * THREADS} + tid] += red[{q * THREADS} + tid + h * {stride}];" for q in range(slots))
-    return (f"    for (IDX h = HALF; h > 0; h >>= 1) {{\n"
+    return (f"    for (IDX h = {half}; h > 0; h >>= 1) {{\n"
             f"        if ({guard} && {lane} < h && {lane} + h < {width}) {{ {adds} }}\n"
             f"        __syncthreads();\n    }}\n")
 
 
+def _part_index(params, k: int, r: int, split: str, entry: str) -> str:
+    """The address of partial sum ``r`` of ``split`` for entry ``entry`` of image ``k1``
+    (split-major: module docstring); the kernel declared ``S`` and ``K2``."""
+    assert "S" in params.items and "K2" in params.items, "declare S and K2 before the partial sums"
+    return f"((k1 * S + {split}) * {k} + {r}) * K2 + {entry}"
+
+
+def combine(params, ct: str, k: int, base: str, width: str, eb: int, finish_code) -> str:
+    """Statements adding the ``S`` partial sums of entries ``[base, base + width)``
+    of image ``k1`` and running ``finish_code`` on each: ``EB`` entries at a
+    time (threads ``tid % EB``), each entry's splits taken by ``256 / EB``
+    threads in a fixed order (``q = tid / EB``, ``+ 256 / EB``, ...), then a
+    tree over those threads. ``base`` and ``width`` are the same for every
+    thread of the block (the loop holds ``__syncthreads``). Reads bypass L1
+    (``__ldcg``): other blocks wrote the partial sums during this kernel."""
+    p = params
+    ceb, cqs = p.scalar("CEB", eb), p.scalar("CQS", THREADS // eb)
+    p.scalar("CHALF", _half(THREADS // eb))
+    part = p.pointer("part", ct, "part", const=False)
+    loads = " ".join(f"t{r} += __ldcg({part} + {_part_index(p, k, r, 'q', f'{base} + c')});" for r in range(k))
+    sums = "".join(f" const CT s{r} = red[{r * THREADS} + tid];" for r in range(k))
+    return f"""    for (IDX c0 = 0; c0 < {width}; c0 += {ceb}) {{
+        const IDX c = c0 + tid % {ceb}, q0 = tid / {ceb};
+        const bool on = c < {width};
+        {" ".join(f"CT t{r} = 0;" for r in range(k))}
+        if (on) {{
+            for (IDX q = q0; q < S; q += {cqs}) {{ {loads} }}
+        }}
+{_indent([f"red[{r * THREADS} + tid] = t{r};" for r in range(k)], 8)}
+        __syncthreads();
+{_indent(_tree(k, "q0", cqs, ceb, "on", "CHALF").splitlines(), 4)}
+        if (on && q0 == 0) {{
+            const IDX i0 = k1 * K2 + {base} + c;{sums}
+{finish_code(0)}
+        }}
+        __syncthreads();
+    }}
+"""
+
+
+def _last_block(params, ct: str, k: int, base: str, width: str, eb: int, finish_code) -> str:
+    """After every thread wrote its partial sums: the ticket of this block's tile
+    (counter ``k1 * gridDim.x + blockIdx.x``) and, in the tile's last block,
+    :func:`combine` (module docstring)."""
+    tickets = params.pointer("tickets", "unsigned int", "tickets", const=False)
+    return f"""    __threadfence();
+    __syncthreads();
+    __shared__ unsigned int og_last;
+    if (tid == 0) {{
+        const IDX tile = k1 * gridDim.x + blockIdx.x;
+        og_last = atomicAdd({tickets} + tile, 1u) == S - 1;
+        if (og_last) {tickets}[tile] = 0;
+    }}
+    __syncthreads();
+    if (og_last) {{
+{combine(params, ct, k, base, width, eb, finish_code)}    }}
+"""
+
+
 def columns(name, program, geo, params, lanes, group, reduced, split, finish_code) -> str:
     """Channels-last reduction kernel (module docstring); ``split``: the launch
-    geometry (``K1``, ``A``, ``K2``, ``GB``, ``RB``, ``S``, ``PER``);
+    geometry (``K1``, ``A``, ``K2``, ``GB``, ``RB``, ``S``, ``PER``, and
+    ``CEB`` with ``last``: the tile's last block adds the partial sums);
     ``finish_code(lane)``: the finishing block of the lane's channel."""
     nodes, dtypes = program
     em = Emitter(nodes, dtypes, Columns(geo, params, lanes, group.target), reduced)
@@ -161,6 +234,7 @@ def columns(name, program, geo, params, lanes, group, reduced, split, finish_cod
     gb, rb, g = p.scalar("GB", split["GB"]), p.scalar("RB", split["RB"]), p.scalar("G", split["K2"] // lanes)
     a_n, k2, per, s = p.scalar("A", split["A"]), p.scalar("K2", split["K2"]), p.scalar("PER", split["PER"]), \
         p.scalar("S", split["S"])
+    tw = p.scalar("TW", split["GB"] * lanes)
     p.scalar("HALF", _half(split["RB"]))
     part = p.pointer("part", geo.ct, "part", const=False)
     direct = p.scalar("DIRECT", int(split["S"] == 1))
@@ -168,8 +242,16 @@ def columns(name, program, geo, params, lanes, group, reduced, split, finish_cod
     finishes = [f"{{ const IDX i0 = k1 * {k2} + g * {lanes} + {j};"
                 + "".join(f" const CT s{r} = red[{slot[r, j]} + gl];" for r in range(k))
                 + f"\n{finish_code(j)}\n}}" for j in range(lanes)]
-    writes = [f"{part}[((k1 * {k2} + g * {lanes} + {j}) * {k} + {r}) * {s} + blockIdx.y] = red[{slot[r, j]} + gl];"
-              for r in range(k) for j in range(lanes)]
+    # row 0 of the tree holds the tile's sums: channel c of the tile is lane
+    # c % V of group c / V; all threads write them, consecutive channels together
+    writes = [f"for (IDX c = tid; c < {tw}; c += {THREADS}) if (blockIdx.x * {tw} + c < {k2}) "
+              f"{part}[{_part_index(p, k, r, 'blockIdx.y', f'blockIdx.x * {tw} + c')}] = "
+              f"red[({r * lanes} + c % {lanes}) * {THREADS} + c / {lanes}];" for r in range(k)]
+    tail = ""
+    if split.get("last"):
+        tail = _last_block(p, geo.ct, k, f"blockIdx.x * {tw}",
+                           f"({k2} - blockIdx.x * {tw} < {tw} ? {k2} - blockIdx.x * {tw} : {tw})",
+                           split["CEB"], finish_code)
     body = f"""    __shared__ CT red[{slots * THREADS}];
     const IDX tid = threadIdx.x, gl = tid % {gb}, r0 = tid / {gb};
     const IDX graw = (IDX)blockIdx.x * {gb} + gl, k1 = blockIdx.z;
@@ -188,14 +270,14 @@ def columns(name, program, geo, params, lanes, group, reduced, split, finish_cod
     }}
 {_indent([f"red[{slot[r, j]} + tid] = acc{r}_{j};" for r in range(k) for j in range(lanes)], 4)}
     __syncthreads();
-{_tree(slots, "r0", rb, gb, "active")}    if (active && r0 == 0) {{
-        if ({direct}) {{
+{_tree(slots, "r0", rb, gb, "active")}    if ({direct}) {{
+        if (active && r0 == 0) {{
 {_indent(finishes, 12)}
-        }} else {{
-{_indent(writes, 12)}
         }}
+        return;
     }}
-"""
+{_indent(writes, 4)}
+{tail}"""
     return source(name, geo.ct, params, body)
 
 
@@ -207,8 +289,9 @@ def _half(width: int) -> int:
 def rows(name, program, geo, params, lanes, group, reduced, split, finish_code) -> str:
     """C-order reduction kernel (module docstring); ``split``: ``K1``, ``A``,
     ``K2``, ``B``, ``S``, ``PER`` (vectors per split), ``TE`` (threads per
-    entry, a power of two: a block sums ``256 / TE`` entries); ``finish_code``:
-    the finishing block of an entry."""
+    entry, a power of two: a block sums ``256 / TE`` entries), and ``CEB``
+    with ``last`` (the tile's last block adds the partial sums);
+    ``finish_code``: the finishing block of an entry."""
     nodes, dtypes = program
     em = Emitter(nodes, dtypes, Rows(geo, params, lanes, group.target), reduced)
     acc = _accumulators(em, group, lanes, per_lane=False)
@@ -225,8 +308,13 @@ def rows(name, program, geo, params, lanes, group, reduced, split, finish_code) 
     bvec = p.scalar("BVN", split["B"] // lanes)
     finish_block = (f"const IDX i0 = k1 * {k2} + k2;" + "".join(f" const CT s{r} = red[{r * THREADS} + tid];"
                                                               for r in range(k)) + f"\n{finish_code(0)}")
-    writes = [f"{part}[((k1 * {k2} + k2) * {k} + {r}) * {s} + blockIdx.y] = red[{r * THREADS} + tid];"
+    writes = [f"{part}[{_part_index(p, k, r, 'blockIdx.y', 'k2')}] = red[{r * THREADS} + tid];"
               for r in range(k)]
+    tail = ""
+    if split.get("last"):
+        tail = _last_block(p, geo.ct, k, f"blockIdx.x * {eb}",
+                           f"({k2} - blockIdx.x * {eb} < {eb} ? {k2} - blockIdx.x * {eb} : {eb})",
+                           split["CEB"], finish_code)
     body = f"""    __shared__ CT red[{k * THREADS}];
     const IDX tid = threadIdx.x, lt = tid % {te}, k1 = blockIdx.z;
     const IDX kraw = (IDX)blockIdx.x * {eb} + tid / {te};
@@ -253,36 +341,23 @@ def rows(name, program, geo, params, lanes, group, reduced, split, finish_code) 
 {_indent(writes, 12)}
         }}
     }}
-"""
+{tail}"""
     return source(name, geo.ct, params, body)
 
 
 def finalize(name, ct, params, group, split, finish_code) -> str:
-    """The ``S`` partial sums of every kept entry (contiguous per entry), added by
-    ``FTE`` threads in a fixed tree, then its finishing block."""
+    """The ``S`` partial sums of ``CEB`` entries per block (block ``(x, 1, k1)``:
+    entries ``[x * CEB, (x + 1) * CEB)`` of image ``k1``), added by
+    :func:`combine`, then their finishing blocks."""
     p, k = params, len(group.nodes)
-    s, entries = p.scalar("S", split["S"]), p.scalar("ENTRIES", split["K1"] * split["K2"])
-    te, eb = p.scalar("TE", split["FTE"]), p.scalar("EB", THREADS // split["FTE"])
-    p.scalar("HALF", split["FTE"] // 2)
-    part = p.pointer("part", ct, "part", const=False)
-    loads = _indent([f"for (IDX q = lt; q < {s}; q += {te}) acc{r} += {part}[(e * {k} + {r}) * {s} + q];"
-                     for r in range(k)], 4)
-    body = f"""    __shared__ CT red[{k * THREADS}];
-    const IDX tid = threadIdx.x, lt = tid % {te};
-    const IDX e = (IDX)blockIdx.x * {eb} + tid / {te};
-    const bool active = e < {entries};
-    {" ".join(f"CT acc{r} = 0;" for r in range(k))}
-    if (active) {{
-{loads}
-    }}
-{_indent([f"red[{r * THREADS} + tid] = acc{r};" for r in range(k)], 4)}
-    __syncthreads();
-{_tree(k, "lt", te, "1", "active")}    if (active && lt == 0) {{
-        const IDX i0 = e;{"".join(f" const CT s{r} = red[{r * THREADS} + tid];" for r in range(k))}
-{finish_code(0)}
-    }}
-"""
+    p.scalar("S", split["S"])
+    k2 = p.scalar("K2", split["K2"])
+    ceb = p.scalar("CEB", split["CEB"])
+    body = (f"    __shared__ CT red[{k * THREADS}];\n    const IDX tid = threadIdx.x, k1 = blockIdx.z;\n"
+            + combine(p, ct, k, f"blockIdx.x * {ceb}",
+                      f"({k2} - blockIdx.x * {ceb} < {ceb} ? {k2} - blockIdx.x * {ceb} : {ceb})",
+                      split["CEB"], finish_code))
     return source(name, ct, params, body)
 
 
-__all__ = ["THREADS", "source", "sweep", "space_sweep", "finish", "columns", "rows", "finalize"]
+__all__ = ["THREADS", "source", "sweep", "space_sweep", "finish", "combine", "columns", "rows", "finalize"]

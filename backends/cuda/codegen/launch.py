@@ -29,6 +29,15 @@ operand and then uncoalesced reads in an NHWC sweep: DenseNet-121's gradient
 sums ran at 59 GB/s on the H200 (docs/performance.md). A view the generator
 cannot read through strides (a per-channel or per-plane operand, loaded as a
 packed row) is copied to C order; such operands are small.
+
+Ticket counters: a reduction whose tiles add their own partial sums
+(``kernels`` module docstring) counts finished blocks in zeroed ``unsigned
+int`` counters that each launch leaves at zero. Every plan gets its own range
+of counters (:func:`_ticket_offset`, by plan key), in one zeroed buffer per
+device (:func:`_tickets`) allocated, and synchronised, outside any stream
+capture; a plan first made during a capture takes no tickets (its tiles use a
+``finalize`` launch). Two launches of one plan may therefore not run at the
+same time on two streams (opgraph's executors use one stream).
 """
 
 from __future__ import annotations
@@ -43,6 +52,13 @@ from .ir import ViewError
 from .plan import lower
 
 _PLANS: dict = {}
+#: plan key -> (offset, count) of its ticket counters (kept when _PLANS is emptied)
+_TICKET_OFFSETS: dict = {}
+#: device id -> the zeroed counters of every plan; ``_TICKET_VIEWS``: (device, offset, n) -> view
+_TICKET_BUFFERS: dict = {}
+_TICKET_VIEWS: dict = {}
+#: buffers replaced by a larger one: captured graphs may still use them
+_RETIRED: list = []
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,12 +109,13 @@ def _key(op, arrays, out_type: TensorType, out) -> tuple:
             None if out is None else address(out) % 16 == 0)
 
 
-def _entry(op, arrays, out_type: TensorType, out) -> tuple:
+def _entry(op, arrays, out_type: TensorType, out, tickets: bool = True) -> tuple:
     """``(plan, copied)``: the launch plan of ``op`` on arrays like these and the
     inputs to copy to C order before each launch (module docstring): strided
     views are read in place unless the generator loads one as a packed row
     (``ir.ViewError``); an array neither dense nor a readable view is copied.
-    A copy is a fresh allocation, so it counts as aligned.
+    A copy is a fresh allocation, so it counts as aligned. ``tickets``: the
+    plan's reductions may add their partial sums in their last blocks.
 
     Raises:
         ir.PlanError: the generator does not cover this op on these inputs.
@@ -114,7 +131,7 @@ def _entry(op, arrays, out_type: TensorType, out) -> tuple:
                       if k not in read and k not in copied)
         aligned_views = {k for k in read if address(arrays[k]) % 16 == 0}
         return (lower(op, types, out_type, aligned=aligned, inplace=out is not None, views=read,
-                      aligned_views=aligned_views), tuple(sorted(copied)))
+                      aligned_views=aligned_views, tickets=tickets), tuple(sorted(copied)))
 
     try:
         return planned(unreadable)
@@ -122,13 +139,64 @@ def _entry(op, arrays, out_type: TensorType, out) -> tuple:
         return planned(unreadable | set(views))
 
 
-def _cached(op, arrays, out_type: TensorType, out) -> tuple:
-    """:func:`_entry`, made once per :func:`_key`."""
+def _cached(op, arrays, out_type: TensorType, out, xp=None) -> tuple:
+    """``(plan, copied, ticket offset)``: :func:`_entry`, made once per :func:`_key`."""
     key = _key(op, arrays, out_type, out)
     entry = _PLANS.get(key)
     if entry is None:
-        entry = _PLANS[key] = _entry(op, arrays, out_type, out)
+        plan, copied = _entry(op, arrays, out_type, out, tickets=not _capturing(xp))
+        entry = _PLANS[key] = (plan, copied, _ticket_offset(key, plan.tickets))
     return entry
+
+
+def _capturing(xp) -> bool:
+    """Whether the current CuPy stream is capturing a CUDA graph (False on NumPy)."""
+    cuda = getattr(xp, "cuda", None)
+    return cuda is not None and cuda.get_current_stream().is_capturing()
+
+
+def _ticket_offset(key, count: int) -> int:
+    """The first of ``count`` ticket counters reserved for the plan ``key``
+    (each plan key its own range, never reused)."""
+    if not count:
+        return 0
+    if key not in _TICKET_OFFSETS:
+        _TICKET_OFFSETS[key] = (_RESERVED[0], count)
+        _RESERVED[0] += count
+    return _TICKET_OFFSETS[key][0]
+
+
+#: counters reserved so far, over all plans
+_RESERVED = [0]
+
+
+def _zeroed_counters(xp, n: int):
+    """``n`` zeroed uint32 counters. On the GPU a plain allocation, not from a
+    memory pool (a CUDA graph's private pool frees its blocks when it dies),
+    zeroed and synchronised before any stream can launch a kernel on them."""
+    cuda = getattr(xp, "cuda", None)
+    if cuda is None:
+        return xp.zeros(n, dtype=xp.uint32)
+    memory = cuda.Memory(4 * n)
+    buf = xp.ndarray((n,), dtype=xp.uint32, memptr=cuda.MemoryPointer(memory, 0))
+    cuda.runtime.memset(buf.data.ptr, 0, 4 * n)
+    cuda.runtime.deviceSynchronize()
+    return buf
+
+
+def _tickets(xp, offset: int, count: int):
+    """The zeroed counters ``[offset, offset + count)`` on the current device."""
+    cuda = getattr(xp, "cuda", None)
+    device = cuda.runtime.getDevice() if cuda is not None else -1
+    view = _TICKET_VIEWS.get((device, offset, count))
+    if view is None:
+        buf = _TICKET_BUFFERS.get(device)
+        if buf is None or buf.size < offset + count:
+            if buf is not None:
+                _RETIRED.append(buf)  # earlier views and captured graphs still point into it
+            buf = _TICKET_BUFFERS[device] = _zeroed_counters(xp, max(2 * _RESERVED[0], 4096))
+        view = _TICKET_VIEWS[(device, offset, count)] = buf[offset:offset + count]
+    return view
 
 
 def plan_for(op, arrays, out_type: TensorType, out=None):
@@ -160,7 +228,7 @@ def run(xp, op, arrays, out_type: TensorType, out=None):
     Raises:
         ir.PlanError: the generator does not cover this op on these inputs.
     """
-    plan, copied = _cached(op, arrays, out_type, out)
+    plan, copied, tickets = _cached(op, arrays, out_type, out, xp)
     if copied:
         arrays = [xp.ascontiguousarray(a) if k in copied else a for k, a in enumerate(arrays)]
     buffers = {("in", k): _bits(xp, a) for k, a in enumerate(arrays)}
@@ -169,6 +237,8 @@ def run(xp, op, arrays, out_type: TensorType, out=None):
     ct = np.float64 if plan.ct == "double" else np.float32
     for key, count in plan.temps.items():
         buffers[key] = xp.empty(max(count, 1), dtype=ct)
+    if plan.tickets:
+        buffers["tickets"] = _tickets(xp, tickets, plan.tickets)
     for launch in plan.launches:
         compiled(launch.source, launch.name)(launch.grid, launch.block, launch.params.arguments(buffers))
     return target

@@ -19,7 +19,11 @@ Choices made here, per signature (``ProgramPlan`` is cached by the caller):
 * sweep mode (``contexts.Sweep``): ``hoist``, ``uniform`` or ``lane``;
 * 32-bit index arithmetic below 2^31 elements, 64-bit above;
 * splits: about :data:`TARGET_BLOCKS` blocks per reduction, each thread
-  summing at least :data:`MIN_PER_THREAD` vectors.
+  summing at least :data:`MIN_PER_THREAD` vectors; a channels-last
+  reduction's blocks own narrow tiles of channels (:data:`TILE_BYTES` of a
+  row), so short tensors are split into few parts;
+* who adds a split reduction's partial sums: its tiles' last blocks when
+  they are at most :data:`FINISH_BYTES` per tile, else a ``finalize`` launch.
 """
 
 from __future__ import annotations
@@ -49,6 +53,19 @@ TARGET_BLOCKS = 528
 #: so its per-channel values (loaded and computed once per thread) cost as
 #: much as its data: 4224 was 7-11 % slower on the same samples.
 MAX_SWEEP_BLOCKS = 1056
+#: Bytes of one row a channels-last reduction block reads at a time, at least
+#: (``_tile_groups``): one 128-byte line. Narrow tiles (64 bf16 channels) make
+#: many blocks without splitting the rows finely, so a short tensor's partial
+#: sums stay a small fraction of its bytes: DenseNet-121's 64 x 1024 x 7 x 7
+#: batch norm had one tile of 1024 channels, 392 splits of 8 rows each, and
+#: wrote half as many bytes of partial sums as it read. 4096 gives the widest
+#: tiles (up to 256 groups: the layout before 2026-12-03's eighth session).
+TILE_BYTES = 128
+#: A split reduction's tile adds its own partial sums in its last block (no
+#: ``finalize`` launch) when they take at most this many bytes (the last
+#: block reads them alone, so a large tile's are left to a separate launch
+#: of many blocks). 0: always a separate launch.
+FINISH_BYTES = 32 * 1024
 #: Vectors each thread of a split reduction sums at least.
 MIN_PER_THREAD = 4
 #: Shared memory a reduction block may use for its partial sums (bytes).
@@ -249,17 +266,20 @@ class Lowered:
     """A program's launches on one signature and the buffers they use.
 
     ``temps``: buffer key -> element count (in the compute type ``ct``);
-    ``layout``: the order of a full-size output (None: rows, C order).
+    ``layout``: the order of a full-size output (None: rows, C order);
+    ``tickets``: the zeroed counters its last-block reductions take tickets
+    from (``kernels`` module docstring; ``launch.py`` keeps them), 0 if none.
     """
 
     launches: tuple
     temps: dict = attrs.field(eq=False)
     ct: str
     layout: str | None
+    tickets: int = 0
 
 
 def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
-          views: dict | None = None, aligned_views=frozenset()) -> Lowered:
+          views: dict | None = None, aligned_views=frozenset(), tickets: bool = True) -> Lowered:
     """The launches running ``op`` on inputs of ``types`` (TensorTypes whose
     ``layout`` says how each array is stored) into ``out_type``.
 
@@ -269,7 +289,9 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
     inputs that are strided views (``launch.view_strides``), read through
     those strides wherever they are loaded as full-size or strided operands
     (or sampled at ``(0, c, 0, 0)``); ``aligned_views``: the inputs of
-    ``views`` whose first element lies on a 16-byte boundary. A full-size
+    ``views`` whose first element lies on a 16-byte boundary; ``tickets``:
+    a split reduction may add its partial sums in its tiles' last blocks
+    (else always a ``finalize`` launch). A full-size
     operand stored as rows at a constant pitch (a channel slice of a wider
     buffer, ``contexts.pitch_of``) is read with one division per vector, 16
     bytes at a time where its rows and start allow, instead of dividing each
@@ -306,7 +328,8 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
     for g, group in enumerate(groups):
         rows = built.rows if writer and g == len(groups) - 1 else ()
         temps[group.carry] = len(group.nodes) * _entries(geo, group.target)
-        launches += _reduction(built, geo, wide, group, dict(reduced), rows, out_type.dtype, aligned, temps)
+        launches += _reduction(built, geo, wide, group, dict(reduced), rows, out_type.dtype, aligned, temps,
+                               tickets)
         reduced.update({k: ("carry", group.carry, r, group.target) for r, k in enumerate(group.nodes)})
     program = (built.nodes, built.dtypes)
     if built.out_node is not None:
@@ -319,7 +342,8 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
         blocks = -(-_entries(geo, built.target) // kernels.THREADS)
         launches.append(Launch(name, text, params, (min(blocks, MAX_SWEEP_BLOCKS), 1, 1)))
     live = tuple(x for x in launches if all(d > 0 for d in x.grid))
-    return Lowered(live, temps, ct, layout if built.out_node is not None else None)
+    tickets = temps.pop("tickets", 0)  # counters, not a scratch buffer: launch.py keeps them zeroed
+    return Lowered(live, temps, ct, layout if built.out_node is not None else None, tickets)
 
 
 def _pitched(built: Built, geo: Geometry, aligned_views) -> dict:
@@ -362,10 +386,28 @@ def _sweep(built, geo, wide, reduced, out_dtype, aligned, inplace) -> Launch:
     return Launch(name, text, params, (blocks, 1, 1))
 
 
-def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps) -> list[Launch]:
+def _tile_groups(loads, lanes: int, groups: int) -> int:
+    """GB: the groups of V channels a channels-last reduction block owns, as few
+    as keep a warp's reads of one row :data:`TILE_BYTES` long (a 128-byte line),
+    so that more tiles, not more splits, fill the GPU (module docstring)."""
+    word = lanes * min((storage_of(d).itemsize for d in loads), default=4)
+    return max(1, min(groups, kernels.THREADS, -(-TILE_BYTES // word)))
+
+
+def _combine_entries(width: int, s: int) -> int:
+    """CEB: entries one pass of ``kernels.combine`` adds (a power of two); the
+    other ``256 / CEB`` threads share each entry's ``s`` partial sums, about
+    MIN_PER_THREAD each, so that no thread adds a long chain of loads (a
+    separate ``finalize`` of 528 splits runs one entry per block)."""
+    share = min(kernels.THREADS, _pow2(-(-s // MIN_PER_THREAD)))
+    return min(_pow2(width), max(1, kernels.THREADS // share))
+
+
+def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps, tickets) -> list[Launch]:
     program, k = (built.nodes, built.dtypes), len(group.nodes)
     loads = _full_loads(built, [built.nodes[n].args[0] for n in group.nodes], geo)
     n, c, total = geo.batch, geo.channels, geo.total
+    ct_bytes = 8 if geo.ct == "double" else 4
     if group.target == "scalar" or not geo.channels_last:
         k1, a, k2, b = {"scalar": (1, 1, 1, total), "channel": (1, n, c, geo.inner),
                         "plane": (n, 1, c, geo.inner)}[group.target]
@@ -373,18 +415,22 @@ def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps
         s, per = _split(k1 * k2, a * (b // lanes), kernels.THREADS)
         te = min(kernels.THREADS, _pow2(-(-per // MIN_PER_THREAD)))
         split = dict(K1=k1, A=a, K2=k2, B=b, S=s, PER=per, TE=te)
-        grid, make = (-(-k2 // (kernels.THREADS // te)), s, k1), kernels.rows
+        tile = kernels.THREADS // te
+        grid, make = (-(-k2 // tile), s, k1), kernels.rows
     else:
         k1, a, k2 = (1, total // max(c, 1), c) if group.target == "channel" else (n, geo.inner, c)
         lanes = _lanes(loads, aligned, k2)
-        if k * lanes * kernels.THREADS * (8 if geo.ct == "double" else 4) > SHARED_BYTES:
+        if k * lanes * kernels.THREADS * ct_bytes > SHARED_BYTES:
             lanes = 1  # too many sums per thread for one word each
-        gb = max(1, min(k2 // lanes, kernels.THREADS))
+        gb = _tile_groups(loads, lanes, k2 // lanes)
         rb = kernels.THREADS // gb
         tiles = -(-(k2 // lanes) // gb)
         s, per = _split(tiles * k1, a, rb)
+        tile = gb * lanes
         split, grid, make = dict(K1=k1, A=a, K2=k2, GB=gb, RB=rb, S=s, PER=per), (tiles, s, k1), kernels.columns
-    split["FTE"] = min(kernels.THREADS, _pow2(-(-s // MIN_PER_THREAD)))
+    # the tile's last block adds the partial sums when they are few (module docstring)
+    split["last"] = tickets and s > 1 and s * k * tile * ct_bytes <= FINISH_BYTES
+    split["CEB"] = _combine_entries(tile if split["last"] else k2, s)
     params = Params(wide)
     sums = [f"s{r}" for r in range(k)]
 
@@ -393,17 +439,18 @@ def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps
     name, text = _named(lambda nm: make(nm, program, geo, params, lanes, group, reduced, split, finish), "reduce")
     out = [Launch(name, text, params, grid)]
     temps["part"] = max(temps.get("part", 1), k1 * s * k * k2 if s > 1 else 1)
-    if s > 1:
+    if split["last"]:
+        temps["tickets"] = max(temps.get("tickets", 0), grid[0] * k1)
+    elif s > 1:
         fparams = Params(wide)
 
         def final_finish(lane):
             return kernels.finish(program, geo, fparams, group, reduced, sums, rows, out_dtype)
         fname, ftext = _named(lambda nm: kernels.finalize(nm, geo.ct, fparams, group, split, final_finish),
                               "finalize")
-        blocks = -(-(k1 * k2) // (kernels.THREADS // split["FTE"]))
-        out.append(Launch(fname, ftext, fparams, (blocks, 1, 1)))
+        out.append(Launch(fname, ftext, fparams, (-(-k2 // split["CEB"]), 1, k1)))
     return out
 
 
-__all__ = ["TARGET_BLOCKS", "MAX_SWEEP_BLOCKS", "MIN_PER_THREAD", "SHARED_BYTES", "INT32_LIMIT", "as_program", "Group",
+__all__ = ["TARGET_BLOCKS", "MAX_SWEEP_BLOCKS", "TILE_BYTES", "FINISH_BYTES", "MIN_PER_THREAD", "SHARED_BYTES", "INT32_LIMIT", "as_program", "Group",
            "Launch", "Built", "Lowered", "build", "lower", "logical_strides"]

@@ -30,6 +30,11 @@ values (so argmax, ties, -inf and NaN are exactly float32's on the bf16
 values) and its output is the winner's bits; the select is a copy of bits;
 averages and gradient sums accumulate in float32 and round once.
 
+Max pooling of channels-last bfloat16 and float32 has a faster path, 16
+bytes of channels per thread (:mod:`.pool_vector`), which the node kernels
+take with the ``vector`` option (an autotune variant) where the operands
+qualify.
+
 ``specialize=True`` compiles the geometry (channels, extents, window, stride,
 padding, layout) into the kernel as constants instead of passing it as
 arguments: the divisions by the stride and the window bounds become shifts or
@@ -46,6 +51,7 @@ from opgraph.errors import ParameterError, ShapeError
 
 from ..reference.pool import PoolGeometry, geometry, node_geometry
 
+from . import pool_vector
 from .storage import bits, dtype_name, in_layout, kernel_tag, logical, physical, storage_preamble, unbits
 
 
@@ -275,7 +281,9 @@ def max_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, specialize=Fal
     return _max_pool(xp, x, _called(x.shape, kernel_size, stride, padding, ceil_mode), specialize)
 
 
-def _max_pool(xp, x, g, specialize):
+def _max_pool(xp, x, g, specialize, vector=False):
+    if vector and x.ndim == 4 and pool_vector.applies(g, x) is None:
+        return pool_vector.max_pool2d(xp, x, g)
     y, _, cl, dtype = _max(xp, x, g, False, "max_pool2d", specialize)
     return _finish(xp, y, cl, dtype)
 
@@ -306,10 +314,12 @@ def max_pool2d_backward_relu(xp, x, gy, *, kernel_size, stride, padding, ceil_mo
     return _max_backward(xp, x, gy, g, specialize, True)
 
 
-def _max_backward(xp, x, gy, g, specialize, relu):
+def _max_backward(xp, x, gy, g, specialize, relu, vector=False):
     what = "max_pool2d_backward_relu" if relu else "max_pool2d_backward"
     if tuple(gy.shape) != tuple(x.shape[:2]) + g.out:
         raise ShapeError(f"{what}: gy has shape {gy.shape}, expected {x.shape[:2] + g.out}")
+    if vector and x.ndim == 4 and pool_vector.applies(g, x, gy) is None:
+        return pool_vector.max_pool2d_backward(xp, x, gy, g, relu)
     _, arg, cl, _ = _max(xp, x, g, True, what, specialize, relu)
     gb = _computable(xp, in_layout(xp, bits(xp, gy), cl))
     gx = _out(xp, gb, x.shape[0], x.shape[1], x.shape[2:], cl)
@@ -390,20 +400,28 @@ def _specialize(ctx) -> bool:
     return bool(ctx.options.get("specialize", False))
 
 
+def _vector(ctx) -> bool:
+    """The ``vector`` variant (``pool_vector``; taken where its operands qualify,
+    else these kernels)."""
+    return bool(ctx.options.get("vector", False))
+
+
 def max_pool2d_kernel(ctx, op, x):
     """``MaxPool2d`` node: :func:`max_pool2d` with the node's geometry."""
     g = node_geometry(op, x.shape[2:], ctx.out_shape(op, x)[2:])
-    return _max_pool(ctx.xp, x, g, _specialize(ctx))
+    return _max_pool(ctx.xp, x, g, _specialize(ctx), _vector(ctx))
 
 
 def max_pool2d_backward_kernel(ctx, op, x, gy):
     """``MaxPool2dBackward`` node: :func:`max_pool2d_backward` with the node's geometry."""
-    return _max_backward(ctx.xp, x, gy, node_geometry(op, x.shape[2:], gy.shape[2:]), _specialize(ctx), False)
+    return _max_backward(ctx.xp, x, gy, node_geometry(op, x.shape[2:], gy.shape[2:]), _specialize(ctx), False,
+                         _vector(ctx))
 
 
 def max_pool2d_backward_relu_kernel(ctx, op, x, gy):
     """``MaxPool2dBackwardRelu`` node: :func:`max_pool2d_backward_relu` with the node's geometry."""
-    return _max_backward(ctx.xp, x, gy, node_geometry(op, x.shape[2:], gy.shape[2:]), _specialize(ctx), True)
+    return _max_backward(ctx.xp, x, gy, node_geometry(op, x.shape[2:], gy.shape[2:]), _specialize(ctx), True,
+                         _vector(ctx))
 
 
 def max_pool2d_select_kernel(ctx, op, x, v):

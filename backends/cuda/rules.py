@@ -68,10 +68,29 @@ _FLOATS = ("float16", "bfloat16", "float32", "float64")
 SPECIALIZABLE = tuple(POOL_KERNELS)
 
 
+#: Ops with the channels-last vector path (:mod:`.pool_vector`).
+VECTOR_POOLS = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu)
+
+
 def pool_variants(op, in_types, device):
-    """Two autotune candidates: geometry as kernel arguments (the default) or
-    compiled in as constants."""
-    return [{}, {"specialize": True}]
+    """The autotune candidates: geometry as kernel arguments (the default) or
+    compiled in as constants; for max pooling of channels-last bfloat16 or
+    float32 whose channels fill 16-byte words, also the ``vector`` kernels
+    (which still fall back to these where a call's operands do not qualify,
+    e.g. an unaligned channel slice)."""
+    out = [{}, {"specialize": True}]
+    if isinstance(op, VECTOR_POOLS) and _vector_types(op, in_types):
+        out.append({"vector": True})
+    return out
+
+
+def _vector_types(op, in_types) -> bool:
+    if not in_types:
+        return False
+    x = in_types[0]
+    return (all(t.layout == "NHWC" and t.dtype == x.dtype and len(t.shape) == 4 for t in in_types)
+            and x.dtype in pool.pool_vector.DTYPES and x.shape[1] % pool.pool_vector.lanes(x.dtype) == 0
+            and op.kernel_size[0] * op.kernel_size[1] < pool.pool_vector.NO_WINNER)
 
 
 def bias_variants(op, in_types, device):
@@ -86,7 +105,8 @@ def bias_variants(op, in_types, device):
 
 
 #: op type -> (kernel options an autotune variant may set, its ``variants``).
-OPTIONS = {**{op_type: (("specialize",), pool_variants) for op_type in SPECIALIZABLE},
+OPTIONS = {**{op_type: (("specialize", "vector") if op_type in VECTOR_POOLS else ("specialize",), pool_variants)
+              for op_type in SPECIALIZABLE},
            ops.BiasAddBackward: (("method",), bias_variants)}
 
 
@@ -124,5 +144,6 @@ def register_rules() -> None:
 
 register_rules()
 
-__all__ = ["CUDA_KERNELS", "NODE_KERNELS", "INPLACE", "OPTIONS", "SPECIALIZABLE", "bias_variants", "check",
+__all__ = ["CUDA_KERNELS", "NODE_KERNELS", "INPLACE", "OPTIONS", "SPECIALIZABLE", "VECTOR_POOLS", "bias_variants",
+           "check",
            "pool_variants", "register_rules"]

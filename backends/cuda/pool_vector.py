@@ -1,0 +1,236 @@
+"""Channels-last max pooling, 16 bytes of channels per thread.
+
+Why: the H200 profile of 2026-12-03 (docs/results/h200-2026-12-03b,
+``call1-profile-bf16-winners.json``) has :mod:`.pool`'s kernels, one thread
+per element with a 2-byte load per window cell, at 6-14 % of the copy
+bandwidth: 7.9 of GoogLeNet's 15.3 ms of steps and 3.7 of VGG-A's 8.9 ms
+were max pooling. Here each thread owns ``V`` consecutive channels of one
+pixel (``V = 16 / itemsize``: 8 bfloat16, 4 float32) and moves them as one
+16-byte word, so a warp reads whole lines of the NHWC rows.
+
+Semantics are :mod:`.pool`'s (SEMANTICS.md, Pooling), lane by lane and bit
+for bit: the window is scanned from its first in-bounds cell in row-major
+order, a strictly greater value or the first NaN replaces the best (padding
+never wins), the output is the winner's bits, and a gradient goes to the
+first maximum; overlapping windows' gradients are summed in float32 in
+window order (``oh``, then ``ow``) and rounded once.
+
+* :func:`max_pool2d` — one kernel: thread ``(n, oh, ow, c / V)`` scans its
+  window and writes ``y``;
+* :func:`max_pool2d_backward` (``relu``: ``MaxPool2dBackwardRelu``, x being
+  a ReLU's output, whose mask is the winner's value ``> 0``) — two kernels:
+  the window scan again, writing each window's winner as a 1-byte window
+  index (255: no winner, the ReLU mask), then thread ``(n, h, w, c / V)``
+  gathers ``gy`` from every window covering its pixel whose index names it
+  (no atomics: deterministic). Reads x, gy and the indices once (the
+  window overlap hits the caches), writes gx once.
+
+Operands are NHWC at a pixel pitch (the elements between two pixels: ``C``
+for a dense tensor, more for a channel slice of a wider concat buffer, which
+GoogLeNet's zero-copy concat backward hands the pool as its ``gy``), 16-byte
+aligned, ``C`` a multiple of ``V``; :func:`applies` says whether a call
+qualifies, and the ``cuda`` rules offer this path as the ``vector`` autotune
+variant only where it does (``rules.pool_variants``). Kernels are compiled
+through CuPy by source text (``codegen.launch.compiled``), so the tests run
+them on the CPU emulator.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from opgraph.types import is_channels_last
+
+from ..reference.pool import PoolGeometry
+from ..reference.pool_indices import MAX_WINDOW_CELLS
+from .codegen.launch import compiled
+from .codegen.storage import DEVICE_HELPERS, storage_of, vector_load, vector_store
+
+#: dtypes with a vector path (others keep :mod:`.pool`'s kernels)
+DTYPES = ("bfloat16", "float32")
+THREADS = 256
+#: grid-stride loops: at most this many blocks (8 per SM of an H200)
+MAX_BLOCKS = 1056
+#: the byte that names no window cell (a ReLU-masked winner); window indices
+#: run to kh * kw - 1 <= 254
+NO_WINNER = 255
+
+
+def lanes(dtype: str) -> int:
+    """V: the elements of ``dtype`` in one 16-byte word."""
+    return 16 // storage_of(dtype).itemsize
+
+
+def pixel_pitch(a) -> int | None:
+    """The elements between two consecutive pixels of ``a`` (logical NCHW, stored
+    channels-last: a dense NHWC tensor or a channel slice of one), or None when
+    ``a`` is not stored that way."""
+    n, c, h, w = a.shape
+    sn, sc, sh, sw = (s // a.itemsize for s in a.strides)
+    if any(s % a.itemsize for s in a.strides) or (c > 1 and sc != 1):
+        return None
+    if (h > 1 and sh != w * sw) or (n > 1 and sn != h * w * sw) or sw < c:
+        return None
+    return sw
+
+
+def _address(a) -> int:
+    return a.__array_interface__["data"][0] if hasattr(a, "__array_interface__") else a.data.ptr
+
+
+def applies(g: PoolGeometry, *arrays) -> str | None:
+    """None when the vector kernels take these operands (module docstring),
+    else why not."""
+    dtype = arrays[0].dtype.name
+    if dtype not in DTYPES:
+        return f"dtype {dtype} (vector kernels: {', '.join(DTYPES)})"
+    if g.kernel[0] * g.kernel[1] >= MAX_WINDOW_CELLS:
+        return f"a {g.kernel} window's index does not fit a byte beside the no-winner mark"
+    v = lanes(dtype)
+    for a in arrays:
+        if a.dtype.name != dtype:
+            return f"mixed dtypes {dtype} and {a.dtype.name}"
+        pitch = pixel_pitch(a)
+        if pitch is None or not (a.ndim == 4 and (is_channels_last(a) or pitch > a.shape[1])):
+            return "an operand not stored channels-last"
+        if a.shape[1] % v or pitch % v or _address(a) % 16:
+            return f"channels {a.shape[1]} or pitch {pitch} not a multiple of {v}, or not 16-byte aligned"
+    return None
+
+
+def _geometry(g: PoolGeometry) -> tuple:
+    (pt, _), (pl, _) = g.padding
+    return (*g.kernel, *g.stride, pt, pl)
+
+
+@functools.lru_cache(maxsize=None)
+def _source(kind: str, dtype: str, wide: bool, relu: bool = False) -> tuple[str, str]:
+    """``(name, source)`` of one kernel: ``fwd`` (y), ``arg`` (window indices)
+    or ``bwd`` (the gather)."""
+    st = storage_of(dtype)
+    v = lanes(dtype)
+    idx = "long long" if wide else "int"
+    decompose = ("const IDX cv = t % CV; IDX r = t / CV; const IDX q = r % QW; r /= QW; "
+                 "const IDX p = r % QH; const IDX n = r / QH;")
+    if kind in ("fwd", "arg"):
+        first, first_lanes = vector_load(st, "x", "xb + (hs * W + ws) * XP", v, "f")
+        cell, cell_lanes = vector_load(st, "x", "xb + (h * W + w) * XP", v, "c")
+        scan = "\n".join([
+            "const int h0 = (int)p * sh - pt, w0 = (int)q * sw - pl;",
+            "const int hs = h0 > 0 ? h0 : 0, ws = w0 > 0 ? w0 : 0;",
+            "const int he = h0 + kh < (int)H ? h0 + kh : (int)H, we = w0 + kw < (int)W ? w0 + kw : (int)W;",
+            "const IDX xb = n * H * W * XP + cv * V;",
+            *first,
+            *(f"CT b{j} = {e}; int k{j} = (hs - h0) * kw + (ws - w0);" for j, e in enumerate(first_lanes)),
+            "for (int h = hs; h < he; ++h)",
+            "    for (int w = ws; w < we; ++w) {",
+            *("        " + line for line in cell),
+            "        const int k = (h - h0) * kw + (w - w0);",
+            *(f"        {{ const CT e = {e}; if (e > b{j} || (e != e && b{j} == b{j})) {{ b{j} = e; k{j} = k; }} }}"
+              for j, e in enumerate(cell_lanes)),
+            "    }",
+            "const IDX o = ((n * QH + p) * QW + q) * C + cv * V;"])
+        if kind == "fwd":
+            tail = vector_store(st, "y", "o", [f"b{j}" for j in range(v)], "y")
+            out = f"{st.ctype}* __restrict__ y"
+        else:
+            mark = [f"(b{j} > (CT)0 ? k{j} : {NO_WINNER})" if relu else f"k{j}" for j in range(v)]
+            word = "unsigned long long" if v == 8 else "unsigned int"  # V bytes, V-aligned
+            tail = [f"*reinterpret_cast<{word}*>(arg + o) = "
+                    + " | ".join(f"(({word}){m} << {8 * j})" for j, m in enumerate(mark)) + ";"]
+            out = "unsigned char* __restrict__ arg"
+        body = scan + "\n" + "\n".join(tail)
+        params = (f"const {st.ctype}* __restrict__ x, {out}, IDX TOTAL, IDX CV, IDX QW, IDX QH, IDX H, IDX W, "
+                  f"IDX C, IDX XP, int kh, int kw, int sh, int sw, int pt, int pl")
+    else:
+        g, g_lanes = vector_load(st, "gy", "P * GP + cv * V", v, "g")  # gy at its own pitch
+        word = "unsigned long long" if v == 8 else "unsigned int"
+        stores = vector_store(st, "gx", "((n * QH + p) * QW + q) * C + cv * V", [f"a{j}" for j in range(v)], "s")
+        body = "\n".join([
+            "const int hp = (int)p + pt, wp = (int)q + pl;",
+            "const int oh0 = hp < kh ? 0 : (hp - kh) / sh + 1, ow0 = wp < kw ? 0 : (wp - kw) / sw + 1;",
+            "const int oh1 = hp / sh < (int)OH - 1 ? hp / sh : (int)OH - 1;",
+            "const int ow1 = wp / sw < (int)OW - 1 ? wp / sw : (int)OW - 1;",
+            " ".join(f"CT a{j} = 0;" for j in range(v)),
+            "for (int oh = oh0; oh <= oh1; ++oh)",
+            "    for (int ow = ow0; ow <= ow1; ++ow) {",
+            "        const IDX P = (n * OH + oh) * OW + ow;",
+            "        const int me = (hp - oh * sh) * kw + (wp - ow * sw);",
+            f"        const {word} m = *reinterpret_cast<const {word}*>(arg + P * C + cv * V);",
+            "        if (" + " || ".join(f"((m >> {8 * j}) & 0xff) == me" for j in range(v)) + ") {",
+            *("            " + line for line in g),
+            *(f"            if (((m >> {8 * j}) & 0xff) == me) a{j} += {e};" for j, e in enumerate(g_lanes)),
+            "        }",
+            "    }",
+            *stores])
+        params = (f"const unsigned char* __restrict__ arg, const {st.ctype}* __restrict__ gy, "
+                  f"{st.ctype}* __restrict__ gx, IDX TOTAL, IDX CV, IDX QW, IDX QH, IDX OH, IDX OW, IDX C, IDX GP, "
+                  f"int kh, int kw, int sh, int sw, int pt, int pl")
+    name = f"opgraph_maxpool_vec_{kind}{'_relu' if relu else ''}_{dtype}_{'i64' if wide else 'i32'}"
+    loop = ("    for (IDX t = (IDX)blockIdx.x * blockDim.x + threadIdx.x; t < TOTAL; "
+            "t += (IDX)gridDim.x * blockDim.x) {\n" + f"        {decompose}\n"
+            + "\n".join("        " + line for line in body.splitlines()) + "\n    }\n")
+    text = (f"typedef float CT;\ntypedef {idx} IDX;\n#define V {v}\n{DEVICE_HELPERS}\n"
+            f'extern "C" __global__ void {name}({params}) {{\n{loop}}}\n')
+    return name, text
+
+
+def _bits(xp, a):
+    return a.view(xp.uint16) if a.dtype.name == "bfloat16" else a
+
+
+def _nhwc(xp, shape, dtype):
+    """A fresh channels-last array of logical NCHW ``shape`` (bfloat16 through its bits)."""
+    from .codegen.launch import empty
+    return empty(xp, shape, dtype, "NHWC")
+
+
+def _span(a) -> int:
+    """Elements from ``a``'s first to one past its last (a pitched view reaches further than its size)."""
+    n, _, h, w = a.shape
+    return n * h * w * pixel_pitch(a)
+
+
+def _launch(xp, kind, dtype, total, arrays, sizes, geometry, span, relu=False):
+    """One launch: ``arrays``, then the ``sizes`` as IDX, then the window ``geometry``
+    as int; 64-bit indices when ``span`` (the largest operand's extent) needs them."""
+    wide = max(total * 16, span) >= 2 ** 31
+    name, text = _source(kind, dtype, wide, relu)
+    idx = xp.int64 if wide else xp.int32
+    blocks = max(1, min(-(-total // THREADS), MAX_BLOCKS))
+    compiled(text, name)((blocks,), (THREADS,), (*arrays, *map(idx, sizes), *map(xp.int32, geometry)))
+
+
+def max_pool2d(xp, x, g: PoolGeometry):
+    """Max pooling of channels-last ``(N, C, H, W)`` x (:func:`applies`) into a new
+    channels-last ``(N, C, OH, OW)`` array of x's dtype."""
+    n, c, h, w = x.shape
+    (oh, ow), v = g.out, lanes(x.dtype.name)
+    y = _nhwc(xp, (n, c, oh, ow), x.dtype)
+    total = n * oh * ow * (c // v)
+    if total:
+        _launch(xp, "fwd", x.dtype.name, total, [_bits(xp, x), _bits(xp, y)],
+                [total, c // v, ow, oh, h, w, c, pixel_pitch(x)], _geometry(g), max(_span(x), y.size))
+    return y
+
+
+def max_pool2d_backward(xp, x, gy, g: PoolGeometry, relu: bool = False):
+    """Input gradient of max pooling (``relu``: times ReLU's mask of x, the pooled
+    ReLU output) of channels-last x and gy (:func:`applies`): a new channels-last
+    ``(N, C, H, W)`` array of gy's dtype."""
+    n, c, h, w = x.shape
+    (oh, ow), v = g.out, lanes(x.dtype.name)
+    arg = xp.empty((n, oh, ow, c), dtype=xp.uint8)
+    gx = _nhwc(xp, x.shape, gy.dtype)
+    total = n * oh * ow * (c // v)
+    if total:
+        _launch(xp, "arg", x.dtype.name, total, [_bits(xp, x), arg],
+                [total, c // v, ow, oh, h, w, c, pixel_pitch(x)], _geometry(g), max(_span(x), arg.size), relu)
+    total = n * h * w * (c // v)
+    if total:
+        _launch(xp, "bwd", gy.dtype.name, total, [arg, _bits(xp, gy), _bits(xp, gx)],
+                [total, c // v, w, h, oh, ow, c, pixel_pitch(gy)], _geometry(g), max(_span(gy), gx.size))
+    return gx
+
+
+__all__ = ["DTYPES", "NO_WINNER", "lanes", "pixel_pitch", "applies", "max_pool2d", "max_pool2d_backward"]

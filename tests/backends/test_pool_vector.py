@@ -1,0 +1,121 @@
+"""The channels-last vector max pooling (``backends/cuda/pool_vector.py``) on the
+CPU, through the g++ emulator of CUDA sources: bit for bit equal to the
+scalar ``cuda`` pooling kernels (also emulated) on SEMANTICS.md's hard cases
+(ties, -inf windows, NaN, padding, ceil_mode overhang, overlapping windows),
+and within tolerance of the float64 reference; the ``vector`` autotune
+variant is offered where it applies and falls back where a call's operands
+do not qualify."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from codegen_cases import channels_last
+from cuda_cpu_emulator import GXX, EmulatedCupy
+from cupy_standin import cupy_replaced
+from opgraph import ops
+from opgraph.backends.cuda import pool, pool_vector, rules
+from opgraph.backends.cuda.codegen import launch
+from opgraph.backends.registry import KernelContext
+from opgraph.backends.reference import pool as ref_pool
+from opgraph.types import TensorType, is_channels_last, numpy_dtype
+
+pytestmark = pytest.mark.skipif(GXX is None, reason="no g++: the kernels' CUDA text cannot run on the CPU")
+
+#: (kernel_size, stride, padding, ceil_mode): GoogLeNet's 3x3/2 with ceil_mode, its
+#: inception branch's 3x3/1 padded, VGG's 2x2/2, an asymmetric padding
+GEOMETRIES = [((3, 3), (2, 2), ((0, 0), (0, 0)), True), ((3, 3), (1, 1), ((1, 1), (1, 1)), False),
+              ((2, 2), (2, 2), ((0, 0), (0, 0)), False), ((3, 3), (2, 2), ((1, 0), (0, 1)), True)]
+
+
+@pytest.fixture
+def emu(monkeypatch):
+    with cupy_replaced(monkeypatch, EmulatedCupy(), launch.compiled, pool._compiled) as e:
+        yield e
+
+
+def _hard_input(shape, dtype, seed):
+    """Few distinct values (ties), an all -inf window region, a NaN; channels-last."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-3, 4, size=shape).astype(np.float32)
+    a[0, :, :3, :3] = -np.inf
+    a[-1, 1, 2, 4] = np.nan
+    return channels_last(a.astype(numpy_dtype(dtype)))
+
+
+def _sliced(a, extra: int, start: int):
+    """``a``'s values as channels ``[start, start + C)`` of a wider channels-last buffer."""
+    n, c, h, w = a.shape
+    wide = channels_last(np.zeros((n, c + extra, h, w), a.dtype))
+    wide[:, start:start + c] = a
+    return wide[:, start:start + c]
+
+
+def _op(kind, geometry):
+    k, s, p, ceil = geometry
+    return kind(kernel_size=k, stride=s, padding=p, ceil_mode=ceil)
+
+
+def _run(op, arrays, vector: bool):
+    t = op.infer(*(TensorType(a.shape, a.dtype.name) for a in arrays))
+    ctx = KernelContext(np, "cuda", {"vector": True} if vector else {}, TensorType(t.shape, t.dtype, "NHWC"))
+    return rules.POOL_KERNELS[type(op)](ctx, op, *arrays)
+
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint16 if a.dtype.itemsize == 2 else np.uint32)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=["3x3s2-ceil", "3x3s1p1", "2x2s2", "3x3s2-asym"])
+@pytest.mark.parametrize("kind", [ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu],
+                         ids=lambda k: k.__name__)
+def test_vector_pooling_equals_the_scalar_kernels_bit_for_bit(emu, kind, geometry, dtype):
+    x = _hard_input((2, 16, 9, 11), dtype, seed=1)
+    op = _op(kind, geometry)
+    arrays = [x]
+    if kind is not ops.MaxPool2d:
+        out = _op(ops.MaxPool2d, geometry).output_shape(x.shape)
+        gy = channels_last(np.random.default_rng(2).standard_normal(out).astype(numpy_dtype(dtype)))
+        arrays.append(_sliced(gy, 8, 8))  # a 16-byte-aligned channel slice: read at its pitch
+    before = len(emu.raw_launches)
+    got = _run(op, arrays, vector=True)
+    names = [x["name"] for x in emu.raw_launches[before:]]
+    assert names and all("maxpool_vec" in n for n in names), names
+    want = _run(op, arrays, vector=False)
+    assert got.shape == want.shape and got.dtype == want.dtype and is_channels_last(got)
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+    ref = ref_pool.__dict__[{ops.MaxPool2d: "max_pool2d", ops.MaxPool2dBackward: "max_pool2d_backward",
+                             ops.MaxPool2dBackwardRelu: "max_pool2d_backward_relu"}[kind]]
+    k, s, p, ceil = geometry
+    want64 = ref(np, *(a.astype(np.float64) for a in arrays), kernel_size=k, stride=s, padding=p, ceil_mode=ceil)
+    g = np.asarray(got, np.float64)
+    np.testing.assert_allclose(g, want64, rtol=1e-2 if dtype == "bfloat16" else 1e-6, atol=1e-6)
+
+
+def test_operands_that_do_not_qualify_take_the_scalar_kernels(emu):
+    """An unaligned channel slice (start 3), NCHW storage, channels not filling
+    16-byte words: the ``vector`` option falls back, with the same result."""
+    geometry = GEOMETRIES[0]
+    g = ref_pool.PoolGeometry((3, 3), (2, 2), ((0, 0), (0, 0)), (9, 11), (4, 5))
+    x = _hard_input((2, 16, 9, 11), "bfloat16", seed=3)
+    for a in (_sliced(x, 8, 3), np.ascontiguousarray(x), _hard_input((2, 12, 9, 11), "bfloat16", seed=4)):
+        assert pool_vector.applies(g, a) is not None
+        before = len(emu.raw_launches)
+        got = _run(_op(ops.MaxPool2d, geometry), [a], vector=True)
+        assert not any("maxpool_vec" in x["name"] for x in emu.raw_launches[before:])
+        np.testing.assert_array_equal(_bits(got), _bits(_run(_op(ops.MaxPool2d, geometry), [a], vector=False)))
+
+
+def test_the_vector_variant_is_offered_for_channels_last_max_pooling_only():
+    op = _op(ops.MaxPool2dBackward, GEOMETRIES[0])
+    nhwc = [TensorType((8, 64, 28, 28), "bfloat16", "NHWC"), TensorType((8, 64, 13, 13), "bfloat16", "NHWC")]
+    assert {"vector": True} in rules.pool_variants(op, nhwc, "cuda")
+    nchw = [TensorType(t.shape, t.dtype, "NCHW") for t in nhwc]
+    odd = [TensorType((8, 60, 28, 28), "bfloat16", "NHWC"), TensorType((8, 60, 13, 13), "bfloat16", "NHWC")]
+    half = [TensorType(t.shape, "float16", "NHWC") for t in nhwc]
+    for types in (nchw, odd, half):
+        assert {"vector": True} not in rules.pool_variants(op, types, "cuda")
+    avg = ops.AvgPool2d(kernel_size=(3, 3), stride=(2, 2), padding=((0, 0), (0, 0)), ceil_mode=False)
+    assert {"vector": True} not in rules.pool_variants(avg, nhwc[:1], "cuda")

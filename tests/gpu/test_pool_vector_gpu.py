@@ -1,0 +1,77 @@
+"""The channels-last vector max pooling (``backends/cuda/pool_vector.py``) on the
+GPU, on the winners' shapes (GoogLeNet's 3x3/2 ceil_mode and inception 3x3/1
+pools, VGG-A's 2x2/2): bit for bit the scalar ``cuda`` kernels' results,
+forward, backward and the ReLU-masked backward, with ``gy`` a 16-byte-aligned
+channel slice of a wider buffer, and the same inside a CUDA-graph replay on
+new input. Nothing is timed here (``opgraph-bench --profile`` measures)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opgraph.backends.device import cuda_status
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not cuda_status()[0], reason=f"no GPU: {cuda_status()[1]}")]
+
+#: (x shape, kernel_size, stride, padding, ceil_mode)
+CASES = [((32, 192, 56, 56), (3, 3), (2, 2), ((0, 0), (0, 0)), True),
+         ((32, 480, 28, 28), (3, 3), (1, 1), ((1, 1), (1, 1)), False),
+         ((16, 128, 112, 112), (2, 2), (2, 2), ((0, 0), (0, 0)), False)]
+
+
+def _device(cp, a, dtype):
+    """Host float32 ``a`` as a channels-last device array of ``dtype`` (bfloat16 through its bits)."""
+    import ml_dtypes
+    host = np.ascontiguousarray(a.transpose(0, 2, 3, 1))
+    if dtype == "bfloat16":
+        d = cp.asarray(host.astype(ml_dtypes.bfloat16).view(np.uint16)).view(ml_dtypes.bfloat16)
+    else:
+        d = cp.asarray(host)
+    return d.transpose(0, 3, 1, 2)
+
+
+def _raw(cp, a):
+    """``a``'s bits (CuPy copies uint16 and uint32, not bfloat16)."""
+    return a.view(cp.uint16 if a.itemsize == 2 else cp.uint32)
+
+
+def _bits(cp, a):
+    return cp.asnumpy(cp.ascontiguousarray(_raw(cp, a).transpose(0, 2, 3, 1)))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("case", CASES, ids=["3x3s2-ceil", "3x3s1p1", "2x2s2"])
+def test_vector_pooling_matches_the_scalar_kernels_and_replays(cp, case, dtype, captured_replay):
+    from opgraph import ops
+    from opgraph.backends.cuda import rules
+    from opgraph.backends.registry import KernelContext
+    from opgraph.types import TensorType
+    shape, k, s, p, ceil = case
+    rng = np.random.default_rng(0)
+    x_host = rng.integers(-4, 5, shape).astype(np.float32)  # ties
+    x_host[0, :, :4, :4] = -np.inf
+    x_host[1, 3, 5, 7] = np.nan
+    x = _device(cp, x_host, dtype)
+    for kind in (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu):
+        op = kind(kernel_size=k, stride=s, padding=p, ceil_mode=ceil)
+        arrays = [x]
+        if kind is not ops.MaxPool2d:
+            out = ops.MaxPool2d(kernel_size=k, stride=s, padding=p, ceil_mode=ceil).output_shape(shape)
+            wide = _device(cp, rng.standard_normal((out[0], out[1] + 16, *out[2:])).astype(np.float32), dtype)
+            arrays.append(wide[:, 8:8 + out[1]])
+        t = op.infer(*(TensorType(a.shape, a.dtype.name) for a in arrays))
+        t = TensorType(t.shape, t.dtype, "NHWC")
+
+        def call(vector):
+            return rules.POOL_KERNELS[kind](KernelContext(cp, "cuda", {"vector": vector}, t), op, *arrays)
+        got, want = call(True), call(False)
+        np.testing.assert_array_equal(_bits(cp, got), _bits(cp, want), err_msg=f"{kind.__name__} {dtype} {case}")
+        fresh = _device(cp, rng.integers(-4, 5, shape).astype(np.float32), dtype)
+
+        def change():
+            _raw(cp, x)[...] = _raw(cp, fresh)
+        replayed, keep = captured_replay(lambda: call(True), change)
+        np.testing.assert_array_equal(_bits(cp, replayed), _bits(cp, call(False)))
+        _raw(cp, x)[...] = _raw(cp, _device(cp, x_host, dtype))

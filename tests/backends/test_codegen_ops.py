@@ -96,6 +96,7 @@ def test_narrow_tiles_each_add_their_own_partial_sums(emu, monkeypatch, case, ch
     for every reduction phase of the program, and leaves its counter at zero."""
     monkeypatch.setattr(plan, "TARGET_BLOCKS", 24)
     monkeypatch.setattr(plan, "MIN_PER_THREAD", 1)
+    monkeypatch.setattr(plan, "FINISH_BYTES", 32 * 1024)  # off by default (plan.py says why)
     shape = (3, channels, 7, 9)
     run_case(case.make(shape), case.kinds, shape, dtype, "NHWC")
     (p, _, _), = launch._PLANS.values()
@@ -111,6 +112,7 @@ def test_a_plan_made_while_a_stream_captures_adds_its_partial_sums_in_a_second_l
     from types import SimpleNamespace
     monkeypatch.setattr(plan, "TARGET_BLOCKS", 24)
     monkeypatch.setattr(plan, "MIN_PER_THREAD", 1)
+    monkeypatch.setattr(plan, "FINISH_BYTES", 32 * 1024)
     stream = SimpleNamespace(is_capturing=lambda: True)
     capturing = SimpleNamespace(cuda=SimpleNamespace(get_current_stream=lambda: stream))
     x = make_input(seeded("capture"), "x", (3, 200, 7, 9), "bfloat16", "NHWC")

@@ -44,6 +44,7 @@ def _record_everything(emu, monkeypatch):
     monkeypatch.setattr(plan, "TARGET_BLOCKS", 8)
     monkeypatch.setattr(plan, "MIN_PER_THREAD", 1)
     monkeypatch.setattr(plan, "INT32_LIMIT", 100)
+    monkeypatch.setattr(plan, "FINISH_BYTES", 32 * 1024)  # the last-block form too (off by default)
     launch._PLANS.clear()
     for layout in ("NCHW", "NHWC"):
         for case in CASES:

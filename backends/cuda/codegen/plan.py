@@ -59,13 +59,19 @@ MAX_SWEEP_BLOCKS = 1056
 #: sums stay a small fraction of its bytes: DenseNet-121's 64 x 1024 x 7 x 7
 #: batch norm had one tile of 1024 channels, 392 splits of 8 rows each, and
 #: wrote half as many bytes of partial sums as it read. 4096 gives the widest
-#: tiles (up to 256 groups: the layout before 2026-12-03's eighth session).
+#: tiles (up to 256 groups). Measured on the H200 (``gpu_codegen_bench.py``,
+#: docs/performance.md, eighth session): 128 against 4096, DenseNet-121's 40
+#: sampled reductions 781 → 733 µs, ResNet-50's 24 1665 → 1559 µs (the 7 x 7
+#: and 14 x 14 ones up to 2.7x faster).
 TILE_BYTES = 128
 #: A split reduction's tile adds its own partial sums in its last block (no
-#: ``finalize`` launch) when they take at most this many bytes (the last
-#: block reads them alone, so a large tile's are left to a separate launch
-#: of many blocks). 0: always a separate launch.
-FINISH_BYTES = 32 * 1024
+#: ``finalize`` launch) when they take at most this many bytes; 0: always a
+#: separate launch. Measured on the H200 (same bench): 32 KiB was slower than
+#: the separate launch on every shape it changed (DenseNet-121's sample 733 →
+#: 768 µs; 64 x 992 x 14 x 14 statistics 10.9 → 15.4 µs): the last block adds
+#: the partial sums after every other block has finished, a tail longer than
+#: the launch it saves inside a CUDA graph. Kept as a knob, off.
+FINISH_BYTES = 0
 #: Vectors each thread of a split reduction sums at least.
 MIN_PER_THREAD = 4
 #: Shared memory a reduction block may use for its partial sums (bytes).

@@ -30,10 +30,10 @@ values (so argmax, ties, -inf and NaN are exactly float32's on the bf16
 values) and its output is the winner's bits; the select is a copy of bits;
 averages and gradient sums accumulate in float32 and round once.
 
-Max pooling of channels-last bfloat16 and float32 has a faster path, 16
-bytes of channels per thread (:mod:`.pool_vector`), which the node kernels
-take with the ``vector`` option (an autotune variant) where the operands
-qualify.
+Max and average pooling of channels-last bfloat16 and float32 have a faster
+path, 16 bytes of channels per thread (:mod:`.pool_vector`), which the node
+kernels take with the ``vector`` option (an autotune variant) where the
+operands qualify.
 
 ``specialize=True`` compiles the geometry (channels, extents, window, stride,
 padding, layout) into the kernel as constants instead of passing it as
@@ -356,7 +356,9 @@ def avg_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, count_include_
     return _avg(xp, x, g, count_include_pad, specialize)
 
 
-def _avg(xp, x, g, count_include_pad, specialize):
+def _avg(xp, x, g, count_include_pad, specialize, vector=False):
+    if vector and x.ndim == 4 and pool_vector.applies(g, x) is None:
+        return pool_vector.avg_pool2d(xp, x, g, count_include_pad)
     buf, cl, dtype = _prepare(xp, x, "avg_pool2d")
     y = _out(xp, buf, x.shape[0], x.shape[1], g.out, cl)
     if y.size:
@@ -382,7 +384,9 @@ def avg_pool2d_backward(xp, gy, *, kernel_size, stride, padding, ceil_mode, coun
     return _avg_backward(xp, gy, g, count_include_pad, shape, specialize)
 
 
-def _avg_backward(xp, gy, g, count_include_pad, shape, specialize):
+def _avg_backward(xp, gy, g, count_include_pad, shape, specialize, vector=False):
+    if vector and gy.ndim == 4 and pool_vector.applies(g, gy) is None:
+        return pool_vector.avg_pool2d_backward(xp, gy, g, count_include_pad, shape)
     gb, cl, dtype = _prepare(xp, gy, "avg_pool2d_backward")
     gx = _out(xp, gb, shape[0], shape[1], shape[2:], cl)
     if gx.size:
@@ -433,14 +437,14 @@ def max_pool2d_select_kernel(ctx, op, x, v):
 def avg_pool2d_kernel(ctx, op, x):
     """``AvgPool2d`` node: :func:`avg_pool2d` with the node's geometry."""
     g = node_geometry(op, x.shape[2:], ctx.out_shape(op, x)[2:])
-    return _avg(ctx.xp, x, g, op.count_include_pad, _specialize(ctx))
+    return _avg(ctx.xp, x, g, op.count_include_pad, _specialize(ctx), _vector(ctx))
 
 
 def avg_pool2d_backward_kernel(ctx, op, gy):
     """``AvgPool2dBackward`` node: :func:`avg_pool2d_backward` with the node's geometry."""
     shape = tuple(op.input_shape)
     g = node_geometry(op, shape[2:], gy.shape[2:])
-    return _avg_backward(ctx.xp, gy, g, op.count_include_pad, shape, _specialize(ctx))
+    return _avg_backward(ctx.xp, gy, g, op.count_include_pad, shape, _specialize(ctx), _vector(ctx))
 
 
 __all__ = ["max_pool2d", "max_pool2d_backward", "max_pool2d_backward_relu", "max_pool2d_select",

@@ -1,4 +1,4 @@
-"""Channels-last max pooling, 16 bytes of channels per thread.
+"""Channels-last max and average pooling, 16 bytes of channels per thread.
 
 Why: the H200 profile of 2026-12-03 (docs/results/h200-2026-12-03b,
 ``call1-profile-bf16-winners.json``) has :mod:`.pool`'s kernels, one thread
@@ -23,7 +23,12 @@ window order (``oh``, then ``ow``) and rounded once.
   index (255: no winner, the ReLU mask), then thread ``(n, h, w, c / V)``
   gathers ``gy`` from every window covering its pixel whose index names it
   (no atomics: deterministic). Reads x, gy and the indices once (the
-  window overlap hits the caches), writes gx once.
+  window overlap hits the caches), writes gx once;
+* :func:`avg_pool2d`, :func:`avg_pool2d_backward` — :mod:`.pool`'s average
+  kernels lane by lane (window sums in float32 in row-major order, one
+  division by the divisor, one rounding; the backward gathers ``gy / divisor``
+  from the covering windows in order). DenseNet-121's transitions (2x2/2)
+  ran at 9-10 % of the copy bandwidth on the scalar kernels.
 
 Operands are NHWC at a pixel pitch (the elements between two pixels: ``C``
 for a dense tensor, more for a channel slice of a wider concat buffer, which
@@ -98,28 +103,86 @@ def applies(g: PoolGeometry, *arrays) -> str | None:
     return None
 
 
-def _geometry(g: PoolGeometry) -> tuple:
-    (pt, _), (pl, _) = g.padding
-    return (*g.kernel, *g.stride, pt, pl)
+def _geometry(g: PoolGeometry, include_pad: bool = False) -> tuple:
+    """The window's ints every kernel takes: ``kh, kw, sh, sw, pt, pl, pb, pr, inc``."""
+    (pt, pb), (pl, pr) = g.padding
+    return (*g.kernel, *g.stride, pt, pl, pb, pr, int(include_pad))
+
+
+#: the window's parameters of every kernel (``_geometry``)
+_GEOMETRY = "int kh, int kw, int sh, int sw, int pt, int pl, int pb, int pr, int inc"
+
+#: an average's divisor (``pool.py``'s ``divisor``: explicit padding counted with
+#: ``inc`` = count_include_pad, never the ceil_mode overhang)
+_DIVISOR = r"""
+__device__ __forceinline__ int og_divisor(int h0, int w0, int H, int W, int kh, int kw, int pt, int pb,
+                                          int pl, int pr, int inc) {
+    const int lh = inc ? -pt : 0, uh = inc ? H + pb : H;
+    const int lw = inc ? -pl : 0, uw = inc ? W + pr : W;
+    const int a0 = h0 > lh ? h0 : lh, a1 = h0 + kh < uh ? h0 + kh : uh;
+    const int b0 = w0 > lw ? w0 : lw, b1 = w0 + kw < uw ? w0 + kw : uw;
+    return (a1 - a0) * (b1 - b0);
+}
+"""
+
+#: the windows covering input pixel (p, q): rows oh0..oh1, columns ow0..ow1
+_COVERING = [
+    "const int hp = (int)p + pt, wp = (int)q + pl;",
+    "const int oh0 = hp < kh ? 0 : (hp - kh) / sh + 1, ow0 = wp < kw ? 0 : (wp - kw) / sw + 1;",
+    "const int oh1 = hp / sh < (int)OH - 1 ? hp / sh : (int)OH - 1;",
+    "const int ow1 = wp / sw < (int)OW - 1 ? wp / sw : (int)OW - 1;"]
+
+#: output pixel (p, q)'s window, clipped to the input
+_WINDOW = [
+    "const int h0 = (int)p * sh - pt, w0 = (int)q * sw - pl;",
+    "const int hs = h0 > 0 ? h0 : 0, ws = w0 > 0 ? w0 : 0;",
+    "const int he = h0 + kh < (int)H ? h0 + kh : (int)H, we = w0 + kw < (int)W ? w0 + kw : (int)W;",
+    "const IDX xb = n * H * W * XP + cv * V;"]
 
 
 @functools.lru_cache(maxsize=None)
 def _source(kind: str, dtype: str, wide: bool, relu: bool = False) -> tuple[str, str]:
-    """``(name, source)`` of one kernel: ``fwd`` (y), ``arg`` (window indices)
-    or ``bwd`` (the gather)."""
+    """``(name, source)`` of one kernel: ``fwd`` (y), ``arg`` (window indices),
+    ``bwd`` (the gather), ``avg`` or ``avg_bwd`` (average pooling)."""
     st = storage_of(dtype)
     v = lanes(dtype)
     idx = "long long" if wide else "int"
     decompose = ("const IDX cv = t % CV; IDX r = t / CV; const IDX q = r % QW; r /= QW; "
                  "const IDX p = r % QH; const IDX n = r / QH;")
-    if kind in ("fwd", "arg"):
+    if kind == "avg":  # pool.py's _AVG per lane: sum in window order, one division, one rounding
+        cell, cell_lanes = vector_load(st, "x", "xb + (h * W + w) * XP", v, "c")
+        body = "\n".join([
+            *_WINDOW,
+            " ".join(f"CT a{j} = 0;" for j in range(v)),
+            "for (int h = hs; h < he; ++h)",
+            "    for (int w = ws; w < we; ++w) {",
+            *("        " + line for line in cell),
+            *(f"        a{j} += {e};" for j, e in enumerate(cell_lanes)),
+            "    }",
+            "const CT d = (CT)og_divisor(h0, w0, (int)H, (int)W, kh, kw, pt, pb, pl, pr, inc);",
+            *vector_store(st, "y", "((n * QH + p) * QW + q) * C + cv * V", [f"a{j} / d" for j in range(v)], "y")])
+        params = (f"const {st.ctype}* __restrict__ x, {st.ctype}* __restrict__ y, IDX TOTAL, IDX CV, IDX QW, "
+                  f"IDX QH, IDX H, IDX W, IDX C, IDX XP, {_GEOMETRY}")
+    elif kind == "avg_bwd":  # pool.py's _AVG_BWD per lane
+        g, g_lanes = vector_load(st, "gy", "((n * OH + oh) * OW + ow) * GP + cv * V", v, "g")
+        body = "\n".join([
+            *_COVERING,
+            " ".join(f"CT a{j} = 0;" for j in range(v)),
+            "for (int oh = oh0; oh <= oh1; ++oh)",
+            "    for (int ow = ow0; ow <= ow1; ++ow) {",
+            "        const CT d = (CT)og_divisor(oh * sh - pt, ow * sw - pl, (int)QH, (int)QW, kh, kw, pt, pb, pl, pr, "
+            "inc);",
+            *("        " + line for line in g),
+            *(f"        a{j} += {e} / d;" for j, e in enumerate(g_lanes)),
+            "    }",
+            *vector_store(st, "gx", "((n * QH + p) * QW + q) * C + cv * V", [f"a{j}" for j in range(v)], "s")])
+        params = (f"const {st.ctype}* __restrict__ gy, {st.ctype}* __restrict__ gx, IDX TOTAL, IDX CV, IDX QW, "
+                  f"IDX QH, IDX OH, IDX OW, IDX C, IDX GP, {_GEOMETRY}")
+    elif kind in ("fwd", "arg"):
         first, first_lanes = vector_load(st, "x", "xb + (hs * W + ws) * XP", v, "f")
         cell, cell_lanes = vector_load(st, "x", "xb + (h * W + w) * XP", v, "c")
         scan = "\n".join([
-            "const int h0 = (int)p * sh - pt, w0 = (int)q * sw - pl;",
-            "const int hs = h0 > 0 ? h0 : 0, ws = w0 > 0 ? w0 : 0;",
-            "const int he = h0 + kh < (int)H ? h0 + kh : (int)H, we = w0 + kw < (int)W ? w0 + kw : (int)W;",
-            "const IDX xb = n * H * W * XP + cv * V;",
+            *_WINDOW,
             *first,
             *(f"CT b{j} = {e}; int k{j} = (hs - h0) * kw + (ws - w0);" for j, e in enumerate(first_lanes)),
             "for (int h = hs; h < he; ++h)",
@@ -141,16 +204,13 @@ def _source(kind: str, dtype: str, wide: bool, relu: bool = False) -> tuple[str,
             out = "unsigned char* __restrict__ arg"
         body = scan + "\n" + "\n".join(tail)
         params = (f"const {st.ctype}* __restrict__ x, {out}, IDX TOTAL, IDX CV, IDX QW, IDX QH, IDX H, IDX W, "
-                  f"IDX C, IDX XP, int kh, int kw, int sh, int sw, int pt, int pl")
+                  f"IDX C, IDX XP, {_GEOMETRY}")
     else:
         g, g_lanes = vector_load(st, "gy", "P * GP + cv * V", v, "g")  # gy at its own pitch
         word = "unsigned long long" if v == 8 else "unsigned int"
         stores = vector_store(st, "gx", "((n * QH + p) * QW + q) * C + cv * V", [f"a{j}" for j in range(v)], "s")
         body = "\n".join([
-            "const int hp = (int)p + pt, wp = (int)q + pl;",
-            "const int oh0 = hp < kh ? 0 : (hp - kh) / sh + 1, ow0 = wp < kw ? 0 : (wp - kw) / sw + 1;",
-            "const int oh1 = hp / sh < (int)OH - 1 ? hp / sh : (int)OH - 1;",
-            "const int ow1 = wp / sw < (int)OW - 1 ? wp / sw : (int)OW - 1;",
+            *_COVERING,
             " ".join(f"CT a{j} = 0;" for j in range(v)),
             "for (int oh = oh0; oh <= oh1; ++oh)",
             "    for (int ow = ow0; ow <= ow1; ++ow) {",
@@ -165,12 +225,12 @@ def _source(kind: str, dtype: str, wide: bool, relu: bool = False) -> tuple[str,
             *stores])
         params = (f"const unsigned char* __restrict__ arg, const {st.ctype}* __restrict__ gy, "
                   f"{st.ctype}* __restrict__ gx, IDX TOTAL, IDX CV, IDX QW, IDX QH, IDX OH, IDX OW, IDX C, IDX GP, "
-                  f"int kh, int kw, int sh, int sw, int pt, int pl")
-    name = f"opgraph_maxpool_vec_{kind}{'_relu' if relu else ''}_{dtype}_{'i64' if wide else 'i32'}"
+                  f"{_GEOMETRY}")
+    name = f"opgraph_pool_vec_{kind}{'_relu' if relu else ''}_{dtype}_{'i64' if wide else 'i32'}"
     loop = ("    for (IDX t = (IDX)blockIdx.x * blockDim.x + threadIdx.x; t < TOTAL; "
             "t += (IDX)gridDim.x * blockDim.x) {\n" + f"        {decompose}\n"
             + "\n".join("        " + line for line in body.splitlines()) + "\n    }\n")
-    text = (f"typedef float CT;\ntypedef {idx} IDX;\n#define V {v}\n{DEVICE_HELPERS}\n"
+    text = (f"typedef float CT;\ntypedef {idx} IDX;\n#define V {v}\n{DEVICE_HELPERS}\n{_DIVISOR}\n"
             f'extern "C" __global__ void {name}({params}) {{\n{loop}}}\n')
     return name, text
 
@@ -233,4 +293,33 @@ def max_pool2d_backward(xp, x, gy, g: PoolGeometry, relu: bool = False):
     return gx
 
 
-__all__ = ["DTYPES", "NO_WINNER", "lanes", "pixel_pitch", "applies", "max_pool2d", "max_pool2d_backward"]
+def avg_pool2d(xp, x, g: PoolGeometry, count_include_pad: bool):
+    """Average pooling of channels-last ``(N, C, H, W)`` x (:func:`applies`) into a
+    new channels-last ``(N, C, OH, OW)`` array of x's dtype (divisor: ``pool.py``)."""
+    n, c, h, w = x.shape
+    (oh, ow), v = g.out, lanes(x.dtype.name)
+    y = _nhwc(xp, (n, c, oh, ow), x.dtype)
+    total = n * oh * ow * (c // v)
+    if total:
+        _launch(xp, "avg", x.dtype.name, total, [_bits(xp, x), _bits(xp, y)],
+                [total, c // v, ow, oh, h, w, c, pixel_pitch(x)], _geometry(g, count_include_pad),
+                max(_span(x), y.size))
+    return y
+
+
+def avg_pool2d_backward(xp, gy, g: PoolGeometry, count_include_pad: bool, shape):
+    """Input gradient of average pooling of channels-last gy (:func:`applies`): a
+    new channels-last array of ``shape`` (NCHW order) and gy's dtype."""
+    n, c, h, w = shape
+    (oh, ow), v = g.out, lanes(gy.dtype.name)
+    gx = _nhwc(xp, tuple(shape), gy.dtype)
+    total = n * h * w * (c // v)
+    if total:
+        _launch(xp, "avg_bwd", gy.dtype.name, total, [_bits(xp, gy), _bits(xp, gx)],
+                [total, c // v, w, h, oh, ow, c, pixel_pitch(gy)], _geometry(g, count_include_pad),
+                max(_span(gy), gx.size))
+    return gx
+
+
+__all__ = ["DTYPES", "NO_WINNER", "lanes", "pixel_pitch", "applies", "max_pool2d", "max_pool2d_backward",
+           "avg_pool2d", "avg_pool2d_backward"]

@@ -69,13 +69,14 @@ SPECIALIZABLE = tuple(POOL_KERNELS)
 
 
 #: Ops with the channels-last vector path (:mod:`.pool_vector`).
-VECTOR_POOLS = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu)
+VECTOR_POOLS = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.AvgPool2d,
+                ops.AvgPool2dBackward)
 
 
 def pool_variants(op, in_types, device):
     """The autotune candidates: geometry as kernel arguments (the default) or
-    compiled in as constants; for max pooling of channels-last bfloat16 or
-    float32 whose channels fill 16-byte words, also the ``vector`` kernels
+    compiled in as constants; for max and average pooling of channels-last
+    bfloat16 or float32 whose channels fill 16-byte words, also the ``vector`` kernels
     (which still fall back to these where a call's operands do not qualify,
     e.g. an unaligned channel slice)."""
     out = [{}, {"specialize": True}]

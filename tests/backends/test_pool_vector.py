@@ -2,7 +2,8 @@
 CPU, through the g++ emulator of CUDA sources: bit for bit equal to the
 scalar ``cuda`` pooling kernels (also emulated) on SEMANTICS.md's hard cases
 (ties, -inf windows, NaN, padding, ceil_mode overhang, overlapping windows),
-and within tolerance of the float64 reference; the ``vector`` autotune
+and within tolerance of the float64 reference, max and average pooling,
+forward and backward; the ``vector`` autotune
 variant is offered where it applies and falls back where a call's operands
 do not qualify."""
 
@@ -82,7 +83,7 @@ def test_vector_pooling_equals_the_scalar_kernels_bit_for_bit(emu, kind, geometr
     before = len(emu.raw_launches)
     got = _run(op, arrays, vector=True)
     names = [x["name"] for x in emu.raw_launches[before:]]
-    assert names and all("maxpool_vec" in n for n in names), names
+    assert names and all("pool_vec" in n for n in names), names
     want = _run(op, arrays, vector=False)
     assert got.shape == want.shape and got.dtype == want.dtype and is_channels_last(got)
     np.testing.assert_array_equal(_bits(got), _bits(want))
@@ -92,6 +93,32 @@ def test_vector_pooling_equals_the_scalar_kernels_bit_for_bit(emu, kind, geometr
     want64 = ref(np, *(a.astype(np.float64) for a in arrays), kernel_size=k, stride=s, padding=p, ceil_mode=ceil)
     g = np.asarray(got, np.float64)
     np.testing.assert_allclose(g, want64, rtol=1e-2 if dtype == "bfloat16" else 1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("include_pad", [True, False])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=["3x3s2-ceil", "3x3s1p1", "2x2s2", "3x3s2-asym"])
+def test_vector_average_pooling_equals_the_scalar_kernels_bit_for_bit(emu, geometry, dtype, include_pad):
+    """Forward and backward, count_include_pad both ways (the divisor with
+    explicit padding and the ceil_mode overhang), gy a channel slice."""
+    k, s, p, ceil = geometry
+    x = channels_last(np.random.default_rng(5).standard_normal((2, 16, 9, 11)).astype(numpy_dtype(dtype)))
+    fwd = ops.AvgPool2d(kernel_size=k, stride=s, padding=p, ceil_mode=ceil, count_include_pad=include_pad)
+    out = fwd.output_shape(x.shape)
+    gy = _sliced(channels_last(np.random.default_rng(6).standard_normal(out).astype(numpy_dtype(dtype))), 8, 8)
+    bwd = ops.AvgPool2dBackward(kernel_size=k, stride=s, padding=p, ceil_mode=ceil, count_include_pad=include_pad,
+                                input_shape=x.shape)
+    for op, arrays in ((fwd, [x]), (bwd, [gy])):
+        before = len(emu.raw_launches)
+        got = _run(op, arrays, vector=True)
+        assert all("pool_vec_avg" in x["name"] for x in emu.raw_launches[before:]), emu.raw_launches[before:]
+        want = _run(op, arrays, vector=False)
+        assert got.shape == want.shape and is_channels_last(got)
+        np.testing.assert_array_equal(_bits(got), _bits(want))
+    want64 = ref_pool.avg_pool2d(np, x.astype(np.float64), kernel_size=k, stride=s, padding=p, ceil_mode=ceil,
+                                 count_include_pad=include_pad)
+    np.testing.assert_allclose(np.asarray(_run(fwd, [x], vector=True), np.float64), want64,
+                               rtol=1e-2 if dtype == "bfloat16" else 1e-6, atol=1e-2 if dtype == "bfloat16" else 1e-6)
 
 
 def test_operands_that_do_not_qualify_take_the_scalar_kernels(emu):
@@ -104,11 +131,11 @@ def test_operands_that_do_not_qualify_take_the_scalar_kernels(emu):
         assert pool_vector.applies(g, a) is not None
         before = len(emu.raw_launches)
         got = _run(_op(ops.MaxPool2d, geometry), [a], vector=True)
-        assert not any("maxpool_vec" in x["name"] for x in emu.raw_launches[before:])
+        assert not any("pool_vec" in x["name"] for x in emu.raw_launches[before:])
         np.testing.assert_array_equal(_bits(got), _bits(_run(_op(ops.MaxPool2d, geometry), [a], vector=False)))
 
 
-def test_the_vector_variant_is_offered_for_channels_last_max_pooling_only():
+def test_the_vector_variant_is_offered_for_channels_last_pooling_only():
     op = _op(ops.MaxPool2dBackward, GEOMETRIES[0])
     nhwc = [TensorType((8, 64, 28, 28), "bfloat16", "NHWC"), TensorType((8, 64, 13, 13), "bfloat16", "NHWC")]
     assert {"vector": True} in rules.pool_variants(op, nhwc, "cuda")
@@ -118,4 +145,7 @@ def test_the_vector_variant_is_offered_for_channels_last_max_pooling_only():
     for types in (nchw, odd, half):
         assert {"vector": True} not in rules.pool_variants(op, types, "cuda")
     avg = ops.AvgPool2d(kernel_size=(3, 3), stride=(2, 2), padding=((0, 0), (0, 0)), ceil_mode=False)
-    assert {"vector": True} not in rules.pool_variants(avg, nhwc[:1], "cuda")
+    assert {"vector": True} in rules.pool_variants(avg, nhwc[:1], "cuda")
+    assert {"vector": True} not in rules.pool_variants(avg, nchw[:1], "cuda")
+    select = ops.MaxPool2dSelect(kernel_size=(3, 3), stride=(2, 2), padding=((0, 0), (0, 0)), ceil_mode=False)
+    assert {"vector": True} not in rules.pool_variants(select, nhwc[:1] * 2, "cuda")

@@ -75,3 +75,31 @@ def test_vector_pooling_matches_the_scalar_kernels_and_replays(cp, case, dtype, 
         replayed, keep = captured_replay(lambda: call(True), change)
         np.testing.assert_array_equal(_bits(cp, replayed), _bits(cp, call(False)))
         _raw(cp, x)[...] = _raw(cp, _device(cp, x_host, dtype))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("case", [((64, 256, 56, 56), (2, 2), (2, 2), ((0, 0), (0, 0)), False),
+                                  ((32, 96, 28, 28), (3, 3), (2, 2), ((1, 0), (0, 1)), True)],
+                         ids=["densenet-transition", "3x3s2-asym-ceil"])
+def test_vector_average_pooling_matches_the_scalar_kernels(cp, case, dtype):
+    """DenseNet-121's transition pool and an asymmetric, ceil_mode one, with
+    count_include_pad both ways; gy a channel slice of a wider buffer."""
+    from opgraph import ops
+    from opgraph.backends.cuda import rules
+    from opgraph.backends.registry import KernelContext
+    from opgraph.types import TensorType
+    shape, k, s, p, ceil = case
+    rng = np.random.default_rng(1)
+    x = _device(cp, rng.standard_normal(shape).astype(np.float32), dtype)
+    for include_pad in (True, False):
+        fwd = ops.AvgPool2d(kernel_size=k, stride=s, padding=p, ceil_mode=ceil, count_include_pad=include_pad)
+        out = fwd.output_shape(shape)
+        wide = _device(cp, rng.standard_normal((out[0], out[1] + 16, *out[2:])).astype(np.float32), dtype)
+        bwd = ops.AvgPool2dBackward(kernel_size=k, stride=s, padding=p, ceil_mode=ceil,
+                                    count_include_pad=include_pad, input_shape=shape)
+        for op, arrays in ((fwd, [x]), (bwd, [wide[:, 8:8 + out[1]]])):
+            t = op.infer(*(TensorType(a.shape, a.dtype.name) for a in arrays))
+            t = TensorType(t.shape, t.dtype, "NHWC")
+            got, want = (rules.POOL_KERNELS[type(op)](KernelContext(cp, "cuda", {"vector": v}, t), op, *arrays)
+                         for v in (True, False))
+            np.testing.assert_array_equal(_bits(cp, got), _bits(cp, want), err_msg=f"{op} {dtype}")

@@ -44,10 +44,7 @@ from __future__ import annotations
 
 import functools
 
-from opgraph.types import is_channels_last
-
 from ..reference.pool import PoolGeometry
-from ..reference.pool_indices import MAX_WINDOW_CELLS
 from .codegen.launch import compiled
 from .codegen.storage import DEVICE_HELPERS, storage_of, vector_load, vector_store
 
@@ -59,6 +56,8 @@ MAX_BLOCKS = 1056
 #: the byte that names no window cell (a ReLU-masked winner); window indices
 #: run to kh * kw - 1 <= 254
 NO_WINNER = 255
+#: the most cells a window may have here
+MAX_CELLS = NO_WINNER
 
 
 def lanes(dtype: str) -> int:
@@ -89,14 +88,14 @@ def applies(g: PoolGeometry, *arrays) -> str | None:
     dtype = arrays[0].dtype.name
     if dtype not in DTYPES:
         return f"dtype {dtype} (vector kernels: {', '.join(DTYPES)})"
-    if g.kernel[0] * g.kernel[1] >= MAX_WINDOW_CELLS:
+    if g.kernel[0] * g.kernel[1] > MAX_CELLS:
         return f"a {g.kernel} window's index does not fit a byte beside the no-winner mark"
     v = lanes(dtype)
     for a in arrays:
         if a.dtype.name != dtype:
             return f"mixed dtypes {dtype} and {a.dtype.name}"
-        pitch = pixel_pitch(a)
-        if pitch is None or not (a.ndim == 4 and (is_channels_last(a) or pitch > a.shape[1])):
+        pitch = pixel_pitch(a) if a.ndim == 4 else None
+        if pitch is None:  # (a 1 x 1 plane counts: its NHWC and NCHW strides agree)
             return "an operand not stored channels-last"
         if a.shape[1] % v or pitch % v or _address(a) % 16:
             return f"channels {a.shape[1]} or pitch {pitch} not a multiple of {v}, or not 16-byte aligned"

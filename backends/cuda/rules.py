@@ -74,13 +74,21 @@ VECTOR_POOLS = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu,
 
 
 def pool_variants(op, in_types, device):
-    """The autotune candidates: geometry as kernel arguments (the default) or
-    compiled in as constants; for max and average pooling of channels-last
-    bfloat16 or float32 whose channels fill 16-byte words, also the ``vector`` kernels
-    (which still fall back to these where a call's operands do not qualify,
-    e.g. an unaligned channel slice)."""
-    out = [{}, {"specialize": True}]
-    if isinstance(op, VECTOR_POOLS) and _vector_types(op, in_types):
+    """Two autotune candidates: geometry as kernel arguments (the default) or
+    compiled in as constants."""
+    return [{}, {"specialize": True}]
+
+
+def vector_pool_variants(op, in_types, device):
+    """:func:`pool_variants`, and for channels-last bfloat16 or float32 whose
+    channels fill 16-byte words the ``vector`` kernels (:mod:`.pool_vector`;
+    they still fall back where a call's operands do not qualify, e.g. an
+    unaligned channel slice). A function of its own name: the autotune cache
+    keys a decision by its variant functions' names
+    (``autotune.candidate_set``), so decisions taken before the vector kernels
+    existed are tuned again."""
+    out = pool_variants(op, in_types, device)
+    if _vector_types(op, in_types):
         out.append({"vector": True})
     return out
 
@@ -91,7 +99,7 @@ def _vector_types(op, in_types) -> bool:
     x = in_types[0]
     return (all(t.layout == "NHWC" and t.dtype == x.dtype and len(t.shape) == 4 for t in in_types)
             and x.dtype in pool.pool_vector.DTYPES and x.shape[1] % pool.pool_vector.lanes(x.dtype) == 0
-            and op.kernel_size[0] * op.kernel_size[1] < pool.pool_vector.NO_WINNER)
+            and op.kernel_size[0] * op.kernel_size[1] <= pool.pool_vector.MAX_CELLS)
 
 
 def bias_variants(op, in_types, device):
@@ -106,8 +114,8 @@ def bias_variants(op, in_types, device):
 
 
 #: op type -> (kernel options an autotune variant may set, its ``variants``).
-OPTIONS = {**{op_type: (("specialize", "vector") if op_type in VECTOR_POOLS else ("specialize",), pool_variants)
-              for op_type in SPECIALIZABLE},
+OPTIONS = {**{op_type: (("specialize", "vector"), vector_pool_variants) if op_type in VECTOR_POOLS
+              else (("specialize",), pool_variants) for op_type in SPECIALIZABLE},
            ops.BiasAddBackward: (("method",), bias_variants)}
 
 
@@ -146,5 +154,5 @@ def register_rules() -> None:
 register_rules()
 
 __all__ = ["CUDA_KERNELS", "NODE_KERNELS", "INPLACE", "OPTIONS", "SPECIALIZABLE", "VECTOR_POOLS", "bias_variants",
-           "check",
+           "check", "vector_pool_variants",
            "pool_variants", "register_rules"]

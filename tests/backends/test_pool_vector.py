@@ -135,17 +135,32 @@ def test_operands_that_do_not_qualify_take_the_scalar_kernels(emu):
         np.testing.assert_array_equal(_bits(got), _bits(_run(_op(ops.MaxPool2d, geometry), [a], vector=False)))
 
 
+def _variants(op, types, device):
+    """The variants the ``cuda`` rule of ``op`` offers."""
+    return rules.OPTIONS[type(op)][1](op, types, device)
+
+
 def test_the_vector_variant_is_offered_for_channels_last_pooling_only():
     op = _op(ops.MaxPool2dBackward, GEOMETRIES[0])
     nhwc = [TensorType((8, 64, 28, 28), "bfloat16", "NHWC"), TensorType((8, 64, 13, 13), "bfloat16", "NHWC")]
-    assert {"vector": True} in rules.pool_variants(op, nhwc, "cuda")
+    assert {"vector": True} in _variants(op, nhwc, "cuda")
     nchw = [TensorType(t.shape, t.dtype, "NCHW") for t in nhwc]
     odd = [TensorType((8, 60, 28, 28), "bfloat16", "NHWC"), TensorType((8, 60, 13, 13), "bfloat16", "NHWC")]
     half = [TensorType(t.shape, "float16", "NHWC") for t in nhwc]
     for types in (nchw, odd, half):
-        assert {"vector": True} not in rules.pool_variants(op, types, "cuda")
+        assert {"vector": True} not in _variants(op, types, "cuda")
     avg = ops.AvgPool2d(kernel_size=(3, 3), stride=(2, 2), padding=((0, 0), (0, 0)), ceil_mode=False)
-    assert {"vector": True} in rules.pool_variants(avg, nhwc[:1], "cuda")
-    assert {"vector": True} not in rules.pool_variants(avg, nchw[:1], "cuda")
+    assert {"vector": True} in _variants(avg, nhwc[:1], "cuda")
+    assert {"vector": True} not in _variants(avg, nchw[:1], "cuda")
     select = ops.MaxPool2dSelect(kernel_size=(3, 3), stride=(2, 2), padding=((0, 0), (0, 0)), ceil_mode=False)
-    assert {"vector": True} not in rules.pool_variants(select, nhwc[:1] * 2, "cuda")
+    assert {"vector": True} not in _variants(select, nhwc[:1] * 2, "cuda")
+
+
+def test_decisions_tuned_before_the_vector_kernels_are_tuned_again():
+    """The autotune cache keys a decision by the candidates' variant functions
+    (``autotune.candidate_set``): max and average pooling's changed name."""
+    from opgraph.backends.registry import rules_for
+    from opgraph.passes.autotune import candidate_set
+    for op_type in rules.VECTOR_POOLS:
+        assert "cuda:vector_pool_variants" in candidate_set([(rules_for(op_type)["cuda"], {})])
+    assert "cuda:pool_variants" in candidate_set([(rules_for(ops.MaxPool2dSelect)["cuda"], {})])

@@ -97,7 +97,7 @@ def test_reductions_on_model_sizes(cp, rng, case, shape, layout):
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.id in (
-    "BatchNormStats()", "GlobalAvgPool2d()", "BatchNormTrainingBackwardData(eps=1e-05)")], ids=lambda c: c.id)
+    "BatchNormStats()", "BatchNormTrainingBackwardData(eps=1e-05)")], ids=lambda c: c.id)
 @pytest.mark.parametrize("shape", [(64, 1024, 7, 7), (64, 200, 14, 14), (16, 72, 28, 28)])
 def test_last_block_reductions_repeat_and_replay(cp, rng, monkeypatch, case, shape, captured_replay):
     """Channels-last reductions whose tiles' last blocks add the partial sums
@@ -106,7 +106,7 @@ def test_last_block_reductions_repeat_and_replay(cp, rng, monkeypatch, case, sha
     counters at zero), and so does a CUDA-graph replay on new input."""
     from opgraph.backends.cuda.codegen import launch, plan as codegen_plan
     from opgraph.backends.registry import KernelContext, rules_for
-    monkeypatch.setattr(codegen_plan, "FINISH_BYTES", 32 * 1024)  # off by default (plan.py says why)
+    monkeypatch.setattr(codegen_plan, "FINISH_BYTES", 1 << 20)  # off by default (plan.py says why)
     monkeypatch.setattr(launch, "_PLANS", {})
     op = case.make(shape)
     arrays = [make_input(rng, k, shape, "bfloat16", "NHWC") for k in case.kinds]

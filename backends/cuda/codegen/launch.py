@@ -160,10 +160,11 @@ def _ticket_offset(key, count: int) -> int:
     (each plan key its own range, never reused)."""
     if not count:
         return 0
-    if key not in _TICKET_OFFSETS:
-        _TICKET_OFFSETS[key] = (_RESERVED[0], count)
+    have = _TICKET_OFFSETS.get(key)
+    if have is None or have[1] < count:  # new, or rebuilt with more tiles (a knob changed): a new range
+        have = _TICKET_OFFSETS[key] = (_RESERVED[0], count)
         _RESERVED[0] += count
-    return _TICKET_OFFSETS[key][0]
+    return have[0]
 
 
 #: counters reserved so far, over all plans

@@ -436,7 +436,9 @@ def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps
         split, grid, make = dict(K1=k1, A=a, K2=k2, GB=gb, RB=rb, S=s, PER=per), (tiles, s, k1), kernels.columns
     # the tile's last block adds the partial sums when they are few (module docstring)
     split["last"] = tickets and s > 1 and s * k * tile * ct_bytes <= FINISH_BYTES
-    split["CEB"] = _combine_entries(tile if split["last"] else k2, s)
+    # one CEB for both adders, so the partial sums are added in the same order
+    # (the same bits) whether the tile's last block or a finalize launch adds them
+    split["CEB"] = _combine_entries(tile, s)
     params = Params(wide)
     sums = [f"s{r}" for r in range(k)]
 

@@ -30,10 +30,10 @@ where the partner exists), so sums do not depend on timing.
 
 Reductions are deterministic (every sum has a fixed order) and read their
 inputs once. With one split (``DIRECT``) a reduction runs its finishing code
-itself. Otherwise each block writes its partial sums, and then either a
-separate :func:`finalize` launch adds them or (``last``: when a tile's
-partial sums are few) the last block of the tile to finish adds them in the
-same kernel: each block fences its writes and takes a ticket
+itself. Otherwise each block writes its partial sums, and then a separate
+:func:`finalize` launch adds them, or (``last``, ``plan.FINISH_BYTES``: off
+by default, slower on the H200) the last block of the tile to finish adds
+them in the same kernel: each block fences its writes and takes a ticket
 (``atomicAdd`` on the tile's counter in ``tickets``); the block that draws
 ticket ``S - 1`` resets the counter to 0 and runs :func:`combine`. The
 ticket only says who adds; the order of the additions is fixed, so the

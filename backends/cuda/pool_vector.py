@@ -139,98 +139,112 @@ _WINDOW = [
     "const IDX xb = n * H * W * XP + cv * V;"]
 
 
+def _over_window(body: list[str]) -> list[str]:
+    """``body`` for every input cell ``(h, w)`` of the clipped window (``_WINDOW``), row-major."""
+    return ["for (int h = hs; h < he; ++h)", "    for (int w = ws; w < we; ++w) {",
+            *("        " + line for line in body), "    }"]
+
+
+def _over_covering(body: list[str]) -> list[str]:
+    """``body`` for every window ``(oh, ow)`` covering the pixel (``_COVERING``), in order."""
+    return ["for (int oh = oh0; oh <= oh1; ++oh)", "    for (int ow = ow0; ow <= ow1; ++ow) {",
+            *("        " + line for line in body), "    }"]
+
+
+def _sums(v: int) -> str:
+    return " ".join(f"CT a{j} = 0;" for j in range(v))
+
+
+def _byte_word(v: int) -> str:
+    """The integer holding V window-index bytes (V-aligned)."""
+    return "unsigned long long" if v == 8 else "unsigned int"
+
+
+_OUT_PIXEL = "((n * QH + p) * QW + q) * C + cv * V"  # the (dense) output of the thread's pixel
+
+
+def _scan(st, v: int, kind: str, relu: bool) -> tuple[list[str], str]:
+    """Max pooling's window scan (``fwd``: store the maximum; ``arg``: its window index)."""
+    first, first_lanes = vector_load(st, "x", "xb + (hs * W + ws) * XP", v, "f")
+    cell, cell_lanes = vector_load(st, "x", "xb + (h * W + w) * XP", v, "c")
+    body = [*_WINDOW, *first,
+            *(f"CT b{j} = {e}; int k{j} = (hs - h0) * kw + (ws - w0);" for j, e in enumerate(first_lanes)),
+            *_over_window([*cell, "const int k = (h - h0) * kw + (w - w0);",
+                           *(f"{{ const CT e = {e}; "
+                             f"if (e > b{j} || (e != e && b{j} == b{j})) {{ b{j} = e; k{j} = k; }} }}"
+                             for j, e in enumerate(cell_lanes))]),
+            f"const IDX o = {_OUT_PIXEL};"]
+    if kind == "fwd":
+        return body + vector_store(st, "y", "o", [f"b{j}" for j in range(v)], "y"), f"{st.ctype}* __restrict__ y"
+    word = _byte_word(v)
+    marks = [f"(b{j} > (CT)0 ? k{j} : {NO_WINNER})" if relu else f"k{j}" for j in range(v)]
+    body.append(f"*reinterpret_cast<{word}*>(arg + o) = "
+                + " | ".join(f"(({word}){m} << {8 * j})" for j, m in enumerate(marks)) + ";")
+    return body, "unsigned char* __restrict__ arg"
+
+
+def _gather(st, v: int) -> list[str]:
+    """Max pooling's backward: gy of every covering window whose index names the pixel."""
+    g, g_lanes = vector_load(st, "gy", "P * GP + cv * V", v, "g")  # gy at its own pitch
+    word = _byte_word(v)
+    lane = [f"((m >> {8 * j}) & 0xff) == me" for j in range(v)]
+    return [*_COVERING, _sums(v),
+            *_over_covering(["const IDX P = (n * OH + oh) * OW + ow;",
+                             "const int me = (hp - oh * sh) * kw + (wp - ow * sw);",
+                             f"const {word} m = *reinterpret_cast<const {word}*>(arg + P * C + cv * V);",
+                             "if (" + " || ".join(lane) + ") {", *("    " + line for line in g),
+                             *(f"    if ({t}) a{j} += {e};" for j, (t, e) in enumerate(zip(lane, g_lanes))), "}"]),
+            *vector_store(st, "gx", _OUT_PIXEL, [f"a{j}" for j in range(v)], "s")]
+
+
+def _average(st, v: int) -> list[str]:
+    """``pool.py``'s ``_AVG`` per lane: the window's sum in row-major order, one division, one rounding."""
+    cell, cell_lanes = vector_load(st, "x", "xb + (h * W + w) * XP", v, "c")
+    return [*_WINDOW, _sums(v), *_over_window([*cell, *(f"a{j} += {e};" for j, e in enumerate(cell_lanes))]),
+            "const CT d = (CT)og_divisor(h0, w0, (int)H, (int)W, kh, kw, pt, pb, pl, pr, inc);",
+            *vector_store(st, "y", _OUT_PIXEL, [f"a{j} / d" for j in range(v)], "y")]
+
+
+def _average_backward(st, v: int) -> list[str]:
+    """``pool.py``'s ``_AVG_BWD`` per lane: ``gy / divisor`` of the covering windows, in order."""
+    g, g_lanes = vector_load(st, "gy", "((n * OH + oh) * OW + ow) * GP + cv * V", v, "g")
+    return [*_COVERING, _sums(v),
+            *_over_covering(["const CT d = (CT)og_divisor(oh * sh - pt, ow * sw - pl, (int)QH, (int)QW, kh, kw, "
+                             "pt, pb, pl, pr, inc);", *g, *(f"a{j} += {e} / d;" for j, e in enumerate(g_lanes))]),
+            *vector_store(st, "gx", _OUT_PIXEL, [f"a{j}" for j in range(v)], "s")]
+
+
 @functools.lru_cache(maxsize=None)
 def _source(kind: str, dtype: str, wide: bool, relu: bool = False) -> tuple[str, str]:
     """``(name, source)`` of one kernel: ``fwd`` (y), ``arg`` (window indices),
-    ``bwd`` (the gather), ``avg`` or ``avg_bwd`` (average pooling)."""
-    st = storage_of(dtype)
-    v = lanes(dtype)
-    idx = "long long" if wide else "int"
-    decompose = ("const IDX cv = t % CV; IDX r = t / CV; const IDX q = r % QW; r /= QW; "
-                 "const IDX p = r % QH; const IDX n = r / QH;")
-    if kind == "avg":  # pool.py's _AVG per lane: sum in window order, one division, one rounding
-        cell, cell_lanes = vector_load(st, "x", "xb + (h * W + w) * XP", v, "c")
-        body = "\n".join([
-            *_WINDOW,
-            " ".join(f"CT a{j} = 0;" for j in range(v)),
-            "for (int h = hs; h < he; ++h)",
-            "    for (int w = ws; w < we; ++w) {",
-            *("        " + line for line in cell),
-            *(f"        a{j} += {e};" for j, e in enumerate(cell_lanes)),
-            "    }",
-            "const CT d = (CT)og_divisor(h0, w0, (int)H, (int)W, kh, kw, pt, pb, pl, pr, inc);",
-            *vector_store(st, "y", "((n * QH + p) * QW + q) * C + cv * V", [f"a{j} / d" for j in range(v)], "y")])
-        params = (f"const {st.ctype}* __restrict__ x, {st.ctype}* __restrict__ y, IDX TOTAL, IDX CV, IDX QW, "
-                  f"IDX QH, IDX H, IDX W, IDX C, IDX XP, {_GEOMETRY}")
-    elif kind == "avg_bwd":  # pool.py's _AVG_BWD per lane
-        g, g_lanes = vector_load(st, "gy", "((n * OH + oh) * OW + ow) * GP + cv * V", v, "g")
-        body = "\n".join([
-            *_COVERING,
-            " ".join(f"CT a{j} = 0;" for j in range(v)),
-            "for (int oh = oh0; oh <= oh1; ++oh)",
-            "    for (int ow = ow0; ow <= ow1; ++ow) {",
-            "        const CT d = (CT)og_divisor(oh * sh - pt, ow * sw - pl, (int)QH, (int)QW, kh, kw, pt, pb, pl, pr, "
-            "inc);",
-            *("        " + line for line in g),
-            *(f"        a{j} += {e} / d;" for j, e in enumerate(g_lanes)),
-            "    }",
-            *vector_store(st, "gx", "((n * QH + p) * QW + q) * C + cv * V", [f"a{j}" for j in range(v)], "s")])
-        params = (f"const {st.ctype}* __restrict__ gy, {st.ctype}* __restrict__ gx, IDX TOTAL, IDX CV, IDX QW, "
-                  f"IDX QH, IDX OH, IDX OW, IDX C, IDX GP, {_GEOMETRY}")
-    elif kind in ("fwd", "arg"):
-        first, first_lanes = vector_load(st, "x", "xb + (hs * W + ws) * XP", v, "f")
-        cell, cell_lanes = vector_load(st, "x", "xb + (h * W + w) * XP", v, "c")
-        scan = "\n".join([
-            *_WINDOW,
-            *first,
-            *(f"CT b{j} = {e}; int k{j} = (hs - h0) * kw + (ws - w0);" for j, e in enumerate(first_lanes)),
-            "for (int h = hs; h < he; ++h)",
-            "    for (int w = ws; w < we; ++w) {",
-            *("        " + line for line in cell),
-            "        const int k = (h - h0) * kw + (w - w0);",
-            *(f"        {{ const CT e = {e}; if (e > b{j} || (e != e && b{j} == b{j})) {{ b{j} = e; k{j} = k; }} }}"
-              for j, e in enumerate(cell_lanes)),
-            "    }",
-            "const IDX o = ((n * QH + p) * QW + q) * C + cv * V;"])
-        if kind == "fwd":
-            tail = vector_store(st, "y", "o", [f"b{j}" for j in range(v)], "y")
-            out = f"{st.ctype}* __restrict__ y"
-        else:
-            mark = [f"(b{j} > (CT)0 ? k{j} : {NO_WINNER})" if relu else f"k{j}" for j in range(v)]
-            word = "unsigned long long" if v == 8 else "unsigned int"  # V bytes, V-aligned
-            tail = [f"*reinterpret_cast<{word}*>(arg + o) = "
-                    + " | ".join(f"(({word}){m} << {8 * j})" for j, m in enumerate(mark)) + ";"]
-            out = "unsigned char* __restrict__ arg"
-        body = scan + "\n" + "\n".join(tail)
-        params = (f"const {st.ctype}* __restrict__ x, {out}, IDX TOTAL, IDX CV, IDX QW, IDX QH, IDX H, IDX W, "
-                  f"IDX C, IDX XP, {_GEOMETRY}")
-    else:
-        g, g_lanes = vector_load(st, "gy", "P * GP + cv * V", v, "g")  # gy at its own pitch
-        word = "unsigned long long" if v == 8 else "unsigned int"
-        stores = vector_store(st, "gx", "((n * QH + p) * QW + q) * C + cv * V", [f"a{j}" for j in range(v)], "s")
-        body = "\n".join([
-            *_COVERING,
-            " ".join(f"CT a{j} = 0;" for j in range(v)),
-            "for (int oh = oh0; oh <= oh1; ++oh)",
-            "    for (int ow = ow0; ow <= ow1; ++ow) {",
-            "        const IDX P = (n * OH + oh) * OW + ow;",
-            "        const int me = (hp - oh * sh) * kw + (wp - ow * sw);",
-            f"        const {word} m = *reinterpret_cast<const {word}*>(arg + P * C + cv * V);",
-            "        if (" + " || ".join(f"((m >> {8 * j}) & 0xff) == me" for j in range(v)) + ") {",
-            *("            " + line for line in g),
-            *(f"            if (((m >> {8 * j}) & 0xff) == me) a{j} += {e};" for j, e in enumerate(g_lanes)),
-            "        }",
-            "    }",
-            *stores])
+    ``bwd`` (the gather), ``avg`` or ``avg_bwd`` (average pooling). Every
+    thread loop walks pixels ``(n, p, q)`` of a ``QH x QW`` grid, ``V`` channels
+    ``cv * V`` at a time: the output's for the forward kernels, the input's
+    for the backward ones."""
+    st, v = storage_of(dtype), lanes(dtype)
+    x_in = f"const {st.ctype}* __restrict__ x"
+    reads_x = "IDX TOTAL, IDX CV, IDX QW, IDX QH, IDX H, IDX W, IDX C, IDX XP"
+    reads_gy = "IDX TOTAL, IDX CV, IDX QW, IDX QH, IDX OH, IDX OW, IDX C, IDX GP"
+    if kind in ("fwd", "arg"):
+        body, out = _scan(st, v, kind, relu)
+        params = f"{x_in}, {out}, {reads_x}"
+    elif kind == "bwd":
+        body = _gather(st, v)
         params = (f"const unsigned char* __restrict__ arg, const {st.ctype}* __restrict__ gy, "
-                  f"{st.ctype}* __restrict__ gx, IDX TOTAL, IDX CV, IDX QW, IDX QH, IDX OH, IDX OW, IDX C, IDX GP, "
-                  f"{_GEOMETRY}")
+                  f"{st.ctype}* __restrict__ gx, {reads_gy}")
+    elif kind == "avg":
+        body, params = _average(st, v), f"{x_in}, {st.ctype}* __restrict__ y, {reads_x}"
+    else:
+        body = _average_backward(st, v)
+        params = f"const {st.ctype}* __restrict__ gy, {st.ctype}* __restrict__ gx, {reads_gy}"
     name = f"opgraph_pool_vec_{kind}{'_relu' if relu else ''}_{dtype}_{'i64' if wide else 'i32'}"
-    loop = ("    for (IDX t = (IDX)blockIdx.x * blockDim.x + threadIdx.x; t < TOTAL; "
-            "t += (IDX)gridDim.x * blockDim.x) {\n" + f"        {decompose}\n"
-            + "\n".join("        " + line for line in body.splitlines()) + "\n    }\n")
-    text = (f"typedef float CT;\ntypedef {idx} IDX;\n#define V {v}\n{DEVICE_HELPERS}\n{_DIVISOR}\n"
-            f'extern "C" __global__ void {name}({params}) {{\n{loop}}}\n')
+    loop = ("    for (IDX t = (IDX)blockIdx.x * blockDim.x + threadIdx.x; t < TOTAL;"
+            " t += (IDX)gridDim.x * blockDim.x) {\n"
+            "        const IDX cv = t % CV; IDX r = t / CV; const IDX q = r % QW; r /= QW; "
+            "const IDX p = r % QH; const IDX n = r / QH;\n"
+            + "\n".join("        " + line for line in body) + "\n    }\n")
+    text = (f"typedef float CT;\ntypedef {'long long' if wide else 'int'} IDX;\n#define V {v}\n{DEVICE_HELPERS}\n"
+            f"{_DIVISOR}\n" f'extern "C" __global__ void {name}({params}, {_GEOMETRY}) {{\n{loop}}}\n')
     return name, text
 
 
@@ -260,64 +274,56 @@ def _launch(xp, kind, dtype, total, arrays, sizes, geometry, span, relu=False):
     compiled(text, name)((blocks,), (THREADS,), (*arrays, *map(idx, sizes), *map(xp.int32, geometry)))
 
 
+def _forward(xp, kind, x, out, g: PoolGeometry, include_pad=False, relu=False):
+    """Launch ``kind`` (``fwd``, ``arg``, ``avg``) over the pooled pixels, reading x into ``out``."""
+    n, c, h, w = x.shape
+    (oh, ow), v = g.out, lanes(x.dtype.name)
+    total = n * oh * ow * (c // v)
+    if total:
+        _launch(xp, kind, x.dtype.name, total, [_bits(xp, x), _bits(xp, out)],
+                [total, c // v, ow, oh, h, w, c, pixel_pitch(x)], _geometry(g, include_pad),
+                max(_span(x), out.size), relu)
+    return out
+
+
+def _backward(xp, kind, before, gy, gx, g: PoolGeometry, include_pad=False):
+    """Launch ``kind`` (``bwd``, ``avg_bwd``) over the input pixels: ``before`` (the
+    window indices, or nothing), then gy, into ``gx``."""
+    n, c, h, w = gx.shape
+    (oh, ow), v = g.out, lanes(gy.dtype.name)
+    total = n * h * w * (c // v)
+    if total:
+        _launch(xp, kind, gy.dtype.name, total, [*before, _bits(xp, gy), _bits(xp, gx)],
+                [total, c // v, w, h, oh, ow, c, pixel_pitch(gy)], _geometry(g, include_pad),
+                max(_span(gy), gx.size))
+    return gx
+
+
 def max_pool2d(xp, x, g: PoolGeometry):
     """Max pooling of channels-last ``(N, C, H, W)`` x (:func:`applies`) into a new
     channels-last ``(N, C, OH, OW)`` array of x's dtype."""
-    n, c, h, w = x.shape
-    (oh, ow), v = g.out, lanes(x.dtype.name)
-    y = _nhwc(xp, (n, c, oh, ow), x.dtype)
-    total = n * oh * ow * (c // v)
-    if total:
-        _launch(xp, "fwd", x.dtype.name, total, [_bits(xp, x), _bits(xp, y)],
-                [total, c // v, ow, oh, h, w, c, pixel_pitch(x)], _geometry(g), max(_span(x), y.size))
-    return y
+    return _forward(xp, "fwd", x, _nhwc(xp, (*x.shape[:2], *g.out), x.dtype), g)
 
 
 def max_pool2d_backward(xp, x, gy, g: PoolGeometry, relu: bool = False):
     """Input gradient of max pooling (``relu``: times ReLU's mask of x, the pooled
     ReLU output) of channels-last x and gy (:func:`applies`): a new channels-last
     ``(N, C, H, W)`` array of gy's dtype."""
-    n, c, h, w = x.shape
-    (oh, ow), v = g.out, lanes(x.dtype.name)
-    arg = xp.empty((n, oh, ow, c), dtype=xp.uint8)
-    gx = _nhwc(xp, x.shape, gy.dtype)
-    total = n * oh * ow * (c // v)
-    if total:
-        _launch(xp, "arg", x.dtype.name, total, [_bits(xp, x), arg],
-                [total, c // v, ow, oh, h, w, c, pixel_pitch(x)], _geometry(g), max(_span(x), arg.size), relu)
-    total = n * h * w * (c // v)
-    if total:
-        _launch(xp, "bwd", gy.dtype.name, total, [arg, _bits(xp, gy), _bits(xp, gx)],
-                [total, c // v, w, h, oh, ow, c, pixel_pitch(gy)], _geometry(g), max(_span(gy), gx.size))
-    return gx
+    n, c = x.shape[:2]
+    arg = _forward(xp, "arg", x, xp.empty((n, *g.out, c), dtype=xp.uint8), g, relu=relu)
+    return _backward(xp, "bwd", [arg], gy, _nhwc(xp, x.shape, gy.dtype), g)
 
 
 def avg_pool2d(xp, x, g: PoolGeometry, count_include_pad: bool):
     """Average pooling of channels-last ``(N, C, H, W)`` x (:func:`applies`) into a
     new channels-last ``(N, C, OH, OW)`` array of x's dtype (divisor: ``pool.py``)."""
-    n, c, h, w = x.shape
-    (oh, ow), v = g.out, lanes(x.dtype.name)
-    y = _nhwc(xp, (n, c, oh, ow), x.dtype)
-    total = n * oh * ow * (c // v)
-    if total:
-        _launch(xp, "avg", x.dtype.name, total, [_bits(xp, x), _bits(xp, y)],
-                [total, c // v, ow, oh, h, w, c, pixel_pitch(x)], _geometry(g, count_include_pad),
-                max(_span(x), y.size))
-    return y
+    return _forward(xp, "avg", x, _nhwc(xp, (*x.shape[:2], *g.out), x.dtype), g, include_pad=count_include_pad)
 
 
 def avg_pool2d_backward(xp, gy, g: PoolGeometry, count_include_pad: bool, shape):
     """Input gradient of average pooling of channels-last gy (:func:`applies`): a
     new channels-last array of ``shape`` (NCHW order) and gy's dtype."""
-    n, c, h, w = shape
-    (oh, ow), v = g.out, lanes(gy.dtype.name)
-    gx = _nhwc(xp, tuple(shape), gy.dtype)
-    total = n * h * w * (c // v)
-    if total:
-        _launch(xp, "avg_bwd", gy.dtype.name, total, [_bits(xp, gy), _bits(xp, gx)],
-                [total, c // v, w, h, oh, ow, c, pixel_pitch(gy)], _geometry(g, count_include_pad),
-                max(_span(gy), gx.size))
-    return gx
+    return _backward(xp, "avg_bwd", [], gy, _nhwc(xp, tuple(shape), gy.dtype), g, include_pad=count_include_pad)
 
 
 __all__ = ["DTYPES", "NO_WINNER", "lanes", "pixel_pitch", "applies", "max_pool2d", "max_pool2d_backward",

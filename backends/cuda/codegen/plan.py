@@ -460,5 +460,6 @@ def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps
     return out
 
 
-__all__ = ["TARGET_BLOCKS", "MAX_SWEEP_BLOCKS", "TILE_BYTES", "FINISH_BYTES", "MIN_PER_THREAD", "SHARED_BYTES", "INT32_LIMIT", "as_program", "Group",
+__all__ = ["TARGET_BLOCKS", "MAX_SWEEP_BLOCKS", "TILE_BYTES", "FINISH_BYTES", "MIN_PER_THREAD", "SHARED_BYTES",
+           "INT32_LIMIT", "as_program", "Group",
            "Launch", "Built", "Lowered", "build", "lower", "logical_strides"]

@@ -31,8 +31,9 @@ cannot read through strides (a per-channel or per-plane operand, loaded as a
 packed row) is copied to C order; such operands are small.
 
 Ticket counters: a reduction whose tiles add their own partial sums
-(``kernels`` module docstring; ``plan.FINISH_BYTES``, off by default) counts finished blocks in zeroed ``unsigned
-int`` counters that each launch leaves at zero. Every plan gets its own range
+(``kernels`` module docstring; ``plan.FINISH_BYTES``, off by default) counts
+finished blocks in zeroed ``unsigned int`` counters that each launch leaves
+at zero. Every plan gets its own range
 of counters (:func:`_ticket_offset`, by plan key), in one zeroed buffer per
 device (:func:`_tickets`) allocated, and synchronised, outside any stream
 capture; a plan first made during a capture takes no tickets (its tiles use a

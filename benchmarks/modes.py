@@ -209,31 +209,54 @@ def check_applicable(tgs, lowerings, device: str, base: LoweringPolicy) -> str |
 
 
 def check_forces(tgs, args) -> None:
-    """Refuse a ``--lowering`` force item (``@conv99=fft``, ``@conv99:forward=fft``)
-    whose key names no node of any model of the run (a typo): every column
-    would only be the fallback's, marked n/a. Matched as the compiler matches
-    (:func:`opgraph.passes.force.matches_a_node`), against the training graphs
-    before any work; a key that names a node of one model only still forces
-    that one (the others' columns say why they are n/a). A ``--policy`` file's
-    keys stay warnings, as in ``og.compile``: a file may serve several models.
+    """Refuse force keys that name no node of any model of the run (a typo):
+    every column would only be the fallback's, marked n/a, and the run exit 0.
+
+    * a ``--lowering`` force item (``@conv99=fft``, ``@conv99:forward=fft``)
+      whose key names no node of any model;
+    * a ``--policy`` file none of whose ``force`` keys names a node of any
+      model (the file would be ignored). A file may serve several models, so
+      a key naming a node of some model only, or a file of which some keys
+      match and others not, stays allowed: ``og.compile`` warns about each
+      key that matches no node of a graph, and a model none of whose nodes
+      is forced gets n/a columns that say why.
+
+    Matched as the compiler matches (:func:`opgraph.passes.force.matches_a_node`),
+    against the training graphs before any work.
 
     Raises:
-        UsageError: naming the item, the models and some layers they have.
+        UsageError: naming the item (or the file and its keys), the models
+            and some layers they have.
     """
-    items = [i for i in (args.lowering_policy or "").split(",") if i.strip().startswith("@")]
-    if not items or not tgs:
+    if not tgs:
         return
     names = {tg.model.key: [v.name for v in tg.model.graph.nodes_in_order(tg.outputs)] for tg in tgs}
-    for item in items:
+    for item in (i for i in (args.lowering_policy or "").split(",") if i.strip().startswith("@")):
         key = item.partition("=")[0].strip()[1:].strip()
-        if any(matches_a_node(key, ns) for ns in names.values()):
-            continue
-        layers = "; ".join(f"{tg.model.key}: {_few(list(tg.layers))}" for tg in tgs[:3])
-        raise UsageError(
-            f"--lowering {item.strip()}: {key!r} names no node of the model(s) of this run "
-            f"({', '.join(names)}); convolution and linear layers: {layers}{'; ...' if len(tgs) > 3 else ''} "
-            "(a force key is a node name or pattern, a layer optionally with :forward, "
-            ":backward_data or :backward_filter; --summary lists each model's layers)")
+        if _unmatched([key], names):
+            raise UsageError(f"--lowering {item.strip()}: {key!r} names no node of {_forces_hint(tgs)}")
+    if args.policy:
+        keys = list(LoweringPolicy.from_toml(args.policy).force)  # base_policy read it without error
+        missing = _unmatched(keys, names)
+        if keys and len(missing) == len(keys):
+            listed = ", ".join(repr(k) for k in missing)
+            raise UsageError(f"--policy {args.policy}: its force key(s) {listed} name no node of "
+                             f"{_forces_hint(tgs)}")
+
+
+def _unmatched(keys, names: dict[str, list[str]]) -> list[str]:
+    """The force keys of ``keys`` that name no node of any model (model -> its node names)."""
+    return [k for k in keys if not any(matches_a_node(k, ns) for ns in names.values())]
+
+
+def _forces_hint(tgs) -> str:
+    """The rest of a message about force keys that name no node: the models of
+    the run, some layers of (the first three of) them, what a key may be."""
+    layers = "; ".join(f"{tg.model.key}: {_few(list(tg.layers))}" for tg in tgs[:3])
+    return (f"the model(s) of this run ({', '.join(tg.model.key for tg in tgs)}); convolution and linear "
+            f"layers: {layers}{'; ...' if len(tgs) > 3 else ''} (a force key is a node name or pattern, "
+            "a layer optionally with :forward, :backward_data or :backward_filter; --summary lists each "
+            "model's layers)")
 
 
 def _few(names: list[str], n: int = 6) -> str:

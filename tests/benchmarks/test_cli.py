@@ -649,7 +649,7 @@ def test_warnings_print_as_one_line_in_the_cli_only(capsys, tmp_path):
     import warnings
 
     path = tmp_path / "policy.toml"
-    path.write_text('[force]\nconv99 = "fft"\n')
+    path.write_text('[force]\nL4 = "direct"\nconv99 = "fft"\n')  # conv99 alone is a usage error
     before = warnings.showwarning
     status, _, err = run_cli(capsys, *FAST, "--policy", str(path), "--format", "json")
     assert status == 0

@@ -183,6 +183,54 @@ def test_a_force_that_names_no_node_of_any_model_is_a_usage_error_before_any_wor
                    "model's layers)\n")
 
 
+@pytest.mark.parametrize("mode", [(), ("--profile",)])
+@pytest.mark.parametrize("table, keys", [
+    ('[force]\nconv99 = "fft"\n', "'conv99'"),
+    ('[force]\n"conv9*:forward" = "fft"\nfc99 = "gemm"\n', "'conv9*:forward', 'fc99'"),
+], ids=["one-key", "two-keys"])
+def test_a_policy_file_none_of_whose_forces_names_a_node_is_a_usage_error_before_any_work(
+        capsys, monkeypatch, tmp_path, table, keys, mode):
+    """A --policy file whose every force key is a typo forced nothing: every
+    column would be n/a and the run exit 0, the file silently ignored. Exit 2
+    before anything is timed, naming the file, its keys, the models and some
+    of their layers (the message of a --lowering force's typo)."""
+    from opgraph.benchmarks import profile
+
+    def timed(*a, **k):
+        raise AssertionError("timing started")
+
+    monkeypatch.setattr(driver, "run_benchmark", timed)
+    monkeypatch.setattr(profile, "measure_limits", timed)
+    path = tmp_path / "policy.toml"
+    path.write_text(table)
+    status, out, err = run_cli(capsys, "--model", "alexnet,L4", *FAST, "--lowering", "gemm", "--policy", str(path),
+                               *mode)
+    assert (status, out) == (2, "")
+    assert err == (f"opgraph-bench: error: --policy {path}: its force key(s) {keys} name no node of the model(s) "
+                   "of this run (alexnet, L4); convolution and linear layers: alexnet: conv1, conv2, conv3, "
+                   "conv4, conv5, fc6, ... (8 in all); L4: L4 (a force key is a node name or pattern, a layer "
+                   "optionally with :forward, :backward_data or :backward_filter; --summary lists each "
+                   "model's layers)\n")
+
+
+def test_a_policy_file_force_that_names_a_node_of_some_models_or_beside_a_typo_still_runs(capsys, tmp_path):
+    """A policy file may serve several models: a key naming L4 only forces L4
+    (L5's column n/a, saying why), and a typo beside it stays a warning per
+    graph, exit 0, as before."""
+    path = tmp_path / "policy.toml"
+    path.write_text('[force]\nL4 = "direct"\nconv99 = "fft"\n')
+    status, out, err = run_cli(capsys, "--model", "L4,L5", *FAST, "--lowering", "gemm", "--policy", str(path),
+                               "--no-check", "--no-per-layer", "--format", "json", "--quiet")
+    assert status == 0, err
+    assert err.splitlines() == ["opgraph-bench: warning: policy.force key 'conv99' matches no node of graph 'L4'",
+                                "opgraph-bench: warning: policy.force key 'L4' matches no node of graph 'L5'",
+                                "opgraph-bench: warning: policy.force key 'conv99' matches no node of graph 'L5'"]
+    l4, l5 = json.loads(out)["results"]
+    assert (l4["model"], l4["status"], l4["forced"]["L4"]) == ("L4", "ok", "direct"), l4
+    assert (l5["model"], l5["status"]) == ("L5", "n/a"), l5
+    assert l5["reason"].startswith("gemm: its policy forces no node of L5: policy.force key 'L4' matches no node")
+
+
 def test_policy_items_alone_make_one_column_named_by_them(capsys):
     status, out, err = run_cli(capsys, "--model", "L4", *FAST, "--lowering", "conv=direct+gemm",
                                "--no-check", "--no-per-layer", "--format", "json", "--quiet")

@@ -39,6 +39,20 @@ import stat
 import sys
 
 
+def _what_is(path: str) -> tuple:
+    """``(fd, st)``: the open descriptor a descriptor's path names
+    (:func:`descriptor_of`; ``st`` None), else None and the stat of what the
+    path leads to, every link followed (/proc/self/fd/N's included; None: no
+    file yet, or a dangling link's target)."""
+    fd = descriptor_of(path)
+    if fd is not None:
+        return fd, None
+    try:
+        return None, os.stat(path)
+    except FileNotFoundError:
+        return None, None
+
+
 def write_atomic(path: str | os.PathLike, text: str, *, prefix: str = ".opgraph-") -> None:
     """Replace the file at ``path`` (or the file a symbolic link there points
     to) by ``text``, UTF-8, atomically; write ``text`` into a device, FIFO
@@ -57,14 +71,10 @@ def write_atomic(path: str | os.PathLike, text: str, *, prefix: str = ".opgraph-
             path: the descriptor is not open for writing (``EBADF``).
     """
     path = os.fspath(path)
-    fd = descriptor_of(path)
+    fd, st = _what_is(path)
     if fd is not None:
         _write_descriptor(fd, text)
         return
-    try:
-        st = os.stat(path)  # follows every link, /proc/self/fd/N's included
-    except FileNotFoundError:
-        st = None  # a new file (or a dangling link's target)
     if st is not None and _written_into(st):
         _write_into(path, text)
         return
@@ -108,14 +118,10 @@ def check_writable(path: str | os.PathLike, *, prefix: str = ".opgraph-", beside
             for a descriptor that is not open, or open for reading only.
     """
     path = os.fspath(path)
-    fd = descriptor_of(path)
+    fd, st = _what_is(path)
     if fd is not None:
         _check_descriptor(fd, path)
         return
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        st = None
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
     if st is not None and _written_into(st):

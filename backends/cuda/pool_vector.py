@@ -45,8 +45,9 @@ from __future__ import annotations
 import functools
 
 from ..reference.pool import PoolGeometry
-from .codegen.launch import compiled
+from .codegen.launch import address, compiled
 from .codegen.storage import DEVICE_HELPERS, storage_of, vector_load, vector_store
+from .storage import bits
 
 #: dtypes with a vector path (others keep :mod:`.pool`'s kernels)
 DTYPES = ("bfloat16", "float32")
@@ -78,27 +79,35 @@ def pixel_pitch(a) -> int | None:
     return sw
 
 
-def _address(a) -> int:
-    return a.__array_interface__["data"][0] if hasattr(a, "__array_interface__") else a.data.ptr
+def declines(dtype: str, channels: int, kernel) -> str | None:
+    """Why the vector kernels cannot pool ``channels`` channels of ``dtype`` with a
+    ``kernel`` window whatever the storage (None: they can): the one check of
+    the types, shared by :func:`applies` and the ``cuda`` rules' variants."""
+    if dtype not in DTYPES:
+        return f"dtype {dtype} (vector kernels: {', '.join(DTYPES)})"
+    if kernel[0] * kernel[1] > MAX_CELLS:
+        return f"a {tuple(kernel)} window's index does not fit a byte beside the no-winner mark"
+    if channels % lanes(dtype):
+        return f"channels {channels} not a multiple of {lanes(dtype)}"
+    return None
 
 
 def applies(g: PoolGeometry, *arrays) -> str | None:
-    """None when the vector kernels take these operands (module docstring),
+    """None when the vector kernels take these operands (module docstring):
+    :func:`declines` says nothing against their type, and each is 4-D, stored
+    channels-last at a pixel pitch that divides by V and 16-byte aligned;
     else why not."""
     dtype = arrays[0].dtype.name
-    if dtype not in DTYPES:
-        return f"dtype {dtype} (vector kernels: {', '.join(DTYPES)})"
-    if g.kernel[0] * g.kernel[1] > MAX_CELLS:
-        return f"a {g.kernel} window's index does not fit a byte beside the no-winner mark"
-    v = lanes(dtype)
+    v = lanes(dtype) if dtype in DTYPES else 1
     for a in arrays:
-        if a.dtype.name != dtype:
-            return f"mixed dtypes {dtype} and {a.dtype.name}"
+        why = declines(a.dtype.name, a.shape[1] if a.ndim == 4 else 0, g.kernel)
+        if why or a.dtype.name != dtype:
+            return why or f"mixed dtypes {dtype} and {a.dtype.name}"
         pitch = pixel_pitch(a) if a.ndim == 4 else None
         if pitch is None:  # (a 1 x 1 plane counts: its NHWC and NCHW strides agree)
             return "an operand not stored channels-last"
-        if a.shape[1] % v or pitch % v or _address(a) % 16:
-            return f"channels {a.shape[1]} or pitch {pitch} not a multiple of {v}, or not 16-byte aligned"
+        if pitch % v or address(a) % 16:
+            return f"pitch {pitch} not a multiple of {v}, or not 16-byte aligned"
     return None
 
 
@@ -110,19 +119,6 @@ def _geometry(g: PoolGeometry, include_pad: bool = False) -> tuple:
 
 #: the window's parameters of every kernel (``_geometry``)
 _GEOMETRY = "int kh, int kw, int sh, int sw, int pt, int pl, int pb, int pr, int inc"
-
-#: an average's divisor (``pool.py``'s ``divisor``: explicit padding counted with
-#: ``inc`` = count_include_pad, never the ceil_mode overhang)
-_DIVISOR = r"""
-__device__ __forceinline__ int og_divisor(int h0, int w0, int H, int W, int kh, int kw, int pt, int pb,
-                                          int pl, int pr, int inc) {
-    const int lh = inc ? -pt : 0, uh = inc ? H + pb : H;
-    const int lw = inc ? -pl : 0, uw = inc ? W + pr : W;
-    const int a0 = h0 > lh ? h0 : lh, a1 = h0 + kh < uh ? h0 + kh : uh;
-    const int b0 = w0 > lw ? w0 : lw, b1 = w0 + kw < uw ? w0 + kw : uw;
-    return (a1 - a0) * (b1 - b0);
-}
-"""
 
 #: the windows covering input pixel (p, q): rows oh0..oh1, columns ow0..ow1
 _COVERING = [
@@ -201,7 +197,7 @@ def _average(st, v: int) -> list[str]:
     """``pool.py``'s ``_AVG`` per lane: the window's sum in row-major order, one division, one rounding."""
     cell, cell_lanes = vector_load(st, "x", "xb + (h * W + w) * XP", v, "c")
     return [*_WINDOW, _sums(v), *_over_window([*cell, *(f"a{j} += {e};" for j, e in enumerate(cell_lanes))]),
-            "const CT d = (CT)og_divisor(h0, w0, (int)H, (int)W, kh, kw, pt, pb, pl, pr, inc);",
+            "const CT d = (CT)divisor(h0, w0, (int)H, (int)W, kh, kw, pt, pb, pl, pr, inc);",
             *vector_store(st, "y", _OUT_PIXEL, [f"a{j} / d" for j in range(v)], "y")]
 
 
@@ -209,7 +205,7 @@ def _average_backward(st, v: int) -> list[str]:
     """``pool.py``'s ``_AVG_BWD`` per lane: ``gy / divisor`` of the covering windows, in order."""
     g, g_lanes = vector_load(st, "gy", "((n * OH + oh) * OW + ow) * GP + cv * V", v, "g")
     return [*_COVERING, _sums(v),
-            *_over_covering(["const CT d = (CT)og_divisor(oh * sh - pt, ow * sw - pl, (int)QH, (int)QW, kh, kw, "
+            *_over_covering(["const CT d = (CT)divisor(oh * sh - pt, ow * sw - pl, (int)QH, (int)QW, kh, kw, "
                              "pt, pb, pl, pr, inc);", *g, *(f"a{j} += {e} / d;" for j, e in enumerate(g_lanes))]),
             *vector_store(st, "gx", _OUT_PIXEL, [f"a{j}" for j in range(v)], "s")]
 
@@ -243,13 +239,10 @@ def _source(kind: str, dtype: str, wide: bool, relu: bool = False) -> tuple[str,
             "        const IDX cv = t % CV; IDX r = t / CV; const IDX q = r % QW; r /= QW; "
             "const IDX p = r % QH; const IDX n = r / QH;\n"
             + "\n".join("        " + line for line in body) + "\n    }\n")
+    from .pool import _DIVISOR  # pool.py's average divisor (imported here: pool.py imports this module)
     text = (f"typedef float CT;\ntypedef {'long long' if wide else 'int'} IDX;\n#define V {v}\n{DEVICE_HELPERS}\n"
             f"{_DIVISOR}\n" f'extern "C" __global__ void {name}({params}, {_GEOMETRY}) {{\n{loop}}}\n')
     return name, text
-
-
-def _bits(xp, a):
-    return a.view(xp.uint16) if a.dtype.name == "bfloat16" else a
 
 
 def _nhwc(xp, shape, dtype):
@@ -280,7 +273,7 @@ def _forward(xp, kind, x, out, g: PoolGeometry, include_pad=False, relu=False):
     (oh, ow), v = g.out, lanes(x.dtype.name)
     total = n * oh * ow * (c // v)
     if total:
-        _launch(xp, kind, x.dtype.name, total, [_bits(xp, x), _bits(xp, out)],
+        _launch(xp, kind, x.dtype.name, total, [bits(xp, x), bits(xp, out)],
                 [total, c // v, ow, oh, h, w, c, pixel_pitch(x)], _geometry(g, include_pad),
                 max(_span(x), out.size), relu)
     return out
@@ -293,38 +286,49 @@ def _backward(xp, kind, before, gy, gx, g: PoolGeometry, include_pad=False):
     (oh, ow), v = g.out, lanes(gy.dtype.name)
     total = n * h * w * (c // v)
     if total:
-        _launch(xp, kind, gy.dtype.name, total, [*before, _bits(xp, gy), _bits(xp, gx)],
+        _launch(xp, kind, gy.dtype.name, total, [*before, bits(xp, gy), bits(xp, gx)],
                 [total, c // v, w, h, oh, ow, c, pixel_pitch(gy)], _geometry(g, include_pad),
                 max(_span(gy), gx.size))
     return gx
 
 
 def max_pool2d(xp, x, g: PoolGeometry):
-    """Max pooling of channels-last ``(N, C, H, W)`` x (:func:`applies`) into a new
-    channels-last ``(N, C, OH, OW)`` array of x's dtype."""
+    """Max pooling of channels-last ``(N, C, H, W)`` x into a new channels-last
+    ``(N, C, OH, OW)`` array of x's dtype (``(OH, OW) = g.out``). Source:
+    SEMANTICS.md, Pooling (first maximum, NaN wins, padding never does).
+
+    Raises nothing itself: the caller checks :func:`applies` first (the
+    kernels trust the pitch and alignment it checks)."""
     return _forward(xp, "fwd", x, _nhwc(xp, (*x.shape[:2], *g.out), x.dtype), g)
 
 
 def max_pool2d_backward(xp, x, gy, g: PoolGeometry, relu: bool = False):
     """Input gradient of max pooling (``relu``: times ReLU's mask of x, the pooled
-    ReLU output) of channels-last x and gy (:func:`applies`): a new channels-last
-    ``(N, C, H, W)`` array of gy's dtype."""
+    ReLU output) of channels-last ``(N, C, H, W)`` x and ``(N, C, OH, OW)`` gy: a
+    new channels-last ``(N, C, H, W)`` array of gy's dtype, each window's
+    gradient to its first maximum (SEMANTICS.md, Pooling). Raises nothing
+    itself: the caller checks :func:`applies` first."""
     n, c = x.shape[:2]
     arg = _forward(xp, "arg", x, xp.empty((n, *g.out, c), dtype=xp.uint8), g, relu=relu)
     return _backward(xp, "bwd", [arg], gy, _nhwc(xp, x.shape, gy.dtype), g)
 
 
 def avg_pool2d(xp, x, g: PoolGeometry, count_include_pad: bool):
-    """Average pooling of channels-last ``(N, C, H, W)`` x (:func:`applies`) into a
-    new channels-last ``(N, C, OH, OW)`` array of x's dtype (divisor: ``pool.py``)."""
+    """Average pooling of channels-last ``(N, C, H, W)`` x into a new channels-last
+    ``(N, C, OH, OW)`` array of x's dtype; the divisor counts explicit padding
+    with ``count_include_pad``, never the ceil_mode overhang (SEMANTICS.md,
+    Pooling; ``pool.py``'s ``divisor``). Raises nothing itself: the caller
+    checks :func:`applies` first."""
     return _forward(xp, "avg", x, _nhwc(xp, (*x.shape[:2], *g.out), x.dtype), g, include_pad=count_include_pad)
 
 
 def avg_pool2d_backward(xp, gy, g: PoolGeometry, count_include_pad: bool, shape):
-    """Input gradient of average pooling of channels-last gy (:func:`applies`): a
-    new channels-last array of ``shape`` (NCHW order) and gy's dtype."""
+    """Input gradient of average pooling of channels-last ``(N, C, OH, OW)`` gy: a
+    new channels-last array of ``shape`` (``(N, C, H, W)``) and gy's dtype, each
+    cell the sum of ``gy / divisor`` over the windows covering it (SEMANTICS.md,
+    Pooling). Raises nothing itself: the caller checks :func:`applies` first."""
     return _backward(xp, "avg_bwd", [], gy, _nhwc(xp, tuple(shape), gy.dtype), g, include_pad=count_include_pad)
 
 
-__all__ = ["DTYPES", "NO_WINNER", "lanes", "pixel_pitch", "applies", "max_pool2d", "max_pool2d_backward",
+__all__ = ["DTYPES", "NO_WINNER", "MAX_CELLS", "lanes", "pixel_pitch", "declines", "applies", "max_pool2d", "max_pool2d_backward",
            "avg_pool2d", "avg_pool2d_backward"]

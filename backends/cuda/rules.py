@@ -22,7 +22,7 @@ from opgraph import ops
 
 from ..reference.kernel import params_kernel
 from ..registry import Rule, register
-from . import colsum, loss, lrn, pool, relu
+from . import colsum, loss, lrn, pool, pool_vector, relu
 from .codegen import movement
 
 def zeros_node(ctx, op):
@@ -94,12 +94,13 @@ def vector_pool_variants(op, in_types, device):
 
 
 def _vector_types(op, in_types) -> bool:
+    """Whether ``in_types`` are channels-last 4-D values the vector kernels take
+    (``pool_vector.declines``; the call's own strides are checked when it runs)."""
     if not in_types:
         return False
     x = in_types[0]
     return (all(t.layout == "NHWC" and t.dtype == x.dtype and len(t.shape) == 4 for t in in_types)
-            and x.dtype in pool.pool_vector.DTYPES and x.shape[1] % pool.pool_vector.lanes(x.dtype) == 0
-            and op.kernel_size[0] * op.kernel_size[1] <= pool.pool_vector.MAX_CELLS)
+            and pool_vector.declines(x.dtype, x.shape[1], op.kernel_size) is None)
 
 
 def bias_variants(op, in_types, device):

@@ -115,10 +115,13 @@ def test_vector_average_pooling_equals_the_scalar_kernels_bit_for_bit(emu, geome
         want = _run(op, arrays, vector=False)
         assert got.shape == want.shape and is_channels_last(got)
         np.testing.assert_array_equal(_bits(got), _bits(want))
-    want64 = ref_pool.avg_pool2d(np, x.astype(np.float64), kernel_size=k, stride=s, padding=p, ceil_mode=ceil,
-                                 count_include_pad=include_pad)
-    np.testing.assert_allclose(np.asarray(_run(fwd, [x], vector=True), np.float64), want64,
-                               rtol=1e-2 if dtype == "bfloat16" else 1e-6, atol=1e-2 if dtype == "bfloat16" else 1e-6)
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == "bfloat16" else dict(rtol=1e-6, atol=1e-6)
+    kw = dict(kernel_size=k, stride=s, padding=p, ceil_mode=ceil, count_include_pad=include_pad)
+    np.testing.assert_allclose(np.asarray(_run(fwd, [x], vector=True), np.float64),
+                               ref_pool.avg_pool2d(np, x.astype(np.float64), **kw), **tol)
+    np.testing.assert_allclose(np.asarray(_run(bwd, [gy], vector=True), np.float64),
+                               ref_pool.avg_pool2d_backward(np, gy.astype(np.float64), input_shape=x.shape, **kw),
+                               **tol)
 
 
 def test_operands_that_do_not_qualify_take_the_scalar_kernels(emu):

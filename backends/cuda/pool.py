@@ -104,17 +104,8 @@ _AVG = _DECOMPOSE + """
     ST(y[t], acc / (CT)divisor(h0, w0, H, W, kh, kw, pt, pb, pl, pr, include_pad));
 """
 
-_DIVISOR = """
-__device__ IDX divisor(IDX h0, IDX w0, IDX H, IDX W, IDX kh,
-                             IDX kw, IDX pt, IDX pb, IDX pl, IDX pr,
-                             bool include_pad) {
-    const IDX lh = include_pad ? -pt : 0, uh = include_pad ? H + pb : H;
-    const IDX lw = include_pad ? -pl : 0, uw = include_pad ? W + pr : W;
-    const IDX a0 = h0 > lh ? h0 : lh, a1 = h0 + kh < uh ? h0 + kh : uh;
-    const IDX b0 = w0 > lw ? w0 : lw, b1 = w0 + kw < uw ? w0 + kw : uw;
-    return (a1 - a0) * (b1 - b0);
-}
-"""
+#: an average's divisor, shared with the vector kernels (``pool_vector.DIVISOR``)
+_DIVISOR = pool_vector.DIVISOR
 
 # Backward: (a, b) = (h, w) of an input cell; windows oh in
 # [ceil((h + pt - kh + 1) / sh), floor((h + pt) / sh)] cover it.

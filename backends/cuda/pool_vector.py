@@ -120,6 +120,22 @@ def _geometry(g: PoolGeometry, include_pad: bool = False) -> tuple:
 #: the window's parameters of every kernel (``_geometry``)
 _GEOMETRY = "int kh, int kw, int sh, int sw, int pt, int pl, int pb, int pr, int inc"
 
+#: an average pooling window's divisor (SEMANTICS.md, Pooling): the cells of
+#: window ``(h0, w0)`` inside the input, plus explicit padding when
+#: ``include_pad`` (count_include_pad), never the ceil_mode overhang; used by
+#: these kernels and ``pool.py``'s (needs ``IDX``)
+DIVISOR = """
+__device__ IDX divisor(IDX h0, IDX w0, IDX H, IDX W, IDX kh,
+                             IDX kw, IDX pt, IDX pb, IDX pl, IDX pr,
+                             bool include_pad) {
+    const IDX lh = include_pad ? -pt : 0, uh = include_pad ? H + pb : H;
+    const IDX lw = include_pad ? -pl : 0, uw = include_pad ? W + pr : W;
+    const IDX a0 = h0 > lh ? h0 : lh, a1 = h0 + kh < uh ? h0 + kh : uh;
+    const IDX b0 = w0 > lw ? w0 : lw, b1 = w0 + kw < uw ? w0 + kw : uw;
+    return (a1 - a0) * (b1 - b0);
+}
+"""
+
 #: the windows covering input pixel (p, q): rows oh0..oh1, columns ow0..ow1
 _COVERING = [
     "const int hp = (int)p + pt, wp = (int)q + pl;",
@@ -239,9 +255,8 @@ def _source(kind: str, dtype: str, wide: bool, relu: bool = False) -> tuple[str,
             "        const IDX cv = t % CV; IDX r = t / CV; const IDX q = r % QW; r /= QW; "
             "const IDX p = r % QH; const IDX n = r / QH;\n"
             + "\n".join("        " + line for line in body) + "\n    }\n")
-    from .pool import _DIVISOR  # pool.py's average divisor (imported here: pool.py imports this module)
     text = (f"typedef float CT;\ntypedef {'long long' if wide else 'int'} IDX;\n#define V {v}\n{DEVICE_HELPERS}\n"
-            f"{_DIVISOR}\n" f'extern "C" __global__ void {name}({params}, {_GEOMETRY}) {{\n{loop}}}\n')
+            f"{DIVISOR}\n" f'extern "C" __global__ void {name}({params}, {_GEOMETRY}) {{\n{loop}}}\n')
     return name, text
 
 
@@ -330,5 +345,5 @@ def avg_pool2d_backward(xp, gy, g: PoolGeometry, count_include_pad: bool, shape)
     return _backward(xp, "avg_bwd", [], gy, _nhwc(xp, tuple(shape), gy.dtype), g, include_pad=count_include_pad)
 
 
-__all__ = ["DTYPES", "NO_WINNER", "MAX_CELLS", "lanes", "pixel_pitch", "declines", "applies", "max_pool2d", "max_pool2d_backward",
+__all__ = ["DTYPES", "DIVISOR", "NO_WINNER", "MAX_CELLS", "lanes", "pixel_pitch", "declines", "applies", "max_pool2d", "max_pool2d_backward",
            "avg_pool2d", "avg_pool2d_backward"]

@@ -276,7 +276,8 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
                   "step: the whole training step timed as one loop, median ±interquartile range; "
                   "opgraph +graph: the phases' CUDA graphs replayed back to back",
                   "vs torch: opgraph step / PyTorch eager step; vs best peer: opgraph step / the "
-                  "fastest peer's step in this run (above 1: slower than PyTorch)",
+                  "fastest peer's step in this run (above 1: slower than PyTorch; -: no peer in this "
+                  "run, --compare torch,torch-compile+graph adds them)",
                   "compile s: opgraph compile (autotune included); PyTorch: first call (torch.compile "
                   "included), + warm-up and capture for +graph",
                   "max rel err: largest per-node relative error against the float64 reference "

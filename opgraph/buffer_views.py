@@ -174,7 +174,7 @@ class SliceView(StepView):
         return "zero-copy: a view of its input"
 
 
-def step_views(graph, plan, xp, run_dtype: str | None = None) -> dict:
+def step_views(graph, plan, xp, types: dict | None = None) -> dict:
     """Node id -> :class:`StepView` for every step the zero-copy plan touches.
 
     Args:
@@ -184,13 +184,16 @@ def step_views(graph, plan, xp, run_dtype: str | None = None) -> dict:
             buffer sliced ``start:start+extent`` on ``axis``; the concat may
             be homed itself), ``views`` (``Slice`` steps returning a view) and
             ``copied_in``.
-        xp: the array module; run_dtype: the executable's floating dtype
-            override (``compile(dtype=...)``), or None.
+        xp: the array module; types: node id -> the type its value runs in
+            (``run_types.run_types``: under ``compile(dtype=...)`` batch
+            statistics stay float32 while the tensors are bfloat16, so a root
+            buffer takes its own value's run dtype, not the override), or
+            None: the declared types.
     """
     homes, views = plan.homes, plan.views
     from .op import abstract_of
     from .ops.tensor import Concat
-    from .types import numpy_dtype, run_type
+    from .types import numpy_dtype
 
     def region(n: int) -> Region:
         chain = []
@@ -199,7 +202,7 @@ def step_views(graph, plan, xp, run_dtype: str | None = None) -> dict:
             chain.append((axis, start, start + graph.node(n).type.shape[axis]))
             n = container
         t = graph.node(n).type
-        return Region(n, tuple(t.shape), numpy_dtype(run_type(t, run_dtype).dtype),
+        return Region(n, tuple(t.shape), numpy_dtype((types or {}).get(n, t).dtype),
                       t.layout == "NHWC" and t.ndim == 4, tuple(reversed(chain)))
 
     out: dict = {}

@@ -171,7 +171,7 @@ class Executable:
         plan = graph.inplace_plan
         if plan is not None and plan.outputs == keep:  # a plan for this schedule
             self.steps = _with_inplace(self.steps, graph, plan)
-            views = step_views(graph, plan, xp, dtype)
+            views = step_views(graph, plan, xp, types)
             self.steps = [attrs.evolve(st, view=views[st.node]) if st.node in views else st
                           for st in self.steps]
 

@@ -14,17 +14,20 @@ every one off, and nothing else (the fused ops' rules carry the tag
    ``Conv2dBackwardDataRelu`` node;
 3. ``pool-relu-backward``: the gradient through a pooled ReLU -> one
    ``MaxPool2dBackwardRelu`` node;
-4. ``bn-backward-sums``: a training batch norm's data, scale and bias
+4. ``bn-stats-parts``: the batch statistics of a channel concat -> the concat
+   of its parts' statistics, each part's computed once and shared (DenseNet's
+   dense layers; ``passes/share_bn_stats.py``);
+5. ``bn-backward-sums``: a training batch norm's data, scale and bias
    gradients -> one ``BatchNormTrainingBackwardSums`` pass (float32 sums for
    half storage) read by ``BatchNormBackwardSumsRow`` (dbias, dweight) and
    ``BatchNormTrainingBackwardDataFromSums`` (dx) (``passes/fuse_bn_backward.py``);
-5. ``bn-apply-remat``: an activation gradient reading a training batch norm's
+6. ``bn-apply-remat``: an activation gradient reading a training batch norm's
    output gets its own recomputed copy, so that the forward fuses the batch
-   norm with its activation (``passes/remat_bn_apply.py``; only where rule 7
+   norm with its activation (``passes/remat_bn_apply.py``; only where rule 8
    then fuses both);
-6. ``gradient-sum``: a tree of ``Add`` nodes summing a fan-out's gradients ->
+7. ``gradient-sum``: a tree of ``Add`` nodes summing a fan-out's gradients ->
    one n-ary sum (``passes/fuse_elementwise.py``);
-7. ``elementwise``: maximal chains of memory-bound ops -> one
+8. ``elementwise``: maximal chains of memory-bound ops -> one
    ``FusedElementwise`` node, one generated kernel on cuda
    (``passes/fuse_elementwise.py``; opt-in on the CPU's oracle kernels).
 
@@ -87,6 +90,7 @@ from .fuse_bn_backward import BN_BACKWARD_SUMS
 from .fuse_elementwise import ELEMENTWISE, GRADIENT_SUM
 from .pattern import FusionRule, Match, Scope, apply_table, rewrite_lowered
 from .remat_bn_apply import BN_APPLY_REMAT
+from .share_bn_stats import BN_STATS_PARTS
 
 
 @attrs.frozen
@@ -244,6 +248,7 @@ TABLE: tuple[FusionRule, ...] = (
     FusionRule("dgrad-relu", match_dgrad_relu, lambda g, m, ctx: fuse_dgrad_relu(g, m.root, m.absorbed[0], ctx)),
     FusionRule("pool-relu-backward", match_pool_relu_backward,
                lambda g, m, ctx: fuse_pool_relu_backward(g, m.root, m.absorbed[0], ctx)),
+    BN_STATS_PARTS,
     BN_BACKWARD_SUMS,
     BN_APPLY_REMAT,
     GRADIENT_SUM,

@@ -103,6 +103,40 @@ def test_a_per_channel_view_is_copied_and_the_result_is_right(emu):
     assert [copied for plan, copied, _ in launch._PLANS.values()] == [(1,)]
 
 
+ROWS = [c for c in CASES if {"stats", "sums"} & set(c.kinds)]
+
+
+def column_slice(a, where: str):
+    """``a`` (K, C) as columns ``START:START + C`` of a wider (K, C + extra) buffer."""
+    extra, start = SLICES[where]
+    wide = np.zeros((a.shape[0], a.shape[1] + extra), a.dtype)
+    view = wide[:, start:start + a.shape[1]]
+    view[...] = a
+    return view
+
+
+@pytest.mark.parametrize("where", sorted(SLICES))
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", ROWS, ids=[c.id for c in ROWS])
+def test_row_operands_sliced_from_wider_ones_are_read_at_their_pitch(emu, case, dtype, layout, where):
+    """Batch statistics and sums that are column slices of a wider (K, C')
+    buffer (``passes/share_bn_stats.py``: a dense layer's statistics are a
+    prefix of its block's) are read in place at their row pitch
+    (``contexts.RowPitch``): no copy before the launch, and the values
+    those of the dense rows."""
+    shape = SHAPES[layout]
+    rng = seeded(case.id, dtype, layout, "rows", where)
+    dense = [make_input(rng, k, shape, dtype, layout) for k in case.kinds]
+    arrays = [column_slice(a, where) if k in ("stats", "sums") else a for a, k in zip(dense, case.kinds)]
+    op = case.make(shape)
+    out, ref, _ = run_case(op, case.kinds, shape, dtype, layout, case.exact, arrays=arrays)
+    assert [copied for plan, copied, _ in launch._PLANS.values()] == [()], "a row operand was copied"
+    # a row past the first read C elements on, not at the pitch, would read the
+    # wider buffer's other columns: the values would differ
+    np.testing.assert_array_equal(out, run_case(op, case.kinds, shape, dtype, layout, case.exact, arrays=dense)[0])
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_dense_blocks_training_step_reads_the_concat_buffers_in_place(emu, monkeypatch, dtype):
     """The DenseNet block of ``tests/modern_blocks.py`` lowered for cuda, NHWC:

@@ -48,6 +48,7 @@ def test_fusion_on_cuda_of_every_built_in_model(monkeypatch, key):
     added = sum(v.op.op.name == "BatchNormTrainingBackwardSums" for v in fused)  # bn-backward-sums adds one
     # bn-apply-remat adds a batch-norm copy per activation gradient, absorbed into its fused chain
     added += sum(name.endswith("/remat") for v in fused for name in report.node(v.name).absorbed)
+    added += sum(v.name.endswith("/batch-stats") for v in nodes)  # bn-stats-parts: a part's statistics
     assert len(off_report.nodes) - len(report.nodes) == absorbed - added
     assert not any(v.op.op.fused for v in lowered(off_graph, off_outs))
     # the fixed point: no rule matches the result any more (a declined match would be noted)

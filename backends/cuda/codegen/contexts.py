@@ -42,7 +42,8 @@ class Geometry:
     ``ct`` the compute type, ``pitched`` the operands among ``strides`` whose
     full-size loads take the row-pitch form (input number -> :class:`Pitch`),
     ``aligned`` whether every operand not read through strides starts on a
-    16-byte boundary.
+    16-byte boundary, ``row_pitch`` the ``(K, C)`` row operands that are
+    column slices of wider ones (input number -> :class:`RowPitch`).
     """
 
     full: tuple | None
@@ -52,6 +53,7 @@ class Geometry:
     ct: str = "float"
     pitched: dict = attrs.field(factory=dict, eq=False, hash=False)
     aligned: bool = False
+    row_pitch: dict = attrs.field(factory=dict, eq=False, hash=False)
 
     @property
     def total(self) -> int:
@@ -102,6 +104,26 @@ class Pitch:
         """Whether ``lanes`` adjacent elements from a lane-0 index that is a
         multiple of ``lanes`` are one aligned run (16-byte loads)."""
         return self.aligned and self.block % lanes == 0 and self.pitch % lanes == 0
+
+
+@attrs.frozen
+class RowPitch:
+    """A ``(K, C)`` row operand (batch statistics, sums) that is a column slice
+    of a ``(K, pitch)`` buffer: row ``k`` starts ``k * pitch`` elements after
+    the first (DenseNet's statistics, shared through the zero-copy concat of
+    ``passes/share_bn_stats.py``). ``aligned``: its first element and every
+    row start lie on 16-byte boundaries (whole-word row loads)."""
+
+    pitch: int
+    aligned: bool
+
+
+def row_pitch_of(shape, strides) -> int | None:
+    """The row pitch of a 2-D operand of ``shape`` with element ``strides``
+    whose rows are contiguous and do not overlap, else None."""
+    if len(shape) != 2 or (shape[1] > 1 and strides[1] != 1) or strides[0] < shape[1]:
+        return None
+    return strides[0]
 
 
 def pitch_of(extents, strides) -> tuple[int, int] | None:
@@ -344,4 +366,4 @@ class Rows(Context):
         return super()._index(em, what, lane)
 
 
-__all__ = ["Geometry", "Pitch", "pitch_of", "Context", "Sweep", "SpaceSweep", "Finish", "Columns", "Rows"]
+__all__ = ["Geometry", "Pitch", "pitch_of", "RowPitch", "row_pitch_of", "Context", "Sweep", "SpaceSweep", "Finish", "Columns", "Rows"]

@@ -196,14 +196,25 @@ class Emitter:
         small tensors, a few vectors per thread, cost as much as the data);
         False: loaded lane by lane."""
         st, lanes = storage_of(self.dtypes[node.load.input]), self.ctx.lanes
-        if not self.ctx.geo.aligned or lanes * st.itemsize % 16:
+        pitched = self.ctx.geo.row_pitch.get(node.load.input)
+        if not self.ctx.geo.aligned or lanes * st.itemsize % 16 or (pitched is not None and not pitched.aligned):
             return False
         base = self.ctx.channel_run(self)
         if base is None:
             return False
-        row = f"{node.load.row} * {self.ctx.space_size('channel')} + " if node.load.row else ""
-        self._words(k, st, self._pointer(node.load.input), f"{row}{base}", scope)
+        self._words(k, st, self._pointer(node.load.input), f"{self._row_start(node.load)}{base}", scope)
         return True
+
+    def _row_start(self, load) -> str:
+        """``''`` or ``'<row> * <pitch> + '``: where row ``load.row`` of a
+        ``(K, C)`` operand starts (C elements apart, or the row pitch of a
+        column slice of a wider buffer: ``contexts.RowPitch``)."""
+        if not load.row:
+            return ""
+        pitched = self.ctx.geo.row_pitch.get(load.input)
+        step = (self.params.scalar(f"RP{load.input}", pitched.pitch) if pitched is not None
+                else self.ctx.space_size("channel"))
+        return f"{load.row} * {step} + "
 
     def _words(self, k: int, st, ptr: str, start: str, scope: str) -> None:
         """Node ``k``'s lanes loaded as 16-byte words from ``ptr[start]`` on, into ``scope``."""
@@ -260,8 +271,7 @@ class Emitter:
             else:
                 step = self.params.scalar("CSTRIDE", ctx.geo.channel_stride)
             return f"({total} > 0 ? {st.load(f'{ptr}[{c} * {step}]')} : (CT)0)"
-        row = f"{load.row} * {ctx.space_size('channel')} + " if load.row else ""
-        return st.load(f"{ptr}[{row}{c}]")
+        return st.load(f"{ptr}[{self._row_start(load)}{c}]")
 
     def _vector(self, k: int, node: Node) -> None:
         st = storage_of(self.dtypes[node.load.input])

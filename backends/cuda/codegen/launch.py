@@ -26,9 +26,11 @@ order its channel stride says (a channel slice of an NHWC buffer iterates
 channels-last); a view stored as rows at a constant pitch (that slice) is
 read 16 bytes at a time where its start and pitch allow (``plan.lower``). Copying it to C order first cost a transposing copy per
 operand and then uncoalesced reads in an NHWC sweep: DenseNet-121's gradient
-sums ran at 59 GB/s on the H200 (docs/performance.md). A view the generator
-cannot read through strides (a per-channel or per-plane operand, loaded as a
-packed row) is copied to C order; such operands are small.
+sums ran at 59 GB/s on the H200 (docs/performance.md). A ``(K, C)`` row operand
+that is a column slice of a wider one (batch statistics shared through a
+zero-copy concat) is read at its row pitch. Any other view the generator
+cannot read through strides (a strided per-channel or per-plane vector) is
+copied to C order; such operands are small.
 
 Ticket counters: a reduction whose tiles add their own partial sums
 (``kernels`` module docstring; ``plan.FINISH_BYTES``, off by default) counts

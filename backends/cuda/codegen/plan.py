@@ -36,7 +36,7 @@ import attrs
 from opgraph.ops.fused import FusedElementwise, FusedStep, Program
 
 from . import kernels
-from .contexts import Geometry, Pitch, pitch_of
+from .contexts import Geometry, Pitch, RowPitch, pitch_of, row_pitch_of
 from .emit import Params
 from .expressions import EXPRESSIONS, reduction_target
 from .ir import RANK, Builder, Ext, PlanError, Stacked, Val, ViewError, classify, depths, needed
@@ -306,17 +306,20 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
     Raises:
         PlanError: what the generator does not cover (``build``).
         ViewError: a view of ``views`` is loaded as a packed per-channel or
-            per-plane row.
+            per-plane row (a column slice of a ``(K, C)`` row operand is read
+            at its row pitch instead: ``contexts.RowPitch``).
     """
     views = views or {}
     built = build(op, types, out_type)
     layout = _layout(built, types, out_type)
-    strided = {}
+    strided, rows = {}, {}
     for node in built.nodes:
         load = node.load
         if load is None:
             continue
-        if load.input in views:
+        if load.input in views and load.kind == "channel" and _row_pitch(types[load.input], views[load.input]):
+            rows[load.input] = _row_pitch(types[load.input], views[load.input], load.input in aligned_views)
+        elif load.input in views:
             if load.kind not in ("full", "strided", "sample"):
                 raise ViewError(f"input {load.input}: a strided view loaded as a {load.kind} row")
             strided[load.input] = logical_strides(types[load.input], built.full, views[load.input])
@@ -325,7 +328,7 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
             strided[load.input] = logical_strides(types[load.input], built.full)
     ct = compute_type([*built.dtypes, out_type.dtype])
     geo = Geometry(built.full, layout, built.channels, strided, ct)
-    geo = attrs.evolve(geo, pitched=_pitched(built, geo, aligned_views), aligned=aligned)
+    geo = attrs.evolve(geo, pitched=_pitched(built, geo, aligned_views), aligned=aligned, row_pitch=rows)
     spans = [geo.total // p.block * p.pitch for p in geo.pitched.values()]  # a pitched view's last row's start
     wide = max([geo.total, out_type.size, *(t.size for t in types), *spans]) >= INT32_LIMIT
     groups = _groups(built)
@@ -350,6 +353,14 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
     live = tuple(x for x in launches if all(d > 0 for d in x.grid))
     tickets = temps.pop("tickets", 0)  # counters, not a scratch buffer: launch.py keeps them zeroed
     return Lowered(live, temps, ct, layout if built.out_node is not None else None, tickets)
+
+
+def _row_pitch(t, strides, aligned: bool = False) -> RowPitch | None:
+    """A ``(K, C)`` row operand read in place at its row pitch, or None."""
+    pitch = row_pitch_of(tuple(t.shape), tuple(strides))
+    if pitch is None:
+        return None
+    return RowPitch(pitch, aligned and pitch * storage_of(t.dtype).itemsize % 16 == 0)
 
 
 def _pitched(built: Built, geo: Geometry, aligned_views) -> dict:

@@ -9,7 +9,8 @@ epilogue as pointwise ops, :mod:`.cudnn_graph`). Each rule's
   shape (``ctx.out_shape``) and the node's options ``precision`` (always
   given: the rules are tagged ``option:precision``) and ``engine``;
 * ``check`` declines a dtype cuDNN graphs do not take here (float64), a
-  missing frontend or CuPy, and, on a machine with a GPU, any convolution
+  strided backward-data with its ReLU gradient (:data:`STRIDED_DGRAD_RELU`),
+  a missing frontend or CuPy, and, on a machine with a GPU, any convolution
   cuDNN rejects in every form (the reason is cuDNN's own message);
 * ``variants`` lists one ``{'engine': i}`` per cuDNN plan that builds, in
   heuristic order (the first is the default choice), for ``precision`` (the
@@ -46,6 +47,29 @@ from .cudnn_graph import epilogue_name
 KIND = {"fwd": "fprop", "dgrad": "dgrad", "wgrad": "wgrad"}
 _DTYPES = ("float32", "float16", "bfloat16")
 TAGS = frozenset({"cudnn", "gpu", "option:precision", "variants:engine_limit", "symmetric_padding_only"})
+
+
+#: Why a strided ``Conv2dBackwardDataRelu`` is declined, so the ``dgrad-relu``
+#: rule leaves the pair unfused: on the H200 with cuDNN 9.19 the best engine of
+#: the fused ``conv_dgrad -> relu_backward`` graph of a stride-2 3 x 3
+#: convolution took 20x the time of the same convolution's forward
+#: (ResNet-50 bf16, batch 128: layer2.0.conv2 1.07 ms against 0.05 ms,
+#: layer3.0.conv2 0.58 ms, layer4.0.conv2 0.32 ms; the stride-1 fused ones
+#: run at the forward's speed; docs/performance.md, ninth session).
+STRIDED_DGRAD_RELU = ("cuDNN's fused backward-data + ReLU-gradient engines of a strided convolution are "
+                      "10-20x slower than the unfused backward-data (H200, cuDNN 9.19)")
+
+
+def static_reason(op, in_types) -> str | None:
+    """Why cuDNN is not used for ``op`` whatever the machine, or None."""
+    dtypes = sorted({t.dtype for t in in_types})
+    if any(d not in _DTYPES for d in dtypes):
+        return f"cuDNN convolution takes {', '.join(_DTYPES)}; got {', '.join(dtypes)}"
+    if any(t.layout not in (None, "NCHW", "NHWC") for t in in_types if t.ndim == 4):
+        return "cuDNN lowering takes NCHW or NHWC layouts"
+    if isinstance(op, ops.Conv2dBackwardDataRelu) and any(s > 1 for s in op.stride):
+        return f"stride {tuple(op.stride)}: {STRIDED_DGRAD_RELU}"
+    return None
 
 
 def _options(options) -> dict:
@@ -88,13 +112,8 @@ def environment_reason() -> str | None:
 
 
 def check(op, in_types, device):
-    """None if cuDNN can run ``op`` on ``in_types``, else why not."""
-    dtypes = sorted({t.dtype for t in in_types})
-    if any(d not in _DTYPES for d in dtypes):
-        return f"cuDNN convolution takes {', '.join(_DTYPES)}; got {', '.join(dtypes)}"
-    if any(t.layout not in (None, "NCHW", "NHWC") for t in in_types if t.ndim == 4):
-        return "cuDNN lowering takes NCHW or NHWC layouts"
-    why = environment_reason()
+    """None if cuDNN can run ``op`` on ``in_types``, else why not (:func:`static_reason` first)."""
+    why = static_reason(op, in_types) or environment_reason()
     if why is not None:
         return why
     try:
@@ -183,4 +202,4 @@ def register_rules() -> None:
 
 register_rules()
 
-__all__ = ["KIND", "TAGS", "environment_reason", "check", "variants", "workspace", "register_rules"]
+__all__ = ["KIND", "TAGS", "STRIDED_DGRAD_RELU", "static_reason", "environment_reason", "check", "variants", "workspace", "register_rules"]

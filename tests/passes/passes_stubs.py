@@ -84,12 +84,15 @@ class StubTimer:
 
 
 def _accept(op, in_types, device):
-    return None
+    """cuDNN's check without the GPU: what it declines on any machine (its
+    ``static_reason``: dtypes, layouts, a strided fused backward-data)."""
+    from opgraph.backends.cuda.cudnn_rules import static_reason
+    return static_reason(op, in_types)
 
 
 def cudnn_accepts(monkeypatch):
     """Every ``cudnn`` rule of the conv family with its check stubbed to accept
-    (the real one needs a GPU and the frontend): kernel, tags, variants and
+    what a GPU would (the real one needs a GPU and the frontend): kernel, tags, variants and
     workspace are the real rule's, so a compile for cuda on this machine
     surveys, legalizes, lowers and fuses as it would on the GPU (without
     autotune, which would run kernels)."""

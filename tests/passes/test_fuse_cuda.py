@@ -97,3 +97,29 @@ def test_residual_relu6_and_dgrad_relu_fuse_onto_cudnn(cudnn_ok, layout):
     nodes = lowered(graph, outs)
     assert not any(v.op.op.fused for v in nodes)
     assert {v.op.algorithm for v in nodes if v.op.family == "conv"} == {"cudnn"}
+
+
+def strided_bottleneck_step():
+    """A ResNet-50 downsampling block's first two convolutions: 1x1 + ReLU,
+    then 3x3 at stride 2 + ReLU (torchvision's v1.5 puts the stride there),
+    then a 1x1 at stride 1, with every parameter gradient."""
+    g = og.Graph()
+    x = g.input("x", (2, 8, 8, 8))
+    p = {n: g.param(n, s) for n, s in (("w1", (8, 8, 1, 1)), ("w2", (8, 8, 3, 3)), ("w3", (8, 8, 1, 1)))}
+    a = og.relu(og.conv2d(x, p["w1"], name="conv1"), name="relu1")
+    b = og.relu(og.conv2d(a, p["w2"], stride=2, padding=1, name="conv2"), name="relu2")
+    y = og.conv2d(b, p["w3"], name="conv3")
+    return [y, *og.grad(y, list(p.values()))]
+
+
+def test_a_strided_backward_data_keeps_its_relu_gradient_apart(cudnn_ok):
+    """cuDNN declines the fused backward-data + ReLU gradient of a strided
+    convolution (``cudnn_rules.STRIDED_DGRAD_RELU``: 10-20x slower on the
+    H200), so ``dgrad-relu`` leaves conv2's pair alone, saying why, and still
+    fuses conv3's (stride 1)."""
+    from opgraph.backends.cuda.cudnn_rules import STRIDED_DGRAD_RELU
+    graph, outs, report = compile_for_cuda(strided_bottleneck_step(), og.LoweringPolicy(layout="NHWC"))
+    dgrads = {v.name: v.op.op.name for v in lowered(graph, outs) if v.op.family == "conv" and v.op.direction == "dgrad"}
+    assert dgrads == {"conv3.grad/conv2d_backward_data": "Conv2dBackwardDataRelu",
+                      "conv2.grad/conv2d_backward_data": "Conv2dBackwardData"}, dgrads
+    assert any(STRIDED_DGRAD_RELU in note for note in report.notes), report.notes

@@ -545,11 +545,16 @@ def candidate_set(applicable, engine_limit: int | None = None) -> str:
 
 def _stable_name(fn) -> str:
     """A function's qualified name; for a ``functools.partial``, the wrapped
-    function's with its bound arguments (``variants('forward')``)."""
+    function's with its bound arguments (``variants('forward')``); with
+    ``@<revision>`` when the function has a ``revision`` attribute (a kernel
+    family that changed how fast it runs bumps it, so the decisions tuned
+    against its old kernels are tuned again: ``rules.vector_pool_variants``)."""
     if isinstance(fn, functools.partial):
         args = ", ".join([*map(repr, fn.args), *(f"{k}={v!r}" for k, v in sorted(fn.keywords.items()))])
         return f"{_stable_name(fn.func)}({args})"
-    return getattr(fn, "__qualname__", type(fn).__qualname__)
+    name = getattr(fn, "__qualname__", type(fn).__qualname__)
+    revision = getattr(fn, "revision", None)
+    return name if revision is None else f"{name}@{revision}"
 
 
 def _contenders(applicable, device: str):

@@ -49,6 +49,9 @@ from .codegen.launch import address, compiled
 from .codegen.storage import DEVICE_HELPERS, storage_of, vector_load, vector_store
 from .storage import bits
 
+#: the kernels' revision, part of the autotune cache key of the ``vector``
+#: variant (``rules.vector_pool_variants``): 1 run-time window loops, 2 unrolled
+REVISION = 2
 #: dtypes with a vector path (others keep :mod:`.pool`'s kernels)
 DTYPES = ("bfloat16", "float32")
 THREADS = 256
@@ -136,31 +139,47 @@ __device__ IDX divisor(IDX h0, IDX w0, IDX H, IDX W, IDX kh,
 }
 """
 
+#: The window's size and stride are compile-time constants of each kernel
+#: (``KH``, ``KW``, ``SH``, ``SW``: a model has a few pooling shapes), so the
+#: cell and window loops below unroll and every thread issues its window's
+#: loads back to back. With run-time bounds each iteration waited for its own
+#: load: the H200 profile of 2026-12-03 (docs/results/h200-2026-12-03c) had
+#: the stem's 3x3/2 max pooling of ResNet-50 at 37 % of the copy bandwidth
+#: forward and 17 % backward, DenseNet-121's at 9 % and 17 %, its 2x2
+#: average pooling at 9 %. Out-of-bounds cells are skipped by a test on the
+#: unrolled indices, so the scan order (row-major, from the first in-bounds
+#: cell) is the run-time loops' and the results are bit for bit the same.
+
 #: the windows covering input pixel (p, q): rows oh0..oh1, columns ow0..ow1
+#: (at most ``MH x MW`` of them: ceil(KH / SH) x ceil(KW / SW))
 _COVERING = [
     "const int hp = (int)p + pt, wp = (int)q + pl;",
-    "const int oh0 = hp < kh ? 0 : (hp - kh) / sh + 1, ow0 = wp < kw ? 0 : (wp - kw) / sw + 1;",
-    "const int oh1 = hp / sh < (int)OH - 1 ? hp / sh : (int)OH - 1;",
-    "const int ow1 = wp / sw < (int)OW - 1 ? wp / sw : (int)OW - 1;"]
+    "const int oh0 = hp < KH ? 0 : (hp - KH) / SH + 1, ow0 = wp < KW ? 0 : (wp - KW) / SW + 1;",
+    "const int oh1 = hp / SH < (int)OH - 1 ? hp / SH : (int)OH - 1;",
+    "const int ow1 = wp / SW < (int)OW - 1 ? wp / SW : (int)OW - 1;"]
 
-#: output pixel (p, q)'s window, clipped to the input
+#: output pixel (p, q)'s window: its first cell (h0, w0), possibly outside the input
 _WINDOW = [
-    "const int h0 = (int)p * sh - pt, w0 = (int)q * sw - pl;",
-    "const int hs = h0 > 0 ? h0 : 0, ws = w0 > 0 ? w0 : 0;",
-    "const int he = h0 + kh < (int)H ? h0 + kh : (int)H, we = w0 + kw < (int)W ? w0 + kw : (int)W;",
+    "const int h0 = (int)p * SH - pt, w0 = (int)q * SW - pl;",
     "const IDX xb = n * H * W * XP + cv * V;"]
 
 
 def _over_window(body: list[str]) -> list[str]:
-    """``body`` for every input cell ``(h, w)`` of the clipped window (``_WINDOW``), row-major."""
-    return ["for (int h = hs; h < he; ++h)", "    for (int w = ws; w < we; ++w) {",
-            *("        " + line for line in body), "    }"]
+    """``body`` for every in-bounds input cell ``(h, w)`` of the window
+    (``_WINDOW``), row-major, ``k`` its window index; unrolled."""
+    return ["#pragma unroll", "for (int dh = 0; dh < KH; ++dh) {", "    #pragma unroll",
+            "    for (int dw = 0; dw < KW; ++dw) {",
+            "        const int h = h0 + dh, w = w0 + dw, k = dh * KW + dw;",
+            "        if (h < 0 || h >= (int)H || w < 0 || w >= (int)W) continue;",
+            *("        " + line for line in body), "    }", "}"]
 
 
 def _over_covering(body: list[str]) -> list[str]:
-    """``body`` for every window ``(oh, ow)`` covering the pixel (``_COVERING``), in order."""
-    return ["for (int oh = oh0; oh <= oh1; ++oh)", "    for (int ow = ow0; ow <= ow1; ++ow) {",
-            *("        " + line for line in body), "    }"]
+    """``body`` for every window ``(oh, ow)`` covering the pixel (``_COVERING``), in order; unrolled."""
+    return ["#pragma unroll", "for (int i = 0; i < MH; ++i) {", "    const int oh = oh0 + i;",
+            "    #pragma unroll", "    for (int j = 0; j < MW; ++j) {", "        const int ow = ow0 + j;",
+            "        if (oh > oh1 || ow > ow1) continue;",
+            *("        " + line for line in body), "    }", "}"]
 
 
 def _sums(v: int) -> str:
@@ -176,15 +195,16 @@ _OUT_PIXEL = "((n * QH + p) * QW + q) * C + cv * V"  # the (dense) output of the
 
 
 def _scan(st, v: int, kind: str, relu: bool) -> tuple[list[str], str]:
-    """Max pooling's window scan (``fwd``: store the maximum; ``arg``: its window index)."""
-    first, first_lanes = vector_load(st, "x", "xb + (hs * W + ws) * XP", v, "f")
-    cell, cell_lanes = vector_load(st, "x", "xb + (h * W + w) * XP", v, "c")
-    body = [*_WINDOW, *first,
-            *(f"CT b{j} = {e}; int k{j} = (hs - h0) * kw + (ws - w0);" for j, e in enumerate(first_lanes)),
-            *_over_window([*cell, "const int k = (h - h0) * kw + (w - w0);",
+    """Max pooling's window scan (``fwd``: store the maximum; ``arg``: its window
+    index): the first in-bounds cell starts the scan, then a strictly greater
+    value or the first NaN replaces the best."""
+    cell, cell_lanes = vector_load(st, "x", "xb + ((IDX)h * W + w) * XP", v, "c")
+    body = [*_WINDOW, "bool have = false;",
+            *(f"CT b{j} = (CT)0; int k{j} = 0;" for j in range(v)),
+            *_over_window([*cell,
                            *(f"{{ const CT e = {e}; "
-                             f"if (e > b{j} || (e != e && b{j} == b{j})) {{ b{j} = e; k{j} = k; }} }}"
-                             for j, e in enumerate(cell_lanes))]),
+                             f"if (!have || e > b{j} || (e != e && b{j} == b{j})) {{ b{j} = e; k{j} = k; }} }}"
+                             for j, e in enumerate(cell_lanes)), "have = true;"]),
             f"const IDX o = {_OUT_PIXEL};"]
     if kind == "fwd":
         return body + vector_store(st, "y", "o", [f"b{j}" for j in range(v)], "y"), f"{st.ctype}* __restrict__ y"
@@ -196,24 +216,26 @@ def _scan(st, v: int, kind: str, relu: bool) -> tuple[list[str], str]:
 
 
 def _gather(st, v: int) -> list[str]:
-    """Max pooling's backward: gy of every covering window whose index names the pixel."""
+    """Max pooling's backward: gy of every covering window whose index names the
+    pixel. gy is loaded whether or not a lane matches, so that a thread's
+    loads of indices and gradients do not wait on each other (the gradient of
+    a window read up to ceil(KH / SH) x ceil(KW / SW) times hits the caches)."""
     g, g_lanes = vector_load(st, "gy", "P * GP + cv * V", v, "g")  # gy at its own pitch
     word = _byte_word(v)
     lane = [f"((m >> {8 * j}) & 0xff) == me" for j in range(v)]
     return [*_COVERING, _sums(v),
             *_over_covering(["const IDX P = (n * OH + oh) * OW + ow;",
-                             "const int me = (hp - oh * sh) * kw + (wp - ow * sw);",
+                             "const int me = (hp - oh * SH) * KW + (wp - ow * SW);",
                              f"const {word} m = *reinterpret_cast<const {word}*>(arg + P * C + cv * V);",
-                             "if (" + " || ".join(lane) + ") {", *("    " + line for line in g),
-                             *(f"    if ({t}) a{j} += {e};" for j, (t, e) in enumerate(zip(lane, g_lanes))), "}"]),
+                             *g, *(f"if ({t}) a{j} += {e};" for j, (t, e) in enumerate(zip(lane, g_lanes)))]),
             *vector_store(st, "gx", _OUT_PIXEL, [f"a{j}" for j in range(v)], "s")]
 
 
 def _average(st, v: int) -> list[str]:
     """``pool.py``'s ``_AVG`` per lane: the window's sum in row-major order, one division, one rounding."""
-    cell, cell_lanes = vector_load(st, "x", "xb + (h * W + w) * XP", v, "c")
+    cell, cell_lanes = vector_load(st, "x", "xb + ((IDX)h * W + w) * XP", v, "c")
     return [*_WINDOW, _sums(v), *_over_window([*cell, *(f"a{j} += {e};" for j, e in enumerate(cell_lanes))]),
-            "const CT d = (CT)divisor(h0, w0, (int)H, (int)W, kh, kw, pt, pb, pl, pr, inc);",
+            "const CT d = (CT)divisor(h0, w0, (int)H, (int)W, KH, KW, pt, pb, pl, pr, inc);",
             *vector_store(st, "y", _OUT_PIXEL, [f"a{j} / d" for j in range(v)], "y")]
 
 
@@ -221,18 +243,20 @@ def _average_backward(st, v: int) -> list[str]:
     """``pool.py``'s ``_AVG_BWD`` per lane: ``gy / divisor`` of the covering windows, in order."""
     g, g_lanes = vector_load(st, "gy", "((n * OH + oh) * OW + ow) * GP + cv * V", v, "g")
     return [*_COVERING, _sums(v),
-            *_over_covering(["const CT d = (CT)divisor(oh * sh - pt, ow * sw - pl, (int)QH, (int)QW, kh, kw, "
+            *_over_covering(["const CT d = (CT)divisor(oh * SH - pt, ow * SW - pl, (int)QH, (int)QW, KH, KW, "
                              "pt, pb, pl, pr, inc);", *g, *(f"a{j} += {e} / d;" for j, e in enumerate(g_lanes))]),
             *vector_store(st, "gx", _OUT_PIXEL, [f"a{j}" for j in range(v)], "s")]
 
 
 @functools.lru_cache(maxsize=None)
-def _source(kind: str, dtype: str, wide: bool, relu: bool = False) -> tuple[str, str]:
+def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False) -> tuple[str, str]:
     """``(name, source)`` of one kernel: ``fwd`` (y), ``arg`` (window indices),
-    ``bwd`` (the gather), ``avg`` or ``avg_bwd`` (average pooling). Every
-    thread loop walks pixels ``(n, p, q)`` of a ``QH x QW`` grid, ``V`` channels
-    ``cv * V`` at a time: the output's for the forward kernels, the input's
-    for the backward ones."""
+    ``bwd`` (the gather), ``avg`` or ``avg_bwd`` (average pooling), for the
+    window ``(kh, kw, sh, sw)`` (compile-time constants: the loops unroll).
+    Every thread loop walks pixels ``(n, p, q)`` of a ``QH x QW`` grid, ``V``
+    channels ``cv * V`` at a time: the output's for the forward kernels, the
+    input's for the backward ones."""
+    kh, kw, sh, sw = window
     st, v = storage_of(dtype), lanes(dtype)
     x_in = f"const {st.ctype}* __restrict__ x"
     reads_x = "IDX TOTAL, IDX CV, IDX QW, IDX QH, IDX H, IDX W, IDX C, IDX XP"
@@ -249,13 +273,17 @@ def _source(kind: str, dtype: str, wide: bool, relu: bool = False) -> tuple[str,
     else:
         body = _average_backward(st, v)
         params = f"const {st.ctype}* __restrict__ gy, {st.ctype}* __restrict__ gx, {reads_gy}"
-    name = f"opgraph_pool_vec_{kind}{'_relu' if relu else ''}_{dtype}_{'i64' if wide else 'i32'}"
+    name = (f"opgraph_pool_vec_{kind}{'_relu' if relu else ''}_{dtype}_{'i64' if wide else 'i32'}"
+            f"_k{kh}x{kw}s{sh}x{sw}")
+    constants = (f"#define KH {kh}\n#define KW {kw}\n#define SH {sh}\n#define SW {sw}\n"
+                 f"#define MH {-(-kh // sh)}\n#define MW {-(-kw // sw)}\n")
     loop = ("    for (IDX t = (IDX)blockIdx.x * blockDim.x + threadIdx.x; t < TOTAL;"
             " t += (IDX)gridDim.x * blockDim.x) {\n"
             "        const IDX cv = t % CV; IDX r = t / CV; const IDX q = r % QW; r /= QW; "
             "const IDX p = r % QH; const IDX n = r / QH;\n"
             + "\n".join("        " + line for line in body) + "\n    }\n")
-    text = (f"typedef float CT;\ntypedef {'long long' if wide else 'int'} IDX;\n#define V {v}\n{DEVICE_HELPERS}\n"
+    text = (f"typedef float CT;\ntypedef {'long long' if wide else 'int'} IDX;\n#define V {v}\n{constants}"
+            f"{DEVICE_HELPERS}\n"
             f"{DIVISOR}\n" f'extern "C" __global__ void {name}({params}, {_GEOMETRY}) {{\n{loop}}}\n')
     return name, text
 
@@ -276,7 +304,7 @@ def _launch(xp, kind, dtype, total, arrays, sizes, geometry, span, relu=False):
     """One launch: ``arrays``, then the ``sizes`` as IDX, then the window ``geometry``
     as int; 64-bit indices when ``span`` (the largest operand's extent) needs them."""
     wide = max(total * 16, span) >= 2 ** 31
-    name, text = _source(kind, dtype, wide, relu)
+    name, text = _source(kind, dtype, wide, tuple(geometry[:4]), relu)
     idx = xp.int64 if wide else xp.int32
     blocks = max(1, min(-(-total // THREADS), MAX_BLOCKS))
     compiled(text, name)((blocks,), (THREADS,), (*arrays, *map(idx, sizes), *map(xp.int32, geometry)))

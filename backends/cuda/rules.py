@@ -93,6 +93,12 @@ def vector_pool_variants(op, in_types, device):
     return out
 
 
+#: part of the autotune cache key (``autotune._stable_name``): the vector kernels'
+#: revision (2: the window loops unrolled), so decisions tuned against older ones
+#: are tuned again
+vector_pool_variants.revision = pool_vector.REVISION
+
+
 def _vector_types(op, in_types) -> bool:
     """Whether ``in_types`` are channels-last 4-D values the vector kernels take
     (``pool_vector.declines``; the call's own strides are checked when it runs)."""

@@ -161,9 +161,12 @@ def test_the_vector_variant_is_offered_for_channels_last_pooling_only():
 
 def test_decisions_tuned_before_the_vector_kernels_are_tuned_again():
     """The autotune cache keys a decision by the candidates' variant functions
-    (``autotune.candidate_set``): max and average pooling's changed name."""
+    (``autotune.candidate_set``): max and average pooling's changed name, and
+    the vector kernels' revision, so a decision tuned against an older
+    revision (or before the kernels existed) is tuned again."""
     from opgraph.backends.registry import rules_for
     from opgraph.passes.autotune import candidate_set
     for op_type in rules.VECTOR_POOLS:
-        assert "cuda:vector_pool_variants" in candidate_set([(rules_for(op_type)["cuda"], {})])
+        key = candidate_set([(rules_for(op_type)["cuda"], {})])
+        assert f"cuda:vector_pool_variants@{pool_vector.REVISION}" in key
     assert "cuda:pool_variants" in candidate_set([(rules_for(ops.MaxPool2dSelect)["cuda"], {})])

@@ -94,6 +94,11 @@ def _movement(fn, layout: bool = True):
     return kernel
 
 
+#: op types whose generated kernel writes its ``(K, C)`` rows into a column
+#: slice of a wider buffer (``out=``, ``Rule.writes_strided_out``): batch
+#: statistics homed in a zero-copy concat of statistics (``passes/share_bn_stats.py``),
+#: which would otherwise be copied there, one small copy per feature map
+STRIDED_OUT = frozenset({ops.BatchNormStats})
 #: data-movement op type -> (kernel, whether its output is always a new array).
 MOVEMENT = {
     ops.Concat: (_movement(movement.concat), True),
@@ -113,7 +118,8 @@ def register_rules() -> None:
     (uncaptured) run, its shapes are launch arguments, a view is no launch."""
     for op_type in (*EXPRESSIONS, ops.FusedElementwise):
         register(Rule(op_type, "codegen", run_generated, devices={"cuda"}, check=check, tags=TAGS,
-                      inplace=INPLACE.get(op_type), fresh_output=True, capturable=True))
+                      inplace=INPLACE.get(op_type), fresh_output=True, capturable=True,
+                      writes_strided_out=op_type in STRIDED_OUT))
     for op_type, (kernel, fresh) in MOVEMENT.items():
         register(Rule(op_type, "codegen", kernel, devices={"cuda"}, check=movement_check, tags=TAGS,
                       fresh_output=fresh, capturable=True))
@@ -121,4 +127,4 @@ def register_rules() -> None:
 
 register_rules()
 
-__all__ = ["TAGS", "INPLACE", "MOVEMENT", "check", "movement_check", "run_generated", "register_rules"]
+__all__ = ["TAGS", "INPLACE", "STRIDED_OUT", "MOVEMENT", "check", "movement_check", "run_generated", "register_rules"]

@@ -15,7 +15,7 @@ import pytest
 
 from codegen_cases import CASES, SHAPES, channels_last
 from codegen_emulated import emu, needs_gxx, run_case, seeded  # noqa: F401  (emu: fixture)
-from codegen_cases import make_input
+from codegen_cases import make_input, type_of
 from opgraph import ops
 from opgraph.backends.cuda.codegen import launch
 from opgraph.types import is_channels_last
@@ -135,6 +135,42 @@ def test_row_operands_sliced_from_wider_ones_are_read_at_their_pitch(emu, case, 
     # a row past the first read C elements on, not at the pitch, would read the
     # wider buffer's other columns: the values would differ
     np.testing.assert_array_equal(out, run_case(op, case.kinds, shape, dtype, layout, case.exact, arrays=dense)[0])
+
+
+@pytest.mark.parametrize("where", sorted(SLICES))
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_batch_statistics_are_written_into_a_column_slice(emu, layout, where):
+    """``BatchNormStats`` homed in a zero-copy concat of statistics writes its
+    two rows at the buffer's row pitch (``codegen_rules.STRIDED_OUT``): the
+    slice gets the dense result, the other columns keep theirs."""
+    from opgraph.backends.registry import KernelContext, rules_for
+    shape = SHAPES[layout]
+    rng = seeded("stats-out", layout, where)
+    x = make_input(rng, "x", shape, "bfloat16", layout)
+    op = ops.BatchNormStats()
+    rule = rules_for(ops.BatchNormStats)["codegen"]
+    assert rule.writes_strided_out
+    extra, start = SLICES[where]
+    wide = np.full((2, shape[1] + extra), -7.0, np.float32)
+    view = wide[:, start:start + shape[1]]
+    ctx = KernelContext(np, "cuda", {}, op.infer(*[type_of(x, layout)]))
+    got = rule.kernel(ctx, op, x, out=view)
+    assert got is view
+    want = run_case(op, ("x",), shape, "bfloat16", layout, arrays=[x])[0]
+    np.testing.assert_array_equal(view, want)
+    assert (wide[:, :start] == -7).all() and (wide[:, start + shape[1]:] == -7).all()
+
+
+def test_an_output_view_other_than_a_column_slice_is_refused(emu):
+    from opgraph.backends.cuda.codegen.ir import PlanError
+    from opgraph.backends.registry import KernelContext, rules_for
+    shape = SHAPES["NCHW"]
+    x = make_input(seeded("stats-out-bad"), "x", shape, "float32", "NCHW")
+    op = ops.BatchNormStats()
+    wide = np.zeros((2, 2 * shape[1]), np.float32)
+    ctx = KernelContext(np, "cuda", {}, op.infer(type_of(x, "NCHW")))
+    with pytest.raises(PlanError, match="column slice"):
+        rules_for(ops.BatchNormStats)["codegen"].kernel(ctx, op, x, out=wide[:, ::2])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

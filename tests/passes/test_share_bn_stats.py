@@ -161,3 +161,7 @@ def test_it_fires_for_cuda_with_the_generated_kernels(monkeypatch, layout, dtype
     kinds = collections.Counter(graph.node(graph.input_ids(v.id)[0]).op.op.name for v in stats
                                 if isinstance(graph.node(graph.input_ids(v.id)[0]).op, Lowered))
     assert not kinds["Concat"]
+    # each part's statistics are written straight into the block's statistics buffer
+    plan = graph.inplace_plan
+    parts = [v.id for v in stats if v.id in plan.homes]
+    assert len(parts) == 4 and not set(parts) & plan.copied_in

@@ -43,7 +43,9 @@ class Geometry:
     full-size loads take the row-pitch form (input number -> :class:`Pitch`),
     ``aligned`` whether every operand not read through strides starts on a
     16-byte boundary, ``row_pitch`` the ``(K, C)`` row operands that are
-    column slices of wider ones (input number -> :class:`RowPitch`).
+    column slices of wider ones (input number -> :class:`RowPitch`),
+    ``out_row_pitch`` the row pitch of a ``(K, C)`` output written into such a
+    slice (None: packed rows).
     """
 
     full: tuple | None
@@ -54,6 +56,7 @@ class Geometry:
     pitched: dict = attrs.field(factory=dict, eq=False, hash=False)
     aligned: bool = False
     row_pitch: dict = attrs.field(factory=dict, eq=False, hash=False)
+    out_row_pitch: int | None = attrs.field(default=None, eq=False, hash=False)
 
     @property
     def total(self) -> int:

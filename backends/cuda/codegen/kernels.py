@@ -104,8 +104,11 @@ def sweep(name, program, geo, params, lanes: int, mode: str, reduced: dict, out_
 
 
 def _store_rows(em: Emitter, rows, out_dtype: str, target: str) -> None:
+    """Output row ``r`` at ``r * entries`` (or at the output's row pitch: a column
+    slice of a wider buffer, ``Geometry.out_row_pitch``) plus the entry ``i0``."""
     out, st = _out_pointer(em.params, out_dtype), storage_of(out_dtype)
-    size = em.ctx.space_size(target)
+    pitch = em.ctx.geo.out_row_pitch
+    size = em.ctx.space_size(target) if pitch is None else em.params.scalar("ORP", pitch)
     for r, k in enumerate(rows):
         em.add("lane", f"{out}[{r} * {size} + i0] = {st.store(em.ref(k, 0))};")
 

@@ -51,7 +51,8 @@ import numpy as np
 
 from opgraph.types import HALF_DTYPES, TensorType, is_channels_last, numpy_dtype, storage_order
 
-from .ir import ViewError
+from .contexts import row_pitch_of
+from .ir import PlanError, ViewError
 from .plan import lower
 
 _PLANS: dict = {}
@@ -109,7 +110,7 @@ def _key(op, arrays, out_type: TensorType, out) -> tuple:
     layout test): each array's shape, strides, dtype and 16-byte alignment,
     the output type and whether (and how aligned) an output buffer is given."""
     return (op, tuple((a.shape, a.strides, a.dtype.name, address(a) % 16 == 0) for a in arrays), out_type,
-            None if out is None else address(out) % 16 == 0)
+            None if out is None else (out.strides, address(out) % 16 == 0))
 
 
 def _entry(op, arrays, out_type: TensorType, out, tickets: bool = True) -> tuple:
@@ -125,16 +126,23 @@ def _entry(op, arrays, out_type: TensorType, out, tickets: bool = True) -> tuple
     """
     views = {k: v for k, v in enumerate(map(view_strides, arrays)) if v is not None}
     unreadable = {k for k, a in enumerate(arrays) if k not in views and not _dense(a)}
+    out_pitch = None
+    if out is not None and view_strides(out) is not None:  # a column slice of a zero-copy concat's rows
+        out_pitch = row_pitch_of(tuple(out.shape), view_strides(out))
+        if out_pitch is None:
+            raise PlanError(f"an output view of shape {tuple(out.shape)} and strides {out.strides} "
+                            f"(only a column slice of (K, C) rows is written in place)")
 
     def planned(copied: set):
         read = {k: v for k, v in views.items() if k not in copied}
         types = [TensorType(a.shape, _dtype(a), "NCHW" if k in copied and a.ndim == 4 else array_layout(a))
                  for k, a in enumerate(arrays)]
-        aligned = all(address(a) % 16 == 0 for k, a in enumerate([*arrays, *([out] if out is not None else [])])
+        dense_out = [out] if out is not None and out_pitch is None else []
+        aligned = all(address(a) % 16 == 0 for k, a in enumerate([*arrays, *dense_out])
                       if k not in read and k not in copied)
         aligned_views = {k for k in read if address(arrays[k]) % 16 == 0}
         return (lower(op, types, out_type, aligned=aligned, inplace=out is not None, views=read,
-                      aligned_views=aligned_views, tickets=tickets), tuple(sorted(copied)))
+                      aligned_views=aligned_views, tickets=tickets, out_row_pitch=out_pitch), tuple(sorted(copied)))
 
     try:
         return planned(unreadable)

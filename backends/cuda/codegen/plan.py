@@ -285,7 +285,8 @@ class Lowered:
 
 
 def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
-          views: dict | None = None, aligned_views=frozenset(), tickets: bool = True) -> Lowered:
+          views: dict | None = None, aligned_views=frozenset(), tickets: bool = True,
+          out_row_pitch: int | None = None) -> Lowered:
     """The launches running ``op`` on inputs of ``types`` (TensorTypes whose
     ``layout`` says how each array is stored) into ``out_type``.
 
@@ -297,7 +298,9 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
     (or sampled at ``(0, c, 0, 0)``); ``aligned_views``: the inputs of
     ``views`` whose first element lies on a 16-byte boundary; ``tickets``:
     a split reduction may add its partial sums in its tiles' last blocks
-    (else always a ``finalize`` launch). A full-size
+    (else always a ``finalize`` launch); ``out_row_pitch``: the output is
+    a column slice of a wider ``(K, C')`` buffer, its rows that many elements
+    apart (a zero-copy concat of batch statistics). A full-size
     operand stored as rows at a constant pitch (a channel slice of a wider
     buffer, ``contexts.pitch_of``) is read with one division per vector, 16
     bytes at a time where its rows and start allow, instead of dividing each
@@ -328,7 +331,10 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
             strided[load.input] = logical_strides(types[load.input], built.full)
     ct = compute_type([*built.dtypes, out_type.dtype])
     geo = Geometry(built.full, layout, built.channels, strided, ct)
-    geo = attrs.evolve(geo, pitched=_pitched(built, geo, aligned_views), aligned=aligned, row_pitch=rows)
+    if out_row_pitch is not None and (built.out_node is not None or len(out_type.shape) != 2):
+        raise PlanError(f"an output {out_type} written through a row pitch: only (K, C) rows can be")
+    geo = attrs.evolve(geo, pitched=_pitched(built, geo, aligned_views), aligned=aligned, row_pitch=rows,
+                       out_row_pitch=out_row_pitch)
     spans = [geo.total // p.block * p.pitch for p in geo.pitched.values()]  # a pitched view's last row's start
     wide = max([geo.total, out_type.size, *(t.size for t in types), *spans]) >= INT32_LIMIT
     groups = _groups(built)

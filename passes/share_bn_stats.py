@@ -24,8 +24,9 @@ copied, and the generated kernels read a view's rows at its pitch
 (``backends/cuda/codegen/contexts.RowPitch``).
 
 A ``BatchNormStats`` node is rewritten when its input is a ``Concat`` of two or
-more values along axis 1, the statistics node is not an output and is not
-forced onto another algorithm than its own, and that algorithm has a rule for
+more values along axis 1, the statistics node is not an output and the policy
+does not force it (a forced node keeps the kernel asked for), and its
+algorithm has a rule for
 ``BatchNormStats`` of each part and for the ``Concat`` (``codegen`` on cuda,
 ``reference`` on the CPU) that the policy does not exclude and that does not
 decline. The node keeps its id and name and computes the ``Concat``; a part's
@@ -42,7 +43,7 @@ from opgraph.op import abstract_of
 from opgraph.ops import BatchNormStats, Concat
 
 from .base import PassContext
-from .pattern import FusionRule, Match, Scope, add_lowered, forced_elsewhere, lowered_for, report_rewrite
+from .pattern import FusionRule, Match, Scope, add_lowered, lowered_for, report_rewrite
 
 NAME = "bn-stats-parts"
 LABEL = "batch statistics of a channel concat computed per part"
@@ -79,9 +80,8 @@ def share_bn_stats(graph: Graph, m: Match, ctx: PassContext) -> str | None:
         return "excluded by policy (exclude=['fused'])"
     stats = graph.node(m.root)
     algorithm = stats.op.algorithm
-    why = forced_elsewhere(graph, m.root, [m.root], algorithm, ctx)
-    if why:
-        return why
+    if ctx.policy.forced(stats.name) is not None:
+        return f"{stats.name} is forced to {ctx.policy.forced(stats.name)}: it keeps its own kernel"
     options = {k: v for k, v in stats.op.options if k != "engine"}
     source, existing = m.data
     parts = graph.node(source).inputs

@@ -165,3 +165,14 @@ def test_it_fires_for_cuda_with_the_generated_kernels(monkeypatch, layout, dtype
     plan = graph.inplace_plan
     parts = [v.id for v in stats if v.id in plan.homes]
     assert len(parts) == 4 and not set(parts) & plan.copied_in
+
+
+def test_a_forced_statistics_node_keeps_its_own_kernel():
+    """``force`` names a node's kernel: the rule leaves that node as it is and
+    says why; the other layers' statistics are still shared."""
+    outs, feeds, _ = training_step(dense_block, np.random.default_rng(4))
+    exe, graph, louts = compiled(outs, force={"l2.bn1/stats": "reference"})
+    assert shared(exe.report) == 2
+    assert any("l2.bn1/stats is forced to reference" in n for n in exe.report.notes), exe.report.notes
+    (kept,) = [v for v in stats_nodes(graph, louts) if v.name == "l2.bn1/stats"]
+    assert isinstance(abstract_of(graph.node(graph.input_ids(kept.id)[0]).op), ops.Concat)

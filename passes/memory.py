@@ -65,18 +65,12 @@ from __future__ import annotations
 from opgraph.executable import InplacePlan, last_readers
 from opgraph.graph import Graph
 from opgraph.op import Lowered, Source
-from opgraph.types import TensorType, is_float
+from opgraph.run_types import run_types
 from opgraph.backends.registry import Rule, lookup
 
 from .base import Pass, PassContext
 from .candidates import rule_workspace
 from .zero_copy import plan_views, shared_values
-
-
-def _nbytes(t: TensorType, dtype: str | None) -> int:
-    if dtype is not None and is_float(t.dtype):
-        t = TensorType(t.shape, dtype)
-    return t.nbytes
 
 
 def _rule(op) -> Rule | None:
@@ -166,6 +160,9 @@ def plan_memory(graph: Graph, outputs, dtype: str | None = None,
     """
     plan = plan_inplace(graph, outputs) if inplace is None else inplace
     order = graph.topological(graph.ancestors(outputs))
+    # each value in the dtype it runs in (batch statistics and sums stay float32 under
+    # compile(dtype='bfloat16'), as the executor allocates them)
+    nbytes = {n: t.nbytes for n, t in run_types(graph, order, dtype).items()}
     keep = {v.node for v in outputs}
     owner = _buffers(graph, order, plan)
     position = {n: i for i, n in enumerate(order)}
@@ -188,7 +185,7 @@ def plan_memory(graph: Graph, outputs, dtype: str | None = None,
     peak_step = None
     for i, n in enumerate(order):
         view = graph.node(n)
-        size = _nbytes(view.type, dtype)
+        size = nbytes[n]
         if isinstance(view.op, Source):
             sources += size
             continue
@@ -196,14 +193,14 @@ def plan_memory(graph: Graph, outputs, dtype: str | None = None,
         saved += size if n in plan.writes else 0
         if n in plan.homes or n in plan.views:
             views, view_bytes = views + 1, view_bytes + size
-        live += sum(_nbytes(graph.node(b).type, dtype) for b in allocs.get(i, ()))
+        live += sum(nbytes[b] for b in allocs.get(i, ()))
         ws = _workspace(view.op, view.input_types) if isinstance(view.op, Lowered) else 0
         ws += size if n in plan.copied_in else 0  # its own result, copied into its slice and dropped
         ws_peak = max(ws_peak, ws)
         act_peak = max(act_peak, live)
         if live + ws > peak:
             peak, peak_step = live + ws, view.name
-        live -= sum(_nbytes(graph.node(b).type, dtype) for b in frees.get(i, ()))
+        live -= sum(nbytes[b] for b in frees.get(i, ()))
     return {"planned_peak_bytes": peak, "activation_peak_bytes": act_peak,
             "workspace_peak_bytes": ws_peak, "source_bytes": sources, "no_reuse_bytes": total,
             "peak_step": peak_step, "inplace": len(plan.writes), "inplace_bytes": saved,

@@ -458,3 +458,15 @@ def test_a_plan_that_no_longer_holds_is_refused():
 def _resolve(op, out_type):
     from opgraph.backends.registry import KernelContext, lookup
     return lookup(type(op.op), op.algorithm).kernel, KernelContext(np, "cpu", op.option_dict, out_type)
+
+
+def test_the_plan_counts_float32_statistics_under_a_bfloat16_override():
+    """Under ``compile(dtype='bfloat16')`` batch statistics still run in float32
+    (``BatchNormStats``: SEMANTICS.md), so the plan counts each value in the
+    dtype it runs in (``run_types``), as the executor allocates it: a DenseNet
+    block's zero-copy statistics buffers included."""
+    from fused_training_steps import training_step
+    from modern_blocks import dense_block
+    outs, feeds, _ = training_step(dense_block, np.random.default_rng(0))
+    exe = og.compile(outs, dtype="bfloat16")
+    assert measured_live_peak(exe, feeds) == exe.report.memory["activation_peak_bytes"]

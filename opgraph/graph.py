@@ -216,6 +216,12 @@ class Graph:
         base = "".join(self._scope) + (name or kind)
         if name is not None and base in self._by_name:
             raise OpgraphError(f"a node named {base!r} already exists in graph {self.name!r}")
+        return self.unique_name(base)
+
+    def unique_name(self, base: str) -> str:
+        """``base`` if no node has that name, else the first free ``base_2``,
+        ``base_3``, ...: for nodes a pass makes (``<part>/batch-stats``), whose
+        natural name a user's node may already hold."""
         if base not in self._by_name:
             return base
         return next(f"{base}_{k}" for k in itertools.count(2) if f"{base}_{k}" not in self._by_name)

@@ -111,10 +111,29 @@ class Scope:
         data gradient reads a new sums node, which joins the scope) or a
         sibling, which can sit later."""
         inputs = self.graph.input_ids(root)
-        added = {u for u in inputs if u not in self.position}
-        self.nodes |= added
-        if added or any(self.position[u] > self.position[root] for u in inputs):
+        added = [u for u in dict.fromkeys(inputs) if u not in self.position]
+        self.nodes |= set(added)
+        if any(self.position[u] > self.position[root] for u in inputs if u in self.position):
             self._ordered()
+        elif added and not self._placed_before(root, added):
+            self._ordered()
+
+    def _placed_before(self, root: int, added: list[int]) -> bool:
+        """Put new nodes that read only values ordered before ``root`` right
+        before it (between it and its predecessor), without sorting the whole
+        graph again: a rule adding a node per match (``bn-stats-parts`` adds
+        one per feature map of DenseNet-121) made every rewrite a full
+        topological sort, 13 of a 14 s compile. False (nothing done) where a
+        new node reads another new node or a later one."""
+        at = self.position[root]
+        if any(self.position.get(i, at) >= at for a in added for i in self.graph.input_ids(a)):
+            return False
+        k = self._order.index(root)
+        before = self.position[self._order[k - 1]] if k else at - 1
+        for j, a in enumerate(added, start=1):  # positions only need to sort: fractions of the gap
+            self.position[a] = before + (at - before) * j / (len(added) + 1)
+        self._order[k:k] = added
+        return True
 
     def __contains__(self, node: int) -> bool:
         return node in self.nodes
@@ -249,13 +268,14 @@ def rewrite_lowered(graph: Graph, root: int, absorbed: Sequence[int], fused: Op,
 
 def add_lowered(graph: Graph, lowered: Lowered, inputs: Sequence[Value], name: str, ctx: PassContext) -> Value:
     """A node a rewrite makes (no abstract twin): ``lowered`` on ``inputs``,
-    named ``name``, which no ``force`` key names, with the lowering record the
-    lower pass keeps for its nodes (so ``exe.report`` lists it).
+    named ``name`` (``name_2``, ... when a node already has it), which no
+    ``force`` key names, with the lowering record the lower pass keeps for its
+    nodes (so ``exe.report`` lists it).
 
     Raises:
         ShapeError: ``lowered`` rejects ``inputs`` (``Graph.add_node``).
     """
-    made = graph.add_node(lowered, inputs, name=name)
+    made = graph.add_node(lowered, inputs, name=graph.unique_name(name))
     view = graph.node(made.node)
     ctx.aliases[view.name] = None
     op = lowered.op

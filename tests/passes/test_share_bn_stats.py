@@ -176,3 +176,18 @@ def test_a_forced_statistics_node_keeps_its_own_kernel():
     assert any("l2.bn1/stats is forced to reference" in n for n in exe.report.notes), exe.report.notes
     (kept,) = [v for v in stats_nodes(graph, louts) if v.name == "l2.bn1/stats"]
     assert isinstance(abstract_of(graph.node(graph.input_ids(kept.id)[0]).op), ops.Concat)
+
+
+def test_a_users_node_holding_the_new_nodes_name_is_left_alone():
+    """The rule names a part's statistics ``<part>/batch-stats``; a node of the
+    user's with that name keeps it and the new node takes ``..._2``."""
+    g = og.Graph()
+    a, b = g.input("a", (2, 3, 4, 4)), g.input("b", (2, 2, 4, 4))
+    z = og.relu(a, name="a/batch-stats")
+    y = og.batch_norm(og.concat([a, b], dim=1), None, None, None, None, training=True, name="bn")
+    s = og.add(y, og.concat([z, b], dim=1))
+    exe = og.compile([s])
+    assert shared(exe.report) == 1
+    names = {v.name for v in stats_nodes(exe.graph, exe.outputs)}
+    assert names == {"a/batch-stats_2", "b/batch-stats"}
+    _check_values(g, [s], exe, 5)

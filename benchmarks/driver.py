@@ -201,7 +201,8 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         rec["forced"] = forced_nodes(exe.report)  # the policy's choice, not a decline
         if policy.force and not rec["forced"]:  # a typo'd node name: the column would be the fallback's
             typos = "; ".join(n for n in exe.report.notes if n.startswith("policy.force key"))
-            rec.update(status="n/a", reason=f"{lowering.name}: its policy forces no node of {model.key}: {typos}")
+            rec.update(status="n/a", reason=f"{lowering.name}: its policy forces no node of {model.key}"
+                                            + (f": {typos}" if typos else ""))
             return out
         na = _declined(exe, lowering, rec["forced"])
         rec["algorithms"] = lw.algorithm_counts(exe)

@@ -230,7 +230,8 @@ def check_forces(tgs, args) -> None:
     """
     if not tgs:
         return
-    names = {tg.model.key: [v.name for v in tg.model.graph.nodes_in_order(tg.outputs)] for tg in tgs}
+    names = {tg.model.key: [(v.name, getattr(v.op, "direction", None))
+                            for v in tg.model.graph.nodes_in_order(tg.outputs)] for tg in tgs}
     for item in (i for i in (args.lowering_policy or "").split(",") if i.strip().startswith("@")):
         key = item.partition("=")[0].strip()[1:].strip()
         if _unmatched([key], names):
@@ -244,8 +245,9 @@ def check_forces(tgs, args) -> None:
                              f"{_forces_hint(tgs)}")
 
 
-def _unmatched(keys, names: dict[str, list[str]]) -> list[str]:
-    """The force keys of ``keys`` that name no node of any model (model -> its node names)."""
+def _unmatched(keys, names: dict[str, list[tuple]]) -> list[str]:
+    """The force keys of ``keys`` that name no node of any model (model -> its
+    nodes' ``(name, direction)``)."""
     return [k for k in keys if not any(matches_a_node(k, ns) for ns in names.values())]
 
 

@@ -75,14 +75,12 @@ def forced_algorithm(force: Mapping[str, str], node_name: str, direction: str | 
     return min(ranked)[1] if ranked else None
 
 
-def matches_a_node(key: str, names: Iterable[str]) -> bool:
-    """Whether force key ``key`` can name one of the nodes ``names`` (for the
-    warning about a key that matches nothing, a typo)."""
-    layer, narrow = split_key(key)
-    names = list(names)
-    if narrow is None and any(_matches(key, n) for n in names):
-        return True
-    return any(_matches(layer, layer_of(n)) for n in names)
+def matches_a_node(key: str, nodes: Iterable[tuple[str, str | None]]) -> bool:
+    """Whether force key ``key`` forces one of ``nodes`` (``(name, direction)``
+    pairs, as :func:`forced_algorithm` takes them), for the warning about a key
+    that forces nothing: a typo, or a direction on a node without one
+    (``bn/stats:forward``: batch statistics have no direction)."""
+    return any(forced_algorithm({key: key}, name, direction) is not None for name, direction in nodes)
 
 
 __all__ = ["DIRECTIONS", "split_key", "layer_of", "forced_algorithm", "matches_a_node"]

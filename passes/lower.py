@@ -87,9 +87,9 @@ class LowerPass(Pass):
 
 def _check_forced_names(graph: Graph, policy: LoweringPolicy, ctx: PassContext) -> None:
     """Note ``force`` keys that match no node (a typo would otherwise pass silently)."""
-    names = [graph.node(n).name for n in graph.nx.nodes]
+    nodes = [(view.name, getattr(view.op, "direction", None)) for view in map(graph.node, graph.nx.nodes)]
     for key in policy.force:
-        if not matches_a_node(key, names):
+        if not matches_a_node(key, nodes):
             msg = f"policy.force key {key!r} matches no node of graph {graph.name!r}"
             ctx.report.note(msg)
             warnings.warn(msg, stacklevel=2)

@@ -144,6 +144,17 @@ def test_a_narrowed_key_that_names_no_layer_warns():
         lower(g, outs, LoweringPolicy(force={"conv9:backward_data": "fft"}))
 
 
+def test_a_direction_on_a_node_without_one_warns():
+    """``bn/stats:forward`` names the batch statistics' node, which has no
+    direction, so it forces nothing: warned as a typo is (it passed silently)."""
+    g = og.Graph()
+    x = g.input("x", (2, 3, 4, 4))
+    y = og.batch_norm(x, None, None, None, None, training=True, name="bn")
+    with pytest.warns(UserWarning, match="'bn/stats:forward' matches no node"):
+        exe = og.compile([y], policy=LoweringPolicy(force={"bn/stats:forward": "reference"}))
+    assert exe.report.nodes["bn/stats"].how != "forced"
+
+
 def test_forced_algorithm_that_declines_is_an_error_naming_node_and_reason():
     g, outs = conv_grads(k=5, padding=2)
     with pytest.raises(LoweringError) as e:

@@ -311,6 +311,7 @@ class LoweringPolicy:
     force: Mapping[str, str] = attrs.field(factory=dict, converter=_force)
     include: frozenset = attrs.field(default=frozenset(), converter=_names("include"))
     exclude: frozenset = attrs.field(default=frozenset(), converter=_names("exclude"))
+
     autotune: bool = attrs.field(default=False, converter=_flag("autotune"))
     workspace_limit: int | None = attrs.field(default=None, converter=parse_bytes)
     #: Autotune: among the correct, fully timed candidates whose median is within
@@ -334,6 +335,12 @@ class LoweringPolicy:
     #: Needs ``autotune``.
     cuda_graph: bool = attrs.field(default=False, converter=_flag("cuda_graph"),
                                    validator=_cuda_graph_needs_autotune)
+
+    @exclude.validator
+    def _not_both(self, attribute, value):
+        both = sorted(set(value) & set(self.include))
+        if both:  # exclude would win without a word: a contradiction the user should resolve
+            raise PolicyError("exclude", both, f"also in include={both}: a name may be in one of them")
 
     # ---- queries used by the passes --------------------------------------
     def preferred(self, op_type: str) -> tuple[str, ...]:

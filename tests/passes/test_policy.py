@@ -265,3 +265,9 @@ def test_the_default_order_follows_the_family():
     p = LoweringPolicy()
     assert p.order("Conv2dBiasRelu", "cpu") == DEFAULT_ORDER["cpu"]["conv"]
     assert p.order("MaxPool2dBackwardRelu", "cuda") == DEFAULT_ORDER["cuda"]["*"]
+
+
+def test_a_name_both_included_and_excluded_is_refused():
+    """Exclude used to win without a word; the contradiction is the user's to resolve."""
+    with pytest.raises(PolicyError, match=r"exclude=\['bn-stats-parts'\]: also in include"):
+        LoweringPolicy(include=["bn-stats-parts", "fft"], exclude=["bn-stats-parts"])

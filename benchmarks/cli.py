@@ -37,7 +37,7 @@ from opgraph.atomic_file import write_atomic, writes_into
 from opgraph.errors import OpgraphError, ParameterError
 
 from . import driver, lowerings as lw, report, usage
-from .arguments import build_parser, model_names, output_format
+from .arguments import PolicyColumn, build_parser, model_names, output_format
 from .models import LAYERS
 # run_timing reads these as this module's names (tests stand in for build_models, check_applicable)
 from .modes import (base_policy, build_models, check_applicable, check_forces, check_policy_flags,
@@ -123,6 +123,9 @@ def run_timing(names: list[str], args) -> dict:
             notes.append(f"default lowerings on {device}: auto+graph too (--cuda-graph: a +graph "
                          "column for every lowering)")
     base = base_policy(args, lowerings, device)
+    if args.lowering_policy and not any(isinstance(lo, PolicyColumn) for lo in lowerings):
+        # the columns are named by their lowering alone: say what else shapes every one of them
+        notes.append(f"--lowering policy items {args.lowering_policy}: applied to every column")
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
     if args.cuda_graph and device != "cuda":
         raise UsageError(f"--cuda-graph replays CUDA graphs: it needs --device cuda (this run: {device})")

@@ -462,7 +462,7 @@ class LoweringPolicy:
                 else:
                     cli_prefer.setdefault("*", []).extend(_algo_list("--lowering", key))
                 continue
-            algos = list(_algo_list(f"--lowering {item}", [a.strip() for a in value.split("+")],
+            algos = list(_algo_list(f"--lowering {key}", [a.strip() for a in value.split("+")],
                                     registered_only=key not in ("include", "exclude")))
             if key.startswith("@"):
                 force[key[1:]] = algos[0]

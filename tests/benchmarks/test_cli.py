@@ -721,3 +721,16 @@ def test_an_unknown_include_or_exclude_name_says_which_flag_gave_it(tmp_path, ca
     assert status == 2 and f"--policy {bad}: exclude='bn-apply-rematt'" in err, err
     status, _, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--lowering", "gemm,exclude=bn-apply-rematt")
     assert status == 2 and "--lowering" in err and "exclude='bn-apply-rematt'" in err, err
+
+
+def test_policy_items_beside_a_column_are_said_in_the_output(capsys):
+    """``--lowering gemm,exclude=bn-stats-parts`` names its column ``gemm``; the
+    exclude shapes it too, so the run says so (text and JSON notes): two runs
+    with and without it no longer read the same."""
+    status, out, err = run_cli(capsys, "--model", "L4", "--batch", "1", "--repeat", "1", "--warmup", "0",
+                               "--no-per-layer", "--lowering", "gemm,exclude=bn-stats-parts")
+    assert status == 0, err
+    assert "--lowering policy items exclude=bn-stats-parts: applied to every column" in out
+    status, out, err = run_cli(capsys, "--model", "L4", "--batch", "1", "--repeat", "1", "--warmup", "0",
+                               "--no-per-layer", "--lowering", "gemm")
+    assert status == 0 and "policy items" not in out

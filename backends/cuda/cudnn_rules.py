@@ -202,4 +202,5 @@ def register_rules() -> None:
 
 register_rules()
 
-__all__ = ["KIND", "TAGS", "STRIDED_DGRAD_RELU", "static_reason", "environment_reason", "check", "variants", "workspace", "register_rules"]
+__all__ = ["KIND", "TAGS", "STRIDED_DGRAD_RELU", "static_reason", "environment_reason", "check", "variants", "workspace",
+           "register_rules"]

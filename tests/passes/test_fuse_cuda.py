@@ -119,7 +119,8 @@ def test_a_strided_backward_data_keeps_its_relu_gradient_apart(cudnn_ok):
     fuses conv3's (stride 1)."""
     from opgraph.backends.cuda.cudnn_rules import STRIDED_DGRAD_RELU
     graph, outs, report = compile_for_cuda(strided_bottleneck_step(), og.LoweringPolicy(layout="NHWC"))
-    dgrads = {v.name: v.op.op.name for v in lowered(graph, outs) if v.op.family == "conv" and v.op.direction == "dgrad"}
+    dgrads = {v.name: v.op.op.name for v in lowered(graph, outs)
+              if v.op.family == "conv" and v.op.direction == "dgrad"}
     assert dgrads == {"conv3.grad/conv2d_backward_data": "Conv2dBackwardDataRelu",
                       "conv2.grad/conv2d_backward_data": "Conv2dBackwardData"}, dgrads
     assert any(STRIDED_DGRAD_RELU in note for note in report.notes), report.notes

@@ -369,4 +369,5 @@ class Rows(Context):
         return super()._index(em, what, lane)
 
 
-__all__ = ["Geometry", "Pitch", "pitch_of", "RowPitch", "row_pitch_of", "Context", "Sweep", "SpaceSweep", "Finish", "Columns", "Rows"]
+__all__ = ["Geometry", "Pitch", "pitch_of", "RowPitch", "row_pitch_of", "Context", "Sweep", "SpaceSweep", "Finish",
+           "Columns", "Rows"]

@@ -114,14 +114,15 @@ def applies(g: PoolGeometry, *arrays) -> str | None:
     return None
 
 
-def _geometry(g: PoolGeometry, include_pad: bool = False) -> tuple:
-    """The window's ints every kernel takes: ``kh, kw, sh, sw, pt, pl, pb, pr, inc``."""
+def _padding(g: PoolGeometry, include_pad: bool = False) -> tuple:
+    """The window's run-time ints every kernel takes: ``pt, pl, pb, pr, inc``
+    (its size and stride are compiled in: :func:`_source`)."""
     (pt, pb), (pl, pr) = g.padding
-    return (*g.kernel, *g.stride, pt, pl, pb, pr, int(include_pad))
+    return (pt, pl, pb, pr, int(include_pad))
 
 
-#: the window's parameters of every kernel (``_geometry``)
-_GEOMETRY = "int kh, int kw, int sh, int sw, int pt, int pl, int pb, int pr, int inc"
+#: the window's run-time parameters of every kernel (``_padding``)
+_PADDING = "int pt, int pl, int pb, int pr, int inc"
 
 #: an average pooling window's divisor (SEMANTICS.md, Pooling): the cells of
 #: window ``(h0, w0)`` inside the input, plus explicit padding when
@@ -284,7 +285,7 @@ def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False
             + "\n".join("        " + line for line in body) + "\n    }\n")
     text = (f"typedef float CT;\ntypedef {'long long' if wide else 'int'} IDX;\n#define V {v}\n{constants}"
             f"{DEVICE_HELPERS}\n"
-            f"{DIVISOR}\n" f'extern "C" __global__ void {name}({params}, {_GEOMETRY}) {{\n{loop}}}\n')
+            f"{DIVISOR}\n" f'extern "C" __global__ void {name}({params}, {_PADDING}) {{\n{loop}}}\n')
     return name, text
 
 
@@ -300,14 +301,15 @@ def _span(a) -> int:
     return n * h * w * pixel_pitch(a)
 
 
-def _launch(xp, kind, dtype, total, arrays, sizes, geometry, span, relu=False):
-    """One launch: ``arrays``, then the ``sizes`` as IDX, then the window ``geometry``
-    as int; 64-bit indices when ``span`` (the largest operand's extent) needs them."""
+def _launch(xp, kind, dtype, total, arrays, sizes, g: PoolGeometry, span, relu=False, include_pad=False):
+    """One launch of the kernel for ``g``'s window: ``arrays``, then the ``sizes``
+    as IDX, then ``g``'s padding as int; 64-bit indices when ``span`` (the
+    largest operand's extent) needs them."""
     wide = max(total * 16, span) >= 2 ** 31
-    name, text = _source(kind, dtype, wide, tuple(geometry[:4]), relu)
+    name, text = _source(kind, dtype, wide, (*g.kernel, *g.stride), relu)
     idx = xp.int64 if wide else xp.int32
     blocks = max(1, min(-(-total // THREADS), MAX_BLOCKS))
-    compiled(text, name)((blocks,), (THREADS,), (*arrays, *map(idx, sizes), *map(xp.int32, geometry)))
+    compiled(text, name)((blocks,), (THREADS,), (*arrays, *map(idx, sizes), *map(xp.int32, _padding(g, include_pad))))
 
 
 def _forward(xp, kind, x, out, g: PoolGeometry, include_pad=False, relu=False):
@@ -317,8 +319,7 @@ def _forward(xp, kind, x, out, g: PoolGeometry, include_pad=False, relu=False):
     total = n * oh * ow * (c // v)
     if total:
         _launch(xp, kind, x.dtype.name, total, [bits(xp, x), bits(xp, out)],
-                [total, c // v, ow, oh, h, w, c, pixel_pitch(x)], _geometry(g, include_pad),
-                max(_span(x), out.size), relu)
+                [total, c // v, ow, oh, h, w, c, pixel_pitch(x)], g, max(_span(x), out.size), relu, include_pad)
     return out
 
 
@@ -330,8 +331,8 @@ def _backward(xp, kind, before, gy, gx, g: PoolGeometry, include_pad=False):
     total = n * h * w * (c // v)
     if total:
         _launch(xp, kind, gy.dtype.name, total, [*before, bits(xp, gy), bits(xp, gx)],
-                [total, c // v, w, h, oh, ow, c, pixel_pitch(gy)], _geometry(g, include_pad),
-                max(_span(gy), gx.size))
+                [total, c // v, w, h, oh, ow, c, pixel_pitch(gy)], g, max(_span(gy), gx.size),
+                include_pad=include_pad)
     return gx
 
 
@@ -373,5 +374,5 @@ def avg_pool2d_backward(xp, gy, g: PoolGeometry, count_include_pad: bool, shape)
     return _backward(xp, "avg_bwd", [], gy, _nhwc(xp, tuple(shape), gy.dtype), g, include_pad=count_include_pad)
 
 
-__all__ = ["DTYPES", "DIVISOR", "NO_WINNER", "MAX_CELLS", "lanes", "pixel_pitch", "declines", "applies", "max_pool2d", "max_pool2d_backward",
-           "avg_pool2d", "avg_pool2d_backward"]
+__all__ = ["DTYPES", "DIVISOR", "NO_WINNER", "MAX_CELLS", "REVISION", "lanes", "pixel_pitch", "declines", "applies",
+           "max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward"]

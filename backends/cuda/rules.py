@@ -83,10 +83,11 @@ def vector_pool_variants(op, in_types, device):
     """:func:`pool_variants`, and for channels-last bfloat16 or float32 whose
     channels fill 16-byte words the ``vector`` kernels (:mod:`.pool_vector`;
     they still fall back where a call's operands do not qualify, e.g. an
-    unaligned channel slice). A function of its own name: the autotune cache
-    keys a decision by its variant functions' names
-    (``autotune.candidate_set``), so decisions taken before the vector kernels
-    existed are tuned again."""
+    unaligned channel slice). The autotune cache keys a decision by its
+    variant functions' names and revisions (``autotune.candidate_set``): this
+    name is not :func:`pool_variants`', so decisions taken before the vector
+    kernels existed are tuned again, and its ``revision`` (below) does the
+    same when the vector kernels change."""
     out = pool_variants(op, in_types, device)
     if _vector_types(op, in_types):
         out.append({"vector": True})

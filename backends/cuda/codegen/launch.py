@@ -126,9 +126,10 @@ def _entry(op, arrays, out_type: TensorType, out, tickets: bool = True) -> tuple
     """
     views = {k: v for k, v in enumerate(map(view_strides, arrays)) if v is not None}
     unreadable = {k for k, a in enumerate(arrays) if k not in views and not _dense(a)}
+    out_view = None if out is None else view_strides(out)
     out_pitch = None
-    if out is not None and view_strides(out) is not None:  # a column slice of a zero-copy concat's rows
-        out_pitch = row_pitch_of(tuple(out.shape), view_strides(out))
+    if out_view is not None:  # a column slice of a zero-copy concat's rows
+        out_pitch = row_pitch_of(tuple(out.shape), out_view)
         if out_pitch is None:
             raise PlanError(f"an output view of shape {tuple(out.shape)} and strides {out.strides} "
                             f"(only a column slice of (K, C) rows is written in place)")

@@ -315,13 +315,15 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
     views = views or {}
     built = build(op, types, out_type)
     layout = _layout(built, types, out_type)
-    strided, rows = {}, {}
+    strided, row_views = {}, {}
     for node in built.nodes:
         load = node.load
         if load is None:
             continue
-        if load.input in views and load.kind == "channel" and _row_pitch(types[load.input], views[load.input]):
-            rows[load.input] = _row_pitch(types[load.input], views[load.input], load.input in aligned_views)
+        row_view = (_row_pitch(types[load.input], views[load.input], load.input in aligned_views)
+                    if load.input in views and load.kind == "channel" else None)
+        if row_view is not None:
+            row_views[load.input] = row_view
         elif load.input in views:
             if load.kind not in ("full", "strided", "sample"):
                 raise ViewError(f"input {load.input}: a strided view loaded as a {load.kind} row")
@@ -333,7 +335,7 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
     geo = Geometry(built.full, layout, built.channels, strided, ct)
     if out_row_pitch is not None and (built.out_node is not None or len(out_type.shape) != 2):
         raise PlanError(f"an output {out_type} written through a row pitch: only (K, C) rows can be")
-    geo = attrs.evolve(geo, pitched=_pitched(built, geo, aligned_views), aligned=aligned, row_pitch=rows,
+    geo = attrs.evolve(geo, pitched=_pitched(built, geo, aligned_views), aligned=aligned, row_pitch=row_views,
                        out_row_pitch=out_row_pitch)
     spans = [geo.total // p.block * p.pitch for p in geo.pitched.values()]  # a pitched view's last row's start
     wide = max([geo.total, out_type.size, *(t.size for t in types), *spans]) >= INT32_LIMIT

@@ -29,6 +29,9 @@
 #                  the copy bandwidth and matmul peak measured in the same run (profile-<precision>.json);
 #                  reuses the carried cache; PROFILE_LOWERING replaces 'auto' (e.g. auto,exclude=bn-apply-remat
 #                  with RUN_NAME=-noremat: a fusion rule's share, on the same cache)
+#   peer-profile   scripts/gpu_peer_profile.py: torch.compile's training step of $MODELS (default
+#                  densenet121) in $MODERN_PRECISION, NHWC, its kernels' device time per step grouped
+#                  (cuDNN/cuBLAS/CUTLASS, Inductor's Triton, ATen): peer-profile-<precision>.json
 #   default        opgraph-bench with no arguments but the output files
 #
 # The autotune cache is $LOG/autotune-cache.json (OPGRAPH_CACHE), seeded from
@@ -106,6 +109,13 @@ for stage in "$@"; do
                 --lowering "${PROFILE_LOWERING:-auto}" \
                 --warmup "$WARMUP" --repeat "$REPEAT" --format json --output "$LOG/profile-$p${RUN_NAME:-}.json" \
                 2>&1 | tee "$LOG/profile-$p${RUN_NAME:-}.log" | tail -n 20 ;;
+        peer-profile)
+            p=${MODERN_PRECISION:-bf16}
+            d=float32; [ "$p" = bf16 ] && d=bfloat16; [ "$p" = fp16 ] && d=float16
+            echo "== peer-profile $p ($(date -u +%H:%M:%S))"
+            timeout "${STAGE_TIMEOUT:-590}" $PY scripts/gpu_peer_profile.py --model "${MODELS:-densenet121}" \
+                --dtype "$d" --precision "$p" --layout NHWC --json "$LOG/peer-profile-$p${RUN_NAME:-}.json" \
+                2>&1 | tee "$LOG/peer-profile-$p${RUN_NAME:-}.log" | tail -n 60 ;;
         tests)
             echo "== tests ($(date -u +%H:%M:%S))"
             timeout "${GPU_TEST_TIMEOUT:-300}" $PY -m pytest ${GPU_TESTS:-tests} ${GPU_TEST_K:+-k "$GPU_TEST_K"} -m gpu -q \

@@ -23,11 +23,16 @@ every one off, and nothing else (the fused ops' rules carry the tag
    ``BatchNormTrainingBackwardDataFromSums`` (dx) (``passes/fuse_bn_backward.py``);
 6. ``bn-apply-remat``: an activation gradient reading a training batch norm's
    output gets its own recomputed copy, so that the forward fuses the batch
-   norm with its activation (``passes/remat_bn_apply.py``; only where rule 8
+   norm with its activation (``passes/remat_bn_apply.py``; only where rule 9
    then fuses both);
-7. ``gradient-sum``: a tree of ``Add`` nodes summing a fan-out's gradients ->
+7. ``bn-gradient-remat``: a ReLU or ReLU6 gradient that is a training batch
+   norm's output gradient, the activation recomputed from the batch norm's
+   input, copied into each of the two passes of rule 5, so that the gradient
+   is never written (``passes/remat_bn_gradient.py``; only where rule 9 then
+   fuses both);
+8. ``gradient-sum``: a tree of ``Add`` nodes summing a fan-out's gradients ->
    one n-ary sum (``passes/fuse_elementwise.py``);
-8. ``elementwise``: maximal chains of memory-bound ops -> one
+9. ``elementwise``: maximal chains of memory-bound ops -> one
    ``FusedElementwise`` node, one generated kernel on cuda
    (``passes/fuse_elementwise.py``; opt-in on the CPU's oracle kernels).
 
@@ -90,6 +95,7 @@ from .fuse_bn_backward import BN_BACKWARD_SUMS
 from .fuse_elementwise import ELEMENTWISE, GRADIENT_SUM
 from .pattern import FusionRule, Match, Scope, apply_table, rewrite_lowered
 from .remat_bn_apply import BN_APPLY_REMAT
+from .remat_bn_gradient import BN_GRADIENT_REMAT
 from .share_bn_stats import BN_STATS_PARTS
 
 
@@ -251,6 +257,7 @@ TABLE: tuple[FusionRule, ...] = (
     BN_STATS_PARTS,
     BN_BACKWARD_SUMS,
     BN_APPLY_REMAT,
+    BN_GRADIENT_REMAT,
     GRADIENT_SUM,
     ELEMENTWISE,
 )

@@ -54,6 +54,10 @@ MEMBER_FAMILIES = frozenset({"activation", "bias", "broadcast", "elementwise", "
 NORM_MEMBERS = frozenset({ops.BatchNorm, ops.BatchNormBackwardData, ops.BatchNormBackwardScale,
                           ops.BatchNormRunningUpdate, ops.BatchNormStats, ops.BatchNormTraining,
                           ops.BatchNormTrainingBackwardData, ops.BatchNormTrainingBackwardScale})
+#: Fused ops a chain may end in, but not pass through: the two passes of a
+#: training batch norm's backward (``bn-backward-sums``), which take in the
+#: producers of their output gradient that ``bn-gradient-remat`` copied for them.
+CHAIN_ENDS = frozenset({ops.BatchNormTrainingBackwardSums, ops.BatchNormTrainingBackwardDataFromSums})
 #: Algorithms that are the oracle: fusing on them is opt-in (module docstring).
 ORACLE_ALGORITHMS = REFERENCE_ALGORITHMS
 #: The ``include`` name that lets these rules fuse on the oracle algorithms.
@@ -66,6 +70,12 @@ def is_member(op) -> bool:
     if isinstance(op, FusedElementwise):
         return len(op.program.outputs) == 1
     return not op.fused and (op.family in MEMBER_FAMILIES or type(op) in NORM_MEMBERS)
+
+
+def ends_chain(op) -> bool:
+    """Whether abstract ``op`` may be the last node of a fused chain: a member,
+    or one of :data:`CHAIN_ENDS`."""
+    return is_member(op) or type(op) in CHAIN_ENDS
 
 
 def fusable(ctx: PassContext, algorithm: str) -> str | None:
@@ -139,19 +149,22 @@ def _fused(graph: Graph, members: Sequence[int], algorithm: str, ctx: PassContex
     return op, inputs, rule, options
 
 
-def _declines(scope: Scope, members: list[int], algorithm: str) -> str | None:
-    """Why ``algorithm``'s ``FusedElementwise`` rule would not run these members."""
-    op, inputs, rule, options = _fused(scope.graph, scope.sorted(members), algorithm, scope.ctx)
+def declines(graph: Graph, members: Sequence[int], algorithm: str, ctx: PassContext) -> str | None:
+    """Why ``algorithm``'s ``FusedElementwise`` rule would not run graph nodes
+    ``members`` (in topological order, the last the chain's output) as one
+    chain, or None."""
+    op, inputs, rule, options = _fused(graph, members, algorithm, ctx)
     types = tuple(v.type for v in inputs)
-    return decline_reason(rule, op, types, scope.ctx.device, scope.ctx.policy, options)
+    return decline_reason(rule, op, types, ctx.device, ctx.policy, options)
 
 
-def grow(scope: Scope, root: int, rule: str, accept, minimum: int = 2) -> Match | None:
-    """The largest group of ``accept``-ed producers ending at ``root`` that the
-    algorithm's ``FusedElementwise`` rule accepts (module docstring), as a
-    match of at least ``minimum`` nodes labelled by ``rule``, or None."""
+def grow(scope: Scope, root: int, rule: str, accept, minimum: int = 2, root_accept=None) -> Match | None:
+    """The largest group of ``accept``-ed producers ending at ``root`` (which
+    ``root_accept`` must accept; default ``accept``) that the algorithm's
+    ``FusedElementwise`` rule accepts (module docstring), as a match of at
+    least ``minimum`` nodes labelled by ``rule``, or None."""
     algorithm = scope.algorithm(root)
-    if algorithm is None or not accept(scope.op(root)):
+    if algorithm is None or not (root_accept or accept)(scope.op(root)):
         return None
     why = fusable(scope.ctx, algorithm)
     if why:
@@ -163,7 +176,7 @@ def grow(scope: Scope, root: int, rule: str, accept, minimum: int = 2) -> Match 
         for u in sorted({u for n in group for u in scope.graph.input_ids(n)} - set(group) - rejected):
             if not _joins(scope, u, group, algorithm, accept):
                 continue
-            if _declines(scope, group + [u], algorithm):
+            if declines(scope.graph, scope.sorted(group + [u]), algorithm, scope.ctx):
                 rejected.add(u)
                 continue
             group.append(u)
@@ -192,9 +205,10 @@ GRADIENT_SUM = FusionRule(
     "gradient-sum", lambda scope, view: grow(scope, view.id, "gradient-sum", _is_add, minimum=2),
     rewrite_chain, consumers_first=True)
 ELEMENTWISE = FusionRule(
-    "elementwise", lambda scope, view: grow(scope, view.id, "elementwise", is_member), rewrite_chain,
+    "elementwise", lambda scope, view: grow(scope, view.id, "elementwise", is_member, root_accept=ends_chain),
+    rewrite_chain,
     consumers_first=True)
 
 
-__all__ = ["MEMBER_FAMILIES", "NORM_MEMBERS", "ORACLE_ALGORITHMS", "OPT_IN", "is_member", "fusable",
-           "program_of", "grow", "rewrite_chain", "GRADIENT_SUM", "ELEMENTWISE", "LABELS"]
+__all__ = ["MEMBER_FAMILIES", "NORM_MEMBERS", "CHAIN_ENDS", "ORACLE_ALGORITHMS", "OPT_IN", "is_member",
+           "ends_chain", "fusable", "program_of", "declines", "grow", "rewrite_chain", "GRADIENT_SUM", "ELEMENTWISE", "LABELS"]

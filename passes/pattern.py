@@ -52,12 +52,16 @@ class Match:
         label: what it fuses, for the report (``'conv + bias + relu'``);
             the notes count the matches of one label together.
         data: whatever the rule's rewrite needs beyond the nodes.
+        rewired: other nodes of the scope that the rewrite makes read values
+            it adds, in graph order, all before ``root`` (the scope places
+            what they read, as it does for the root).
     """
 
     root: int
     absorbed: tuple[int, ...] = attrs.field(converter=tuple)
     label: str
     data: Any = None
+    rewired: tuple[int, ...] = attrs.field(default=(), converter=tuple)
 
     @property
     def nodes(self) -> tuple[int, ...]:
@@ -107,27 +111,48 @@ class Scope:
     def rewired(self, root: int) -> None:
         """Keep the scope and its order right after ``root`` was rewritten: most
         rewrites make a node read its ancestors' values only (the order stays
-        valid), but one may read a node it added (``bn-backward-sums``: the
-        data gradient reads a new sums node, which joins the scope) or a
-        sibling, which can sit later."""
+        valid), but one may read nodes it added (``bn-backward-sums``: the
+        data gradient reads a new sums node; ``bn-gradient-remat``: a chain of
+        new nodes), which join the scope, or a sibling, which can sit later."""
         inputs = self.graph.input_ids(root)
-        added = [u for u in dict.fromkeys(inputs) if u not in self.position]
+        added = self._new_ancestors(root)
         self.nodes |= set(added)
         if any(self.position[u] > self.position[root] for u in inputs if u in self.position):
             self._ordered()
         elif added and not self._placed_before(root, added):
             self._ordered()
 
+    def _new_ancestors(self, root: int) -> list[int]:
+        """The nodes outside the scope's order that ``root`` reads, directly or
+        through one another (what a rewrite added), inputs first."""
+        out: list[int] = []
+        stack = [(root, iter(dict.fromkeys(self.graph.input_ids(root))))]
+        seen: set[int] = set()
+        while stack:  # depth first, a node after its inputs
+            node, inputs = stack[-1]
+            u = next((u for u in inputs if u not in self.position and u not in seen), None)
+            if u is None:
+                stack.pop()
+                if node != root:
+                    out.append(node)
+                continue
+            seen.add(u)
+            stack.append((u, iter(dict.fromkeys(self.graph.input_ids(u)))))
+        return out
+
     def _placed_before(self, root: int, added: list[int]) -> bool:
-        """Put new nodes that read only values ordered before ``root`` right
-        before it (between it and its predecessor), without sorting the whole
-        graph again: a rule adding a node per match (``bn-stats-parts`` adds
-        one per feature map of DenseNet-121) made every rewrite a full
-        topological sort, 13 of a 14 s compile. False (nothing done) where a
-        new node reads another new node or a later one."""
+        """Put new nodes (inputs first) that read only values ordered before
+        ``root`` or earlier new nodes right before it (between it and its
+        predecessor), without sorting the whole graph again: a rule adding a
+        node per match (``bn-stats-parts`` adds one per feature map of
+        DenseNet-121) made every rewrite a full topological sort, 13 of a
+        14 s compile. False (nothing done) where a new node reads a later one."""
         at = self.position[root]
-        if any(self.position.get(i, at) >= at for a in added for i in self.graph.input_ids(a)):
-            return False
+        earlier: set[int] = set()
+        for a in added:
+            if any(i not in earlier and self.position.get(i, at) >= at for i in self.graph.input_ids(a)):
+                return False
+            earlier.add(a)
         k = self._order.index(root)
         before = self.position[self._order[k - 1]] if k else at - 1
         for j, a in enumerate(added, start=1):  # positions only need to sort: fractions of the gap
@@ -226,7 +251,8 @@ def _sweep(rule, graph, scope, ctx, tallies, refused) -> bool:
             tally.skipped.append(f"{names} ({why})")
         else:
             scope.removed(m.absorbed)
-            scope.rewired(m.root)
+            for n in (*m.rewired, m.root):
+                scope.rewired(n)
             tally.done.append(names)
             changed = True
     return changed

@@ -4,7 +4,8 @@ refuses the others.
 A name there is an algorithm (``winograd``), a tag some lowering rule carries
 (``fused``, ``gemm``, ``optional``), the name of a fusion rule of the fuse
 pass's table (``bn-fold``, ``elementwise``, ``gradient-sum``,
-``bn-stats-parts``, ``bn-backward-sums``, ``bn-apply-remat``: ``passes/fuse.py``) or the opt-in
+``bn-stats-parts``, ``bn-backward-sums``, ``bn-apply-remat``, ``bn-gradient-remat``:
+``passes/fuse.py``) or the opt-in
 of the generated fusion on the CPU (``fused-reference``). A typo
 (``exclude=["winogard"]``) used to be accepted silently, and Winograd kept
 running; ``prefer`` and ``force`` already refused unknown algorithms.

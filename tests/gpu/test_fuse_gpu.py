@@ -40,7 +40,7 @@ def test_fused_training_steps_match_the_reference(cp, rng, layout, dtype):
         assert not bad, (case, bad)
 
 
-@pytest.mark.parametrize("key", ["resnet50", "densenet121", "efficientnet_b0", "googlenet"])
+@pytest.mark.parametrize("key", ["resnet50", "densenet121", "efficientnet_b0", "mobilenet_v2", "googlenet"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_each_fused_node_passes_the_per_node_check(rng, dtype, key):
     """One model per test (DenseNet-121's ~2,000 nodes take most of a minute), so a

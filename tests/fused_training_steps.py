@@ -86,6 +86,18 @@ def step_errors(fused, unfused, ref) -> list[tuple[float, float, float]]:
     return out
 
 
+def rule_on_and_off(make, rule: str, seed: int = 0):
+    """``(on, off, errors)``: the training step of ``make()`` compiled on the
+    CPU's oracle with the fused chains opted in (``include=['fused-reference']``),
+    with and without fusion rule ``rule``, and :func:`step_errors` of their
+    outputs against the float64 reference."""
+    outs, feeds, _ = training_step(make, np.random.default_rng(seed))
+    ref = og.compile(outs, pipeline="reference", dtype="float64")(**feeds)
+    on = og.compile(outs, device="cpu", policy={"include": ["fused-reference"]})
+    off = og.compile(outs, device="cpu", policy={"include": ["fused-reference"], "exclude": [rule]})
+    return on, off, step_errors(on(**feeds), off(**feeds), ref)
+
+
 def step_failures(fused, unfused, ref, n_grads: int, dtype: str) -> list[str]:
     """What fails the module docstring's criterion, one line per output
     (output 0, gradients 1..n_grads, then state); empty when all pass."""
@@ -103,4 +115,4 @@ def step_failures(fused, unfused, ref, n_grads: int, dtype: str) -> list[str]:
 
 
 __all__ = ["TOLERANCE", "BF16_GRADIENT_SLACK", "fan_out", "MAKERS", "training_step", "step_errors",
-           "step_failures"]
+           "rule_on_and_off", "step_failures"]

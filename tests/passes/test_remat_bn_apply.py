@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import collections
 
-import numpy as np
 import pytest
 
 import opgraph as og
 from opgraph.op import Lowered
 
-from fused_training_steps import step_errors, training_step
+from fused_training_steps import rule_on_and_off
 from modern_blocks import mbconv
 from passes_stubs import compile_for_cuda, cudnn_accepts
 
@@ -102,10 +101,7 @@ def test_a_relu_needs_no_copy(monkeypatch):
 def test_training_steps_on_the_oracle_match_the_reference(make):
     """Opted in on the CPU (``include=['fused-reference']``) the rule fires and
     the step's outputs equal the float64 reference and the compile without it."""
-    outs, feeds, _ = training_step(make, np.random.default_rng(0))
-    ref = og.compile(outs, pipeline="reference", dtype="float64")(**feeds)
-    on = og.compile(outs, device="cpu", policy={"include": ["fused-reference"]})
-    off = og.compile(outs, device="cpu", policy={"include": ["fused-reference"], "exclude": ["bn-apply-remat"]})
+    on, off, errors = rule_on_and_off(make, "bn-apply-remat")
     assert remats(on.report.notes) >= 1 and remats(off.report.notes) == 0
-    for fe, ue, fu in step_errors(on(**feeds), off(**feeds), ref):
+    for fe, ue, fu in errors:
         assert fe < 1e-4 and fu < 1e-5, (fe, ue, fu)

@@ -59,10 +59,15 @@ MobileNet-v2 at batch 2 the sums of 0.1 % of such passes were off by 1.4 %
 against the exact mask (the forward made the same flips from the same
 rounded ``x``, so a run is consistent). Without the chain the mask came
 from the stored activation, the reference's rounded, whose sign rounding
-keeps. So a chain with a gradient step whose input it computes itself
-(:func:`recomputes_a_gradient_input`) is held to its members' reference
-kernels in float64 on the rounded operands it was fed: its own error, as
-every other step's, without the flips of its inputs' rounding.
+keeps; in float32 a single flip among 10^5 elements moves such a sum by
+1e-3, ten times the exact algorithms' tolerance. So a chain with a gradient
+step whose input it computes itself (:func:`recomputes_a_gradient_input`)
+is held to its members' reference kernels in float64 on the rounded
+operands it was fed: its own arithmetic, without the flips of its inputs'
+rounding. That does not check that the chain's members compute what the
+unfused graph did (a rule recomputing the wrong activation would pass
+here): the fusion rule's tests do, comparing whole training steps with and
+without it against float64 (``tests/passes/test_remat_bn_gradient.py``).
 Pooling, ReLU and LRN run the same kernels in every column and are
 covered by their own tests against the reference.
 

@@ -46,7 +46,7 @@ from opgraph.ops.fused import FusedElementwise, FusedStep, Program
 from .autotune_inputs import REFERENCE_ALGORITHMS
 from .base import PassContext
 from .candidates import decline_reason, policy_options, storage_dtype
-from .pattern import FusionRule, Match, Scope, rewrite_lowered
+from .pattern import FusionRule, Match, Scope, forced_onto, rewrite_lowered
 
 #: Op families whose ops may be members of a fused chain.
 MEMBER_FAMILIES = frozenset({"activation", "bias", "broadcast", "elementwise", "relu", "reduce", "global_pool"})
@@ -135,7 +135,7 @@ def _joins(scope: Scope, node: int, group: list[int], algorithm: str, accept) ->
     ``accept``-ed, read by the group alone, no output, not forced elsewhere."""
     if node not in scope or scope.algorithm(node) != algorithm or not accept(scope.op(node)):
         return False
-    forced = scope.ctx.policy.forced(scope.graph.node(node).name)
+    forced = forced_onto(scope.ctx, scope.graph.node(node).name)
     return forced in (None, algorithm) and scope.private(node, group)
 
 

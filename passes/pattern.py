@@ -311,6 +311,16 @@ def add_lowered(graph: Graph, lowered: Lowered, inputs: Sequence[Value], name: s
     return made
 
 
+def forced_onto(ctx: PassContext, name: str) -> str | None:
+    """The algorithm ``ctx.policy`` forces node ``name`` onto, or None. A node a
+    pass added (``ctx.aliases[name]`` None: a rewrite's copy, legalize's crop)
+    is never forced, whatever key its name matches (``force={'bn/*': ...}``
+    meant the user's ``bn/stats``, not the fuse pass's ``bn/remat``); a node a
+    pass repurposed answers to its alias."""
+    alias = ctx.aliases.get(name, name)
+    return None if alias is None else ctx.policy.forced(alias)
+
+
 def forced_elsewhere(graph: Graph, root: int, nodes: Sequence[int], algorithm: str,
                      ctx: PassContext) -> str | None:
     """Why a rewrite of ``root`` (lowered to ``algorithm``) must not absorb or
@@ -318,7 +328,7 @@ def forced_elsewhere(graph: Graph, root: int, nodes: Sequence[int], algorithm: s
     fusing would drop the user's choice; None when none is."""
     for node in nodes:
         name = graph.node(node).name
-        forced = ctx.policy.forced(name)
+        forced = forced_onto(ctx, name)
         if forced is not None and forced != algorithm:
             return f"{name} is forced to {forced}, {graph.node(root).name} runs {algorithm}"
     return None
@@ -354,6 +364,6 @@ def report_rewrite(ctx: PassContext, name: str, new: Lowered, names: Sequence[st
     rec.algorithm, rec.options, rec.absorbed = new.algorithm, dict(new.options), absorbed
 
 
-__all__ = ["Match", "FusionRule", "Scope", "Tally", "apply_table", "rewrite_lowered", "add_lowered",
+__all__ = ["forced_onto", "Match", "FusionRule", "Scope", "Tally", "apply_table", "rewrite_lowered", "add_lowered",
            "forced_elsewhere",
            "lowered_for", "report_rewrite"]

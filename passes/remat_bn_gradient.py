@@ -70,7 +70,7 @@ from opgraph.ops import (BatchNormTraining, BatchNormTrainingBackwardDataFromSum
 
 from .base import PassContext
 from .fuse_elementwise import declines, fusable
-from .pattern import FusionRule, Match, Scope, add_lowered
+from .pattern import FusionRule, Match, Scope, add_lowered, forced_onto
 
 NAME = "bn-gradient-remat"
 LABEL = "batch-norm output gradient(s) recomputed in both backward passes"
@@ -110,7 +110,7 @@ def match_bn_gradient_remat(scope: Scope, view: NodeView) -> Match | None:
     algorithm = scope.algorithm(view.id)
     if algorithm is None or any(scope.algorithm(n) != algorithm for n in (sums, gy, y, z)):
         return None
-    if scope.ctx.policy.forced(graph.node(gy).name) not in (None, algorithm):
+    if forced_onto(scope.ctx, graph.node(gy).name) not in (None, algorithm):
         return None
     return Match(view.id, (), LABEL, Plan(sums, gy, z, y), rewired=(gy,))
 

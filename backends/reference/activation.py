@@ -58,9 +58,13 @@ def hardtanh(xp, x, *, min_val, max_val):
 
 @reference(ops.HardtanhBackward)
 def hardtanh_backward(xp, x, gy, *, min_val, max_val):
-    """``gy`` where ``min_val < x < max_val`` strictly, else 0 (PyTorch ``hardtanh_backward``)."""
+    """``gy`` where ``min_val < x < max_val`` strictly, else 0 (PyTorch ``hardtanh_backward``),
+    the bounds rounded to x's storage dtype: ``x`` may be the Hardtanh's stored
+    output, whose clipped elements hold the rounded bound (bf16(0.1) =
+    0.10009766 > 0.1 would pass the mask otherwise)."""
     xc, g = _in_compute(xp, x, gy)
-    return _stored(xp.where((xc > min_val) & (xc < max_val), g, 0.0), gy)
+    lo, hi = (float(xp.asarray(b, dtype=x.dtype).astype(xc.dtype)) for b in (min_val, max_val))
+    return _stored(xp.where((xc > lo) & (xc < hi), g, 0.0), gy)
 
 
 @reference(ops.Hardsigmoid)

@@ -141,10 +141,12 @@ class Hardtanh(Activation):
     def vjp(self, node, gy, wanted):
         # The mask is read from the output: y = clip(x) lies strictly inside
         # (min_val, max_val) exactly where x does (NaN included, either way
-        # outside), and a stored y is round(clip(x)), equal to clip(round(x))
-        # in every storage dtype. So the pre-activation has no reader but this
-        # node, and a batch norm + ReLU6 chain fuses in training (MobileNet-v2:
-        # 34 activations written and read back per step before).
+        # outside). A stored y is round(clip(x)): its clipped elements hold the
+        # bounds rounded to the storage dtype (bf16(0.1) = 0.10009766), so the
+        # kernels of HardtanhBackward compare with the rounded bounds. So the
+        # pre-activation has no reader but this node, and a batch norm + ReLU6
+        # chain fuses in training (MobileNet-v2: 34 activations written and read
+        # back per step before).
         return (node.graph.apply(self.backward, self.params(), [node.output, gy]),)
 
 
@@ -152,7 +154,8 @@ class Hardtanh(Activation):
 class HardtanhBackward(ActivationBackward):
     """``gy`` where ``min_val < x < max_val`` strictly, else 0: (x, gy) -> gy's
     shape. ``x`` may be the Hardtanh's input or its output (the same mask;
-    ``Hardtanh.vjp`` passes the output)."""
+    ``Hardtanh.vjp`` passes the output); the kernels compare with the bounds
+    rounded to x's storage dtype, which a clipped stored output holds."""
 
     min_val: float = F.real("min_val", -1.0, infinite=True)  # +-inf: a one-sided clip
     max_val: float = F.real("max_val", 1.0, infinite=True)

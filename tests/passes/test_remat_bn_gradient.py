@@ -156,3 +156,34 @@ def test_the_scope_holds_the_copies_in_topological_order(monkeypatch):
     copies = [graph.node(n).name for n in live if "/remat" in graph.node(n).name]
     assert sorted(copies) == ["bn/remat", "bn/remat_2", "hardtanh.grad/hardtanh_backward/remat", "hardtanh/remat",
                               "hardtanh/remat_2"], copies
+
+
+def test_a_rule_recomputing_the_wrong_activation_is_caught_end_to_end(monkeypatch):
+    """The per-node check holds these chains to their own members on the operands
+    they were fed (``benchmarks/check.py``), so it cannot see a wrong member: the
+    step against float64 does. ReLU6 recomputed with lower bound 0.5 instead of 0
+    (found by a fresh-user review: 0.3-0.9 relative error on the gradients)."""
+    import attrs
+    from opgraph.passes import remat_bn_gradient as rule
+
+    def wrong(graph, plan, ctx):
+        bn, act = graph.node(plan.bn), graph.node(plan.activation)
+        z = rule.add_lowered(graph, bn.op, bn.inputs, f"{bn.name}/remat", ctx)
+        bad = attrs.evolve(act.op, op=attrs.evolve(act.op.op, min_val=0.5))
+        return rule.add_lowered(graph, bad, [z], f"{act.name}/remat", ctx)
+
+    monkeypatch.setattr(rule, "_recomputed", wrong)
+    on, _, errors = rule_on_and_off(lambda: conv_bn_act_conv(og.relu6), "bn-gradient-remat")
+    assert fired(on.report.notes) == 1 and max(e[0] for e in errors) > 0.05, errors
+
+
+def test_force_keys_do_not_reach_the_copies(monkeypatch):
+    """``force={'bn/*': ...}`` names the user's ``bn/stats``; the rule's copies
+    (``bn/remat``, not forceable) still fuse into both passes. Before, the key
+    kept them out of every chain: five more kernels than without the rule."""
+    cudnn_accepts(monkeypatch)
+    graph, outs, report = compile_for_cuda(step(lambda: conv_bn_act_conv(og.relu6)),
+                                           og.LoweringPolicy(force={"bn/*": "reference"}))
+    count = members(graph, outs)
+    assert fired(report.notes) == 1 and not count["BatchNormTraining"] and not count["Hardtanh"], count
+    assert count[f"{SUMS}:BatchNormTraining"] == 1 and count[f"{DATA}:BatchNormTraining"] == 1

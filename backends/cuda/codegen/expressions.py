@@ -102,8 +102,10 @@ def _hardtanh(b, op, types, x):
 
 @expression(ops.HardtanhBackward)
 def _hardtanh_backward(b, op, types, x, gy):
-    return b.expr(f"(({{0}} > {lit(op.min_val)} && {{0}} < {lit(op.max_val)}) ? {{1}} : (CT)0)",
-                  b.value(x), b.value(gy))
+    """The mask against the bounds rounded to x's storage dtype (x may be the
+    stored output, whose clipped elements hold the rounded bound)."""
+    lo, hi = (lit(rounded(v, types[0].dtype)) for v in (op.min_val, op.max_val))
+    return b.expr(f"(({{0}} > {lo} && {{0}} < {hi}) ? {{1}} : (CT)0)", b.value(x), b.value(gy))
 
 
 @expression(ops.Hardsigmoid)

@@ -74,7 +74,14 @@ _DECOMPOSE = """
 #: The geometry every kernel reads: runtime arguments, or constants compiled
 #: into the kernel (``specialize=True``, see the module docstring).
 _GEO_NAMES = ("C", "H", "W", "OH", "OW", "A", "B", "cl", "kh", "kw", "sh", "sw", "pt", "pb", "pl", "pr")
-_GEO = ", ".join(("bool " if n == "cl" else "int64 ") + n for n in _GEO_NAMES)
+
+
+def _declared(names) -> str:
+    """The kernel parameters of the geometry scalars ``names`` (int64; ``cl`` bool)."""
+    return ", ".join(("bool " if n == "cl" else "int64 ") + n for n in names)
+
+
+_GEO = _declared(_GEO_NAMES)
 
 # Forward max: (a, b) = (oh, ow). First in-bounds cell, then strictly greater
 # values or the first NaN replace it (NaN never leaves: v > NaN is false).
@@ -149,41 +156,44 @@ def _wide(*arrays) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(name, in_params, out_params, body, preamble, wide, geometry=None):
-    """The CuPy kernel: geometry as trailing int arguments (``geometry`` None)
-    or compiled in as constants (``geometry`` = the :func:`_geo` tuple).
-    Cached, so a launch builds no source string."""
+def _compiled(name, in_params, out_params, body, preamble, wide, geometry=None, names=_GEO_NAMES):
+    """The CuPy kernel: geometry (scalars called ``names``) as trailing int
+    arguments (``geometry`` None) or compiled in as constants (``geometry`` =
+    their values, e.g. the :func:`_geo` tuple). Cached, so a launch builds no
+    source string."""
     import cupy
     typedef = f"typedef {'long long' if wide else 'int'} IDX;\n"
     if geometry is None:
-        in_params += ", " + _GEO
+        in_params += ", " + _declared(names)
         if not wide:  # the geometry too: one int64 operand makes the whole expression 64-bit
             in_params = in_params.replace("int64 ", "int32 ")
     else:
         name += "_const"
         body = "".join(f"    const {'bool' if n == 'cl' else 'IDX'} {n} = "
                        f"{('true' if v else 'false') if n == 'cl' else int(v)};\n"
-                       for n, v in zip(_GEO_NAMES, geometry)) + body
+                       for n, v in zip(names, geometry)) + body
     return cupy.ElementwiseKernel(in_params, out_params, body, f"opgraph_{name}_{'i64' if wide else 'i32'}",
                                   preamble=typedef + preamble)
 
 
 def _run(name, in_params, ins, out_params, outs, body, geo, *, size, arrays, storage, preamble="",
-         specialize=False):
+         specialize=False, geometry_names=_GEO_NAMES):
     """Launch kernel ``name`` over ``size`` threads: inputs ``ins`` (declared by
     ``in_params``, geometry excluded), then the geometry ``geo`` (:func:`_geo`),
     then the outputs. Index width from ``arrays``; with ``specialize`` the
     geometry is compiled in as constants (one kernel per shape). ``storage``
     (dtype name) is what the ``T`` arrays hold: it picks the LD/ST/CT macros
     (:func:`.storage.storage_preamble`) and tags the name
-    (``_bf16``)."""
+    (``_bf16``). ``geometry_names`` name the scalars of ``geo`` in the body
+    (default the pooling kernels' :data:`_GEO_NAMES`)."""
     wide = _wide(*arrays)
     name += kernel_tag(storage)
     preamble = storage_preamble(storage) + preamble
     if specialize:
-        _compiled(name, in_params, out_params, body, preamble, wide, geo)(*ins, *outs, size=size)
+        _compiled(name, in_params, out_params, body, preamble, wide, geo, geometry_names)(*ins, *outs, size=size)
     else:
-        _compiled(name, in_params, out_params, body, preamble, wide)(*ins, *geo, *outs, size=size)
+        _compiled(name, in_params, out_params, body, preamble, wide, None, geometry_names)(*ins, *geo, *outs,
+                                                                                         size=size)
 
 
 def _prepare(xp, x, what):

@@ -12,6 +12,9 @@ Two kernel conventions, as in the reference backend:
   variant's ``specialize`` from ``ctx.options``; and ``Zeros``, a memset of
   the type the node runs in.
 
+A third: the depthwise convolution's backward-data (:mod:`.depthwise`), an
+autotune candidate beside cuDNN's engines for the convolutions it takes.
+
 Importing this module needs neither CuPy nor a GPU; the kernels compile on
 first use.
 """
@@ -22,7 +25,7 @@ from opgraph import ops
 
 from ..reference.kernel import params_kernel
 from ..registry import Rule, register
-from . import colsum, loss, lrn, pool, pool_vector, relu
+from . import colsum, depthwise, loss, lrn, pool, pool_vector, relu
 from .codegen import movement
 
 def zeros_node(ctx, op):
@@ -157,6 +160,9 @@ def register_rules() -> None:
         register(Rule(op_type, "cuda", kernel, devices={"cuda"}, check=check, tags={"cuda", "gpu"},
                       inplace=INPLACE.get(op_type), fresh_output=True, capturable=True,
                       **({"variants": variants} if variants else {})))
+    # a candidate beside cuDNN's engines for depthwise backward-data (it declines every other convolution)
+    register(Rule(ops.Conv2dBackwardData, "cuda", depthwise.conv2d_backward_data_kernel, devices={"cuda"},
+                  check=depthwise.check, tags={"cuda", "gpu"}, fresh_output=True, capturable=True))
 
 
 register_rules()

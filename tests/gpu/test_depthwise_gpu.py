@@ -1,0 +1,65 @@
+"""The depthwise backward-data kernel (``backends/cuda/depthwise.py``) on the GPU,
+on MobileNet-v2's and EfficientNet-B0's shapes: against cuDNN's backward-data of
+the same operands and the float64 reference, in bf16 and float32, and inside a
+CUDA-graph replay on new input. Nothing is timed here (autotune and
+``opgraph-bench --profile`` measure)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opgraph.backends.device import cuda_status
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not cuda_status()[0], reason=f"no GPU: {cuda_status()[1]}")]
+
+#: (dx shape, kernel, stride, padding): MobileNet-v2's features.2 (3x3/2), a 3x3/1, EfficientNet-B0's 5x5/2
+CASES = [((32, 96, 112, 112), (3, 3), (2, 2), ((1, 1), (1, 1))),
+         ((32, 144, 56, 56), (3, 3), (1, 1), ((1, 1), (1, 1))),
+         ((32, 240, 28, 28), (5, 5), (2, 2), ((2, 2), (2, 2)))]
+
+
+def _device(cp, a, dtype):
+    import ml_dtypes
+    host = np.ascontiguousarray(a.transpose(0, 2, 3, 1))
+    if dtype == "bfloat16":
+        return cp.asarray(host.astype(ml_dtypes.bfloat16).view(np.uint16)).view(ml_dtypes.bfloat16).transpose(0, 3, 1, 2)
+    return cp.asarray(host.astype(np.float32)).transpose(0, 3, 1, 2)
+
+
+def _host(cp, a):
+    raw = a.view(cp.uint16) if a.dtype.itemsize == 2 else a
+    out = cp.asnumpy(cp.ascontiguousarray(raw.transpose(0, 2, 3, 1)))
+    if a.dtype.itemsize == 2:
+        out = (out.astype(np.uint32) << 16).view(np.float32)
+    return out.transpose(0, 3, 1, 2).astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("case", CASES, ids=["3x3s2", "3x3s1", "5x5s2"])
+def test_matches_cudnn_and_the_reference_and_replays(cp, rng, case, dtype, captured_replay):
+    from opgraph.backends.cuda import cudnn, depthwise
+    from opgraph.backends.reference import conv as ref_conv
+    shape, k, s, p = case
+    n, c, h, w = shape
+    ho, wo = ((h + p[0][0] + p[0][1] - k[0]) // s[0] + 1, (w + p[1][0] + p[1][1] - k[1]) // s[1] + 1)
+    gy_host, w_host = rng.standard_normal((n, c, ho, wo)), rng.standard_normal((c, 1, *k))
+    gy, wt = _device(cp, gy_host, dtype), _device(cp, w_host, dtype)
+    kw = dict(stride=s, padding=p, dilation=(1, 1), groups=c, input_shape=shape)
+    out = depthwise.conv2d_backward_data(cp, gy, wt, **kw)
+    ref = ref_conv.conv2d_backward_data(np, _host(cp, gy), _host(cp, wt), **kw)
+    theirs = cudnn.conv2d_backward_data(cp, gy, wt, **kw)
+    tol = 1e-2 if dtype == "bfloat16" else 1e-5
+    got = _host(cp, out)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < tol
+    assert np.linalg.norm(got - _host(cp, theirs)) / np.linalg.norm(ref) < tol
+    fresh = _device(cp, rng.standard_normal(gy_host.shape), dtype)
+    def overwrite():  # gy's bits replaced in place (CuPy copies uint16, not bfloat16)
+        raw = (lambda a: a.view(cp.uint16)) if dtype == "bfloat16" else (lambda a: a)
+        raw(gy)[...] = raw(fresh)
+
+    replayed, keep = captured_replay(lambda: depthwise.conv2d_backward_data(cp, gy, wt, **kw), overwrite)
+    want = depthwise.conv2d_backward_data(cp, gy, wt, **kw)
+    assert np.array_equal(_host(cp, replayed), _host(cp, want))
+    del keep

@@ -31,7 +31,7 @@ from __future__ import annotations
 from opgraph.errors import ShapeError
 
 from .pool import _computable, _finish, _run, _storage
-from .storage import bits, physical
+from .storage import bits
 
 _GEO = ("C", "H", "W", "HO", "WO", "KH", "KW", "SH", "SW", "PT", "PL", "DH", "DW")
 
@@ -60,15 +60,25 @@ _BODY = r"""
 """
 
 
-def declines(gy_shape, w_shape, groups: int, input_shape, gy_layout: str | None) -> str | None:
-    """Why :func:`conv2d_backward_data` does not take this node, or None: it
-    takes channels-last depthwise convolutions of multiplier 1 only."""
+#: Geometry from which the kernel's tap arithmetic (``h + PT - kh * DH``) would
+#: leave 32-bit integers, whatever the tensors' sizes.
+_GEOMETRY_LIMIT = 2 ** 31
+
+
+def declines(gy_shape, w_shape, groups: int, input_shape, gy_layout: str | None, padding=((0, 0), (0, 0)),
+             dilation=(1, 1)) -> str | None:
+    """Why the ``cuda`` rule does not take this node, or None: it takes
+    channels-last depthwise convolutions of multiplier 1 (the kernel itself
+    takes any layout, copying others to channels-last first)."""
     c = input_shape[1]
     if not (groups == c == w_shape[0] == gy_shape[1] and w_shape[1] == 1):
         return (f"not a depthwise convolution of multiplier 1 (groups={groups}, input channels {c}, "
                 f"weight {tuple(w_shape)})")
     if gy_layout != "NHWC":
         return f"the depthwise kernel takes channels-last (NHWC) tensors, the output gradient is {gy_layout}"
+    reach = [(k - 1) * d + p[0] + n for k, d, p, n in zip(w_shape[2:], dilation, padding, input_shape[2:])]
+    if max(reach) >= _GEOMETRY_LIMIT:
+        return f"padding {tuple(padding)} and dilation {tuple(dilation)} reach beyond 32-bit tap arithmetic"
     return None
 
 
@@ -78,13 +88,15 @@ def conv2d_backward_data(xp, gy, w, *, stride, padding, dilation, groups, input_
     channels-last, in gy's dtype. ``padding`` is ``((top, bottom), (left, right))``.
 
     Raises:
-        ShapeError: not a channels-last depthwise convolution of multiplier 1,
-            or operands of different dtypes.
+        ShapeError: not a depthwise convolution of multiplier 1, a geometry
+            beyond 32-bit tap arithmetic, or operands of different dtypes.
     """
-    buf, cl = physical(xp, bits(xp, gy))
-    why = declines(gy.shape, w.shape, groups, input_shape, "NHWC" if cl else "NCHW")
+    why = declines(gy.shape, w.shape, groups, input_shape, "NHWC", padding, dilation)
     if why:
         raise ShapeError(f"depthwise conv2d_backward_data: {why}")
+    # the NHWC buffer: gy's own memory when channels-last (also where the layout is
+    # ambiguous: a batch of 0, one channel, a 1 x 1 plane), else a copy
+    buf = xp.ascontiguousarray(bits(xp, gy).transpose(0, 2, 3, 1))
     if w.dtype != gy.dtype:
         raise ShapeError(f"depthwise conv2d_backward_data: weight {w.dtype} and output gradient {gy.dtype} differ")
     n, c, h, wd = (int(v) for v in input_shape)
@@ -113,7 +125,9 @@ def check(op, in_types, device) -> str | None:
     gy, w = in_types
     if gy.dtype not in ("float16", "bfloat16", "float32", "float64"):
         return f"the depthwise kernel takes floating dtypes, got {gy.dtype}"
-    return declines(gy.shape, w.shape, op.groups, op.input_shape, gy.layout)
+    if w.dtype != gy.dtype:
+        return f"the depthwise kernel takes one dtype: weight {w.dtype}, output gradient {gy.dtype}"
+    return declines(gy.shape, w.shape, op.groups, op.input_shape, gy.layout, op.padding, op.dilation)
 
 
 __all__ = ["declines", "conv2d_backward_data", "conv2d_backward_data_kernel", "check"]

@@ -61,8 +61,10 @@ def expression(*op_types, iterates="out"):
 
 
 def rounded(value: float, dtype: str) -> float:
-    """``value`` rounded to storage ``dtype`` (as NumPy compares a scalar with an array)."""
-    return float(np.asarray(value, dtype=numpy_dtype(dtype)).astype(np.float64))
+    """``value`` rounded to storage ``dtype`` (as NumPy compares a scalar with an array);
+    beyond the dtype's range, an infinity (as a stored value would be)."""
+    with np.errstate(over="ignore"):
+        return float(np.asarray(value, dtype=numpy_dtype(dtype)).astype(np.float64))
 
 
 def _clip(lo: str, hi: str) -> str:

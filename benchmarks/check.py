@@ -92,7 +92,7 @@ from opgraph.ops import Add, BatchNorm, ReluBackward, ThresholdBackward, of_fami
 from opgraph.ops.activation import ActivationBackward
 from opgraph.ops.conv_fused import activation_of, epilogue_steps
 from opgraph.passes.autotune import relative_error, tolerance
-from opgraph.types import as_dtype, is_float, run_type, to_layout
+from opgraph.types import FLOAT_DTYPES, as_dtype, is_float, run_type, to_layout
 
 from .protocol import LAYER_FAMILIES, TrainingGraph
 
@@ -192,17 +192,13 @@ def _reference_kernel(op):
     raise KeyError(f"no reference rule for {op.name}")
 
 
-#: Float dtypes from the least precise: a step is held to the tolerance of the least precise it stores.
-_PRECISION_ORDER = ("bfloat16", "float16", "float32", "float64")
-
-
 def _storage(runs, st) -> str:
     """The least precise float dtype step ``st`` reads or writes: a float32 sum
     of bf16 operands (a batch norm's backward sums, fused with the chain that
     makes its gradient) keeps their rounding, 2^-9 relative for a sum of
     terms of random sign, so it is held to bf16's tolerance, not float32's."""
     dtypes = [runs[n].dtype for n in (st.node, *st.args) if is_float(runs[n].dtype)]
-    return min(dtypes, key=_PRECISION_ORDER.index, default=runs[st.node].dtype)
+    return min(dtypes, key=FLOAT_DTYPES.index, default=runs[st.node].dtype)  # least precise first
 
 
 def recomputes_a_gradient_input(op) -> bool:
@@ -212,8 +208,8 @@ def recomputes_a_gradient_input(op) -> bool:
     program = getattr(op, "program", None)
     if program is None:
         return False
-    return any(isinstance(s.op, (ActivationBackward, ReluBackward, ThresholdBackward)) and s.args[0] >= program.n_inputs
-               for s in program.steps)
+    gradients = (ActivationBackward, ReluBackward, ThresholdBackward)
+    return any(isinstance(s.op, gradients) and s.args[0] >= program.n_inputs for s in program.steps)
 
 
 def abstract_twin(lowered_graph, abstract_graph, nid: int) -> int | None:
@@ -339,8 +335,8 @@ def check_lowering(exe: Executable, ref: Reference) -> CheckResult:
         out = st.kernel(st.ctx, st.op.op, *ins)
         if recomputes_a_gradient_input(st.op.op):  # on the operands it was fed (module docstring)
             kctx = KernelContext(xp, ref.device, {}, run_type(view.type, "float64"))
-            want = _reference_kernel(st.op.op)(kctx, st.op.op, *[as_dtype(xp, a, "float64") if is_float(runs[i].dtype)
-                                                                  else a for a, i in zip(ins, st.args)])
+            fed = [as_dtype(xp, a, "float64") if is_float(runs[i].dtype) else a for a, i in zip(ins, st.args)]
+            want = _reference_kernel(st.op.op)(kctx, st.op.op, *fed)
         else:
             want = expected(st.node)
         err = relative_error(xp, out, want)
@@ -406,5 +402,5 @@ def end_to_end(xp, outputs, ref: Reference) -> dict:
     return {**out, "finite": not bad, "non_finite": bad}
 
 
-__all__ = ["CHECKED_OPS", "relative_error", "Reference", "CheckResult", "abstract_twin", "recomputes_a_gradient_input", "term_scale",
-           "check_lowering", "end_to_end"]
+__all__ = ["CHECKED_OPS", "relative_error", "Reference", "CheckResult", "abstract_twin",
+           "recomputes_a_gradient_input", "term_scale", "check_lowering", "end_to_end"]

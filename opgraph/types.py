@@ -46,6 +46,15 @@ def as_dtype(xp, a, name: str):
     return xp.asarray(a, dtype=numpy_dtype(name) if xp is np else _canon_dtype(name))
 
 
+def rounded(value: float, dtype: str) -> float:
+    """The Python float ``value`` rounded to storage ``dtype`` (a name of
+    :data:`DTYPES`), as NumPy rounds a scalar compared with an array of that
+    dtype; beyond the dtype's range, an infinity (as a stored value would be).
+    On the host: kernels compare their operands with the rounded constant."""
+    with np.errstate(over="ignore"):
+        return float(np.asarray(value, dtype=numpy_dtype(dtype)).astype(np.float64))
+
+
 #: The floating dtypes (what ``compile(dtype=...)`` may replace).
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 

@@ -206,9 +206,9 @@ GRADIENT_SUM = FusionRule(
     rewrite_chain, consumers_first=True)
 ELEMENTWISE = FusionRule(
     "elementwise", lambda scope, view: grow(scope, view.id, "elementwise", is_member, root_accept=ends_chain),
-    rewrite_chain,
-    consumers_first=True)
+    rewrite_chain, consumers_first=True)
 
 
 __all__ = ["MEMBER_FAMILIES", "NORM_MEMBERS", "CHAIN_ENDS", "ORACLE_ALGORITHMS", "OPT_IN", "is_member",
-           "ends_chain", "fusable", "program_of", "declines", "grow", "rewrite_chain", "GRADIENT_SUM", "ELEMENTWISE", "LABELS"]
+           "ends_chain", "fusable", "program_of", "declines", "grow", "rewrite_chain", "GRADIENT_SUM",
+           "ELEMENTWISE", "LABELS"]

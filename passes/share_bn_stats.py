@@ -43,7 +43,7 @@ from opgraph.op import abstract_of
 from opgraph.ops import BatchNormStats, Concat
 
 from .base import PassContext
-from .pattern import FusionRule, Match, Scope, add_lowered, lowered_for, report_rewrite
+from .pattern import FusionRule, Match, Scope, add_lowered, forced_onto, lowered_for, report_rewrite
 
 NAME = "bn-stats-parts"
 LABEL = "batch statistics of a channel concat computed per part"
@@ -80,8 +80,9 @@ def share_bn_stats(graph: Graph, m: Match, ctx: PassContext) -> str | None:
         return "excluded by policy (exclude=['fused'])"
     stats = graph.node(m.root)
     algorithm = stats.op.algorithm
-    if ctx.policy.forced(stats.name) is not None:
-        return f"{stats.name} is forced to {ctx.policy.forced(stats.name)}: it keeps its own kernel"
+    forced = forced_onto(ctx, stats.name)
+    if forced is not None:
+        return f"{stats.name} is forced to {forced}: it keeps its own kernel"
     options = {k: v for k, v in stats.op.options if k != "engine"}
     source, existing = m.data
     parts = graph.node(source).inputs

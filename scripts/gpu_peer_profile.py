@@ -97,6 +97,10 @@ def _kernel_rows(prof, torch):
 
 
 def profile_peer(name: str, dtype: str, precision: str, layout: str, warmup: int, steps: int) -> dict:
+    """The record of model ``name`` (opgraph-bench's names): the peer built,
+    compiled (its first call timed: ``first_call_s``, seconds), ``warmup`` steps,
+    then ``steps`` steps profiled; :func:`summarise`'s fields (ms per step) and
+    the versions. Needs CUDA and PyTorch (their errors propagate)."""
     import torch
 
     from opgraph.benchmarks.models import build

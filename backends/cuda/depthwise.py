@@ -29,8 +29,9 @@ padding, asymmetric included.
 from __future__ import annotations
 
 from opgraph.errors import ShapeError
+from opgraph.types import is_float
 
-from .pool import _computable, _finish, _run, _storage
+from .pool import _INT32_LIMIT, _computable, _finish, _run, _storage
 from .storage import bits
 
 _GEO = ("C", "H", "W", "HO", "WO", "KH", "KW", "SH", "SW", "PT", "PL", "DH", "DW")
@@ -60,11 +61,6 @@ _BODY = r"""
 """
 
 
-#: Geometry from which the kernel's tap arithmetic (``h + PT - kh * DH``) would
-#: leave 32-bit integers, whatever the tensors' sizes.
-_GEOMETRY_LIMIT = 2 ** 31
-
-
 def declines(gy_shape, w_shape, groups: int, input_shape, gy_layout: str | None, padding=((0, 0), (0, 0)),
              dilation=(1, 1)) -> str | None:
     """Why the ``cuda`` rule does not take this node, or None: it takes
@@ -77,7 +73,7 @@ def declines(gy_shape, w_shape, groups: int, input_shape, gy_layout: str | None,
     if gy_layout != "NHWC":
         return f"the depthwise kernel takes channels-last (NHWC) tensors, the output gradient is {gy_layout}"
     reach = [(k - 1) * d + p[0] + n for k, d, p, n in zip(w_shape[2:], dilation, padding, input_shape[2:])]
-    if max(reach) >= _GEOMETRY_LIMIT:
+    if max(reach) >= _INT32_LIMIT:  # the tap arithmetic h + PT - kh * DH, whatever the tensors' sizes
         return f"padding {tuple(padding)} and dilation {tuple(dilation)} reach beyond 32-bit tap arithmetic"
     return None
 
@@ -123,7 +119,7 @@ def conv2d_backward_data_kernel(ctx, op, gy, w):
 def check(op, in_types, device) -> str | None:
     """Why the rule declines a node (:func:`declines`), or None."""
     gy, w = in_types
-    if gy.dtype not in ("float16", "bfloat16", "float32", "float64"):
+    if not is_float(gy.dtype):
         return f"the depthwise kernel takes floating dtypes, got {gy.dtype}"
     if w.dtype != gy.dtype:
         return f"the depthwise kernel takes one dtype: weight {w.dtype}, output gradient {gy.dtype}"

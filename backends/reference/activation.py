@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from opgraph import ops
 from opgraph.errors import ParameterError
-from opgraph.types import compute_dtype
+from opgraph.types import compute_dtype, rounded
 
 from .kernel import reference
 
@@ -65,8 +63,7 @@ def hardtanh_backward(xp, x, gy, *, min_val, max_val):
     output, whose clipped elements hold the rounded bound (bf16(0.1) =
     0.10009766 > 0.1 would pass the mask otherwise)."""
     xc, g = _in_compute(xp, x, gy)
-    with np.errstate(over="ignore"):  # a bound beyond float16's range rounds to inf, as a stored one does
-        lo, hi = (float(xp.asarray(b, dtype=x.dtype).astype(xc.dtype)) for b in (min_val, max_val))
+    lo, hi = (rounded(b, x.dtype.name) for b in (min_val, max_val))  # on the host: no device sync
     return _stored(xp.where((xc > lo) & (xc < hi), g, 0.0), gy)
 
 

@@ -24,7 +24,8 @@ def _device(cp, a, dtype):
     import ml_dtypes
     host = np.ascontiguousarray(a.transpose(0, 2, 3, 1))
     if dtype == "bfloat16":
-        return cp.asarray(host.astype(ml_dtypes.bfloat16).view(np.uint16)).view(ml_dtypes.bfloat16).transpose(0, 3, 1, 2)
+        bits = cp.asarray(host.astype(ml_dtypes.bfloat16).view(np.uint16))
+        return bits.view(ml_dtypes.bfloat16).transpose(0, 3, 1, 2)
     return cp.asarray(host.astype(np.float32)).transpose(0, 3, 1, 2)
 
 

@@ -219,8 +219,8 @@ def test_the_rows_read_x_so_dx_may_overwrite_gy(monkeypatch):
     buffer per batch-norm backward fewer than with rows reading gy). Without
     ``bn-gradient-remat``, which would leave no gy to overwrite."""
     cudnn_accepts(monkeypatch)
-    graph, louts, _ = compile_for_cuda(conv_bn_relu_step(), og.LoweringPolicy(layout="NHWC", exclude=["bn-gradient-remat"]),
-                                       dtype="bfloat16")
+    policy = og.LoweringPolicy(layout="NHWC", exclude=["bn-gradient-remat"])
+    graph, louts, _ = compile_for_cuda(conv_bn_relu_step(), policy, dtype="bfloat16")
     (dx,), rows = lowered_named(graph, louts, FUSED), lowered_named(graph, louts, ROW)
     x = graph.input_ids(dx.id)[1]
     assert len(rows) == 2 and all(graph.input_ids(r.id)[1] == x for r in rows)

@@ -145,8 +145,8 @@ def test_the_scope_holds_the_copies_in_topological_order(monkeypatch):
     from opgraph.passes.pattern import apply_table
     from opgraph.passes.remat_bn_gradient import BN_GRADIENT_REMAT
     cudnn_accepts(monkeypatch)
-    graph, louts, _ = compile_for_cuda(step(lambda: conv_bn_act_conv(og.relu6)),
-                                       og.LoweringPolicy(exclude=["bn-backward-sums", "bn-gradient-remat", "elementwise"]))
+    unfused = og.LoweringPolicy(exclude=["bn-backward-sums", "bn-gradient-remat", "elementwise"])
+    graph, louts, _ = compile_for_cuda(step(lambda: conv_bn_act_conv(og.relu6)), unfused)
     tallies, scope = apply_table([BN_BACKWARD_SUMS, BN_GRADIENT_REMAT], graph, louts, PassContext(device="cuda"))
     assert [len(t.done) for t in tallies.values()] == [1, 1]
     live = graph.ancestors(louts)

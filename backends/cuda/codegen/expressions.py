@@ -31,11 +31,10 @@ import math
 from typing import Callable
 
 import attrs
-import numpy as np
 
 from opgraph import ops
 from opgraph.ops.batchnorm_sums import SUM_GY, SUM_GY_XHAT
-from opgraph.types import numpy_dtype
+from opgraph.types import rounded
 
 from ...reference.dropout import keep_threshold, seed_state
 from .ir import PlanError, Stacked
@@ -58,13 +57,6 @@ def expression(*op_types, iterates="out"):
             EXPRESSIONS[t] = Expression(fn, iterates)
         return fn
     return deco
-
-
-def rounded(value: float, dtype: str) -> float:
-    """``value`` rounded to storage ``dtype`` (as NumPy compares a scalar with an array);
-    beyond the dtype's range, an infinity (as a stored value would be)."""
-    with np.errstate(over="ignore"):
-        return float(np.asarray(value, dtype=numpy_dtype(dtype)).astype(np.float64))
 
 
 def _clip(lo: str, hi: str) -> str:
@@ -440,4 +432,4 @@ def _batch_norm_running_update(b, op, types, stats, running):
     return b.expr(f"({{0}} * {lit(1.0 - op.momentum)} + {{1}} * {lit(op.momentum)})", old, batch)
 
 
-__all__ = ["EXPRESSIONS", "Expression", "expression", "rounded", "reduction_target"]
+__all__ = ["EXPRESSIONS", "Expression", "expression", "reduction_target"]

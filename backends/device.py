@@ -192,9 +192,20 @@ def versions() -> dict[str, str | None]:
     return out
 
 
+def tune_timer(device: str, clock: str):
+    """Autotune's timer on ``device`` for the policy's ``tune_clock``: on cuda,
+    ``'device'`` holds the stream while the calls are queued, so each is timed
+    alone on the GPU (``backends/cuda/held_stream.py``); anything else (the
+    ``'launch'`` clock, the CPU) is the passes' default (None)."""
+    if device == "cuda" and clock == "device":
+        from .cuda.held_stream import HeldStreamTimer
+        return HeldStreamTimer()
+    return None
+
+
 register_devices(DeviceSupport(resolve=resolve_device, array_module=array_module, versions=versions,
-                               device_name=device_name))
+                               device_name=device_name, tune_timer=tune_timer))
 
 __all__ = ["DEVICES", "DeviceUnavailableError", "ResolvedDevice", "cuda_status", "resolve_device",
            "array_module", "is_device_array", "to_device", "to_host", "synchronize",
-           "device_name", "versions"]
+           "device_name", "versions", "tune_timer"]

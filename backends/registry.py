@@ -263,13 +263,17 @@ class DeviceSupport:
       chosen); raises the backend's error for a device that is unavailable;
     * ``array_module(device) -> module``: NumPy or CuPy;
     * ``versions() -> dict``: library versions (autotune-cache keys); never raises;
-    * ``device_name(device) -> str``: the GPU's or the CPU's name.
+    * ``device_name(device) -> str``: the GPU's or the CPU's name;
+    * ``tune_timer(device, clock) -> timer or None``: autotune's timer for the
+      policy's ``tune_clock`` on ``device`` (``passes/autotune.py``'s ``Timer``
+      protocol), None where the passes' own default serves.
     """
 
     resolve: Callable[[str], str]
     array_module: Callable[[str], ModuleType]
     versions: Callable[[], Mapping[str, Any]]
     device_name: Callable[[str], str]
+    tune_timer: Callable[[str, str], Any] | None = None
 
 
 _DEVICE_SUPPORT: list[DeviceSupport] = []

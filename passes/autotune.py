@@ -54,7 +54,7 @@ from opgraph.errors import LoweringError
 from opgraph.graph import Graph
 from opgraph.op import Lowered
 from opgraph.run_types import run_types
-from opgraph.backends.registry import KernelContext
+from opgraph.backends.registry import KernelContext, device_support
 
 from .autotune_cache import AutotuneCache, cache_key
 from .autotune_clock import NodeClock, TuneClock
@@ -95,7 +95,10 @@ class PerfCounterTimer:
 
 
 class CudaEventTimer:
-    """GPU time between two CUDA events recorded around each call (CuPy)."""
+    """GPU time between two CUDA events recorded around each call (CuPy): the
+    policy's ``tune_clock = 'launch'``. The GPU reaches the first event before
+    the host has launched the call's kernels, so a kernel shorter than its
+    launch is timed as the launch (``backends/cuda/held_stream.py``)."""
 
     def measure(self, fn, *, label, warmup, repeats):
         import cupy
@@ -119,8 +122,15 @@ class CudaEventTimer:
         cupy.cuda.get_current_stream().synchronize()
 
 
-def default_timer(device: str) -> Timer:
-    """CUDA events on ``'cuda'``, ``time.perf_counter`` elsewhere (times in ms)."""
+def default_timer(device: str, clock: str = "device") -> Timer:
+    """Autotune's timer for ``device`` and the policy's ``tune_clock``: the
+    device backend's (``DeviceSupport.tune_timer``: on cuda, ``'device'`` times
+    each candidate's kernels alone), else CUDA events around each call on
+    ``'cuda'`` and ``time.perf_counter`` elsewhere."""
+    support = device_support()
+    timer = support.tune_timer(device, clock) if support.tune_timer else None
+    if timer is not None:
+        return timer
     return CudaEventTimer() if device == "cuda" else PerfCounterTimer()
 
 
@@ -162,8 +172,10 @@ class AutotunePass(Pass):
     def run(self, graph: Graph, outputs, ctx: PassContext) -> Graph:
         policy = ctx.policy
         cache = AutotuneCache.for_policy(policy)
-        timer = ctx.timer or default_timer(ctx.device)
+        timer = ctx.timer or default_timer(ctx.device, policy.tune_clock)
         versions = ctx.versions()
+        if getattr(timer, "clock_id", None):  # a decision timed by another clock is not reused
+            versions = {**versions, "tune_clock": timer.clock_id}
         device_name = ctx.device_name()
         # the types values run in (compile's dtype applied; batch statistics stay float32)
         run = run_types(graph, graph.ancestors(outputs), ctx.dtype)
@@ -251,6 +263,11 @@ class AutotunePass(Pass):
         cache.save()
         for w in cache.messages:
             ctx.report.note(w)
+        waits = sorted(getattr(timer, "waits", ()))
+        if waits:  # timed from their launch: the host's time is in their medians
+            ctx.report.note(f"autotune: {len(waits)} candidate(s) wait for the device inside a call, so the "
+                            f"launch clock timed them (host time included): {', '.join(waits[:6])}"
+                            + (" ..." if len(waits) > 6 else ""))
         ctx.report.autotune = clock.summary()
         return graph
 

@@ -15,7 +15,7 @@ The user swaps implementations here, never in the model. A policy holds
 * ``autotune``, ``workspace_limit`` (bytes), ``workspace_tolerance`` (a
   fraction: autotune keeps the smallest-workspace candidate within it of the
   fastest), ``engine_limit`` (how many cuDNN engines per node autotune times,
-  in cuDNN's heuristic order), ``precision``, ``layout``, ``explicit_padding`` (algorithms the
+  in cuDNN's heuristic order), ``tune_clock`` (what autotune's clock measures), ``precision``, ``layout``, ``explicit_padding`` (algorithms the
   legalize pass pads for), ``cache``, ``cuda_graph`` (autotune prefers
   candidates a CUDA graph can capture).
 
@@ -34,6 +34,9 @@ TOML schema (``LoweringPolicy.from_toml``; every key optional)::
                                   # among candidates within 3 % of the fastest; 0 = off
     engine_limit = 10             # int >= 1 or "all": cuDNN engines timed per node, in
                                   # heuristic order (PyTorch's cudnn.benchmark_limit, 10)
+    tune_clock = "device"         # device | launch: autotune times each candidate's kernels
+                                  # alone on the GPU (the stream held while they are queued),
+                                  # or from its launch, host gaps included (CPU: wall time both)
     precision = "fp32"            # fp32 | tf32 | bf16 | fp16 (opgraph/precision.py); fp32 on
                                   # float16/bfloat16 storage means the storage's own (fp16/bf16)
     layout = "NCHW"               # NCHW | NHWC (NHWC only acted on for cuda)
@@ -75,6 +78,8 @@ from opgraph.precision import PRECISIONS  # re-exported: the CLI lists them
 from .force import forced_algorithm
 
 LAYOUTS = ("NCHW", "NHWC")
+#: What autotune's clock measures (``LoweringPolicy.tune_clock``).
+TUNE_CLOCKS = ("device", "launch")
 OP_TYPES = tuple(sorted(ops.__all__))
 
 
@@ -322,6 +327,12 @@ class LoweringPolicy:
     #: Autotune times at most this many cuDNN engines per node, the first in
     #: cuDNN's heuristic order that build (None: all of them).
     engine_limit: int | None = attrs.field(default=10, converter=parse_engine_limit)
+    #: What autotune's clock measures on the GPU: ``'device'``, each candidate's
+    #: kernels alone (``backends/cuda/held_stream.py``: the step is replayed as
+    #: CUDA graphs, with no host time between kernels), or ``'launch'``, two
+    #: events around each call, the host's launch time included when the
+    #: kernels are shorter than it. On the CPU both are the wall clock.
+    tune_clock: str = attrs.field(default="device", validator=_choice("tune_clock", TUNE_CLOCKS))
     #: The precision asked of compute-bound kernels (``opgraph/precision.py``);
     #: each node gets ``precision.resolve(precision, its storage)``: this,
     #: except that ``fp32`` on half storage is the storage's own.
@@ -384,6 +395,7 @@ class LoweringPolicy:
              "autotune": self.autotune, "workspace_limit": self.workspace_limit,
              "workspace_tolerance": self.workspace_tolerance,
              "engine_limit": "all" if self.engine_limit is None else self.engine_limit,
+             "tune_clock": self.tune_clock,
              "precision": self.precision, "layout": self.layout,
              "explicit_padding": sorted(self.explicit_padding), "cache": self.cache,
              "cuda_graph": self.cuda_graph or None}
@@ -495,5 +507,5 @@ def _dedupe(items) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
-__all__ = ["LoweringPolicy", "PolicyError", "ALIASES", "DEFAULT_ORDER", "PRECISIONS", "LAYOUTS",
+__all__ = ["LoweringPolicy", "PolicyError", "ALIASES", "DEFAULT_ORDER", "PRECISIONS", "LAYOUTS", "TUNE_CLOCKS",
            "CONV_OPS", "parse_bytes", "parse_fraction", "parse_engine_limit"]

@@ -1,0 +1,171 @@
+"""``policy.tune_clock``: what autotune's clock measures on the GPU.
+
+``'device'`` (the default) times each candidate's kernels alone, queued behind
+a held stream (``backends/cuda/held_stream.py``); ``'launch'`` records two
+events around each call, host launch time included. The held timer's logic
+runs here against a simulated stream; ``tests/gpu/test_held_stream_gpu.py``
+checks it on the device."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from opgraph.backends import device as devices
+from opgraph.backends.cuda.held_stream import HeldStreamTimer
+from opgraph.passes.autotune import CudaEventTimer, PerfCounterTimer, default_timer
+from opgraph.passes.policy import TUNE_CLOCKS, LoweringPolicy, PolicyError
+
+from passes_stubs import StubTimer, install_scale_rules
+from test_autotune import scale_graph, tune
+
+
+# ---- the policy key ------------------------------------------------------
+
+def test_the_default_clock_is_the_device_and_round_trips():
+    assert LoweringPolicy().tune_clock == "device" == TUNE_CLOCKS[0]
+    p = LoweringPolicy(tune_clock="launch")
+    assert LoweringPolicy.from_mapping(p.to_dict()).tune_clock == "launch"
+
+
+@pytest.mark.parametrize("bad", ["host", "DEVICE", 1, None])
+def test_a_bad_clock_names_the_key_and_the_value(bad):
+    with pytest.raises(PolicyError, match="tune_clock") as e:
+        LoweringPolicy(tune_clock=bad)
+    assert repr(bad) in str(e.value) or str(bad) in str(e.value)
+
+
+def test_a_policy_file_sets_the_clock(tmp_path):
+    f = tmp_path / "p.toml"
+    f.write_text('autotune = true\ntune_clock = "launch"\n')
+    assert LoweringPolicy.from_toml(f).tune_clock == "launch"
+    f.write_text('tune_clock = "wall"\n')
+    with pytest.raises(PolicyError, match=r"p\.toml.*tune_clock.*wall"):
+        LoweringPolicy.from_toml(f)
+
+
+# ---- which timer each clock gets ----------------------------------------
+
+def test_cuda_device_clock_is_the_held_stream_and_launch_the_event_pair():
+    assert isinstance(devices.tune_timer("cuda", "device"), HeldStreamTimer)
+    assert devices.tune_timer("cuda", "launch") is None
+    assert isinstance(default_timer("cuda", "device"), HeldStreamTimer)
+    assert type(default_timer("cuda", "launch")) is CudaEventTimer
+
+
+@pytest.mark.parametrize("clock", TUNE_CLOCKS)
+def test_the_cpu_clock_is_the_wall_clock_either_way(clock):
+    assert type(default_timer("cpu", clock)) is PerfCounterTimer
+
+
+class _ClockedStub(StubTimer):
+    clock_id = "held-stream"
+
+
+def test_the_cache_key_names_the_clock_so_another_clocks_decision_is_not_reused(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
+    times = {"fast": 1.0, "slow": 5.0, "reference": 3.0}
+    cache = tmp_path / "c.json"
+    _, report = tune(scale_graph()[1], cache, StubTimer(times))
+    assert report.node("s0").how == "autotune"
+    (plain,) = json.loads(cache.read_text())["entries"]
+    assert "tune_clock" not in plain
+    _, report = tune(scale_graph()[1], cache, _ClockedStub(times))
+    assert report.node("s0").how == "autotune"  # timed again, not the other clock's entry
+    keys = set(json.loads(cache.read_text())["entries"]) - {plain}
+    assert len(keys) == 1 and "tune_clock=held-stream" in keys.pop()
+    _, report = tune(scale_graph()[1], cache, _ClockedStub(times))
+    assert report.node("s0").how == "cache"
+
+
+# ---- the held timer against a simulated stream ---------------------------
+
+class _Event:
+    def __init__(self, stream):
+        self.stream, self.at = stream, None
+
+    def record(self):
+        self.stream.record(self)
+
+    def synchronize(self):
+        pass
+
+
+class _Stream:
+    """A GPU stand-in: ``host_gap`` seconds pass on the device between one
+    call's launch and its kernel unless the stream is held; a kernel of
+    ``kernel`` seconds runs per call."""
+
+    def __init__(self, kernel, host_gap, runs_out=False):
+        self.kernel, self.host_gap, self.runs_out = kernel, host_gap, runs_out
+        self.clock, self.held, self.holds, self.releases = 0.0, False, 0, 0
+
+    def record(self, event):
+        event.at = self.clock
+
+    def call(self):
+        self.clock += (0.0 if self.held else self.host_gap) + self.kernel
+
+
+class _SimulatedHeld(HeldStreamTimer):
+    def __init__(self, stream, **kw):
+        super().__init__(**kw)
+        self.stream = stream
+
+    def _hold(self):
+        self.stream.held, self.stream.holds = True, self.stream.holds + 1
+
+    def _release(self):
+        self.stream.held, self.stream.releases = False, self.stream.releases + 1
+        return self.stream.runs_out
+
+    def _event(self):
+        return _Event(self.stream)
+
+    @staticmethod
+    def _elapsed(start, end):
+        return end.at - start.at
+
+
+def test_held_calls_measure_the_kernel_without_the_host_gap():
+    s = _Stream(kernel=12e-6, host_gap=60e-6)
+    t = _SimulatedHeld(s, batch=4)
+    times = t.measure(s.call, label="cudnn[engine=0]", warmup=2, repeats=10)
+    assert times == pytest.approx([12e-6] * 10)
+    assert s.holds == s.releases == 3  # 4 + 4 + 2 calls behind three holds
+    # the launch clock on the same stream: the gap is in every call
+    launch = _SimulatedHeld(s)._launch_calls(s.call, 3)
+    assert launch == pytest.approx([72e-6] * 3)
+
+
+def test_warmup_calls_are_not_timed():
+    s = _Stream(kernel=1e-6, host_gap=0.0)
+    calls = []
+    t = _SimulatedHeld(s)
+    assert len(t.measure(lambda: (calls.append(1), s.call()), label="x", warmup=3, repeats=2)) == 2
+    assert len(calls) == 5
+
+
+def test_a_call_that_waits_for_the_device_falls_back_to_the_launch_clock_for_its_label():
+    s = _Stream(kernel=10e-6, host_gap=50e-6, runs_out=True)
+    t = _SimulatedHeld(s, batch=4)
+    times = t.measure(s.call, label="gemm", warmup=0, repeats=5)
+    assert times == pytest.approx([60e-6] * 5)  # the held batch was thrown away
+    assert t.waits == {"gemm"} and s.holds == 1
+    assert t.measure(s.call, label="gemm", warmup=0, repeats=2) == pytest.approx([60e-6] * 2)
+    assert s.holds == 1  # that label is never held again
+    s.runs_out = False
+    assert t.measure(s.call, label="cudnn", warmup=0, repeats=2) == pytest.approx([10e-6] * 2)
+
+
+def test_an_exception_in_a_call_still_releases_the_stream():
+    s = _Stream(kernel=1e-6, host_gap=0.0)
+    t = _SimulatedHeld(s)
+
+    def boom():
+        raise RuntimeError("kernel failed")
+
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        t.measure(boom, label="boom", warmup=0, repeats=3)
+    assert s.holds == s.releases == 1 and not s.held

@@ -197,6 +197,7 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         exe = og.compile(tg.outputs, device=s.device, policy=policy)
         rec["compile_s"] = time.perf_counter() - t0
         rec["autotune"] = exe.report.autotune or None  # where compile_s went, when autotune ran
+        rec["fusion"] = exe.report.fusion or None  # which fusion rules rewrote how many matches
         sched = schedule(exe, tg)
         rec["forced"] = forced_nodes(exe.report)  # the policy's choice, not a decline
         if policy.force and not rec["forced"]:  # a typo'd node name: the column would be the fallback's

@@ -149,7 +149,8 @@ def profile_steps(tg, feeds: dict, device: str, policy, timer, *, warmup: int, r
         nodes.append({"name": st.name, "op": op.name, "algorithm": st.op.algorithm, "phase": phase[st.node],
                       "direction": direction_of(op, phase[st.node]), "kind": "compute" if compute else "memory",
                       **timed.fields(), "bytes": moved, "flops": flops})
-    return {"compile_s": compile_s, "notes": notes, "autotune": exe.report.autotune or None, "step_ms": step_ms, **graph,
+    return {"compile_s": compile_s, "notes": notes, "autotune": exe.report.autotune or None,
+            "fusion": exe.report.fusion or None, "step_ms": step_ms, **graph,
             "nodes_ms": sum(n["ms"] for n in nodes), "timing": timing_summary(clock, nodes), "nodes": nodes}
 
 

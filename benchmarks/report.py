@@ -33,7 +33,7 @@ FORMATS = ("table", "json", "csv", "markdown")
 RESULT_KEYS = ("model", "batch", "dtype", "precision", "layout", "layout_requested", "device",
                "lowering", "kind", "status", "reason", "notes")
 #: Keys a timed (``status: ok``) opgraph result adds.
-TIMED_KEYS = ("policy", "compile_s", "autotune", "forced", "algorithms", "precision_applied", "not_applicable",
+TIMED_KEYS = ("policy", "compile_s", "autotune", "fusion", "forced", "algorithms", "precision_applied", "not_applicable",
               "check", "memory", "times", "totals", "step", "flops", "tflops", "peak_fraction", "layers")
 #: Statuses of a result.
 STATUSES = ("ok", "n/a", "mismatch", "error", "unavailable", "skipped")

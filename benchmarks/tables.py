@@ -28,6 +28,7 @@ from typing import Iterable
 import attrs
 
 from opgraph.passes.autotune_clock import describe as describe_autotune
+from opgraph.passes.report import describe_fusion
 
 from .peer_run import PEERS as PEER_KINDS
 MARK = "†"
@@ -166,6 +167,17 @@ def autotune_note(r: dict) -> str | None:
     return f"{r['model']} / {r['lowering']}: {describe_autotune(summary)}"
 
 
+def fusion_note(r: dict) -> str | None:
+    """``'densenet121 / auto: fusion rules: bn-backward-sums 121, elementwise 312'``:
+    which rules of the fuse pass's table rewrote how many matches in a column
+    (``r['fusion']``, ``LoweringReport.fusion``); None when none did, and for a
+    ``+graph`` column (it replays its eager column's compile)."""
+    if not r.get("fusion") or r["lowering"].endswith("+graph"):
+        return None
+    said = describe_fusion(r["fusion"])
+    return f"{r['model']} / {r['lowering']}: fusion rules: {said}" if said else None
+
+
 def layout_label(env: dict) -> str:
     """The layout a run computed in, with the one asked for when it differs
     (NHWC asked for on the CPU runs NCHW): ``'NCHW (NHWC requested)'``."""
@@ -255,6 +267,9 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
             forced = forced_note(r)
             if forced:
                 extra.append(forced)
+            fused = fusion_note(r)
+            if fused:
+                extra.append(fused)
             rows.append([r["model"], r["lowering"] + (f" {FORCED_MARK}" if forced else ""),
                          fmt_ms(tot["forward_ms"]),
                          fmt_ms((t.get("backward_data") or {}).get("median_ms")),
@@ -383,4 +398,4 @@ def all_tables(doc: dict, *, per_layer_tflops: bool = False) -> list[Table]:
 __all__ = ["Table", "ordered", "precision_label", "fmt_ms", "fmt_num", "fmt_rate", "fmt_mib", "fmt_err", "precisions",
            "layout_label", "environment_table", "peak_table", "end_to_end_tables", "layer_tables", "memory_tables",
            "all_tables", "PEER_KINDS", "MARK", "FORCED_MARK", "forced_note", "spread_cell",
-           "run_stability_notes", "AUTOTUNE_NOTE_SECONDS", "autotune_note"]
+           "run_stability_notes", "AUTOTUNE_NOTE_SECONDS", "autotune_note", "fusion_note"]

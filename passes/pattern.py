@@ -102,6 +102,9 @@ class Scope:
         self.outputs = frozenset(v.node for v in outputs)
         self.nodes = graph.ancestors(outputs)
         self.notes: dict[str, set[str]] = {}
+        #: rule name -> rewrites it made / matches whose rewrite declined
+        self.applied: dict[str, int] = {}
+        self.declined: dict[str, int] = {}
         self._ordered()
 
     def _ordered(self) -> None:
@@ -249,7 +252,9 @@ def _sweep(rule, graph, scope, ctx, tallies, refused) -> bool:
         if why:
             refused.add(key)
             tally.skipped.append(f"{names} ({why})")
+            scope.declined[rule.name] = scope.declined.get(rule.name, 0) + 1
         else:
+            scope.applied[rule.name] = scope.applied.get(rule.name, 0) + 1
             scope.removed(m.absorbed)
             for n in (*m.rewired, m.root):
                 scope.rewired(n)

@@ -120,6 +120,18 @@ class NodeReport:
         return d
 
 
+def describe_fusion(fusion: dict) -> str:
+    """``'bn-backward-sums 121, elementwise 312 (2 declined); excluded: dgrad-relu'``:
+    the fusion rules of ``fusion`` (``LoweringReport.fusion``) that rewrote
+    something, with how many rewrites (and declined matches), then those the
+    policy excluded; '' when the fuse pass did nothing."""
+    applied = [f"{k} {v['applied']}" + (f" ({v['declined']} declined)" if v.get("declined") else "")
+               for k, v in fusion.items() if v.get("applied")]
+    excluded = [k for k, v in fusion.items() if v.get("excluded")]
+    return ", ".join(applied) + ("; " if applied and excluded else "") + \
+        (f"excluded: {', '.join(excluded)}" if excluded else "")
+
+
 @attrs.define
 class LoweringReport:
     """Everything the pipeline decided for one compile.
@@ -133,6 +145,10 @@ class LoweringReport:
             (``passes.autotune_clock.TuneClock.summary``: seconds per part,
             nodes tuned, cache hits, candidates checked and timed); empty
             without autotune.
+        fusion: what the fuse pass's table did, per rule name in table
+            order: ``{'applied': rewrites made, 'declined': matches whose
+            rewrite declined}``, or ``{'excluded': True}`` for a rule the
+            policy turned off; empty when no fuse pass ran.
     """
 
     device: str = "cpu"
@@ -143,6 +159,7 @@ class LoweringReport:
     memory: dict[str, Any] = attrs.field(factory=dict)
     notes: list[str] = attrs.field(factory=list)
     autotune: dict[str, Any] = attrs.field(factory=dict)
+    fusion: dict[str, dict] = attrs.field(factory=dict)
 
     def node(self, name: str) -> NodeReport:
         """The record of node ``name``.
@@ -192,7 +209,12 @@ class LoweringReport:
         return {"device": self.device, "pipeline": self.pipeline, "policy": self.policy,
                 "nodes": {n: r.to_dict() for n, r in self.nodes.items()},
                 "passes": [list(p) for p in self.passes], "memory": dict(self.memory),
-                "notes": list(self.notes), "autotune": dict(self.autotune)}
+                "notes": list(self.notes), "autotune": dict(self.autotune),
+                "fusion": {k: dict(v) for k, v in self.fusion.items()}}
+
+    def fusion_summary(self) -> str:
+        """:func:`describe_fusion` of :attr:`fusion`."""
+        return describe_fusion(self.fusion)
 
     def format(self, verbose: bool = False) -> str:
         """A text table: one line per node (name, chosen implementation, how),
@@ -217,6 +239,8 @@ class LoweringReport:
             lines.append("passes: " + ", ".join(f"{n} {1e3 * s:.1f} ms" for n, s in self.passes))
         if self.autotune:
             lines.append(describe_autotune(self.autotune))
+        if self.fusion_summary():
+            lines.append(f"fusion rules: {self.fusion_summary()}")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -239,4 +263,4 @@ def _candidate_line(c: Candidate) -> str:
     return "  ".join(parts)
 
 
-__all__ = ["Candidate", "NodeReport", "LoweringReport", "STATUSES"]
+__all__ = ["Candidate", "NodeReport", "LoweringReport", "STATUSES", "describe_fusion"]

@@ -54,6 +54,15 @@ def test_fusion_on_cuda_of_every_built_in_model(monkeypatch, key):
     added += sum(v.name.endswith("/batch-stats") for v in nodes)  # bn-stats-parts: a part's statistics
     assert len(off_report.nodes) - len(report.nodes) == absorbed - added
     assert not any(v.op.op.fused for v in lowered(off_graph, off_outs))
+    # the report says which rules rewrote how many matches
+    assert list(report.fusion) == [r.name for r in TABLE]
+    assert not any(v.get("applied") for v in off_report.fusion.values())
+    fused_kinds = collections.Counter(v.op.op.name for v in fused)
+    assert report.fusion["dgrad-relu"]["applied"] == fused_kinds["Conv2dBackwardDataRelu"]
+    assert report.fusion["pool-relu-backward"]["applied"] == fused_kinds["MaxPool2dBackwardRelu"]
+    # each chain or n-ary sum is one FusedElementwise, unless a later chain took an n-ary sum in
+    chains = report.fusion["elementwise"]["applied"] + report.fusion["gradient-sum"]["applied"]
+    assert (chains > 0) == (fused_kinds["FusedElementwise"] > 0) and fused_kinds["FusedElementwise"] <= chains
     # the fixed point: no rule matches the result any more (a declined match would be noted)
     scope = Scope(graph, louts, PassContext(device="cuda", policy=policy))
     for rule in TABLE:
@@ -81,3 +90,15 @@ def test_fusion_on_cuda_of_every_built_in_model(monkeypatch, key):
     if key in ("alexnet", "overfeat", "vgg_a", "googlenet"):  # conv + bias + ReLU everywhere
         convs = sum(v.op.name == "Conv2d" for v in abstract)
         assert kinds["Conv2dBiasRelu"] == convs
+
+
+def test_the_report_names_a_rule_the_policy_excluded(monkeypatch):
+    cudnn_accepts(monkeypatch)
+    _, outs = training_step("alexnet")
+    _, _, report = compile_for_cuda(outs, og.LoweringPolicy(layout="NHWC", exclude=["conv-epilogue"]))
+    assert report.fusion["conv-epilogue"] == {"excluded": True}
+    assert report.fusion["pool-relu-backward"]["applied"] > 0
+    said = report.fusion_summary()
+    assert "conv-epilogue" not in said.split(";")[0] and said.endswith("; excluded: conv-epilogue")
+    assert f"pool-relu-backward {report.fusion['pool-relu-backward']['applied']}" in said
+    assert f"fusion rules: {said}" in report.format()

@@ -1,0 +1,53 @@
+"""opgraph-bench says which fusion rules fired: each opgraph column's record
+carries ``LoweringReport.fusion`` (rule -> rewrites made), the end-to-end
+table a line per column that fused something, and a ``--profile`` record the
+same field."""
+
+from __future__ import annotations
+
+import pytest
+
+from opgraph.benchmarks import driver, lowerings as lw, tables
+from opgraph.passes.fuse import TABLE
+from opgraph.passes.policy import LoweringPolicy
+
+from tinymodels import tiny_convnet
+
+NO_CACHE = LoweringPolicy(cache="off")
+
+
+@pytest.fixture(scope="module")
+def doc():
+    s = driver.Settings(device="cpu", lowerings=lw.parse_lowerings("gemm,auto"), warmup=0, repeat=1,
+                        per_layer=False, base_policy=NO_CACHE)
+    return driver.run_benchmark([tiny_convnet()], s)
+
+
+@pytest.mark.parametrize("lowering", ["gemm", "auto"])
+def test_every_column_records_each_rule_of_the_table(doc, lowering):
+    (rec,) = [r for r in doc["results"] if r["lowering"] == lowering]
+    assert rec["status"] == "ok"
+    assert list(rec["fusion"]) == [r.name for r in TABLE]
+    assert all(set(v) == {"applied", "declined"} for v in rec["fusion"].values())
+
+
+def test_the_table_has_a_line_for_a_column_that_fused():
+    rec = {"model": "resnet50", "lowering": "auto",
+           "fusion": {"conv-epilogue": {"applied": 16, "declined": 0},
+                      "dgrad-relu": {"applied": 0, "declined": 3},
+                      "elementwise": {"applied": 120, "declined": 2},
+                      "bn-gradient-remat": {"excluded": True}}}
+    assert tables.fusion_note(rec) == ("resnet50 / auto: fusion rules: conv-epilogue 16, "
+                                       "elementwise 120 (2 declined); excluded: bn-gradient-remat")
+    assert tables.fusion_note({**rec, "lowering": "auto+graph"}) is None  # its eager column says it
+    nothing = {k: {"applied": 0, "declined": 0} for k in rec["fusion"]}
+    assert tables.fusion_note({**rec, "fusion": nothing}) is None
+    assert tables.fusion_note({**rec, "fusion": None}) is None
+
+
+def test_the_end_to_end_table_carries_the_line(doc):
+    (table,) = tables.end_to_end_tables(doc)
+    for rec in doc["results"]:
+        line = tables.fusion_note(rec)
+        assert (line in table.notes) if line else not any(n.startswith(f"tiny / {rec['lowering']}: fusion")
+                                                           for n in table.notes)

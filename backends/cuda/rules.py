@@ -13,7 +13,8 @@ Two kernel conventions, as in the reference backend:
   the type the node runs in.
 
 A third: the depthwise convolution's backward-data (:mod:`.depthwise`), an
-autotune candidate beside cuDNN's engines for the convolutions it takes.
+autotune candidate beside cuDNN's engines for the convolutions it takes, with
+its own variants (``depthwise.variants``, revisioned).
 
 Importing this module needs neither CuPy nor a GPU; the kernels compile on
 first use.
@@ -160,9 +161,11 @@ def register_rules() -> None:
         register(Rule(op_type, "cuda", kernel, devices={"cuda"}, check=check, tags={"cuda", "gpu"},
                       inplace=INPLACE.get(op_type), fresh_output=True, capturable=True,
                       **({"variants": variants} if variants else {})))
-    # a candidate beside cuDNN's engines for depthwise backward-data (it declines every other convolution)
+    # a candidate beside cuDNN's engines for depthwise backward-data (it declines every other convolution);
+    # its variants (thread tiles) carry the kernels' revision into the autotune cache key
     register(Rule(ops.Conv2dBackwardData, "cuda", depthwise.conv2d_backward_data_kernel, devices={"cuda"},
-                  check=depthwise.check, tags={"cuda", "gpu"}, fresh_output=True, capturable=True))
+                  check=depthwise.check, variants=depthwise.variants, tags={"cuda", "gpu"}, fresh_output=True,
+                  capturable=True))
 
 
 register_rules()

@@ -14,10 +14,14 @@ from opgraph.backends.device import cuda_status
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_status()[0], reason=f"no GPU: {cuda_status()[1]}")]
 
-#: (dx shape, kernel, stride, padding): MobileNet-v2's features.2 (3x3/2), a 3x3/1, EfficientNet-B0's 5x5/2
+#: (dx shape, kernel, stride, padding): MobileNet-v2's features.2 (3x3/2), a 3x3/1, EfficientNet-B0's 5x5/2,
+#: MobileNet-v2's last 3x3/1 (7 x 7: a strip past the row's end), and 27 channels (the scalar path, V = 1)
 CASES = [((32, 96, 112, 112), (3, 3), (2, 2), ((1, 1), (1, 1))),
          ((32, 144, 56, 56), (3, 3), (1, 1), ((1, 1), (1, 1))),
-         ((32, 240, 28, 28), (5, 5), (2, 2), ((2, 2), (2, 2)))]
+         ((32, 240, 28, 28), (5, 5), (2, 2), ((2, 2), (2, 2))),
+         ((32, 960, 7, 7), (3, 3), (1, 1), ((1, 1), (1, 1))),
+         ((8, 27, 30, 30), (3, 3), (2, 2), ((1, 1), (1, 1)))]
+IDS = ["3x3s2", "3x3s1", "5x5s2", "3x3s1-7x7", "3x3s2-scalar"]
 
 
 def _device(cp, a, dtype):
@@ -38,7 +42,7 @@ def _host(cp, a):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("case", CASES, ids=["3x3s2", "3x3s1", "5x5s2"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_matches_cudnn_and_the_reference_and_replays(cp, rng, case, dtype, captured_replay):
     from opgraph.backends.cuda import cudnn, depthwise
     from opgraph.backends.reference import conv as ref_conv
@@ -64,3 +68,20 @@ def test_matches_cudnn_and_the_reference_and_replays(cp, rng, case, dtype, captu
     want = depthwise.conv2d_backward_data(cp, gy, wt, **kw)
     assert np.array_equal(_host(cp, replayed), _host(cp, want))
     del keep
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_every_variant_is_bit_for_bit_the_default(cp, rng, case, dtype):
+    """The autotune variants (``depthwise.variants``: strip width, row tiles) sum each
+    pixel's taps in the same order, so they agree bit for bit."""
+    from opgraph.backends.cuda import depthwise
+    shape, k, s, p = case
+    n, c, h, w = shape
+    ho, wo = ((h + p[0][0] + p[0][1] - k[0]) // s[0] + 1, (w + p[1][0] + p[1][1] - k[1]) // s[1] + 1)
+    gy = _device(cp, rng.standard_normal((n, c, ho, wo)), dtype)
+    wt = _device(cp, rng.standard_normal((c, 1, *k)), dtype)
+    kw = dict(stride=s, padding=p, dilation=(1, 1), groups=c, input_shape=shape)
+    want = _host(cp, depthwise.conv2d_backward_data(cp, gy, wt, **kw))
+    for options in depthwise.variants(None, None, "cuda")[1:]:
+        assert np.array_equal(_host(cp, depthwise.conv2d_backward_data(cp, gy, wt, **kw, **options)), want), options

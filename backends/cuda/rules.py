@@ -12,9 +12,10 @@ Two kernel conventions, as in the reference backend:
   variant's ``specialize`` from ``ctx.options``; and ``Zeros``, a memset of
   the type the node runs in.
 
-A third: the depthwise convolution's backward-data (:mod:`.depthwise`), an
-autotune candidate beside cuDNN's engines for the convolutions it takes, with
-its own variants (``depthwise.variants``, revisioned).
+A third: the depthwise convolution's backward-data (:mod:`.depthwise`) and
+backward-filter (:mod:`.depthwise_filter`), autotune candidates beside
+cuDNN's engines for the convolutions they take, each with its own variants
+(``depthwise.variants``, ``depthwise_filter.variants``, revisioned).
 
 Importing this module needs neither CuPy nor a GPU; the kernels compile on
 first use.
@@ -26,7 +27,7 @@ from opgraph import ops
 
 from ..reference.kernel import params_kernel
 from ..registry import Rule, register
-from . import colsum, depthwise, loss, lrn, pool, pool_vector, relu
+from . import colsum, depthwise, depthwise_filter, loss, lrn, pool, pool_vector, relu
 from .codegen import movement
 
 def zeros_node(ctx, op):
@@ -166,6 +167,11 @@ def register_rules() -> None:
     register(Rule(ops.Conv2dBackwardData, "cuda", depthwise.conv2d_backward_data_kernel, devices={"cuda"},
                   check=depthwise.check, variants=depthwise.variants, tags={"cuda", "gpu"}, fresh_output=True,
                   capturable=True))
+    # the same for depthwise backward-filter (two deterministic passes, no atomics); opt-in
+    # (include=['depthwise-wgrad']) until it has run on a GPU: checked so far on the CPU emulator only
+    register(Rule(ops.Conv2dBackwardFilter, "cuda", depthwise_filter.conv2d_backward_filter_kernel,
+                  devices={"cuda"}, check=depthwise_filter.check, variants=depthwise_filter.variants,
+                  tags={"cuda", "gpu", "optional", "depthwise-wgrad"}, fresh_output=True, capturable=True))
 
 
 register_rules()

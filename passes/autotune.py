@@ -83,6 +83,8 @@ class Timer(Protocol):
 class PerfCounterTimer:
     """CPU wall time with ``time.perf_counter`` around each call."""
 
+    clock_name = "wall"
+
     def measure(self, fn, *, label, warmup, repeats):
         for _ in range(warmup):
             fn()
@@ -99,6 +101,8 @@ class CudaEventTimer:
     policy's ``tune_clock = 'launch'``. The GPU reaches the first event before
     the host has launched the call's kernels, so a kernel shorter than its
     launch is timed as the launch (``backends/cuda/held_stream.py``)."""
+
+    clock_name = "launch (events around each call)"
 
     def measure(self, fn, *, label, warmup, repeats):
         import cupy
@@ -120,6 +124,18 @@ class CudaEventTimer:
         import cupy
 
         cupy.cuda.get_current_stream().synchronize()
+
+
+def _take_waits(timer) -> list[str]:
+    """The labels a held-stream timer timed by the launch clock on the node just
+    tuned (:class:`backends.cuda.held_stream.HeldStreamTimer`), emptied so that
+    the next node's candidates are held again; [] for other timers."""
+    waits = getattr(timer, "waits", None)
+    if not waits:
+        return []
+    out = sorted(waits)
+    waits.clear()
+    return out
 
 
 def default_timer(device: str, clock: str = "device") -> Timer:
@@ -181,6 +197,7 @@ class AutotunePass(Pass):
         run = run_types(graph, graph.ancestors(outputs), ctx.dtype)
         clock = TuneClock(getattr(timer, "synchronize", None), ctx.device)  # where the pass's time goes
         pool = InputPool(ctx.xp, ctx.seed)  # candidates' inputs, drawn once per type for the whole run
+        waits: dict[str, list[str]] = {}  # node -> candidates the launch clock timed (HeldStreamTimer)
         for view in list(graph.nodes_in_order(outputs)):
             if not isinstance(view.op, Lowered):
                 continue
@@ -240,6 +257,9 @@ class AutotunePass(Pass):
                                     "applies; re-tuned")
                 rows, timed = self._tune(op, types, cands, s, ctx, timer, view, run[view.id],
                                          tuple(run[i] for i in graph.input_ids(view.id)), node_clock, pool)
+                waited = _take_waits(timer)
+                if waited:
+                    waits[view.name] = waited
                 measured = [c.to_dict() for c in rows]  # cached as timed: rechoose() decides again
                 best = choose(rows, timed, policy.workspace_tolerance, uncapturable)
                 if best is None:
@@ -263,12 +283,12 @@ class AutotunePass(Pass):
         cache.save()
         for w in cache.messages:
             ctx.report.note(w)
-        waits = sorted(getattr(timer, "waits", ()))
         if waits:  # timed from their launch: the host's time is in their medians
-            ctx.report.note(f"autotune: {len(waits)} candidate(s) wait for the device inside a call, so the "
-                            f"launch clock timed them (host time included): {', '.join(waits[:6])}"
-                            + (" ..." if len(waits) > 6 else ""))
-        ctx.report.autotune = clock.summary()
+            said = [f"{node} ({', '.join(labels)})" for node, labels in waits.items()]
+            ctx.report.note(f"autotune: on {len(waits)} node(s) a candidate waits for the device inside a "
+                            "call, so the launch clock timed it (host time included): "
+                            + "; ".join(said[:6]) + (" ..." if len(said) > 6 else ""))
+        ctx.report.autotune = {**clock.summary(), "clock": getattr(timer, "clock_name", type(timer).__name__)}
         return graph
 
     def _tune(self, op, types, cands, s, ctx: PassContext, timer, view, out_type, run_in,

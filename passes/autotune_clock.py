@@ -125,14 +125,17 @@ def describe(summary: dict) -> str:
     (2,100 candidates checked, 1,900 timed), 40 cache hits (0.8 s)'``; the
     ``variants`` part is labelled per ``summary['device']``
     (:data:`VARIANTS_LABEL`: cuDNN plans are built on cuda only; a summary
-    without a device, recorded before it was kept, gets the plain name)."""
+    without a device, recorded before it was kept, gets the plain name); the
+    clock that timed the candidates follows the total when the summary names
+    it (``summary['clock']``, added by the autotune pass)."""
     label = {"variants": VARIANTS_LABEL.get(summary.get("device"), "variants")}
     parts = [f"{label.get(p, p)} {_duration(summary['seconds'][p])}" for p in PARTS]
     parts.append(f"outside nodes {_duration(summary['outside_nodes_s'])}")
     counts = (f"{summary['nodes_tuned']:,d} nodes tuned ({summary['candidates_checked']:,d} candidates "
               f"checked, {summary['candidates_timed']:,d} timed), {summary['cache_hits']:,d} cache hits "
               f"({_duration(summary['cache_hit_s'])}), {summary['nodes_untimed']:,d} with one candidate")
-    return f"autotune {_duration(summary['total_s'])}: " + ", ".join(parts) + f"; {counts}"
+    clock = f" ({summary['clock']} clock)" if summary.get("clock") else ""
+    return f"autotune {_duration(summary['total_s'])}{clock}: " + ", ".join(parts) + f"; {counts}"
 
 
 def _duration(seconds: float) -> str:

@@ -111,6 +111,10 @@ def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
     pol = as_policy(policy)
     check_names(pol)  # include / exclude name something (passes/policy_names.py)
     ctx = make_context(device, pol, dtype, timer)
+    idle = pol.idle_autotune_keys()
+    if idle:
+        ctx.report.note(f"policy {', '.join(idle)}: only autotune reads {'it' if len(idle) == 1 else 'them'} "
+                        "and autotune is off (the lowering 'auto' turns it on): no effect")
     pipe = pipeline if isinstance(pipeline, Pipeline) else build(pipeline, pol)
     lowered, louts = pipe.run(g, outs, ctx)
     xp, dev_name = ctx.xp, ctx.device

@@ -279,7 +279,9 @@ class FusePass(Pass):
                             + (f"; not fused: {'; '.join(tally.skipped)}" if tally.skipped else ""))
         for rule, whys in scope.notes.items():
             ctx.report.note(f"fuse: {rule}: not applied: {'; '.join(sorted(whys))}")
-        ctx.report.fusion = {rule.name: ({"excluded": True} if rule.name in ctx.policy.exclude else
+        # exclude=['fused'] turns every rule off through its fused ops' tag: each then declines
+        every = "fused" in ctx.policy.exclude
+        ctx.report.fusion = {rule.name: ({"excluded": True} if every or rule.name in ctx.policy.exclude else
                                          {"applied": scope.applied.get(rule.name, 0),
                                           "declined": scope.declined.get(rule.name, 0)})
                              for rule in self.table}

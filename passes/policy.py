@@ -401,6 +401,17 @@ class LoweringPolicy:
              "cuda_graph": self.cuda_graph or None}
         return {k: v for k, v in d.items() if v not in (None, [], {})}
 
+    def idle_autotune_keys(self) -> list[str]:
+        """The keys only autotune reads (``engine_limit``, ``tune_clock``,
+        ``workspace_tolerance``) that this policy sets away from their
+        defaults while ``autotune`` is off, as ``'key=value'``: they have no
+        effect, which the compile notes rather than ignoring them silently."""
+        if self.autotune:
+            return []
+        defaults = {f.name: f.default for f in attrs.fields(type(self))}
+        return [f"{k}={getattr(self, k)!r}" for k in ("engine_limit", "tune_clock", "workspace_tolerance")
+                if getattr(self, k) != defaults[k]]
+
     # ---- construction from files and flags -------------------------------
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], source: str = "policy") -> "LoweringPolicy":

@@ -100,7 +100,8 @@ def declines(gy_shape, w_shape, groups: int, input_shape, gy_layout: str | None,
         return (f"not a depthwise convolution of multiplier 1 (groups={groups}, input channels {c}, "
                 f"weight {tuple(w_shape)})")
     if gy_layout != "NHWC":
-        return f"the depthwise kernel takes channels-last (NHWC) tensors, the output gradient is {gy_layout}"
+        return ("the depthwise kernel takes channels-last (NHWC) tensors, the output gradient is "
+                + (gy_layout or "of no declared layout"))
     reach = [(k - 1) * d + p[0] + n for k, d, p, n in zip(w_shape[2:], dilation, padding, input_shape[2:])]
     if max(reach) >= _INT32_LIMIT:  # the tap arithmetic h + PT - kh * DH, whatever the tensors' sizes
         return f"padding {tuple(padding)} and dilation {tuple(dilation)} reach beyond 32-bit tap arithmetic"

@@ -23,7 +23,7 @@ A call that waits for the device itself (a synchronising copy, a host read
 of a device value) would wait for the held stream: the kernel gives up after
 :data:`HOLD_LIMIT_NS`, says so in a second flag, and the timer measures that
 candidate with one pair of events per call instead (the launch clock), and
-keeps doing so for its label.
+keeps doing so for its label until autotune moves to the next node.
 """
 
 from __future__ import annotations
@@ -69,11 +69,14 @@ class HeldStreamTimer:
     """
 
     clock_id = "held-stream"
+    clock_name = "device (held stream)"
 
     def __init__(self, hold_limit_ns: int = HOLD_LIMIT_NS, batch: int = BATCH):
         self.hold_limit_ns = int(hold_limit_ns)
         self.batch = int(batch)
-        #: labels whose calls waited for the device: timed by the launch clock
+        #: labels whose calls waited for the device, timed by the launch clock from then on;
+        #: autotune empties it after each node (``passes/autotune.py``), so another node's
+        #: candidates of the same label are held again
         self.waits: set[str] = set()
         self._kernel = self._flags = self._memory = None
 
@@ -101,8 +104,8 @@ class HeldStreamTimer:
         hold ran out before the release."""
         events = [self._event() for _ in range(n + 1)]
         self._hold()
-        events[0].record()
         try:
+            events[0].record()
             for e in events[1:]:
                 fn()
                 e.record()

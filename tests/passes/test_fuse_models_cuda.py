@@ -102,3 +102,11 @@ def test_the_report_names_a_rule_the_policy_excluded(monkeypatch):
     assert "conv-epilogue" not in said.split(";")[0] and said.endswith("; excluded: conv-epilogue")
     assert f"pool-relu-backward {report.fusion['pool-relu-backward']['applied']}" in said
     assert f"fusion rules: {said}" in report.format()
+
+
+def test_exclude_fused_reports_every_rule_excluded(monkeypatch):
+    cudnn_accepts(monkeypatch)
+    _, outs = training_step("alexnet")
+    _, _, report = compile_for_cuda(outs, og.LoweringPolicy(layout="NHWC", exclude=["fused"]))
+    assert report.fusion == {r.name: {"excluded": True} for r in TABLE}
+    assert report.fusion_summary() == "excluded: " + ", ".join(r.name for r in TABLE)

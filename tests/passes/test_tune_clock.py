@@ -169,3 +169,64 @@ def test_an_exception_in_a_call_still_releases_the_stream():
     with pytest.raises(RuntimeError, match="kernel failed"):
         t.measure(boom, label="boom", warmup=0, repeats=3)
     assert s.holds == s.releases == 1 and not s.held
+
+
+def test_a_wait_on_one_node_leaves_the_next_nodes_candidates_held():
+    from opgraph.passes.autotune import _take_waits
+
+    s = _Stream(kernel=10e-6, host_gap=50e-6, runs_out=True)
+    t = _SimulatedHeld(s, batch=4)
+    assert t.measure(s.call, label="gemm", warmup=0, repeats=3) == pytest.approx([60e-6] * 3)  # node A waits
+    assert _take_waits(t) == ["gemm"] and t.waits == set()  # autotune moves to node B
+    s.runs_out = False
+    assert t.measure(s.call, label="gemm", warmup=0, repeats=3) == pytest.approx([10e-6] * 3)
+    assert _take_waits(t) == [] and _take_waits(StubTimer({})) == []
+
+
+def test_a_failing_first_event_still_releases_the_stream():
+    s = _Stream(kernel=1e-6, host_gap=0.0)
+
+    class _Broken(_SimulatedHeld):
+        first = True
+
+        def _event(self):
+            e = _Event(self.stream)
+            if _Broken.first:
+                _Broken.first = False
+
+                def fail():
+                    raise RuntimeError("cudaErrorLaunchFailure")
+                e.record = fail
+            return e
+
+    with pytest.raises(RuntimeError, match="LaunchFailure"):
+        _Broken(s).measure(s.call, label="x", warmup=0, repeats=2)
+    assert s.holds == s.releases == 1 and not s.held
+
+
+def test_the_autotune_summary_names_the_clock(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
+    _, report = tune(scale_graph()[1], tmp_path / "c.json", _ClockedStub({"fast": 1.0}))
+    assert report.autotune["clock"] == "_ClockedStub"
+    from opgraph.passes.autotune_clock import describe
+    assert describe(report.autotune).startswith("autotune ") and "(_ClockedStub clock)" in describe(report.autotune)
+    _ClockedStub.clock_name = "device (held stream)"
+    try:
+        _, report = tune(scale_graph()[1], tmp_path / "d.json", _ClockedStub({"fast": 1.0}))
+        assert report.autotune["clock"] == "device (held stream)"
+    finally:
+        del _ClockedStub.clock_name
+
+
+def test_clock_keys_without_autotune_are_noted_not_ignored():
+    import opgraph as og
+
+    assert LoweringPolicy(tune_clock="launch").idle_autotune_keys() == ["tune_clock='launch'"]
+    assert LoweringPolicy(tune_clock="launch", autotune=True).idle_autotune_keys() == []
+    assert LoweringPolicy().idle_autotune_keys() == []
+    g = og.Graph()
+    x = g.input("x", (1, 2, 4, 4))
+    y = og.relu(x)
+    exe = og.compile(y, policy=LoweringPolicy(tune_clock="launch", engine_limit=3))
+    (line,) = [n for n in exe.report.notes if n.startswith("policy ")]
+    assert "engine_limit=3" in line and "tune_clock='launch'" in line and "no effect" in line

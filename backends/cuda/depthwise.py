@@ -324,15 +324,26 @@ def conv2d_backward_data_kernel(ctx, op, gy, w):
                                 pixels=int(ctx.options.get("pixels", PIXELS)), rows=int(ctx.options.get("rows", 1)))
 
 
+def operand_dtypes(**operands) -> str | None:
+    """Why the depthwise kernels decline their operands' dtypes (each floating,
+    all one dtype), or None; ``operands``: name -> type (``output_gradient=gy``)."""
+    named = [(k.replace("_", " "), t.dtype) for k, t in operands.items()]
+    bad = next((d for _, d in named if not is_float(d)), None)
+    if bad is not None:
+        return f"the depthwise kernel takes floating dtypes, got {bad}"
+    if len({d for _, d in named}) > 1:
+        return "the depthwise kernel takes one dtype: " + ", ".join(f"{k} {d}" for k, d in named)
+    return None
+
+
 def check(op, in_types, device) -> str | None:
-    """Why the rule declines a node (:func:`declines`), or None."""
+    """Why the rule declines a node (:func:`operand_dtypes`, :func:`declines`), or None."""
     gy, w = in_types
-    if not is_float(gy.dtype):
-        return f"the depthwise kernel takes floating dtypes, got {gy.dtype}"
-    if w.dtype != gy.dtype:
-        return f"the depthwise kernel takes one dtype: weight {w.dtype}, output gradient {gy.dtype}"
+    why = operand_dtypes(weight=w, output_gradient=gy)
+    if why:
+        return why
     return declines(gy.shape, w.shape, op.groups, op.input_shape, gy.layout, op.padding, op.dilation)
 
 
-__all__ = ["declines", "conv2d_backward_data", "conv2d_backward_data_kernel", "check", "variants", "lanes",
+__all__ = ["declines", "operand_dtypes", "conv2d_backward_data", "conv2d_backward_data_kernel", "check", "variants", "lanes",
            "REVISION", "PIXELS"]

@@ -67,11 +67,11 @@ from __future__ import annotations
 import functools
 
 from opgraph.errors import ShapeError
-from opgraph.types import is_float, numpy_dtype
+from opgraph.types import numpy_dtype
 
 from .codegen.launch import address, compiled
 from .codegen.storage import DEVICE_HELPERS, storage_of, vector_load
-from .depthwise import declines, lanes
+from .depthwise import declines, lanes, operand_dtypes
 from .storage import dtype_name
 
 #: the kernels' revision, part of the autotune cache key (:func:`variants`)
@@ -309,12 +309,12 @@ def conv2d_backward_filter_kernel(ctx, op, x, gy):
 
 
 def check(op, in_types, device) -> str | None:
-    """Why the rule declines a node (``depthwise.declines``; x channels-last too), or None."""
+    """Why the rule declines a node (``depthwise.operand_dtypes`` and ``depthwise.declines``;
+    x channels-last too), or None."""
     x, gy = in_types
-    if not is_float(x.dtype):
-        return f"the depthwise kernel takes floating dtypes, got {x.dtype}"
-    if gy.dtype != x.dtype:
-        return f"the depthwise kernel takes one dtype: input {x.dtype}, output gradient {gy.dtype}"
+    why = operand_dtypes(input=x, output_gradient=gy)
+    if why:
+        return why
     if x.layout != "NHWC":
         return f"the depthwise kernel takes channels-last (NHWC) tensors, the input is {x.layout}"
     return declines(gy.shape, op.weight_shape, op.groups, x.shape, gy.layout, op.padding, op.dilation)

@@ -11,6 +11,8 @@ import pytest
 
 from opgraph.backends.device import cuda_status
 
+from channels_last_device import to_device, to_host
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_status()[0], reason=f"no GPU: {cuda_status()[1]}")]
 
@@ -24,23 +26,6 @@ CASES = [((32, 96, 112, 112), (3, 3), (2, 2), ((1, 1), (1, 1))),
 IDS = ["3x3s2", "3x3s1", "5x5s2", "3x3s1-7x7", "3x3s2-scalar"]
 
 
-def _device(cp, a, dtype):
-    import ml_dtypes
-    host = np.ascontiguousarray(a.transpose(0, 2, 3, 1))
-    if dtype == "bfloat16":
-        bits = cp.asarray(host.astype(ml_dtypes.bfloat16).view(np.uint16))
-        return bits.view(ml_dtypes.bfloat16).transpose(0, 3, 1, 2)
-    return cp.asarray(host.astype(np.float32)).transpose(0, 3, 1, 2)
-
-
-def _host(cp, a):
-    raw = a.view(cp.uint16) if a.dtype.itemsize == 2 else a
-    out = cp.asnumpy(cp.ascontiguousarray(raw.transpose(0, 2, 3, 1)))
-    if a.dtype.itemsize == 2:
-        out = (out.astype(np.uint32) << 16).view(np.float32)
-    return out.transpose(0, 3, 1, 2).astype(np.float64)
-
-
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_matches_cudnn_and_the_reference_and_replays(cp, rng, case, dtype, captured_replay):
@@ -50,23 +35,23 @@ def test_matches_cudnn_and_the_reference_and_replays(cp, rng, case, dtype, captu
     n, c, h, w = shape
     ho, wo = ((h + p[0][0] + p[0][1] - k[0]) // s[0] + 1, (w + p[1][0] + p[1][1] - k[1]) // s[1] + 1)
     gy_host, w_host = rng.standard_normal((n, c, ho, wo)), rng.standard_normal((c, 1, *k))
-    gy, wt = _device(cp, gy_host, dtype), _device(cp, w_host, dtype)
+    gy, wt = to_device(cp, gy_host, dtype), to_device(cp, w_host, dtype)
     kw = dict(stride=s, padding=p, dilation=(1, 1), groups=c, input_shape=shape)
     out = depthwise.conv2d_backward_data(cp, gy, wt, **kw)
-    ref = ref_conv.conv2d_backward_data(np, _host(cp, gy), _host(cp, wt), **kw)
+    ref = ref_conv.conv2d_backward_data(np, to_host(cp, gy), to_host(cp, wt), **kw)
     theirs = cudnn.conv2d_backward_data(cp, gy, wt, **kw)
     tol = 1e-2 if dtype == "bfloat16" else 1e-5
-    got = _host(cp, out)
+    got = to_host(cp, out)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < tol
-    assert np.linalg.norm(got - _host(cp, theirs)) / np.linalg.norm(ref) < tol
-    fresh = _device(cp, rng.standard_normal(gy_host.shape), dtype)
+    assert np.linalg.norm(got - to_host(cp, theirs)) / np.linalg.norm(ref) < tol
+    fresh = to_device(cp, rng.standard_normal(gy_host.shape), dtype)
     def overwrite():  # gy's bits replaced in place (CuPy copies uint16, not bfloat16)
         raw = (lambda a: a.view(cp.uint16)) if dtype == "bfloat16" else (lambda a: a)
         raw(gy)[...] = raw(fresh)
 
     replayed, keep = captured_replay(lambda: depthwise.conv2d_backward_data(cp, gy, wt, **kw), overwrite)
     want = depthwise.conv2d_backward_data(cp, gy, wt, **kw)
-    assert np.array_equal(_host(cp, replayed), _host(cp, want))
+    assert np.array_equal(to_host(cp, replayed), to_host(cp, want))
     del keep
 
 
@@ -79,9 +64,9 @@ def test_every_variant_is_bit_for_bit_the_default(cp, rng, case, dtype):
     shape, k, s, p = case
     n, c, h, w = shape
     ho, wo = ((h + p[0][0] + p[0][1] - k[0]) // s[0] + 1, (w + p[1][0] + p[1][1] - k[1]) // s[1] + 1)
-    gy = _device(cp, rng.standard_normal((n, c, ho, wo)), dtype)
-    wt = _device(cp, rng.standard_normal((c, 1, *k)), dtype)
+    gy = to_device(cp, rng.standard_normal((n, c, ho, wo)), dtype)
+    wt = to_device(cp, rng.standard_normal((c, 1, *k)), dtype)
     kw = dict(stride=s, padding=p, dilation=(1, 1), groups=c, input_shape=shape)
-    want = _host(cp, depthwise.conv2d_backward_data(cp, gy, wt, **kw))
+    want = to_host(cp, depthwise.conv2d_backward_data(cp, gy, wt, **kw))
     for options in depthwise.variants(None, None, "cuda")[1:]:
-        assert np.array_equal(_host(cp, depthwise.conv2d_backward_data(cp, gy, wt, **kw, **options)), want), options
+        assert np.array_equal(to_host(cp, depthwise.conv2d_backward_data(cp, gy, wt, **kw, **options)), want), options

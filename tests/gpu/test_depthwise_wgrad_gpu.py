@@ -12,6 +12,8 @@ import pytest
 
 from opgraph.backends.device import cuda_status
 
+from channels_last_device import to_device, to_host
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_status()[0], reason=f"no GPU: {cuda_status()[1]}")]
 
@@ -27,30 +29,13 @@ CASES = [((32, 672, 14, 14), (5, 5), (2, 2), ((2, 2), (2, 2))),
 IDS = ["5x5s2-672", "3x3s1-144", "3x3s2-96", "5x5s1-240", "3x3s1-7x7", "3x3s2-scalar"]
 
 
-def _device(cp, a, dtype):
-    import ml_dtypes
-    host = np.ascontiguousarray(a.transpose(0, 2, 3, 1))
-    if dtype == "bfloat16":
-        bits = cp.asarray(host.astype(ml_dtypes.bfloat16).view(np.uint16))
-        return bits.view(ml_dtypes.bfloat16).transpose(0, 3, 1, 2)
-    return cp.asarray(host.astype(np.float32)).transpose(0, 3, 1, 2)
-
-
-def _host(cp, a):
-    raw = a.view(cp.uint16) if a.dtype.itemsize == 2 else a
-    out = cp.asnumpy(cp.ascontiguousarray(raw.transpose(0, 2, 3, 1)))
-    if a.dtype.itemsize == 2:
-        out = (out.astype(np.uint32) << 16).view(np.float32)
-    return out.transpose(0, 3, 1, 2).astype(np.float64)
-
-
 def _operands(cp, rng, case, dtype):
     shape, k, s, p = case
     n, c, h, w = shape
     ho, wo = ((h + p[0][0] + p[0][1] - k[0]) // s[0] + 1, (w + p[1][0] + p[1][1] - k[1]) // s[1] + 1)
     x_host, gy_host = rng.standard_normal(shape), rng.standard_normal((n, c, ho, wo))
     kw = dict(stride=s, padding=p, dilation=(1, 1), groups=c, weight_shape=(c, 1, *k))
-    return _device(cp, x_host, dtype), _device(cp, gy_host, dtype), kw
+    return to_device(cp, x_host, dtype), to_device(cp, gy_host, dtype), kw
 
 
 TOL = {"bfloat16": 1e-2, "float32": 1e-5}
@@ -63,13 +48,13 @@ def test_matches_cudnn_and_the_reference_and_replays(cp, rng, case, dtype, captu
     from opgraph.backends.reference import conv as ref_conv
     x, gy, kw = _operands(cp, rng, case, dtype)
     out = depthwise_filter.conv2d_backward_filter(cp, x, gy, **kw)
-    ref = ref_conv.conv2d_backward_filter(np, _host(cp, x), _host(cp, gy), **kw)
+    ref = ref_conv.conv2d_backward_filter(np, to_host(cp, x), to_host(cp, gy), **kw)
     theirs = cudnn.conv2d_backward_filter(cp, x, gy, **kw)
     assert out.shape == theirs.shape and out.strides == theirs.strides  # cuDNN's channels-last filter
-    got = _host(cp, out)
+    got = to_host(cp, out)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < TOL[dtype]
-    assert np.linalg.norm(got - _host(cp, theirs)) / np.linalg.norm(ref) < TOL[dtype]
-    fresh = _device(cp, rng.standard_normal(x.shape), dtype)
+    assert np.linalg.norm(got - to_host(cp, theirs)) / np.linalg.norm(ref) < TOL[dtype]
+    fresh = to_device(cp, rng.standard_normal(x.shape), dtype)
 
     def overwrite():  # x's bits replaced in place (CuPy copies uint16, not bfloat16)
         raw = (lambda a: a.view(cp.uint16)) if dtype == "bfloat16" else (lambda a: a)
@@ -77,7 +62,7 @@ def test_matches_cudnn_and_the_reference_and_replays(cp, rng, case, dtype, captu
 
     replayed, keep = captured_replay(lambda: depthwise_filter.conv2d_backward_filter(cp, x, gy, **kw), overwrite)
     want = depthwise_filter.conv2d_backward_filter(cp, x, gy, **kw)
-    assert np.array_equal(_host(cp, replayed), _host(cp, want))
+    assert np.array_equal(to_host(cp, replayed), to_host(cp, want))
     del keep
 
 
@@ -89,9 +74,9 @@ def test_every_variant_matches_the_reference_and_repeats(cp, rng, case, dtype):
     from opgraph.backends.cuda import depthwise_filter
     from opgraph.backends.reference import conv as ref_conv
     x, gy, kw = _operands(cp, rng, case, dtype)
-    ref = ref_conv.conv2d_backward_filter(np, _host(cp, x), _host(cp, gy), **kw)
+    ref = ref_conv.conv2d_backward_filter(np, to_host(cp, x), to_host(cp, gy), **kw)
     for options in depthwise_filter.variants(None, None, "cuda"):
-        got = _host(cp, depthwise_filter.conv2d_backward_filter(cp, x, gy, **kw, **options))
+        got = to_host(cp, depthwise_filter.conv2d_backward_filter(cp, x, gy, **kw, **options))
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < TOL[dtype], options
-        again = _host(cp, depthwise_filter.conv2d_backward_filter(cp, x, gy, **kw, **options))
+        again = to_host(cp, depthwise_filter.conv2d_backward_filter(cp, x, gy, **kw, **options))
         assert np.array_equal(got, again), options

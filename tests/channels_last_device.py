@@ -1,0 +1,26 @@
+"""Host <-> device helpers of the depthwise kernels' GPU tests: float64 NCHW
+arrays to channels-last device arrays in bfloat16 or float32, and back."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def to_device(cp, a, dtype):
+    """``a`` (NCHW, float64 on the host) stored channels-last on the device in
+    ``dtype`` (``'bfloat16'`` through ml_dtypes' bits, else float32), viewed NCHW."""
+    import ml_dtypes
+    host = np.ascontiguousarray(a.transpose(0, 2, 3, 1))
+    if dtype == "bfloat16":
+        bits = cp.asarray(host.astype(ml_dtypes.bfloat16).view(np.uint16))
+        return bits.view(ml_dtypes.bfloat16).transpose(0, 3, 1, 2)
+    return cp.asarray(host.astype(np.float32)).transpose(0, 3, 1, 2)
+
+
+def to_host(cp, a):
+    """A channels-last device array (2-byte storage read as bfloat16 bits) as float64 NCHW on the host."""
+    raw = a.view(cp.uint16) if a.dtype.itemsize == 2 else a
+    out = cp.asnumpy(cp.ascontiguousarray(raw.transpose(0, 2, 3, 1)))
+    if a.dtype.itemsize == 2:
+        out = (out.astype(np.uint32) << 16).view(np.float32)
+    return out.transpose(0, 3, 1, 2).astype(np.float64)

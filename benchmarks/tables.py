@@ -169,9 +169,9 @@ def autotune_note(r: dict) -> str | None:
 
 def fusion_note(r: dict) -> str | None:
     """``'densenet121 / auto: fusion rules: bn-backward-sums 121, elementwise 312'``:
-    which rules of the fuse pass's table rewrote how many matches in a column
-    (``r['fusion']``, ``LoweringReport.fusion``); None when none did, and for a
-    ``+graph`` column (it replays its eager column's compile)."""
+    which rules of the fuse pass's table rewrote (or declined) how many matches
+    in a column (``r['fusion']``, ``LoweringReport.fusion``); None when no rule
+    matched, and for a ``+graph`` column (it replays its eager column's compile)."""
     if not r.get("fusion") or r["lowering"].endswith("+graph"):
         return None
     said = describe_fusion(r["fusion"])

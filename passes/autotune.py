@@ -285,9 +285,13 @@ class AutotunePass(Pass):
             ctx.report.note(w)
         if waits:  # timed from their launch: the host's time is in their medians
             said = [f"{node} ({', '.join(labels)})" for node, labels in waits.items()]
-            ctx.report.note(f"autotune: on {len(waits)} node(s) a candidate waits for the device inside a "
-                            "call, so the launch clock timed it (host time included): "
+            ctx.report.note(f"autotune: on {len(waits)} node(s) a candidate's held stream ran out (the call "
+                            "waits for the device, or the host paused while queueing it), so the launch "
+                            "clock timed it (host time included): "
                             + "; ".join(said[:6]) + (" ..." if len(said) > 6 else ""))
+        if getattr(timer, "unavailable", None):
+            ctx.report.note(f"autotune: the device clock cannot hold the stream here ({timer.unavailable}); "
+                            "the launch clock timed every candidate (host time included)")
         ctx.report.autotune = {**clock.summary(), "clock": getattr(timer, "clock_name", type(timer).__name__)}
         return graph
 

@@ -114,7 +114,8 @@ def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
     idle = pol.idle_autotune_keys()
     if idle:
         ctx.report.note(f"policy {', '.join(idle)}: only autotune reads {'it' if len(idle) == 1 else 'them'} "
-                        "and autotune is off (the lowering 'auto' turns it on): no effect")
+                        "and the policy's autotune is off (the lowering 'auto' turns it on): no effect unless "
+                        "the pipeline has its own autotune pass")
     pipe = pipeline if isinstance(pipeline, Pipeline) else build(pipeline, pol)
     lowered, louts = pipe.run(g, outs, ctx)
     xp, dev_name = ctx.xp, ctx.device

@@ -409,7 +409,8 @@ class LoweringPolicy:
         if self.autotune:
             return []
         defaults = {f.name: f.default for f in attrs.fields(type(self))}
-        return [f"{k}={getattr(self, k)!r}" for k in ("engine_limit", "tune_clock", "workspace_tolerance")
+        shown = self.to_dict()  # engine_limit None reads "all"
+        return [f"{k}={shown[k]!r}" for k in ("engine_limit", "tune_clock", "workspace_tolerance")
                 if getattr(self, k) != defaults[k]]
 
     # ---- construction from files and flags -------------------------------

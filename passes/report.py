@@ -122,11 +122,11 @@ class NodeReport:
 
 def describe_fusion(fusion: dict) -> str:
     """``'bn-backward-sums 121, elementwise 312 (2 declined); excluded: dgrad-relu'``:
-    the fusion rules of ``fusion`` (``LoweringReport.fusion``) that rewrote
-    something, with how many rewrites (and declined matches), then those the
-    policy excluded; '' when the fuse pass did nothing."""
+    the fusion rules of ``fusion`` (``LoweringReport.fusion``) that matched
+    something, with how many rewrites (and declined matches: ``dgrad-relu 0 (50
+    declined)``), then those the policy excluded; '' when no rule matched."""
     applied = [f"{k} {v['applied']}" + (f" ({v['declined']} declined)" if v.get("declined") else "")
-               for k, v in fusion.items() if v.get("applied")]
+               for k, v in fusion.items() if v.get("applied") or v.get("declined")]
     excluded = [k for k, v in fusion.items() if v.get("excluded")]
     return ", ".join(applied) + ("; " if applied and excluded else "") + \
         (f"excluded: {', '.join(excluded)}" if excluded else "")

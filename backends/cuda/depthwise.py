@@ -106,7 +106,7 @@ def declines(gy_shape, w_shape, groups: int, input_shape, gy_layout: str | None,
     if max(reach) >= _INT32_LIMIT:  # the tap arithmetic h + PT - kh * DH, whatever the tensors' sizes
         return f"padding {tuple(padding)} and dilation {tuple(dilation)} reach beyond 32-bit tap arithmetic"
     if c * w_shape[2] * w_shape[3] >= _INT32_LIMIT:  # the weights' transpose indexes in 32 bits
-        return f"a weight of {c * w_shape[2] * w_shape[3]} elements"
+        return f"a weight of {c * w_shape[2] * w_shape[3]} elements (32-bit indexing takes under 2^31)"
     return None
 
 

@@ -118,7 +118,20 @@ def _columns(pixels: int, kw: int, sw: int, dw: int) -> list[tuple[int, list]]:
 def _row_groups(kh: int, kw: int, v: int, itemsize: int) -> int:
     """G: the fewest kernel-row groups whose ``ceil(kh / G) * kw * v`` sums of
     ``itemsize`` bytes fit :data:`ACC_BYTES` (at most ``kh``: one row each)."""
-    return next((g for g in range(1, kh + 1) if -(-kh // g) * kw * v * itemsize <= ACC_BYTES), kh)
+    return next((g for g in range(1, kh + 1) if -(-kh // g) * kw * v * itemsize <= ACC_BYTES), kh)  # kh: too_large
+
+
+def too_large(kh: int, kw: int, dtype: str) -> str | None:
+    """Why a ``kh x kw`` kernel does not fit this kernel's plan, or None: one
+    kernel row's sums of the vector path (``kw * V`` in the compute type) must
+    fit :data:`ACC_BYTES`, and the row groups (one row each at most) a block of
+    :data:`THREADS` threads (else the plan would spill, or find no block)."""
+    acc = 8 if dtype == "float64" else 4
+    row = kw * lanes(dtype) * acc
+    if row > ACC_BYTES or kh > THREADS:
+        return (f"a {kh}x{kw} kernel is beyond the generated kernel's plan (one kernel row's sums take {row} "
+                f"bytes of the {ACC_BYTES} a thread holds, and at most {THREADS} kernel rows)")
+    return None
 
 
 def _plan(c: int, v: int, g: int) -> tuple[int, int, int]:
@@ -254,10 +267,12 @@ def conv2d_backward_filter(xp, x, gy, *, stride, padding, dilation, groups, weig
 
     Raises:
         ShapeError: not a depthwise convolution of multiplier 1, a geometry
-            beyond 32-bit tap arithmetic, operands of different dtypes, or gy
-            not of the forward output's shape.
+            beyond 32-bit tap arithmetic, a kernel beyond the plan
+            (:func:`too_large`), operands of different dtypes, or gy not of the
+            forward output's shape.
     """
-    why = declines(gy.shape, weight_shape, groups, x.shape, "NHWC", padding, dilation)
+    why = (declines(gy.shape, weight_shape, groups, x.shape, "NHWC", padding, dilation)
+           or too_large(int(weight_shape[2]), int(weight_shape[3]), dtype_name(x.dtype)))
     if why:
         raise ShapeError(f"depthwise conv2d_backward_filter: {why}")
     if x.dtype != gy.dtype:
@@ -317,7 +332,8 @@ def check(op, in_types, device) -> str | None:
         return why
     if x.layout != "NHWC":
         return f"the depthwise kernel takes channels-last (NHWC) tensors, the input is {x.layout}"
-    return declines(gy.shape, op.weight_shape, op.groups, x.shape, gy.layout, op.padding, op.dilation)
+    return (declines(gy.shape, op.weight_shape, op.groups, x.shape, gy.layout, op.padding, op.dilation)
+            or too_large(int(op.weight_shape[2]), int(op.weight_shape[3]), dtype_name(x.dtype)))
 
 
-__all__ = ["conv2d_backward_filter", "conv2d_backward_filter_kernel", "check", "variants", "REVISION", "PIXELS"]
+__all__ = ["too_large", "conv2d_backward_filter", "conv2d_backward_filter_kernel", "check", "variants", "REVISION", "PIXELS"]

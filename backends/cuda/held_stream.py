@@ -23,7 +23,11 @@ A call that waits for the device itself (a synchronising copy, a host read
 of a device value) would wait for the held stream: the kernel gives up after
 :data:`HOLD_LIMIT_NS`, says so in a second flag, and the timer measures that
 candidate with one pair of events per call instead (the launch clock), and
-keeps doing so for its label until autotune moves to the next node.
+keeps doing so for its label until autotune moves to the next node. A host
+that takes longer than the limit to queue a batch (a long pause) looks the
+same and gets the same fallback. Where the hold kernel cannot run (it needs
+compute capability 7.0 for ``__nanosleep``), every call is timed by the
+launch clock (:attr:`HeldStreamTimer.unavailable` says why).
 """
 
 from __future__ import annotations
@@ -79,12 +83,20 @@ class HeldStreamTimer:
         #: candidates of the same label are held again
         self.waits: set[str] = set()
         self._kernel = self._flags = self._memory = None
+        #: why the hold kernel cannot run here (it needs ``__nanosleep``: compute
+        #: capability 7.0 or later), or None; every call is then timed by the launch clock
+        self.unavailable: str | None = None
 
     def measure(self, fn, *, label, warmup, repeats):
         for _ in range(warmup):
             fn()
         out: list[float] = []
-        while len(out) < repeats and label not in self.waits:
+        while len(out) < repeats and label not in self.waits and self.unavailable is None:
+            try:
+                self._hold()
+            except Exception as e:  # the hold kernel does not compile or launch on this device
+                self.unavailable = f"{type(e).__name__}: {e}".splitlines()[0]
+                break
             held = self._held_calls(fn, min(self.batch, repeats - len(out)))
             if held is None:  # the hold ran out: fn waits for the device
                 self.waits.add(label)
@@ -100,10 +112,9 @@ class HeldStreamTimer:
 
     # ---- the device side: small methods, so a test can stand in for them
     def _held_calls(self, fn, n: int) -> list[float] | None:
-        """``n`` calls queued behind the hold; their seconds, or None when the
-        hold ran out before the release."""
+        """``n`` calls queued behind the hold (:meth:`_hold`, launched just
+        before); their seconds, or None when the hold ran out before the release."""
         events = [self._event() for _ in range(n + 1)]
-        self._hold()
         try:
             events[0].record()
             for e in events[1:]:

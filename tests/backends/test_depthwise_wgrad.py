@@ -268,3 +268,14 @@ def test_the_rule_is_opt_in_until_it_has_run_on_a_gpu():
     off = LoweringPolicy().exclusion(rule.algorithm, rule.tags)
     assert off is not None and "opt-in" in off
     assert LoweringPolicy(include=["depthwise-wgrad"]).exclusion(rule.algorithm, rule.tags) is None
+
+
+
+def test_a_kernel_beyond_the_plan_is_declined_not_hung():
+    # one kernel row's sums must fit a thread (ACC_BYTES) and the rows a block: 257 x 9 or 11 x 11 in bf16 do not
+    assert dwf.too_large(3, 3, "bfloat16") is None and dwf.too_large(5, 5, "float32") is None
+    assert "257x9" in dwf.too_large(257, 9, "bfloat16") and "11x11" in dwf.too_large(11, 11, "bfloat16")
+    rule = rules_for(ops.Conv2dBackwardFilter)["cuda"]
+    op = ops.Conv2dBackwardFilter(padding=((5, 5), (5, 5)), groups=16, weight_shape=(16, 1, 11, 11))
+    types = (TensorType((2, 16, 12, 12), "bfloat16", "NHWC"), TensorType((2, 16, 12, 12), "bfloat16", "NHWC"))
+    assert "beyond the generated kernel's plan" in rule.check(op, types, "cuda")

@@ -37,8 +37,8 @@ def test_the_table_has_a_line_for_a_column_that_fused():
                       "dgrad-relu": {"applied": 0, "declined": 3},
                       "elementwise": {"applied": 120, "declined": 2},
                       "bn-gradient-remat": {"excluded": True}}}
-    assert tables.fusion_note(rec) == ("resnet50 / auto: fusion rules: conv-epilogue 16, "
-                                       "elementwise 120 (2 declined); excluded: bn-gradient-remat")
+    assert tables.fusion_note(rec) == ("resnet50 / auto: fusion rules: conv-epilogue 16, dgrad-relu 0 "
+                                       "(3 declined), elementwise 120 (2 declined); excluded: bn-gradient-remat")
     assert tables.fusion_note({**rec, "lowering": "auto+graph"}) is None  # its eager column says it
     nothing = {k: {"applied": 0, "declined": 0} for k in rec["fusion"]}
     assert tables.fusion_note({**rec, "fusion": nothing}) is None

@@ -230,3 +230,22 @@ def test_clock_keys_without_autotune_are_noted_not_ignored():
     exe = og.compile(y, policy=LoweringPolicy(tune_clock="launch", engine_limit=3))
     (line,) = [n for n in exe.report.notes if n.startswith("policy ")]
     assert "engine_limit=3" in line and "tune_clock='launch'" in line and "no effect" in line
+
+
+def test_a_device_where_the_hold_kernel_cannot_run_times_every_call_by_the_launch_clock(monkeypatch, tmp_path):
+    s = _Stream(kernel=10e-6, host_gap=50e-6)
+
+    class _NoHold(_SimulatedHeld):
+        def _hold(self):
+            raise RuntimeError("NVRTC_ERROR_COMPILATION: __nanosleep is undefined\nmore")
+
+    t = _NoHold(s)
+    assert t.measure(s.call, label="a", warmup=0, repeats=3) == pytest.approx([60e-6] * 3)
+    assert t.unavailable == "RuntimeError: NVRTC_ERROR_COMPILATION: __nanosleep is undefined"
+    install_scale_rules(monkeypatch, ["reference", "fast"])
+
+    class _Stubbed(StubTimer):
+        unavailable = "RuntimeError: no __nanosleep"
+
+    _, report = tune(scale_graph()[1], tmp_path / "c.json", _Stubbed({"fast": 1.0}))
+    assert any("cannot hold the stream here (RuntimeError: no __nanosleep)" in n for n in report.notes)

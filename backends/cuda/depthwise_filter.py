@@ -54,7 +54,8 @@ arithmetic is 32-bit when x, gy and the partials are below 2^31 elements,
 (``codegen.launch.compiled``), so the tests run them on the CPU emulator.
 
 The ``cuda`` rule of ``Conv2dBackwardFilter`` that runs it is opt-in (tags
-``optional`` and ``depthwise-wgrad``: ``include=['depthwise-wgrad']``) until
+``optional`` and ``depthwise-wgrad``: ``include=['depthwise-wgrad']``, or a
+broader ``include`` of its algorithm ``cuda`` or tag ``gpu``) until
 it has run on a GPU: written in a session without device time, it has been
 checked against float64 on the CPU emulator only
 (``tests/gpu/test_depthwise_wgrad_gpu.py`` waits for a device). Target:

@@ -24,3 +24,16 @@ def to_host(cp, a):
     if a.dtype.itemsize == 2:
         out = (out.astype(np.uint32) << 16).view(np.float32)
     return out.transpose(0, 3, 1, 2).astype(np.float64)
+
+
+def overwrite(cp, dst, src) -> None:
+    """``dst``'s elements replaced in place by ``src``'s (2-byte storage copied as
+    its uint16 bits: CuPy does not copy bfloat16), e.g. new input before a replay."""
+    raw = (lambda a: a.view(cp.uint16)) if dst.dtype.itemsize == 2 else (lambda a: a)
+    raw(dst)[...] = raw(src)
+
+
+def forward_hw(shape, k, s, p):
+    """The forward output's (Ho, Wo) of ``shape`` (N, C, H, W), kernel ``k``, stride ``s`` and
+    padding ``p`` ((top, bottom), (left, right)), without dilation."""
+    return tuple((n + p0 + p1 - kk) // ss + 1 for n, kk, ss, (p0, p1) in zip(shape[2:], k, s, p))

@@ -13,11 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cuda_cpu_emulator import GXX, NVCC, EmulatedCupy, nvcc_check
-from cupy_standin import cupy_replaced
+from cuda_cpu_emulator import GXX, NVCC, nvcc_check
+from depthwise_emulated import DTYPES, assert_close, case_id, emu, forward_hw, lanes_run  # noqa: F401 (emu: a fixture)
 from opgraph import ops
 from opgraph.backends.cuda import depthwise
-from opgraph.backends.cuda.codegen import launch
 from opgraph.backends.reference import conv as ref_conv
 from opgraph.backends.registry import KernelContext, rules_for
 from opgraph.types import TensorType, is_channels_last, numpy_dtype, to_layout
@@ -35,20 +34,7 @@ CASES = [
     ((0, 8, 5, 5), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),      # an empty batch
     ((2, 1, 4, 4), (3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),      # one channel: the layouts coincide
 ]
-TOLERANCE = {"float32": 1e-6, "float64": 1e-12, "bfloat16": 1e-2, "float16": 2e-3}
 
-
-@pytest.fixture
-def emu(monkeypatch):
-    with cupy_replaced(monkeypatch, EmulatedCupy(), launch.compiled) as e:
-        yield e
-
-
-def _forward_hw(shape, k, s, p, d):
-    return tuple((n + p0 + p1 - dd * (kk - 1) - 1) // ss + 1 for n, kk, ss, (p0, p1), dd in zip(shape[2:], k, s, p, d))
-
-
-DTYPES = ["float32", "bfloat16", "float16", "float64"]
 
 #: the vector and scalar paths: batch > 1, 3x3 and 5x5, stride 1 and 2, C a multiple of
 #: every dtype's V (16, 24, 32: 8 lanes of 16-bit, 4 of float32, 2 of float64) or not
@@ -74,7 +60,7 @@ def _operands(case, dtype):
     shape, k, s, p, d = case
     n, c = shape[:2]
     rng = np.random.default_rng(sum(shape) + k[0])
-    gy = rng.standard_normal((n, c, *_forward_hw(shape, k, s, p, d)))
+    gy = rng.standard_normal((n, c, *forward_hw(shape, k, s, p, d)))
     w = rng.standard_normal((c, 1, *k))
     store = numpy_dtype(dtype)
     return to_layout(np, gy.astype(store), "NHWC"), to_layout(np, w.astype(store), "NHWC")
@@ -92,33 +78,23 @@ def _check(case, dtype, gy_s, w_s, out):
                                         dilation=d, groups=shape[1], input_shape=shape)
     assert out.shape == shape and out.dtype == numpy_dtype(dtype)
     assert is_channels_last(out) or 0 in shape or shape[1] == 1
-    err = np.linalg.norm(out.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-300)
-    assert err < TOLERANCE[dtype], err
-
-
-def _lanes_run(emu) -> set:
-    """The V of every depthwise kernel launched (its name's ``_v<V>_``)."""
-    return {int(launch["name"].split("_v")[1].split("_")[0]) for launch in emu.raw_launches
-            if launch["name"].startswith("opgraph_dw_dgrad_")}
-
-
-_ids = lambda c: f"{c[0]}-k{c[1][0]}x{c[1][1]}-s{c[2]}-p{c[3]}-d{c[4]}"  # noqa: E731
+    assert_close(out, ref, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_matches_the_float64_reference(emu, case, dtype):
     gy_s, w_s = _operands(case, dtype)
     _check(case, dtype, gy_s, w_s, _run(case, gy_s, w_s))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", PATH_CASES, ids=_ids)
+@pytest.mark.parametrize("case", PATH_CASES, ids=case_id)
 def test_vector_and_scalar_paths_match_the_reference(emu, case, dtype):
     gy_s, w_s = _operands(case, dtype)
     _check(case, dtype, gy_s, w_s, _run(case, gy_s, w_s))
     v = depthwise.lanes(dtype)
-    assert _lanes_run(emu) == {v if case[0][1] % v == 0 else 1}
+    assert lanes_run(emu, "opgraph_dw_dgrad_") == {v if case[0][1] % v == 0 else 1}
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()))
@@ -127,7 +103,7 @@ def test_vector_and_scalar_paths_match_the_reference(emu, case, dtype):
                                          ("float64", CASES[5]), ("float32", CASES[3]),
                                          ("bfloat16", ((1, 16, 7, 7), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1))),
                                          ("float32", ((1, 8, 5, 13), (3, 3), (3, 3), ((1, 1), (0, 2)), (1, 1)))],
-                         ids=lambda x: x if isinstance(x, str) else _ids(x))
+                         ids=lambda x: x if isinstance(x, str) else case_id(x))
 def test_every_variant_is_bit_for_bit_the_default(emu, dtype, case, options):
     """Each pixel's taps are summed in the same order (kernel rows, then gy columns) whatever the tiling."""
     gy_s, w_s = _operands(case, dtype)
@@ -148,7 +124,7 @@ def test_an_unaligned_gy_takes_the_scalar_path(emu, dtype):
     shifted = nhwc.transpose(0, 3, 1, 2)
     assert shifted.__array_interface__["data"][0] % 16 != 0
     _check(case, dtype, shifted, w_s, _run(case, shifted, w_s))
-    assert _lanes_run(emu) == {1}
+    assert lanes_run(emu, "opgraph_dw_dgrad_") == {1}
 
 
 def test_the_rule_runs_its_variants(emu):
@@ -201,7 +177,7 @@ def test_the_sources_compile_with_nvcc():
     for dtype in DTYPES:
         for case in (CASES[5], PATH_CASES[1], PATH_CASES[3]):
             shape, k, s, p, d = case
-            geo = (shape[1], *shape[2:], *_forward_hw(shape, k, s, p, d), *k, *s, p[0][0], p[1][0], *d)
+            geo = (shape[1], *shape[2:], *forward_hw(shape, k, s, p, d), *k, *s, p[0][0], p[1][0], *d)
             for v, pixels, rows, wide in ((depthwise.lanes(dtype), 4, 1, False), (1, 8, 4, True)):
                 sources.append(depthwise._source(dtype, geo, v, pixels, rows, wide)[2])
     nvcc_check(sources)

@@ -14,12 +14,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cuda_cpu_emulator import GXX, NVCC, EmulatedCupy, nvcc_check
-from cupy_standin import cupy_replaced
+from cuda_cpu_emulator import GXX, NVCC, nvcc_check
+from depthwise_emulated import DTYPES, assert_close, case_id, emu, forward_hw, lanes_run  # noqa: F401 (emu: a fixture)
 from opgraph import ops
 from opgraph.backends.cuda import depthwise_filter as dwf
 from opgraph.backends.cuda import depthwise
-from opgraph.backends.cuda.codegen import launch
 from opgraph.backends.reference import conv as ref_conv
 from opgraph.backends.registry import KernelContext, rules_for
 from opgraph.types import TensorType, numpy_dtype, to_layout
@@ -37,8 +36,6 @@ CASES = [
     ((2, 8, 9, 10), (3, 2), (2, 3), ((1, 2), (0, 1)), (2, 3)),     # non-square kernel, mixed stride and dilation
     ((0, 8, 5, 5), (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),      # an empty batch: zeros
 ]
-TOLERANCE = {"float32": 1e-6, "float64": 1e-12, "bfloat16": 1e-2, "float16": 2e-3}
-DTYPES = ["float32", "bfloat16", "float16", "float64"]
 
 #: C in {16, 24, 12, 5, 3}: a multiple of every dtype's V (16, 24), of float32's
 #: and float64's only (12), of none (5, 3: scalar in every dtype); widths that are
@@ -55,22 +52,12 @@ PATH_CASES = [
 OPTIONS = [dict(pixels=4), dict(chunks=2), dict(pixels=1), dict(pixels=3, chunks=3), dict(chunks=1000)]
 
 
-@pytest.fixture
-def emu(monkeypatch):
-    with cupy_replaced(monkeypatch, EmulatedCupy(), launch.compiled) as e:
-        yield e
-
-
-def _forward_hw(shape, k, s, p, d):
-    return tuple((n + p0 + p1 - dd * (kk - 1) - 1) // ss + 1 for n, kk, ss, (p0, p1), dd in zip(shape[2:], k, s, p, d))
-
-
 def _operands(case, dtype):
     shape, k, s, p, d = case
     n, c = shape[:2]
     rng = np.random.default_rng(sum(shape) + 7 * k[0] + k[1])
     x = rng.standard_normal(shape)
-    gy = rng.standard_normal((n, c, *_forward_hw(shape, k, s, p, d)))
+    gy = rng.standard_normal((n, c, *forward_hw(shape, k, s, p, d)))
     store = numpy_dtype(dtype)
     return to_layout(np, x.astype(store), "NHWC"), to_layout(np, gy.astype(store), "NHWC")
 
@@ -112,45 +99,36 @@ def _check(case, dtype, x_s, gy_s, out):
     if shape[0] == 0:
         assert not out.astype(np.float64).any()
         return
-    err = np.linalg.norm(out.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-300)
-    assert err < TOLERANCE[dtype], err
+    assert_close(out, ref, dtype)
 
 
-def _lanes_run(emu) -> set:
-    return {int(launch["name"].split("_v")[1].split("_")[0]) for launch in emu.raw_launches
-            if launch["name"].startswith("opgraph_dw_wgrad_") and "_sum_" not in launch["name"]}
-
-
-_ids = lambda c: f"{c[0]}-k{c[1][0]}x{c[1][1]}-s{c[2]}-p{c[3]}-d{c[4]}"  # noqa: E731
-
-
-@pytest.mark.parametrize("case", CASES[:7], ids=_ids)
+@pytest.mark.parametrize("case", CASES[:7], ids=case_id)
 def test_the_reference_is_the_formula(case):
     x_s, gy_s = _operands(case, "float64")
     assert np.allclose(_reference(case, x_s, gy_s), _einsum(case, x_s, gy_s), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_matches_the_float64_reference(emu, case, dtype):
     x_s, gy_s = _operands(case, dtype)
     _check(case, dtype, x_s, gy_s, _run(case, x_s, gy_s))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", PATH_CASES, ids=_ids)
+@pytest.mark.parametrize("case", PATH_CASES, ids=case_id)
 def test_vector_and_scalar_paths_match_the_reference(emu, case, dtype):
     x_s, gy_s = _operands(case, dtype)
     _check(case, dtype, x_s, gy_s, _run(case, x_s, gy_s))
     v = depthwise.lanes(dtype)
-    assert _lanes_run(emu) == {v if case[0][1] % v == 0 else 1}
+    assert lanes_run(emu, "opgraph_dw_wgrad_") == {v if case[0][1] % v == 0 else 1}
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()))
 @pytest.mark.parametrize("dtype, case", [("bfloat16", PATH_CASES[0]), ("float32", PATH_CASES[1]),
                                          ("float16", CASES[2]), ("float64", CASES[6]), ("float32", CASES[4]),
                                          ("bfloat16", PATH_CASES[3])],
-                         ids=lambda x: x if isinstance(x, str) else _ids(x))
+                         ids=lambda x: x if isinstance(x, str) else case_id(x))
 def test_every_variant_matches_the_reference(emu, dtype, case, options):
     """Variants sum in other orders (strips, chunks): each against the reference, and each deterministic."""
     x_s, gy_s = _operands(case, dtype)
@@ -173,7 +151,7 @@ def test_an_unaligned_operand_takes_the_scalar_path(emu, dtype, which):
     ops_[which] = nhwc.transpose(0, 3, 1, 2)
     assert ops_[which].__array_interface__["data"][0] % 16 != 0
     _check(case, dtype, ops_["x"], ops_["gy"], _run(case, ops_["x"], ops_["gy"]))
-    assert _lanes_run(emu) == {1}
+    assert lanes_run(emu, "opgraph_dw_wgrad_") == {1}
 
 
 def test_nchw_operands_are_copied(emu):
@@ -230,7 +208,7 @@ def test_the_sources_compile_with_nvcc():
     for dtype in DTYPES:
         for case in (CASES[6], PATH_CASES[1], CASES[2]):
             shape, k, s, p, d = case
-            geo = (shape[0], shape[1], *shape[2:], *_forward_hw(shape, k, s, p, d), *k, *s, p[0][0], p[1][0], *d)
+            geo = (shape[0], shape[1], *shape[2:], *forward_hw(shape, k, s, p, d), *k, *s, p[0][0], p[1][0], *d)
             for v, pixels, wide in ((depthwise.lanes(dtype), 2, False), (1, 4, True)):
                 if shape[1] % v:
                     continue
@@ -268,7 +246,6 @@ def test_the_rule_is_opt_in_until_it_has_run_on_a_gpu():
     off = LoweringPolicy().exclusion(rule.algorithm, rule.tags)
     assert off is not None and "opt-in" in off
     assert LoweringPolicy(include=["depthwise-wgrad"]).exclusion(rule.algorithm, rule.tags) is None
-
 
 
 def test_a_kernel_beyond_the_plan_is_declined_not_hung():

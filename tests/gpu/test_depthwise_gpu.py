@@ -11,7 +11,7 @@ import pytest
 
 from opgraph.backends.device import cuda_status
 
-from channels_last_device import to_device, to_host
+from channels_last_device import forward_hw, overwrite, to_device, to_host
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_status()[0], reason=f"no GPU: {cuda_status()[1]}")]
@@ -32,8 +32,8 @@ def test_matches_cudnn_and_the_reference_and_replays(cp, rng, case, dtype, captu
     from opgraph.backends.cuda import cudnn, depthwise
     from opgraph.backends.reference import conv as ref_conv
     shape, k, s, p = case
-    n, c, h, w = shape
-    ho, wo = ((h + p[0][0] + p[0][1] - k[0]) // s[0] + 1, (w + p[1][0] + p[1][1] - k[1]) // s[1] + 1)
+    n, c = shape[:2]
+    ho, wo = forward_hw(shape, k, s, p)
     gy_host, w_host = rng.standard_normal((n, c, ho, wo)), rng.standard_normal((c, 1, *k))
     gy, wt = to_device(cp, gy_host, dtype), to_device(cp, w_host, dtype)
     kw = dict(stride=s, padding=p, dilation=(1, 1), groups=c, input_shape=shape)
@@ -45,11 +45,8 @@ def test_matches_cudnn_and_the_reference_and_replays(cp, rng, case, dtype, captu
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < tol
     assert np.linalg.norm(got - to_host(cp, theirs)) / np.linalg.norm(ref) < tol
     fresh = to_device(cp, rng.standard_normal(gy_host.shape), dtype)
-    def overwrite():  # gy's bits replaced in place (CuPy copies uint16, not bfloat16)
-        raw = (lambda a: a.view(cp.uint16)) if dtype == "bfloat16" else (lambda a: a)
-        raw(gy)[...] = raw(fresh)
-
-    replayed, keep = captured_replay(lambda: depthwise.conv2d_backward_data(cp, gy, wt, **kw), overwrite)
+    replayed, keep = captured_replay(lambda: depthwise.conv2d_backward_data(cp, gy, wt, **kw),
+                                     lambda: overwrite(cp, gy, fresh))
     want = depthwise.conv2d_backward_data(cp, gy, wt, **kw)
     assert np.array_equal(to_host(cp, replayed), to_host(cp, want))
     del keep
@@ -62,8 +59,8 @@ def test_every_variant_is_bit_for_bit_the_default(cp, rng, case, dtype):
     pixel's taps in the same order, so they agree bit for bit."""
     from opgraph.backends.cuda import depthwise
     shape, k, s, p = case
-    n, c, h, w = shape
-    ho, wo = ((h + p[0][0] + p[0][1] - k[0]) // s[0] + 1, (w + p[1][0] + p[1][1] - k[1]) // s[1] + 1)
+    n, c = shape[:2]
+    ho, wo = forward_hw(shape, k, s, p)
     gy = to_device(cp, rng.standard_normal((n, c, ho, wo)), dtype)
     wt = to_device(cp, rng.standard_normal((c, 1, *k)), dtype)
     kw = dict(stride=s, padding=p, dilation=(1, 1), groups=c, input_shape=shape)

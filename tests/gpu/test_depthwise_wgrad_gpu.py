@@ -12,7 +12,7 @@ import pytest
 
 from opgraph.backends.device import cuda_status
 
-from channels_last_device import to_device, to_host
+from channels_last_device import forward_hw, overwrite, to_device, to_host
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_status()[0], reason=f"no GPU: {cuda_status()[1]}")]
@@ -31,8 +31,8 @@ IDS = ["5x5s2-672", "3x3s1-144", "3x3s2-96", "5x5s1-240", "3x3s1-7x7", "3x3s2-sc
 
 def _operands(cp, rng, case, dtype):
     shape, k, s, p = case
-    n, c, h, w = shape
-    ho, wo = ((h + p[0][0] + p[0][1] - k[0]) // s[0] + 1, (w + p[1][0] + p[1][1] - k[1]) // s[1] + 1)
+    n, c = shape[:2]
+    ho, wo = forward_hw(shape, k, s, p)
     x_host, gy_host = rng.standard_normal(shape), rng.standard_normal((n, c, ho, wo))
     kw = dict(stride=s, padding=p, dilation=(1, 1), groups=c, weight_shape=(c, 1, *k))
     return to_device(cp, x_host, dtype), to_device(cp, gy_host, dtype), kw
@@ -55,12 +55,8 @@ def test_matches_cudnn_and_the_reference_and_replays(cp, rng, case, dtype, captu
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < TOL[dtype]
     assert np.linalg.norm(got - to_host(cp, theirs)) / np.linalg.norm(ref) < TOL[dtype]
     fresh = to_device(cp, rng.standard_normal(x.shape), dtype)
-
-    def overwrite():  # x's bits replaced in place (CuPy copies uint16, not bfloat16)
-        raw = (lambda a: a.view(cp.uint16)) if dtype == "bfloat16" else (lambda a: a)
-        raw(x)[...] = raw(fresh)
-
-    replayed, keep = captured_replay(lambda: depthwise_filter.conv2d_backward_filter(cp, x, gy, **kw), overwrite)
+    replayed, keep = captured_replay(lambda: depthwise_filter.conv2d_backward_filter(cp, x, gy, **kw),
+                                     lambda: overwrite(cp, x, fresh))
     want = depthwise_filter.conv2d_backward_filter(cp, x, gy, **kw)
     assert np.array_equal(to_host(cp, replayed), to_host(cp, want))
     del keep

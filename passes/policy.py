@@ -114,15 +114,16 @@ CONV_OPS = ALIASES["conv"]
 #: 2-30x slower (numpy's pocketfft, stride handled by subsampling). So both
 #: are reached on the CPU only through ``prefer``, ``force`` or autotune.
 #: CUDA: cuDNN first, then our depthwise backward-data (``cuda``, which
-#: declines any other convolution: an autotune candidate), then the xp
-#: kernels; non-conv ops: generated kernels
+#: declines any other convolution: an autotune candidate), the unfolded
+#: few-channel convolution on cuBLAS (``im2col``, an autotune candidate too),
+#: then the xp kernels; non-conv ops: generated kernels
 #: (``codegen``: memory-bound ops and fused chains, 16-byte accesses, capturable),
 #: then our hand-written CuPy kernels (``cuda``: pooling, LRN, softmax, losses),
 #: cuBLAS for the matrix products (capturable through nvmath-python), and the
 #: xp reference last (no step of a benchmark model reaches it on a GPU).
 DEFAULT_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
     "cpu": {"conv": ("gemm", "direct", "winograd", "fft"), "*": ("reference",)},
-    "cuda": {"conv": ("cudnn", "cuda", "gemm", "fft", "winograd", "direct"),
+    "cuda": {"conv": ("cudnn", "cuda", "im2col", "gemm", "fft", "winograd", "direct"),
              "*": ("codegen", "cuda", "cublas", "reference")},
 }
 

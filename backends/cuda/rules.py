@@ -15,7 +15,10 @@ Two kernel conventions, as in the reference backend:
 A third: the depthwise convolution's backward-data (:mod:`.depthwise`) and
 backward-filter (:mod:`.depthwise_filter`), autotune candidates beside
 cuDNN's engines for the convolutions they take, each with its own variants
-(``depthwise.variants``, ``depthwise_filter.variants``, revisioned).
+(``depthwise.variants``, ``depthwise_filter.variants``, revisioned). A
+fourth: the ``im2col`` rules (:mod:`.im2col`) of the forward convolutions and
+backward-filter with few input channels (an ImageNet stem), unfolded and
+multiplied on cuBLAS.
 
 Importing this module needs neither CuPy nor a GPU; the kernels compile on
 first use.
@@ -27,7 +30,8 @@ from opgraph import ops
 
 from ..reference.kernel import params_kernel
 from ..registry import Rule, register
-from . import colsum, depthwise, depthwise_filter, loss, lrn, pool, pool_vector, relu
+from . import colsum, depthwise, depthwise_filter, im2col, loss, lrn, pool, pool_vector, relu
+from .cublas import capture_requirement
 from .codegen import movement
 
 def zeros_node(ctx, op):
@@ -167,11 +171,19 @@ def register_rules() -> None:
     register(Rule(ops.Conv2dBackwardData, "cuda", depthwise.conv2d_backward_data_kernel, devices={"cuda"},
                   check=depthwise.check, variants=depthwise.variants, tags={"cuda", "gpu"}, fresh_output=True,
                   capturable=True))
-    # the same for depthwise backward-filter (two deterministic passes, no atomics); opt-in
-    # (include=['depthwise-wgrad']) until it has run on a GPU: checked so far on the CPU emulator only
+    # the same for depthwise backward-filter (two deterministic passes, no atomics; tag depthwise-wgrad)
     register(Rule(ops.Conv2dBackwardFilter, "cuda", depthwise_filter.conv2d_backward_filter_kernel,
                   devices={"cuda"}, check=depthwise_filter.check, variants=depthwise_filter.variants,
-                  tags={"cuda", "gpu", "optional", "depthwise-wgrad"}, fresh_output=True, capturable=True))
+                  tags={"cuda", "gpu", "depthwise-wgrad"}, fresh_output=True, capturable=True))
+    # few input channels (an ImageNet stem): unfolded and multiplied on cuBLAS, beside cuDNN's engines,
+    # which need 16-byte channel rows; forward (bias and ReLU / ReLU6 included) and backward-filter
+    # (no backward-data: a stem's input needs no gradient, and cuDNN's dgrad writes C-channel rows)
+    for op_type, kernel in ((ops.Conv2d, im2col.forward_kernel), (ops.Conv2dBiasRelu, im2col.forward_kernel),
+                            (ops.Conv2dBiasActivation, im2col.forward_kernel),
+                            (ops.Conv2dBackwardFilter, im2col.backward_filter_kernel)):
+        register(Rule(op_type, "im2col", kernel, devices={"cuda"}, check=im2col.check, variants=im2col.variants,
+                      workspace=im2col.workspace, tags={"im2col", "cublas", "gpu", "option:precision"},
+                      fresh_output=True, capturable=True, capture_requires=capture_requirement))
 
 
 register_rules()

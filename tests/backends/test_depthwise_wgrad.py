@@ -238,14 +238,14 @@ def test_the_rule_declines_what_it_does_not_take():
                                    groups=1, weight_shape=(16, 16, 3, 3))
 
 
-def test_the_rule_is_opt_in_until_it_has_run_on_a_gpu():
-    # checked on the CPU emulator only: a user gets it with include=['depthwise-wgrad']
+def test_the_rule_is_a_default_candidate_its_tag_turns_off():
+    # it ran on the H200 (tests/gpu/test_depthwise_wgrad_gpu.py): autotune times it beside cuDNN's engines
     from opgraph.passes.policy import LoweringPolicy
 
     rule = rules_for(ops.Conv2dBackwardFilter)["cuda"]
-    off = LoweringPolicy().exclusion(rule.algorithm, rule.tags)
-    assert off is not None and "opt-in" in off
-    assert LoweringPolicy(include=["depthwise-wgrad"]).exclusion(rule.algorithm, rule.tags) is None
+    assert LoweringPolicy().exclusion(rule.algorithm, rule.tags) is None
+    off = LoweringPolicy(exclude=["depthwise-wgrad"]).exclusion(rule.algorithm, rule.tags)
+    assert off is not None and "depthwise-wgrad" in off
 
 
 def test_a_kernel_beyond_the_plan_is_declined_not_hung():

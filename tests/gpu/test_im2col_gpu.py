@@ -95,12 +95,10 @@ def test_every_variant_matches_the_reference(cp, rng, case):
     x, w, b, gy, kw = _operands(cp, rng, case, "bfloat16")
     ref_y = ref_conv.conv2d_forward(np, to_host(cp, x), to_host(cp, w), **kw) + to_host(cp, b.reshape(1, -1, 1, 1))
     ref_dw = ref_conv.conv2d_backward_filter(np, to_host(cp, x), to_host(cp, gy), **kw, weight_shape=w.shape)
-    first = None
     for options in im2col.variants(None, None, "cuda"):
+        # each against the reference: cuBLAS may pick another kernel (another sum order) for a piece's rows
         y = to_host(cp, im2col.conv2d_forward(cp, x, w, b, **kw, precision="bf16", **options))
         assert _err(y, ref_y) < 1e-2, options
-        first = y if first is None else first
-        assert np.array_equal(y, first), options  # pieces write disjoint rows: the same bits
         dw = to_host(cp, im2col.conv2d_backward_filter(cp, x, gy, **kw, weight_shape=w.shape, precision="bf16",
                                                        **options))
         assert _err(dw, ref_dw) < 1e-2, options

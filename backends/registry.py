@@ -248,6 +248,12 @@ def algorithms() -> set[str]:
     return {a for rules in _RULES.values() for a in rules}
 
 
+def algorithm_devices(algorithm: str) -> set[str]:
+    """The devices some rule named ``algorithm`` runs on (empty for a name no rule uses)."""
+    _load_backends()
+    return {d for rules in _RULES.values() if algorithm in rules for d in rules[algorithm].devices}
+
+
 def registered_tags() -> set[str]:
     """Every tag some rule carries (what a policy's include / exclude may name)."""
     _load_backends()

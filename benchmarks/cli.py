@@ -133,7 +133,7 @@ def run_timing(names: list[str], args) -> dict:
     if graphed_peers and device != "cuda":
         raise UsageError(f"--compare {','.join(graphed_peers)} captures CUDA graphs: it needs "
                          f"--device cuda (this run: {device})")
-    check_forces(tgs, args)
+    check_forces(tgs, args, device)
     problem = check_applicable(tgs, lowerings, device, base)
     if problem:
         raise UsageError(problem)

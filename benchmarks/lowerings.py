@@ -127,6 +127,11 @@ def parse_lowering(spec: str) -> Lowering:
     name = base.strip().lower()
     known = conv_algorithms()
     if name not in known and name not in SPECIAL:
+        partial = sorted(t.__name__ for t in CONV_TYPES if name in rules_for(t))
+        if partial:  # registered for some directions only (the depthwise 'cuda' kernels, 'unfold')
+            raise ValueError(f"lowering {base.strip()!r} runs only {', '.join(partial)} of the convolution ops, so it "
+                             f"cannot be a column of its own; prefer it (conv={name}) or force it on a node "
+                             f"(@NODE={name}), or let auto time it")
         raise ValueError(f"unknown lowering {base.strip()!r}; choose from {', '.join(known)} (the "
                          f"convolution algorithms registered) or {', '.join(SPECIAL)}")
     if not options:

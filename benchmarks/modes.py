@@ -18,6 +18,7 @@ import sys
 import attrs
 
 from opgraph.analysis import summarize, totals
+from opgraph.backends.registry import algorithm_devices
 from opgraph.errors import ParameterError
 from opgraph.passes.force import matches_a_node
 from opgraph.passes.policy import LoweringPolicy, PolicyError
@@ -208,12 +209,15 @@ def check_applicable(tgs, lowerings, device: str, base: LoweringPolicy) -> str |
     return None
 
 
-def check_forces(tgs, args) -> None:
+def check_forces(tgs, args, device: str) -> None:
     """Refuse force keys that name no node of any model of the run (a typo):
     every column would only be the fallback's, marked n/a, and the run exit 0.
 
     * a ``--lowering`` force item (``@conv99=fft``, ``@conv99:forward=fft``)
       whose key names no node of any model;
+    * a ``--lowering`` force item whose algorithm has no implementation on
+      ``device`` (``@conv1=unfold`` on the CPU: every column would fail to
+      compile, after the others had been timed);
     * a ``--policy`` file none of whose ``force`` keys names a node of any
       model (the file would be ignored). A file may serve several models, so
       a key naming a node of some model only, or a file of which some keys
@@ -233,9 +237,14 @@ def check_forces(tgs, args) -> None:
     names = {tg.model.key: [(v.name, getattr(v.op, "direction", None))
                             for v in tg.model.graph.nodes_in_order(tg.outputs)] for tg in tgs}
     for item in (i for i in (args.lowering_policy or "").split(",") if i.strip().startswith("@")):
-        key = item.partition("=")[0].strip()[1:].strip()
+        key, _, algorithm = (part.strip() for part in item.partition("="))
+        key = key[1:].strip()
         if _unmatched([key], names):
             raise UsageError(f"--lowering {item.strip()}: {key!r} names no node of {_forces_hint(tgs)}")
+        devices = algorithm_devices(algorithm)
+        if devices and device not in devices:
+            raise UsageError(f"--lowering {item.strip()}: {algorithm!r} has no implementation on {device} "
+                             f"(it runs on {', '.join(sorted(devices))})")
     if args.policy:
         keys = list(LoweringPolicy.from_toml(args.policy).force)  # base_policy read it without error
         missing = _unmatched(keys, names)
@@ -300,7 +309,7 @@ def run_profile(names: list[str], args) -> dict:
     lowerings = args.lowering or [lw.Lowering("auto" if device == "cuda" else lw.CPU_DEFAULT[0])]
     base = base_policy(args, lowerings, device)  # the benchmark's: a column of either compiles alike
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
-    check_forces(tgs, args)
+    check_forces(tgs, args, device)
     problem = check_applicable(tgs, lowerings, device, base)
     if problem:
         raise UsageError(problem)

@@ -67,7 +67,7 @@ from .report import Candidate
 #: A candidate whose first timed run is this many times the best median so far
 #: is recorded with that one run and not timed further.
 PRUNE_FACTOR = 3.0
-EXACT_ALGORITHMS = ("reference", "direct", "gemm", "cuda", "im2col")
+EXACT_ALGORITHMS = ("reference", "direct", "gemm", "cuda", "unfold")
 
 
 class Timer(Protocol):

@@ -115,7 +115,7 @@ CONV_OPS = ALIASES["conv"]
 #: are reached on the CPU only through ``prefer``, ``force`` or autotune.
 #: CUDA: cuDNN first, then our depthwise backward-data (``cuda``, which
 #: declines any other convolution: an autotune candidate), the unfolded
-#: few-channel convolution on cuBLAS (``im2col``, an autotune candidate too),
+#: few-channel convolution on cuBLAS (``unfold``, an autotune candidate too),
 #: then the xp kernels; non-conv ops: generated kernels
 #: (``codegen``: memory-bound ops and fused chains, 16-byte accesses, capturable),
 #: then our hand-written CuPy kernels (``cuda``: pooling, LRN, softmax, losses),
@@ -123,7 +123,7 @@ CONV_OPS = ALIASES["conv"]
 #: xp reference last (no step of a benchmark model reaches it on a GPU).
 DEFAULT_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
     "cpu": {"conv": ("gemm", "direct", "winograd", "fft"), "*": ("reference",)},
-    "cuda": {"conv": ("cudnn", "cuda", "im2col", "gemm", "fft", "winograd", "direct"),
+    "cuda": {"conv": ("cudnn", "cuda", "unfold", "gemm", "fft", "winograd", "direct"),
              "*": ("codegen", "cuda", "cublas", "reference")},
 }
 

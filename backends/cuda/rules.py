@@ -16,7 +16,7 @@ A third: the depthwise convolution's backward-data (:mod:`.depthwise`) and
 backward-filter (:mod:`.depthwise_filter`), autotune candidates beside
 cuDNN's engines for the convolutions they take, each with its own variants
 (``depthwise.variants``, ``depthwise_filter.variants``, revisioned). A
-fourth: the ``im2col`` rules (:mod:`.im2col`) of the forward convolutions and
+fourth: the ``unfold`` rules (:mod:`.unfold`) of the forward convolutions and
 backward-filter with few input channels (an ImageNet stem), unfolded and
 multiplied on cuBLAS.
 
@@ -30,7 +30,7 @@ from opgraph import ops
 
 from ..reference.kernel import params_kernel
 from ..registry import Rule, register
-from . import colsum, depthwise, depthwise_filter, im2col, loss, lrn, pool, pool_vector, relu
+from . import colsum, depthwise, depthwise_filter, loss, lrn, pool, pool_vector, relu, unfold
 from .cublas import capture_requirement
 from .codegen import movement
 
@@ -178,11 +178,12 @@ def register_rules() -> None:
     # few input channels (an ImageNet stem): unfolded and multiplied on cuBLAS, beside cuDNN's engines,
     # which need 16-byte channel rows; forward (bias and ReLU / ReLU6 included) and backward-filter
     # (no backward-data: a stem's input needs no gradient, and cuDNN's dgrad writes C-channel rows)
-    for op_type, kernel in ((ops.Conv2d, im2col.forward_kernel), (ops.Conv2dBiasRelu, im2col.forward_kernel),
-                            (ops.Conv2dBiasActivation, im2col.forward_kernel),
-                            (ops.Conv2dBackwardFilter, im2col.backward_filter_kernel)):
-        register(Rule(op_type, "im2col", kernel, devices={"cuda"}, check=im2col.check, variants=im2col.variants,
-                      workspace=im2col.workspace, tags={"im2col", "cublas", "gpu", "option:precision"},
+    # (tag im2col, as the gemm lowering: exclude=['im2col'] leaves no unfolding lowering)
+    for op_type, kernel in ((ops.Conv2d, unfold.forward_kernel), (ops.Conv2dBiasRelu, unfold.forward_kernel),
+                            (ops.Conv2dBiasActivation, unfold.forward_kernel),
+                            (ops.Conv2dBackwardFilter, unfold.backward_filter_kernel)):
+        register(Rule(op_type, "unfold", kernel, devices={"cuda"}, check=unfold.check, variants=unfold.variants,
+                      workspace=unfold.workspace, tags={"unfold", "im2col", "cublas", "gpu", "option:precision"},
                       fresh_output=True, capturable=True, capture_requires=capture_requirement))
 
 

@@ -160,6 +160,27 @@ def test_a_force_that_matches_no_node_of_a_model_is_not_an_ok_column_there(capsy
 
 
 @pytest.mark.parametrize("mode", [(), ("--profile",)])
+@pytest.mark.parametrize("item", ["@conv1=unfold", "@conv1:forward=cudnn"])
+def test_a_force_of_an_algorithm_without_this_device_is_a_usage_error_before_any_work(
+        capsys, monkeypatch, item, mode):
+    """``@conv1=unfold`` on the CPU (unfold runs on cuda only) would fail every
+    column's compile after the others were timed: exit 2 first, naming the item."""
+    from opgraph.benchmarks import profile
+
+    def timed(*a, **k):
+        raise AssertionError("timing started")
+
+    monkeypatch.setattr(driver, "run_benchmark", timed)
+    monkeypatch.setattr(profile, "measure_limits", timed)
+    status, out, err = run_cli(capsys, "--model", "alexnet", "--device", "cpu", *FAST, "--lowering",
+                               f"gemm,{item}", *mode)
+    assert (status, out) == (2, "")
+    algorithm = item.partition("=")[2]
+    assert err == (f"opgraph-bench: error: --lowering {item}: {algorithm!r} has no implementation on cpu "
+                   "(it runs on cuda)\n")
+
+
+@pytest.mark.parametrize("mode", [(), ("--profile",)])
 @pytest.mark.parametrize("item", ["@conv99=fft", "@conv99:forward=fft", "@conv9*=fft"])
 def test_a_force_that_names_no_node_of_any_model_is_a_usage_error_before_any_work(
         capsys, monkeypatch, item, mode):

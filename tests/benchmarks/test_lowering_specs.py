@@ -40,7 +40,8 @@ def test_duplicates_are_the_same_lowering_and_limit():
     ("fast@ws=0", "unknown lowering 'fast'"), ("gemm@wx=1", "unknown option 'wx=1'"),
     ("gemm@ws", "unknown option 'ws'"), ("gemm@ws=-1", "workspace limit '-1'"), ("gemm@ws=12 parsecs", "must be bytes"),
     ("gemm@ws=1.2.3MiB", "workspace limit '1.2.3MiB'"), ("gemm@ws=1e400", "workspace limit '1e400'"),
-    ("gemm@ws=none", "needs a byte count")])
+    ("gemm@ws=none", "needs a byte count"),
+    ("unfold", "lowering 'unfold' runs only Conv2d, Conv2dBackwardFilter"), ("cuda", "prefer it (conv=cuda)")])
 def test_bad_specs_are_usage_errors_naming_the_flag(capsys, value, message):
     with pytest.raises(SystemExit) as e:
         cli.main(["--lowering", value, "--summary"])

@@ -227,7 +227,7 @@ def test_cuda_order_puts_cudnn_first_and_declines_cpu_only_rules(monkeypatch):
     s = survey("c", op, types, "cuda", LoweringPolicy(prefer={"conv": ["cpuonly"]}))
     assert s.declined()["cpuonly"] == "cpuonly has no cuda implementation"
     order = [a for a in s.order if a != "cpuonly"]
-    expected = [a for a in ("cudnn", "cuda", "im2col", "gemm", "fft", "winograd", "direct") if a in order]
+    expected = [a for a in ("cudnn", "cuda", "unfold", "gemm", "fft", "winograd", "direct") if a in order]
     assert order[:len(expected)] == expected
     cpu = survey("c", op, types, "cpu", LoweringPolicy(prefer={"conv": ["cpuonly"]}))
     assert cpu.applicable()[0].rule.algorithm == "cpuonly"

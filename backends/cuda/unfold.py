@@ -1,6 +1,10 @@
-"""Convolutions with few input channels on channels-last tensors: a generated
-im2col kernel and one cuBLAS product (``cublasGemmEx``, fp32 accumulation),
-forward with its bias and activation, and backward-filter.
+"""The ``unfold`` lowering: convolutions with few input channels on
+channels-last tensors, a generated im2col kernel and one cuBLAS product
+(``cublasGemmEx``, fp32 accumulation), forward with its bias and activation,
+and backward-filter. Its rules (``backends/cuda/rules.py``) are tagged
+``unfold`` and ``im2col``, the latter shared with the xp ``gemm`` lowering:
+``exclude=['im2col']`` leaves no unfolding lowering, ``exclude=['unfold']``
+this one only.
 
 Why: cuDNN's fast engines read 16-byte channel rows (``align8`` in their
 names: C a multiple of 8 for 2-byte storage, 4 for float32). An ImageNet
@@ -109,7 +113,7 @@ def _source(itemsize: int, geo: tuple, kp: int, bias: bool, wide: bool) -> tuple
                    K=c * kh * kw, KP=kp, V=v, WORDS=kp // v, BIAS=int(bias), RUN=kw * c)
     tag = (f"b{itemsize}_{'i64' if wide else 'i32'}_c{c}k{kh}x{kw}s{sh}x{sw}p{pt}x{pl}d{dh}x{dw}_{h}x{w}"
            f"o{ho}x{wo}_kp{kp}{'b' if bias else ''}")
-    name = f"opgraph_im2col_{tag}"
+    name = f"opgraph_unfold_{tag}"
     if dw == 1:
         # a kernel row's taps are one run of KW * C input elements (module docstring): walk it,
         # checking the columns only where the window overhangs the left or right edge
@@ -177,7 +181,7 @@ def _clip_source(dtype: str, lo, hi) -> tuple[str, str]:
     st = storage_of(dtype)
     steps = ([f"if (v < {lit(lo)}) v = {lit(lo)};"] if lo is not None else []) + \
             ([f"if (v > {lit(hi)}) v = {lit(hi)};"] if hi is not None else [])
-    name = f"opgraph_im2col_clip_{dtype}_{'n' if lo is None else str(lo).replace('.', 'p')}_" \
+    name = f"opgraph_unfold_clip_{dtype}_{'n' if lo is None else str(lo).replace('.', 'p')}_" \
            f"{'n' if hi is None else str(hi).replace('.', 'p')}"
     text = ("typedef float CT;\n" + DEVICE_HELPERS + "\n"
             + f'extern "C" __global__ void {name}({st.ctype}* __restrict__ y, long long size) {{\n'
@@ -238,7 +242,7 @@ def conv2d_forward(xp, x, w, b=None, *, stride, padding, dilation, groups, preci
     """
     g = conv_geometry(x.shape, w.shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
     if g.groups != 1:
-        raise ShapeError(f"im2col conv2d: groups={g.groups}; the unfolding takes groups=1")
+        raise ShapeError(f"unfold conv2d: groups={g.groups}; the unfolding takes groups=1")
     dtype, io = dtype_name(x.dtype), precisions.IO_DTYPE[precisions.check(precision)]
     k = g.c * g.kh * g.kw
     kp = padded_k(k, b is not None)
@@ -276,9 +280,9 @@ def conv2d_backward_filter(xp, x, gy, *, stride, padding, dilation, groups, weig
     """
     g = conv_geometry(x.shape, weight_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
     if g.groups != 1:
-        raise ShapeError(f"im2col conv2d_backward_filter: groups={g.groups}; the unfolding takes groups=1")
+        raise ShapeError(f"unfold conv2d_backward_filter: groups={g.groups}; the unfolding takes groups=1")
     if tuple(gy.shape) != (g.n, g.o, g.ho, g.wo):
-        raise ShapeError(f"im2col conv2d_backward_filter: output gradient {tuple(gy.shape)}, "
+        raise ShapeError(f"unfold conv2d_backward_filter: output gradient {tuple(gy.shape)}, "
                          f"the forward output is {(g.n, g.o, g.ho, g.wo)}")
     dtype, io = dtype_name(x.dtype), precisions.IO_DTYPE[precisions.check(precision)]
     k = g.c * g.kh * g.kw
@@ -305,7 +309,7 @@ def _geo(g) -> tuple:
 # ---------------------------------------------------------------- the rules' kernels, check, workspace
 
 def forward_kernel(ctx, op, x, w, b=None):
-    """The ``im2col`` rule's kernel of the forward ops (``Conv2d`` with or
+    """The ``unfold`` rule's kernel of the forward ops (``Conv2d`` with or
     without a bias, ``Conv2dBiasRelu``, ``Conv2dBiasActivation`` without a
     residual): :func:`conv2d_forward` with the node's epilogue."""
     steps = epilogue_steps(op, 3 if b is not None else 2)
@@ -315,7 +319,7 @@ def forward_kernel(ctx, op, x, w, b=None):
 
 
 def backward_filter_kernel(ctx, op, x, gy):
-    """The ``im2col`` rule's kernel of ``Conv2dBackwardFilter``."""
+    """The ``unfold`` rule's kernel of ``Conv2dBackwardFilter``."""
     return conv2d_backward_filter(ctx.xp, x, gy, **op.conv_params(), weight_shape=op.weight_shape,
                                   precision=ctx.options["precision"], chunks=int(ctx.options.get("chunks", 1)))
 
@@ -334,15 +338,15 @@ def check(op, in_types, device) -> str | None:
     direction = _direction(op)
     dtypes = {t.dtype for t in in_types}
     if len(dtypes) != 1 or next(iter(dtypes)) not in DTYPES:
-        return f"the im2col kernel takes operands of one dtype of {list(DTYPES)}, got {sorted(dtypes)}"
+        return f"the unfold kernel takes operands of one dtype of {list(DTYPES)}, got {sorted(dtypes)}"
     dtype = next(iter(dtypes))
     if any(t.layout != "NHWC" for t in in_types[:2]):
-        return "the im2col kernel takes channels-last (NHWC) tensors"
+        return "the unfold kernel takes channels-last (NHWC) tensors"
     if "add" in epilogue_steps(op, len(in_types)):
-        return "the im2col kernel has no residual epilogue"
+        return "the unfold kernel has no residual epilogue"
     g = geometry_of(direction, op, in_types)
     if g.groups != 1:
-        return f"the im2col kernel takes groups=1, got {g.groups}"
+        return f"the unfold kernel takes groups=1, got {g.groups}"
     itemsize = 4 if dtype == "float32" else 2
     if g.c * itemsize % 16 == 0:
         return (f"{g.c} input channels fill 16-byte rows: cuDNN's implicit-GEMM engines read them "

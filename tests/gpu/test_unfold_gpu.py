@@ -1,4 +1,4 @@
-"""The few-channel convolution on cuBLAS (``backends/cuda/im2col.py``) on the
+"""The few-channel convolution on cuBLAS (``backends/cuda/unfold.py``) on the
 GPU, on the stems of the benchmark models (OverFeat's 11x11/4, AlexNet's
 11x11/4 padded, the 7x7/2 of ResNet-50, GoogLeNet and DenseNet-121, the 3x3/2
 of MobileNet-v2 and EfficientNet-B0, VGG-A's 3x3/1): forward with bias and
@@ -64,10 +64,10 @@ def _check(cp, rng, run, ref, theirs, tol, changed, dtype, captured_replay):
 @pytest.mark.parametrize("dtype, precision, tol", PAIRS, ids=[p[1] for p in PAIRS])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_forward_matches_cudnn_and_the_reference_and_replays(cp, rng, case, dtype, precision, tol, captured_replay):
-    from opgraph.backends.cuda import cudnn, im2col
+    from opgraph.backends.cuda import cudnn, unfold
     from opgraph.backends.reference import conv as ref_conv
     x, w, b, gy, kw = _operands(cp, rng, case, dtype)
-    run = lambda: im2col.conv2d_forward(cp, x, w, b, **kw, precision=precision, activation="relu")  # noqa: E731
+    run = lambda: unfold.conv2d_forward(cp, x, w, b, **kw, precision=precision, activation="relu")  # noqa: E731
     b_host = to_host(cp, b.reshape(1, -1, 1, 1))
     ref = np.maximum(ref_conv.conv2d_forward(np, to_host(cp, x), to_host(cp, w), **kw) + b_host, 0)
     theirs = cudnn.conv2d(cp, x, w, b, **kw, out_shape=ref.shape, precision=precision, activation="relu")
@@ -78,10 +78,10 @@ def test_forward_matches_cudnn_and_the_reference_and_replays(cp, rng, case, dtyp
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_backward_filter_matches_cudnn_and_the_reference_and_replays(cp, rng, case, dtype, precision, tol,
                                                                      captured_replay):
-    from opgraph.backends.cuda import cudnn, im2col
+    from opgraph.backends.cuda import cudnn, unfold
     from opgraph.backends.reference import conv as ref_conv
     x, w, _, gy, kw = _operands(cp, rng, case, dtype)
-    run = lambda: im2col.conv2d_backward_filter(cp, x, gy, **kw, weight_shape=w.shape,  # noqa: E731
+    run = lambda: unfold.conv2d_backward_filter(cp, x, gy, **kw, weight_shape=w.shape,  # noqa: E731
                                                 precision=precision)
     ref = ref_conv.conv2d_backward_filter(np, to_host(cp, x), to_host(cp, gy), **kw, weight_shape=w.shape)
     theirs = cudnn.conv2d_backward_filter(cp, x, gy, **kw, weight_shape=w.shape, precision=precision)
@@ -90,15 +90,15 @@ def test_backward_filter_matches_cudnn_and_the_reference_and_replays(cp, rng, ca
 
 @pytest.mark.parametrize("case", CASES[:3], ids=IDS[:3])
 def test_every_variant_matches_the_reference(cp, rng, case):
-    from opgraph.backends.cuda import im2col
+    from opgraph.backends.cuda import unfold
     from opgraph.backends.reference import conv as ref_conv
     x, w, b, gy, kw = _operands(cp, rng, case, "bfloat16")
     ref_y = ref_conv.conv2d_forward(np, to_host(cp, x), to_host(cp, w), **kw) + to_host(cp, b.reshape(1, -1, 1, 1))
     ref_dw = ref_conv.conv2d_backward_filter(np, to_host(cp, x), to_host(cp, gy), **kw, weight_shape=w.shape)
-    for options in im2col.variants(None, None, "cuda"):
+    for options in unfold.variants(None, None, "cuda"):
         # each against the reference: cuBLAS may pick another kernel (another sum order) for a piece's rows
-        y = to_host(cp, im2col.conv2d_forward(cp, x, w, b, **kw, precision="bf16", **options))
+        y = to_host(cp, unfold.conv2d_forward(cp, x, w, b, **kw, precision="bf16", **options))
         assert _err(y, ref_y) < 1e-2, options
-        dw = to_host(cp, im2col.conv2d_backward_filter(cp, x, gy, **kw, weight_shape=w.shape, precision="bf16",
+        dw = to_host(cp, unfold.conv2d_backward_filter(cp, x, gy, **kw, weight_shape=w.shape, precision="bf16",
                                                        **options))
         assert _err(dw, ref_dw) < 1e-2, options

@@ -1,4 +1,4 @@
-"""The few-channel convolution on cuBLAS (``backends/cuda/im2col.py``) on the
+"""The few-channel convolution on cuBLAS (``backends/cuda/unfold.py``) on the
 CPU: its unfolding and clip kernels run through the g++ emulator of their
 CUDA text, the cuBLAS product through a NumPy stand-in of ``gemm_ex_into``
 (operands decoded from their storage bits, float64 sums, rounded once into
@@ -10,7 +10,7 @@ storage dtype and with float32 storage computed in bf16; every autotune
 variant and other chunkings agree; results are channels-last; the rule
 declines what it does not take; the sources compile with nvcc where it is
 installed. The product's argument mapping is tested on its own
-(``test_cublas_matmul.py``); the GPU test (``tests/gpu/test_im2col_gpu.py``)
+(``test_cublas_matmul.py``); the GPU test (``tests/gpu/test_unfold_gpu.py``)
 runs the whole on cuBLAS."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 from cuda_cpu_emulator import GXX, NVCC, nvcc_check
 from depthwise_emulated import assert_close, case_id, emu, forward_hw  # noqa: F401 (emu: a fixture)
 from opgraph import ops
-from opgraph.backends.cuda import im2col, storage
+from opgraph.backends.cuda import storage, unfold
 from opgraph.backends.cuda.cublas import gemm_ex_args
 from opgraph.backends.reference import conv as ref_conv
 from opgraph.backends.registry import KernelContext, rules_for
@@ -81,7 +81,7 @@ def _numpy_gemm_ex_into(xp, a, b, out, precision, *, transpose_a=False, transpos
 
 @pytest.fixture
 def cublas(emu, monkeypatch):
-    monkeypatch.setattr(im2col, "gemm_ex_into", _numpy_gemm_ex_into)
+    monkeypatch.setattr(unfold, "gemm_ex_into", _numpy_gemm_ex_into)
     return emu
 
 
@@ -110,13 +110,13 @@ def _reference_forward(case, x, w, b, activation):
 
 def _forward(case, x, w, b, precision, activation="none", **options):
     shape, k, s, p, d = case
-    return im2col.conv2d_forward(np, x, w, b, stride=s, padding=p, dilation=d, groups=1, precision=precision,
+    return unfold.conv2d_forward(np, x, w, b, stride=s, padding=p, dilation=d, groups=1, precision=precision,
                                  activation=activation, **options)
 
 
 def _backward_filter(case, x, gy, o, precision, **options):
     shape, k, s, p, d = case
-    return im2col.conv2d_backward_filter(np, x, gy, stride=s, padding=p, dilation=d, groups=1,
+    return unfold.conv2d_backward_filter(np, x, gy, stride=s, padding=p, dilation=d, groups=1,
                                          weight_shape=(o, shape[1], *k), precision=precision, **options)
 
 
@@ -172,7 +172,7 @@ def test_pieces_give_the_same_result(cublas, dtype, precision, options):
 @pytest.mark.parametrize("dtype, precision", [("bfloat16", "bf16"), ("float32", "fp32")])
 def test_the_64_bit_index_path_matches_the_reference(cublas, monkeypatch, dtype, precision):
     """Sources with 64-bit indices (taken from 2^31 elements on) compute the same."""
-    monkeypatch.setattr(im2col, "_INT32_LIMIT", 1)
+    monkeypatch.setattr(unfold, "_INT32_LIMIT", 1)
     case = CASES[1]
     shape, k, s, p, d = case
     x, w, b, gy = _operands(case, dtype)
@@ -180,7 +180,7 @@ def test_the_64_bit_index_path_matches_the_reference(cublas, monkeypatch, dtype,
     ref = ref_conv.conv2d_backward_filter(np, x.astype(np.float64), gy.astype(np.float64), stride=s, padding=p,
                                           dilation=d, weight_shape=w.shape)
     _close(_backward_filter(case, x, gy, w.shape[0], precision), ref, dtype, 1e-2)
-    assert all("_i64_" in run["name"] for run in cublas.raw_launches if run["name"].startswith("opgraph_im2col_b"))
+    assert all("_i64_" in run["name"] for run in cublas.raw_launches if run["name"].startswith("opgraph_unfold_b"))
 
 
 @pytest.mark.parametrize("direction, dtype, precision", [("forward", "bfloat16", "bf16"), ("forward", "bfloat16", "tf32"),
@@ -189,14 +189,14 @@ def test_the_64_bit_index_path_matches_the_reference(cublas, monkeypatch, dtype,
 @pytest.mark.parametrize("chunks", [1, 4])
 def test_the_workspace_counts_what_a_call_allocates(cublas, monkeypatch, direction, dtype, precision, chunks):
     """The rule's workspace against the bytes of every array the call allocates
-    (NumPy's allocators wrapped, counting the calls made from ``im2col.py`` and
+    (NumPy's allocators wrapped, counting the calls made from ``unfold.py`` and
     the storage conversions it calls, not the emulator's own copies), less the
     result it returns."""
     case = CASES[1]
     shape, k, s, p, d = case
     x, w, b, gy = _operands(case, dtype)
     allocated = []
-    ours = (im2col.__file__, storage.__file__)
+    ours = (unfold.__file__, storage.__file__)
 
     def counting(fn):
         def wrapped(*args, **kwargs):
@@ -217,7 +217,7 @@ def test_the_workspace_counts_what_a_call_allocates(cublas, monkeypatch, directi
         out = _backward_filter(case, x, gy, w.shape[0], precision, chunks=chunks)
     monkeypatch.undo()
     in_types = tuple(TensorType(a.shape, dtype, "NHWC" if a.ndim == 4 else None) for a in types)
-    claimed = rules_for(type(op))["im2col"].workspace(op, in_types, {"precision": precision, "chunks": chunks})
+    claimed = rules_for(type(op))["unfold"].workspace(op, in_types, {"precision": precision, "chunks": chunks})
     scratch = sum(allocated) - out.nbytes
     # less the weights' and bias's conversions, which the count leaves out (a few KB on a stem)
     assert 0 <= scratch - claimed <= 2 * (w.size + b.size) * 4, (claimed, scratch, allocated)
@@ -256,7 +256,7 @@ def test_the_rules_run_their_variants(cublas):
                (ops.Conv2dBiasRelu(**params), (x, w, b), "relu", b),
                (ops.Conv2dBiasActivation(**params, activation="relu6"), (x, w, b), "relu6", b)]
     for op, arrays, activation, bias in forward:
-        rule = rules_for(type(op))["im2col"]
+        rule = rules_for(type(op))["unfold"]
         types = tuple(t(a, "NHWC" if a.ndim == 4 else None) for a in arrays)
         assert rule.check(op, types, "cuda") is None, type(op).__name__
         ref = _reference_forward(case, x, w, bias, activation)
@@ -264,7 +264,7 @@ def test_the_rules_run_their_variants(cublas):
             out = rule.kernel(KernelContext(np, "cuda", {**options, "precision": "bf16"}), op, *arrays)
             _close(out, ref, "bfloat16", 1e-2)
     op = ops.Conv2dBackwardFilter(**params, weight_shape=w.shape)
-    rule = rules_for(ops.Conv2dBackwardFilter)["im2col"]
+    rule = rules_for(ops.Conv2dBackwardFilter)["unfold"]
     types = (t(x), t(gy))
     assert rule.check(op, types, "cuda") is None
     ref = ref_conv.conv2d_backward_filter(np, x.astype(np.float64), gy.astype(np.float64), **params,
@@ -273,7 +273,7 @@ def test_the_rules_run_their_variants(cublas):
         _close(rule.kernel(KernelContext(np, "cuda", {**options, "precision": "bf16"}), op, x, gy), ref,
                "bfloat16", 1e-2)
     from opgraph.passes.autotune import candidate_set
-    assert f"im2col:variants@{im2col.REVISION}" in candidate_set([(rule, {})])
+    assert f"unfold:variants@{unfold.REVISION}" in candidate_set([(rule, {})])
 
 
 def _types(shape, weight, dtype="bfloat16", layout="NHWC"):
@@ -289,7 +289,7 @@ def _types(shape, weight, dtype="bfloat16", layout="NHWC"):
     ("beyond the rule's", ops.Conv2d(stride=1, padding=0), _types((1, 7, 40, 40), (4, 7, 13, 13))),
 ])
 def test_the_rule_declines(why, op, types):
-    reason = rules_for(type(op))["im2col"].check(op, types, "cuda")
+    reason = rules_for(type(op))["unfold"].check(op, types, "cuda")
     assert reason is not None and why in reason
 
 
@@ -297,7 +297,7 @@ def test_the_rule_declines_a_residual_epilogue():
     op = ops.Conv2dBiasActivation(stride=1, padding=1, activation="relu", residual=True)
     x, w = _types((2, 3, 9, 9), (4, 3, 3, 3))
     types = (x, w, TensorType((4,), "bfloat16"), TensorType((2, 4, 9, 9), "bfloat16", "NHWC"))
-    assert "residual" in rules_for(type(op))["im2col"].check(op, types, "cuda")
+    assert "residual" in rules_for(type(op))["unfold"].check(op, types, "cuda")
 
 
 @pytest.mark.skipif(NVCC is None, reason="no nvcc")

@@ -21,7 +21,7 @@ from opgraph.backends.registry import KernelContext, device_support, lookup
 from .base import PassContext, Pipeline, host_versions
 from .pipelines import build
 from .policy import LoweringPolicy
-from .policy_names import check_names
+from .policy_names import check_names, preferences_elsewhere
 
 
 def as_policy(policy) -> LoweringPolicy:
@@ -116,6 +116,10 @@ def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
         ctx.report.note(f"policy {', '.join(idle)}: only autotune reads {'it' if len(idle) == 1 else 'them'} "
                         "and the policy's autotune is off (the lowering 'auto' turns it on): no effect unless "
                         "the pipeline has its own autotune pass")
+    elsewhere = preferences_elsewhere(pol, ctx.device)
+    if elsewhere:
+        ctx.report.note(f"policy prefer {', '.join(elsewhere)}: no implementation on {ctx.device}, "
+                        "so never a candidate here")
     pipe = pipeline if isinstance(pipeline, Pipeline) else build(pipeline, pol)
     lowered, louts = pipe.run(g, outs, ctx)
     xp, dev_name = ctx.xp, ctx.device

@@ -17,7 +17,7 @@ backends' registries that know these names.
 
 from __future__ import annotations
 
-from opgraph.backends.registry import algorithms, registered_tags
+from opgraph.backends.registry import algorithm_devices, algorithms, registered_tags
 
 from .fuse import TABLE
 from .fuse_elementwise import OPT_IN
@@ -43,4 +43,18 @@ def check_names(policy: LoweringPolicy) -> None:
                               + ", ".join(sorted(known)))
 
 
-__all__ = ["known_names", "check_names"]
+def preferences_elsewhere(policy: LoweringPolicy, device: str) -> list[str]:
+    """The ``prefer`` entries naming an algorithm without an implementation on
+    ``device`` (``conv=unfold`` on the CPU: unfold runs on cuda only), as
+    ``'key=algorithm (devices)'``: such an entry can never be a candidate
+    there, which the compile notes rather than ignoring it silently."""
+    out = []
+    for key, names in policy.prefer.items():
+        for name in names:
+            devices = algorithm_devices(name)
+            if devices and device not in devices:
+                out.append(f"{key}={name} (runs on {', '.join(sorted(devices))})")
+    return out
+
+
+__all__ = ["known_names", "check_names", "preferences_elsewhere"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph.passes.policy import PolicyError
+from opgraph.passes.policy import LoweringPolicy, PolicyError
 from opgraph.passes.policy_names import known_names
 
 
@@ -35,3 +35,20 @@ def test_the_cli_exits_2_naming_the_unknown_exclusion(capsys):
     from opgraph.benchmarks.cli import main
     assert main(["--model", "L1", "--batch", "1", "--lowering", "exclude=nosuch", "--quiet"]) == 2
     assert "nosuch" in capsys.readouterr().err
+
+
+def test_a_preference_without_an_implementation_on_the_device_is_noted():
+    """``prefer conv=unfold`` on the CPU (unfold runs on cuda only) can never be a
+    candidate: the compile says so instead of ignoring it silently."""
+    from opgraph.passes.policy_names import preferences_elsewhere
+
+    g = og.Graph()
+    x = g.input("x", (1, 3, 8, 8))
+    w = g.param("w", (4, 3, 3, 3))
+    y = og.conv2d(x, w, padding=1)
+    exe = og.compile(y, device="cpu", policy=LoweringPolicy(prefer={"conv": ["unfold", "gemm"]}))
+    (line,) = [n for n in exe.report.notes if n.startswith("policy prefer")]
+    assert "conv=unfold (runs on cuda)" in line and "no implementation on cpu" in line
+    assert preferences_elsewhere(LoweringPolicy(prefer={"conv": ["gemm"]}), "cpu") == []
+    assert preferences_elsewhere(LoweringPolicy(prefer={"conv": ["unfold"]}), "cuda") == []
+

@@ -254,6 +254,14 @@ def algorithm_devices(algorithm: str) -> set[str]:
     return {d for rules in _RULES.values() if algorithm in rules for d in rules[algorithm].devices}
 
 
+def opt_in_names() -> set[str]:
+    """The algorithm names and tags of the rules tagged ``optional`` (what a
+    policy's ``include`` can turn on)."""
+    _load_backends()
+    return {n for rules in _RULES.values() for rule in rules.values() if "optional" in rule.tags
+            for n in (rule.algorithm, *rule.tags)}
+
+
 def registered_tags() -> set[str]:
     """Every tag some rule carries (what a policy's include / exclude may name)."""
     _load_backends()

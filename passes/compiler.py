@@ -21,7 +21,7 @@ from opgraph.backends.registry import KernelContext, device_support, lookup
 from .base import PassContext, Pipeline, host_versions
 from .pipelines import build
 from .policy import LoweringPolicy
-from .policy_names import check_names, preferences_elsewhere
+from .policy_names import check_names, idle_includes, preferences_elsewhere
 
 
 def as_policy(policy) -> LoweringPolicy:
@@ -116,6 +116,10 @@ def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
         ctx.report.note(f"policy {', '.join(idle)}: only autotune reads {'it' if len(idle) == 1 else 'them'} "
                         "and the policy's autotune is off (the lowering 'auto' turns it on): no effect unless "
                         "the pipeline has its own autotune pass")
+    idle_in = idle_includes(pol)
+    if idle_in:
+        ctx.report.note(f"policy include {idle_in}: no opt-in rule carries {'it' if len(idle_in) == 1 else 'them'} "
+                        "(include turns on rules tagged 'optional' and 'fused-reference'): no effect")
     elsewhere = preferences_elsewhere(pol, ctx.device)
     if elsewhere:
         ctx.report.note(f"policy prefer {', '.join(elsewhere)}: no implementation on {ctx.device}, "

@@ -17,7 +17,7 @@ backends' registries that know these names.
 
 from __future__ import annotations
 
-from opgraph.backends.registry import algorithm_devices, algorithms, registered_tags
+from opgraph.backends.registry import algorithm_devices, algorithms, opt_in_names, registered_tags
 
 from .fuse import TABLE
 from .fuse_elementwise import OPT_IN
@@ -57,4 +57,12 @@ def preferences_elsewhere(policy: LoweringPolicy, device: str) -> list[str]:
     return out
 
 
-__all__ = ["known_names", "check_names", "preferences_elsewhere"]
+def idle_includes(policy: LoweringPolicy) -> list[str]:
+    """The ``include`` entries that turn nothing on: ``include`` enables the
+    rules tagged ``optional`` and the generated fusion on the CPU's oracle
+    (``fused-reference``); any other name (a rule that is a candidate already,
+    a fusion rule) has no effect, which the compile notes."""
+    return sorted(set(policy.include) - opt_in_names() - {OPT_IN})
+
+
+__all__ = ["known_names", "check_names", "preferences_elsewhere", "idle_includes"]

@@ -52,3 +52,26 @@ def test_a_preference_without_an_implementation_on_the_device_is_noted():
     assert preferences_elsewhere(LoweringPolicy(prefer={"conv": ["gemm"]}), "cpu") == []
     assert preferences_elsewhere(LoweringPolicy(prefer={"conv": ["unfold"]}), "cuda") == []
 
+
+def test_an_include_that_turns_nothing_on_is_noted(monkeypatch):
+    """No rule is opt-in today: ``include=['depthwise-wgrad']`` (opt-in until the
+    twelfth session) has no effect, which the compile says; ``fused-reference``
+    and the tag of an opt-in rule do something, and are not noted."""
+    import attrs
+
+    from opgraph.backends import registry
+    from opgraph.passes.policy_names import idle_includes
+
+    g = og.Graph()
+    x = g.input("x", (1, 3, 8, 8))
+    w = g.param("w", (4, 3, 3, 3))
+    y = og.conv2d(x, w, padding=1)
+    exe = og.compile(y, device="cpu", policy=LoweringPolicy(include=["depthwise-wgrad", "fused-reference"]))
+    (line,) = [n for n in exe.report.notes if n.startswith("policy include")]
+    assert "['depthwise-wgrad']" in line and "no effect" in line
+    assert idle_includes(LoweringPolicy(include=["fused-reference"])) == []
+    rules = dict(registry._RULES[og.ops.Conv2d])
+    rules["extra"] = attrs.evolve(rules["gemm"], algorithm="extra", tags={"optional", "xtag"})
+    monkeypatch.setitem(registry._RULES, og.ops.Conv2d, rules)
+    assert idle_includes(LoweringPolicy(include=["xtag", "extra", "gemm"])) == ["gemm"]
+

@@ -1,5 +1,7 @@
-"""Host <-> device helpers of the depthwise kernels' GPU tests: float64 NCHW
-arrays to channels-last device arrays in bfloat16 or float32, and back."""
+"""Host <-> device helpers of the channels-last kernels' GPU tests (depthwise,
+unfold): float64 NCHW arrays to channels-last device arrays in bfloat16 or
+float32, and back; and the check they share: a result against the float64
+reference and cuDNN's, then replayed from a CUDA graph on new input."""
 
 from __future__ import annotations
 
@@ -37,3 +39,25 @@ def forward_hw(shape, k, s, p):
     """The forward output's (Ho, Wo) of ``shape`` (N, C, H, W), kernel ``k``, stride ``s`` and
     padding ``p`` ((top, bottom), (left, right)), without dilation."""
     return tuple((n + p0 + p1 - kk) // ss + 1 for n, kk, ss, (p0, p1) in zip(shape[2:], k, s, p))
+
+
+def relative_error(got, ref) -> float:
+    """``|got - ref| / |ref|`` (Frobenius norms)."""
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+def check_and_replay(cp, rng, run, ref, theirs, tol, changed, dtype, captured_replay):
+    """``run()``'s result within ``tol`` of the float64 ``ref`` and of cuDNN's
+    ``theirs`` (relative to ``ref``), then replayed from a CUDA graph after
+    ``changed`` (an operand) is overwritten with new values: the same bits as
+    an eager call on them. Returns the first result (callers check its layout)."""
+    out = run()
+    got = to_host(cp, out)
+    assert relative_error(got, ref) < tol
+    assert np.linalg.norm(got - to_host(cp, theirs)) / np.linalg.norm(ref) < tol
+    fresh = to_device(cp, rng.standard_normal(changed.shape), dtype)
+    replayed, keep = captured_replay(run, lambda: overwrite(cp, changed, fresh))
+    assert np.array_equal(to_host(cp, replayed), to_host(cp, run()))
+    del keep
+    return out
+

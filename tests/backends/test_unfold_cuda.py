@@ -162,6 +162,7 @@ def test_pieces_give_the_same_result(cublas, dtype, precision, options):
     shape, k, s, p, d = case
     x, w, b, gy = _operands(case, dtype)
     whole = _forward(case, x, w, b, precision, "relu")
+    _close(whole, _reference_forward(case, x, w, b, "relu"), dtype, 1e-2 if dtype == "bfloat16" else 1e-6)
     assert _forward(case, x, w, b, precision, "relu", **options).tobytes() == whole.tobytes()
     dw = _backward_filter(case, x, gy, w.shape[0], precision, **options)
     ref = ref_conv.conv2d_backward_filter(np, x.astype(np.float64), gy.astype(np.float64), stride=s, padding=p,

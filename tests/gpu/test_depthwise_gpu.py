@@ -11,7 +11,7 @@ import pytest
 
 from opgraph.backends.device import cuda_status
 
-from channels_last_device import forward_hw, overwrite, to_device, to_host
+from channels_last_device import check_and_replay, forward_hw, to_device, to_host
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_status()[0], reason=f"no GPU: {cuda_status()[1]}")]
@@ -37,19 +37,10 @@ def test_matches_cudnn_and_the_reference_and_replays(cp, rng, case, dtype, captu
     gy_host, w_host = rng.standard_normal((n, c, ho, wo)), rng.standard_normal((c, 1, *k))
     gy, wt = to_device(cp, gy_host, dtype), to_device(cp, w_host, dtype)
     kw = dict(stride=s, padding=p, dilation=(1, 1), groups=c, input_shape=shape)
-    out = depthwise.conv2d_backward_data(cp, gy, wt, **kw)
     ref = ref_conv.conv2d_backward_data(np, to_host(cp, gy), to_host(cp, wt), **kw)
     theirs = cudnn.conv2d_backward_data(cp, gy, wt, **kw)
-    tol = 1e-2 if dtype == "bfloat16" else 1e-5
-    got = to_host(cp, out)
-    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < tol
-    assert np.linalg.norm(got - to_host(cp, theirs)) / np.linalg.norm(ref) < tol
-    fresh = to_device(cp, rng.standard_normal(gy_host.shape), dtype)
-    replayed, keep = captured_replay(lambda: depthwise.conv2d_backward_data(cp, gy, wt, **kw),
-                                     lambda: overwrite(cp, gy, fresh))
-    want = depthwise.conv2d_backward_data(cp, gy, wt, **kw)
-    assert np.array_equal(to_host(cp, replayed), to_host(cp, want))
-    del keep
+    check_and_replay(cp, rng, lambda: depthwise.conv2d_backward_data(cp, gy, wt, **kw), ref, theirs,
+                     1e-2 if dtype == "bfloat16" else 1e-5, gy, dtype, captured_replay)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

@@ -12,7 +12,7 @@ import pytest
 
 from opgraph.backends.device import cuda_status
 
-from channels_last_device import forward_hw, overwrite, to_device, to_host
+from channels_last_device import check_and_replay, forward_hw, to_device, to_host
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_status()[0], reason=f"no GPU: {cuda_status()[1]}")]
@@ -47,19 +47,11 @@ def test_matches_cudnn_and_the_reference_and_replays(cp, rng, case, dtype, captu
     from opgraph.backends.cuda import cudnn, depthwise_filter
     from opgraph.backends.reference import conv as ref_conv
     x, gy, kw = _operands(cp, rng, case, dtype)
-    out = depthwise_filter.conv2d_backward_filter(cp, x, gy, **kw)
     ref = ref_conv.conv2d_backward_filter(np, to_host(cp, x), to_host(cp, gy), **kw)
     theirs = cudnn.conv2d_backward_filter(cp, x, gy, **kw)
+    out = check_and_replay(cp, rng, lambda: depthwise_filter.conv2d_backward_filter(cp, x, gy, **kw), ref, theirs,
+                           TOL[dtype], x, dtype, captured_replay)
     assert out.shape == theirs.shape and out.strides == theirs.strides  # cuDNN's channels-last filter
-    got = to_host(cp, out)
-    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < TOL[dtype]
-    assert np.linalg.norm(got - to_host(cp, theirs)) / np.linalg.norm(ref) < TOL[dtype]
-    fresh = to_device(cp, rng.standard_normal(x.shape), dtype)
-    replayed, keep = captured_replay(lambda: depthwise_filter.conv2d_backward_filter(cp, x, gy, **kw),
-                                     lambda: overwrite(cp, x, fresh))
-    want = depthwise_filter.conv2d_backward_filter(cp, x, gy, **kw)
-    assert np.array_equal(to_host(cp, replayed), to_host(cp, want))
-    del keep
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

@@ -14,7 +14,7 @@ import pytest
 
 from opgraph.backends.device import cuda_status
 
-from channels_last_device import forward_hw, overwrite, to_device, to_host
+from channels_last_device import check_and_replay, forward_hw, relative_error as _err, to_device, to_host
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_status()[0], reason=f"no GPU: {cuda_status()[1]}")]
@@ -42,23 +42,10 @@ def _operands(cp, rng, case, dtype):
     return x, w, b, gy, dict(stride=s, padding=p, dilation=(1, 1), groups=1)
 
 
-def _err(got, ref):
-    return np.linalg.norm(got - ref) / np.linalg.norm(ref)
-
-
 def _check(cp, rng, run, ref, theirs, tol, changed, dtype, captured_replay):
-    """``run()``'s result against the float64 ``ref`` and cuDNN's ``theirs`` (same
-    shape and strides), then replayed from a CUDA graph after ``changed`` (an
-    operand) is overwritten with new values: the same bits as an eager call."""
-    out = run()
-    assert out.shape == theirs.shape and out.strides == theirs.strides  # channels-last, as cuDNN's
-    got = to_host(cp, out)
-    assert _err(got, ref) < tol
-    assert _err(got, to_host(cp, theirs)) < tol
-    fresh = to_device(cp, rng.standard_normal(changed.shape), dtype)
-    replayed, keep = captured_replay(run, lambda: overwrite(cp, changed, fresh))
-    assert np.array_equal(to_host(cp, replayed), to_host(cp, run()))
-    del keep
+    """``check_and_replay``, and the result stored as cuDNN stores its own (channels-last)."""
+    out = check_and_replay(cp, rng, run, ref, theirs, tol, changed, dtype, captured_replay)
+    assert out.shape == theirs.shape and out.strides == theirs.strides
 
 
 @pytest.mark.parametrize("dtype, precision, tol", PAIRS, ids=[p[1] for p in PAIRS])

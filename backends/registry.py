@@ -15,9 +15,11 @@ algorithm)``. A rule holds
   in-place plan;
 * ``fresh_output``: whether the kernel's output is always a new buffer,
   never a view of (or the same array as) an input;
-* ``capturable`` and ``capture_requires``: whether the kernel on ``cuda`` can
-  be captured into a CUDA graph (:meth:`Rule.capture_blocker`), which
-  ``opgraph/graph_replay.py`` reads from the step's context.
+* ``capturable``, ``capture_requires`` and ``variant_capture_blocker``:
+  whether the kernel on ``cuda`` (with a variant's options) can be captured
+  into a CUDA graph (:meth:`Rule.capture_blocker`), which
+  ``opgraph/graph_replay.py`` reads from the step's context and autotune
+  weighs per candidate under ``cuda_graph``.
 * ``writes_strided_out`` / ``contiguous_inputs``: for the zero-copy plan
   (``passes/zero_copy.py``): the kernel can write its output into a strided
   view (a channel slice of a concat's buffer), or needs dense inputs.
@@ -92,6 +94,10 @@ def _nothing_required() -> str | None:
     return None
 
 
+def _every_variant_captures(options: Mapping[str, Any]) -> str | None:
+    return None
+
+
 def _positions(value) -> tuple[int, ...]:
     if value is None:
         return ()
@@ -119,7 +125,7 @@ class Rule:
       transposed view of an input would leave two live values on one buffer.
       False unless declared (the safe default).
 
-    Two declarations serve CUDA-graph capture (``opgraph/graph_replay.py``),
+    Three declarations serve CUDA-graph capture (``opgraph/graph_replay.py``),
     where a kernel may not synchronise with the host, copy from host memory,
     allocate outside CuPy's current allocator or call a library that refuses
     stream capture (CuPy's own cuBLAS handle):
@@ -132,6 +138,12 @@ class Rule:
       kernel capture-safe are missing on this machine (e.g. nvmath-python for
       our own cuBLAS handle), or None. Called when a graph is compiled, never
       at registration, so that a CPU machine imports nothing.
+    * ``variant_capture_blocker(options)``: why the kernel called with these
+      options (a variant's, ``Lowered.options``) never captures, or None:
+      one variant of an otherwise capturable rule may call a library that
+      refuses capture (the bias gradient's ``method='gemv'``, a product on
+      CuPy's cuBLAS handle), and autotune must see it per candidate, not per
+      rule. None for every variant unless declared.
 
     Two more serve the zero-copy plan (``passes/zero_copy.py``), which lets a
     concat's producers write into their slice of its buffer and runs slices
@@ -164,6 +176,7 @@ class Rule:
     fresh_output: bool = False
     capturable: bool | str | None = None
     capture_requires: Callable[[], str | None] = _nothing_required
+    variant_capture_blocker: Callable[[Mapping[str, Any]], str | None] = _every_variant_captures
     writes_strided_out: bool = False
     contiguous_inputs: bool = False
 
@@ -177,31 +190,41 @@ class Rule:
             return f"{self.algorithm} has no {device} implementation"
         return self.check(op, in_types, device)
 
-    def capture_blocker(self, *, installed: bool = True) -> str | None:
-        """Why a step of this rule cannot be captured into a CUDA graph, or None.
+    def capture_blocker(self, options: Mapping[str, Any] | None = None, *,
+                        installed: bool = True) -> str | None:
+        """Why a step of this rule, called with ``options``, cannot be captured
+        into a CUDA graph, or None.
 
         Args:
+            options: the step's options (``Lowered.options``); None or {} for
+                the rule's default variant.
             installed: also ask ``capture_requires`` (the libraries on this
-                machine); False reads the declaration alone (a CPU machine
+                machine); False reads the declarations alone (a CPU machine
                 checking what a GPU machine with the cuda extra will do).
 
         Returns:
-            None for a ``capturable=True`` rule whose requirements are met; the
-            declared reason for a ``capturable=<str>`` one; a sentence saying
-            the rule declares nothing for ``capturable=None`` (the caller may
-            still try a capture).
+            The declared reason of a ``capturable=<str>`` rule; else the
+            variant's (``variant_capture_blocker``); else, for a
+            ``capturable=True`` rule, the missing requirements (None when met)
+            and for a ``capturable=None`` one a sentence saying the rule
+            declares nothing (the caller may still try a capture).
         """
+        if self.capturable is not None and self.capturable is not True:
+            return str(self.capturable) if self.capturable else f"the {self.algorithm} rule does not capture"
+        variant = self.variant_capture_blocker(options or {})
+        if variant is not None:
+            return variant
         if self.capturable is None:
             return f"the {self.algorithm} rule of {self.op_type.__name__} does not declare whether it captures"
-        if self.capturable is not True:
-            return str(self.capturable) if self.capturable else f"the {self.algorithm} rule does not capture"
         return self.capture_requires() if installed else None
 
-    def declared_capture_blocker(self) -> str | None:
-        """:meth:`capture_blocker` of a rule that declares itself (on this
-        machine's libraries); None for one that declares nothing, which a
-        replay's trial capture decides step by step."""
-        return None if self.capturable is None else self.capture_blocker()
+    def declared_capture_blocker(self, options: Mapping[str, Any] | None = None) -> str | None:
+        """:meth:`capture_blocker` of a step whose rule or variant declares
+        itself (on this machine's libraries); None for one that declares
+        nothing, which a replay's trial capture decides step by step."""
+        if self.capturable is None:
+            return self.variant_capture_blocker(options or {})
+        return self.capture_blocker(options)
 
 
 _RULES: dict[type, dict[str, Rule]] = {}

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from opgraph.backends import device as dev
+from opgraph.passes.report import Candidate
 
 from . import check as chk
 from .protocol import PhaseRunner
@@ -105,11 +106,18 @@ def replay_policy(exe, policy):
 
 
 def changed_choices(eager_exe, replay_exe) -> dict[str, str]:
-    """Step name -> ``'fft -> cudnn'`` for the steps whose algorithm differs
-    between the two compiles of one graph."""
-    before = {st.name: st.op.algorithm for st in eager_exe.steps}
-    return {st.name: f"{before[st.name]} -> {st.op.algorithm}" for st in replay_exe.steps
-            if st.name in before and before[st.name] != st.op.algorithm}
+    """Step name -> ``'fft -> cudnn'`` for the steps whose implementation
+    differs between the two compiles of one graph: the algorithm, or the
+    variant of one rule (``'cuda[method=gemv] -> cuda'``: the bias gradient's
+    cuBLAS variant does not capture either)."""
+    before = {st.name: _choice(st) for st in eager_exe.steps}
+    return {st.name: f"{before[st.name]} -> {_choice(st)}" for st in replay_exe.steps
+            if st.name in before and before[st.name] != _choice(st)}
+
+
+def _choice(step) -> str:
+    """``'cuda[method=gemv]'``: the step's algorithm and options, as autotune's rows label them."""
+    return Candidate(step.op.algorithm, step.op.option_dict).label
 
 
 def recompile_note(changed: dict[str, str]) -> str:

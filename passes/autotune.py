@@ -44,7 +44,6 @@ import functools
 import math
 import statistics
 import time
-from types import MappingProxyType
 from typing import Callable, Mapping, Protocol
 
 import attrs
@@ -218,12 +217,13 @@ class AutotunePass(Pass):
             if problem:  # hand-edited rows that cannot decide: measured again
                 cache.warn(f"autotune cache {cache.path}: node {view.name}: {problem}; re-tuned")
                 hit = None
-            uncapturable = _uncapturable(applicable) if policy.cuda_graph and ctx.device == "cuda" else {}
-            rows, algorithm, cached_opts = (rechoose(hit, policy.workspace_tolerance, uncapturable) if hit
+            blocker = (_declared_blocker(applicable) if policy.cuda_graph and ctx.device == "cuda"
+                       else captures_all)
+            rows, algorithm, cached_opts = (rechoose(hit, policy.workspace_tolerance, blocker) if hit
                                             else ([], None, {}))
             # a top-level choice edited by hand: used when its row is correct (hand_edit)
             edit = hand_edit(hit, rows, algorithm, cached_opts, policy.workspace_tolerance,
-                             uncapturable) if hit else None
+                             blocker) if hit else None
             if edit is not None and edit.used:
                 algorithm, cached_opts = edit.algorithm, edit.options
             entry = next((e for e in applicable if e.rule.algorithm == algorithm), None)
@@ -261,7 +261,7 @@ class AutotunePass(Pass):
                 if waited:
                     waits[view.name] = waited
                 measured = [c.to_dict() for c in rows]  # cached as timed: rechoose() decides again
-                best = choose(rows, timed, policy.workspace_tolerance, uncapturable)
+                best = choose(rows, timed, policy.workspace_tolerance, blocker)
                 if best is None:
                     raise LoweringError(f"node {view.name} ({op.describe()}): autotune found no correct "
                                         "candidate:" + "".join(f"\n  {c.label}: {c.status}: {c.reason}"
@@ -369,8 +369,19 @@ class AutotunePass(Pass):
         return rows, timed
 
 
+#: ``capture_blocker(algorithm, options)``: why a candidate (a rule's variant)
+#: cannot be captured into a CUDA graph, or None.
+CaptureBlocker = Callable[[str, Mapping], str | None]
+
+
+def captures_all(algorithm: str, options: Mapping) -> str | None:
+    """The :data:`CaptureBlocker` of a step that is not replayed as CUDA
+    graphs: nothing is left out for capture."""
+    return None
+
+
 def choose(rows: list[Candidate], timed: list[Candidate], workspace_tolerance: float,
-           uncapturable: Mapping[str, str] = MappingProxyType({})) -> Candidate | None:
+           capture_blocker: CaptureBlocker = captures_all) -> Candidate | None:
     """The winning row, marked ``chosen``; None when no row is correct.
 
     Correct rows (status ``ok``, or ``unverified`` for an op without a
@@ -384,19 +395,21 @@ def choose(rows: list[Candidate], timed: list[Candidate], workspace_tolerance: f
     cudnn[engine=1] (0.412 vs 0.405 ms), 290.0 MiB less workspace ...``) and
     the fastest's why it was not.
 
-    ``uncapturable`` (policy ``cuda_graph``: the step is replayed as CUDA
-    graphs) maps the algorithms whose rule declares itself not capturable to
-    the reason: their rows compete only when no other row is correct, and a
+    ``capture_blocker`` (policy ``cuda_graph``: the step is replayed as CUDA
+    graphs; :func:`_declared_blocker`) says why a row (its algorithm and
+    options: one variant of a capturable rule may not capture) cannot be
+    captured: such rows compete only when no other row is correct, and a
     faster one left out says so in its ``reason``.
     """
     correct = [c for c in rows if c.status in ("ok", "unverified")]
-    capturable = [c for c in correct if c.algorithm not in uncapturable]
-    if capturable and len(capturable) < len(correct):
+    blocked = {id(c): why for c in correct if (why := capture_blocker(c.algorithm, c.options)) is not None}
+    capturable = [c for c in correct if id(c) not in blocked]
+    if capturable and blocked:
         bar = min(c.time_ms for c in capturable)
         for c in correct:
-            if c.algorithm in uncapturable and c.time_ms < bar:
+            if id(c) in blocked and c.time_ms < bar:
                 c.reason = "; ".join(filter(None, [
-                    c.reason, f"faster, but not capturable ({uncapturable[c.algorithm]}) and the step is "
+                    c.reason, f"faster, but not capturable ({blocked[id(c)]}) and the step is "
                               "replayed as CUDA graphs (cuda_graph)"]))
         correct = capturable
     fastest = min(correct, key=lambda c: c.time_ms, default=None)
@@ -427,9 +440,9 @@ RECHOOSE_VERSION = 1
 
 
 def rechoose(entry: dict, workspace_tolerance: float,
-             uncapturable: Mapping[str, str] = MappingProxyType({})) -> tuple[list[Candidate], str | None, dict]:
+             capture_blocker: CaptureBlocker = captures_all) -> tuple[list[Candidate], str | None, dict]:
     """``(rows, algorithm, options)`` of a cached decision under the current
-    ``workspace_tolerance`` and ``uncapturable`` algorithms: the cached rows
+    ``workspace_tolerance`` and ``capture_blocker`` (:func:`choose`): the cached rows
     (times and workspaces as measured) go through :func:`choose` again, so
     changing either needs no re-tuning. An entry without the :data:`RECHOOSE_VERSION` tag (written
     before the tie-break and the output-dtype check) keeps its algorithm and
@@ -441,7 +454,7 @@ def rechoose(entry: dict, workspace_tolerance: float,
         if c.status == "chosen":
             c.status = "ok"
     timed = [c for c in rows if c.time_ms is not None and not c.reason.startswith("pruned")]
-    best = choose(rows, timed, workspace_tolerance, uncapturable)
+    best = choose(rows, timed, workspace_tolerance, capture_blocker)
     if best is None:
         return rows, entry.get("algorithm"), dict(entry.get("options", {}))
     return rows, best.algorithm, dict(best.options)
@@ -487,8 +500,7 @@ class HandEdit:
 
 
 def hand_edit(entry: dict, rows: list[Candidate], algorithm: str | None, options: dict,
-              workspace_tolerance: float,
-              uncapturable: Mapping[str, str] = MappingProxyType({})) -> HandEdit | None:
+              workspace_tolerance: float, capture_blocker: CaptureBlocker = captures_all) -> HandEdit | None:
     """The hand edit of a cached decision's top-level choice, or None.
 
     ``rows``, ``algorithm`` and ``options`` are :func:`rechoose`'s answer for
@@ -498,8 +510,8 @@ def hand_edit(entry: dict, rows: list[Candidate], algorithm: str | None, options
     rows' choice is then marked ``ok`` and the edited row ``chosen``, each
     ``reason`` saying so) when the entry has a row of exactly that choice
     whose status is correct (``ok``, or ``unverified`` for an op without a
-    reference rule), and, when ``uncapturable`` is given (policy
-    ``cuda_graph``), that can be captured into a CUDA graph unless the rows'
+    reference rule), and, by ``capture_blocker`` (policy ``cuda_graph``:
+    :func:`choose`), that can be captured into a CUDA graph unless the rows'
     choice cannot either. Otherwise the rows' choice stands and ``message``
     says why the edit is not used. None when nothing conflicts: an entry
     without the ``rechoose`` tag (its top-level choice is used as written
@@ -543,9 +555,10 @@ def hand_edit(entry: dict, rows: list[Candidate], algorithm: str | None, options
     if row.status not in ("ok", "unverified"):
         return no(f"hand-edited choice {e_label} is not used: its measured row is {row.status}"
                   + (f" ({row.reason})" if row.reason else "") + tail)
-    if edited_alg in uncapturable and algorithm not in uncapturable:
+    edit_blocker = capture_blocker(edited_alg, edited_opts)
+    if edit_blocker is not None and capture_blocker(algorithm, options) is None:
         return no(f"hand-edited choice {e_label} is not used: it cannot be captured into a CUDA graph "
-                  f"({uncapturable[edited_alg]}) and the step is replayed as CUDA graphs (cuda_graph){tail}")
+                  f"({edit_blocker}) and the step is replayed as CUDA graphs (cuda_graph){tail}")
     if best is not None:
         best.status = "ok"
         best.reason = "; ".join(filter(None, [best.reason, f"the measurements' choice; the cache entry's "
@@ -560,11 +573,17 @@ def hand_edit(entry: dict, rows: list[Candidate], algorithm: str | None, options
                     f"the measurements alone choose {b_label}{than}")
 
 
-def _uncapturable(applicable) -> dict[str, str]:
-    """Algorithm -> why its rule cannot be captured into a CUDA graph, for the
-    applicable candidates that declare so (``Rule.declared_capture_blocker``)."""
-    return {e.rule.algorithm: why for e in applicable
-            if (why := e.rule.declared_capture_blocker()) is not None}
+def _declared_blocker(applicable) -> CaptureBlocker:
+    """The :data:`CaptureBlocker` of a replayed step: what the applicable
+    candidate's rule declares for those options (``Rule.declared_capture_blocker``:
+    the rule's own reason, or its variant's); None for an algorithm that no
+    longer applies (a cached choice of one is re-tuned anyway)."""
+    rules = {e.rule.algorithm: e.rule for e in applicable}
+
+    def blocker(algorithm: str, options: Mapping) -> str | None:
+        rule = rules.get(algorithm)
+        return rule.declared_capture_blocker(options) if rule is not None else None
+    return blocker
 
 
 def _size(nbytes: int) -> str:
@@ -656,6 +675,6 @@ def _variants(rule, op, types, device, options, engine_limit: int | None = None)
         return [{}]
 
 
-__all__ = ["AutotunePass", "choose", "rechoose", "hand_edit", "HandEdit", "refused_options", "Timer",
-           "PerfCounterTimer", "CudaEventTimer", "default_timer", "tolerance", "random_inputs", "relative_error",
-           "REFERENCE_ALGORITHMS"]
+__all__ = ["AutotunePass", "choose", "rechoose", "hand_edit", "HandEdit", "CaptureBlocker", "captures_all",
+           "refused_options", "Timer", "PerfCounterTimer", "CudaEventTimer", "default_timer", "tolerance",
+           "random_inputs", "relative_error", "REFERENCE_ALGORITHMS"]

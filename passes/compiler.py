@@ -130,8 +130,8 @@ def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
 
     def resolve(op: Lowered, out_type: TensorType):
         rule = lookup(type(op.op), op.algorithm)
-        # a rule that declares nothing is left to the replay's trial capture (Rule.capture_blocker)
-        blocker = rule.declared_capture_blocker() if dev_name == "cuda" else None
+        # a rule (or variant) that declares nothing is left to the replay's trial capture (Rule.capture_blocker)
+        blocker = rule.declared_capture_blocker(op.option_dict) if dev_name == "cuda" else None
         return rule.kernel, KernelContext(xp, dev_name, op.option_dict, out_type, blocker)  # run type
 
     exe = Executable(lowered, louts, resolve, xp=xp, device=dev_name, dtype=dtype)

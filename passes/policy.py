@@ -343,8 +343,8 @@ class LoweringPolicy:
     explicit_padding: frozenset = attrs.field(default=frozenset(), converter=_names("explicit_padding"))
     cache: str | None = attrs.field(default=None, converter=_path)
     #: The step will be replayed as CUDA graphs: autotune chooses among the
-    #: correct candidates whose rule does not declare itself uncapturable
-    #: (``Rule.declared_capture_blocker``) whenever there is one, since such a
+    #: correct candidates whose rule and variant do not declare themselves
+    #: uncapturable (``Rule.declared_capture_blocker``) whenever there is one, since such a
     #: step runs eagerly between the graphs of the replay (``opgraph/graph_replay.py``).
     #: Needs ``autotune``.
     cuda_graph: bool = attrs.field(default=False, converter=_flag("cuda_graph"),

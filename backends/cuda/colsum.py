@@ -5,12 +5,13 @@ The bias gradient is the sum of ``gy`` over every axis but 1 (the reference:
 input is an ``(N*H*W, C)`` matrix whose column sums a two-pass raw kernel
 takes (:func:`column_sums`: deterministic, no atomics, no cuBLAS, so it can be
 captured into a CUDA graph). The column sums read float16 directly and
-accumulate in float32; bfloat16 (:mod:`.storage`) too, including the NCHW
-bias gradient (:func:`row_sums` then the column kernel: float32 partials).
-Only ``bias_add_backward(..., method='gemv')`` on channels-last bfloat16
-converts to float32 first (a cuBLAS product; an autotune variant). Index
-arithmetic is 64-bit (``long long``). Kernels compile on first use (NVRTC) and
-are cached here, per dtype.
+accumulate in float32; bfloat16 (:mod:`.storage`) too. A large (or bfloat16)
+NCHW bias gradient takes :func:`row_sums` then the column kernel (partials in
+the accumulator type), capturable too. Only ``bias_add_backward(...,
+method='gemv')`` on channels-last input calls cuBLAS (an autotune variant,
+declared not capturable: :func:`method_capture_blocker`; bfloat16 converted to
+float32 first). Index arithmetic is 64-bit (``long long``). Kernels compile on
+first use (NVRTC) and are cached here, per dtype.
 """
 
 from __future__ import annotations
@@ -20,18 +21,34 @@ import functools
 from opgraph.errors import ParameterError, ShapeError
 from opgraph.types import compute_dtype, is_channels_last
 
-from .storage import BF16, BF16_DEVICE, bits, dtype_name, float_to_bf16_bits, is_bf16, like, unbits, zeros
+from .storage import BF16_DEVICE, bits, dtype_name, float_to_bf16_bits, is_bf16, like, unbits, zeros
 
 
-#: NCHW bias gradients smaller than this (elements) use a CuPy sum: measured
-#: 0.06-0.12 ms against 0.19-0.24 ms for the products on GoogLeNet's 1.6-4.8 M
-#: element gradients; 1.6 ms against 0.27 ms at 103 M (H200, 2026-11-30).
+#: NCHW bias gradients smaller than this (elements) use a CuPy sum, larger ones
+#: our row and column kernels. Measured against the two cuBLAS products those
+#: kernels replaced (not capturable): 0.06-0.12 ms against 0.19-0.24 ms on
+#: GoogLeNet's 1.6-4.8 M element gradients; 1.6 ms against 0.27 ms at 103 M
+#: (H200, 2026-11-30).
 BIAS_GRAD_SUM_BELOW = 16 * 2 ** 20
 
 #: ``method`` of :func:`bias_add_backward` for channels-last input: our
 #: column-sum kernel (the default; capturable into a CUDA graph) or one cuBLAS
 #: matrix-vector product (not capturable; kept as an autotune variant).
 BIAS_GRAD_METHODS = ("columns", "gemv")
+
+
+def method_capture_blocker(options) -> str | None:
+    """Why :func:`bias_add_backward` with these kernel options cannot be
+    captured into a CUDA graph, or None (the bias rule's
+    ``Rule.variant_capture_blocker``): ``method='gemv'`` multiplies on CuPy's
+    cuBLAS handle, which refuses stream capture, so autotune leaves it out of
+    a replayed step. Declared for the option alone: on NCHW input that method
+    runs the capturable row kernels, which the declaration then undersells (a
+    replay runs the step eagerly), never oversells."""
+    if options.get("method") == "gemv":
+        return ("method='gemv' is a cuBLAS product on CuPy's handle, which refuses stream capture "
+                "(the default method='columns' captures)")
+    return None
 
 # ------------------------------------------------------------------ column sums
 
@@ -170,8 +187,8 @@ def row_sums(xp, a):
     """Sums of the rows of a C-contiguous 2-D ``(R, L)`` array (float16,
     bfloat16, float32 or float64), ``L >= 1``: shape ``(R,)`` in the
     accumulator type (float32 for float16/bfloat16, else a's dtype), one warp
-    per row (coalesced along L), deterministic. The first pass of the NCHW
-    bfloat16 bias gradient. Raises ShapeError for another rank, dtype or an
+    per row (coalesced along L), deterministic. The first pass of a large (or
+    bfloat16) NCHW bias gradient. Raises ShapeError for another rank, dtype or an
     ``R*L == 0`` matrix."""
     dtype = dtype_name(a.dtype)
     if a.ndim != 2 or dtype not in _COLSUM_TYPES or a.size == 0:
@@ -248,20 +265,19 @@ def bias_add_backward(xp, gy, *, method="columns"):
     float32 first), offered to the autotuner as a variant
     (``rules.bias_variants``).
 
-    NCHW (either method): one product over the ``(N*C, H*W)`` rows, then one
-    over N (below :data:`BIAS_GRAD_SUM_BELOW` elements a CuPy sum, which
-    launches less); other ranks likewise. A CuPy reduction over axes (0, 2, 3)
-    was measured at 8.8 ms for AlexNet's conv1 gradient on the H200
-    (channels-last); the NCHW variants were the fastest measured on the
-    winners' shapes (``scripts/gpu_kernel_bench.py``, docs/performance.md).
+    NCHW (either method; other ranks likewise): below
+    :data:`BIAS_GRAD_SUM_BELOW` elements a CuPy sum, which launches less;
+    from there our kernels, two deterministic passes with no cast pass and no
+    cuBLAS (so capturable, as the bias rule declares): :func:`row_sums` of the
+    ``(N*C, prod(spatial))`` rows into the accumulator type, then the column
+    kernel's accumulator -> dtype pass (``opgraph_colsum_final``) over the
+    ``(N, C)`` partials; gy with no spatial extent is an ``(N, C)`` matrix for
+    :func:`column_sums`. A CuPy reduction over axes (0, 2, 3) was measured at
+    8.8 ms for AlexNet's conv1 gradient on the H200 (channels-last).
 
     bfloat16 (CuPy neither sums nor multiplies it): channels-last as above
-    (``'gemv'`` converts to float32 first); any other layout runs our kernels
-    on the bits, two deterministic passes with no cast pass: :func:`row_sums`
-    of the ``(N*C, prod(spatial))`` rows into float32, then the column kernel's
-    float32 -> bfloat16 pass (``opgraph_colsum_final``) over the ``(N, C)``
-    partials; gy with no spatial extent is an ``(N, C)`` matrix for
-    :func:`column_sums`.
+    (``'gemv'`` converts to float32 first); any other layout, of any size,
+    runs the row and column kernels on the bits.
 
     Raises ParameterError for a ``method`` not in :data:`BIAS_GRAD_METHODS`,
     ShapeError when gy has fewer than 2 dims.
@@ -270,7 +286,7 @@ def bias_add_backward(xp, gy, *, method="columns"):
         raise ParameterError("method", method, f"must be one of {', '.join(map(repr, BIAS_GRAD_METHODS))}")
     if gy.ndim < 2:
         raise ShapeError(f"bias_add_backward: gy must have a channel axis, got shape {gy.shape}")
-    n, c = gy.shape[:2]
+    c = gy.shape[1]
     bf16 = is_bf16(gy)
     acc = compute_dtype(xp, gy.dtype)
     if gy.size == 0:  # a product over an empty axis is not guaranteed to write its output
@@ -281,30 +297,29 @@ def bias_add_backward(xp, gy, *, method="columns"):
             return column_sums(xp, rows)
         rows = like(xp, rows, xp.float32) if bf16 else rows.astype(acc, copy=False)
         out = xp.ones(rows.shape[0], dtype=acc) @ rows
-    elif bf16:
-        return _bias_grad_bf16(xp, gy)
-    elif gy.size < BIAS_GRAD_SUM_BELOW:
-        out = gy.sum(axis=(0, *range(2, gy.ndim)), dtype=acc)
+    elif bf16 or gy.size >= BIAS_GRAD_SUM_BELOW:
+        return _bias_grad_rows(xp, gy)
     else:
-        g = xp.ascontiguousarray(gy).reshape(n * c, -1).astype(acc, copy=False)  # (N*C, HW)
-        out = xp.ones(n, dtype=acc) @ (g @ xp.ones(g.shape[1], dtype=acc)).reshape(n, c)
+        out = gy.sum(axis=(0, *range(2, gy.ndim)), dtype=acc)
     if bf16:
         return float_to_bf16_bits(xp, out).view(gy.dtype)
     return out.astype(gy.dtype, copy=False)
 
 
-def _bias_grad_bf16(xp, gy):
-    """Non-channels-last bfloat16 ``bias_add_backward`` (its docstring), gy non-empty."""
+def _bias_grad_rows(xp, gy):
+    """Non-channels-last ``bias_add_backward`` by the row and column kernels
+    (its docstring), gy non-empty, any dtype of :func:`row_sums`."""
     n, c = gy.shape[:2]
-    g = xp.ascontiguousarray(bits(xp, gy)).reshape(n * c, -1)  # (N*C, L) bits
+    g = xp.ascontiguousarray(bits(xp, gy)).reshape(n * c, -1)  # (N*C, L); bfloat16 as bits
     if g.shape[1] == 1:
         return column_sums(xp, g.reshape(n, c).view(gy.dtype))
-    part = row_sums(xp, g.view(gy.dtype))  # (N*C,) float32: row n*C + ch
-    out = xp.empty(c, dtype=xp.uint16)
-    _colsum_kernels(BF16)["final"]((-(-c // COLSUM_BLOCK[0]), 1), COLSUM_BLOCK,
-                                   (part, out, xp.int64(n), xp.int64(c), xp.int64(n)))
-    return out.view(gy.dtype)
+    part = row_sums(xp, g.view(gy.dtype))  # (N*C,) in the accumulator type: row n*C + ch
+    out = xp.empty(c, dtype=g.dtype)
+    _colsum_kernels(dtype_name(gy.dtype))["final"]((-(-c // COLSUM_BLOCK[0]), 1), COLSUM_BLOCK,
+                                                   (part, out, xp.int64(n), xp.int64(c), xp.int64(n)))
+    return unbits(out, gy.dtype)
 
 
 __all__ = ["BIAS_GRAD_SUM_BELOW", "BIAS_GRAD_METHODS", "COLSUM_BLOCK", "COLSUM_BF16_HELPERS", "ROWSUM_BLOCK",
-           "bias_add_backward", "column_sums", "colsum_grid", "colsum_source", "row_sums", "rowsum_source"]
+           "bias_add_backward", "column_sums", "colsum_grid", "colsum_source", "method_capture_blocker", "row_sums",
+           "rowsum_source"]

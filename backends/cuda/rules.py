@@ -122,8 +122,9 @@ def _vector_types(op, in_types) -> bool:
 def bias_variants(op, in_types, device):
     """Autotune candidates of the bias gradient: for a channels-last 4-D
     gradient our column-sum kernel (the default, capturable into a CUDA graph)
-    and the cuBLAS matrix-vector product (``method='gemv'``, not capturable);
-    otherwise one, as both methods run the same NCHW code."""
+    and the cuBLAS matrix-vector product (``method='gemv'``, not capturable:
+    :data:`VARIANT_CAPTURE_BLOCKERS`); otherwise one, as both methods run the
+    same NCHW code."""
     t = in_types[0] if in_types else None
     if t is not None and t.ndim == 4 and t.layout == "NHWC":
         return [{}, {"method": "gemv"}]
@@ -134,6 +135,12 @@ def bias_variants(op, in_types, device):
 OPTIONS = {**{op_type: (("specialize", "vector"), vector_pool_variants) if op_type in VECTOR_POOLS
               else (("specialize",), pool_variants) for op_type in SPECIALIZABLE},
            ops.BiasAddBackward: (("method",), bias_variants)}
+
+
+#: op type -> its rule's ``variant_capture_blocker``: the kernel options that
+#: call a library refusing CUDA-graph capture (the bias gradient's
+#: ``method='gemv'``), so that autotune leaves them out of a replayed step.
+VARIANT_CAPTURE_BLOCKERS = {ops.BiasAddBackward: colsum.method_capture_blocker}
 
 
 def check(op, in_types, device):
@@ -158,14 +165,17 @@ def register_rules() -> None:
     a view of an input (``fresh_output``); ReLU and its gradient may run in
     place (:data:`INPLACE`). Every kernel is capturable into a CUDA graph: its
     constants are launch arguments or fill kernels, a ``Constant`` is uploaded
-    once in its first (uncaptured) run, nothing synchronises."""
+    once in its first (uncaptured) run, nothing synchronises; but for the
+    variants of :data:`VARIANT_CAPTURE_BLOCKERS` (cuBLAS on CuPy's handle)."""
     kernels = dict(NODE_KERNELS)
     kernels.update((t, params_kernel(fn, "cuda", OPTIONS.get(t, ((), None))[0])) for t, fn in CUDA_KERNELS.items())
     for op_type, kernel in kernels.items():
         variants = OPTIONS.get(op_type, ((), None))[1]
+        blocker = VARIANT_CAPTURE_BLOCKERS.get(op_type)
         register(Rule(op_type, "cuda", kernel, devices={"cuda"}, check=check, tags={"cuda", "gpu"},
                       inplace=INPLACE.get(op_type), fresh_output=True, capturable=True,
-                      **({"variants": variants} if variants else {})))
+                      **({"variants": variants} if variants else {}),
+                      **({"variant_capture_blocker": blocker} if blocker else {})))
     # a candidate beside cuDNN's engines for depthwise backward-data (it declines every other convolution);
     # its variants (thread tiles) carry the kernels' revision into the autotune cache key
     register(Rule(ops.Conv2dBackwardData, "cuda", depthwise.conv2d_backward_data_kernel, devices={"cuda"},
@@ -189,6 +199,6 @@ def register_rules() -> None:
 
 register_rules()
 
-__all__ = ["CUDA_KERNELS", "NODE_KERNELS", "INPLACE", "OPTIONS", "SPECIALIZABLE", "VECTOR_POOLS", "bias_variants",
-           "check", "vector_pool_variants",
+__all__ = ["CUDA_KERNELS", "NODE_KERNELS", "INPLACE", "OPTIONS", "SPECIALIZABLE", "VARIANT_CAPTURE_BLOCKERS",
+           "VECTOR_POOLS", "bias_variants", "check", "vector_pool_variants",
            "pool_variants", "register_rules"]

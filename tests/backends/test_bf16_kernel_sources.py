@@ -611,6 +611,34 @@ def test_bias_grad_bf16_nchw_rows_then_columns(emu, casts, shape):
 
 
 @needs_gxx
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(3, 5, 4, 6), (2, 40, 1, 257), (2, 3, 9), (6, 40, 1, 1)])
+def test_large_nchw_bias_grad_of_every_dtype_runs_rows_then_columns(emu, monkeypatch, dtype, shape):
+    """From ``BIAS_GRAD_SUM_BELOW`` elements (0 here) an NCHW bias gradient of
+    any dtype takes the bfloat16 path's kernels, not cuBLAS products (CuPy
+    refuses those during CUDA-graph stream capture, and the cuda rule declares
+    itself capturable): partials in the accumulator type, one rounding."""
+    monkeypatch.setattr(cuda_colsum, "BIAS_GRAD_SUM_BELOW", 0)
+    gy = np.random.default_rng(13).standard_normal(shape).astype(dtype)
+    got = cuda_colsum.bias_add_backward(np, gy)
+    want = gy.astype(np.float64).sum(axis=(0, *range(2, gy.ndim)))
+    assert got.dtype == dtype and got.shape == (shape[1],)
+    tol = {np.float16: 2e-3, np.float32: 1e-6, np.float64: 1e-12}[dtype]
+    assert np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want) < tol
+    n, c = shape[:2]
+    length = int(np.prod(shape[2:]))
+    if length == 1:  # an (N, C) matrix: the column kernel alone
+        assert [x["name"] for x in emu.raw_launches] == ["opgraph_colsum_direct"]
+        return
+    rows, final = emu.raw_launches
+    assert rows["name"] == "opgraph_rowsum" and final["name"] == "opgraph_colsum_final"
+    src, part, nrows, ncols = rows["args"]
+    assert src.dtype == dtype and (nrows, ncols) == (n * c, length)
+    assert part.dtype == (np.float64 if dtype == np.float64 else np.float32) and part.shape == (n * c,)
+    assert final["args"][0] is part and final["args"][1] is got and final["args"][2:] == (n, c, n)
+
+
+@needs_gxx
 def test_bias_grad_bf16_matrices_empty_and_gemv(emu, casts):
     rng = np.random.default_rng(11)
     for shape in [(7, 5), (6, 40, 1, 1)]:  # no spatial extent: an (N, C) matrix for the column kernel

@@ -261,6 +261,23 @@ def test_cuda_rule_offers_both_methods_for_channels_last_and_passes_the_option(s
         rule.kernel(KernelContext(np, "cuda", {"method": "nope"}), op, g)
 
 
+def test_cuda_rule_declares_the_gemv_variant_not_capturable():
+    """The rule captures (``capturable=True``) but for its cuBLAS variant, which
+    autotune must leave out of a step replayed as CUDA graphs."""
+    cuda_rules.register_rules()
+    rule = rules_for(ops.BiasAddBackward)["cuda"]
+    assert rule.capturable is True
+    nhwc = TensorType((8, 5, 6, 6), layout="NHWC")
+    blockers = {v.get("method", "columns"): rule.declared_capture_blocker(v)
+                for v in rule.variants(ops.BiasAddBackward(), [nhwc], "cuda")}
+    assert blockers["columns"] is None
+    assert "cuBLAS" in blockers["gemv"] and "stream capture" in blockers["gemv"]
+    assert rule.capture_blocker({"method": "gemv"}, installed=False) == blockers["gemv"]
+    assert rule.capture_blocker({}, installed=False) is None
+    # the other cuda rules declare no variant that does not capture
+    assert rules_for(ops.Relu)["cuda"].declared_capture_blocker({"method": "gemv"}) is None
+
+
 def test_autotune_enumerates_both_methods_as_candidates():
     from opgraph.passes.autotune import _variants, candidate_set
     from opgraph.passes.candidates import survey

@@ -359,13 +359,30 @@ def test_bias_add_backward_over_2_31_elements(cp, rng, method):
     cp.get_default_memory_pool().free_all_blocks()
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_column_kernel_replays_in_a_cuda_graph(cp, rng, relerr, captured_replay, dtype):
-    """The point of the column kernel: CuPy refuses cuBLAS during stream
-    capture; our two passes capture, and a replay reads gy's memory anew."""
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_large_nchw_bias_add_backward(cp, rng, relerr, dtype):
+    """From BIAS_GRAD_SUM_BELOW elements an NCHW gradient takes the row and
+    column kernels (no cuBLAS); float32 tolerance as for 2^20 rows above."""
     from opgraph.backends.cuda import colsum as cuda_colsum
-    gy = rng.standard_normal((4, 40, 20, 21)).astype(dtype)
-    dgy = _dev(cp, gy, "NHWC")
+    shape = (4, 33, 360, 360)
+    assert np.prod(shape) >= cuda_colsum.BIAS_GRAD_SUM_BELOW
+    gy = rng.standard_normal(shape).astype(dtype)
+    want = gy.astype(np.float64).sum(axis=(0, 2, 3))
+    tol = {np.float16: 2e-3, np.float32: 1e-5, np.float64: 1e-12}[dtype]
+    _bias_check(cp, relerr, cuda_colsum.bias_add_backward(cp, cp.asarray(gy)), want, dtype, tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("shape,layout", [((4, 40, 20, 21), "NHWC"), ((8, 64, 182, 182), "NCHW")])
+def test_column_kernel_replays_in_a_cuda_graph(cp, rng, relerr, captured_replay, dtype, shape, layout):
+    """The point of the column kernel: CuPy refuses cuBLAS during stream
+    capture; our two passes capture, and a replay reads gy's memory anew. So
+    do the row and column kernels of an NCHW gradient of BIAS_GRAD_SUM_BELOW
+    elements or more (the cuda rule declares itself capturable)."""
+    from opgraph.backends.cuda import colsum as cuda_colsum
+    assert layout == "NHWC" or np.prod(shape) >= cuda_colsum.BIAS_GRAD_SUM_BELOW
+    gy = rng.standard_normal(shape).astype(dtype)
+    dgy = _dev(cp, gy, layout)
     # gy doubled in place after the capture: the replay must see it
     out, keep = captured_replay(lambda: cuda_colsum.bias_add_backward(cp, dgy), lambda: dgy.__imul__(2))
     tol = 2e-3 if dtype == np.float16 else 1e-6

@@ -1,12 +1,15 @@
 """Autotune for a step that is replayed as CUDA graphs (``policy.cuda_graph``):
-a candidate whose rule declares itself not capturable (FFT, Winograd) would run
-eagerly between the graphs of the replay, so it competes only when no
-capturable candidate is correct; the cached measurements decide again, nothing
-is timed twice; and the benchmark's ``+graph`` column compiles that way only
-when the eager column's graph has such a step."""
+a candidate whose rule declares itself not capturable (FFT, Winograd), or
+whose variant does (``Rule.variant_capture_blocker``: the bias gradient's
+cuBLAS ``method='gemv'``), would run eagerly between the graphs of the replay,
+so it competes only when no capturable candidate is correct; the cached
+measurements decide again, nothing is timed twice; and the benchmark's
+``+graph`` column compiles that way only when the eager column's graph has
+such a step."""
 
 import json
 
+import attrs
 import numpy as np
 import pytest
 
@@ -24,6 +27,21 @@ from opgraph.passes.report import Candidate
 from passes_stubs import SCALE_RULES, Scale, StubTimer
 
 WHY = "its transforms run on a handle that refuses stream capture"
+GEMV_WHY = "the gemv variant multiplies on a handle that refuses stream capture"
+
+
+def blocked(*algorithms):
+    """``choose``'s capture blocker for rows of these algorithms (any options): :data:`WHY`."""
+    return lambda algorithm, options: WHY if algorithm in algorithms else None
+
+
+def gemv_blocker(options):
+    return GEMV_WHY if options.get("method") == "gemv" else None
+
+
+#: A capturable rule with one variant that is not (as the cuda bias gradient).
+METHODS = Rule(Scale, "methods", SCALE_RULES["fast"].kernel, capturable=True,
+               variants=lambda op, types, device: [{}, {"method": "gemv"}], variant_capture_blocker=gemv_blocker)
 
 
 def install(monkeypatch):
@@ -34,6 +52,12 @@ def install(monkeypatch):
         "reference": SCALE_RULES["reference"],
         "graphed": Rule(Scale, "graphed", SCALE_RULES["fast"].kernel, capturable=True),
         "split": Rule(Scale, "split", SCALE_RULES["fast"].kernel, capturable=WHY)})
+
+
+def install_methods(monkeypatch):
+    """Scale rules: the reference and :data:`METHODS`."""
+    registry.rules_for(Scale)
+    monkeypatch.setitem(registry._RULES, Scale, {"reference": SCALE_RULES["reference"], "methods": METHODS})
 
 
 def tune(cache, timer, device="cuda", **policy):
@@ -51,7 +75,7 @@ def test_choose_leaves_out_a_faster_uncapturable_row_when_a_capturable_one_is_co
     split = Candidate("split", time_ms=1.0)
     graphed = Candidate("graphed", time_ms=1.5)
     rows = [split, graphed]
-    assert choose(rows, rows, 0.03, {"split": WHY}) is graphed and graphed.status == "chosen"
+    assert choose(rows, rows, 0.03, blocked("split")) is graphed and graphed.status == "chosen"
     assert split.status == "ok" and WHY in split.reason and "cuda_graph" in split.reason
     again = [Candidate("split", time_ms=1.0), Candidate("graphed", time_ms=1.5)]
     assert choose(again, again, 0.03) is again[0]  # without cuda_graph: the fastest
@@ -59,13 +83,13 @@ def test_choose_leaves_out_a_faster_uncapturable_row_when_a_capturable_one_is_co
 
 def test_an_uncapturable_row_still_wins_when_nothing_else_is_correct():
     rows = [Candidate("split", time_ms=1.0), Candidate("graphed", time_ms=0.5, status="wrong")]
-    assert choose(rows, rows, 0.03, {"split": WHY}) is rows[0]
+    assert choose(rows, rows, 0.03, blocked("split")) is rows[0]
     assert rows[0].reason == ""  # nothing faster was left out
 
 
 def test_a_slower_uncapturable_row_gets_no_reason():
     rows = [Candidate("split", time_ms=2.0), Candidate("graphed", time_ms=1.0)]
-    assert choose(rows, rows, 0.03, {"split": WHY}) is rows[1] and rows[0].reason == ""
+    assert choose(rows, rows, 0.03, blocked("split")) is rows[1] and rows[0].reason == ""
 
 
 def test_the_tuner_picks_the_capturable_candidate_for_a_replayed_step(monkeypatch, tmp_path):
@@ -87,6 +111,56 @@ def test_cuda_graph_chooses_again_from_the_cache_without_timing(monkeypatch, tmp
     assert rec.how == "cache" and rec.algorithm == "graphed" and counter.calls == []
     assert tune(path, counter).algorithm == "split"  # the same entry, chosen for eager again
     assert len(json.loads(path.read_text())["entries"]) == 1
+
+
+def test_choose_tells_variants_of_one_rule_apart():
+    gemv = Candidate("methods", {"method": "gemv"}, time_ms=1.0)
+    columns = Candidate("methods", {}, time_ms=1.5)
+    rows = [gemv, columns]
+    blocker = lambda algorithm, options: METHODS.declared_capture_blocker(options)  # noqa: E731
+    assert choose(rows, rows, 0.03, blocker) is columns and gemv.status == "ok"
+    assert f"faster, but not capturable ({GEMV_WHY})" in gemv.reason and "cuda_graph" in gemv.reason
+    alone = [Candidate("methods", {"method": "gemv"}, time_ms=1.0), Candidate("methods", {}, status="wrong")]
+    assert choose(alone, alone, 0.03, blocker) is alone[0]  # nothing else is correct
+
+
+def test_the_tuner_picks_the_capturable_variant_for_a_replayed_step(monkeypatch, tmp_path):
+    install_methods(monkeypatch)
+    times = {"reference": 3.0, "methods[method=gemv]": 1.0, "methods": 1.4}
+    assert tune(tmp_path / "a.json", StubTimer(times)).options == {"method": "gemv"}
+    rec = tune(tmp_path / "b.json", StubTimer(times), cuda_graph=True)
+    assert rec.how == "autotune" and rec.algorithm == "methods" and rec.options == {}
+    left_out = next(c for c in rec.candidates if c.options == {"method": "gemv"})
+    assert GEMV_WHY in left_out.reason
+
+
+def test_a_cached_uncapturable_variant_is_chosen_again_without_timing(monkeypatch, tmp_path):
+    install_methods(monkeypatch)
+    path = tmp_path / "c.json"
+    times = {"reference": 3.0, "methods[method=gemv]": 1.0, "methods": 1.4}
+    assert tune(path, StubTimer(times)).options == {"method": "gemv"}
+    counter = StubTimer({})
+    rec = tune(path, counter, cuda_graph=True)
+    assert rec.how == "cache" and rec.options == {} and counter.calls == []
+    assert tune(path, counter).options == {"method": "gemv"}  # the same entry, chosen for eager again
+    assert len(json.loads(path.read_text())["entries"]) == 1
+
+
+def test_a_variant_blocker_adds_to_the_rules_declaration():
+    assert METHODS.declared_capture_blocker({"method": "gemv"}) == GEMV_WHY
+    assert METHODS.declared_capture_blocker({}) is None and METHODS.declared_capture_blocker() is None
+    assert METHODS.capture_blocker({"method": "gemv"}, installed=False) == GEMV_WHY
+    needs = attrs.evolve(METHODS, capture_requires=lambda: "nvmath-python is missing")
+    assert needs.declared_capture_blocker({}) == "nvmath-python is missing"
+    assert needs.declared_capture_blocker({"method": "gemv"}) == GEMV_WHY
+    # a rule that declares nothing is left to the trial capture, but for the variant that declares
+    undeclared = attrs.evolve(METHODS, capturable=None)
+    assert undeclared.declared_capture_blocker({}) is None
+    assert undeclared.declared_capture_blocker({"method": "gemv"}) == GEMV_WHY
+    assert "does not declare" in undeclared.capture_blocker({})
+    # a rule that never captures says so for every variant
+    never = attrs.evolve(METHODS, capturable=WHY)
+    assert never.declared_capture_blocker({}) == never.declared_capture_blocker({"method": "gemv"}) == WHY
 
 
 def test_cuda_graph_counts_only_on_cuda(monkeypatch, tmp_path):
@@ -115,9 +189,9 @@ def test_fft_and_winograd_declare_themselves_not_capturable_and_gemm_is_left_to_
 
 
 class _Step:
-    def __init__(self, name, algorithm, blocker=None):
+    def __init__(self, name, algorithm, blocker=None, options=None):
         self.name = name
-        self.op = type("L", (), {"algorithm": algorithm})()
+        self.op = type("L", (), {"algorithm": algorithm, "option_dict": dict(options or {})})()
         self.ctx = KernelContext(np, "cuda", capture_blocker=blocker)
 
 
@@ -139,3 +213,7 @@ def test_the_graph_column_compiles_again_only_when_a_step_would_split_the_replay
     note = recompile_note(changed)
     assert "1 step changed: conv2.dgrad (fft -> cudnn)" in note and "cuda_graph" in note
     assert recompile_note({}).endswith("0 steps changed")
+    # a variant of one rule changed: the bias gradient's gemv left for the column kernel
+    gemv = _Exe(_Step("fc.grad/bias", "cuda", blocker=GEMV_WHY, options={"method": "gemv"}))
+    assert replay_policy(gemv, auto) == LoweringPolicy(autotune=True, cuda_graph=True)
+    assert changed_choices(gemv, _Exe(_Step("fc.grad/bias", "cuda"))) == {"fc.grad/bias": "cuda[method=gemv] -> cuda"}

@@ -8,6 +8,7 @@ changed ``workspace_tolerance`` (the rows chosen from again) is no edit."""
 import json
 import warnings
 
+import attrs
 import numpy as np
 import pytest
 
@@ -154,6 +155,23 @@ def test_an_uncapturable_edit_is_not_used_when_the_step_is_replayed_as_cuda_grap
         assert tune(path, StubTimer({}), device="cuda", cuda_graph=True).node("s0").options == {"e": 1}
     # eager, the same edit is the rows' own choice (the fastest): nothing to report
     assert quiet_tune(path, StubTimer({}), device="cuda").node("s0").algorithm == "split"
+
+
+def test_an_edit_to_an_uncapturable_variant_is_not_used_when_the_step_is_replayed(monkeypatch, tmp_path):
+    install(monkeypatch)
+    table = registry._RULES[Scale]  # engine e=0 (the fastest) declares it does not capture; e=1 does
+    table["engine"] = attrs.evolve(table["engine"], capturable=True,
+                                   variant_capture_blocker=lambda options: WHY if options.get("e") == 0 else None)
+    path = tmp_path / "c.json"
+    assert tune(path, StubTimer(TIMES), device="cuda", cuda_graph=True,
+                workspace_tolerance=0).node("s0").options == {"e": 1}
+    edit(path, "engine", {"e": 0})
+    with pytest.warns(RuntimeWarning, match=r"hand-edited choice engine\[e=0\] is not used: it cannot be captured "
+                                            rf"into a CUDA graph \({WHY}\).*\(cuda_graph\); engine\[e=1\] chosen"):
+        assert tune(path, StubTimer({}), device="cuda", cuda_graph=True,
+                    workspace_tolerance=0).node("s0").options == {"e": 1}
+    # eager, the same edit is the rows' own choice (the fastest): nothing to report
+    assert quiet_tune(path, StubTimer({}), device="cuda", workspace_tolerance=0).node("s0").options == {"e": 0}
 
 
 def test_an_entry_without_the_tuners_record_says_it_cannot_tell(monkeypatch, tmp_path):

@@ -51,7 +51,7 @@ def _steps(output, params, extra, layout, dtype, members=False):
             steps[key] += 1
             for name in getattr(view.op.op, "members", ()) if members else ():
                 steps[name, view.op.algorithm] += 1
-            why = lookup(type(view.op.op), view.op.algorithm).capture_blocker(installed=False)
+            why = lookup(type(view.op.op), view.op.algorithm).capture_blocker(view.op.option_dict, installed=False)
             if why is not None:
                 blockers[key] = why
     return steps, ctx.report, blockers

@@ -94,8 +94,9 @@ def replay_policy(exe, policy):
     graph would not replay whole: ``cuda_graph`` on (autotune then picks, among
     its measured candidates, a capturable one wherever one is correct) for an
     autotuned policy one of whose compiled steps declares itself not capturable
-    (FFT, Winograd: such a step runs eagerly between the graphs, and on the H200
-    the fp32 ResNet-50 replay was slower than eager for it, 2026-12-02). None:
+    (FFT, Winograd, the bias gradient's cuBLAS ``method='gemv'``: such a step
+    runs eagerly between the graphs, and on the H200 the fp32 ResNet-50 replay
+    was slower than eager for it, 2026-12-02). None:
     the column replays the eager column's graph. No timing is repeated: the
     choice is made again from the cached measurements."""
     if not policy.autotune or policy.cuda_graph:
@@ -111,13 +112,22 @@ def changed_choices(eager_exe, replay_exe) -> dict[str, str]:
     variant of one rule (``'cuda[method=gemv] -> cuda'``: the bias gradient's
     cuBLAS variant does not capture either)."""
     before = {st.name: _choice(st) for st in eager_exe.steps}
-    return {st.name: f"{before[st.name]} -> {_choice(st)}" for st in replay_exe.steps
+    return {st.name: _change(before[st.name], _choice(st)) for st in replay_exe.steps
             if st.name in before and before[st.name] != _choice(st)}
 
 
-def _choice(step) -> str:
-    """``'cuda[method=gemv]'``: the step's algorithm and options, as autotune's rows label them."""
-    return Candidate(step.op.algorithm, step.op.option_dict).label
+def _choice(step) -> tuple[str, dict]:
+    """The step's algorithm and options."""
+    return step.op.algorithm, dict(step.op.option_dict)
+
+
+def _change(old: tuple[str, dict], new: tuple[str, dict]) -> str:
+    """``'fft -> cudnn[engine=3]'``, ``'cuda[method=gemv] -> cuda'``: each side
+    labelled as autotune's rows are, without the options both sides share (the
+    policy's ``precision``), which would only repeat themselves."""
+    def label(alg, opts, other):
+        return Candidate(alg, {k: v for k, v in opts.items() if other.get(k, object()) != v}).label
+    return f"{label(*old, new[1])} -> {label(*new, old[1])}"
 
 
 def recompile_note(changed: dict[str, str]) -> str:

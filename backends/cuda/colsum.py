@@ -25,10 +25,13 @@ from .storage import BF16_DEVICE, bits, dtype_name, float_to_bf16_bits, is_bf16,
 
 
 #: NCHW bias gradients smaller than this (elements) use a CuPy sum, larger ones
-#: our row and column kernels. Measured against the two cuBLAS products those
-#: kernels replaced (not capturable): 0.06-0.12 ms against 0.19-0.24 ms on
-#: GoogLeNet's 1.6-4.8 M element gradients; 1.6 ms against 0.27 ms at 103 M
-#: (H200, 2026-11-30).
+#: our row and column kernels. The threshold was measured against the two
+#: cuBLAS products those kernels replaced because they refuse stream capture
+#: (0.06-0.12 ms against 0.19-0.24 ms on GoogLeNet's 1.6-4.8 M element
+#: gradients; 1.6 ms against 0.27 ms at 103 M; H200, 2026-11-30); the row
+#: kernels were not timed against either at these sizes. They run one warp per
+#: ``(n, c)`` row, so a gradient of few rows and a large image would be slow;
+#: the NHWC runs of the benchmarks never take this path.
 BIAS_GRAD_SUM_BELOW = 16 * 2 ** 20
 
 #: ``method`` of :func:`bias_add_backward` for channels-last input: our
@@ -43,8 +46,9 @@ def method_capture_blocker(options) -> str | None:
     ``Rule.variant_capture_blocker``): ``method='gemv'`` multiplies on CuPy's
     cuBLAS handle, which refuses stream capture, so autotune leaves it out of
     a replayed step. Declared for the option alone: on NCHW input that method
-    runs the capturable row kernels, which the declaration then undersells (a
-    replay runs the step eagerly), never oversells."""
+    runs the same capturable code as ``'columns'`` (a CuPy sum below
+    :data:`BIAS_GRAD_SUM_BELOW`, the row kernels above), which the declaration
+    then undersells (a replay runs the step eagerly), never oversells."""
     if options.get("method") == "gemv":
         return ("method='gemv' is a cuBLAS product on CuPy's handle, which refuses stream capture "
                 "(the default method='columns' captures)")

@@ -217,3 +217,8 @@ def test_the_graph_column_compiles_again_only_when_a_step_would_split_the_replay
     gemv = _Exe(_Step("fc.grad/bias", "cuda", blocker=GEMV_WHY, options={"method": "gemv"}))
     assert replay_policy(gemv, auto) == LoweringPolicy(autotune=True, cuda_graph=True)
     assert changed_choices(gemv, _Exe(_Step("fc.grad/bias", "cuda"))) == {"fc.grad/bias": "cuda[method=gemv] -> cuda"}
+    # options both compiles share (the policy's precision) are left out of the labels
+    tf32 = {"precision": "tf32"}
+    fft = _Exe(_Step("conv2.dgrad", "fft", blocker=WHY, options=tf32))
+    engine = _Exe(_Step("conv2.dgrad", "cudnn", options={**tf32, "engine": 3}))
+    assert changed_choices(fft, engine) == {"conv2.dgrad": "fft -> cudnn[engine=3]"}

@@ -287,7 +287,7 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
                   "peers: the whole step only)",
                   "spread: the phases' interquartile ranges summed, over the total (a column without "
                   "phases: the step's); unstable: above 10 %, or a run whose measured matmul peak is "
-                  "far below the device's (benchmarks/stability.py)",
+                  "far below the device's reference peak (benchmarks/stability.py)",
                   "step: the whole training step timed as one loop, median ±interquartile range; "
                   "opgraph +graph: the phases' CUDA graphs replayed back to back",
                   "vs torch: opgraph step / PyTorch eager step; vs best peer: opgraph step / the "

@@ -53,6 +53,7 @@ FLAGS = {
     "--trace": ("trace", "records a timed step"),
     "--plot": ("plot", "charts timing runs"),
     "--seed": ("seed", "seeds the random inputs and weights"),
+    "--quiet": ("quiet", "silences the progress lines of a run"),
 }
 
 _SUMMARY_RUNS_NOTHING = "--summary runs nothing"

@@ -457,8 +457,8 @@ def test_console_script_writes_to_dev_stdout():
     '/proc/<pid>/fd/.opgraph-....tmp' (no such file)."""
     exe = shutil.which("opgraph-bench", path=str(Path(sys.executable).parent))
     cmd = [exe] if exe else [sys.executable, "-m", "opgraph.benchmarks.cli"]
-    proc = subprocess.run(cmd + ["--model", "L5", "--summary", "--format", "json", "--output", "/dev/stdout",
-                                 "--quiet"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd + ["--model", "L5", "--summary", "--format", "json", "--output", "/dev/stdout"],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["models"][0]["model"] == "L5"
 

@@ -62,7 +62,7 @@ def test_profile_refuses_repeat_auto_it_would_read_as_a_count(capsys, quick_limi
     ["--device", "cpu"], ["--lowering", "gemm"], ["--lowering", "exclude=winograd"], ["--precision", "tf32"],
     ["--layout", "nhwc"], ["--policy", "{tmp}/p.toml"], ["--workspace-limit", "1MiB"],
     ["--workspace-tolerance", "0.1"], ["--engine-limit", "3"], ["--compare", "torch"], ["--warmup", "1"],
-    ["--repeat", "2"], ["--no-per-layer"], ["--no-check"], ["--time-limit", "5"], ["--seed", "1"]])
+    ["--repeat", "2"], ["--no-per-layer"], ["--no-check"], ["--time-limit", "5"], ["--seed", "1"], ["--quiet"]])
 def test_summary_refuses_every_flag_that_steers_a_run(capsys, tmp_path, flags):
     (tmp_path / "p.toml").write_text('precision = "tf32"\n')
     flags = [f.format(tmp=tmp_path) for f in flags]

@@ -82,7 +82,9 @@ def _always(op, in_types, device):
     return None
 
 
-def _one_variant(op, in_types, device):
+def _one_variant(op, in_types, device, **listing):
+    """The default: one option set, whatever ``listing`` keywords
+    (``precision``, ``limit``) the rule's tags ask for."""
     return [{}]
 
 

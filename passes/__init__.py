@@ -1,4 +1,4 @@
-"""Rewrite passes: legalize -> lower (policy / autotune) -> fuse -> layout -> memory -> verify.
+"""Rewrite passes: layout -> legalize -> lower (policy) -> fuse -> autotune -> memory -> verify.
 
 ``opgraph.compile`` (``passes/compiler.py``) runs a named pipeline
 (``passes/pipelines.py``) and returns an ``Executable`` whose ``.report`` is

@@ -60,7 +60,7 @@ from .autotune_clock import NodeClock, TuneClock
 from .autotune_inputs import REFERENCE_ALGORITHMS, InputPool, consistent_inputs, random_inputs
 from .autotune_inputs import reference_output as _reference
 from .base import Pass, PassContext
-from .candidates import ENGINE_LIMIT_TAG, rule_workspace, survey_node
+from .candidates import ENGINE_LIMIT_TAG, rule_variants, rule_workspace, survey_node
 from .report import Candidate
 
 #: A candidate whose first timed run is this many times the best median so far
@@ -247,7 +247,8 @@ class AutotunePass(Pass):
             else:
                 with node_clock.part("variants"):  # every cuDNN engine's plan is built here
                     cands = [(e.rule, {**e.options, **variant}) for e in applicable
-                             for variant in _variants(e.rule, op, types, ctx.device, e.options, policy.engine_limit)]
+                             for variant in rule_variants(e.rule, op, types, ctx.device, e.options,
+                                                          policy.engine_limit)]
                 if len(cands) < 2:
                     rec.tune_seconds = clock.done(node_clock, "untimed")
                     continue
@@ -655,24 +656,12 @@ def refused_options(entry, cached: dict, op, types, device, engine_limit: int | 
         except Exception as e:
             return f"cached options {cached} of {entry.rule.algorithm} cannot run this node: {e}"
         return None
-    allowed = [{**entry.options, **v} for v in _variants(entry.rule, op, types, device, entry.options, engine_limit)]
+    allowed = [{**entry.options, **v}
+               for v in rule_variants(entry.rule, op, types, device, entry.options, engine_limit)]
     if chosen in allowed:
         return None
     return (f"cached options {cached} of {entry.rule.algorithm} are not among its variants for this "
             f"node ({', '.join(map(str, allowed))})")
-
-
-def _variants(rule, op, types, device, options, engine_limit: int | None = None) -> list[dict]:
-    """The rule's option sets; a rule taking the policy's precision (tag
-    ``option:precision``) enumerates its variants (cuDNN engines) for it, and
-    one tagged ``variants:engine_limit`` lists at most ``engine_limit``."""
-    extra = {"precision": options["precision"]} if "precision" in options else {}
-    if ENGINE_LIMIT_TAG in rule.tags:
-        extra["limit"] = engine_limit
-    try:
-        return [dict(v) for v in rule.variants(op, types, device, **extra)] or [{}]
-    except Exception:
-        return [{}]
 
 
 __all__ = ["AutotunePass", "choose", "rechoose", "hand_edit", "HandEdit", "CaptureBlocker", "captures_all",

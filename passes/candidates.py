@@ -27,7 +27,16 @@ Rule tags read here (the contract with the backends):
   node's storage (``opgraph/precision.py``), always, and the workspace limit
   when there is one;
 * ``variants:engine_limit``: its ``variants`` take ``limit=policy.engine_limit``
-  (autotune times the first ``limit`` cuDNN engines, not every one).
+  (autotune times the first ``limit`` cuDNN engines, not every one); a rule
+  tagged ``option:precision`` has ``variants`` that take ``precision=``
+  (:func:`rule_variants` refuses a rule whose function does not: a tag its
+  code breaks is a bug, never a silently shorter candidate list).
+
+Under ``policy.workspace_limit``, a rule whose variants are cheap to list
+(not tagged ``variants:engine_limit``: listing cuDNN's builds every plan)
+and whose default call is over the limit is offered with its first variant
+that fits (the ``unfold`` rule's ``chunks``), so the lower pass never
+declines a node that a variant could run within the limit.
 
 A node is surveyed once per compile: :func:`survey_node` keeps each
 :class:`Survey` in ``PassContext.surveys``, keyed by the node's id, its op,
@@ -38,6 +47,7 @@ surveyed again, never served stale.
 
 from __future__ import annotations
 
+import inspect
 from typing import Mapping
 
 import attrs
@@ -84,6 +94,32 @@ def rule_workspace(rule: Rule, op: Op, in_types, options: Mapping) -> int:
         return int(rule.workspace(op, in_types, dict(options)))
     except Exception:  # a workspace estimate must never break lowering
         return 0
+
+
+def rule_variants(rule: Rule, op: Op, in_types, device: str, options: Mapping,
+                  engine_limit: int | None = None) -> list[dict]:
+    """The rule's option sets for this node (``Rule.variants``; ``[{}]`` when
+    listing them fails at run time, e.g. no cuDNN plan builds): a rule tagged
+    ``option:precision`` lists them for ``options['precision']``, one tagged
+    ``variants:engine_limit`` lists at most ``engine_limit``.
+
+    Raises:
+        TypeError: the rule's ``variants`` does not take the keywords its
+            tags promise (names the rule and the keywords).
+    """
+    extra = {"precision": options["precision"]} if "precision" in options else {}
+    if ENGINE_LIMIT_TAG in rule.tags:
+        extra["limit"] = engine_limit
+    try:
+        inspect.signature(rule.variants).bind(op, in_types, device, **extra)
+    except TypeError as e:
+        raise TypeError(f"rule {rule.op_type.__name__}/{rule.algorithm}: its variants function "
+                        f"{getattr(rule.variants, '__qualname__', rule.variants)!r} does not take "
+                        f"{sorted(extra)}, which its tags {sorted(rule.tags)} promise: {e}") from e
+    try:
+        return [dict(v) for v in rule.variants(op, in_types, device, **extra)] or [{}]
+    except Exception:  # a variant list that cannot be built (no plan): the rule's default call
+        return [{}]
 
 
 def explicit_padding(rule: Rule, op: Op, policy: LoweringPolicy) -> tuple:
@@ -141,7 +177,21 @@ def _entry(rule: Rule, op: Op, in_types, device: str, policy: LoweringPolicy, op
     ws = None
     if why is None and policy.workspace_limit is not None:
         ws = rule_workspace(rule, op, in_types, options)
+        if ws > policy.workspace_limit and ENGINE_LIMIT_TAG not in rule.tags:
+            options, ws = _fitting_variant(rule, op, in_types, device, options, policy.workspace_limit, ws)
     return Entry(rule, options, why, explicit_padding(rule, op, policy), ws)
+
+
+def _fitting_variant(rule: Rule, op: Op, in_types, device: str, options: dict, limit: int,
+                     ws: int) -> tuple[dict, int]:
+    """``(options, workspace)`` of the rule's first variant within ``limit``;
+    ``(options, ws)`` unchanged when none is (module docstring)."""
+    for variant in rule_variants(rule, op, in_types, device, options):
+        opts = {**options, **variant}
+        need = rule_workspace(rule, op, in_types, opts)
+        if need <= limit:
+            return opts, need
+    return options, ws
 
 
 def decline_reason(rule: Rule, op: Op, in_types, device: str, policy: LoweringPolicy,
@@ -244,5 +294,5 @@ def survey_node(view, ctx, policy: LoweringPolicy | None = None, op: Op | None =
 
 
 __all__ = ["Survey", "Entry", "survey", "survey_node", "decline_reason", "explicit_padding",
-           "policy_options", "rule_workspace", "storage_dtype", "NEEDS_EXPLICIT_PADDING",
+           "policy_options", "rule_variants", "rule_workspace", "storage_dtype", "NEEDS_EXPLICIT_PADDING",
            "SYMMETRIC_PADDING_ONLY", "OPTION_TAGS", "NO_PADDING"]

@@ -81,6 +81,14 @@ def demanded_padding(view, ctx: PassContext) -> tuple:
     return need
 
 
+def _keep_layout(graph: Graph, new, like) -> None:
+    """Store the new 4-D value ``new`` as ``like`` (a value the layout pass
+    stamped) is stored: the layout pass runs before this one."""
+    layout = like.type.layout
+    if layout is not None and new.type.ndim == 4:
+        graph.set_layout(new.node, layout)
+
+
 def legalize_node(graph: Graph, view, extra, ctx: PassContext) -> None:
     """Rewrite conv node ``view`` so that padding ``extra`` is explicit."""
     op, name = view.op, view.name
@@ -90,12 +98,14 @@ def legalize_node(graph: Graph, view, extra, ctx: PassContext) -> None:
         n, c, h, w = op.input_shape
         inner_op = attrs.evolve(inner_op, input_shape=(n, c, h + top + bottom, w + left + right))
         inner = graph.add_node(inner_op, view.inputs, name=_fresh(graph, f"{name}/unpadded"))
+        _keep_layout(graph, inner, view)
         graph.rewrite(view.id, PadBackward(padding=extra), [inner])
         ctx.aliases[inner.name] = ctx.aliases.get(name, name)  # force keys of the conv follow it
         ctx.aliases[name] = None  # the crop itself is not forceable
     else:  # Conv2d (x, w[, b]), Conv2dBiasRelu (x, w, b), Conv2dBackwardFilter (x, gy): pad x
         x, *rest = view.inputs
         padded = graph.add_node(Pad(padding=extra), [x], name=_fresh(graph, f"{name}/pad"))
+        _keep_layout(graph, padded, x)
         ctx.aliases[padded.name] = None
         graph.rewrite(view.id, inner_op, [padded, *rest])
     ctx.report.note(f"legalize: {name}: padding {extra} made explicit "

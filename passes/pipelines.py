@@ -26,14 +26,17 @@ REFERENCE_POLICY = LoweringPolicy(prefer={"*": ["reference", "direct"]})
 def default(policy: LoweringPolicy) -> Pipeline:
     """The pipeline ``og.compile`` runs unless told otherwise."""
     return Pipeline("default", [
+        # physical layout of 4-D values (NHWC on cuda when asked); first, so that
+        # every rule's check sees the layout the node will run in: a rule that
+        # takes NHWC only (unfold) is a candidate of legalize and lower too (under
+        # a workspace limit it may be the only one left), and autotune times
+        # candidates in the layout they will run in
+        LayoutPass(),
         # explicit Pad nodes where the algorithm the node will get cannot pad
-        # (must run before lower: it changes which ops exist)
+        # (must run before lower: it changes which ops exist); they keep the layout
         LegalizePass(),
         # every abstract node -> Lowered(op, algorithm): policy order, declines kept
         LowerPass(),
-        # physical layout of 4-D values (NHWC on cuda when asked); before
-        # autotune so that candidates are timed in the layout they will run in
-        LayoutPass(),
         # the fusion rule table, in order: conv + bias (+ residual add) + ReLU/ReLU6
         # -> one fused convolution node, backward-data + ReLU gradient -> one node,
         # the gradient through a pooled ReLU -> one MaxPool2dBackwardRelu node,

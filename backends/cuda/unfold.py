@@ -67,8 +67,10 @@ from .codegen.storage import DEVICE_HELPERS, lit, storage_of
 from .cublas import gemm_ex_into
 from .storage import dtype_name, like
 
-#: the kernels' revision, part of the autotune cache key (:func:`variants`)
-REVISION = 2
+#: the kernels' revision, part of the autotune cache key (:func:`variants`); 3: the
+#: ``chunks`` variants are listed (revision 2's function did not take the ``precision``
+#: its rule's ``option:precision`` tag passes, so autotune had timed the default alone)
+REVISION = 3
 THREADS = 256
 #: the storage dtypes the rule takes (float64 has no precision: the xp lowerings run it)
 DTYPES = ("float32", "float16", "bfloat16")
@@ -80,9 +82,10 @@ MAX_K = 1024
 _INT32_LIMIT = 2 ** 31 - 1
 
 
-def variants(op, in_types, device):
-    """The autotune variants: the rows in 1, 4 or 16 pieces (module docstring).
-    Their ``revision`` (:data:`REVISION`) is part of the autotune cache key."""
+def variants(op, in_types, device, precision=None):
+    """The autotune variants: the rows in 1, 4 or 16 pieces (module docstring),
+    for every ``precision``. Their ``revision`` (:data:`REVISION`) is part of
+    the autotune cache key."""
     return [{}, {"chunks": 4}, {"chunks": 16}]
 
 

@@ -279,7 +279,8 @@ def test_cuda_rule_declares_the_gemv_variant_not_capturable():
 
 
 def test_autotune_enumerates_both_methods_as_candidates():
-    from opgraph.passes.autotune import _variants, candidate_set
+    from opgraph.passes.autotune import candidate_set
+    from opgraph.passes.candidates import rule_variants
     from opgraph.passes.candidates import survey
     from opgraph.passes.policy import LoweringPolicy
     cuda_rules.register_rules()
@@ -287,6 +288,6 @@ def test_autotune_enumerates_both_methods_as_candidates():
     types = (TensorType((8, 5, 6, 6), layout="NHWC"),)
     applicable = [(e.rule, e.options) for e in survey("conv.grad/bias_add_backward", op, types, "cuda",
                                                         policy).applicable()]
-    cands = [(r.algorithm, {**o, **v}) for r, o in applicable for v in _variants(r, op, types, "cuda", o)]
+    cands = [(r.algorithm, {**o, **v}) for r, o in applicable for v in rule_variants(r, op, types, "cuda", o)]
     assert ("cuda", {}) in cands and ("cuda", {"method": "gemv"}) in cands
     assert "cuda:bias_variants" in candidate_set(applicable)  # part of the autotune cache key

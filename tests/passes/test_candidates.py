@@ -80,3 +80,87 @@ def test_the_workspace_limit_and_missing_padding_are_queries_of_one_survey(monke
     assert "needs explicit padding" in s.declined()["big"]
     assert s.applicable(padded_ok=True, limited=False)[0].rule.algorithm == "big"
     assert s.entries[0].padding == ((0, 1), (0, 0))
+
+
+def test_every_rules_variants_take_the_keywords_its_tags_promise():
+    """A rule tagged ``option:precision`` (or ``variants:engine_limit``) is
+    listed with ``precision=`` (``limit=``): a variants function that did not
+    take it raised inside autotune, which then timed the default alone (the
+    ``unfold`` rule's ``chunks`` variants, 2026-12-03)."""
+    import inspect
+
+    from opgraph.backends import registry
+
+    registry.algorithms()  # loads every backend
+    checked = 0
+    for rules in registry._RULES.values():
+        for rule in rules.values():
+            extra = {}
+            if candidates.OPTION_TAGS["precision"] in rule.tags:
+                extra["precision"] = "fp32"
+            if candidates.ENGINE_LIMIT_TAG in rule.tags:
+                extra["limit"] = None
+            inspect.signature(rule.variants).bind(None, (), "cuda", **extra)  # raises TypeError
+            checked += bool(extra)
+    assert checked > 10
+
+
+def test_rule_variants_refuses_a_function_that_breaks_its_tags():
+    op = Conv2d(stride=1, padding=0)
+    rule = attrs.evolve(rules_for(Conv2d)["unfold"], variants=lambda op, in_types, device: [{"chunks": 2}])
+    with pytest.raises(TypeError, match=r"Conv2d/unfold.*\['precision'\]"):
+        candidates.rule_variants(rule, op, (), "cuda", {"precision": "bf16"})
+    listed = candidates.rule_variants(rules_for(Conv2d)["unfold"], op, (), "cuda", {"precision": "bf16"})
+    assert {"chunks": 16} in listed
+
+
+def _stem_wgrad():
+    """AlexNet's ``conv1`` backward-filter at batch 8 (NHWC float32): the
+    ``unfold`` rule's rows are 8*55*55 x 368 float32, 35.6 MB in one piece."""
+    op = og.ops.Conv2dBackwardFilter(stride=4, padding=2, weight_shape=(64, 3, 11, 11))
+    types = (TensorType((8, 3, 224, 224), "float32", "NHWC"), TensorType((8, 64, 55, 55), "float32", "NHWC"))
+    return op, types
+
+
+def test_under_a_workspace_limit_the_first_fitting_variant_is_offered():
+    op, types = _stem_wgrad()
+    rule = rules_for(type(op))["unfold"]
+    whole = rule.workspace(op, types, {"precision": "fp32"})
+    quarter = rule.workspace(op, types, {"precision": "fp32", "chunks": 4})
+    assert quarter < whole
+    for limit, chunks in ((whole, None), (quarter, 4), (quarter - 1, 16)):
+        policy = LoweringPolicy(workspace_limit=limit, prefer={"conv": ["unfold"]})
+        s = candidates.survey("conv1.grad", op, types, "cuda", policy)
+        entry, = [e for e in s.applicable() if e.rule.algorithm == "unfold"]
+        assert entry.options.get("chunks") == chunks and entry.workspace <= limit
+    policy = LoweringPolicy(workspace_limit=1024)  # below every variant: declined, saying why
+    why = candidates.survey("conv1.grad", op, types, "cuda", policy).declined()["unfold"]
+    assert "exceeds the limit 1,024 B" in why
+
+
+def test_a_channels_last_only_rule_is_a_candidate_of_the_lower_pass():
+    """The layout pass runs first (passes/pipelines.py), so under a workspace
+    limit that every layout-free rule exceeds, the NHWC-only ``unfold`` rule
+    still lowers the stem (``auto@ws=128MiB`` failed to compile AlexNet's
+    ``conv1`` on the H200 before: no lowering applied)."""
+    from opgraph.op import Lowered
+    from opgraph.passes.pipelines import default
+
+    g = og.Graph()
+    x = g.input("x", (8, 3, 224, 224))
+    w = g.param("w", (64, 3, 11, 11))
+    y = og.conv2d(x, w, stride=4, padding=2, name="conv1")
+    outs = [y, *og.grad(y, [w], grad_outputs=[y])]
+    op, types = _stem_wgrad()
+    limit = rules_for(type(op))["unfold"].workspace(op, types, {"precision": "fp32", "chunks": 4})
+    gemm = rules_for(type(op))["gemm"].workspace(op, types, {})
+    assert gemm > limit  # the catch-all is over the limit too
+    policy = LoweringPolicy(layout="NHWC", workspace_limit=limit)
+    ctx = PassContext(device="cuda", policy=policy, dtype="float32")
+    graph, louts = default(policy).run(g, outs, ctx)
+    chosen = {v.name: v.op for v in graph.nodes_in_order(louts) if isinstance(v.op, Lowered)}
+    assert chosen["conv1"].algorithm == "unfold"
+    wgrad = next(op for name, op in chosen.items() if op.op.name == "Conv2dBackwardFilter")
+    assert wgrad.algorithm == "unfold" and wgrad.option_dict["chunks"] in (4, 16)
+    for view in graph.nodes_in_order(louts):  # every 4-D value, the legalize pass's too, is NHWC
+        assert view.type.ndim != 4 or view.type.layout == "NHWC", view.name

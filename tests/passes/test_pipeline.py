@@ -33,7 +33,7 @@ def test_compile_runs_the_default_pipeline_and_reports():
     assert g.dump() == before  # compile never modifies the user's graph
     r = exe.report
     assert r.pipeline == "default" and r.device == "cpu"
-    assert [n for n, _ in r.passes] == ["legalize", "lower", "layout", "fuse", "memory", "verify"]
+    assert [n for n, _ in r.passes] == ["layout", "legalize", "lower", "fuse", "memory", "verify"]
     assert r.choices["conv1"].startswith("gemm[cpu]:Conv2d")
     assert exe.report() == r.format()  # the old Executable.report() call still gives the table
     assert "conv1" in exe.report() and exe.choices["conv1"] == r.choices["conv1"]

@@ -123,15 +123,16 @@ def device_flag_notes(args, device: str) -> list[str]:
 
 def check_policy_flags(args) -> None:
     """Refuse a bad value of a policy flag (``--workspace-limit``,
-    ``--workspace-tolerance``, ``--engine-limit``) in every mode, before any
-    work: :func:`base_policy` reads them for a benchmark or a profile, and
-    ``--summary`` must not take ``--engine-limit 0`` silently either.
+    ``--workspace-tolerance``, ``--peak-tolerance``, ``--engine-limit``) in
+    every mode, before any work: :func:`base_policy` reads them for a
+    benchmark or a profile, and ``--summary`` must not take ``--engine-limit
+    0`` silently either.
 
     Raises:
         PolicyError: naming the flag and the value (exit 2).
     """
     LoweringPolicy.from_cli(workspace_limit=args.workspace_limit, workspace_tolerance=args.workspace_tolerance,
-                            engine_limit=args.engine_limit)
+                            peak_tolerance=args.peak_tolerance, engine_limit=args.engine_limit)
 
 
 def _source_of(args, key: str, name: str) -> str:
@@ -160,7 +161,7 @@ def base_policy(args, lowerings, device: str) -> LoweringPolicy:
     base = LoweringPolicy.from_cli(lowering=args.lowering_policy, policy_file=args.policy,
                                    workspace_limit=args.workspace_limit,
                                    workspace_tolerance=args.workspace_tolerance,
-                                   engine_limit=args.engine_limit)
+                                   peak_tolerance=args.peak_tolerance, engine_limit=args.engine_limit)
     try:
         check_names(base)
     except PolicyError as e:  # name where the unknown entry came from, as a bad value is named
@@ -180,7 +181,8 @@ def precisions_and_layout(args, base: LoweringPolicy) -> tuple[list[str], str]:
 
 def autotune_flags(args) -> dict:
     """The flags that only steer autotune, by name: their values, None when not given."""
-    return {"--engine-limit": args.engine_limit, "--workspace-tolerance": args.workspace_tolerance}
+    return {"--engine-limit": args.engine_limit, "--workspace-tolerance": args.workspace_tolerance,
+            "--peak-tolerance": args.peak_tolerance}
 
 
 def check_applicable(tgs, lowerings, device: str, base: LoweringPolicy) -> str | None:

@@ -42,6 +42,7 @@ FLAGS = {
     "--policy": ("policy", "is the base lowering policy of each compile"),
     "--workspace-limit": ("workspace_limit", "limits the scratch memory of each compiled node"),
     "--workspace-tolerance": ("workspace_tolerance", "steers autotune"),
+    "--peak-tolerance": ("peak_tolerance", "steers autotune"),
     "--engine-limit": ("engine_limit", "steers autotune"),
     "--compare": ("compare", "times PyTorch peers beside the columns"),
     "--warmup": ("warmup", "sets the untimed calls before timing"),

@@ -25,7 +25,15 @@ node separately, since their best algorithms differ):
    the faster median, then policy order), and its row's reason says so: a
    cuDNN engine 1 % faster than another is not worth hundreds of MiB of
    scratch space at the memory peak. ``workspace_tolerance = 0`` keeps the
-   fastest.
+   fastest;
+5. memory-aware re-choice (:meth:`AutotunePass._fit_peak`,
+   ``passes/autotune_memory.py``): once every node is chosen, a node whose
+   workspace raises the planned peak above the activations' peak (the memory
+   pass's liveness of the schedule) is chosen again from its rows: the
+   fastest correct one timed in full whose workspace fits under that peak
+   wins when its median is within ``(1 + policy.peak_tolerance) x`` the
+   fastest's (else the least workspace within that tolerance); the row's
+   reason and a note say so. ``peak_tolerance = 0`` keeps the time-based choice.
 
 Nodes the policy forces, and nodes with a single candidate, are not timed.
 Decisions persist in :class:`~passes.autotune_cache.AutotuneCache` with every
@@ -59,9 +67,11 @@ from .autotune_cache import AutotuneCache, cache_key
 from .autotune_clock import NodeClock, TuneClock
 from .autotune_inputs import REFERENCE_ALGORITHMS, InputPool, consistent_inputs, random_inputs
 from .autotune_inputs import reference_output as _reference
+from .autotune_memory import StepRoom, fit_headroom, step_rooms
 from .base import Pass, PassContext
 from .candidates import ENGINE_LIMIT_TAG, rule_variants, rule_workspace, survey_node
-from .report import Candidate
+from .memory import plan_inplace, plan_memory
+from .report import Candidate, NodeReport, format_size
 
 #: A candidate whose first timed run is this many times the best median so far
 #: is recorded with that one run and not timed further.
@@ -197,6 +207,7 @@ class AutotunePass(Pass):
         clock = TuneClock(getattr(timer, "synchronize", None), ctx.device)  # where the pass's time goes
         pool = InputPool(ctx.xp, ctx.seed)  # candidates' inputs, drawn once per type for the whole run
         waits: dict[str, list[str]] = {}  # node -> candidates the launch clock timed (HeldStreamTimer)
+        decided: dict[int, _Measured] = {}  # node id -> what the memory-aware re-choice may choose from
         for view in list(graph.nodes_in_order(outputs)):
             if not isinstance(view.op, Lowered):
                 continue
@@ -208,6 +219,7 @@ class AutotunePass(Pass):
                 continue
             # without the workspace limit: an over-budget candidate is reported, not declined
             applicable = list(_contenders(s.applicable(limited=False), ctx.device))
+            by_algorithm = {e.rule.algorithm: e for e in applicable}  # one entry each: _contenders
             # a source such as a Constant (a stochastic-depth mask) has no input: its own layout
             layout = getattr(types[0] if types else view.type, "layout", None) or "NCHW"
             key = cache_key(op, types, ctx.dtype, layout, policy, ctx.device, device_name, versions,
@@ -244,6 +256,9 @@ class AutotunePass(Pass):
                 rule, opts = entry.rule, {**entry.options, **cached_opts}
                 rec.how, rec.candidates = "cache", rows
                 rec.cache_key = key
+                # rows rechoose() decides from, and no choice the user made by hand
+                if hit.get("rechoose") == RECHOOSE_VERSION and not pinned_by_hand(hit, algorithm, cached_opts):
+                    decided[view.id] = _Measured(hit["candidates"], blocker, by_algorithm, cached=True)
             else:
                 with node_clock.part("variants"):  # every cuDNN engine's plan is built here
                     cands = [(e.rule, {**e.options, **variant}) for e in applicable
@@ -276,11 +291,10 @@ class AutotunePass(Pass):
                                 "tuned": {"algorithm": rule.algorithm, "options": opts},
                                 "device": device_name, "versions": versions})
                 cache.checkpoint()
-            lowered = Lowered(op, rule.algorithm, ctx.device, opts)
-            graph.replace_op(view.id, lowered)
-            rec.algorithm, rec.options, rec.chosen = rule.algorithm, dict(opts), lowered.describe()
-            rec.workspace = rule_workspace(rule, op, types, opts)
+                decided[view.id] = _Measured(measured, blocker, by_algorithm, cached=False)
+            _lower(graph, view.id, rec, rule, opts, ctx.device)
             rec.tune_seconds = clock.done(node_clock, "cache" if rec.how == "cache" else "tuned")
+        self._fit_peak(graph, outputs, ctx, decided, cache)
         cache.save()
         for w in cache.messages:
             ctx.report.note(w)
@@ -295,6 +309,64 @@ class AutotunePass(Pass):
                             "the launch clock timed every candidate (host time included)")
         ctx.report.autotune = {**clock.summary(), "clock": getattr(timer, "clock_name", type(timer).__name__)}
         return graph
+
+    def _fit_peak(self, graph: Graph, outputs, ctx: PassContext, decided: dict[int, _Measured],
+                  cache: AutotuneCache) -> None:
+        """Choose again, from its measured rows, each node of ``decided`` whose
+        workspace raises the planned peak above the activations' peak
+        (``passes/autotune_memory.py``, ``policy.peak_tolerance``; 0: nothing
+        to do), and note how many were and the planned peak before and after.
+        The cache keeps the measurements, not this choice: it depends on the
+        whole schedule, and the next compile makes it again from the rows."""
+        policy = ctx.policy
+        if policy.peak_tolerance == 0 or not decided:
+            return
+        plan = plan_inplace(graph, outputs, zero_copy=True)  # as the memory pass will plan it
+        rooms = step_rooms(graph, outputs, ctx.dtype, plan)
+        before, moved = None, []  # moved: node ids chosen again
+        # One pass over the nodes suffices: a node's choice changes only its own
+        # step's workspace, not the bytes live at any step (the schedule, and the
+        # in-place and zero-copy plans, kept as they are: checked below), so no
+        # re-choice changes another node's headroom.
+        for n, measured in decided.items():
+            view, room = graph.node(n), rooms[n]
+            rec = ctx.report.nodes[view.name]
+            if rec.workspace <= room.headroom:
+                continue
+            rows, timed = measured_rows(measured.rows)
+            best = choose(rows, timed, policy.workspace_tolerance, measured.blocker, room, policy.peak_tolerance)
+            entry = measured.applicable.get(best.algorithm) if best is not None else None
+            if entry is None:  # no correct row, or its rule no longer applies: the rows cannot decide
+                continue
+            opts = {**entry.options, **best.options}
+            if (best.algorithm, opts) == (rec.algorithm, rec.options):
+                continue
+            if measured.cached:  # a row read from the file: its options must still run (refused_options)
+                refused = refused_options(entry, best.options, view.op.op, view.input_types, ctx.device,
+                                          policy.engine_limit)
+                if refused:
+                    cache.warn(f"autotune cache {cache.path}: node {view.name}: {refused}; "
+                               f"{rec.chosen} kept")
+                    continue
+            if before is None:
+                before = plan_memory(graph, outputs, ctx.dtype, plan)["planned_peak_bytes"]
+            old_rule, old_opts = measured.applicable[rec.algorithm].rule, rec.options
+            _lower(graph, n, rec, entry.rule, opts, ctx.device)
+            if plan_inplace(graph, outputs, zero_copy=True) != plan:  # its rule shares buffers otherwise
+                _lower(graph, n, rec, old_rule, old_opts, ctx.device)
+                ctx.report.note(f"autotune: {view.name}: {best.label} would lower the planned peak, but it "
+                                f"changes the in-place or zero-copy plan; {rec.chosen} kept")
+                continue
+            rec.candidates = rows
+            moved.append(n)
+        if moved:
+            after = plan_memory(graph, outputs, ctx.dtype, plan)["planned_peak_bytes"]
+            names = [graph.node(n).name for n in moved]
+            ctx.report.note(
+                f"autotune: {len(moved)} node(s) chosen again for the memory peak (peak_tolerance "
+                f"{100 * policy.peak_tolerance:g} %): {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}; "
+                f"planned peak {format_size(before)} -> {format_size(after)}, the activations' "
+                f"{format_size(rooms[moved[0]].activation_peak)}")
 
     def _tune(self, op, types, cands, s, ctx: PassContext, timer, view, out_type, run_in,
               clock: NodeClock, pool: InputPool) -> tuple[list[Candidate], list[Candidate]]:
@@ -381,8 +453,41 @@ def captures_all(algorithm: str, options: Mapping) -> str | None:
     return None
 
 
+@attrs.frozen
+class _Measured:
+    """A node autotune chose from measured rows, which the memory-aware
+    re-choice (:meth:`AutotunePass._fit_peak`) may choose from again.
+
+    Attributes:
+        rows: its candidates as measured, before any choice (``Candidate.to_dict``).
+        blocker: the :data:`CaptureBlocker` its choice respected.
+        applicable: algorithm -> the survey's entry of each competing rule
+            (the rule with the policy's options).
+        cached: the rows were read from the cache, so a row's options are
+            checked before it runs (:func:`refused_options`).
+    """
+
+    rows: list
+    blocker: CaptureBlocker
+    applicable: dict
+    cached: bool
+
+
+def _lower(graph: Graph, node: int, rec: NodeReport, rule, opts: dict, device: str) -> None:
+    """Lower ``node`` to ``rule`` with ``opts`` on ``device`` and record it in
+    its :class:`~passes.report.NodeReport` ``rec`` (algorithm, options, the
+    ``Lowered`` description and its workspace in bytes)."""
+    view = graph.node(node)
+    op = view.op.op
+    lowered = Lowered(op, rule.algorithm, device, opts)
+    graph.replace_op(node, lowered)
+    rec.algorithm, rec.options, rec.chosen = rule.algorithm, dict(opts), lowered.describe()
+    rec.workspace = rule_workspace(rule, op, view.input_types, opts)
+
+
 def choose(rows: list[Candidate], timed: list[Candidate], workspace_tolerance: float,
-           capture_blocker: CaptureBlocker = captures_all) -> Candidate | None:
+           capture_blocker: CaptureBlocker = captures_all, room: StepRoom | None = None,
+           peak_tolerance: float = 0.0) -> Candidate | None:
     """The winning row, marked ``chosen``; None when no row is correct.
 
     Correct rows (status ``ok``, or ``unverified`` for an op without a
@@ -401,6 +506,14 @@ def choose(rows: list[Candidate], timed: list[Candidate], workspace_tolerance: f
     options: one variant of a capturable rule may not capture) cannot be
     captured: such rows compete only when no other row is correct, and a
     faster one left out says so in its ``reason``.
+
+    ``room`` (the memory-aware re-choice, ``passes/autotune_memory.py``): the
+    bytes live during the node's step and the activations' peak. When
+    ``peak_tolerance`` > 0 and the winner's workspace is above the step's
+    headroom (it raises the planned peak above the activations'), the row
+    :func:`~passes.autotune_memory.fit_headroom` picks among the rows timed
+    in full within ``(1 + peak_tolerance) x`` the fastest wins instead, its
+    ``reason`` saying so.
     """
     correct = [c for c in rows if c.status in ("ok", "unverified")]
     blocked = {id(c): why for c in correct if (why := capture_blocker(c.algorithm, c.options)) is not None}
@@ -416,20 +529,25 @@ def choose(rows: list[Candidate], timed: list[Candidate], workspace_tolerance: f
     fastest = min(correct, key=lambda c: c.time_ms, default=None)
     if fastest is None:
         return None
+    full = {id(c) for c in timed}
+
+    def near(tolerance: float) -> list[Candidate]:  # the fastest, and the rows timed in full close to it
+        return [c for c in correct if c is fastest or (
+            id(c) in full and c.time_ms <= (1 + tolerance) * fastest.time_ms)]
+
     best = fastest
     if workspace_tolerance > 0:
-        full = {id(c) for c in timed}
-        near = [c for c in correct if c is fastest or (
-            id(c) in full and c.time_ms <= (1 + workspace_tolerance) * fastest.time_ms)]
-        best = min(near, key=lambda c: (c.workspace or 0, c.time_ms))
+        best = min(near(workspace_tolerance), key=lambda c: (c.workspace or 0, c.time_ms))
     if best is not fastest:
-        saved = _size((fastest.workspace or 0) - (best.workspace or 0))
+        saved = format_size((fastest.workspace or 0) - (best.workspace or 0))
         pct = f"{100 * workspace_tolerance:g} %"
         best.reason = "; ".join(filter(None, [
             best.reason, f"within {pct} of the fastest {fastest.label} ({best.time_ms:.3f} vs "
                          f"{fastest.time_ms:.3f} ms), {saved} less workspace (workspace_tolerance)"]))
         fastest.reason = "; ".join(filter(None, [
             fastest.reason, f"fastest, but {best.label} is within {pct} with {saved} less workspace"]))
+    if room is not None and peak_tolerance > 0 and (best.workspace or 0) > room.headroom:
+        best = fit_headroom(near(peak_tolerance), fastest, best, room, peak_tolerance)
     best.status = "chosen"
     return best
 
@@ -440,6 +558,18 @@ def choose(rows: list[Candidate], timed: list[Candidate], workspace_tolerance: f
 RECHOOSE_VERSION = 1
 
 
+def measured_rows(measured: list[dict]) -> tuple[list[Candidate], list[Candidate]]:
+    """``(rows, timed)`` to choose from: a node's candidates as measured
+    (``Candidate.to_dict``, as a cache entry of :data:`RECHOOSE_VERSION`
+    holds them), none of them ``chosen``, and those of them timed in full
+    (a pruned row's ``reason`` starts with ``pruned``: one run is not a median)."""
+    rows = [Candidate.from_dict(c) for c in measured]
+    for c in rows:
+        if c.status == "chosen":
+            c.status = "ok"
+    return rows, [c for c in rows if c.time_ms is not None and not c.reason.startswith("pruned")]
+
+
 def rechoose(entry: dict, workspace_tolerance: float,
              capture_blocker: CaptureBlocker = captures_all) -> tuple[list[Candidate], str | None, dict]:
     """``(rows, algorithm, options)`` of a cached decision under the current
@@ -448,13 +578,10 @@ def rechoose(entry: dict, workspace_tolerance: float,
     changing either needs no re-tuning. An entry without the :data:`RECHOOSE_VERSION` tag (written
     before the tie-break and the output-dtype check) keeps its algorithm and
     options: its rows were not all checked as today's are."""
-    rows = [Candidate.from_dict(c) for c in entry.get("candidates", [])]
     if entry.get("rechoose") != RECHOOSE_VERSION:
+        rows = [Candidate.from_dict(c) for c in entry.get("candidates", [])]
         return rows, entry.get("algorithm"), dict(entry.get("options", {}))
-    for c in rows:
-        if c.status == "chosen":
-            c.status = "ok"
-    timed = [c for c in rows if c.time_ms is not None and not c.reason.startswith("pruned")]
+    rows, timed = measured_rows(entry.get("candidates", []))
     best = choose(rows, timed, workspace_tolerance, capture_blocker)
     if best is None:
         return rows, entry.get("algorithm"), dict(entry.get("options", {}))
@@ -528,10 +655,9 @@ def hand_edit(entry: dict, rows: list[Candidate], algorithm: str | None, options
     edited_alg, edited_opts = entry.get("algorithm"), dict(entry.get("options", {}))
     if (edited_alg, edited_opts) == (algorithm, options):
         return None
-    tuned = entry.get("tuned")
-    valid = (isinstance(tuned, dict) and isinstance(tuned.get("algorithm"), str)
-             and isinstance(tuned.get("options", {}), dict))
-    if valid and (edited_alg, edited_opts) == (tuned["algorithm"], dict(tuned.get("options", {}))):
+    tuned = _tuned_choice(entry)
+    valid = tuned is not None
+    if (edited_alg, edited_opts) == tuned:
         return None
     e_label = Candidate(edited_alg, edited_opts).label
     best = next((c for c in rows if c.status == "chosen"), None)
@@ -574,6 +700,28 @@ def hand_edit(entry: dict, rows: list[Candidate], algorithm: str | None, options
                     f"the measurements alone choose {b_label}{than}")
 
 
+def _tuned_choice(entry: dict) -> tuple[str, dict] | None:
+    """``(algorithm, options)`` of a cache entry's ``tuned`` record (the
+    tuner's own choice), or None where it has no valid one (written before
+    opgraph kept it)."""
+    tuned = entry.get("tuned")
+    if not (isinstance(tuned, dict) and isinstance(tuned.get("algorithm"), str)
+            and isinstance(tuned.get("options", {}), dict)):
+        return None
+    return tuned["algorithm"], dict(tuned.get("options", {}))
+
+
+def pinned_by_hand(entry: dict, algorithm: str | None, options: dict) -> bool:
+    """Whether ``algorithm``/``options``, the choice a node runs from cache
+    ``entry``, is the entry's top-level choice edited by hand (unlike its
+    ``tuned`` record: :func:`hand_edit`), whether the edit overrides the
+    choice made from the rows or agrees with it. The memory-aware re-choice
+    leaves such a node alone: the user asked for that choice."""
+    top = (entry.get("algorithm"), dict(entry.get("options", {})))
+    tuned = _tuned_choice(entry)
+    return tuned is not None and top != tuned and (algorithm, dict(options)) == top
+
+
 def _declared_blocker(applicable) -> CaptureBlocker:
     """The :data:`CaptureBlocker` of a replayed step: what the applicable
     candidate's rule declares for those options (``Rule.declared_capture_blocker``:
@@ -585,11 +733,6 @@ def _declared_blocker(applicable) -> CaptureBlocker:
         rule = rules.get(algorithm)
         return rule.declared_capture_blocker(options) if rule is not None else None
     return blocker
-
-
-def _size(nbytes: int) -> str:
-    """``'290.0 MiB'``; under 0.1 MiB, ``'4,096 B'``."""
-    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 / 10 else f"{nbytes:,d} B"
 
 
 def candidate_set(applicable, engine_limit: int | None = None) -> str:
@@ -664,6 +807,6 @@ def refused_options(entry, cached: dict, op, types, device, engine_limit: int | 
             f"node ({', '.join(map(str, allowed))})")
 
 
-__all__ = ["AutotunePass", "choose", "rechoose", "hand_edit", "HandEdit", "CaptureBlocker", "captures_all",
-           "refused_options", "Timer", "PerfCounterTimer", "CudaEventTimer", "default_timer", "tolerance",
-           "random_inputs", "relative_error", "REFERENCE_ALGORITHMS"]
+__all__ = ["AutotunePass", "choose", "rechoose", "measured_rows", "hand_edit", "pinned_by_hand", "HandEdit",
+           "CaptureBlocker", "captures_all", "refused_options", "Timer", "PerfCounterTimer", "CudaEventTimer",
+           "default_timer", "tolerance", "random_inputs", "relative_error", "REFERENCE_ALGORITHMS"]

@@ -17,7 +17,10 @@ under other versions is therefore never looked up again (stale entries stay
 in the file, harmless, until it is deleted). The workspace tie-break
 (``policy.workspace_tolerance``) is not in the key: an entry keeps every
 candidate's measurements, and the winner is chosen again from them under the
-current tolerance (``passes.autotune.rechoose``).
+current tolerance (``passes.autotune.rechoose``). Nor is the memory-aware
+re-choice (``policy.peak_tolerance``, ``passes/autotune_memory.py``): it
+depends on the whole schedule, so each compile makes it again from the rows
+and the entry keeps the time-based choice.
 
 Hand edits: ``tuned`` is the tuner's own choice, written beside the top-level
 ``algorithm`` / ``options`` that a user may edit. A top-level choice unlike

@@ -144,26 +144,17 @@ def _buffers(graph: Graph, order, plan: InplacePlan) -> dict[int, int]:
     return owner
 
 
-def plan_memory(graph: Graph, outputs, dtype: str | None = None,
-                inplace: InplacePlan | None = None) -> dict:
-    """The liveness plan of ``outputs``' schedule (keys in the module docstring).
+def _run_bytes(graph: Graph, order, dtype: str | None) -> dict[int, int]:
+    """Node id -> bytes of its value in the dtype it runs in (batch statistics
+    and sums stay float32 under compile(dtype='bfloat16'), as the executor
+    allocates them)."""
+    return {n: t.nbytes for n, t in run_types(graph, order, dtype).items()}
 
-    Args:
-        inplace: the in-place steps and the zero-copy plan; default
-            :func:`plan_inplace` of this graph (without zero-copy).
 
-    Returns:
-        ``planned_peak_bytes``, ``activation_peak_bytes``, ``workspace_peak_bytes``,
-        ``source_bytes``, ``no_reuse_bytes``, ``peak_step`` (node name),
-        ``inplace`` (steps), ``inplace_bytes``, ``zero_copy`` (values),
-        ``zero_copy_bytes``.
-    """
-    plan = plan_inplace(graph, outputs) if inplace is None else inplace
-    order = graph.topological(graph.ancestors(outputs))
-    # each value in the dtype it runs in (batch statistics and sums stay float32 under
-    # compile(dtype='bfloat16'), as the executor allocates them)
-    nbytes = {n: t.nbytes for n, t in run_types(graph, order, dtype).items()}
-    keep = {v.node for v in outputs}
+def _live_bytes(graph: Graph, order, plan: InplacePlan, nbytes: dict[int, int], keep) -> dict[int, int]:
+    """Node id -> bytes of the buffers live during its step, for each step of
+    ``order`` that is not a source (the module docstring, step 2): sources
+    aside, workspace and a result copied into its slice aside."""
     owner = _buffers(graph, order, plan)
     position = {n: i for i, n in enumerate(order)}
     never = len(order)  # kept to the end: requested outputs, values nothing reads
@@ -181,9 +172,56 @@ def plan_memory(graph: Graph, outputs, dtype: str | None = None,
         if not isinstance(graph.node(b).op, Source):
             allocs.setdefault(born[b], []).append(b)
             frees.setdefault(dies[b], []).append(b)
-    live = peak = act_peak = ws_peak = sources = total = saved = views = view_bytes = 0
-    peak_step = None
+    live, out = 0, {}
     for i, n in enumerate(order):
+        if isinstance(graph.node(n).op, Source):
+            continue
+        live += sum(nbytes[b] for b in allocs.get(i, ()))
+        out[n] = live
+        live -= sum(nbytes[b] for b in frees.get(i, ()))
+    return out
+
+
+def step_live_bytes(graph: Graph, outputs, dtype: str | None = None,
+                    inplace: InplacePlan | None = None) -> dict[int, int]:
+    """Node id -> bytes of the activations live during its step, for every
+    step of ``outputs``' schedule that is not a source: each buffer from the
+    step that first writes it to the last that reads it (module docstring,
+    step 2), without the step's own workspace, a result it copies into its
+    slice of a concat, or the sources (resident throughout, reported apart).
+    Their maximum is ``plan_memory``'s ``activation_peak_bytes``.
+
+    Args:
+        dtype: the dtype values run in (compile's override; None: as declared).
+        inplace: the in-place steps and the zero-copy plan; default
+            :func:`plan_inplace` of this graph (without zero-copy).
+    """
+    plan = plan_inplace(graph, outputs) if inplace is None else inplace
+    order = graph.topological(graph.ancestors(outputs))
+    return _live_bytes(graph, order, plan, _run_bytes(graph, order, dtype), {v.node for v in outputs})
+
+
+def plan_memory(graph: Graph, outputs, dtype: str | None = None,
+                inplace: InplacePlan | None = None) -> dict:
+    """The liveness plan of ``outputs``' schedule (keys in the module docstring).
+
+    Args:
+        inplace: the in-place steps and the zero-copy plan; default
+            :func:`plan_inplace` of this graph (without zero-copy).
+
+    Returns:
+        ``planned_peak_bytes``, ``activation_peak_bytes``, ``workspace_peak_bytes``,
+        ``source_bytes``, ``no_reuse_bytes``, ``peak_step`` (node name),
+        ``inplace`` (steps), ``inplace_bytes``, ``zero_copy`` (values),
+        ``zero_copy_bytes``.
+    """
+    plan = plan_inplace(graph, outputs) if inplace is None else inplace
+    order = graph.topological(graph.ancestors(outputs))
+    nbytes = _run_bytes(graph, order, dtype)
+    live_at = _live_bytes(graph, order, plan, nbytes, {v.node for v in outputs})
+    peak = act_peak = ws_peak = sources = total = saved = views = view_bytes = 0
+    peak_step = None
+    for n in order:
         view = graph.node(n)
         size = nbytes[n]
         if isinstance(view.op, Source):
@@ -193,14 +231,13 @@ def plan_memory(graph: Graph, outputs, dtype: str | None = None,
         saved += size if n in plan.writes else 0
         if n in plan.homes or n in plan.views:
             views, view_bytes = views + 1, view_bytes + size
-        live += sum(nbytes[b] for b in allocs.get(i, ()))
+        live = live_at[n]
         ws = _workspace(view.op, view.input_types) if isinstance(view.op, Lowered) else 0
         ws += size if n in plan.copied_in else 0  # its own result, copied into its slice and dropped
         ws_peak = max(ws_peak, ws)
         act_peak = max(act_peak, live)
         if live + ws > peak:
             peak, peak_step = live + ws, view.name
-        live -= sum(nbytes[b] for b in frees.get(i, ()))
     return {"planned_peak_bytes": peak, "activation_peak_bytes": act_peak,
             "workspace_peak_bytes": ws_peak, "source_bytes": sources, "no_reuse_bytes": total,
             "peak_step": peak_step, "inplace": len(plan.writes), "inplace_bytes": saved,
@@ -225,4 +262,4 @@ class MemoryPass(Pass):
         return graph
 
 
-__all__ = ["MemoryPass", "plan_inplace", "plan_memory"]
+__all__ = ["MemoryPass", "plan_inplace", "plan_memory", "step_live_bytes"]

@@ -14,7 +14,9 @@ The user swaps implementations here, never in the model. A policy holds
   candidates; rules tagged ``optional`` are candidates only when included;
 * ``autotune``, ``workspace_limit`` (bytes), ``workspace_tolerance`` (a
   fraction: autotune keeps the smallest-workspace candidate within it of the
-  fastest), ``engine_limit`` (how many cuDNN engines per node autotune times,
+  fastest), ``peak_tolerance`` (a fraction: autotune gives a node whose
+  workspace raises the planned peak above the activations' a candidate that
+  fits, when one is within it of the fastest), ``engine_limit`` (how many cuDNN engines per node autotune times,
   in cuDNN's heuristic order), ``tune_clock`` (what autotune's clock measures), ``precision``, ``layout``, ``explicit_padding`` (algorithms the
   legalize pass pads for), ``cache``, ``cuda_graph`` (autotune prefers
   candidates a CUDA graph can capture).
@@ -32,6 +34,9 @@ TOML schema (``LoweringPolicy.from_toml``; every key optional)::
     workspace_limit = "512MiB"    # int bytes, or a string with B/KB/MB/GB/KiB/MiB/GiB
     workspace_tolerance = 0.03    # 0..1 or "3%": autotune keeps the smallest workspace
                                   # among candidates within 3 % of the fastest; 0 = off
+    peak_tolerance = 0.20         # 0..1 or "20%": a node whose workspace raises the planned
+                                  # peak above the activations' gets the fastest candidate that
+                                  # fits, if within 20 % of the fastest; 0 = off
     engine_limit = 10             # int >= 1 or "all": cuDNN engines timed per node, in
                                   # heuristic order (PyTorch's cudnn.benchmark_limit, 10)
     tune_clock = "device"         # device | launch: autotune times each candidate's kernels
@@ -325,6 +330,12 @@ class LoweringPolicy:
     #: Autotune: among the correct, fully timed candidates whose median is within
     #: ``(1 + workspace_tolerance) x`` the fastest, the smallest workspace wins.
     workspace_tolerance: float = attrs.field(default=0.03, converter=parse_fraction)
+    #: Autotune, once every node is chosen: a node whose workspace raises the
+    #: planned peak above the activations' peak gets the fastest correct,
+    #: fully timed candidate that fits under it when that one's median is within
+    #: ``(1 + peak_tolerance) x`` the fastest's, else the least workspace within
+    #: that (``passes/autotune_memory.py``); 0 keeps the time-based choice.
+    peak_tolerance: float = attrs.field(default=0.20, converter=lambda v: parse_fraction(v, "peak_tolerance"))
     #: Autotune times at most this many cuDNN engines per node, the first in
     #: cuDNN's heuristic order that build (None: all of them).
     engine_limit: int | None = attrs.field(default=10, converter=parse_engine_limit)
@@ -394,7 +405,7 @@ class LoweringPolicy:
         d = {"prefer": {k: list(v) for k, v in self.prefer.items()}, "force": dict(self.force),
              "include": sorted(self.include), "exclude": sorted(self.exclude),
              "autotune": self.autotune, "workspace_limit": self.workspace_limit,
-             "workspace_tolerance": self.workspace_tolerance,
+             "workspace_tolerance": self.workspace_tolerance, "peak_tolerance": self.peak_tolerance,
              "engine_limit": "all" if self.engine_limit is None else self.engine_limit,
              "tune_clock": self.tune_clock,
              "precision": self.precision, "layout": self.layout,
@@ -404,15 +415,15 @@ class LoweringPolicy:
 
     def idle_autotune_keys(self) -> list[str]:
         """The keys only autotune reads (``engine_limit``, ``tune_clock``,
-        ``workspace_tolerance``) that this policy sets away from their
-        defaults while ``autotune`` is off, as ``'key=value'``: they have no
-        effect, which the compile notes rather than ignoring them silently."""
+        ``workspace_tolerance``, ``peak_tolerance``) that this policy sets away
+        from their defaults while ``autotune`` is off, as ``'key=value'``: they
+        have no effect, which the compile notes rather than ignoring them silently."""
         if self.autotune:
             return []
         defaults = {f.name: f.default for f in attrs.fields(type(self))}
         shown = self.to_dict()  # engine_limit None reads "all"
-        return [f"{k}={shown[k]!r}" for k in ("engine_limit", "tune_clock", "workspace_tolerance")
-                if getattr(self, k) != defaults[k]]
+        keys = ("engine_limit", "tune_clock", "workspace_tolerance", "peak_tolerance")
+        return [f"{k}={shown[k]!r}" for k in keys if getattr(self, k) != defaults[k]]
 
     # ---- construction from files and flags -------------------------------
     @classmethod
@@ -458,7 +469,7 @@ class LoweringPolicy:
     @classmethod
     def from_cli(cls, lowering: str | None = None, policy_file=None, autotune: bool = False,
                  precision: str | None = None, workspace_limit=None,
-                 workspace_tolerance=None, engine_limit=None) -> "LoweringPolicy":
+                 workspace_tolerance=None, engine_limit=None, peak_tolerance=None) -> "LoweringPolicy":
         """A policy from command-line strings; flags override the file.
 
         ``lowering`` is a comma-separated list of items:
@@ -508,11 +519,14 @@ class LoweringPolicy:
             changes["workspace_tolerance"] = workspace_tolerance
         if engine_limit is not None:
             changes["engine_limit"] = engine_limit
+        if peak_tolerance is not None:
+            changes["peak_tolerance"] = peak_tolerance
         try:
             return attrs.evolve(base, **changes)
         except PolicyError as e:
             flag = {"workspace_limit": "--workspace-limit", "workspace_tolerance": "--workspace-tolerance",
-                    "engine_limit": "--engine-limit", "precision": "--precision"}.get(e.param, "--lowering")
+                    "peak_tolerance": "--peak-tolerance", "engine_limit": "--engine-limit",
+                    "precision": "--precision"}.get(e.param, "--lowering")
             raise _err(e.param, e.value, e.why, flag) from None
 
 

@@ -31,6 +31,11 @@ from .autotune_clock import describe as describe_autotune
 STATUSES = ("chosen", "ok", "wrong", "failed", "over budget", "declined", "excluded", "unverified")
 
 
+def format_size(nbytes: int) -> str:
+    """``'290.0 MiB'``; under 0.1 MiB, ``'4,096 B'`` (as the autotune rows' reasons write bytes)."""
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 / 10 else f"{nbytes:,d} B"
+
+
 @attrs.define
 class Candidate:
     """One (algorithm, options) the autotuner considered for a node.
@@ -45,8 +50,8 @@ class Candidate:
         workspace: scratch bytes the rule declares for one call.
         rel_error: ``||out - ref|| / ||ref||`` against the float64 reference.
         reason: why it was not chosen (declines, exceptions, errors); on
-            the chosen row, why it beat a faster one (``workspace_tolerance``,
-            see ``passes.autotune.choose``).
+            the chosen row, why it beat a faster one (``workspace_tolerance``
+            or ``peak_tolerance``, see ``passes.autotune.choose``).
     """
 
     algorithm: str
@@ -263,4 +268,4 @@ def _candidate_line(c: Candidate) -> str:
     return "  ".join(parts)
 
 
-__all__ = ["Candidate", "NodeReport", "LoweringReport", "STATUSES", "describe_fusion"]
+__all__ = ["Candidate", "NodeReport", "LoweringReport", "STATUSES", "describe_fusion", "format_size"]

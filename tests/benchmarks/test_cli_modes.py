@@ -25,7 +25,9 @@ def run_cli(capsys, *args):
 @pytest.mark.parametrize("flag, value, why", [
     ("--engine-limit", "0", "must be a whole number >= 1"), ("--engine-limit", "-3", "must be a whole number >= 1"),
     ("--engine-limit", "abc", "must be a whole number >= 1"),
-    ("--workspace-tolerance", "3", "must be a fraction from 0 to 1"), ("--workspace-limit", "lots", "must be bytes")])
+    ("--workspace-tolerance", "3", "must be a fraction from 0 to 1"), ("--workspace-limit", "lots", "must be bytes"),
+    ("--peak-tolerance", "10", "must be a fraction from 0 to 1"),
+    ("--peak-tolerance", "150%", "must be a fraction from 0 to 1")])
 def test_a_bad_policy_flag_value_is_a_usage_error_in_every_mode(capsys, mode, flag, value, why):
     status, out, err = run_cli(capsys, "--model", "L5", "--device", "cpu", "--lowering", "auto", *MODES[mode],
                                flag, value)
@@ -61,8 +63,9 @@ def test_profile_refuses_repeat_auto_it_would_read_as_a_count(capsys, quick_limi
 @pytest.mark.parametrize("flags", [
     ["--device", "cpu"], ["--lowering", "gemm"], ["--lowering", "exclude=winograd"], ["--precision", "tf32"],
     ["--layout", "nhwc"], ["--policy", "{tmp}/p.toml"], ["--workspace-limit", "1MiB"],
-    ["--workspace-tolerance", "0.1"], ["--engine-limit", "3"], ["--compare", "torch"], ["--warmup", "1"],
-    ["--repeat", "2"], ["--no-per-layer"], ["--no-check"], ["--time-limit", "5"], ["--seed", "1"], ["--quiet"]])
+    ["--workspace-tolerance", "0.1"], ["--peak-tolerance", "5%"], ["--engine-limit", "3"], ["--compare", "torch"],
+    ["--warmup", "1"], ["--repeat", "2"], ["--no-per-layer"], ["--no-check"], ["--time-limit", "5"], ["--seed", "1"],
+    ["--quiet"]])
 def test_summary_refuses_every_flag_that_steers_a_run(capsys, tmp_path, flags):
     (tmp_path / "p.toml").write_text('precision = "tf32"\n')
     flags = [f.format(tmp=tmp_path) for f in flags]

@@ -284,6 +284,7 @@ def test_help_formats_every_flag(capsys):
     (["--engine-limit", "3"], "--engine-limit only steers autotune"),
     (["--workspace-tolerance", "0"], "--workspace-tolerance only steers autotune"),
     (["--engine-limit", "all", "--workspace-tolerance", "5%"], "--engine-limit and --workspace-tolerance only steer"),
+    (["--peak-tolerance", "0"], "--peak-tolerance only steers autotune"),
 ])
 @pytest.mark.parametrize("mode", [[], ["--profile"]])
 def test_autotune_flags_without_an_autotuned_column_are_a_usage_error(capsys, flags, named, mode):
@@ -295,10 +296,11 @@ def test_autotune_flags_without_an_autotuned_column_are_a_usage_error(capsys, fl
 
 def test_autotune_flags_with_an_autotuned_column_are_taken(capsys, tmp_path):
     status, out, err = run_cli(capsys, "--model", "L5", "--device", "cpu", "--batch", "2", "--lowering", "auto",
-                               "--engine-limit", "3", "--warmup", "0", "--repeat", "1", "--no-per-layer",
-                               "--format", "json")
+                               "--engine-limit", "3", "--peak-tolerance", "5%", "--warmup", "0", "--repeat", "1",
+                               "--no-per-layer", "--format", "json")
     assert status == 0, err
-    assert json.loads(out)["environment"]["policy"]["engine_limit"] == 3
+    policy = json.loads(out)["environment"]["policy"]
+    assert policy["engine_limit"] == 3 and policy["peak_tolerance"] == 0.05
 
 
 def test_a_gpu_only_layout_on_the_cpu_is_said_not_silently_dropped(capsys):

@@ -68,7 +68,8 @@ def test_a_documented_command_parses_and_builds_its_policy(where, argv, tmp_path
     args = build_parser().parse_args(argv)  # SystemExit(2) on a usage error: the test fails
     policy = LoweringPolicy.from_cli(lowering=args.lowering_policy, policy_file=args.policy,
                                      workspace_limit=args.workspace_limit,
-                                     workspace_tolerance=args.workspace_tolerance)
+                                     workspace_tolerance=args.workspace_tolerance,
+                                     peak_tolerance=args.peak_tolerance)
     assert isinstance(policy, LoweringPolicy)
     if args.lowering_policy:
         assert args.lowering  # policy items alone still make a column

@@ -19,9 +19,13 @@ value, and every step is timed alone on those values, out of place,
 Per step:
 
 * **bytes**: every input read once plus the output written once, from the
-  node's shapes and storage dtype (a view step such as a reshape counts as
-  the copy it would be; a kernel that reads a tensor twice still counts once:
-  this is the traffic a perfect kernel would need);
+  node's shapes and storage dtype (a reshape counts as the copy it would be;
+  a kernel that reads a tensor twice still counts once: this is the traffic
+  a perfect kernel would need); a zero-copy step (``Step.view``,
+  ``opgraph/buffer_views.py``: a ``Slice`` returning a view, a ``Concat``
+  whose inputs were written in place) moves only what it copies, and one
+  that copies nothing is of kind ``view``, judged against no limit (counted
+  as a copy, GoogLeNet's concats read 500x the copy bandwidth);
 * **FLOPs**: ``Op.flops`` (a multiply-add is 2; backward-data and
   backward-filter count the layer's forward FLOPs; data movement 0);
 * **achieved** GB/s (10^9 bytes / s) and TFLOP/s;
@@ -54,6 +58,7 @@ import numpy as np
 import opgraph as og
 from opgraph.backends import device as dev
 from opgraph.backends.copy_bandwidth import measure_copy_bandwidth
+from opgraph.buffer_views import AssembleConcat, SliceView
 from opgraph.executable import run_step
 from opgraph.op import abstract_of
 from opgraph.passes.policy import LoweringPolicy
@@ -89,6 +94,20 @@ def step_traffic(graph, node: int) -> tuple[int, int]:
     return moved, int(view.op.flops(types, view.type))
 
 
+def view_traffic(graph, st) -> int | None:
+    """Bytes a zero-copy step moves (module docstring), or None for a step
+    that runs its kernel (``st.view`` None, or a producer writing into its
+    slice of a concat: :func:`step_traffic` counts it). A ``Slice`` view moves
+    nothing; a concat reads and writes each input it copies (the others were
+    written in place)."""
+    if isinstance(st.view, SliceView):
+        return 0
+    if isinstance(st.view, AssembleConcat):
+        types = graph.node(st.node).input_types
+        return sum(2 * tensor_bytes(types[pos]) for pos, *_ in st.view.copies)
+    return None
+
+
 def direction_of(op, phase: str) -> str:
     """``fprop``/``dgrad``/``wgrad`` for a conv or linear step (by its phase),
     ``forward``/``backward`` for any other."""
@@ -116,8 +135,9 @@ def profile_steps(tg, feeds: dict, device: str, policy, timer, *, warmup: int, r
         replayed as CUDA graphs, None on the CPU; ``graph_step_capture``: that
         replay's summary; ``timing``: :func:`.step_clock.timing_summary`); each node
         ``{'name', 'op', 'algorithm', 'phase', 'direction', 'kind', 'ms', 'timed',
-        'graph_calls', 'eager_reason', 'bytes', 'flops'}`` (``kind``: ``'compute'`` or
-        ``'memory'``; ``timed``: ``'graph'`` or ``'eager'``, :class:`.step_clock.StepTime`).
+        'graph_calls', 'eager_reason', 'bytes', 'flops'}`` (``kind``: ``'compute'``,
+        ``'memory'`` or ``'view'``, a zero-copy step that copies nothing;
+        ``timed``: ``'graph'`` or ``'eager'``, :class:`.step_clock.StepTime`).
     """
     import time
 
@@ -144,10 +164,12 @@ def profile_steps(tg, feeds: dict, device: str, policy, timer, *, warmup: int, r
     for st in steps:
         op = abstract_of(st.op)
         moved, flops = step_traffic(exe.graph, st.node)
+        viewed = view_traffic(exe.graph, st)
+        moved = moved if viewed is None else viewed
         timed = clock.step(st, slots, warmup=warmup, repeat=repeat)
-        compute = op.family in COMPUTE_FAMILIES
+        kind = "compute" if op.family in COMPUTE_FAMILIES else "view" if viewed == 0 else "memory"
         nodes.append({"name": st.name, "op": op.name, "algorithm": st.op.algorithm, "phase": phase[st.node],
-                      "direction": direction_of(op, phase[st.node]), "kind": "compute" if compute else "memory",
+                      "direction": direction_of(op, phase[st.node]), "kind": kind,
                       **timed.fields(), "bytes": moved, "flops": flops})
     return {"compile_s": compile_s, "notes": notes, "autotune": exe.report.autotune or None,
             "fusion": exe.report.fusion or None, "step_ms": step_ms, **graph,
@@ -160,12 +182,15 @@ def group_by_op(nodes, matmul_tflops: float | None, copy_gbps: float | None) -> 
     the steps alone), ``bytes``, ``flops``, ``gbps``, ``tflops``, ``kind``,
     ``algorithms`` (steps per algorithm) and ``fraction`` of its limit
     (compute: ``tflops / matmul_tflops``; memory: ``gbps / copy_gbps``; None
-    without the limit or a time)."""
+    for a view, or without the limit or a time). A group whose steps differ
+    in kind (concats some of which copy) is ``memory``."""
     rows: dict[tuple, dict] = {}
     for n in nodes:
         r = rows.setdefault((n["op"], n["direction"]), {
             "op": n["op"], "direction": n["direction"], "kind": n["kind"], "count": 0, "eager_steps": 0,
             "ms": 0.0, "bytes": 0, "flops": 0, "algorithms": defaultdict(int)})
+        if n["kind"] != r["kind"]:  # copying and zero-copy steps of one op type: the copies count
+            r["kind"] = "memory"
         r["count"] += 1
         r["eager_steps"] += n.get("timed") == "eager"
         r["ms"] += n["ms"]
@@ -176,9 +201,10 @@ def group_by_op(nodes, matmul_tflops: float | None, copy_gbps: float | None) -> 
     for r in rows.values():
         seconds = r["ms"] / 1e3
         r["algorithms"] = dict(r["algorithms"])
-        r["gbps"] = r["bytes"] / seconds / 1e9 if seconds > 0 else None
+        r["gbps"] = r["bytes"] / seconds / 1e9 if seconds > 0 and r["kind"] != "view" else None
         r["tflops"] = r["flops"] / seconds / 1e12 if seconds > 0 else None
-        limit, achieved = ((matmul_tflops, r["tflops"]) if r["kind"] == "compute" else (copy_gbps, r["gbps"]))
+        limit, achieved = {"compute": (matmul_tflops, r["tflops"]), "memory": (copy_gbps, r["gbps"]),
+                           "view": (None, None)}[r["kind"]]
         r["fraction"] = achieved / limit if limit and achieved is not None else None
         out.append(r)
     return sorted(out, key=lambda r: -r["ms"])
@@ -222,5 +248,5 @@ def profile_document(environment: dict, limits: dict, records: list, notes=()) -
             "environment": environment, "limits": limits, "notes": list(notes), "models": records}
 
 
-__all__ = ["COMPUTE_FAMILIES", "PROFILE_SCHEMA_VERSION", "tensor_bytes", "step_traffic", "direction_of",
+__all__ = ["COMPUTE_FAMILIES", "PROFILE_SCHEMA_VERSION", "tensor_bytes", "step_traffic", "view_traffic", "direction_of",
            "profile_steps", "group_by_op", "measure_limits", "profile_model", "profile_document"]

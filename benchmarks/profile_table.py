@@ -67,13 +67,18 @@ def _steps_cell(r: dict, graph_timed: bool) -> str:
     return f"{r['count']} ({eager} eager)" if graph_timed and eager else str(r["count"])
 
 
+#: the limit column per step kind (``profile.group_by_op``)
+_LIMIT = {"compute": "matmul", "memory": "copy", "view": "none (zero-copy)"}
+
+
 def profile_tables(doc: dict) -> list[Table]:
     """A :class:`.tables.Table` per model record of a profile document: per op
     type and direction, the steps (with how many were timed eagerly when others
     were graph-timed), their algorithms, the summed time alone, its share of
     the nodes' sum, MB moved, GFLOP, achieved GB/s and TFLOP/s, and the
     fraction of the limit that bounds it (``matmul`` peak for convolutions and
-    GEMMs, ``copy`` bandwidth for the rest)."""
+    GEMMs, ``copy`` bandwidth for the rest; none for zero-copy steps that
+    copy nothing)."""
     tables = []
     for rec in doc["models"]:
         total = rec["nodes_ms"] or None
@@ -83,7 +88,7 @@ def profile_tables(doc: dict) -> list[Table]:
                  fmt_ms(r["ms"]), _num(100 * r["ms"] / total) if total else "-",
                  _num(r["bytes"] / 1e6), _num(r["flops"] / 1e9, 2), _num(r["gbps"]), _num(r["tflops"], 3),
                  _num(100 * r["fraction"]) if r["fraction"] is not None else "-",
-                 "matmul" if r["kind"] == "compute" else "copy"]
+                 _LIMIT[r["kind"]]]
                 for r in rec["by_op"]]
         notes = [_limits_line(doc.get("limits", {}), rec["precision"]), *_timing_notes(rec),
                  "ms: each step timed alone (median), summed per row; MB: inputs read + output written "

@@ -187,3 +187,45 @@ def test_a_model_the_lowering_cannot_run_is_not_profiled_but_noted(tmp_path, qui
     assert [r["model"] for r in doc["models"]] == ["L5"]
     assert any(n.startswith("L1 fp32 winograd: not profiled: winograd applies to no convolution of L1")
                for n in doc["notes"]), doc["notes"]
+
+
+def test_zero_copy_steps_move_only_what_they_copy():
+    """A ``Slice`` returning a view and a concat whose inputs were written in
+    place copy nothing: kind ``view``, no bytes, no fraction (counted as
+    copies, GoogLeNet's concats and slices showed 400-500x the copy bandwidth
+    on the H200); a concat that copies some inputs moves those twice."""
+    import opgraph as og
+    from opgraph.buffer_views import AssembleConcat, SliceView
+    from opgraph.ops.tensor import Concat
+
+    from tinymodels import every_op_model
+
+    m = every_op_model(batch=2)
+    tg = training_graph(m)
+    policy = LoweringPolicy()
+    exe = og.compile(tg.outputs, device="cpu", policy=policy)
+    prof = pf.profile_steps(tg, random_feeds(m), "cpu", policy, make_timer("cpu"), warmup=0, repeat=1)
+    by_name = {n["name"]: n for n in prof["nodes"]}
+    zero_copy = [st for st in exe.steps if isinstance(st.view, (SliceView, AssembleConcat))]
+    assert any(isinstance(st.view, SliceView) for st in zero_copy)  # the concat's backward slices
+    assert any(isinstance(st.view, AssembleConcat) for st in zero_copy)
+    for st in zero_copy:
+        n = by_name[st.name]
+        types = exe.graph.node(st.node).input_types
+        copied = [pos for pos, *_ in st.view.copies] if isinstance(st.view, AssembleConcat) else []
+        assert n["bytes"] == sum(2 * pf.tensor_bytes(types[p]) for p in copied)
+        assert n["kind"] == ("memory" if copied else "view")
+    # a step that runs its kernel counts its traffic as before
+    concat_free = [st for st in exe.steps if st.view is None and not isinstance(st.op.op, Concat)]
+    assert all(by_name[st.name]["bytes"] == pf.step_traffic(exe.graph, st.node)[0] for st in concat_free)
+    views = [r for r in pf.group_by_op(prof["nodes"], 1.0, 10.0) if r["kind"] == "view"]
+    assert views and all(r["fraction"] is None and r["gbps"] is None and r["bytes"] == 0 for r in views)
+
+
+def test_a_group_of_copying_and_zero_copy_steps_is_judged_as_memory():
+    nodes = [{"op": "Concat", "direction": "forward", "kind": "view", "algorithm": "codegen", "ms": 1.0,
+              "bytes": 0, "flops": 0},
+             {"op": "Concat", "direction": "forward", "kind": "memory", "algorithm": "codegen", "ms": 1.0,
+              "bytes": 4e9, "flops": 0}]
+    (row,) = pf.group_by_op(nodes, 1.0, 10.0)
+    assert row["kind"] == "memory" and row["gbps"] == pytest.approx(2000.0) and row["fraction"] == pytest.approx(200.0)

@@ -155,7 +155,12 @@ class Rule:
       with ``v`` any view of the output's logical shape and dtype (strided,
       e.g. a channel slice of an NHWC concat buffer, whose ``is_channels_last``
       is False), the kernel writes every element of its output into ``v``
-      through ``v``'s strides and returns ``v``. False unless declared.
+      through ``v``'s strides and returns ``v``. False unless declared; a set
+      of layouts (``frozenset({'NHWC'})``) limits it to outputs of those
+      layouts (:meth:`writes_strided`), the others being copied into their
+      slice: cuDNN writes an NHWC channel slice at the dense graph's speed, but
+      its fp32 NCHW slices ran GoogLeNet's forward convolutions 2.3x slower on
+      the H200 (docs/performance.md, fifteenth session).
     * ``contiguous_inputs``: the kernel misreads an input that is a strided
       view, so no view (a zero-copy slice, a producer's region of a concat
       buffer) is ever passed to it: the plan keeps the copy instead. False by
@@ -179,12 +184,21 @@ class Rule:
     capturable: bool | str | None = None
     capture_requires: Callable[[], str | None] = _nothing_required
     variant_capture_blocker: Callable[[Mapping[str, Any]], str | None] = _every_variant_captures
-    writes_strided_out: bool = False
+    writes_strided_out: bool | frozenset = attrs.field(
+        default=False, converter=lambda v: v if isinstance(v, bool) else frozenset(v))
     contiguous_inputs: bool = False
 
     def __attrs_post_init__(self):
         if getattr(self.op_type, "fused", False):  # the fuse pass's ops (Op.fused)
             object.__setattr__(self, "tags", self.tags | {"fused"})
+
+    def writes_strided(self, layout: str | None) -> bool:
+        """Whether the kernel writes an output stored in ``layout`` (None: not
+        yet decided, taken as NCHW) into a strided ``out=`` view
+        (``writes_strided_out``)."""
+        if isinstance(self.writes_strided_out, bool):
+            return self.writes_strided_out
+        return (layout or "NCHW") in self.writes_strided_out
 
     def decline_reason(self, op, in_types, device: str) -> str | None:
         """Why this rule cannot run ``op`` on these inputs, or None if it can."""

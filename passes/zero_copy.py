@@ -18,8 +18,8 @@ ancestors in ``Graph.topological`` order):
      layout;
    * no other reader of ``v`` declares ``Rule.contiguous_inputs``.
 
-   A producer whose rule declares ``Rule.writes_strided_out`` writes there
-   (``out=`` a strided view), as does a concat (its step assembles into any
+   A producer whose rule declares ``Rule.writes_strided_out`` for its
+   output's layout writes there (``out=`` a strided view), as does a concat (its step assembles into any
    region). Any other producer (a pooling kernel, say) is ``copied_in``: its
    step copies its result into the slice at once and its value is that
    slice (the copy the concat would make, made early, so that the concats
@@ -122,7 +122,8 @@ def plan_views(graph: Graph, outputs, rules: dict[int, Rule | None]) -> tuple[di
             homes[c] = (container, axis, start)
     views = frozenset(n for n in order if _is(graph, n, ops.Slice) and rules.get(n) is not None
                       and n not in keep and n not in homes and not contiguous_reader(n))
-    copied_in = frozenset(v for v in homes if not _is(graph, v, ops.Concat) and not rules[v].writes_strided_out)
+    copied_in = frozenset(v for v in homes if not _is(graph, v, ops.Concat)
+                          and not rules[v].writes_strided(graph.node(v).type.layout))
     return homes, views, copied_in
 
 

@@ -44,7 +44,9 @@ when ``out``'s dtype is the I/O dtype, the graph's output tensor takes
 WC', C')`` for the buffer's C' channels) and cuDNN writes there directly;
 the engine asked for is the one of the same name in that graph's plan list
 (the autotuner timed the dense graph's), else that graph's default. Otherwise
-(a cast, an epilogue left to CuPy) the result is copied into ``out``.
+(a cast, an epilogue left to CuPy) the result is copied into ``out``. The
+rules declare it for NHWC outputs only (``cudnn_rules.register_rules``): the
+zero-copy plan copies a dense result into an NCHW slice.
 """
 
 from __future__ import annotations

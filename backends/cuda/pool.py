@@ -282,9 +282,9 @@ def max_pool2d(xp, x, *, kernel_size, stride, padding, ceil_mode, specialize=Fal
     return _max_pool(xp, x, _called(x.shape, kernel_size, stride, padding, ceil_mode), specialize)
 
 
-def _max_pool(xp, x, g, specialize, vector=False):
+def _max_pool(xp, x, g, specialize, vector=False, pixels=1):
     if vector and x.ndim == 4 and pool_vector.applies(g, x) is None:
-        return pool_vector.max_pool2d(xp, x, g)
+        return pool_vector.max_pool2d(xp, x, g, pixels)
     y, _, cl, dtype = _max(xp, x, g, False, "max_pool2d", specialize)
     return _finish(xp, y, cl, dtype)
 
@@ -315,12 +315,12 @@ def max_pool2d_backward_relu(xp, x, gy, *, kernel_size, stride, padding, ceil_mo
     return _max_backward(xp, x, gy, g, specialize, True)
 
 
-def _max_backward(xp, x, gy, g, specialize, relu, vector=False):
+def _max_backward(xp, x, gy, g, specialize, relu, vector=False, pixels=1):
     what = "max_pool2d_backward_relu" if relu else "max_pool2d_backward"
     if tuple(gy.shape) != tuple(x.shape[:2]) + g.out:
         raise ShapeError(f"{what}: gy has shape {gy.shape}, expected {x.shape[:2] + g.out}")
     if vector and x.ndim == 4 and pool_vector.applies(g, x, gy) is None:
-        return pool_vector.max_pool2d_backward(xp, x, gy, g, relu)
+        return pool_vector.max_pool2d_backward(xp, x, gy, g, relu, pixels)
     _, arg, cl, _ = _max(xp, x, g, True, what, specialize, relu)
     gb = _computable(xp, in_layout(xp, bits(xp, gy), cl))
     gx = _out(xp, gb, x.shape[0], x.shape[1], x.shape[2:], cl)
@@ -411,22 +411,27 @@ def _vector(ctx) -> bool:
     return bool(ctx.options.get("vector", False))
 
 
+def _pixels(ctx) -> int:
+    """The ``vector`` max-pool scans' output columns per thread (``pool_vector.PIXELS``)."""
+    return int(ctx.options.get("pixels", 1))
+
+
 def max_pool2d_kernel(ctx, op, x):
     """``MaxPool2d`` node: :func:`max_pool2d` with the node's geometry."""
     g = node_geometry(op, x.shape[2:], ctx.out_shape(op, x)[2:])
-    return _max_pool(ctx.xp, x, g, _specialize(ctx), _vector(ctx))
+    return _max_pool(ctx.xp, x, g, _specialize(ctx), _vector(ctx), _pixels(ctx))
 
 
 def max_pool2d_backward_kernel(ctx, op, x, gy):
     """``MaxPool2dBackward`` node: :func:`max_pool2d_backward` with the node's geometry."""
     return _max_backward(ctx.xp, x, gy, node_geometry(op, x.shape[2:], gy.shape[2:]), _specialize(ctx), False,
-                         _vector(ctx))
+                         _vector(ctx), _pixels(ctx))
 
 
 def max_pool2d_backward_relu_kernel(ctx, op, x, gy):
     """``MaxPool2dBackwardRelu`` node: :func:`max_pool2d_backward_relu` with the node's geometry."""
     return _max_backward(ctx.xp, x, gy, node_geometry(op, x.shape[2:], gy.shape[2:]), _specialize(ctx), True,
-                         _vector(ctx))
+                         _vector(ctx), _pixels(ctx))
 
 
 def max_pool2d_select_kernel(ctx, op, x, v):

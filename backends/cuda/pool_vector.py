@@ -16,7 +16,9 @@ first maximum; overlapping windows' gradients are summed in float32 in
 window order (``oh``, then ``ow``) and rounded once.
 
 * :func:`max_pool2d` — one kernel: thread ``(n, oh, ow, c / V)`` scans its
-  window and writes ``y``;
+  window and writes ``y``; with ``pixels = P`` (an autotune variant), thread
+  ``(n, oh, ow / P, c / V)`` scans ``P`` neighbouring windows of a row,
+  loading the cells they share once;
 * :func:`max_pool2d_backward` (``relu``: ``MaxPool2dBackwardRelu``, x being
   a ReLU's output, whose mask is the winner's value ``> 0``) — two kernels:
   the window scan again, writing each window's winner as a 1-byte window
@@ -50,8 +52,13 @@ from .codegen.storage import DEVICE_HELPERS, storage_of, vector_load, vector_sto
 from .storage import bits
 
 #: the kernels' revision, part of the autotune cache key of the ``vector``
-#: variant (``rules.vector_pool_variants``): 1 run-time window loops, 2 unrolled
-REVISION = 2
+#: variant (``rules.vector_pool_variants``): 1 run-time window loops, 2 unrolled,
+#: 3 the max-pool scans over several output columns per thread (``pixels``)
+REVISION = 3
+#: the output columns per thread that autotune tries for the max-pool window
+#: scans (``rules.vector_pool_variants``): neighbouring windows of a 3x3/1 pool
+#: share 6 of their 9 cells, of a 3x3/2 pool 3, which one thread loads once
+PIXELS = (1, 2, 4)
 #: dtypes with a vector path (others keep :mod:`.pool`'s kernels)
 DTYPES = ("bfloat16", "float32")
 THREADS = 256
@@ -195,24 +202,52 @@ def _byte_word(v: int) -> str:
 _OUT_PIXEL = "((n * QH + p) * QW + q) * C + cv * V"  # the (dense) output of the thread's pixel
 
 
-def _scan(st, v: int, kind: str, relu: bool) -> tuple[list[str], str]:
+def _scan(st, v: int, kind: str, relu: bool, pixels: int = 1) -> tuple[list[str], str]:
     """Max pooling's window scan (``fwd``: store the maximum; ``arg``: its window
     index): the first in-bounds cell starts the scan, then a strictly greater
-    value or the first NaN replaces the best."""
+    value or the first NaN replaces the best.
+
+    ``pixels`` (``P``): the thread scans the windows of ``P`` consecutive output
+    columns ``q * P + i`` of one row. The cells they share (``KW - SW`` columns
+    between neighbours, the whole window but one column for a 3x3/1 pool) are
+    loaded once: a row of ``(P - 1) * SW + KW`` cells instead of ``P * KW``.
+    Each output still sees its own cells in row-major order, so the result is
+    bit for bit the one-pixel scan's."""
     cell, cell_lanes = vector_load(st, "x", "xb + ((IDX)h * W + w) * XP", v, "c")
-    body = [*_WINDOW, "bool have = false;",
-            *(f"CT b{j} = (CT)0; int k{j} = 0;" for j in range(v)),
-            *_over_window([*cell,
-                           *(f"{{ const CT e = {e}; "
-                             f"if (!have || e > b{j} || (e != e && b{j} == b{j})) {{ b{j} = e; k{j} = k; }} }}"
-                             for j, e in enumerate(cell_lanes)), "have = true;"]),
-            f"const IDX o = {_OUT_PIXEL};"]
-    if kind == "fwd":
-        return body + vector_store(st, "y", "o", [f"b{j}" for j in range(v)], "y"), f"{st.ctype}* __restrict__ y"
+
+    def best(i: int, j: int) -> str:
+        return f"b{i}_{j}"
+
+    def update(i: int) -> list[str]:  # output i's lanes, for a cell of its window (cw - i * SW = dw)
+        return [f"if (cw - {i} * SW >= 0 && cw - {i} * SW < KW) {{",
+                f"    const int k = dh * KW + cw - {i} * SW;",
+                *(f"    {{ const CT e = {e}; if (!have{i} || e > {best(i, j)} || (e != e && {best(i, j)} == "
+                  f"{best(i, j)})) {{ {best(i, j)} = e; k{i}_{j} = k; }} }}" for j, e in enumerate(cell_lanes)),
+                f"    have{i} = true;", "}"]
+
+    body = ["const int h0 = (int)p * SH - pt, w0 = (int)q * PIX * SW - pl;",
+            "const IDX xb = n * H * W * XP + cv * V;",
+            *(f"bool have{i} = false;" for i in range(pixels)),
+            *(f"CT {best(i, j)} = (CT)0; int k{i}_{j} = 0;" for i in range(pixels) for j in range(v)),
+            "#pragma unroll", "for (int dh = 0; dh < KH; ++dh) {",
+            "    const int h = h0 + dh;", "    if (h < 0 || h >= (int)H) continue;",
+            "    #pragma unroll", "    for (int cw = 0; cw < (PIX - 1) * SW + KW; ++cw) {",
+            "        const int w = w0 + cw;", "        if (w < 0 || w >= (int)W) continue;",
+            *("        " + line for line in cell),
+            *("        " + line for i in range(pixels) for line in update(i)), "    }", "}"]
     word = _byte_word(v)
-    marks = [f"(b{j} > (CT)0 ? k{j} : {NO_WINNER})" if relu else f"k{j}" for j in range(v)]
-    body.append(f"*reinterpret_cast<{word}*>(arg + o) = "
-                + " | ".join(f"(({word}){m} << {8 * j})" for j, m in enumerate(marks)) + ";")
+    for i in range(pixels):
+        body += [f"if (q * PIX + {i} < QW) {{",
+                 f"    const IDX o = ((n * QH + p) * QW + q * PIX + {i}) * C + cv * V;"]
+        if kind == "fwd":
+            body += ["    " + line for line in vector_store(st, "y", "o", [best(i, j) for j in range(v)], f"y{i}")]
+        else:
+            marks = [f"({best(i, j)} > (CT)0 ? k{i}_{j} : {NO_WINNER})" if relu else f"k{i}_{j}" for j in range(v)]
+            body.append(f"    *reinterpret_cast<{word}*>(arg + o) = "
+                        + " | ".join(f"(({word}){m} << {8 * j})" for j, m in enumerate(marks)) + ";")
+        body.append("}")
+    if kind == "fwd":
+        return body, f"{st.ctype}* __restrict__ y"
     return body, "unsigned char* __restrict__ arg"
 
 
@@ -250,20 +285,23 @@ def _average_backward(st, v: int) -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False) -> tuple[str, str]:
+def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False,
+            pixels: int = 1) -> tuple[str, str]:
     """``(name, source)`` of one kernel: ``fwd`` (y), ``arg`` (window indices),
     ``bwd`` (the gather), ``avg`` or ``avg_bwd`` (average pooling), for the
     window ``(kh, kw, sh, sw)`` (compile-time constants: the loops unroll).
     Every thread loop walks pixels ``(n, p, q)`` of a ``QH x QW`` grid, ``V``
     channels ``cv * V`` at a time: the output's for the forward kernels, the
-    input's for the backward ones."""
+    input's for the backward ones; ``pixels`` (``fwd``, ``arg``): ``P``
+    consecutive output columns per thread, ``q`` running over ``ceil(QW / P)``
+    groups (:func:`_scan`)."""
     kh, kw, sh, sw = window
     st, v = storage_of(dtype), lanes(dtype)
     x_in = f"const {st.ctype}* __restrict__ x"
     reads_x = "IDX TOTAL, IDX CV, IDX QW, IDX QH, IDX H, IDX W, IDX C, IDX XP"
     reads_gy = "IDX TOTAL, IDX CV, IDX QW, IDX QH, IDX OH, IDX OW, IDX C, IDX GP"
     if kind in ("fwd", "arg"):
-        body, out = _scan(st, v, kind, relu)
+        body, out = _scan(st, v, kind, relu, pixels)
         params = f"{x_in}, {out}, {reads_x}"
     elif kind == "bwd":
         body = _gather(st, v)
@@ -274,13 +312,16 @@ def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False
     else:
         body = _average_backward(st, v)
         params = f"const {st.ctype}* __restrict__ gy, {st.ctype}* __restrict__ gx, {reads_gy}"
+    if pixels != 1 and kind not in ("fwd", "arg"):
+        raise ValueError(f"pool_vector: {kind} kernels scan one pixel per thread, not {pixels}")
     name = (f"opgraph_pool_vec_{kind}{'_relu' if relu else ''}_{dtype}_{'i64' if wide else 'i32'}"
-            f"_k{kh}x{kw}s{sh}x{sw}")
+            f"_k{kh}x{kw}s{sh}x{sw}{f'_p{pixels}' if pixels != 1 else ''}")
     constants = (f"#define KH {kh}\n#define KW {kw}\n#define SH {sh}\n#define SW {sw}\n"
-                 f"#define MH {-(-kh // sh)}\n#define MW {-(-kw // sw)}\n")
-    loop = ("    for (IDX t = (IDX)blockIdx.x * blockDim.x + threadIdx.x; t < TOTAL;"
+                 f"#define MH {-(-kh // sh)}\n#define MW {-(-kw // sw)}\n#define PIX {pixels}\n")
+    loop = ("    const IDX QG = (QW + PIX - 1) / PIX;  // the threads' column groups\n"
+            "    for (IDX t = (IDX)blockIdx.x * blockDim.x + threadIdx.x; t < TOTAL;"
             " t += (IDX)gridDim.x * blockDim.x) {\n"
-            "        const IDX cv = t % CV; IDX r = t / CV; const IDX q = r % QW; r /= QW; "
+            "        const IDX cv = t % CV; IDX r = t / CV; const IDX q = r % QG; r /= QG; "
             "const IDX p = r % QH; const IDX n = r / QH;\n"
             + "\n".join("        " + line for line in body) + "\n    }\n")
     text = (f"typedef float CT;\ntypedef {'long long' if wide else 'int'} IDX;\n#define V {v}\n{constants}"
@@ -301,25 +342,28 @@ def _span(a) -> int:
     return n * h * w * pixel_pitch(a)
 
 
-def _launch(xp, kind, dtype, total, arrays, sizes, g: PoolGeometry, span, relu=False, include_pad=False):
+def _launch(xp, kind, dtype, total, arrays, sizes, g: PoolGeometry, span, relu=False, include_pad=False,
+            pixels=1):
     """One launch of the kernel for ``g``'s window: ``arrays``, then the ``sizes``
     as IDX, then ``g``'s padding as int; 64-bit indices when ``span`` (the
     largest operand's extent) needs them."""
-    wide = max(total * 16, span) >= 2 ** 31
-    name, text = _source(kind, dtype, wide, (*g.kernel, *g.stride), relu)
+    wide = max(total * 16 * pixels, span) >= 2 ** 31
+    name, text = _source(kind, dtype, wide, (*g.kernel, *g.stride), relu, pixels)
     idx = xp.int64 if wide else xp.int32
     blocks = max(1, min(-(-total // THREADS), MAX_BLOCKS))
     compiled(text, name)((blocks,), (THREADS,), (*arrays, *map(idx, sizes), *map(xp.int32, _padding(g, include_pad))))
 
 
-def _forward(xp, kind, x, out, g: PoolGeometry, include_pad=False, relu=False):
-    """Launch ``kind`` (``fwd``, ``arg``, ``avg``) over the pooled pixels, reading x into ``out``."""
+def _forward(xp, kind, x, out, g: PoolGeometry, include_pad=False, relu=False, pixels=1):
+    """Launch ``kind`` (``fwd``, ``arg``, ``avg``) over the pooled pixels, reading x
+    into ``out``; ``pixels`` output columns per thread (``fwd``, ``arg``: :func:`_scan`)."""
     n, c, h, w = x.shape
     (oh, ow), v = g.out, lanes(x.dtype.name)
-    total = n * oh * ow * (c // v)
+    total = n * oh * -(-ow // pixels) * (c // v)
     if total:
         _launch(xp, kind, x.dtype.name, total, [bits(xp, x), bits(xp, out)],
-                [total, c // v, ow, oh, h, w, c, pixel_pitch(x)], g, max(_span(x), out.size), relu, include_pad)
+                [total, c // v, ow, oh, h, w, c, pixel_pitch(x)], g, max(_span(x), out.size), relu, include_pad,
+                pixels)
     return out
 
 
@@ -336,24 +380,26 @@ def _backward(xp, kind, before, gy, gx, g: PoolGeometry, include_pad=False):
     return gx
 
 
-def max_pool2d(xp, x, g: PoolGeometry):
+def max_pool2d(xp, x, g: PoolGeometry, pixels: int = 1):
     """Max pooling of channels-last ``(N, C, H, W)`` x into a new channels-last
-    ``(N, C, OH, OW)`` array of x's dtype (``(OH, OW) = g.out``). Source:
+    ``(N, C, OH, OW)`` array of x's dtype (``(OH, OW) = g.out``), ``pixels``
+    output columns per thread (:data:`PIXELS`; the same bits). Source:
     SEMANTICS.md, Pooling (first maximum, NaN wins, padding never does).
 
     Raises nothing itself: the caller checks :func:`applies` first (the
     kernels trust the pitch and alignment it checks)."""
-    return _forward(xp, "fwd", x, _nhwc(xp, (*x.shape[:2], *g.out), x.dtype), g)
+    return _forward(xp, "fwd", x, _nhwc(xp, (*x.shape[:2], *g.out), x.dtype), g, pixels=pixels)
 
 
-def max_pool2d_backward(xp, x, gy, g: PoolGeometry, relu: bool = False):
+def max_pool2d_backward(xp, x, gy, g: PoolGeometry, relu: bool = False, pixels: int = 1):
     """Input gradient of max pooling (``relu``: times ReLU's mask of x, the pooled
     ReLU output) of channels-last ``(N, C, H, W)`` x and ``(N, C, OH, OW)`` gy: a
     new channels-last ``(N, C, H, W)`` array of gy's dtype, each window's
-    gradient to its first maximum (SEMANTICS.md, Pooling). Raises nothing
+    gradient to its first maximum (SEMANTICS.md, Pooling); the window scan
+    takes ``pixels`` output columns per thread (:data:`PIXELS`). Raises nothing
     itself: the caller checks :func:`applies` first."""
     n, c = x.shape[:2]
-    arg = _forward(xp, "arg", x, xp.empty((n, *g.out, c), dtype=xp.uint8), g, relu=relu)
+    arg = _forward(xp, "arg", x, xp.empty((n, *g.out, c), dtype=xp.uint8), g, relu=relu, pixels=pixels)
     return _backward(xp, "bwd", [arg], gy, _nhwc(xp, x.shape, gy.dtype), g)
 
 
@@ -374,5 +420,5 @@ def avg_pool2d_backward(xp, gy, g: PoolGeometry, count_include_pad: bool, shape)
     return _backward(xp, "avg_bwd", [], gy, _nhwc(xp, tuple(shape), gy.dtype), g, include_pad=count_include_pad)
 
 
-__all__ = ["DTYPES", "DIVISOR", "NO_WINNER", "MAX_CELLS", "REVISION", "lanes", "pixel_pitch", "declines", "applies",
+__all__ = ["DTYPES", "DIVISOR", "NO_WINNER", "MAX_CELLS", "REVISION", "PIXELS", "lanes", "pixel_pitch", "declines", "applies",
            "max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward"]

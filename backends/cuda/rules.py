@@ -80,6 +80,8 @@ SPECIALIZABLE = tuple(POOL_KERNELS)
 #: Ops with the channels-last vector path (:mod:`.pool_vector`).
 VECTOR_POOLS = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.AvgPool2d,
                 ops.AvgPool2dBackward)
+#: Of them, those whose vector kernels scan max-pool windows (the ``pixels`` option)
+MAX_POOLS = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu)
 
 
 def pool_variants(op, in_types, device):
@@ -100,11 +102,13 @@ def vector_pool_variants(op, in_types, device):
     out = pool_variants(op, in_types, device)
     if _vector_types(op, in_types):
         out.append({"vector": True})
+        if type(op) in MAX_POOLS:  # their window scans: several output columns per thread
+            out += [{"vector": True, "pixels": n} for n in pool_vector.PIXELS if n != 1]
     return out
 
 
 #: part of the autotune cache key (``autotune._stable_name``): the vector kernels'
-#: revision (2: the window loops unrolled), so decisions tuned against older ones
+#: revision (3: the max-pool scans' ``pixels``), so decisions tuned against older ones
 #: are tuned again
 vector_pool_variants.revision = pool_vector.REVISION
 
@@ -132,7 +136,8 @@ def bias_variants(op, in_types, device):
 
 
 #: op type -> (kernel options an autotune variant may set, its ``variants``).
-OPTIONS = {**{op_type: (("specialize", "vector"), vector_pool_variants) if op_type in VECTOR_POOLS
+OPTIONS = {**{op_type: (("specialize", "vector", "pixels") if op_type in MAX_POOLS else ("specialize", "vector"),
+                        vector_pool_variants) if op_type in VECTOR_POOLS
               else (("specialize",), pool_variants) for op_type in SPECIALIZABLE},
            ops.BiasAddBackward: (("method",), bias_variants)}
 
@@ -200,5 +205,5 @@ def register_rules() -> None:
 register_rules()
 
 __all__ = ["CUDA_KERNELS", "NODE_KERNELS", "INPLACE", "OPTIONS", "SPECIALIZABLE", "VARIANT_CAPTURE_BLOCKERS",
-           "VECTOR_POOLS", "bias_variants", "check", "vector_pool_variants",
+           "VECTOR_POOLS", "MAX_POOLS", "bias_variants", "check", "vector_pool_variants",
            "pool_variants", "register_rules"]

@@ -58,9 +58,10 @@ def _op(kind, geometry):
     return kind(kernel_size=k, stride=s, padding=p, ceil_mode=ceil)
 
 
-def _run(op, arrays, vector: bool):
+def _run(op, arrays, vector: bool, pixels: int = 1):
     t = op.infer(*(TensorType(a.shape, a.dtype.name) for a in arrays))
-    ctx = KernelContext(np, "cuda", {"vector": True} if vector else {}, TensorType(t.shape, t.dtype, "NHWC"))
+    options = ({"vector": True} | ({"pixels": pixels} if pixels != 1 else {})) if vector else {}
+    ctx = KernelContext(np, "cuda", options, TensorType(t.shape, t.dtype, "NHWC"))
     return rules.POOL_KERNELS[type(op)](ctx, op, *arrays)
 
 
@@ -68,11 +69,14 @@ def _bits(a):
     return np.ascontiguousarray(a).view(np.uint16 if a.dtype.itemsize == 2 else np.uint32)
 
 
+@pytest.mark.parametrize("pixels", pool_vector.PIXELS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=["3x3s2-ceil", "3x3s1p1", "2x2s2", "3x3s2-asym"])
 @pytest.mark.parametrize("kind", [ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu],
                          ids=lambda k: k.__name__)
-def test_vector_pooling_equals_the_scalar_kernels_bit_for_bit(emu, kind, geometry, dtype):
+def test_vector_pooling_equals_the_scalar_kernels_bit_for_bit(emu, kind, geometry, dtype, pixels):
+    """Also with ``pixels`` output columns per thread: 11 columns in (9-11 pooled)
+    leave a last group of 1-3 columns."""
     x = _hard_input((2, 16, 9, 11), dtype, seed=1)
     op = _op(kind, geometry)
     arrays = [x]
@@ -81,9 +85,10 @@ def test_vector_pooling_equals_the_scalar_kernels_bit_for_bit(emu, kind, geometr
         gy = channels_last(np.random.default_rng(2).standard_normal(out).astype(numpy_dtype(dtype)))
         arrays.append(_sliced(gy, 8, 8))  # a 16-byte-aligned channel slice: read at its pitch
     before = len(emu.raw_launches)
-    got = _run(op, arrays, vector=True)
+    got = _run(op, arrays, vector=True, pixels=pixels)
     names = [x["name"] for x in emu.raw_launches[before:]]
     assert names and all("pool_vec" in n for n in names), names
+    assert (pixels == 1) == all("_p" not in n.rsplit("_k", 1)[1] for n in names)  # the scan took them
     want = _run(op, arrays, vector=False)
     assert got.shape == want.shape and got.dtype == want.dtype and is_channels_last(got)
     np.testing.assert_array_equal(_bits(got), _bits(want))
@@ -152,8 +157,12 @@ def test_the_vector_variant_is_offered_for_channels_last_pooling_only():
     half = [TensorType(t.shape, "float16", "NHWC") for t in nhwc]
     for types in (nchw, odd, half):
         assert {"vector": True} not in _variants(op, types, "cuda")
+    # the max-pool scans also over several output columns per thread
+    assert [v for v in _variants(op, nhwc, "cuda") if "pixels" in v] == [
+        {"vector": True, "pixels": n} for n in pool_vector.PIXELS if n != 1]
     avg = ops.AvgPool2d(kernel_size=(3, 3), stride=(2, 2), padding=((0, 0), (0, 0)), ceil_mode=False)
     assert {"vector": True} in _variants(avg, nhwc[:1], "cuda")
+    assert not any("pixels" in v for v in _variants(avg, nhwc[:1], "cuda"))
     assert {"vector": True} not in _variants(avg, nchw[:1], "cuda")
     select = ops.MaxPool2dSelect(kernel_size=(3, 3), stride=(2, 2), padding=((0, 0), (0, 0)), ceil_mode=False)
     assert {"vector": True} not in _variants(select, nhwc[:1] * 2, "cuda")

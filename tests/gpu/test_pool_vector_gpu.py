@@ -41,9 +41,10 @@ def _bits(cp, a):
     return cp.asnumpy(cp.ascontiguousarray(_raw(cp, a).transpose(0, 2, 3, 1)))
 
 
+@pytest.mark.parametrize("pixels", [1, 2, 4])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("case", CASES, ids=["3x3s2-ceil", "3x3s1p1", "2x2s2"])
-def test_vector_pooling_matches_the_scalar_kernels_and_replays(cp, case, dtype, captured_replay):
+def test_vector_pooling_matches_the_scalar_kernels_and_replays(cp, case, dtype, pixels, captured_replay):
     from opgraph import ops
     from opgraph.backends.cuda import rules
     from opgraph.backends.registry import KernelContext
@@ -65,7 +66,8 @@ def test_vector_pooling_matches_the_scalar_kernels_and_replays(cp, case, dtype, 
         t = TensorType(t.shape, t.dtype, "NHWC")
 
         def call(vector):
-            return rules.POOL_KERNELS[kind](KernelContext(cp, "cuda", {"vector": vector}, t), op, *arrays)
+            options = {"vector": True, "pixels": pixels} if vector else {"vector": False}
+            return rules.POOL_KERNELS[kind](KernelContext(cp, "cuda", options, t), op, *arrays)
         got, want = call(True), call(False)
         np.testing.assert_array_equal(_bits(cp, got), _bits(cp, want), err_msg=f"{kind.__name__} {dtype} {case}")
         fresh = _device(cp, rng.integers(-4, 5, shape).astype(np.float32), dtype)

@@ -106,6 +106,24 @@ def _positions(value) -> tuple[int, ...]:
     return (int(value),) if isinstance(value, int) else tuple(int(v) for v in value)
 
 
+#: the storage layouts a rule's ``writes_strided_out`` may name (``Graph.set_layout``'s)
+LAYOUTS = frozenset({"NCHW", "NHWC"})
+
+
+def _strided_layouts(value) -> bool | frozenset:
+    """``Rule.writes_strided_out`` canonicalised: a bool, or a non-empty set of
+    :data:`LAYOUTS`; anything else is a ValueError naming the value."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"writes_strided_out={value!r}: must be a bool or a set of layouts of {sorted(LAYOUTS)}")
+    layouts = frozenset(value)
+    if not layouts or not layouts <= LAYOUTS:
+        raise ValueError(f"writes_strided_out={value!r}: must be a bool or a non-empty set of layouts of "
+                         f"{sorted(LAYOUTS)}")
+    return layouts
+
+
 @attrs.frozen
 class Rule:
     """How ``algorithm`` implements ``op_type`` on ``devices``.
@@ -159,7 +177,7 @@ class Rule:
       of layouts (``frozenset({'NHWC'})``) limits it to outputs of those
       layouts (:meth:`writes_strided`), the others being copied into their
       slice: cuDNN writes an NHWC channel slice at the dense graph's speed, but
-      its fp32 NCHW slices ran GoogLeNet's forward convolutions 2.3x slower on
+      its fp32 NCHW slices ran GoogLeNet's forward convolutions 2.6x slower on
       the H200 (docs/performance.md, fifteenth session).
     * ``contiguous_inputs``: the kernel misreads an input that is a strided
       view, so no view (a zero-copy slice, a producer's region of a concat
@@ -184,8 +202,7 @@ class Rule:
     capturable: bool | str | None = None
     capture_requires: Callable[[], str | None] = _nothing_required
     variant_capture_blocker: Callable[[Mapping[str, Any]], str | None] = _every_variant_captures
-    writes_strided_out: bool | frozenset = attrs.field(
-        default=False, converter=lambda v: v if isinstance(v, bool) else frozenset(v))
+    writes_strided_out: bool | frozenset = attrs.field(default=False, converter=_strided_layouts)
     contiguous_inputs: bool = False
 
     def __attrs_post_init__(self):

@@ -242,10 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "fraction of the fastest, e.g. 0.03 or 3%% (policy workspace_tolerance; "
                         "default 0.03, 0 keeps the fastest)")
     p.add_argument("--peak-tolerance", default=None, metavar="FRACTION",
-                   help="a node whose workspace raises the planned memory peak above the activations' "
-                        "gets the fastest candidate that fits under it when within this fraction of the "
-                        "fastest, e.g. 0.1 or 10%% (policy peak_tolerance; default 0.20, 0 keeps the "
-                        "time-based choice)")
+                   help="a node whose workspace raises the planned memory peak above the lowest "
+                        "reachable one gets the fastest candidate within this fraction of its fastest that "
+                        "keeps its step under that peak, e.g. 0.2 or 20%% (policy peak_tolerance; default "
+                        "0.20, 0 keeps the time-based choice)")
     p.add_argument("--engine-limit", default=None, metavar="N|all",
                    help="autotune times at most N cuDNN engines per node, the first that build in "
                         "cuDNN's heuristic order (policy engine_limit; default 10, as PyTorch's "

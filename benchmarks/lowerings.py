@@ -271,11 +271,18 @@ def inapplicable(tg: TrainingGraph, lowering: "Lowering", device: str, policy: L
             + (" ..." if len(reasons) > 3 else ""))
 
 
+#: the compile's notes a record or a profile repeats, by what they say: the
+#: memory-aware re-choice (what ``peak_tolerance`` changed) and a policy key
+#: only autotune reads, set while autotune is off (``passes/compiler.py``)
+_REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads")
+
+
 def requested_notes(exe: Executable, precision: str, layout: str, dtype: str) -> list[str]:
     """Notes for what a compile was asked and did not do: a ``precision`` no
     kernel took (the CPU's oracle and generated kernels take none) and an
     NHWC ``layout`` the layout pass kept NCHW (its note), so that neither
-    shows as applied in a record or a profile."""
+    shows as applied in a record or a profile; and the compile's notes on
+    the memory-aware re-choice and on autotune keys without effect."""
     notes = []
     if precision != "fp32" and precision not in precision_applied(exe):
         computed = "float32" if dtype in HALF_DTYPES else dtype
@@ -284,6 +291,7 @@ def requested_notes(exe: Executable, precision: str, layout: str, dtype: str) ->
                      f"option: it computed in {computed}{storage}")
     if layout != "NCHW":
         notes += [n for n in exe.report.notes if n.startswith("layout:")]
+    notes += [n for n in exe.report.notes if any(k in n for k in _REPEATED_NOTES)]
     return notes
 
 

@@ -44,8 +44,11 @@ twice beside the sum of the steps alone: as one loop of eager calls
 on a GPU, replayed as CUDA graphs (``graph_step_ms``; minus the sum, the
 gaps between kernels and what a step alone measures differently).
 
-Schema version 2 (this one): on a GPU a node's ``ms`` (and ``nodes_ms``) is
-graph-timed where the step captures; version 1 timed every step eagerly.
+Schema version 3 (this one): a node's ``kind`` may be ``view`` and a
+zero-copy step's ``bytes`` count what it copies; version 2 counted every
+concat and slice as a copy. Since version 2, on a GPU a node's ``ms`` (and
+``nodes_ms``) is graph-timed where the step captures; version 1 timed every
+step eagerly.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ COMPUTE_FAMILIES = ("conv", "linear")
 #: Benchmark phase -> direction of a compute-bound step.
 COMPUTE_DIRECTIONS = {"forward": "fprop", "backward_data": "dgrad", "backward_filter": "wgrad"}
 #: Version of the JSON document (:func:`profile_document`).
-PROFILE_SCHEMA_VERSION = 2
+PROFILE_SCHEMA_VERSION = 3
 
 
 def tensor_bytes(t) -> int:

@@ -92,8 +92,9 @@ def profile_tables(doc: dict) -> list[Table]:
                 for r in rec["by_op"]]
         notes = [_limits_line(doc.get("limits", {}), rec["precision"]), *_timing_notes(rec),
                  "ms: each step timed alone (median), summed per row; MB: inputs read + output written "
-                 "once, in the storage dtype; % of limit: TFLOP/s of the matmul peak (conv, linear) "
-                 "or GB/s of the copy bandwidth (every other op)"]
+                 "once, in the storage dtype (a zero-copy step: what it copies); % of limit: TFLOP/s of "
+                 "the matmul peak (conv, linear) or GB/s of the copy bandwidth (every other op; none for a "
+                 "zero-copy step that copies nothing); a step on tensors that stay in cache can pass 100 %"]
         notes += filter(None, [autotune_note(rec)])
         notes += rec.get("notes", [])  # what was asked and not applied (precision, layout)
         tables.append(Table(_caption(rec), list(HEADERS), rows, set(RIGHT), notes=notes))

@@ -28,12 +28,12 @@ node separately, since their best algorithms differ):
    fastest;
 5. memory-aware re-choice (:meth:`AutotunePass._fit_peak`,
    ``passes/autotune_memory.py``): once every node is chosen, a node whose
-   workspace raises the planned peak above the activations' peak (the memory
-   pass's liveness of the schedule) is chosen again from its rows: the
-   fastest correct one timed in full whose workspace fits under that peak
-   wins when its median is within ``(1 + policy.peak_tolerance) x`` the
-   fastest's (else the least workspace within that tolerance); the row's
-   reason and a note say so. ``peak_tolerance = 0`` keeps the time-based choice.
+   step raises the planned peak above the lowest one the graph can reach
+   (the memory pass's bytes per step; ``autotune_memory.reachable_peak``) is
+   chosen again from its rows: the fastest correct one timed in full whose
+   workspace keeps its step under that peak wins when its median is within
+   ``(1 + policy.peak_tolerance) x`` the fastest's; the row's reason and a
+   note say so. ``peak_tolerance = 0`` keeps the time-based choice.
 
 Nodes the policy forces, and nodes with a single candidate, are not timed.
 Decisions persist in :class:`~passes.autotune_cache.AutotuneCache` with every
@@ -67,10 +67,10 @@ from .autotune_cache import AutotuneCache, cache_key
 from .autotune_clock import NodeClock, TuneClock
 from .autotune_inputs import REFERENCE_ALGORITHMS, InputPool, consistent_inputs, random_inputs
 from .autotune_inputs import reference_output as _reference
-from .autotune_memory import StepRoom, fit_headroom, step_rooms
+from .autotune_memory import StepRoom, fit_headroom, held_bytes, reachable_peak
 from .base import Pass, PassContext
 from .candidates import ENGINE_LIMIT_TAG, rule_variants, rule_workspace, survey_node
-from .memory import plan_inplace, plan_memory
+from .memory import plan_inplace, plan_memory, step_bytes
 from .report import Candidate, NodeReport, format_size
 
 #: A candidate whose first timed run is this many times the best median so far
@@ -257,7 +257,9 @@ class AutotunePass(Pass):
                 rec.how, rec.candidates = "cache", rows
                 rec.cache_key = key
                 # rows rechoose() decides from, and no choice the user made by hand
-                if hit.get("rechoose") == RECHOOSE_VERSION and not pinned_by_hand(hit, algorithm, cached_opts):
+                if (policy.peak_tolerance > 0 and hit.get("rechoose") == RECHOOSE_VERSION
+                        and isinstance(hit.get("candidates"), list)
+                        and not pinned_by_hand(hit, algorithm, cached_opts)):
                     decided[view.id] = _Measured(hit["candidates"], blocker, by_algorithm, cached=True)
             else:
                 with node_clock.part("variants"):  # every cuDNN engine's plan is built here
@@ -313,7 +315,7 @@ class AutotunePass(Pass):
     def _fit_peak(self, graph: Graph, outputs, ctx: PassContext, decided: dict[int, _Measured],
                   cache: AutotuneCache) -> None:
         """Choose again, from its measured rows, each node of ``decided`` whose
-        workspace raises the planned peak above the activations' peak
+        step raises the planned peak above the lowest one reachable
         (``passes/autotune_memory.py``, ``policy.peak_tolerance``; 0: nothing
         to do), and note how many were and the planned peak before and after.
         The cache keeps the measurements, not this choice: it depends on the
@@ -322,16 +324,25 @@ class AutotunePass(Pass):
         if policy.peak_tolerance == 0 or not decided:
             return
         plan = plan_inplace(graph, outputs, zero_copy=True)  # as the memory pass will plan it
-        rooms = step_rooms(graph, outputs, ctx.dtype, plan)
-        before, moved = None, []  # moved: node ids chosen again
-        # One pass over the nodes suffices: a node's choice changes only its own
-        # step's workspace, not the bytes live at any step (the schedule, and the
-        # in-place and zero-copy plans, kept as they are: checked below), so no
-        # re-choice changes another node's headroom.
+        steps = step_bytes(graph, outputs, ctx.dtype, plan)
+
+        least = {}  # node id -> the least workspace its rows offer within the tolerance
         for n, measured in decided.items():
-            view, room = graph.node(n), rooms[n]
+            rows, timed = measured_rows(measured.rows)  # fresh rows: choose() marks the ones it gets
+            row = choose(rows, timed, policy.workspace_tolerance, measured.blocker,
+                         StepRoom(0, 0, 0), policy.peak_tolerance)  # no headroom: the least workspace
+            least[n] = min(steps[n].workspace, row.workspace or 0) if row is not None else steps[n].workspace
+        ceiling = reachable_peak(steps, least)
+        activations = max(st.live for st in steps.values())
+        before = max(st.planned for st in steps.values())
+        moved = []  # node ids chosen again
+        # One pass over the nodes suffices: a node's choice changes only its own
+        # step's workspace, not the bytes any step holds besides (the schedule,
+        # and the in-place and zero-copy plans, kept as they are: checked below).
+        for n, measured in decided.items():
+            view, room = graph.node(n), StepRoom(held_bytes(steps[n]), ceiling, activations)
             rec = ctx.report.nodes[view.name]
-            if rec.workspace <= room.headroom:
+            if not room.raises(steps[n].workspace):
                 continue
             rows, timed = measured_rows(measured.rows)
             best = choose(rows, timed, policy.workspace_tolerance, measured.blocker, room, policy.peak_tolerance)
@@ -348,8 +359,6 @@ class AutotunePass(Pass):
                     cache.warn(f"autotune cache {cache.path}: node {view.name}: {refused}; "
                                f"{rec.chosen} kept")
                     continue
-            if before is None:
-                before = plan_memory(graph, outputs, ctx.dtype, plan)["planned_peak_bytes"]
             old_rule, old_opts = measured.applicable[rec.algorithm].rule, rec.options
             _lower(graph, n, rec, entry.rule, opts, ctx.device)
             if plan_inplace(graph, outputs, zero_copy=True) != plan:  # its rule shares buffers otherwise
@@ -365,8 +374,8 @@ class AutotunePass(Pass):
             ctx.report.note(
                 f"autotune: {len(moved)} node(s) chosen again for the memory peak (peak_tolerance "
                 f"{100 * policy.peak_tolerance:g} %): {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}; "
-                f"planned peak {format_size(before)} -> {format_size(after)}, the activations' "
-                f"{format_size(rooms[moved[0]].activation_peak)}")
+                f"planned peak {format_size(before)} -> {format_size(after)} (the activations' "
+                f"{format_size(activations)})")
 
     def _tune(self, op, types, cands, s, ctx: PassContext, timer, view, out_type, run_in,
               clock: NodeClock, pool: InputPool) -> tuple[list[Candidate], list[Candidate]]:
@@ -508,9 +517,9 @@ def choose(rows: list[Candidate], timed: list[Candidate], workspace_tolerance: f
     faster one left out says so in its ``reason``.
 
     ``room`` (the memory-aware re-choice, ``passes/autotune_memory.py``): the
-    bytes live during the node's step and the activations' peak. When
-    ``peak_tolerance`` > 0 and the winner's workspace is above the step's
-    headroom (it raises the planned peak above the activations'), the row
+    bytes the node's step holds besides its workspace and the reachable
+    peak. When ``peak_tolerance`` > 0 and the winner's workspace is above the
+    step's headroom (it raises the planned peak above the reachable one), the row
     :func:`~passes.autotune_memory.fit_headroom` picks among the rows timed
     in full within ``(1 + peak_tolerance) x`` the fastest wins instead, its
     ``reason`` saying so.

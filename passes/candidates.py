@@ -48,6 +48,7 @@ surveyed again, never served stale.
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Mapping
 
 import attrs
@@ -98,27 +99,37 @@ def rule_workspace(rule: Rule, op: Op, in_types, options: Mapping) -> int:
 
 def rule_variants(rule: Rule, op: Op, in_types, device: str, options: Mapping,
                   engine_limit: int | None = None) -> list[dict]:
-    """The rule's option sets for this node (``Rule.variants``; ``[{}]`` when
-    listing them fails at run time, e.g. no cuDNN plan builds): a rule tagged
+    """The rule's option sets for this node (``Rule.variants``): a rule tagged
     ``option:precision`` lists them for ``options['precision']``, one tagged
-    ``variants:engine_limit`` lists at most ``engine_limit``.
+    ``variants:engine_limit`` lists at most ``engine_limit``. ``[{}]`` (the
+    rule's default call) when the list is empty or the rule cannot build it
+    for this node (``LoweringError``: no cuDNN plan builds); a variants
+    function that fails otherwise gives ``[{}]`` too, with a RuntimeWarning
+    naming the rule and the error (autotune would otherwise time the default
+    alone without a word, as it did for ``unfold``'s ``chunks``).
 
     Raises:
-        TypeError: the rule's ``variants`` does not take the keywords its
-            tags promise (names the rule and the keywords).
+        TypeError: the rule's ``variants`` cannot be called with the arguments
+            its tags promise (names the rule and the call).
     """
     extra = {"precision": options["precision"]} if "precision" in options else {}
     if ENGINE_LIMIT_TAG in rule.tags:
         extra["limit"] = engine_limit
+    name = f"rule {rule.op_type.__name__}/{rule.algorithm}"
     try:
         inspect.signature(rule.variants).bind(op, in_types, device, **extra)
     except TypeError as e:
-        raise TypeError(f"rule {rule.op_type.__name__}/{rule.algorithm}: its variants function "
-                        f"{getattr(rule.variants, '__qualname__', rule.variants)!r} does not take "
-                        f"{sorted(extra)}, which its tags {sorted(rule.tags)} promise: {e}") from e
+        call = ", ".join(["op", "in_types", "device", *(f"{k}=" for k in sorted(extra))])
+        raise TypeError(f"{name}: its variants function {getattr(rule.variants, '__qualname__', rule.variants)!r} "
+                        f"cannot be called as variants({call}), which its tags {sorted(rule.tags)} "
+                        f"promise: {e}") from e
     try:
         return [dict(v) for v in rule.variants(op, in_types, device, **extra)] or [{}]
-    except Exception:  # a variant list that cannot be built (no plan): the rule's default call
+    except LoweringError:  # no variant builds for this node (no cuDNN plan): the rule's default call
+        return [{}]
+    except Exception as e:
+        warnings.warn(f"{name}: listing its variants for {op.describe()} raised {type(e).__name__}: {e}; "
+                      "only its default call is a candidate", RuntimeWarning, stacklevel=2)
         return [{}]
 
 
@@ -146,7 +157,12 @@ class Entry:
         rule, options: the rule and the kernel options the policy gives it.
         refused: the policy's exclusion or the rule's own decline, or None.
         padding: the padding that must become explicit first (``NO_PADDING``: none).
-        workspace: its scratch bytes, computed only under a workspace limit.
+        workspace: its scratch bytes, computed only under a workspace limit
+            (with ``variant``'s options when there is one).
+        variant: under a workspace limit its default call exceeds, the rule's
+            first variant that fits (``{}`` otherwise): what the lower pass
+            runs (:attr:`lowered_options`); autotune lays every variant over
+            ``options`` and reports the others over budget itself.
     """
 
     rule: Rule
@@ -154,6 +170,12 @@ class Entry:
     refused: str | None
     padding: tuple
     workspace: int | None
+    variant: Mapping = attrs.field(factory=dict)
+
+    @property
+    def lowered_options(self) -> dict:
+        """The options the lower pass gives the node: ``options`` and ``variant``."""
+        return {**self.options, **self.variant}
 
     def reason(self, op: Op, *, padded_ok: bool, limit: int | None) -> str | None:
         """Why it cannot lower ``op`` (None if it can); ``padded_ok`` ignores
@@ -174,24 +196,23 @@ def _entry(rule: Rule, op: Op, in_types, device: str, policy: LoweringPolicy, op
         why = excluded or rule.decline_reason(op, in_types, device)
     except Exception as e:  # a check that crashes declines, with the crash as reason
         why = f"check raised {type(e).__name__}: {e}"
-    ws = None
+    ws, variant = None, {}
     if why is None and policy.workspace_limit is not None:
         ws = rule_workspace(rule, op, in_types, options)
         if ws > policy.workspace_limit and ENGINE_LIMIT_TAG not in rule.tags:
-            options, ws = _fitting_variant(rule, op, in_types, device, options, policy.workspace_limit, ws)
-    return Entry(rule, options, why, explicit_padding(rule, op, policy), ws)
+            variant, ws = _fitting_variant(rule, op, in_types, device, options, policy.workspace_limit, ws)
+    return Entry(rule, options, why, explicit_padding(rule, op, policy), ws, variant)
 
 
 def _fitting_variant(rule: Rule, op: Op, in_types, device: str, options: dict, limit: int,
                      ws: int) -> tuple[dict, int]:
-    """``(options, workspace)`` of the rule's first variant within ``limit``;
-    ``(options, ws)`` unchanged when none is (module docstring)."""
+    """``(variant, workspace)`` of the rule's first variant within ``limit``;
+    ``({}, ws)`` when none is (module docstring)."""
     for variant in rule_variants(rule, op, in_types, device, options):
-        opts = {**options, **variant}
-        need = rule_workspace(rule, op, in_types, opts)
+        need = rule_workspace(rule, op, in_types, {**options, **variant})
         if need <= limit:
-            return opts, need
-    return options, ws
+            return dict(variant), need
+    return {}, ws
 
 
 def decline_reason(rule: Rule, op: Op, in_types, device: str, policy: LoweringPolicy,

@@ -47,12 +47,12 @@ def choose(view, ctx: PassContext, policy: LoweringPolicy | None = None) -> tupl
         if why is not None:
             raise LoweringError(f"node {name} ({op.describe()}): forced algorithm {s.forced!r} "
                                 f"cannot run it on {device}: {why}")
-        return entry.rule, dict(entry.options), s
+        return entry.rule, entry.lowered_options, s
     applicable = s.applicable()
     if not applicable:
         reasons = "".join(f"\n  {a}: {why}" for a, why in s.declined().items()) or "\n  (no rule registered)"
         raise LoweringError(f"node {name} ({op.describe()}): no lowering applies on {device}:{reasons}")
-    return applicable[0].rule, dict(applicable[0].options), s
+    return applicable[0].rule, applicable[0].lowered_options, s
 
 
 class LowerPass(Pass):

@@ -62,6 +62,8 @@ frees and never reuses).
 """
 from __future__ import annotations
 
+import attrs
+
 from opgraph.executable import InplacePlan, last_readers
 from opgraph.graph import Graph
 from opgraph.op import Lowered, Source
@@ -182,14 +184,36 @@ def _live_bytes(graph: Graph, order, plan: InplacePlan, nbytes: dict[int, int], 
     return out
 
 
-def step_live_bytes(graph: Graph, outputs, dtype: str | None = None,
-                    inplace: InplacePlan | None = None) -> dict[int, int]:
-    """Node id -> bytes of the activations live during its step, for every
-    step of ``outputs``' schedule that is not a source: each buffer from the
-    step that first writes it to the last that reads it (module docstring,
-    step 2), without the step's own workspace, a result it copies into its
-    slice of a concat, or the sources (resident throughout, reported apart).
-    Their maximum is ``plan_memory``'s ``activation_peak_bytes``.
+@attrs.frozen
+class StepBytes:
+    """The bytes one step of the schedule holds (module docstring, step 2).
+
+    Attributes:
+        live: activations live during the step: each buffer from the step
+            that first writes it to the last that reads it (sources aside:
+            resident throughout, reported apart).
+        copied: its own result, when the zero-copy plan copies it into its
+            slice of a concat (``InplacePlan.copied_in``): held with the slice
+            for the copy, then dropped; else 0.
+        workspace: its kernel's scratch space (``Rule.workspace``).
+    """
+
+    live: int
+    copied: int
+    workspace: int
+
+    @property
+    def planned(self) -> int:
+        """The bytes the step sets the planned peak to."""
+        return self.live + self.copied + self.workspace
+
+
+def step_bytes(graph: Graph, outputs, dtype: str | None = None,
+               inplace: InplacePlan | None = None) -> dict[int, StepBytes]:
+    """Node id -> :class:`StepBytes` of every step of ``outputs``' schedule
+    that is not a source; the maximum of their ``planned`` is
+    :func:`plan_memory`'s ``planned_peak_bytes``, of their ``live`` its
+    ``activation_peak_bytes``.
 
     Args:
         dtype: the dtype values run in (compile's override; None: as declared).
@@ -198,7 +222,14 @@ def step_live_bytes(graph: Graph, outputs, dtype: str | None = None,
     """
     plan = plan_inplace(graph, outputs) if inplace is None else inplace
     order = graph.topological(graph.ancestors(outputs))
-    return _live_bytes(graph, order, plan, _run_bytes(graph, order, dtype), {v.node for v in outputs})
+    nbytes = _run_bytes(graph, order, dtype)
+    live_at = _live_bytes(graph, order, plan, nbytes, {v.node for v in outputs})
+    out = {}
+    for n, live in live_at.items():
+        view = graph.node(n)
+        ws = _workspace(view.op, view.input_types) if isinstance(view.op, Lowered) else 0
+        out[n] = StepBytes(live, nbytes[n] if n in plan.copied_in else 0, ws)
+    return out
 
 
 def plan_memory(graph: Graph, outputs, dtype: str | None = None,
@@ -210,7 +241,8 @@ def plan_memory(graph: Graph, outputs, dtype: str | None = None,
             :func:`plan_inplace` of this graph (without zero-copy).
 
     Returns:
-        ``planned_peak_bytes``, ``activation_peak_bytes``, ``workspace_peak_bytes``,
+        ``planned_peak_bytes``, ``activation_peak_bytes``, ``workspace_peak_bytes``
+        (a result copied into its concat slice counts as its step's workspace),
         ``source_bytes``, ``no_reuse_bytes``, ``peak_step`` (node name),
         ``inplace`` (steps), ``inplace_bytes``, ``zero_copy`` (values),
         ``zero_copy_bytes``.
@@ -218,7 +250,7 @@ def plan_memory(graph: Graph, outputs, dtype: str | None = None,
     plan = plan_inplace(graph, outputs) if inplace is None else inplace
     order = graph.topological(graph.ancestors(outputs))
     nbytes = _run_bytes(graph, order, dtype)
-    live_at = _live_bytes(graph, order, plan, nbytes, {v.node for v in outputs})
+    steps = step_bytes(graph, outputs, dtype, plan)
     peak = act_peak = ws_peak = sources = total = saved = views = view_bytes = 0
     peak_step = None
     for n in order:
@@ -231,13 +263,11 @@ def plan_memory(graph: Graph, outputs, dtype: str | None = None,
         saved += size if n in plan.writes else 0
         if n in plan.homes or n in plan.views:
             views, view_bytes = views + 1, view_bytes + size
-        live = live_at[n]
-        ws = _workspace(view.op, view.input_types) if isinstance(view.op, Lowered) else 0
-        ws += size if n in plan.copied_in else 0  # its own result, copied into its slice and dropped
-        ws_peak = max(ws_peak, ws)
-        act_peak = max(act_peak, live)
-        if live + ws > peak:
-            peak, peak_step = live + ws, view.name
+        st = steps[n]
+        ws_peak = max(ws_peak, st.workspace + st.copied)
+        act_peak = max(act_peak, st.live)
+        if st.planned > peak:
+            peak, peak_step = st.planned, view.name
     return {"planned_peak_bytes": peak, "activation_peak_bytes": act_peak,
             "workspace_peak_bytes": ws_peak, "source_bytes": sources, "no_reuse_bytes": total,
             "peak_step": peak_step, "inplace": len(plan.writes), "inplace_bytes": saved,
@@ -262,4 +292,4 @@ class MemoryPass(Pass):
         return graph
 
 
-__all__ = ["MemoryPass", "plan_inplace", "plan_memory", "step_live_bytes"]
+__all__ = ["MemoryPass", "plan_inplace", "plan_memory", "step_bytes", "StepBytes"]

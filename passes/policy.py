@@ -15,8 +15,8 @@ The user swaps implementations here, never in the model. A policy holds
 * ``autotune``, ``workspace_limit`` (bytes), ``workspace_tolerance`` (a
   fraction: autotune keeps the smallest-workspace candidate within it of the
   fastest), ``peak_tolerance`` (a fraction: autotune gives a node whose
-  workspace raises the planned peak above the activations' a candidate that
-  fits, when one is within it of the fastest), ``engine_limit`` (how many cuDNN engines per node autotune times,
+  workspace raises the planned peak above the lowest reachable one a
+  candidate within it of the fastest that keeps its step under that peak), ``engine_limit`` (how many cuDNN engines per node autotune times,
   in cuDNN's heuristic order), ``tune_clock`` (what autotune's clock measures), ``precision``, ``layout``, ``explicit_padding`` (algorithms the
   legalize pass pads for), ``cache``, ``cuda_graph`` (autotune prefers
   candidates a CUDA graph can capture).
@@ -35,8 +35,8 @@ TOML schema (``LoweringPolicy.from_toml``; every key optional)::
     workspace_tolerance = 0.03    # 0..1 or "3%": autotune keeps the smallest workspace
                                   # among candidates within 3 % of the fastest; 0 = off
     peak_tolerance = 0.20         # 0..1 or "20%": a node whose workspace raises the planned
-                                  # peak above the activations' gets the fastest candidate that
-                                  # fits, if within 20 % of the fastest; 0 = off
+                                  # peak above the lowest reachable one gets the fastest candidate
+                                  # within 20 % of its fastest that keeps it there; 0 = off
     engine_limit = 10             # int >= 1 or "all": cuDNN engines timed per node, in
                                   # heuristic order (PyTorch's cudnn.benchmark_limit, 10)
     tune_clock = "device"         # device | launch: autotune times each candidate's kernels
@@ -66,6 +66,7 @@ TOML schema (``LoweringPolicy.from_toml``; every key optional)::
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 import sys
@@ -248,8 +249,9 @@ def parse_fraction(value, key: str = "workspace_tolerance") -> float:
     if isinstance(value, str):
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(%?)\s*", value)
         number = float(m.group(1)) / (100 if m.group(2) else 1) if m else None
-    if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 <= number <= 1:
-        raise _err(key, value, "must be a fraction from 0 to 1, e.g. 0.03 or '3%' (0 turns it off)")
+    # numbers.Real: a NumPy float is a number too; a bool is not
+    if isinstance(number, bool) or not isinstance(number, numbers.Real) or not 0 <= number <= 1:
+        raise _err(key, value, "must be a fraction from 0 to 1, e.g. 0.05 or '5%' (0 turns it off)")
     return float(number)
 
 
@@ -331,10 +333,10 @@ class LoweringPolicy:
     #: ``(1 + workspace_tolerance) x`` the fastest, the smallest workspace wins.
     workspace_tolerance: float = attrs.field(default=0.03, converter=parse_fraction)
     #: Autotune, once every node is chosen: a node whose workspace raises the
-    #: planned peak above the activations' peak gets the fastest correct,
-    #: fully timed candidate that fits under it when that one's median is within
-    #: ``(1 + peak_tolerance) x`` the fastest's, else the least workspace within
-    #: that (``passes/autotune_memory.py``); 0 keeps the time-based choice.
+    #: planned peak above the lowest reachable one gets the fastest correct,
+    #: fully timed candidate whose median is within ``(1 + peak_tolerance) x``
+    #: the fastest's and that keeps its step under that peak
+    #: (``passes/autotune_memory.py``); 0 keeps the time-based choice.
     peak_tolerance: float = attrs.field(default=0.20, converter=lambda v: parse_fraction(v, "peak_tolerance"))
     #: Autotune times at most this many cuDNN engines per node, the first in
     #: cuDNN's heuristic order that build (None: all of them).

@@ -191,7 +191,7 @@ def register_rules() -> None:
     pass may run a later step in place on it); the forward ones write into a
     strided ``out=`` view of an NHWC output (``writes_strided_out``:
     :mod:`.cudnn`'s docstring): into an fp32 NCHW channel slice, GoogLeNet's
-    forward convolutions summed 28.3 ms on the H200 against 12.6 dense (the
+    forward convolutions summed 28.3 ms on the H200 against 10.9 dense (the
     strided graph's engines are not the dense graph's the autotuner timed),
     so there the zero-copy plan copies the dense result into the slice.
     Capturable: plans and their workspaces are built on a node's first

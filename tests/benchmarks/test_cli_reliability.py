@@ -311,3 +311,16 @@ def test_a_gpu_only_layout_on_the_cpu_is_said_not_silently_dropped(capsys):
     assert status == 0, err
     notes = json.loads(out)["notes"]
     assert "--layout nhwc: the layout pass stores NHWC on cuda only; cpu runs NCHW" in notes, notes
+
+
+def test_a_policy_file_tolerance_without_autotune_is_said_in_the_record(capsys, tmp_path):
+    """``peak_tolerance`` in a ``--policy`` file with no autotuned column has no
+    effect: the column's notes say so (the compile's note), instead of the
+    JSON showing the key as if it had applied."""
+    path = tmp_path / "p.toml"
+    path.write_text("peak_tolerance = 0.5\n")
+    status, out, err = run_cli(capsys, "--model", "L5", *FAST, "--lowering", "gemm", "--policy", str(path),
+                               "--no-check", "--no-per-layer", "--format", "json", "--quiet")
+    assert status == 0, err
+    (rec,) = json.loads(out)["results"]
+    assert any("peak_tolerance=0.5" in n and "only autotune reads" in n for n in rec["notes"]), rec["notes"]

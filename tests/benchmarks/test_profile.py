@@ -115,7 +115,7 @@ def test_the_command_writes_a_table_and_the_json_document(tmp_path, capsys, monk
     assert "as CUDA graphs" not in text  # no graph figure on the CPU
     doc = json.loads(out.read_text())
     # version 2: a node's ms is graph-timed on a GPU (benchmarks/step_clock.py)
-    assert (doc["tool"], doc["mode"], doc["schema_version"]) == ("opgraph-bench", "profile", 2)
+    assert (doc["tool"], doc["mode"], doc["schema_version"]) == ("opgraph-bench", "profile", 3)
     assert set(doc) == {"tool", "mode", "schema_version", "environment", "limits", "notes", "models"}
     (rec,) = doc["models"]
     assert {"model", "title", "batch", "dtype", "lowering", "precision", "layout", "compile_s", "step_ms",

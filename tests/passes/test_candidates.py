@@ -1,6 +1,8 @@
 """The candidates of a node (passes/candidates.py): one survey per node state per compile."""
 
 import collections
+import inspect
+import warnings
 
 import attrs
 import pytest
@@ -87,8 +89,6 @@ def test_every_rules_variants_take_the_keywords_its_tags_promise():
     listed with ``precision=`` (``limit=``): a variants function that did not
     take it raised inside autotune, which then timed the default alone (the
     ``unfold`` rule's ``chunks`` variants, 2026-12-03)."""
-    import inspect
-
     from opgraph.backends import registry
 
     registry.algorithms()  # loads every backend
@@ -108,10 +108,33 @@ def test_every_rules_variants_take_the_keywords_its_tags_promise():
 def test_rule_variants_refuses_a_function_that_breaks_its_tags():
     op = Conv2d(stride=1, padding=0)
     rule = attrs.evolve(rules_for(Conv2d)["unfold"], variants=lambda op, in_types, device: [{"chunks": 2}])
-    with pytest.raises(TypeError, match=r"Conv2d/unfold.*\['precision'\]"):
+    with pytest.raises(TypeError, match=r"Conv2d/unfold.*variants\(op, in_types, device, precision=\)"):
         candidates.rule_variants(rule, op, (), "cuda", {"precision": "bf16"})
     listed = candidates.rule_variants(rules_for(Conv2d)["unfold"], op, (), "cuda", {"precision": "bf16"})
     assert {"chunks": 16} in listed
+
+
+def test_a_variants_function_that_fails_is_reported_not_swallowed():
+    """A bug inside a variants function leaves the rule's default call as the
+    only candidate, with a warning naming the rule and the error; a rule that
+    cannot build a variant for the node (``LoweringError``, no cuDNN plan)
+    falls back to its default silently."""
+    from opgraph.errors import LoweringError
+    op = Conv2d(stride=1, padding=0)
+
+    def broken(op, in_types, device, precision=None):
+        raise AttributeError("no such field")
+
+    def unbuildable(op, in_types, device, precision=None):
+        raise LoweringError("no cuDNN engine builds")
+
+    rule = attrs.evolve(rules_for(Conv2d)["unfold"], variants=broken)
+    with pytest.warns(RuntimeWarning, match=r"Conv2d/unfold: listing its variants .* AttributeError: no such field"):
+        assert candidates.rule_variants(rule, op, (), "cuda", {"precision": "bf16"}) == [{}]
+    rule = attrs.evolve(rule, variants=unbuildable)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert candidates.rule_variants(rule, op, (), "cuda", {"precision": "bf16"}) == [{}]
 
 
 def _stem_wgrad():
@@ -132,7 +155,8 @@ def test_under_a_workspace_limit_the_first_fitting_variant_is_offered():
         policy = LoweringPolicy(workspace_limit=limit, prefer={"conv": ["unfold"]})
         s = candidates.survey("conv1.grad", op, types, "cuda", policy)
         entry, = [e for e in s.applicable() if e.rule.algorithm == "unfold"]
-        assert entry.options.get("chunks") == chunks and entry.workspace <= limit
+        assert entry.lowered_options.get("chunks") == chunks and entry.workspace <= limit
+        assert "chunks" not in entry.options  # autotune lays every variant over the policy's options
     policy = LoweringPolicy(workspace_limit=1024)  # below every variant: declined, saying why
     why = candidates.survey("conv1.grad", op, types, "cuda", policy).declined()["unfold"]
     assert "exceeds the limit 1,024 B" in why
@@ -164,3 +188,18 @@ def test_a_channels_last_only_rule_is_a_candidate_of_the_lower_pass():
     assert wgrad.algorithm == "unfold" and wgrad.option_dict["chunks"] in (4, 16)
     for view in graph.nodes_in_order(louts):  # every 4-D value, the legalize pass's too, is NHWC
         assert view.type.ndim != 4 or view.type.layout == "NHWC", view.name
+
+
+def test_under_a_workspace_limit_autotune_times_each_variant_once():
+    """Autotune lays every variant over an entry's ``options`` (the policy's),
+    not over the lower pass's fitting variant: the stem's backward-filter is
+    timed as one piece (then reported over budget), in 4 and in 16 chunks,
+    each once (over ``lowered_options`` it had been 4, 4 and 16)."""
+    op, types = _stem_wgrad()
+    limit = rules_for(type(op))["unfold"].workspace(op, types, {"precision": "fp32", "chunks": 4})
+    policy = LoweringPolicy(workspace_limit=limit, prefer={"conv": ["unfold"]})
+    entry, = [e for e in candidates.survey("wgrad", op, types, "cuda", policy).applicable(limited=False)
+              if e.rule.algorithm == "unfold"]
+    built = [{**entry.options, **v} for v in candidates.rule_variants(entry.rule, op, types, "cuda", entry.options)]
+    assert [b.get("chunks") for b in built] == [None, 4, 16]
+    assert entry.lowered_options["chunks"] == 4

@@ -79,6 +79,13 @@ COMPUTE_FAMILIES = ("conv", "linear")
 COMPUTE_DIRECTIONS = {"forward": "fprop", "backward_data": "dgrad", "backward_filter": "wgrad"}
 #: Version of the JSON document (:func:`profile_document`).
 PROFILE_SCHEMA_VERSION = 3
+#: A step whose time in place is above this multiple of its autotuned median
+#: (and above it by more than :data:`SLOWER_FLOOR_MS`) is listed in
+#: ``slower_than_tuned``: GoogLeNet's fp32 NCHW forward convolutions ran
+#: 2.6 ms where autotune had timed 0.44 (their output strides changed after
+#: tuning), unseen from the sixth session to the fifteenth.
+SLOWER_FACTOR = 1.5
+SLOWER_FLOOR_MS = 0.01
 
 
 def tensor_bytes(t) -> int:
@@ -111,6 +118,27 @@ def view_traffic(graph, st) -> int | None:
     return None
 
 
+def tuned_ms(report, name: str) -> float | None:
+    """The median autotune measured for node ``name``'s chosen candidate
+    (timed, or read from the cache), or None."""
+    rec = report.nodes.get(name)
+    chosen = next((c for c in rec.candidates if c.status == "chosen"), None) if rec is not None else None
+    return chosen.time_ms if chosen is not None else None
+
+
+def slower_than_tuned(nodes) -> list[dict]:
+    """``{'name', 'ms', 'tuned_ms'}`` of each profiled step whose time in place
+    is above :data:`SLOWER_FACTOR` x its autotuned median, and above it by more
+    than :data:`SLOWER_FLOOR_MS`, slowest gap first: autotune times a node
+    alone on dense operands, so a step slower in the schedule (strided
+    operands, another engine, cold caches) is a choice made on the wrong
+    figure."""
+    out = [{"name": n["name"], "ms": n["ms"], "tuned_ms": n["tuned_ms"]} for n in nodes
+           if n.get("tuned_ms") and n["ms"] > SLOWER_FACTOR * n["tuned_ms"]
+           and n["ms"] - n["tuned_ms"] > SLOWER_FLOOR_MS]
+    return sorted(out, key=lambda r: r["tuned_ms"] - r["ms"])
+
+
 def direction_of(op, phase: str) -> str:
     """``fprop``/``dgrad``/``wgrad`` for a conv or linear step (by its phase),
     ``forward``/``backward`` for any other."""
@@ -138,9 +166,11 @@ def profile_steps(tg, feeds: dict, device: str, policy, timer, *, warmup: int, r
         replayed as CUDA graphs, None on the CPU; ``graph_step_capture``: that
         replay's summary; ``timing``: :func:`.step_clock.timing_summary`); each node
         ``{'name', 'op', 'algorithm', 'phase', 'direction', 'kind', 'ms', 'timed',
-        'graph_calls', 'eager_reason', 'bytes', 'flops'}`` (``kind``: ``'compute'``,
+        'graph_calls', 'eager_reason', 'bytes', 'flops', 'tuned_ms'}`` (``kind``: ``'compute'``,
         ``'memory'`` or ``'view'``, a zero-copy step that copies nothing;
-        ``timed``: ``'graph'`` or ``'eager'``, :class:`.step_clock.StepTime`).
+        ``timed``: ``'graph'`` or ``'eager'``, :class:`.step_clock.StepTime`;
+        ``tuned_ms``: the median autotune measured for the node's choice, or
+        None where autotune did not time it).
     """
     import time
 
@@ -173,7 +203,7 @@ def profile_steps(tg, feeds: dict, device: str, policy, timer, *, warmup: int, r
         kind = "compute" if op.family in COMPUTE_FAMILIES else "view" if viewed == 0 else "memory"
         nodes.append({"name": st.name, "op": op.name, "algorithm": st.op.algorithm, "phase": phase[st.node],
                       "direction": direction_of(op, phase[st.node]), "kind": kind,
-                      **timed.fields(), "bytes": moved, "flops": flops})
+                      **timed.fields(), "bytes": moved, "flops": flops, "tuned_ms": tuned_ms(exe.report, st.name)})
     return {"compile_s": compile_s, "notes": notes, "autotune": exe.report.autotune or None,
             "fusion": exe.report.fusion or None, "step_ms": step_ms, **graph,
             "nodes_ms": sum(n["ms"] for n in nodes), "timing": timing_summary(clock, nodes), "nodes": nodes}
@@ -238,6 +268,7 @@ def profile_model(tg, lowering, base_policy, device: str, timer, limits: dict, *
     prof = profile_steps(tg, feeds, device, policy, timer, warmup=warmup, repeat=repeat)
     peak = limits["matmul"].get(base_policy.precision, {})
     rows = group_by_op(prof["nodes"], peak.get("tflops"), limits["copy"].get("gbps"))
+    prof["slower_than_tuned"] = slower_than_tuned(prof["nodes"])
     return {"model": model.key, "title": model.title, "batch": model.batch, "dtype": model.dtype,
             "lowering": lowering.name, "precision": base_policy.precision,
             "layout": applied_layout(base_policy.layout, device), "layout_requested": base_policy.layout,
@@ -251,5 +282,6 @@ def profile_document(environment: dict, limits: dict, records: list, notes=()) -
             "environment": environment, "limits": limits, "notes": list(notes), "models": records}
 
 
-__all__ = ["COMPUTE_FAMILIES", "PROFILE_SCHEMA_VERSION", "tensor_bytes", "step_traffic", "view_traffic", "direction_of",
+__all__ = ["COMPUTE_FAMILIES", "PROFILE_SCHEMA_VERSION", "tensor_bytes", "step_traffic", "view_traffic", "tuned_ms", "slower_than_tuned",
+           "SLOWER_FACTOR", "direction_of",
            "profile_steps", "group_by_op", "measure_limits", "profile_model", "profile_document"]

@@ -6,6 +6,7 @@ were timed (:mod:`.step_clock`)."""
 
 from __future__ import annotations
 
+from .profile import SLOWER_FACTOR
 from .tables import Table, autotune_note, fmt_ms
 
 HEADERS = ["op", "direction", "steps", "algorithms", "ms", "% of nodes", "MB moved", "GFLOP", "GB/s",
@@ -62,6 +63,16 @@ def _timing_notes(rec: dict) -> list[str]:
     return notes
 
 
+def _slower_note(rec: dict) -> str | None:
+    """The steps that ran well above their autotuned median (``profile.slower_than_tuned``)."""
+    slow = rec.get("slower_than_tuned") or []
+    if not slow:
+        return None
+    shown = ", ".join(f"{r['name']} ({fmt_ms(r['ms'])} vs {fmt_ms(r['tuned_ms'])})" for r in slow[:5])
+    return (f"{len(slow)} step(s) ran above {SLOWER_FACTOR:g}x the median autotune measured for their choice "
+            f"(in place vs tuned, ms): {shown}{' ...' if len(slow) > 5 else ''}")
+
+
 def _steps_cell(r: dict, graph_timed: bool) -> str:
     eager = r.get("eager_steps", 0)
     return f"{r['count']} ({eager} eager)" if graph_timed and eager else str(r["count"])
@@ -95,7 +106,7 @@ def profile_tables(doc: dict) -> list[Table]:
                  "once, in the storage dtype (a zero-copy step: what it copies); % of limit: TFLOP/s of "
                  "the matmul peak (conv, linear) or GB/s of the copy bandwidth (every other op; none for a "
                  "zero-copy step that copies nothing); a step on tensors that stay in cache can pass 100 %"]
-        notes += filter(None, [autotune_note(rec)])
+        notes += filter(None, [autotune_note(rec), _slower_note(rec)])
         notes += rec.get("notes", [])  # what was asked and not applied (precision, layout)
         tables.append(Table(_caption(rec), list(HEADERS), rows, set(RIGHT), notes=notes))
     return tables

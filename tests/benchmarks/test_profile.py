@@ -229,3 +229,30 @@ def test_a_group_of_copying_and_zero_copy_steps_is_judged_as_memory():
               "bytes": 4e9, "flops": 0}]
     (row,) = pf.group_by_op(nodes, 1.0, 10.0)
     assert row["kind"] == "memory" and row["gbps"] == pytest.approx(2000.0) and row["fraction"] == pytest.approx(200.0)
+
+
+def test_a_step_slower_in_place_than_autotune_timed_it_is_listed(monkeypatch):
+    """Each profiled node carries the median autotune measured for its choice
+    (``tuned_ms``); a step above 1.5x that (and by more than 0.01 ms) is listed
+    in ``slower_than_tuned`` and in the table's notes: autotune timed it on
+    other operands than it runs on."""
+    from opgraph.benchmarks.profile_table import profile_tables
+    from opgraph.passes.report import Candidate, LoweringReport, NodeReport
+
+    report = LoweringReport()
+    report.nodes["conv"] = NodeReport(0, "conv", "Conv2d", "Conv2d", candidates=[
+        Candidate("cudnn", {"engine": 15}, time_ms=0.44, status="chosen"), Candidate("fft", {}, time_ms=1.6)])
+    report.nodes["relu"] = NodeReport(1, "relu", "Relu", "Relu")  # not timed: lowered by the policy
+    assert pf.tuned_ms(report, "conv") == 0.44 and pf.tuned_ms(report, "relu") is None
+    assert pf.tuned_ms(report, "absent") is None
+    nodes = [{"name": "conv", "ms": 2.61, "tuned_ms": 0.44}, {"name": "fast", "ms": 0.45, "tuned_ms": 0.44},
+             {"name": "tiny", "ms": 0.012, "tuned_ms": 0.004}, {"name": "relu", "ms": 0.3, "tuned_ms": None},
+             {"name": "bn", "ms": 0.9, "tuned_ms": 0.5}]
+    slow = pf.slower_than_tuned(nodes)
+    assert [r["name"] for r in slow] == ["conv", "bn"]  # the largest gap first; "tiny" is under the floor
+    doc = {"limits": {}, "models": [{"model": "m", "title": "m", "batch": 1, "dtype": "float32", "lowering": "auto",
+                                     "precision": "fp32", "layout": "NCHW", "nodes_ms": 4.0, "by_op": [],
+                                     "step_ms": 4.0, "graph_step_ms": None, "timing": None, "notes": [],
+                                     "slower_than_tuned": slow}]}
+    (table,) = profile_tables(doc)
+    assert any("2 step(s) ran above 1.5x" in n and "conv (2.61 vs 0.440)" in n for n in table.notes), table.notes

@@ -102,6 +102,10 @@ class PolicyColumn:
     def policy(self, base: LoweringPolicy, device: str) -> LoweringPolicy:
         return base
 
+    def policy_note(self, policy: LoweringPolicy) -> None:
+        """Nothing to say: the column is its policy, autotuned or not (``Lowering.policy_note``)."""
+        return None
+
 
 class LoweringAction(argparse.Action):
     """``--lowering LIST``: the column names go to ``args.lowering`` (a list of

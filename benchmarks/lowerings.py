@@ -91,6 +91,16 @@ class Lowering:
     def autotune(self) -> bool:
         return self.base == "auto"
 
+    def policy_note(self, policy: LoweringPolicy) -> str | None:
+        """What a record of this column says when its ``policy`` (from
+        :meth:`policy`) autotunes although the column names one algorithm (a
+        ``--policy`` file with ``autotune = true``): its choices are then
+        autotune's among every candidate, not that algorithm's alone."""
+        if self.algorithm is None or not policy.autotune:
+            return None
+        return (f"{self.name}: the policy's autotune = true times every candidate, {self.algorithm} first in "
+                f"order: this column's choices are autotune's, not {self.algorithm}'s alone")
+
     def describe(self) -> str:
         text = SPECIAL.get(self.base, f"{self.base} preferred for every convolution node where it "
                                       "applies, the device default elsewhere")

@@ -269,6 +269,7 @@ def profile_model(tg, lowering, base_policy, device: str, timer, limits: dict, *
     peak = limits["matmul"].get(base_policy.precision, {})
     rows = group_by_op(prof["nodes"], peak.get("tflops"), limits["copy"].get("gbps"))
     prof["slower_than_tuned"] = slower_than_tuned(prof["nodes"])
+    prof["notes"] += filter(None, [lowering.policy_note(policy)])
     return {"model": model.key, "title": model.title, "batch": model.batch, "dtype": model.dtype,
             "lowering": lowering.name, "precision": base_policy.precision,
             "layout": applied_layout(base_policy.layout, device), "layout_requested": base_policy.layout,

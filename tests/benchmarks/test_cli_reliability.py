@@ -324,3 +324,22 @@ def test_a_policy_file_tolerance_without_autotune_is_said_in_the_record(capsys, 
     assert status == 0, err
     (rec,) = json.loads(out)["results"]
     assert any("peak_tolerance=0.5" in n and "only autotune reads" in n for n in rec["notes"]), rec["notes"]
+
+
+def test_a_named_column_under_an_autotuning_policy_file_says_whose_choices_it_shows(capsys, tmp_path):
+    """``--lowering gemm`` with ``autotune = true`` in the ``--policy`` file
+    autotunes among every candidate, gemm first: the column's notes say its
+    choices are autotune's (a fresh-user helper saw a 'gemm' column run
+    ``direct`` on 5 nodes without a word)."""
+    path = tmp_path / "p.toml"
+    path.write_text("autotune = true\n")
+    status, out, err = run_cli(capsys, "--model", "L5", *FAST, "--lowering", "gemm", "--policy", str(path),
+                               "--no-check", "--no-per-layer", "--format", "json", "--quiet")
+    assert status == 0, err
+    (rec,) = json.loads(out)["results"]
+    assert any(n.startswith("gemm: the policy's autotune = true times every candidate") for n in rec["notes"]), \
+        rec["notes"]
+    status, out, err = run_cli(capsys, "--model", "L5", *FAST, "--lowering", "gemm", "--no-check",
+                               "--no-per-layer", "--format", "json", "--quiet")
+    (rec,) = json.loads(out)["results"]
+    assert not any("autotune = true" in n for n in rec["notes"])

@@ -313,33 +313,24 @@ def test_a_gpu_only_layout_on_the_cpu_is_said_not_silently_dropped(capsys):
     assert "--layout nhwc: the layout pass stores NHWC on cuda only; cpu runs NCHW" in notes, notes
 
 
-def test_a_policy_file_tolerance_without_autotune_is_said_in_the_record(capsys, tmp_path):
-    """``peak_tolerance`` in a ``--policy`` file with no autotuned column has no
-    effect: the column's notes say so (the compile's note), instead of the
-    JSON showing the key as if it had applied."""
-    path = tmp_path / "p.toml"
-    path.write_text("peak_tolerance = 0.5\n")
-    status, out, err = run_cli(capsys, "--model", "L5", *FAST, "--lowering", "gemm", "--policy", str(path),
-                               "--no-check", "--no-per-layer", "--format", "json", "--quiet")
+def _column_notes(capsys, *flags):
+    """The notes of the one L5 column that ``flags`` run (JSON)."""
+    status, out, err = run_cli(capsys, "--model", "L5", *FAST, *flags, "--no-check", "--no-per-layer",
+                               "--format", "json", "--quiet")
     assert status == 0, err
     (rec,) = json.loads(out)["results"]
-    assert any("peak_tolerance=0.5" in n and "only autotune reads" in n for n in rec["notes"]), rec["notes"]
+    return rec["notes"]
 
 
-def test_a_named_column_under_an_autotuning_policy_file_says_whose_choices_it_shows(capsys, tmp_path):
-    """``--lowering gemm`` with ``autotune = true`` in the ``--policy`` file
-    autotunes among every candidate, gemm first: the column's notes say its
-    choices are autotune's (a fresh-user helper saw a 'gemm' column run
-    ``direct`` on 5 nodes without a word)."""
+@pytest.mark.parametrize("text, said", [
+    # peak_tolerance with no autotuned column has no effect: said, not shown as if applied
+    ("peak_tolerance = 0.5\n", "policy peak_tolerance=0.5: only autotune reads it"),
+    # a column named gemm that autotunes (a fresh-user helper saw it run direct without a word)
+    ("autotune = true\n", "gemm: the policy's autotune = true times every candidate, gemm first"),
+])
+def test_what_a_policy_file_does_to_a_named_column_is_in_its_notes(capsys, tmp_path, text, said):
     path = tmp_path / "p.toml"
-    path.write_text("autotune = true\n")
-    status, out, err = run_cli(capsys, "--model", "L5", *FAST, "--lowering", "gemm", "--policy", str(path),
-                               "--no-check", "--no-per-layer", "--format", "json", "--quiet")
-    assert status == 0, err
-    (rec,) = json.loads(out)["results"]
-    assert any(n.startswith("gemm: the policy's autotune = true times every candidate") for n in rec["notes"]), \
-        rec["notes"]
-    status, out, err = run_cli(capsys, "--model", "L5", *FAST, "--lowering", "gemm", "--no-check",
-                               "--no-per-layer", "--format", "json", "--quiet")
-    (rec,) = json.loads(out)["results"]
-    assert not any("autotune = true" in n for n in rec["notes"])
+    path.write_text(text)
+    notes = _column_notes(capsys, "--lowering", "gemm", "--policy", str(path))
+    assert any(n.startswith(said) for n in notes), notes
+    assert not any(n.startswith(said) for n in _column_notes(capsys, "--lowering", "gemm"))

@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping
 
 import attrs
 
-from opgraph.types import TensorType
+from opgraph.types import LAYOUTS, TensorType
 
 Kernel = Callable[..., Any]
 
@@ -106,10 +106,6 @@ def _positions(value) -> tuple[int, ...]:
     return (int(value),) if isinstance(value, int) else tuple(int(v) for v in value)
 
 
-#: the storage layouts a rule's ``writes_strided_out`` may name (``Graph.set_layout``'s)
-LAYOUTS = frozenset({"NCHW", "NHWC"})
-
-
 def _strided_layouts(value) -> bool | frozenset:
     """``Rule.writes_strided_out`` canonicalised: a bool, or a non-empty set of
     :data:`LAYOUTS`; anything else is a ValueError naming the value."""
@@ -118,7 +114,7 @@ def _strided_layouts(value) -> bool | frozenset:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise ValueError(f"writes_strided_out={value!r}: must be a bool or a set of layouts of {sorted(LAYOUTS)}")
     layouts = frozenset(value)
-    if not layouts or not layouts <= LAYOUTS:
+    if not layouts or not layouts <= set(LAYOUTS):
         raise ValueError(f"writes_strided_out={value!r}: must be a bool or a non-empty set of layouts of "
                          f"{sorted(LAYOUTS)}")
     return layouts

@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import OpgraphError, ParameterError, ShapeError
 from .op import Op, Source, check_arity
-from .types import TensorType, numpy_dtype
+from .types import LAYOUTS, TensorType, numpy_dtype
 
 
 @attrs.frozen(repr=False)
@@ -377,7 +377,7 @@ class Graph:
             ParameterError: another layout, or a value that is not 4-D.
         """
         view = self.node(node)
-        if layout not in ("NCHW", "NHWC"):
+        if layout not in LAYOUTS:
             raise ParameterError("layout", layout, "must be 'NCHW' or 'NHWC'").with_node(view.name)
         if view.type.ndim != 4:
             raise ParameterError("layout", layout, f"only 4-D values have one, {view.type} is "

@@ -8,6 +8,8 @@ import attrs
 import numpy as np
 
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int64")
+#: the storage orders of a 4-D value (``Graph.set_layout``, ``TensorType.layout``)
+LAYOUTS = ("NCHW", "NHWC")
 
 
 def _canon_shape(shape) -> tuple[int, ...]:

@@ -222,10 +222,12 @@ def step_bytes(graph: Graph, outputs, dtype: str | None = None,
     """
     plan = plan_inplace(graph, outputs) if inplace is None else inplace
     order = graph.topological(graph.ancestors(outputs))
-    nbytes = _run_bytes(graph, order, dtype)
-    live_at = _live_bytes(graph, order, plan, nbytes, {v.node for v in outputs})
+    return _step_bytes(graph, order, plan, _run_bytes(graph, order, dtype), {v.node for v in outputs})
+
+
+def _step_bytes(graph: Graph, order, plan: InplacePlan, nbytes: dict[int, int], keep) -> dict[int, StepBytes]:
     out = {}
-    for n, live in live_at.items():
+    for n, live in _live_bytes(graph, order, plan, nbytes, keep).items():
         view = graph.node(n)
         ws = _workspace(view.op, view.input_types) if isinstance(view.op, Lowered) else 0
         out[n] = StepBytes(live, nbytes[n] if n in plan.copied_in else 0, ws)
@@ -250,7 +252,7 @@ def plan_memory(graph: Graph, outputs, dtype: str | None = None,
     plan = plan_inplace(graph, outputs) if inplace is None else inplace
     order = graph.topological(graph.ancestors(outputs))
     nbytes = _run_bytes(graph, order, dtype)
-    steps = step_bytes(graph, outputs, dtype, plan)
+    steps = _step_bytes(graph, order, plan, nbytes, {v.node for v in outputs})
     peak = act_peak = ws_peak = sources = total = saved = views = view_bytes = 0
     peak_step = None
     for n in order:

@@ -80,10 +80,10 @@ from opgraph import ops
 from opgraph import precision as precisions
 from opgraph.errors import ParameterError
 from opgraph.precision import PRECISIONS  # re-exported: the CLI lists them
+from opgraph.types import LAYOUTS  # the layout key's choices; kept in __all__ for callers of this module
 
 from .force import forced_algorithm
 
-LAYOUTS = ("NCHW", "NHWC")
 #: What autotune's clock measures (``LoweringPolicy.tune_clock``).
 TUNE_CLOCKS = ("device", "launch")
 OP_TYPES = tuple(sorted(ops.__all__))

@@ -100,7 +100,7 @@ from .protocol import LAYER_FAMILIES, TrainingGraph
 CHECKED_OPS = frozenset({t.__name__ for f in LAYER_FAMILIES for t in of_family(f)}
                         | {"Pad", "PadBackward", "BiasAddBackward", "FusedElementwise"})
 #: (lowered op, abstract op at the same node id) pairs computing the same value.
-_SAME_VALUE = {("PadBackward", "Conv2dBackwardData"),
+_SAME_VALUE = {("PadBackward", "Conv2dBackwardData"), ("MaxPool2dTake", "MaxPool2d"),
                ("BatchNormTrainingBackwardDataFromSums", "BatchNormTrainingBackwardData"),
                ("BatchNormBackwardSumsRow", "BatchNormTrainingBackwardScale"), ("BatchNormBackwardSumsRow", "BiasAddBackward")}
 _REFERENCE_ALGORITHMS = ("reference", "direct")
@@ -236,7 +236,10 @@ def abstract_twin(lowered_graph, abstract_graph, nid: int) -> int | None:
         return node
     if low == "FusedElementwise" and len(op.program.outputs) == 1:  # its chain's last node, whose id it took
         return nid
-    if (low, orig) == ("MaxPool2dBackwardRelu", "MaxPool2dBackward"):  # the ReluBackward it absorbed
+    if (low, orig) == ("MaxPool2dBackwardIndices", "MaxPool2dBackward") and not op.masked:  # pool-argmax
+        return nid
+    if (low, orig) == ("MaxPool2dBackwardRelu", "MaxPool2dBackward") or (
+            (low, orig) == ("MaxPool2dBackwardIndices", "MaxPool2dBackward") and op.masked):  # the ReluBackward absorbed
         x = abstract_graph.input_ids(nid)[0]
         masks = [u for u in abstract_graph.users(nid) if abstract_graph.node(u).op.name == "ReluBackward"
                  and abstract_graph.input_ids(u)[0] == x]

@@ -132,7 +132,8 @@ def _change(old: tuple[str, dict], new: tuple[str, dict]) -> str:
 
 def recompile_note(changed: dict[str, str]) -> str:
     """The ``+graph`` record's note on a compile for the replay (:func:`changed_choices`)."""
-    head = ("compiled again with cuda_graph (autotune picks a capturable candidate where one is correct): "
+    head = ("compiled again with cuda_graph (autotune picks a capturable candidate unless an uncapturable "
+            "one saves more than a split of the replay costs): "
             f"{len(changed)} step{'' if len(changed) == 1 else 's'} changed")
     if not changed:
         return head

@@ -96,11 +96,15 @@ def tensor_bytes(t) -> int:
 def step_traffic(graph, node: int) -> tuple[int, int]:
     """``(bytes moved, FLOPs)`` of a lowered node: its inputs read and its output
     written once (module docstring; an input the op takes for its type only,
-    ``Op.unread_inputs``, is not read), and ``Op.flops`` of its types."""
+    ``Op.unread_inputs``, is not read; an op that reads part of an input says
+    what it moves, ``Op.bytes_moved``), and ``Op.flops`` of its types."""
     view = graph.node(node)
     types = tuple(view.input_types)
-    unread = abstract_of(view.op).unread_inputs
-    moved = sum(tensor_bytes(t) for k, t in enumerate(types) if k not in unread) + tensor_bytes(view.type)
+    op = abstract_of(view.op)
+    moved = op.bytes_moved(types, view.type)
+    if moved is None:
+        moved = sum(tensor_bytes(t) for k, t in enumerate(types) if k not in op.unread_inputs) \
+            + tensor_bytes(view.type)
     return moved, int(view.op.flops(types, view.type))
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import OpgraphError, ParameterError, ShapeError
 from .op import Op, Source, check_arity
-from .types import LAYOUTS, TensorType, numpy_dtype
+from .types import DTYPES, LAYOUTS, TensorType, numpy_dtype
 
 
 @attrs.frozen(repr=False)
@@ -421,9 +421,12 @@ class Graph:
 
 def _source_type(name: str, shape, dtype) -> TensorType:
     try:
-        return TensorType(shape, dtype)
+        t = TensorType(shape, dtype)
     except (TypeError, ValueError) as e:
         raise ShapeError(str(e), name) from None
+    if t.dtype not in DTYPES:  # an index dtype: made by ops only
+        raise ShapeError(f"dtype {dtype!r} is not one of {DTYPES}", name)
+    return t
 
 
 def _keep_layout(new: TensorType, old: TensorType) -> TensorType:

@@ -72,6 +72,12 @@ class Op:
         """Forward FLOPs (multiply-add = 2); 0 for data-movement ops."""
         return 0
 
+    def bytes_moved(self, types: tuple[TensorType, ...], out: TensorType) -> int | None:
+        """Bytes one run reads and writes, where that is not every read input once
+        plus the output (a profile's count; ``MaxPool2dTake`` reads one element
+        of x per output element), else None."""
+        return None
+
     @property
     def name(self) -> str:
         return type(self).__name__

@@ -7,7 +7,10 @@ import math
 import attrs
 import numpy as np
 
+#: the dtypes of a graph's sources, constants and ONNX tensors: floats and class indices (int64)
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int64")
+#: dtypes only ops make: a max pooling's saved window indices (``ops.MaxPool2dArgmax``)
+INDEX_DTYPES = ("uint8",)
 #: the storage orders of a 4-D value (``Graph.set_layout``, ``TensorType.layout``)
 LAYOUTS = ("NCHW", "NHWC")
 
@@ -84,7 +87,7 @@ def compute_dtype(xp, dtype):
 
 def _canon_dtype(dtype) -> str:
     name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
-    if name not in DTYPES:
+    if name not in DTYPES + INDEX_DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {DTYPES}")
     return name
 

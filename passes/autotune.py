@@ -456,6 +456,17 @@ class AutotunePass(Pass):
 CaptureBlocker = Callable[[str, Mapping], str | None]
 
 
+#: What running one step eagerly between a replay's CUDA graphs costs at most
+#: (ms): the graph is split there, so one graph launch more, and the step's
+#: own kernel launches from the host, which overlap the queued graph's work
+#: while the GPU is busy. A candidate that cannot be captured still wins a
+#: replayed step when it beats the fastest capturable one by more than this:
+#: on the H200 (2026-12-04) fp32 NCHW AlexNet's three FFT backward-data steps
+#: were each about 0.2 ms faster than cuDNN's, and the replay that traded them
+#: for cuDNN to stay captured ran 9.81 ms against the eager step's 9.28.
+EAGER_STEP_MS = 0.05
+
+
 def captures_all(algorithm: str, options: Mapping) -> str | None:
     """The :data:`CaptureBlocker` of a step that is not replayed as CUDA
     graphs: nothing is left out for capture."""
@@ -513,8 +524,10 @@ def choose(rows: list[Candidate], timed: list[Candidate], workspace_tolerance: f
     ``capture_blocker`` (policy ``cuda_graph``: the step is replayed as CUDA
     graphs; :func:`_declared_blocker`) says why a row (its algorithm and
     options: one variant of a capturable rule may not capture) cannot be
-    captured: such rows compete only when no other row is correct, and a
-    faster one left out says so in its ``reason``.
+    captured: such a row runs eagerly between the graphs, so it competes only
+    when it beats every correct capturable row by more than
+    :data:`EAGER_STEP_MS` (or none is correct); a faster one left out says so
+    in its ``reason``, and one kept says what it saves.
 
     ``room`` (the memory-aware re-choice, ``passes/autotune_memory.py``): the
     bytes the node's step holds besides its workspace and the reachable
@@ -529,12 +542,21 @@ def choose(rows: list[Candidate], timed: list[Candidate], workspace_tolerance: f
     capturable = [c for c in correct if id(c) not in blocked]
     if capturable and blocked:
         bar = min(c.time_ms for c in capturable)
+        kept = []
         for c in correct:
-            if id(c) in blocked and c.time_ms < bar:
-                c.reason = "; ".join(filter(None, [
-                    c.reason, f"faster, but not capturable ({blocked[id(c)]}) and the step is "
-                              "replayed as CUDA graphs (cuda_graph)"]))
-        correct = capturable
+            if id(c) not in blocked or c.time_ms >= bar:
+                continue
+            if c.time_ms + EAGER_STEP_MS < bar:
+                kept.append(c)
+                note = (f"not capturable ({blocked[id(c)]}): runs eagerly between the CUDA graphs, "
+                        f"{bar - c.time_ms:.3f} ms faster than the fastest capturable row (a split "
+                        f"costs at most {EAGER_STEP_MS} ms)")
+            else:
+                note = (f"faster, but not capturable ({blocked[id(c)]}) and the step is replayed as "
+                        f"CUDA graphs (cuda_graph): by {bar - c.time_ms:.3f} ms, no more than the "
+                        f"{EAGER_STEP_MS} ms a split costs")
+            c.reason = "; ".join(filter(None, [c.reason, note]))
+        correct = capturable + kept
     fastest = min(correct, key=lambda c: c.time_ms, default=None)
     if fastest is None:
         return None
@@ -817,5 +839,5 @@ def refused_options(entry, cached: dict, op, types, device, engine_limit: int | 
 
 
 __all__ = ["AutotunePass", "choose", "rechoose", "measured_rows", "hand_edit", "pinned_by_hand", "HandEdit",
-           "CaptureBlocker", "captures_all", "refused_options", "Timer", "PerfCounterTimer", "CudaEventTimer",
+           "CaptureBlocker", "captures_all", "EAGER_STEP_MS", "refused_options", "Timer", "PerfCounterTimer", "CudaEventTimer",
            "default_timer", "tolerance", "random_inputs", "relative_error", "REFERENCE_ALGORITHMS"]

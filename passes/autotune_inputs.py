@@ -9,7 +9,10 @@ variances, whose ``1 / sqrt(var + eps)`` is NaN in every candidate and in
 the reference, so every candidate was "wrong" and the pass raised. For an
 input produced by one of :data:`CONSISTENT_PRODUCERS` from inputs the node
 also takes, :func:`consistent_inputs` recomputes it from those arrays with
-the producer's reference rule, as the graph will compute it.
+the producer's reference rule, as the graph will compute it. The same for
+the saved window indices of a max pooling (``MaxPool2dArgmax``), which
+``MaxPool2dTake`` reads beside the ``x`` they index: zeros would name a
+padding cell at the border and read -inf there.
 
 One pass run draws each array once (:class:`InputPool`): the arrays are keyed
 by input position and type, so the many nodes of a model that read the same
@@ -35,7 +38,7 @@ from opgraph.backends.registry import KernelContext, rules_for
 REFERENCE_ALGORITHMS = ("reference", "direct")
 #: Producer op types whose output, read by a node together with the
 #: producer's own inputs, must be recomputed from them (module docstring).
-CONSISTENT_PRODUCERS = (ops.BatchNormStats,)
+CONSISTENT_PRODUCERS = (ops.BatchNormStats, ops.MaxPool2dArgmax)
 
 
 def random_inputs(in_types, xp, seed: int, dtype: str | None = None) -> list:
@@ -123,7 +126,8 @@ def reference_output(op, arrays, xp, device, out_type=None):
 def consistent_inputs(view, arrays: list, xp, device: str) -> list:
     """``arrays`` (the node ``view``'s inputs, in order) with every input made by a
     :data:`CONSISTENT_PRODUCERS` node from inputs this node also reads
-    recomputed from those arrays (float64 reference, then the array's dtype).
+    recomputed from those arrays (float64 reference, then the array's dtype and
+    the producer's layout).
     Other inputs, and a producer reading anything else, are left as they are."""
     graph, ids = view.graph, [v.node for v in view.inputs]
     out = list(arrays)
@@ -135,7 +139,7 @@ def consistent_inputs(view, arrays: list, xp, device: str) -> list:
             continue
         value = reference_output(op, [arrays[ids.index(s)] for s in sources], xp, device)
         host = value.get() if hasattr(value, "get") else np.asarray(value)
-        out[i] = xp.asarray(host.astype(arrays[i].dtype))
+        out[i] = to_layout(xp, xp.asarray(host.astype(arrays[i].dtype)), producer.type.layout)
     return out
 
 

@@ -14,25 +14,29 @@ every one off, and nothing else (the fused ops' rules carry the tag
    ``Conv2dBackwardDataRelu`` node;
 3. ``pool-relu-backward``: the gradient through a pooled ReLU -> one
    ``MaxPool2dBackwardRelu`` node;
-4. ``bn-stats-parts``: the batch statistics of a channel concat -> the concat
+4. ``pool-argmax``: a max pooling and its gradient -> the window scan once,
+   its winners saved as 1-byte indices for a gather that does not read the
+   pooled input (``passes/fuse_pool_argmax.py``; opt-in on the CPU's oracle
+   kernels);
+5. ``bn-stats-parts``: the batch statistics of a channel concat -> the concat
    of its parts' statistics, each part's computed once and shared (DenseNet's
    dense layers; ``passes/share_bn_stats.py``);
-5. ``bn-backward-sums``: a training batch norm's data, scale and bias
+6. ``bn-backward-sums``: a training batch norm's data, scale and bias
    gradients -> one ``BatchNormTrainingBackwardSums`` pass (float32 sums for
    half storage) read by ``BatchNormBackwardSumsRow`` (dbias, dweight) and
    ``BatchNormTrainingBackwardDataFromSums`` (dx) (``passes/fuse_bn_backward.py``);
-6. ``bn-apply-remat``: an activation gradient reading a training batch norm's
+7. ``bn-apply-remat``: an activation gradient reading a training batch norm's
    output gets its own recomputed copy, so that the forward fuses the batch
-   norm with its activation (``passes/remat_bn_apply.py``; only where rule 9
+   norm with its activation (``passes/remat_bn_apply.py``; only where rule 10
    then fuses both);
-7. ``bn-gradient-remat``: a ReLU or ReLU6 gradient that is a training batch
+8. ``bn-gradient-remat``: a ReLU or ReLU6 gradient that is a training batch
    norm's output gradient, the activation recomputed from the batch norm's
-   input, copied into each of the two passes of rule 5, so that the gradient
-   is never written (``passes/remat_bn_gradient.py``; only where rule 9 then
+   input, copied into each of the two passes of rule 6, so that the gradient
+   is never written (``passes/remat_bn_gradient.py``; only where rule 10 then
    fuses both);
-8. ``gradient-sum``: a tree of ``Add`` nodes summing a fan-out's gradients ->
+9. ``gradient-sum``: a tree of ``Add`` nodes summing a fan-out's gradients ->
    one n-ary sum (``passes/fuse_elementwise.py``);
-9. ``elementwise``: maximal chains of memory-bound ops -> one
+10. ``elementwise``: maximal chains of memory-bound ops -> one
    ``FusedElementwise`` node, one generated kernel on cuda
    (``passes/fuse_elementwise.py``; opt-in on the CPU's oracle kernels).
 
@@ -93,6 +97,7 @@ from .base import Pass, PassContext
 from .fold_bn import BN_FOLD
 from .fuse_bn_backward import BN_BACKWARD_SUMS
 from .fuse_elementwise import ELEMENTWISE, GRADIENT_SUM
+from .fuse_pool_argmax import POOL_ARGMAX
 from .pattern import FusionRule, Match, Scope, apply_table, rewrite_lowered
 from .remat_bn_apply import BN_APPLY_REMAT
 from .remat_bn_gradient import BN_GRADIENT_REMAT
@@ -254,6 +259,7 @@ TABLE: tuple[FusionRule, ...] = (
     FusionRule("dgrad-relu", match_dgrad_relu, lambda g, m, ctx: fuse_dgrad_relu(g, m.root, m.absorbed[0], ctx)),
     FusionRule("pool-relu-backward", match_pool_relu_backward,
                lambda g, m, ctx: fuse_pool_relu_backward(g, m.root, m.absorbed[0], ctx)),
+    POOL_ARGMAX,
     BN_STATS_PARTS,
     BN_BACKWARD_SUMS,
     BN_APPLY_REMAT,

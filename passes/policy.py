@@ -50,7 +50,8 @@ TOML schema (``LoweringPolicy.from_toml``; every key optional)::
     explicit_padding = ["fft"]    # algorithms given explicit Pad nodes ("*" = all)
     cache = "~/.cache/opgraph/autotune.json"
     cuda_graph = false            # bool: the step is replayed as CUDA graphs, so autotune
-                                  # picks a capturable candidate when one is correct (needs autotune)
+                                  # picks a capturable candidate unless an uncapturable one saves
+                                  # more than a split of the replay costs (needs autotune)
 
     [prefer]                      # key -> algorithm or list of algorithms
     conv = ["fft", "gemm"]

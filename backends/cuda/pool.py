@@ -319,7 +319,8 @@ def _max_backward(xp, x, gy, g, specialize, relu, vector=False, pixels=1):
     what = "max_pool2d_backward_relu" if relu else "max_pool2d_backward"
     if tuple(gy.shape) != tuple(x.shape[:2]) + g.out:
         raise ShapeError(f"{what}: gy has shape {gy.shape}, expected {x.shape[:2] + g.out}")
-    if vector and x.ndim == 4 and pool_vector.applies(g, x, gy) is None:
+    cells = pool_vector.MASKED if relu else pool_vector.MAX_CELLS  # the ReLU mark takes a bit of the index
+    if vector and x.ndim == 4 and pool_vector.applies(g, x, gy, max_cells=cells) is None:
         return pool_vector.max_pool2d_backward(xp, x, gy, g, relu, pixels)
     _, arg, cl, _ = _max(xp, x, g, True, what, specialize, relu)
     gb = _computable(xp, in_layout(xp, bits(xp, gy), cl))

@@ -18,65 +18,186 @@ width, ``specialize`` variant, bfloat16 through its bits with the
 
 NCHW and NHWC (a channels-last view) run without a transpose; outputs come
 back in the input's layout (idx in x's, gx in idx's).
+
+The graph's ops over saved indices (``opgraph/ops/pool_indices.py``) run
+here as ``cuda`` node kernels (:func:`max_pool2d_argmax_kernel`,
+:func:`max_pool2d_take_kernel`, :func:`max_pool2d_backward_indices_kernel`),
+with a third kernel, :func:`max_pool2d_take` (x at each saved winner, one
+read per output element); the argmax's ``relu`` adds ``MASKED`` (128) to the
+index of a window whose winner is not > 0, and ``masked`` take and gather
+honour it. With the ``vector`` option (an autotune variant) channels-last
+bfloat16 and float32 operands take :mod:`.pool_vector`'s kernels, 16 bytes
+of channels per thread, where they qualify.
 """
 
 from __future__ import annotations
 
-from ..reference.pool import PoolGeometry
+from opgraph.errors import ShapeError
+from opgraph.ops.pool_indices import MASKED
+
+from ..reference.pool import PoolGeometry, node_geometry
 from ..reference.pool_indices import backward_shape, check_window
-from .pool import _MAX, _WINDOWS, _computable, _finish, _geo, _out, _prepare, _run, _storage
+from . import pool_vector
+from .pool import (_DECOMPOSE, _MAX, _WINDOWS, _computable, _finish, _geo, _out, _pixels, _prepare, _run,
+                   _specialize, _storage, _vector)
 from .storage import bits, in_layout, logical, physical
 
-#: Forward: the maximum as ``MaxPool2d``, its winner's window index as a byte.
-_MAX_IDX = _MAX.replace("STORE", "idx[t] = (unsigned char)((win / W - h0) * kw + (win % W - w0));")
+#: Forward: the maximum as ``MaxPool2d``, its winner's window index as a byte
+#: (``relu``: plus MASKED where the winner is not > 0).
+_INDEX = "idx[t] = (unsigned char)((win / W - h0) * kw + (win % W - w0));"
+_MAX_IDX = {False: _MAX.replace("STORE", _INDEX),
+            True: _MAX.replace("STORE", _INDEX + f"\n    if (!(best > (CT)0)) idx[t] |= {MASKED};")}
+#: The argmax alone: the scan without the maximum's store.
+_ARGMAX = {relu: body.replace("ST(y[t], best);", "") for relu, body in _MAX_IDX.items()}
+
+#: Take: (a, b) = (oh, ow); byte k names window cell (k / kw, k % kw).
+_TAKE = _DECOMPOSE + """
+    const int byte = (int)idx[t], k = byte & INDEX_BITS;
+    const IDX h = a * sh - pt + k / kw, w = b * sw - pl + k % kw;
+    CT v = (CT)-__uint_as_float(0x7f800000u);  // -inf (NVRTC has no INFINITY)
+    if (MASK_TEST) v = (CT)0;
+    else if (k < kh * kw && h >= 0 && h < H && w >= 0 && w < W) v = LD(x[xc + h * xh + w * xw]);
+    ST(y[t], v);
+""".replace("MASKED", str(MASKED))
 
 #: Backward: (a, b) is the input cell; in window (oh, ow) it sits at row
 #: a + pt - oh * sh, column b + pl - ow * sw.
+#: ``INDEX_BITS``: 0xff (masked: a marked byte names no cell) or 0x7f (the mark stripped).
 _IDX_BWD = _WINDOWS + """
     for (IDX oh = oh0; oh <= oh1; ++oh)
         for (IDX ow = ow0; ow <= ow1; ++ow) {
             const IDX o = oc + oh * oh_ + ow * ow_;
-            if ((IDX)idx[o] == (hp - oh * sh) * kw + (wp - ow * sw)) acc += LD(gy[o]);
+            if ((IDX)(idx[o] & INDEX_BITS) == (hp - oh * sh) * kw + (wp - ow * sw)) acc += LD(gy[o]);
         }
     ST(gx[xc + a * xh + b * xw], acc);
 """
 
 
-def max_pool2d_with_indices(xp, x, g: PoolGeometry, specialize: bool = False):
+def _index_bits(masked: bool, g: PoolGeometry) -> str:
+    """The bits of a saved byte that name the window cell: all of them when
+    ``masked`` (a marked byte then names none) or when the window has over 128
+    cells (no mark), else the 7 below the mark."""
+    return "0xff" if masked or g.kernel[0] * g.kernel[1] > MASKED else hex(MASKED - 1)
+
+
+def max_pool2d_with_indices(xp, x, g: PoolGeometry, specialize: bool = False, relu: bool = False):
     """``(y, idx)``: max pooling of ``(N, C, H, W)`` x (x's dtype and layout)
-    and each window's winner, uint8 ``(N, C, oh, ow)`` in x's layout.
+    and each window's winner, uint8 ``(N, C, oh, ow)`` in x's layout
+    (``relu``: plus ``MASKED`` where the winner is not > 0).
 
     Raises:
-        ParameterError: a window of more than 256 cells. ShapeError: x not 4-D.
+        ParameterError: a window of more than 256 cells (128 with ``relu``).
+        ShapeError: x not 4-D.
     """
-    check_window(g)
+    check_window(g, relu)
     buf, cl, dtype = _prepare(xp, x, "max_pool2d_with_indices")
     n, c = x.shape[:2]
     y = _out(xp, buf, n, c, g.out, cl)
     idx = _out(xp, buf, n, c, g.out, cl, xp.uint8)
     if y.size:
-        _run("maxpool_idx", "raw T x", [buf.ravel()], "raw T y, raw uint8 idx", [y.ravel(), idx.ravel()],
-             _MAX_IDX, _geo(c, g, cl, g.out), size=y.size, arrays=(buf, y), storage=_storage(dtype),
-             specialize=specialize)
+        _run("maxpool_idx" + ("_relu" if relu else ""), "raw T x", [buf.ravel()], "raw T y, raw uint8 idx",
+             [y.ravel(), idx.ravel()], _MAX_IDX[relu], _geo(c, g, cl, g.out), size=y.size, arrays=(buf, y),
+             storage=_storage(dtype), specialize=specialize)
     return _finish(xp, y, cl, dtype), logical(idx, cl)
 
 
-def max_pool2d_backward_indices(xp, idx, gy, g: PoolGeometry, input_shape, specialize: bool = False):
+def max_pool2d_argmax(xp, x, g: PoolGeometry, specialize: bool = False, relu: bool = False):
+    """The ``idx`` of :func:`max_pool2d_with_indices` alone (the maximum is not
+    stored): uint8 ``(N, C, oh, ow)`` in x's layout.
+
+    Raises:
+        ParameterError: a window of more than 256 cells (128 with ``relu``).
+        ShapeError: x not 4-D.
+    """
+    check_window(g, relu)
+    buf, cl, _ = _prepare(xp, x, "max_pool2d_argmax")
+    n, c = x.shape[:2]
+    idx = _out(xp, buf, n, c, g.out, cl, xp.uint8)
+    if idx.size:
+        _run("maxpool_argmax" + ("_relu" if relu else ""), "raw T x", [buf.ravel()], "raw uint8 idx",
+             [idx.ravel()], _ARGMAX[relu], _geo(c, g, cl, g.out), size=idx.size, arrays=(buf, idx),
+             storage=_storage(x.dtype), specialize=specialize)
+    return logical(idx, cl)
+
+
+def max_pool2d_take(xp, x, idx, g: PoolGeometry, specialize: bool = False, masked: bool = False):
+    """``x`` (``(N, C, H, W)``) at each window's saved winner ``idx`` (uint8,
+    the pooled shape): the pooled shape in x's dtype and layout; an index
+    naming no input cell of its window reads -inf, a marked one 0 with
+    ``masked`` (``opgraph/ops/pool_indices.py``).
+
+    Raises:
+        ShapeError: idx is not the pooled shape, or x not 4-D.
+    """
+    pooled = tuple(x.shape[:2]) + tuple(g.out)
+    if tuple(idx.shape) != pooled:
+        raise ShapeError(f"max_pool2d_take: idx {tuple(idx.shape)} is not the pooled shape {pooled}")
+    buf, cl, dtype = _prepare(xp, x, "max_pool2d_take")
+    ib = in_layout(xp, idx, cl)
+    y = _out(xp, buf, x.shape[0], x.shape[1], g.out, cl)
+    if y.size:
+        body = _TAKE.replace("MASK_TEST", f"byte & {MASKED}" if masked else "false").replace(
+            "INDEX_BITS", _index_bits(False, g))
+        _run("maxpool_take" + ("_masked" if masked else ""), "raw T x, raw uint8 idx", [buf.ravel(), ib.ravel()],
+             "raw T y", [y.ravel()], body, _geo(x.shape[1], g, cl, g.out), size=y.size, arrays=(buf, y),
+             storage=_storage(dtype), specialize=specialize)
+    return _finish(xp, y, cl, dtype)
+
+
+def max_pool2d_backward_indices(xp, idx, gy, g: PoolGeometry, input_shape, specialize: bool = False,
+                                masked: bool = False, channels_last: bool | None = None):
     """Input gradient of max pooling from the saved winners: ``input_shape``
-    in gy's dtype, idx's layout.
+    in gy's dtype (``masked``: marked windows route nothing), stored NHWC when
+    ``channels_last``, NCHW when False, in idx's storage order when None (a
+    node's kernel says: a 1 x 1 pooled idx has no order of its own).
 
     Raises:
         ShapeError: idx and gy differ in shape or are not the pooled shape.
     """
     shape = backward_shape(idx, gy, g, input_shape)
     ib, cl = physical(xp, idx)  # copied only when neither NCHW- nor NHWC-dense
+    if channels_last is not None and channels_last != cl:
+        ib, cl = in_layout(xp, idx, channels_last), channels_last
     gb = _computable(xp, in_layout(xp, bits(xp, gy), cl))
     gx = _out(xp, gb, shape[0], shape[1], shape[2:], cl)
     if gx.size:
         _run("maxpool_idx_bwd", "raw T gy, raw uint8 idx", [gb.ravel(), ib.ravel()], "raw T gx", [gx.ravel()],
-             _IDX_BWD, _geo(shape[1], g, cl, shape[2:]), size=gx.size, arrays=(gb, gx),
-             storage=_storage(gy.dtype), specialize=specialize)
+             _IDX_BWD.replace("INDEX_BITS", _index_bits(masked, g)), _geo(shape[1], g, cl, shape[2:]), size=gx.size,
+             arrays=(gb, gx), storage=_storage(gy.dtype), specialize=specialize)
     return _finish(xp, gx, cl, gy.dtype)
 
 
-__all__ = ["max_pool2d_with_indices", "max_pool2d_backward_indices"]
+# ---- node kernels (ctx, op, *arrays): the op's fields, the node's extents, the variant's options
+
+def max_pool2d_argmax_kernel(ctx, op, x):
+    """``MaxPool2dArgmax`` node: the vector scan (``pool_vector``, option
+    ``vector``, ``pixels``) where x qualifies, else :func:`max_pool2d_argmax`."""
+    g = node_geometry(op, x.shape[2:], ctx.out_shape(op, x)[2:])
+    if _vector(ctx) and pool_vector.applies(g, x, max_cells=MASKED) is None:
+        return pool_vector.max_pool2d_argmax(ctx.xp, x, g, op.relu, _pixels(ctx))
+    return max_pool2d_argmax(ctx.xp, x, g, _specialize(ctx), op.relu)
+
+
+def max_pool2d_take_kernel(ctx, op, x, idx):
+    """``MaxPool2dTake`` node: the vector take where x and idx qualify, else
+    :func:`max_pool2d_take`."""
+    g = node_geometry(op, x.shape[2:], idx.shape[2:])
+    if _vector(ctx) and pool_vector.applies(g, x, max_cells=MASKED) is None and pool_vector.indices_apply(idx):
+        return pool_vector.max_pool2d_take(ctx.xp, x, idx, g, op.masked)
+    return max_pool2d_take(ctx.xp, x, idx, g, _specialize(ctx), op.masked)
+
+
+def max_pool2d_backward_indices_kernel(ctx, op, idx, gy):
+    """``MaxPool2dBackwardIndices`` node: the vector gather where idx and gy
+    qualify, else :func:`max_pool2d_backward_indices`."""
+    shape = tuple(op.input_shape)
+    g = node_geometry(op, shape[2:], gy.shape[2:])
+    if _vector(ctx) and pool_vector.applies(g, gy, max_cells=MASKED) is None and pool_vector.indices_apply(idx):
+        return pool_vector.max_pool2d_backward_indices(ctx.xp, idx, gy, g, shape, op.masked)
+    layout = ctx.out_type.layout if ctx.out_type is not None else None
+    nhwc = None if layout is None else layout == "NHWC"
+    return max_pool2d_backward_indices(ctx.xp, idx, gy, g, shape, _specialize(ctx), op.masked, nhwc)
+
+
+__all__ = ["max_pool2d_with_indices", "max_pool2d_argmax", "max_pool2d_take", "max_pool2d_backward_indices",
+           "max_pool2d_argmax_kernel", "max_pool2d_take_kernel", "max_pool2d_backward_indices_kernel"]

@@ -45,16 +45,18 @@ them on the CPU emulator.
 from __future__ import annotations
 
 import functools
+import math
 
 from ..reference.pool import PoolGeometry
 from .codegen.launch import address, compiled
-from .codegen.storage import DEVICE_HELPERS, storage_of, vector_load, vector_store
+from .codegen.storage import DEVICE_HELPERS, lit, storage_of, vector_load, vector_store
 from .storage import bits
 
 #: the kernels' revision, part of the autotune cache key of the ``vector``
 #: variant (``rules.vector_pool_variants``): 1 run-time window loops, 2 unrolled,
-#: 3 the max-pool scans over several output columns per thread (``pixels``)
-REVISION = 3
+#: 3 the max-pool scans over several output columns per thread (``pixels``), 4 the
+#: ReLU mask as a mark added to the index (128) instead of the byte 255
+REVISION = 4
 #: the output columns per thread that autotune tries for the max-pool window
 #: scans (``rules.vector_pool_variants``): neighbouring windows of a 3x3/1 pool
 #: share 6 of their 9 cells, of a 3x3/2 pool 3, which one thread loads once
@@ -64,11 +66,13 @@ DTYPES = ("bfloat16", "float32")
 THREADS = 256
 #: grid-stride loops: at most this many blocks (8 per SM of an H200)
 MAX_BLOCKS = 1056
-#: the byte that names no window cell (a ReLU-masked winner); window indices
-#: run to kh * kw - 1 <= 254
-NO_WINNER = 255
-#: the most cells a window may have here
-MAX_CELLS = NO_WINNER
+#: added to a window's index where its winner fails ReLU's mask (``opgraph.ops.pool_indices.MASKED``):
+#: a marked byte names no window cell of a masked gather
+MASKED = 128
+#: the most cells a window whose winners are indexed may have: a byte's values
+#: (``MaxPool2dBackward``); with the ReLU mark (``MaxPool2dBackwardRelu``, the
+#: saved-winner ops), :data:`MASKED`. The other kernels scan windows of any size.
+MAX_CELLS = 256
 
 
 def lanes(dtype: str) -> int:
@@ -89,20 +93,22 @@ def pixel_pitch(a) -> int | None:
     return sw
 
 
-def declines(dtype: str, channels: int, kernel) -> str | None:
+def declines(dtype: str, channels: int, kernel, max_cells: int | None = None) -> str | None:
     """Why the vector kernels cannot pool ``channels`` channels of ``dtype`` with a
     ``kernel`` window whatever the storage (None: they can): the one check of
-    the types, shared by :func:`applies` and the ``cuda`` rules' variants."""
+    the types, shared by :func:`applies` and the ``cuda`` rules' variants.
+    ``max_cells``: the kernels index each window's winner in a byte, so its
+    window may have at most this many cells (:data:`MAX_CELLS`, :data:`MASKED`)."""
     if dtype not in DTYPES:
         return f"dtype {dtype} (vector kernels: {', '.join(DTYPES)})"
-    if kernel[0] * kernel[1] > MAX_CELLS:
-        return f"a {tuple(kernel)} window's index does not fit a byte beside the no-winner mark"
+    if max_cells is not None and kernel[0] * kernel[1] > max_cells:
+        return f"a {tuple(kernel)} window's winner does not fit a byte index of {max_cells} cells"
     if channels % lanes(dtype):
         return f"channels {channels} not a multiple of {lanes(dtype)}"
     return None
 
 
-def applies(g: PoolGeometry, *arrays) -> str | None:
+def applies(g: PoolGeometry, *arrays, max_cells: int | None = None) -> str | None:
     """None when the vector kernels take these operands (module docstring):
     :func:`declines` says nothing against their type, and each is 4-D, stored
     channels-last at a pixel pitch that divides by V and 16-byte aligned;
@@ -110,7 +116,7 @@ def applies(g: PoolGeometry, *arrays) -> str | None:
     dtype = arrays[0].dtype.name
     v = lanes(dtype) if dtype in DTYPES else 1
     for a in arrays:
-        why = declines(a.dtype.name, a.shape[1] if a.ndim == 4 else 0, g.kernel)
+        why = declines(a.dtype.name, a.shape[1] if a.ndim == 4 else 0, g.kernel, max_cells)
         if why or a.dtype.name != dtype:
             return why or f"mixed dtypes {dtype} and {a.dtype.name}"
         pitch = pixel_pitch(a) if a.ndim == 4 else None
@@ -242,7 +248,8 @@ def _scan(st, v: int, kind: str, relu: bool, pixels: int = 1) -> tuple[list[str]
         if kind == "fwd":
             body += ["    " + line for line in vector_store(st, "y", "o", [best(i, j) for j in range(v)], f"y{i}")]
         else:
-            marks = [f"({best(i, j)} > (CT)0 ? k{i}_{j} : {NO_WINNER})" if relu else f"k{i}_{j}" for j in range(v)]
+            marks = [f"({best(i, j)} > (CT)0 ? k{i}_{j} : (k{i}_{j} | {MASKED}))" if relu else f"k{i}_{j}"
+                     for j in range(v)]
             body.append(f"    *reinterpret_cast<{word}*>(arg + o) = "
                         + " | ".join(f"(({word}){m} << {8 * j})" for j, m in enumerate(marks)) + ";")
         body.append("}")
@@ -251,20 +258,41 @@ def _scan(st, v: int, kind: str, relu: bool, pixels: int = 1) -> tuple[list[str]
     return body, "unsigned char* __restrict__ arg"
 
 
-def _gather(st, v: int) -> list[str]:
+def _gather(st, v: int, masked: bool = True) -> list[str]:
     """Max pooling's backward: gy of every covering window whose index names the
-    pixel. gy is loaded whether or not a lane matches, so that a thread's
-    loads of indices and gradients do not wait on each other (the gradient of
-    a window read up to ceil(KH / SH) x ceil(KW / SW) times hits the caches)."""
+    pixel (``masked``: a marked index names none; else its mark is stripped).
+    gy is loaded whether or not a lane matches, so that a thread's loads of
+    indices and gradients do not wait on each other (the gradient of a window
+    read up to ceil(KH / SH) x ceil(KW / SW) times hits the caches)."""
     g, g_lanes = vector_load(st, "gy", "P * GP + cv * V", v, "g")  # gy at its own pitch
     word = _byte_word(v)
-    lane = [f"((m >> {8 * j}) & 0xff) == me" for j in range(v)]
+    bits_of_index = "0xff" if masked else f"0x{MASKED - 1:x}"
+    lane = [f"((m >> {8 * j}) & {bits_of_index}) == me" for j in range(v)]
     return [*_COVERING, _sums(v),
             *_over_covering(["const IDX P = (n * OH + oh) * OW + ow;",
                              "const int me = (hp - oh * SH) * KW + (wp - ow * SW);",
                              f"const {word} m = *reinterpret_cast<const {word}*>(arg + P * C + cv * V);",
                              *g, *(f"if ({t}) a{j} += {e};" for j, (t, e) in enumerate(zip(lane, g_lanes)))]),
             *vector_store(st, "gx", _OUT_PIXEL, [f"a{j}" for j in range(v)], "s")]
+
+
+def _take(st, v: int, masked: bool) -> list[str]:
+    """``x`` at each window's saved winner, lane by lane: the index byte names
+    cell ``(k / KW, k % KW)`` of the window (its mark stripped, or ``masked``:
+    a marked lane is 0); a cell outside the input, or past the window, reads
+    -inf. One load per lane, from the window the scan already brought into
+    the caches."""
+    word = _byte_word(v)
+    lines = [*_WINDOW, f"const IDX o = {_OUT_PIXEL};",
+             f"const {word} m = *reinterpret_cast<const {word}*>(arg + o);"]
+    for j in range(v):
+        lines += [f"CT t{j} = {lit(-math.inf)};", "{",
+                  f"    const int b = (int)((m >> {8 * j}) & 0xff), k = b & {MASKED - 1};",
+                  "    const int h = h0 + k / KW, w = w0 + k % KW;",
+                  *([f"    if (b & {MASKED}) t{j} = (CT)0; else"] if masked else []),
+                  "    if (k < KH * KW && h >= 0 && h < (int)H && w >= 0 && w < (int)W)",
+                  f"        t{j} = {st.load(f'x[xb + ((IDX)h * W + w) * XP + {j}]')};", "}"]
+    return lines + vector_store(st, "y", "o", [f"t{j}" for j in range(v)], "y")
 
 
 def _average(st, v: int) -> list[str]:
@@ -286,9 +314,11 @@ def _average_backward(st, v: int) -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False,
-            pixels: int = 1) -> tuple[str, str]:
+            pixels: int = 1, masked: bool = True) -> tuple[str, str]:
     """``(name, source)`` of one kernel: ``fwd`` (y), ``arg`` (window indices),
-    ``bwd`` (the gather), ``avg`` or ``avg_bwd`` (average pooling), for the
+    ``bwd`` (the gather), ``take`` (x at the saved winners; ``masked`` for
+    both: what a marked index means, :func:`_take`, :func:`_gather`), ``avg``
+    or ``avg_bwd`` (average pooling), for the
     window ``(kh, kw, sh, sw)`` (compile-time constants: the loops unroll).
     Every thread loop walks pixels ``(n, p, q)`` of a ``QH x QW`` grid, ``V``
     channels ``cv * V`` at a time: the output's for the forward kernels, the
@@ -304,9 +334,12 @@ def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False
         body, out = _scan(st, v, kind, relu, pixels)
         params = f"{x_in}, {out}, {reads_x}"
     elif kind == "bwd":
-        body = _gather(st, v)
+        body = _gather(st, v, masked)
         params = (f"const unsigned char* __restrict__ arg, const {st.ctype}* __restrict__ gy, "
                   f"{st.ctype}* __restrict__ gx, {reads_gy}")
+    elif kind == "take":
+        body = _take(st, v, masked)
+        params = f"{x_in}, const unsigned char* __restrict__ arg, {st.ctype}* __restrict__ y, {reads_x}"
     elif kind == "avg":
         body, params = _average(st, v), f"{x_in}, {st.ctype}* __restrict__ y, {reads_x}"
     else:
@@ -314,7 +347,9 @@ def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False
         params = f"const {st.ctype}* __restrict__ gy, {st.ctype}* __restrict__ gx, {reads_gy}"
     if pixels != 1 and kind not in ("fwd", "arg"):
         raise ValueError(f"pool_vector: {kind} kernels scan one pixel per thread, not {pixels}")
-    name = (f"opgraph_pool_vec_{kind}{'_relu' if relu else ''}_{dtype}_{'i64' if wide else 'i32'}"
+    unmasked = kind in ("bwd", "take") and not masked
+    name = (f"opgraph_pool_vec_{kind}{'_relu' if relu else ''}{'_unmasked' if unmasked else ''}_{dtype}_"
+            f"{'i64' if wide else 'i32'}"
             f"_k{kh}x{kw}s{sh}x{sw}{f'_p{pixels}' if pixels != 1 else ''}")
     constants = (f"#define KH {kh}\n#define KW {kw}\n#define SH {sh}\n#define SW {sw}\n"
                  f"#define MH {-(-kh // sh)}\n#define MW {-(-kw // sw)}\n#define PIX {pixels}\n")
@@ -343,31 +378,33 @@ def _span(a) -> int:
 
 
 def _launch(xp, kind, dtype, total, arrays, sizes, g: PoolGeometry, span, relu=False, include_pad=False,
-            pixels=1):
+            pixels=1, masked=True):
     """One launch of the kernel for ``g``'s window: ``arrays``, then the ``sizes``
     as IDX, then ``g``'s padding as int; 64-bit indices when ``span`` (the
     largest operand's extent) needs them."""
     wide = max(total * 16 * pixels, span) >= 2 ** 31
-    name, text = _source(kind, dtype, wide, (*g.kernel, *g.stride), relu, pixels)
+    name, text = _source(kind, dtype, wide, (*g.kernel, *g.stride), relu, pixels, masked)
     idx = xp.int64 if wide else xp.int32
     blocks = max(1, min(-(-total // THREADS), MAX_BLOCKS))
     compiled(text, name)((blocks,), (THREADS,), (*arrays, *map(idx, sizes), *map(xp.int32, _padding(g, include_pad))))
 
 
-def _forward(xp, kind, x, out, g: PoolGeometry, include_pad=False, relu=False, pixels=1):
-    """Launch ``kind`` (``fwd``, ``arg``, ``avg``) over the pooled pixels, reading x
-    into ``out``; ``pixels`` output columns per thread (``fwd``, ``arg``: :func:`_scan`)."""
+def _forward(xp, kind, x, out, g: PoolGeometry, include_pad=False, relu=False, pixels=1, before=(),
+             masked=True):
+    """Launch ``kind`` (``fwd``, ``arg``, ``avg``, ``take``) over the pooled pixels,
+    reading x (and ``before``: the take's indices) into ``out``; ``pixels``
+    output columns per thread (``fwd``, ``arg``: :func:`_scan`)."""
     n, c, h, w = x.shape
     (oh, ow), v = g.out, lanes(x.dtype.name)
     total = n * oh * -(-ow // pixels) * (c // v)
     if total:
-        _launch(xp, kind, x.dtype.name, total, [bits(xp, x), bits(xp, out)],
+        _launch(xp, kind, x.dtype.name, total, [bits(xp, x), *before, bits(xp, out)],
                 [total, c // v, ow, oh, h, w, c, pixel_pitch(x)], g, max(_span(x), out.size), relu, include_pad,
-                pixels)
+                pixels, masked)
     return out
 
 
-def _backward(xp, kind, before, gy, gx, g: PoolGeometry, include_pad=False):
+def _backward(xp, kind, before, gy, gx, g: PoolGeometry, include_pad=False, masked=True):
     """Launch ``kind`` (``bwd``, ``avg_bwd``) over the input pixels: ``before`` (the
     window indices, or nothing), then gy, into ``gx``."""
     n, c, h, w = gx.shape
@@ -376,7 +413,7 @@ def _backward(xp, kind, before, gy, gx, g: PoolGeometry, include_pad=False):
     if total:
         _launch(xp, kind, gy.dtype.name, total, [*before, bits(xp, gy), bits(xp, gx)],
                 [total, c // v, w, h, oh, ow, c, pixel_pitch(gy)], g, max(_span(gy), gx.size),
-                include_pad=include_pad)
+                include_pad=include_pad, masked=masked)
     return gx
 
 
@@ -403,6 +440,43 @@ def max_pool2d_backward(xp, x, gy, g: PoolGeometry, relu: bool = False, pixels: 
     return _backward(xp, "bwd", [arg], gy, _nhwc(xp, x.shape, gy.dtype), g)
 
 
+def indices_apply(idx) -> bool:
+    """Whether saved window indices are a dense channels-last uint8 array (as
+    :func:`max_pool2d_argmax` writes them), 16-byte aligned: what the take and
+    the gather read V bytes at a time."""
+    return (idx.dtype.name == "uint8" and idx.ndim == 4 and pixel_pitch(idx) == idx.shape[1]
+            and address(idx) % 16 == 0)
+
+
+def max_pool2d_argmax(xp, x, g: PoolGeometry, relu: bool = False, pixels: int = 1):
+    """Each window's winner of channels-last ``(N, C, H, W)`` x: a new
+    channels-last uint8 ``(N, C, OH, OW)`` array of row-major window indices
+    (``relu``: plus :data:`MASKED` where the winner is not > 0), the scan of
+    :func:`max_pool2d_backward`. Raises nothing itself: the caller checks
+    :func:`applies` first."""
+    n, c = x.shape[:2]
+    arg = _forward(xp, "arg", x, xp.empty((n, *g.out, c), dtype=xp.uint8), g, relu=relu, pixels=pixels)
+    return arg.transpose(0, 3, 1, 2)
+
+
+def max_pool2d_take(xp, x, idx, g: PoolGeometry, masked: bool = False):
+    """``x`` (channels-last ``(N, C, H, W)``) at each window's saved winner
+    ``idx`` (:func:`indices_apply`): a new channels-last ``(N, C, OH, OW)``
+    array of x's dtype; a marked index reads 0 with ``masked``. Raises
+    nothing itself: the caller checks :func:`applies` and
+    :func:`indices_apply` first."""
+    return _forward(xp, "take", x, _nhwc(xp, (*x.shape[:2], *g.out), x.dtype), g, before=[idx], masked=masked)
+
+
+def max_pool2d_backward_indices(xp, idx, gy, g: PoolGeometry, shape, masked: bool = False):
+    """Input gradient of max pooling from saved winners ``idx``
+    (:func:`indices_apply`) and channels-last ``(N, C, OH, OW)`` gy: a new
+    channels-last array of ``shape`` and gy's dtype (``masked``: marked
+    windows route nothing). Raises nothing itself: the caller checks
+    :func:`applies` and :func:`indices_apply` first."""
+    return _backward(xp, "bwd", [idx], gy, _nhwc(xp, tuple(shape), gy.dtype), g, masked=masked)
+
+
 def avg_pool2d(xp, x, g: PoolGeometry, count_include_pad: bool):
     """Average pooling of channels-last ``(N, C, H, W)`` x into a new channels-last
     ``(N, C, OH, OW)`` array of x's dtype; the divisor counts explicit padding
@@ -420,5 +494,6 @@ def avg_pool2d_backward(xp, gy, g: PoolGeometry, count_include_pad: bool, shape)
     return _backward(xp, "avg_bwd", [], gy, _nhwc(xp, tuple(shape), gy.dtype), g, include_pad=count_include_pad)
 
 
-__all__ = ["DTYPES", "DIVISOR", "NO_WINNER", "MAX_CELLS", "REVISION", "PIXELS", "lanes", "pixel_pitch", "declines", "applies",
-           "max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward"]
+__all__ = ["DTYPES", "DIVISOR", "MASKED", "MAX_CELLS", "REVISION", "PIXELS", "lanes", "pixel_pitch", "declines",
+           "applies", "indices_apply", "max_pool2d", "max_pool2d_backward", "max_pool2d_argmax", "max_pool2d_take",
+           "max_pool2d_backward_indices", "avg_pool2d", "avg_pool2d_backward"]

@@ -30,7 +30,7 @@ from opgraph import ops
 
 from ..reference.kernel import params_kernel
 from ..registry import Rule, register
-from . import colsum, depthwise, depthwise_filter, loss, lrn, pool, pool_vector, relu, unfold
+from . import colsum, depthwise, depthwise_filter, loss, lrn, pool, pool_indices, pool_vector, relu, unfold
 from .cublas import capture_requirement
 from .codegen import movement
 
@@ -48,6 +48,9 @@ POOL_KERNELS = {
     ops.MaxPool2dSelect: pool.max_pool2d_select_kernel,
     ops.AvgPool2d: pool.avg_pool2d_kernel,
     ops.AvgPool2dBackward: pool.avg_pool2d_backward_kernel,
+    ops.MaxPool2dArgmax: pool_indices.max_pool2d_argmax_kernel,
+    ops.MaxPool2dTake: pool_indices.max_pool2d_take_kernel,
+    ops.MaxPool2dBackwardIndices: pool_indices.max_pool2d_backward_indices_kernel,
 }
 
 #: abstract op type -> node kernel ``kernel(ctx, op, *arrays)``.
@@ -79,9 +82,13 @@ SPECIALIZABLE = tuple(POOL_KERNELS)
 
 #: Ops with the channels-last vector path (:mod:`.pool_vector`).
 VECTOR_POOLS = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.AvgPool2d,
-                ops.AvgPool2dBackward)
+                ops.AvgPool2dBackward, ops.MaxPool2dArgmax, ops.MaxPool2dTake, ops.MaxPool2dBackwardIndices)
+#: The most window cells of the vector kernels that index each window's winner in a byte
+INDEXED_CELLS = {ops.MaxPool2dBackward: pool_vector.MAX_CELLS, ops.MaxPool2dBackwardRelu: pool_vector.MASKED,
+                 ops.MaxPool2dArgmax: pool_vector.MASKED, ops.MaxPool2dTake: pool_vector.MASKED,
+                 ops.MaxPool2dBackwardIndices: pool_vector.MASKED}
 #: Of them, those whose vector kernels scan max-pool windows (the ``pixels`` option)
-MAX_POOLS = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu)
+MAX_POOLS = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.MaxPool2dArgmax)
 
 
 def pool_variants(op, in_types, device):
@@ -115,12 +122,15 @@ vector_pool_variants.revision = pool_vector.REVISION
 
 def _vector_types(op, in_types) -> bool:
     """Whether ``in_types`` are channels-last 4-D values the vector kernels take
-    (``pool_vector.declines``; the call's own strides are checked when it runs)."""
-    if not in_types:
+    (``pool_vector.declines``; the call's own strides are checked when it runs);
+    saved window indices (uint8) are read beside values of another dtype."""
+    values = [t for t in in_types if t.dtype != "uint8"]
+    if not values:
         return False
-    x = in_types[0]
-    return (all(t.layout == "NHWC" and t.dtype == x.dtype and len(t.shape) == 4 for t in in_types)
-            and pool_vector.declines(x.dtype, x.shape[1], op.kernel_size) is None)
+    x = values[0]
+    return (all(t.layout == "NHWC" and len(t.shape) == 4 for t in in_types)
+            and all(t.dtype == x.dtype for t in values)
+            and pool_vector.declines(x.dtype, x.shape[1], op.kernel_size, INDEXED_CELLS.get(type(op))) is None)
 
 
 def bias_variants(op, in_types, device):
@@ -204,6 +214,6 @@ def register_rules() -> None:
 
 register_rules()
 
-__all__ = ["CUDA_KERNELS", "NODE_KERNELS", "INPLACE", "OPTIONS", "SPECIALIZABLE", "VARIANT_CAPTURE_BLOCKERS",
+__all__ = ["CUDA_KERNELS", "NODE_KERNELS", "INPLACE", "INDEXED_CELLS", "OPTIONS", "SPECIALIZABLE", "VARIANT_CAPTURE_BLOCKERS",
            "VECTOR_POOLS", "MAX_POOLS", "bias_variants", "check", "vector_pool_variants",
            "pool_variants", "register_rules"]

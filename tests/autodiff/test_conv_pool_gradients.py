@@ -187,3 +187,27 @@ def test_pool_grid_covers_ceil_mode_overhang():
                  for n, k, s, p in zip((7, 6), op.kernel_size, op.stride, op.padding)]
         changed += ceil_mode and any(a != b for a, b in sizes)
     assert changed >= 5
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("kernel, stride, padding, ceil_mode", DOUBLE_GRID)
+def test_max_pool2d_through_saved_winners(kernel, stride, padding, ceil_mode, masked):
+    """``MaxPool2dTake(x, MaxPool2dArgmax(x))`` (the pool-argmax rule's forward;
+    ``masked``: 0 where the ReLU mark is set) in x, and the gather
+    ``MaxPool2dBackwardIndices(idx, gy)`` in gy and in x (through the argmax:
+    zero away from ties), against finite differences."""
+    window = dict(kernel_size=kernel, stride=kernel if stride is None else stride, padding=padding,
+                  ceil_mode=ceil_mode)
+    params = ops.MaxPool2d(**window).params()
+    rng = np.random.default_rng(6)
+    x_shape = (2, 2, 7, 6)
+    out_shape = ops.MaxPool2d(**params).infer(og.TensorType(x_shape)).shape
+    g = og.Graph()
+    x, gy = g.input("x", x_shape), g.input("gy", out_shape)
+    idx = g.apply(ops.MaxPool2dArgmax, dict(params, relu=masked), [x])
+    y = g.apply(ops.MaxPool2dTake, dict(params, masked=masked), [x, idx])
+    feeds = {"x": distinct(rng, x_shape), "gy": rng.standard_normal(out_shape)}
+    check_grad(y, [x], feeds)
+    gx = g.apply(ops.MaxPool2dBackwardIndices, dict(params, masked=masked, input_shape=x_shape), [idx, gy])
+    grads = check_grad(gx, [x, gy], feeds)
+    assert np.all(grads["x"] == 0)

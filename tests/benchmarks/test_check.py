@@ -295,6 +295,20 @@ def test_a_fused_pool_relu_gradient_is_checked_against_the_reference_relu_gradie
     assert check.check_lowering(exe, ref).passed
 
 
+def test_the_saved_winner_ops_are_checked_against_the_reference_values_they_replace(setup):
+    # pool-argmax (opted in on the CPU): the take computes MaxPool2d's value, the masked
+    # gather the ReluBackward that MaxPool2dBackwardRelu had absorbed
+    tg, feeds, ref = setup
+    exe = og.compile(tg.outputs, policy={"include": ["fused-reference"]})
+    kinds = {abstract_of(st.op).name: st.node for st in exe.steps}
+    assert {"MaxPool2dArgmax", "MaxPool2dTake", "MaxPool2dBackwardIndices"} <= set(kinds)
+    take = check.abstract_twin(exe.graph, ref.graph, kinds["MaxPool2dTake"])
+    assert ref.graph.node(take).op.name == "MaxPool2d" and take in ref.values
+    gather = check.abstract_twin(exe.graph, ref.graph, kinds["MaxPool2dBackwardIndices"])
+    assert ref.graph.node(gather).op.name == "ReluBackward" and gather in ref.values
+    assert check.check_lowering(exe, ref).passed
+
+
 def test_the_new_input_tolerance_follows_the_storage_dtype():
     # a nondeterministic sum stored in bf16 differs by its rounding (2^-8), a stale array by ~1
     assert graph_column.graph_follow_tolerance("float32") == graph_column.graph_follow_tolerance("float64") == 1e-3

@@ -1,6 +1,7 @@
 """On the GPU: zero-copy concat through cuDNN's strided output (passes/zero_copy.py,
 cuda/cudnn.py) and the max-pool kernels with saved 1-byte indices
-(cuda/pool_indices.py), each against the float64 reference."""
+(cuda/pool_indices.py), alone and as the pool-argmax rule makes them, each
+against the float64 reference."""
 
 from __future__ import annotations
 
@@ -87,3 +88,37 @@ def test_max_pool_with_indices_matches_the_reference(cp, rng, case, ties, dtype,
     np.testing.assert_allclose(cp.asnumpy(gx).astype(np.float64), want, rtol=tol, atol=tol)
     np.testing.assert_allclose(want, ref_pool.max_pool2d_backward(np, x.astype(np.float64), gy.astype(np.float64),
                                                                  kernel_size=k, stride=s, padding=p, ceil_mode=ceil))
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype,precision,tol", [("float32", "fp32", 1e-4), ("bfloat16", "bf16", 5e-2)])
+def test_the_training_step_through_saved_pool_winners(cp, relerr, layout, dtype, precision, tol):
+    """The ``pool-argmax`` rule on the device: every max pooling of an
+    inception-like step runs as argmax + take, its gradient as the gather;
+    every output against the float64 reference (the inception pool's input
+    is the step's input: its plain gradient form; the next pool reads a
+    ReLU: the masked form)."""
+    y, params = _inception()
+    z = og.max_pool2d(y, 3, 2, ceil_mode=True)
+    x = next(s.output for s in z.graph.sources() if s.name == "x")
+    outs = [z, *og.grad(z, [*params, x])]
+    rng = np.random.default_rng(1)
+    feeds = {p.name: rng.standard_normal(p.shape).astype(np.float32) for p in params}
+    feeds["x"] = rng.standard_normal((4, 16, 12, 12)).astype(np.float32)
+    gz = rng.standard_normal(z.shape)
+    want = og.compile(outs, device="cpu", pipeline="reference", dtype="float64")(grad_outputs={z: gz}, **feeds)
+    exe = og.compile(outs, device="cuda", dtype=dtype, policy=og.LoweringPolicy(layout=layout, precision=precision))
+    kinds = [st.op.op.name for st in exe.steps]
+    assert kinds.count("MaxPool2dTake") == kinds.count("MaxPool2dArgmax") == 2, kinds
+    assert "MaxPool2dBackward" not in kinds and "MaxPool2dBackwardRelu" not in kinds
+    got = exe(grad_outputs={z: gz.astype(np.float32)}, **feeds)
+    assert relerr(cp.asnumpy(got[0].astype(cp.float32)), want[0]) < tol
+    for p, a, w in zip([*params, x], got[1:], want[1:]):
+        assert relerr(cp.asnumpy(a.astype(cp.float32)), w) < (4e-1 if dtype == "bfloat16" else tol), p.name
+    # against the same compile with the rule off: the same routing, so the same values but for
+    # the order of float32 sums in the ops the rule does not touch (bf16: one rounding)
+    off = og.compile(outs, device="cuda", dtype=dtype, policy=og.LoweringPolicy(
+        layout=layout, precision=precision, exclude=["pool-argmax"]))(grad_outputs={z: gz.astype(np.float32)}, **feeds)
+    for p, a, b in zip(["z", *[q.name for q in params], "x"], got, off):
+        a, b = (cp.asnumpy(v.astype(cp.float32)) for v in (a, b))
+        assert relerr(a, b) < (1e-2 if dtype == "bfloat16" else 1e-5), p

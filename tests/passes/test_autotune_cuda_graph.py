@@ -2,7 +2,9 @@
 a candidate whose rule declares itself not capturable (FFT, Winograd), or
 whose variant does (``Rule.variant_capture_blocker``: the bias gradient's
 cuBLAS ``method='gemv'``), would run eagerly between the graphs of the replay,
-so it competes only when no capturable candidate is correct; the cached
+so it competes only when it beats every correct capturable candidate by more
+than a split of the replay costs (``autotune.EAGER_STEP_MS``), or none is
+correct; the cached
 measurements decide again, nothing is timed twice; and the benchmark's
 ``+graph`` column compiles that way only when the eager column's graph has
 such a step."""
@@ -18,7 +20,7 @@ from opgraph.backends import registry
 from opgraph.backends.registry import KernelContext, Rule, lookup
 from opgraph import ops
 from opgraph.benchmarks.graph_column import changed_choices, recompile_note, replay_policy
-from opgraph.passes.autotune import AutotunePass, choose
+from opgraph.passes.autotune import EAGER_STEP_MS, AutotunePass, choose
 from opgraph.passes.base import PassContext, Pipeline
 from opgraph.passes.lower import LowerPass
 from opgraph.passes.policy import LoweringPolicy, PolicyError
@@ -73,12 +75,23 @@ def tune(cache, timer, device="cuda", **policy):
 
 def test_choose_leaves_out_a_faster_uncapturable_row_when_a_capturable_one_is_correct():
     split = Candidate("split", time_ms=1.0)
-    graphed = Candidate("graphed", time_ms=1.5)
+    graphed = Candidate("graphed", time_ms=1.03)
     rows = [split, graphed]
     assert choose(rows, rows, 0.03, blocked("split")) is graphed and graphed.status == "chosen"
     assert split.status == "ok" and WHY in split.reason and "cuda_graph" in split.reason
-    again = [Candidate("split", time_ms=1.0), Candidate("graphed", time_ms=1.5)]
+    again = [Candidate("split", time_ms=1.0), Candidate("graphed", time_ms=1.03)]
     assert choose(again, again, 0.03) is again[0]  # without cuda_graph: the fastest
+
+
+@pytest.mark.parametrize("saved", [EAGER_STEP_MS * 0.5, EAGER_STEP_MS * 4])
+def test_an_uncapturable_row_wins_when_it_saves_more_than_a_split_costs(saved):
+    split, graphed = Candidate("split", time_ms=1.0), Candidate("graphed", time_ms=1.0 + saved)
+    rows = [split, graphed]
+    wins = saved > EAGER_STEP_MS
+    assert choose(rows, rows, 0.0, blocked("split")) is (split if wins else graphed)
+    assert WHY in split.reason
+    assert ("runs eagerly between the CUDA graphs" in split.reason) == wins
+    assert (f"{saved:.3f} ms" in split.reason) and (graphed.reason == "")
 
 
 def test_an_uncapturable_row_still_wins_when_nothing_else_is_correct():
@@ -94,18 +107,22 @@ def test_a_slower_uncapturable_row_gets_no_reason():
 
 def test_the_tuner_picks_the_capturable_candidate_for_a_replayed_step(monkeypatch, tmp_path):
     install(monkeypatch)
-    times = {"reference": 3.0, "split": 1.0, "graphed": 1.4}
+    times = {"reference": 3.0, "split": 1.0, "graphed": 1.03}
     assert tune(tmp_path / "a.json", StubTimer(times)).algorithm == "split"
     rec = tune(tmp_path / "b.json", StubTimer(times), cuda_graph=True)
     assert rec.how == "autotune" and rec.algorithm == "graphed"
     left_out = next(c for c in rec.candidates if c.algorithm == "split")
     assert WHY in left_out.reason
+    faster = dict(times, graphed=1.4)  # 0.4 ms saved: more than a split of the replay costs
+    kept = tune(tmp_path / "c.json", StubTimer(faster), cuda_graph=True)
+    assert kept.algorithm == "split"
+    assert any("runs eagerly between the CUDA graphs" in c.reason for c in kept.candidates if c.algorithm == "split")
 
 
 def test_cuda_graph_chooses_again_from_the_cache_without_timing(monkeypatch, tmp_path):
     install(monkeypatch)
     path = tmp_path / "c.json"
-    assert tune(path, StubTimer({"reference": 3.0, "split": 1.0, "graphed": 1.4})).algorithm == "split"
+    assert tune(path, StubTimer({"reference": 3.0, "split": 1.0, "graphed": 1.03})).algorithm == "split"
     counter = StubTimer({})
     rec = tune(path, counter, cuda_graph=True)
     assert rec.how == "cache" and rec.algorithm == "graphed" and counter.calls == []
@@ -115,7 +132,7 @@ def test_cuda_graph_chooses_again_from_the_cache_without_timing(monkeypatch, tmp
 
 def test_choose_tells_variants_of_one_rule_apart():
     gemv = Candidate("methods", {"method": "gemv"}, time_ms=1.0)
-    columns = Candidate("methods", {}, time_ms=1.5)
+    columns = Candidate("methods", {}, time_ms=1.03)
     rows = [gemv, columns]
     blocker = lambda algorithm, options: METHODS.declared_capture_blocker(options)  # noqa: E731
     assert choose(rows, rows, 0.03, blocker) is columns and gemv.status == "ok"
@@ -126,7 +143,7 @@ def test_choose_tells_variants_of_one_rule_apart():
 
 def test_the_tuner_picks_the_capturable_variant_for_a_replayed_step(monkeypatch, tmp_path):
     install_methods(monkeypatch)
-    times = {"reference": 3.0, "methods[method=gemv]": 1.0, "methods": 1.4}
+    times = {"reference": 3.0, "methods[method=gemv]": 1.0, "methods": 1.03}
     assert tune(tmp_path / "a.json", StubTimer(times)).options == {"method": "gemv"}
     rec = tune(tmp_path / "b.json", StubTimer(times), cuda_graph=True)
     assert rec.how == "autotune" and rec.algorithm == "methods" and rec.options == {}
@@ -137,7 +154,7 @@ def test_the_tuner_picks_the_capturable_variant_for_a_replayed_step(monkeypatch,
 def test_a_cached_uncapturable_variant_is_chosen_again_without_timing(monkeypatch, tmp_path):
     install_methods(monkeypatch)
     path = tmp_path / "c.json"
-    times = {"reference": 3.0, "methods[method=gemv]": 1.0, "methods": 1.4}
+    times = {"reference": 3.0, "methods[method=gemv]": 1.0, "methods": 1.03}
     assert tune(path, StubTimer(times)).options == {"method": "gemv"}
     counter = StubTimer({})
     rec = tune(path, counter, cuda_graph=True)
@@ -166,7 +183,7 @@ def test_a_variant_blocker_adds_to_the_rules_declaration():
 def test_cuda_graph_counts_only_on_cuda(monkeypatch, tmp_path):
     # on the CPU nothing is captured: the fastest wins
     install(monkeypatch)
-    times = {"reference": 3.0, "split": 1.0, "graphed": 1.4}
+    times = {"reference": 3.0, "split": 1.0, "graphed": 1.03}
     assert tune(tmp_path / "a.json", StubTimer(times), device="cpu", cuda_graph=True).algorithm == "split"
 
 

@@ -52,6 +52,7 @@ def test_fusion_on_cuda_of_every_built_in_model(monkeypatch, key):
     # gradient's making (<node>/remat, <node>/remat_2), each absorbed into its fused chain
     added += sum(re.search(r"/remat(_\d+)?$", name) is not None for v in fused for name in report.node(v.name).absorbed)
     added += sum(v.name.endswith("/batch-stats") for v in nodes)  # bn-stats-parts: a part's statistics
+    added += sum(v.name.endswith("/argmax") for v in nodes)  # pool-argmax: a pooling's saved winners
     assert len(off_report.nodes) - len(report.nodes) == absorbed - added
     assert not any(v.op.op.fused for v in lowered(off_graph, off_outs))
     # the report says which rules rewrote how many matches
@@ -59,7 +60,11 @@ def test_fusion_on_cuda_of_every_built_in_model(monkeypatch, key):
     assert not any(v.get("applied") for v in off_report.fusion.values())
     fused_kinds = collections.Counter(v.op.op.name for v in fused)
     assert report.fusion["dgrad-relu"]["applied"] == fused_kinds["Conv2dBackwardDataRelu"]
-    assert report.fusion["pool-relu-backward"]["applied"] == fused_kinds["MaxPool2dBackwardRelu"]
+    # pool-argmax then turns a MaxPool2dBackwardRelu into a masked gather
+    masked = sum(v.op.op.name == "MaxPool2dBackwardIndices" and v.op.op.masked for v in nodes)
+    assert report.fusion["pool-relu-backward"]["applied"] == fused_kinds["MaxPool2dBackwardRelu"] + masked
+    assert report.fusion["pool-argmax"]["applied"] == fused_kinds["MaxPool2dTake"] \
+        == fused_kinds["MaxPool2dBackwardIndices"] == fused_kinds["MaxPool2dArgmax"]
     # each chain or n-ary sum is one FusedElementwise, unless a later chain took an n-ary sum in
     chains = report.fusion["elementwise"]["applied"] + report.fusion["gradient-sum"]["applied"]
     assert (chains > 0) == (fused_kinds["FusedElementwise"] > 0) and fused_kinds["FusedElementwise"] <= chains
@@ -90,6 +95,10 @@ def test_fusion_on_cuda_of_every_built_in_model(monkeypatch, key):
     if key in ("alexnet", "overfeat", "vgg_a", "googlenet"):  # conv + bias + ReLU everywhere
         convs = sum(v.op.name == "Conv2d" for v in abstract)
         assert kinds["Conv2dBiasRelu"] == convs
+    # every max pooling with its gradient saves its winners; none scans x in its gradient any more
+    pools = sum(v.op.name == "MaxPool2d" for v in abstract)
+    assert kinds["MaxPool2dTake"] == pools
+    assert not [v.name for v in nodes if v.op.op.name in ("MaxPool2dBackward", "MaxPool2dBackwardRelu")]
 
 
 def test_the_report_names_a_rule_the_policy_excluded(monkeypatch):

@@ -80,6 +80,23 @@ def _index_bits(masked: bool, g: PoolGeometry) -> str:
     return "0xff" if masked or g.kernel[0] * g.kernel[1] > MASKED else hex(MASKED - 1)
 
 
+def _indexed_scan(xp, x, g: PoolGeometry, specialize: bool, relu: bool, keep_max: bool, what: str):
+    """``(y or None, idx, cl, dtype)``: the window scan writing each winner's index
+    (``relu``: marked where it is not > 0), and the maximum with ``keep_max``."""
+    check_window(g, relu)
+    buf, cl, dtype = _prepare(xp, x, what)
+    n, c = x.shape[:2]
+    y = _out(xp, buf, n, c, g.out, cl) if keep_max else None
+    idx = _out(xp, buf, n, c, g.out, cl, xp.uint8)
+    if idx.size:
+        outs = [*([y.ravel()] if keep_max else []), idx.ravel()]
+        _run(("maxpool_idx" if keep_max else "maxpool_argmax") + ("_relu" if relu else ""), "raw T x", [buf.ravel()],
+             "raw T y, raw uint8 idx" if keep_max else "raw uint8 idx", outs,
+             (_MAX_IDX if keep_max else _ARGMAX)[relu], _geo(c, g, cl, g.out), size=idx.size,
+             arrays=(buf, idx), storage=_storage(dtype), specialize=specialize)
+    return y, idx, cl, dtype
+
+
 def max_pool2d_with_indices(xp, x, g: PoolGeometry, specialize: bool = False, relu: bool = False):
     """``(y, idx)``: max pooling of ``(N, C, H, W)`` x (x's dtype and layout)
     and each window's winner, uint8 ``(N, C, oh, ow)`` in x's layout
@@ -89,15 +106,7 @@ def max_pool2d_with_indices(xp, x, g: PoolGeometry, specialize: bool = False, re
         ParameterError: a window of more than 256 cells (128 with ``relu``).
         ShapeError: x not 4-D.
     """
-    check_window(g, relu)
-    buf, cl, dtype = _prepare(xp, x, "max_pool2d_with_indices")
-    n, c = x.shape[:2]
-    y = _out(xp, buf, n, c, g.out, cl)
-    idx = _out(xp, buf, n, c, g.out, cl, xp.uint8)
-    if y.size:
-        _run("maxpool_idx" + ("_relu" if relu else ""), "raw T x", [buf.ravel()], "raw T y, raw uint8 idx",
-             [y.ravel(), idx.ravel()], _MAX_IDX[relu], _geo(c, g, cl, g.out), size=y.size, arrays=(buf, y),
-             storage=_storage(dtype), specialize=specialize)
+    y, idx, cl, dtype = _indexed_scan(xp, x, g, specialize, relu, True, "max_pool2d_with_indices")
     return _finish(xp, y, cl, dtype), logical(idx, cl)
 
 
@@ -109,14 +118,7 @@ def max_pool2d_argmax(xp, x, g: PoolGeometry, specialize: bool = False, relu: bo
         ParameterError: a window of more than 256 cells (128 with ``relu``).
         ShapeError: x not 4-D.
     """
-    check_window(g, relu)
-    buf, cl, _ = _prepare(xp, x, "max_pool2d_argmax")
-    n, c = x.shape[:2]
-    idx = _out(xp, buf, n, c, g.out, cl, xp.uint8)
-    if idx.size:
-        _run("maxpool_argmax" + ("_relu" if relu else ""), "raw T x", [buf.ravel()], "raw uint8 idx",
-             [idx.ravel()], _ARGMAX[relu], _geo(c, g, cl, g.out), size=idx.size, arrays=(buf, idx),
-             storage=_storage(x.dtype), specialize=specialize)
+    _, idx, cl, _ = _indexed_scan(xp, x, g, specialize, relu, False, "max_pool2d_argmax")
     return logical(idx, cl)
 
 

@@ -79,6 +79,20 @@ def test_an_input_taken_for_its_type_only_moves_no_bytes():
     assert moved == 4 * (2 * 16 + 16)
 
 
+def test_the_take_counts_one_element_of_x_per_output():
+    """``MaxPool2dTake(x, idx)`` reads idx and x at each window's winner, not all of x."""
+    import opgraph as og
+    from opgraph.op import Lowered
+    from opgraph.ops import MaxPool2dTake
+    g = og.Graph()
+    x = g.input("x", (4, 16, 8, 8))
+    idx = g.add_node(Lowered(og.ops.MaxPool2dArgmax(kernel_size=2, stride=2), "reference", "cpu", {}), [x])
+    take = g.add_node(Lowered(MaxPool2dTake(kernel_size=2, stride=2), "reference", "cpu", {}), [x, idx])
+    pooled = 4 * 16 * 4 * 4
+    assert pf.step_traffic(g, take.node)[0] == pooled * (1 + 4 + 4)  # idx bytes, x read, y written
+    assert pf.step_traffic(g, idx.node)[0] == 4 * 16 * 8 * 8 * 4 + pooled  # the whole window scan of x
+
+
 def test_rows_are_judged_against_the_limit_of_their_kind():
     nodes = [{"op": "Conv2d", "direction": "fprop", "kind": "compute", "algorithm": "gemm",
               "ms": 2.0, "bytes": 4_000_000, "flops": 6_000_000_000},

@@ -103,28 +103,22 @@ def fuse_pool_argmax(graph: Graph, m: Match, ctx: PassContext) -> str | None:
     window = window_params(abstract)
     argmax_op = MaxPool2dArgmax(**window, relu=relu)
     idx_type = argmax_op.infer(x.type)
-    if saved is not None:  # the pooling saves its winners already: only the gradient changes
-        gather = lowered_for(MaxPool2dBackwardIndices(**window, masked=relu, input_shape=x.shape),
-                             (idx_type, gy.type), algorithm, ctx, {}, what="max-pool gather kernel")
-        if isinstance(gather, str):
-            return gather
-        graph.rewrite(gradient.id, gather, [graph.value(saved), gy])
-        report_rewrite(ctx, gradient.name, gather)
-        return None
-    made = {}
-    for key, op, types in (("argmax", argmax_op, (x.type,)),
-                           ("take", MaxPool2dTake(**window), (x.type, idx_type)),
-                           ("gather", MaxPool2dBackwardIndices(**window, masked=relu, input_shape=x.shape),
-                            (idx_type, gy.type))):
-        lowered = lowered_for(op, types, algorithm, ctx, {}, what=f"max-pool {key} kernel")
-        if isinstance(lowered, str):
-            return lowered
-        made[key] = lowered
-    idx = add_lowered(graph, made["argmax"], [x], f"{forward.name}/argmax", ctx)
-    graph.rewrite(forward.id, made["take"], [x, idx])
-    report_rewrite(ctx, forward.name, made["take"])
-    graph.rewrite(gradient.id, made["gather"], [idx, gy])
-    report_rewrite(ctx, gradient.name, made["gather"])
+    gather = lowered_for(MaxPool2dBackwardIndices(**window, masked=relu, input_shape=x.shape),
+                         (idx_type, gy.type), algorithm, ctx, {}, what="max-pool gather kernel")
+    if isinstance(gather, str):
+        return gather
+    if saved is None:  # else the pooling saves its winners already: only the gradient changes
+        argmax = lowered_for(argmax_op, (x.type,), algorithm, ctx, {}, what="max-pool argmax kernel")
+        take = lowered_for(MaxPool2dTake(**window), (x.type, idx_type), algorithm, ctx, {},
+                           what="max-pool take kernel")
+        why = next((w for w in (argmax, take) if isinstance(w, str)), None)
+        if why:
+            return why
+        saved = add_lowered(graph, argmax, [x], f"{forward.name}/argmax", ctx).node
+        graph.rewrite(forward.id, take, [x, graph.value(saved)])
+        report_rewrite(ctx, forward.name, take)
+    graph.rewrite(gradient.id, gather, [graph.value(saved), gy])
+    report_rewrite(ctx, gradient.name, gather)
     return None
 
 

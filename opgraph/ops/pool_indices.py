@@ -38,7 +38,7 @@ import attrs
 
 from ..errors import ParameterError, ShapeError
 from ..op import require_ndim
-from ..types import TensorType
+from ..types import INDEX_DTYPES, TensorType
 from . import _fields as F
 from .pool import _PoolOp
 
@@ -47,7 +47,7 @@ MASKED = 128
 #: the most cells a window may have (its index, below :data:`MASKED`, fits 7 bits)
 MAX_CELLS = MASKED
 #: the dtype of the saved indices
-INDEX_DTYPE = "uint8"
+INDEX_DTYPE = INDEX_DTYPES[0]
 
 
 def window_params(op) -> dict:

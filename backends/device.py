@@ -55,7 +55,7 @@ def cuda_status() -> tuple[bool, str]:
         import cupy
     except Exception as exc:  # ImportError, or a broken CUDA install raising anything
         return False, (f"CuPy cannot be imported ({type(exc).__name__}: {exc}); "
-                       "install it with pip install -e \".[cuda12]\" or \".[cuda13]\"")
+                       "install it with pip install -e \".[bench,cuda12]\" or \".[bench,cuda13]\"")
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # CUDARuntimeError: no driver, no device

@@ -383,8 +383,7 @@ def memory_tables(doc: dict) -> Iterable[Table]:
                          "buffers during one run; measured: most bytes allocated at once during one "
                          "run (GPU only; PyTorch: torch.cuda.max_memory_allocated); reserved: the "
                          "memory pool's high-water mark, fragmentation and cache included (PyTorch: "
-                         "max_memory_reserved; runs before 2026-11-30's third session reported this "
-                         "as measured)"])
+                         "max_memory_reserved)"])
 
 
 def all_tables(doc: dict, *, per_layer_tflops: bool = False) -> list[Table]:

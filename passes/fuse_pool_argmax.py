@@ -73,6 +73,14 @@ def _forward_of(scope: Scope, gradient: int) -> tuple[int, int | None] | None:
     return None
 
 
+def _oracle_without_opt_in(algorithm: str, ctx: PassContext) -> str | None:
+    """Why the rule leaves a pooling on ``algorithm`` alone (the CPU's oracle, not opted in), or None."""
+    if algorithm in ORACLE_ALGORITHMS and OPT_IN not in ctx.policy.include:
+        return (f"on {algorithm} the take and the gather are passes more than NumPy's one scan saves; "
+                f"opt in with include=[{OPT_IN!r}]")
+    return None
+
+
 def match_pool_argmax(scope: Scope, view: NodeView) -> Match | None:
     """A max-pool gradient whose forward pooling is in the graph (module docstring)."""
     op = abstract_of(view.op)
@@ -80,6 +88,10 @@ def match_pool_argmax(scope: Scope, view: NodeView) -> Match | None:
         return None
     if op.kernel_size[0] * op.kernel_size[1] > MAX_CELLS:
         scope.note(NAME, f"a window of over {MAX_CELLS} cells")
+        return None
+    why = _oracle_without_opt_in(scope.algorithm(view.id), scope.ctx)
+    if why:  # no match rather than a declined one: a CPU run's fusion line would count every pooling
+        scope.note(NAME, why)
         return None
     found = _forward_of(scope, view.id)
     if found is None:
@@ -94,9 +106,6 @@ def fuse_pool_argmax(graph: Graph, m: Match, ctx: PassContext) -> str | None:
     gradient, forward = graph.node(m.root), graph.node(m.data[0])
     saved = m.data[1]
     algorithm = gradient.op.algorithm
-    if algorithm in ORACLE_ALGORITHMS and OPT_IN not in ctx.policy.include:
-        return (f"on {algorithm} the take and the gather are passes more than NumPy's one scan saves; "
-                f"opt in with include=[{OPT_IN!r}]")
     abstract = abstract_of(gradient.op)
     relu = isinstance(abstract, MaxPool2dBackwardRelu)
     x, gy = gradient.inputs

@@ -58,7 +58,7 @@ _TAKE = _DECOMPOSE + """
     if (MASK_TEST) v = (CT)0;
     else if (k < kh * kw && h >= 0 && h < H && w >= 0 && w < W) v = LD(x[xc + h * xh + w * xw]);
     ST(y[t], v);
-""".replace("MASKED", str(MASKED))
+"""
 
 #: Backward: (a, b) is the input cell; in window (oh, ow) it sits at row
 #: a + pt - oh * sh, column b + pl - ow * sw.

@@ -47,7 +47,10 @@ from __future__ import annotations
 import functools
 import math
 
+from opgraph.ops.pool_indices import MASKED
+
 from ..reference.pool import PoolGeometry
+from ..reference.pool_indices import MAX_WINDOW_CELLS
 from .codegen.launch import address, compiled
 from .codegen.storage import DEVICE_HELPERS, lit, storage_of, vector_load, vector_store
 from .storage import bits
@@ -66,13 +69,11 @@ DTYPES = ("bfloat16", "float32")
 THREADS = 256
 #: grid-stride loops: at most this many blocks (8 per SM of an H200)
 MAX_BLOCKS = 1056
-#: added to a window's index where its winner fails ReLU's mask (``opgraph.ops.pool_indices.MASKED``):
-#: a marked byte names no window cell of a masked gather
-MASKED = 128
 #: the most cells a window whose winners are indexed may have: a byte's values
 #: (``MaxPool2dBackward``); with the ReLU mark (``MaxPool2dBackwardRelu``, the
-#: saved-winner ops), :data:`MASKED`. The other kernels scan windows of any size.
-MAX_CELLS = 256
+#: saved-winner ops), ``MASKED`` (``opgraph.ops.pool_indices``: added to a window's
+#: index where its winner fails ReLU's mask). The other kernels scan windows of any size.
+MAX_CELLS = MAX_WINDOW_CELLS
 
 
 def lanes(dtype: str) -> int:

@@ -27,6 +27,7 @@ first use.
 from __future__ import annotations
 
 from opgraph import ops
+from opgraph.types import INDEX_DTYPES
 
 from ..reference.kernel import params_kernel
 from ..registry import Rule, register
@@ -124,7 +125,7 @@ def _vector_types(op, in_types) -> bool:
     """Whether ``in_types`` are channels-last 4-D values the vector kernels take
     (``pool_vector.declines``; the call's own strides are checked when it runs);
     saved window indices (uint8) are read beside values of another dtype."""
-    values = [t for t in in_types if t.dtype != "uint8"]
+    values = [t for t in in_types if t.dtype not in INDEX_DTYPES]
     if not values:
         return False
     x = values[0]

@@ -55,11 +55,18 @@ def window_params(op) -> dict:
     return {name: getattr(op, name) for name in ("kernel_size", "stride", "padding", "ceil_mode")}
 
 
-def _check_cells(op) -> None:
-    cells = op.kernel_size[0] * op.kernel_size[1]
-    if cells > MAX_CELLS:
-        raise ParameterError("kernel_size", op.kernel_size,
-                             f"has {cells} cells; a saved window index holds at most {MAX_CELLS}")
+@attrs.frozen
+class _SavedWinnersOp(_PoolOp):
+    """A pooling op over saved window indices: its window has at most :data:`MAX_CELLS` cells."""
+
+    fused: ClassVar[bool] = True
+
+    def __attrs_post_init__(self):
+        super().__attrs_post_init__()
+        cells = self.kernel_size[0] * self.kernel_size[1]
+        if cells > MAX_CELLS:
+            raise ParameterError("kernel_size", self.kernel_size,
+                                 f"has {cells} cells; a saved window index holds at most {MAX_CELLS}")
 
 
 def _check_idx(op, idx: TensorType, pooled: tuple) -> None:
@@ -70,7 +77,7 @@ def _check_idx(op, idx: TensorType, pooled: tuple) -> None:
 
 
 @attrs.frozen
-class MaxPool2dArgmax(_PoolOp):
+class MaxPool2dArgmax(_SavedWinnersOp):
     """Each window's winner: x (N, C, H, W) -> uint8 (N, C, Ho, Wo), plus
     :data:`MASKED` where ``relu`` and the winner is not > 0 (module docstring).
 
@@ -80,11 +87,6 @@ class MaxPool2dArgmax(_PoolOp):
 
     relu: bool = F.flag("relu")
     kind: ClassVar[str] = "max_pool2d_argmax"
-    fused: ClassVar[bool] = True
-
-    def __attrs_post_init__(self):
-        super().__attrs_post_init__()
-        _check_cells(self)
 
     def infer(self, x):
         require_ndim(self, "input", x, 4)
@@ -95,7 +97,7 @@ class MaxPool2dArgmax(_PoolOp):
 
 
 @attrs.frozen
-class MaxPool2dTake(_PoolOp):
+class MaxPool2dTake(_SavedWinnersOp):
     """``x`` at each window's saved winner: (x, idx) -> pooled shape in x's
     dtype; with ``masked``, 0 where the index is marked. ``MaxPool2d(x)`` when
     ``idx`` is ``MaxPool2dArgmax(x)``.
@@ -107,11 +109,6 @@ class MaxPool2dTake(_PoolOp):
     masked: bool = F.flag("masked")
     arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "max_pool2d_take"
-    fused: ClassVar[bool] = True
-
-    def __attrs_post_init__(self):
-        super().__attrs_post_init__()
-        _check_cells(self)
 
     def infer(self, x, idx):
         require_ndim(self, "input", x, 4)
@@ -134,7 +131,7 @@ class MaxPool2dTake(_PoolOp):
 
 
 @attrs.frozen
-class MaxPool2dBackwardIndices(_PoolOp):
+class MaxPool2dBackwardIndices(_SavedWinnersOp):
     """Each window's ``gy`` added at its saved winner: (idx, gy) -> ``input_shape``
     in gy's dtype (overlapping windows summed in float32 for half storage);
     with ``masked``, marked windows route nothing.
@@ -148,11 +145,9 @@ class MaxPool2dBackwardIndices(_PoolOp):
     input_shape: tuple = F.shape("input_shape")
     arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "max_pool2d_backward_indices"
-    fused: ClassVar[bool] = True
 
     def __attrs_post_init__(self):
         super().__attrs_post_init__()
-        _check_cells(self)
         if len(self.input_shape) != 4:
             raise ParameterError("input_shape", self.input_shape, "must be NCHW (4 entries)")
 

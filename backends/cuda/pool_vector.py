@@ -58,8 +58,9 @@ from .storage import bits
 #: the kernels' revision, part of the autotune cache key of the ``vector``
 #: variant (``rules.vector_pool_variants``): 1 run-time window loops, 2 unrolled,
 #: 3 the max-pool scans over several output columns per thread (``pixels``), 4 the
-#: ReLU mask as a mark added to the index (128) instead of the byte 255
-REVISION = 4
+#: ReLU mask as a mark added to the index (128) instead of the byte 255, 5 the
+#: bfloat16 window scan and gather two lanes at a time (``_scan_pairs``, ``_gather_pairs``)
+REVISION = 5
 #: the output columns per thread that autotune tries for the max-pool window
 #: scans (``rules.vector_pool_variants``): neighbouring windows of a 3x3/1 pool
 #: share 6 of their 9 cells, of a 3x3/2 pool 3, which one thread loads once
@@ -89,9 +90,12 @@ def pixel_pitch(a) -> int | None:
     sn, sc, sh, sw = (s // a.itemsize for s in a.strides)
     if any(s % a.itemsize for s in a.strides) or (c > 1 and sc != 1):
         return None
-    if (h > 1 and sh != w * sw) or (n > 1 and sn != h * w * sw) or sw < c:
+    # the stride of an extent of 1 is arbitrary (NumPy and CuPy differ): a 1 x 1
+    # plane's pixels are its images, one row's pixels its columns
+    pitch = sw if w > 1 else sh if h > 1 else sn if n > 1 else c
+    if (h > 1 and sh != w * pitch) or (n > 1 and sn != h * w * pitch) or pitch < c:
         return None
-    return sw
+    return pitch
 
 
 def declines(dtype: str, channels: int, kernel, max_cells: int | None = None) -> str | None:
@@ -259,6 +263,111 @@ def _scan(st, v: int, kind: str, relu: bool, pixels: int = 1) -> tuple[list[str]
     return body, "unsigned char* __restrict__ arg"
 
 
+#: bfloat16 pairs (``og_bf2_*``: two lanes in one 32-bit word, lane 2j in the low
+#: half): NaN-propagating maximum, and ``0xffff`` per half where ``a > b`` or where
+#: ``a`` is NaN; ``og_byte_mask(z, b)``: all ones where byte ``b`` of ``z`` has its
+#: top bit set. On sm_90 each is one instruction (PTX ``max.NaN.bf16x2``,
+#: ``set.gt.u32.bf16x2``, ``set.nan.u32.bf16x2``, ``prmt`` replicating a byte's
+#: sign); elsewhere, and on the tests' CPU emulator (``OPGRAPH_CPU``), the same
+#: results from each half's float.
+PAIR_HELPERS = r"""
+#if !defined(OPGRAPH_CPU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned int og_bf2_max(unsigned int a, unsigned int b) {
+    unsigned int d; asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+__device__ __forceinline__ unsigned int og_bf2_gt(unsigned int a, unsigned int b) {
+    unsigned int d; asm("set.gt.u32.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+__device__ __forceinline__ unsigned int og_bf2_nan(unsigned int a) {
+    unsigned int d; asm("set.nan.u32.bf16x2 %0, %1, %1;" : "=r"(d) : "r"(a)); return d;
+}
+__device__ __forceinline__ unsigned int og_byte_mask(unsigned int z, unsigned int b) {
+    unsigned int d; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(z), "r"(0u), "r"((8u | b) * 0x1111u)); return d;
+}
+#else
+__device__ __forceinline__ unsigned int og_byte_mask(unsigned int z, unsigned int b) {
+    return ((z >> (8u * b + 7u)) & 1u) ? 0xffffffffu : 0u;
+}
+__device__ __forceinline__ float og_bf_half(unsigned int w, int high) {
+    return __uint_as_float(high ? (w & 0xffff0000u) : (w << 16));
+}
+__device__ __forceinline__ unsigned int og_bf2_max(unsigned int a, unsigned int b) {
+    unsigned int d = 0;
+    for (int high = 0; high < 2; ++high) {
+        const float x = og_bf_half(a, high), y = og_bf_half(b, high);
+        const unsigned int half = (x != x || y != y) ? 0x7fffu : (((x > y ? a : b) >> (16 * high)) & 0xffffu);
+        d |= half << (16 * high);
+    }
+    return d;
+}
+__device__ __forceinline__ unsigned int og_bf2_gt(unsigned int a, unsigned int b) {
+    return (og_bf_half(a, 0) > og_bf_half(b, 0) ? 0xffffu : 0u) | (og_bf_half(a, 1) > og_bf_half(b, 1) ? 0xffff0000u : 0u);
+}
+__device__ __forceinline__ unsigned int og_bf2_nan(unsigned int a) {
+    const float x = og_bf_half(a, 0), y = og_bf_half(a, 1);
+    return (x != x ? 0xffffu : 0u) | (y != y ? 0xffff0000u : 0u);
+}
+#endif
+"""
+
+
+def _scan_pairs(v: int, relu: bool, pixels: int, slow: list[str]) -> list[str]:
+    """The ``arg`` scan of bfloat16 lanes two at a time (:data:`PAIR_HELPERS`).
+
+    Why: the H200's counters (ncu, 2026-12-04, GoogLeNet's pools) had the lane
+    by lane scan bound by the ALU pipe (82-86 % busy, 12 % of the copy
+    bandwidth for a 3x3/1 pool): each lane and cell cost about eight compares
+    and selects. Here a cell costs three instructions per pair of lanes: the
+    mask of lanes it beats strictly (``og_bf2_gt``), the new maximum, and the
+    new index where the mask is set (a ``LOP3``). The best starts at -inf and
+    the index at the window's first in-bounds cell, so that cell wins unless a
+    later one is strictly greater: :func:`_scan`'s result whenever no lane
+    meets a NaN. A NaN propagates into the maximum (``max.NaN``); a thread
+    whose maxima hold one runs ``slow`` (:func:`_scan`'s statements), which
+    gives the first NaN's index, so every result is bit for bit the lane by
+    lane scan's."""
+    words, word = v // 2, _byte_word(v)
+    cell = [f"const uint4 c = *reinterpret_cast<const uint4*>(x + xb + ((IDX)h * W + w) * XP);",
+            "const unsigned int cw_[4] = {c.x, c.y, c.z, c.w};"]
+
+    def update(i: int) -> list[str]:
+        lines = [f"if (cw - {i} * SW >= 0 && cw - {i} * SW < KW) {{",
+                 f"    const unsigned int kk = (unsigned int)(dh * KW + cw - {i} * SW) * 0x00010001u;"]
+        for j in range(words):
+            lines += [f"    {{ const unsigned int gt = og_bf2_gt(cw_[{j}], bp{i}_{j}); "
+                      f"bp{i}_{j} = og_bf2_max(cw_[{j}], bp{i}_{j}); kp{i}_{j} = (gt & kk) | (~gt & kp{i}_{j}); }}"]
+        return lines + ["}"]
+
+    body = ["const int h0 = (int)p * SH - pt, w0 = (int)q * PIX * SW - pl;",
+            "const IDX xb = n * H * W * XP + cv * V;",
+            "const int fh = h0 < 0 ? -h0 : 0;  // the windows' first in-bounds row"]
+    for i in range(pixels):  # the window's first in-bounds cell, in both halves
+        body += [f"const unsigned int kf{i} = (unsigned int)(fh * KW + (w0 + {i} * SW < 0 ? -(w0 + {i} * SW) : 0))"
+                 " * 0x00010001u;",
+                 *(f"unsigned int bp{i}_{j} = 0xff80ff80u, kp{i}_{j} = kf{i};" for j in range(words))]
+    body += ["#pragma unroll", "for (int dh = 0; dh < KH; ++dh) {",
+             "    const int h = h0 + dh;", "    if (h < 0 || h >= (int)H) continue;",
+             "    #pragma unroll", "    for (int cw = 0; cw < (PIX - 1) * SW + KW; ++cw) {",
+             "        const int w = w0 + cw;", "        if (w < 0 || w >= (int)W) continue;",
+             *("        " + line for line in cell),
+             *("        " + line for i in range(pixels) for line in update(i)), "    }", "}",
+             "const unsigned int nan = " + " | ".join(f"og_bf2_nan(bp{i}_{j})" for i in range(pixels)
+                                                      for j in range(words)) + ";",
+             "if (nan) {", *("    " + line for line in slow), "} else {"]
+    for i in range(pixels):
+        ks = [f"kp{i}_{j}" for j in range(words)]
+        if relu:  # MASKED where the winner is not > 0
+            ks = [f"(kp{i}_{j} | (~og_bf2_gt(bp{i}_{j}, 0u) & {MASKED * 0x10001:#x}u))" for j in range(words)]
+        # each lane's index is its half's low byte
+        packed = [f"((({word})({k}) & 0xffu) << {16 * j}) | ((({word})({k}) & 0xff0000u) >> 8 << {16 * j})"
+                  for j, k in enumerate(ks)]
+        body += [f"    if (q * PIX + {i} < QW) {{",
+                 f"        const IDX o = ((n * QH + p) * QW + q * PIX + {i}) * C + cv * V;",
+                 f"        *reinterpret_cast<{word}*>(arg + o) = " + " | ".join(f"({t})" for t in packed) + ";",
+                 "    }"]
+    return body + ["}"]
+
+
 def _gather(st, v: int, masked: bool = True) -> list[str]:
     """Max pooling's backward: gy of every covering window whose index names the
     pixel (``masked``: a marked index names none; else its mark is stripped).
@@ -275,6 +384,36 @@ def _gather(st, v: int, masked: bool = True) -> list[str]:
                              f"const {word} m = *reinterpret_cast<const {word}*>(arg + P * C + cv * V);",
                              *g, *(f"if ({t}) a{j} += {e};" for j, (t, e) in enumerate(zip(lane, g_lanes)))]),
             *vector_store(st, "gx", _OUT_PIXEL, [f"a{j}" for j in range(v)], "s")]
+
+
+def _gather_pairs(masked: bool) -> list[str]:
+    """:func:`_gather` for 8 bfloat16 lanes, a 4-byte word of indices at a time.
+
+    Why: the lane by lane gather was bound by the ALU pipe on the H200 (77 %
+    busy, ncu 2026-12-04): a byte extract, a compare and a select per lane and
+    window. Here a window's 8 index bytes are compared with the pixel's index
+    in two 32-bit operations each: ``x = (m ^ me) & 0x7f...`` is zero in a
+    matching byte, and ``x + 0x7f...`` keeps a byte's top bit clear only there
+    (no carry crosses a byte: each is below 0x80 before the add), a marked
+    index (top bit set, ``masked``) being excluded with it. Each lane then adds
+    its gradient ANDed with its byte's mask (``og_byte_mask``): 0.0 (+0) where
+    the window does not name the pixel. Adding +0.0 changes a float32 sum only
+    if it is -0.0, which one starting at +0.0 never is when rounding to nearest
+    (``x + -x`` is +0.0), so the sums are :func:`_gather`'s bit for bit."""
+    body = ["const IDX P = (n * OH + oh) * OW + ow;",
+            "const unsigned int me = (unsigned int)((hp - oh * SH) * KW + (wp - ow * SW)) * 0x01010101u;",
+            "const unsigned long long m = *reinterpret_cast<const unsigned long long*>(arg + P * C + cv * V);",
+            "const uint4 g = *reinterpret_cast<const uint4*>(gy + P * GP + cv * V);",
+            "const unsigned int gw[4] = {g.x, g.y, g.z, g.w};"]
+    for t, word in enumerate(("(unsigned int)m", "(unsigned int)(m >> 32)")):
+        body += [f"const unsigned int s{t} = (({word} ^ me) & 0x7f7f7f7fu) + 0x7f7f7f7fu;",
+                 f"const unsigned int z{t} = ~(s{t}{f' | {word}' if masked else ''}) & 0x80808080u;"]
+    for lane in range(8):
+        half = f"(gw[{lane // 2}] << 16)" if lane % 2 == 0 else f"(gw[{lane // 2}] & 0xffff0000u)"
+        body.append(f"a{lane} += __uint_as_float({half} & og_byte_mask(z{lane // 4}, {lane % 4}u));")
+    st = storage_of("bfloat16")
+    return [*_COVERING, _sums(8), *_over_covering(body),
+            *vector_store(st, "gx", _OUT_PIXEL, [f"a{j}" for j in range(8)], "s")]
 
 
 def _take(st, v: int, masked: bool) -> list[str]:
@@ -320,22 +459,27 @@ def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False
     ``bwd`` (the gather), ``take`` (x at the saved winners; ``masked`` for
     both: what a marked index means, :func:`_take`, :func:`_gather`), ``avg``
     or ``avg_bwd`` (average pooling), for the
-    window ``(kh, kw, sh, sw)`` (compile-time constants: the loops unroll).
+    window ``(kh, kw, sh, sw, mh, mw)`` (compile-time constants: the loops
+    unroll; ``mh x mw``: the most windows covering one input pixel, at most
+    ``ceil(kh / sh) x ceil(kw / sw)`` and at most the pooled extent, so that a
+    global pooling's gradient, one window, does not test 49 of them).
     Every thread loop walks pixels ``(n, p, q)`` of a ``QH x QW`` grid, ``V``
     channels ``cv * V`` at a time: the output's for the forward kernels, the
     input's for the backward ones; ``pixels`` (``fwd``, ``arg``): ``P``
     consecutive output columns per thread, ``q`` running over ``ceil(QW / P)``
     groups (:func:`_scan`)."""
-    kh, kw, sh, sw = window
+    kh, kw, sh, sw, mh, mw = window
     st, v = storage_of(dtype), lanes(dtype)
     x_in = f"const {st.ctype}* __restrict__ x"
     reads_x = "IDX TOTAL, IDX CV, IDX QW, IDX QH, IDX H, IDX W, IDX C, IDX XP"
     reads_gy = "IDX TOTAL, IDX CV, IDX QW, IDX QH, IDX OH, IDX OW, IDX C, IDX GP"
     if kind in ("fwd", "arg"):
         body, out = _scan(st, v, kind, relu, pixels)
+        if kind == "arg" and dtype == "bfloat16":
+            body = _scan_pairs(v, relu, pixels, slow=body)
         params = f"{x_in}, {out}, {reads_x}"
     elif kind == "bwd":
-        body = _gather(st, v, masked)
+        body = _gather_pairs(masked) if dtype == "bfloat16" else _gather(st, v, masked)
         params = (f"const unsigned char* __restrict__ arg, const {st.ctype}* __restrict__ gy, "
                   f"{st.ctype}* __restrict__ gx, {reads_gy}")
     elif kind == "take":
@@ -351,9 +495,9 @@ def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False
     unmasked = kind in ("bwd", "take") and not masked
     name = (f"opgraph_pool_vec_{kind}{'_relu' if relu else ''}{'_unmasked' if unmasked else ''}_{dtype}_"
             f"{'i64' if wide else 'i32'}"
-            f"_k{kh}x{kw}s{sh}x{sw}{f'_p{pixels}' if pixels != 1 else ''}")
+            f"_k{kh}x{kw}s{sh}x{sw}m{mh}x{mw}{f'_p{pixels}' if pixels != 1 else ''}")
     constants = (f"#define KH {kh}\n#define KW {kw}\n#define SH {sh}\n#define SW {sw}\n"
-                 f"#define MH {-(-kh // sh)}\n#define MW {-(-kw // sw)}\n#define PIX {pixels}\n")
+                 f"#define MH {mh}\n#define MW {mw}\n#define PIX {pixels}\n")
     loop = ("    const IDX QG = (QW + PIX - 1) / PIX;  // the threads' column groups\n"
             "    for (IDX t = (IDX)blockIdx.x * blockDim.x + threadIdx.x; t < TOTAL;"
             " t += (IDX)gridDim.x * blockDim.x) {\n"
@@ -361,7 +505,7 @@ def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False
             "const IDX p = r % QH; const IDX n = r / QH;\n"
             + "\n".join("        " + line for line in body) + "\n    }\n")
     text = (f"typedef float CT;\ntypedef {'long long' if wide else 'int'} IDX;\n#define V {v}\n{constants}"
-            f"{DEVICE_HELPERS}\n"
+            f"{DEVICE_HELPERS}\n{PAIR_HELPERS}\n"
             f"{DIVISOR}\n" f'extern "C" __global__ void {name}({params}, {_PADDING}) {{\n{loop}}}\n')
     return name, text
 
@@ -384,7 +528,8 @@ def _launch(xp, kind, dtype, total, arrays, sizes, g: PoolGeometry, span, relu=F
     as IDX, then ``g``'s padding as int; 64-bit indices when ``span`` (the
     largest operand's extent) needs them."""
     wide = max(total * 16 * pixels, span) >= 2 ** 31
-    name, text = _source(kind, dtype, wide, (*g.kernel, *g.stride), relu, pixels, masked)
+    covering = tuple(min(-(-k // s), o) for k, s, o in zip(g.kernel, g.stride, g.out))
+    name, text = _source(kind, dtype, wide, (*g.kernel, *g.stride, *covering), relu, pixels, masked)
     idx = xp.int64 if wide else xp.int32
     blocks = max(1, min(-(-total // THREADS), MAX_BLOCKS))
     compiled(text, name)((blocks,), (THREADS,), (*arrays, *map(idx, sizes), *map(xp.int32, _padding(g, include_pad))))

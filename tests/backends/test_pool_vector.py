@@ -100,6 +100,31 @@ def test_vector_pooling_equals_the_scalar_kernels_bit_for_bit(emu, kind, geometr
     np.testing.assert_allclose(g, want64, rtol=1e-2 if dtype == "bfloat16" else 1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("pixels", pool_vector.PIXELS)
+@pytest.mark.parametrize("geometry", GEOMETRIES[:2], ids=["3x3s2-ceil", "3x3s1p1"])
+@pytest.mark.parametrize("kind", [ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu], ids=lambda k: k.__name__)
+def test_bfloat16_pair_kernels_keep_signed_zeros_and_non_finite_values(emu, kind, geometry, pixels):
+    """The bfloat16 scan and gather work on two lanes, four index bytes, at a
+    time (``_scan_pairs``, ``_gather_pairs``): ties of -0.0 and +0.0 (the first
+    wins), windows of -inf, NaN in some lanes of a thread but not others, and
+    gradients of -0.0, inf and NaN give the lane by lane kernels' bits."""
+    rng = np.random.default_rng(7)
+    values = np.array([-0.0, 0.0, -1.0, 1.0, np.inf, -np.inf], np.float32)
+    x = values[rng.integers(0, len(values), size=(2, 16, 9, 11))]
+    x[0, :, :4, :4] = -np.inf
+    x[1, 3, 4, 5] = x[1, 12, 0, 0] = np.nan
+    x[0, 8:, 5:, 5:] = -0.0
+    x[0, 8:, 6, 6] = 0.0
+    x = channels_last(x.astype(numpy_dtype("bfloat16")))
+    op = _op(kind, geometry)
+    out = _op(ops.MaxPool2d, geometry).output_shape(x.shape)
+    g = np.array([-0.0, 0.0, 0.5, -2.0, np.inf, -np.inf, np.nan], np.float32)
+    gy = channels_last(g[rng.integers(0, len(g), size=out)].astype(numpy_dtype("bfloat16")))
+    got = _run(op, [x, gy], vector=True, pixels=pixels)
+    want = _run(op, [x, gy], vector=False)
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
 @pytest.mark.parametrize("include_pad", [True, False])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=["3x3s2-ceil", "3x3s1p1", "2x2s2", "3x3s2-asym"])
@@ -179,3 +204,20 @@ def test_decisions_tuned_before_the_vector_kernels_are_tuned_again():
         key = candidate_set([(rules_for(op_type)["cuda"], {})])
         assert f"cuda:vector_pool_variants@{pool_vector.REVISION}" in key
     assert "cuda:pool_variants" in candidate_set([(rules_for(ops.MaxPool2dSelect)["cuda"], {})])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_global_pooling_gradient_tests_only_the_windows_that_exist(emu, dtype):
+    """A 5x5 window over a 5x5 plane (GoogLeNet's 7x7 average pool) pools to one
+    pixel: the kernels test one covering window, not ceil(5 / 1)^2 = 25 (the
+    name carries ``m1x1``), and give the scalar kernels' bits, average and max."""
+    x = channels_last(np.random.default_rng(8).standard_normal((2, 16, 5, 5)).astype(numpy_dtype(dtype)))
+    gy = channels_last(np.random.default_rng(9).standard_normal((2, 16, 1, 1)).astype(numpy_dtype(dtype)))
+    cases = [(ops.AvgPool2dBackward(kernel_size=5, stride=1, input_shape=x.shape), [gy]),
+             (ops.MaxPool2dBackward(kernel_size=5, stride=1), [x, gy])]
+    for op, arrays in cases:
+        before = len(emu.raw_launches)
+        got = _run(op, arrays, vector=True)
+        names = [r["name"] for r in emu.raw_launches[before:]]
+        assert any(n.endswith("_k5x5s1x1m1x1") for n in names), names
+        np.testing.assert_array_equal(_bits(got), _bits(_run(op, arrays, vector=False)))

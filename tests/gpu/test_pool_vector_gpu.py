@@ -105,3 +105,34 @@ def test_vector_average_pooling_matches_the_scalar_kernels(cp, case, dtype):
             got, want = (rules.POOL_KERNELS[type(op)](KernelContext(cp, "cuda", {"vector": v}, t), op, *arrays)
                          for v in (True, False))
             np.testing.assert_array_equal(_bits(cp, got), _bits(cp, want), err_msg=f"{op} {dtype}")
+
+
+@pytest.mark.parametrize("pixels", [1, 2, 4])
+@pytest.mark.parametrize("case", CASES[:2], ids=["3x3s2-ceil", "3x3s1p1"])
+def test_bfloat16_pair_kernels_keep_signed_zeros_and_non_finite_values(cp, case, pixels):
+    """The bfloat16 scan and gather two lanes at a time (PTX ``max.NaN.bf16x2``,
+    ``set.gt.u32.bf16x2``, ``prmt`` byte masks on sm_90): ties of -0.0 and
+    +0.0, -inf windows, NaN in some lanes, gradients of -0.0, inf and NaN give
+    the scalar kernels' bits, also through the saved-winner ops."""
+    from opgraph import ops
+    from opgraph.backends.cuda import rules
+    from opgraph.backends.registry import KernelContext
+    from opgraph.types import TensorType
+    shape, k, s, p, ceil = case
+    rng = np.random.default_rng(3)
+    values = np.array([-0.0, 0.0, -1.0, 1.0, np.inf, -np.inf], np.float32)
+    x_host = values[rng.integers(0, len(values), size=shape)]
+    x_host[0, :, :4, :4] = -np.inf
+    x_host[1, 3, 5, 7] = x_host[2, 100, 0, 0] = np.nan
+    x = _device(cp, x_host, "bfloat16")
+    out = ops.MaxPool2d(kernel_size=k, stride=s, padding=p, ceil_mode=ceil).output_shape(shape)
+    g = np.array([-0.0, 0.0, 0.5, -2.0, np.inf, -np.inf, np.nan], np.float32)
+    gy = _device(cp, g[rng.integers(0, len(g), size=out)], "bfloat16")
+    for kind in (ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu):
+        op = kind(kernel_size=k, stride=s, padding=p, ceil_mode=ceil)
+        t = TensorType(shape, "bfloat16", "NHWC")
+
+        def call(vector):
+            options = {"vector": True, "pixels": pixels} if vector else {"vector": False}
+            return rules.POOL_KERNELS[kind](KernelContext(cp, "cuda", options, t), op, x, gy)
+        np.testing.assert_array_equal(_bits(cp, call(True)), _bits(cp, call(False)), err_msg=kind.__name__)

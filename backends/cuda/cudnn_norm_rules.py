@@ -29,7 +29,12 @@ a multi-output node would be needed to use them in a graph.
 These rules come after ``codegen`` in the default cuda order (``passes/policy.py``:
 cuDNN is not listed for non-convolution ops, so it is an "other registered
 rule"): without autotune the generated kernels run; with autotune both are
-timed and checked, per node, and the faster stays.
+timed and checked, per node, and the faster stays, on the nodes the fuse pass
+(before autotune) leaves: by default on cuda ``bn-backward-sums`` rewrites the
+data and scale gradients lowered to codegen into ops cuDNN has no rule for
+(``passes/fuse_bn_backward.py``), and ``elementwise`` fuses the normalisation
+into its consumers' generated kernel, so cuDNN competes where those rules are
+excluded or decline.
 
 ``check`` declines, with the reason: x's dtype other than float32, float16,
 bfloat16 (float64: cuDNN graphs do not take it), a layout other than NCHW /

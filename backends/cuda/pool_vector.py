@@ -59,8 +59,9 @@ from .storage import bits
 #: variant (``rules.vector_pool_variants``): 1 run-time window loops, 2 unrolled,
 #: 3 the max-pool scans over several output columns per thread (``pixels``), 4 the
 #: ReLU mask as a mark added to the index (128) instead of the byte 255, 5 the
-#: bfloat16 window scan and gather two lanes at a time (``_scan_pairs``, ``_gather_pairs``)
-REVISION = 5
+#: bfloat16 window scan and gather two lanes at a time (``_scan_pairs``, ``_gather_pairs``),
+#: 6 a 1 x 1 plane (a global pooling's gradient) read at its image stride (``pixel_pitch``)
+REVISION = 6
 #: the output columns per thread that autotune tries for the max-pool window
 #: scans (``rules.vector_pool_variants``): neighbouring windows of a 3x3/1 pool
 #: share 6 of their 9 cells, of a 3x3/2 pool 3, which one thread loads once
@@ -70,6 +71,13 @@ DTYPES = ("bfloat16", "float32")
 THREADS = 256
 #: grid-stride loops: at most this many blocks (8 per SM of an H200)
 MAX_BLOCKS = 1056
+#: kernels launched otherwise: ``kind -> (threads per block, block cap)``. The pair
+#: kernels wait on their loads more than on the ALU (ncu, H200, 2026-12-04: the
+#: ALU 60 % busy, occupancy 45 %), and a thread that loops over several items
+#: waits for each: one item per thread (no cap) ran GoogLeNet's scans 3-10 %
+#: and gathers 6-28 % faster, the scans with 128-thread blocks
+#: (docs/results/h200-2026-12-04c, call 3)
+LAUNCH = {"arg": (128, 2 ** 31 - 1), "bwd": (256, 2 ** 31 - 1)}
 #: the most cells a window whose winners are indexed may have: a byte's values
 #: (``MaxPool2dBackward``); with the ReLU mark (``MaxPool2dBackwardRelu``, the
 #: saved-winner ops), ``MASKED`` (``opgraph.ops.pool_indices``: added to a window's
@@ -531,8 +539,9 @@ def _launch(xp, kind, dtype, total, arrays, sizes, g: PoolGeometry, span, relu=F
     covering = tuple(min(-(-k // s), o) for k, s, o in zip(g.kernel, g.stride, g.out))
     name, text = _source(kind, dtype, wide, (*g.kernel, *g.stride, *covering), relu, pixels, masked)
     idx = xp.int64 if wide else xp.int32
-    blocks = max(1, min(-(-total // THREADS), MAX_BLOCKS))
-    compiled(text, name)((blocks,), (THREADS,), (*arrays, *map(idx, sizes), *map(xp.int32, _padding(g, include_pad))))
+    threads, cap = LAUNCH.get(kind, (THREADS, MAX_BLOCKS))
+    blocks = max(1, min(-(-total // threads), cap))
+    compiled(text, name)((blocks,), (threads,), (*arrays, *map(idx, sizes), *map(xp.int32, _padding(g, include_pad))))
 
 
 def _forward(xp, kind, x, out, g: PoolGeometry, include_pad=False, relu=False, pixels=1, before=(),

@@ -60,8 +60,9 @@ from .storage import bits
 #: 3 the max-pool scans over several output columns per thread (``pixels``), 4 the
 #: ReLU mask as a mark added to the index (128) instead of the byte 255, 5 the
 #: bfloat16 window scan and gather two lanes at a time (``_scan_pairs``, ``_gather_pairs``),
-#: 6 a 1 x 1 plane (a global pooling's gradient) read at its image stride (``pixel_pitch``)
-REVISION = 6
+#: 6 a 1 x 1 plane (a global pooling's gradient) read at its image stride (``pixel_pitch``),
+#: 7 the bfloat16 take moves bits (``_take_bits``), the gather masks two lanes per ``prmt``
+REVISION = 7
 #: the output columns per thread that autotune tries for the max-pool window
 #: scans (``rules.vector_pool_variants``): neighbouring windows of a 3x3/1 pool
 #: share 6 of their 9 cells, of a 3x3/2 pool 3, which one thread loads once
@@ -273,8 +274,9 @@ def _scan(st, v: int, kind: str, relu: bool, pixels: int = 1) -> tuple[list[str]
 
 #: bfloat16 pairs (``og_bf2_*``: two lanes in one 32-bit word, lane 2j in the low
 #: half): NaN-propagating maximum, and ``0xffff`` per half where ``a > b`` or where
-#: ``a`` is NaN; ``og_byte_mask(z, b)``: all ones where byte ``b`` of ``z`` has its
-#: top bit set. On sm_90 each is one instruction (PTX ``max.NaN.bf16x2``,
+#: ``a`` is NaN; ``og_pair_mask(z, b)``: ``0xffff`` in the low half where byte ``b``
+#: of ``z`` has its top bit set, in the high half where byte ``b + 1`` has. On
+#: sm_90 each is one instruction (PTX ``max.NaN.bf16x2``,
 #: ``set.gt.u32.bf16x2``, ``set.nan.u32.bf16x2``, ``prmt`` replicating a byte's
 #: sign); elsewhere, and on the tests' CPU emulator (``OPGRAPH_CPU``), the same
 #: results from each half's float.
@@ -289,12 +291,14 @@ __device__ __forceinline__ unsigned int og_bf2_gt(unsigned int a, unsigned int b
 __device__ __forceinline__ unsigned int og_bf2_nan(unsigned int a) {
     unsigned int d; asm("set.nan.u32.bf16x2 %0, %1, %1;" : "=r"(d) : "r"(a)); return d;
 }
-__device__ __forceinline__ unsigned int og_byte_mask(unsigned int z, unsigned int b) {
-    unsigned int d; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(z), "r"(0u), "r"((8u | b) * 0x1111u)); return d;
+__device__ __forceinline__ unsigned int og_pair_mask(unsigned int z, unsigned int b) {
+    unsigned int d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(z), "r"(0u), "r"((8u | b) * 0x11u | (9u | b) * 0x1100u));
+    return d;
 }
 #else
-__device__ __forceinline__ unsigned int og_byte_mask(unsigned int z, unsigned int b) {
-    return ((z >> (8u * b + 7u)) & 1u) ? 0xffffffffu : 0u;
+__device__ __forceinline__ unsigned int og_pair_mask(unsigned int z, unsigned int b) {
+    return (((z >> (8u * b + 7u)) & 1u) ? 0xffffu : 0u) | (((z >> (8u * b + 15u)) & 1u) ? 0xffff0000u : 0u);
 }
 __device__ __forceinline__ float og_bf_half(unsigned int w, int high) {
     return __uint_as_float(high ? (w & 0xffff0000u) : (w << 16));
@@ -403,9 +407,9 @@ def _gather_pairs(masked: bool) -> list[str]:
     in two 32-bit operations each: ``x = (m ^ me) & 0x7f...`` is zero in a
     matching byte, and ``x + 0x7f...`` keeps a byte's top bit clear only there
     (no carry crosses a byte: each is below 0x80 before the add), a marked
-    index (top bit set, ``masked``) being excluded with it. Each lane then adds
-    its gradient ANDed with its byte's mask (``og_byte_mask``): 0.0 (+0) where
-    the window does not name the pixel. Adding +0.0 changes a float32 sum only
+    index (top bit set, ``masked``) being excluded with it. Each pair of lanes
+    then ANDs its two gradients with their bytes' masks (``og_pair_mask``, one
+    ``prmt``) and adds each: 0.0 (+0) where the window does not name the pixel. Adding +0.0 changes a float32 sum only
     if it is -0.0, which one starting at +0.0 never is when rounding to nearest
     (``x + -x`` is +0.0), so the sums are :func:`_gather`'s bit for bit."""
     body = ["const IDX P = (n * OH + oh) * OW + ow;",
@@ -416,9 +420,9 @@ def _gather_pairs(masked: bool) -> list[str]:
     for t, word in enumerate(("(unsigned int)m", "(unsigned int)(m >> 32)")):
         body += [f"const unsigned int s{t} = (({word} ^ me) & 0x7f7f7f7fu) + 0x7f7f7f7fu;",
                  f"const unsigned int z{t} = ~(s{t}{f' | {word}' if masked else ''}) & 0x80808080u;"]
-    for lane in range(8):
-        half = f"(gw[{lane // 2}] << 16)" if lane % 2 == 0 else f"(gw[{lane // 2}] & 0xffff0000u)"
-        body.append(f"a{lane} += __uint_as_float({half} & og_byte_mask(z{lane // 4}, {lane % 4}u));")
+    for pair in range(4):  # lanes 2 * pair and 2 * pair + 1: bytes 2 * pair, 2 * pair + 1 of the indices
+        body += [f"{{ const unsigned int mg = gw[{pair}] & og_pair_mask(z{pair // 2}, {2 * (pair % 2)}u);",
+                 f"  a{2 * pair} += __uint_as_float(mg << 16); a{2 * pair + 1} += __uint_as_float(mg & 0xffff0000u); }}"]
     st = storage_of("bfloat16")
     return [*_COVERING, _sums(8), *_over_covering(body),
             *vector_store(st, "gx", _OUT_PIXEL, [f"a{j}" for j in range(8)], "s")]
@@ -441,6 +445,39 @@ def _take(st, v: int, masked: bool) -> list[str]:
                   "    if (k < KH * KW && h >= 0 && h < (int)H && w >= 0 && w < (int)W)",
                   f"        t{j} = {st.load(f'x[xb + ((IDX)h * W + w) * XP + {j}]')};", "}"]
     return lines + vector_store(st, "y", "o", [f"t{j}" for j in range(v)], "y")
+
+
+#: the most cells of a window whose in-bounds cells :func:`_take_bits` holds as bits of one word
+TAKE_BITS_CELLS = 32
+
+
+def _take_bits(masked: bool) -> list[str]:
+    """:func:`_take` for 8 bfloat16 lanes, moving bits: the winner's bits are
+    the output (SEMANTICS.md, Pooling), so no lane goes through float and back.
+
+    Why: the lane by lane take was half bound by the ALU on the H200 (ncu,
+    2026-12-04: 53 % busy at 48 % of the copy bandwidth): per lane, a window
+    index's four bounds tests, and a conversion to float and its rounding
+    back. Here the window's in-bounds cells are one word of bits, built once
+    per thread from its rows and columns (``valid``, for windows of at most
+    :data:`TAKE_BITS_CELLS` cells), so a lane tests one bit; a marked lane
+    (``masked``) is +0.0, an index naming no in-bounds cell -inf (0xff80)."""
+    lines = [*_WINDOW, f"const IDX o = {_OUT_PIXEL};",
+             "const unsigned long long m = *reinterpret_cast<const unsigned long long*>(arg + o);",
+             "unsigned int cols = 0u, valid = 0u;",
+             "#pragma unroll", "for (int dw = 0; dw < KW; ++dw)",
+             "    if (w0 + dw >= 0 && w0 + dw < (int)W) cols |= 1u << dw;",
+             "#pragma unroll", "for (int dh = 0; dh < KH; ++dh)",
+             "    if (h0 + dh >= 0 && h0 + dh < (int)H) valid |= cols << (dh * KW);",
+             "const unsigned short* xw = x + xb + ((IDX)h0 * W + w0) * XP;  // the window's first cell"]
+    for j in range(8):
+        lines += [f"unsigned int t{j} = 0xff80u;", "{",
+                  f"    const unsigned int b = (unsigned int)(m >> {8 * j}) & 0xffu, k = b & {MASKED - 1}u;",
+                  *([f"    if (b & {MASKED}u) t{j} = 0u; else"] if masked else []),
+                  "    if (k < KH * KW && ((valid >> k) & 1u))",
+                  f"        t{j} = xw[((IDX)(k / KW) * W + k % KW) * XP + {j}];", "}"]
+    return lines + ["{ uint4 ys; " + " ".join(f"ys.{c} = t{2 * q} | (t{2 * q + 1} << 16);" for q, c in enumerate("xyzw"))
+                    + " *reinterpret_cast<uint4*>(y + o) = ys; }"]
 
 
 def _average(st, v: int) -> list[str]:
@@ -491,7 +528,8 @@ def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False
         params = (f"const unsigned char* __restrict__ arg, const {st.ctype}* __restrict__ gy, "
                   f"{st.ctype}* __restrict__ gx, {reads_gy}")
     elif kind == "take":
-        body = _take(st, v, masked)
+        bits_fit = dtype == "bfloat16" and kh * kw <= TAKE_BITS_CELLS
+        body = _take_bits(masked) if bits_fit else _take(st, v, masked)
         params = f"{x_in}, const unsigned char* __restrict__ arg, {st.ctype}* __restrict__ y, {reads_x}"
     elif kind == "avg":
         body, params = _average(st, v), f"{x_in}, {st.ctype}* __restrict__ y, {reads_x}"

@@ -235,3 +235,24 @@ def test_windows_over_128_cells_keep_the_vector_forward_and_average_kernels():
         assert {"vector": True} in rules.vector_pool_variants(op, types, "cuda")
     assert {"vector": True} not in rules.vector_pool_variants(ops.MaxPool2dBackwardRelu(**big), types * 2, "cuda")
     assert {"vector": True} in rules.vector_pool_variants(ops.MaxPool2dBackward(**big), types * 2, "cuda")
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=IDS)
+def test_the_bfloat16_vector_take_reads_any_index_as_the_oracle_does(emu, geometry, masked):
+    """Indices the argmax never writes: a cell in the padding or the ceil_mode
+    overhang, an index past the window (-inf), marked lanes: the vector take
+    of bfloat16 (which moves bits and tests each lane against the window's
+    in-bounds cells) reads what the float64 oracle reads, bit for bit."""
+    x = _hard_input((2, 16, 9, 11), "bfloat16", 3, "NHWC")
+    op = _op(ops.MaxPool2dTake, geometry, masked=masked)
+    pooled = _op(ops.MaxPool2d, geometry).output_shape(x.shape)
+    g = _geometry(_op(ops.MaxPool2d, geometry), x.shape[2:], pooled[2:])
+    k = geometry[0][0] * geometry[0][1]
+    idx = channels_last(np.random.default_rng(4).integers(0, k + 3, size=pooled).astype(np.uint8))
+    idx[0, ::3] += MASKED
+    before = len(emu.raw_launches)
+    y = _run(op, [x, idx], {"vector": True})
+    assert any("pool_vec_take" in r["name"] for r in emu.raw_launches[before:])
+    want = ref_idx.max_pool2d_take(np, np.asarray(x, np.float64), np.asarray(idx), g, masked=masked)
+    np.testing.assert_array_equal(_bits(y), _bits(np.asarray(want).astype(x.dtype)))

@@ -22,7 +22,7 @@ window order (``oh``, then ``ow``) and rounded once.
 * :func:`max_pool2d_backward` (``relu``: ``MaxPool2dBackwardRelu``, x being
   a ReLU's output, whose mask is the winner's value ``> 0``) — two kernels:
   the window scan again, writing each window's winner as a 1-byte window
-  index (255: no winner, the ReLU mask), then thread ``(n, h, w, c / V)``
+  index (plus 128 where the winner fails the ReLU mask), then thread ``(n, h, w, c / V)``
   gathers ``gy`` from every window covering its pixel whose index names it
   (no atomics: deterministic). Reads x, gy and the indices once (the
   window overlap hits the caches), writes gx once;
@@ -59,10 +59,12 @@ from .storage import bits
 #: variant (``rules.vector_pool_variants``): 1 run-time window loops, 2 unrolled,
 #: 3 the max-pool scans over several output columns per thread (``pixels``), 4 the
 #: ReLU mask as a mark added to the index (128) instead of the byte 255, 5 the
-#: bfloat16 window scan and gather two lanes at a time (``_scan_pairs``, ``_gather_pairs``),
-#: 6 a 1 x 1 plane (a global pooling's gradient) read at its image stride (``pixel_pitch``),
-#: 7 the bfloat16 take moves bits (``_take_bits``), the gather masks two lanes per ``prmt``
-REVISION = 7
+#: bfloat16 window scan and gather two lanes at a time (``_scan_pairs``, ``_gather_pairs``)
+#: and a 1 x 1 plane read at its image stride (``pixel_pitch``), 6 one item per thread
+#: (``LAUNCH``), 7 the bfloat16 take moves bits (``_take_bits``), the gather masks two
+#: lanes per ``prmt``, 8 the bfloat16 gather compares whole index bytes (windows of
+#: 129-255 cells) and the take quiets a signalling NaN as the other kernels do
+REVISION = 8
 #: the output columns per thread that autotune tries for the max-pool window
 #: scans (``rules.vector_pool_variants``): neighbouring windows of a 3x3/1 pool
 #: share 6 of their 9 cells, of a 3x3/2 pool 3, which one thread loads once
@@ -72,13 +74,15 @@ DTYPES = ("bfloat16", "float32")
 THREADS = 256
 #: grid-stride loops: at most this many blocks (8 per SM of an H200)
 MAX_BLOCKS = 1056
-#: kernels launched otherwise: ``kind -> (threads per block, block cap)``. The pair
-#: kernels wait on their loads more than on the ALU (ncu, H200, 2026-12-04: the
-#: ALU 60 % busy, occupancy 45 %), and a thread that loops over several items
-#: waits for each: one item per thread (no cap) ran GoogLeNet's scans 3-10 %
-#: and gathers 6-28 % faster, the scans with 128-thread blocks
-#: (docs/results/h200-2026-12-04c, call 3)
-LAUNCH = {"arg": (128, 2 ** 31 - 1), "bwd": (256, 2 ** 31 - 1)}
+#: the most blocks of a launch's x dimension (CUDA's grid limit)
+GRID_X_LIMIT = 2 ** 31 - 1
+#: kernels launched otherwise: ``(kind, dtype) -> (threads per block, block cap)``.
+#: The bfloat16 pair kernels wait on their loads more than on the ALU (ncu, H200,
+#: 2026-12-04: the ALU 60 % busy, occupancy 45 %), and a thread that loops over
+#: several items waits for each: one item per thread (no cap) ran GoogLeNet's
+#: scans 3-10 % and gathers 6-28 % faster, the scans with 128-thread blocks
+#: (docs/results/h200-2026-12-04c/call3/a-pool-launch.log). float32 was not measured.
+LAUNCH = {("arg", "bfloat16"): (128, GRID_X_LIMIT), ("bwd", "bfloat16"): (256, GRID_X_LIMIT)}
 #: the most cells a window whose winners are indexed may have: a byte's values
 #: (``MaxPool2dBackward``); with the ReLU mark (``MaxPool2dBackwardRelu``, the
 #: saved-winner ops), ``MASKED`` (``opgraph.ops.pool_indices``: added to a window's
@@ -179,7 +183,8 @@ __device__ IDX divisor(IDX h0, IDX w0, IDX H, IDX W, IDX kh,
 #: cell) is the run-time loops' and the results are bit for bit the same.
 
 #: the windows covering input pixel (p, q): rows oh0..oh1, columns ow0..ow1
-#: (at most ``MH x MW`` of them: ceil(KH / SH) x ceil(KW / SW))
+#: (at most ``MH x MW`` of them: ceil(KH / SH) x ceil(KW / SW), and at most the
+#: pooled extent: ``_source``)
 _COVERING = [
     "const int hp = (int)p + pt, wp = (int)q + pl;",
     "const int oh0 = hp < KH ? 0 : (hp - KH) / SH + 1, ow0 = wp < KW ? 0 : (wp - KW) / SW + 1;",
@@ -279,7 +284,11 @@ def _scan(st, v: int, kind: str, relu: bool, pixels: int = 1) -> tuple[list[str]
 #: sm_90 each is one instruction (PTX ``max.NaN.bf16x2``,
 #: ``set.gt.u32.bf16x2``, ``set.nan.u32.bf16x2``, ``prmt`` replicating a byte's
 #: sign); elsewhere, and on the tests' CPU emulator (``OPGRAPH_CPU``), the same
-#: results from each half's float.
+#: results from each half's float. Source: PTX ISA 8.x, "Half Precision
+#: Comparison Instructions: set" (``.u32`` with ``.bf16x2``: 0xffff per true half,
+#: sm_90), "max" (``.NaN``: a NaN operand gives the canonical NaN, sm_80) and
+#: "prmt" (the default mode: a selector nibble's bit 3 replicates the chosen
+#: byte's sign bit); ``og_pair_mask`` takes an even ``b``.
 PAIR_HELPERS = r"""
 #if !defined(OPGRAPH_CPU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ unsigned int og_bf2_max(unsigned int a, unsigned int b) {
@@ -293,7 +302,7 @@ __device__ __forceinline__ unsigned int og_bf2_nan(unsigned int a) {
 }
 __device__ __forceinline__ unsigned int og_pair_mask(unsigned int z, unsigned int b) {
     unsigned int d;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(z), "r"(0u), "r"((8u | b) * 0x11u | (9u | b) * 0x1100u));
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(z), "r"(0u), "r"((8u + b) * 0x11u | (9u + b) * 0x1100u));
     return d;
 }
 #else
@@ -313,7 +322,8 @@ __device__ __forceinline__ unsigned int og_bf2_max(unsigned int a, unsigned int 
     return d;
 }
 __device__ __forceinline__ unsigned int og_bf2_gt(unsigned int a, unsigned int b) {
-    return (og_bf_half(a, 0) > og_bf_half(b, 0) ? 0xffffu : 0u) | (og_bf_half(a, 1) > og_bf_half(b, 1) ? 0xffff0000u : 0u);
+    return (og_bf_half(a, 0) > og_bf_half(b, 0) ? 0xffffu : 0u)
+         | (og_bf_half(a, 1) > og_bf_half(b, 1) ? 0xffff0000u : 0u);
 }
 __device__ __forceinline__ unsigned int og_bf2_nan(unsigned int a) {
     const float x = og_bf_half(a, 0), y = og_bf_half(a, 1);
@@ -340,14 +350,14 @@ def _scan_pairs(v: int, relu: bool, pixels: int, slow: list[str]) -> list[str]:
     lane scan's."""
     words, word = v // 2, _byte_word(v)
     cell = [f"const uint4 c = *reinterpret_cast<const uint4*>(x + xb + ((IDX)h * W + w) * XP);",
-            "const unsigned int cw_[4] = {c.x, c.y, c.z, c.w};"]
+            "const unsigned int words[4] = {c.x, c.y, c.z, c.w};"]
 
     def update(i: int) -> list[str]:
         lines = [f"if (cw - {i} * SW >= 0 && cw - {i} * SW < KW) {{",
                  f"    const unsigned int kk = (unsigned int)(dh * KW + cw - {i} * SW) * 0x00010001u;"]
         for j in range(words):
-            lines += [f"    {{ const unsigned int gt = og_bf2_gt(cw_[{j}], bp{i}_{j}); "
-                      f"bp{i}_{j} = og_bf2_max(cw_[{j}], bp{i}_{j}); kp{i}_{j} = (gt & kk) | (~gt & kp{i}_{j}); }}"]
+            lines += [f"    {{ const unsigned int gt = og_bf2_gt(words[{j}], bp{i}_{j}); "
+                      f"bp{i}_{j} = og_bf2_max(words[{j}], bp{i}_{j}); kp{i}_{j} = (gt & kk) | (~gt & kp{i}_{j}); }}"]
         return lines + ["}"]
 
     body = ["const int h0 = (int)p * SH - pt, w0 = (int)q * PIX * SW - pl;",
@@ -363,9 +373,9 @@ def _scan_pairs(v: int, relu: bool, pixels: int, slow: list[str]) -> list[str]:
              "        const int w = w0 + cw;", "        if (w < 0 || w >= (int)W) continue;",
              *("        " + line for line in cell),
              *("        " + line for i in range(pixels) for line in update(i)), "    }", "}",
-             "const unsigned int nan = " + " | ".join(f"og_bf2_nan(bp{i}_{j})" for i in range(pixels)
+             "const unsigned int has_nan = " + " | ".join(f"og_bf2_nan(bp{i}_{j})" for i in range(pixels)
                                                       for j in range(words)) + ";",
-             "if (nan) {", *("    " + line for line in slow), "} else {"]
+             "if (has_nan) {", *("    " + line for line in slow), "} else {"]
     for i in range(pixels):
         ks = [f"kp{i}_{j}" for j in range(words)]
         if relu:  # MASKED where the winner is not > 0
@@ -402,27 +412,32 @@ def _gather_pairs(masked: bool) -> list[str]:
     """:func:`_gather` for 8 bfloat16 lanes, a 4-byte word of indices at a time.
 
     Why: the lane by lane gather was bound by the ALU pipe on the H200 (77 %
-    busy, ncu 2026-12-04): a byte extract, a compare and a select per lane and
-    window. Here a window's 8 index bytes are compared with the pixel's index
-    in two 32-bit operations each: ``x = (m ^ me) & 0x7f...`` is zero in a
-    matching byte, and ``x + 0x7f...`` keeps a byte's top bit clear only there
-    (no carry crosses a byte: each is below 0x80 before the add), a marked
-    index (top bit set, ``masked``) being excluded with it. Each pair of lanes
+    busy; ncu, docs/results/h200-2026-12-04c/call1/c-ncu.log.gz): a byte
+    extract, a compare and a select per lane and window. Here a window's 8
+    index bytes are compared with the pixel's index ``me`` four at a time, by
+    the exact zero-byte test (Hacker's Delight, 2nd ed., section 6-1): with
+    ``x = m ^ me`` (``masked``: a marked byte, top bit set, never equals an
+    index below 128; not ``masked``: the mark cleared first, ``& 0x7f...``),
+    ``~(((x & 0x7f...) + 0x7f...) | x)`` has a byte's top bit set exactly where
+    that byte of ``x`` is zero (no carry crosses a byte). Each pair of lanes
     then ANDs its two gradients with their bytes' masks (``og_pair_mask``, one
-    ``prmt``) and adds each: 0.0 (+0) where the window does not name the pixel. Adding +0.0 changes a float32 sum only
-    if it is -0.0, which one starting at +0.0 never is when rounding to nearest
-    (``x + -x`` is +0.0), so the sums are :func:`_gather`'s bit for bit."""
+    ``prmt``) and adds each: +0.0 where the window does not name the pixel.
+    Adding +0.0 changes a float32 sum only if it is -0.0, which one starting at
+    +0.0 never is when rounding to nearest (IEEE 754-2019, 6.3: ``x + -x`` is
+    +0.0), so the sums are :func:`_gather`'s bit for bit."""
     body = ["const IDX P = (n * OH + oh) * OW + ow;",
             "const unsigned int me = (unsigned int)((hp - oh * SH) * KW + (wp - ow * SW)) * 0x01010101u;",
             "const unsigned long long m = *reinterpret_cast<const unsigned long long*>(arg + P * C + cv * V);",
             "const uint4 g = *reinterpret_cast<const uint4*>(gy + P * GP + cv * V);",
             "const unsigned int gw[4] = {g.x, g.y, g.z, g.w};"]
     for t, word in enumerate(("(unsigned int)m", "(unsigned int)(m >> 32)")):
-        body += [f"const unsigned int s{t} = (({word} ^ me) & 0x7f7f7f7fu) + 0x7f7f7f7fu;",
-                 f"const unsigned int z{t} = ~(s{t}{f' | {word}' if masked else ''}) & 0x80808080u;"]
+        x = f"({word} ^ me)" if masked else f"(({word} ^ me) & 0x7f7f7f7fu)"
+        body += [f"const unsigned int x{t} = {x};",
+                 f"const unsigned int z{t} = ~(((x{t} & 0x7f7f7f7fu) + 0x7f7f7f7fu) | x{t}) & 0x80808080u;"]
     for pair in range(4):  # lanes 2 * pair and 2 * pair + 1: bytes 2 * pair, 2 * pair + 1 of the indices
         body += [f"{{ const unsigned int mg = gw[{pair}] & og_pair_mask(z{pair // 2}, {2 * (pair % 2)}u);",
-                 f"  a{2 * pair} += __uint_as_float(mg << 16); a{2 * pair + 1} += __uint_as_float(mg & 0xffff0000u); }}"]
+                 f"  a{2 * pair} += __uint_as_float(mg << 16);",
+                 f"  a{2 * pair + 1} += __uint_as_float(mg & 0xffff0000u); }}"]
     st = storage_of("bfloat16")
     return [*_COVERING, _sums(8), *_over_covering(body),
             *vector_store(st, "gx", _OUT_PIXEL, [f"a{j}" for j in range(8)], "s")]
@@ -455,13 +470,16 @@ def _take_bits(masked: bool) -> list[str]:
     """:func:`_take` for 8 bfloat16 lanes, moving bits: the winner's bits are
     the output (SEMANTICS.md, Pooling), so no lane goes through float and back.
 
-    Why: the lane by lane take was half bound by the ALU on the H200 (ncu,
-    2026-12-04: 53 % busy at 48 % of the copy bandwidth): per lane, a window
-    index's four bounds tests, and a conversion to float and its rounding
-    back. Here the window's in-bounds cells are one word of bits, built once
-    per thread from its rows and columns (``valid``, for windows of at most
-    :data:`TAKE_BITS_CELLS` cells), so a lane tests one bit; a marked lane
-    (``masked``) is +0.0, an index naming no in-bounds cell -inf (0xff80)."""
+    Why: the lane by lane take was half bound by the ALU on the H200 (53 %
+    busy at 48 % of the copy bandwidth; ncu, docs/results/h200-2026-12-04c/
+    call1/c-ncu.log.gz): per lane, a window index's four bounds tests, and a
+    conversion to float and its rounding back. Here the window's in-bounds
+    cells are one word of bits, built once per thread from its rows and
+    columns (``valid``, for windows of at most :data:`TAKE_BITS_CELLS` cells),
+    so a lane tests one bit; a marked lane (``masked``) is +0.0, an index
+    naming no in-bounds cell -inf (0xff80). A signalling NaN is quieted (its
+    0x0040 bit set), as every other kernel's float round trip does
+    (``storage.BF16_DEVICE``), so the take gives ``MaxPool2d``'s bits."""
     lines = [*_WINDOW, f"const IDX o = {_OUT_PIXEL};",
              "const unsigned long long m = *reinterpret_cast<const unsigned long long*>(arg + o);",
              "unsigned int cols = 0u, valid = 0u;",
@@ -469,15 +487,16 @@ def _take_bits(masked: bool) -> list[str]:
              "    if (w0 + dw >= 0 && w0 + dw < (int)W) cols |= 1u << dw;",
              "#pragma unroll", "for (int dh = 0; dh < KH; ++dh)",
              "    if (h0 + dh >= 0 && h0 + dh < (int)H) valid |= cols << (dh * KW);",
-             "const unsigned short* xw = x + xb + ((IDX)h0 * W + w0) * XP;  // the window's first cell"]
+             "const IDX x0 = xb + ((IDX)h0 * W + w0) * XP;  // the window's first cell (may be in the padding)"]
     for j in range(8):
         lines += [f"unsigned int t{j} = 0xff80u;", "{",
                   f"    const unsigned int b = (unsigned int)(m >> {8 * j}) & 0xffu, k = b & {MASKED - 1}u;",
                   *([f"    if (b & {MASKED}u) t{j} = 0u; else"] if masked else []),
                   "    if (k < KH * KW && ((valid >> k) & 1u))",
-                  f"        t{j} = xw[((IDX)(k / KW) * W + k % KW) * XP + {j}];", "}"]
-    return lines + ["{ uint4 ys; " + " ".join(f"ys.{c} = t{2 * q} | (t{2 * q + 1} << 16);" for q, c in enumerate("xyzw"))
-                    + " *reinterpret_cast<uint4*>(y + o) = ys; }"]
+                  f"        t{j} = x[x0 + ((IDX)(k / KW) * W + k % KW) * XP + {j}];",
+                  f"    if ((t{j} & 0x7fffu) > 0x7f80u) t{j} |= 0x40u;", "}"]
+    words = " ".join(f"ys.{c} = t{2 * q} | (t{2 * q + 1} << 16);" for q, c in enumerate("xyzw"))
+    return lines + ["{ uint4 ys; " + words + " *reinterpret_cast<uint4*>(y + o) = ys; }"]
 
 
 def _average(st, v: int) -> list[str]:
@@ -574,10 +593,12 @@ def _launch(xp, kind, dtype, total, arrays, sizes, g: PoolGeometry, span, relu=F
     as IDX, then ``g``'s padding as int; 64-bit indices when ``span`` (the
     largest operand's extent) needs them."""
     wide = max(total * 16 * pixels, span) >= 2 ** 31
-    covering = tuple(min(-(-k // s), o) for k, s, o in zip(g.kernel, g.stride, g.out))
+    # the gathers' covering windows, clamped by the pooled extent; the other kinds do not use them
+    covering = (tuple(min(-(-k // s), o) for k, s, o in zip(g.kernel, g.stride, g.out))
+                if kind in ("bwd", "avg_bwd") else (0, 0))
     name, text = _source(kind, dtype, wide, (*g.kernel, *g.stride, *covering), relu, pixels, masked)
     idx = xp.int64 if wide else xp.int32
-    threads, cap = LAUNCH.get(kind, (THREADS, MAX_BLOCKS))
+    threads, cap = LAUNCH.get((kind, dtype), (THREADS, MAX_BLOCKS))
     blocks = max(1, min(-(-total // threads), cap))
     compiled(text, name)((blocks,), (threads,), (*arrays, *map(idx, sizes), *map(xp.int32, _padding(g, include_pad))))
 

@@ -256,3 +256,37 @@ def test_the_bfloat16_vector_take_reads_any_index_as_the_oracle_does(emu, geomet
     assert any("pool_vec_take" in r["name"] for r in emu.raw_launches[before:])
     want = ref_idx.max_pool2d_take(np, np.asarray(x, np.float64), np.asarray(idx), g, masked=masked)
     np.testing.assert_array_equal(_bits(y), _bits(np.asarray(want).astype(x.dtype)))
+
+
+@pytest.mark.parametrize("kernel", [(6, 6), (4, 8), (1, 32)], ids=["36-cells", "32-cells", "1x32"])
+def test_the_bfloat16_vector_take_of_wide_windows(emu, kernel):
+    """Windows of more than ``TAKE_BITS_CELLS`` (32) cells take the lane by lane
+    kernel, those of exactly 32 (the bit ``1 << 31``) the bits kernel: both
+    equal the oracle, bit for bit, on indices of every cell and past the window."""
+    from opgraph.backends.cuda import pool_vector
+    x = _hard_input((1, 16, 10, 40), "bfloat16", 6, "NHWC")
+    geometry = (kernel, (1, 1), ((0, 0), (0, 0)), False)
+    pooled = _op(ops.MaxPool2d, geometry).output_shape(x.shape)
+    g = _geometry(_op(ops.MaxPool2d, geometry), x.shape[2:], pooled[2:])
+    cells = kernel[0] * kernel[1]
+    idx = channels_last(np.random.default_rng(5).integers(0, cells + 2, size=pooled).astype(np.uint8))
+    idx[..., 0, 0] = cells - 1  # the last cell: bit 31 of a 32-cell window
+    y = _run(_op(ops.MaxPool2dTake, geometry), [x, idx], {"vector": True})
+    want = ref_idx.max_pool2d_take(np, np.asarray(x, np.float64), np.asarray(idx), g)
+    np.testing.assert_array_equal(_bits(y), _bits(np.asarray(want).astype(x.dtype)))
+    assert (cells <= pool_vector.TAKE_BITS_CELLS) == (cells != 36)
+
+
+def test_the_bfloat16_take_quiets_a_signalling_nan_as_max_pooling_does(emu):
+    """A signalling NaN winner (0x7f81) comes out quieted (0x7fc1) from the take,
+    as from ``MaxPool2d``: the pool-argmax rewrite keeps the pooled bits."""
+    x = _hard_input((1, 16, 6, 6), "bfloat16", 9, "NHWC")
+    x[0, 3, 2, 2] = 0.0
+    raw = np.asarray(x).view(np.uint16)
+    raw[0, 3, 2, 2] = 0x7f81  # a signalling NaN
+    geometry = GEOMETRIES[2]
+    idx = _run(_op(ops.MaxPool2dArgmax, geometry), [x], {"vector": True})
+    y = _run(_op(ops.MaxPool2dTake, geometry), [x, idx], {"vector": True})
+    plain = _run(_op(ops.MaxPool2d, geometry), [x], {"vector": True})
+    assert _bits(y)[0, 3, 1, 1] == 0x7fc1
+    np.testing.assert_array_equal(_bits(y), _bits(plain))

@@ -221,3 +221,34 @@ def test_a_global_pooling_gradient_tests_only_the_windows_that_exist(emu, dtype)
         names = [r["name"] for r in emu.raw_launches[before:]]
         assert any(n.endswith("_k5x5s1x1m1x1") for n in names), names
         np.testing.assert_array_equal(_bits(got), _bits(_run(op, arrays, vector=False)))
+
+
+@pytest.mark.parametrize("pixels", [1, 2])
+def test_bfloat16_gather_of_windows_over_128_cells_compares_whole_index_bytes(emu, pixels):
+    """``MaxPool2dBackward`` indexes windows of up to 255 cells: a 13x13 window's
+    winners at 128 and above (cell (12, 12) is index 168) and at their index
+    less 128 both route their gradient to their own cell only (the pair gather
+    compares all eight bits of an index byte), bit for bit the scalar kernels."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 16, 14, 14)).astype(np.float32)
+    x[0, :, 12, 12] = 10.0  # window (0, 0)'s winner: index 168
+    x[1, :, 3, 2] = 10.0    # window (0, 0)'s winner: index 41 = 169 - 128
+    x = channels_last(x.astype(numpy_dtype("bfloat16")))
+    op = ops.MaxPool2dBackward(kernel_size=13, stride=1)
+    gy = channels_last(rng.standard_normal((2, 16, 2, 2)).astype(numpy_dtype("bfloat16")))
+    before = len(emu.raw_launches)
+    got = _run(op, [x, gy], vector=True, pixels=pixels)
+    assert any("pool_vec_bwd" in r["name"] for r in emu.raw_launches[before:])
+    want = _run(op, [x, gy], vector=False)
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+    assert np.asarray(got, np.float32)[0, :, 12, 12].all()  # the winner at index 168 got its gradient
+
+
+def test_pixel_pitch_of_planes_whose_extents_are_one():
+    """A 1 x 1 plane's pixels are its images, whatever stride NumPy or CuPy gave
+    its height and width; a column (width 1) steps by its rows."""
+    assert pool_vector.pixel_pitch(np.zeros((2, 16, 1, 1), np.float32)) == 16
+    wide = channels_last(np.zeros((2, 32, 1, 1), np.float32))
+    assert pool_vector.pixel_pitch(wide[:, 8:24]) == 32
+    assert pool_vector.pixel_pitch(channels_last(np.zeros((2, 16, 3, 1), np.float32))) == 16
+    assert pool_vector.pixel_pitch(np.zeros((2, 16, 3, 1), np.float32)) is None  # NCHW: not channels-last

@@ -113,7 +113,9 @@ def test_bfloat16_pair_kernels_keep_signed_zeros_and_non_finite_values(cp, case,
     """The bfloat16 scan and gather two lanes at a time (PTX ``max.NaN.bf16x2``,
     ``set.gt.u32.bf16x2``, ``prmt`` byte masks on sm_90): ties of -0.0 and
     +0.0, -inf windows, NaN in some lanes, gradients of -0.0, inf and NaN give
-    the scalar kernels' bits, also through the saved-winner ops."""
+    the scalar kernels' bits, in the recomputing gradients and through the
+    saved-winner ops (argmax with and without the ReLU mark, the bits take,
+    the gather masked and not)."""
     from opgraph import ops
     from opgraph.backends.cuda import rules
     from opgraph.backends.registry import KernelContext
@@ -136,3 +138,21 @@ def test_bfloat16_pair_kernels_keep_signed_zeros_and_non_finite_values(cp, case,
             options = {"vector": True, "pixels": pixels} if vector else {"vector": False}
             return rules.POOL_KERNELS[kind](KernelContext(cp, "cuda", options, t), op, x, gy)
         np.testing.assert_array_equal(_bits(cp, call(True)), _bits(cp, call(False)), err_msg=kind.__name__)
+
+    def saved(op, *arrays, vector):
+        t = op.infer(*(TensorType(a.shape, "uint8" if a.dtype == cp.uint8 else "bfloat16") for a in arrays))
+        options = {"vector": True, "pixels": pixels} if vector else {"vector": False}
+        return rules.POOL_KERNELS[type(op)](KernelContext(cp, "cuda", options, TensorType(t.shape, t.dtype, "NHWC")),
+                                            op, *arrays)
+    geometry = dict(kernel_size=k, stride=s, padding=p, ceil_mode=ceil)
+    for relu in (False, True):
+        argmax = ops.MaxPool2dArgmax(**geometry, relu=relu)
+        idx = saved(argmax, x, vector=True)
+        np.testing.assert_array_equal(cp.asnumpy(idx), cp.asnumpy(saved(argmax, x, vector=False)))
+        take = ops.MaxPool2dTake(**geometry, masked=relu)
+        np.testing.assert_array_equal(_bits(cp, saved(take, x, idx, vector=True)),
+                                      _bits(cp, saved(take, x, idx, vector=False)), err_msg=f"take relu={relu}")
+        for masked in ((False, True) if relu else (False,)):
+            back = ops.MaxPool2dBackwardIndices(**geometry, masked=masked, input_shape=shape)
+            np.testing.assert_array_equal(_bits(cp, saved(back, idx, gy, vector=True)),
+                                          _bits(cp, saved(back, idx, gy, vector=False)), err_msg=f"gather {masked}")

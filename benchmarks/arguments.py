@@ -182,8 +182,24 @@ def output_format(args) -> str:
     return SUFFIX_FORMATS.get(suffix, "table")
 
 
+class BriefUsageParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage error is a short usage line and the
+    error: argparse's own printed the whole usage (20 lines, every flag) above
+    the one line that said what was wrong. ``--help`` keeps the full usage."""
+
+    def error(self, message: str):
+        """Print ``usage: PROG [FLAGS ...]; PROG --help lists them`` and
+        ``PROG: error: MESSAGE`` to standard error.
+
+        Raises:
+            SystemExit: always, status 2 (argparse's status of a usage error).
+        """
+        self.exit(2, f"usage: {self.prog} [FLAGS ...]; {self.prog} --help lists them\n"
+                     f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = BriefUsageParser(
         prog="opgraph-bench",
         description="Time the ImageNet winners of convnet-benchmarks (AlexNet, OverFeat-fast, VGG-A, "
                     "GoogLeNet v1), its layers L1-L5 and the modern convnets (ResNet-50, DenseNet-121, "
@@ -312,5 +328,5 @@ def model_names(args) -> list[str]:
     return list(GROUPS[args.suite or "winners"])
 
 
-__all__ = ["GROUPS", "entries", "parse_models", "build_parser", "model_names", "is_policy_item", "PolicyColumn",
-           "LoweringAction"]
+__all__ = ["GROUPS", "BriefUsageParser", "entries", "parse_models", "build_parser", "model_names", "is_policy_item",
+           "PolicyColumn", "LoweringAction"]

@@ -15,9 +15,10 @@ Examples::
 
 Exit status: 0 on success; 2 on a usage error (unknown model, lowering,
 precision; a negative --seed or --time-limit; a flag the mode cannot use,
-such as --plot with --summary (:mod:`.usage`); a lowering that applies to no
-convolution of the selected models; a --lowering force such as ``@conv99=fft``
-that names no node of them, or a --policy file none of whose force keys does);
+such as --plot with --summary (:mod:`.usage`); an --onnx file that does not
+exist; a lowering that applies to no convolution of the selected models; a
+--lowering force such as ``@conv99=fft`` that names no node of them, or a
+--policy file none of whose force keys does);
 1 when the device is unavailable or building a model fails; 3 when the run
 finished but some column is a ``mismatch`` or an ``error`` (the outputs are
 written first); 4 when --time-limit left nothing timed (it skipped every

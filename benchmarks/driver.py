@@ -41,7 +41,8 @@ no arguments finishes in a few minutes (:data:`CPU_RUN_TIME`; the output says so
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from collections import Counter
+from typing import Callable, Mapping, Sequence
 
 import attrs
 
@@ -101,17 +102,37 @@ def resolve_device(requested: str) -> tuple[str, str]:
     return str(resolved), resolved.reason
 
 
-def default_batch(model_seed_batch: int, device: str, batch: int | None) -> tuple[int, str]:
+def default_batch(model_seed_batch: int, device: str, batch: int | None,
+                  run_seed_batches: Mapping[str, int] | None = None) -> tuple[int, str]:
     """The batch a timing run uses, and why: ``batch`` if given, else the
-    seed's on a GPU and :data:`CPU_DEFAULT_BATCH` on the CPU."""
+    seed's on a GPU and :data:`CPU_DEFAULT_BATCH` on the CPU.
+
+    Args:
+        run_seed_batches: model name -> seed batch of every model of the run,
+            which the CPU reason quotes (it named DenseNet-121's 64 in runs
+            without DenseNet-121); None: this model's alone.
+    """
     if batch is not None:
         return batch, "set with --batch"
     if device == "cpu":
+        seeds = run_seed_batches or {"this model": model_seed_batch}  # one model: its name is never shown
         return CPU_DEFAULT_BATCH, (
-            "CPU default: the seed's batches (128; VGG-A 64, DenseNet-121 64) are sized for a GPU; "
-            f"{CPU_DEFAULT_BATCH} keeps a run of the four models to {CPU_RUN_TIME} "
+            f"CPU default: {seed_batch_words(seeds)} sized for a GPU; "
+            f"{CPU_DEFAULT_BATCH} keeps a run of the four winners to {CPU_RUN_TIME} "
             "(use --batch N to change it)")
     return model_seed_batch, "the seed benchmark's batch (the modern suite's for the modern convnets)"
+
+
+def seed_batch_words(seed_batches: Mapping[str, int]) -> str:
+    """``"the seed's batches (128; vgg_a 64) are"`` or ``"the seed's batch (64) is"``:
+    the batch most models of ``seed_batches`` (model name -> seed batch) take,
+    then each model that takes another, by name, so that only models of the
+    run are named."""
+    common = Counter(seed_batches.values()).most_common(1)[0][0]
+    others = [f"{name} {b}" for name, b in seed_batches.items() if b != common]
+    if not others:
+        return f"the seed's batch ({common}) is"
+    return f"the seed's batches ({common}; {', '.join(others)}) are"
 
 
 def protocol_defaults(device: str, warmup: int | None, repeat: int | str | None) -> tuple[int, int]:
@@ -373,7 +394,7 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
 
 
 __all__ = ["applied_layout", "CPU_DEFAULT_BATCH", "CPU_WARMUP", "CPU_REPEAT", "GPU_WARMUP", "GPU_REPEAT",
-           "CPU_DEFAULT_NOTE", "Settings", "cuda_status", "resolve_device", "default_batch",
+           "CPU_DEFAULT_NOTE", "Settings", "cuda_status", "resolve_device", "default_batch", "seed_batch_words",
            "protocol_defaults", "random_feeds", "model_flops", "run_lowering", "peer_records",
            "add_ratios", "unit_count", "run_benchmark", "time_calls", "ForwardTiming",
            "time_forward", "lowering_summary", "environment", "git_commit"]

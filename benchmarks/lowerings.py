@@ -31,6 +31,7 @@ from __future__ import annotations
 import attrs
 
 from opgraph.backends.registry import lookup, rules_for
+from opgraph.errors import did_you_mean
 from opgraph.executable import Executable
 from opgraph.op import abstract_of
 from opgraph.ops import of_family
@@ -142,8 +143,8 @@ def parse_lowering(spec: str) -> Lowering:
             raise ValueError(f"lowering {base.strip()!r} runs only {', '.join(partial)} of the convolution ops, so it "
                              f"cannot be a column of its own; prefer it (conv={name}) or force it on a node "
                              f"(@NODE={name}), or let auto time it")
-        raise ValueError(f"unknown lowering {base.strip()!r}; choose from {', '.join(known)} (the "
-                         f"convolution algorithms registered) or {', '.join(SPECIAL)}")
+        raise ValueError(f"unknown lowering {base.strip()!r}{did_you_mean(name, [*known, *SPECIAL])}; choose "
+                         f"from {', '.join(known)} (the convolution algorithms registered) or {', '.join(SPECIAL)}")
     if not options:
         return Lowering(name)
     key, eq, value = options.partition("=")

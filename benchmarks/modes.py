@@ -13,6 +13,7 @@ mode itself is :func:`.cli.run_timing`.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import attrs
@@ -45,8 +46,9 @@ def build_models(names, args, device: str, notes: list[str]) -> list:
             another model (:func:`onnx_models`).
     """
     models = []
+    run_seeds = {name: SEED_BATCHES[name] for name in names}  # the note quotes these models only
     for name in names:
-        batch, reason = driver.default_batch(SEED_BATCHES[name], device, args.batch)
+        batch, reason = driver.default_batch(SEED_BATCHES[name], device, args.batch, run_seeds)
         note = f"batch {batch}: {reason}"
         if note not in notes:
             notes.append(note)
@@ -67,14 +69,21 @@ def onnx_models(args, taken=()) -> list:
     ``--dtype``, each with the ``--onnx-input`` image (else its first graph input).
 
     Raises:
-        UsageError: ``--onnx-input`` without ``--onnx``, or naming no graph
-            input of a file (the message lists them); a file whose model name
-            (its file name) is one of ``taken`` (the run's other models) or
-            another file's: results, tables and ``compare`` tell models apart
-            by name.
+        UsageError: an ``--onnx`` path that is no file (``--onnx: no such
+            file: PATH``), checked for every file before any is read, and
+            before the ``onnx`` package is asked for; ``--onnx-input`` without
+            ``--onnx``, or naming no graph input of a file (the message lists
+            them); a file whose model name (its file name) is one of ``taken``
+            (the run's other models) or another file's: results, tables and
+            ``compare`` tell models apart by name.
     """
     from .onnx_model import load_model
 
+    for path in args.onnx:  # a typo in a path is the first thing to fix, the onnx package or not
+        if os.path.isdir(path):
+            raise UsageError(f"--onnx: not a file but a folder: {path}")
+        if not os.path.exists(path):
+            raise UsageError(f"--onnx: no such file: {path}")
     if args.onnx_input is not None and not args.onnx:
         raise UsageError(f"--onnx-input {args.onnx_input}: names the image input of --onnx files, "
                          "and no --onnx file is given")
@@ -333,6 +342,9 @@ def run_profile(names: list[str], args) -> dict:
                     log(f"opgraph-bench: profiling {m.key} {precision} {lowering.name}")
                 records.append(pf.profile_model(tg, lowering, policy, device, timer, limits, warmup=warmup,
                                                 repeat=repeat, seed=args.seed))
+                cached = pf.cache_note(records[-1]["autotune"])  # in the record's notes; said now too
+                if cached:
+                    log(f"opgraph-bench: {m.key} {precision} {lowering.name}: {cached}")
                 release_device(device)
     env = environment(device, precision=list(precisions), layout=driver.applied_layout(layout, device),
                       layout_requested=layout, warmup=warmup, repeat=repeat,

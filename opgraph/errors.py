@@ -1,11 +1,19 @@
-"""Exception types of opgraph.
+"""Exception types of opgraph, and how its messages point the user at a fix.
 
 Every error raised while building, lowering or running a graph names the node
 (its name and op type), the parameter and the offending value, so that a user
-can find the line of the model that caused it.
+can find the line of the model that caused it. An unknown name offers the
+known names close to it (:func:`did_you_mean`); a warning names the user's
+line that called into opgraph, not the pass that noticed
+(:func:`warn_from_caller`).
 """
 
 from __future__ import annotations
+
+import difflib
+import sys
+import warnings
+from typing import Iterable
 
 
 class OpgraphError(Exception):
@@ -53,3 +61,33 @@ class NotLoweredError(OpgraphError):
 
 class ExecutionError(OpgraphError):
     """Bad run-time feed: a missing input, a wrong shape, an unknown name."""
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``" (did you mean 'winograd'?)"``: the suffix of an error about the
+    unknown ``name``, offering the names of ``known`` close to it
+    (``difflib.get_close_matches``: at most three, closest first), or ``""``
+    when none is close."""
+    if not isinstance(name, str):  # a key of a mapping built in Python may be anything
+        return ""
+    close = difflib.get_close_matches(name, sorted(set(known)), n=3)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+
+
+def warn_from_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn(message, category)`` attributed to the innermost frame
+    outside the ``opgraph`` package (its subpackages ``opgraph.passes``,
+    ``opgraph.backends``, ``opgraph.benchmarks`` included): the user's line
+    that called into opgraph, not the pass that noticed. Frames are told
+    apart by module name, not file path, since the subpackages live outside
+    ``opgraph/`` in the source tree; this works on every supported Python
+    (``skip_file_prefixes`` needs 3.12, setup.cfg allows 3.10)."""
+    level, frame = 1, sys._getframe(1)  # level 1: this function's caller
+    # the outermost frame ends the walk, so that a program run inside opgraph still gets a line
+    while frame.f_back is not None and _in_opgraph(frame.f_globals.get("__name__", "")):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, category, stacklevel=level + 1)  # + 1: this function's own frame
+
+
+def _in_opgraph(module: str) -> bool:
+    return module == "opgraph" or module.startswith("opgraph.")

@@ -208,6 +208,7 @@ class AutotunePass(Pass):
         pool = InputPool(ctx.xp, ctx.seed)  # candidates' inputs, drawn once per type for the whole run
         waits: dict[str, list[str]] = {}  # node -> candidates the launch clock timed (HeldStreamTimer)
         decided: dict[int, _Measured] = {}  # node id -> what the memory-aware re-choice may choose from
+        file_hits = 0  # cache hits on decisions read from the file (not timed by this compile)
         for view in list(graph.nodes_in_order(outputs)):
             if not isinstance(view.op, Lowered):
                 continue
@@ -256,6 +257,7 @@ class AutotunePass(Pass):
                 rule, opts = entry.rule, {**entry.options, **cached_opts}
                 rec.how, rec.candidates = "cache", rows
                 rec.cache_key = key
+                file_hits += key in cache.from_file
                 # rows rechoose() decides from, and no choice the user made by hand
                 if (policy.peak_tolerance > 0 and hit.get("rechoose") == RECHOOSE_VERSION
                         and isinstance(hit.get("candidates"), list)
@@ -309,7 +311,9 @@ class AutotunePass(Pass):
         if getattr(timer, "unavailable", None):
             ctx.report.note(f"autotune: the device clock cannot hold the stream here ({timer.unavailable}); "
                             "the launch clock timed every candidate (host time included)")
-        ctx.report.autotune = {**clock.summary(), "clock": getattr(timer, "clock_name", type(timer).__name__)}
+        ctx.report.autotune = {**clock.summary(), "clock": getattr(timer, "clock_name", type(timer).__name__),
+                               "cache_path": None if cache.path is None else str(cache.path),
+                               "file_hits": file_hits}
         return graph
 
     def _fit_peak(self, graph: Graph, outputs, ctx: PassContext, decided: dict[int, _Measured],

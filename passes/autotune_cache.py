@@ -128,6 +128,10 @@ class AutotuneCache:
         self._saved_at = time.monotonic()
         if self.path is not None:
             self.entries = self._read(report=True)
+        #: The keys of the entries read from the file and not put since: a hit
+        #: on one reuses a decision timed by an earlier compile, not this one
+        #: (``opgraph-bench --profile`` says so, naming the file).
+        self.from_file: set[str] = set(self.entries)
 
     @classmethod
     def for_policy(cls, policy) -> "AutotuneCache":
@@ -170,6 +174,7 @@ class AutotuneCache:
         entry = json.loads(json.dumps(entry, default=str))  # what a reload would give back
         self.entries[key] = entry
         self.dirty[key] = entry
+        self.from_file.discard(key)
 
     def checkpoint(self) -> None:
         """:meth:`save` when the last save is :data:`CHECKPOINT_SECONDS` old, so

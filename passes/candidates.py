@@ -54,7 +54,7 @@ from typing import Mapping
 import attrs
 
 from opgraph import precision as precisions
-from opgraph.errors import LoweringError
+from opgraph.errors import LoweringError, did_you_mean
 from opgraph.op import Op
 from opgraph.types import is_float, run_type
 from opgraph.backends.registry import Rule, rules_for
@@ -65,6 +65,10 @@ NEEDS_EXPLICIT_PADDING = "needs_explicit_padding"
 SYMMETRIC_PADDING_ONLY = "symmetric_padding_only"
 OPTION_TAGS = {"precision": "option:precision", "workspace_limit": "option:workspace_limit"}
 ENGINE_LIMIT_TAG = "variants:engine_limit"
+#: The tags above: they tell the passes how to pad for a rule and call it, and
+#: name no group of rules a user would include or exclude, so the known names
+#: a policy error lists leave them out (``policy_names.listed_names``).
+CONTRACT_TAGS = frozenset({NEEDS_EXPLICIT_PADDING, SYMMETRIC_PADDING_ONLY, *OPTION_TAGS.values(), ENGINE_LIMIT_TAG})
 
 NO_PADDING = ((0, 0), (0, 0))
 
@@ -273,7 +277,7 @@ def survey(name: str, op: Op, in_types, device: str, policy: LoweringPolicy, *,
     if forced is not None:
         if forced not in rules:
             raise LoweringError(f"node {name} ({op.name}): forced algorithm {forced!r} has no rule "
-                                f"for {op.name} (registered: {sorted(rules) or 'none'})")
+                                f"for {op.name}{did_you_mean(forced, rules)} (registered: {sorted(rules) or 'none'})")
         order = (forced,)
         entries = (_entry(rules[forced], op, in_types, device, policy, options[forced]),)
     else:
@@ -316,4 +320,4 @@ def survey_node(view, ctx, policy: LoweringPolicy | None = None, op: Op | None =
 
 __all__ = ["Survey", "Entry", "survey", "survey_node", "decline_reason", "explicit_padding",
            "policy_options", "rule_variants", "rule_workspace", "storage_dtype", "NEEDS_EXPLICIT_PADDING",
-           "SYMMETRIC_PADDING_ONLY", "OPTION_TAGS", "NO_PADDING"]
+           "SYMMETRIC_PADDING_ONLY", "OPTION_TAGS", "CONTRACT_TAGS", "NO_PADDING"]

@@ -13,9 +13,7 @@ algorithm and the reason. Forcing bypasses ``exclude``.
 
 from __future__ import annotations
 
-import warnings
-
-from opgraph.errors import LoweringError
+from opgraph.errors import LoweringError, warn_from_caller
 from opgraph.graph import Graph
 from opgraph.op import Lowered, Op, Source
 from opgraph.backends.registry import Rule
@@ -92,7 +90,7 @@ def _check_forced_names(graph: Graph, policy: LoweringPolicy, ctx: PassContext) 
         if not matches_a_node(key, nodes):
             msg = f"policy.force key {key!r} matches no node of graph {graph.name!r}"
             ctx.report.note(msg)
-            warnings.warn(msg, stacklevel=2)
+            warn_from_caller(msg)  # at the user's compile call: a stacklevel of 2 named this file
 
 
 __all__ = ["LowerPass", "choose", "is_abstract"]

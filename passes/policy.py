@@ -79,7 +79,7 @@ import attrs
 
 from opgraph import ops
 from opgraph import precision as precisions
-from opgraph.errors import ParameterError
+from opgraph.errors import ParameterError, did_you_mean
 from opgraph.precision import PRECISIONS  # re-exported: the CLI lists them
 from opgraph.types import LAYOUTS  # the layout key's choices; kept in __all__ for callers of this module
 
@@ -170,7 +170,8 @@ def _algo_list(key: str, value, registered_only: bool = True) -> tuple[str, ...]
     known = algorithms()
     unknown = [a for a in items if a not in known]
     if unknown:
-        raise _err(key, value, f"unknown algorithm {unknown[0]!r}; registered: {', '.join(sorted(known))}")
+        raise _err(key, value, f"unknown algorithm {unknown[0]!r}{did_you_mean(unknown[0], known)}; "
+                   f"registered: {', '.join(sorted(known))}")
     return tuple(items)
 
 
@@ -180,7 +181,8 @@ def _prefer(value) -> Mapping[str, tuple[str, ...]]:
     out = {}
     for key, algos in value.items():
         if not isinstance(key, str) or _types_of(key) is None:
-            raise _err(f"prefer.{key}", algos, f"unknown op type or alias {key!r}; use an op name "
+            hint = did_you_mean(key, [*ALIASES, *OP_TYPES]) if isinstance(key, str) else ""
+            raise _err(f"prefer.{key}", algos, f"unknown op type or alias {key!r}{hint}; use an op name "
                        f"({', '.join(OP_TYPES[:4])}, ...) or one of {sorted(ALIASES)}")
         out[key] = _algo_list(f"prefer.{key}", algos)
     return MappingProxyType(out)
@@ -439,7 +441,8 @@ class LoweringPolicy:
         fields = {f.name for f in attrs.fields(cls)}
         unknown = sorted(set(data) - fields)
         if unknown:
-            raise _err(unknown[0], data[unknown[0]], f"unknown policy key; known keys: {sorted(fields)}", source)
+            raise _err(unknown[0], data[unknown[0]], f"unknown policy key{did_you_mean(unknown[0], fields)}; "
+                       f"known keys: {sorted(fields)}", source)
         try:
             return cls(**dict(data))
         except PolicyError as e:

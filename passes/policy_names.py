@@ -18,7 +18,9 @@ backends' registries that know these names.
 from __future__ import annotations
 
 from opgraph.backends.registry import algorithm_devices, algorithms, opt_in_names, registered_tags
+from opgraph.errors import did_you_mean
 
+from .candidates import CONTRACT_TAGS
 from .fuse import TABLE
 from .fuse_elementwise import OPT_IN
 from .policy import LoweringPolicy, PolicyError
@@ -29,18 +31,29 @@ def known_names() -> set[str]:
     return algorithms() | registered_tags() | {rule.name for rule in TABLE} | {OPT_IN}
 
 
+def listed_names() -> set[str]:
+    """The names an error about an unknown one lists and suggests:
+    :func:`known_names` less the tags that tell the passes how to pad for a
+    rule and call it (``candidates.CONTRACT_TAGS``: ``option:precision``,
+    ``symmetric_padding_only``, ...), which match as any tag does but name no
+    group of rules a user would turn on or off."""
+    return known_names() - CONTRACT_TAGS
+
+
 def check_names(policy: LoweringPolicy) -> None:
     """Refuse an ``include`` / ``exclude`` entry that names nothing.
 
     Raises:
-        PolicyError: names the key, the unknown entry and the known names.
+        PolicyError: names the key, the unknown entry, the close known names
+            (did you mean ...) and the known names (:func:`listed_names`).
     """
     known = known_names()
     for key in ("include", "exclude"):
         unknown = sorted(set(getattr(policy, key)) - known)
         if unknown:
-            raise PolicyError(key, unknown[0], "names no algorithm, rule tag or fusion rule; known: "
-                              + ", ".join(sorted(known)))
+            listed = listed_names()
+            raise PolicyError(key, unknown[0], f"names no algorithm, rule tag or fusion rule"
+                              f"{did_you_mean(unknown[0], listed)}; known: {', '.join(sorted(listed))}")
 
 
 def preferences_elsewhere(policy: LoweringPolicy, device: str) -> list[str]:
@@ -65,4 +78,4 @@ def idle_includes(policy: LoweringPolicy) -> list[str]:
     return sorted(set(policy.include) - opt_in_names() - {OPT_IN})
 
 
-__all__ = ["known_names", "check_names", "preferences_elsewhere", "idle_includes"]
+__all__ = ["known_names", "listed_names", "check_names", "preferences_elsewhere", "idle_includes"]

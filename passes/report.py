@@ -148,8 +148,11 @@ class LoweringReport:
         notes: free-form lines from legalize, fuse, layout and the policy.
         autotune: where the autotune pass's wall time went
             (``passes.autotune_clock.TuneClock.summary``: seconds per part,
-            nodes tuned, cache hits, candidates checked and timed); empty
-            without autotune.
+            nodes tuned, cache hits, candidates checked and timed), the
+            ``clock``, the cache file (``cache_path``, None when the cache
+            is off) and ``file_hits``, the cache hits on decisions read from
+            that file rather than made by this compile; empty without
+            autotune.
         fusion: what the fuse pass's table did, per rule name in table
             order: ``{'applied': rewrites made, 'declined': matches whose
             rewrite declined}``, or ``{'excluded': True}`` for a rule the

@@ -171,6 +171,47 @@ def test_usage_errors_exit_with_2(capsys, bad):
         assert "unknown lowering 'fast'" in err and "winograd" in err and "auto" in err
 
 
+def test_a_bad_flag_value_prints_a_short_usage_line_not_every_flag(capsys):
+    """Fresh-user report: argparse printed its 17-line usage of every flag above
+    the one line that said what was wrong; ``--help`` keeps the full usage."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--batch", "x", "--summary"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["usage: opgraph-bench [FLAGS ...]; opgraph-bench --help lists them",
+                                "opgraph-bench: error: argument --batch: 'x' is not an integer"]
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    assert e.value.code == 0 and "[--onnx-input NAME]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("names", [["L4"], ["L4", "vgg_a"], ["resnet50", "densenet121"]])
+def test_the_cpu_batch_note_quotes_the_batches_of_the_runs_models_only(names):
+    """Fresh-user report: the CPU default's note quoted DenseNet-121's batch in
+    runs without DenseNet-121. Each model of the run has its batch quoted, and
+    no other model is named (by key or as the note once wrote it, 'VGG-A')."""
+    import argparse
+    import re
+
+    from opgraph.benchmarks.models import MODELS, SEED_BATCHES
+    from opgraph.benchmarks.modes import build_models
+
+    notes = []
+    args = argparse.Namespace(batch=None, dtype="float32", onnx=[], onnx_input=None)
+    models = build_models(names, args, "cpu", notes)
+    assert [m.batch for m in models] == [driver.CPU_DEFAULT_BATCH] * len(names)
+    (note,) = notes  # one note for the run, not one per model
+
+    def bare(text):  # 'DenseNet-121' and 'densenet121' alike
+        return re.sub(r"[-_ ]", "", text.lower())
+
+    assert [n for n in MODELS if n not in names and bare(n) in bare(note)] == []
+    quoted = note[note.index("(") + 1:note.index(")")]  # "128; vgg_a 64"
+    common = int(quoted.split(";")[0])
+    for name in names:
+        assert common == SEED_BATCHES[name] or f"{name} {SEED_BATCHES[name]}" in quoted, (name, note)
+
+
 def test_console_script_reports_unknown_model():
     exe = shutil.which("opgraph-bench", path=str(Path(sys.executable).parent))
     cmd = [exe] if exe else [sys.executable, "-m", "opgraph.benchmarks.cli"]
@@ -530,8 +571,20 @@ def test_corrupt_onnx_file_is_a_clear_error(tmp_path, capsys):
     bad.write_bytes(b"\x08\x07 this is not protobuf \xff\xff\xff")
     status, _, err = run_cli(capsys, "--onnx", str(bad), "--summary")
     assert status == 1 and "bad.onnx" in err and "not a valid ONNX model" in err
-    status, _, err = run_cli(capsys, "--onnx", str(tmp_path / "nope.onnx"), "--summary")
-    assert status == 1 and "nope.onnx" in err and "cannot be read" in err
+
+
+@pytest.mark.parametrize("mode", [["--summary"], ["--profile", "--device", "cpu"], ["--device", "cpu"]])
+def test_a_missing_onnx_file_is_named_before_the_onnx_package_is_asked_for(tmp_path, capsys, monkeypatch,
+                                                                            mode):
+    """Fresh-user report: ``--onnx PATH`` with no such file said that the onnx
+    package was missing (where it was), or that the file 'cannot be read'. The
+    path is checked first, in every mode, as a usage error (exit status 2)."""
+    monkeypatch.setitem(sys.modules, "onnx", None)  # ``import onnx`` raises ImportError
+    missing = tmp_path / "nope.onnx"
+    status, _, err = run_cli(capsys, "--onnx", str(missing), *mode)
+    assert (status, err) == (2, f"opgraph-bench: error: --onnx: no such file: {missing}\n")
+    status, _, err = run_cli(capsys, "--onnx", str(tmp_path), *mode)
+    assert (status, err) == (2, f"opgraph-bench: error: --onnx: not a file but a folder: {tmp_path}\n")
 
 
 def test_empty_onnx_file_names_the_file(tmp_path, capsys):

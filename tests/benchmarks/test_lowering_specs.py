@@ -90,3 +90,12 @@ def test_specs_and_policy_items_mix_on_one_flag():
     assert [(lo.name, lo.workspace_limit) for lo in args.lowering] == [
         ("cudnn@ws=0", 0), ("auto@ws=64MiB", 64 * 2**20), ("gemm", None)]
     assert args.lowering_policy == "@conv2:forward=fft,exclude=winograd"
+
+
+@pytest.mark.parametrize("typo, close", [("gemmm", "gemm"), ("windgrad", "winograd"), ("autto", "auto")])
+def test_an_unknown_lowering_suggests_the_close_name(capsys, typo, close):
+    """Fresh-user report: a misspelt lowering got the list of names and no 'did you mean'."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--lowering", typo, "--summary"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"unknown lowering {typo!r} (did you mean {close!r}?)" in err, err

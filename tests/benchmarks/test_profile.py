@@ -270,3 +270,29 @@ def test_a_step_slower_in_place_than_autotune_timed_it_is_listed(monkeypatch):
                                      "slower_than_tuned": slow}]}
     (table,) = profile_tables(doc)
     assert any("2 step(s) ran above 1.5x" in n and "conv (2.61 vs 0.440)" in n for n in table.notes), table.notes
+
+
+def test_a_profile_whose_choices_came_from_the_autotune_cache_says_so_naming_it(tmp_path, quick_limits, capsys,
+                                                                                 monkeypatch):
+    """Fresh-user report: a second ``--profile --lowering auto`` reused the first
+    one's autotune decisions (and their tuned_ms) without a word. It says so, on
+    standard error and in the record's notes, naming the cache file; the first
+    run, which timed every candidate, says nothing of the kind."""
+    cache = tmp_path / "tune.json"
+    monkeypatch.setenv("OPGRAPH_CACHE", str(cache))
+
+    def profile(out):
+        assert cli.main(["--profile", "--model", "L4", "--batch", "1", "--warmup", "0", "--repeat", "1",
+                         "--device", "cpu", "--lowering", "auto", "--json", str(out), "--quiet"]) == 0
+        (rec,) = json.loads(out.read_text())["models"]
+        return rec, [n for n in rec["notes"] if str(cache) in n], capsys.readouterr()
+
+    first, said, _ = profile(tmp_path / "first.json")
+    assert first["autotune"]["nodes_tuned"] > 0 and first["autotune"]["file_hits"] == 0 and said == []
+    second, (note,), printed = profile(tmp_path / "second.json")
+    summary = second["autotune"]
+    assert summary["nodes_tuned"] == 0
+    assert summary["file_hits"] == summary["cache_hits"] == first["autotune"]["nodes_tuned"]
+    assert note.startswith(f"autotune: {summary['file_hits']} of {summary['file_hits']} node choices")
+    assert f"opgraph-bench: L4 fp32 auto: {note}" in printed.err
+    assert " ".join(note.split()) in " ".join(printed.out.split())  # under the table too (wrapped)

@@ -67,6 +67,22 @@ def test_each_tuned_node_records_its_parts_and_the_report_sums_them(monkeypatch,
     assert "autotune " in report.format() and "1 nodes tuned" in report.format()
 
 
+def test_only_hits_on_decisions_read_from_the_file_are_file_hits(monkeypatch, tmp_path):
+    """``file_hits`` (what ``--profile``'s cache note counts) leaves out a hit on
+    a decision this compile made (s1 repeats s0), and counts every hit of a
+    second compile, which reads both from the file that ``cache_path`` names."""
+    install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
+    timer = StubTimer({"fast": 1.0, "slow": 5.0, "reference": 3.0})
+    path, outs = tmp_path / "c.json", scale_graph(2)[1]
+    _, first = tune(outs, path, timer)
+    assert (first.autotune["nodes_tuned"], first.autotune["cache_hits"], first.autotune["file_hits"]) == (1, 1, 0)
+    _, second = tune(outs, path, timer)
+    assert (second.autotune["nodes_tuned"], second.autotune["cache_hits"], second.autotune["file_hits"]) == (0, 2, 2)
+    assert first.autotune["cache_path"] == second.autotune["cache_path"] == str(path)
+    _, off = tune(outs, "off", timer)
+    assert (off.autotune["cache_path"], off.autotune["file_hits"]) == (None, 0)
+
+
 def test_a_cache_hit_counts_as_a_hit_with_its_small_cost(monkeypatch, tmp_path):
     install_scale_rules(monkeypatch, ["reference", "fast"])
     install_rule(monkeypatch, Scale, Rule(Scale, "sleepy", _sleepy_kernel))

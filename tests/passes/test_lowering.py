@@ -169,6 +169,27 @@ def test_forcing_an_unregistered_algorithm_is_an_error():
         lower(g, outs, LoweringPolicy(force={"conv2": "magic"}))
 
 
+def test_forcing_a_misspelt_algorithm_suggests_the_registered_one():
+    g, outs = conv_grads()
+    with pytest.raises(LoweringError, match=r"conv2.*'ffft' has no rule for Conv2d \(did you mean 'fft'\?\)"):
+        lower(g, outs, LoweringPolicy(force={"conv2": "ffft"}))
+
+
+def test_the_warning_about_a_force_key_matching_no_node_names_the_callers_line():
+    """Fresh-user report: the warning named passes/lower.py (``stacklevel=2``
+    inside the pass); it names the line that called ``og.compile``."""
+    import inspect
+    import warnings
+
+    g, outs = conv_grads()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
+        og.compile(outs, policy=LoweringPolicy(force={"conv9": "fft"}))
+    (w,) = [w for w in caught if "'conv9' matches no node" in str(w.message)]
+    assert (w.filename, w.lineno) == (__file__, line)
+
+
 def test_unknown_force_key_is_noted():
     g, outs = conv_grads()
     with pytest.warns(UserWarning, match="'conv9' matches no node"):

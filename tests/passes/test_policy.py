@@ -205,6 +205,19 @@ def test_unknown_algorithm_names_are_errors_but_tags_may_be_excluded():
     assert LoweringPolicy.from_cli("exclude=fused").exclude == {"fused"}  # a rule tag
 
 
+@pytest.mark.parametrize("make, named, close", [
+    (lambda: LoweringPolicy(prefer={"conv": ["winogard"]}), "prefer.conv", "winograd"),
+    (lambda: LoweringPolicy.from_cli("@conv1=fftt"), "--lowering @conv1", "fft"),
+    (lambda: LoweringPolicy(prefer={"convv": ["fft"]}), "prefer.convv", "conv"),
+    (lambda: LoweringPolicy.from_mapping({"autotun": True}), "policy: autotun", "autotune")])
+def test_an_unknown_name_suggests_the_close_known_ones(make, named, close):
+    """Fresh-user report: no 'did you mean' for a misspelt algorithm, op
+    alias or policy key; the error still names the parameter and the value."""
+    with pytest.raises(PolicyError) as e:
+        make()
+    assert str(e.value).startswith(f"parameter {named}") and f"(did you mean {close!r}" in str(e.value)
+
+
 def test_force_key_matching_no_node_warns():
     import opgraph as og
     g = og.Graph()

@@ -75,3 +75,33 @@ def test_an_include_that_turns_nothing_on_is_noted(monkeypatch):
     monkeypatch.setitem(registry._RULES, og.ops.Conv2d, rules)
     assert idle_includes(LoweringPolicy(include=["xtag", "extra", "gemm"])) == ["gemm"]
 
+
+
+def test_an_unknown_name_suggests_close_names_and_lists_no_internal_tag():
+    """Fresh-user report: ``exclude=winogard`` offered no 'did you mean', and the
+    known names listed ``option:precision``, ``variants:engine_limit`` and
+    ``symmetric_padding_only``: tags that tell the passes how to pad for a rule
+    and call it, no group of rules to turn off. They still match (as any tag)."""
+    from opgraph.backends.registry import registered_tags
+    from opgraph.passes.candidates import CONTRACT_TAGS
+    from opgraph.passes.policy_names import listed_names
+
+    assert registered_tags() & CONTRACT_TAGS  # the premise: some rule carries one
+    with pytest.raises(PolicyError) as e:
+        og.compile([_conv()], policy={"exclude": ["winogard"]})
+    msg = str(e.value)
+    assert "exclude='winogard'" in msg and "(did you mean 'winograd'?)" in msg
+    listed = set(msg.split("; known: ", 1)[1].split(", "))
+    assert listed == listed_names() and not listed & CONTRACT_TAGS
+    assert {"winograd", "fast", "fused", "fused-reference", "elementwise"} <= listed
+    with pytest.raises(PolicyError) as e:
+        og.compile([_conv()], policy={"include": ["zzzzzz"]})
+    assert "include='zzzzzz'" in str(e.value) and "did you mean" not in str(e.value)
+    og.compile([_conv()], policy={"exclude": sorted(registered_tags() & CONTRACT_TAGS)})
+
+
+def test_the_cli_suggests_the_close_name_naming_the_flag(capsys):
+    from opgraph.benchmarks.cli import main
+    assert main(["--model", "L4", "--batch", "1", "--device", "cpu", "--lowering", "auto,exclude=winogard"]) == 2
+    err = capsys.readouterr().err
+    assert "--lowering" in err and "exclude='winogard'" in err and "did you mean 'winograd'" in err

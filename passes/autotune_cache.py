@@ -156,16 +156,22 @@ class AutotuneCache:
             return {}
         try:
             data = json.loads(raw.decode("utf-8"))  # UnicodeDecodeError is a ValueError: corrupt
+            if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+                raise ValueError(f"not an {FORMAT} file (no mapping of entries)")
+            if data.get("format") != FORMAT:
+                raise ValueError(f"format {data.get('format')!r}, not {FORMAT}")
             entries = data["entries"]
-            if data.get("format") != FORMAT or not isinstance(entries, dict) or not all(
-                    map(valid_entry, entries.values())):
-                raise ValueError(f"not an {FORMAT} file")
         except (ValueError, KeyError, TypeError, RecursionError) as e:
             if report:
                 self.warn(f"autotune cache {self.path} is corrupt ({type(e).__name__}: {e}); "
                            "it will be rebuilt")
             return {}
-        return entries
+        # one bad entry (a hand edit, another version's) costs its own decision, not the file's
+        bad = [key for key, entry in entries.items() if not valid_entry(entry)]
+        if bad and report:
+            self.warn(f"autotune cache {self.path}: {len(bad)} corrupt entr{'y' if len(bad) == 1 else 'ies'} "
+                      f"dropped and tuned again (first: {bad[0]!r}); the other {len(entries) - len(bad)} kept")
+        return {key: entry for key, entry in entries.items() if key not in set(bad)}
 
     def get(self, key: str) -> dict | None:
         return self.entries.get(key)

@@ -155,6 +155,24 @@ def test_corrupt_cache_warns_and_is_rebuilt(monkeypatch, tmp_path, content):
     assert not list(tmp_path.glob(".autotune-*"))  # no temporary left behind
 
 
+def test_a_corrupt_entry_is_dropped_alone_and_the_others_are_kept(monkeypatch, tmp_path):
+    """One malformed entry (a hand edit) is reported by its key and tuned again;
+    the valid entries beside it are still used, not re-timed."""
+    install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
+    path = tmp_path / "c.json"
+    outs = scale_graph()[1]
+    tune(outs, path, StubTimer({"fast": 1.0}))
+    data = json.loads(path.read_text())
+    good = dict(data["entries"])
+    data["entries"]["someone else's node"] = {"algorithm": "fast", "options": {}, "candidates": [{"time_ms": "quick"}]}
+    path.write_text(json.dumps(data))
+    timer = StubTimer({"fast": 1.0})
+    with pytest.warns(RuntimeWarning, match="1 corrupt entry dropped .*someone else's node.* the other 1 kept"):
+        _, report = tune(outs, path, timer)
+    assert report.node("s0").algorithm == "fast" and not timer.calls  # the good entry was a hit
+    assert json.loads(path.read_text())["entries"].keys() >= good.keys()
+
+
 def test_no_correct_candidate_is_an_error(monkeypatch, tmp_path):
     install_scale_rules(monkeypatch, ["reference", "wrong", "boom"])
     with pytest.raises(LoweringError, match="no correct candidate"):

@@ -167,11 +167,11 @@ class AutotuneCache:
                            "it will be rebuilt")
             return {}
         # one bad entry (a hand edit, another version's) costs its own decision, not the file's
-        bad = [key for key, entry in entries.items() if not valid_entry(entry)]
+        bad = {key for key, entry in entries.items() if not valid_entry(entry)}
         if bad and report:
             self.warn(f"autotune cache {self.path}: {len(bad)} corrupt entr{'y' if len(bad) == 1 else 'ies'} "
-                      f"dropped and tuned again (first: {bad[0]!r}); the other {len(entries) - len(bad)} kept")
-        return {key: entry for key, entry in entries.items() if key not in set(bad)}
+                      f"dropped and tuned again (first: {min(bad)!r}); the other {len(entries) - len(bad)} kept")
+        return {key: entry for key, entry in entries.items() if key not in bad}
 
     def get(self, key: str) -> dict | None:
         return self.entries.get(key)

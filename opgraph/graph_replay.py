@@ -27,16 +27,26 @@ Memory rules that keep a replay correct:
 
 * a graph's kernels read and write the device addresses they had during
   capture, so every value a graph reads or writes is pinned (a reference is
-  kept) for the replay's lifetime, and each graph allocates from a private
+  kept) for the replay's lifetime, and the graphs allocate from a private
   ``cupy.cuda.MemoryPool`` that nothing else uses: a block a graph uses as
   scratch is never handed to another array that the replay would overwrite
   (the scheme of ``torch.cuda.graph``'s private pools);
+* all the graphs of one replay share its private pool. They are launched in
+  the order they were captured, one after another on one stream, and a block
+  is free in the pool only when no array still uses it: so a block that one
+  graph used as scratch and freed, and a later graph took, is written by the
+  earlier graph only before the later graph rewrites it, in every replay (the
+  rule under which ``torch.cuda.graph`` lets graphs share a ``pool``). A pool
+  per graph held every graph's scratch at once: fp32 ResNet-50's three phases,
+  split into graphs by 12 eager FFT steps, held 27.7 GB against eager's 10.4 GB
+  (docs/results/h200-2026-12-04c/call4). Two replays may share one pool
+  (``pool=``) only if their caller always launches them in build order;
 * a CuPy pool frees every block it handed out when the pool object dies, even
   blocks that arrays still use (an array holds only a weak reference to its
-  pool). So the private pools live as long as the replay object, which must
+  pool). So the private pool lives as long as the replay object, which must
   live as long as anyone reads ``slots`` (``PhaseRunner`` keeps its replays);
-  :meth:`GraphReplay.close` drops the graphs and the pools' unused blocks, not
-  the pools. The throw-away captures of :func:`capture_error` allocate from
+  :meth:`GraphReplay.close` drops the graphs and the pool's unused blocks, not
+  the pool. The throw-away captures of :func:`capture_error` allocate from
   the default pool instead: a step may create a cached object there (a cuFFT
   plan's work area) that must outlive the trial;
 * an eagerly run step allocates a new output on every call, but a graph that
@@ -145,7 +155,6 @@ class _Segment:
     steps: tuple
     capture: bool  # asked to be captured (every step passed capture_error)
     graph: Any = None  # None: the steps run eagerly
-    pool: Any = None
 
 
 class GraphReplay:
@@ -180,6 +189,9 @@ class GraphReplay:
         stream: the non-default stream everything runs on; the caller is
             inside ``with stream:`` for the build and every call.
         eager: node ids never to capture (tests; a step known to misbehave).
+        pool: the private ``cupy.cuda.MemoryPool`` the graphs allocate from;
+            None: a new one. Pass another replay's ``pool`` only when the two
+            are always launched in the order they were built (module doc).
 
     After the build, ``slots`` holds the arrays the graphs use (their values
     are those of one replay) and must not be rebound by anyone else.
@@ -191,7 +203,7 @@ class GraphReplay:
     """
 
     def __init__(self, steps: Sequence, slots: dict, run_step: RunStep, stream, *,
-                 eager: frozenset = frozenset()):
+                 eager: frozenset = frozenset(), pool=None):
         self.slots, self.run_step, self.stream = slots, run_step, stream
         steps = _rerunnable(steps)
         for st in steps:  # a slot filled by an in-place run shares its input's array: part them
@@ -205,7 +217,8 @@ class GraphReplay:
             if why is not None:
                 reasons[st.node] = why
         self._pinned: list = []
-        self._pools: list = []  # every private pool, kept while the replay lives (module doc)
+        # the graphs' one private pool, kept while the replay lives (module doc)
+        self.pool = pool if pool is not None else _cupy().cuda.MemoryPool()
         self.segments: list[_Segment] = []
         for st in steps:
             capture = st.node not in reasons
@@ -221,7 +234,7 @@ class GraphReplay:
                 else:
                     for st in seg.steps:
                         self._run_eager(st)
-        except BaseException:  # this object and its pools die: leave no slot in them
+        except BaseException:  # this object (and a pool of its own) dies: leave no slot in it
             slots.update(entry)
             raise
         self.eager_reasons = {st.name: reasons[st.node] for st in steps if st.node in reasons}
@@ -239,11 +252,8 @@ class GraphReplay:
                 slots[st.node] = run_step(st, slots)
 
         before = {st.node: slots.get(st.node) for st in seg.steps}
-        pool = _cupy().cuda.MemoryPool()
-        self._pools.append(pool)
         try:
-            seg.graph, _ = _captured(self.stream, body, pool)
-            seg.pool = pool
+            seg.graph, _ = _captured(self.stream, body, self.pool)
         except Exception as e:  # each step captured alone, together they did not
             why = f"captured alone but not in a run of {len(seg.steps)} steps ({error_line(e)})"
             for st in seg.steps:
@@ -287,21 +297,20 @@ class GraphReplay:
 
     def close(self) -> None:
         """Drop the graphs and the pinned references, and give the private
-        pools' unused blocks back to the device, now rather than when the
+        pool's unused blocks back to the device, now rather than when the
         garbage collector gets to them (a benchmark builds replays column after
-        column). The replay cannot be called afterwards. The pools themselves
-        stay with this object: the arrays in ``slots`` live in them and stay
-        valid while it lives (module doc)."""
+        column). The replay cannot be called afterwards. The pool itself stays
+        with this object: the arrays in ``slots`` live in it and stay valid
+        while it lives (module doc)."""
         for seg in self.segments or ():
-            seg.graph = seg.pool = None
-        for pool in self._pools:
-            pool.free_all_blocks()
+            seg.graph = None
         self.segments, self._pinned = None, []
+        self.pool.free_all_blocks()
 
     @property
     def pool_bytes(self) -> int:
-        """Bytes the private pools hold (in use and cached)."""
-        return sum(int(pool.total_bytes()) for pool in self._pools)
+        """Bytes the private pool holds (in use and cached; all of a shared pool)."""
+        return int(self.pool.total_bytes())
 
     def summary(self) -> dict:
         """Counts and reasons, for a result file."""

@@ -74,8 +74,12 @@ class FakePool:
         return 64 * self.allocations
 
 
+ALLOCATORS: list = []  # the pool of every capture that allocated from one, in order
+
+
 @contextlib.contextmanager
 def using_allocator(malloc):
+    ALLOCATORS.append(malloc.__self__)
     yield
 
 
@@ -86,6 +90,7 @@ FAKE = SimpleNamespace(cuda=SimpleNamespace(Stream=FakeStream, MemoryPool=FakePo
 @pytest.fixture(autouse=True)
 def fake_cupy(monkeypatch):
     monkeypatch.setattr(graph_replay, "_cupy", lambda: FAKE)
+    ALLOCATORS.clear()
 
 
 def chain(cublas=(), syncs=(), alone_only=()):
@@ -220,15 +225,31 @@ def test_capture_error_leaves_no_capture_open():
 def test_close_frees_the_cached_blocks_but_keeps_the_pools_and_the_values():
     x = np.arange(4.0)
     replay, slots, _ = build(x, cublas={2})
-    pools = [s.pool for s in replay.segments if s.pool is not None]
-    assert len(pools) == 2 and not any(p.freed for p in pools)
+    pool = replay.pool
+    assert not pool.freed
     replay.close()
-    assert all(p.freed for p in pools)
+    assert pool.freed
     # a CuPy pool frees the blocks arrays still use when it dies: the replay keeps it
-    assert replay._pools == pools
+    assert replay.pool is pool
     np.testing.assert_array_equal(slots[4], eager_values(x)[4])
     with pytest.raises(RuntimeError, match="closed"):
         replay()
+
+
+def test_the_graphs_of_a_replay_share_one_private_pool():
+    # two graphs (a | b eager | c d): a pool per graph held every graph's scratch at
+    # once (fp32 ResNet-50: 27.7 GB of pools against eager's 10.4 GB peak)
+    replay, _, _ = build(np.arange(3.0), cublas={2})
+    assert replay.graphs == 2 and ALLOCATORS == [replay.pool, replay.pool]
+    assert isinstance(replay.pool, FakePool)
+
+
+def test_a_replay_allocates_from_the_pool_it_is_given():
+    steps, run = chain(cublas={2})
+    stream, shared = FakeStream(), FakePool()
+    slots = eager_values(np.ones(2))
+    replay = graph_replay.GraphReplay(steps, slots, lambda st, sl: run(st, sl, stream), stream, pool=shared)
+    assert replay.pool is shared and ALLOCATORS == [shared, shared]
 
 
 def test_a_build_that_fails_leaves_the_slots_as_it_found_them():

@@ -17,7 +17,7 @@ under other versions is therefore never looked up again (stale entries stay
 in the file, harmless, until it is deleted). The workspace tie-break
 (``policy.workspace_tolerance``) is not in the key: an entry keeps every
 candidate's measurements, and the winner is chosen again from them under the
-current tolerance (``passes.autotune.rechoose``). Nor is the memory-aware
+current tolerance (``passes.autotune_reuse.rechoose``). Nor is the memory-aware
 re-choice (``policy.peak_tolerance``, ``passes/autotune_memory.py``): it
 depends on the whole schedule, so each compile makes it again from the rows
 and the entry keeps the time-based choice.
@@ -29,7 +29,7 @@ Hand edits: ``tuned`` is the tuner's own choice, written beside the top-level
 report's notes say so; one whose row is wrong, failed or over budget, that
 has no row, or that cannot be captured when ``cuda_graph`` needs it, is not
 used: a ``RuntimeWarning`` names the node, the edited choice, the choice
-used instead and why (``passes.autotune.hand_edit``). An entry written
+used instead and why (``passes.autotune_hand_edit.hand_edit``). An entry written
 without ``tuned`` cannot tell an edit from a choice made under another
 tolerance: its rows decide, and a top-level choice they override is
 reported the same way.
@@ -48,7 +48,7 @@ corrupt or foreign file is reported (``warnings.warn`` naming it) and
 rebuilt, never a crash; an unwritable location is reported the same way; an
 entry whose options its rule refuses (a hand-edited Winograd ``tile = 7``:
 not one of the rule's variants for the node) is reported and re-tuned
-(``passes.autotune.refused_options``).
+(``passes.autotune_reuse.refused_options``).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def valid_entry(entry) -> bool:
     string, an ``options`` dict and, if present, ``candidates`` as a list of
     rows, each with string ``algorithm`` / ``status`` / ``reason``, a dict of
     ``options`` and numbers (or null) for the measurements (the tuner chooses
-    again from those rows: ``passes.autotune.rechoose``)."""
+    again from those rows: ``passes.autotune_reuse.rechoose``)."""
     if not (isinstance(entry, dict) and isinstance(entry.get("algorithm"), str)
             and isinstance(entry.get("options", {}), dict)):
         return False

@@ -13,7 +13,7 @@ rows, the nodes whose steps raise the planned peak above the lowest one the
 graph can reach (:func:`reachable_peak`: the activations' peak, every step
 autotune may not change as it is, and every step it may change with the least
 workspace among its rows within ``(1 + policy.peak_tolerance) x`` its fastest).
-Such a node (``passes.autotune.choose`` given its :class:`StepRoom`) gets,
+Such a node (``passes.autotune_choice.choose`` given its :class:`StepRoom`) gets,
 through :func:`fit_headroom`, the fastest correct candidate timed in full,
 within that tolerance, whose workspace keeps its step under that peak. A
 step that raises the peak by less than :data:`PEAK_SLACK` of it keeps its
@@ -90,7 +90,7 @@ def fit_headroom(near: list[Candidate], fastest: Candidate, chosen: Candidate, r
     (``within 20 % of the fastest unfold (0.441 vs 0.381 ms), keeps its step
     under the reachable peak of 525.2 MiB (the activations': 525.2 MiB)
     instead of 871.7 MiB (peak_tolerance)``), and ``chosen`` why it lost.
-    Statuses are the caller's (:func:`passes.autotune.choose` marks the winner).
+    Statuses are the caller's (:func:`passes.autotune_choice.choose` marks the winner).
     """
     def workspace(c: Candidate) -> int:
         return c.workspace or 0

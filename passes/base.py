@@ -61,7 +61,7 @@ class PassContext:
         dtype: the compile-time floating dtype override (``None``: declared).
         report: the :class:`LoweringReport` the passes fill in.
         xp: array module of ``device`` (autotune runs kernels on it).
-        timer: autotune's timer (``passes.autotune.Timer``); ``None`` = the
+        timer: autotune's timer (``passes.autotune_timers.Timer``); ``None`` = the
             device's default (perf_counter on cpu, CUDA events on cuda).
         versions: ``() -> dict`` of library versions, part of autotune cache
             keys (the registry's ``device_support().versions`` plugs in here on cuda).

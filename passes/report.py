@@ -51,7 +51,7 @@ class Candidate:
         rel_error: ``||out - ref|| / ||ref||`` against the float64 reference.
         reason: why it was not chosen (declines, exceptions, errors); on
             the chosen row, why it beat a faster one (``workspace_tolerance``
-            or ``peak_tolerance``, see ``passes.autotune.choose``).
+            or ``peak_tolerance``, see ``passes.autotune_choice.choose``).
     """
 
     algorithm: str

@@ -373,7 +373,7 @@ def test_the_oracle_is_timed_on_the_cpu_but_not_on_cuda_where_another_rule_appli
     minutes); on the CPU one reference alias does; alone it stays a candidate."""
     from types import SimpleNamespace as NS
 
-    from opgraph.passes.autotune import _contenders
+    from opgraph.passes.autotune_contenders import contenders
 
     def entries(*algos):
         return [NS(rule=NS(algorithm=a)) for a in algos]
@@ -382,9 +382,9 @@ def test_the_oracle_is_timed_on_the_cpu_but_not_on_cuda_where_another_rule_appli
         return [e.rule.algorithm for e in found]
 
     both = entries("direct", "reference", "gemm", "cudnn")
-    assert names(_contenders(both, "cpu")) == ["direct", "gemm", "cudnn"]
-    assert names(_contenders(both, "cuda")) == ["gemm", "cudnn"]
-    assert names(_contenders(entries("reference"), "cuda")) == ["reference"]
+    assert names(contenders(both, "cpu")) == ["direct", "gemm", "cudnn"]
+    assert names(contenders(both, "cuda")) == ["gemm", "cudnn"]
+    assert names(contenders(entries("reference"), "cuda")) == ["reference"]
 
 
 def test_a_source_node_without_inputs_is_tuned_or_skipped_not_an_error(tmp_path):

@@ -172,15 +172,15 @@ def test_an_exception_in_a_call_still_releases_the_stream():
 
 
 def test_a_wait_on_one_node_leaves_the_next_nodes_candidates_held():
-    from opgraph.passes.autotune import _take_waits
+    from opgraph.passes.autotune_timers import take_waits
 
     s = _Stream(kernel=10e-6, host_gap=50e-6, runs_out=True)
     t = _SimulatedHeld(s, batch=4)
     assert t.measure(s.call, label="gemm", warmup=0, repeats=3) == pytest.approx([60e-6] * 3)  # node A waits
-    assert _take_waits(t) == ["gemm"] and t.waits == set()  # autotune moves to node B
+    assert take_waits(t) == ["gemm"] and t.waits == set()  # autotune moves to node B
     s.runs_out = False
     assert t.measure(s.call, label="gemm", warmup=0, repeats=3) == pytest.approx([10e-6] * 3)
-    assert _take_waits(t) == [] and _take_waits(StubTimer({})) == []
+    assert take_waits(t) == [] and take_waits(StubTimer({})) == []
 
 
 def test_a_failing_first_event_still_releases_the_stream():

@@ -1,0 +1,108 @@
+"""Whether a cached decision can be reused, and the choice made again from its rows.
+
+A cache entry (``passes/autotune_cache.py``) holds a node's candidates as
+they were measured, tagged :data:`RECHOOSE_VERSION`: the autotune pass reuses
+it without running anything, choosing the winner again from those rows under
+the current policy (:func:`rechoose`, through ``autotune_choice.choose``),
+so changing ``workspace_tolerance`` or ``cuda_graph`` needs no re-tuning.
+Before that it asks whether the entry can decide at all: rows with a time
+that is no time (:func:`entry_problem`), or options that no longer name one
+of the rule's variants for the node (:func:`refused_options`: a hand-edited
+Winograd ``tile = 7`` would raise on every run) send the node back to be
+measured. Separate from the cache file's reading and writing, which knows
+nothing of candidates, rules or choices.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .autotune_choice import CaptureBlocker, captures_all, choose
+from .candidates import ENGINE_LIMIT_TAG, rule_variants
+from .report import Candidate
+
+#: Cache entries written with this tag hold their rows as measured, before any
+#: choice (every check of :func:`~passes.autotune_measure.measure_candidates`
+#: applied, the output dtype included), so :func:`rechoose` may decide again
+#: from them.
+RECHOOSE_VERSION = 1
+
+
+def measured_rows(measured: list[dict]) -> tuple[list[Candidate], list[Candidate]]:
+    """``(rows, timed)`` to choose from: a node's candidates as measured
+    (``Candidate.to_dict``, as a cache entry of :data:`RECHOOSE_VERSION`
+    holds them), none of them ``chosen``, and those of them timed in full
+    (a pruned row's ``reason`` starts with ``pruned``: one run is not a median)."""
+    rows = [Candidate.from_dict(c) for c in measured]
+    for c in rows:
+        if c.status == "chosen":
+            c.status = "ok"
+    return rows, [c for c in rows if c.time_ms is not None and not c.reason.startswith("pruned")]
+
+
+def rechoose(entry: dict, workspace_tolerance: float,
+             capture_blocker: CaptureBlocker = captures_all) -> tuple[list[Candidate], str | None, dict]:
+    """``(rows, algorithm, options)`` of a cached decision under the current
+    ``workspace_tolerance`` and ``capture_blocker`` (:func:`choose`): the cached rows
+    (times and workspaces as measured) go through :func:`choose` again, so
+    changing either needs no re-tuning. An entry without the :data:`RECHOOSE_VERSION` tag (written
+    before the tie-break and the output-dtype check) keeps its algorithm and
+    options: its rows were not all checked as today's are."""
+    if entry.get("rechoose") != RECHOOSE_VERSION:
+        rows = [Candidate.from_dict(c) for c in entry.get("candidates", [])]
+        return rows, entry.get("algorithm"), dict(entry.get("options", {}))
+    rows, timed = measured_rows(entry.get("candidates", []))
+    best = choose(rows, timed, workspace_tolerance, capture_blocker)
+    if best is None:
+        return rows, entry.get("algorithm"), dict(entry.get("options", {}))
+    return rows, best.algorithm, dict(best.options)
+
+
+def entry_problem(entry: dict) -> str | None:
+    """Why a cache entry's rows cannot decide, or None: a measured time that is
+    not a finite number >= 0 (a hand edit: ``time_ms: -1e9`` would win every
+    comparison), or, in an entry :func:`rechoose` decides from, no correct row
+    (the tuner never writes one: it raises when no candidate is correct)."""
+    rows = entry.get("candidates", [])
+    for row in rows:
+        for field in ("time_ms", "min_ms"):
+            t = row.get(field)
+            if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool)
+                                      and math.isfinite(t) and t >= 0):
+                return f"row {row.get('algorithm')!r} has {field} {t!r}, not a finite time >= 0"
+    if entry.get("rechoose") == RECHOOSE_VERSION and rows and not any(
+            row.get("status") in ("ok", "unverified", "chosen") for row in rows):
+        return "no row is correct (every row's status is " + ", ".join(
+            sorted({str(row.get("status")) for row in rows})) + ")"
+    return None
+
+
+def refused_options(entry, cached: dict, op, types, device, engine_limit: int | None = None) -> str | None:
+    """Why a cached decision's options cannot run the node (``entry``: the
+    applicable rule of the cached algorithm with the policy's options), or
+    None. Its options must be the policy's plus one of the rule's variants for
+    this node, as :func:`~passes.autotune_measure.measure_candidates` would
+    have timed them: a hand-edited Winograd ``tile = 7`` is none, and its
+    kernel would raise. A
+    cuDNN engine (rules tagged ``variants:engine_limit``) is checked by
+    building its plan alone: listing the variants would build every plan of
+    the node again, the cost the cache is there to save."""
+    chosen = {**entry.options, **cached}
+    if ENGINE_LIMIT_TAG in entry.rule.tags and set(cached) <= {"engine"} | set(entry.options):
+        engine = chosen.get("engine")
+        if not isinstance(engine, int) or isinstance(engine, bool):
+            return f"cached options {cached} of {entry.rule.algorithm}: engine must be a plan index"
+        try:
+            entry.rule.workspace(op, types, chosen)  # builds the engine's plan; raises if it cannot
+        except Exception as e:
+            return f"cached options {cached} of {entry.rule.algorithm} cannot run this node: {e}"
+        return None
+    allowed = [{**entry.options, **v}
+               for v in rule_variants(entry.rule, op, types, device, entry.options, engine_limit)]
+    if chosen in allowed:
+        return None
+    return (f"cached options {cached} of {entry.rule.algorithm} are not among its variants for this "
+            f"node ({', '.join(map(str, allowed))})")
+
+
+__all__ = ["RECHOOSE_VERSION", "measured_rows", "rechoose", "entry_problem", "refused_options"]

@@ -93,11 +93,40 @@ class Region:
         return buf[self.index] if self.chain else buf
 
 
+def dense(a) -> bool:
+    """Whether ``a``'s elements fill the bytes from its first element's address
+    on, with no gap and no overlap: C order, channels-last, any permutation of
+    a contiguous array (extents of 1 have any stride). Not a slice of a wider
+    buffer, a broadcast or a reversed view. An empty array is dense (it has no
+    byte to copy)."""
+    if a.size == 0:
+        return True
+    expect = a.itemsize
+    for stride, extent in sorted((s, n) for s, n in zip(a.strides, a.shape) if n != 1):
+        if stride != expect:
+            return False
+        expect *= extent
+    return True
+
+
 def copy_into(dst, src) -> None:
     """``dst[...] = src`` for one dtype; bfloat16 moved as its 16-bit pattern
-    (CuPy copies uint16 arrays; it may not compute on bfloat16 ones)."""
+    (CuPy copies uint16 arrays; it may not compute on bfloat16 ones).
+
+    Two CuPy arrays of one shape, strides and dtype that are :func:`dense`
+    (e.g. both channels-last) are copied as one device-to-device memcpy on the
+    current stream (a memcpy node when captured): CuPy's element-wise copy
+    indexes a non-C-order array element by element, 0.50 ms for a 103 MB
+    channels-last fp32 tensor against 0.052 ms for the memcpy on the H200
+    (docs/results/h200-2026-12-04d/call3)."""
     if dst.dtype.name == "bfloat16":
         dst, src = dst.view(np.uint16), src.view(np.uint16)
+    memory = getattr(dst, "data", None)
+    if (hasattr(memory, "copy_from_device_async") and dst.shape == src.shape and dst.strides == src.strides
+            and dst.dtype == src.dtype and dense(dst)):
+        if dst.size and dst.data.ptr != src.data.ptr:
+            memory.copy_from_device_async(src.data, dst.nbytes)
+        return
     dst[...] = src
 
 
@@ -228,5 +257,5 @@ def step_views(graph, plan, xp, types: dict | None = None) -> dict:
     return out
 
 
-__all__ = ["Region", "StepView", "WriteInto", "AssembleConcat", "SliceView", "copy_into", "sliced",
+__all__ = ["Region", "StepView", "WriteInto", "AssembleConcat", "SliceView", "copy_into", "dense", "sliced",
            "step_views"]

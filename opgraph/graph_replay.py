@@ -77,6 +77,8 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
+from .buffer_views import copy_into
+
 #: ``run_step(step, slots) -> array``: computes one step's output from ``slots``.
 RunStep = Callable[[Any, dict], Any]
 
@@ -275,7 +277,7 @@ class GraphReplay:
         if static is None or tuple(static.shape) != tuple(out.shape) or static.dtype != out.dtype:
             self.slots[st.node] = static = out
         else:
-            static[...] = out
+            copy_into(static, out)
         self._pinned.append(static)
 
     def __call__(self) -> None:
@@ -292,8 +294,7 @@ class GraphReplay:
                 seg.graph.launch(stream)
             else:
                 for st in seg.steps:
-                    out = self.run_step(st, self.slots)
-                    self.slots[st.node][...] = out
+                    copy_into(self.slots[st.node], self.run_step(st, self.slots))
 
     def close(self) -> None:
         """Drop the graphs and the pinned references, and give the private

@@ -167,6 +167,30 @@ def autotune_note(r: dict) -> str | None:
     return f"{r['model']} / {r['lowering']}: {describe_autotune(summary)}"
 
 
+def cache_note(autotune: dict | None, what: str = "node choices", compiled_by: str = "this run's compile"
+               ) -> str | None:
+    """The note of a compile whose autotune reused ``what`` read from its
+    cache file (``LoweringReport.autotune``: ``file_hits``, ``cache_path``),
+    naming the file; None when every choice was timed by ``compiled_by`` or no
+    autotune ran. Such a choice was measured by the run that wrote the file,
+    perhaps under other code or load: a reader of the times should know."""
+    hits = (autotune or {}).get("file_hits")
+    if not hits:
+        return None
+    decided = autotune["nodes_tuned"] + autotune["cache_hits"]
+    return (f"autotune: {hits} of {decided} {what} were read from the autotune cache "
+            f"{autotune['cache_path']}, timed when they were written there, not by {compiled_by} (the "
+            "environment variable OPGRAPH_CACHE=off times every candidate afresh)")
+
+
+def column_cache_note(r: dict) -> str | None:
+    """``'alexnet / auto: autotune: 8 of 8 node choices were read from the
+    autotune cache ...'``: :func:`cache_note` of a benchmark column; None for a
+    ``+graph`` column (its eager column's note says it)."""
+    said = None if r["lowering"].endswith("+graph") else cache_note(r.get("autotune"))
+    return f"{r['model']} / {r['lowering']}: {said}" if said else None
+
+
 def fusion_note(r: dict) -> str | None:
     """``'densenet121 / auto: fusion rules: bn-backward-sums 121, elementwise 312'``:
     which rules of the fuse pass's table rewrote (or declined) how many matches
@@ -252,9 +276,8 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
         rows, columns, extra = [], {}, []  # extra: the forced and unstable columns' notes
         caption = f"end to end, {prec}: milliseconds per mini-batch"
         for r in ordered(doc, prec):
-            tuned = autotune_note(r)  # a mismatch or error after the compile has one too
-            if tuned:
-                extra.append(tuned)
+            # a mismatch or error after the compile has these too
+            extra += filter(None, [autotune_note(r), column_cache_note(r)])
             if r["status"] != "ok":
                 rows.append([r["model"], r["lowering"], _status_cell(r, columns)] + [""] * 14)
                 continue
@@ -397,4 +420,5 @@ def all_tables(doc: dict, *, per_layer_tflops: bool = False) -> list[Table]:
 __all__ = ["Table", "ordered", "precision_label", "fmt_ms", "fmt_num", "fmt_rate", "fmt_mib", "fmt_err", "precisions",
            "layout_label", "environment_table", "peak_table", "end_to_end_tables", "layer_tables", "memory_tables",
            "all_tables", "PEER_KINDS", "MARK", "FORCED_MARK", "forced_note", "spread_cell",
-           "run_stability_notes", "AUTOTUNE_NOTE_SECONDS", "autotune_note", "fusion_note"]
+           "run_stability_notes", "AUTOTUNE_NOTE_SECONDS", "autotune_note", "cache_note", "column_cache_note",
+           "fusion_note"]

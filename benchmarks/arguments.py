@@ -1,7 +1,7 @@
 """``opgraph-bench``'s command line: the argument parser and the parsing of
 its values (model names and groups, lowerings, precisions, counts, seconds).
 A bad value is an ``argparse`` usage error of one line naming the flag, the
-value, the allowed names and a close one (:func:`unknown_value`; exit status 2)."""
+value, the allowed names and a close one (:mod:`.flag_values`; exit status 2)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import math
 
 import attrs
 
-from opgraph.errors import ParameterError, did_you_mean
+from opgraph.errors import ParameterError
 from opgraph.passes.policy import PRECISIONS, LoweringPolicy
 
 from . import driver, lowerings as lw, report
+from .flag_values import BriefUsageParser, one_of, unknown_value
 from .models import ALIASES, LAYERS, MODELS, MODERN, WINNERS, resolve
 from .peer_run import PEERS
 from .timer import AUTO_MAX_SECONDS, AUTO_ROUND, AUTO_THRESHOLD
@@ -37,31 +38,6 @@ def entries(text: str) -> list[str]:
     if text.strip() and not all(items):
         raise argparse.ArgumentTypeError(f"{text!r} has an empty entry (two commas in a row, or one at an end)")
     return [p for p in items if p]
-
-
-def unknown_value(what: str, values, allowed, listed: str | None = None) -> argparse.ArgumentTypeError:
-    """The error of a flag's unknown value(s) (a string or a list of them):
-    ``unknown layout 'nhcw' (did you mean 'nhwc'?); choose from nchw, nhwc``,
-    one line (argparse puts ``argument --layout:`` before it, naming the
-    flag). Each value is compared with ``allowed``
-    (:func:`opgraph.errors.did_you_mean`); ``listed`` is what the message
-    lists, when that is more than ``allowed`` joined."""
-    values = [values] if isinstance(values, str) else list(values)
-    named = ", ".join(f"{v!r}{did_you_mean(v, allowed)}" for v in values)
-    return argparse.ArgumentTypeError(f"unknown {what} {named}; choose from {listed or ', '.join(allowed)}")
-
-
-def one_of(allowed, what: str, fold_case: bool = False):
-    """The ``type`` of a flag that takes one of ``allowed``: the value (lower-cased
-    with ``fold_case``), or :func:`unknown_value`'s error. Given beside
-    ``choices=allowed`` (which ``--help`` lists), it runs first, so the error is
-    this one, with its close name, not argparse's ``invalid choice``."""
-    def parse(text: str) -> str:
-        value = text.lower() if fold_case else text
-        if value not in allowed:
-            raise unknown_value(what, value, allowed)
-        return value
-    return parse
 
 
 def parse_models(text: str) -> list[str]:
@@ -214,22 +190,6 @@ def output_format(args) -> str:
     return SUFFIX_FORMATS.get(suffix, "table")
 
 
-class BriefUsageParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage error is a short usage line and the
-    error: argparse's own printed the whole usage (20 lines, every flag) above
-    the one line that said what was wrong. ``--help`` keeps the full usage."""
-
-    def error(self, message: str):
-        """Print ``usage: PROG [FLAGS ...]; PROG --help lists them`` and
-        ``PROG: error: MESSAGE`` to standard error.
-
-        Raises:
-            SystemExit: always, status 2 (argparse's status of a usage error).
-        """
-        self.exit(2, f"usage: {self.prog} [FLAGS ...]; {self.prog} --help lists them\n"
-                     f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = BriefUsageParser(
         prog="opgraph-bench",
@@ -360,5 +320,5 @@ def model_names(args) -> list[str]:
     return list(GROUPS[args.suite or "winners"])
 
 
-__all__ = ["GROUPS", "DEVICES", "DTYPES", "LAYOUTS", "BriefUsageParser", "entries", "unknown_value", "one_of", "parse_models", "build_parser", "model_names", "is_policy_item",
+__all__ = ["GROUPS", "DEVICES", "DTYPES", "LAYOUTS", "BriefUsageParser", "entries", "parse_models", "build_parser", "model_names", "is_policy_item",
            "PolicyColumn", "LoweringAction"]

@@ -96,3 +96,15 @@ def test_a_missing_policy_file_names_the_flag(capsys, tmp_path):
 def test_workspace_limit_units_are_listed_as_text(capsys):
     status, err = error_of(capsys, "--workspace-limit", "5XB", "--summary")
     assert status == 2 and err[-1].endswith("(units B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"), err
+
+
+def test_compares_format_is_named_the_same_way(capsys):
+    from opgraph.benchmarks import compare
+
+    with pytest.raises(SystemExit) as e:
+        compare.main(["a.json", "b.json", "--format", "jsn"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "usage: opgraph-bench compare [FLAGS ...]; opgraph-bench compare --help lists them",
+        "opgraph-bench compare: error: argument --format: unknown format 'jsn' (did you mean 'json'?); "
+        "choose from table, markdown, json, csv"]

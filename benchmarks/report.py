@@ -284,7 +284,7 @@ def write(doc: dict, fmt: str, stream: TextIO) -> None:
 
         stream.write(render_markdown(doc))
     else:
-        raise ValueError(f"format {fmt!r}: must be one of {FORMATS}")
+        raise ValueError(f"format {fmt!r}: must be one of {', '.join(FORMATS)}")
 
 
 __all__ = ["FORMATS", "RESULT_KEYS", "TIMED_KEYS", "STATUSES", "CSV_COLUMNS", "layer_record",

@@ -257,3 +257,9 @@ def test_notes_wrap_at_the_terminals_width_not_the_wider_tables(monkeypatch):
     assert len(note) > 1 and all(len(line) <= 80 for line in note), note
     assert " ".join(" ".join(note).split()) == "note " + " ".join(["word"] * 59)
     assert any(len(line) > 150 for line in lines)  # the table keeps its width: it is not folded
+
+
+def test_an_unknown_format_lists_the_formats_as_text():
+    with pytest.raises(ValueError) as e:
+        report.write({"mode": "benchmark"}, "xml", io.StringIO())
+    assert str(e.value) == "format 'xml': must be one of table, json, csv, markdown"

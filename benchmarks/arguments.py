@@ -1,6 +1,7 @@
 """``opgraph-bench``'s command line: the argument parser and the parsing of
 its values (model names and groups, lowerings, precisions, counts, seconds).
-A bad value is an ``argparse`` usage error naming the flag (exit status 2)."""
+A bad value is an ``argparse`` usage error of one line naming the flag, the
+value, the allowed names and a close one (:mod:`.flag_values`; exit status 2)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,17 @@ from opgraph.errors import ParameterError
 from opgraph.passes.policy import PRECISIONS, LoweringPolicy
 
 from . import driver, lowerings as lw, report
+from .flag_values import BriefUsageParser, one_of, unknown_value
 from .models import ALIASES, LAYERS, MODELS, MODERN, WINNERS, resolve
 from .peer_run import PEERS
 from .timer import AUTO_MAX_SECONDS, AUTO_ROUND, AUTO_THRESHOLD
 
 #: Names of model groups accepted by --model and --suite.
 GROUPS = {"all": WINNERS + LAYERS + MODERN, "winners": WINNERS, "layers": LAYERS, "modern": MODERN}
+#: The values of --device, --dtype and --layout.
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+LAYOUTS = ("nchw", "nhwc")
 
 
 def entries(text: str) -> list[str]:
@@ -52,9 +58,10 @@ def parse_models(text: str) -> list[str]:
             try:
                 found = [resolve(part)]
             except KeyError:
-                raise argparse.ArgumentTypeError(
-                    f"unknown model {part!r}; choose from {', '.join(MODELS)}, the aliases "
-                    f"{', '.join(ALIASES)}, or the groups {', '.join(GROUPS)}") from None
+                # the close names offered are models and groups: three spellings of one model say less
+                raise unknown_value("model", part, [*MODELS, *GROUPS],
+                                    f"{', '.join(MODELS)}, the aliases {', '.join(ALIASES)}, "
+                                    f"or the groups {', '.join(GROUPS)}") from None
         names += [n for n in found if n not in names]
     if not names:
         raise argparse.ArgumentTypeError("no model given")
@@ -66,9 +73,10 @@ def _list_of(allowed, what: str):
         given = [p.lower() for p in entries(text)]
         items = list(dict.fromkeys(given))
         bad = [i for i in items if i not in allowed]
-        if bad or not items:
-            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(map(repr, bad)) or '(none)'}; "
-                                             f"choose from {', '.join(allowed)}")
+        if bad:
+            raise unknown_value(what, bad, allowed)
+        if not items:
+            raise argparse.ArgumentTypeError(f"no {what} given; choose from {', '.join(allowed)}")
         twice = [i for i in items if given.count(i) > 1]
         if twice:  # one column each: a second would be silently merged away
             raise argparse.ArgumentTypeError(f"{what} {', '.join(map(repr, twice))} given more than once")
@@ -182,22 +190,6 @@ def output_format(args) -> str:
     return SUFFIX_FORMATS.get(suffix, "table")
 
 
-class BriefUsageParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage error is a short usage line and the
-    error: argparse's own printed the whole usage (20 lines, every flag) above
-    the one line that said what was wrong. ``--help`` keeps the full usage."""
-
-    def error(self, message: str):
-        """Print ``usage: PROG [FLAGS ...]; PROG --help lists them`` and
-        ``PROG: error: MESSAGE`` to standard error.
-
-        Raises:
-            SystemExit: always, status 2 (argparse's status of a usage error).
-        """
-        self.exit(2, f"usage: {self.prog} [FLAGS ...]; {self.prog} --help lists them\n"
-                     f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = BriefUsageParser(
         prog="opgraph-bench",
@@ -217,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="alexnet, overfeat, vgg_a, googlenet, L1..L5, resnet50, densenet121, "
                            "mobilenet_v2, efficientnet_b0, or a group: winners (default), layers, "
                            "modern, all")
-    what.add_argument("--suite", choices=tuple(GROUPS), default=None,
+    what.add_argument("--suite", choices=tuple(GROUPS), type=one_of(tuple(GROUPS), "group"), default=None,
                       help="a group of models: winners (the four ImageNet models), layers (L1-L5), "
                            "modern (ResNet-50, DenseNet-121, MobileNet-v2, EfficientNet-B0, "
                            "training-form batch norm), all")
@@ -231,9 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "DenseNet-121 64, on a GPU and for --summary; "
                         f"{driver.CPU_DEFAULT_BATCH} on the CPU, where the default run of the four "
                         f"winners takes {driver.CPU_RUN_TIME})")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+    p.add_argument("--device", choices=DEVICES, type=one_of(DEVICES, "device"), default="auto",
                    help="auto: the GPU if CuPy sees one, else the CPU (default)")
-    p.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"), default="float32",
+    p.add_argument("--dtype", choices=DTYPES, type=one_of(DTYPES, "dtype"), default="float32",
                    help="storage dtype of inputs, parameters, activations and gradients, --onnx "
                         "networks included (default float32; bfloat16 with --precision bf16 keeps the "
                         "whole step in bf16, computing in fp32)")
@@ -250,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", type=_list_of(PRECISIONS, "precision"), default=None,
                    metavar="LIST", help=f"comma-separated, from {', '.join(PRECISIONS)} (default: "
                                         "the --policy file's, else fp32)")
-    p.add_argument("--layout", choices=("nchw", "nhwc"), default=None, type=str.lower,
+    p.add_argument("--layout", choices=LAYOUTS, type=one_of(LAYOUTS, "layout", fold_case=True), default=None,
                    help="layout the policy asks for (default: the --policy file's, else nchw); "
                         "NHWC applies on cuda only, to opgraph and the peer (channels_last) alike, "
                         "and results record the layout applied")
@@ -303,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "lowering per column: default auto on a GPU, gemm on the CPU)")
     p.add_argument("--json", metavar="PATH", default=None,
                    help="also write the result document as JSON to PATH (atomically), whatever --format")
-    p.add_argument("--format", choices=report.FORMATS, default=None,
+    p.add_argument("--format", choices=report.FORMATS, type=one_of(report.FORMATS, "format"), default=None,
                    help="default: from --output's suffix (.json, .csv, .md), else table")
     p.add_argument("--output", metavar="PATH", help="write the result there instead of stdout "
                    "(JSON is rewritten after every column, so a killed run keeps what it finished)")
@@ -328,5 +320,5 @@ def model_names(args) -> list[str]:
     return list(GROUPS[args.suite or "winners"])
 
 
-__all__ = ["GROUPS", "BriefUsageParser", "entries", "parse_models", "build_parser", "model_names", "is_policy_item",
+__all__ = ["GROUPS", "DEVICES", "DTYPES", "LAYOUTS", "BriefUsageParser", "entries", "parse_models", "build_parser", "model_names", "is_policy_item",
            "PolicyColumn", "LoweringAction"]

@@ -28,6 +28,7 @@ import io
 import json
 import sys
 
+from .flag_values import BriefUsageParser, one_of
 from .report import write_tables
 from .stability import spread, total_spread
 from .tables import Table, fmt_ms, precision_label
@@ -141,13 +142,13 @@ def comparison_table(result: dict, name_a: str, name_b: str) -> Table:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="opgraph-bench compare",
+    p = BriefUsageParser(prog="opgraph-bench compare",
                                 description="Speedups and regressions between two opgraph-bench JSON "
                                             "documents, by model, lowering, precision and phase; a change "
                                             "is marked when it exceeds both runs' interquartile range.")
     p.add_argument("a", metavar="A.json", help="the baseline (--format json of a timing run)")
     p.add_argument("b", metavar="B.json", help="the run compared with it")
-    p.add_argument("--format", choices=FORMATS, default="table")
+    p.add_argument("--format", choices=FORMATS, type=one_of(FORMATS, "format"), default="table")
     return p
 
 

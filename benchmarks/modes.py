@@ -342,7 +342,7 @@ def run_profile(names: list[str], args) -> dict:
                     log(f"opgraph-bench: profiling {m.key} {precision} {lowering.name}")
                 records.append(pf.profile_model(tg, lowering, policy, device, timer, limits, warmup=warmup,
                                                 repeat=repeat, seed=args.seed))
-                cached = pf.cache_note(records[-1]["autotune"])  # in the record's notes; said now too
+                cached = pf.profile_cache_note(records[-1]["autotune"])  # in the record's notes; said now too
                 if cached:
                     log(f"opgraph-bench: {m.key} {precision} {lowering.name}: {cached}")
                 release_device(device)

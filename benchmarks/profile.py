@@ -71,6 +71,7 @@ from .peak import measure_peaks
 from .lowerings import requested_notes
 from .protocol import applied_layout, random_feeds, schedule
 from .step_clock import median_ms, step_clock, timing_summary
+from .tables import cache_note
 
 
 #: Families whose steps are compute-bound (judged against the matmul peak).
@@ -130,19 +131,10 @@ def tuned_ms(report, name: str) -> float | None:
     return chosen.time_ms if chosen is not None else None
 
 
-def cache_note(autotune: dict | None) -> str | None:
-    """The note of a profile whose autotune reused decisions read from its
-    cache file (``LoweringReport.autotune``: ``file_hits``, ``cache_path``),
-    naming the file; None when every choice was timed by this compile or no
-    autotune ran. Such a choice, and the ``tuned_ms`` it carries, were
-    measured by the run that wrote the file, perhaps under other code or load."""
-    hits = (autotune or {}).get("file_hits")
-    if not hits:
-        return None
-    decided = autotune["nodes_tuned"] + autotune["cache_hits"]
-    return (f"autotune: {hits} of {decided} node choices (and their tuned_ms) were read from the autotune "
-            f"cache {autotune['cache_path']}, timed when they were written there, not by this profile's "
-            "compile (the environment variable OPGRAPH_CACHE=off times every candidate afresh)")
+def profile_cache_note(autotune: dict | None) -> str | None:
+    """:func:`.tables.cache_note` in a profile's words: the ``tuned_ms`` of a
+    choice read from the cache file were timed by the run that wrote it too."""
+    return cache_note(autotune, "node choices (and their tuned_ms)", "this profile's compile")
 
 
 def slower_than_tuned(nodes) -> list[dict]:
@@ -181,7 +173,7 @@ def profile_steps(tg, feeds: dict, device: str, policy, timer, *, warmup: int, r
         ``{'compile_s', 'notes', 'autotune', 'step_ms', 'graph_step_ms', 'graph_step_capture',
         'nodes_ms', 'timing', 'nodes': [...]}`` (``autotune``: where the compile's
         autotune time went, ``passes/autotune_clock.py``, None without autotune;
-        ``notes``: what was asked and not applied, and :func:`cache_note`;
+        ``notes``: what was asked and not applied, and :func:`profile_cache_note`;
         ``step_ms``: the whole step as one loop of eager calls; ``graph_step_ms``:
         replayed as CUDA graphs, None on the CPU; ``graph_step_capture``: that
         replay's summary; ``timing``: :func:`.step_clock.timing_summary`); each node
@@ -200,7 +192,7 @@ def profile_steps(tg, feeds: dict, device: str, policy, timer, *, warmup: int, r
     compile_s = time.perf_counter() - t0
     asked = policy if isinstance(policy, LoweringPolicy) else LoweringPolicy.from_mapping(policy or {})
     notes = requested_notes(exe, asked.precision, asked.layout, tg.model.dtype)
-    notes += filter(None, [cache_note(exe.report.autotune)])
+    notes += filter(None, [profile_cache_note(exe.report.autotune)])
     sched = schedule(exe, tg)
     phase = {st.node: p for p, sts in sched.phases.items() for st in sts}
     slots = exe.feed(feeds)
@@ -305,6 +297,6 @@ def profile_document(environment: dict, limits: dict, records: list, notes=()) -
 
 
 __all__ = ["COMPUTE_FAMILIES", "PROFILE_SCHEMA_VERSION", "tensor_bytes", "step_traffic", "view_traffic", "tuned_ms",
-           "cache_note", "slower_than_tuned",
+           "profile_cache_note", "slower_than_tuned",
            "SLOWER_FACTOR", "direction_of",
            "profile_steps", "group_by_op", "measure_limits", "profile_model", "profile_document"]

@@ -134,6 +134,16 @@ def _rich_write(stream: TextIO, tables: list[Table]) -> None:
                 for t in tables if t.rows), default=80)
     width = max(Console(file=stream).width if tty else 100, need)
     console = Console(file=stream, width=width, highlight=False, color_system="auto" if tty else None)
+    # captions and notes are prose: wrapped at the terminal's width (the console above may be
+    # wider, for the table), and in a file or pipe one line each, not cut at the table's width
+    prose = Console(file=stream, highlight=False, color_system="auto") if tty else None
+
+    def say(text: str) -> None:
+        if prose is not None:
+            prose.print(Text(text))
+        else:
+            console.print(Text(text), soft_wrap=True)
+
     for t in tables:
         # Text() keeps names such as "[alexnet]" from being read as rich markup.
         table = RichTable(show_footer=t.footer is not None, show_header=any(t.headers))
@@ -142,10 +152,10 @@ def _rich_write(stream: TextIO, tables: list[Table]) -> None:
                              justify="right" if h in t.right else "left", no_wrap=True)
         for r in t.rows:
             table.add_row(*(Text(str(c)) for c in r))
-        console.print(Text(t.caption))
+        say(t.caption)
         console.print(table)
         for n in t.notes:
-            console.print(Text(f"  {n}"))
+            say(f"  {n}")
 
 
 def tables_of(doc: dict) -> list[Table]:
@@ -274,7 +284,7 @@ def write(doc: dict, fmt: str, stream: TextIO) -> None:
 
         stream.write(render_markdown(doc))
     else:
-        raise ValueError(f"format {fmt!r}: must be one of {FORMATS}")
+        raise ValueError(f"format {fmt!r}: must be one of {', '.join(FORMATS)}")
 
 
 __all__ = ["FORMATS", "RESULT_KEYS", "TIMED_KEYS", "STATUSES", "CSV_COLUMNS", "layer_record",

@@ -13,7 +13,8 @@ warns when the standard deviation exceeds 10 % of the mean; asv and
   their medians (:func:`total_spread`; the loops run separately, so a bound);
   a column timed as a whole step only (a ``+graph`` peer): its step loop's;
 * a column is **unstable** when that ratio exceeds :data:`SPREAD_LIMIT`
-  (10 %, pyperf's threshold), or when its run is;
+  (10 %, pyperf's threshold), or when its run is; so is a layer's loop of
+  the per-layer tables, by its own spread (:func:`unstable_phases`);
 * a **run** is unstable when its measured matmul peak is far below what the
   device should reach (:func:`peak_check`: below :data:`PEAK_FLOOR` of
   :func:`expected_peak`), or when the peak measured again at the end of a
@@ -87,6 +88,21 @@ def total_spread(times: dict) -> dict | None:
         return None
     iqr = sum(sp["iqr_ms"] for sp in loops)
     return {"iqr_ms": iqr, "relative": iqr / medians if medians > 0 else None}
+
+
+def unstable_phases(row: dict) -> dict[str, float]:
+    """Phase -> relative spread (IQR / median) of each loop of a per-layer row
+    (``records.layer_records``: ``ms`` and ``iqr_ms`` by phase) whose spread
+    exceeds :data:`SPREAD_LIMIT`, as a column's does when it is flagged
+    unstable: a layer's loop is short (3 calls on the CPU), and on a loaded
+    machine one call descheduled for a scheduler tick or more moves its median
+    by that much, with nothing else to show it."""
+    out = {}
+    for phase, median in row.get("ms", {}).items():
+        iqr = row.get("iqr_ms", {}).get(phase)
+        if iqr is not None and median and iqr / median > SPREAD_LIMIT:
+            out[phase] = iqr / median
+    return out
 
 
 def _cpu_cores() -> tuple[int, str]:
@@ -213,5 +229,5 @@ def column_stability(rec: dict, run_reasons: list[str]) -> dict:
 
 
 __all__ = ["SPREAD_LIMIT", "PEAK_FLOOR", "PEAK_DRIFT", "DRIFT_MIN_SECONDS", "GPU_PEAKS", "FLOPS_PER_CYCLE",
-           "spread", "total_spread", "expected_peak", "peak_check", "drift_check", "mark_columns",
+           "spread", "total_spread", "unstable_phases", "expected_peak", "peak_check", "drift_check", "mark_columns",
            "run_stability", "column_stability"]

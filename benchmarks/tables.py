@@ -16,7 +16,8 @@ show the same numbers:
 * :func:`layer_tables`: per model and precision, a row per conv/linear layer
   and a column per lowering: forward / backward-data / backward-filter ms
   (``-`` where the layer has no such phase, ``†`` where the lowering did not
-  apply and the footnote says why and what ran instead);
+  apply and the footnote says why and what ran instead, ``?`` where the
+  loop's spread is too wide to trust, :func:`.stability.unstable_phases`);
 * :func:`memory_tables`: planned (with and without workspace), live and
   measured peaks, workspace totals.
 """
@@ -31,9 +32,12 @@ from opgraph.passes.autotune_clock import describe as describe_autotune
 from opgraph.passes.report import describe_fusion
 
 from .peer_run import PEERS as PEER_KINDS
+from .stability import SPREAD_LIMIT, unstable_phases
 MARK = "†"
 #: Marks a column with nodes the policy forced, and each forced layer cell.
 FORCED_MARK = "‡"
+#: Marks a per-layer time whose loop's spread is too wide to trust (:func:`.stability.unstable_phases`).
+UNSTABLE_MARK = "?"
 #: A column whose autotune took longer than this (seconds) gets a note saying
 #: where that time went (:func:`autotune_note`); shorter ones are not worth a line.
 AUTOTUNE_NOTE_SECONDS = 5.0
@@ -167,6 +171,30 @@ def autotune_note(r: dict) -> str | None:
     return f"{r['model']} / {r['lowering']}: {describe_autotune(summary)}"
 
 
+def cache_note(autotune: dict | None, what: str = "node choices", compiled_by: str = "this run's compile"
+               ) -> str | None:
+    """The note of a compile whose autotune reused ``what`` read from its
+    cache file (``LoweringReport.autotune``: ``file_hits``, ``cache_path``),
+    naming the file; None when every choice was timed by ``compiled_by`` or no
+    autotune ran. Such a choice was measured by the run that wrote the file,
+    perhaps under other code or load: a reader of the times should know."""
+    hits = (autotune or {}).get("file_hits")
+    if not hits:
+        return None
+    decided = autotune["nodes_tuned"] + autotune["cache_hits"]
+    return (f"autotune: {hits} of {decided} {what} were read from the autotune cache "
+            f"{autotune['cache_path']}, timed when they were written there, not by {compiled_by} (the "
+            "environment variable OPGRAPH_CACHE=off times every candidate afresh)")
+
+
+def column_cache_note(r: dict) -> str | None:
+    """``'alexnet / auto: autotune: 8 of 8 node choices were read from the
+    autotune cache ...'``: :func:`cache_note` of a benchmark column; None for a
+    ``+graph`` column (its eager column's note says it)."""
+    said = None if r["lowering"].endswith("+graph") else cache_note(r.get("autotune"))
+    return f"{r['model']} / {r['lowering']}: {said}" if said else None
+
+
 def fusion_note(r: dict) -> str | None:
     """``'densenet121 / auto: fusion rules: bn-backward-sums 121, elementwise 312'``:
     which rules of the fuse pass's table rewrote (or declined) how many matches
@@ -252,9 +280,8 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
         rows, columns, extra = [], {}, []  # extra: the forced and unstable columns' notes
         caption = f"end to end, {prec}: milliseconds per mini-batch"
         for r in ordered(doc, prec):
-            tuned = autotune_note(r)  # a mismatch or error after the compile has one too
-            if tuned:
-                extra.append(tuned)
+            # a mismatch or error after the compile has these too
+            extra += filter(None, [autotune_note(r), column_cache_note(r)])
             if r["status"] != "ok":
                 rows.append([r["model"], r["lowering"], _status_cell(r, columns)] + [""] * 14)
                 continue
@@ -309,16 +336,29 @@ def _compile_cell(r: dict) -> str:
 
 
 def _layer_cell(row: dict, phases) -> str:
+    """``'2.00? / - / 1.10†'``: a layer's milliseconds per phase, marked
+    unstable (:data:`UNSTABLE_MARK`), not applicable (:data:`MARK`) or forced
+    (:data:`FORCED_MARK`)."""
     cells = []
+    unstable = unstable_phases(row)
     for p in phases:
         ms = row["ms"].get(p)
         cell = fmt_ms(ms) if ms is not None else "-"
+        if p in unstable:
+            cell += UNSTABLE_MARK
         if p in row["not_applicable"]:
             cell += MARK
         if p in row.get("forced", {}):
             cell += FORCED_MARK
         cells.append(cell)
     return " / ".join(cells)
+
+
+def _layer_rate_cell(row: dict, phases) -> str:
+    """:func:`_layer_cell` in TFLOP/s, with the unstable marks only."""
+    unstable = unstable_phases(row)
+    return " / ".join(fmt_rate(row["tflops"].get(p)) + UNSTABLE_MARK * (p in unstable)
+                      if p in row["tflops"] else "-" for p in phases)
 
 
 def layer_tables(doc: dict, metric: str = "ms") -> Iterable[Table]:
@@ -333,17 +373,15 @@ def layer_tables(doc: dict, metric: str = "ms") -> Iterable[Table]:
                 continue
             names = [x["layer"] for x in res[0]["layers"]]
             headers = ["layer", "op", "GFLOP"] + [r["lowering"] for r in res]
-            rows, notes = [], []
+            rows, notes, unstable = [], [], []
             for i, name in enumerate(names):
                 first = res[0]["layers"][i]
                 row = [name, first["op"], fmt_num(first["flops"] / 1e9, 3)]
                 for r in res:
                     x = r["layers"][i]
-                    if metric == "tflops":
-                        row.append(" / ".join(fmt_rate(x["tflops"].get(p)) if p in x["tflops"] else "-"
-                                              for p in phases))
-                    else:
-                        row.append(_layer_cell(x, phases))
+                    row.append(_layer_cell(x, phases) if metric == "ms" else _layer_rate_cell(x, phases))
+                    unstable += [f"{name} {p} under {r['lowering']} ({rel:.0%})"
+                                 for p, rel in unstable_phases(x).items()]
                     for p, why in x["not_applicable"].items():
                         notes.append(f"{MARK} {name} {p} under {r['lowering']}: ran "
                                      f"{x['algorithm'].get(p)}; {r['lowering']}: {why}")
@@ -355,6 +393,12 @@ def layer_tables(doc: dict, metric: str = "ms") -> Iterable[Table]:
                 notes.append("a convolution fused with its epilogue by the fuse pass (the forward with "
                              "its ReLU / ReLU6 and residual add, backward-data with the ReLU gradient) "
                              "includes it")
+            if unstable:  # one line for the table: a loaded machine marks many cells
+                notes.append(f"{UNSTABLE_MARK} unstable: the calls' interquartile range is above "
+                             f"{SPREAD_LIMIT:.0%} of the median (benchmarks/stability.py): "
+                             + ", ".join(unstable))
+            notes += [f"unstable run, every time here included: {why}"
+                      for why in (doc.get("stability") or {}).get("reasons", ())]
             unit = "ms" if metric == "ms" else "TFLOP/s"
             caption = (f"{m['model']} per layer, {prec}: forward / backward-data / backward-filter {unit} "
                        f"(median; each layer's steps timed alone)")
@@ -396,5 +440,6 @@ def all_tables(doc: dict, *, per_layer_tflops: bool = False) -> list[Table]:
 
 __all__ = ["Table", "ordered", "precision_label", "fmt_ms", "fmt_num", "fmt_rate", "fmt_mib", "fmt_err", "precisions",
            "layout_label", "environment_table", "peak_table", "end_to_end_tables", "layer_tables", "memory_tables",
-           "all_tables", "PEER_KINDS", "MARK", "FORCED_MARK", "forced_note", "spread_cell",
-           "run_stability_notes", "AUTOTUNE_NOTE_SECONDS", "autotune_note", "fusion_note"]
+           "all_tables", "PEER_KINDS", "MARK", "FORCED_MARK", "UNSTABLE_MARK", "forced_note", "spread_cell",
+           "run_stability_notes", "AUTOTUNE_NOTE_SECONDS", "autotune_note", "cache_note", "column_cache_note",
+           "fusion_note"]

@@ -33,7 +33,7 @@ values; ``fp16`` on float32 storage rounds the operands to float16).
 
 from __future__ import annotations
 
-from .errors import ParameterError
+from .errors import ParameterError, did_you_mean
 from .types import HALF_DTYPES
 
 #: Precision names, in the order the CLI and docs list them.
@@ -54,7 +54,7 @@ def check(value, what: str = "precision") -> str:
         ParameterError: any other value, naming ``what`` and the choices.
     """
     if value not in PRECISIONS:
-        raise ParameterError(what, value, f"must be one of {list(PRECISIONS)}")
+        raise ParameterError(what, value, f"must be one of {', '.join(PRECISIONS)}{did_you_mean(value, PRECISIONS)}")
     return value
 
 

@@ -44,7 +44,8 @@ temporary file in the same folder, then ``os.replace``; the file keeps its
 permission bits, or gets the umask's when new, and a symbolic link is
 followed to the file it names, which is replaced), merged with whatever
 another process wrote meanwhile; a
-corrupt or foreign file is reported (``warnings.warn`` naming it) and
+corrupt or foreign file, or valid JSON of the wrong shape (``[]``: :func:`wrong_format`),
+is reported (``warnings.warn`` naming it and what is wrong, in JSON's terms) and
 rebuilt, never a crash; an unwritable location is reported the same way; an
 entry whose options its rule refuses (a hand-edited Winograd ``tile = 7``:
 not one of the rule's variants for the node) is reported and re-tuned
@@ -111,6 +112,36 @@ def valid_entry(entry) -> bool:
         for r in rows)
 
 
+def _json_kind(value) -> str:
+    """What a JSON value is, in JSON's words: ``'an array'``, ``'a number'``, ..."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, bool):
+        return f"{str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return "a string" if isinstance(value, str) else "null"
+
+
+def wrong_format(data) -> str | None:
+    """Why the parsed JSON ``data`` is not a cache file of :data:`FORMAT`, in
+    JSON's terms, never Python's (``'is of the wrong format: an array, where
+    ...'``); None when its shape is right (its entries are then checked one by
+    one: :func:`valid_entry`)."""
+    expected = f'an {FORMAT} file is an object with "format": "{FORMAT}" and an object "entries"'
+    if not isinstance(data, dict):
+        return f"is of the wrong format: {_json_kind(data)}, where {expected}"
+    if data.get("format") != FORMAT:
+        found = f'"format" is {json.dumps(data["format"])}' if "format" in data else 'no "format"'
+        return f"is of the wrong format: {found}, where {expected}"
+    if not isinstance(data.get("entries"), dict):
+        found = f'"entries" is {_json_kind(data["entries"])}' if "entries" in data else 'no "entries"'
+        return f"is of the wrong format: {found}, where {expected}"
+    return None
+
+
 class AutotuneCache:
     """Decisions by key, loaded from ``path`` (``None``: memory only).
 
@@ -155,17 +186,20 @@ class AutotuneCache:
                 self.warn(f"autotune cache {self.path} cannot be read ({e}); tuning from scratch")
             return {}
         try:
-            data = json.loads(raw.decode("utf-8"))  # UnicodeDecodeError is a ValueError: corrupt
-            if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
-                raise ValueError(f"not an {FORMAT} file (no mapping of entries)")
-            if data.get("format") != FORMAT:
-                raise ValueError(f"format {data.get('format')!r}, not {FORMAT}")
-            entries = data["entries"]
-        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            problem = f"is corrupt: not UTF-8 text ({e.reason} at byte {e.start})"
+        except ValueError as e:  # json.JSONDecodeError
+            problem = f"is corrupt: not JSON ({e})"
+        except RecursionError:
+            problem = "is corrupt: JSON nested too deep to read"
+        else:
+            problem = wrong_format(data)
+        if problem is not None:
             if report:
-                self.warn(f"autotune cache {self.path} is corrupt ({type(e).__name__}: {e}); "
-                           "it will be rebuilt")
+                self.warn(f"autotune cache {self.path} {problem}; it will be rebuilt")
             return {}
+        entries = data["entries"]
         # one bad entry (a hand edit, another version's) costs its own decision, not the file's
         bad = {key for key, entry in entries.items() if not valid_entry(entry)}
         if bad and report:
@@ -205,4 +239,4 @@ class AutotuneCache:
             self.warn(f"autotune cache {self.path} cannot be written ({e}); decisions kept in memory")
 
 
-__all__ = ["valid_entry", "AutotuneCache", "cache_key", "default_path", "FORMAT", "ENV_VAR", "DEFAULT_PATH"]
+__all__ = ["valid_entry", "wrong_format", "AutotuneCache", "cache_key", "default_path", "FORMAT", "ENV_VAR", "DEFAULT_PATH"]

@@ -183,7 +183,7 @@ def _prefer(value) -> Mapping[str, tuple[str, ...]]:
         if not isinstance(key, str) or _types_of(key) is None:
             hint = did_you_mean(key, [*ALIASES, *OP_TYPES]) if isinstance(key, str) else ""
             raise _err(f"prefer.{key}", algos, f"unknown op type or alias {key!r}{hint}; use an op name "
-                       f"({', '.join(OP_TYPES[:4])}, ...) or one of {sorted(ALIASES)}")
+                       f"({', '.join(OP_TYPES[:4])}, ...) or one of {', '.join(sorted(ALIASES))}")
         out[key] = _algo_list(f"prefer.{key}", algos)
     return MappingProxyType(out)
 
@@ -209,6 +209,8 @@ def _names(param: str):
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+#: The units as an error lists them: spelt as people write them (any case is read).
+_UNIT_NAMES = "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB"
 
 
 def parse_bytes(value, key: str = "workspace_limit") -> int | None:
@@ -228,7 +230,7 @@ def parse_bytes(value, key: str = "workspace_limit") -> int | None:
         m = re.fullmatch(r"\s*((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
         if not m or m.group(2).lower() not in _UNITS:
             raise _err(key, value, "must be bytes, e.g. 1073741824, '512MiB' or '2GB' "
-                                   f"(units {sorted(_UNITS)[1:]})")
+                                   f"(units {_UNIT_NAMES})")
         number = float(m.group(1)) * _UNITS[m.group(2).lower()]
     elif isinstance(value, Real):  # NumPy numbers too
         number = value
@@ -291,7 +293,8 @@ def _precision(inst, attribute, value):
 def _choice(key: str, allowed):
     def check(inst, attribute, value):
         if value not in allowed:
-            raise _err(key, value, f"must be one of {list(allowed)}")
+            raise _err(key, value, f"must be one of {', '.join(allowed)}"
+                                   f"{did_you_mean(value, allowed)}")
     return check
 
 
@@ -442,20 +445,23 @@ class LoweringPolicy:
         unknown = sorted(set(data) - fields)
         if unknown:
             raise _err(unknown[0], data[unknown[0]], f"unknown policy key{did_you_mean(unknown[0], fields)}; "
-                       f"known keys: {sorted(fields)}", source)
+                       f"known keys: {', '.join(sorted(fields))}", source)
         try:
             return cls(**dict(data))
         except PolicyError as e:
             raise _err(e.param, e.value, e.why, source) from None
 
     @classmethod
-    def from_toml(cls, path) -> "LoweringPolicy":
-        """Read a policy file (schema in the module docstring).
+    def from_toml(cls, path, flag: str | None = None) -> "LoweringPolicy":
+        """Read a policy file (schema in the module docstring); ``flag`` is the
+        command-line flag that named it (``--policy``), named in its errors as
+        every other flag's bad value is.
 
         Raises:
             PolicyError: unreadable or invalid TOML, unknown key, bad value
-                (the message names the file, the key and the value).
+                (the message names the flag, the file, the key and the value).
         """
+        what = flag or "policy file"
         if sys.version_info >= (3, 11):
             import tomllib
         else:  # pragma: no cover
@@ -464,13 +470,13 @@ class LoweringPolicy:
             with open(path, "rb") as f:
                 data = tomllib.load(f)
         except OSError as e:
-            raise _err("policy file", str(path), f"cannot be read ({e.strerror})") from None
+            raise _err(what, str(path), f"cannot be read ({e.strerror})") from None
         except tomllib.TOMLDecodeError as e:
-            raise _err("policy file", str(path), f"is not valid TOML ({e})") from None
+            raise _err(what, str(path), f"is not valid TOML ({e})") from None
         except UnicodeDecodeError as e:
-            raise _err("policy file", str(path), f"is not UTF-8 text, as TOML must be ({e.reason} "
+            raise _err(what, str(path), f"is not UTF-8 text, as TOML must be ({e.reason} "
                        f"at byte {e.start})") from None
-        return cls.from_mapping(data, source=str(path))
+        return cls.from_mapping(data, source=f"{flag} {path}" if flag else str(path))
 
     @classmethod
     def from_cli(cls, lowering: str | None = None, policy_file=None, autotune: bool = False,
@@ -490,7 +496,7 @@ class LoweringPolicy:
         Raises:
             PolicyError: a malformed item (named) or a bad value.
         """
-        base = cls.from_toml(policy_file) if policy_file else cls()
+        base = cls.from_toml(policy_file, flag="--policy") if policy_file else cls()
         prefer = {k: list(v) for k, v in base.prefer.items()}
         force, include, exclude = dict(base.force), set(base.include), set(base.exclude)
         tune = base.autotune or bool(autotune)

@@ -61,3 +61,12 @@ def test_readme_names_every_opgraph_bench_flag():
     flags = [o for a in build_parser()._actions for o in a.option_strings if o.startswith("--") and o != "--help"]
     assert len(flags) > 20
     assert [f for f in flags if f"`{f}" not in README] == []
+
+
+def test_readme_says_where_its_timings_were_measured():
+    """Fresh-user report: README quoted timings without saying on what machine
+    or under what load. One sentence near the top says it, once."""
+    head = " ".join(README[:README.index("## Defining a model")].split())
+    assert ("The timings this README quotes were measured on otherwise idle machines: a 2-core AMD EPYC "
+            "virtual machine (AVX-512) for the CPU, one NVIDIA H200 for the GPU") in head
+    assert "shared 2-core machine" not in " ".join(README.split())  # a quote said 'shared', meaning idle

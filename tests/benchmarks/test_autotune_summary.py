@@ -88,3 +88,32 @@ def test_the_profile_record_and_table_carry_the_summary(monkeypatch):
     plain = pf.profile_steps(training_graph(m), random_feeds(m), "cpu", NO_CACHE, make_timer("cpu"),
                              warmup=0, repeat=1)
     assert plain["autotune"] is None
+
+
+def test_a_benchmark_whose_choices_came_from_the_autotune_cache_says_so_naming_it(tmp_path):
+    """Fresh-user report: ``--profile`` says when its choices were read from the
+    autotune cache, the plain benchmark did not (its times then rest on another
+    run's choices). The end-to-end table's notes say so, naming the file, in
+    the profile's words (one function, ``tables.cache_note``); the first run,
+    which timed every candidate, and the +graph column say nothing of it."""
+    cache = tmp_path / "tune.json"
+
+    def run():
+        s = driver.Settings(device="cpu", lowerings=lw.parse_lowerings("gemm,auto"), warmup=0, repeat=1,
+                            per_layer=False, base_policy=LoweringPolicy(cache=str(cache)))
+        doc = driver.run_benchmark([tiny_convnet()], s)
+        (table,) = tables.end_to_end_tables(doc)
+        return doc, [n for n in table.notes if str(cache) in n]
+
+    first, said = run()
+    assert said == []
+    second, (note,) = run()
+    summary = _column(second, "auto")["autotune"]
+    assert summary["file_hits"] == summary["cache_hits"] == _column(first, "auto")["autotune"]["nodes_tuned"]
+    assert note == "tiny / auto: " + tables.cache_note(summary)
+    assert note.startswith(f"tiny / auto: autotune: {summary['file_hits']} of {summary['file_hits']} node "
+                           f"choices were read from the autotune cache {cache}, timed when they were written "
+                           "there, not by this run's compile")
+    assert tables.column_cache_note({**_column(second, "auto"), "lowering": "auto+graph"}) is None
+    assert pf.profile_cache_note(summary) == tables.cache_note(
+        summary, "node choices (and their tuned_ms)", "this profile's compile")

@@ -209,7 +209,7 @@ def test_missing_torch_prints_its_message_once(monkeypatch, capsys):
                        "--repeat", "1", "--no-check", "--no-per-layer", "--compare", "torch,torch-compile"])
     out, err = capsys.readouterr()
     assert status == 0, err
-    out = " ".join(out.split())  # the table's notes wrap at the console's width
+    out = " ".join(out.split())  # a note wraps on a terminal (one line here)
     assert err.count("PyTorch is not installed") == 1 and out.count("PyTorch is not installed") == 1
     assert err.count("(reason above)") == 4  # every peer column of the two models: said before the run
     assert out.count("unavailable [1]") == 4

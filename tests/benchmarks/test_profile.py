@@ -295,4 +295,4 @@ def test_a_profile_whose_choices_came_from_the_autotune_cache_says_so_naming_it(
     assert summary["file_hits"] == summary["cache_hits"] == first["autotune"]["nodes_tuned"]
     assert note.startswith(f"autotune: {summary['file_hits']} of {summary['file_hits']} node choices")
     assert f"opgraph-bench: L4 fp32 auto: {note}" in printed.err
-    assert " ".join(note.split()) in " ".join(printed.out.split())  # under the table too (wrapped)
+    assert " ".join(note.split()) in " ".join(printed.out.split())  # under the table too

@@ -218,3 +218,48 @@ def test_a_bfloat16_storage_run_keeps_its_own_rows_and_tables(doc):
     md = render_markdown(merged)
     assert "### end to end, bf16, bfloat16 storage" in md and "### end to end, bf16:" in md
     assert all(r["dtype"] == "bfloat16" for r in tables.ordered(merged, "bf16, bfloat16 storage"))
+
+
+class _Terminal(io.StringIO):
+    """A stream that says it is a terminal (its width comes from ``COLUMNS``)."""
+
+    def isatty(self):
+        return True
+
+
+def _wide_table(columns: int) -> tables.Table:
+    """A table about ``columns`` characters wide, with a caption and a note of 300."""
+    return tables.Table("caption " + "c" * 292, ["a", "b"], [["x" * (columns - 20), "1"]],
+                        notes=["note " + " ".join(["word"] * 59)])
+
+
+@pytest.mark.parametrize("columns", [40, 200])
+def test_notes_are_not_cut_at_the_tables_width_in_a_file(columns):
+    """Fresh-user report: notes were hard-wrapped at the table's width. In a
+    file or pipe each note and caption is one line, whatever the table's width."""
+    pytest.importorskip("rich")
+    buf = io.StringIO()
+    report.write_tables([_wide_table(columns)], buf, use_rich=True)
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "caption " + "c" * 292
+    assert lines[-1] == "  note " + " ".join(["word"] * 59)
+
+
+def test_notes_wrap_at_the_terminals_width_not_the_wider_tables(monkeypatch):
+    pytest.importorskip("rich")
+    import re
+
+    monkeypatch.setenv("COLUMNS", "80")
+    term = _Terminal()
+    report.write_tables([_wide_table(200)], term, use_rich=True)
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in term.getvalue().splitlines()]
+    note = lines[lines.index(next(line for line in lines if line.startswith("  note "))):]
+    assert len(note) > 1 and all(len(line) <= 80 for line in note), note
+    assert " ".join(" ".join(note).split()) == "note " + " ".join(["word"] * 59)
+    assert any(len(line) > 150 for line in lines)  # the table keeps its width: it is not folded
+
+
+def test_an_unknown_format_lists_the_formats_as_text():
+    with pytest.raises(ValueError) as e:
+        report.write({"mode": "benchmark"}, "xml", io.StringIO())
+    assert str(e.value) == "format 'xml': must be one of table, json, csv, markdown"

@@ -171,3 +171,58 @@ def test_repeat_auto_on_the_command_line(capsys, tmp_path):
         assert n % 5 == 0 and n >= 5
         rel = stability.spread(t["times_ms"])["relative"]
         assert rel <= 0.05 or n >= 1000 or sum(t["times_ms"]) >= 5e3 * 0.5  # stable, or a cap ended it
+
+
+class LabelTimer:
+    """Every call takes 2 ms, except in the loops whose label is in ``noisy``
+    (label -> the times of its calls, cycled): a layer preempted by the scheduler."""
+
+    clock = "by label (test)"
+
+    def __init__(self, noisy):
+        self.noisy, self.labels = noisy, []
+
+    def measure(self, fn, *, label, repeat):
+        self.labels.append(label)
+        fn()
+        script = self.noisy.get(label, [2.0])
+        return [script[i % len(script)] for i in range(repeat)]
+
+    def synchronize(self):
+        pass
+
+
+def test_a_layer_whose_loop_spreads_wide_is_marked_unstable_in_the_per_layer_table(monkeypatch):
+    """Fresh-user report: per-layer CPU times on a loaded machine (one call
+    descheduled for a scheduler tick) carried no mark, while a column's total
+    did ('±120% unstable'). A layer's loop whose spread exceeds 10 % of its
+    median gets the mark, in ms and TFLOP/s, and one note lists them."""
+    monkeypatch.setattr(driver, "measure_peaks", lambda device, precisions: QUIET_PEAK)
+    monkeypatch.setattr(stability, "expected_peak", lambda *a: (1.0, "test"))
+    quiet = _doc(LabelTimer({}))
+    (table,) = tables.layer_tables(quiet)
+    assert not any(tables.UNSTABLE_MARK in cell for row in table.rows for cell in row)
+    assert not any("unstable" in n for n in table.notes)
+    layer = quiet["results"][0]["layers"][0]["layer"]
+    noisy = _doc(LabelTimer({f"{layer}/forward": [0.4, 0.4, 4.4, 4.4]}))  # IQR 4 of a median 2.4
+    (row,) = [x for x in noisy["results"][0]["layers"] if x["layer"] == layer]
+    assert stability.unstable_phases(row) == {"forward": pytest.approx(4.0 / 2.4)}
+    (table,) = tables.layer_tables(noisy)
+    (cells,) = [r for r in table.rows if r[0] == layer]
+    assert cells[table.headers.index("gemm")].startswith(f"2.40{tables.UNSTABLE_MARK} / ")
+    others = [c for r in table.rows if r[0] != layer for c in r]
+    assert not any(tables.UNSTABLE_MARK in c for c in others)
+    (note,) = [n for n in table.notes if n.startswith(f"{tables.UNSTABLE_MARK} unstable")]
+    assert note.endswith(f": {layer} forward under gemm (167%)") and "above 10% of the median" in note
+    (rates,) = tables.layer_tables(noisy, "tflops")
+    (cells,) = [r for r in rates.rows if r[0] == layer]
+    assert cells[rates.headers.index("gemm")].split(" / ")[0].endswith(tables.UNSTABLE_MARK)
+
+
+def test_an_unstable_run_is_said_under_each_per_layer_table(monkeypatch):
+    monkeypatch.setattr(driver, "measure_peaks", lambda device, precisions: QUIET_PEAK)
+    monkeypatch.setattr(stability, "expected_peak", lambda *a: (10.0, "test"))  # 1 of 10: loaded
+    doc = _doc(LabelTimer({}))
+    (table,) = tables.layer_tables(doc)
+    (note,) = [n for n in table.notes if "unstable run" in n]
+    assert note.startswith("unstable run, every time here included: the measured fp32 matmul peak")

@@ -150,9 +150,49 @@ def test_corrupt_cache_warns_and_is_rebuilt(monkeypatch, tmp_path, content):
     with pytest.warns(RuntimeWarning, match=str(path)):
         _, report = tune(scale_graph()[1], path, StubTimer({"fast": 1.0}))
     assert report.node("s0").algorithm == "fast"
-    assert any("corrupt" in n for n in report.notes)
+    assert any("corrupt" in n or "wrong format" in n for n in report.notes)
     assert len(json.loads(path.read_text())["entries"]) == 1
     assert not list(tmp_path.glob(".autotune-*"))  # no temporary left behind
+
+
+@pytest.mark.parametrize("content, found", [
+    ("[]", "an array"), ("3", "a number"), ('"cache"', "a string"), ("null", "null"),
+    ('{"format": "opgraph-autotune/1", "entries": []}', '"entries" is an array'),
+    ('{"format": "opgraph-autotune/1", "entries": "x"}', '"entries" is a string'),
+    ('{"format": "opgraph-autotune/1"}', 'no "entries"'),
+    ('{"format": 1, "entries": {}}', '"format" is 1'),
+    ('{"entries": {}}', 'no "format"')])
+def test_a_cache_of_the_wrong_shape_is_reported_as_the_wrong_format_naming_the_file(
+        monkeypatch, tmp_path, content, found):
+    """Fresh-user report: a cache file holding ``[]`` (valid JSON, the wrong
+    shape) was reported with Python's words (``TypeError: list indices must be
+    integers``). The report names the file and what is wrong in JSON's terms;
+    the file is rebuilt."""
+    install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
+    path = tmp_path / "c.json"
+    path.write_text(content)
+    with pytest.warns(RuntimeWarning) as caught:
+        _, report = tune(scale_graph()[1], path, StubTimer({"fast": 1.0}))
+    (message,) = [str(w.message) for w in caught if "autotune cache" in str(w.message)]
+    assert message == (f"autotune cache {path} is of the wrong format: {found}, where an opgraph-autotune/1 "
+                       'file is an object with "format": "opgraph-autotune/1" and an object "entries"; it will '
+                       "be rebuilt")
+    assert report.node("s0").algorithm == "fast" and message in report.notes
+    assert json.loads(path.read_text())["format"] == "opgraph-autotune/1"
+
+
+@pytest.mark.parametrize("content, said", [("{not json", "is corrupt: not JSON (Expecting property name"),
+                                           (b"\x00\xff", "is corrupt: not UTF-8 text (invalid start byte"),
+                                           ("[" * 100000 + "]" * 100000, "is corrupt: JSON nested too deep")])
+def test_a_corrupt_cache_is_reported_without_pythons_exception_names(monkeypatch, tmp_path, content, said):
+    install_scale_rules(monkeypatch, ["reference", "fast", "slow"])
+    path = tmp_path / "c.json"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.warns(RuntimeWarning) as caught:
+        tune(scale_graph()[1], path, StubTimer({"fast": 1.0}))
+    (message,) = [str(w.message) for w in caught if "autotune cache" in str(w.message)]
+    assert message.startswith(f"autotune cache {path} {said}") and message.endswith("; it will be rebuilt")
+    assert "Error" not in message, message  # ValueError, JSONDecodeError, TypeError: Python's words
 
 
 def test_a_corrupt_entry_is_dropped_alone_and_the_others_are_kept(monkeypatch, tmp_path):

@@ -1,0 +1,110 @@
+"""A bad value of any ``opgraph-bench`` flag is one short line that names the
+flag, the value, the allowed names and, where one is close, the name the user
+probably meant (fresh-user report: ``--model``, ``--compare`` and ``--layout``
+offered no close name, ``--layout``'s error was argparse's ``invalid choice``
+with a Python tuple, a ``--policy`` file's errors did not name the flag, and
+``--workspace-limit`` listed its units as a Python list)."""
+
+from __future__ import annotations
+
+import pytest
+
+from opgraph.benchmarks import cli
+
+USAGE_LINE = "usage: opgraph-bench [FLAGS ...]; opgraph-bench --help lists them"
+
+
+def error_of(capsys, *argv) -> tuple[int, list[str]]:
+    """The exit status and the standard-error lines of ``opgraph-bench ARGV``."""
+    try:
+        status = cli.main(list(argv))
+    except SystemExit as e:
+        status = e.code
+    return status, capsys.readouterr().err.splitlines()
+
+
+@pytest.mark.parametrize("flag, typo, close, listed", [
+    ("--model", "alexnt", "alexnet", "alexnet, overfeat, vgg_a"),
+    ("--model", "vgga", "vgg_a", "the groups all, winners, layers, modern"),
+    ("--model", "winers", "winners", "the aliases overfeat_fast"),
+    ("--compare", "torh", "torch", "torch, torch+graph, torch-compile, torch-compile+graph"),
+    ("--layout", "nhcw", "nhwc", "nchw, nhwc"),
+    ("--suite", "winers", "winners", "all, winners, layers, modern"),
+    ("--device", "cdua", "cuda", "auto, cpu, cuda"),
+    ("--dtype", "flot32", "float32", "float32, float64, float16, bfloat16"),
+    ("--format", "jsn", "json", "table, json, csv, markdown"),
+    ("--precision", "fp23", "fp32", "fp32, tf32, bf16, fp16"),
+])
+def test_an_unknown_value_names_the_flag_the_value_the_close_name_and_the_allowed_ones(
+        capsys, flag, typo, close, listed):
+    status, err = error_of(capsys, flag, typo, "--summary")
+    assert status == 2 and len(err) == 2 and err[0] == USAGE_LINE, err
+    line = err[1]
+    assert line.startswith(f"opgraph-bench: error: argument {flag}: unknown ") and f"{typo!r}" in line, line
+    assert f"(did you mean {close!r}" in line and listed in line, line
+    assert "invalid choice" not in line and "['" not in line and "('" not in line, line
+
+
+def test_a_value_with_no_close_name_gets_the_allowed_names_only(capsys):
+    status, err = error_of(capsys, "--layout", "zzzz", "--summary")
+    assert status == 2 and err[1] == "opgraph-bench: error: argument --layout: unknown layout 'zzzz'; choose from nchw, nhwc"
+
+
+def test_the_layout_is_still_case_insensitive():
+    from opgraph.benchmarks.arguments import build_parser
+
+    assert build_parser().parse_args(["--layout", "NHWC"]).layout == "nhwc"
+
+
+def test_every_unknown_entry_of_a_list_is_named_with_its_close_name(capsys):
+    status, err = error_of(capsys, "--compare", "torh,torch-compil", "--summary")
+    assert status == 2 and "unknown peer 'torh' (did you mean 'torch'?), 'torch-compil' (did you mean " \
+                           "'torch-compile'" in err[1], err
+
+
+def policy_error(capsys, tmp_path, text: str | None) -> str:
+    """The one error line of a CPU run given a ``--policy`` file holding
+    ``text`` (None: a file that does not exist)."""
+    path = tmp_path / "policy.toml"
+    if text is not None:
+        path.write_text(text)
+    status, err = error_of(capsys, "--policy", str(path), "--model", "L1", "--device", "cpu",
+                           "--lowering", "gemm", "--no-check", "--no-per-layer", "--quiet")
+    assert status == 2 and len(err) == 1, err
+    return err[0]
+
+
+@pytest.mark.parametrize("text, value, close, listed", [
+    ('layuot = "NHWC"', "layuot='NHWC'", "layout", "known keys: autotune, cache,"),
+    ('layout = "NHCW"', "layout='NHCW'", "NHWC", "must be one of NCHW, NHWC"),
+    ('precision = "fp23"', "precision='fp23'", "fp32", "must be one of fp32, tf32, bf16, fp16"),
+    ('tune_clock = "lanch"', "tune_clock='lanch'", "launch", "must be one of device, launch"),
+])
+def test_a_bad_value_in_a_policy_file_names_the_flag_the_file_and_the_close_name(
+        capsys, tmp_path, text, value, close, listed):
+    line = policy_error(capsys, tmp_path, text)
+    assert line.startswith(f"opgraph-bench: error: parameter --policy {tmp_path / 'policy.toml'}: {value}"), line
+    assert f"(did you mean {close!r}" in line and listed in line and "['" not in line, line
+
+
+def test_a_missing_policy_file_names_the_flag(capsys, tmp_path):
+    line = policy_error(capsys, tmp_path, None)
+    assert line.startswith(f"opgraph-bench: error: parameter --policy='{tmp_path / 'policy.toml'}': "
+                           "cannot be read"), line
+
+
+def test_workspace_limit_units_are_listed_as_text(capsys):
+    status, err = error_of(capsys, "--workspace-limit", "5XB", "--summary")
+    assert status == 2 and err[-1].endswith("(units B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"), err
+
+
+def test_compares_format_is_named_the_same_way(capsys):
+    from opgraph.benchmarks import compare
+
+    with pytest.raises(SystemExit) as e:
+        compare.main(["a.json", "b.json", "--format", "jsn"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "usage: opgraph-bench compare [FLAGS ...]; opgraph-bench compare --help lists them",
+        "opgraph-bench compare: error: argument --format: unknown format 'jsn' (did you mean 'json'?); "
+        "choose from table, markdown, json, csv"]

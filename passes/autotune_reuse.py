@@ -61,8 +61,9 @@ def rechoose(entry: dict, workspace_tolerance: float,
 def entry_problem(entry: dict) -> str | None:
     """Why a cache entry's rows cannot decide, or None: a measured time that is
     not a finite number >= 0 (a hand edit: ``time_ms: -1e9`` would win every
-    comparison), or, in an entry :func:`rechoose` decides from, no correct row
-    (the tuner never writes one: it raises when no candidate is correct)."""
+    comparison), or, in an entry :func:`rechoose` decides from, a correct row
+    without a time or no correct row (the tuner writes neither: it times every
+    correct candidate and raises when none is correct)."""
     rows = entry.get("candidates", [])
     for row in rows:
         for field in ("time_ms", "min_ms"):
@@ -70,8 +71,13 @@ def entry_problem(entry: dict) -> str | None:
             if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool)
                                       and math.isfinite(t) and t >= 0):
                 return f"row {row.get('algorithm')!r} has {field} {t!r}, not a finite time >= 0"
-    if entry.get("rechoose") == RECHOOSE_VERSION and rows and not any(
-            row.get("status") in ("ok", "unverified", "chosen") for row in rows):
+    correct = [row for row in rows if row.get("status") in ("ok", "unverified", "chosen")]
+    if entry.get("rechoose") == RECHOOSE_VERSION:
+        untimed = next((row for row in correct if row.get("time_ms") is None), None)
+        if untimed is not None:  # choose compares the correct rows' times
+            return (f"row {untimed.get('algorithm')!r} is {untimed.get('status')} without a time_ms "
+                    "(the tuner times every correct row)")
+    if entry.get("rechoose") == RECHOOSE_VERSION and rows and not correct:
         return "no row is correct (every row's status is " + ", ".join(
             sorted({str(row.get("status")) for row in rows})) + ")"
     return None

@@ -253,3 +253,16 @@ def test_an_entry_with_no_correct_row_is_reported_and_retuned(monkeypatch, tmp_p
     with pytest.warns(RuntimeWarning, match=r"node s0: no row is correct \(every row's status is wrong\); re-tuned"):
         report = tune(path, timer)
     assert report.node("s0").how == "autotune" and timer.calls
+
+
+def test_a_correct_row_without_a_time_is_reported_and_retuned(monkeypatch, tmp_path):
+    """A hand edit set a correct row's time_ms to null: choosing from the rows compared
+    None with a float (TypeError) instead of re-tuning the node."""
+    install(monkeypatch)
+    path = tmp_path / "c.json"
+    tune(path, StubTimer(TIMES))
+    edit_rows(path, lambda row: row.update(time_ms=None) if row["algorithm"] == "reference" else None)
+    timer = StubTimer(TIMES)
+    with pytest.warns(RuntimeWarning, match=r"node s0: row 'reference' is \w+ without a time_ms .*; re-tuned"):
+        report = tune(path, timer)
+    assert report.node("s0").how == "autotune" and timer.calls

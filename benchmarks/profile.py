@@ -141,9 +141,13 @@ def slower_than_tuned(nodes) -> list[dict]:
     """``{'name', 'ms', 'tuned_ms'}`` of each profiled step whose time in place
     is above :data:`SLOWER_FACTOR` x its autotuned median, and above it by more
     than :data:`SLOWER_FLOOR_MS`, slowest gap first: autotune times a node
-    alone on dense operands, so a step slower in the schedule (strided
-    operands, another engine, cold caches) is a choice made on the wrong
-    figure."""
+    alone, so a step slower in the schedule (strided operands, another
+    engine, cold caches) is a choice made on the wrong figure. Both figures
+    are of the same form of the step: a producer the zero-copy plan puts in
+    its slice of a concat's buffer is timed by autotune as it runs there
+    (its strided write, or its dense result plus the copy into the slice:
+    ``passes/autotune_measure.py``), and its step's ``ms`` is that write or
+    that kernel plus the copy (``buffer_views.WriteInto``)."""
     out = [{"name": n["name"], "ms": n["ms"], "tuned_ms": n["tuned_ms"]} for n in nodes
            if n.get("tuned_ms") and n["ms"] > SLOWER_FACTOR * n["tuned_ms"]
            and n["ms"] - n["tuned_ms"] > SLOWER_FLOOR_MS]

@@ -18,7 +18,14 @@ node separately, since their best algorithms differ):
    already :data:`PRUNE_FACTOR` x the best median so far (then it is recorded
    as is, reason "pruned"), ``ctx.warmup - 1`` warm-up runs and ``ctx.repeats``
    timed runs whose median counts; the fastest median wins (ties: policy
-   order). The untimed check run warms plans and caches first;
+   order). The untimed check run warms plans and caches first. A node the
+   zero-copy plan will put in its slice of a concat's buffer
+   (``zero_copy.predict_homes``, made on this graph: the memory pass plans on
+   the same edges) runs both steps into that slice of a scratch buffer: a
+   rule that writes strided views as its strided write and, as another
+   candidate with ``strided_out: False``, as its dense result plus the copy
+   (``autotune_measure.out_forms``), which the plan honours; its cache key
+   names the slice (``out=``), so a dense decision is never reused for it;
 4. workspace tie-break (:func:`choose`): among the correct candidates timed in
    full (not pruned) whose median is within ``(1 + policy.workspace_tolerance)
    x`` the fastest's, the one with the smallest workspace wins instead (ties:
@@ -70,7 +77,8 @@ import attrs
 
 from opgraph.errors import LoweringError
 from opgraph.graph import Graph
-from opgraph.op import Lowered
+from opgraph import ops
+from opgraph.op import Lowered, abstract_of
 from opgraph.run_types import run_types
 
 from .autotune_accuracy import EXACT_ALGORITHMS, relative_error, tolerance
@@ -80,7 +88,7 @@ from .autotune_clock import TuneClock
 from .autotune_contenders import candidate_set, contenders
 from .autotune_hand_edit import HandEdit, hand_edit, pinned_by_hand
 from .autotune_inputs import REFERENCE_ALGORITHMS, InputPool, random_inputs
-from .autotune_measure import PRUNE_FACTOR, measure_candidates
+from .autotune_measure import PRUNE_FACTOR, measure_candidates, out_forms
 from .autotune_memory import StepRoom, held_bytes, reachable_peak
 from .autotune_reuse import RECHOOSE_VERSION, entry_problem, measured_rows, rechoose, refused_options
 from .autotune_timers import CudaEventTimer, PerfCounterTimer, Timer, default_timer, take_waits
@@ -88,6 +96,7 @@ from .base import Pass, PassContext
 from .candidates import rule_variants, rule_workspace, survey_node
 from .memory import plan_inplace, plan_memory, step_bytes
 from .report import NodeReport, format_size
+from .zero_copy import Home, predict_homes
 
 
 @attrs.frozen
@@ -100,6 +109,8 @@ class _Measured:
         blocker: the :data:`CaptureBlocker` its choice respected.
         applicable: algorithm -> the survey's entry of each competing rule
             (the rule with the policy's options).
+        home: where the zero-copy plan will put its output (its rows were
+            timed writing there), or None.
         cached: the rows were read from the cache, so a row's options are
             checked before it runs (:func:`refused_options`).
     """
@@ -108,6 +119,13 @@ class _Measured:
     blocker: CaptureBlocker
     applicable: dict
     cached: bool
+    home: Home | None = None
+
+
+def _strided_forms(rule, home: Home | None, view) -> bool:
+    """Whether ``rule``'s candidates on node ``view`` come in both output forms
+    (``autotune_measure.out_forms``), so ``strided_out: False`` is an option."""
+    return home is not None and rule.writes_strided(view.type.layout)
 
 
 def _lower(graph: Graph, node: int, rec: NodeReport, rule, opts: dict, device: str) -> None:
@@ -142,6 +160,9 @@ class AutotunePass(Pass):
         waits: dict[str, list[str]] = {}  # node -> candidates the launch clock timed (HeldStreamTimer)
         decided: dict[int, _Measured] = {}  # node id -> what the memory-aware re-choice may choose from
         file_hits = 0  # cache hits on decisions read from the file (not timed by this compile)
+        # where the zero-copy plan (run by the memory pass on these edges) will put
+        # each concat input: candidates are timed writing there (zero_copy.predict_homes)
+        homes = predict_homes(graph, outputs)
         for view in list(graph.nodes_in_order(outputs)):
             if not isinstance(view.op, Lowered):
                 continue
@@ -156,8 +177,11 @@ class AutotunePass(Pass):
             by_algorithm = {e.rule.algorithm: e for e in applicable}  # one entry each: contenders
             # a source such as a Constant (a stochastic-depth mask) has no input: its own layout
             layout = getattr(types[0] if types else view.type, "layout", None) or "NCHW"
+            # a concat homed in a larger one: its step is the executor's own, whatever its rule
+            home = homes.get(view.id) if not isinstance(abstract_of(view.op), ops.Concat) else None
             key = cache_key(op, types, ctx.dtype, layout, policy, ctx.device, device_name, versions,
-                            candidates=candidate_set(((e.rule, e.options) for e in applicable), policy.engine_limit))
+                            candidates=candidate_set(((e.rule, e.options) for e in applicable), policy.engine_limit),
+                            out=home.describe() if home is not None else None)
             hit = cache.get(key)
             problem = entry_problem(hit) if hit else None
             if problem:  # hand-edited rows that cannot decide: measured again
@@ -174,12 +198,13 @@ class AutotunePass(Pass):
                 algorithm, cached_opts = edit.algorithm, edit.options
             entry = next((e for e in applicable if e.rule.algorithm == algorithm), None)
             with node_clock.part("variants"):  # a cuDNN engine's plan is built here
-                refused = entry and refused_options(entry, cached_opts, op, types, ctx.device, policy.engine_limit)
+                refused = entry and refused_options(entry, cached_opts, op, types, ctx.device, policy.engine_limit,
+                                                    _strided_forms(entry.rule, home, view))
                 if not refused and edit is not None and not edit.used and not edit.measured:
                     # an edit to options no row has: the documented tile = 7 case is re-tuned
                     edited = next((e for e in applicable if e.rule.algorithm == edit.algorithm), None)
                     refused = edited and refused_options(edited, edit.options, op, types, ctx.device,
-                                                         policy.engine_limit)
+                                                         policy.engine_limit, _strided_forms(edited.rule, home, view))
             if refused:  # a hand-edited or stale entry: a kernel would raise on every run
                 cache.warn(f"autotune cache {cache.path}: node {view.name}: {refused}; re-tuned")
                 entry = None
@@ -195,12 +220,13 @@ class AutotunePass(Pass):
                 if (policy.peak_tolerance > 0 and hit.get("rechoose") == RECHOOSE_VERSION
                         and isinstance(hit.get("candidates"), list)
                         and not pinned_by_hand(hit, algorithm, cached_opts)):
-                    decided[view.id] = _Measured(hit["candidates"], blocker, by_algorithm, cached=True)
+                    decided[view.id] = _Measured(hit["candidates"], blocker, by_algorithm, cached=True, home=home)
             else:
                 with node_clock.part("variants"):  # every cuDNN engine's plan is built here
                     cands = [(e.rule, {**e.options, **variant}) for e in applicable
                              for variant in rule_variants(e.rule, op, types, ctx.device, e.options,
                                                           policy.engine_limit)]
+                    cands = out_forms(cands, home, view.type.layout)  # a homed node: strided, or dense + copy
                 if len(cands) < 2:
                     rec.tune_seconds = clock.done(node_clock, "untimed")
                     continue
@@ -210,7 +236,7 @@ class AutotunePass(Pass):
                                     "applies; re-tuned")
                 rows, timed = measure_candidates(op, types, cands, s, ctx, timer, view, run[view.id],
                                                  tuple(run[i] for i in graph.input_ids(view.id)), node_clock,
-                                                 pool)
+                                                 pool, home)
                 waited = take_waits(timer)
                 if waited:
                     waits[view.name] = waited
@@ -229,7 +255,7 @@ class AutotunePass(Pass):
                                 "tuned": {"algorithm": rule.algorithm, "options": opts},
                                 "device": device_name, "versions": versions})
                 cache.checkpoint()
-                decided[view.id] = _Measured(measured, blocker, by_algorithm, cached=False)
+                decided[view.id] = _Measured(measured, blocker, by_algorithm, cached=False, home=home)
             _lower(graph, view.id, rec, rule, opts, ctx.device)
             rec.tune_seconds = clock.done(node_clock, "cache" if rec.how == "cache" else "tuned")
         self._fit_peak(graph, outputs, ctx, decided, cache)
@@ -292,7 +318,7 @@ class AutotunePass(Pass):
                 continue
             if measured.cached:  # a row read from the file: its options must still run (refused_options)
                 refused = refused_options(entry, best.options, view.op.op, view.input_types, ctx.device,
-                                          policy.engine_limit)
+                                          policy.engine_limit, _strided_forms(entry.rule, measured.home, view))
                 if refused:
                     cache.warn(f"autotune cache {cache.path}: node {view.name}: {refused}; "
                                f"{rec.chosen} kept")

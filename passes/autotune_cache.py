@@ -79,13 +79,19 @@ def default_path() -> str | None:
 
 
 def cache_key(op, in_types, dtype, layout, policy, device, device_name, versions,
-              candidates: str = "") -> str:
+              candidates: str = "", out: str | None = None) -> str:
     """The key of one tuning decision (readable, order-stable). ``candidates``
     names the rules that compete and how each enumerates its variants, so a
-    decision taken before a new candidate existed is not reused."""
+    decision taken before a new candidate existed is not reused. ``out``: where
+    the output will live when that is not a buffer of its own, e.g. its slice
+    of a concat's buffer (``zero_copy.Home.describe()``: the candidates were
+    timed writing there, and a strided write does not run at a dense one's
+    speed), as ``| out=...``; None (a dense output) adds nothing, so the keys
+    of dense decisions are those they always were."""
     ins = ", ".join(f"{t.dtype}[{'x'.join(map(str, t.shape))}]" for t in in_types)
     vers = ";".join(f"{k}={versions[k]}" for k in sorted(versions))
-    return (f"{op.describe()} | in=({ins}) | dtype={dtype or 'declared'} | layout={layout} | "
+    into = "" if out is None else f"out={out} | "
+    return (f"{op.describe()} | in=({ins}) | dtype={dtype or 'declared'} | layout={layout} | {into}"
             f"precision={policy.precision} | workspace_limit={policy.workspace_limit} | "
             f"device={device}:{device_name} | candidates={candidates} | {vers}")
 

@@ -19,6 +19,7 @@ from typing import Callable, Mapping
 
 from .autotune_memory import StepRoom, fit_headroom
 from .report import Candidate, format_size
+from .zero_copy import kernel_options
 
 #: ``capture_blocker(algorithm, options)``: why a candidate (a rule's variant)
 #: cannot be captured into a CUDA graph, or None.
@@ -52,7 +53,8 @@ def declared_blocker(applicable) -> CaptureBlocker:
 
     def blocker(algorithm: str, options: Mapping) -> str | None:
         rule = rules.get(algorithm)
-        return rule.declared_capture_blocker(options) if rule is not None else None
+        # strided_out is the zero-copy plan's: a variant's blocker reads the kernel's options
+        return rule.declared_capture_blocker(kernel_options(options)) if rule is not None else None
     return blocker
 
 

@@ -11,6 +11,19 @@ already :data:`PRUNE_FACTOR` x the best median so far. The rows it returns
 are what the cache stores and what ``autotune_choice.choose`` decides from:
 measuring and choosing are separate so that a cached decision is chosen again
 without running anything.
+
+A node whose output the zero-copy plan will put in its slice of a concat's
+buffer (``zero_copy.predict_homes``: ``home``) is checked and timed in the
+form it will run, into a strided view of a scratch buffer of the concat's
+shape and layout: a rule that writes strided views of the output's layout
+(``Rule.writes_strided``) as ``kernel(..., out=view)`` and, as a second
+candidate of the same options plus ``strided_out: False``
+(:func:`out_forms`), as its dense result copied into the view
+(``buffer_views.copy_into``); any other rule dense plus the copy, as the plan
+runs it. The faster form wins like any candidate; the plan honours the
+option (``zero_copy.plan_views``: ``copied_in``). On the H200, cuDNN's
+strided engines ran GoogLeNet's inception convolutions 1.5-3x their dense
+time, while the copy of those slices takes ~0.02 ms.
 """
 
 from __future__ import annotations
@@ -18,7 +31,9 @@ from __future__ import annotations
 import math
 import statistics
 
-from opgraph.backends.registry import KernelContext
+from opgraph.backends.registry import KernelContext, Rule
+from opgraph.buffer_views import copy_into
+from opgraph.types import numpy_dtype
 
 from .autotune_accuracy import relative_error, tolerance
 from .autotune_clock import NodeClock
@@ -27,14 +42,58 @@ from .autotune_inputs import reference_output as _reference
 from .base import PassContext
 from .candidates import rule_workspace
 from .report import Candidate
+from .zero_copy import STRIDED_OUT, Home, kernel_options
 
 #: A candidate whose first timed run is this many times the best median so far
 #: is recorded with that one run and not timed further.
 PRUNE_FACTOR = 3.0
 
 
+def strided_form(rule: Rule, opts, layout: str | None) -> bool:
+    """Whether candidate ``(rule, opts)`` of a homed node writes its slice
+    itself (``out=``): its rule writes strided views of ``layout`` and its
+    options do not say ``strided_out: False``."""
+    return rule.writes_strided(layout) and opts.get(STRIDED_OUT, True) is not False
+
+
+def out_forms(cands, home: Home | None, layout: str | None) -> list:
+    """``cands`` (``(rule, options)`` pairs, policy order) in every form a node
+    whose output lives at ``home`` (None: its own buffer; ``cands`` as given)
+    may run: each rule that writes strided views of ``layout`` twice, as is
+    (the strided write) and with ``strided_out: False`` (dense, then the
+    copy into its slice); any other rule once (the plan copies it in)."""
+    if home is None:
+        return list(cands)
+    out = []
+    for rule, opts in cands:
+        out.append((rule, opts))
+        if rule.writes_strided(layout):
+            out.append((rule, {**opts, STRIDED_OUT: False}))
+    return out
+
+
+def _scratch(home: Home, out_type, xp):
+    """``(view, root)``: ``home``'s slice of a new buffer of the concat's shape,
+    layout and ``out_type``'s dtype (the strides the step will write through),
+    and that whole buffer as dense memory (:func:`_poison` fills it)."""
+    slots: dict = {}
+    view = home.region(numpy_dtype(out_type.dtype)).array(slots, xp)
+    root = slots[home.root]
+    channels_last = home.layout == "NHWC" and len(home.shape) == 4
+    return view, (root.transpose(0, 2, 3, 1) if channels_last else root)
+
+
+def _poison(root) -> None:
+    """Every byte of ``root`` (C-contiguous) set to 0xFF, a NaN in every float
+    format: a strided kernel that leaves part of its slice unwritten (or
+    writes elsewhere) fails the check instead of passing on what an earlier
+    candidate left there."""
+    root.view("uint8").fill(255)
+
+
 def measure_candidates(op, types, cands, s, ctx: PassContext, timer, view, out_type, run_in,
-                       clock: NodeClock, pool: InputPool) -> tuple[list[Candidate], list[Candidate]]:
+                       clock: NodeClock, pool: InputPool,
+                       home: Home | None = None) -> tuple[list[Candidate], list[Candidate]]:
     """Check and time each candidate of ``cands`` (``(rule, options)`` pairs, in
     policy order) on ``view``, the node of ``op`` with input ``types``; returns the
     report rows (the survey ``s``'s declined rules too) and those of them timed in
@@ -44,7 +103,11 @@ def measure_candidates(op, types, cands, s, ctx: PassContext, timer, view, out_t
     A candidate whose output dtype is not ``out_type``'s is ``wrong``: a
     float32 result in a bf16 graph would turn every later value into float32.
     ``clock`` gets the seconds of each part (``passes/autotune_clock.py``);
-    ``pool`` draws the inputs (``autotune_inputs.InputPool``)."""
+    ``pool`` draws the inputs (``autotune_inputs.InputPool``). ``home``: where
+    the zero-copy plan will put the output (``zero_copy.predict_homes``), or
+    None; then each candidate runs into that slice of a scratch buffer, by
+    its form (:func:`strided_form`; ``cands`` already holds both forms:
+    :func:`out_forms`), and its check reads the slice."""
     xp, policy = ctx.xp, ctx.policy
     want = out_type.dtype
     with clock.part("inputs", settle=True):  # layout transposes may still be queued
@@ -55,6 +118,8 @@ def measure_candidates(op, types, cands, s, ctx: PassContext, timer, view, out_t
             ref = _reference(op, arrays, xp, ctx.device, out_type)
         except Exception:
             ref = None
+        # the concat's buffer the output will live in: its slice is where candidates write
+        target, root = _scratch(home, out_type, xp) if home is not None else (None, None)
     dtype = str(arrays[0].dtype) if arrays else "float32"
     rows, timed, best = [], [], None  # best: fastest fully timed median so far, seconds
     for rule, opts in cands:
@@ -64,19 +129,26 @@ def measure_candidates(op, types, cands, s, ctx: PassContext, timer, view, out_t
         if policy.workspace_limit is not None and c.workspace > policy.workspace_limit:
             c.status, c.reason = "over budget", f"workspace > limit {policy.workspace_limit:,d} B"
             continue
-        kctx = KernelContext(xp, ctx.device, dict(opts), out_type)
+        kctx = KernelContext(xp, ctx.device, kernel_options(opts), out_type)  # strided_out: the plan's
+        into = {"out": target} if target is not None and strided_form(rule, opts, out_type.layout) else {}
         clock.checked += 1
         # settle: relative_error waits for the kernel; a failed, wrong-dtype or
         # unverified one has nobody waiting, and its run would be billed to timing
         with clock.part("check", settle=True):
             try:
-                out = rule.kernel(kctx, op, *arrays)
+                if root is not None:
+                    _poison(root)
+                out = rule.kernel(kctx, op, *arrays, **into)
+                got = getattr(getattr(out, "dtype", None), "name", None)
+                if got is not None and got != want:
+                    c.status, c.reason = "wrong", f"returns {got}, the node's type is {want}"
+                    continue
+                if target is not None:  # the check reads the slice, as the concat's readers will
+                    if not into:
+                        copy_into(target, out)
+                    out = target
             except Exception as e:  # includes device out-of-memory errors
                 c.status, c.reason = "failed", f"{type(e).__name__}: {e}"
-                continue
-            got = getattr(getattr(out, "dtype", None), "name", None)
-            if got is not None and got != want:
-                c.status, c.reason = "wrong", f"returns {got}, the node's type is {want}"
                 continue
             if ref is not None:
                 c.rel_error = relative_error(xp, out, ref)
@@ -85,7 +157,11 @@ def measure_candidates(op, types, cands, s, ctx: PassContext, timer, view, out_t
                     continue
             else:
                 c.status, c.reason = "unverified", "no reference rule for this op"
-        run = lambda: rule.kernel(kctx, op, *arrays)  # noqa: E731
+        if target is not None and not into:  # the dense result and its copy into the slice
+            def run():
+                copy_into(target, rule.kernel(kctx, op, *arrays))
+        else:
+            run = lambda: rule.kernel(kctx, op, *arrays, **into)  # noqa: E731
         # One timed run first (the check run above warmed plans and caches):
         # a candidate already PRUNE_FACTOR x slower than the best median is
         # not worth the full protocol.
@@ -108,4 +184,4 @@ def measure_candidates(op, types, cands, s, ctx: PassContext, timer, view, out_t
     return rows, timed
 
 
-__all__ = ["PRUNE_FACTOR", "measure_candidates"]
+__all__ = ["PRUNE_FACTOR", "measure_candidates", "out_forms", "strided_form"]

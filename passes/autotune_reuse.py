@@ -20,6 +20,7 @@ import math
 from .autotune_choice import CaptureBlocker, captures_all, choose
 from .candidates import ENGINE_LIMIT_TAG, rule_variants
 from .report import Candidate
+from .zero_copy import STRIDED_OUT
 
 #: Cache entries written with this tag hold their rows as measured, before any
 #: choice (every check of :func:`~passes.autotune_measure.measure_candidates`
@@ -83,7 +84,8 @@ def entry_problem(entry: dict) -> str | None:
     return None
 
 
-def refused_options(entry, cached: dict, op, types, device, engine_limit: int | None = None) -> str | None:
+def refused_options(entry, cached: dict, op, types, device, engine_limit: int | None = None,
+                    strided_forms: bool = False) -> str | None:
     """Why a cached decision's options cannot run the node (``entry``: the
     applicable rule of the cached algorithm with the policy's options), or
     None. Its options must be the policy's plus one of the rule's variants for
@@ -92,7 +94,17 @@ def refused_options(entry, cached: dict, op, types, device, engine_limit: int | 
     kernel would raise. A
     cuDNN engine (rules tagged ``variants:engine_limit``) is checked by
     building its plan alone: listing the variants would build every plan of
-    the node again, the cost the cache is there to save."""
+    the node again, the cost the cache is there to save. ``strided_out:
+    False`` (``zero_copy.STRIDED_OUT``) is an option only where
+    ``strided_forms`` (the node's output is predicted in a concat's buffer
+    and the rule writes strided views of its layout:
+    ``autotune_measure.out_forms``); anywhere else the plan would ignore it."""
+    if STRIDED_OUT in cached:
+        if not strided_forms or cached[STRIDED_OUT] is not False:
+            return (f"cached option {STRIDED_OUT}={cached[STRIDED_OUT]!r} of {entry.rule.algorithm}: only "
+                    f"{STRIDED_OUT}=false, and only for a node written into a concat's buffer by a rule that "
+                    "writes strided views (the zero-copy plan reads it)")
+        cached = {k: v for k, v in cached.items() if k != STRIDED_OUT}
     chosen = {**entry.options, **cached}
     if ENGINE_LIMIT_TAG in entry.rule.tags and set(cached) <= {"engine"} | set(entry.options):
         engine = chosen.get("engine")

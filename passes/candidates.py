@@ -60,6 +60,7 @@ from opgraph.types import is_float, run_type
 from opgraph.backends.registry import Rule, rules_for
 
 from .policy import LoweringPolicy
+from .zero_copy import kernel_options
 
 NEEDS_EXPLICIT_PADDING = "needs_explicit_padding"
 SYMMETRIC_PADDING_ONLY = "symmetric_padding_only"
@@ -94,9 +95,11 @@ def policy_options(rule: Rule, policy: LoweringPolicy, storage: str | None) -> d
 
 
 def rule_workspace(rule: Rule, op: Op, in_types, options: Mapping) -> int:
-    """Scratch bytes the rule declares for one call (0 if its function raises)."""
+    """Scratch bytes the rule declares for one call (0 if its function raises),
+    called with the options a kernel gets (the zero-copy plan's
+    ``strided_out`` left out: ``zero_copy.kernel_options``)."""
     try:
-        return int(rule.workspace(op, in_types, dict(options)))
+        return int(rule.workspace(op, in_types, kernel_options(options)))
     except Exception:  # a workspace estimate must never break lowering
         return 0
 

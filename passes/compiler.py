@@ -22,6 +22,7 @@ from .base import PassContext, Pipeline, host_versions
 from .pipelines import build
 from .policy import LoweringPolicy
 from .policy_names import check_names, idle_includes, preferences_elsewhere
+from .zero_copy import kernel_options
 
 
 def as_policy(policy) -> LoweringPolicy:
@@ -130,9 +131,11 @@ def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
 
     def resolve(op: Lowered, out_type: TensorType):
         rule = lookup(type(op.op), op.algorithm)
+        # strided_out is the zero-copy plan's (the step's view copies in), never the kernel's
+        options = kernel_options(op.option_dict)
         # a rule (or variant) that declares nothing is left to the replay's trial capture (Rule.capture_blocker)
-        blocker = rule.declared_capture_blocker(op.option_dict) if dev_name == "cuda" else None
-        return rule.kernel, KernelContext(xp, dev_name, op.option_dict, out_type, blocker)  # run type
+        blocker = rule.declared_capture_blocker(options) if dev_name == "cuda" else None
+        return rule.kernel, KernelContext(xp, dev_name, options, out_type, blocker)  # run type
 
     exe = Executable(lowered, louts, resolve, xp=xp, device=dev_name, dtype=dtype)
     for st in exe.steps:  # the zero-copy steps, marked in the report's table

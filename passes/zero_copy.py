@@ -20,7 +20,9 @@ ancestors in ``Graph.topological`` order):
 
    A producer whose rule declares ``Rule.writes_strided_out`` for its
    output's layout writes there (``out=`` a strided view), as does a concat (its step assembles into any
-   region). Any other producer (a pooling kernel, say) is ``copied_in``: its
+   region), unless its options say ``strided_out: False`` (:data:`STRIDED_OUT`:
+   autotune timed the dense write plus the copy faster than the strided
+   write, ``passes/autotune_measure.py``). Any other producer (a pooling kernel, say) is ``copied_in``: its
    step copies its result into the slice at once and its value is that
    slice (the copy the concat would make, made early, so that the concats
    of step 2 still find the value in place and the result's own buffer
@@ -42,13 +44,22 @@ into. The concat's step becomes the executor's own (``opgraph/buffer_views.py``:
 it copies only the inputs not written in place); ``Executable.report``
 marks each zero-copy step, and the memory pass counts the concat's buffer
 once and every view as free.
+
+Autotune runs before this plan (``passes/pipelines.py``) yet must time a homed
+producer in the form it will run (a strided write into the concat's buffer
+runs cuDNN's engines up to 3x slower than dense): :func:`predict_homes` runs
+the same conditions (:func:`_plan`) on the graph autotune tunes, deciding the
+ones that read rule choices conservatively.
 """
 from __future__ import annotations
 
+import attrs
+
 from opgraph import ops
+from opgraph.buffer_views import Region
 from opgraph.graph import Graph
-from opgraph.op import Source, abstract_of
-from opgraph.backends.registry import Rule
+from opgraph.op import Lowered, Source, abstract_of
+from opgraph.backends.registry import Rule, rules_for
 
 
 def _is(graph: Graph, n: int, op_type: type) -> bool:
@@ -66,36 +77,57 @@ def _region(homes: dict, graph: Graph, n: int) -> tuple[int, tuple]:
     return n, tuple(reversed(chain))
 
 
-def plan_views(graph: Graph, outputs, rules: dict[int, Rule | None]) -> tuple[dict, frozenset, frozenset]:
-    """``(homes, views, copied_in)`` of ``outputs``' schedule (module docstring).
+#: The kernel option autotune sets on a homed producer whose dense result plus
+#: a copy into its slice timed faster than its strided write (``{STRIDED_OUT:
+#: False}``): the plan copies it in (``copied_in``) and no kernel ever sees the
+#: key (:func:`kernel_options`). Absent: the rule's own ``writes_strided``.
+STRIDED_OUT = "strided_out"
+
+
+def kernel_options(options) -> dict:
+    """``options`` without the plan's own key :data:`STRIDED_OUT`: what a
+    kernel, its workspace and its capture declarations are called with (a
+    kernel passing ``**ctx.options`` on would raise on it, one reading a few
+    keys would ignore it; the zero-copy plan consumes it instead)."""
+    return {k: v for k, v in dict(options or {}).items() if k != STRIDED_OUT}
+
+
+def _copies_in(graph: Graph, v: int, rule: Rule) -> bool:
+    """Whether homed producer ``v`` (lowered to ``rule``) copies its result into
+    its slice: its rule cannot write a strided view of its layout, or its
+    options say :data:`STRIDED_OUT` ``False`` (autotune chose the copy)."""
+    op = graph.node(v).op
+    if isinstance(op, Lowered) and op.option_dict.get(STRIDED_OUT, True) is False:
+        return True
+    return not rule.writes_strided(graph.node(v).type.layout)
+
+
+def _plan(graph: Graph, outputs, registered, contiguous) -> tuple[dict, frozenset]:
+    """``(homes, views)`` of ``outputs``' schedule (module docstring, steps 1-3),
+    the one copy of the plan's conditions.
 
     Args:
-        rules: node id -> the registry rule its step runs (None: a source or
-            an unregistered node), for every node of the schedule.
-
-    Returns:
-        ``homes``: value node id -> ``(concat node id, axis, start)``;
-        ``views``: node ids of the ``Slice`` steps run as views;
-        ``copied_in``: the homed values whose step copies its result into
-        its slice (a producer that cannot write a strided view).
+        registered: node id -> whether its step runs a registry rule (a
+            source or an unregistered node does not).
+        contiguous: node id -> whether its rule declares
+            ``Rule.contiguous_inputs`` (asked of registered nodes only).
     """
     order = graph.topological(graph.ancestors(outputs))
     keep = {v.node for v in outputs}
     scheduled = set(order)
 
     def contiguous_reader(v: int, besides: int | None = None) -> bool:
-        return any(rules.get(r) is not None and rules[r].contiguous_inputs
-                   for r in graph.users(v) if r in scheduled and r != besides)
+        return any(registered(r) and contiguous(r) for r in graph.users(v) if r in scheduled and r != besides)
 
     def homeable(v: int, c: int) -> bool:
         view, target = graph.node(v), graph.node(c)
-        return (rules.get(v) is not None and v not in homes and v not in keep
+        return (registered(v) and v not in homes and v not in keep
                 and not isinstance(view.op, Source)
                 and view.type.dtype == target.type.dtype and view.type.layout == target.type.layout
                 and not contiguous_reader(v, besides=c))
 
     homes: dict[int, tuple] = {}
-    concats = [n for n in order if _is(graph, n, ops.Concat) and rules.get(n) is not None]
+    concats = [n for n in order if _is(graph, n, ops.Concat) and registered(n)]
     for c in reversed(concats):
         axis = abstract_of(graph.node(c).op).axis % graph.node(c).type.ndim
         start = 0
@@ -120,11 +152,102 @@ def plan_views(graph: Graph, outputs, rules: dict[int, Rule | None]) -> tuple[di
         container, _, start = homes[first]
         if graph.node(container).type.layout == graph.node(c).type.layout:
             homes[c] = (container, axis, start)
-    views = frozenset(n for n in order if _is(graph, n, ops.Slice) and rules.get(n) is not None
+    views = frozenset(n for n in order if _is(graph, n, ops.Slice) and registered(n)
                       and n not in keep and n not in homes and not contiguous_reader(n))
-    copied_in = frozenset(v for v in homes if not _is(graph, v, ops.Concat)
-                          and not rules[v].writes_strided(graph.node(v).type.layout))
+    return homes, views
+
+
+def plan_views(graph: Graph, outputs, rules: dict[int, Rule | None]) -> tuple[dict, frozenset, frozenset]:
+    """``(homes, views, copied_in)`` of ``outputs``' schedule (module docstring).
+
+    Args:
+        rules: node id -> the registry rule its step runs (None: a source or
+            an unregistered node), for every node of the schedule.
+
+    Returns:
+        ``homes``: value node id -> ``(concat node id, axis, start)``;
+        ``views``: node ids of the ``Slice`` steps run as views;
+        ``copied_in``: the homed values whose step copies its result into
+        its slice (a producer that cannot write a strided view, or whose
+        options say ``strided_out: False``: :data:`STRIDED_OUT`).
+    """
+    homes, views = _plan(graph, outputs, lambda n: rules.get(n) is not None,
+                         lambda n: rules[n].contiguous_inputs)
+    copied_in = frozenset(v for v in homes if not _is(graph, v, ops.Concat) and _copies_in(graph, v, rules[v]))
     return homes, views, copied_in
+
+
+@attrs.frozen
+class Home:
+    """Where a homed value's output will live: a slice of a concat's buffer.
+
+    Attributes:
+        root: node id of the value owning the buffer (the outermost concat).
+        shape: the root's logical (NCHW-ordered) shape, in elements.
+        layout: the root's layout (``'NHWC'``: the NCHW-shaped view of an
+            ``(N, H, W, C)`` buffer, so a channel slice is strided), or None.
+        chain: ``(axis, start, stop)`` slices from the root down to the value,
+            outermost first (element indices of the logical shape).
+    """
+
+    root: int
+    shape: tuple
+    layout: str | None
+    chain: tuple
+
+    def region(self, dtype) -> Region:
+        """The :class:`~opgraph.buffer_views.Region` of this home for a root
+        buffer of NumPy ``dtype`` (``Region.array`` allocates and slices it)."""
+        return Region(self.root, tuple(self.shape), dtype, self.layout == "NHWC" and len(self.shape) == 4,
+                      tuple(self.chain))
+
+    def describe(self) -> str:
+        """``NHWC[2x64x28x28] 1:64:96``: the root buffer and the slice (axis,
+        start, stop of each step), for cache keys and reports."""
+        where = " ".join(f"{a}:{s}:{e}" for a, s, e in self.chain)
+        return f"{self.layout or 'NCHW'}[{'x'.join(map(str, self.shape))}] {where}"
+
+
+def predict_homes(graph: Graph, outputs) -> dict[int, Home]:
+    """The values the memory pass's zero-copy plan will home in a concat's
+    buffer, predicted before autotune chooses their rules: node id ->
+    :class:`Home`, for every homed value (concats homed in a larger one
+    included; their step is the executor's own, so autotune skips them).
+
+    Made on the graph autotune tunes (after layout, legalize, lower and fuse,
+    which set every layout, op and edge; autotune changes only the rules, and
+    the memory pass runs next on the same edges) by the plan's own conditions
+    (:func:`_plan`), with the two that read rules decided without them:
+
+    * a node's step runs a registry rule when it is ``Lowered`` to a
+      registered (op type, algorithm): true of every node autotune may
+      re-lower, whatever rule it picks;
+    * a reader "declares ``contiguous_inputs``" when *any* rule registered
+      for its op type does, since autotune may still choose that one.
+      Conservative: such a value is predicted not homed and is timed dense,
+      as before this prediction existed; if its reader's final rule reads
+      views, the plan homes it after all (no rule of this project declares
+      ``contiguous_inputs``, so today the two agree).
+
+    Whether a homed producer writes its slice or copies into it
+    (``copied_in``) is left out: it is the rule choice being made.
+    """
+    def rule_of(n: int) -> Rule | None:
+        op = graph.node(n).op
+        if not isinstance(op, Lowered):
+            return None
+        return rules_for(type(op.op)).get(op.algorithm)
+
+    def contiguous(n: int) -> bool:
+        return any(r.contiguous_inputs for r in rules_for(type(graph.node(n).op.op)).values())
+
+    homes, _ = _plan(graph, outputs, lambda n: rule_of(n) is not None, contiguous)
+    out = {}
+    for v in homes:
+        root, chain = _region(homes, graph, v)
+        t = graph.node(root).type
+        out[v] = Home(root, tuple(t.shape), t.layout, chain)
+    return out
 
 
 def shared_values(graph: Graph, homes: dict, views: frozenset) -> set[int]:
@@ -137,4 +260,4 @@ def shared_values(graph: Graph, homes: dict, views: frozenset) -> set[int]:
     return shared
 
 
-__all__ = ["plan_views", "shared_values"]
+__all__ = ["STRIDED_OUT", "Home", "kernel_options", "plan_views", "predict_homes", "shared_values"]

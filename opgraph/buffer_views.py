@@ -109,24 +109,81 @@ def dense(a) -> bool:
     return True
 
 
+#: the shortest run :func:`pitched_rows` copies as a 2-D memcpy: the copy moves
+#: run by run, and a run shorter than a 16-byte word (a strided gather of single
+#: elements) is left to the element-wise copy (not measured below this)
+MIN_ROW_BYTES = 16
+
+
+def pitched_rows(dst, src) -> tuple[int, int, int, int] | None:
+    """``(row_bytes, rows, dst_pitch, src_pitch)`` (bytes) when ``dst`` and ``src``
+    (one shape and itemsize) are both ``rows`` runs of ``row_bytes`` contiguous
+    bytes, one run every ``dst_pitch`` / ``src_pitch`` bytes, in the same element
+    order: e.g. a dense channels-last tensor and its channel slice of a wider
+    concat buffer (runs of the slice's channels, one per pixel). None otherwise.
+    Dims are ordered by ``dst``'s strides (extents of 1 left out); the run is the
+    longest innermost block contiguous in both arrays, at least
+    :data:`MIN_ROW_BYTES`, and the rest must step by whole runs of one pitch in
+    each (dense in units of the pitch)."""
+    dims = sorted((d for d in range(dst.ndim) if dst.shape[d] != 1), key=lambda d: (dst.strides[d], d))
+    if any(src.strides[d] <= 0 or dst.strides[d] <= 0 for d in dims):
+        return None
+    if sorted(dims, key=lambda d: (src.strides[d], d)) != dims:
+        return None
+    run, k = dst.itemsize, 0
+    while k < len(dims) and dst.strides[dims[k]] == run and src.strides[dims[k]] == run:
+        run *= dst.shape[dims[k]]
+        k += 1
+    if k == len(dims):
+        return run, 1, run, run
+    if run < MIN_ROW_BYTES:
+        return None
+    dst_pitch, src_pitch, rows = dst.strides[dims[k]], src.strides[dims[k]], 1
+    for d in dims[k:]:
+        if dst.strides[d] != dst_pitch * rows or src.strides[d] != src_pitch * rows:
+            return None
+        rows *= dst.shape[d]
+    if dst_pitch < run or src_pitch < run:
+        return None
+    return run, rows, dst_pitch, src_pitch
+
+
+def _memcpy_2d(dst, src, rows: tuple[int, int, int, int]) -> None:
+    """One ``cudaMemcpy2DAsync`` on the current stream (a memcpy node when captured)."""
+    import cupy
+
+    row_bytes, count, dst_pitch, src_pitch = rows
+    cupy.cuda.runtime.memcpy2DAsync(dst.data.ptr, dst_pitch, src.data.ptr, src_pitch, row_bytes, count,
+                                    cupy.cuda.runtime.memcpyDeviceToDevice,
+                                    cupy.cuda.get_current_stream().ptr)
+
+
 def copy_into(dst, src) -> None:
     """``dst[...] = src`` for one dtype; bfloat16 moved as its 16-bit pattern
     (CuPy copies uint16 arrays; it may not compute on bfloat16 ones).
 
-    Two CuPy arrays of one shape, strides and dtype that are :func:`dense`
-    (e.g. both channels-last) are copied as one device-to-device memcpy on the
-    current stream (a memcpy node when captured): CuPy's element-wise copy
-    indexes a non-C-order array element by element, 0.50 ms for a 103 MB
-    channels-last fp32 tensor against 0.052 ms for the memcpy on the H200
-    (docs/results/h200-2026-12-04d/call3)."""
+    Two CuPy arrays of one shape and dtype are copied by the copy engine's
+    path where their bytes allow it: as one device-to-device memcpy when both
+    are :func:`dense` with the same strides (e.g. both channels-last), as one
+    2-D memcpy when both are runs of bytes at a pitch (:func:`pitched_rows`: a
+    channels-last tensor into its channel slice of a concat buffer). CuPy's
+    element-wise copy indexes a non-C-order array element by element: 0.50 ms
+    for a 103 MB channels-last fp32 tensor against 0.052 ms for the memcpy on
+    the H200 (docs/results/h200-2026-12-04d/call3). Anything else, and NumPy
+    arrays, take ``dst[...] = src``."""
     if dst.dtype.name == "bfloat16":
         dst, src = dst.view(np.uint16), src.view(np.uint16)
     memory = getattr(dst, "data", None)
-    if (hasattr(memory, "copy_from_device_async") and dst.shape == src.shape and dst.strides == src.strides
-            and dst.dtype == src.dtype and dense(dst)):
-        if dst.size and dst.data.ptr != src.data.ptr:
+    if hasattr(memory, "copy_from_device_async") and dst.shape == src.shape and dst.dtype == src.dtype:
+        if dst.size == 0 or dst.data.ptr == src.data.ptr and dst.strides == src.strides:
+            return
+        if dst.strides == src.strides and dense(dst):
             memory.copy_from_device_async(src.data, dst.nbytes)
-        return
+            return
+        rows = pitched_rows(dst, src)
+        if rows is not None:
+            _memcpy_2d(dst, src, rows)
+            return
     dst[...] = src
 
 
@@ -257,5 +314,5 @@ def step_views(graph, plan, xp, types: dict | None = None) -> dict:
     return out
 
 
-__all__ = ["Region", "StepView", "WriteInto", "AssembleConcat", "SliceView", "copy_into", "dense", "sliced",
-           "step_views"]
+__all__ = ["Region", "StepView", "WriteInto", "AssembleConcat", "SliceView", "copy_into", "dense", "pitched_rows",
+           "sliced", "step_views"]

@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from opgraph.buffer_views import copy_into, dense
+from opgraph.buffer_views import copy_into, dense, pitched_rows
 
 
 def nhwc(shape, dtype=np.float32):
@@ -50,6 +50,7 @@ class DeviceArray:
         self.data = SimpleNamespace(ptr=a.__array_interface__["data"][0], copy_from_device_async=self._memcpy)
 
     shape = property(lambda self: self.a.shape)
+    ndim = property(lambda self: self.a.ndim)
     strides = property(lambda self: self.a.strides)
     dtype = property(lambda self: self.a.dtype)
     itemsize = property(lambda self: self.a.itemsize)
@@ -97,7 +98,7 @@ def test_other_layouts_copy_element_by_element():
     dst = nhwc((2, 3, 4, 5))                                         # channels-last
     copy_into(device(dst, log), device(src, log))
     wide = nhwc((2, 8, 4, 5))
-    copy_into(device(wide[:, 2:5], log), device(nhwc((2, 3, 4, 5)), log))  # a slice of a wider buffer
+    copy_into(device(wide[:, 2:5], log), device(np.zeros((2, 3, 4, 5), np.float32), log))  # C order into a slice
     assert [kind for kind, _ in log] == ["elementwise", "elementwise"]
     np.testing.assert_array_equal(dst, src)
 
@@ -107,3 +108,64 @@ def test_numpy_arrays_copy_as_before():
     dst = np.zeros((2, 3))
     copy_into(dst, src)
     np.testing.assert_array_equal(dst, src)
+
+
+# ------------------------------------------------------------------ 2-D memcpy (a slice at a pitch)
+
+def emulate_memcpy_2d(dst, src, rows):
+    """cudaMemcpy2D on the bytes under two NumPy arrays: ``count`` runs of
+    ``row_bytes``, one every pitch, from each array's first element on."""
+    row_bytes, count, dst_pitch, src_pitch = rows
+    at = lambda a, pitch: np.lib.stride_tricks.as_strided(  # noqa: E731
+        np.frombuffer(a.base if a.base is not None else a, np.uint8)[a.__array_interface__["data"][0]
+                                                                      - base_ptr(a):],
+        (count, row_bytes), (pitch, 1), writeable=True)
+    at(dst, dst_pitch)[...] = at(src, src_pitch)
+
+
+def base_ptr(a):
+    root = a.base if a.base is not None else a
+    return root.__array_interface__["data"][0]
+
+
+@pytest.mark.parametrize("make_dst, make_src, want", [
+    # a dense channels-last tensor into its channel slice of a concat buffer: one run per pixel
+    (lambda: nhwc((2, 8, 4, 5))[:, 2:6], lambda: nhwc((2, 4, 4, 5)), (4 * 4, 40, 8 * 4, 4 * 4)),
+    # the other way round (a concat's gradient sliced out)
+    (lambda: nhwc((2, 4, 4, 5)), lambda: nhwc((2, 8, 4, 5))[:, 4:8], (4 * 4, 40, 4 * 4, 8 * 4)),
+    # C order, rows 1:3 of every plane
+    (lambda: np.zeros((2, 3, 4, 5), np.float32)[:, :, 1:3], lambda: np.zeros((2, 3, 2, 5), np.float32),
+     (2 * 5 * 4, 6, 4 * 5 * 4, 2 * 5 * 4)),
+])
+def test_pitched_rows_describes_one_2d_copy(make_dst, make_src, want):
+    dst, src = make_dst(), make_src()
+    src_values = np.arange(src.size, dtype=np.float32).reshape(src.shape)
+    src[...] = src_values
+    rows = pitched_rows(dst, src)
+    assert rows == want
+    emulate_memcpy_2d(dst, src, rows)
+    np.testing.assert_array_equal(dst, src_values)
+
+
+@pytest.mark.parametrize("make_dst, make_src", [
+    (lambda: nhwc((2, 3, 4, 5)), lambda: np.zeros((2, 3, 4, 5), np.float32)),      # element orders differ
+    (lambda: np.zeros((4, 6), np.float32)[:, ::2], lambda: np.zeros((4, 3), np.float32)),  # runs of 1 element
+    (lambda: nhwc((2, 8, 4, 5))[:, 2:4], lambda: nhwc((2, 2, 4, 5))),                # runs of 8 bytes
+    (lambda: np.zeros((4, 6), np.float32)[::-1], lambda: np.zeros((4, 6), np.float32)),    # reversed
+])
+def test_pitched_rows_refuses_what_one_2d_copy_cannot_do(make_dst, make_src):
+    assert pitched_rows(make_dst(), make_src()) is None
+
+
+def test_a_channel_slice_is_filled_by_one_2d_memcpy(monkeypatch):
+    import opgraph.buffer_views as bv
+
+    log, calls = [], []
+    monkeypatch.setattr(bv, "_memcpy_2d", lambda d, s, rows: (calls.append(rows), emulate_memcpy_2d(d.a, s.a, rows)))
+    wide = nhwc((2, 8, 4, 5))
+    src = nhwc((2, 4, 4, 5))
+    src[...] = np.arange(src.size, dtype=np.float32).reshape(src.shape)
+    copy_into(device(wide[:, 2:6], log), device(src, log))
+    assert calls == [(16, 40, 32, 16)] and log == []
+    np.testing.assert_array_equal(wide[:, 2:6], src)
+    assert not wide[:, :2].any() and not wide[:, 6:].any()

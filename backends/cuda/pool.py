@@ -315,13 +315,13 @@ def max_pool2d_backward_relu(xp, x, gy, *, kernel_size, stride, padding, ceil_mo
     return _max_backward(xp, x, gy, g, specialize, True)
 
 
-def _max_backward(xp, x, gy, g, specialize, relu, vector=False, pixels=1):
+def _max_backward(xp, x, gy, g, specialize, relu, vector=False, pixels=1, tile=False):
     what = "max_pool2d_backward_relu" if relu else "max_pool2d_backward"
     if tuple(gy.shape) != tuple(x.shape[:2]) + g.out:
         raise ShapeError(f"{what}: gy has shape {gy.shape}, expected {x.shape[:2] + g.out}")
     cells = pool_vector.MASKED if relu else pool_vector.MAX_CELLS  # the ReLU mark takes a bit of the index
     if vector and x.ndim == 4 and pool_vector.applies(g, x, gy, max_cells=cells) is None:
-        return pool_vector.max_pool2d_backward(xp, x, gy, g, relu, pixels)
+        return pool_vector.max_pool2d_backward(xp, x, gy, g, relu, pixels, tile)
     _, arg, cl, _ = _max(xp, x, g, True, what, specialize, relu)
     gb = _computable(xp, in_layout(xp, bits(xp, gy), cl))
     gx = _out(xp, gb, x.shape[0], x.shape[1], x.shape[2:], cl)
@@ -417,6 +417,12 @@ def _pixels(ctx) -> int:
     return int(ctx.options.get("pixels", 1))
 
 
+def _tile(ctx) -> bool:
+    """The ``tile`` variant: the bfloat16 window scan and gather of the ``vector``
+    kernels from shared-memory tiles (``pool_vector.tile_declines``, ``rules.TILED_POOLS``)."""
+    return bool(ctx.options.get("tile", False))
+
+
 def max_pool2d_kernel(ctx, op, x):
     """``MaxPool2d`` node: :func:`max_pool2d` with the node's geometry."""
     g = node_geometry(op, x.shape[2:], ctx.out_shape(op, x)[2:])
@@ -426,13 +432,13 @@ def max_pool2d_kernel(ctx, op, x):
 def max_pool2d_backward_kernel(ctx, op, x, gy):
     """``MaxPool2dBackward`` node: :func:`max_pool2d_backward` with the node's geometry."""
     return _max_backward(ctx.xp, x, gy, node_geometry(op, x.shape[2:], gy.shape[2:]), _specialize(ctx), False,
-                         _vector(ctx), _pixels(ctx))
+                         _vector(ctx), _pixels(ctx), _tile(ctx))
 
 
 def max_pool2d_backward_relu_kernel(ctx, op, x, gy):
     """``MaxPool2dBackwardRelu`` node: :func:`max_pool2d_backward_relu` with the node's geometry."""
     return _max_backward(ctx.xp, x, gy, node_geometry(op, x.shape[2:], gy.shape[2:]), _specialize(ctx), True,
-                         _vector(ctx), _pixels(ctx))
+                         _vector(ctx), _pixels(ctx), _tile(ctx))
 
 
 def max_pool2d_select_kernel(ctx, op, x, v):

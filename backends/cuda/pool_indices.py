@@ -39,7 +39,7 @@ from ..reference.pool import PoolGeometry, node_geometry
 from ..reference.pool_indices import backward_shape, check_window
 from . import pool_vector
 from .pool import (_DECOMPOSE, _MAX, _WINDOWS, _computable, _finish, _geo, _out, _pixels, _prepare, _run,
-                   _specialize, _storage, _vector)
+                   _specialize, _storage, _tile, _vector)
 from .storage import bits, in_layout, logical, physical
 
 #: Forward: the maximum as ``MaxPool2d``, its winner's window index as a byte
@@ -173,10 +173,10 @@ def max_pool2d_backward_indices(xp, idx, gy, g: PoolGeometry, input_shape, speci
 
 def max_pool2d_argmax_kernel(ctx, op, x):
     """``MaxPool2dArgmax`` node: the vector scan (``pool_vector``, option
-    ``vector``, ``pixels``) where x qualifies, else :func:`max_pool2d_argmax`."""
+    ``vector``, ``pixels``, ``tile``) where x qualifies, else :func:`max_pool2d_argmax`."""
     g = node_geometry(op, x.shape[2:], ctx.out_shape(op, x)[2:])
     if _vector(ctx) and pool_vector.applies(g, x, max_cells=MASKED) is None:
-        return pool_vector.max_pool2d_argmax(ctx.xp, x, g, op.relu, _pixels(ctx))
+        return pool_vector.max_pool2d_argmax(ctx.xp, x, g, op.relu, _pixels(ctx), _tile(ctx))
     return max_pool2d_argmax(ctx.xp, x, g, _specialize(ctx), op.relu)
 
 
@@ -190,12 +190,13 @@ def max_pool2d_take_kernel(ctx, op, x, idx):
 
 
 def max_pool2d_backward_indices_kernel(ctx, op, idx, gy):
-    """``MaxPool2dBackwardIndices`` node: the vector gather where idx and gy
-    qualify, else :func:`max_pool2d_backward_indices`."""
+    """``MaxPool2dBackwardIndices`` node: the vector gather (option ``tile``:
+    from shared-memory tiles) where idx and gy qualify, else
+    :func:`max_pool2d_backward_indices`."""
     shape = tuple(op.input_shape)
     g = node_geometry(op, shape[2:], gy.shape[2:])
     if _vector(ctx) and pool_vector.applies(g, gy, max_cells=MASKED) is None and pool_vector.indices_apply(idx):
-        return pool_vector.max_pool2d_backward_indices(ctx.xp, idx, gy, g, shape, op.masked)
+        return pool_vector.max_pool2d_backward_indices(ctx.xp, idx, gy, g, shape, op.masked, _tile(ctx))
     layout = ctx.out_type.layout if ctx.out_type is not None else None
     nhwc = None if layout is None else layout == "NHWC"
     return max_pool2d_backward_indices(ctx.xp, idx, gy, g, shape, _specialize(ctx), op.masked, nhwc)

@@ -40,12 +40,73 @@ qualifies, and the ``cuda`` rules offer this path as the ``vector`` autotune
 variant only where it does (``rules.pool_variants``). Kernels are compiled
 through CuPy by source text (``codegen.launch.compiled``), so the tests run
 them on the CPU emulator.
+
+**The ``tile`` variant** (REVISION 9; ``rules.vector_pool_variants`` offers
+``{"vector": True, "tile": True}`` for the bfloat16 scan and gather of windows
+and strides up to :data:`TILE_WINDOW`): :func:`_scan_tile` and
+:func:`_gather_tile`. Where the pair kernels stood (H200, GoogLeNet bf16
+batch 128, docs/results/h200-2026-12-04c): the scan at 41 % and the gather
+at 37 % of the copy bandwidth (4.23 TB/s) over the step, the inception
+pools' 3x3/1 scans at about 25 % (3a: 0.053 ms for 58 MB); ncu: ALU 60 %
+busy, occupancy 45 %, DRAM far from saturated. Counting instructions
+(SASS of both kernels from nvcc 13.0 for sm_90, their fast paths, static
+counts per thread's item): a 3x3/1 scan spent about 430 instructions per
+output and 16-byte word of channels, 250 of them on the ALU pipe,
+which issues a warp instruction every other cycle: at GoogLeNet's sizes that
+is 2/3 of the kernel time, so the ALU, and the latency of nine dependent
+16-byte loads from L1/L2 per output, bound the kernel, not DRAM. The options
+weighed:
+
+* more loads in flight per thread, ``__launch_bounds__`` or fewer registers:
+  the pair kernels already issue a window's nine loads back to back (52
+  registers, no spills); neither removes ALU work, so at most 10-20 %;
+* a shared-memory tile of input rows plus halo per block, loaded once,
+  coalesced, then scanned from shared memory: taken. Its gains are in the
+  instruction count more than in the bytes: padding is staged as -inf, so
+  the compute loops have no bounds tests and every shared-memory address is
+  the thread's base plus a constant; the window's maximum and first maximum
+  are separable, so each tile row's best over a window's ``KW`` columns is
+  computed once and shared by the ``KH / SH`` outputs that hold that row (a
+  3x3/1 output costs 9/7 row bests of 2 compares each plus 3 compares down,
+  instead of 9 compares);
+  indices live in tile coordinates and the first in-bounds cell of a window
+  is one integer. SASS of the fast path per output and word: 3x3/1 430 → 160
+  instructions (ALU 250 → 110), 3x3/2 430 → 250 (ALU 250 → 150), 2x2/2 300 →
+  170 (ALU 160 → 100). Each input word crosses L2 once plus the halo (3x3/1:
+  1.5x the input with 7 x 14 output tiles), where the pair scan fetched it
+  once per output row whose window holds it (3x) wherever L1 missed;
+* the gather from a tile of the covering windows' index bytes and gradients:
+  taken. The loader turns each window's 8 index bytes into bfloat16 pairs
+  (``prmt``: byte ``k`` becomes the half ``k << 8 | 0x80``, a distinct normal
+  number or infinity, never a zero or a NaN), windows outside the pooled
+  extent into NaN pairs; a pixel then tests a window with one
+  ``set.eq.bf16x2`` per pair of lanes against a constant (the zero-byte test
+  and its ``prmt`` in the pair gather: 3 instructions per pair), and the 8
+  float32 sums go back to bfloat16 two per ``cvt.rn.bf16x2.f32`` unless one
+  is NaN. Per input pixel and word: 3x3/1 680 → 390 instructions (ALU 370 →
+  200), 3x3/2 440 → 210, 2x2/2 270 → 145.
+
+Expected on the H200 (not measured yet; ``scripts/pool_variant_bench.py``):
+the 3x3/1 scans 2-2.5x faster (3a 0.053 → about 0.022 ms, about 60 % of the
+copy bandwidth, where DRAM and the tile's load phase take over), the 3x3/1
+and 3x3/2 gathers 1.6-1.9x (3a 0.066 → about 0.036 ms), the 3x3/2 scans
+1.1-1.3x (pool2 was at 58 % already), VGG's 2x2/2 1.2-1.5x; GoogLeNet's
+pooling steps (argmax 0.535 + gather 0.829 ms) about 0.5 ms less. What
+could hold it back: the tile's load phase waits for a block's loads before
+any compare (other blocks on the SM overlap it: 10-32 KiB and 32-80
+registers per thread, 6-16 blocks per SM), and the 3x3/1 gather's 32 bytes
+of shared memory per window and 80 registers leave it 6 blocks of 112
+threads per SM (a third of the SM's threads). The tiles' sizes
+(:func:`tile_shape`) are reasoned, not measured: ``--sweep`` of the bench
+times others.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+
+import attrs
 
 from opgraph.ops.pool_indices import MASKED
 
@@ -63,8 +124,10 @@ from .storage import bits
 #: and a 1 x 1 plane read at its image stride (``pixel_pitch``), 6 one item per thread
 #: (``LAUNCH``), 7 the bfloat16 take moves bits (``_take_bits``), the gather masks two
 #: lanes per ``prmt``, 8 the bfloat16 gather compares whole index bytes (windows of
-#: 129-255 cells) and the take quiets a signalling NaN as the other kernels do
-REVISION = 8
+#: 129-255 cells) and the take quiets a signalling NaN as the other kernels do, 9 the
+#: ``tile`` variant: the bfloat16 scan and gather from shared-memory tiles (``_scan_tile``,
+#: ``_gather_tile``)
+REVISION = 9
 #: the output columns per thread that autotune tries for the max-pool window
 #: scans (``rules.vector_pool_variants``): neighbouring windows of a 3x3/1 pool
 #: share 6 of their 9 cells, of a 3x3/2 pool 3, which one thread loads once
@@ -516,6 +579,377 @@ def _average_backward(st, v: int) -> list[str]:
             *vector_store(st, "gx", _OUT_PIXEL, [f"a{j}" for j in range(v)], "s")]
 
 
+# ---- the ``tile`` variant: bfloat16 window scan and gather from a shared-memory tile
+
+#: shared memory per block at most (bytes): static shared memory stops at 48 KiB,
+#: and a smaller tile leaves room for more blocks per SM (228 KiB on an H200)
+TILE_SMEM = 32 * 1024
+#: the most rows of a thread's strip (output rows of the scan, input rows of the gather)
+TILE_ROWS = 8
+#: the most columns of a block's tile
+TILE_COLS = 16
+#: threads per block at most (the tile's columns times its channel groups)
+TILE_THREADS = 128
+#: the largest window side and stride the tile kernels unroll
+TILE_WINDOW = 4
+
+
+@attrs.frozen
+class TileShape:
+    """A block's tile: ``rows`` x ``cols`` pixels (the scan's output pixels, the
+    gather's input pixels) by ``groups`` 16-byte channel groups; one thread per
+    column and group runs down the ``rows``."""
+
+    rows: int
+    cols: int
+    groups: int
+
+
+def tile_declines(dtype: str, kernel, stride) -> str | None:
+    """Why the ``tile`` kernels do not take a window (None: they do): bfloat16
+    only (the pair instructions), sides and strides of at most :data:`TILE_WINDOW`
+    (the kernels unroll every window of a strip)."""
+    if dtype != "bfloat16":
+        return f"dtype {dtype} (tile kernels: bfloat16)"
+    if max(*kernel, *stride) > TILE_WINDOW:
+        return f"a {tuple(kernel)} window of stride {tuple(stride)} (tile kernels: sides and strides <= {TILE_WINDOW})"
+    return None
+
+
+def _tile_smem(kind: str, window: tuple, t: TileShape) -> int:
+    """Shared bytes of a ``kind`` block: the scan's input rows and columns of
+    ``t``'s outputs; the gather's windows covering ``t``'s pixels, 16 bytes of
+    index pairs plus 16 of gradients each (:func:`_gather_tile`)."""
+    kh, kw, sh, sw = window
+    if kind == "arg":
+        return ((t.rows - 1) * sh + kh) * ((t.cols - 1) * sw + kw) * t.groups * 16
+    return ((kh - 1) // sh + t.rows // sh) * ((kw - 1) // sw + t.cols // sw) * t.groups * 32
+
+
+def tile_shape(kind: str, window: tuple, extent: tuple, groups: int) -> TileShape:
+    """The default tile of a ``kind`` launch (``arg``: ``extent`` the output's
+    ``(OH, OW)``; ``bwd``: the input's ``(H, W)`` from the first multiple of the
+    stride in the padding on) over ``groups`` channel groups: at most
+    :data:`TILE_COLS` columns and :data:`TILE_ROWS` rows, split evenly (28
+    columns: two tiles of 14), the gather's a multiple of the stride (its strips
+    then meet the same windows); the most channel groups dividing ``groups``
+    that keep a block within :data:`TILE_THREADS`; fewer rows, then fewer
+    columns, then fewer groups, until the tile fits :data:`TILE_SMEM`."""
+    step = (window[2], window[3]) if kind == "bwd" else (1, 1)
+
+    def split(n: int, s: int, pieces: int) -> int:  # ceil(n / pieces), rounded up to a multiple of s
+        return -(-(-(-n // pieces)) // s) * s
+
+    h_pieces, w_pieces = -(-extent[0] // TILE_ROWS), -(-extent[1] // TILE_COLS)
+    threads = TILE_THREADS
+    while True:
+        rows, cols = split(extent[0], step[0], h_pieces), split(extent[1], step[1], w_pieces)
+        most = max(1, threads // cols)
+        t = TileShape(rows, cols, max(d for d in range(1, min(groups, most) + 1) if groups % d == 0))
+        if _tile_smem(kind, window, t) <= TILE_SMEM or (t.rows, t.cols, t.groups) == (*step, 1):
+            return t
+        if rows > step[0]:
+            h_pieces += 1
+        elif cols > step[1]:
+            w_pieces += 1
+        else:
+            threads = cols * t.groups - 1
+
+
+#: the tile kernels' helpers: ``og_bf2_eq`` (0xffff per equal half; PTX
+#: ``set.eq.u32.bf16x2``, sm_90), ``og_byte_perm`` (``__byte_perm``: PTX ``prmt``
+#: in its default mode), ``og_f2bf2`` (two floats to bfloat16, rounded to nearest
+#: even, the first in the low half: PTX ``cvt.rn.bf16x2.f32``, sm_80, whose first
+#: source goes to the upper half; the caller keeps NaN away from it, whose bits
+#: ``opgraph_bf16_bits`` keeps and ``cvt`` does not); on the CPU emulator the same
+#: results from each half's float and :data:`storage.BF16_DEVICE`. Sources: PTX
+#: ISA 8.x, "Half Precision Comparison Instructions: set", "prmt", "cvt" (``.bf16x2``:
+#: the value converted from the first source is stored in the upper half).
+TILE_HELPERS = r"""
+#if !defined(OPGRAPH_CPU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned int og_bf2_eq(unsigned int a, unsigned int b) {
+    unsigned int d; asm("set.eq.u32.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}
+#else
+__device__ __forceinline__ unsigned int og_bf2_eq(unsigned int a, unsigned int b) {
+    return (og_bf_half(a, 0) == og_bf_half(b, 0) ? 0xffffu : 0u)
+         | (og_bf_half(a, 1) == og_bf_half(b, 1) ? 0xffff0000u : 0u);
+}
+#endif
+#if !defined(OPGRAPH_CPU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ unsigned int og_f2bf2(float lo, float hi) {
+    unsigned int d; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo)); return d;
+}
+#else
+__device__ __forceinline__ unsigned int og_f2bf2(float lo, float hi) {
+    return (unsigned int)opgraph_bf16_bits(lo) | ((unsigned int)opgraph_bf16_bits(hi) << 16);
+}
+#endif
+#if defined(OPGRAPH_CPU)
+__device__ __forceinline__ unsigned int og_byte_perm(unsigned int x, unsigned int y, unsigned int s) {
+    const unsigned long long v = ((unsigned long long)y << 32) | x;
+    unsigned int r = 0u;
+    for (int i = 0; i < 4; ++i) r |= (unsigned int)((v >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+    return r;
+}
+#define __launch_bounds__(...)
+#else
+#define og_byte_perm __byte_perm
+#endif
+"""
+#: a block's tile: ``blockIdx.x`` its channel block (fastest) and tile column,
+#: ``blockIdx.y`` its tile row, ``blockIdx.z`` its image (one unsigned division per
+#: thread); a thread's tile column ``tc`` and channel group ``tv`` (fastest)
+_TILE_BLOCK = [
+    "const unsigned int cbk = blockIdx.x % (unsigned int)CBLOCKS, tj = blockIdx.x / (unsigned int)CBLOCKS;",
+    "const int ti = (int)blockIdx.y;",
+    "const IDX n = blockIdx.z;",
+    "const int tc = (int)threadIdx.x / CB, tv = (int)threadIdx.x % CB;",
+    "const IDX cv = (IDX)cbk * CB + tv;"]
+#: the most tile rows and images of a launch (CUDA's grid limit in y and z)
+GRID_YZ_LIMIT = 65535
+
+
+def _hexu(value: int) -> str:
+    return f"{value & 0xffffffff:#010x}u"
+
+
+def _scan_tile(relu: bool, window: tuple, t: TileShape, slow: list[str]) -> list[str]:
+    """The ``arg`` scan of bfloat16 from a shared-memory tile (``tile`` variant).
+
+    A block stages the input cells of ``t.rows`` x ``t.cols`` output pixels
+    and ``t.groups`` channel groups, padding as -inf, then each thread takes
+    one output column and channel group down the tile's rows, in two passes
+    (the window's maximum and first maximum are separable):
+
+    * per tile row, the best of the column's ``KW`` cells and its index
+      (first cell, then a strictly greater one: :func:`_scan_pairs`' three
+      pair instructions per cell), computed once and shared by the ``KH / SH``
+      outputs whose windows hold that row;
+    * per output, the best of its ``KH`` row bests in order, a strictly greater
+      one replacing it, from -inf and the window's first in-bounds cell.
+
+    The first maximum in row-major order is the first row's first maximum of
+    the rows holding the largest value, which is what the passes find; a
+    padding cell (-inf) never beats the start. Indices are kept in tile
+    coordinates (row ``r``, column ``dw``: ``r * KW + dw``, one per 16-bit
+    half) and the output's first row subtracted at the end. A NaN propagates
+    into the maximum (``max.NaN``); an output whose maximum holds one is
+    scanned again lane by lane from global memory by ``slow``
+    (:func:`_scan`'s statements), so every result is :func:`_scan`'s bit for bit."""
+    kh, kw, sh, sw = window
+    ih, iw = (t.rows - 1) * sh + kh, (t.cols - 1) * sw + kw
+    body = [f"__shared__ uint4 tile[{ih * iw * t.groups}];", *_TILE_BLOCK,
+            "const int oh0 = (int)ti * TH, ow0 = (int)tj * TW;",
+            "const int ih0 = oh0 * SH - pt, iw0 = ow0 * SW - pl;",
+            "const IDX xb = n * H * W * XP + cv * V, row = W * XP;",
+            "const uint4 ninf = make_uint4(0xff80ff80u, 0xff80ff80u, 0xff80ff80u, 0xff80ff80u);",
+            "// stage the tile: thread (tc, tv) loads columns tc, tc + TW, ... of every row; -inf outside",
+            "// (a pointer outside the input is formed, never read)"]
+    for c0 in range(0, iw, t.cols):  # a column's loads all issued before its stores
+        edge = c0 + t.cols > iw
+        body += [f"if ({'c0 + tc < IW'.replace('c0', str(c0)) if edge else 'true'}) {{",
+                 f"  const int c = {c0} + tc, w = iw0 + c;",
+                 "  const bool in_w = (unsigned int)w < (unsigned int)W;",
+                 "  const unsigned short* const px = x + xb + ((IDX)ih0 * W + w) * XP;",
+                 *(f"  const uint4 e{r} = in_w && (unsigned int)(ih0 + {r}) < (unsigned int)H ? "
+                   f"*reinterpret_cast<const uint4*>(px + {r} * row) : ninf;" for r in range(ih)),
+                 *(f"  tile[({r} * IW + c) * CB + tv] = e{r};" for r in range(ih)), "}"]
+    body += ["__syncthreads();",
+             "const int oq = ow0 + tc;  // the thread's output column",
+             "const int fc = oq * SW - pl < 0 ? pl - oq * SW : 0;  // its windows' first in-bounds column",
+             "const uint4* const col = tile + tc * SW * CB + tv;",
+             "unsigned int nanmask = 0u;"]
+    done = 0  # tile rows whose best is computed
+
+    def row(r: int) -> list[str]:
+        lines = [f"unsigned int rb{r}_0 = 0u, rb{r}_1 = 0u, rb{r}_2 = 0u, rb{r}_3 = 0u;",
+                 *(f"unsigned int rk{r}_{j} = {_hexu(r * kw * 0x10001)};" for j in range(4)),
+                 f"{{ const uint4 e = col[{r * iw * t.groups}]; "
+                 f"rb{r}_0 = e.x; rb{r}_1 = e.y; rb{r}_2 = e.z; rb{r}_3 = e.w; }}"]
+        for dw in range(1, kw):
+            lines += [f"{{ const uint4 e = col[{(r * iw + dw) * t.groups}];",
+                      "  const unsigned int ew[4] = {e.x, e.y, e.z, e.w};"]
+            for j in range(4):
+                lines.append(f"  {{ const unsigned int gt = og_bf2_gt(ew[{j}], rb{r}_{j}); "
+                             f"rb{r}_{j} = og_bf2_max(ew[{j}], rb{r}_{j}); "
+                             f"rk{r}_{j} = (gt & {_hexu((r * kw + dw) * 0x10001)}) | (~gt & rk{r}_{j}); }}")
+            lines.append("}")
+        return lines
+
+    for i in range(t.rows):
+        while done < i * sh + kh:
+            body += row(done)
+            done += 1
+        r0 = i * sh
+        body += [f"{{ // output row oh0 + {i}",
+                 f"  const int hw = (oh0 + {i}) * SH - pt, fh = hw < 0 ? -hw : 0;",
+                 f"  const unsigned int kf = (unsigned int)(({r0} + fh) * KW + fc) * 0x00010001u;"]
+        for j in range(4):
+            body.append(f"  unsigned int b{j} = rb{r0}_{j}, k{j};")
+            body.append(f"  {{ const unsigned int gt = og_bf2_gt(rb{r0}_{j}, 0xff80ff80u); "
+                        f"k{j} = (gt & rk{r0}_{j}) | (~gt & kf); }}")
+        for dh in range(1, kh):
+            r = r0 + dh
+            for j in range(4):
+                body.append(f"  {{ const unsigned int gt = og_bf2_gt(rb{r}_{j}, b{j}); "
+                            f"b{j} = og_bf2_max(rb{r}_{j}, b{j}); k{j} = (gt & rk{r}_{j}) | (~gt & k{j}); }}")
+        ks = [f"(k{j} - {_hexu(r0 * kw * 0x10001)})" for j in range(4)]
+        if relu:  # MASKED where the winner is not > 0
+            ks = [f"({k} | (~og_bf2_gt(b{j}, 0u) & {MASKED * 0x10001:#x}u))" for j, k in enumerate(ks)]
+        body += [f"  if (oh0 + {i} < (int)QH && oq < (int)QW) {{",
+                 "    if (og_bf2_nan(b0) | og_bf2_nan(b1) | og_bf2_nan(b2) | og_bf2_nan(b3)) "
+                 f"nanmask |= {1 << i}u;",
+                 "    else *reinterpret_cast<unsigned long long*>("
+                 f"arg + ((n * QH + oh0 + {i}) * QW + oq) * C + cv * V) =",
+                 f"        (unsigned long long)og_byte_perm({ks[0]}, {ks[1]}, 0x6420u)",
+                 f"        | ((unsigned long long)og_byte_perm({ks[2]}, {ks[3]}, 0x6420u) << 32);",
+                 "  }", "}"]
+    body += ["// the outputs whose maximum holds a NaN, lane by lane from global memory (_scan)",
+             "#pragma unroll 1", "for (int i = 0; i < TH; ++i) {",
+             "    if (!((nanmask >> i) & 1u)) continue;",
+             "    const IDX p = oh0 + i, q = oq;",
+             "    {", *("        " + line for line in slow), "    }", "}"]
+    return body
+
+
+def _gather_tile(masked: bool, window: tuple, t: TileShape) -> list[str]:
+    """The bfloat16 gather from a shared-memory tile (``tile`` variant).
+
+    A block stages every window covering ``t.rows`` x ``t.cols`` input pixels
+    and ``t.groups`` channel groups: its 8 gradients (16 bytes) and its 8 index
+    bytes as bfloat16 pairs (16 bytes), byte ``k`` becoming the half
+    ``k << 8 | 0x80`` (``prmt``: exponent ``2 (k & 127) + 1``, sign ``k >= 128``, so
+    each byte is a distinct normal number or infinity, never a zero or a NaN)
+    and a window outside the pooled extent the NaN pair (it equals nothing, so
+    its gradient words, whatever they hold, are masked to +0.0).
+    Then a pixel's test of a window is one ``set.eq.bf16x2`` per pair of lanes
+    against the same form of its index in that window ``me`` (a constant of
+    the unrolled strip where the stride is 1), instead of a zero-byte test and
+    a ``prmt`` (:func:`_gather_pairs`); not ``masked``: the mark is cleared from
+    the bytes first. The tile's origin is a multiple of the stride, so each
+    strip row meets the same windows. Sums in float32 in window order (``oh``,
+    then ``ow``), +0.0 where a window does not name the pixel: :func:`_gather`'s
+    bits. The 8 sums become bfloat16 two per ``cvt.rn.bf16x2.f32`` (rounded to
+    nearest even, as ``opgraph_bf16_bits``) unless their sum is NaN (a lane is
+    NaN, or +inf meets -inf): then lane by lane through ``opgraph_bf16_bits``,
+    which keeps a NaN's payload, as the pair gather stores every lane."""
+    kh, kw, sh, sw = window
+    ah, aw = (kh - 1) // sh, (kw - 1) // sw
+    wh, ww = ah + t.rows // sh, aw + t.cols // sw
+    jw = -(-kw // sw)  # the most covering windows of a pixel along a row
+    n_win = wh * ww * t.groups
+    body = [f"__shared__ uint4 s_idx[{n_win}];", f"__shared__ uint4 s_gy[{n_win}];", *_TILE_BLOCK,
+            "const int hp0 = (pt / SH) * SH + (int)ti * TH, wp0 = (pl / SW) * SW + (int)tj * TW;  // padded",
+            "const int oh_lo = hp0 / SH - AH, ow_lo = wp0 / SW - AW;  // the tile's first covering window",
+            "// stage the windows: thread (tc, tv) loads window columns tc, tc + TW, ... of every row"]
+    strip = "" if masked else " & 0x7f7f7f7fu"
+    body += ["const IDX arg_row = OW * C, gy_row = OW * GP;",
+             "const uint4 none = make_uint4(0x7fff7fffu, 0x7fff7fffu, 0x7fff7fffu, 0x7fff7fffu);",
+             "// (pointers outside the pooled extent are formed, never read; such a window's gradient",
+             "// words are any (NaN pairs): its NaN index pairs mask them out of every sum)"]
+    for c0 in range(0, ww, t.cols):  # a column's loads all issued before its stores
+        edge = c0 + t.cols > ww
+        body += [f"if ({f'{c0} + tc < WW' if edge else 'true'}) {{",
+                 f"  const int c = {c0} + tc, ow = ow_lo + c;",
+                 "  const bool in_w = (unsigned int)ow < (unsigned int)OW;",
+                 "  const IDX P = (n * OH + oh_lo) * OW + ow;",
+                 "  const unsigned char* const pa = arg + P * C + cv * V;",
+                 "  const unsigned short* const pg = gy + P * GP + cv * V;"]
+        for r in range(wh):
+            body += [f"  const bool in{r} = in_w && (unsigned int)(oh_lo + {r}) < (unsigned int)OH;",
+                     f"  const unsigned long long m{r} = in{r} ? "
+                     f"*reinterpret_cast<const unsigned long long*>(pa + {r} * arg_row) : 0ull;",
+                     f"  const uint4 g{r} = in{r} ? *reinterpret_cast<const uint4*>(pg + {r} * gy_row) : none;"]
+        for r in range(wh):
+            body += [f"  s_gy[({r} * WW + c) * CB + tv] = g{r};",
+                     f"  if (in{r}) {{",
+                     f"    const unsigned int lo = (unsigned int)m{r}{strip}, hi = (unsigned int)(m{r} >> 32){strip};",
+                     f"    s_idx[({r} * WW + c) * CB + tv] = make_uint4(og_byte_perm(lo, 0x80808080u, 0x1404u),",
+                     "        og_byte_perm(lo, 0x80808080u, 0x3424u), og_byte_perm(hi, 0x80808080u, 0x1404u),",
+                     "        og_byte_perm(hi, 0x80808080u, 0x3424u));",
+                     f"  }} else s_idx[({r} * WW + c) * CB + tv] = none;"]
+        body.append("}")
+    body += ["__syncthreads();",
+             "// the thread's pixel column: windows qc - j (j = 0, 1, ...), at column rho + j * SW of each",
+             "const int rho = (tc + AW * SW) % SW, qc = (tc + AW * SW) / SW;",
+             "const uint4* const wi = s_idx + qc * CB + tv;", "const uint4* const wg = s_gy + qc * CB + tv;",
+             "const IDX w = (IDX)wp0 + tc - pl;",
+             *(f"const unsigned int mj{j} = (unsigned int)((rho + {j * sw}) << 8) * 0x00010001u;"
+               for j in range(jw))]
+    for l in range(t.rows):
+        body += [f"{{ // pixel row hp0 + {l}", "  float " + ", ".join(f"a{q} = 0.f" for q in range(8)) + ";"]
+        top = l + ah * sh
+        for r in range(max(0, -(-(top - kh + 1) // sh)), top // sh + 1):  # ascending oh
+            dh = top - r * sh
+            for j in reversed(range(jw)):  # ascending ow
+                me = f"{_hexu((((dh * kw) << 8) | 0x80) * 0x10001)} + mj{j}"
+                # every rho in [0, SW) gives a column inside the window, or the test stays
+                guard = "" if j * sw + sw - 1 < kw else f"if (rho + {j * sw} < KW) "
+                body += [f"  {guard}{{ const uint4 ip = wi[{(r * ww - j) * t.groups}], "
+                         f"g = wg[{(r * ww - j) * t.groups}]; const unsigned int me = {me};"]
+                for q, c in enumerate("xyzw"):
+                    body.append(f"    {{ const unsigned int u = g.{c} & og_bf2_eq(ip.{c}, me); "
+                                f"a{2 * q} += __uint_as_float(u << 16); "
+                                f"a{2 * q + 1} += __uint_as_float(u & 0xffff0000u); }}")
+                body.append("  }")
+        body += [f"  const IDX h = (IDX)hp0 + {l} - pt;",
+                 "  if (h >= 0 && h < QH && w >= 0 && w < QW) {",
+                 "    const float s = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));",
+                 "    uint4 o;",
+                 "    if (s != s) {",
+                 *(f"      o.{c} = (unsigned int)opgraph_bf16_bits(a{2 * q}) | "
+                   f"((unsigned int)opgraph_bf16_bits(a{2 * q + 1}) << 16);" for q, c in enumerate("xyzw")),
+                 "    } else {",
+                 *(f"      o.{c} = og_f2bf2(a{2 * q}, a{2 * q + 1});" for q, c in enumerate("xyzw")),
+                 "    }",
+                 "    *reinterpret_cast<uint4*>(gx + ((n * QH + h) * QW + w) * C + cv * V) = o;", "  }", "}"]
+    return body
+
+
+@functools.lru_cache(maxsize=None)
+def _tile_source(kind: str, wide: bool, window: tuple, t: TileShape, relu: bool = False,
+                 masked: bool = True) -> tuple[str, str]:
+    """``(name, source)`` of a ``tile`` kernel: ``arg`` (:func:`_scan_tile`) or
+    ``bwd`` (:func:`_gather_tile`) of bfloat16, for the window ``(kh, kw, sh, sw)``
+    and the tile ``t`` (compile-time constants: every loop unrolls). One block per
+    tile (no grid-stride loop: blocks that finish make room for others)."""
+    kh, kw, sh, sw = window
+    st = storage_of("bfloat16")
+    sizes = "IDX QH, IDX QW, IDX H, IDX W, IDX C, IDX XP" if kind == "arg" else \
+        "IDX QH, IDX QW, IDX OH, IDX OW, IDX C, IDX GP"
+    tiles = "IDX CBLOCKS"
+    if kind == "arg":
+        slow, _ = _scan(st, 8, "arg", relu)
+        body = _scan_tile(relu, window, t, slow)
+        params = f"const {st.ctype}* __restrict__ x, unsigned char* __restrict__ arg"
+        extra = (f"#define IH {(t.rows - 1) * sh + kh}\n#define IW {(t.cols - 1) * sw + kw}\n"
+                 "#define PIX 1\n")
+    elif kind == "bwd":
+        body = _gather_tile(masked, window, t)
+        params = (f"const unsigned char* __restrict__ arg, const {st.ctype}* __restrict__ gy, "
+                  f"{st.ctype}* __restrict__ gx")
+        ah, aw = (kh - 1) // sh, (kw - 1) // sw
+        extra = f"#define AH {ah}\n#define AW {aw}\n#define WH {ah + t.rows // sh}\n#define WW {aw + t.cols // sw}\n"
+    else:
+        raise ValueError(f"pool_vector: no tile kernel of kind {kind}")
+    threads = t.cols * t.groups
+    # __launch_bounds__ names the block size only. A minimum of blocks per SM (as many as the
+    # shared memory holds) made ptxas (13.0, sm_90) either spill (the 3x3/1 scan capped at 40
+    # registers) or take more registers than it needs (up to the cap: 48 → 64), so fewer blocks
+    # fit: left to itself it takes 32-80 with no spills, which the shared memory mostly limits
+    unmasked = kind == "bwd" and not masked
+    name = (f"opgraph_pool_tile_{kind}{'_relu' if relu else ''}{'_unmasked' if unmasked else ''}_bfloat16_"
+            f"{'i64' if wide else 'i32'}_k{kh}x{kw}s{sh}x{sw}_t{t.rows}x{t.cols}x{t.groups}")
+    constants = (f"#define KH {kh}\n#define KW {kw}\n#define SH {sh}\n#define SW {sw}\n"
+                 f"#define TH {t.rows}\n#define TW {t.cols}\n#define CB {t.groups}\n{extra}")
+    text = (f"typedef float CT;\ntypedef {'long long' if wide else 'int'} IDX;\n#define V 8\n{constants}"
+            f"{DEVICE_HELPERS}\n{PAIR_HELPERS}\n{TILE_HELPERS}\n"
+            f'extern "C" __global__ void __launch_bounds__({threads}) {name}({params}, {sizes}, {tiles}, '
+            f"{_PADDING}) {{\n" + "\n".join("    " + line for line in body) + "\n}\n")
+    return name, text
+
+
 @functools.lru_cache(maxsize=None)
 def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False,
             pixels: int = 1, masked: bool = True) -> tuple[str, str]:
@@ -603,31 +1037,78 @@ def _launch(xp, kind, dtype, total, arrays, sizes, g: PoolGeometry, span, relu=F
     compiled(text, name)((blocks,), (threads,), (*arrays, *map(idx, sizes), *map(xp.int32, _padding(g, include_pad))))
 
 
+def _tiled(tile, dtype: str, g: PoolGeometry) -> bool:
+    """Whether a call asking for ``tile`` (False, True or a :class:`TileShape`) may run the tile kernels."""
+    return bool(tile) and tile_declines(dtype, g.kernel, g.stride) is None
+
+
+def _tile_launch(xp, kind, arrays, sizes, g: PoolGeometry, n: int, cv: int, span: int, tile, relu=False,
+                 masked=True) -> bool:
+    """One launch of a ``tile`` kernel (:func:`_tile_source`) over image count
+    ``n`` and ``cv`` channel groups: ``arrays``, the 6 ``sizes`` (``arg``: the
+    output's, then the input's extents, C and x's pitch; ``bwd``: the input's,
+    the output's, C and gy's pitch), the channel blocks, the padding; blocks
+    (channel block and tile column, tile row, image). ``tile``: True
+    (:func:`tile_shape`) or a :class:`TileShape`. False, launching nothing,
+    where the tile rows or the images exceed the grid's y or z limit."""
+    window = (*g.kernel, *g.stride)
+    (pt, _), (pl, _) = g.padding
+    if kind == "arg":
+        extent = tuple(g.out)
+    else:  # the gather's tiles start at the last multiple of the stride in the padding
+        extent = (g.in_hw[0] + pt % g.stride[0], g.in_hw[1] + pl % g.stride[1])
+    t = tile if isinstance(tile, TileShape) else tile_shape(kind, window, extent, cv)
+    if cv % t.groups or (kind == "bwd" and (t.rows % g.stride[0] or t.cols % g.stride[1])):
+        raise ValueError(f"pool_vector: tile {t} does not divide {cv} channel groups or the stride {g.stride}")
+    tiles_h, tiles_w = -(-extent[0] // t.rows), -(-extent[1] // t.cols)
+    if max(tiles_h, n) > GRID_YZ_LIMIT or tiles_w * (cv // t.groups) > GRID_X_LIMIT:
+        return False
+    wide = span >= 2 ** 31  # every offset is into an operand
+    name, text = _tile_source(kind, wide, window, t, relu, masked)
+    idx = xp.int64 if wide else xp.int32
+    compiled(text, name)((tiles_w * (cv // t.groups), tiles_h, n), (t.cols * t.groups,),
+                         (*arrays, *map(idx, [*sizes, cv // t.groups]), *map(xp.int32, _padding(g))))
+    return True
+
+
 def _forward(xp, kind, x, out, g: PoolGeometry, include_pad=False, relu=False, pixels=1, before=(),
-             masked=True):
+             masked=True, tile=False):
     """Launch ``kind`` (``fwd``, ``arg``, ``avg``, ``take``) over the pooled pixels,
     reading x (and ``before``: the take's indices) into ``out``; ``pixels``
-    output columns per thread (``fwd``, ``arg``: :func:`_scan`)."""
+    output columns per thread (``fwd``, ``arg``: :func:`_scan`); ``tile``: the
+    bfloat16 ``arg`` scan from shared memory (:func:`_scan_tile`) where the
+    window allows (:func:`tile_declines`)."""
     n, c, h, w = x.shape
     (oh, ow), v = g.out, lanes(x.dtype.name)
     total = n * oh * -(-ow // pixels) * (c // v)
-    if total:
-        _launch(xp, kind, x.dtype.name, total, [bits(xp, x), *before, bits(xp, out)],
-                [total, c // v, ow, oh, h, w, c, pixel_pitch(x)], g, max(_span(x), out.size), relu, include_pad,
-                pixels, masked)
+    if not total:
+        return out
+    if kind == "arg" and _tiled(tile, x.dtype.name, g) and _tile_launch(
+            xp, kind, [bits(xp, x), out], [oh, ow, h, w, c, pixel_pitch(x)], g, n, c // v,
+            max(_span(x), out.size), tile, relu=relu):
+        return out
+    _launch(xp, kind, x.dtype.name, total, [bits(xp, x), *before, bits(xp, out)],
+            [total, c // v, ow, oh, h, w, c, pixel_pitch(x)], g, max(_span(x), out.size), relu, include_pad,
+            pixels, masked)
     return out
 
 
-def _backward(xp, kind, before, gy, gx, g: PoolGeometry, include_pad=False, masked=True):
+def _backward(xp, kind, before, gy, gx, g: PoolGeometry, include_pad=False, masked=True, tile=False):
     """Launch ``kind`` (``bwd``, ``avg_bwd``) over the input pixels: ``before`` (the
-    window indices, or nothing), then gy, into ``gx``."""
+    window indices, or nothing), then gy, into ``gx``; ``tile``: the bfloat16
+    gather from shared memory (:func:`_gather_tile`) where the window allows."""
     n, c, h, w = gx.shape
     (oh, ow), v = g.out, lanes(gy.dtype.name)
     total = n * h * w * (c // v)
-    if total:
-        _launch(xp, kind, gy.dtype.name, total, [*before, bits(xp, gy), bits(xp, gx)],
-                [total, c // v, w, h, oh, ow, c, pixel_pitch(gy)], g, max(_span(gy), gx.size),
-                include_pad=include_pad, masked=masked)
+    if not total:
+        return gx
+    if kind == "bwd" and _tiled(tile, gy.dtype.name, g) and _tile_launch(
+            xp, kind, [*before, bits(xp, gy), bits(xp, gx)], [h, w, oh, ow, c, pixel_pitch(gy)], g, n, c // v,
+            max(_span(gy), gx.size), tile, masked=masked):
+        return gx
+    _launch(xp, kind, gy.dtype.name, total, [*before, bits(xp, gy), bits(xp, gx)],
+            [total, c // v, w, h, oh, ow, c, pixel_pitch(gy)], g, max(_span(gy), gx.size),
+            include_pad=include_pad, masked=masked)
     return gx
 
 
@@ -642,16 +1123,18 @@ def max_pool2d(xp, x, g: PoolGeometry, pixels: int = 1):
     return _forward(xp, "fwd", x, _nhwc(xp, (*x.shape[:2], *g.out), x.dtype), g, pixels=pixels)
 
 
-def max_pool2d_backward(xp, x, gy, g: PoolGeometry, relu: bool = False, pixels: int = 1):
+def max_pool2d_backward(xp, x, gy, g: PoolGeometry, relu: bool = False, pixels: int = 1, tile=False):
     """Input gradient of max pooling (``relu``: times ReLU's mask of x, the pooled
     ReLU output) of channels-last ``(N, C, H, W)`` x and ``(N, C, OH, OW)`` gy: a
     new channels-last ``(N, C, H, W)`` array of gy's dtype, each window's
     gradient to its first maximum (SEMANTICS.md, Pooling); the window scan
-    takes ``pixels`` output columns per thread (:data:`PIXELS`). Raises nothing
-    itself: the caller checks :func:`applies` first."""
+    takes ``pixels`` output columns per thread (:data:`PIXELS`); ``tile`` (True
+    or a :class:`TileShape`): the scan and the gather of bfloat16 from
+    shared-memory tiles where the window allows (:func:`tile_declines`; the
+    same bits). Raises nothing itself: the caller checks :func:`applies` first."""
     n, c = x.shape[:2]
-    arg = _forward(xp, "arg", x, xp.empty((n, *g.out, c), dtype=xp.uint8), g, relu=relu, pixels=pixels)
-    return _backward(xp, "bwd", [arg], gy, _nhwc(xp, x.shape, gy.dtype), g)
+    arg = _forward(xp, "arg", x, xp.empty((n, *g.out, c), dtype=xp.uint8), g, relu=relu, pixels=pixels, tile=tile)
+    return _backward(xp, "bwd", [arg], gy, _nhwc(xp, x.shape, gy.dtype), g, tile=tile)
 
 
 def indices_apply(idx) -> bool:
@@ -662,14 +1145,14 @@ def indices_apply(idx) -> bool:
             and address(idx) % 16 == 0)
 
 
-def max_pool2d_argmax(xp, x, g: PoolGeometry, relu: bool = False, pixels: int = 1):
+def max_pool2d_argmax(xp, x, g: PoolGeometry, relu: bool = False, pixels: int = 1, tile=False):
     """Each window's winner of channels-last ``(N, C, H, W)`` x: a new
     channels-last uint8 ``(N, C, OH, OW)`` array of row-major window indices
     (``relu``: plus :data:`MASKED` where the winner is not > 0), the scan of
-    :func:`max_pool2d_backward`. Raises nothing itself: the caller checks
-    :func:`applies` first."""
+    :func:`max_pool2d_backward` (``tile``: as there). Raises nothing itself:
+    the caller checks :func:`applies` first."""
     n, c = x.shape[:2]
-    arg = _forward(xp, "arg", x, xp.empty((n, *g.out, c), dtype=xp.uint8), g, relu=relu, pixels=pixels)
+    arg = _forward(xp, "arg", x, xp.empty((n, *g.out, c), dtype=xp.uint8), g, relu=relu, pixels=pixels, tile=tile)
     return arg.transpose(0, 3, 1, 2)
 
 
@@ -682,13 +1165,14 @@ def max_pool2d_take(xp, x, idx, g: PoolGeometry, masked: bool = False):
     return _forward(xp, "take", x, _nhwc(xp, (*x.shape[:2], *g.out), x.dtype), g, before=[idx], masked=masked)
 
 
-def max_pool2d_backward_indices(xp, idx, gy, g: PoolGeometry, shape, masked: bool = False):
+def max_pool2d_backward_indices(xp, idx, gy, g: PoolGeometry, shape, masked: bool = False, tile=False):
     """Input gradient of max pooling from saved winners ``idx``
     (:func:`indices_apply`) and channels-last ``(N, C, OH, OW)`` gy: a new
     channels-last array of ``shape`` and gy's dtype (``masked``: marked
-    windows route nothing). Raises nothing itself: the caller checks
+    windows route nothing; ``tile``: the gather from shared-memory tiles, as
+    :func:`max_pool2d_backward`). Raises nothing itself: the caller checks
     :func:`applies` and :func:`indices_apply` first."""
-    return _backward(xp, "bwd", [idx], gy, _nhwc(xp, tuple(shape), gy.dtype), g, masked=masked)
+    return _backward(xp, "bwd", [idx], gy, _nhwc(xp, tuple(shape), gy.dtype), g, masked=masked, tile=tile)
 
 
 def avg_pool2d(xp, x, g: PoolGeometry, count_include_pad: bool):
@@ -708,6 +1192,7 @@ def avg_pool2d_backward(xp, gy, g: PoolGeometry, count_include_pad: bool, shape)
     return _backward(xp, "avg_bwd", [], gy, _nhwc(xp, tuple(shape), gy.dtype), g, include_pad=count_include_pad)
 
 
-__all__ = ["DTYPES", "DIVISOR", "MASKED", "MAX_CELLS", "REVISION", "PIXELS", "lanes", "pixel_pitch", "declines",
+__all__ = ["DTYPES", "DIVISOR", "MASKED", "MAX_CELLS", "REVISION", "PIXELS", "TileShape", "tile_declines",
+           "tile_shape", "lanes", "pixel_pitch", "declines",
            "applies", "indices_apply", "max_pool2d", "max_pool2d_backward", "max_pool2d_argmax", "max_pool2d_take",
            "max_pool2d_backward_indices", "avg_pool2d", "avg_pool2d_backward"]

@@ -90,6 +90,9 @@ INDEXED_CELLS = {ops.MaxPool2dBackward: pool_vector.MAX_CELLS, ops.MaxPool2dBack
                  ops.MaxPool2dBackwardIndices: pool_vector.MASKED}
 #: Of them, those whose vector kernels scan max-pool windows (the ``pixels`` option)
 MAX_POOLS = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.MaxPool2dArgmax)
+#: Of them, those with a bfloat16 window scan or gather from shared-memory tiles (the
+#: ``tile`` option: ``pool_vector.tile_declines``)
+TILED_POOLS = (ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.MaxPool2dArgmax, ops.MaxPool2dBackwardIndices)
 
 
 def pool_variants(op, in_types, device):
@@ -112,12 +115,15 @@ def vector_pool_variants(op, in_types, device):
         out.append({"vector": True})
         if type(op) in MAX_POOLS:  # their window scans: several output columns per thread
             out += [{"vector": True, "pixels": n} for n in pool_vector.PIXELS if n != 1]
+        dtype = next(t.dtype for t in in_types if t.dtype not in INDEX_DTYPES)
+        if type(op) in TILED_POOLS and pool_vector.tile_declines(dtype, op.kernel_size, op.stride) is None:
+            out.append({"vector": True, "tile": True})  # the bfloat16 scan and gather from shared memory
     return out
 
 
 #: part of the autotune cache key (``autotune._stable_name``): the vector kernels'
-#: revision (3: the max-pool scans' ``pixels``), so decisions tuned against older ones
-#: are tuned again
+#: revision (3: the max-pool scans' ``pixels``; 9: the ``tile`` variant), so decisions
+#: tuned against older ones are tuned again
 vector_pool_variants.revision = pool_vector.REVISION
 
 
@@ -147,7 +153,8 @@ def bias_variants(op, in_types, device):
 
 
 #: op type -> (kernel options an autotune variant may set, its ``variants``).
-OPTIONS = {**{op_type: (("specialize", "vector", "pixels") if op_type in MAX_POOLS else ("specialize", "vector"),
+OPTIONS = {**{op_type: (("specialize", "vector") + (("pixels",) if op_type in MAX_POOLS else ())
+                        + (("tile",) if op_type in TILED_POOLS else ()),
                         vector_pool_variants) if op_type in VECTOR_POOLS
               else (("specialize",), pool_variants) for op_type in SPECIALIZABLE},
            ops.BiasAddBackward: (("method",), bias_variants)}
@@ -216,5 +223,5 @@ def register_rules() -> None:
 register_rules()
 
 __all__ = ["CUDA_KERNELS", "NODE_KERNELS", "INPLACE", "INDEXED_CELLS", "OPTIONS", "SPECIALIZABLE", "VARIANT_CAPTURE_BLOCKERS",
-           "VECTOR_POOLS", "MAX_POOLS", "bias_variants", "check", "vector_pool_variants",
+           "VECTOR_POOLS", "MAX_POOLS", "TILED_POOLS", "bias_variants", "check", "vector_pool_variants",
            "pool_variants", "register_rules"]

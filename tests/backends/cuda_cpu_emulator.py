@@ -240,7 +240,7 @@ class EmulatedCupy:
         return EmulatedKernel(self, in_params, out_params, operation, name, preamble)
 
 
-_ENTRY = re.compile(r'extern "C" __global__ void (\w+)\(')
+_ENTRY = re.compile(r'extern "C" __global__ void ((?:__launch_bounds__\([^)]*\) )?)(\w+)\(')
 
 
 def one_unit(sources) -> str:
@@ -250,7 +250,7 @@ def one_unit(sources) -> str:
     undefined after it; ``cuda_fp16.h`` (float16) included once, first."""
     parts = ["#include <cuda_fp16.h>\n"]
     for k, src in enumerate(sources):
-        body = _ENTRY.sub(rf'extern "C" __global__ void \1__{k}(', src)
+        body = _ENTRY.sub(rf'extern "C" __global__ void \1\2__{k}(', src)
         parts.append(f"namespace opgraph_unit_{k} {{\n{body}\n}}  // opgraph_unit_{k}\n"
                      "#undef CT\n#undef LD\n#undef ST\n")
     return "".join(parts)

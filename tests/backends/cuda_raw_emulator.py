@@ -132,7 +132,7 @@ ELEMENTS = {"float": ("float32",), "double": ("float64",), "unsigned short": ("u
             "long long": ("int64",), "int": ("int32",), "uint4": ("uint8", "uint16", "uint32", "uint64")}
 _TYPEDEF = re.compile(r"typedef ([\w ]+?) (\w+);")
 
-_SIGNATURE = re.compile(r'extern "C" __global__ void (\w+)\((.*?)\)\s*\{', re.S)
+_SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\((.*?)\)\s*\{', re.S)
 GUARD = 64
 
 

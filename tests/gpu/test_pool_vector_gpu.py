@@ -156,3 +156,50 @@ def test_bfloat16_pair_kernels_keep_signed_zeros_and_non_finite_values(cp, case,
             back = ops.MaxPool2dBackwardIndices(**geometry, masked=masked, input_shape=shape)
             np.testing.assert_array_equal(_bits(cp, saved(back, idx, gy, vector=True)),
                                           _bits(cp, saved(back, idx, gy, vector=False)), err_msg=f"gather {masked}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=["3x3s2-ceil", "3x3s1p1", "2x2s2"])
+def test_bfloat16_tile_kernels_match_the_pair_kernels(cp, case):
+    """The ``tile`` variant (``pool_vector._scan_tile``, ``_gather_tile``: shared
+    memory, PTX ``set.eq.u32.bf16x2`` and ``cvt.rn.bf16x2.f32`` on sm_90) gives
+    the pair kernels' bits: ties of -0.0 and +0.0, -inf windows, NaN in some
+    lanes, gradients of -0.0, inf and NaN (a channel slice of a wider buffer),
+    the recomputing gradients and the saved-winner scan and gather, with and
+    without the ReLU mark and the masking."""
+    from opgraph import ops
+    from opgraph.backends.cuda import rules
+    from opgraph.backends.registry import KernelContext
+    from opgraph.types import TensorType
+    shape, k, s, p, ceil = case
+    rng = np.random.default_rng(5)
+    values = np.array([-0.0, 0.0, -1.0, 1.0, 2.0, np.inf, -np.inf], np.float32)
+    x_host = values[rng.integers(0, len(values), size=shape)]
+    x_host[0, :, :4, :4] = -np.inf
+    x_host[1, 3, 5, 7] = x_host[2, 100, 0, 0] = np.nan
+    x = _device(cp, x_host, "bfloat16")
+    geometry = dict(kernel_size=k, stride=s, padding=p, ceil_mode=ceil)
+    out = ops.MaxPool2d(**geometry).output_shape(shape)
+    g = np.array([-0.0, 0.0, 0.5, -2.0, np.inf, -np.inf, np.nan], np.float32)
+    gy_host = np.where(rng.random(out) < 0.6, rng.standard_normal(out).astype(np.float32),
+                       g[rng.integers(0, len(g), size=out)])
+    wide = _device(cp, np.concatenate([np.zeros((out[0], 8, *out[2:]), np.float32), gy_host,
+                                       np.zeros((out[0], 8, *out[2:]), np.float32)], axis=1), "bfloat16")
+    gy = wide[:, 8:8 + out[1]]
+
+    def run(op, *arrays, tile):
+        t = op.infer(*(TensorType(a.shape, "uint8" if a.dtype == cp.uint8 else "bfloat16") for a in arrays))
+        options = {"vector": True, "tile": True} if tile else {"vector": True}
+        return rules.POOL_KERNELS[type(op)](KernelContext(cp, "cuda", options, TensorType(t.shape, t.dtype, "NHWC")),
+                                            op, *arrays)
+    for kind in (ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu):
+        op = kind(**geometry)
+        np.testing.assert_array_equal(_bits(cp, run(op, x, gy, tile=True)), _bits(cp, run(op, x, gy, tile=False)),
+                                      err_msg=kind.__name__)
+    for relu in (False, True):
+        argmax = ops.MaxPool2dArgmax(**geometry, relu=relu)
+        idx = run(argmax, x, tile=True)
+        np.testing.assert_array_equal(cp.asnumpy(idx), cp.asnumpy(run(argmax, x, tile=False)), err_msg=f"relu={relu}")
+        for masked in (False, True):
+            back = ops.MaxPool2dBackwardIndices(**geometry, masked=masked, input_shape=shape)
+            np.testing.assert_array_equal(_bits(cp, run(back, idx, gy, tile=True)),
+                                          _bits(cp, run(back, idx, gy, tile=False)), err_msg=f"gather {masked}")

@@ -31,7 +31,10 @@ copy bandwidth they are measured against is the H200's measured device copy,
 Output: one JSON object per line on stdout. The first (``"what": "run"``)
 says what the fields mean; then one per shape and kernel (``"what": "kernel"``);
 the last (``"what": "summary"``): whether every output was bit-for-bit equal,
-and the speed-ups. Runs in well under a minute on an H200 (most of it NVRTC).
+and the speed-ups (exit status 1 if any output differed). Expected 30-45 s on
+an H200 with an empty CuPy kernel cache, most of it NVRTC compiling 54 kernels; the
+hard-value checks of the shapes reached after ``--budget`` seconds are skipped
+(``"hard": null``) so that the run stays under a minute.
 
     python scripts/pool_variant_bench.py [--calls 10] [--sweep] [--json out.jsonl]
 """
@@ -45,28 +48,35 @@ import statistics
 import sys
 import time
 
-#: (model, layer, x shape (N, C, H, W), kernel, stride, padding, ceil_mode)
+#: (model, layer, x shape (N, C, H, W), kernel, stride, padding, ceil_mode): every max pool
+#: of opgraph's GoogLeNet (batch 128: its 3x3/2 pools pad 1) and VGG-A (batch 64), then
+#: torchvision's ceil_mode geometry of GoogLeNet's 3x3/2 pools (the same extents, windows
+#: one cell further) and a 3x3/1 pool on 14x14x832, which opgraph's GoogLeNet does not have
 SHAPES = [
-    ("googlenet", "pool1", (128, 64, 112, 112), 3, 2, 0, True),
-    ("googlenet", "pool2", (128, 192, 56, 56), 3, 2, 0, True),
-    ("googlenet", "pool3", (128, 480, 28, 28), 3, 2, 0, True),
-    ("googlenet", "pool4", (128, 832, 14, 14), 3, 2, 0, True),
+    ("googlenet", "pool1", (128, 64, 112, 112), 3, 2, 1, False),
+    ("googlenet", "pool2", (128, 192, 56, 56), 3, 2, 1, False),
+    ("googlenet", "pool3", (128, 480, 28, 28), 3, 2, 1, False),
+    ("googlenet", "pool4", (128, 832, 14, 14), 3, 2, 1, False),
     ("googlenet", "inception 3a pool", (128, 192, 28, 28), 3, 1, 1, False),
     ("googlenet", "inception 3b pool", (128, 256, 28, 28), 3, 1, 1, False),
     ("googlenet", "inception 4a pool", (128, 480, 14, 14), 3, 1, 1, False),
     ("googlenet", "inception 4b-4d pool", (128, 512, 14, 14), 3, 1, 1, False),
     ("googlenet", "inception 4e pool", (128, 528, 14, 14), 3, 1, 1, False),
-    ("googlenet", "3x3/1 on 14x14x832", (128, 832, 14, 14), 3, 1, 1, False),
     ("googlenet", "inception 5a/5b pool", (128, 832, 7, 7), 3, 1, 1, False),
     ("vgg_a", "pool1", (64, 64, 224, 224), 2, 2, 0, False),
     ("vgg_a", "pool2", (64, 128, 112, 112), 2, 2, 0, False),
     ("vgg_a", "pool3", (64, 256, 56, 56), 2, 2, 0, False),
     ("vgg_a", "pool4", (64, 512, 28, 28), 2, 2, 0, False),
     ("vgg_a", "pool5", (64, 512, 14, 14), 2, 2, 0, False),
+    ("googlenet (torchvision ceil_mode)", "pool2", (128, 192, 56, 56), 3, 2, 0, True),
+    ("googlenet (torchvision ceil_mode)", "pool3", (128, 480, 28, 28), 3, 2, 0, True),
+    ("googlenet (torchvision ceil_mode)", "pool4", (128, 832, 14, 14), 3, 2, 0, True),
+    ("extra", "3x3/1 pad 1 on 14x14x832", (128, 832, 14, 14), 3, 1, 1, False),
 ]
 
 FIELDS = {
-    "model, layer": "the pool: GoogLeNet batch 128 or VGG-A batch 64, bfloat16, channels-last (NHWC)",
+    "model, layer": "the pool: opgraph's GoogLeNet (batch 128) or VGG-A (batch 64), then torchvision's ceil_mode "
+                    "geometry of GoogLeNet's 3x3/2 pools and one extra shape; bfloat16, channels-last (NHWC)",
     "x": "the pool's input (N, C, H, W); pooled: its output (N, C, OH, OW)",
     "window": "kernel/stride, padding, ceil_mode",
     "kernel": "scan = window winners as 1-byte indices with the ReLU mark (MaxPool2dArgmax relu=True); "
@@ -159,8 +169,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=10, help="launches per captured graph (default 10)")
     ap.add_argument("--copy-tbps", type=float, default=4.23, help="copy bandwidth, TB/s (default 4.23: H200)")
-    ap.add_argument("--budget", type=float, default=50.0,
-                    help="seconds after which the hard-value checks are skipped (default 50)")
+    ap.add_argument("--budget", type=float, default=35.0,
+                    help="seconds after which the hard-value checks are skipped (default 35)")
     ap.add_argument("--sweep", action="store_true",
                     help="also time other tiles (rows, columns or channel groups halved, rows doubled): "
                          "the sweep field; about a minute more")

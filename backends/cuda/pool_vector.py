@@ -708,6 +708,8 @@ _TILE_BLOCK = [
     "const IDX cv = (IDX)cbk * CB + tv;"]
 #: the most tile rows and images of a launch (CUDA's grid limit in y and z)
 GRID_YZ_LIMIT = 65535
+#: operands of this many elements or more take the tile kernels with 64-bit offsets
+TILE_WIDE_SPAN = 2 ** 31
 
 
 def _hexu(value: int) -> str:
@@ -1063,7 +1065,7 @@ def _tile_launch(xp, kind, arrays, sizes, g: PoolGeometry, n: int, cv: int, span
     tiles_h, tiles_w = -(-extent[0] // t.rows), -(-extent[1] // t.cols)
     if max(tiles_h, n) > GRID_YZ_LIMIT or tiles_w * (cv // t.groups) > GRID_X_LIMIT:
         return False
-    wide = span >= 2 ** 31  # every offset is into an operand
+    wide = span >= TILE_WIDE_SPAN  # every offset is into an operand
     name, text = _tile_source(kind, wide, window, t, relu, masked)
     idx = xp.int64 if wide else xp.int32
     compiled(text, name)((tiles_w * (cv // t.groups), tiles_h, n), (t.cols * t.groups,),

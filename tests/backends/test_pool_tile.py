@@ -260,32 +260,23 @@ def test_windows_the_tiles_decline_and_grids_too_tall_take_the_pair_kernels(emu,
     np.testing.assert_array_equal(_bits(got), _bits(pool_vector.max_pool2d_argmax(np, x, g)))
 
 
-#: GoogLeNet's (batch 128) and VGG-A's (batch 64) bfloat16 pools: (x shape, kernel, stride, padding, ceil_mode)
-MODEL_POOLS = [((128, 192, 56, 56), 3, 2, 0, True), ((128, 480, 28, 28), 3, 2, 0, True),
-               ((128, 832, 14, 14), 3, 2, 0, True), ((128, 192, 28, 28), 3, 1, 1, False),
-               ((128, 256, 28, 28), 3, 1, 1, False), ((128, 480, 14, 14), 3, 1, 1, False),
-               ((128, 512, 14, 14), 3, 1, 1, False), ((128, 528, 14, 14), 3, 1, 1, False),
-               ((128, 832, 14, 14), 3, 1, 1, False), ((128, 832, 7, 7), 3, 1, 1, False),
-               ((64, 64, 224, 224), 2, 2, 0, False), ((64, 128, 112, 112), 2, 2, 0, False),
-               ((64, 256, 56, 56), 2, 2, 0, False), ((64, 512, 28, 28), 2, 2, 0, False),
-               ((64, 512, 14, 14), 2, 2, 0, False)]
-
-
-@pytest.mark.parametrize("case", MODEL_POOLS, ids=lambda c: "x".join(map(str, c[0][1:])) + f"k{c[1]}s{c[2]}")
-def test_the_default_tiles_of_the_models_pools_fit_and_divide(case):
-    """Each default tile fits the shared-memory budget, divides the channel groups,
-    keeps a block within ``TILE_THREADS`` and (the gather's) steps by the stride."""
-    shape, k, s, p, ceil = case
-    op = ops.MaxPool2d(kernel_size=k, stride=s, padding=p, ceil_mode=ceil)
-    g = ref_pool.node_geometry(op, shape[2:], op.output_shape(shape)[2:])
-    groups = shape[1] // 8
-    for kind, extent in (("arg", g.out), ("bwd", shape[2:])):
-        t = pool_vector.tile_shape(kind, (k, k, s, s), extent, groups)
-        assert pool_vector._tile_smem(kind, (k, k, s, s), t) <= pool_vector.TILE_SMEM
-        assert groups % t.groups == 0 and t.cols * t.groups <= pool_vector.TILE_THREADS
-        assert t.rows <= pool_vector.TILE_ROWS and t.cols <= pool_vector.TILE_COLS
-        if kind == "bwd":
-            assert t.rows % s == 0 and t.cols % s == 0
+@needs_gxx
+def test_64_bit_offsets_give_the_same_bits(emu, monkeypatch):
+    """Operands of 2^31 elements or more take the kernels with 64-bit offsets
+    (``IDX`` long long; forced here by a smaller threshold): the same bits."""
+    x = _bf16(_hard_x(seed=7), sliced=True)
+    g = _geometry(GEOMETRIES[3])
+    want_idx = pool_vector.max_pool2d_argmax(np, x, g, relu=True, tile=True)
+    gy = _bf16(_gy(want_idx.shape, seed=8), sliced=True)
+    want_gx = pool_vector.max_pool2d_backward_indices(np, want_idx, gy, g, SHAPE, True, tile=True)
+    monkeypatch.setattr(pool_vector, "TILE_WIDE_SPAN", 1)
+    before = len(emu.raw_launches)
+    got_idx = pool_vector.max_pool2d_argmax(np, x, g, relu=True, tile=True)
+    got_gx = pool_vector.max_pool2d_backward_indices(np, got_idx, gy, g, SHAPE, True, tile=True)
+    names = _names(emu, before)
+    assert len(names) == 2 and all("pool_tile" in n and "_i64_" in n for n in names), names
+    np.testing.assert_array_equal(_bits(got_idx), _bits(want_idx))
+    _same_gradients(got_gx, want_gx)
 
 
 @pytest.mark.skipif(NVCC is None, reason="no nvcc")

@@ -1,0 +1,57 @@
+"""``scripts/pool_variant_bench.py`` without a GPU: its shapes hold every max pool
+of opgraph's GoogLeNet (batch 128) and VGG-A (batch 64), and the default tile of
+each (``pool_vector.tile_shape``) fits the shared-memory budget, divides the
+channel groups, keeps a block within ``TILE_THREADS`` and (the gather's) steps
+by the stride; its tile alternatives (``--sweep``) are valid tiles too."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+
+from opgraph import ops
+from opgraph.backends.cuda import pool_vector
+from opgraph.benchmarks.models import build
+from opgraph.op import abstract_of
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "pool_variant_bench.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("pool_variant_bench", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("model, batch", [("googlenet", 128), ("vgg_a", 64)])
+def test_the_shapes_hold_every_max_pool_of_the_models(model, batch):
+    graph = build(model, batch=batch)
+    pools = set()
+    for v in graph.output.graph.nodes_in_order([graph.output]):
+        op = abstract_of(v.op)
+        if isinstance(op, ops.MaxPool2d):
+            (k, _), (s, _), ((p, _), _) = op.kernel_size, op.stride, op.padding
+            pools.add((tuple(v.inputs[0].type.shape), k, s, p, op.ceil_mode))
+    listed = {tuple(row[2:]) for row in _script().SHAPES if row[0] == model}
+    assert pools and pools == listed
+
+
+def test_the_default_tiles_of_the_shapes_fit_and_divide():
+    bench = _script()
+    for _, _, shape, k, s, p, ceil in bench.SHAPES:
+        g = bench._geometry(shape, k, s, p, ceil)
+        groups = shape[1] // pool_vector.lanes("bfloat16")
+        window = (k, k, s, s)
+        for kind, extent in (("arg", g.out), ("bwd", (shape[2] + p % s, shape[3] + p % s))):
+            t = pool_vector.tile_shape(kind, window, extent, groups)
+            for tile in (t, *bench._alternatives(pool_vector, kind, t, window, groups)):
+                assert pool_vector._tile_smem(kind, window, tile) <= 48 * 1024
+                assert groups % tile.groups == 0
+                if kind == "bwd":
+                    assert tile.rows % s == 0 and tile.cols % s == 0
+            assert pool_vector._tile_smem(kind, window, t) <= pool_vector.TILE_SMEM
+            assert t.cols * t.groups <= pool_vector.TILE_THREADS
+            assert t.rows <= pool_vector.TILE_ROWS and t.cols <= pool_vector.TILE_COLS

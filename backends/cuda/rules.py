@@ -121,7 +121,7 @@ def vector_pool_variants(op, in_types, device):
     return out
 
 
-#: part of the autotune cache key (``autotune._stable_name``): the vector kernels'
+#: part of the autotune cache key (``autotune_contenders._stable_name``): the vector kernels'
 #: revision (3: the max-pool scans' ``pixels``; 9: the ``tile`` variant), so decisions
 #: tuned against older ones are tuned again
 vector_pool_variants.revision = pool_vector.REVISION

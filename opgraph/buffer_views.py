@@ -115,6 +115,11 @@ def dense(a) -> bool:
 MIN_ROW_BYTES = 16
 
 
+#: the largest pitch ``cudaMemcpy2DAsync`` takes (``cudaDevAttrMaxPitch`` on the
+#: H200: 2^31 - 1 bytes); a copy at a wider pitch is element-wise
+MAX_PITCH = 2 ** 31 - 1
+
+
 def pitched_rows(dst, src) -> tuple[int, int, int, int] | None:
     """``(row_bytes, rows, dst_pitch, src_pitch)`` (bytes) when ``dst`` and ``src``
     (one shape and itemsize) are both ``rows`` runs of ``row_bytes`` contiguous
@@ -163,10 +168,11 @@ def copy_into(dst, src) -> None:
     (CuPy copies uint16 arrays; it may not compute on bfloat16 ones).
 
     Two CuPy arrays of one shape and dtype are copied by the copy engine's
-    path where their bytes allow it: as one device-to-device memcpy when both
-    are :func:`dense` with the same strides (e.g. both channels-last), as one
-    2-D memcpy when both are runs of bytes at a pitch (:func:`pitched_rows`: a
-    channels-last tensor into its channel slice of a concat buffer). CuPy's
+    path where their bytes allow it (:func:`pitched_rows`): as one
+    device-to-device memcpy when both are dense in one element order (e.g.
+    both channels-last), as one 2-D memcpy when both are runs of bytes at a
+    pitch of at most :data:`MAX_PITCH` (a channels-last tensor into its channel
+    slice of a concat buffer). CuPy's
     element-wise copy indexes a non-C-order array element by element: 0.50 ms
     for a 103 MB channels-last fp32 tensor against 0.052 ms for the memcpy on
     the H200 (docs/results/h200-2026-12-04d/call3). Anything else, and NumPy
@@ -177,11 +183,11 @@ def copy_into(dst, src) -> None:
     if hasattr(memory, "copy_from_device_async") and dst.shape == src.shape and dst.dtype == src.dtype:
         if dst.size == 0 or dst.data.ptr == src.data.ptr and dst.strides == src.strides:
             return
-        if dst.strides == src.strides and dense(dst):
+        rows = pitched_rows(dst, src)
+        if rows is not None and rows[1] == 1:  # both dense, one element order
             memory.copy_from_device_async(src.data, dst.nbytes)
             return
-        rows = pitched_rows(dst, src)
-        if rows is not None:
+        if rows is not None and max(rows[2], rows[3]) <= MAX_PITCH:
             _memcpy_2d(dst, src, rows)
             return
     dst[...] = src

@@ -152,6 +152,11 @@ def declared_blocker(step) -> str | None:
     return f"declared not capturable: {why}" if why else None
 
 
+class ReleasedScratch(RuntimeError):
+    """The private pool gave blocks back to the device during a capture
+    (:meth:`GraphReplay._check_kept`): the replay is not built."""
+
+
 @attrs.define
 class _Segment:
     steps: tuple
@@ -193,7 +198,14 @@ class GraphReplay:
         eager: node ids never to capture (tests; a step known to misbehave).
         pool: the private ``cupy.cuda.MemoryPool`` the graphs allocate from;
             None: a new one. Pass another replay's ``pool`` only when the two
-            are always launched in the order they were built (module doc).
+            are always launched in the order they were built (module doc);
+            :meth:`close` then leaves the shared pool's idle blocks alone (they
+            may be the other replay's scratch), and ``summary()['pool_bytes']``
+            is the whole shared pool's.
+
+    Raises:
+        ReleasedScratch: device memory ran out during a capture and the pool
+            gave back blocks earlier graphs use (:meth:`_check_kept`).
 
     After the build, ``slots`` holds the arrays the graphs use (their values
     are those of one replay) and must not be rebound by anyone else.
@@ -221,6 +233,7 @@ class GraphReplay:
         self._pinned: list = []
         # the graphs' one private pool, kept while the replay lives (module doc)
         self.pool = pool if pool is not None else _cupy().cuda.MemoryPool()
+        self._own_pool = pool is None  # close() frees idle blocks of its own pool only
         self.segments: list[_Segment] = []
         for st in steps:
             capture = st.node not in reasons
@@ -254,8 +267,12 @@ class GraphReplay:
                 slots[st.node] = run_step(st, slots)
 
         before = {st.node: slots.get(st.node) for st in seg.steps}
+        held = int(self.pool.total_bytes())
         try:
             seg.graph, _ = _captured(self.stream, body, self.pool)
+            self._check_kept(held)
+        except ReleasedScratch:
+            raise
         except Exception as e:  # each step captured alone, together they did not
             why = f"captured alone but not in a run of {len(seg.steps)} steps ({error_line(e)})"
             for st in seg.steps:
@@ -267,6 +284,18 @@ class GraphReplay:
             return
         self._pinned += [slots[st.node] for st in seg.steps]
         seg.graph.launch(self.stream)  # the values, for the eager steps that follow
+
+    def _check_kept(self, held: int) -> None:
+        """Raise :class:`ReleasedScratch` if the private pool gave blocks back to
+        the device during a capture: CuPy's pool, when ``cudaMalloc`` fails, frees
+        all its idle blocks and retries, and an idle block may be the scratch of a
+        graph captured earlier, whose replays would then write memory that
+        another array may own (a silently wrong value, never an error)."""
+        if int(self.pool.total_bytes()) < held:
+            raise ReleasedScratch(
+                "device memory ran out while capturing a CUDA graph: the replay's private pool gave "
+                "back blocks that earlier graphs use as scratch, so the replay cannot be trusted; "
+                "free memory (a smaller batch, or fewer columns in one run) and build it again")
 
     def _run_eager(self, st) -> None:
         """Run one step eagerly at build time. The array in its slot (from the
@@ -298,7 +327,8 @@ class GraphReplay:
 
     def close(self) -> None:
         """Drop the graphs and the pinned references, and give the private
-        pool's unused blocks back to the device, now rather than when the
+        pool's unused blocks back to the device (a pool of its own; a shared
+        one is left as it is), now rather than when the
         garbage collector gets to them (a benchmark builds replays column after
         column). The replay cannot be called afterwards. The pool itself stays
         with this object: the arrays in ``slots`` live in it and stay valid
@@ -306,7 +336,8 @@ class GraphReplay:
         for seg in self.segments or ():
             seg.graph = None
         self.segments, self._pinned = None, []
-        self.pool.free_all_blocks()
+        if self._own_pool:  # a shared pool's idle blocks may be another replay's scratch
+            self.pool.free_all_blocks()
 
     @property
     def pool_bytes(self) -> int:
@@ -317,8 +348,8 @@ class GraphReplay:
         """Counts and reasons, for a result file."""
         return {"steps": self.steps, "captured_steps": self.captured_steps, "graphs": self.graphs,
                 "eager_steps": self.steps - self.captured_steps, "eager": dict(self.eager_reasons),
-                "pool_bytes": self.pool_bytes}
+                "pool_bytes": self.pool_bytes, "pool_shared": not self._own_pool}
 
 
-__all__ = ["GraphReplay", "capture_error", "declared_blocker", "capture_stream", "release_cached", "error_line",
+__all__ = ["GraphReplay", "ReleasedScratch", "capture_error", "declared_blocker", "capture_stream", "release_cached", "error_line",
            "RunStep"]

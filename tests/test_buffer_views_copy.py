@@ -169,3 +169,29 @@ def test_a_channel_slice_is_filled_by_one_2d_memcpy(monkeypatch):
     assert calls == [(16, 40, 32, 16)] and log == []
     np.testing.assert_array_equal(wide[:, 2:6], src)
     assert not wide[:, :2].any() and not wide[:, 6:].any()
+
+
+def test_dense_arrays_whose_strides_differ_on_an_extent_of_1_are_one_memcpy(monkeypatch):
+    # review: they took the 2-D path with the whole array as one row, a pitch CUDA
+    # refuses above 2^31 - 1 bytes (cudaErrorInvalidPitchValue)
+    import opgraph.buffer_views as bv
+
+    log = []
+    monkeypatch.setattr(bv, "_memcpy_2d", lambda *a: pytest.fail("a 2-D memcpy of one row"))
+    src = nhwc((1, 4, 3, 5))
+    src[...] = np.arange(src.size, dtype=np.float32).reshape(src.shape)
+    dst = np.ndarray(src.shape, np.float32, buffer=np.zeros((3, 5, 4), np.float32), strides=(0, *src.strides[1:]))
+    copy_into(device(dst, log), device(src, log))
+    assert log == [("memcpy", src.nbytes)]
+    np.testing.assert_array_equal(dst, src)
+
+
+def test_a_pitch_cuda_refuses_copies_element_by_element(monkeypatch):
+    import opgraph.buffer_views as bv
+
+    monkeypatch.setattr(bv, "MAX_PITCH", 16)  # the slice's buffer pitch is 32 bytes
+    monkeypatch.setattr(bv, "_memcpy_2d", lambda *a: pytest.fail("a 2-D memcpy past the pitch limit"))
+    log = []
+    wide = nhwc((2, 8, 4, 5))
+    copy_into(device(wide[:, 2:6], log), device(nhwc((2, 4, 4, 5)), log))
+    assert log == [("elementwise", None)]

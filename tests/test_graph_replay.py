@@ -252,6 +252,36 @@ def test_a_replay_allocates_from_the_pool_it_is_given():
     assert replay.pool is shared and ALLOCATORS == [shared, shared]
 
 
+def test_closing_a_replay_leaves_a_shared_pool_alone():
+    # another replay's graphs write their scratch into the shared pool's idle blocks
+    steps, run = chain(cublas={2})
+    stream, shared = FakeStream(), FakePool()
+    slots = eager_values(np.ones(2))
+    replay = graph_replay.GraphReplay(steps, slots, lambda st, sl: run(st, sl, stream), stream, pool=shared)
+    replay.close()
+    assert not shared.freed and replay.summary()["pool_shared"] is True
+    own, _, _ = build(np.ones(2), cublas={2})
+    assert own.summary()["pool_shared"] is False
+    own.close()
+    assert own.pool.freed
+
+
+def test_a_pool_that_gives_blocks_back_during_a_capture_fails_the_build():
+    # CuPy's pool frees its idle blocks and retries when cudaMalloc fails: an idle
+    # block may be an earlier graph's scratch, which its replays would still write
+    class ReleasingPool(FakePool):
+        def total_bytes(self):
+            return 64 * self.allocations - (32 if ALLOCATORS.count(self) >= 2 else 0)
+
+    steps, run = chain(cublas={2})
+    stream = FakeStream()
+    slots = eager_values(np.ones(2))
+    before = dict(slots)
+    with pytest.raises(graph_replay.ReleasedScratch, match="device memory ran out"):
+        graph_replay.GraphReplay(steps, slots, lambda st, sl: run(st, sl, stream), stream, pool=ReleasingPool())
+    assert all(slots[n] is before[n] for n in before)
+
+
 def test_a_build_that_fails_leaves_the_slots_as_it_found_them():
     x = np.ones(3)
     steps, run = chain(cublas={2})

@@ -1,8 +1,9 @@
 """The bfloat16 max-pool ``tile`` variant against the existing ``vector`` kernels,
 on GoogLeNet's (batch 128) and VGG-A's (batch 64) pooling shapes, channels-last.
 
-Two kernels per shape, the two a bfloat16 training step runs for a max pool
-(the ``pool-argmax`` rewrite: ``MaxPool2dArgmax`` and ``MaxPool2dBackwardIndices``):
+Three kernels per shape, the three a bfloat16 training step runs for a max pool
+(the ``pool-argmax`` rewrite: ``MaxPool2dArgmax``, ``MaxPool2dTake`` and
+``MaxPool2dBackwardIndices``):
 
 * ``scan``: each window's winner as a 1-byte index, with the ReLU mark (relu=True):
   ``pool_vector.max_pool2d_argmax``; the existing variants are the pair scan
@@ -10,7 +11,10 @@ Two kernels per shape, the two a bfloat16 training step runs for a max pool
   scan (``tile=True``, ``_scan_tile``);
 * ``gather``: the input gradient from those indices (masked=True):
   ``pool_vector.max_pool2d_backward_indices``; existing: the pair gather, new:
-  the tile gather (``_gather_tile``).
+  the tile gather (``_gather_tile``);
+* ``take``: y = x at those indices (masked=True): ``pool_vector.max_pool2d_take``;
+  existing: the bits take (``_take_bits``), new: the tile take (``_take_tile``,
+  x staged as the tile scan stages it).
 
 For each shape and kernel, first the outputs are compared bit for bit (bytes of
 the indices, bits of the bfloat16 gradients): on the timed data (a ReLU's
@@ -24,15 +28,16 @@ timed); ``eager_ms`` is the same kernel launched from Python each call (as
 ``docs/results/h200-2026-12-04c/ncu_pool.py`` timed it: Python overhead included).
 
 Bytes (a perfect kernel): the scan reads x once and writes the indices (1 byte
-per pooled element); the gather reads the indices and gy and writes gx. The
+per pooled element); the gather reads the indices and gy and writes gx; the
+take reads the indices and x once and writes y. The
 copy bandwidth they are measured against is the H200's measured device copy,
 4.23 TB/s (``--copy-tbps``); the target is 60 % for each.
 
 Output: one JSON object per line on stdout. The first (``"what": "run"``)
 says what the fields mean; then one per shape and kernel (``"what": "kernel"``);
 the last (``"what": "summary"``): whether every output was bit-for-bit equal,
-and the speed-ups (exit status 1 if any output differed). Expected 30-45 s on
-an H200 with an empty CuPy kernel cache, most of it NVRTC compiling 54 kernels; the
+and the speed-ups (exit status 1 if any output differed). Expected 40-60 s on
+an H200 with an empty CuPy kernel cache, most of it NVRTC compiling the kernels; the
 hard-value checks of the shapes reached after ``--budget`` seconds are skipped
 (``"hard": null``) so that the run stays under a minute.
 
@@ -80,19 +85,26 @@ FIELDS = {
     "x": "the pool's input (N, C, H, W); pooled: its output (N, C, OH, OW)",
     "window": "kernel/stride, padding, ceil_mode",
     "kernel": "scan = window winners as 1-byte indices with the ReLU mark (MaxPool2dArgmax relu=True); "
-              "gather = input gradient from the indices (MaxPool2dBackwardIndices masked=True)",
-    "bytes": "what a perfect kernel moves: scan x + indices; gather indices + gy + gx",
-    "existing_ms": "per existing variant (scan: pair kernel with pixels=1, 2, 4; gather: pair kernel): "
+              "gather = input gradient from the indices (MaxPool2dBackwardIndices masked=True); "
+              "take = x at the indices (MaxPool2dTake masked=True)",
+    "bytes": "what a perfect kernel moves: scan x + indices; gather indices + gy + gx; take indices + x + y",
+    "existing_ms": "per existing variant (scan: pair kernel with pixels=1, 2, 4; gather: pair kernel; "
+                   "take: bits kernel): "
                    "ms per call, CUDA graph of --calls launches, median of 20 replays after 3 warm-ups",
     "best_existing": "the fastest existing variant and its ms (what autotune would have taken before)",
     "tile_ms": "the new tile variant, timed the same way; tile: its (rows, cols, channel groups)",
     "speedup": "best existing ms / tile ms (> 1: the tile variant is faster and autotune will take it)",
     "copy_fraction_existing, copy_fraction_tile": "bytes / ms against the copy bandwidth (target >= 0.60)",
-    "eager_ms": "pixels=1 pair kernel and tile kernel launched from Python each call (ncu_pool.py's way)",
+    "eager_ms": "the first existing kernel (pixels=1 pair scan, pair gather, bits take) and the tile kernel "
+                "launched from Python each call (ncu_pool.py's way)",
     "exact": "tile output == existing output bit for bit: 'timed' on the timed data, 'hard' on -0/+0, "
              "-inf windows and NaN lanes with and without the ReLU mark / masking (null: skipped for time)",
     "sweep": "(--sweep only) ms of other tiles 'rows x cols x channel groups', each checked bit for bit first",
 }
+
+
+#: the tile kernels' kinds (``pool_vector.tile_shape``) of the benchmarked kernels
+TILE_KINDS = {"scan": "arg", "gather": "bwd", "take": "take"}
 
 
 def _geometry(shape, k, s, p, ceil):
@@ -137,6 +149,16 @@ def _hard(cp, shape, seed, gradient=False):
     nan = rs.random_sample(shape, dtype=cp.float32) < 1e-3
     b[...] = cp.where(nan, cp.uint16(0x7fc0), b)
     return a
+
+
+def _signalling(cp, a):
+    """A copy of bfloat16 ``a`` with its NaNs signalling (0x7fc0 → 0x7f81) in every other image."""
+    from opgraph.backends.cuda.storage import bits
+    out = _nhwc(cp, a.shape, "bfloat16")
+    b = bits(cp, out)
+    b[...] = bits(cp, a)
+    b[::2] = cp.where(b[::2] == 0x7fc0, cp.uint16(0x7f81), b[::2])
+    return out
 
 
 def _equal(cp, a, b) -> bool:
@@ -193,7 +215,7 @@ def main(argv=None) -> int:
     emit({"what": "run", "script": "scripts/pool_variant_bench.py", "device": props["name"].decode(),
           "pool_vector_revision": pv.REVISION, "copy_tbps": args.copy_tbps, "calls_per_graph": args.calls,
           "fields": FIELDS})
-    all_exact, speedups = True, {"scan": [], "gather": []}
+    all_exact, speedups = True, {"scan": [], "gather": [], "take": []}
     for model, layer, shape, k, s, p, ceil in SHAPES:
         g = _geometry(shape, k, s, p, ceil)
         n, c, h, w = shape
@@ -203,21 +225,26 @@ def main(argv=None) -> int:
         arg = cp.empty((n, *g.out, c), dtype=cp.uint8)
         arg_t = cp.empty_like(arg)
         gx, gx_t = _nhwc(cp, shape, "bfloat16"), _nhwc(cp, shape, "bfloat16")
+        y, y_t = _nhwc(cp, pooled, "bfloat16"), _nhwc(cp, pooled, "bfloat16")
         scans = {f"pixels={q}": (lambda q=q: pv._forward(cp, "arg", x, arg, g, relu=True, pixels=q))
                  for q in pv.PIXELS}
         scan_tile = lambda: pv._forward(cp, "arg", x, arg_t, g, relu=True, tile=True)  # noqa: E731
         gathers = {"pair": lambda: pv._backward(cp, "bwd", [arg], gy, gx, g, masked=True)}
         gather_tile = lambda: pv._backward(cp, "bwd", [arg], gy, gx_t, g, masked=True, tile=True)  # noqa: E731
+        takes = {"bits": lambda: pv._forward(cp, "take", x, y, g, before=[arg], masked=True)}
+        take_tile = lambda: pv._forward(cp, "take", x, y_t, g, before=[arg], masked=True, tile=True)  # noqa: E731
+        results = {"scan": (arg, arg_t), "gather": (gx, gx_t), "take": (y, y_t)}
         window = f"{k}x{k}/{s} pad {p}{' ceil' if ceil else ''}"
         cv = c // pv.lanes("bfloat16")
         for kernel, existing, tile_fn, nbytes, extent in (
                 ("scan", scans, scan_tile, n * h * w * c * 2 + math.prod(pooled), g.out),
                 ("gather", gathers, gather_tile, math.prod(pooled) * 3 + n * h * w * c * 2,
-                 (h + g.padding[0][0] % s, w + g.padding[1][0] % s))):
-            # exactness on the timed data (the scan's indices feed both gathers)
+                 (h + g.padding[0][0] % s, w + g.padding[1][0] % s)),
+                ("take", takes, take_tile, math.prod(pooled) * 3 + n * h * w * c * 2, g.out)):
+            # exactness on the timed data (the scan's indices feed the gathers and the takes)
             next(iter(existing.values()))()
             tile_fn()
-            exact = {"timed": _equal(cp, arg, arg_t) if kernel == "scan" else _equal(cp, gx, gx_t), "hard": None}
+            exact = {"timed": _equal(cp, *results[kernel]), "hard": None}
             if time.perf_counter() - start < args.budget:
                 exact["hard"] = _hard_check(cp, pv, kernel, shape, pooled, g)
             all_exact &= exact["timed"] and exact["hard"] is not False
@@ -225,9 +252,9 @@ def main(argv=None) -> int:
             tile_ms = _graph_ms(cp, tile_fn, args.calls)
             best = min(times, key=times.get)
             tbps = args.copy_tbps * 1e12
-            t = pv.tile_shape("arg" if kernel == "scan" else "bwd", (k, k, s, s), extent, cv)
+            t = pv.tile_shape(TILE_KINDS[kernel], (k, k, s, s), extent, cv)
             speedups[kernel].append(times[best] / tile_ms)
-            sweep = _sweep(cp, pv, args, kernel, t, (k, k, s, s), cv, x, arg, arg_t, gy, gx, gx_t, g) \
+            sweep = _sweep(cp, pv, args, kernel, t, (k, k, s, s), cv, x, arg, gy, results, g) \
                 if args.sweep else None
             all_exact &= sweep is None or "NOT EXACT" not in sweep.values()
             emit({"what": "kernel", "model": model, "layer": layer, "x": list(shape), "pooled": list(pooled),
@@ -240,7 +267,7 @@ def main(argv=None) -> int:
                   "eager_ms": {"existing": round(_eager_ms(next(iter(existing.values()))), 5),
                                "tile": round(_eager_ms(tile_fn), 5)},
                   "exact": exact, **({"sweep": sweep} if sweep is not None else {})})
-        del x, gy, arg, arg_t, gx, gx_t, scans, gathers, scan_tile, gather_tile
+        del x, gy, arg, arg_t, gx, gx_t, y, y_t, scans, gathers, takes, scan_tile, gather_tile, take_tile, results
         cp.get_default_memory_pool().free_all_blocks()
     geo = {k: round(math.exp(statistics.fmean(map(math.log, v))), 3) for k, v in speedups.items() if v}
     emit({"what": "summary", "all_bit_exact": all_exact,
@@ -273,25 +300,31 @@ def _alternatives(pv, kind, t, window, cv):
     return out
 
 
-def _sweep(cp, pv, args, kernel, t, window, cv, x, arg, arg_t, gy, gx, gx_t, g) -> dict:
-    """ms of each of :func:`_alternatives`' tiles, checked bit for bit first."""
+def _sweep(cp, pv, args, kernel, t, window, cv, x, arg, gy, results, g) -> dict:
+    """ms of each of :func:`_alternatives`' tiles, checked bit for bit first
+    (``results[kernel]``: the existing kernel's output and the tile kernel's)."""
     out = {}
-    for alt in _alternatives(pv, "arg" if kernel == "scan" else "bwd", t, window, cv):
+    want, got = results[kernel]
+    for alt in _alternatives(pv, TILE_KINDS[kernel], t, window, cv):
         if kernel == "scan":
             def fn(alt=alt):
-                pv._forward(cp, "arg", x, arg_t, g, relu=True, tile=alt)
+                pv._forward(cp, "arg", x, got, g, relu=True, tile=alt)
+        elif kernel == "take":
+            def fn(alt=alt):
+                pv._forward(cp, "take", x, got, g, before=[arg], masked=True, tile=alt)
         else:
             def fn(alt=alt):
-                pv._backward(cp, "bwd", [arg], gy, gx_t, g, masked=True, tile=alt)
+                pv._backward(cp, "bwd", [arg], gy, got, g, masked=True, tile=alt)
         fn()
-        same = _equal(cp, arg, arg_t) if kernel == "scan" else _equal(cp, gx, gx_t)
+        same = _equal(cp, want, got)
         out[f"{alt.rows}x{alt.cols}x{alt.groups}"] = round(_graph_ms(cp, fn, args.calls), 5) if same else "NOT EXACT"
     return out
 
 
 def _hard_check(cp, pv, kernel, shape, pooled, g) -> bool:
-    """The tile kernel against the pair kernel on hard values, with and without
-    the ReLU mark (scan) or the masking (gather), bit for bit."""
+    """The tile kernel against the existing kernel on hard values, with and without
+    the ReLU mark (scan) or the masking (gather; take: x with signalling NaNs,
+    which both quiet, at the indices with and without the mark), bit for bit."""
     n, c = shape[:2]
     x = _hard(cp, shape, 3)
     ok = True
@@ -299,6 +332,12 @@ def _hard_check(cp, pv, kernel, shape, pooled, g) -> bool:
         a = pv.max_pool2d_argmax(cp, x, g, relu=flag)
         if kernel == "scan":
             ok &= _equal(cp, a, pv.max_pool2d_argmax(cp, x, g, relu=flag, tile=True))
+            continue
+        if kernel == "take":
+            xs = _signalling(cp, x)
+            for masked in (True, False):
+                ok &= _equal(cp, pv.max_pool2d_take(cp, xs, a, g, masked=masked),
+                             pv.max_pool2d_take(cp, xs, a, g, masked=masked, tile=True))
             continue
         gy = _hard(cp, pooled, 4, gradient=True)
         ok &= _equal(cp, pv.max_pool2d_backward_indices(cp, a, gy, g, shape, masked=flag),

@@ -45,7 +45,7 @@ def test_the_default_tiles_of_the_shapes_fit_and_divide():
         g = bench._geometry(shape, k, s, p, ceil)
         groups = shape[1] // pool_vector.lanes("bfloat16")
         window = (k, k, s, s)
-        for kind, extent in (("arg", g.out), ("bwd", (shape[2] + p % s, shape[3] + p % s))):
+        for kind, extent in (("arg", g.out), ("take", g.out), ("bwd", (shape[2] + p % s, shape[3] + p % s))):
             t = pool_vector.tile_shape(kind, window, extent, groups)
             for tile in (t, *bench._alternatives(pool_vector, kind, t, window, groups)):
                 assert pool_vector._tile_smem(kind, window, tile) <= 48 * 1024

@@ -418,7 +418,7 @@ def _pixels(ctx) -> int:
 
 
 def _tile(ctx) -> bool:
-    """The ``tile`` variant: the bfloat16 window scan and gather of the ``vector``
+    """The ``tile`` variant: the bfloat16 window scan, take and gather of the ``vector``
     kernels from shared-memory tiles (``pool_vector.tile_declines``, ``rules.TILED_POOLS``)."""
     return bool(ctx.options.get("tile", False))
 

@@ -181,11 +181,11 @@ def max_pool2d_argmax_kernel(ctx, op, x):
 
 
 def max_pool2d_take_kernel(ctx, op, x, idx):
-    """``MaxPool2dTake`` node: the vector take where x and idx qualify, else
-    :func:`max_pool2d_take`."""
+    """``MaxPool2dTake`` node: the vector take (option ``tile``: from a
+    shared-memory tile of x) where x and idx qualify, else :func:`max_pool2d_take`."""
     g = node_geometry(op, x.shape[2:], idx.shape[2:])
     if _vector(ctx) and pool_vector.applies(g, x, max_cells=MASKED) is None and pool_vector.indices_apply(idx):
-        return pool_vector.max_pool2d_take(ctx.xp, x, idx, g, op.masked)
+        return pool_vector.max_pool2d_take(ctx.xp, x, idx, g, op.masked, _tile(ctx))
     return max_pool2d_take(ctx.xp, x, idx, g, _specialize(ctx), op.masked)
 
 

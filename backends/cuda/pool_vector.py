@@ -99,6 +99,14 @@ of shared memory per window and 80 registers leave it 6 blocks of 112
 threads per SM (a third of the SM's threads). The tiles' sizes
 (:func:`tile_shape`) are reasoned, not measured: ``--sweep`` of the bench
 times others.
+
+**The tile take** (REVISION 10; offered as the same ``{"vector": True, "tile":
+True}`` variant of ``MaxPool2dTake``, with the same limits): :func:`_take_tile`,
+y = x at each lane's saved winner from the tile scan's staging of x
+(:func:`_stage_tile`: 16-byte coalesced loads of the input rows plus halo,
+-inf outside), instead of :func:`_take_bits`' 8 scattered 2-byte loads per
+thread from global memory; :func:`_take_bits`' bits. Expected 1.2-1.4x on
+GoogLeNet's takes (0.42 → about 0.32 ms a step; reasoning in its docstring).
 """
 
 from __future__ import annotations
@@ -126,8 +134,9 @@ from .storage import bits
 #: lanes per ``prmt``, 8 the bfloat16 gather compares whole index bytes (windows of
 #: 129-255 cells) and the take quiets a signalling NaN as the other kernels do, 9 the
 #: ``tile`` variant: the bfloat16 scan and gather from shared-memory tiles (``_scan_tile``,
-#: ``_gather_tile``)
-REVISION = 9
+#: ``_gather_tile``), 10 the ``tile`` variant of the bfloat16 take (``_take_tile``: x staged as
+#: the tile scan stages it, ``_stage_tile``, each lane's winner read from shared memory)
+REVISION = 10
 #: the output columns per thread that autotune tries for the max-pool window
 #: scans (``rules.vector_pool_variants``): neighbouring windows of a 3x3/1 pool
 #: share 6 of their 9 cells, of a 3x3/2 pool 3, which one thread loads once
@@ -618,16 +627,16 @@ def tile_declines(dtype: str, kernel, stride) -> str | None:
 
 def _tile_smem(kind: str, window: tuple, t: TileShape) -> int:
     """Shared bytes of a ``kind`` block: the scan's input rows and columns of
-    ``t``'s outputs; the gather's windows covering ``t``'s pixels, 16 bytes of
+    ``t``'s outputs (the take's too); the gather's windows covering ``t``'s pixels, 16 bytes of
     index pairs plus 16 of gradients each (:func:`_gather_tile`)."""
     kh, kw, sh, sw = window
-    if kind == "arg":
+    if kind != "bwd":
         return ((t.rows - 1) * sh + kh) * ((t.cols - 1) * sw + kw) * t.groups * 16
     return ((kh - 1) // sh + t.rows // sh) * ((kw - 1) // sw + t.cols // sw) * t.groups * 32
 
 
 def tile_shape(kind: str, window: tuple, extent: tuple, groups: int) -> TileShape:
-    """The default tile of a ``kind`` launch (``arg``: ``extent`` the output's
+    """The default tile of a ``kind`` launch (``arg``, ``take``: ``extent`` the output's
     ``(OH, OW)``; ``bwd``: the input's ``(H, W)`` from the first multiple of the
     stride in the padding on) over ``groups`` channel groups: at most
     :data:`TILE_COLS` columns and :data:`TILE_ROWS` rows, split evenly (28
@@ -716,6 +725,39 @@ def _hexu(value: int) -> str:
     return f"{value & 0xffffffff:#010x}u"
 
 
+def _stage_tile(window: tuple, t: TileShape, prelude=()) -> list[str]:
+    """The staging shared by the ``tile`` kernels that read x (:func:`_scan_tile`,
+    :func:`_take_tile`), up to the caller's ``__syncthreads``: ``tile`` holds the
+    input rows and columns of ``t.rows`` x ``t.cols`` output pixels by ``t.groups``
+    16-byte channel groups (``IH`` x ``IW`` cells), -inf outside the input
+    (padding, the ceil_mode overhang, past a partial tile); thread ``(tc, tv)``
+    loads columns ``tc``, ``tc + TW``, ... of every row, 16 bytes a load, a
+    column's loads all issued before its stores. Defines the block
+    (``_TILE_BLOCK``), its first output row and column ``oh0``, ``ow0`` and x's
+    image base ``xb``; ``prelude``: statements run before the loads (the take's
+    index loads, so that they overlap the staging)."""
+    kh, kw, sh, sw = window
+    ih, iw = (t.rows - 1) * sh + kh, (t.cols - 1) * sw + kw
+    body = [f"__shared__ uint4 tile[{ih * iw * t.groups}];", *_TILE_BLOCK,
+            "const int oh0 = (int)ti * TH, ow0 = (int)tj * TW;",
+            "const int ih0 = oh0 * SH - pt, iw0 = ow0 * SW - pl;",
+            "const IDX xb = n * H * W * XP + cv * V, row = W * XP;",
+            "const uint4 ninf = make_uint4(0xff80ff80u, 0xff80ff80u, 0xff80ff80u, 0xff80ff80u);",
+            *prelude,
+            "// stage the tile: thread (tc, tv) loads columns tc, tc + TW, ... of every row; -inf outside",
+            "// (a pointer outside the input is formed, never read)"]
+    for c0 in range(0, iw, t.cols):  # a column's loads all issued before its stores
+        edge = c0 + t.cols > iw
+        body += [f"if ({f'{c0} + tc < IW' if edge else 'true'}) {{",
+                 f"  const int c = {c0} + tc, w = iw0 + c;",
+                 "  const bool in_w = (unsigned int)w < (unsigned int)W;",
+                 "  const unsigned short* const px = x + xb + ((IDX)ih0 * W + w) * XP;",
+                 *(f"  const uint4 e{r} = in_w && (unsigned int)(ih0 + {r}) < (unsigned int)H ? "
+                   f"*reinterpret_cast<const uint4*>(px + {r} * row) : ninf;" for r in range(ih)),
+                 *(f"  tile[({r} * IW + c) * CB + tv] = e{r};" for r in range(ih)), "}"]
+    return body
+
+
 def _scan_tile(relu: bool, window: tuple, t: TileShape, slow: list[str]) -> list[str]:
     """The ``arg`` scan of bfloat16 from a shared-memory tile (``tile`` variant).
 
@@ -738,26 +780,11 @@ def _scan_tile(relu: bool, window: tuple, t: TileShape, slow: list[str]) -> list
     half) and the output's first row subtracted at the end. A NaN propagates
     into the maximum (``max.NaN``); an output whose maximum holds one is
     scanned again lane by lane from global memory by ``slow``
-    (:func:`_scan`'s statements), so every result is :func:`_scan`'s bit for bit."""
+    (:func:`_scan`'s statements), so every result is :func:`_scan`'s bit for bit.
+    The staging is :func:`_stage_tile`'s."""
     kh, kw, sh, sw = window
-    ih, iw = (t.rows - 1) * sh + kh, (t.cols - 1) * sw + kw
-    body = [f"__shared__ uint4 tile[{ih * iw * t.groups}];", *_TILE_BLOCK,
-            "const int oh0 = (int)ti * TH, ow0 = (int)tj * TW;",
-            "const int ih0 = oh0 * SH - pt, iw0 = ow0 * SW - pl;",
-            "const IDX xb = n * H * W * XP + cv * V, row = W * XP;",
-            "const uint4 ninf = make_uint4(0xff80ff80u, 0xff80ff80u, 0xff80ff80u, 0xff80ff80u);",
-            "// stage the tile: thread (tc, tv) loads columns tc, tc + TW, ... of every row; -inf outside",
-            "// (a pointer outside the input is formed, never read)"]
-    for c0 in range(0, iw, t.cols):  # a column's loads all issued before its stores
-        edge = c0 + t.cols > iw
-        body += [f"if ({'c0 + tc < IW'.replace('c0', str(c0)) if edge else 'true'}) {{",
-                 f"  const int c = {c0} + tc, w = iw0 + c;",
-                 "  const bool in_w = (unsigned int)w < (unsigned int)W;",
-                 "  const unsigned short* const px = x + xb + ((IDX)ih0 * W + w) * XP;",
-                 *(f"  const uint4 e{r} = in_w && (unsigned int)(ih0 + {r}) < (unsigned int)H ? "
-                   f"*reinterpret_cast<const uint4*>(px + {r} * row) : ninf;" for r in range(ih)),
-                 *(f"  tile[({r} * IW + c) * CB + tv] = e{r};" for r in range(ih)), "}"]
-    body += ["__syncthreads();",
+    iw = (t.cols - 1) * sw + kw
+    body = [*_stage_tile(window, t), "__syncthreads();",
              "const int oq = ow0 + tc;  // the thread's output column",
              "const int fc = oq * SW - pl < 0 ? pl - oq * SW : 0;  // its windows' first in-bounds column",
              "const uint4* const col = tile + tc * SW * CB + tv;",
@@ -812,6 +839,61 @@ def _scan_tile(relu: bool, window: tuple, t: TileShape, slow: list[str]) -> list
              "    if (!((nanmask >> i) & 1u)) continue;",
              "    const IDX p = oh0 + i, q = oq;",
              "    {", *("        " + line for line in slow), "    }", "}"]
+    return body
+
+
+def _take_tile(masked: bool, window: tuple, t: TileShape) -> list[str]:
+    """The bfloat16 take from a shared-memory tile (``tile`` variant): y = x at
+    each lane's saved winner, :func:`_take_bits`' bits.
+
+    The block stages x as :func:`_scan_tile` does (:func:`_stage_tile`: the
+    input rows plus halo of ``t.rows`` x ``t.cols`` output pixels, 16-byte
+    coalesced loads, -inf outside the input), its threads' index words (8 bytes
+    per output) loaded before the staging so that both are in flight together;
+    then thread ``(tc, tv)`` walks its output column down the tile's rows and
+    takes each lane's winner from shared memory: cell ``(k / KW, k % KW)`` of
+    the window, ``k`` the index byte with the ReLU mark stripped (``masked``: a
+    marked lane is +0.0). A padding cell reads the staged -inf, which is
+    :func:`_take_bits`' 0xff80 for an index naming no in-bounds cell, as is an
+    index past the window (``k >= KH * KW``, never read from the tile); a
+    signalling NaN is quieted (its 0x0040 bit set) as there.
+
+    Why: :func:`_take_bits` ran at 50.8 % of the copy bandwidth on GoogLeNet
+    (0.422 ms a step over its 13 takes, H200, docs/results/h200-2026-12-04d):
+    its 8 lanes' 2-byte loads go to up to 8 different window cells, so a warp's
+    load instruction touches up to 32 lines of L1 (one wavefront each), 8 such
+    per output. Here x crosses L2 → SM once per tile plus its halo as whole
+    16-byte words (a warp's load: 4 columns of 128 contiguous bytes with 8
+    channel groups), and the lanes' 2-byte reads hit shared memory, at most
+    ``32 / CB``-way bank conflicts (the threads of one channel group in a warp
+    meet the same banks). Expected (H200, not measured): 1.2-1.4x on the 3x3/1
+    and 3x3/2 pools, from about 50 % to 60-70 % of the copy bandwidth, the
+    staging phase then bounding it as it bounds the tile scan (46-53 % for
+    x + 1 byte; the take moves x + 3 bytes per output behind the same staging):
+    GoogLeNet's takes 0.42 → about 0.32 ms a step. Where it loses (small planes,
+    partial tiles, as the tile scan on pool3), autotune keeps ``_take_bits``."""
+    kh, kw, sh, sw = window
+    prelude = ["const int oq = ow0 + tc;  // the thread's output column",
+               "const IDX mrow = QW * C;  // an output row of the indices and of y",
+               "const IDX o0 = ((n * QH + oh0) * QW + oq) * C + cv * V;  // the thread's first output",
+               "// the thread's index words, loaded before the staging (their loads overlap it)",
+               *(f"const unsigned long long m{i} = oh0 + {i} < (int)QH && oq < (int)QW ? "
+                 f"*reinterpret_cast<const unsigned long long*>(arg + o0 + {i} * mrow) : 0ull;"
+                 for i in range(t.rows))]
+    body = [*_stage_tile(window, t, prelude), "__syncthreads();",
+            "// lane j of cell (r, c) of the thread's columns: col[(r * IW + c) * CB * V + j]",
+            "const unsigned short* const col = reinterpret_cast<const unsigned short*>(tile + tc * SW * CB + tv);"]
+    for i in range(t.rows):
+        body += [f"if (oh0 + {i} < (int)QH && oq < (int)QW) {{ // output row oh0 + {i}"]
+        for j in range(8):
+            body += [f"  unsigned int t{j} = 0xff80u;",
+                     f"  {{ const unsigned int b = (unsigned int)(m{i} >> {8 * j}) & 0xffu, k = b & {MASKED - 1}u;",
+                     *([f"    if (b & {MASKED}u) t{j} = 0u; else"] if masked else []),
+                     f"    if (k < KH * KW) t{j} = col[({i * sh}u + k / KW) * (IW * CB * V) + k % KW * (CB * V)"
+                     f" + {j}];",
+                     f"    if ((t{j} & 0x7fffu) > 0x7f80u) t{j} |= 0x40u; }}"]
+        words = " ".join(f"ys.{c} = t{2 * q} | (t{2 * q + 1} << 16);" for q, c in enumerate("xyzw"))
+        body += [f"  uint4 ys; {words}", f"  *reinterpret_cast<uint4*>(y + o0 + {i} * mrow) = ys;", "}"]
     return body
 
 
@@ -912,13 +994,13 @@ def _gather_tile(masked: bool, window: tuple, t: TileShape) -> list[str]:
 @functools.lru_cache(maxsize=None)
 def _tile_source(kind: str, wide: bool, window: tuple, t: TileShape, relu: bool = False,
                  masked: bool = True) -> tuple[str, str]:
-    """``(name, source)`` of a ``tile`` kernel: ``arg`` (:func:`_scan_tile`) or
-    ``bwd`` (:func:`_gather_tile`) of bfloat16, for the window ``(kh, kw, sh, sw)``
+    """``(name, source)`` of a ``tile`` kernel: ``arg`` (:func:`_scan_tile`),
+    ``take`` (:func:`_take_tile`) or ``bwd`` (:func:`_gather_tile`) of bfloat16, for the window ``(kh, kw, sh, sw)``
     and the tile ``t`` (compile-time constants: every loop unrolls). One block per
     tile (no grid-stride loop: blocks that finish make room for others)."""
     kh, kw, sh, sw = window
     st = storage_of("bfloat16")
-    sizes = "IDX QH, IDX QW, IDX H, IDX W, IDX C, IDX XP" if kind == "arg" else \
+    sizes = "IDX QH, IDX QW, IDX H, IDX W, IDX C, IDX XP" if kind != "bwd" else \
         "IDX QH, IDX QW, IDX OH, IDX OW, IDX C, IDX GP"
     tiles = "IDX CBLOCKS"
     if kind == "arg":
@@ -927,6 +1009,11 @@ def _tile_source(kind: str, wide: bool, window: tuple, t: TileShape, relu: bool 
         params = f"const {st.ctype}* __restrict__ x, unsigned char* __restrict__ arg"
         extra = (f"#define IH {(t.rows - 1) * sh + kh}\n#define IW {(t.cols - 1) * sw + kw}\n"
                  "#define PIX 1\n")
+    elif kind == "take":
+        body = _take_tile(masked, window, t)
+        params = (f"const {st.ctype}* __restrict__ x, const unsigned char* __restrict__ arg, "
+                  f"{st.ctype}* __restrict__ y")
+        extra = f"#define IH {(t.rows - 1) * sh + kh}\n#define IW {(t.cols - 1) * sw + kw}\n"
     elif kind == "bwd":
         body = _gather_tile(masked, window, t)
         params = (f"const unsigned char* __restrict__ arg, const {st.ctype}* __restrict__ gy, "
@@ -940,7 +1027,7 @@ def _tile_source(kind: str, wide: bool, window: tuple, t: TileShape, relu: bool 
     # shared memory holds) made ptxas (13.0, sm_90) either spill (the 3x3/1 scan capped at 40
     # registers) or take more registers than it needs (up to the cap: 48 → 64), so fewer blocks
     # fit: left to itself it takes 32-80 with no spills, which the shared memory mostly limits
-    unmasked = kind == "bwd" and not masked
+    unmasked = kind in ("bwd", "take") and not masked
     name = (f"opgraph_pool_tile_{kind}{'_relu' if relu else ''}{'_unmasked' if unmasked else ''}_bfloat16_"
             f"{'i64' if wide else 'i32'}_k{kh}x{kw}s{sh}x{sw}_t{t.rows}x{t.cols}x{t.groups}")
     constants = (f"#define KH {kh}\n#define KW {kw}\n#define SH {sh}\n#define SW {sw}\n"
@@ -1047,7 +1134,7 @@ def _tiled(tile, dtype: str, g: PoolGeometry) -> bool:
 def _tile_launch(xp, kind, arrays, sizes, g: PoolGeometry, n: int, cv: int, span: int, tile, relu=False,
                  masked=True) -> bool:
     """One launch of a ``tile`` kernel (:func:`_tile_source`) over image count
-    ``n`` and ``cv`` channel groups: ``arrays``, the 6 ``sizes`` (``arg``: the
+    ``n`` and ``cv`` channel groups: ``arrays``, the 6 ``sizes`` (``arg``, ``take``: the
     output's, then the input's extents, C and x's pitch; ``bwd``: the input's,
     the output's, C and gy's pitch), the channel blocks, the padding; blocks
     (channel block and tile column, tile row, image). ``tile``: True
@@ -1055,7 +1142,7 @@ def _tile_launch(xp, kind, arrays, sizes, g: PoolGeometry, n: int, cv: int, span
     where the tile rows or the images exceed the grid's y or z limit."""
     window = (*g.kernel, *g.stride)
     (pt, _), (pl, _) = g.padding
-    if kind == "arg":
+    if kind != "bwd":
         extent = tuple(g.out)
     else:  # the gather's tiles start at the last multiple of the stride in the padding
         extent = (g.in_hw[0] + pt % g.stride[0], g.in_hw[1] + pl % g.stride[1])
@@ -1078,16 +1165,16 @@ def _forward(xp, kind, x, out, g: PoolGeometry, include_pad=False, relu=False, p
     """Launch ``kind`` (``fwd``, ``arg``, ``avg``, ``take``) over the pooled pixels,
     reading x (and ``before``: the take's indices) into ``out``; ``pixels``
     output columns per thread (``fwd``, ``arg``: :func:`_scan`); ``tile``: the
-    bfloat16 ``arg`` scan from shared memory (:func:`_scan_tile`) where the
-    window allows (:func:`tile_declines`)."""
+    bfloat16 ``arg`` scan and ``take`` from shared memory (:func:`_scan_tile`,
+    :func:`_take_tile`) where the window allows (:func:`tile_declines`)."""
     n, c, h, w = x.shape
     (oh, ow), v = g.out, lanes(x.dtype.name)
     total = n * oh * -(-ow // pixels) * (c // v)
     if not total:
         return out
-    if kind == "arg" and _tiled(tile, x.dtype.name, g) and _tile_launch(
-            xp, kind, [bits(xp, x), out], [oh, ow, h, w, c, pixel_pitch(x)], g, n, c // v,
-            max(_span(x), out.size), tile, relu=relu):
+    if kind in ("arg", "take") and _tiled(tile, x.dtype.name, g) and _tile_launch(
+            xp, kind, [bits(xp, x), *before, bits(xp, out)], [oh, ow, h, w, c, pixel_pitch(x)], g, n, c // v,
+            max(_span(x), out.size), tile, relu=relu, masked=masked):
         return out
     _launch(xp, kind, x.dtype.name, total, [bits(xp, x), *before, bits(xp, out)],
             [total, c // v, ow, oh, h, w, c, pixel_pitch(x)], g, max(_span(x), out.size), relu, include_pad,
@@ -1158,13 +1245,16 @@ def max_pool2d_argmax(xp, x, g: PoolGeometry, relu: bool = False, pixels: int = 
     return arg.transpose(0, 3, 1, 2)
 
 
-def max_pool2d_take(xp, x, idx, g: PoolGeometry, masked: bool = False):
+def max_pool2d_take(xp, x, idx, g: PoolGeometry, masked: bool = False, tile=False):
     """``x`` (channels-last ``(N, C, H, W)``) at each window's saved winner
     ``idx`` (:func:`indices_apply`): a new channels-last ``(N, C, OH, OW)``
-    array of x's dtype; a marked index reads 0 with ``masked``. Raises
-    nothing itself: the caller checks :func:`applies` and
+    array of x's dtype; a marked index reads 0 with ``masked``; ``tile`` (True
+    or a :class:`TileShape`): bfloat16 from a shared-memory tile of x where the
+    window allows (:func:`_take_tile`, :func:`tile_declines`; the same bits).
+    Raises nothing itself: the caller checks :func:`applies` and
     :func:`indices_apply` first."""
-    return _forward(xp, "take", x, _nhwc(xp, (*x.shape[:2], *g.out), x.dtype), g, before=[idx], masked=masked)
+    return _forward(xp, "take", x, _nhwc(xp, (*x.shape[:2], *g.out), x.dtype), g, before=[idx], masked=masked,
+                    tile=tile)
 
 
 def max_pool2d_backward_indices(xp, idx, gy, g: PoolGeometry, shape, masked: bool = False, tile=False):

@@ -90,9 +90,10 @@ INDEXED_CELLS = {ops.MaxPool2dBackward: pool_vector.MAX_CELLS, ops.MaxPool2dBack
                  ops.MaxPool2dBackwardIndices: pool_vector.MASKED}
 #: Of them, those whose vector kernels scan max-pool windows (the ``pixels`` option)
 MAX_POOLS = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.MaxPool2dArgmax)
-#: Of them, those with a bfloat16 window scan or gather from shared-memory tiles (the
-#: ``tile`` option: ``pool_vector.tile_declines``)
-TILED_POOLS = (ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.MaxPool2dArgmax, ops.MaxPool2dBackwardIndices)
+#: Of them, those with a bfloat16 window scan, take or gather from shared-memory tiles
+#: (the ``tile`` option: ``pool_vector.tile_declines``)
+TILED_POOLS = (ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.MaxPool2dArgmax, ops.MaxPool2dTake,
+               ops.MaxPool2dBackwardIndices)
 
 
 def pool_variants(op, in_types, device):
@@ -117,12 +118,12 @@ def vector_pool_variants(op, in_types, device):
             out += [{"vector": True, "pixels": n} for n in pool_vector.PIXELS if n != 1]
         dtype = next(t.dtype for t in in_types if t.dtype not in INDEX_DTYPES)
         if type(op) in TILED_POOLS and pool_vector.tile_declines(dtype, op.kernel_size, op.stride) is None:
-            out.append({"vector": True, "tile": True})  # the bfloat16 scan and gather from shared memory
+            out.append({"vector": True, "tile": True})  # the bfloat16 scan, take and gather from shared memory
     return out
 
 
 #: part of the autotune cache key (``autotune_contenders._stable_name``): the vector kernels'
-#: revision (3: the max-pool scans' ``pixels``; 9: the ``tile`` variant), so decisions
+#: revision (3: the max-pool scans' ``pixels``; 9: the ``tile`` variant; 10: its take), so decisions
 #: tuned against older ones are tuned again
 vector_pool_variants.revision = pool_vector.REVISION
 

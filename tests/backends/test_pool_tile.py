@@ -1,9 +1,9 @@
-"""The ``tile`` variant of the bfloat16 max-pool window scan and gather
-(``backends/cuda/pool_vector.py``: ``_scan_tile``, ``_gather_tile``) on the CPU,
+"""The ``tile`` variant of the bfloat16 max-pool window scan, take and gather
+(``backends/cuda/pool_vector.py``: ``_scan_tile``, ``_take_tile``, ``_gather_tile``) on the CPU,
 through the g++ emulator of their CUDA text (``__syncthreads`` and shared
 memory included): bit for bit the pair kernels' results (``_scan_pairs``,
-``_gather_pairs``) and the float64 oracle's indices, on SEMANTICS.md's hard
-cases (ties of -0.0 and +0.0, windows of -inf, NaN in some lanes, padding and
+``_gather_pairs``, ``_take_bits``) and the float64 oracle's indices, on SEMANTICS.md's hard
+cases (ties of -0.0 and +0.0, windows of -inf, NaN and signalling NaN in some lanes, padding and
 the ceil_mode overhang, the ReLU mark), for GoogLeNet's 3x3/1 and 3x3/2 and
 VGG's 2x2/2 windows and an asymmetric padding, on odd extents, with x or gy a
 channel slice of a wider buffer, with the default tiles and with small ones
@@ -153,15 +153,60 @@ def test_the_tile_gather_equals_the_pair_gather_and_the_oracle(emu, geometry, ti
         np.testing.assert_allclose(np.asarray(got, np.float64), oracle, rtol=1e-2, atol=1e-6)
 
 
+def _with_signalling_nans(x):
+    """``x`` (bfloat16, possibly a view) with signalling NaNs (0x7f81, 0xffa0: the
+    quiet bit 0x0040 clear) in single lanes, some alone in their windows, one beside
+    a quiet NaN; the take quiets them (0x7fc1, 0xffe0)."""
+    b = x.view(np.uint16)
+    b[0, 5, 2, 3] = b[1, 17, 6, 7] = b[0, 3, 8, 10] = 0x7f81
+    b[1, 9, 0, 0] = b[0, 21, 4, 4] = b[1, 3, 4, 6] = 0xffa0
+    return x
+
+
+@needs_gxx
+@pytest.mark.parametrize("sliced", [False, True], ids=["dense", "slice"])
+@pytest.mark.parametrize("tile", SCAN_TILES, ids=list(SCAN_TILES))
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=IDS)
+def test_the_tile_take_equals_the_bits_take_and_the_oracle(emu, geometry, tile, sliced):
+    """Masked and not: x of -0.0/+0.0 ties, -inf windows, quiet and signalling NaN
+    lanes, read at its pitch; the oracle's marked winners with some bytes the scan
+    never writes (a cell past the window, a padding cell, marked ones): bit for bit
+    ``_take_bits``' y, signalling NaNs quieted as there, and the float64 oracle's
+    values (its NaNs unquieted, so compared as NaN). The winners are unmarked (a
+    NaN winner is taken when masked too), 10 % of the bytes replaced by any
+    cell of the window or past it, marked or not."""
+    x = _with_signalling_nans(_bf16(_hard_x(), sliced))
+    g = _geometry(geometry)
+    with np.errstate(invalid="ignore"):  # the signalling NaNs' cast
+        _, idx = ref_idx.max_pool2d_with_indices(np, np.asarray(x, np.float64), g)  # unmarked: NaN winners taken
+    idx = np.array(idx)
+    rng = np.random.default_rng(9)
+    odd = rng.random(idx.shape) < 0.1
+    idx[odd] = rng.integers(0, g.kernel[0] * g.kernel[1] + 3, size=odd.sum()) + MASKED * rng.integers(0, 2, odd.sum())
+    idx = channels_last(idx.astype(np.uint8))
+    for masked in (False, True):
+        before = len(emu.raw_launches)
+        got = pool_vector.max_pool2d_take(np, x, idx, g, masked, tile=SCAN_TILES[tile])
+        assert all("pool_tile_take" in n for n in _names(emu, before)), _names(emu, before)
+        before = len(emu.raw_launches)
+        want = pool_vector.max_pool2d_take(np, x, idx, g, masked)
+        assert all("pool_vec_take" in n for n in _names(emu, before)), _names(emu, before)
+        np.testing.assert_array_equal(_bits(got), _bits(want))
+        taken = set(np.unique(_bits(got)).tolist())
+        assert {0x7fc1, 0xffe0} <= taken and not {0x7f81, 0xffa0} & taken  # quieted, as _take_bits does
+        assert {0x8000, 0x0000, 0xff80} <= taken  # -0.0 and +0.0 winners, -inf (padding, past the window)
+        _same_gradients(got, ref_idx.max_pool2d_take(np, x, idx, g, masked=masked))
+
+
 @needs_gxx
 @pytest.mark.parametrize("geometry", GEOMETRIES[:3], ids=IDS[:3])
 @pytest.mark.parametrize("kind", [ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.MaxPool2dArgmax,
-                                  ops.MaxPool2dBackwardIndices], ids=lambda k: k.__name__)
+                                  ops.MaxPool2dTake, ops.MaxPool2dBackwardIndices], ids=lambda k: k.__name__)
 def test_the_node_kernels_take_the_tile_option(emu, kind, geometry):
     """The ``tile`` option of the ``cuda`` rules runs the tile kernels (the
     recomputing backward both, the saved-winner ops one each): the ``vector``
     variant's bits, and the float64 reference's values."""
-    x = _bf16(_hard_x(seed=4))
+    x = _with_signalling_nans(_bf16(_hard_x(seed=4)))
     k, s, p, ceil = geometry
     params = dict(kernel_size=k, stride=s, padding=p, ceil_mode=ceil)
     pooled = ops.MaxPool2d(**params).output_shape(x.shape)
@@ -171,6 +216,9 @@ def test_the_node_kernels_take_the_tile_option(emu, kind, geometry):
     elif kind is ops.MaxPool2dBackwardIndices:
         idx = pool_vector.max_pool2d_argmax(np, x, _geometry(geometry), relu=True)
         op, arrays = kind(masked=True, input_shape=x.shape, **params), [idx, gy]
+    elif kind is ops.MaxPool2dTake:
+        idx = pool_vector.max_pool2d_argmax(np, x, _geometry(geometry), relu=True)
+        op, arrays = kind(masked=True, **params), [x, idx]
     else:
         op, arrays = kind(**params), [x, gy]
     t = op.infer(*(TensorType(a.shape, a.dtype.name) for a in arrays))
@@ -180,9 +228,10 @@ def test_the_node_kernels_take_the_tile_option(emu, kind, geometry):
         ctx = KernelContext(np, "cuda", options, TensorType(t.shape, t.dtype, "NHWC"))
         run[name] = rules.POOL_KERNELS[type(op)](ctx, op, *arrays)
         assert any("pool_tile" in n for n in _names(emu, before)) == (name == "tile"), _names(emu, before)
-    (np.testing.assert_array_equal if kind is ops.MaxPool2dArgmax else _same_gradients)(
-        _bits(run["tile"]) if kind is ops.MaxPool2dArgmax else run["tile"],
-        _bits(run["vector"]) if kind is ops.MaxPool2dArgmax else run["vector"])
+    if kind in (ops.MaxPool2dArgmax, ops.MaxPool2dTake):
+        np.testing.assert_array_equal(_bits(run["tile"]), _bits(run["vector"]))
+    else:
+        _same_gradients(run["tile"], run["vector"])
     if kind in (ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu):
         ref = ref_pool.max_pool2d_backward if kind is ops.MaxPool2dBackward else ref_pool.max_pool2d_backward_relu
         with np.errstate(invalid="ignore"):
@@ -216,16 +265,16 @@ def test_the_gather_sums_in_window_order(emu):
 
 
 def test_the_variant_is_offered_for_bfloat16_windows_it_takes():
-    """Offered beside the other ``vector`` variants for the bfloat16 scan and gather
-    of windows and strides up to ``TILE_WINDOW``; not for float32, for the
-    forward max pooling, average pooling or the take, nor a 5x5 window."""
+    """Offered beside the other ``vector`` variants for the bfloat16 scan, take and
+    gather of windows and strides up to ``TILE_WINDOW``; not for float32, for the
+    forward max pooling or average pooling, nor a 5x5 window."""
     nhwc = TensorType((8, 64, 28, 28), "bfloat16", "NHWC")
     pooled = TensorType((8, 64, 14, 14), "bfloat16", "NHWC")
     index = TensorType((8, 64, 14, 14), "uint8", "NHWC")
     k3 = dict(kernel_size=(3, 3), stride=(2, 2), padding=((0, 0), (0, 0)), ceil_mode=True)
     tile = {"vector": True, "tile": True}
     cases = [(ops.MaxPool2dBackward(**k3), [nhwc, pooled]), (ops.MaxPool2dBackwardRelu(**k3), [nhwc, pooled]),
-             (ops.MaxPool2dArgmax(relu=True, **k3), [nhwc]),
+             (ops.MaxPool2dArgmax(relu=True, **k3), [nhwc]), (ops.MaxPool2dTake(masked=True, **k3), [nhwc, index]),
              (ops.MaxPool2dBackwardIndices(input_shape=nhwc.shape, **k3), [index, pooled])]
     for op, types in cases:
         variants = rules.vector_pool_variants(op, types, "cuda")
@@ -233,11 +282,12 @@ def test_the_variant_is_offered_for_bfloat16_windows_it_takes():
         assert "tile" in rules.OPTIONS[type(op)][0]
         f32 = [TensorType(t.shape, "float32" if t.dtype == "bfloat16" else t.dtype, "NHWC") for t in types]
         assert tile not in rules.vector_pool_variants(op, f32, "cuda")
-    for op, types in ((ops.MaxPool2d(**k3), [nhwc]), (ops.AvgPool2d(**k3), [nhwc]),
-                      (ops.MaxPool2dTake(**k3), [nhwc, index])):
+    for op, types in ((ops.MaxPool2d(**k3), [nhwc]), (ops.AvgPool2d(**k3), [nhwc])):
         assert tile not in rules.vector_pool_variants(op, types, "cuda")
-    big = ops.MaxPool2dBackward(kernel_size=(5, 5), stride=(1, 1), padding=((2, 2), (2, 2)))
-    assert tile not in rules.vector_pool_variants(big, [nhwc, nhwc], "cuda")
+    big = dict(kernel_size=(5, 5), stride=(1, 1), padding=((2, 2), (2, 2)))
+    assert tile not in rules.vector_pool_variants(ops.MaxPool2dBackward(**big), [nhwc, nhwc], "cuda")
+    assert tile not in rules.vector_pool_variants(ops.MaxPool2dTake(**big), [nhwc, TensorType(nhwc.shape, "uint8",
+                                                                                            "NHWC")], "cuda")
     assert pool_vector.tile_declines("bfloat16", (5, 5), (1, 1)) is not None
     assert pool_vector.tile_declines("bfloat16", (3, 3), (2, 2)) is None
 
@@ -269,14 +319,17 @@ def test_64_bit_offsets_give_the_same_bits(emu, monkeypatch):
     want_idx = pool_vector.max_pool2d_argmax(np, x, g, relu=True, tile=True)
     gy = _bf16(_gy(want_idx.shape, seed=8), sliced=True)
     want_gx = pool_vector.max_pool2d_backward_indices(np, want_idx, gy, g, SHAPE, True, tile=True)
+    want_y = pool_vector.max_pool2d_take(np, x, want_idx, g, True, tile=True)
     monkeypatch.setattr(pool_vector, "TILE_WIDE_SPAN", 1)
     before = len(emu.raw_launches)
     got_idx = pool_vector.max_pool2d_argmax(np, x, g, relu=True, tile=True)
     got_gx = pool_vector.max_pool2d_backward_indices(np, got_idx, gy, g, SHAPE, True, tile=True)
+    got_y = pool_vector.max_pool2d_take(np, x, got_idx, g, True, tile=True)
     names = _names(emu, before)
-    assert len(names) == 2 and all("pool_tile" in n and "_i64_" in n for n in names), names
+    assert len(names) == 3 and all("pool_tile" in n and "_i64_" in n for n in names), names
     np.testing.assert_array_equal(_bits(got_idx), _bits(want_idx))
     _same_gradients(got_gx, want_gx)
+    np.testing.assert_array_equal(_bits(got_y), _bits(want_y))
 
 
 @pytest.mark.skipif(NVCC is None, reason="no nvcc")
@@ -285,12 +338,15 @@ def test_the_tile_kernels_compile_for_sm90_with_the_pair_instructions(window):
     """nvcc (PTX for sm_90, as NVRTC compiles them on the H200) takes the tile
     kernels' text, and they use the bf16x2 instructions, the byte permute and
     the launch bound: the paths the CPU emulator replaces with C."""
-    for kind, relu, masked in (("arg", True, True), ("arg", False, True), ("bwd", False, True), ("bwd", False, False)):
+    for kind, relu, masked in (("arg", True, True), ("arg", False, True), ("bwd", False, True), ("bwd", False, False),
+                               ("take", False, True), ("take", False, False)):
         t = pool_vector.tile_shape(kind, window, (28, 28), 24)
         name, source = pool_vector._tile_source(kind, False, window, t, relu, masked)
         ptx = nvcc_check([source])
         assert f".entry {name}__0(" in ptx and f".maxntid {t.cols * t.groups}, 1, 1" in ptx
-        if kind == "arg":
+        if kind == "take":
+            assert "ld.shared.u16" in ptx and "ld.global.nc.v4" in ptx
+        elif kind == "arg":
             assert "max.NaN.bf16x2" in ptx and "set.gt.u32.bf16x2" in ptx and "prmt.b32" in ptx
         else:
             assert "set.eq.u32.bf16x2" in ptx and "cvt.rn.bf16x2.f32" in ptx and "prmt.b32" in ptx

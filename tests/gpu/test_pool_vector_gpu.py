@@ -203,3 +203,47 @@ def test_bfloat16_tile_kernels_match_the_pair_kernels(cp, case):
             back = ops.MaxPool2dBackwardIndices(**geometry, masked=masked, input_shape=shape)
             np.testing.assert_array_equal(_bits(cp, run(back, idx, gy, tile=True)),
                                           _bits(cp, run(back, idx, gy, tile=False)), err_msg=f"gather {masked}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=["3x3s2-ceil", "3x3s1p1", "2x2s2"])
+def test_bfloat16_tile_take_matches_the_bits_take(cp, case):
+    """The ``tile`` take (``pool_vector._take_tile``: x staged in shared memory as
+    the tile scan stages it) gives ``_take_bits``' bits: x of -0.0/+0.0 ties, -inf
+    windows, quiet and signalling NaN lanes (quieted by both), a channel slice of
+    a wider buffer; the saved winners with and without the ReLU mark, plus bytes
+    the scan never writes (cells past the window, padding cells, marked ones),
+    taken masked and not."""
+    from opgraph import ops
+    from opgraph.backends.cuda import rules
+    from opgraph.backends.registry import KernelContext
+    from opgraph.types import TensorType
+    shape, k, s, p, ceil = case
+    rng = np.random.default_rng(6)
+    values = np.array([-0.0, 0.0, -1.0, 1.0, 2.0, np.inf, -np.inf], np.float32)
+    x_host = values[rng.integers(0, len(values), size=shape)]
+    x_host[0, :, :4, :4] = -np.inf
+    x_host[1, 3, 5, 7] = x_host[2, 100, 0, 0] = np.nan
+    n, c, h, w = shape
+    wide = _device(cp, np.concatenate([np.zeros((n, 8, h, w), np.float32), x_host,
+                                       np.zeros((n, 8, h, w), np.float32)], axis=1), "bfloat16")
+    x = wide[:, 8:8 + c]
+    raw = _raw(cp, x)
+    raw[0, 5, 2, 3] = raw[3, 17, 6, 7] = raw[1, 40, 0, 1] = 0x7f81  # signalling NaNs, each alone in its windows
+    raw[2, 9, 1, 1] = raw[0, 21, 4, 4] = 0xffa0
+    geometry = dict(kernel_size=k, stride=s, padding=p, ceil_mode=ceil)
+
+    def run(op, *arrays, **options):
+        t = op.infer(*(TensorType(a.shape, "uint8" if a.dtype == cp.uint8 else "bfloat16") for a in arrays))
+        return rules.POOL_KERNELS[type(op)](KernelContext(cp, "cuda", {"vector": True, **options},
+                                                          TensorType(t.shape, t.dtype, "NHWC")), op, *arrays)
+    for relu in (False, True):
+        idx = run(ops.MaxPool2dArgmax(**geometry, relu=relu), x)
+        odd = cp.asarray(rng.random(idx.shape) < 0.05)
+        noise = cp.asarray(rng.integers(0, k[0] * k[1] + 3, size=idx.shape) + 128 * rng.integers(0, 2, idx.shape))
+        idx[...] = cp.where(odd, noise.astype(cp.uint8), idx)
+        for masked in (False, True):
+            take = ops.MaxPool2dTake(**geometry, masked=masked)
+            got, want = _bits(cp, run(take, x, idx, tile=True)), _bits(cp, run(take, x, idx))
+            np.testing.assert_array_equal(got, want, err_msg=f"take relu={relu} masked={masked}")
+            if not (relu and masked):  # the NaN winners are taken (quieted)
+                assert 0x7fc1 in got and 0xffe0 in got and 0x7f81 not in got

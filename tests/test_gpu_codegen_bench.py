@@ -4,22 +4,16 @@ check builds the launch plan; no source is compiled)."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
 
 from opgraph.backends.registry import rules_for
 from opgraph.benchmarks.models import build
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "gpu_codegen_bench.py"
+from repo_scripts import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("gpu_codegen_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("gpu_codegen_bench")
 
 
 def _batch_norm_inputs(name: str, batch: int) -> set:

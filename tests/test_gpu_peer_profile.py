@@ -3,20 +3,14 @@ arithmetic of its summary (the profile itself needs CUDA and runs in the device 
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "gpu_peer_profile.py"
+from repo_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("gpu_peer_profile", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("gpu_peer_profile")
 
 
 @pytest.mark.parametrize("name, group", [

@@ -6,9 +6,6 @@ by the stride; its tile alternatives (``--sweep``) are valid tiles too."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
 
 from opgraph import ops
@@ -16,14 +13,11 @@ from opgraph.backends.cuda import pool_vector
 from opgraph.benchmarks.models import build
 from opgraph.op import abstract_of
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "pool_variant_bench.py"
+from repo_scripts import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("pool_variant_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("pool_variant_bench")
 
 
 @pytest.mark.parametrize("model, batch", [("googlenet", 128), ("vgg_a", 64)])

@@ -158,6 +158,17 @@ def test_bfloat16_pair_kernels_keep_signed_zeros_and_non_finite_values(cp, case,
                                           _bits(cp, saved(back, idx, gy, vector=False)), err_msg=f"gather {masked}")
 
 
+def _hard_values(shape, seed: int):
+    """A float32 NCHW input of ties (-0.0 and +0.0), infinities, an all -inf corner
+    window and two NaN lanes, drawn with ``seed`` (the tile kernels' hard values)."""
+    rng = np.random.default_rng(seed)
+    values = np.array([-0.0, 0.0, -1.0, 1.0, 2.0, np.inf, -np.inf], np.float32)
+    x_host = values[rng.integers(0, len(values), size=shape)]
+    x_host[0, :, :4, :4] = -np.inf
+    x_host[1, 3, 5, 7] = x_host[2, 100, 0, 0] = np.nan
+    return x_host
+
+
 @pytest.mark.parametrize("case", CASES, ids=["3x3s2-ceil", "3x3s1p1", "2x2s2"])
 def test_bfloat16_tile_kernels_match_the_pair_kernels(cp, case):
     """The ``tile`` variant (``pool_vector._scan_tile``, ``_gather_tile``: shared
@@ -171,11 +182,7 @@ def test_bfloat16_tile_kernels_match_the_pair_kernels(cp, case):
     from opgraph.backends.registry import KernelContext
     from opgraph.types import TensorType
     shape, k, s, p, ceil = case
-    rng = np.random.default_rng(5)
-    values = np.array([-0.0, 0.0, -1.0, 1.0, 2.0, np.inf, -np.inf], np.float32)
-    x_host = values[rng.integers(0, len(values), size=shape)]
-    x_host[0, :, :4, :4] = -np.inf
-    x_host[1, 3, 5, 7] = x_host[2, 100, 0, 0] = np.nan
+    x_host = _hard_values(shape, seed=5)
     x = _device(cp, x_host, "bfloat16")
     geometry = dict(kernel_size=k, stride=s, padding=p, ceil_mode=ceil)
     out = ops.MaxPool2d(**geometry).output_shape(shape)
@@ -218,11 +225,7 @@ def test_bfloat16_tile_take_matches_the_bits_take(cp, case):
     from opgraph.backends.registry import KernelContext
     from opgraph.types import TensorType
     shape, k, s, p, ceil = case
-    rng = np.random.default_rng(6)
-    values = np.array([-0.0, 0.0, -1.0, 1.0, 2.0, np.inf, -np.inf], np.float32)
-    x_host = values[rng.integers(0, len(values), size=shape)]
-    x_host[0, :, :4, :4] = -np.inf
-    x_host[1, 3, 5, 7] = x_host[2, 100, 0, 0] = np.nan
+    x_host = _hard_values(shape, seed=6)
     n, c, h, w = shape
     wide = _device(cp, np.concatenate([np.zeros((n, 8, h, w), np.float32), x_host,
                                        np.zeros((n, 8, h, w), np.float32)], axis=1), "bfloat16")

@@ -8,6 +8,7 @@ no close name."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from opgraph.errors import did_you_mean
 
@@ -37,10 +38,54 @@ def one_of(allowed, what: str, fold_case: bool = False):
     return parse
 
 
+def given_twice(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """The error for a flag that takes one value and is given more than once in
+    ``argv`` with different values, or None. argparse keeps the last value of a flag whose action
+    stores one (``--model L4 --model L5`` ran L5 alone, saying nothing); a flag
+    that collects (``append``, ``extend``) or a switch (``store_true``) may
+    repeat. A flag's value may follow it or be joined by ``=``; argparse's
+    abbreviations of long flags count as the flag."""
+    single = {option: action for action in parser._actions if action.option_strings and action.nargs is None
+              and not isinstance(action, (argparse._AppendAction, argparse._ExtendAction))
+              for option in action.option_strings}
+    seen: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        name, joined, value = argv[i].partition("=")
+        if name == "--":
+            break
+        every = parser._option_string_actions  # exact names first, as argparse resolves them
+        matches = [name] if name in every else \
+            [o for o in every if name.startswith("--") and len(name) > 2 and o.startswith(name)]
+        if len({id(every[o]) for o in matches}) != 1 or matches[0] not in single:
+            i += 1
+            continue
+        action = single[matches[0]]
+        if not joined:  # the value is the next word
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+            i += 1
+        i += 1
+        if action.dest in seen and seen[action.dest] != value:  # the same value again changes nothing
+            flag = "/".join(action.option_strings)
+            listed = "," in str(action.metavar or "")
+            hint = f"; give one list: {flag} {seen[action.dest]},{value}" if listed else ""
+            return f"argument {flag}: given twice ({seen[action.dest]!r}, then {value!r}): only one would be used{hint}"
+        seen[action.dest] = value
+    return None
+
+
 class BriefUsageParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage error is a short usage line and the
     error: argparse's own printed the whole usage (20 lines, every flag) above
     the one line that said what was wrong. ``--help`` keeps the full usage."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's parse, then :func:`given_twice`'s check of ``args``."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        repeated = given_twice(self, sys.argv[1:] if args is None else list(args))
+        if repeated:
+            self.error(repeated)
+        return parsed, extras
 
     def error(self, message: str):
         """Print ``usage: PROG [FLAGS ...]; PROG --help lists them`` and
@@ -53,4 +98,4 @@ class BriefUsageParser(argparse.ArgumentParser):
                      f"{self.prog}: error: {message}\n")
 
 
-__all__ = ["unknown_value", "one_of", "BriefUsageParser"]
+__all__ = ["unknown_value", "one_of", "given_twice", "BriefUsageParser"]

@@ -100,10 +100,12 @@ def refused_options(entry, cached: dict, op, types, device, engine_limit: int | 
     and the rule writes strided views of its layout:
     ``autotune_measure.out_forms``); anywhere else the plan would ignore it."""
     if STRIDED_OUT in cached:
-        if not strided_forms or cached[STRIDED_OUT] is not False:
-            return (f"cached option {STRIDED_OUT}={cached[STRIDED_OUT]!r} of {entry.rule.algorithm}: only "
-                    f"{STRIDED_OUT}=false, and only for a node written into a concat's buffer by a rule that "
-                    "writes strided views (the zero-copy plan reads it)")
+        label = f"cached option {STRIDED_OUT}={cached[STRIDED_OUT]!r} of {entry.rule.algorithm}"
+        if not strided_forms:
+            return (f"{label}: this node's output is not written into a concat's buffer by a rule that writes "
+                    f"strided views, so the zero-copy plan has no {STRIDED_OUT} choice to make here")
+        if cached[STRIDED_OUT] is not False:
+            return f"{label}: the one value it takes is false (write dense, then copy into the concat's slice)"
         cached = {k: v for k, v in cached.items() if k != STRIDED_OUT}
     chosen = {**entry.options, **cached}
     if ENGINE_LIMIT_TAG in entry.rule.tags and set(cached) <= {"engine"} | set(entry.options):

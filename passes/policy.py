@@ -194,6 +194,7 @@ def _force(value) -> Mapping[str, str]:
     for key, algo in value.items():
         if not isinstance(key, str) or not key or not isinstance(algo, str) or not algo:
             raise _err(f"force.{key}", algo, "node name and algorithm must be non-empty strings")
+        _algo_list(f"force.{key}", algo)  # a typo is a policy error, not a column's failure later
     return MappingProxyType(dict(value))
 
 
@@ -303,7 +304,12 @@ def _path(value) -> str | None:
         return None
     if not isinstance(value, (str, os.PathLike)) or not str(value):
         raise _err("cache", value, "must be a file path")
-    return str(value)
+    text = str(value)
+    # "of" or "of f" meant "off": as a path it would quietly start a cache file in the working folder
+    hint = did_you_mean(text.strip().lower(), ["off"])
+    if hint and text.strip().lower() != "off" and not text.endswith(".json") and not os.path.exists(text):
+        raise _err("cache", value, f"not 'off' and no existing file or *.json path{hint}")
+    return text
 
 
 def _flag(name: str):

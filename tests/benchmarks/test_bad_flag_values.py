@@ -108,3 +108,30 @@ def test_compares_format_is_named_the_same_way(capsys):
         "usage: opgraph-bench compare [FLAGS ...]; opgraph-bench compare --help lists them",
         "opgraph-bench compare: error: argument --format: unknown format 'jsn' (did you mean 'json'?); "
         "choose from table, markdown, json, csv"]
+
+
+@pytest.mark.parametrize("argv, flag, first, then", [
+    (("--model", "L4", "--model", "L5"), "--model", "L4", "L5"),           # L4 was dropped, unsaid
+    (("--model=L4", "--mod", "L5"), "--model", "L4", "L5"),                # joined value, abbreviation
+    (("--model", "L4", "--dtype", "float32", "--dtype=float64"), "--dtype", "float32", "float64"),
+])
+def test_a_flag_of_one_value_given_twice_is_an_error(capsys, argv, flag, first, then):
+    """Fresh-user report: ``--model L4 --model L5`` ran L5 alone, saying nothing."""
+    status, err = error_of(capsys, *argv, "--summary")
+    assert status == 2 and err[0] == USAGE_LINE
+    assert err[1].startswith(f"opgraph-bench: error: argument {flag}: given twice ({first!r}, then {then!r})")
+    if flag == "--model":
+        assert err[1].endswith(f"give one list: --model {first},{then}")
+
+
+def test_the_same_value_given_twice_is_no_error(capsys):
+    status, err = error_of(capsys, "--model", "L4", "--model", "L4", "--dtype", "float32", "--dtype=float32",
+                           "--summary")
+    assert status == 0 and not any("given twice" in line for line in err)
+
+
+def test_a_switch_may_repeat():
+    from opgraph.benchmarks.arguments import build_parser
+    from opgraph.benchmarks.flag_values import given_twice
+
+    assert given_twice(build_parser(), ["--no-check", "--no-check", "--quiet", "--quiet"]) is None

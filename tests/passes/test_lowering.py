@@ -6,6 +6,7 @@ import pytest
 
 import opgraph as og
 from opgraph.errors import LoweringError
+from opgraph.passes.policy import PolicyError
 from opgraph.ops import Conv2d
 from opgraph.passes.base import PassContext
 from opgraph.passes.candidates import survey
@@ -163,16 +164,22 @@ def test_forced_algorithm_that_declines_is_an_error_naming_node_and_reason():
     assert "conv2" in msg and "'winograd'" in msg and "3x3" in msg
 
 
-def test_forcing_an_unregistered_algorithm_is_an_error():
-    g, outs = conv_grads()
-    with pytest.raises(LoweringError, match="conv2.*'magic' has no rule"):
-        lower(g, outs, LoweringPolicy(force={"conv2": "magic"}))
+def test_forcing_an_unregistered_algorithm_is_a_policy_error():
+    # fresh-user report: a policy file's misspelt force passed every up-front check and
+    # failed each column after its float64 reference, where --lowering @L4=ftt was refused at once
+    with pytest.raises(PolicyError, match=r"force.conv2='magic': unknown algorithm 'magic'; registered: "):
+        LoweringPolicy(force={"conv2": "magic"})
 
 
 def test_forcing_a_misspelt_algorithm_suggests_the_registered_one():
+    with pytest.raises(PolicyError, match=r"force.conv2='ffft': unknown algorithm 'ffft' \(did you mean 'fft'\?\)"):
+        LoweringPolicy(force={"conv2": "ffft"})
+
+
+def test_forcing_an_algorithm_without_a_rule_for_the_op_is_a_lowering_error():
     g, outs = conv_grads()
-    with pytest.raises(LoweringError, match=r"conv2.*'ffft' has no rule for Conv2d \(did you mean 'fft'\?\)"):
-        lower(g, outs, LoweringPolicy(force={"conv2": "ffft"}))
+    with pytest.raises(LoweringError, match=r"conv2.*'cublas' has no rule for Conv2d"):
+        lower(g, outs, LoweringPolicy(force={"conv2": "cublas"}))
 
 
 def test_the_warning_about_a_force_key_matching_no_node_names_the_callers_line():

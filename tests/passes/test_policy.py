@@ -287,3 +287,15 @@ def test_a_name_both_included_and_excluded_is_refused():
     """Exclude used to win without a word; the contradiction is the user's to resolve."""
     with pytest.raises(PolicyError, match=r"exclude=\['bn-stats-parts'\]: also in include"):
         LoweringPolicy(include=["bn-stats-parts", "fft"], exclude=["bn-stats-parts"])
+
+
+@pytest.mark.parametrize("typo", ["of", "of ", "oof"])
+def test_a_cache_value_a_letter_from_off_is_a_policy_error(typo):
+    """Fresh-user report: ``cache = "of"`` quietly started a cache file ``./of``."""
+    with pytest.raises(PolicyError, match=r"cache=.*: not 'off' .*\(did you mean 'off'\?\)"):
+        LoweringPolicy(cache=typo)
+
+
+@pytest.mark.parametrize("value", ["off", "OFF", "tuned.json", "cache-dir/of.json"])
+def test_off_and_json_paths_stay_cache_values(value):
+    assert LoweringPolicy(cache=value).cache == value

@@ -228,9 +228,11 @@ def parse_bytes(value, key: str = "workspace_limit") -> int | None:
     if isinstance(value, bool):
         raise _err(key, value, "must be a byte count")
     if isinstance(value, str):
-        m = re.fullmatch(r"\s*((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
+        m = re.fullmatch(r"\s*(-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
         if not m or m.group(2).lower() not in _UNITS:
-            raise _err(key, value, "must be bytes, e.g. 1073741824, '512MiB' or '2GB' "
+            unit = m.group(2) if m else ""
+            hint = did_you_mean(unit, [u for u in _UNIT_NAMES.split(", ") if u]) if unit else ""
+            raise _err(key, value, f"must be bytes, e.g. 1073741824, '512MiB' or '2GB'{hint} "
                                    f"(units {_UNIT_NAMES})")
         number = float(m.group(1)) * _UNITS[m.group(2).lower()]
     elif isinstance(value, Real):  # NumPy numbers too

@@ -299,3 +299,14 @@ def test_a_cache_value_a_letter_from_off_is_a_policy_error(typo):
 @pytest.mark.parametrize("value", ["off", "OFF", "tuned.json", "cache-dir/of.json"])
 def test_off_and_json_paths_stay_cache_values(value):
     assert LoweringPolicy(cache=value).cache == value
+
+
+@pytest.mark.parametrize("value, message", [
+    ("64M", r"\(did you mean 'MB'\?\)"),
+    ("64Mi", r"\(did you mean 'MiB'\?\)"),
+    ("-1", r"must be >= 0"),                  # said "must be bytes" (fresh-user report)
+    ("-2GiB", r"must be >= 0"),
+])
+def test_a_near_unit_is_suggested_and_a_negative_size_named(value, message):
+    with pytest.raises(PolicyError, match=message):
+        parse_bytes(value)

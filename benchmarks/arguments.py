@@ -10,7 +10,7 @@ import math
 
 import attrs
 
-from opgraph.errors import ParameterError
+from opgraph.errors import ParameterError, did_you_mean
 from opgraph.passes.policy import PRECISIONS, LoweringPolicy
 
 from . import driver, lowerings as lw, report
@@ -157,7 +157,13 @@ def _count(minimum: int):
 
 def _repeat(text: str) -> int | str:
     """``--repeat`` value: a count of 1 or more, or ``auto`` (:class:`timer.AdaptiveTimer`)."""
-    return "auto" if text.strip().lower() == "auto" else _count(1)(text)
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _count(1)(text)
+    except argparse.ArgumentTypeError as e:
+        hint = did_you_mean(text.strip().lower(), ["auto"])
+        raise argparse.ArgumentTypeError(f"{e}{hint}; give a count >= 1 or auto") from None
 
 
 def _seconds(text: str) -> float:
@@ -223,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "DenseNet-121 64, on a GPU and for --summary; "
                         f"{driver.CPU_DEFAULT_BATCH} on the CPU, where the default run of the four "
                         f"winners takes {driver.CPU_RUN_TIME})")
-    p.add_argument("--device", choices=DEVICES, type=one_of(DEVICES, "device"), default="auto",
+    p.add_argument("--device", choices=DEVICES, type=one_of(DEVICES, "device", meant={"gpu": "cuda", "nvidia": "cuda"}), default="auto",
                    help="auto: the GPU if CuPy sees one, else the CPU (default)")
     p.add_argument("--dtype", choices=DTYPES, type=one_of(DTYPES, "dtype"), default="float32",
                    help="storage dtype of inputs, parameters, activations and gradients, --onnx "

@@ -25,14 +25,19 @@ def unknown_value(what: str, values, allowed, listed: str | None = None) -> argp
     return argparse.ArgumentTypeError(f"unknown {what} {named}; choose from {listed or ', '.join(allowed)}")
 
 
-def one_of(allowed, what: str, fold_case: bool = False):
+def one_of(allowed, what: str, fold_case: bool = False, meant: dict | None = None):
     """The ``type`` of a flag that takes one of ``allowed``: the value (lower-cased
     with ``fold_case``), or :func:`unknown_value`'s error. Given beside
     ``choices=allowed`` (which ``--help`` lists), it runs first, so the error is
-    this one, with its close name, not argparse's ``invalid choice``."""
+    this one, with its close name, not argparse's ``invalid choice``. ``meant``:
+    words that are not close in spelling to the name they mean (``gpu`` ->
+    ``cuda``), suggested instead of the spelling's closest name."""
     def parse(text: str) -> str:
         value = text.lower() if fold_case else text
         if value not in allowed:
+            if meant and value.lower() in meant:
+                raise argparse.ArgumentTypeError(f"unknown {what} {value!r} (did you mean "
+                                                 f"{meant[value.lower()]!r}?); choose from {', '.join(allowed)}")
             raise unknown_value(what, value, allowed)
         return value
     return parse

@@ -152,17 +152,20 @@ def _types_of(key: str) -> tuple[str, ...] | None:
     return None
 
 
-def _algo_list(key: str, value, registered_only: bool = True) -> tuple[str, ...]:
+def _algo_list(key: str, value, registered_only: bool = True, shown=None) -> tuple[str, ...]:
     """Algorithm names of ``value`` (a name or a list); with ``registered_only``
     each must be a registered algorithm (include/exclude also take tags).
+    ``shown``: the value as the user wrote it, for the error (a flag's
+    ``fft+gemm`` rather than the list it was split into).
 
     Raises:
         PolicyError: a malformed or (``registered_only``) unknown name.
     """
     items = [value] if isinstance(value, str) else value
+    shown = value if shown is None else shown
     if not isinstance(items, (list, tuple)) or not items or not all(
             isinstance(a, str) and re.fullmatch(r"[A-Za-z0-9_.\-]+", a) for a in items):
-        raise _err(key, value, "must be an algorithm name or a non-empty list of algorithm names")
+        raise _err(key, shown, "must be an algorithm name or a non-empty list of algorithm names")
     if not registered_only:
         return tuple(items)
     from opgraph.backends.registry import algorithms  # a typo must not fall back silently
@@ -170,7 +173,7 @@ def _algo_list(key: str, value, registered_only: bool = True) -> tuple[str, ...]
     known = algorithms()
     unknown = [a for a in items if a not in known]
     if unknown:
-        raise _err(key, value, f"unknown algorithm {unknown[0]!r}{did_you_mean(unknown[0], known)}; "
+        raise _err(key, shown, f"unknown algorithm {unknown[0]!r}{did_you_mean(unknown[0], known)}; "
                    f"registered: {', '.join(sorted(known))}")
     return tuple(items)
 
@@ -282,7 +285,8 @@ def parse_engine_limit(value, key: str = "engine_limit") -> int | None:
     if isinstance(value, str) and value.strip().isdigit():
         number = int(value.strip())
     if isinstance(number, bool) or not isinstance(number, int) or number < 1:
-        raise _err(key, value, 'must be a whole number >= 1, or "all" for every engine that builds')
+        hint = did_you_mean(value.strip().lower(), ["all"]) if isinstance(value, str) else ""
+        raise _err(key, value, f'must be a whole number >= 1, or "all" for every engine that builds{hint}')
     return number
 
 
@@ -521,7 +525,7 @@ class LoweringPolicy:
                     cli_prefer.setdefault("*", []).extend(_algo_list("--lowering", key))
                 continue
             algos = list(_algo_list(f"--lowering {key}", [a.strip() for a in value.split("+")],
-                                    registered_only=key not in ("include", "exclude")))
+                                    registered_only=key not in ("include", "exclude"), shown=value))
             if key.startswith("@"):
                 force[key[1:]] = algos[0]
             elif key in ("include", "exclude"):

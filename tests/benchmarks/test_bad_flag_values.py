@@ -135,3 +135,17 @@ def test_a_switch_may_repeat():
     from opgraph.benchmarks.flag_values import given_twice
 
     assert given_twice(build_parser(), ["--no-check", "--no-check", "--quiet", "--quiet"]) is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--repeat", "autoo"), r"argument --repeat: 'autoo' is not an integer \(did you mean 'auto'\?\); give a count"),
+    (("--engine-limit", "alll"), r"--engine-limit: .*\(did you mean 'all'\?\)"),
+    (("--device", "gpu"), r"argument --device: unknown device 'gpu' \(did you mean 'cuda'\?\)"),
+    # the value as written, not the Python list it was split into
+    (("--lowering", "@L4=ftt"), r"parameter --lowering @L4='ftt': unknown algorithm 'ftt' \(did you mean 'fft'\?\)"),
+])
+def test_more_values_a_fresh_user_mistyped(capsys, argv, message):
+    import re
+
+    status, err = error_of(capsys, "--model", "L4", *argv)
+    assert status == 2 and re.search(message, err[-1]), err

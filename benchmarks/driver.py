@@ -118,7 +118,7 @@ def default_batch(model_seed_batch: int, device: str, batch: int | None,
         seeds = run_seed_batches or {"this model": model_seed_batch}  # one model: its name is never shown
         return CPU_DEFAULT_BATCH, (
             f"CPU default: {seed_batch_words(seeds)} sized for a GPU; "
-            f"{CPU_DEFAULT_BATCH} keeps a run of the four winners to {CPU_RUN_TIME} "
+            f"{CPU_DEFAULT_BATCH} keeps a CPU run short (the four winners take {CPU_RUN_TIME}) "
             "(use --batch N to change it)")
     return model_seed_batch, "the seed benchmark's batch (the modern suite's for the modern convnets)"
 

@@ -36,6 +36,9 @@ from .stability import SPREAD_LIMIT, unstable_phases
 MARK = "†"
 #: Marks a column with nodes the policy forced, and each forced layer cell.
 FORCED_MARK = "‡"
+#: The most unstable cells a per-layer table's note names, widest spread first (a loaded
+#: machine marked every cell of GoogLeNet's table: a 6 KB line).
+UNSTABLE_LISTED = 6
 #: Marks a per-layer time whose loop's spread is too wide to trust (:func:`.stability.unstable_phases`).
 UNSTABLE_MARK = "?"
 #: A column whose autotune took longer than this (seconds) gets a note saying
@@ -380,7 +383,7 @@ def layer_tables(doc: dict, metric: str = "ms") -> Iterable[Table]:
                 for r in res:
                     x = r["layers"][i]
                     row.append(_layer_cell(x, phases) if metric == "ms" else _layer_rate_cell(x, phases))
-                    unstable += [f"{name} {p} under {r['lowering']} ({rel:.0%})"
+                    unstable += [(rel, f"{name} {p} under {r['lowering']} ({rel:.0%})")
                                  for p, rel in unstable_phases(x).items()]
                     for p, why in x["not_applicable"].items():
                         notes.append(f"{MARK} {name} {p} under {r['lowering']}: ran "
@@ -393,10 +396,12 @@ def layer_tables(doc: dict, metric: str = "ms") -> Iterable[Table]:
                 notes.append("a convolution fused with its epilogue by the fuse pass (the forward with "
                              "its ReLU / ReLU6 and residual add, backward-data with the ReLU gradient) "
                              "includes it")
-            if unstable:  # one line for the table: a loaded machine marks many cells
-                notes.append(f"{UNSTABLE_MARK} unstable: the calls' interquartile range is above "
-                             f"{SPREAD_LIMIT:.0%} of the median (benchmarks/stability.py): "
-                             + ", ".join(unstable))
+            if unstable:  # one line for the table: a loaded machine marks many cells, so the widest few
+                worst = [cell for _, cell in sorted(unstable, key=lambda u: -u[0])[:UNSTABLE_LISTED]]
+                more = f", and {len(unstable) - len(worst)} more" if len(unstable) > len(worst) else ""
+                notes.append(f"{UNSTABLE_MARK} unstable ({len(unstable)} cells): the calls' interquartile range "
+                             f"is above {SPREAD_LIMIT:.0%} of the median (benchmarks/stability.py); the widest: "
+                             + ", ".join(worst) + more)
             notes += [f"unstable run, every time here included: {why}"
                       for why in (doc.get("stability") or {}).get("reasons", ())]
             unit = "ms" if metric == "ms" else "TFLOP/s"

@@ -219,6 +219,22 @@ def test_a_layer_whose_loop_spreads_wide_is_marked_unstable_in_the_per_layer_tab
     assert cells[rates.headers.index("gemm")].split(" / ")[0].endswith(tables.UNSTABLE_MARK)
 
 
+def test_a_table_of_many_unstable_cells_names_the_widest_few(monkeypatch):
+    """Fresh-user report: on a loaded machine the note under GoogLeNet's per-layer
+    table listed every marked cell, one 6 KB line."""
+    monkeypatch.setattr(driver, "measure_peaks", lambda device, precisions: QUIET_PEAK)
+    monkeypatch.setattr(stability, "expected_peak", lambda *a: (1.0, "test"))
+    monkeypatch.setattr(tables, "UNSTABLE_LISTED", 1)
+    layers = [x["layer"] for x in _doc(LabelTimer({}))["results"][0]["layers"]]
+    assert len(layers) >= 2
+    noisy = {f"{layers[0]}/forward": [0.4, 0.4, 4.4, 4.4],                    # 167 %
+             **{f"{name}/forward": [2.0, 2.0, 2.6, 2.6] for name in layers[1:]}}  # 26 %
+    (table,) = tables.layer_tables(_doc(LabelTimer(noisy)))
+    (note,) = [n for n in table.notes if n.startswith(f"{tables.UNSTABLE_MARK} unstable")]
+    assert f"unstable ({len(layers)} cells)" in note
+    assert note.endswith(f"the widest: {layers[0]} forward under gemm (167%), and {len(layers) - 1} more")
+
+
 def test_an_unstable_run_is_said_under_each_per_layer_table(monkeypatch):
     monkeypatch.setattr(driver, "measure_peaks", lambda device, precisions: QUIET_PEAK)
     monkeypatch.setattr(stability, "expected_peak", lambda *a: (10.0, "test"))  # 1 of 10: loaded

@@ -99,23 +99,41 @@ def cache_key(op, in_types, dtype, layout, policy, device, device_name, versions
 _NUMBERS = ("time_ms", "min_ms", "workspace", "rel_error", "tolerance")
 
 
-def valid_entry(entry) -> bool:
-    """Whether ``entry`` has the shape this module writes: an ``algorithm``
-    string, an ``options`` dict and, if present, ``candidates`` as a list of
-    rows, each with string ``algorithm`` / ``status`` / ``reason``, a dict of
-    ``options`` and numbers (or null) for the measurements (the tuner chooses
-    again from those rows: ``passes.autotune_reuse.rechoose``)."""
-    if not (isinstance(entry, dict) and isinstance(entry.get("algorithm"), str)
-            and isinstance(entry.get("options", {}), dict)):
-        return False
+def entry_defect(entry) -> str | None:
+    """What is wrong with ``entry``'s shape, in JSON's words, or None when it has
+    the shape this module writes: an ``algorithm`` string, an ``options`` object
+    and, if present, ``candidates`` as an array of rows, each with string
+    ``algorithm`` / ``status`` / ``reason``, an object of ``options`` and numbers
+    (or null) for the measurements (the tuner chooses again from those rows:
+    ``passes.autotune_reuse.rechoose``)."""
+    if not isinstance(entry, dict):
+        return f"the entry is {_json_kind(entry)}, not an object"
+    if not isinstance(entry.get("algorithm"), str):
+        return f'its "algorithm" is {_json_kind(entry.get("algorithm"))}, not a string'
+    if not isinstance(entry.get("options", {}), dict):
+        return f'its "options" is {_json_kind(entry["options"])}, not an object'
     rows = entry.get("candidates", [])
-    return isinstance(rows, list) and all(
-        isinstance(r, dict) and isinstance(r.get("algorithm"), str)
-        and isinstance(r.get("options", {}), dict)
-        and isinstance(r.get("status", "ok"), str) and isinstance(r.get("reason", ""), str)
-        and all(r.get(k) is None or (isinstance(r[k], (int, float)) and not isinstance(r[k], bool))
-                for k in _NUMBERS)
-        for r in rows)
+    if not isinstance(rows, list):
+        return f'its "candidates" is {_json_kind(rows)}, not an array'
+    for i, r in enumerate(rows):
+        where = f'its candidate row {i}'
+        if not isinstance(r, dict):
+            return f"{where} is {_json_kind(r)}, not an object"
+        for field, kind, ok in (("algorithm", "a string", isinstance(r.get("algorithm"), str)),
+                                ("options", "an object", isinstance(r.get("options", {}), dict)),
+                                ("status", "a string", isinstance(r.get("status", "ok"), str)),
+                                ("reason", "a string", isinstance(r.get("reason", ""), str))):
+            if not ok:
+                return f'{where}\'s "{field}" is {_json_kind(r.get(field))}, not {kind}'
+        for k in _NUMBERS:
+            if not (r.get(k) is None or (isinstance(r[k], (int, float)) and not isinstance(r[k], bool))):
+                return f'{where}\'s "{k}" is {_json_kind(r[k])}, not a number or null'
+    return None
+
+
+def valid_entry(entry) -> bool:
+    """Whether ``entry`` has the shape this module writes (:func:`entry_defect`)."""
+    return entry_defect(entry) is None
 
 
 def _json_kind(value) -> str:
@@ -207,10 +225,12 @@ class AutotuneCache:
             return {}
         entries = data["entries"]
         # one bad entry (a hand edit, another version's) costs its own decision, not the file's
-        bad = {key for key, entry in entries.items() if not valid_entry(entry)}
+        bad = {key: why for key, entry in entries.items() if (why := entry_defect(entry)) is not None}
         if bad and report:
+            first = min(bad)
             self.warn(f"autotune cache {self.path}: {len(bad)} corrupt entr{'y' if len(bad) == 1 else 'ies'} "
-                      f"dropped and tuned again (first: {min(bad)!r}); the other {len(entries) - len(bad)} kept")
+                      f"dropped and tuned again (first: {first!r}: {bad[first]}); the other "
+                      f"{len(entries) - len(bad)} kept")
         return {key: entry for key, entry in entries.items() if key not in bad}
 
     def get(self, key: str) -> dict | None:
@@ -245,4 +265,5 @@ class AutotuneCache:
             self.warn(f"autotune cache {self.path} cannot be written ({e}); decisions kept in memory")
 
 
-__all__ = ["valid_entry", "wrong_format", "AutotuneCache", "cache_key", "default_path", "FORMAT", "ENV_VAR", "DEFAULT_PATH"]
+__all__ = ["entry_defect", "valid_entry", "wrong_format", "AutotuneCache", "cache_key", "default_path", "FORMAT", "ENV_VAR",
+           "DEFAULT_PATH"]

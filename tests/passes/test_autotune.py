@@ -207,10 +207,28 @@ def test_a_corrupt_entry_is_dropped_alone_and_the_others_are_kept(monkeypatch, t
     data["entries"]["someone else's node"] = {"algorithm": "fast", "options": {}, "candidates": [{"time_ms": "quick"}]}
     path.write_text(json.dumps(data))
     timer = StubTimer({"fast": 1.0})
-    with pytest.warns(RuntimeWarning, match="1 corrupt entry dropped .*someone else's node.* the other 1 kept"):
+    # the message says what is wrong with the entry, not only its key (fresh-user report)
+    with pytest.warns(RuntimeWarning, match="1 corrupt entry dropped .*someone else's node.: its candidate row 0's "
+                                            "\"algorithm\" is null, not a string\\); the other 1 kept"):
         _, report = tune(outs, path, timer)
     assert report.node("s0").algorithm == "fast" and not timer.calls  # the good entry was a hit
     assert json.loads(path.read_text())["entries"].keys() >= good.keys()
+
+
+@pytest.mark.parametrize("entry, why", [
+    ([], "the entry is an array, not an object"),
+    ({"algorithm": 3}, '"algorithm" is a number, not a string'),
+    ({"algorithm": "gemm", "options": []}, '"options" is an array, not an object'),
+    ({"algorithm": "gemm", "candidates": {}}, '"candidates" is an object, not an array'),
+    ({"algorithm": "gemm", "candidates": [{"algorithm": "gemm", "time_ms": "quick"}]},
+     'candidate row 0\'s "time_ms" is a string, not a number or null'),
+    ({"algorithm": "gemm", "candidates": [{"algorithm": "gemm", "time_ms": 1.5, "status": "ok"}]}, None),
+])
+def test_entry_defect_says_what_is_wrong_in_json_words(entry, why):
+    from opgraph.passes.autotune_cache import entry_defect
+
+    got = entry_defect(entry)
+    assert (got is None) if why is None else (why in got)
 
 
 def test_no_correct_candidate_is_an_error(monkeypatch, tmp_path):

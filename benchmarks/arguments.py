@@ -229,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "DenseNet-121 64, on a GPU and for --summary; "
                         f"{driver.CPU_DEFAULT_BATCH} on the CPU, where the default run of the four "
                         f"winners takes {driver.CPU_RUN_TIME})")
-    p.add_argument("--device", choices=DEVICES, type=one_of(DEVICES, "device", meant={"gpu": "cuda", "nvidia": "cuda"}), default="auto",
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   type=one_of(DEVICES, "device", meant={"gpu": "cuda", "nvidia": "cuda"}),
                    help="auto: the GPU if CuPy sees one, else the CPU (default)")
     p.add_argument("--dtype", choices=DTYPES, type=one_of(DTYPES, "dtype"), default="float32",
                    help="storage dtype of inputs, parameters, activations and gradients, --onnx "
@@ -326,5 +327,6 @@ def model_names(args) -> list[str]:
     return list(GROUPS[args.suite or "winners"])
 
 
-__all__ = ["GROUPS", "DEVICES", "DTYPES", "LAYOUTS", "BriefUsageParser", "entries", "parse_models", "build_parser", "model_names", "is_policy_item",
+__all__ = ["GROUPS", "DEVICES", "DTYPES", "LAYOUTS", "BriefUsageParser", "entries", "parse_models", "build_parser",
+           "model_names", "is_policy_item",
            "PolicyColumn", "LoweringAction"]

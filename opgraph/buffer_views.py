@@ -93,22 +93,6 @@ class Region:
         return buf[self.index] if self.chain else buf
 
 
-def dense(a) -> bool:
-    """Whether ``a``'s elements fill the bytes from its first element's address
-    on, with no gap and no overlap: C order, channels-last, any permutation of
-    a contiguous array (extents of 1 have any stride). Not a slice of a wider
-    buffer, a broadcast or a reversed view. An empty array is dense (it has no
-    byte to copy)."""
-    if a.size == 0:
-        return True
-    expect = a.itemsize
-    for stride, extent in sorted((s, n) for s, n in zip(a.strides, a.shape) if n != 1):
-        if stride != expect:
-            return False
-        expect *= extent
-    return True
-
-
 #: the shortest run :func:`pitched_rows` copies as a 2-D memcpy: the copy moves
 #: run by run, and a run shorter than a 16-byte word (a strided gather of single
 #: elements) is left to the element-wise copy (not measured below this)
@@ -129,7 +113,11 @@ def pitched_rows(dst, src) -> tuple[int, int, int, int] | None:
     Dims are ordered by ``dst``'s strides (extents of 1 left out); the run is the
     longest innermost block contiguous in both arrays, at least
     :data:`MIN_ROW_BYTES`, and the rest must step by whole runs of one pitch in
-    each (dense in units of the pitch)."""
+    each (dense in units of the pitch). ``rows == 1``: both arrays fill their
+    bytes from their first element on (C order, channels-last, any permutation
+    of a contiguous array), a plain memcpy. The limits are CUDA's
+    ``cudaMemcpy2D`` (pitches >= the run; CUDA Runtime API, memory management).
+    Raises nothing: a layout it cannot describe is None."""
     dims = sorted((d for d in range(dst.ndim) if dst.shape[d] != 1), key=lambda d: (dst.strides[d], d))
     if any(src.strides[d] <= 0 or dst.strides[d] <= 0 for d in dims):
         return None
@@ -320,5 +308,5 @@ def step_views(graph, plan, xp, types: dict | None = None) -> dict:
     return out
 
 
-__all__ = ["Region", "StepView", "WriteInto", "AssembleConcat", "SliceView", "copy_into", "dense", "pitched_rows",
+__all__ = ["Region", "StepView", "WriteInto", "AssembleConcat", "SliceView", "copy_into", "pitched_rows",
            "sliced", "step_views"]

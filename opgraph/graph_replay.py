@@ -270,15 +270,14 @@ class GraphReplay:
         held = int(self.pool.total_bytes())
         try:
             seg.graph, _ = _captured(self.stream, body, self.pool)
-            self._check_kept(held)
-        except ReleasedScratch:
-            raise
         except Exception as e:  # each step captured alone, together they did not
             why = f"captured alone but not in a run of {len(seg.steps)} steps ({error_line(e)})"
             for st in seg.steps:
                 reasons[st.node] = why
                 slots[st.node] = before[st.node]  # not the failed capture's unwritten arrays
             seg.graph = None
+        self._check_kept(held)  # a failed capture allocated from the pool too
+        if seg.graph is None:
             for st in seg.steps:
                 self._run_eager(st)
             return
@@ -351,5 +350,5 @@ class GraphReplay:
                 "pool_bytes": self.pool_bytes, "pool_shared": not self._own_pool}
 
 
-__all__ = ["GraphReplay", "ReleasedScratch", "capture_error", "declared_blocker", "capture_stream", "release_cached", "error_line",
-           "RunStep"]
+__all__ = ["GraphReplay", "ReleasedScratch", "capture_error", "declared_blocker", "capture_stream", "release_cached",
+           "error_line", "RunStep"]

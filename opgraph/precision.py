@@ -54,7 +54,8 @@ def check(value, what: str = "precision") -> str:
         ParameterError: any other value, naming ``what`` and the choices.
     """
     if value not in PRECISIONS:
-        raise ParameterError(what, value, f"must be one of {', '.join(PRECISIONS)}{did_you_mean(value, PRECISIONS)}")
+        raise ParameterError(what, value,
+                             f"must be one of {', '.join(PRECISIONS)}{did_you_mean(value, PRECISIONS)}")
     return value
 
 

@@ -132,7 +132,8 @@ def describe(summary: dict) -> str:
     parts = [f"{label.get(p, p)} {_duration(summary['seconds'][p])}" for p in PARTS]
     parts.append(f"outside nodes {_duration(summary['outside_nodes_s'])}")
     counts = (f"{summary['nodes_tuned']:,d} nodes tuned ({summary['candidates_checked']:,d} candidates "
-              f"checked, {summary['candidates_timed']:,d} timed), {summary['cache_hits']:,d} cache hits in this run or the file "
+              f"checked, {summary['candidates_timed']:,d} timed), {summary['cache_hits']:,d} cache hits "
+              "in this run or the file "
               f"({_duration(summary['cache_hit_s'])}), {summary['nodes_untimed']:,d} with one candidate")
     clock = f" ({summary['clock']} clock)" if summary.get("clock") else ""
     return f"autotune {_duration(summary['total_s'])}{clock}: " + ", ".join(parts) + f"; {counts}"

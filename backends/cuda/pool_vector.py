@@ -635,6 +635,7 @@ def _tile_smem(kind: str, window: tuple, t: TileShape) -> int:
     return ((kh - 1) // sh + t.rows // sh) * ((kw - 1) // sw + t.cols // sw) * t.groups * 32
 
 
+@functools.lru_cache(maxsize=None)  # asked at every launch: 2-32 us of Python each time
 def tile_shape(kind: str, window: tuple, extent: tuple, groups: int) -> TileShape:
     """The default tile of a ``kind`` launch (``arg``, ``take``: ``extent`` the output's
     ``(OH, OW)``; ``bwd``: the input's ``(H, W)`` from the first multiple of the
@@ -1220,7 +1221,12 @@ def max_pool2d_backward(xp, x, gy, g: PoolGeometry, relu: bool = False, pixels: 
     takes ``pixels`` output columns per thread (:data:`PIXELS`); ``tile`` (True
     or a :class:`TileShape`): the scan and the gather of bfloat16 from
     shared-memory tiles where the window allows (:func:`tile_declines`; the
-    same bits). Raises nothing itself: the caller checks :func:`applies` first."""
+    same bits).
+
+    Raises:
+        ValueError: a :class:`TileShape` ``tile`` that does not divide the
+            channel groups (or, for the gather, the stride). Nothing else: the
+            caller checks :func:`applies` first."""
     n, c = x.shape[:2]
     arg = _forward(xp, "arg", x, xp.empty((n, *g.out, c), dtype=xp.uint8), g, relu=relu, pixels=pixels, tile=tile)
     return _backward(xp, "bwd", [arg], gy, _nhwc(xp, x.shape, gy.dtype), g, tile=tile)
@@ -1238,8 +1244,9 @@ def max_pool2d_argmax(xp, x, g: PoolGeometry, relu: bool = False, pixels: int = 
     """Each window's winner of channels-last ``(N, C, H, W)`` x: a new
     channels-last uint8 ``(N, C, OH, OW)`` array of row-major window indices
     (``relu``: plus :data:`MASKED` where the winner is not > 0), the scan of
-    :func:`max_pool2d_backward` (``tile``: as there). Raises nothing itself:
-    the caller checks :func:`applies` first."""
+    :func:`max_pool2d_backward` (``tile``: as there, and so are its errors:
+    ValueError for a :class:`TileShape` that does not divide the channel
+    groups; the caller checks :func:`applies` first)."""
     n, c = x.shape[:2]
     arg = _forward(xp, "arg", x, xp.empty((n, *g.out, c), dtype=xp.uint8), g, relu=relu, pixels=pixels, tile=tile)
     return arg.transpose(0, 3, 1, 2)
@@ -1251,8 +1258,11 @@ def max_pool2d_take(xp, x, idx, g: PoolGeometry, masked: bool = False, tile=Fals
     array of x's dtype; a marked index reads 0 with ``masked``; ``tile`` (True
     or a :class:`TileShape`): bfloat16 from a shared-memory tile of x where the
     window allows (:func:`_take_tile`, :func:`tile_declines`; the same bits).
-    Raises nothing itself: the caller checks :func:`applies` and
-    :func:`indices_apply` first."""
+
+    Raises:
+        ValueError: a :class:`TileShape` ``tile`` that does not divide the
+            channel groups. Nothing else: the caller checks :func:`applies`
+            and :func:`indices_apply` first."""
     return _forward(xp, "take", x, _nhwc(xp, (*x.shape[:2], *g.out), x.dtype), g, before=[idx], masked=masked,
                     tile=tile)
 
@@ -1262,8 +1272,12 @@ def max_pool2d_backward_indices(xp, idx, gy, g: PoolGeometry, shape, masked: boo
     (:func:`indices_apply`) and channels-last ``(N, C, OH, OW)`` gy: a new
     channels-last array of ``shape`` and gy's dtype (``masked``: marked
     windows route nothing; ``tile``: the gather from shared-memory tiles, as
-    :func:`max_pool2d_backward`). Raises nothing itself: the caller checks
-    :func:`applies` and :func:`indices_apply` first."""
+    :func:`max_pool2d_backward`).
+
+    Raises:
+        ValueError: a :class:`TileShape` ``tile`` that does not divide the
+            channel groups or the stride. Nothing else: the caller checks
+            :func:`applies` and :func:`indices_apply` first."""
     return _backward(xp, "bwd", [idx], gy, _nhwc(xp, tuple(shape), gy.dtype), g, masked=masked, tile=tile)
 
 

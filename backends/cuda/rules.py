@@ -92,8 +92,7 @@ INDEXED_CELLS = {ops.MaxPool2dBackward: pool_vector.MAX_CELLS, ops.MaxPool2dBack
 MAX_POOLS = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.MaxPool2dArgmax)
 #: Of them, those with a bfloat16 window scan, take or gather from shared-memory tiles
 #: (the ``tile`` option: ``pool_vector.tile_declines``)
-TILED_POOLS = (ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.MaxPool2dArgmax, ops.MaxPool2dTake,
-               ops.MaxPool2dBackwardIndices)
+TILED_POOLS = tuple(INDEXED_CELLS)
 
 
 def pool_variants(op, in_types, device):

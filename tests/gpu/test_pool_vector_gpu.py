@@ -158,10 +158,10 @@ def test_bfloat16_pair_kernels_keep_signed_zeros_and_non_finite_values(cp, case,
                                           _bits(cp, saved(back, idx, gy, vector=False)), err_msg=f"gather {masked}")
 
 
-def _hard_values(shape, seed: int):
+def _hard_values(shape, rng):
     """A float32 NCHW input of ties (-0.0 and +0.0), infinities, an all -inf corner
-    window and two NaN lanes, drawn with ``seed`` (the tile kernels' hard values)."""
-    rng = np.random.default_rng(seed)
+    window and two NaN lanes, drawn from ``rng`` (the tile kernels' hard values;
+    the caller draws its gradients and indices from the same generator after)."""
     values = np.array([-0.0, 0.0, -1.0, 1.0, 2.0, np.inf, -np.inf], np.float32)
     x_host = values[rng.integers(0, len(values), size=shape)]
     x_host[0, :, :4, :4] = -np.inf
@@ -169,8 +169,19 @@ def _hard_values(shape, seed: int):
     return x_host
 
 
+def _tile_launches(monkeypatch) -> list:
+    """The results of every ``pool_vector._tile_launch`` from now on (False: the
+    tile kernel declined the launch and the pair or bits kernel ran instead), so
+    that a tile test knows it compared the tile kernels, not the old ones twice."""
+    from opgraph.backends.cuda import pool_vector
+
+    seen, launch = [], pool_vector._tile_launch
+    monkeypatch.setattr(pool_vector, "_tile_launch", lambda *a, **k: seen.append(launch(*a, **k)) or seen[-1])
+    return seen
+
+
 @pytest.mark.parametrize("case", CASES, ids=["3x3s2-ceil", "3x3s1p1", "2x2s2"])
-def test_bfloat16_tile_kernels_match_the_pair_kernels(cp, case):
+def test_bfloat16_tile_kernels_match_the_pair_kernels(cp, case, monkeypatch):
     """The ``tile`` variant (``pool_vector._scan_tile``, ``_gather_tile``: shared
     memory, PTX ``set.eq.u32.bf16x2`` and ``cvt.rn.bf16x2.f32`` on sm_90) gives
     the pair kernels' bits: ties of -0.0 and +0.0, -inf windows, NaN in some
@@ -182,7 +193,8 @@ def test_bfloat16_tile_kernels_match_the_pair_kernels(cp, case):
     from opgraph.backends.registry import KernelContext
     from opgraph.types import TensorType
     shape, k, s, p, ceil = case
-    x_host = _hard_values(shape, seed=5)
+    rng = np.random.default_rng(5)
+    x_host = _hard_values(shape, rng)
     x = _device(cp, x_host, "bfloat16")
     geometry = dict(kernel_size=k, stride=s, padding=p, ceil_mode=ceil)
     out = ops.MaxPool2d(**geometry).output_shape(shape)
@@ -192,6 +204,7 @@ def test_bfloat16_tile_kernels_match_the_pair_kernels(cp, case):
     wide = _device(cp, np.concatenate([np.zeros((out[0], 8, *out[2:]), np.float32), gy_host,
                                        np.zeros((out[0], 8, *out[2:]), np.float32)], axis=1), "bfloat16")
     gy = wide[:, 8:8 + out[1]]
+    launches = _tile_launches(monkeypatch)
 
     def run(op, *arrays, tile):
         t = op.infer(*(TensorType(a.shape, "uint8" if a.dtype == cp.uint8 else "bfloat16") for a in arrays))
@@ -210,10 +223,11 @@ def test_bfloat16_tile_kernels_match_the_pair_kernels(cp, case):
             back = ops.MaxPool2dBackwardIndices(**geometry, masked=masked, input_shape=shape)
             np.testing.assert_array_equal(_bits(cp, run(back, idx, gy, tile=True)),
                                           _bits(cp, run(back, idx, gy, tile=False)), err_msg=f"gather {masked}")
+    assert len(launches) >= 8 and all(launches), launches  # every tile request ran its tile kernel
 
 
 @pytest.mark.parametrize("case", CASES, ids=["3x3s2-ceil", "3x3s1p1", "2x2s2"])
-def test_bfloat16_tile_take_matches_the_bits_take(cp, case):
+def test_bfloat16_tile_take_matches_the_bits_take(cp, case, monkeypatch):
     """The ``tile`` take (``pool_vector._take_tile``: x staged in shared memory as
     the tile scan stages it) gives ``_take_bits``' bits: x of -0.0/+0.0 ties, -inf
     windows, quiet and signalling NaN lanes (quieted by both), a channel slice of
@@ -225,7 +239,8 @@ def test_bfloat16_tile_take_matches_the_bits_take(cp, case):
     from opgraph.backends.registry import KernelContext
     from opgraph.types import TensorType
     shape, k, s, p, ceil = case
-    x_host = _hard_values(shape, seed=6)
+    rng = np.random.default_rng(6)
+    x_host = _hard_values(shape, rng)
     n, c, h, w = shape
     wide = _device(cp, np.concatenate([np.zeros((n, 8, h, w), np.float32), x_host,
                                        np.zeros((n, 8, h, w), np.float32)], axis=1), "bfloat16")
@@ -234,6 +249,7 @@ def test_bfloat16_tile_take_matches_the_bits_take(cp, case):
     raw[0, 5, 2, 3] = raw[3, 17, 6, 7] = raw[1, 40, 0, 1] = 0x7f81  # signalling NaNs, each alone in its windows
     raw[2, 9, 1, 1] = raw[0, 21, 4, 4] = 0xffa0
     geometry = dict(kernel_size=k, stride=s, padding=p, ceil_mode=ceil)
+    launches = _tile_launches(monkeypatch)
 
     def run(op, *arrays, **options):
         t = op.infer(*(TensorType(a.shape, "uint8" if a.dtype == cp.uint8 else "bfloat16") for a in arrays))
@@ -250,3 +266,4 @@ def test_bfloat16_tile_take_matches_the_bits_take(cp, case):
             np.testing.assert_array_equal(got, want, err_msg=f"take relu={relu} masked={masked}")
             if not (relu and masked):  # the NaN winners are taken (quieted)
                 assert 0x7fc1 in got and 0xffe0 in got and 0x7f81 not in got
+    assert len(launches) >= 4 and all(launches), launches  # each tile take ran the tile kernel

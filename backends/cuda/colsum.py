@@ -21,6 +21,7 @@ import functools
 from opgraph.errors import ParameterError, ShapeError
 from opgraph.types import compute_dtype, is_channels_last
 
+from . import colsum_vector
 from .storage import BF16_DEVICE, bits, dtype_name, float_to_bf16_bits, is_bf16, like, unbits, zeros
 
 
@@ -35,9 +36,10 @@ from .storage import BF16_DEVICE, bits, dtype_name, float_to_bf16_bits, is_bf16,
 BIAS_GRAD_SUM_BELOW = 16 * 2 ** 20
 
 #: ``method`` of :func:`bias_add_backward` for channels-last input: our
-#: column-sum kernel (the default; capturable into a CUDA graph) or one cuBLAS
+#: column-sum kernel (the default; capturable into a CUDA graph), the same sums
+#: with 16-byte loads (``colsum_vector``; capturable) or one cuBLAS
 #: matrix-vector product (not capturable; kept as an autotune variant).
-BIAS_GRAD_METHODS = ("columns", "gemv")
+BIAS_GRAD_METHODS = ("columns", "vector", "gemv")
 
 
 def method_capture_blocker(options) -> str | None:
@@ -267,7 +269,11 @@ def bias_add_backward(xp, gy, *, method="columns"):
     calls during stream capture; ``method='gemv'`` keeps the previous one
     cuBLAS matrix-vector product (``ones(N*H*W) @ rows``; float16 copied to
     float32 first), offered to the autotuner as a variant
-    (``rules.bias_variants``).
+    (``rules.bias_variants``); ``method='vector'`` takes the column sums with
+    16-byte loads (:func:`colsum_vector.column_sums`, capturable) where its
+    ``declines`` gives no reason (bfloat16 or float32, channels a multiple of
+    its lanes, 16-byte-aligned rows), else the ``'columns'`` kernel: the same
+    sums, another order of additions.
 
     NCHW (either method; other ranks likewise): below
     :data:`BIAS_GRAD_SUM_BELOW` elements a CuPy sum, which launches less;
@@ -297,7 +303,9 @@ def bias_add_backward(xp, gy, *, method="columns"):
         return zeros(xp, c, gy.dtype)
     if is_channels_last(gy):
         rows = gy.transpose(0, 2, 3, 1).reshape(-1, c)  # (N*H*W, C), a view
-        if method == "columns":
+        if method == "vector" and colsum_vector.declines(rows) is None:
+            return colsum_vector.column_sums(xp, rows)
+        if method in ("columns", "vector"):
             return column_sums(xp, rows)
         rows = like(xp, rows, xp.float32) if bf16 else rows.astype(acc, copy=False)
         out = xp.ones(rows.shape[0], dtype=acc) @ rows

@@ -31,7 +31,7 @@ from opgraph.types import INDEX_DTYPES
 
 from ..reference.kernel import params_kernel
 from ..registry import Rule, register
-from . import colsum, depthwise, depthwise_filter, loss, lrn, pool, pool_indices, pool_vector, relu, unfold
+from . import colsum, colsum_vector, depthwise, depthwise_filter, loss, lrn, pool, pool_indices, pool_vector, relu, unfold
 from .cublas import capture_requirement
 from .codegen import movement
 
@@ -142,14 +142,23 @@ def _vector_types(op, in_types) -> bool:
 
 def bias_variants(op, in_types, device):
     """Autotune candidates of the bias gradient: for a channels-last 4-D
-    gradient our column-sum kernel (the default, capturable into a CUDA graph)
-    and the cuBLAS matrix-vector product (``method='gemv'``, not capturable:
-    :data:`VARIANT_CAPTURE_BLOCKERS`); otherwise one, as both methods run the
+    gradient our column-sum kernel (the default, capturable into a CUDA graph),
+    the same sums with 16-byte loads (``method='vector'``, capturable; where its
+    dtype and channel count allow: ``colsum_vector.LANES``) and the cuBLAS
+    matrix-vector product (``method='gemv'``, not capturable:
+    :data:`VARIANT_CAPTURE_BLOCKERS`); otherwise one, as every method runs the
     same NCHW code."""
     t = in_types[0] if in_types else None
     if t is not None and t.ndim == 4 and t.layout == "NHWC":
-        return [{}, {"method": "gemv"}]
+        lanes = colsum_vector.LANES.get(t.dtype)
+        vector = [{"method": "vector"}] if lanes and t.shape[1] % lanes == 0 else []
+        return [{}, *vector, {"method": "gemv"}]
     return [{}]
+
+
+#: part of the autotune cache key: 1 added ``method='vector'``, so decisions tuned without it
+#: are tuned again
+bias_variants.revision = 1
 
 
 #: op type -> (kernel options an autotune variant may set, its ``variants``).

@@ -42,6 +42,7 @@ using std::fmin; using std::erf; using std::tanh;
 #define __device__
 #define __global__
 #define __forceinline__ inline
+#define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __shared__ static
 struct og_dim3 { unsigned int x, y, z; };

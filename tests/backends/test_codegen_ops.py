@@ -240,6 +240,13 @@ def test_the_rule_declines_what_the_generator_does_not_cover():
     assert "per channel, per plane or total" in check(ops.Mean(axes=(1,)), (x,), "cuda")
     assert "per channel, per plane or total" in check(ops.SumTo(shape=(2, 1, 3, 3)), (x,), "cuda")
     assert check(ops.Mean(axes=(0, 1, 2, 3)), (x,), "cuda") is None
+    # average pooling: only a window covering the whole plane with no padding (a global pool)
+    assert check(ops.AvgPool2d(kernel_size=3, stride=2), (x,), "cuda") is None
+    assert "whole (3, 3) plane" in check(ops.AvgPool2d(kernel_size=2, stride=1), (x,), "cuda")
+    padded = ops.AvgPool2d(kernel_size=3, stride=1, padding=1)
+    assert "no padding" in check(padded, (x,), "cuda")
+    gy = padded.infer(x)
+    assert "no padding" in check(ops.AvgPool2dBackward(**padded.pool_params(), input_shape=x.shape), (gy,), "cuda")
     assert rules_for(ops.Relu)["codegen"].tags >= {"codegen", "generated", "gpu"}
     assert "fused" in rules_for(ops.FusedElementwise)["codegen"].tags
 

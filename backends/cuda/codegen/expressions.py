@@ -312,6 +312,28 @@ def _global_avg_pool_backward(b, op, types, gy):
     return b.expr("({0} / {1})", b.value(gy), b.count("plane"))
 
 
+def _whole_plane(op, spatial) -> None:
+    """Raise PlanError unless average pooling ``op`` is a global pool of a ``spatial`` plane: one
+    window covering it with no padding (so one output per plane and the divisor its H * W,
+    with or without ``count_include_pad``: SEMANTICS.md, Pooling). GoogLeNet's 7x7/1 pool."""
+    whole = tuple(op.kernel_size) == tuple(spatial) and all(p == (0, 0) for p in op.padding)
+    if not whole:
+        raise PlanError(f"{op.describe()}: only a window covering the whole {tuple(spatial)} plane with no "
+                        "padding is generated (a global average pool)")
+
+
+@expression(ops.AvgPool2d, iterates="in")
+def _avg_pool_whole_plane(b, op, types, x):
+    _whole_plane(op, types[0].shape[2:])
+    return _mean(b, b.value(x), "plane")
+
+
+@expression(ops.AvgPool2dBackward)
+def _avg_pool_whole_plane_backward(b, op, types, gy):
+    _whole_plane(op, op.input_shape[2:])
+    return b.expr("({0} / {1})", b.value(gy), b.count("plane"))
+
+
 @expression(ops.Dropout)
 def _dropout(b, op, types, x):
     x = b.value(x)

@@ -1,0 +1,29 @@
+"""``scripts/bias_grad_bench.py`` without a GPU: the shapes it times are every 4-D bias gradient
+of the models' training steps (read from the autodiff graph), and the ``vector`` method takes each
+of them in bfloat16 (channels a multiple of its 8 lanes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from opgraph import ops
+from opgraph.backends.cuda import colsum_vector, rules
+from opgraph.benchmarks.models import build
+from opgraph.types import TensorType
+
+from repo_scripts import load_script
+
+
+@pytest.mark.parametrize("model, batch, convs", [("googlenet", 128, 57), ("vgg_a", 64, 8)])
+def test_the_shapes_are_every_bias_gradient_of_the_model(model, batch, convs):
+    shapes = load_script("bias_grad_bench").bias_shapes(model, batch)
+    assert sum(shapes.values()) == convs  # one per convolution with a bias
+    graph = build(model, batch=batch)
+    conv_outputs = {tuple(v.type.shape) for v in graph.output.graph.nodes_in_order([graph.output])
+                    if type(v.op).__name__.startswith("Conv2d") or "conv" in type(v.op).__name__.lower()}
+    assert conv_outputs and set(shapes) <= conv_outputs
+    for shape in shapes:
+        assert shape[0] == batch
+        t = TensorType(shape, "bfloat16", layout="NHWC")
+        assert {"method": "vector"} in rules.bias_variants(ops.BiasAddBackward(), [t], "cuda")
+        assert shape[1] % colsum_vector.LANES["bfloat16"] == 0

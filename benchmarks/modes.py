@@ -13,6 +13,7 @@ mode itself is :func:`.cli.run_timing`.
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 
@@ -21,7 +22,7 @@ import attrs
 from opgraph.analysis import summarize, totals
 from opgraph.backends.registry import algorithm_devices
 from opgraph.errors import ParameterError
-from opgraph.passes.force import matches_a_node
+from opgraph.passes.force import DIRECTIONS, matches_a_node
 from opgraph.passes.policy import LoweringPolicy, PolicyError
 from opgraph.passes.policy_names import check_names
 
@@ -251,6 +252,9 @@ def check_forces(tgs, args, device: str) -> None:
         key, _, algorithm = (part.strip() for part in item.partition("="))
         key = key[1:].strip()
         if _unmatched([key], names):
+            wrong_phase = _phase_hint(key, names)
+            if wrong_phase:
+                raise UsageError(f"--lowering {item.strip()}: {wrong_phase}")
             raise UsageError(f"--lowering {item.strip()}: {key!r} names no node of {_forces_hint(tgs)}")
         devices = algorithm_devices(algorithm)
         if devices and device not in devices:
@@ -269,6 +273,19 @@ def _unmatched(keys, names: dict[str, list[tuple]]) -> list[str]:
     """The force keys of ``keys`` that name no node of any model (model -> its
     nodes' ``(name, direction)``)."""
     return [k for k in keys if not any(matches_a_node(k, ns) for ns in names.values())]
+
+
+def _phase_hint(key: str, names: dict[str, list[tuple]]) -> str | None:
+    """For a key ``LAYER:WORD`` whose layer names a node but whose WORD is no phase (``conv1:fwd``):
+    what is wrong and the phase meant (the op's direction codes fwd/dgrad/wgrad map to their phase
+    names, else the closest phase name); None for any other key."""
+    layer, sep, word = key.rpartition(":")
+    if not sep or not layer or word in DIRECTIONS.values() or _unmatched([layer], names):
+        return None
+    meant = DIRECTIONS.get(word) or next(iter(difflib.get_close_matches(word, DIRECTIONS.values(), n=1)), None)
+    phases = ", ".join(f":{w}" for w in DIRECTIONS.values())
+    return (f"{layer!r} is a layer, but {':' + word!r} is not one of its phases ({phases})"
+            + (f": did you mean {layer}:{meant}?" if meant else ""))
 
 
 def _forces_hint(tgs) -> str:

@@ -204,6 +204,24 @@ def test_a_force_that_names_no_node_of_any_model_is_a_usage_error_before_any_wor
                    "model's layers)\n")
 
 
+@pytest.mark.parametrize("word, meant", [("fwd", "forward"), ("dgrad", "backward_data"), ("wgrad", "backward_filter"),
+                                         ("forwrd", "forward"), ("zzz", None)])
+def test_a_layer_with_a_word_that_is_no_phase_says_which_phase_was_meant(capsys, monkeypatch, word, meant):
+    """``@conv1:fwd=fft``: the layer exists, the word after it is no phase. The error says so and
+    names the phase meant (the ops' direction codes fwd/dgrad/wgrad, or the closest phase name),
+    instead of calling the whole key a name of no node; before anything is timed."""
+    def timed(*a, **k):
+        raise AssertionError("timing started")
+
+    monkeypatch.setattr(driver, "run_benchmark", timed)
+    item = f"@conv1:{word}=fft"
+    status, out, err = run_cli(capsys, "--model", "alexnet", *FAST, "--lowering", f"auto,{item}")
+    assert (status, out) == (2, "")
+    hint = f": did you mean conv1:{meant}?" if meant else ""
+    assert err == (f"opgraph-bench: error: --lowering {item}: 'conv1' is a layer, but ':{word}' is not one of its "
+                   f"phases (:forward, :backward_data, :backward_filter){hint}\n")
+
+
 @pytest.mark.parametrize("mode", [(), ("--profile",)])
 @pytest.mark.parametrize("table, keys", [
     ('[force]\nconv99 = "fft"\n', "'conv99'"),

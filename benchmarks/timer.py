@@ -167,6 +167,32 @@ def time_calls(fn: Callable[[], object], *, warmup: int, repeat: int,
     return make_timer(device).measure(fn, repeat=repeat)
 
 
+def replayed_ms_per_call(fn: Callable[[], object], calls: int, *, warmup: int = 3, repeat: int = 20) -> float:
+    """Median milliseconds per call of ``fn`` on the GPU as a replayed CUDA graph runs it: ``fn``
+    once eagerly (compiled kernels, plans and pool blocks made outside the capture), then ``calls``
+    of it captured into one graph on a non-blocking stream, the graph replayed ``warmup`` times
+    untimed and ``repeat`` times between CUDA events (:func:`time_calls`), each replay's time
+    divided by ``calls``: a kernel's device time with the launch gaps of a graph, no Python
+    dispatch. What the kernel benchmarks of ``scripts/`` time.
+
+    Raises:
+        ValueError: ``calls < 1``, ``warmup < 0`` or ``repeat < 1``.
+    """
+    if calls < 1:
+        raise ValueError(f"calls={calls}: must be >= 1")
+    import cupy
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        fn()
+        stream.synchronize()
+        stream.begin_capture()
+        for _ in range(calls):
+            fn()
+        graph = stream.end_capture()
+        times = time_calls(lambda: graph.launch(stream), warmup=warmup, repeat=repeat, device="cuda")
+    return statistics.median(times) / calls
+
+
 @attrs.frozen
 class Timing:
     """Per-call times of one timed loop, in milliseconds per mini-batch."""

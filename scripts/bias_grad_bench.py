@@ -14,8 +14,8 @@ The summary's ``best before`` / ``best now`` sum the fastest method per shape wi
 
 Each is first checked against the float64 sums of the same values (within one bfloat16 ulp, or
 2^-20 of the sum of magnitudes for float32), then timed: ``--calls`` launches captured into one
-CUDA graph, the graph replayed through ``opgraph.benchmarks.timer.time_calls`` (CUDA events,
-median of 20 after 3 warm-ups), divided by the calls: each step as the profile times it
+CUDA graph, the graph replayed through ``opgraph.benchmarks.timer.replayed_ms_per_call`` (CUDA
+events, median of 20 after 3 warm-ups), divided by the calls: each step as the profile times it
 ("replayed alone"). Bytes: the gradient read once and C values written. The copy bandwidth is
 measured in the run (``copy_bandwidth.measure_copy_bandwidth``); the target is 60 %.
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import statistics
 import sys
 
 
@@ -50,21 +49,6 @@ def bias_shapes(model: str, batch: int) -> collections.Counter:
         if isinstance(abstract_of(v.op), ops.BiasAddBackward) and len(v.inputs[0].type.shape) == 4:
             shapes[tuple(v.inputs[0].type.shape)] += 1
     return shapes
-
-
-def _graph_ms(cp, fn, calls: int) -> float:
-    """Median ms per call of ``fn``: ``calls`` of it captured into one CUDA graph, replayed."""
-    from opgraph.benchmarks.timer import time_calls
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        fn()
-        stream.synchronize()
-        stream.begin_capture()
-        for _ in range(calls):
-            fn()
-        graph = stream.end_capture()
-        times = time_calls(lambda: graph.launch(stream), warmup=3, repeat=20, device="cuda")
-    return statistics.median(times) / calls
 
 
 def main(argv=None) -> int:
@@ -85,6 +69,7 @@ def main(argv=None) -> int:
     from opgraph.backends.cuda.codegen import launch
     from opgraph.backends.cuda.storage import bits
     from opgraph.backends.registry import KernelContext, rules_for
+    from opgraph.benchmarks.timer import replayed_ms_per_call
     from opgraph.types import TensorType, numpy_dtype
 
     lines = []
@@ -138,7 +123,7 @@ def main(argv=None) -> int:
                     tol = (np.abs(want) * 2.0 ** -8 if args.dtype == "bfloat16" else 0) + scale * 2.0 ** -20 + 1e-30
                     good = bool((err <= tol).all())
                     ok &= good
-                    ms = _graph_ms(cp, fn, args.calls)
+                    ms = replayed_ms_per_call(fn, args.calls)
                 finally:
                     colsum_vector.LOADS_PER_THREAD = default_loads
                     launch._PLANS.clear()

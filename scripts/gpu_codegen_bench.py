@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import numpy as np
 
@@ -137,26 +136,10 @@ def _inputs(cp, case, seed: int):
 
 def graph_ms(cp, fn, calls: int, repeat: int) -> float:
     """Median milliseconds per call of ``fn``, ``calls`` of it captured into one
-    CUDA graph and replayed ``repeat`` times between CUDA events."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        fn()  # plans, compiled kernels, pool blocks
-        stream.synchronize()
-        stream.begin_capture()
-        for _ in range(calls):
-            fn()
-        graph = stream.end_capture()
-        for _ in range(3):
-            graph.launch(stream)
-        times = []
-        for _ in range(repeat):
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            stop.record(stream)
-            stop.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, stop) / calls)
-    return statistics.median(times)
+    CUDA graph and replayed ``repeat`` times between CUDA events
+    (``opgraph.benchmarks.timer.replayed_ms_per_call``)."""
+    from opgraph.benchmarks.timer import replayed_ms_per_call
+    return replayed_ms_per_call(fn, calls, repeat=repeat)
 
 
 def main(argv=None) -> int:

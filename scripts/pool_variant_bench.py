@@ -22,7 +22,7 @@ output: half zeros, so ties and marked windows), then on hard values (few
 distinct values with -0.0/+0.0, -inf windows, NaN lanes; gradients with -0.0,
 +-inf and NaN), both with and without the ReLU mark (masked and unmasked);
 then each kernel is timed: ``--calls`` launches captured into one CUDA graph,
-the graph replayed through ``opgraph.benchmarks.timer.time_calls`` (CUDA events,
+the graph replayed through ``opgraph.benchmarks.timer.replayed_ms_per_call`` (CUDA events,
 median of 20 after 3 warm-ups), divided by the calls (so Python dispatch is not
 timed); ``eager_ms`` is the same kernel launched from Python each call (as
 ``docs/results/h200-2026-12-04c/ncu_pool.py`` timed it: Python overhead included).
@@ -52,6 +52,8 @@ import math
 import statistics
 import sys
 import time
+
+from opgraph.benchmarks.timer import replayed_ms_per_call
 
 #: (model, layer, x shape (N, C, H, W), kernel, stride, padding, ceil_mode): every max pool
 #: of opgraph's GoogLeNet (batch 128: its 3x3/2 pools pad 1) and VGG-A (batch 64), then
@@ -166,22 +168,6 @@ def _equal(cp, a, b) -> bool:
     return bool(cp.array_equal(bits(cp, a), bits(cp, b)))
 
 
-def _graph_ms(cp, fn, calls: int) -> float:
-    """Median ms per call of ``fn``: ``calls`` of it captured into one CUDA graph,
-    replayed through ``time_calls`` (CUDA events, 3 warm-ups, 20 timed)."""
-    from opgraph.benchmarks.timer import time_calls
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        fn()  # compiled kernels, pool blocks
-        stream.synchronize()
-        stream.begin_capture()
-        for _ in range(calls):
-            fn()
-        graph = stream.end_capture()
-        times = time_calls(lambda: graph.launch(stream), warmup=3, repeat=20, device="cuda")
-    return statistics.median(times) / calls
-
-
 def _eager_ms(fn) -> float:
     from opgraph.benchmarks.timer import time_calls
     return statistics.median(time_calls(fn, warmup=3, repeat=20, device="cuda"))
@@ -248,8 +234,8 @@ def main(argv=None) -> int:
             if time.perf_counter() - start < args.budget:
                 exact["hard"] = _hard_check(cp, pv, kernel, shape, pooled, g)
             all_exact &= exact["timed"] and exact["hard"] is not False
-            times = {name: _graph_ms(cp, fn, args.calls) for name, fn in existing.items()}
-            tile_ms = _graph_ms(cp, tile_fn, args.calls)
+            times = {name: replayed_ms_per_call(fn, args.calls) for name, fn in existing.items()}
+            tile_ms = replayed_ms_per_call(tile_fn, args.calls)
             best = min(times, key=times.get)
             tbps = args.copy_tbps * 1e12
             t = pv.tile_shape(TILE_KINDS[kernel], (k, k, s, s), extent, cv)
@@ -317,7 +303,7 @@ def _sweep(cp, pv, args, kernel, t, window, cv, x, arg, gy, results, g) -> dict:
                 pv._backward(cp, "bwd", [arg], gy, got, g, masked=True, tile=alt)
         fn()
         same = _equal(cp, want, got)
-        out[f"{alt.rows}x{alt.cols}x{alt.groups}"] = round(_graph_ms(cp, fn, args.calls), 5) if same else "NOT EXACT"
+        out[f"{alt.rows}x{alt.cols}x{alt.groups}"] = round(replayed_ms_per_call(fn, args.calls), 5) if same else "NOT EXACT"
     return out
 
 

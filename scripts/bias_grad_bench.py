@@ -10,7 +10,9 @@ here), in ``--dtype`` (default bfloat16):
 * ``codegen``: the generated kernel's rule (``codegen_rules``), as autotune runs it.
 
 The summary's ``best before`` / ``best now`` sum the fastest method per shape without and with
-``vector`` (what autotune would pick per node).
+``vector`` at its default loads (what autotune would pick per node: the sweep's other loads are
+not offered to it). A shape ``vector`` declines (``colsum_vector.declines``) says why in its
+``vector_declines`` field, and its ``vector`` rows time the ``columns`` kernel it falls back to.
 
 Each is first checked against the float64 sums of the same values (within one bfloat16 ulp, or
 2^-20 of the sum of magnitudes for float32), then timed: ``--calls`` launches captured into one
@@ -66,7 +68,6 @@ def main(argv=None) -> int:
     from opgraph import ops
     from opgraph.backends.copy_bandwidth import measure_copy_bandwidth
     from opgraph.backends.cuda import colsum, colsum_vector
-    from opgraph.backends.cuda.codegen import launch
     from opgraph.backends.cuda.storage import bits
     from opgraph.backends.registry import KernelContext, rules_for
     from opgraph.benchmarks.timer import replayed_ms_per_call
@@ -82,8 +83,7 @@ def main(argv=None) -> int:
     emit({"what": "run", "dtype": args.dtype, "copy_gbps": copy_gbps, "calls": args.calls,
           "fields": "ms per call (graph replay / calls); of_copy = bytes / ms / copy bandwidth; "
                     "bytes = the gradient read once + C values written"})
-    default_loads = colsum_vector.LOADS_PER_THREAD
-    loads = [default_loads] + ([4, 16] if args.sweep else [])
+    loads = [4, 16] if args.sweep else []
     codegen = rules_for(ops.BiasAddBackward)["codegen"]
     ok = True
     for spec in args.model.split(","):
@@ -108,34 +108,32 @@ def main(argv=None) -> int:
             moved += count * nbytes
             out_type = TensorType((c,), args.dtype)
             ctx = KernelContext(cp, "cuda", {}, out_type)
-            methods = [("columns", None, lambda: colsum.bias_add_backward(cp, gy, method="columns"))]
-            methods += [("vector", k, lambda: colsum.bias_add_backward(cp, gy, method="vector")) for k in loads]
-            methods += [("codegen", None, lambda: codegen.kernel(ctx, ops.BiasAddBackward(), gy))]
+            rows = gy.transpose(0, 2, 3, 1).reshape(-1, c)  # the (N*H*W, C) view bias_add_backward sums
+            declines = colsum_vector.declines(rows)
+            methods = [("columns", lambda: colsum.bias_add_backward(cp, gy, method="columns")),
+                       ("vector", lambda: colsum.bias_add_backward(cp, gy, method="vector"))]
+            if declines is None:  # the sweep: other loads per thread than the default autotune runs
+                methods += [(f"vector@{k}", lambda k=k: colsum_vector.column_sums(cp, rows, loads_per_thread=k))
+                            for k in loads if k != colsum_vector.LOADS_PER_THREAD]
+            methods += [("codegen", lambda: codegen.kernel(ctx, ops.BiasAddBackward(), gy))]
             shape_ms = {}
-            for name, k, fn in methods:
-                if k is not None:
-                    colsum_vector.LOADS_PER_THREAD = k
-                try:
-                    got = fn()
-                    g = cp.asnumpy(bits(cp, got).astype(cp.uint32) << 16).view(np.float32) \
-                        if args.dtype == "bfloat16" else cp.asnumpy(got)
-                    err = np.abs(g.astype(np.float64) - want)
-                    tol = (np.abs(want) * 2.0 ** -8 if args.dtype == "bfloat16" else 0) + scale * 2.0 ** -20 + 1e-30
-                    good = bool((err <= tol).all())
-                    ok &= good
-                    ms = replayed_ms_per_call(fn, args.calls)
-                finally:
-                    colsum_vector.LOADS_PER_THREAD = default_loads
-                    launch._PLANS.clear()
-                label = name if k is None or k == default_loads else f"{name}@{k}"
+            for label, fn in methods:
+                got = fn()
+                g = cp.asnumpy(bits(cp, got).astype(cp.uint32) << 16).view(np.float32) \
+                    if args.dtype == "bfloat16" else cp.asnumpy(got)
+                err = np.abs(g.astype(np.float64) - want)
+                tol = (np.abs(want) * 2.0 ** -8 if args.dtype == "bfloat16" else 0) + scale * 2.0 ** -20 + 1e-30
+                good = bool((err <= tol).all())
+                ok &= good
+                ms = replayed_ms_per_call(fn, args.calls)
                 totals[label] += count * ms
                 shape_ms[label] = ms
                 emit({"what": "shape", "model": model, "shape": list(shape), "count": count, "method": label,
                       "ms": ms, "bytes": nbytes, "of_copy": nbytes / ms / 1e6 / copy_gbps, "correct": good,
-                      "max_err_over_tol": float((err / tol).max())})
+                      "max_err_over_tol": float((err / tol).max()), "vector_declines": declines})
             # what autotune would pick per node: before (columns or codegen) and with the vector method
             totals["best before"] += count * min(shape_ms["columns"], shape_ms["codegen"])
-            totals["best now"] += count * min(shape_ms.values())
+            totals["best now"] += count * min(shape_ms[m] for m in ("columns", "vector", "codegen"))
         emit({"what": "summary", "model": model, "batch": int(batch), "gradients": sum(shapes.values()),
               "bytes": moved, "ms": dict(totals), "of_copy": {k: moved / v / 1e6 / copy_gbps for k, v in totals.items()}})
     if args.json:

@@ -10,7 +10,8 @@ NCHW bias gradient takes :func:`row_sums` then the column kernel (partials in
 the accumulator type), capturable too. Only ``bias_add_backward(...,
 method='gemv')`` on channels-last input calls cuBLAS (an autotune variant,
 declared not capturable: :func:`method_capture_blocker`; bfloat16 converted to
-float32 first). Index arithmetic is 64-bit (``long long``). Kernels compile on
+float32 first); ``method='vector'`` takes the same column sums with 16-byte loads
+(:mod:`.colsum_vector`, capturable). Index arithmetic is 64-bit (``long long``). Kernels compile on
 first use (NVRTC) and are cached here, per dtype.
 """
 
@@ -275,7 +276,7 @@ def bias_add_backward(xp, gy, *, method="columns"):
     its lanes, 16-byte-aligned rows), else the ``'columns'`` kernel: the same
     sums, another order of additions.
 
-    NCHW (either method; other ranks likewise): below
+    NCHW (every method; other ranks likewise): below
     :data:`BIAS_GRAD_SUM_BELOW` elements a CuPy sum, which launches less;
     from there our kernels, two deterministic passes with no cast pass and no
     cuBLAS (so capturable, as the bias rule declares): :func:`row_sums` of the

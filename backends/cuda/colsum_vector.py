@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-
 from opgraph.errors import ShapeError
 
+from .codegen.launch import address
 from .storage import BF16_DEVICE, bits, dtype_name, unbits
 
+#: the kernels' revision, part of the autotune cache key of the bias gradient's variants
+#: (``rules.bias_variants``): a change to the kernels or their geometry tunes again
+REVISION = 1
 #: storage dtype -> lanes per 16-byte load. float16 is left to the ``columns`` method (its
 #: conversions need PTX this module does not carry); float64 too (it sums in float64).
 LANES = {"bfloat16": 8, "float32": 4}
@@ -61,7 +63,7 @@ _UNPACK = {
 _STORE = {"bfloat16": ("unsigned short", "opgraph_bf16_bits(s)"), "float32": ("float", "s")}
 
 _SOURCE = r"""
-#define V LANES
+constexpr int V = LANES;
 typedef STORE_T ST;
 extern "C" __global__ void __launch_bounds__(THREADS) opgraph_colsum_vec_part(
         const ST* __restrict__ src, float* __restrict__ part, long long M, long long ld, int CV, int TW,
@@ -152,40 +154,37 @@ def declines(rows) -> str | None:
     if c % v:
         return f"{c} columns are not a multiple of {v} lanes"
     row_stride, col_stride = rows.strides
-    if col_stride != item and c > 1:
+    if col_stride != item:
         return f"columns are {col_stride} bytes apart, not {item}"
     if row_stride % (v * item) or row_stride < c * item:
         return f"rows are {row_stride} bytes apart: not a multiple of 16 covering {c} columns"
-    if _address(rows) % 16:
+    if address(rows) % 16:
         return "the data pointer is not 16-byte aligned"
     return None
 
 
-def _address(a) -> int:
-    """The device (CuPy) or host (NumPy: the CPU emulator of the tests) address of a's first element."""
-    return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr
-
-
-def grid(m: int, cv: int) -> tuple[int, int, int]:
+def grid(m: int, cv: int, loads_per_thread: int = LOADS_PER_THREAD) -> tuple[int, int, int]:
     """``(G, TW, rows_per_block)`` of pass 1 on ``m`` rows of ``cv`` vector columns (both >= 1): TW
     vector columns per block (``min(cv, THREADS)``), G row blocks such that each thread loads at
-    least about :data:`LOADS_PER_THREAD` vectors and there are at most about :data:`MAX_BLOCKS`
+    least about ``loads_per_thread`` vectors and there are at most about :data:`MAX_BLOCKS`
     blocks in all (``ceil(cv / TW)`` column tiles each); no row block is empty."""
     tw = min(cv, THREADS)
     tiles = -(-cv // tw)
     per_pass = THREADS // tw
-    g = max(1, min(-(-m // (per_pass * LOADS_PER_THREAD)), MAX_BLOCKS // tiles))
+    g = max(1, min(-(-m // (per_pass * loads_per_thread)), MAX_BLOCKS // tiles))
     rows_per_block = -(-m // g)
     return -(-m // rows_per_block), tw, rows_per_block
 
 
-def column_sums(xp, rows):
+def column_sums(xp, rows, loads_per_thread: int = LOADS_PER_THREAD):
     """Column sums of the 2-D ``(M, C)`` array ``rows``: shape ``(C,)``, rows' dtype (bfloat16 or
     float32), summed in float32 in a fixed order and rounded once (bfloat16: to nearest even).
 
     ``rows`` may be a pitched view (a channel slice of a wider channels-last buffer): its rows are
-    read where they lie. Raises ShapeError when :func:`declines` gives a reason (the caller asks
-    it first and takes another method)."""
+    read where they lie. ``loads_per_thread``: pass 1's geometry (:func:`grid`; the default is
+    what autotune runs, other values are ``scripts/bias_grad_bench.py --sweep``'s). Raises
+    ShapeError when :func:`declines` gives a reason (the caller asks it first and takes another
+    method)."""
     why = declines(rows)
     if why is not None:
         raise ShapeError(f"colsum_vector.column_sums: {why}")
@@ -193,7 +192,7 @@ def column_sums(xp, rows):
     v = LANES[dtype]
     m, c = rows.shape
     src = bits(xp, rows)
-    g, tw, rows_per_block = grid(m, c // v)
+    g, tw, rows_per_block = grid(m, c // v, loads_per_thread)
     part_kernel, final_kernel = _kernels(dtype)
     part = xp.empty((g, c), dtype=xp.float32)
     out = xp.empty(c, dtype=src.dtype)
@@ -205,5 +204,5 @@ def column_sums(xp, rows):
     return unbits(out, rows.dtype)
 
 
-__all__ = ["FINAL_BLOCK", "LANES", "LOADS_PER_THREAD", "MAX_BLOCKS", "THREADS", "column_sums", "declines", "grid",
-           "source"]
+__all__ = ["FINAL_BLOCK", "LANES", "LOADS_PER_THREAD", "MAX_BLOCKS", "REVISION", "THREADS", "column_sums", "declines",
+           "grid", "source"]

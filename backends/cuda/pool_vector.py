@@ -70,7 +70,8 @@ from .pool_vector_window import DIVISOR
 from .storage import bits
 
 # the other public names of the modules split off from this one (and _tile_smem),
-# re-exported: the tests and scripts/pool_variant_bench.py ask this module for them
+# re-exported: the tests and scripts/pool_variant_bench.py ask this module for them. These are
+# copies of the names: patch a TILE_* constant in pool_vector_tile, where tile_shape reads it
 from .pool_vector_lanes import PAIR_HELPERS, TAKE_BITS_CELLS  # noqa: F401
 from .pool_vector_tile import TILE_COLS, TILE_ROWS, TILE_SMEM, TILE_THREADS, TILE_WINDOW, _tile_smem  # noqa: F401
 from .pool_vector_tile_kernels import TILE_HELPERS  # noqa: F401
@@ -84,8 +85,9 @@ from .pool_vector_tile_kernels import TILE_HELPERS  # noqa: F401
 #: (``LAUNCH``), 7 the bfloat16 take moves bits (``_take_bits``), the gather masks two
 #: lanes per ``prmt``, 8 the bfloat16 gather compares whole index bytes (windows of
 #: 129-255 cells) and the take quiets a signalling NaN as the other kernels do, 9 the
-#: ``tile`` variant: the bfloat16 scan and gather from shared-memory tiles (``_scan_tile``,
-#: ``_gather_tile``), 10 the ``tile`` variant of the bfloat16 take (``_take_tile``: x staged as
+#: ``tile`` variant: the bfloat16 scan and gather from shared-memory tiles
+#: (``pool_vector_tile_kernels._scan_tile``, ``_gather_tile``), 10 the ``tile`` variant of the
+#: bfloat16 take (``_take_tile``: x staged as
 #: the tile scan stages it, ``_stage_tile``, each lane's winner read from shared memory)
 REVISION = 10
 #: the output columns per thread that autotune tries for the max-pool window
@@ -240,9 +242,9 @@ def _forward(xp, kind, x, out, g: PoolGeometry, include_pad=False, relu=False, p
              masked=True, tile=False):
     """Launch ``kind`` (``fwd``, ``arg``, ``avg``, ``take``) over the pooled pixels,
     reading x (and ``before``: the take's indices) into ``out``; ``pixels``
-    output columns per thread (``fwd``, ``arg``: :func:`_scan`); ``tile``: the
-    bfloat16 ``arg`` scan and ``take`` from shared memory (:func:`_scan_tile`,
-    :func:`_take_tile`) where the window allows (:func:`tile_declines`)."""
+    output columns per thread (``fwd``, ``arg``: ``pool_vector_lanes._scan``); ``tile``: the
+    bfloat16 ``arg`` scan and ``take`` from shared memory (``pool_vector_tile_kernels._scan_tile``,
+    ``_take_tile``) where the window allows (:func:`tile_declines`)."""
     n, c, h, w = x.shape
     (oh, ow), v = g.out, lanes(x.dtype.name)
     total = n * oh * -(-ow // pixels) * (c // v)
@@ -261,7 +263,7 @@ def _forward(xp, kind, x, out, g: PoolGeometry, include_pad=False, relu=False, p
 def _backward(xp, kind, before, gy, gx, g: PoolGeometry, include_pad=False, masked=True, tile=False):
     """Launch ``kind`` (``bwd``, ``avg_bwd``) over the input pixels: ``before`` (the
     window indices, or nothing), then gy, into ``gx``; ``tile``: the bfloat16
-    gather from shared memory (:func:`_gather_tile`) where the window allows."""
+    gather from shared memory (``pool_vector_tile_kernels._gather_tile``) where the window allows."""
     n, c, h, w = gx.shape
     (oh, ow), v = g.out, lanes(gy.dtype.name)
     total = n * h * w * (c // v)
@@ -332,7 +334,7 @@ def max_pool2d_take(xp, x, idx, g: PoolGeometry, masked: bool = False, tile=Fals
     ``idx`` (:func:`indices_apply`): a new channels-last ``(N, C, OH, OW)``
     array of x's dtype; a marked index reads 0 with ``masked``; ``tile`` (True
     or a :class:`TileShape`): bfloat16 from a shared-memory tile of x where the
-    window allows (:func:`_take_tile`, :func:`tile_declines`; the same bits).
+    window allows (``pool_vector_tile_kernels._take_tile``, :func:`tile_declines`; the same bits).
 
     Raises:
         ValueError: a :class:`TileShape` ``tile`` that does not divide the

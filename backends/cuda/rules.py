@@ -31,7 +31,8 @@ from opgraph.types import INDEX_DTYPES
 
 from ..reference.kernel import params_kernel
 from ..registry import Rule, register
-from . import colsum, colsum_vector, depthwise, depthwise_filter, loss, lrn, pool, pool_indices, pool_vector, relu, unfold
+from . import (colsum, colsum_vector, depthwise, depthwise_filter, loss, lrn, pool, pool_indices, pool_vector, relu,
+               unfold)
 from .cublas import capture_requirement
 from .codegen import movement
 
@@ -156,9 +157,9 @@ def bias_variants(op, in_types, device):
     return [{}]
 
 
-#: part of the autotune cache key: 1 added ``method='vector'``, so decisions tuned without it
-#: are tuned again
-bias_variants.revision = 1
+#: part of the autotune cache key: the ``vector`` kernels' revision (1: ``method='vector'``
+#: added), so decisions tuned without it, or against an older one, are tuned again
+bias_variants.revision = colsum_vector.REVISION
 
 
 #: op type -> (kernel options an autotune variant may set, its ``variants``).

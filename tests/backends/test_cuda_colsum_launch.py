@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from opgraph import ops
-from opgraph.backends.cuda import colsum as cuda_colsum
+from opgraph.backends.cuda import colsum as cuda_colsum, colsum_vector
 from opgraph.backends.cuda import rules as cuda_rules
 from opgraph.backends.registry import KernelContext, rules_for
 from opgraph.errors import ParameterError, ShapeError
@@ -278,16 +278,21 @@ def test_cuda_rule_declares_the_gemv_variant_not_capturable():
     assert rules_for(ops.Relu)["cuda"].declared_capture_blocker({"method": "gemv"}) is None
 
 
-def test_autotune_enumerates_both_methods_as_candidates():
+@pytest.mark.parametrize("dtype, channels, vector", [("float32", 5, False), ("bfloat16", 64, True)])
+def test_autotune_enumerates_the_methods_as_candidates(dtype, channels, vector):
+    """columns and gemv always; vector where its lanes divide the channels (5 float32 channels:
+    not a multiple of 4); the variants' revision is in the cache key."""
     from opgraph.passes.autotune import candidate_set
     from opgraph.passes.candidates import rule_variants
     from opgraph.passes.candidates import survey
     from opgraph.passes.policy import LoweringPolicy
     cuda_rules.register_rules()
     op, policy = ops.BiasAddBackward(), LoweringPolicy()
-    types = (TensorType((8, 5, 6, 6), layout="NHWC"),)
+    types = (TensorType((8, channels, 6, 6), dtype, layout="NHWC"),)
     applicable = [(e.rule, e.options) for e in survey("conv.grad/bias_add_backward", op, types, "cuda",
                                                         policy).applicable()]
     cands = [(r.algorithm, {**o, **v}) for r, o in applicable for v in rule_variants(r, op, types, "cuda", o)]
     assert ("cuda", {}) in cands and ("cuda", {"method": "gemv"}) in cands
-    assert "cuda:bias_variants" in candidate_set(applicable)  # part of the autotune cache key
+    assert (("cuda", {"method": "vector"}) in cands) == vector
+    # part of the autotune cache key, with the vector kernels' revision
+    assert f"cuda:bias_variants@{colsum_vector.REVISION}" in candidate_set(applicable).split(",")

@@ -339,12 +339,14 @@ def test_cuda_rules_take_bfloat16(cp, rng):
 
 @pytest.mark.parametrize("shape", [(2, 8, 3, 5), (3, 64, 20, 21), (8, 384, 7, 7), (4, 2080, 3, 3), (16, 64, 112, 112)])
 def test_bias_grad_vector_method(cp, rng, casts, shape):
-    """``method='vector'`` (16-byte loads, ``colsum_vector``): within one ulp of float64, the same
-    bits on a second call (a fixed order of additions), float32 too, and on a channel slice of a
-    wider channels-last buffer (rows read where they lie)."""
-    from opgraph.backends.cuda import colsum as cuda_colsum
+    """``method='vector'`` (16-byte loads, ``colsum_vector``; these shapes are ones it takes, so no
+    fallback): within one ulp of float64, the same bits on a second call (a fixed order of
+    additions), and float32 too."""
+    from opgraph.backends.cuda import colsum as cuda_colsum, colsum_vector
     gy = bf16(rng.standard_normal(shape))
-    got = cuda_colsum.bias_add_backward(cp, dev(cp, gy, "NHWC"), method="vector")
+    dgy = dev(cp, gy, "NHWC")
+    assert colsum_vector.declines(dgy.transpose(0, 2, 3, 1).reshape(-1, shape[1])) is None
+    got = cuda_colsum.bias_add_backward(cp, dgy, method="vector")
     assert got.dtype == BF16 and got.shape == (shape[1],)
     assert_within_ulp(host(cp, got), _bias_want(gy))
     again = cuda_colsum.bias_add_backward(cp, dev(cp, gy, "NHWC"), method="vector")
@@ -352,23 +354,27 @@ def test_bias_grad_vector_method(cp, rng, casts, shape):
     assert casts == []
     g32 = rng.standard_normal(shape).astype(np.float32)
     d32 = cp.ascontiguousarray(cp.asarray(g32).transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    assert colsum_vector.declines(d32.transpose(0, 2, 3, 1).reshape(-1, shape[1])) is None
     got32 = cp.asnumpy(cuda_colsum.bias_add_backward(cp, d32, method="vector")).astype(np.float64)
     want32 = g32.astype(np.float64).sum(axis=(0, 2, 3))
     scale = np.abs(g32.astype(np.float64)).sum(axis=(0, 2, 3))
     assert (np.abs(got32 - want32) <= scale * 2.0 ** -20 + 1e-30).all()
 
 
-def test_bias_grad_vector_method_on_a_channel_slice_and_in_a_cuda_graph(cp, rng, captured_replay):
-    from opgraph.backends.cuda import colsum as cuda_colsum
+def test_vector_column_sums_of_a_channel_slice_and_in_a_cuda_graph(cp, rng, captured_replay):
+    """The (N*H*W, 32) rows of channels 32..63 of a 96-channel channels-last buffer, read where they
+    lie (rows 192 bytes apart, 64 bytes in); captured into a CUDA graph, a replay reads them anew."""
+    from opgraph.backends.cuda import colsum_vector
     wide = bf16(rng.standard_normal((4, 96, 14, 14)))
     dwide = dev(cp, wide, "NHWC")
-    dslice = dwide[:, 32:64]  # channels-last rows 192 bytes apart, 64 bytes in
-    assert_within_ulp(host(cp, cuda_colsum.bias_add_backward(cp, dslice, method="vector")), _bias_want(wide[:, 32:64]))
+    rows = dwide.transpose(0, 2, 3, 1)[..., 32:64].reshape(-1, 32)
+    assert rows.strides == (192, 2) and colsum_vector.declines(rows) is None
+    assert_within_ulp(host(cp, colsum_vector.column_sums(cp, rows)), _bias_want(wide[:, 32:64]))
     doubled = dev(cp, bf16(2 * wide.astype(np.float32)), "NHWC").view(cp.uint16)
 
     def double_in_place():
         dwide.view(cp.uint16)[...] = doubled
 
-    out, keep = captured_replay(lambda: cuda_colsum.bias_add_backward(cp, dslice, method="vector"), double_in_place)
+    out, keep = captured_replay(lambda: colsum_vector.column_sums(cp, rows), double_in_place)
     assert_within_ulp(host(cp, out), 2 * _bias_want(wide[:, 32:64]))
     del out, keep

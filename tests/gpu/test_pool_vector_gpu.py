@@ -182,7 +182,7 @@ def _tile_launches(monkeypatch) -> list:
 
 @pytest.mark.parametrize("case", CASES, ids=["3x3s2-ceil", "3x3s1p1", "2x2s2"])
 def test_bfloat16_tile_kernels_match_the_pair_kernels(cp, case, monkeypatch):
-    """The ``tile`` variant (``pool_vector._scan_tile``, ``_gather_tile``: shared
+    """The ``tile`` variant (``pool_vector_tile_kernels._scan_tile``, ``_gather_tile``: shared
     memory, PTX ``set.eq.u32.bf16x2`` and ``cvt.rn.bf16x2.f32`` on sm_90) gives
     the pair kernels' bits: ties of -0.0 and +0.0, -inf windows, NaN in some
     lanes, gradients of -0.0, inf and NaN (a channel slice of a wider buffer),
@@ -228,7 +228,7 @@ def test_bfloat16_tile_kernels_match_the_pair_kernels(cp, case, monkeypatch):
 
 @pytest.mark.parametrize("case", CASES, ids=["3x3s2-ceil", "3x3s1p1", "2x2s2"])
 def test_bfloat16_tile_take_matches_the_bits_take(cp, case, monkeypatch):
-    """The ``tile`` take (``pool_vector._take_tile``: x staged in shared memory as
+    """The ``tile`` take (``pool_vector_tile_kernels._take_tile``: x staged in shared memory as
     the tile scan stages it) gives ``_take_bits``' bits: x of -0.0/+0.0 ties, -inf
     windows, quiet and signalling NaN lanes (quieted by both), a channel slice of
     a wider buffer; the saved winners with and without the ReLU mark, plus bytes

@@ -322,12 +322,22 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
                   "opgraph +graph: the phases' CUDA graphs replayed back to back",
                   "vs torch: opgraph step / PyTorch eager step; vs best peer: opgraph step / the "
                   "fastest peer's step in this run (above 1: slower than PyTorch; -: no peer in this "
-                  "run, --compare torch,torch-compile+graph adds them)",
+                  f"run, {_peer_hint(doc, prec)})",
+                  "TFLOP/s: the step's FLOPs over its total time; % peak: of the matrix peak measured "
+                  "in the run; peak MiB: the memory table's measured peak (the planned one without a GPU)",
                   "compile s: opgraph compile (autotune included); PyTorch: first call (torch.compile "
                   "included), + warm-up and capture for +graph",
                   "max rel err: largest per-node relative error against the float64 reference "
                   "(PyTorch and +graph columns: end-to-end, largest over the gradients)"]
         yield Table(caption, headers, rows, right, notes)
+
+
+def _peer_hint(doc: dict, prec: str) -> str:
+    """How to add peers to a run of ``prec``: the strongest ones on a GPU; on the CPU (the CUDA-graph
+    peers need a GPU) eager PyTorch and the extra that installs it."""
+    if any(r.get("device") == "cuda" for r in ordered(doc, prec)):
+        return "--compare torch,torch-compile+graph adds them"
+    return "--compare torch adds PyTorch eager, from the torch extra: pip install -e \".[torch]\""
 
 
 def _compile_cell(r: dict) -> str:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import difflib
 import json
 import sys
 
@@ -53,6 +54,23 @@ def bias_shapes(model: str, batch: int) -> collections.Counter:
     return shapes
 
 
+def model_specs(ap, text: str) -> list[tuple[str, int]]:
+    """``--model``'s ``model:batch,...`` as ``[(model, batch)]``; a part without ``:batch``, an
+    unknown model or a batch that is no positive whole number is ``ap.error`` (exit 2), naming it."""
+    from opgraph.benchmarks.models import MODELS
+    specs = []
+    for part in text.split(","):
+        model, sep, batch = part.strip().partition(":")
+        if not sep or not batch.strip().isdigit() or int(batch) < 1:
+            ap.error(f"--model {part!r}: give model:batch, the batch a positive whole number (googlenet:128)")
+        if model not in MODELS:
+            near = difflib.get_close_matches(model, MODELS, n=1)
+            ap.error(f"--model {part!r}: no model {model!r}" + (f": did you mean {near[0]}?" if near else
+                                                              f" (one of {', '.join(MODELS)})"))
+        specs.append((model, int(batch)))
+    return specs
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="googlenet:128,vgg_a:64", help="model:batch,... (default googlenet:128,vgg_a:64)")
@@ -61,8 +79,14 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="also time vector at 4 and 16 loads per thread")
     ap.add_argument("--json", help="also write the lines to this file")
     args = ap.parse_args(argv)
-
-    import cupy as cp
+    specs = model_specs(ap, args.model)
+    if args.calls < 1:
+        ap.error(f"--calls {args.calls}: must be at least 1")
+    try:
+        import cupy as cp
+    except ImportError as e:
+        ap.exit(2, f"{ap.prog}: error: it times CUDA kernels: it needs an NVIDIA GPU and CuPy "
+                   f"(pip install -e \".[bench,cuda13]\", or cuda12); here: {e}\n")
     import numpy as np
 
     from opgraph import ops
@@ -86,9 +110,8 @@ def main(argv=None) -> int:
     loads = [4, 16] if args.sweep else []
     codegen = rules_for(ops.BiasAddBackward)["codegen"]
     ok = True
-    for spec in args.model.split(","):
-        model, batch = spec.split(":")
-        shapes = bias_shapes(model, int(batch))
+    for model, batch in specs:
+        shapes = bias_shapes(model, batch)
         totals = collections.defaultdict(float)
         moved = 0
         for shape, count in sorted(shapes.items()):
@@ -134,7 +157,7 @@ def main(argv=None) -> int:
             # what autotune would pick per node: before (columns or codegen) and with the vector method
             totals["best before"] += count * min(shape_ms["columns"], shape_ms["codegen"])
             totals["best now"] += count * min(shape_ms[m] for m in ("columns", "vector", "codegen"))
-        emit({"what": "summary", "model": model, "batch": int(batch), "gradients": sum(shapes.values()),
+        emit({"what": "summary", "model": model, "batch": batch, "gradients": sum(shapes.values()),
               "bytes": moved, "ms": dict(totals), "of_copy": {k: moved / v / 1e6 / copy_gbps for k, v in totals.items()}})
     if args.json:
         with open(args.json, "w") as f:

@@ -4,6 +4,8 @@ of them in bfloat16 (channels a multiple of its 8 lanes)."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from opgraph import ops
@@ -26,3 +28,18 @@ def test_the_shapes_are_every_bias_gradient_of_the_model(model, batch, convs):
         assert shape[0] == batch
         t = TensorType(shape, "bfloat16", layout="NHWC")
         assert {"method": "vector"} in rules.bias_variants(ops.BiasAddBackward(), [t], "cuda")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "googlnet:2"], "--model 'googlnet:2': no model 'googlnet': did you mean googlenet?"),
+    (["--model", "googlenet"], "--model 'googlenet': give model:batch"),
+    (["--model", "vgg_a:0"], "--model 'vgg_a:0': give model:batch"),
+    (["--calls", "0"], "--calls 0: must be at least 1"),
+    ([], "it times CUDA kernels: it needs an NVIDIA GPU and CuPy"),
+])
+def test_bad_arguments_and_no_cupy_are_one_line_errors(capsys, monkeypatch, argv, message):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError, GPU or not
+    with pytest.raises(SystemExit) as e:
+        load_script("bias_grad_bench").main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and "Traceback" not in err

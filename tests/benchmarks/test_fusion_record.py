@@ -51,3 +51,17 @@ def test_the_end_to_end_table_carries_the_line(doc):
         line = tables.fusion_note(rec)
         assert (line in table.notes) if line else not any(n.startswith(f"tiny / {rec['lowering']}: fusion")
                                                            for n in table.notes)
+
+
+def test_the_peer_hint_is_one_that_runs_on_the_runs_device(doc):
+    """A CPU run's note points at the peer that runs there (eager PyTorch, from its extra), not at
+    the CUDA-graph peers, which refuse a CPU run; a GPU run's at the strongest peers."""
+    (table,) = tables.end_to_end_tables(doc)
+    (hint,) = [n for n in table.notes if n.startswith("vs torch:")]
+    assert hint.endswith('-: no peer in this run, --compare torch adds PyTorch eager, from the torch extra: '
+                         'pip install -e ".[torch]")')
+    gpu = {**doc, "results": [{**r, "device": "cuda"} for r in doc["results"]]}
+    (table,) = tables.end_to_end_tables(gpu)
+    (hint,) = [n for n in table.notes if n.startswith("vs torch:")]
+    assert hint.endswith("-: no peer in this run, --compare torch,torch-compile+graph adds them)")
+    assert any(n.startswith("TFLOP/s: the step's FLOPs over its total time") for n in table.notes)

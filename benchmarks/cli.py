@@ -184,6 +184,8 @@ def run_timing(names: list[str], args) -> dict:
         progress.close()
         if settings.trace is not None and settings.trace.columns:  # what was traced, even on Ctrl-C
             write_file("--trace", args.trace, settings.trace.render())
+            if not args.quiet:
+                log(f"wrote trace to {args.trace}")
 
 
 class OutputError(OSError):

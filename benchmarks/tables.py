@@ -135,9 +135,13 @@ def _status_notes(columns: dict[str, list[str]], said: dict[str, str], caption: 
 
 
 def _step_cell(step: dict | None) -> str:
-    """The whole step's median and interquartile range: ``'2.80 ±0.05'``."""
+    """The whole step's median and interquartile range: ``'2.80 ±0.05'``; the median alone when
+    fewer than two calls were timed (one call has no spread: ``'2.80'``, not ``'2.80 ±0.000'``)."""
     if not step:
         return "-"
+    times = step.get("times_ms")
+    if times is not None and len(times) < 2:
+        return fmt_ms(step["median_ms"])
     return f"{fmt_ms(step['median_ms'])} ±{fmt_ms(step.get('iqr_ms'))}"
 
 

@@ -40,3 +40,18 @@ def test_trace_file_has_one_process_per_column_and_an_event_per_node(capsys, tmp
 def test_trace_with_summary_is_a_usage_error(capsys, tmp_path):
     assert cli.main(["--model", "L5", "--summary", "--trace", str(tmp_path / "t.json")]) == 2
     assert "--trace" in capsys.readouterr().err
+
+
+def test_the_trace_file_is_announced_like_the_other_outputs(capsys, tmp_path):
+    """``--trace PATH`` says where it wrote, as ``--output`` and ``--plot`` do; ``--quiet`` silences it.
+    One timed call: the step cell is the median alone, no ``±0.000`` spread of one value."""
+    path = tmp_path / "step.json"
+    args = ["--model", "L5", "--batch", "1", "--device", "cpu", "--lowering", "gemm", "--warmup", "0",
+            "--repeat", "1", "--no-check", "--no-per-layer", "--trace", str(path)]
+    assert cli.main(args) == 0
+    captured = capsys.readouterr()
+    assert f"wrote trace to {path}" in captured.err
+    (row,) = [line for line in captured.out.splitlines() if line.startswith("│ L5")][:1]
+    assert "±0.000" not in row
+    assert cli.main([*args, "--quiet"]) == 0
+    assert "wrote trace" not in capsys.readouterr().err

@@ -53,6 +53,7 @@ import statistics
 import sys
 import time
 
+from opgraph.backends.cuda.pool_vector_tile import tile_smem
 from opgraph.benchmarks.timer import replayed_ms_per_call
 
 #: (model, layer, x shape (N, C, H, W), kernel, stride, padding, ceil_mode): every max pool
@@ -281,7 +282,7 @@ def _alternatives(pv, kind, t, window, cv):
                 pv.TileShape(fit(t.rows * 2, step[0]), t.cols, t.groups),
                 pv.TileShape(t.rows, fit(t.cols // 2, step[1]), t.groups),
                 pv.TileShape(t.rows, t.cols, groups)):
-        if alt != t and alt not in out and pv._tile_smem(kind, window, alt) <= 48 * 1024:
+        if alt != t and alt not in out and tile_smem(kind, window, alt) <= 48 * 1024:
             out.append(alt)
     return out
 

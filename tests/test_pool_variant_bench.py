@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from opgraph import ops
-from opgraph.backends.cuda import pool_vector
+from opgraph.backends.cuda import pool_vector, pool_vector_tile
 from opgraph.benchmarks.models import build
 from opgraph.op import abstract_of
 
@@ -42,10 +42,10 @@ def test_the_default_tiles_of_the_shapes_fit_and_divide():
         for kind, extent in (("arg", g.out), ("take", g.out), ("bwd", (shape[2] + p % s, shape[3] + p % s))):
             t = pool_vector.tile_shape(kind, window, extent, groups)
             for tile in (t, *bench._alternatives(pool_vector, kind, t, window, groups)):
-                assert pool_vector._tile_smem(kind, window, tile) <= 48 * 1024
+                assert pool_vector_tile.tile_smem(kind, window, tile) <= 48 * 1024
                 assert groups % tile.groups == 0
                 if kind == "bwd":
                     assert tile.rows % s == 0 and tile.cols % s == 0
-            assert pool_vector._tile_smem(kind, window, t) <= pool_vector.TILE_SMEM
-            assert t.cols * t.groups <= pool_vector.TILE_THREADS
-            assert t.rows <= pool_vector.TILE_ROWS and t.cols <= pool_vector.TILE_COLS
+            assert pool_vector_tile.tile_smem(kind, window, t) <= pool_vector_tile.TILE_SMEM
+            assert t.cols * t.groups <= pool_vector_tile.TILE_THREADS
+            assert t.rows <= pool_vector_tile.TILE_ROWS and t.cols <= pool_vector_tile.TILE_COLS

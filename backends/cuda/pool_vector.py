@@ -69,13 +69,6 @@ from .pool_vector_tile_kernels import _tile_source
 from .pool_vector_window import DIVISOR
 from .storage import bits
 
-# the other public names of the modules split off from this one (and _tile_smem),
-# re-exported: the tests and scripts/pool_variant_bench.py ask this module for them. These are
-# copies of the names: patch a TILE_* constant in pool_vector_tile, where tile_shape reads it
-from .pool_vector_lanes import PAIR_HELPERS, TAKE_BITS_CELLS  # noqa: F401
-from .pool_vector_tile import TILE_COLS, TILE_ROWS, TILE_SMEM, TILE_THREADS, TILE_WINDOW, _tile_smem  # noqa: F401
-from .pool_vector_tile_kernels import TILE_HELPERS  # noqa: F401
-
 #: the kernels' revision, part of the autotune cache key of the ``vector``
 #: variant (``rules.vector_pool_variants``): 1 run-time window loops, 2 unrolled,
 #: 3 the max-pool scans over several output columns per thread (``pixels``), 4 the

@@ -114,10 +114,13 @@ def tile_declines(dtype: str, kernel, stride) -> str | None:
     return None
 
 
-def _tile_smem(kind: str, window: tuple, t: TileShape) -> int:
-    """Shared bytes of a ``kind`` block: the scan's input rows and columns of
-    ``t``'s outputs (the take's too); the gather's windows covering ``t``'s pixels, 16 bytes of
-    index pairs plus 16 of gradients each (:func:`_gather_tile`)."""
+def tile_smem(kind: str, window: tuple, t: TileShape) -> int:
+    """Shared-memory bytes of one block of a ``kind`` launch (``arg``, ``take`` or ``bwd``) over
+    tile ``t`` with ``window = (kh, kw, sh, sw)``: the scan's (and the take's) input rows and
+    columns under ``t``'s outputs, 16 bytes per cell and channel group; the gather's windows
+    covering ``t``'s pixels, 16 bytes of index pairs plus 16 of gradients each
+    (``pool_vector_tile_kernels._gather_tile``). Raises nothing; a block over
+    :data:`TILE_SMEM` is what :func:`tile_shape` avoids."""
     kh, kw, sh, sw = window
     if kind != "bwd":
         return ((t.rows - 1) * sh + kh) * ((t.cols - 1) * sw + kw) * t.groups * 16
@@ -145,7 +148,7 @@ def tile_shape(kind: str, window: tuple, extent: tuple, groups: int) -> TileShap
         rows, cols = split(extent[0], step[0], h_pieces), split(extent[1], step[1], w_pieces)
         most = max(1, threads // cols)
         t = TileShape(rows, cols, max(d for d in range(1, min(groups, most) + 1) if groups % d == 0))
-        if _tile_smem(kind, window, t) <= TILE_SMEM or (t.rows, t.cols, t.groups) == (*step, 1):
+        if tile_smem(kind, window, t) <= TILE_SMEM or (t.rows, t.cols, t.groups) == (*step, 1):
             return t
         if rows > step[0]:
             h_pieces += 1

@@ -263,7 +263,7 @@ def test_the_bfloat16_vector_take_of_wide_windows(emu, kernel):
     """Windows of more than ``TAKE_BITS_CELLS`` (32) cells take the lane by lane
     kernel, those of exactly 32 (the bit ``1 << 31``) the bits kernel: both
     equal the oracle, bit for bit, on indices of every cell and past the window."""
-    from opgraph.backends.cuda import pool_vector
+    from opgraph.backends.cuda import pool_vector_lanes
     x = _hard_input((1, 16, 10, 40), "bfloat16", 6, "NHWC")
     geometry = (kernel, (1, 1), ((0, 0), (0, 0)), False)
     pooled = _op(ops.MaxPool2d, geometry).output_shape(x.shape)
@@ -274,7 +274,7 @@ def test_the_bfloat16_vector_take_of_wide_windows(emu, kernel):
     y = _run(_op(ops.MaxPool2dTake, geometry), [x, idx], {"vector": True})
     want = ref_idx.max_pool2d_take(np, np.asarray(x, np.float64), np.asarray(idx), g)
     np.testing.assert_array_equal(_bits(y), _bits(np.asarray(want).astype(x.dtype)))
-    assert (cells <= pool_vector.TAKE_BITS_CELLS) == (cells != 36)
+    assert (cells <= pool_vector_lanes.TAKE_BITS_CELLS) == (cells != 36)
 
 
 def test_the_bfloat16_take_quiets_a_signalling_nan_as_max_pooling_does(emu):

@@ -325,13 +325,13 @@ def _whole_plane(op, spatial) -> None:
 @expression(ops.AvgPool2d, iterates="in")
 def _avg_pool_whole_plane(b, op, types, x):
     _whole_plane(op, types[0].shape[2:])
-    return _mean(b, b.value(x), "plane")
+    return _global_avg_pool(b, op, types, x)
 
 
 @expression(ops.AvgPool2dBackward)
 def _avg_pool_whole_plane_backward(b, op, types, gy):
     _whole_plane(op, op.input_shape[2:])
-    return b.expr("({0} / {1})", b.value(gy), b.count("plane"))
+    return _global_avg_pool_backward(b, op, types, gy)
 
 
 @expression(ops.Dropout)

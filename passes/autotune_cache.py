@@ -131,11 +131,6 @@ def entry_defect(entry) -> str | None:
     return None
 
 
-def valid_entry(entry) -> bool:
-    """Whether ``entry`` has the shape this module writes (:func:`entry_defect`)."""
-    return entry_defect(entry) is None
-
-
 def _json_kind(value) -> str:
     """What a JSON value is, in JSON's words: ``'an array'``, ``'a number'``, ..."""
     if isinstance(value, dict):
@@ -153,7 +148,7 @@ def wrong_format(data) -> str | None:
     """Why the parsed JSON ``data`` is not a cache file of :data:`FORMAT`, in
     JSON's terms, never Python's (``'is of the wrong format: an array, where
     ...'``); None when its shape is right (its entries are then checked one by
-    one: :func:`valid_entry`)."""
+    one: :func:`entry_defect`)."""
     expected = f'an {FORMAT} file is an object with "format": "{FORMAT}" and an object "entries"'
     if not isinstance(data, dict):
         return f"is of the wrong format: {_json_kind(data)}, where {expected}"
@@ -265,5 +260,5 @@ class AutotuneCache:
             self.warn(f"autotune cache {self.path} cannot be written ({e}); decisions kept in memory")
 
 
-__all__ = ["entry_defect", "valid_entry", "wrong_format", "AutotuneCache", "cache_key", "default_path", "FORMAT", "ENV_VAR",
+__all__ = ["entry_defect", "wrong_format", "AutotuneCache", "cache_key", "default_path", "FORMAT", "ENV_VAR",
            "DEFAULT_PATH"]

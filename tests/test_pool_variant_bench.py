@@ -39,8 +39,12 @@ def test_the_default_tiles_of_the_shapes_fit_and_divide():
         g = bench._geometry(shape, k, s, p, ceil)
         groups = shape[1] // pool_vector.lanes("bfloat16")
         window = (k, k, s, s)
-        for kind, extent in (("arg", g.out), ("take", g.out), ("bwd", (shape[2] + p % s, shape[3] + p % s))):
-            t = pool_vector.tile_shape(kind, window, extent, groups)
+        # the extents the launch covers: the output's, and the gather's from the stride's last
+        # multiple in the (symmetric) padding on
+        assert pool_vector.tile_extent("arg", g) == pool_vector.tile_extent("take", g) == tuple(g.out)
+        assert pool_vector.tile_extent("bwd", g) == (shape[2] + p % s, shape[3] + p % s)
+        for kind in ("arg", "take", "bwd"):
+            t = pool_vector.tile_shape(kind, window, pool_vector.tile_extent(kind, g), groups)
             for tile in (t, *bench._alternatives(pool_vector, kind, t, window, groups)):
                 assert pool_vector_tile.tile_smem(kind, window, tile) <= 48 * 1024
                 assert groups % tile.groups == 0
@@ -49,3 +53,9 @@ def test_the_default_tiles_of_the_shapes_fit_and_divide():
             assert pool_vector_tile.tile_smem(kind, window, t) <= pool_vector_tile.TILE_SMEM
             assert t.cols * t.groups <= pool_vector_tile.TILE_THREADS
             assert t.rows <= pool_vector_tile.TILE_ROWS and t.cols <= pool_vector_tile.TILE_COLS
+
+
+@pytest.mark.parametrize("groups, extent", [(0, (4, 4)), (2, (0, 5))])
+def test_tile_shape_refuses_no_groups_or_an_empty_extent(groups, extent):
+    with pytest.raises(ValueError, match="must be at least 1"):
+        pool_vector.tile_shape("arg", (3, 3, 1, 1), extent, groups)

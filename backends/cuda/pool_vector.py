@@ -202,6 +202,17 @@ def _tiled(tile, dtype: str, g: PoolGeometry) -> bool:
     return bool(tile) and tile_declines(dtype, g.kernel, g.stride) is None
 
 
+def tile_extent(kind: str, g: PoolGeometry) -> tuple[int, int]:
+    """The ``(rows, columns)`` in pixels that a ``kind`` tile launch covers (:func:`tile_shape`'s
+    ``extent``): the output's ``(OH, OW)`` for the scan and the take (``arg``, ``take``); for the
+    gather (``bwd``) the input's ``(H, W)`` from the last multiple of the stride in the top and
+    left padding on, where its tiles start. Raises nothing."""
+    if kind != "bwd":
+        return tuple(g.out)
+    (pt, _), (pl, _) = g.padding
+    return g.in_hw[0] + pt % g.stride[0], g.in_hw[1] + pl % g.stride[1]
+
+
 def _tile_launch(xp, kind, arrays, sizes, g: PoolGeometry, n: int, cv: int, span: int, tile, relu=False,
                  masked=True) -> bool:
     """One launch of a ``tile`` kernel (:func:`_tile_source`) over image count
@@ -212,11 +223,7 @@ def _tile_launch(xp, kind, arrays, sizes, g: PoolGeometry, n: int, cv: int, span
     (:func:`tile_shape`) or a :class:`TileShape`. False, launching nothing,
     where the tile rows or the images exceed the grid's y or z limit."""
     window = (*g.kernel, *g.stride)
-    (pt, _), (pl, _) = g.padding
-    if kind != "bwd":
-        extent = tuple(g.out)
-    else:  # the gather's tiles start at the last multiple of the stride in the padding
-        extent = (g.in_hw[0] + pt % g.stride[0], g.in_hw[1] + pl % g.stride[1])
+    extent = tile_extent(kind, g)
     t = tile if isinstance(tile, TileShape) else tile_shape(kind, window, extent, cv)
     if cv % t.groups or (kind == "bwd" and (t.rows % g.stride[0] or t.cols % g.stride[1])):
         raise ValueError(f"pool_vector: tile {t} does not divide {cv} channel groups or the stride {g.stride}")
@@ -369,6 +376,6 @@ def avg_pool2d_backward(xp, gy, g: PoolGeometry, count_include_pad: bool, shape)
 
 
 __all__ = ["DTYPES", "DIVISOR", "MASKED", "MAX_CELLS", "REVISION", "PIXELS", "TileShape", "tile_declines",
-           "tile_shape", "lanes", "pixel_pitch", "declines",
-           "applies", "indices_apply", "max_pool2d", "max_pool2d_backward", "max_pool2d_argmax", "max_pool2d_take",
-           "max_pool2d_backward_indices", "avg_pool2d", "avg_pool2d_backward"]
+           "tile_extent", "tile_shape", "lanes", "pixel_pitch", "declines", "applies", "indices_apply", "max_pool2d",
+           "max_pool2d_backward", "max_pool2d_argmax", "max_pool2d_take", "max_pool2d_backward_indices",
+           "avg_pool2d", "avg_pool2d_backward"]

@@ -136,7 +136,12 @@ def tile_shape(kind: str, window: tuple, extent: tuple, groups: int) -> TileShap
     columns: two tiles of 14), the gather's a multiple of the stride (its strips
     then meet the same windows); the most channel groups dividing ``groups``
     that keep a block within :data:`TILE_THREADS`; fewer rows, then fewer
-    columns, then fewer groups, until the tile fits :data:`TILE_SMEM`."""
+    columns, then fewer groups, until the tile fits :data:`TILE_SMEM`.
+    ``window = (kh, kw, sh, sw)``; extents in pixels; ``groups`` in 16-byte channel
+    groups (8 bfloat16 channels each). Raises ValueError for ``groups < 1`` or an
+    extent below 1 (the launch asks for neither)."""
+    if groups < 1 or min(extent) < 1:
+        raise ValueError(f"tile_shape: groups={groups} and extent={tuple(extent)} must be at least 1")
     step = (window[2], window[3]) if kind == "bwd" else (1, 1)
 
     def split(n: int, s: int, pieces: int) -> int:  # ceil(n / pieces), rounded up to a multiple of s

@@ -106,7 +106,10 @@ def vector_pool_variants(op, in_types, device):
     """:func:`pool_variants`, and for channels-last bfloat16 or float32 whose
     channels fill 16-byte words the ``vector`` kernels (:mod:`.pool_vector`;
     they still fall back where a call's operands do not qualify, e.g. an
-    unaligned channel slice). The autotune cache keys a decision by its
+    unaligned channel slice): for max pools' window scans also 2 and 4 output
+    columns per thread (``pixels``), and for the bfloat16 scan, take and gather
+    the shared-memory ``tile`` variant where ``pool_vector.tile_declines`` gives
+    no reason (windows and strides up to ``TILE_WINDOW``). The autotune cache keys a decision by its
     variant functions' names and revisions (``autotune.candidate_set``): this
     name is not :func:`pool_variants`', so decisions taken before the vector
     kernels existed are tuned again, and its ``revision`` (below) does the

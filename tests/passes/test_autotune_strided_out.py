@@ -245,6 +245,13 @@ def _prediction_and_plan(outputs, dtype):
 
 
 def test_the_prediction_is_the_final_plan_on_googlenet_and_densenet(monkeypatch):
+    """The prediction (made where autotune runs) against the executor's own reading of the final
+    plan: ``buffer_views.step_views`` walks the plan's homes by its own code, so the region each
+    homed value's step writes (root, channels-last, bounds in the root buffer) is an independent
+    oracle of ``Home.region``; ``zero_copy._region`` (the prediction's code) is compared too."""
+    import numpy as np
+
+    from opgraph.buffer_views import step_views
     from opgraph.passes.zero_copy import _region
 
     cudnn_accepts(monkeypatch)
@@ -253,7 +260,11 @@ def test_the_prediction_is_the_final_plan_on_googlenet_and_densenet(monkeypatch)
         outputs = [m.output, *og.grad(m.output, m.params, grad_outputs=[m.output])]
         predicted, plan, graph = _prediction_and_plan(outputs, "bfloat16")
         assert predicted and set(predicted) == set(plan.homes), key
+        views = step_views(graph, plan, np)
         for v, home in predicted.items():
+            mine, theirs = home.region(np.float32), views[v].region
+            assert (mine.bounds(), mine.channels_last) == (theirs.bounds(), theirs.channels_last), \
+                (key, graph.node(v).name)
             root, chain = _region(plan.homes, graph, v)
             assert (home.root, home.chain) == (root, chain), (key, graph.node(v).name)
             assert home.shape == graph.node(root).type.shape

@@ -56,6 +56,17 @@ class Op:
     #: Input positions the op takes for their type only (shape, dtype), never
     #: reading their values: a profile counts no traffic for them.
     unread_inputs: ClassVar[tuple[int, ...]] = ()
+    #: Input positions whose buffers the op's kernels *write*: each such input is
+    #: a node of a ``filled_by_reader`` op (a slot), whose step only allocates,
+    #: and this node is the one that fills it, with the slot's own value (the
+    #: slot op's reference kernel). It is how one kernel gives two results while
+    #: every node keeps one output (``passes/fuse_pool_scan.py``; the graph
+    #: invariants: ``passes/verify.py``'s ``slot_problems``).
+    fills: ClassVar[tuple[int, ...]] = ()
+    #: The op's step allocates its output and writes nothing: the one reader
+    #: that lists it in ``fills`` writes its value, and every other reader
+    #: runs after that one (a descendant of it).
+    filled_by_reader: ClassVar[bool] = False
 
     def infer(self, *types: TensorType) -> TensorType:  # pragma: no cover - abstract
         raise NotImplementedError

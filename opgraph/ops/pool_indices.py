@@ -131,6 +131,72 @@ class MaxPool2dTake(_SavedWinnersOp):
 
 
 @attrs.frozen
+class MaxPool2dArgmaxSlot(_SavedWinnersOp):
+    """The buffer of ``MaxPool2dArgmax(x; relu)``: uint8 of the pooled shape, in
+    x's layout. Its step only allocates; the one :class:`MaxPool2dScan` reading
+    it writes the winners, and its other readers (the gathers) run after that
+    scan. Its value, for the reference kernels and the checks, is the argmax's.
+
+    Raises:
+        ParameterError: a window of more than 128 cells. ShapeError: x not 4-D.
+    """
+
+    relu: bool = F.flag("relu")
+    filled_by_reader: ClassVar[bool] = True
+    kind: ClassVar[str] = "max_pool2d_argmax_slot"
+
+    def infer(self, x):
+        require_ndim(self, "input", x, 4)
+        return TensorType(self.output_shape(x.shape), INDEX_DTYPE, x.layout)
+
+    def bytes_moved(self, types, out) -> int:
+        """Nothing: the step allocates."""
+        return 0
+
+    def vjp(self, node, gy, wanted):
+        return (None,)  # piecewise constant
+
+
+@attrs.frozen
+class MaxPool2dScan(_SavedWinnersOp):
+    """Max pooling that saves its winners in the same scan: (x, slot) -> the
+    pooled shape in x's dtype, equal to ``MaxPool2d(x)``, and it writes
+    ``MaxPool2dArgmax(x; relu)`` into ``slot`` (input 1, a
+    :class:`MaxPool2dArgmaxSlot` of the same window and ``relu``). One kernel
+    in place of the argmax and the take (``passes/fuse_pool_scan.py``): x is
+    read once, not twice.
+
+    Raises:
+        ShapeError: slot not uint8 of the pooled shape, or x not 4-D.
+    """
+
+    relu: bool = F.flag("relu")
+    arity: ClassVar = (2, 2)
+    fills: ClassVar = (1,)
+    kind: ClassVar[str] = "max_pool2d_scan"
+
+    def infer(self, x, slot):
+        require_ndim(self, "input", x, 4)
+        pooled = self.output_shape(x.shape)
+        _check_idx(self, slot, pooled)
+        return x.with_shape(pooled)
+
+    def bytes_moved(self, types, out) -> int:
+        """x read once, the pooled value and the winners written."""
+        x, slot = types
+        return x.nbytes + out.nbytes + slot.nbytes
+
+    def vjp(self, node, gy, wanted):
+        _, slot = node.inputs
+        if not wanted[0]:
+            return (None, None)
+        x = node.inputs[0]
+        back = node.graph.apply(MaxPool2dBackwardIndices,
+                                dict(window_params(self), masked=False, input_shape=x.shape), [slot, gy])
+        return (back, None)
+
+
+@attrs.frozen
 class MaxPool2dBackwardIndices(_SavedWinnersOp):
     """Each window's ``gy`` added at its saved winner: (idx, gy) -> ``input_shape``
     in gy's dtype (overlapping windows summed in float32 for half storage);
@@ -165,4 +231,4 @@ class MaxPool2dBackwardIndices(_SavedWinnersOp):
 
 
 __all__ = ["MASKED", "MAX_CELLS", "INDEX_DTYPE", "window_params", "MaxPool2dArgmax", "MaxPool2dTake",
-           "MaxPool2dBackwardIndices"]
+           "MaxPool2dArgmaxSlot", "MaxPool2dScan", "MaxPool2dBackwardIndices"]

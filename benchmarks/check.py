@@ -100,7 +100,7 @@ from .protocol import LAYER_FAMILIES, TrainingGraph
 CHECKED_OPS = frozenset({t.__name__ for f in LAYER_FAMILIES for t in of_family(f)}
                         | {"Pad", "PadBackward", "BiasAddBackward", "FusedElementwise"})
 #: (lowered op, abstract op at the same node id) pairs computing the same value.
-_SAME_VALUE = {("PadBackward", "Conv2dBackwardData"), ("MaxPool2dTake", "MaxPool2d"),
+_SAME_VALUE = {("PadBackward", "Conv2dBackwardData"), ("MaxPool2dTake", "MaxPool2d"), ("MaxPool2dScan", "MaxPool2d"),
                ("BatchNormTrainingBackwardDataFromSums", "BatchNormTrainingBackwardData"),
                ("BatchNormBackwardSumsRow", "BatchNormTrainingBackwardScale"), ("BatchNormBackwardSumsRow", "BiasAddBackward")}
 _REFERENCE_ALGORITHMS = ("reference", "direct")
@@ -331,10 +331,14 @@ def check_lowering(exe: Executable, ref: Reference) -> CheckResult:
 
     failures, worst, worst_err, checked = [], None, -1.0, 0
     for st in exe.steps:
-        if abstract_of(st.op).name not in CHECKED_OPS:
+        op = abstract_of(st.op)
+        if op.name not in CHECKED_OPS or op.filled_by_reader:  # a slot: its filler is checked (Op.fills)
             continue
         view = g.node(st.node)
         ins = [operand(a) for a in st.args]
+        for k in op.fills:  # the step writes these: a poisoned copy, checked below like the output
+            ins[k] = ins[k].copy(order="K")
+            ins[k].fill(255 if ins[k].dtype.kind in "ui" else float("nan"))
         out = st.kernel(st.ctx, st.op.op, *ins)
         if recomputes_a_gradient_input(st.op.op):  # on the operands it was fed (module docstring)
             kctx = KernelContext(xp, ref.device, {}, run_type(view.type, "float64"))
@@ -355,6 +359,9 @@ def check_lowering(exe: Executable, ref: Reference) -> CheckResult:
         got = getattr(getattr(out, "dtype", None), "name", runs_in)
         if got != runs_in:  # right values in another dtype would change every later value
             err = math.nan
+        for k in op.fills:
+            filled = relative_error(xp, ins[k], operand(st.args[k]))
+            err = math.nan if math.isnan(filled) or math.isnan(err) else max(err, filled)
         checked += 1
         if math.isnan(err) or err > worst_err:
             worst, worst_err = st.name, (math.inf if math.isnan(err) else err)

@@ -12,7 +12,9 @@ also takes, :func:`consistent_inputs` recomputes it from those arrays with
 the producer's reference rule, as the graph will compute it. The same for
 the saved window indices of a max pooling (``MaxPool2dArgmax``), which
 ``MaxPool2dTake`` reads beside the ``x`` they index: zeros would name a
-padding cell at the border and read -inf there.
+padding cell at the border and read -inf there; and for the slot a
+``MaxPool2dScan`` fills (``MaxPool2dArgmaxSlot``), whose value is the
+argmax the candidate's own must equal.
 
 One pass run draws each array once (:class:`InputPool`): the arrays are keyed
 by input position and type, so the many nodes of a model that read the same
@@ -38,7 +40,7 @@ from opgraph.backends.registry import KernelContext, rules_for
 REFERENCE_ALGORITHMS = ("reference", "direct")
 #: Producer op types whose output, read by a node together with the
 #: producer's own inputs, must be recomputed from them (module docstring).
-CONSISTENT_PRODUCERS = (ops.BatchNormStats, ops.MaxPool2dArgmax)
+CONSISTENT_PRODUCERS = (ops.BatchNormStats, ops.MaxPool2dArgmax, ops.MaxPool2dArgmaxSlot)
 
 
 def random_inputs(in_types, xp, seed: int, dtype: str | None = None) -> list:
@@ -116,8 +118,9 @@ def reference_output(op, arrays, xp, device, out_type=None):
     rules = rules_for(type(op))
     for algo in REFERENCE_ALGORITHMS:
         if algo in rules:
-            hi = [a.astype(xp.float64) if a.dtype.kind == "f" or str(a.dtype) == "bfloat16" else a
-                  for a in arrays]
+            # a filled input (Op.fills) is written: the caller's array stays as it was
+            hi = [a.astype(xp.float64) if a.dtype.kind == "f" or str(a.dtype) == "bfloat16"
+                  else a.copy(order="K") if k in op.fills else a for k, a in enumerate(arrays)]
             run_as = None if out_type is None else run_type(out_type, "float64")
             return rules[algo].kernel(KernelContext(xp, device, {}, run_as), op, *hi)
     return None

@@ -91,6 +91,20 @@ def _poison(root) -> None:
     root.view("uint8").fill(255)
 
 
+def _with_filled_copies(op, arrays: list) -> list:
+    """``arrays`` with each input ``op`` fills (``Op.fills``) replaced by a copy
+    (its strides kept) poisoned with 255 or NaN: the candidate writes the copy, so
+    the shared input stays the reference's value, and a kernel that leaves
+    part of it unwritten fails the check (255 in an integer array, NaN in a float one)."""
+    if not op.fills:
+        return arrays
+    called = list(arrays)
+    for k in op.fills:
+        called[k] = arrays[k].copy(order="K")
+        called[k].fill(255 if called[k].dtype.kind in "ui" else float("nan"))
+    return called
+
+
 def measure_candidates(op, types, cands, s, ctx: PassContext, timer, view, out_type, run_in,
                        clock: NodeClock, pool: InputPool,
                        home: Home | None = None) -> tuple[list[Candidate], list[Candidate]]:
@@ -115,9 +129,12 @@ def measure_candidates(op, types, cands, s, ctx: PassContext, timer, view, out_t
         arrays = consistent_inputs(view, pool.inputs(run_in), xp, ctx.device)
     with clock.part("reference", settle=True):  # float64 kernels, else billed to the first check
         try:
-            ref = _reference(op, arrays, xp, ctx.device, out_type)
+            # a slot's own step writes nothing: the node that fills it checks its value
+            ref = None if op.filled_by_reader else _reference(op, arrays, xp, ctx.device, out_type)
         except Exception:
             ref = None
+        unverified = ("filled by the node that reads it, and checked there" if op.filled_by_reader
+                      else "no reference rule for this op")
         # the concat's buffer the output will live in: its slice is where candidates write
         target, root = _scratch(home, out_type, xp) if home is not None else (None, None)
     dtype = str(arrays[0].dtype) if arrays else "float32"
@@ -138,7 +155,8 @@ def measure_candidates(op, types, cands, s, ctx: PassContext, timer, view, out_t
             try:
                 if root is not None:
                     _poison(root)
-                out = rule.kernel(kctx, op, *arrays, **into)
+                called = _with_filled_copies(op, arrays)
+                out = rule.kernel(kctx, op, *called, **into)
                 got = getattr(getattr(out, "dtype", None), "name", None)
                 if got is not None and got != want:
                     c.status, c.reason = "wrong", f"returns {got}, the node's type is {want}"
@@ -151,17 +169,20 @@ def measure_candidates(op, types, cands, s, ctx: PassContext, timer, view, out_t
                 c.status, c.reason = "failed", f"{type(e).__name__}: {e}"
                 continue
             if ref is not None:
-                c.rel_error = relative_error(xp, out, ref)
+                # a filled input's error too (Op.fills): it is a second result
+                c.rel_error = max([relative_error(xp, out, ref)]
+                                  + [relative_error(xp, called[k], arrays[k]) for k in op.fills],
+                                  key=lambda e: math.inf if math.isnan(e) else e)
                 if not c.rel_error <= c.tolerance:  # NaN fails too
                     c.status, c.reason = "wrong", f"relative error {c.rel_error:.2e} > {c.tolerance:.0e}"
                     continue
             else:
-                c.status, c.reason = "unverified", "no reference rule for this op"
+                c.status, c.reason = "unverified", unverified
         if target is not None and not into:  # the dense result and its copy into the slice
             def run():
                 copy_into(target, rule.kernel(kctx, op, *arrays))
         else:
-            run = lambda: rule.kernel(kctx, op, *arrays, **into)  # noqa: E731
+            run = lambda: rule.kernel(kctx, op, *called, **into)  # noqa: E731
         # One timed run first (the check run above warmed plans and caches):
         # a candidate already PRUNE_FACTOR x slower than the best median is
         # not worth the full protocol.

@@ -18,6 +18,10 @@ every one off, and nothing else (the fused ops' rules carry the tag
    its winners saved as 1-byte indices for a gather that does not read the
    pooled input (``passes/fuse_pool_argmax.py``; opt-in on the CPU's oracle
    kernels);
+4b. ``pool-scan``: such a pooling's scan and take -> one ``MaxPool2dScan``
+   that writes the pooled value and fills the winners' buffer, a
+   ``MaxPool2dArgmaxSlot`` whose step only allocates
+   (``passes/fuse_pool_scan.py``);
 5. ``bn-stats-parts``: the batch statistics of a channel concat -> the concat
    of its parts' statistics, each part's computed once and shared (DenseNet's
    dense layers; ``passes/share_bn_stats.py``);
@@ -98,6 +102,7 @@ from .fold_bn import BN_FOLD
 from .fuse_bn_backward import BN_BACKWARD_SUMS
 from .fuse_elementwise import ELEMENTWISE, GRADIENT_SUM
 from .fuse_pool_argmax import POOL_ARGMAX
+from .fuse_pool_scan import POOL_SCAN
 from .pattern import FusionRule, Match, Scope, apply_table, rewrite_lowered
 from .remat_bn_apply import BN_APPLY_REMAT
 from .remat_bn_gradient import BN_GRADIENT_REMAT
@@ -260,6 +265,7 @@ TABLE: tuple[FusionRule, ...] = (
     FusionRule("pool-relu-backward", match_pool_relu_backward,
                lambda g, m, ctx: fuse_pool_relu_backward(g, m.root, m.absorbed[0], ctx)),
     POOL_ARGMAX,
+    POOL_SCAN,
     BN_STATS_PARTS,
     BN_BACKWARD_SUMS,
     BN_APPLY_REMAT,

@@ -247,8 +247,10 @@ EARLIER_ALIASES = {
                 "CrossEntropyBackward"},
 }
 
-#: ops that joined an alias since (the pool-argmax rule's saved-winner ops, 2026-12-04)
-LATER_ALIASES = {"pool": {"MaxPool2dArgmax", "MaxPool2dTake", "MaxPool2dBackwardIndices"}}
+#: ops that joined an alias since (the pool-argmax rule's saved-winner ops, 2026-12-04; the
+#: one-scan max pooling and the slot it fills, 2026-12-04)
+LATER_ALIASES = {"pool": {"MaxPool2dArgmax", "MaxPool2dTake", "MaxPool2dBackwardIndices", "MaxPool2dArgmaxSlot",
+                          "MaxPool2dScan"}}
 
 
 def test_aliases_are_the_ops_family_declarations():

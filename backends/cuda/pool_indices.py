@@ -21,7 +21,10 @@ back in the input's layout (idx in x's, gx in idx's).
 
 The graph's ops over saved indices (``opgraph/ops/pool_indices.py``) run
 here as ``cuda`` node kernels (:func:`max_pool2d_argmax_kernel`,
-:func:`max_pool2d_take_kernel`, :func:`max_pool2d_backward_indices_kernel`),
+:func:`max_pool2d_take_kernel`, :func:`max_pool2d_backward_indices_kernel`;
+the one scan writing the pooled value and the winners,
+:func:`max_pool2d_scan_kernel`, into the buffer that
+:func:`max_pool2d_argmax_slot_kernel` allocates),
 with a third kernel, :func:`max_pool2d_take` (x at each saved winner, one
 read per output element); the argmax's ``relu`` adds ``MASKED`` (128) to the
 index of a window whose winner is not > 0, and ``masked`` take and gather
@@ -34,13 +37,14 @@ from __future__ import annotations
 
 from opgraph.errors import ShapeError
 from opgraph.ops.pool_indices import MASKED
+from opgraph.types import storage_order
 
 from ..reference.pool import PoolGeometry, node_geometry
 from ..reference.pool_indices import backward_shape, check_window
 from . import pool_vector
 from .pool import (_DECOMPOSE, _MAX, _WINDOWS, _computable, _finish, _geo, _out, _pixels, _prepare, _run,
                    _specialize, _storage, _tile, _vector)
-from .storage import bits, in_layout, logical, physical
+from .storage import bits, empty_in_layout, in_layout, logical, physical
 
 #: Forward: the maximum as ``MaxPool2d``, its winner's window index as a byte
 #: (``relu``: plus MASKED where the winner is not > 0).
@@ -180,6 +184,42 @@ def max_pool2d_argmax_kernel(ctx, op, x):
     return max_pool2d_argmax(ctx.xp, x, g, _specialize(ctx), op.relu)
 
 
+def max_pool2d_argmax_slot_kernel(ctx, op, x):
+    """``MaxPool2dArgmaxSlot`` node: a new uninitialised uint8 array of the pooled
+    shape ``(N, C, OH, OW)`` in the node's layout (``ctx.out_type``; without one,
+    x's storage order), which the node's ``MaxPool2dScan`` reader fills. NHWC: the
+    ``(N, C, OH, OW)`` view of a dense ``(N, OH, OW, C)`` buffer, as
+    ``pool_vector.max_pool2d_argmax`` returns its indices, so the vector scan
+    writes it in place (:func:`pool_vector.indices_apply`: CuPy's pool aligns it).
+    No kernel runs (capturable: an allocation from the current pool)."""
+    layout = ctx.out_type.layout if ctx.out_type is not None else storage_order(x)
+    return empty_in_layout(ctx.xp, ctx.out_shape(op, x), ctx.xp.uint8, layout == "NHWC")
+
+
+def max_pool2d_scan_kernel(ctx, op, x, slot):
+    """``MaxPool2dScan`` node: ``MaxPool2d(x)`` returned (x's dtype; channels-last
+    from the vector path, x's layout from the scalar one) and
+    ``MaxPool2dArgmax(x; relu)`` written into ``slot`` in place. The vector
+    scan (``pool_vector.max_pool2d_scan``, options ``vector``, ``pixels``,
+    ``tile``) where x qualifies and the slot is dense channels-last uint8
+    (:func:`pool_vector.indices_apply`, as the slot kernel allocates NHWC);
+    else :func:`max_pool2d_with_indices`, its indices copied into the slot
+    (an NCHW slot, float16 or float64, an unaligned x).
+
+    Raises:
+        ShapeError: slot not the pooled shape, or x not 4-D.
+        ParameterError: a window of more than 128 cells with ``relu`` (256 without)."""
+    pooled = tuple(x.shape[:2]) + tuple(slot.shape[2:])
+    if tuple(slot.shape) != pooled or slot.dtype != ctx.xp.uint8:
+        raise ShapeError(f"max_pool2d_scan: slot {slot.dtype} {tuple(slot.shape)} is not uint8 {pooled}")
+    g = node_geometry(op, x.shape[2:], slot.shape[2:])
+    if _vector(ctx) and pool_vector.applies(g, x, max_cells=MASKED) is None and pool_vector.indices_apply(slot):
+        return pool_vector.max_pool2d_scan(ctx.xp, x, slot, g, op.relu, _pixels(ctx), _tile(ctx))
+    y, idx = max_pool2d_with_indices(ctx.xp, x, g, _specialize(ctx), op.relu)
+    slot[...] = idx  # one copy kernel (a transpose where the layouts differ)
+    return y
+
+
 def max_pool2d_take_kernel(ctx, op, x, idx):
     """``MaxPool2dTake`` node: the vector take (option ``tile``: from a
     shared-memory tile of x) where x and idx qualify, else :func:`max_pool2d_take`."""
@@ -203,4 +243,5 @@ def max_pool2d_backward_indices_kernel(ctx, op, idx, gy):
 
 
 __all__ = ["max_pool2d_with_indices", "max_pool2d_argmax", "max_pool2d_take", "max_pool2d_backward_indices",
-           "max_pool2d_argmax_kernel", "max_pool2d_take_kernel", "max_pool2d_backward_indices_kernel"]
+           "max_pool2d_argmax_kernel", "max_pool2d_argmax_slot_kernel", "max_pool2d_scan_kernel",
+           "max_pool2d_take_kernel", "max_pool2d_backward_indices_kernel"]

@@ -19,6 +19,9 @@ window order (``oh``, then ``ow``) and rounded once.
   window and writes ``y``; with ``pixels = P`` (an autotune variant), thread
   ``(n, oh, ow / P, c / V)`` scans ``P`` neighbouring windows of a row,
   loading the cells they share once;
+* :func:`max_pool2d_scan` — the same kernel storing each window's winner
+  index beside its maximum (``MaxPool2dScan``: one read of x where
+  :func:`max_pool2d_argmax` then :func:`max_pool2d_take` read it twice);
 * :func:`max_pool2d_backward` (``relu``: ``MaxPool2dBackwardRelu``, x being
   a ReLU's output, whose mask is the winner's value ``> 0``) — two kernels:
   the window scan again, writing each window's winner as a 1-byte window
@@ -104,7 +107,10 @@ TILE_WIDE_SPAN = 2 ** 31
 #: several items waits for each: one item per thread (no cap) ran GoogLeNet's
 #: scans 3-10 % and gathers 6-28 % faster, the scans with 128-thread blocks
 #: (docs/results/h200-2026-12-04c/call3/a-pool-launch.log). float32 was not measured.
-LAUNCH = {("arg", "bfloat16"): (128, GRID_X_LIMIT), ("bwd", "bfloat16"): (256, GRID_X_LIMIT)}
+#: The ``scan`` pair kernel (the ``arg`` scan storing the maxima too) takes the
+#: ``arg`` scan's launch: the same loads, one more instruction per cell (not measured).
+LAUNCH = {("arg", "bfloat16"): (128, GRID_X_LIMIT), ("bwd", "bfloat16"): (256, GRID_X_LIMIT),
+          ("scan", "bfloat16"): (128, GRID_X_LIMIT)}
 #: the most cells a window whose winners are indexed may have: a byte's values
 #: (``MaxPool2dBackward``); with the ReLU mark (``MaxPool2dBackwardRelu``, the
 #: saved-winner ops), ``MASKED`` (``opgraph.ops.pool_indices``: added to a window's
@@ -216,7 +222,7 @@ def tile_extent(kind: str, g: PoolGeometry) -> tuple[int, int]:
 def _tile_launch(xp, kind, arrays, sizes, g: PoolGeometry, n: int, cv: int, span: int, tile, relu=False,
                  masked=True) -> bool:
     """One launch of a ``tile`` kernel (:func:`_tile_source`) over image count
-    ``n`` and ``cv`` channel groups: ``arrays``, the 6 ``sizes`` (``arg``, ``take``: the
+    ``n`` and ``cv`` channel groups: ``arrays``, the 6 ``sizes`` (``arg``, ``scan``, ``take``: the
     output's, then the input's extents, C and x's pitch; ``bwd``: the input's,
     the output's, C and gy's pitch), the channel blocks, the padding; blocks
     (channel block and tile column, tile row, image). ``tile``: True
@@ -239,22 +245,25 @@ def _tile_launch(xp, kind, arrays, sizes, g: PoolGeometry, n: int, cv: int, span
 
 
 def _forward(xp, kind, x, out, g: PoolGeometry, include_pad=False, relu=False, pixels=1, before=(),
-             masked=True, tile=False):
-    """Launch ``kind`` (``fwd``, ``arg``, ``avg``, ``take``) over the pooled pixels,
-    reading x (and ``before``: the take's indices) into ``out``; ``pixels``
-    output columns per thread (``fwd``, ``arg``: ``pool_vector_lanes._scan``); ``tile``: the
-    bfloat16 ``arg`` scan and ``take`` from shared memory (``pool_vector_tile_kernels._scan_tile``,
-    ``_take_tile``) where the window allows (:func:`tile_declines`)."""
+             masked=True, tile=False, after=()):
+    """Launch ``kind`` (``fwd``, ``arg``, ``scan``, ``avg``, ``take``) over the pooled pixels,
+    reading x (and ``before``: the take's indices) into ``out`` (and ``after``: the
+    ``scan``'s indices, physical ``(N, OH, OW, C)``, beside its maxima in ``out``);
+    ``pixels`` output columns per thread (``fwd``, ``arg``, ``scan``:
+    ``pool_vector_lanes._scan``); ``tile``: the bfloat16 ``arg`` and ``scan`` scans and the
+    ``take`` from shared memory (``pool_vector_tile_kernels._scan_tile``, ``_take_tile``) where
+    the window allows (:func:`tile_declines`)."""
     n, c, h, w = x.shape
     (oh, ow), v = g.out, lanes(x.dtype.name)
     total = n * oh * -(-ow // pixels) * (c // v)
     if not total:
         return out
-    if kind in ("arg", "take") and _tiled(tile, x.dtype.name, g) and _tile_launch(
-            xp, kind, [bits(xp, x), *before, bits(xp, out)], [oh, ow, h, w, c, pixel_pitch(x)], g, n, c // v,
+    arrays = [bits(xp, x), *before, bits(xp, out), *after]
+    if kind in ("arg", "scan", "take") and _tiled(tile, x.dtype.name, g) and _tile_launch(
+            xp, kind, arrays, [oh, ow, h, w, c, pixel_pitch(x)], g, n, c // v,
             max(_span(x), out.size), tile, relu=relu, masked=masked):
         return out
-    _launch(xp, kind, x.dtype.name, total, [bits(xp, x), *before, bits(xp, out)],
+    _launch(xp, kind, x.dtype.name, total, arrays,
             [total, c // v, ow, oh, h, w, c, pixel_pitch(x)], g, max(_span(x), out.size), relu, include_pad,
             pixels, masked)
     return out
@@ -329,6 +338,27 @@ def max_pool2d_argmax(xp, x, g: PoolGeometry, relu: bool = False, pixels: int = 
     return arg.transpose(0, 3, 1, 2)
 
 
+def max_pool2d_scan(xp, x, idx, g: PoolGeometry, relu: bool = False, pixels: int = 1, tile=False):
+    """Max pooling of channels-last ``(N, C, H, W)`` x and its winners from one
+    scan (``MaxPool2dScan``): returns a new channels-last ``(N, C, OH, OW)``
+    array of x's dtype, :func:`max_pool2d`'s bits, and writes into ``idx``
+    (uint8 ``(N, C, OH, OW)``, :func:`indices_apply`) :func:`max_pool2d_argmax`'s
+    bytes (``relu``: the index plus :data:`MASKED` where the winner is not > 0;
+    the maximum is stored unmasked). x is read once: the pair of
+    :func:`max_pool2d_argmax` and :func:`max_pool2d_take` reads it twice.
+    ``pixels`` output columns per thread (:data:`PIXELS`); ``tile`` (True or a
+    :class:`TileShape`): bfloat16 from shared-memory tiles where the window
+    allows (:func:`tile_declines`); the same bits either way.
+
+    Raises:
+        ValueError: a :class:`TileShape` ``tile`` that does not divide the
+            channel groups. Nothing else: the caller checks :func:`applies`
+            and :func:`indices_apply` first (the kernels trust the pitch and
+            alignment they check)."""
+    y = _nhwc(xp, (*x.shape[:2], *g.out), x.dtype)
+    return _forward(xp, "scan", x, y, g, relu=relu, pixels=pixels, tile=tile, after=[idx.transpose(0, 2, 3, 1)])
+
+
 def max_pool2d_take(xp, x, idx, g: PoolGeometry, masked: bool = False, tile=False):
     """``x`` (channels-last ``(N, C, H, W)``) at each window's saved winner
     ``idx`` (:func:`indices_apply`): a new channels-last ``(N, C, OH, OW)``
@@ -377,5 +407,5 @@ def avg_pool2d_backward(xp, gy, g: PoolGeometry, count_include_pad: bool, shape)
 
 __all__ = ["DTYPES", "DIVISOR", "MASKED", "MAX_CELLS", "REVISION", "PIXELS", "TileShape", "tile_declines",
            "tile_extent", "tile_shape", "lanes", "pixel_pitch", "declines", "applies", "indices_apply", "max_pool2d",
-           "max_pool2d_backward", "max_pool2d_argmax", "max_pool2d_take", "max_pool2d_backward_indices",
+           "max_pool2d_backward", "max_pool2d_argmax", "max_pool2d_scan", "max_pool2d_take", "max_pool2d_backward_indices",
            "avg_pool2d", "avg_pool2d_backward"]

@@ -2,7 +2,8 @@
 
 A thread owns ``V`` consecutive channels (lanes) of one pixel, 16 bytes
 (:func:`lanes`), or with ``pixels`` ``P`` neighbouring output columns of one
-row: the window scans (``fwd``, ``arg``: :func:`_scan`, :func:`_scan_pairs`),
+row: the window scans (``fwd``, ``arg``, ``scan`` storing both: :func:`_scan`,
+:func:`_scan_pairs`),
 the gather of max pooling's gradient (``bwd``: :func:`_gather`,
 :func:`_gather_pairs`), the take at saved winners (``take``: :func:`_take`,
 :func:`_take_bits`) and average pooling (``avg``, ``avg_bwd``), each a list of
@@ -42,8 +43,10 @@ _OUT_PIXEL = "((n * QH + p) * QW + q) * C + cv * V"  # the (dense) output of the
 
 def _scan(st, v: int, kind: str, relu: bool, pixels: int = 1) -> tuple[list[str], str]:
     """Max pooling's window scan (``fwd``: store the maximum; ``arg``: its window
-    index): the first in-bounds cell starts the scan, then a strictly greater
-    value or the first NaN replaces the best.
+    index; ``scan``: both, ``y`` then ``arg``, from the one scan): the first
+    in-bounds cell starts the scan, then a strictly greater value or the first
+    NaN replaces the best. With ``relu`` the index is marked (:data:`MASKED`)
+    where the best is not > 0; the stored maximum is never masked.
 
     ``pixels`` (``P``): the thread scans the windows of ``P`` consecutive output
     columns ``q * P + i`` of one row. The cells they share (``KW - SW`` columns
@@ -77,9 +80,9 @@ def _scan(st, v: int, kind: str, relu: bool, pixels: int = 1) -> tuple[list[str]
     for i in range(pixels):
         body += [f"if (q * PIX + {i} < QW) {{",
                  f"    const IDX o = ((n * QH + p) * QW + q * PIX + {i}) * C + cv * V;"]
-        if kind == "fwd":
+        if kind in ("fwd", "scan"):
             body += ["    " + line for line in vector_store(st, "y", "o", [best(i, j) for j in range(v)], f"y{i}")]
-        else:
+        if kind in ("arg", "scan"):
             marks = [f"({best(i, j)} > (CT)0 ? k{i}_{j} : (k{i}_{j} | {MASKED}))" if relu else f"k{i}_{j}"
                      for j in range(v)]
             body.append(f"    *reinterpret_cast<{word}*>(arg + o) = "
@@ -87,6 +90,8 @@ def _scan(st, v: int, kind: str, relu: bool, pixels: int = 1) -> tuple[list[str]
         body.append("}")
     if kind == "fwd":
         return body, f"{st.ctype}* __restrict__ y"
+    if kind == "scan":
+        return body, f"{st.ctype}* __restrict__ y, unsigned char* __restrict__ arg"
     return body, "unsigned char* __restrict__ arg"
 
 
@@ -146,8 +151,10 @@ __device__ __forceinline__ unsigned int og_bf2_nan(unsigned int a) {
 """
 
 
-def _scan_pairs(v: int, relu: bool, pixels: int, slow: list[str]) -> list[str]:
-    """The ``arg`` scan of bfloat16 lanes two at a time (:data:`PAIR_HELPERS`).
+def _scan_pairs(v: int, relu: bool, pixels: int, slow: list[str], keep_max: bool = False) -> list[str]:
+    """The ``arg`` scan of bfloat16 lanes two at a time (:data:`PAIR_HELPERS`);
+    with ``keep_max`` the ``scan`` kind, which also stores each window's
+    maximum into ``y`` (16 bytes per output pixel, beside its 8 index bytes).
 
     Why: the H200's counters (ncu, 2026-12-04, GoogLeNet's pools) had the lane
     by lane scan bound by the ALU pipe (82-86 % busy, 12 % of the copy
@@ -160,7 +167,15 @@ def _scan_pairs(v: int, relu: bool, pixels: int, slow: list[str]) -> list[str]:
     meets a NaN. A NaN propagates into the maximum (``max.NaN``); a thread
     whose maxima hold one runs ``slow`` (:func:`_scan`'s statements), which
     gives the first NaN's index, so every result is bit for bit the lane by
-    lane scan's."""
+    lane scan's.
+
+    The stored maximum (``keep_max``) is not ``max.NaN``'s word but a fourth
+    instruction per cell and pair, a ``LOP3`` taking the cell's bits where
+    the same mask is set: the first maximum's own bits, as :func:`_scan`
+    stores them. ``max.NaN`` may order -0.0 below +0.0, and the first of a
+    tie of zeros is the one max pooling gives (SEMANTICS.md, Pooling); the
+    maximum word still serves the comparisons (equal in value) and the NaN
+    test."""
     words, word = v // 2, _byte_word(v)
     cell = [f"const uint4 c = *reinterpret_cast<const uint4*>(x + xb + ((IDX)h * W + w) * XP);",
             "const unsigned int words[4] = {c.x, c.y, c.z, c.w};"]
@@ -169,8 +184,10 @@ def _scan_pairs(v: int, relu: bool, pixels: int, slow: list[str]) -> list[str]:
         lines = [f"if (cw - {i} * SW >= 0 && cw - {i} * SW < KW) {{",
                  f"    const unsigned int kk = (unsigned int)(dh * KW + cw - {i} * SW) * 0x00010001u;"]
         for j in range(words):
+            keep = f" yp{i}_{j} = (gt & words[{j}]) | (~gt & yp{i}_{j});" if keep_max else ""
             lines += [f"    {{ const unsigned int gt = og_bf2_gt(words[{j}], bp{i}_{j}); "
-                      f"bp{i}_{j} = og_bf2_max(words[{j}], bp{i}_{j}); kp{i}_{j} = (gt & kk) | (~gt & kp{i}_{j}); }}"]
+                      f"bp{i}_{j} = og_bf2_max(words[{j}], bp{i}_{j}); kp{i}_{j} = (gt & kk) | (~gt & kp{i}_{j});"
+                      f"{keep} }}"]
         return lines + ["}"]
 
     body = ["const int h0 = (int)p * SH - pt, w0 = (int)q * PIX * SW - pl;",
@@ -179,7 +196,9 @@ def _scan_pairs(v: int, relu: bool, pixels: int, slow: list[str]) -> list[str]:
     for i in range(pixels):  # the window's first in-bounds cell, in both halves
         body += [f"const unsigned int kf{i} = (unsigned int)(fh * KW + (w0 + {i} * SW < 0 ? -(w0 + {i} * SW) : 0))"
                  " * 0x00010001u;",
-                 *(f"unsigned int bp{i}_{j} = 0xff80ff80u, kp{i}_{j} = kf{i};" for j in range(words))]
+                 *(f"unsigned int bp{i}_{j} = 0xff80ff80u, kp{i}_{j} = kf{i};" for j in range(words)),
+                 # the maximum's bits: -inf until a cell beats it (a window of -inf stores -inf)
+                 *(f"unsigned int yp{i}_{j} = 0xff80ff80u;" for j in range(words) if keep_max)]
     body += ["#pragma unroll", "for (int dh = 0; dh < KH; ++dh) {",
              "    const int h = h0 + dh;", "    if (h < 0 || h >= (int)H) continue;",
              "    #pragma unroll", "    for (int cw = 0; cw < (PIX - 1) * SW + KW; ++cw) {",
@@ -199,6 +218,8 @@ def _scan_pairs(v: int, relu: bool, pixels: int, slow: list[str]) -> list[str]:
         body += [f"    if (q * PIX + {i} < QW) {{",
                  f"        const IDX o = ((n * QH + p) * QW + q * PIX + {i}) * C + cv * V;",
                  f"        *reinterpret_cast<{word}*>(arg + o) = " + " | ".join(f"({t})" for t in packed) + ";",
+                 *([f"        *reinterpret_cast<uint4*>(y + o) = make_uint4("
+                    + ", ".join(f"yp{i}_{j}" for j in range(words)) + ");"] if keep_max else []),
                  "    }"]
     return body + ["}"]
 
@@ -333,7 +354,7 @@ def _average_backward(st, v: int) -> list[str]:
 def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False,
             pixels: int = 1, masked: bool = True) -> tuple[str, str]:
     """``(name, source)`` of one kernel: ``fwd`` (y), ``arg`` (window indices),
-    ``bwd`` (the gather), ``take`` (x at the saved winners; ``masked`` for
+    ``scan`` (both from one scan: ``MaxPool2dScan``), ``bwd`` (the gather), ``take`` (x at the saved winners; ``masked`` for
     both: what a marked index means, :func:`_take`, :func:`_gather`), ``avg``
     or ``avg_bwd`` (average pooling), for the
     window ``(kh, kw, sh, sw, mh, mw)`` (compile-time constants: the loops
@@ -342,7 +363,7 @@ def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False
     global pooling's gradient, one window, does not test 49 of them).
     Every thread loop walks pixels ``(n, p, q)`` of a ``QH x QW`` grid, ``V``
     channels ``cv * V`` at a time: the output's for the forward kernels, the
-    input's for the backward ones; ``pixels`` (``fwd``, ``arg``): ``P``
+    input's for the backward ones; ``pixels`` (``fwd``, ``arg``, ``scan``): ``P``
     consecutive output columns per thread, ``q`` running over ``ceil(QW / P)``
     groups (:func:`_scan`)."""
     kh, kw, sh, sw, mh, mw = window
@@ -350,10 +371,10 @@ def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False
     x_in = f"const {st.ctype}* __restrict__ x"
     reads_x = "IDX TOTAL, IDX CV, IDX QW, IDX QH, IDX H, IDX W, IDX C, IDX XP"
     reads_gy = "IDX TOTAL, IDX CV, IDX QW, IDX QH, IDX OH, IDX OW, IDX C, IDX GP"
-    if kind in ("fwd", "arg"):
+    if kind in ("fwd", "arg", "scan"):
         body, out = _scan(st, v, kind, relu, pixels)
-        if kind == "arg" and dtype == "bfloat16":
-            body = _scan_pairs(v, relu, pixels, slow=body)
+        if kind in ("arg", "scan") and dtype == "bfloat16":
+            body = _scan_pairs(v, relu, pixels, slow=body, keep_max=kind == "scan")
         params = f"{x_in}, {out}, {reads_x}"
     elif kind == "bwd":
         body = _gather_pairs(masked) if dtype == "bfloat16" else _gather(st, v, masked)
@@ -368,7 +389,7 @@ def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False
     else:
         body = _average_backward(st, v)
         params = f"const {st.ctype}* __restrict__ gy, {st.ctype}* __restrict__ gx, {reads_gy}"
-    if pixels != 1 and kind not in ("fwd", "arg"):
+    if pixels != 1 and kind not in ("fwd", "arg", "scan"):
         raise ValueError(f"pool_vector: {kind} kernels scan one pixel per thread, not {pixels}")
     unmasked = kind in ("bwd", "take") and not masked
     name = (f"opgraph_pool_vec_{kind}{'_relu' if relu else ''}{'_unmasked' if unmasked else ''}_{dtype}_"

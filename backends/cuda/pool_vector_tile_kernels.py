@@ -106,8 +106,10 @@ def _stage_tile(window: tuple, t: TileShape, prelude=()) -> list[str]:
     return body
 
 
-def _scan_tile(relu: bool, window: tuple, t: TileShape, slow: list[str]) -> list[str]:
-    """The ``arg`` scan of bfloat16 from a shared-memory tile (``tile`` variant).
+def _scan_tile(relu: bool, window: tuple, t: TileShape, slow: list[str], keep_max: bool = False) -> list[str]:
+    """The ``arg`` scan of bfloat16 from a shared-memory tile (``tile`` variant);
+    with ``keep_max`` the ``scan`` kind, which also stores each output's 8
+    maxima into ``y``, one 16-byte store beside the 8-byte index store.
 
     A block stages the input cells of ``t.rows`` x ``t.cols`` output pixels
     and ``t.groups`` channel groups, padding as -inf, then each thread takes
@@ -129,7 +131,13 @@ def _scan_tile(relu: bool, window: tuple, t: TileShape, slow: list[str]) -> list
     into the maximum (``max.NaN``); an output whose maximum holds one is
     scanned again lane by lane from global memory by ``slow``
     (:func:`_scan`'s statements), so every result is :func:`_scan`'s bit for bit.
-    The staging is :func:`_stage_tile`'s."""
+    The staging is :func:`_stage_tile`'s.
+
+    ``keep_max``: the maxima stored are the winners' own bits, taken by the
+    same masks as the indices (a row's ``rv``, an output's ``v``; one ``LOP3``
+    per pair beside the index's), not ``max.NaN``'s words, which may order
+    -0.0 below +0.0 where the first of a tie of zeros is the one max pooling
+    gives (``pool_vector_lanes._scan_pairs``). ``slow`` then stores both."""
     kh, kw, sh, sw = window
     iw = (t.cols - 1) * sw + kw
     body = [*_stage_tile(window, t), "__syncthreads();",
@@ -144,13 +152,16 @@ def _scan_tile(relu: bool, window: tuple, t: TileShape, slow: list[str]) -> list
                  *(f"unsigned int rk{r}_{j} = {_hexu(r * kw * 0x10001)};" for j in range(4)),
                  f"{{ const uint4 e = col[{r * iw * t.groups}]; "
                  f"rb{r}_0 = e.x; rb{r}_1 = e.y; rb{r}_2 = e.z; rb{r}_3 = e.w; }}"]
+        if keep_max:  # the row's first maximum's bits (its first cell to start: as rb)
+            lines.append(" ".join(f"unsigned int rv{r}_{j} = rb{r}_{j};" for j in range(4)))
         for dw in range(1, kw):
             lines += [f"{{ const uint4 e = col[{(r * iw + dw) * t.groups}];",
                       "  const unsigned int ew[4] = {e.x, e.y, e.z, e.w};"]
             for j in range(4):
+                keep = f" rv{r}_{j} = (gt & ew[{j}]) | (~gt & rv{r}_{j});" if keep_max else ""
                 lines.append(f"  {{ const unsigned int gt = og_bf2_gt(ew[{j}], rb{r}_{j}); "
                              f"rb{r}_{j} = og_bf2_max(ew[{j}], rb{r}_{j}); "
-                             f"rk{r}_{j} = (gt & {_hexu((r * kw + dw) * 0x10001)}) | (~gt & rk{r}_{j}); }}")
+                             f"rk{r}_{j} = (gt & {_hexu((r * kw + dw) * 0x10001)}) | (~gt & rk{r}_{j});{keep} }}")
             lines.append("}")
         return lines
 
@@ -164,23 +175,28 @@ def _scan_tile(relu: bool, window: tuple, t: TileShape, slow: list[str]) -> list
                  f"  const unsigned int kf = (unsigned int)(({r0} + fh) * KW + fc) * 0x00010001u;"]
         for j in range(4):
             body.append(f"  unsigned int b{j} = rb{r0}_{j}, k{j};")
+            if keep_max:  # a first row of -inf holds -inf's bits: the maximum whichever cell wins
+                body.append(f"  unsigned int v{j} = rv{r0}_{j};")
             body.append(f"  {{ const unsigned int gt = og_bf2_gt(rb{r0}_{j}, 0xff80ff80u); "
                         f"k{j} = (gt & rk{r0}_{j}) | (~gt & kf); }}")
         for dh in range(1, kh):
             r = r0 + dh
             for j in range(4):
+                keep = f" v{j} = (gt & rv{r}_{j}) | (~gt & v{j});" if keep_max else ""
                 body.append(f"  {{ const unsigned int gt = og_bf2_gt(rb{r}_{j}, b{j}); "
-                            f"b{j} = og_bf2_max(rb{r}_{j}, b{j}); k{j} = (gt & rk{r}_{j}) | (~gt & k{j}); }}")
+                            f"b{j} = og_bf2_max(rb{r}_{j}, b{j}); k{j} = (gt & rk{r}_{j}) | (~gt & k{j});{keep} }}")
         ks = [f"(k{j} - {_hexu(r0 * kw * 0x10001)})" for j in range(4)]
         if relu:  # MASKED where the winner is not > 0
             ks = [f"({k} | (~og_bf2_gt(b{j}, 0u) & {MASKED * 0x10001:#x}u))" for j, k in enumerate(ks)]
+        out = f"((n * QH + oh0 + {i}) * QW + oq) * C + cv * V"
         body += [f"  if (oh0 + {i} < (int)QH && oq < (int)QW) {{",
                  "    if (og_bf2_nan(b0) | og_bf2_nan(b1) | og_bf2_nan(b2) | og_bf2_nan(b3)) "
                  f"nanmask |= {1 << i}u;",
-                 "    else *reinterpret_cast<unsigned long long*>("
-                 f"arg + ((n * QH + oh0 + {i}) * QW + oq) * C + cv * V) =",
+                 f"    else {'{ ' if keep_max else ''}*reinterpret_cast<unsigned long long*>(arg + {out}) =",
                  f"        (unsigned long long)og_byte_perm({ks[0]}, {ks[1]}, 0x6420u)",
                  f"        | ((unsigned long long)og_byte_perm({ks[2]}, {ks[3]}, 0x6420u) << 32);",
+                 *([f"      *reinterpret_cast<uint4*>(y + {out}) = make_uint4(v0, v1, v2, v3); }}"]
+                   if keep_max else []),
                  "  }", "}"]
     body += ["// the outputs whose maximum holds a NaN, lane by lane from global memory (_scan)",
              "#pragma unroll 1", "for (int i = 0; i < TH; ++i) {",
@@ -343,7 +359,7 @@ def _gather_tile(masked: bool, window: tuple, t: TileShape) -> list[str]:
 def _tile_source(kind: str, wide: bool, window: tuple, t: TileShape, relu: bool = False,
                  masked: bool = True) -> tuple[str, str]:
     """``(name, source)`` of a ``tile`` kernel: ``arg`` (:func:`_scan_tile`),
-    ``take`` (:func:`_take_tile`) or ``bwd`` (:func:`_gather_tile`) of bfloat16, for the window ``(kh, kw, sh, sw)``
+    ``scan`` (the same, storing the maxima too: ``MaxPool2dScan``), ``take`` (:func:`_take_tile`) or ``bwd`` (:func:`_gather_tile`) of bfloat16, for the window ``(kh, kw, sh, sw)``
     and the tile ``t`` (compile-time constants: every loop unrolls). One block per
     tile (no grid-stride loop: blocks that finish make room for others)."""
     kh, kw, sh, sw = window
@@ -351,10 +367,10 @@ def _tile_source(kind: str, wide: bool, window: tuple, t: TileShape, relu: bool 
     sizes = "IDX QH, IDX QW, IDX H, IDX W, IDX C, IDX XP" if kind != "bwd" else \
         "IDX QH, IDX QW, IDX OH, IDX OW, IDX C, IDX GP"
     tiles = "IDX CBLOCKS"
-    if kind == "arg":
-        slow, _ = _scan(st, 8, "arg", relu)
-        body = _scan_tile(relu, window, t, slow)
-        params = f"const {st.ctype}* __restrict__ x, unsigned char* __restrict__ arg"
+    if kind in ("arg", "scan"):
+        slow, out = _scan(st, 8, kind, relu)
+        body = _scan_tile(relu, window, t, slow, keep_max=kind == "scan")
+        params = f"const {st.ctype}* __restrict__ x, {out}"
         extra = (f"#define IH {(t.rows - 1) * sh + kh}\n#define IW {(t.cols - 1) * sw + kw}\n"
                  "#define PIX 1\n")
     elif kind == "take":

@@ -51,12 +51,15 @@ POOL_KERNELS = {
     ops.AvgPool2d: pool.avg_pool2d_kernel,
     ops.AvgPool2dBackward: pool.avg_pool2d_backward_kernel,
     ops.MaxPool2dArgmax: pool_indices.max_pool2d_argmax_kernel,
+    ops.MaxPool2dScan: pool_indices.max_pool2d_scan_kernel,
     ops.MaxPool2dTake: pool_indices.max_pool2d_take_kernel,
     ops.MaxPool2dBackwardIndices: pool_indices.max_pool2d_backward_indices_kernel,
 }
 
-#: abstract op type -> node kernel ``kernel(ctx, op, *arrays)``.
-NODE_KERNELS = {**POOL_KERNELS, ops.Zeros: zeros_node}
+#: abstract op type -> node kernel ``kernel(ctx, op, *arrays)``; the argmax slot
+#: only allocates (no kernel to specialize or vectorise: no variants)
+NODE_KERNELS = {**POOL_KERNELS, ops.Zeros: zeros_node,
+                ops.MaxPool2dArgmaxSlot: pool_indices.max_pool2d_argmax_slot_kernel}
 
 #: abstract op type -> CuPy kernel ``fn(xp, *arrays, **op.params())``.
 CUDA_KERNELS = {
@@ -84,13 +87,16 @@ SPECIALIZABLE = tuple(POOL_KERNELS)
 
 #: Ops with the channels-last vector path (:mod:`.pool_vector`).
 VECTOR_POOLS = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.AvgPool2d,
-                ops.AvgPool2dBackward, ops.MaxPool2dArgmax, ops.MaxPool2dTake, ops.MaxPool2dBackwardIndices)
+                ops.AvgPool2dBackward, ops.MaxPool2dArgmax, ops.MaxPool2dScan, ops.MaxPool2dTake,
+                ops.MaxPool2dBackwardIndices)
 #: The most window cells of the vector kernels that index each window's winner in a byte
 INDEXED_CELLS = {ops.MaxPool2dBackward: pool_vector.MAX_CELLS, ops.MaxPool2dBackwardRelu: pool_vector.MASKED,
-                 ops.MaxPool2dArgmax: pool_vector.MASKED, ops.MaxPool2dTake: pool_vector.MASKED,
+                 ops.MaxPool2dArgmax: pool_vector.MASKED, ops.MaxPool2dScan: pool_vector.MASKED,
+                 ops.MaxPool2dTake: pool_vector.MASKED,
                  ops.MaxPool2dBackwardIndices: pool_vector.MASKED}
 #: Of them, those whose vector kernels scan max-pool windows (the ``pixels`` option)
-MAX_POOLS = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.MaxPool2dArgmax)
+MAX_POOLS = (ops.MaxPool2d, ops.MaxPool2dBackward, ops.MaxPool2dBackwardRelu, ops.MaxPool2dArgmax,
+             ops.MaxPool2dScan)
 #: Of them, those with a bfloat16 window scan, take or gather from shared-memory tiles
 #: (the ``tile`` option: ``pool_vector.tile_declines``)
 TILED_POOLS = tuple(INDEXED_CELLS)

@@ -158,6 +158,24 @@ def max_pool2d_argmax_kernel(ctx, op, x):
     return max_pool2d_with_indices(ctx.xp, x, g, op.relu)[1]
 
 
+@reference_node(ops.MaxPool2dArgmaxSlot)
+def max_pool2d_argmax_slot_kernel(ctx, op, x):
+    """``MaxPool2dArgmaxSlot`` node: its value, the argmax's (the reference computes
+    it here; a device step only allocates, and its ``MaxPool2dScan`` fills it)."""
+    g = node_geometry(op, x.shape[2:], ctx.out_shape(op, x)[2:])
+    return max_pool2d_with_indices(ctx.xp, x, g, op.relu)[1]
+
+
+@reference_node(ops.MaxPool2dScan)
+def max_pool2d_scan_kernel(ctx, op, x, slot):
+    """``MaxPool2dScan`` node: writes the argmax of x into ``slot`` in place (its
+    layout kept) and returns :func:`max_pool2d_take` of x at it (``MaxPool2d(x)``)."""
+    g = node_geometry(op, x.shape[2:], slot.shape[2:])
+    idx = max_pool2d_with_indices(ctx.xp, x, g, op.relu)[1]
+    slot[...] = idx
+    return max_pool2d_take(ctx.xp, x, idx, g)
+
+
 @reference_node(ops.MaxPool2dTake)
 def max_pool2d_take_kernel(ctx, op, x, idx):
     """``MaxPool2dTake`` node: :func:`max_pool2d_take` with the node's geometry."""
@@ -172,5 +190,5 @@ def max_pool2d_backward_indices_kernel(ctx, op, idx, gy):
 
 
 __all__ = ["MAX_WINDOW_CELLS", "check_window", "backward_shape", "max_pool2d_with_indices", "max_pool2d_take",
-           "max_pool2d_backward_indices", "max_pool2d_argmax_kernel", "max_pool2d_take_kernel",
-           "max_pool2d_backward_indices_kernel"]
+           "max_pool2d_backward_indices", "max_pool2d_argmax_kernel", "max_pool2d_argmax_slot_kernel",
+           "max_pool2d_scan_kernel", "max_pool2d_take_kernel", "max_pool2d_backward_indices_kernel"]

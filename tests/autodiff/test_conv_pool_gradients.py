@@ -211,3 +211,22 @@ def test_max_pool2d_through_saved_winners(kernel, stride, padding, ceil_mode, ma
     gx = g.apply(ops.MaxPool2dBackwardIndices, dict(params, masked=masked, input_shape=x_shape), [idx, gy])
     grads = check_grad(gx, [x, gy], feeds)
     assert np.all(grads["x"] == 0)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("kernel, stride, padding, ceil_mode", DOUBLE_GRID)
+def test_max_pool2d_scan_through_its_slot(kernel, stride, padding, ceil_mode, relu):
+    """``MaxPool2dScan(x, MaxPool2dArgmaxSlot(x))`` (the pool-scan rule's forward,
+    ``relu`` marking the winners it saves, never its maximum) in x against finite
+    differences: its rule gathers gy at the slot's winners, unmasked; the slot,
+    like the argmax, is piecewise constant (no gradient)."""
+    window = dict(kernel_size=kernel, stride=kernel if stride is None else stride, padding=padding,
+                  ceil_mode=ceil_mode)
+    params = ops.MaxPool2d(**window).params()
+    rng = np.random.default_rng(7)
+    x_shape = (2, 2, 7, 6)
+    g = og.Graph()
+    x = g.input("x", x_shape)
+    slot = g.apply(ops.MaxPool2dArgmaxSlot, dict(params, relu=relu), [x])
+    y = g.apply(ops.MaxPool2dScan, dict(params, relu=relu), [x, slot])
+    check_grad(y, [x], {"x": distinct(rng, x_shape)})

@@ -85,7 +85,8 @@ def test_nonzero_gradient_on_an_untouched_row_is_caught():
 FD_CHECKED = {
     **dict.fromkeys(["Conv2d", "Conv2dBackwardData", "Conv2dBackwardFilter", "Conv2dBiasRelu", "MaxPool2d",
                      "MaxPool2dBackward", "MaxPool2dBackwardRelu", "MaxPool2dSelect", "AvgPool2d",
-                     "AvgPool2dBackward", "MaxPool2dArgmax", "MaxPool2dTake", "MaxPool2dBackwardIndices"],
+                     "AvgPool2dBackward", "MaxPool2dArgmax", "MaxPool2dTake", "MaxPool2dBackwardIndices",
+                     "MaxPool2dArgmaxSlot", "MaxPool2dScan"],
                     "test_conv_pool_gradients"),
     **dict.fromkeys(["Conv2dBiasActivation", "Conv2dBackwardDataRelu"], "test_conv_fused_gradients"),
     **dict.fromkeys(["Relu", "ReluBackward", "Threshold", "ThresholdBackward", "Add", "BiasAdd",

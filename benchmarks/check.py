@@ -18,7 +18,9 @@ lowering that the lowering decides (the convolution ops, the fused ones included
 forward with its epilogue, backward-data with its ReLU gradient, the
 generated element-wise chains), the
 ``Pad`` / ``PadBackward`` nodes legalize puts around
-convolutions, ``Linear``, ``MatMul`` and ``BiasAddBackward``) on the float64
+convolutions, ``Linear``, ``MatMul``, ``BiasAddBackward`` and the ``pool-scan``
+rule's ``MaxPool2dScan``, whose filled slot (``Op.fills``) is checked as a second
+result against the argmax's value) on the float64
 reference values of its inputs, rounded to the graph's dtype and stored in
 its layout, and compares its output with the reference value of that node.
 
@@ -98,7 +100,7 @@ from .protocol import LAYER_FAMILIES, TrainingGraph
 
 #: Abstract ops whose steps the per-node check runs (see the module docstring).
 CHECKED_OPS = frozenset({t.__name__ for f in LAYER_FAMILIES for t in of_family(f)}
-                        | {"Pad", "PadBackward", "BiasAddBackward", "FusedElementwise"})
+                        | {"Pad", "PadBackward", "BiasAddBackward", "FusedElementwise", "MaxPool2dScan"})
 #: (lowered op, abstract op at the same node id) pairs computing the same value.
 _SAME_VALUE = {("PadBackward", "Conv2dBackwardData"), ("MaxPool2dTake", "MaxPool2d"), ("MaxPool2dScan", "MaxPool2d"),
                ("BatchNormTrainingBackwardDataFromSums", "BatchNormTrainingBackwardData"),

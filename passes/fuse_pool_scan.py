@@ -24,9 +24,16 @@ so they descend from it. The rule applies when
   elsewhere;
 * every other reader of the indices descends from the take (so none reads
   the buffer before the scan fills it);
+* the policy opts in, ``include=['pool-scan']``: the scan's CUDA kernels
+  (``pool_vector_lanes``' and ``pool_vector_tile_kernels``' ``scan`` kind)
+  were written and checked bit for bit against the argmax and take kernels
+  on the CPU's emulator (``tests/backends/test_pool_scan_kernels.py``) in a
+  session whose device time ran out before they ran on a GPU; the rule
+  becomes a default once a device run has checked and timed them
+  (``tests/gpu/test_pool_scan_gpu.py``, ``docs/performance.md``);
 * the algorithm is not one of the CPU's oracles unless the policy opts in
-  (``include=['fused-reference']``, as for ``pool-argmax``): there the slot's
-  kernel computes the argmax itself (its value), and the scan again.
+  there too (``include=['fused-reference']``, as for ``pool-argmax``): there
+  the slot's kernel computes the argmax itself (its value), and the scan again.
 
 Autotune times the scan's own variants (those of the argmax: ``vector``,
 ``pixels``, ``tile``); each candidate fills a poisoned copy of the slot,
@@ -48,6 +55,9 @@ from .pattern import FusionRule, Match, Scope, forced_elsewhere, lowered_for, re
 
 NAME = "pool-scan"
 LABEL = "max pooling(s) writing the value and the winners in one scan"
+#: why the rule waits for ``include=['pool-scan']`` (module docstring)
+OPT_IN_NOTE = (f"opt-in (include=[{NAME!r}]) until its kernels have been run and timed on a GPU: "
+               "they are checked on the CPU's emulator only")
 
 
 def _descends_from(graph: Graph, node: int, ancestor: int) -> bool:
@@ -66,7 +76,7 @@ def match_pool_scan(scope: Scope, view: NodeView) -> Match | None:
     if (not isinstance(argmax, MaxPool2dArgmax) or scope.algorithm(idx) != algorithm
             or scope.graph.input_ids(idx) != [x] or window_params(argmax) != window_params(op)):
         return None
-    why = _oracle_without_opt_in(algorithm, scope.ctx)
+    why = (None if NAME in scope.ctx.policy.include else OPT_IN_NOTE) or _oracle_without_opt_in(algorithm, scope.ctx)
     if why:
         scope.note(NAME, why)
         return None
@@ -104,4 +114,4 @@ def fuse_pool_scan(graph: Graph, m: Match, ctx: PassContext) -> str | None:
 
 POOL_SCAN = FusionRule(NAME, match_pool_scan, fuse_pool_scan)
 
-__all__ = ["NAME", "LABEL", "match_pool_scan", "fuse_pool_scan", "POOL_SCAN"]
+__all__ = ["NAME", "LABEL", "OPT_IN_NOTE", "match_pool_scan", "fuse_pool_scan", "POOL_SCAN"]

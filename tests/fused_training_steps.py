@@ -86,15 +86,19 @@ def step_errors(fused, unfused, ref) -> list[tuple[float, float, float]]:
     return out
 
 
-def rule_on_and_off(make, rule: str, seed: int = 0):
+def rule_on_and_off(make, rule: str, seed: int = 0, without: tuple = (), opt_in: tuple = ()):
     """``(on, off, errors)``: the training step of ``make()`` compiled on the
-    CPU's oracle with the fused chains opted in (``include=['fused-reference']``),
-    with and without fusion rule ``rule``, and :func:`step_errors` of their
-    outputs against the float64 reference."""
+    CPU's oracle with the fused chains opted in (``include=['fused-reference']``
+    and the rules ``opt_in``), with and without fusion rule ``rule`` (both
+    without the rules ``without``: a later rule that would rewrite what
+    ``rule`` makes), and :func:`step_errors` of their outputs against the
+    float64 reference."""
     outs, feeds, _ = training_step(make, np.random.default_rng(seed))
     ref = og.compile(outs, pipeline="reference", dtype="float64")(**feeds)
-    on = og.compile(outs, device="cpu", policy={"include": ["fused-reference"]})
-    off = og.compile(outs, device="cpu", policy={"include": ["fused-reference"], "exclude": [rule]})
+    include = ["fused-reference", *opt_in]
+    on = og.compile(outs, device="cpu", policy={"include": include, "exclude": list(without)})
+    off = og.compile(outs, device="cpu", policy={"include": [n for n in include if n != rule],
+                                                 "exclude": [rule, *without]})
     return on, off, step_errors(on(**feeds), off(**feeds), ref)
 
 

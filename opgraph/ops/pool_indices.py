@@ -40,7 +40,7 @@ from ..errors import ParameterError, ShapeError
 from ..op import require_ndim
 from ..types import INDEX_DTYPES, TensorType
 from . import _fields as F
-from .pool import _PoolOp
+from .pool import MaxPool2dBackward, _PoolOp
 
 #: added to a window's index by ``MaxPool2dArgmax(relu=True)`` when its winner is not > 0
 MASKED = 128
@@ -187,13 +187,12 @@ class MaxPool2dScan(_SavedWinnersOp):
         return x.nbytes + out.nbytes + slot.nbytes
 
     def vjp(self, node, gy, wanted):
-        _, slot = node.inputs
+        # MaxPool2d's: a gather of the slot would be read before the scan fills it
+        # whenever gy does not descend from this node (passes/verify.py refuses
+        # that), and pool-argmax + pool-scan make the gather again where it does
         if not wanted[0]:
             return (None, None)
-        x = node.inputs[0]
-        back = node.graph.apply(MaxPool2dBackwardIndices,
-                                dict(window_params(self), masked=False, input_shape=x.shape), [slot, gy])
-        return (back, None)
+        return (node.graph.apply(MaxPool2dBackward, window_params(self), [node.inputs[0], gy]), None)
 
 
 @attrs.frozen

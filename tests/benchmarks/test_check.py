@@ -299,7 +299,7 @@ def test_the_saved_winner_ops_are_checked_against_the_reference_values_they_repl
     # pool-argmax (opted in on the CPU): the take computes MaxPool2d's value, the masked
     # gather the ReluBackward that MaxPool2dBackwardRelu had absorbed
     tg, feeds, ref = setup
-    exe = og.compile(tg.outputs, policy={"include": ["fused-reference"]})
+    exe = og.compile(tg.outputs, policy={"include": ["fused-reference"], "exclude": ["pool-scan"]})
     kinds = {abstract_of(st.op).name: st.node for st in exe.steps}
     assert {"MaxPool2dArgmax", "MaxPool2dTake", "MaxPool2dBackwardIndices"} <= set(kinds)
     take = check.abstract_twin(exe.graph, ref.graph, kinds["MaxPool2dTake"])
@@ -307,6 +307,29 @@ def test_the_saved_winner_ops_are_checked_against_the_reference_values_they_repl
     gather = check.abstract_twin(exe.graph, ref.graph, kinds["MaxPool2dBackwardIndices"])
     assert ref.graph.node(gather).op.name == "ReluBackward" and gather in ref.values
     assert check.check_lowering(exe, ref).passed
+
+
+def test_the_one_scan_is_checked_with_the_winners_it_fills(setup):
+    # pool-scan (opted in on the CPU): the scan computes MaxPool2d's value and fills its slot;
+    # the slot's own step is not checked (it only allocates), what the scan writes into it is
+    tg, feeds, ref = setup
+    exe = og.compile(tg.outputs, policy={"include": ["fused-reference", "pool-scan"]})
+    kinds = {abstract_of(st.op).name: st.node for st in exe.steps}
+    assert {"MaxPool2dArgmaxSlot", "MaxPool2dScan", "MaxPool2dBackwardIndices"} <= set(kinds)
+    scan = check.abstract_twin(exe.graph, ref.graph, kinds["MaxPool2dScan"])
+    assert ref.graph.node(scan).op.name == "MaxPool2d"
+    result = check.check_lowering(exe, ref)
+    assert result.passed
+    # a scan that computes the value but leaves the slot as it found it fails
+    def value_only(ctx, op, x, slot):
+        from opgraph.backends.registry import rules_for
+        pool = og.ops.MaxPool2d(**{k: getattr(op, k) for k in ("kernel_size", "stride", "padding", "ceil_mode")})
+        return rules_for(og.ops.MaxPool2d)["reference"].kernel(ctx, pool, x)
+    exe.steps = [attrs.evolve(st, kernel=value_only) if abstract_of(st.op).name == "MaxPool2dScan" else st
+                 for st in exe.steps]
+    broken = check.check_lowering(exe, ref)
+    assert not broken.passed and {f["op"] for f in broken.failures} == {"MaxPool2dScan"}
+    assert broken.nodes_checked == result.nodes_checked
 
 
 def test_the_new_input_tolerance_follows_the_storage_dtype():

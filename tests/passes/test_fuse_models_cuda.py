@@ -63,8 +63,11 @@ def test_fusion_on_cuda_of_every_built_in_model(monkeypatch, key):
     # pool-argmax then turns a MaxPool2dBackwardRelu into a masked gather
     masked = sum(v.op.op.name == "MaxPool2dBackwardIndices" and v.op.op.masked for v in nodes)
     assert report.fusion["pool-relu-backward"]["applied"] == fused_kinds["MaxPool2dBackwardRelu"] + masked
-    assert report.fusion["pool-argmax"]["applied"] == fused_kinds["MaxPool2dTake"] \
-        == fused_kinds["MaxPool2dBackwardIndices"] == fused_kinds["MaxPool2dArgmax"]
+    # pool-scan then makes each argmax + take one scan filling a slot
+    assert report.fusion["pool-argmax"]["applied"] == fused_kinds["MaxPool2dBackwardIndices"] \
+        == fused_kinds["MaxPool2dTake"] + fused_kinds["MaxPool2dScan"] \
+        == fused_kinds["MaxPool2dArgmax"] + fused_kinds["MaxPool2dArgmaxSlot"]
+    assert report.fusion["pool-scan"]["applied"] == fused_kinds["MaxPool2dScan"] == fused_kinds["MaxPool2dArgmaxSlot"]
     # each chain or n-ary sum is one FusedElementwise, unless a later chain took an n-ary sum in
     chains = report.fusion["elementwise"]["applied"] + report.fusion["gradient-sum"]["applied"]
     assert (chains > 0) == (fused_kinds["FusedElementwise"] > 0) and fused_kinds["FusedElementwise"] <= chains
@@ -98,6 +101,11 @@ def test_fusion_on_cuda_of_every_built_in_model(monkeypatch, key):
     # every max pooling with its gradient saves its winners; none scans x in its gradient any more
     pools = sum(v.op.name == "MaxPool2d" for v in abstract)
     assert kinds["MaxPool2dTake"] == pools
+    if pools:  # pool-scan is opt-in (passes/fuse_pool_scan.py): then each argmax + take is one scan
+        graph, outs_in, report = compile_for_cuda(outs, og.LoweringPolicy(layout="NHWC", include=["pool-scan"]))
+        scan = collections.Counter(v.op.op.name for v in lowered(graph, outs_in))
+        assert scan["MaxPool2dScan"] == scan["MaxPool2dArgmaxSlot"] == report.fusion["pool-scan"]["applied"] == pools
+        assert not (scan["MaxPool2dTake"] or scan["MaxPool2dArgmax"])
     assert not [v.name for v in nodes if v.op.op.name in ("MaxPool2dBackward", "MaxPool2dBackwardRelu")]
 
 

@@ -43,7 +43,7 @@ def _garbage_slots(exe):
 
 
 def test_the_training_step_through_one_scan_equals_the_unfused_one():
-    on, off, errors = rule_on_and_off(pooled_convnet, "pool-scan")
+    on, off, errors = rule_on_and_off(pooled_convnet, "pool-scan", opt_in=("pool-scan",))
     kinds = _kinds(on)
     assert kinds["MaxPool2dScan"] == kinds["MaxPool2dArgmaxSlot"] == kinds["MaxPool2dBackwardIndices"] == 2
     assert not (kinds["MaxPool2dTake"] or kinds["MaxPool2dArgmax"] or kinds["MaxPool2d"])
@@ -62,9 +62,9 @@ def test_the_training_step_through_one_scan_equals_the_unfused_one():
 def test_the_gathers_read_what_the_scan_wrote_not_what_the_slot_step_left():
     outs, feeds, _ = training_step(pooled_convnet, np.random.default_rng(1))
     ref = og.compile(outs, pipeline="reference", dtype="float64")(**feeds)
-    policy = {"include": ["fused-reference"]}
+    policy = {"include": ["fused-reference", "pool-scan"]}
     on = _garbage_slots(og.compile(outs, device="cpu", policy=policy))
-    off = og.compile(outs, device="cpu", policy={**policy, "exclude": ["pool-scan"]})
+    off = og.compile(outs, device="cpu", policy={"include": ["fused-reference"]})
     assert _kinds(on)["MaxPool2dArgmaxSlot"] == 2
     for fused, unfused, between in step_errors(on(**feeds), off(**feeds), ref):
         assert fused < 1e-6 and between < 1e-6
@@ -82,11 +82,18 @@ def _take_only(ctx, op, x, slot):
         k: getattr(op, k) for k in ("kernel_size", "stride", "padding", "ceil_mode")}), x)
 
 
-def test_on_the_oracle_the_rule_waits_for_the_opt_in():
+def test_the_rule_waits_for_its_opt_in():
+    """Opt-in until its kernels have run on a GPU (the module docstring): without
+    ``include=['pool-scan']`` nothing changes, and the report says how to opt in;
+    on the CPU's oracle it waits for ``fused-reference`` too."""
     y, params, _ = pooled_convnet()
-    exe = og.compile([y, *og.grad(y, params, grad_outputs=[y])], device="cpu")
-    assert not _kinds(exe)["MaxPool2dScan"]
-    assert exe.report.fusion["pool-scan"] == {"applied": 0, "declined": 0}
+    outs = [y, *og.grad(y, params, grad_outputs=[y])]
+    for include in (["fused-reference"], ["pool-scan"]):
+        exe = og.compile(outs, device="cpu", policy={"include": include})
+        assert not _kinds(exe)["MaxPool2dScan"]
+        assert exe.report.fusion["pool-scan"] == {"applied": 0, "declined": 0}
+    exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference"]})
+    assert any("pool-scan: not applied" in n and "include=['pool-scan']" in n for n in exe.report.notes)
 
 
 def _hand_built(readers_first: bool):
@@ -154,7 +161,8 @@ def test_autotune_checks_the_filled_slot_as_a_second_result(monkeypatch, tmp_pat
                  attrs.evolve(rule, kernel=scan, variants=lambda op, types, dev: [{"fill": False}, {"fill": True}]))
     y, params, _ = pooled_convnet()
     outs = [y, *og.grad(y, params, grad_outputs=[y])]
-    policy = LoweringPolicy(autotune=True, include=["fused-reference"], cache=str(tmp_path / "c.json"))
+    policy = LoweringPolicy(autotune=True, include=["fused-reference", "pool-scan"],
+                            cache=str(tmp_path / "c.json"))
     exe = og.compile(outs, policy=policy, timer=StubTimer({"reference[fill=False]": 0.1}))
     scans = [r for r in exe.report.nodes.values() if r.op_type == "MaxPool2dScan"]
     assert len(scans) == 2

@@ -262,6 +262,8 @@ def classify(exe: Executable, n_params: int, n_state: int = 0) -> dict[int, str]
     backward nodes and feeds weight-gradient ops directly, so it stays in
     backward-data, even where, as below the first layer, only weight
     gradients read it.
+    A slot (``Op.filled_by_reader``: the bias gradient a ``ReluBackwardSums``
+    fills) is in its filler's phase, whatever reads it.
     """
     g = exe.graph
     forward = g.ancestors(exe.outputs[:1] + exe.outputs[len(exe.outputs) - n_state:])
@@ -284,8 +286,16 @@ def classify(exe: Executable, n_params: int, n_state: int = 0) -> dict[int, str]
             if inputs_in or partial:
                 filt.add(n)
                 changed = True
-    return {n: "forward" if n in forward else "backward_filter" if n in filt else "backward_data"
-            for n in order}
+    phase = {n: "forward" if n in forward else "backward_filter" if n in filt else "backward_data"
+             for n in order}
+    # a slot's step (Op.filled_by_reader) allocates what its filler writes: in another phase, each
+    # run of the slot's phase would give the filled value a fresh, unwritten buffer
+    for st in exe.steps:
+        for k in abstract_of(st.op).fills:
+            slot = g.input_ids(st.node)[k]
+            if slot in phase:
+                phase[slot] = phase[st.node]
+    return phase
 
 
 @attrs.frozen

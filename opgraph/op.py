@@ -68,6 +68,15 @@ class Op:
     #: runs after that one (a descendant of it).
     filled_by_reader: ClassVar[bool] = False
 
+    def filled_slot(self, position: int) -> tuple["Op", tuple[int, ...]]:
+        """For an input position in ``fills``: the slot op that input must be, and the
+        positions of this op's inputs that the slot reads, in order (its value is computed
+        from them; ``passes/verify.py`` checks both).
+
+        Raises:
+            NotImplementedError: an op with no ``fills``."""
+        raise NotImplementedError(f"{self.name} fills no input")
+
     def infer(self, *types: TensorType) -> TensorType:  # pragma: no cover - abstract
         raise NotImplementedError
 

@@ -32,6 +32,17 @@ def tolerance(algorithm: str, precision: str = "fp32", dtype: str = "float32") -
     return 1e-4 if algorithm in EXACT_ALGORITHMS else 1e-3
 
 
+def filled_error(xp, got, want) -> float:
+    """The error of what a kernel wrote into an input it fills (``Op.fills``): 0 or inf for
+    integers (window indices: one misrouted window is a wrong gradient, whatever the norm),
+    :func:`relative_error` for floats (a sum's rounding); NaN for a shape mismatch."""
+    if tuple(got.shape) != tuple(want.shape):
+        return math.nan
+    if got.dtype.kind in "uib" and want.dtype.kind in "uib":
+        return 0.0 if bool(xp.array_equal(got, want)) else math.inf
+    return relative_error(xp, got, want)
+
+
 def relative_error(xp, out, ref) -> float:
     """``||out - ref|| / ||ref||`` computed in float64 on the arrays' device
     (absolute error when ``ref`` is all zeros); NaN for a shape mismatch or
@@ -49,4 +60,4 @@ def relative_error(xp, out, ref) -> float:
     return err if math.isfinite(err) else math.nan
 
 
-__all__ = ["EXACT_ALGORITHMS", "tolerance", "relative_error"]
+__all__ = ["filled_error", "EXACT_ALGORITHMS", "tolerance", "relative_error"]

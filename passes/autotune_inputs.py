@@ -14,7 +14,8 @@ the saved window indices of a max pooling (``MaxPool2dArgmax``), which
 ``MaxPool2dTake`` reads beside the ``x`` they index: zeros would name a
 padding cell at the border and read -inf there; and for the slot a
 ``MaxPool2dScan`` fills (``MaxPool2dArgmaxSlot``), whose value is the
-argmax the candidate's own must equal.
+argmax the candidate's own must equal; and for the bias gradient a
+``ReluBackwardSums`` fills (``ReluBackwardSumsSlot``).
 
 One pass run draws each array once (:class:`InputPool`): the arrays are keyed
 by input position and type, so the many nodes of a model that read the same
@@ -40,7 +41,8 @@ from opgraph.backends.registry import KernelContext, rules_for
 REFERENCE_ALGORITHMS = ("reference", "direct")
 #: Producer op types whose output, read by a node together with the
 #: producer's own inputs, must be recomputed from them (module docstring).
-CONSISTENT_PRODUCERS = (ops.BatchNormStats, ops.MaxPool2dArgmax, ops.MaxPool2dArgmaxSlot)
+CONSISTENT_PRODUCERS = (ops.BatchNormStats, ops.MaxPool2dArgmax, ops.MaxPool2dArgmaxSlot,
+                        ops.ReluBackwardSumsSlot)
 
 
 def random_inputs(in_types, xp, seed: int, dtype: str | None = None) -> list:

@@ -35,7 +35,7 @@ from opgraph.backends.registry import KernelContext, Rule
 from opgraph.buffer_views import copy_into
 from opgraph.types import numpy_dtype
 
-from .autotune_accuracy import relative_error, tolerance
+from .autotune_accuracy import filled_error, relative_error, tolerance
 from .autotune_clock import NodeClock
 from .autotune_inputs import InputPool, consistent_inputs
 from .autotune_inputs import reference_output as _reference
@@ -171,7 +171,7 @@ def measure_candidates(op, types, cands, s, ctx: PassContext, timer, view, out_t
             if ref is not None:
                 # a filled input's error too (Op.fills): it is a second result
                 c.rel_error = max([relative_error(xp, out, ref)]
-                                  + [relative_error(xp, called[k], arrays[k]) for k in op.fills],
+                                  + [filled_error(xp, called[k], arrays[k]) for k in op.fills],
                                   key=lambda e: math.inf if math.isnan(e) else e)
                 if not c.rel_error <= c.tolerance:  # NaN fails too
                     c.status, c.reason = "wrong", f"relative error {c.rel_error:.2e} > {c.tolerance:.0e}"
@@ -180,7 +180,7 @@ def measure_candidates(op, types, cands, s, ctx: PassContext, timer, view, out_t
                 c.status, c.reason = "unverified", unverified
         if target is not None and not into:  # the dense result and its copy into the slice
             def run():
-                copy_into(target, rule.kernel(kctx, op, *arrays))
+                copy_into(target, rule.kernel(kctx, op, *called))
         else:
             run = lambda: rule.kernel(kctx, op, *called, **into)  # noqa: E731
         # One timed run first (the check run above warmed plans and caches):

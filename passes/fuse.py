@@ -42,7 +42,10 @@ every one off, and nothing else (the fused ops' rules carry the tag
    one n-ary sum (``passes/fuse_elementwise.py``);
 10. ``elementwise``: maximal chains of memory-bound ops -> one
    ``FusedElementwise`` node, one generated kernel on cuda
-   (``passes/fuse_elementwise.py``; opt-in on the CPU's oracle kernels).
+   (``passes/fuse_elementwise.py``; opt-in on the CPU's oracle kernels);
+11. ``relu-bias-sums``: a bias gradient of a ReLU gradient left out of the chains -> the ReLU
+   gradient fills the bias gradient's slot with its per-channel sums in the same pass
+   (``ReluBackwardSums``, ``ReluBackwardSumsSlot``; ``passes/fuse_relu_bias_sums.py``; opt-in).
 
 The epilogues come first so that a convolution's ReLU goes to cuDNN's fused
 graph, not to a generated kernel; the batch-norm rule before the element-wise
@@ -103,6 +106,7 @@ from .fuse_bn_backward import BN_BACKWARD_SUMS
 from .fuse_elementwise import ELEMENTWISE, GRADIENT_SUM
 from .fuse_pool_argmax import POOL_ARGMAX
 from .fuse_pool_scan import POOL_SCAN
+from .fuse_relu_bias_sums import RELU_BIAS_SUMS
 from .pattern import FusionRule, Match, Scope, apply_table, rewrite_lowered
 from .remat_bn_apply import BN_APPLY_REMAT
 from .remat_bn_gradient import BN_GRADIENT_REMAT
@@ -272,6 +276,7 @@ TABLE: tuple[FusionRule, ...] = (
     BN_GRADIENT_REMAT,
     GRADIENT_SUM,
     ELEMENTWISE,
+    RELU_BIAS_SUMS,
 )
 
 

@@ -7,9 +7,10 @@ offending node (not just the first), so a custom pipeline that forgot the
 lower pass, or a rule unregistered meanwhile, fails here and not mid-run.
 
 A slot (an op ``filled_by_reader``, whose step only allocates) must have
-exactly one reader that fills it (``Op.fills``), and its other readers must
+exactly one reader that fills it (``Op.fills``), be the slot that reader
+expects on the same inputs (``Op.filled_slot``), and its other readers must
 run after that one (descend from it): else a step would read memory nobody
-wrote (:func:`slot_problems`).
+wrote, or a value other than the slot's (:func:`slot_problems`).
 """
 
 from __future__ import annotations
@@ -49,9 +50,15 @@ def slot_problems(graph: Graph, outputs) -> list[str]:
         op = abstract_of(view.op)
         for k in op.fills:
             slot = graph.input_ids(node)[k]
-            if not abstract_of(graph.node(slot).op).filled_by_reader:
+            want, reads = op.filled_slot(k)
+            have = abstract_of(graph.node(slot).op)
+            if not have.filled_by_reader:
                 out.append(f"{view.name} ({op.name}) fills its input {k}, "
                            f"{graph.node(slot).name}, which is not a slot")
+            elif have != want or graph.input_ids(slot) != [graph.input_ids(node)[i] for i in reads]:
+                # else the slot's value (its reference, what checks compare with) is not what is written
+                out.append(f"{view.name} ({op.name}) fills {graph.node(slot).name} ({have.describe()}), "
+                           f"which must be {want.describe()} reading its inputs {list(reads)}")
         if not op.filled_by_reader:
             continue
         readers = [u for u in graph.users(node) if u in nodes]

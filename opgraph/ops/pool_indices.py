@@ -181,15 +181,18 @@ class MaxPool2dScan(_SavedWinnersOp):
         _check_idx(self, slot, pooled)
         return x.with_shape(pooled)
 
+    def filled_slot(self, position: int):
+        """Input 1: the argmax slot of this window and ``relu``, reading x (input 0)."""
+        return MaxPool2dArgmaxSlot(**window_params(self), relu=self.relu), (0,)
+
     def bytes_moved(self, types, out) -> int:
         """x read once, the pooled value and the winners written."""
         x, slot = types
         return x.nbytes + out.nbytes + slot.nbytes
 
     def vjp(self, node, gy, wanted):
-        # MaxPool2d's: a gather of the slot would be read before the scan fills it
-        # whenever gy does not descend from this node (passes/verify.py refuses
-        # that), and pool-argmax + pool-scan make the gather again where it does
+        # MaxPool2d's, which scans x again: a gather of the slot would be read before the scan
+        # fills it whenever gy does not descend from this node (passes/verify.py refuses that)
         if not wanted[0]:
             return (None, None)
         return (node.graph.apply(MaxPool2dBackward, window_params(self), [node.inputs[0], gy]), None)

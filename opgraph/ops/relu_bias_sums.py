@@ -85,6 +85,10 @@ class ReluBackwardSums(Op):
             raise ShapeError(f"{self.name}: sums {sums.shape} {sums.dtype} must be {want.shape} {want.dtype}")
         return ReluBackward().infer(y, gy)
 
+    def filled_slot(self, position: int):
+        """Input 2: the sums' slot, reading y and gy (inputs 0 and 1)."""
+        return ReluBackwardSumsSlot(), (0, 1)
+
     def bytes_moved(self, types, out) -> int:
         """y and gy read, the gradient and its sums written."""
         y, gy, sums = types

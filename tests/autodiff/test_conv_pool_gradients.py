@@ -218,8 +218,9 @@ def test_max_pool2d_through_saved_winners(kernel, stride, padding, ceil_mode, ma
 def test_max_pool2d_scan_through_its_slot(kernel, stride, padding, ceil_mode, relu):
     """``MaxPool2dScan(x, MaxPool2dArgmaxSlot(x))`` (the pool-scan rule's forward,
     ``relu`` marking the winners it saves, never its maximum) in x against finite
-    differences: its rule gathers gy at the slot's winners, unmasked; the slot,
-    like the argmax, is piecewise constant (no gradient)."""
+    differences: its rule is MaxPool2d's (a gradient that scans x again, so it never reads
+    the slot before the scan fills it); the slot, like the argmax, is piecewise constant
+    (no gradient)."""
     window = dict(kernel_size=kernel, stride=kernel if stride is None else stride, padding=padding,
                   ceil_mode=ceil_mode)
     params = ops.MaxPool2d(**window).params()

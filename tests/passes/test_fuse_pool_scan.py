@@ -149,25 +149,51 @@ def test_the_scan_gradient_is_the_max_pool_gradient():
 
 
 def test_autotune_checks_the_filled_slot_as_a_second_result(monkeypatch, tmp_path):
-    """Autotune gives each scan candidate a poisoned copy of the slot and checks
-    it against the argmax: a candidate that leaves it unwritten is wrong,
-    however fast, and the node gets the one that fills it."""
+    """Autotune gives each scan candidate a poisoned copy of the slot and checks it against
+    the argmax exactly: a candidate that leaves it unwritten, or that sends one window's
+    winner elsewhere, is wrong however fast, and the node gets the one that fills it right."""
     rule = rules_for(og.ops.MaxPool2dScan)["reference"]
 
     def scan(ctx, op, x, slot):
-        return rule.kernel(ctx, op, x, slot) if ctx.options.get("fill") else _take_only(ctx, op, x, slot)
+        mode = ctx.options.get("mode", "right")  # the float64 reference runs with no options
+        if mode == "none":
+            return _take_only(ctx, op, x, slot)
+        y = rule.kernel(ctx, op, x, slot)
+        if mode == "sloppy":  # one window of thousands misrouted: within any norm tolerance
+            flat = slot.reshape(-1) if slot.flags.c_contiguous else None
+            assert flat is not None
+            flat[0] = (int(flat[0]) + 1) % 9
+        return y
 
-    install_rule(monkeypatch, og.ops.MaxPool2dScan,
-                 attrs.evolve(rule, kernel=scan, variants=lambda op, types, dev: [{"fill": False}, {"fill": True}]))
+    modes = [{"mode": m} for m in ("none", "sloppy", "right")]
+    install_rule(monkeypatch, og.ops.MaxPool2dScan, attrs.evolve(rule, kernel=scan, variants=lambda *a: modes))
     y, params, _ = pooled_convnet()
     outs = [y, *og.grad(y, params, grad_outputs=[y])]
     policy = LoweringPolicy(autotune=True, include=["fused-reference", "pool-scan"],
                             cache=str(tmp_path / "c.json"))
-    exe = og.compile(outs, policy=policy, timer=StubTimer({"reference[fill=False]": 0.1}))
+    exe = og.compile(outs, policy=policy, timer=StubTimer({"reference[mode=none]": 0.1,
+                                                           "reference[mode=sloppy]": 0.2}))
     scans = [r for r in exe.report.nodes.values() if r.op_type == "MaxPool2dScan"]
     assert len(scans) == 2
     for rec in scans:
-        status = {c.label: c.status for c in rec.candidates}
-        assert status["reference[fill=False]"] == "wrong" and status["reference[fill=True]"] == "chosen"
+        status = {c.label: c.status for c in rec.candidates if c.label.startswith("reference")}
+        assert status == {"reference[mode=none]": "wrong", "reference[mode=sloppy]": "wrong",
+                          "reference[mode=right]": "chosen"}
     slots = [r for r in exe.report.nodes.values() if r.op_type == "MaxPool2dArgmaxSlot"]
     assert len(slots) == 2
+
+
+def test_a_slot_of_another_window_or_mark_is_refused():
+    """The slot must be the one its filler writes (``Op.filled_slot``): an unmarked slot filled
+    with marked winners would hold what its declared value (the checks' oracle) is not."""
+    g = og.Graph("mismatch")
+    x = g.input("x", (1, 2, 7, 7))
+    slot = g.apply(og.ops.MaxPool2dArgmaxSlot, dict(WINDOW, relu=False), [x])
+    y = g.apply(og.ops.MaxPool2dScan, dict(WINDOW, relu=True), [x, slot])
+    with pytest.raises(LoweringError, match="which must be MaxPool2dArgmaxSlot"):
+        og.compile([y], device="cpu")
+    other = g.input("other", (1, 2, 7, 7))
+    slot = g.apply(og.ops.MaxPool2dArgmaxSlot, dict(WINDOW, relu=False), [other])
+    y = g.apply(og.ops.MaxPool2dScan, dict(WINDOW, relu=False), [x, slot])
+    with pytest.raises(LoweringError, match=r"reading its inputs \[0\]"):
+        og.compile([y], device="cpu")

@@ -1,0 +1,134 @@
+"""The ``relu-bias-sums`` fusion rule (``passes/fuse_relu_bias_sums.py``): a bias gradient of a
+ReLU gradient becomes a slot that the ReLU gradient fills with its per-channel sums; the
+training step equals the unfused one and the float64 reference, also when the slot's step
+leaves garbage; the rule waits for its opt-in and turns off by name; a bias gradient read before
+the ReLU gradient could fill it is left alone; autotune and the per-node check read the sums
+as a second result, so a kernel that does not write them is wrong."""
+
+from __future__ import annotations
+
+import collections
+
+import attrs
+import numpy as np
+
+import opgraph as og
+from opgraph.backends.registry import rules_for
+from opgraph.op import Lowered
+from opgraph.passes.policy import LoweringPolicy
+
+from fused_training_steps import rule_on_and_off, step_errors, training_step
+from passes_stubs import StubTimer, install_rule
+
+OPT_IN = ("relu-bias-sums",)
+
+
+def branches():
+    """Two conv + bias + ReLU branches concatenated, then a conv + bias + ReLU: the branches'
+    ReLU gradients read slices of the concat's gradient (no backward-data before them for
+    ``dgrad-relu``), and the last one reads the output gradient."""
+    g = og.Graph("branches")
+    x = g.input("x", (2, 3, 9, 9))
+    wa, ba = g.param("wa", (4, 3, 3, 3)), g.param("ba", (4,))
+    wb, bb = g.param("wb", (8, 3, 1, 1)), g.param("bb", (8,))
+    wc, bc = g.param("wc", (5, 12, 3, 3)), g.param("bc", (5,))
+    a = og.relu(og.conv2d(x, wa, ba, padding=1))
+    b = og.relu(og.conv2d(x, wb, bb))
+    y = og.relu(og.conv2d(og.cat([a, b], dim=1), wc, bc, stride=2))
+    return y, [x, wa, ba, wb, bb, wc, bc], []
+
+
+def _kinds(exe):
+    return collections.Counter(v.op.op.name for v in exe.graph.nodes_in_order(exe.outputs)
+                               if isinstance(v.op, Lowered))
+
+
+def _sums_only_dropped(ctx, op, y, gy, sums):
+    """A ReLU gradient that is right but never writes its sums."""
+    return rules_for(og.ops.ReluBackward)["reference"].kernel(ctx, og.ops.ReluBackward(), y, gy)
+
+
+def test_the_training_step_with_the_sums_written_by_the_relu_gradient_equals_the_unfused_one():
+    on, off, errors = rule_on_and_off(branches, "relu-bias-sums", opt_in=OPT_IN)
+    kinds, off_kinds = _kinds(on), _kinds(off)
+    fused = on.report.fusion["relu-bias-sums"]["applied"]
+    assert fused >= 2 and kinds["ReluBackwardSums"] == kinds["ReluBackwardSumsSlot"] == fused
+    assert kinds["BiasAddBackward"] == off_kinds["BiasAddBackward"] - fused
+    assert off.report.fusion["relu-bias-sums"] == {"excluded": True} and not off_kinds["ReluBackwardSums"]
+    for fused_err, unfused_err, between in errors:
+        assert fused_err < 1e-6 and unfused_err < 1e-6 and between < 1e-6
+
+
+def _garbage_slots(exe):
+    def garbage(ctx, op, y, gy):
+        return np.full(ctx.out_shape(op, y, gy), 77.0, dtype=np.dtype(ctx.out_type.dtype))
+    exe.steps = [attrs.evolve(st, kernel=garbage) if st.op.op.filled_by_reader else st for st in exe.steps]
+    return exe
+
+
+def test_the_bias_gradients_are_what_the_relu_gradient_wrote_not_what_the_slot_step_left():
+    outs, feeds, _ = training_step(branches, np.random.default_rng(1))
+    ref = og.compile(outs, pipeline="reference", dtype="float64")(**feeds)
+    policy = {"include": ["fused-reference", *OPT_IN]}
+    on = _garbage_slots(og.compile(outs, device="cpu", policy=policy))
+    off = og.compile(outs, device="cpu", policy={"include": ["fused-reference"]})
+    assert _kinds(on)["ReluBackwardSumsSlot"] >= 2
+    for fused, _, between in step_errors(on(**feeds), off(**feeds), ref):
+        assert fused < 1e-6 and between < 1e-6
+    broken = _garbage_slots(og.compile(outs, device="cpu", policy=policy))
+    broken.steps = [attrs.evolve(st, kernel=_sums_only_dropped) if st.op.op.name == "ReluBackwardSums" else st
+                    for st in broken.steps]
+    errors = step_errors(broken(**feeds), off(**feeds), ref)
+    assert max(e[0] for e in errors[1:]) > 1e-3  # a bias gradient of 77s
+
+
+def test_the_rule_waits_for_its_opt_in():
+    y, params, _ = branches()
+    outs = [y, *og.grad(y, params, grad_outputs=[y])]
+    for include in (["fused-reference"], list(OPT_IN)):
+        exe = og.compile(outs, device="cpu", policy={"include": include})
+        assert not _kinds(exe)["ReluBackwardSums"]
+        assert exe.report.fusion["relu-bias-sums"] == {"applied": 0, "declined": 0}
+    exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference"]})
+    assert any("relu-bias-sums: not applied" in n and "include=['relu-bias-sums']" in n for n in exe.report.notes)
+
+
+def test_a_bias_gradient_read_before_the_relu_gradient_could_fill_it_is_left_alone():
+    """A reader of the bias gradient that does not descend from the ReLU gradient by another
+    path would read the slot before it is filled: the rule declines (verify would refuse)."""
+    g = og.Graph("early reader")
+    y = g.input("y", (2, 3, 5, 5))
+    gy = g.input("gy", (2, 3, 5, 5))
+    relu_grad = g.apply(og.ops.ReluBackward, {}, [y, gy])
+    bias_grad = g.apply(og.ops.BiasAddBackward, {}, [relu_grad])
+    scaled = g.apply(og.ops.BiasAdd, {}, [gy, bias_grad])  # reads the sums, not the ReLU gradient
+    policy = {"include": ["fused-reference", *OPT_IN]}
+    exe = og.compile([relu_grad, scaled, bias_grad], device="cpu", policy=policy)
+    assert not _kinds(exe)["ReluBackwardSums"]
+    assert any("does not run after the ReLU gradient" in n for n in exe.report.notes)
+    exe = og.compile([relu_grad, bias_grad], device="cpu", policy=policy)  # no such reader: fused
+    assert _kinds(exe)["ReluBackwardSums"] == 1
+    rng = np.random.default_rng(3)
+    yv, gyv = rng.standard_normal(y.shape), rng.standard_normal(gy.shape)
+    got, sums = exe(y=yv, gy=gyv)
+    np.testing.assert_allclose(got, gyv * (yv > 0), rtol=1e-6)
+    np.testing.assert_allclose(sums, (gyv * (yv > 0)).sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-6)
+
+
+def test_autotune_checks_the_sums_as_a_second_result(monkeypatch, tmp_path):
+    rule = rules_for(og.ops.ReluBackwardSums)["reference"]
+
+    def sums(ctx, op, y, gy, slot):
+        return rule.kernel(ctx, op, y, gy, slot) if ctx.options.get("fill", True) else _sums_only_dropped(ctx, op, y, gy, slot)
+
+    install_rule(monkeypatch, og.ops.ReluBackwardSums,
+                 attrs.evolve(rule, kernel=sums, variants=lambda op, types, dev: [{"fill": False}, {"fill": True}]))
+    y, params, _ = branches()
+    outs = [y, *og.grad(y, params, grad_outputs=[y])]
+    policy = LoweringPolicy(autotune=True, include=["fused-reference", *OPT_IN], cache=str(tmp_path / "c.json"))
+    exe = og.compile(outs, policy=policy, timer=StubTimer({"reference[fill=False]": 0.1}))
+    recs = [r for r in exe.report.nodes.values() if r.op_type == "ReluBackwardSums"]
+    assert len(recs) >= 2
+    for rec in recs:
+        status = {c.label: c.status for c in rec.candidates}
+        assert status["reference[fill=False]"] == "wrong" and status["reference[fill=True]"] == "chosen"

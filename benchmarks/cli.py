@@ -264,6 +264,7 @@ def _main(argv: list[str] | None) -> int:
         usage.check_flags(args, parser)
         usage.check_format(args, format_given)
         check_output_paths(args)
+        usage.check_suffixes(args, format_given)  # after: two flags naming one file say that first
         if args.summary:
             doc = run_summary(names, args)
         else:

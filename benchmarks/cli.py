@@ -157,6 +157,11 @@ def run_timing(names: list[str], args) -> dict:
                                base_policy=base, seed=args.seed, time_limit=args.time_limit,
                                cuda_graph=cuda_graph, adaptive=args.repeat == "auto",
                                trace=TraceCollector() if args.trace else None)
+    # every note so far is known before timing (the device, flags it ignores, the defaults
+    # taken): said now, not only with the results, minutes later (fresh-user report)
+    args.notes_said = [] if args.quiet else list(notes)
+    for note in args.notes_said:
+        log(f"# {note}")
     progress = Progress(driver.unit_count(models, settings), args.quiet)
     if peer_problem is not None:
         progress.said.add(peer_problem)
@@ -325,8 +330,10 @@ def write_outputs(doc: dict, args, *, quiet: bool | None = None) -> str:
             log(f"wrote {args.format} to {args.output}")
     else:
         if args.format != "table" and not quiet:
+            said = set(getattr(args, "notes_said", ()))  # before the run started (run_timing)
             for note in doc.get("notes", ()):
-                log(f"# {note}")
+                if note not in said:
+                    log(f"# {note}")
         report.write(doc, args.format, sys.stdout)
     if args.plot:
         from .plot import plot

@@ -13,8 +13,9 @@ Examples::
     opgraph-bench --format json --output run.json --plot run.png
     opgraph-bench --model all --summary             # static shapes, params, GFLOP; nothing runs
 
-Exit status: 0 on success; 2 on a usage error (unknown model, lowering,
-precision; a negative --seed or --time-limit; a flag the mode cannot use,
+Exit status: 0 on success; 2 on a usage error (unknown flag, model, lowering,
+precision; a negative --seed or --time-limit; an --output or --json file whose
+suffix names another format than the one written (:func:`.usage.check_suffixes`); a flag the mode cannot use,
 such as --plot with --summary (:mod:`.usage`); an --onnx file that does not
 exist; a lowering that applies to no convolution of the selected models; a
 --lowering force such as ``@conv99=fft`` that names no node of them, or a
@@ -157,6 +158,11 @@ def run_timing(names: list[str], args) -> dict:
                                base_policy=base, seed=args.seed, time_limit=args.time_limit,
                                cuda_graph=cuda_graph, adaptive=args.repeat == "auto",
                                trace=TraceCollector() if args.trace else None)
+    # every note so far is known before timing (the device, flags it ignores, the defaults
+    # taken): said now, not only with the results, minutes later (fresh-user report)
+    args.notes_said = [] if args.quiet else list(notes)
+    for note in args.notes_said:
+        log(f"# {note}")
     progress = Progress(driver.unit_count(models, settings), args.quiet)
     if peer_problem is not None:
         progress.said.add(peer_problem)
@@ -264,6 +270,7 @@ def _main(argv: list[str] | None) -> int:
         usage.check_flags(args, parser)
         usage.check_format(args, format_given)
         check_output_paths(args)
+        usage.check_suffixes(args, format_given)  # after: two flags naming one file say that first
         if args.summary:
             doc = run_summary(names, args)
         else:
@@ -324,8 +331,10 @@ def write_outputs(doc: dict, args, *, quiet: bool | None = None) -> str:
             log(f"wrote {args.format} to {args.output}")
     else:
         if args.format != "table" and not quiet:
+            said = set(getattr(args, "notes_said", ()))  # before the run started (run_timing)
             for note in doc.get("notes", ()):
-                log(f"# {note}")
+                if note not in said:
+                    log(f"# {note}")
         report.write(doc, args.format, sys.stdout)
     if args.plot:
         from .plot import plot

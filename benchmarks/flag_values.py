@@ -79,10 +79,46 @@ def given_twice(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
     return None
 
 
+def unknown_flags(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """The error for the words argparse did not recognise (``extras``): each
+    unknown flag with the closest of the parser's flags
+    (:func:`opgraph.errors.did_you_mean`), ``unknown flag '--mdoel' (did you
+    mean '--model'?)``, where argparse said ``unrecognized arguments: --mdoel
+    alexnet`` and no more (Python 3.11's argparse has no ``suggest_on_error``).
+    The words after an unknown flag are taken for its values and not named
+    again; words before any flag keep argparse's wording."""
+    flags = [w for w in extras if w.startswith("-") and w != "-" and not _number(w)]
+    if not flags:
+        return f"unrecognized arguments: {' '.join(extras)}"
+    known = list(parser._option_string_actions)
+    bare = lambda flag: flag.lstrip("-")  # noqa: E731  (the dashes alone made '--help' close to '--mdoel')
+    named = ", ".join(f"{w.partition('=')[0]!r}{did_you_mean(w.partition('=')[0], known, bare)}" for w in flags)
+    stray = extras[:extras.index(flags[0])]  # before the first unknown flag: not its values
+    tail = f"; unrecognized arguments: {' '.join(stray)}" if stray else ""
+    return f"unknown flag{'s' if len(flags) > 1 else ''} {named}{tail}"
+
+
+def _number(word: str) -> bool:
+    """Whether ``word`` is a negative number (a value, not a flag)."""
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
 class BriefUsageParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage error is a short usage line and the
     error: argparse's own printed the whole usage (20 lines, every flag) above
-    the one line that said what was wrong. ``--help`` keeps the full usage."""
+    the one line that said what was wrong. ``--help`` keeps the full usage.
+    An unknown flag is named with the closest known one (:func:`unknown_flags`)."""
+
+    def parse_args(self, args=None, namespace=None):
+        """argparse's ``parse_args``, an unknown flag's error offering the close one."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(unknown_flags(self, extras))
+        return parsed
 
     def parse_known_args(self, args=None, namespace=None):
         """argparse's parse, then :func:`given_twice`'s check of ``args``."""
@@ -103,4 +139,4 @@ class BriefUsageParser(argparse.ArgumentParser):
                      f"{self.prog}: error: {message}\n")
 
 
-__all__ = ["unknown_value", "one_of", "given_twice", "BriefUsageParser"]
+__all__ = ["unknown_value", "one_of", "given_twice", "unknown_flags", "BriefUsageParser"]

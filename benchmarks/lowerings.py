@@ -154,7 +154,9 @@ def parse_lowering(spec: str) -> Lowering:
     try:
         limit = parse_bytes(value.strip(), key=WORKSPACE_OPTION)
     except (ValueError, OverflowError) as e:  # PolicyError is a ValueError
-        raise ValueError(f"lowering {spec.strip()!r}: workspace limit {value.strip()!r}: {e}") from None
+        # the policy's error says "parameter ws='abc': ..." too: its reason alone, the spec named once
+        why = getattr(e, "why", None) or str(e)
+        raise ValueError(f"lowering {spec.strip()!r}: the workspace limit {why}") from None
     if limit is None:
         raise ValueError(f"lowering {spec.strip()!r}: @{WORKSPACE_OPTION}= needs a byte count "
                          f"(leave the option out for no limit)")

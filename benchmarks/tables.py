@@ -32,7 +32,7 @@ from opgraph.passes.autotune_clock import describe as describe_autotune
 from opgraph.passes.report import describe_fusion
 
 from .peer_run import PEERS as PEER_KINDS
-from .stability import SPREAD_LIMIT, unstable_phases
+from .stability import SPREAD_LIMIT, total_spread, unstable_phases
 MARK = "†"
 #: Marks a column with nodes the policy forced, and each forced layer cell.
 FORCED_MARK = "‡"
@@ -143,6 +143,33 @@ def _step_cell(step: dict | None) -> str:
     if times is not None and len(times) < 2:
         return fmt_ms(step["median_ms"])
     return f"{fmt_ms(step['median_ms'])} ±{fmt_ms(step.get('iqr_ms'))}"
+
+
+def step_gap(r: dict) -> str | None:
+    """``'L1 / gemm: total 675, step 520 ±10'`` when a timed column's total (the
+    phase loops' medians summed) and its step (the whole step as one loop) differ
+    by more than their spreads together (the phases' IQRs summed,
+    :func:`.stability.total_spread`, plus the step's); None when they agree, or
+    when either has a single call, whose spread is not known."""
+    step, times = r.get("step") or {}, r.get("times") or {}
+    total = (r.get("totals") or {}).get("total_ms")
+    if total is None or len(step.get("times_ms") or ()) < 2:
+        return None
+    phases = total_spread(times)
+    if phases is None:
+        return None
+    if abs(total - step["median_ms"]) <= phases["iqr_ms"] + (step.get("iqr_ms") or 0.0):
+        return None
+    return f"{r['model']} / {r['lowering']}: total {fmt_ms(total)}, step {_step_cell(step)}"
+
+
+def step_gap_note(gaps: list[str]) -> str | None:
+    """The table's note on the columns whose total and step disagree (:func:`step_gap`)."""
+    if not gaps:
+        return None
+    return (f"total vs step: {'; '.join(gaps)}: they differ by more than their spreads, as they time different "
+            "loops: total sums the phases, each timed in a loop of its own, step times the whole step as one loop, so caches, a loaded CPU or the "
+            "device's queue treat the two differently; the ratios to the peers use step")
 
 
 def _ratio_cell(ratio: dict | None, key: str, who: str | None = None) -> str:
@@ -284,7 +311,7 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
     right = set(headers) - {"model", "lowering"}
     said: dict[str, str] = {}
     for prec in precisions(doc):
-        rows, columns, extra = [], {}, []  # extra: the forced and unstable columns' notes
+        rows, columns, extra, gaps = [], {}, [], []  # extra: the forced and unstable columns' notes
         caption = f"end to end, {prec}: milliseconds per mini-batch"
         for r in ordered(doc, prec):
             # a mismatch or error after the compile has these too
@@ -304,6 +331,7 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
             fused = fusion_note(r)
             if fused:
                 extra.append(fused)
+            gaps += filter(None, [step_gap(r)])
             rows.append([r["model"], r["lowering"] + (f" {FORCED_MARK}" if forced else ""),
                          fmt_ms(tot["forward_ms"]),
                          fmt_ms((t.get("backward_data") or {}).get("median_ms")),
@@ -316,6 +344,7 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
                          _ratio_cell(r.get("vs_best_peer"), "ratio", "peer"), _compile_cell(r),
                          fmt_mib(_mem(r)), fmt_err(err)])
         notes = _status_notes(columns, said, caption) + extra + run_stability_notes(doc)
+        notes += filter(None, [step_gap_note(gaps)])
         notes += ["times: ms per mini-batch, median over the timed calls (total min: sum of minima); "
                   "backward = backward-data + backward-filter (PyTorch: one autograd pass; +graph "
                   "peers: the whole step only)",
@@ -459,6 +488,6 @@ def all_tables(doc: dict, *, per_layer_tflops: bool = False) -> list[Table]:
 
 __all__ = ["Table", "ordered", "precision_label", "fmt_ms", "fmt_num", "fmt_rate", "fmt_mib", "fmt_err", "precisions",
            "layout_label", "environment_table", "peak_table", "end_to_end_tables", "layer_tables", "memory_tables",
-           "all_tables", "PEER_KINDS", "MARK", "FORCED_MARK", "UNSTABLE_MARK", "forced_note", "spread_cell",
+           "all_tables", "step_gap", "step_gap_note", "PEER_KINDS", "MARK", "FORCED_MARK", "UNSTABLE_MARK", "forced_note", "spread_cell",
            "run_stability_notes", "AUTOTUNE_NOTE_SECONDS", "autotune_note", "cache_note", "column_cache_note",
            "fusion_note"]

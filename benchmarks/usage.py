@@ -15,7 +15,9 @@ The output format is ``--format``, else the one ``--output``'s suffix names
 in the terms the user typed: the ``--format`` value, or the suffix of the
 ``--output`` file when ``--format`` was not given. So is an ``--output``,
 ``--plot`` or ``--trace`` path that cannot be written, and a ``--plot``
-format matplotlib cannot write (:func:`check_output_paths`).
+format matplotlib cannot write (:func:`check_output_paths`); so is a file
+whose suffix names another format than the one written into it,
+``--format csv --output x.json`` or ``--json run.csv`` (:func:`check_suffixes`).
 """
 
 from __future__ import annotations
@@ -125,6 +127,31 @@ def check_format(args, format_given: bool) -> None:
                      f"not write; it writes {formats}: end the file name in {names}, or give --format")
 
 
+def check_suffixes(args, format_given: bool) -> None:
+    """Refuse a file whose suffix names another format than the one written
+    into it (fresh-user report: ``--format csv --output x.json`` wrote CSV into
+    ``x.json`` without a word): ``--output`` with ``--format`` given, and
+    ``--json``, which writes JSON whatever its name. A suffix that names no
+    format (``.txt``, none) is taken as the user's choice.
+
+    Raises:
+        UsageError: the flag, the path, the format its suffix names, the one
+            written, and the names that would fit.
+    """
+    output_suffix = os.path.splitext(args.output or "")[1].lower()
+    named = SUFFIX_FORMATS.get(output_suffix)
+    if format_given and named not in (None, args.format):
+        fits = [s for s, f in SUFFIX_FORMATS.items() if f == args.format] or [".txt"]  # a table: text
+        raise UsageError(f"--output {args.output}: its {output_suffix} suffix names {named}, but --format "
+                         f"{args.format} writes {args.format}: end the file name in {fits[0]}, or give "
+                         f"--format {named}")
+    json_suffix = os.path.splitext(getattr(args, "json", None) or "")[1].lower()
+    named = SUFFIX_FORMATS.get(json_suffix)
+    if named not in (None, "json"):
+        raise UsageError(f"--json {args.json}: its {json_suffix} suffix names {named}, but --json writes json: "
+                         f"end the file name in .json" + ("" if args.output else f", or give --output {args.json}"))
+
+
 def check_output_paths(args) -> None:
     """Refuse ``--output`` / ``--json`` / ``--plot`` / ``--trace`` paths that
     cannot be written, before any work is done (a run can take minutes: a
@@ -192,4 +219,4 @@ def _plot_formats() -> set[str]:
 
 
 __all__ = ["UsageError", "FLAGS", "UNUSED", "MODE_FORMATS", "mode_of", "given", "check_flags", "check_format",
-           "check_output_paths"]
+           "check_suffixes", "check_output_paths"]

@@ -234,7 +234,10 @@ def parse_bytes(value, key: str = "workspace_limit") -> int | None:
         m = re.fullmatch(r"\s*(-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
         if not m or m.group(2).lower() not in _UNITS:
             unit = m.group(2) if m else ""
-            hint = did_you_mean(unit, [u for u in _UNIT_NAMES.split(", ") if u]) if unit else ""
+            # any case is read, so compared in any case; the bare B is never offered: difflib
+            # found it close to any two-letter unit ('12XB': did you mean 'B'?), never what was meant
+            close = did_you_mean(unit, [u for u in _UNIT_NAMES.split(", ") if u != "B"], str.lower)
+            hint = f"; unknown unit {unit!r}{close}" if unit else ""
             raise _err(key, value, f"must be bytes, e.g. 1073741824, '512MiB' or '2GB'{hint} "
                                    f"(units {_UNIT_NAMES})")
         number = float(m.group(1)) * _UNITS[m.group(2).lower()]

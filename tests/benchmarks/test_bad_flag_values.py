@@ -98,6 +98,49 @@ def test_workspace_limit_units_are_listed_as_text(capsys):
     assert status == 2 and err[-1].endswith("(units B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"), err
 
 
+@pytest.mark.parametrize("value, said", [
+    ("12XB", "; unknown unit 'XB' (units"),                   # said (did you mean 'B'?)
+    ("64mi", "; unknown unit 'mi' (did you mean 'MiB'?)"),
+    ("3gig", "; unknown unit 'gig' (did you mean 'GiB'?)"), ("5K", "; unknown unit 'K' (did you mean 'kB'?)"),
+])
+def test_workspace_limit_offers_a_unit_that_was_meant(capsys, value, said):
+    """Fresh-user report: ``--workspace-limit 12XB`` was asked ``did you mean 'B'?``: the bare B is
+    never offered, units are compared in any case (any case is read), and with no close unit the
+    units are listed alone."""
+    status, err = error_of(capsys, "--workspace-limit", value, "--summary", "--model", "L5")
+    assert status == 2 and len(err) == 1, err
+    assert err[0].startswith(f"opgraph-bench: error: parameter --workspace-limit: workspace_limit={value!r}: "
+                             f"must be bytes") and said in err[0], err
+    assert "'B'?" not in err[0]
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--mdoel", "alexnet"], "unknown flag '--mdoel' (did you mean '--model'?)"),
+    (["--mdoel=alexnet"], "unknown flag '--mdoel' (did you mean '--model'?)"),
+    (["-model", "L5"], "unknown flag '-model' (did you mean '--model'?)"),
+    (["--mdoel", "L5", "--bach", "2"],
+     "unknown flags '--mdoel' (did you mean '--model'?), '--bach' (did you mean '--batch'?)"),
+    (["--zzzzzz"], "unknown flag '--zzzzzz'"),                 # nothing close: no guess
+    (["stray", "--zzzzzz"], "unknown flag '--zzzzzz'; unrecognized arguments: stray"),
+    (["stray"], "unrecognized arguments: stray"),              # no flag: argparse's words
+])
+def test_an_unknown_flag_offers_the_close_one(capsys, argv, said):
+    """Fresh-user report: ``--mdoel alexnet`` said ``unrecognized arguments: --mdoel alexnet``
+    and no more (Python 3.11's argparse has no suggest_on_error)."""
+    status, err = error_of(capsys, *argv, "--summary")
+    assert status == 2 and err == [USAGE_LINE, f"opgraph-bench: error: {said}"], err
+
+
+def test_compare_offers_the_close_flag_too(capsys):
+    from opgraph.benchmarks import compare
+
+    with pytest.raises(SystemExit) as e:
+        compare.main(["a.json", "b.json", "--formt", "json"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        "opgraph-bench compare: error: unknown flag '--formt' (did you mean '--format'?)"
+
+
 def test_compares_format_is_named_the_same_way(capsys):
     from opgraph.benchmarks import compare
 

@@ -116,3 +116,33 @@ def test_a_format_given_is_refused_as_given(capsys):
     status, _, err = run_cli(capsys, *PROFILE, "--format", "csv", "--output", "p.md")
     assert status == 2 and err == ("opgraph-bench: error: --format csv: --profile writes table, json or markdown; "
                                    "choose one of them\n")
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--format", "csv", "--output", "{tmp}/x.json"],
+     "--output {tmp}/x.json: its .json suffix names json, but --format csv writes csv: end the file name in "
+     ".csv, or give --format json"),
+    (["--format", "table", "--output", "{tmp}/x.CSV"],
+     "--output {tmp}/x.CSV: its .csv suffix names csv, but --format table writes table: end the file name in "
+     ".txt, or give --format csv"),
+    (["--json", "{tmp}/x.csv"],
+     "--json {tmp}/x.csv: its .csv suffix names csv, but --json writes json: end the file name in .json, or "
+     "give --output {tmp}/x.csv"),
+    (["--json", "{tmp}/x.md", "--output", "{tmp}/y.json"],
+     "--json {tmp}/x.md: its .md suffix names markdown, but --json writes json: end the file name in .json"),
+])
+def test_a_file_whose_suffix_names_another_format_is_refused(capsys, tmp_path, argv, said):
+    """Fresh-user report: ``--format csv --output x.json`` wrote CSV into x.json without a word."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    status, out, err = run_cli(capsys, "--model", "L5", "--summary", *argv)
+    assert status == 2 and out == "" and not list(tmp_path.iterdir())
+    assert err == f"opgraph-bench: error: {said.replace('{tmp}', str(tmp_path))}\n"
+
+
+@pytest.mark.parametrize("argv", [["--format", "csv", "--output", "{tmp}/x.txt"],   # no format's suffix
+                                  ["--format", "csv", "--output", "{tmp}/x.csv"],
+                                  ["--output", "{tmp}/x.json", "--json", "{tmp}/y.JSON"]])
+def test_a_suffix_that_fits_or_names_no_format_is_written(capsys, tmp_path, argv):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    status, _, err = run_cli(capsys, "--model", "L5", "--summary", *argv)
+    assert status == 0, err

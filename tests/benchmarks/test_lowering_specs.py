@@ -38,8 +38,10 @@ def test_duplicates_are_the_same_lowering_and_limit():
 
 @pytest.mark.parametrize("value, message", [
     ("fast@ws=0", "unknown lowering 'fast'"), ("gemm@wx=1", "unknown option 'wx=1'"),
-    ("gemm@ws", "unknown option 'ws'"), ("gemm@ws=-1", "workspace limit '-1'"), ("gemm@ws=12 parsecs", "must be bytes"),
-    ("gemm@ws=1.2.3MiB", "workspace limit '1.2.3MiB'"), ("gemm@ws=1e400", "workspace limit '1e400'"),
+    ("gemm@ws", "unknown option 'ws'"), ("gemm@ws=-1", "lowering 'gemm@ws=-1': the workspace limit must be >= 0"),
+    ("gemm@ws=12 parsecs", "must be bytes"),
+    ("gemm@ws=1.2.3MiB", "lowering 'gemm@ws=1.2.3MiB': the workspace limit must be bytes"),
+    ("gemm@ws=1e400", "lowering 'gemm@ws=1e400': the workspace limit must be a finite number"),
     ("gemm@ws=none", "needs a byte count"),
     ("unfold", "lowering 'unfold' runs only Conv2d, Conv2dBackwardFilter"), ("cuda", "prefer it (conv=cuda)")])
 def test_bad_specs_are_usage_errors_naming_the_flag(capsys, value, message):
@@ -48,6 +50,21 @@ def test_bad_specs_are_usage_errors_naming_the_flag(capsys, value, message):
     err = capsys.readouterr().err
     assert e.value.code == 2 and "argument --lowering" in err and message in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("spec, unit", [("cudnn@ws=abc", ""), ("auto@ws=12XB", "; unknown unit 'XB'"),
+                                        ("gemm@ws=64mi", "; unknown unit 'mi' (did you mean 'MiB'?)")])
+def test_a_bad_workspace_option_says_each_thing_once(capsys, spec, unit):
+    """Fresh-user report: ``cudnn@ws=abc`` said ``lowering 'cudnn@ws=abc': workspace limit 'abc':
+    parameter ws='abc': ...``, the value three times."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--lowering", spec, "--summary"])
+    err = capsys.readouterr().err.splitlines()
+    assert e.value.code == 2 and err[-1] == (
+        f"opgraph-bench: error: argument --lowering: lowering {spec!r}: the workspace limit must be bytes, "
+        f"e.g. 1073741824, '512MiB' or '2GB'{unit} (units B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    value = spec.partition("=")[2]
+    assert err[-1].count(value) == 1 and "parameter" not in err[-1]
 
 
 def test_limited_and_unlimited_columns_side_by_side(capsys):

@@ -263,3 +263,33 @@ def test_an_unknown_format_lists_the_formats_as_text():
     with pytest.raises(ValueError) as e:
         report.write({"mode": "benchmark"}, "xml", io.StringIO())
     assert str(e.value) == "format 'xml': must be one of table, json, csv, markdown"
+
+
+def _end_to_end_notes(d: dict) -> list[str]:
+    return [n for t in tables.end_to_end_tables(d) for n in t.notes]
+
+
+def test_a_total_and_step_that_disagree_get_a_note_saying_why(doc):
+    """Fresh-user report: on a loaded CPU 'total' and 'step' disagreed and no note said why. The
+    fixed timer's phases take 2 ms each (total 6) and so does the whole step (2), spreads 0."""
+    d = json.loads(json.dumps(doc))
+    (note,) = [n for n in _end_to_end_notes(d) if n.startswith("total vs step: ")][:1]
+    assert "tiny / gemm: total 6.00, step 2.00 ±0.000" in note and "tiny / winograd" in note
+    assert "differ by more than their spreads" in note and "each timed in a loop of its own" in note
+    assert "the whole step as one loop" in note
+
+
+@pytest.mark.parametrize("change", ["agree", "wide", "one call"])
+def test_a_total_and_step_within_their_spreads_or_of_one_call_get_no_note(doc, change):
+    d = json.loads(json.dumps(doc))
+    for r in d["results"]:
+        if r["status"] != "ok":
+            continue
+        step = r["step"]
+        if change == "agree":
+            step["median_ms"] = r["totals"]["total_ms"] + 0.0
+        elif change == "wide":  # 4 ms apart, a step IQR of 5 ms
+            step["iqr_ms"] = 5.0
+        else:
+            step["times_ms"] = step["times_ms"][:1]
+    assert not any(n.startswith("total vs step") for n in _end_to_end_notes(d))

@@ -305,6 +305,8 @@ def test_off_and_json_paths_stay_cache_values(value):
 @pytest.mark.parametrize("value, message", [
     ("64M", r"\(did you mean 'MB'\?\)"),
     ("64Mi", r"\(did you mean 'MiB'\?\)"),
+    ("12XB", r"unknown unit 'XB' \(units"),  # said (did you mean 'B'?): the bare B is never offered
+    ("3gig", r"unknown unit 'gig' \(did you mean 'GiB'\?\)"),  # any case is read, so compared in any case
     ("-1", r"must be >= 0"),                  # said "must be bytes" (fresh-user report)
     ("-2GiB", r"must be >= 0"),
 ])

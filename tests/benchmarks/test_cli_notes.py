@@ -1,0 +1,48 @@
+"""The notes a timing run knows before it times anything (the device, the
+flags it ignores there, the defaults it took) are said on standard error
+before the first column runs (fresh-user report: on the CPU they printed with
+the results, after the run), and once: the document still carries them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from opgraph.benchmarks import cli
+
+FAST = ("--model", "L4", "--batch", "1", "--device", "cpu", "--lowering", "direct", "--warmup", "0",
+        "--repeat", "1", "--no-per-layer", "--no-check")
+LAYOUT_NOTE = "# --layout nhwc: the layout pass stores NHWC on cuda only; cpu runs NCHW"
+
+
+def test_the_notes_known_before_timing_are_said_before_the_run_starts(capsys, monkeypatch):
+    said = []
+
+    def run_benchmark(*args, **kwargs):  # what standard error held when timing would start
+        said.append(capsys.readouterr().err)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.driver, "run_benchmark", run_benchmark)
+    assert cli.main([*FAST, "--layout", "nhwc"]) == cli.EXIT_INTERRUPTED
+    (before,) = said
+    lines = before.splitlines()
+    assert lines[0].startswith("# device: cpu") and LAYOUT_NOTE in lines, before
+
+
+def test_a_note_said_before_the_run_is_not_said_again_on_standard_error(capsys):
+    status = cli.main([*FAST, "--layout", "nhwc", "--format", "json"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    lines = err.splitlines()
+    assert lines.count(LAYOUT_NOTE) == 1 and lines.index(LAYOUT_NOTE) < min(
+        i for i, line in enumerate(lines) if line.startswith("[1/1]")), err
+    assert LAYOUT_NOTE[2:] in json.loads(out)["notes"]  # the document keeps it
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_quiet_says_no_note(capsys, monkeypatch, quiet):
+    monkeypatch.setattr(cli.driver, "run_benchmark", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    cli.main([*FAST, "--layout", "nhwc", *(["--quiet"] if quiet else [])])
+    err = capsys.readouterr().err
+    assert (LAYOUT_NOTE in err) is not quiet, err

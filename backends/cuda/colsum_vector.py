@@ -193,16 +193,26 @@ def column_sums(xp, rows, loads_per_thread: int = LOADS_PER_THREAD):
     m, c = rows.shape
     src = bits(xp, rows)
     g, tw, rows_per_block = grid(m, c // v, loads_per_thread)
-    part_kernel, final_kernel = _kernels(dtype)
+    part_kernel = _kernels(dtype)[0]
     part = xp.empty((g, c), dtype=xp.float32)
     out = xp.empty(c, dtype=src.dtype)
     ld = src.strides[0] // src.itemsize
     tiles = -(-(c // v) // tw)
     part_kernel((g, tiles), (THREADS,), (src, part, xp.int64(m), xp.int64(ld), xp.int32(c // v), xp.int32(tw),
                                          xp.int64(rows_per_block)))
-    final_kernel((-(-c // FINAL_BLOCK[0]),), FINAL_BLOCK, (part, out, xp.int64(g), xp.int64(c)))
+    finish(xp, part, out, dtype)
     return unbits(out, rows.dtype)
 
 
+def finish(xp, part, out, dtype: str) -> None:
+    """Pass 2 (``opgraph_colsum_vec_final``): the column sums of the float32 partials ``part``
+    ``(G, C)`` (C-contiguous, G >= 1), added in a fixed order and rounded once, written into
+    ``out``: a contiguous ``(C,)`` array in :func:`~.storage.bits` form of ``dtype`` (a key of
+    :data:`LANES`: uint16 bits for bfloat16). Shared with the fused ReLU gradient's sums
+    (:mod:`.colsum_relu`), whose pass 1 writes the same partials."""
+    g, c = part.shape
+    _kernels(dtype)[1]((-(-c // FINAL_BLOCK[0]),), FINAL_BLOCK, (part, out, xp.int64(g), xp.int64(c)))
+
+
 __all__ = ["FINAL_BLOCK", "LANES", "LOADS_PER_THREAD", "MAX_BLOCKS", "REVISION", "THREADS", "column_sums", "declines",
-           "grid", "source"]
+           "finish", "grid", "source"]

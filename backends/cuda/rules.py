@@ -31,8 +31,8 @@ from opgraph.types import INDEX_DTYPES
 
 from ..reference.kernel import params_kernel
 from ..registry import Rule, register
-from . import (colsum, colsum_vector, depthwise, depthwise_filter, loss, lrn, pool, pool_indices, pool_vector, relu,
-               unfold)
+from . import (colsum, colsum_relu, colsum_vector, depthwise, depthwise_filter, loss, lrn, pool, pool_indices,
+               pool_vector, relu, unfold)
 from .cublas import capture_requirement
 from .codegen import movement
 
@@ -56,10 +56,14 @@ POOL_KERNELS = {
     ops.MaxPool2dBackwardIndices: pool_indices.max_pool2d_backward_indices_kernel,
 }
 
-#: abstract op type -> node kernel ``kernel(ctx, op, *arrays)``; the argmax slot
-#: only allocates (no kernel to specialize or vectorise: no variants)
+#: abstract op type -> node kernel ``kernel(ctx, op, *arrays)``; the argmax slot and the
+#: ReLU gradient's sums slot only allocate (no kernel to specialize or vectorise: no variants);
+#: the ReLU gradient that fills its sums takes its fused kernels where the arrays allow
+#: (``colsum_relu.declines``), else the ReLU gradient and the bias gradient's column sums
 NODE_KERNELS = {**POOL_KERNELS, ops.Zeros: zeros_node,
-                ops.MaxPool2dArgmaxSlot: pool_indices.max_pool2d_argmax_slot_kernel}
+                ops.MaxPool2dArgmaxSlot: pool_indices.max_pool2d_argmax_slot_kernel,
+                ops.ReluBackwardSumsSlot: colsum_relu.relu_backward_sums_slot_kernel,
+                ops.ReluBackwardSums: colsum_relu.relu_backward_sums_kernel}
 
 #: abstract op type -> CuPy kernel ``fn(xp, *arrays, **op.params())``.
 CUDA_KERNELS = {

@@ -83,6 +83,20 @@ def test_bias_add_backward(shape):
     check_grad(g.apply(ops.BiasAddBackward, {}, [gy]), [gy], _normal([gy]))
 
 
+@pytest.mark.parametrize("shape", [(4, 3), (2, 3, 4, 5)])
+def test_relu_backward_sums_through_its_slot(shape):
+    """``g = ReluBackwardSums(y, gy, s)`` and ``s = ReluBackwardSumsSlot(y, gy)`` (the relu-bias-sums
+    rule's pair) in y and gy: g's rule is ReluBackward's, the slot's the bias gradient's through
+    the mask (its filler passes nothing to the slot); nothing flows into y."""
+    g, (y, gy) = _graph(shape, shape)
+    sums = g.apply(ops.ReluBackwardSumsSlot, {}, [y, gy])
+    out = g.apply(ops.ReluBackwardSums, {}, [y, gy, sums])
+    feeds = {"x": away_from_zero(np.random.default_rng(6), y.shape),
+             "y": np.random.default_rng(7).standard_normal(gy.shape)}
+    grads = check_grad([out, sums], [y, gy], feeds)
+    assert np.all(grads["x"] == 0)
+
+
 @pytest.mark.parametrize("p, training", [(0.3, True), (0.75, True), (0.5, False)])
 def test_dropout(p, training):
     g, (x,) = _graph((3, 4, 5))

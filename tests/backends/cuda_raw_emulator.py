@@ -130,7 +130,9 @@ SCALARS = {"long long": (np.int64, ctypes.c_longlong), "unsigned int": (np.uint3
 #: (a ``uint4`` pointer moves 16-byte words of any element type).
 ELEMENTS = {"float": ("float32",), "double": ("float64",), "unsigned short": ("uint16",),
             "unsigned int": ("uint32",), "unsigned long long": ("uint64",), "unsigned char": ("uint8",),
-            "long long": ("int64",), "int": ("int32",), "uint4": ("uint8", "uint16", "uint32", "uint64")}
+            "long long": ("int64",), "int": ("int32",), "uint4": ("uint8", "uint16", "uint32", "uint64"),
+            # colsum.py's bfloat16 struct of its 16 bits (the column and row kernels): its uint16 view
+            "opgraph_bf16": ("uint16",)}
 _TYPEDEF = re.compile(r"typedef ([\w ]+?) (\w+);")
 
 _SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\((.*?)\)\s*\{', re.S)
@@ -177,7 +179,7 @@ class EmulatedRawKernel:
                     guarded[_addr(owner)] = _Guarded(owner)
                 value = ctypes.c_void_p(guarded[_addr(owner)].address(a))
             else:
-                np_type, c_type = SCALARS[ctype]
+                np_type, c_type = SCALARS[ctype.replace("const ", "")]  # a const scalar is passed by value
                 if type(a) is not np_type:
                     raise TypeError(f"{self.name}: {pname} is {ctype}, got {type(a).__name__} {a!r}")
                 value = c_type(a.item())

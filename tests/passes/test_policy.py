@@ -247,9 +247,11 @@ EARLIER_ALIASES = {
                 "CrossEntropyBackward"},
 }
 
-#: ops that joined an alias since (the pool-argmax and pool-scan rules' saved-winner ops, 2026-12-04)
+#: ops that joined an alias since (the pool-argmax and pool-scan rules' saved-winner ops, 2026-12-04;
+#: the relu-bias-sums rule's ReLU gradient and the slot of its sums)
 LATER_ALIASES = {"pool": {"MaxPool2dArgmax", "MaxPool2dTake", "MaxPool2dBackwardIndices", "MaxPool2dArgmaxSlot",
-                          "MaxPool2dScan"}}
+                          "MaxPool2dScan"},
+                 "relu": {"ReluBackwardSumsSlot", "ReluBackwardSums"}}
 
 
 def test_aliases_are_the_ops_family_declarations():

@@ -1,0 +1,286 @@
+"""The ReLU gradient that writes its per-channel sums (``backends/cuda/colsum_relu.py``) on the CPU,
+through the g++ emulator of its CUDA text: bfloat16 and float32, NHWC 4-D (C of one vector, C
+over one column tile, C not a multiple of the lanes' tile) and 2-D ``(N, C)``, a pitched gy (a
+channel slice of a wider buffer); NaN, infinities and -0.0 in y and gy. ``g`` equals
+``relu.relu_backward``'s bit for bit; the sums are within the bias gradient's tolerance of float64,
+bit for bit those of ``colsum_vector.column_sums(g)`` (the same order of additions) and the same run
+to run. What it declines, the fallback of the node kernel (NCHW, float16, unaligned) giving the
+same values, and the ``cuda`` node kernels against the reference rules. The emulator runs threads
+one after another, so scheduling is checked on the GPU (tests/gpu/test_relu_bias_sums_gpu.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cuda_cpu_emulator import GXX, NVCC, EmulatedCupy, nvcc_check
+from cupy_standin import cupy_replaced
+from opgraph import ops
+from opgraph.backends.cuda import colsum, colsum_relu, colsum_vector, relu, rules, storage
+from opgraph.backends.reference import elementwise as ref_elementwise
+from opgraph.backends.registry import KernelContext, rules_for
+from opgraph.types import TensorType, is_channels_last, numpy_dtype
+
+needs_gxx = pytest.mark.skipif(GXX is None, reason="no g++: the kernels' CUDA text cannot run on the CPU")
+
+BF16 = numpy_dtype("bfloat16")
+DTYPES = ["bfloat16", "float32"]
+
+
+@pytest.fixture
+def emu(monkeypatch):
+    with cupy_replaced(monkeypatch, EmulatedCupy(), colsum_relu._kernel, colsum_vector._kernels,
+                       colsum._colsum_kernels, colsum._rowsum_kernel, storage.elementwise_kernel) as e:
+        yield e
+
+
+def _values(shape, dtype, seed, special=False):
+    """Normal values in ``dtype``; with ``special`` about 1 in 8 replaced by -0.0, +0.0, NaN, +-inf."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(shape).astype(np.float32)
+    if special:
+        picks = np.array([-0.0, 0.0, np.nan, np.inf, -np.inf, -0.0], np.float32)
+        where = rng.random(shape) < 0.125
+        a[where] = picks[rng.integers(0, len(picks), size=int(where.sum()))]
+    return a.astype(dtype)
+
+
+def _nhwc(shape, dtype, seed, special=False, channels=None):
+    """A logical ``(N, C, H, W)`` channels-last array; with ``channels`` a slice ``[lo, hi)`` of
+    a wider buffer of ``channels[2]`` channels (a pitched view)."""
+    n, c, h, w = shape
+    if channels is None:
+        return _values((n, h, w, c), dtype, seed, special).transpose(0, 3, 1, 2)
+    lo, hi, wide = channels
+    assert hi - lo == c
+    return _values((n, h, w, wide), dtype, seed, special)[..., lo:hi].transpose(0, 3, 1, 2)
+
+
+def _bits(a):
+    a = np.ascontiguousarray(a)
+    return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+
+
+def _rows(a):
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1)).reshape(-1, a.shape[1]) if a.ndim == 4 else a
+
+
+def _check_sums(got, g):
+    """got against the float64 column sums of ``g``: the worst case of float32 accumulation of M
+    terms (M * 2^-24 of the sum of magnitudes), then one rounding to the storage dtype (half a
+    bfloat16 ulp); NaN exactly where a NaN (or inf - inf) enters the column."""
+    r = _rows(g).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        exact = r.sum(axis=0)
+    scale = np.abs(r).sum(axis=0)
+    rounding = 2.0 ** -8 if g.dtype == BF16 else 0.0
+    got64 = got.astype(np.float64)
+    assert got.dtype == g.dtype and got.shape == (g.shape[1],)
+    np.testing.assert_array_equal(np.isnan(got64), np.isnan(exact))
+    finite = np.isfinite(exact)
+    np.testing.assert_array_equal(got64[~finite], exact[~finite])  # NaN and the infinities
+    tol = scale[finite] * r.shape[0] * 2.0 ** -24 + np.abs(exact[finite]) * rounding + 1e-30
+    err = np.abs(got64[finite] - exact[finite])
+    assert (err <= tol).all(), (err / tol).max()
+
+
+def _check_fused(emu, y, gy):
+    """Run the fused path twice: g bit for bit ``relu.relu_backward``'s (dense channels-last for
+    4-D), sums as :func:`_check_sums` and bit for bit ``colsum_vector.column_sums(g)``'s and the
+    second run's; two launches (pass 1, colsum_vector's pass 2)."""
+    assert colsum_relu.declines(y, gy) is None
+    before = len(emu.raw_launches)
+    g, sums = colsum_relu.relu_backward_sums(np, y, gy)
+    assert [r["name"] for r in emu.raw_launches[before:]] == ["opgraph_colsum_relu_part", "opgraph_colsum_vec_final"]
+    want = relu.relu_backward(np, y, gy)
+    assert g.dtype == gy.dtype and g.shape == y.shape
+    assert is_channels_last(g) or g.ndim == 2 or g.shape[2:] == (1, 1)
+    np.testing.assert_array_equal(_bits(g), _bits(want))
+    _check_sums(sums, g)
+    np.testing.assert_array_equal(_bits(sums), _bits(colsum_vector.column_sums(np, _rows(g))))
+    again = colsum_relu.relu_backward_sums(np, y, gy)
+    np.testing.assert_array_equal(_bits(again[1]), _bits(sums))
+    np.testing.assert_array_equal(_bits(again[0]), _bits(g))
+    return g, sums
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 8, 3, 5), (3, 64, 7, 9), (2, 1000, 3, 2), (1, 2080, 2, 3)],
+                         ids=["C8", "C64", "C1000", "C2080"])
+def test_fused_nhwc_equals_relu_backward_and_its_sums(emu, dtype, shape):
+    # C=2080 bfloat16: 260 vector columns, two column tiles (256 and 4); C=1000: 125 (bf16) or
+    # 250 (fp32) vector columns, thread rows that do not divide the block; (3, 64, 7, 9): several
+    # row blocks
+    dt = numpy_dtype(dtype)
+    _check_fused(emu, _nhwc(shape, dt, 1), _nhwc(shape, dt, 2))
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_inf_and_signed_zeros(emu, dtype):
+    """A NaN or -0.0 y blocks (g +0.0), a NaN gy at an open lane propagates into g and its
+    channel's sum, a -0.0 gy at an open lane stays -0.0 in g; infinities sum to inf (or NaN)."""
+    dt = numpy_dtype(dtype)
+    shape = (2, 16, 5, 6)
+    y, gy = _nhwc(shape, dt, 3, special=True), _nhwc(shape, dt, 4, special=True)
+    y.transpose(0, 2, 3, 1)[0, 0, 0, :4] = np.array([np.nan, -0.0, 1.0, 1.0], np.float32).astype(dt)
+    gy.transpose(0, 2, 3, 1)[0, 0, 0, :4] = np.array([np.nan, 5.0, np.nan, -0.0], np.float32).astype(dt)
+    y.transpose(0, 2, 3, 1)[:, :, :, 5] = 1.0  # channel 5 open everywhere, ...
+    gy.transpose(0, 2, 3, 1)[:, :, :, 5] = 0.5  # ... finite
+    g, sums = _check_fused(emu, y, gy)
+    lane = _bits(g.transpose(0, 2, 3, 1)[0, 0, 0, :4])
+    zero, neg_zero = 0, (0x8000 if dtype == "bfloat16" else 0x80000000)
+    assert lane[0] == zero and lane[1] == zero and lane[3] == neg_zero and np.isnan(np.float32(g[0, 2, 0, 0]))
+    assert np.isnan(np.float32(sums[2])) and float(sums[5]) == 0.5 * 2 * 5 * 6
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pitched_gy_and_y(emu, dtype):
+    """gy a 16-byte-aligned channel slice of a wider buffer (a concatenated gradient's), y dense;
+    then both pitched (y a slice of another buffer)."""
+    dt = numpy_dtype(dtype)
+    v = colsum_vector.LANES[dtype]
+    shape = (2, 4 * v, 5, 3)
+    gy = _nhwc(shape, dt, 5, channels=(2 * v, 6 * v, 9 * v))
+    assert colsum_relu.rows(gy).strides[0] == 9 * v * gy.itemsize and not is_channels_last(gy)
+    _check_fused(emu, _nhwc(shape, dt, 6), gy)
+    _check_fused(emu, _nhwc(shape, dt, 7, channels=(v, 5 * v, 7 * v)), gy)
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_two_dimensional_rows(emu, dtype):
+    """``(N, C)`` (a linear layer's gradient), dense and a pitched column slice."""
+    dt = numpy_dtype(dtype)
+    _check_fused(emu, _values((37, 24), dt, 8, special=True), _values((37, 24), dt, 9, special=True))
+    wide = _values((300, 64), dt, 10)
+    _check_fused(emu, _values((300, 32), dt, 11), wide[:, 16:48])
+
+
+def test_declines_what_it_cannot_load():
+    v = colsum_vector.LANES["bfloat16"]
+    y = _nhwc((2, 2 * v, 3, 3), BF16, 0)
+    assert colsum_relu.declines(y, y) is None
+    nchw = np.ascontiguousarray(y)
+    assert "neither 2-D nor 4-D stored channels-last" in colsum_relu.declines(nchw, nchw)
+    assert "y (2, 16, 3, 3) and gy" in colsum_relu.declines(y, y[:1])
+    assert "differ in dtype" in colsum_relu.declines(y, y.astype(np.float32))
+    assert "dtype float16" in colsum_relu.declines(*(2 * [y.astype(np.float16)]))
+    assert "dtype float64" in colsum_relu.declines(*(2 * [y.astype(np.float64)]))
+    odd = _nhwc((2, 12, 3, 3), BF16, 0)
+    assert "not a multiple of 8 lanes" in colsum_relu.declines(odd, odd)
+    sliced = _nhwc((2, 16, 3, 3), BF16, 0, channels=(4, 20, 32))  # 8 bytes in: not 16-byte aligned
+    assert "gy: the data pointer is not 16-byte aligned" in colsum_relu.declines(y, sliced)
+    three = np.zeros((4, 16, 5), BF16)
+    assert "neither 2-D" in colsum_relu.declines(three, three)
+    assert "no rows" in colsum_relu.declines(*(2 * [np.zeros((0, 16), np.float32)]))
+    with pytest.raises(Exception, match="neither 2-D"):
+        colsum_relu.relu_backward_sums(np, nchw, nchw)
+
+
+# ---- the node kernels, emulated, against the reference rules
+
+def _ctx(out_type):
+    return KernelContext(np, "cuda", {}, out_type)
+
+
+def _node_pair(y, gy, layout):
+    """The slot's and the filler's ``cuda`` node kernels: ``(g, sums, launch names)``."""
+    dtype = storage.dtype_name(gy.dtype)
+    slot_op, op = ops.ReluBackwardSumsSlot(), ops.ReluBackwardSums()
+    yt, gt = TensorType(y.shape, dtype, layout), TensorType(gy.shape, dtype, layout)
+    st = slot_op.infer(yt, gt)
+    sums = rules.NODE_KERNELS[ops.ReluBackwardSumsSlot](_ctx(st), slot_op, y, gy)
+    assert sums.shape == st.shape and sums.dtype == gy.dtype and sums.flags.c_contiguous
+    sums[...] = np.nan  # a value left unwritten shows
+    g = rules.NODE_KERNELS[ops.ReluBackwardSums](_ctx(op.infer(yt, gt, st)), op, y, gy, sums)
+    return g, sums
+
+
+def _reference_pair(y, gy):
+    """The reference rules of the slot and the filler (on a copy of the slot): ``(g, sums)``."""
+    ref_ctx = KernelContext(np, "cpu", {}, None)
+    value = rules_for(ops.ReluBackwardSumsSlot)["reference"].kernel(ref_ctx, ops.ReluBackwardSumsSlot(), y, gy)
+    sums = np.full_like(value, np.nan)
+    g = rules_for(ops.ReluBackwardSums)["reference"].kernel(ref_ctx, ops.ReluBackwardSums(), y, gy, sums)
+    np.testing.assert_array_equal(_bits(sums), _bits(value))  # the filler writes the slot's own value
+    return g, sums
+
+
+CASES = {"NHWC": ((2, 24, 4, 5), "NHWC"), "NCHW": ((2, 24, 4, 5), "NCHW"), "2-D": ((20, 24), "NCHW"),
+         "NHWC-odd": ((2, 10, 4, 5), "NHWC")}
+
+
+def _emulable_bias_gradient(monkeypatch, dtype, case):
+    """The fallback's bias gradient (``colsum.bias_add_backward``) where the emulator cannot run
+    it: float16 loads through PTX ``cvt`` and bfloat16 NCHW row sums through warp shuffles, which
+    g++ has not; there the reference sums stand in (the column and row kernels have their own
+    tests: test_cuda_colsum_launch.py, tests/gpu), recorded so that the call is still checked."""
+    calls = []
+    if dtype == "float16" or (dtype == "bfloat16" and case == "NCHW"):
+        def standin(xp, g):
+            calls.append(g.shape)
+            return ref_elementwise.bias_add_backward(xp, g)
+        monkeypatch.setattr(colsum, "bias_add_backward", standin)
+    return calls
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float16"])
+def test_the_node_kernels_equal_the_reference_rules(emu, monkeypatch, dtype, case):
+    """g bit for bit the reference's; the sums within the bias gradient's tolerance of float64
+    as the reference's are; the fused kernels ran exactly where the arrays qualify (bfloat16 or
+    float32, channels-last or 2-D, C a multiple of the lanes), the fallback elsewhere, and the
+    slot allocated without a launch."""
+    shape, layout = CASES[case]
+    dt = numpy_dtype(dtype)
+    make = (lambda s: _nhwc(shape, dt, s, special=True)) if layout == "NHWC" else (
+        lambda s: np.ascontiguousarray(_values(shape, dt, s, special=True)))
+    y, gy = make(12), make(13)
+    standin = _emulable_bias_gradient(monkeypatch, dtype, case)
+    before = len(emu.raw_launches) + len(emu.launches)
+    with np.errstate(invalid="ignore"):  # inf - inf in the NumPy sums of the fallback's small arrays
+        g, sums = _node_pair(y, gy, layout)
+    names = [r["name"] for r in emu.raw_launches + emu.launches][before:]
+    with np.errstate(invalid="ignore"):
+        want_g, want_sums = _reference_pair(y, gy)
+    np.testing.assert_array_equal(_bits(g), _bits(want_g))
+    assert g.shape == y.shape and g.dtype == gy.dtype
+    fused = dtype != "float16" and case in ("NHWC", "2-D")
+    assert ("opgraph_colsum_relu_part" in names) == fused, names
+    assert standin in ([], [shape]) and not (fused and standin)
+    if dtype != "float16":  # the emulator's float16 sums are checked against the reference's below
+        _check_sums(sums, want_g)
+    else:
+        np.testing.assert_array_equal(np.isnan(sums), np.isnan(want_sums))
+        finite = np.isfinite(want_sums)
+        np.testing.assert_allclose(sums[finite].astype(np.float64), want_sums[finite].astype(np.float64),
+                                   rtol=2 ** -10, atol=1e-3)
+
+
+def test_the_slot_allocates_without_a_kernel(emu):
+    y = _nhwc((2, 16, 3, 3), BF16, 0)
+    op = ops.ReluBackwardSumsSlot()
+    kernel = rules.NODE_KERNELS[ops.ReluBackwardSumsSlot]
+    typed = kernel(_ctx(TensorType((16,), "float32")), op, y, y)  # the node's dtype (compile's) wins
+    untyped = kernel(_ctx(None), op, y, y)
+    assert not emu.raw_launches and not emu.launches
+    assert typed.dtype == np.float32 and typed.shape == (16,)
+    assert untyped.dtype == BF16 and untyped.shape == (16,)
+
+
+def test_the_rules_register_both_ops_capturable_and_fused():
+    for op_type in (ops.ReluBackwardSumsSlot, ops.ReluBackwardSums):
+        cuda, ref = rules_for(op_type)["cuda"], rules_for(op_type)["reference"]
+        assert cuda.capturable is True and cuda.fresh_output and cuda.inplace == ()
+        assert {"fused", "cuda", "gpu"} <= cuda.tags and "fused" in ref.tags
+        assert op_type not in rules.OPTIONS
+    assert colsum_relu.REVISION >= 1 and rules.bias_variants.revision == colsum_vector.REVISION == 1
+
+
+@pytest.mark.skipif(NVCC is None, reason="no nvcc")
+def test_sources_compile_with_nvcc():
+    nvcc_check([colsum_relu.source(d) for d in colsum_vector.LANES])

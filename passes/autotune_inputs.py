@@ -132,10 +132,13 @@ def consistent_inputs(view, arrays: list, xp, device: str) -> list:
     """``arrays`` (the node ``view``'s inputs, in order) with every input made by a
     :data:`CONSISTENT_PRODUCERS` node from inputs this node also reads
     recomputed from those arrays (float64 reference, then the array's dtype and
-    the producer's layout).
+    the producer's layout), and an input the node reads at several positions one
+    array at all of them.
     Other inputs, and a producer reading anything else, are left as they are."""
     graph, ids = view.graph, [v.node for v in view.inputs]
-    out = list(arrays)
+    # one value read at two positions (ReluBackward(y, y): a ReLU output as its own output
+    # gradient) is one array, as it will be in the run; a producer's value below follows it
+    out = [arrays[ids.index(n)] for n in ids]
     for i, producer_id in enumerate(ids):
         producer = graph.node(producer_id)
         op = abstract_of(producer.op)

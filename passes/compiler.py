@@ -120,7 +120,8 @@ def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
     idle_in = idle_includes(pol)
     if idle_in:
         ctx.report.note(f"policy include {idle_in}: no opt-in rule carries {'it' if len(idle_in) == 1 else 'them'} "
-                        "(include turns on rules tagged 'optional' and 'fused-reference'): no effect")
+                        "(include turns on rules tagged 'optional', 'fused-reference' and the opt-in fusion rules): "
+                        "no effect")
     elsewhere = preferences_elsewhere(pol, ctx.device)
     if elsewhere:
         ctx.report.note(f"policy prefer {', '.join(elsewhere)}: no implementation on {ctx.device}, "

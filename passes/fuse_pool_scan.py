@@ -76,7 +76,7 @@ def match_pool_scan(scope: Scope, view: NodeView) -> Match | None:
     if (not isinstance(argmax, MaxPool2dArgmax) or scope.algorithm(idx) != algorithm
             or scope.graph.input_ids(idx) != [x] or window_params(argmax) != window_params(op)):
         return None
-    why = (None if NAME in scope.ctx.policy.include else OPT_IN_NOTE) or _oracle_without_opt_in(algorithm, scope.ctx)
+    why = _oracle_without_opt_in(algorithm, scope.ctx)
     if why:
         scope.note(NAME, why)
         return None
@@ -112,6 +112,6 @@ def fuse_pool_scan(graph: Graph, m: Match, ctx: PassContext) -> str | None:
     return None
 
 
-POOL_SCAN = FusionRule(NAME, match_pool_scan, fuse_pool_scan)
+POOL_SCAN = FusionRule(NAME, match_pool_scan, fuse_pool_scan, opt_in=OPT_IN_NOTE)
 
 __all__ = ["NAME", "LABEL", "OPT_IN_NOTE", "match_pool_scan", "fuse_pool_scan", "POOL_SCAN"]

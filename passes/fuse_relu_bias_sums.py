@@ -15,8 +15,8 @@ makes the bias gradient a slot the ReLU gradient fills (``opgraph/ops/relu_bias_
 It applies when
 
 * ``g``'s op is a ``ReluBackward`` (not absorbed into a generated chain: the rule runs after
-  ``elementwise``, so a ReLU gradient that a chain fused with its producer stays in it) and is
-  no output; ``b`` sums it;
+  ``elementwise``, so a ReLU gradient that a chain fused with its producer stays in it);
+  ``b`` sums it;
 * every reader of ``b`` descends from ``g`` (``passes/verify.py``'s condition: none reads the
   sums before they are written);
 * an algorithm has rules for both new ops that the policy does not exclude or decline: the
@@ -54,10 +54,9 @@ def match_relu_bias_sums(scope: Scope, view: NodeView) -> Match | None:
     if type(op) is not BiasAddBackward or scope.algorithm(view.id) is None:
         return None
     (g,) = scope.graph.input_ids(view.id)
-    if type(scope.op(g)) is not ReluBackward or scope.algorithm(g) is None or scope.is_output(g):
+    if type(scope.op(g)) is not ReluBackward or scope.algorithm(g) is None:
         return None
-    why = (None if NAME in scope.ctx.policy.include else OPT_IN_NOTE) \
-        or _oracle_without_opt_in(scope.algorithm(g), scope.ctx)
+    why = _oracle_without_opt_in(scope.algorithm(g), scope.ctx)
     if why:
         scope.note(NAME, why)
         return None
@@ -106,6 +105,6 @@ def fuse_relu_bias_sums(graph: Graph, m: Match, ctx: PassContext) -> str | None:
     return None
 
 
-RELU_BIAS_SUMS = FusionRule(NAME, match_relu_bias_sums, fuse_relu_bias_sums)
+RELU_BIAS_SUMS = FusionRule(NAME, match_relu_bias_sums, fuse_relu_bias_sums, opt_in=OPT_IN_NOTE)
 
 __all__ = ["NAME", "LABEL", "OPT_IN_NOTE", "match_relu_bias_sums", "fuse_relu_bias_sums", "RELU_BIAS_SUMS"]

@@ -80,12 +80,15 @@ class FusionRule:
         rewrite: ``(graph, match, ctx) -> None | str`` (why not).
         consumers_first: sweep from the graph's outputs towards its inputs,
             so that a chain is matched at its last node (maximal chains).
+        opt_in: None, or why the rule runs only when the policy names it in
+            ``include`` (said in the compile's notes when it does not).
     """
 
     name: str
     match: Callable[["Scope", NodeView], Match | None]
     rewrite: Callable[[Graph, Match, PassContext], str | None]
     consumers_first: bool = False
+    opt_in: str | None = None
 
 
 class Scope:
@@ -228,6 +231,9 @@ def apply_table(rules: Sequence[FusionRule], graph: Graph, outputs: Sequence[Val
         for rule in rules:
             if rule.name in ctx.policy.exclude:
                 scope.note(rule.name, f"excluded by policy (exclude=[{rule.name!r}])")
+                continue
+            if rule.opt_in and rule.name not in ctx.policy.include:
+                scope.note(rule.name, rule.opt_in)
                 continue
             while _sweep(rule, graph, scope, ctx, tallies, refused):
                 changed = True

@@ -44,6 +44,7 @@ class ReluBackwardSumsSlot(Op):
 
     arity: ClassVar = (2, 2)
     fused: ClassVar[bool] = True
+    family: ClassVar[str] = "relu"
     filled_by_reader: ClassVar[bool] = True
     kind: ClassVar[str] = "relu_backward_sums_slot"
 
@@ -76,6 +77,7 @@ class ReluBackwardSums(Op):
 
     arity: ClassVar = (3, 3)
     fused: ClassVar[bool] = True
+    family: ClassVar[str] = "relu"
     fills: ClassVar = (2,)
     kind: ClassVar[str] = "relu_backward_sums"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import attrs
+import numpy as np
 import pytest
 
 import opgraph as og
@@ -181,3 +182,32 @@ def test_phases_are_captured_once_per_runner(tiny, monkeypatch):
     assert set(runner.graph_phases(stream=None)) == set(PHASES)
     with pytest.raises(RuntimeError, match="already captured"):
         runner.graph_phases(stream=None)
+
+
+def test_a_slot_runs_in_its_fillers_phase_and_the_phase_loops_keep_what_it_wrote(tiny):
+    """``relu-bias-sums`` makes a parameter gradient (backward-filter by its readers) a slot that a
+    ReLU gradient (backward-data) fills: the slot's step joins its filler's phase, or each
+    backward-filter loop would give the bias gradient a fresh, unwritten buffer."""
+    rules = ["fused-reference", "relu-bias-sums", "pool-scan"]
+    tg, exe, sched = compiled(tiny, include=rules)
+    phase = {st.node: p for p, steps in sched.phases.items() for st in steps}
+    fillers = [(st.node, exe.graph.input_ids(st.node)[k]) for st in exe.steps for k in abstract_of(st.op).fills]
+    assert {abstract_of(exe.graph.node(s).op).name for _, s in fillers} == {"ReluBackwardSumsSlot",
+                                                                          "MaxPool2dArgmaxSlot"}
+    assert all(phase[slot] == phase[filler] for filler, slot in fillers)
+    assert {phase[s] for _, s in fillers} == {"forward", "backward_data"}
+
+    def garbage(ctx, op, *arrays):  # what uninitialised memory may hold
+        return np.full(ctx.out_shape(op, *arrays), 77, dtype=np.dtype(ctx.out_type.dtype))
+
+    steps = {st.node: attrs.evolve(st, kernel=garbage) if abstract_of(st.op).filled_by_reader else st
+             for st in sched.steps}
+    sched = attrs.evolve(sched, steps=tuple(steps[s.node] for s in sched.steps),
+                         phases={p: tuple(steps[s.node] for s in v) for p, v in sched.phases.items()})
+    feeds = random_feeds(tiny)
+    runner = PhaseRunner(sched, exe.feed(feeds), CpuTimer())
+    runner.time_phases(2)
+    want = og.compile(tg.outputs, policy={"include": ["fused-reference"]})(**feeds)
+    for v, w in zip(tg.outputs, want):
+        node = exe.outputs[tg.outputs.index(v)].node
+        np.testing.assert_allclose(runner.slots[node], w, rtol=1e-5, atol=1e-6)

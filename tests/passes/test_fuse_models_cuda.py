@@ -74,6 +74,9 @@ def test_fusion_on_cuda_of_every_built_in_model(monkeypatch, key):
     # the fixed point: no rule matches the result any more (a declined match would be noted)
     scope = Scope(graph, louts, PassContext(device="cuda", policy=policy))
     for rule in TABLE:
+        if rule.opt_in and rule.name not in policy.include:  # not run: the notes say so
+            assert any(n.startswith(f"fuse: {rule.name}: not applied: opt-in") for n in report.notes)
+            continue
         left = [v.name for v in graph.nodes_in_order(louts) if rule.match(scope, v) is not None]
         assert not left or any("not fused: " in n for n in report.notes), (rule.name, left[:5])
     # counts that follow from the structure of the abstract graph
@@ -101,11 +104,21 @@ def test_fusion_on_cuda_of_every_built_in_model(monkeypatch, key):
     # every max pooling with its gradient saves its winners; none scans x in its gradient any more
     pools = sum(v.op.name == "MaxPool2d" for v in abstract)
     assert kinds["MaxPool2dTake"] == pools
-    if pools:  # pool-scan is opt-in (passes/fuse_pool_scan.py): then each argmax + take is one scan
-        graph, outs_in, report = compile_for_cuda(outs, og.LoweringPolicy(layout="NHWC", include=["pool-scan"]))
-        scan = collections.Counter(v.op.op.name for v in lowered(graph, outs_in))
-        assert scan["MaxPool2dScan"] == scan["MaxPool2dArgmaxSlot"] == report.fusion["pool-scan"]["applied"] == pools
-        assert not (scan["MaxPool2dTake"] or scan["MaxPool2dArgmax"])
+    # the opt-in rules (passes/fuse_pool_scan.py, passes/fuse_relu_bias_sums.py): each argmax + take
+    # is one scan; each bias gradient of a ReLU gradient left out of the chains is written by it
+    opted = og.LoweringPolicy(layout="NHWC", include=["pool-scan", "relu-bias-sums"])
+    graph, outs_in, report = compile_for_cuda(outs, opted)
+    nodes_in = lowered(graph, outs_in)
+    opt = collections.Counter(v.op.op.name for v in nodes_in)
+    assert opt["MaxPool2dScan"] == opt["MaxPool2dArgmaxSlot"] == report.fusion["pool-scan"]["applied"] == pools
+    assert not (opt["MaxPool2dTake"] or opt["MaxPool2dArgmax"])
+    sums = report.fusion["relu-bias-sums"]["applied"]
+    assert opt["ReluBackwardSums"] == opt["ReluBackwardSumsSlot"] == sums
+    assert opt["BiasAddBackward"] == sum(v.op.op.name == "BiasAddBackward" for v in nodes) - sums
+    assert not [v.name for v in nodes_in if v.op.op.name == "BiasAddBackward"
+                and v.inputs[0].op.op.name == "ReluBackward"]
+    if key == "googlenet":  # the inception branches' ReLU gradients read slices of the concat's gradient
+        assert sums == 37
     assert not [v.name for v in nodes if v.op.op.name in ("MaxPool2dBackward", "MaxPool2dBackwardRelu")]
 
 

@@ -34,7 +34,7 @@ def branches():
     wc, bc = g.param("wc", (5, 12, 3, 3)), g.param("bc", (5,))
     a = og.relu(og.conv2d(x, wa, ba, padding=1))
     b = og.relu(og.conv2d(x, wb, bb))
-    y = og.relu(og.conv2d(og.cat([a, b], dim=1), wc, bc, stride=2))
+    y = og.relu(og.conv2d(og.concat([a, b], dim=1), wc, bc, stride=2))
     return y, [x, wa, ba, wb, bb, wc, bc], []
 
 

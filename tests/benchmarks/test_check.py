@@ -332,6 +332,28 @@ def test_the_one_scan_is_checked_with_the_winners_it_fills(setup):
     assert broken.nodes_checked == result.nodes_checked
 
 
+def test_the_relu_gradient_is_checked_with_the_bias_gradient_it_fills(setup):
+    # relu-bias-sums (opted in on the CPU): the ReLU gradient's sums are the bias gradient's value
+    tg, feeds, ref = setup
+    exe = og.compile(tg.outputs, policy={"include": ["fused-reference", "relu-bias-sums"]})
+    kinds = {abstract_of(st.op).name: st.node for st in exe.steps}
+    assert {"ReluBackwardSumsSlot", "ReluBackwardSums"} <= set(kinds)
+    slot = check.abstract_twin(exe.graph, ref.graph, kinds["ReluBackwardSumsSlot"])
+    assert ref.graph.node(slot).op.name == "BiasAddBackward"
+    result = check.check_lowering(exe, ref)
+    assert result.passed
+
+    def sums_off_by_two_percent(ctx, op, y, gy, sums):
+        from opgraph.backends.registry import rules_for
+        g = rules_for(og.ops.ReluBackwardSums)["reference"].kernel(ctx, op, y, gy, sums)
+        sums *= 1.02  # beyond fp32's tolerance, as a sum over the wrong rows would be
+        return g
+    exe.steps = [attrs.evolve(st, kernel=sums_off_by_two_percent) if abstract_of(st.op).name == "ReluBackwardSums"
+                 else st for st in exe.steps]
+    broken = check.check_lowering(exe, ref)
+    assert not broken.passed and {f["op"] for f in broken.failures} == {"ReluBackwardSums"}
+
+
 def test_the_new_input_tolerance_follows_the_storage_dtype():
     # a nondeterministic sum stored in bf16 differs by its rounding (2^-8), a stale array by ~1
     assert graph_column.graph_follow_tolerance("float32") == graph_column.graph_follow_tolerance("float64") == 1e-3

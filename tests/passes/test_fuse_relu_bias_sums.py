@@ -91,6 +91,8 @@ def test_the_rule_waits_for_its_opt_in():
         assert exe.report.fusion["relu-bias-sums"] == {"applied": 0, "declined": 0}
     exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference"]})
     assert any("relu-bias-sums: not applied" in n and "include=['relu-bias-sums']" in n for n in exe.report.notes)
+    exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference", *OPT_IN]})
+    assert not any("no opt-in rule carries" in n for n in exe.report.notes)  # include names it: it has an effect
 
 
 def test_a_bias_gradient_read_before_the_relu_gradient_could_fill_it_is_left_alone():

@@ -33,7 +33,7 @@ from opgraph.errors import ShapeError
 from opgraph.types import numpy_dtype
 
 from . import colsum, colsum_vector, relu
-from .colsum_vector import LANES, LOADS_PER_THREAD, THREADS
+from .colsum_vector import BLOCK_PARTIALS, LANES, LOADS_PER_THREAD, THREADS
 from .pool_vector import pixel_pitch
 from .storage import bits, dtype_name, logical, unbits
 
@@ -96,19 +96,7 @@ MASK
             *po = o;
         }
     }
-    #pragma unroll
-    for (int k = 0; k < V; ++k) red[t * V + k] = acc[k];
-    __syncthreads();
-    if (ty == 0 && cv < CV) {
-        for (int j = 1; j < RP; ++j) {
-            #pragma unroll
-            for (int k = 0; k < V; ++k) acc[k] += red[(j * TW + tx) * V + k];
-        }
-        float* out = part + (long long)blockIdx.x * ((long long)CV * V) + (long long)cv * V;
-        #pragma unroll
-        for (int k = 0; k < V; ++k) out[k] = acc[k];
-    }
-}
+BLOCK_PARTIALS
 """
 
 
@@ -116,7 +104,7 @@ def source(dtype: str) -> str:
     """CUDA source of pass 1 for ``dtype`` (a key of :data:`~.colsum_vector.LANES`):
     ``opgraph_colsum_relu_part(y, gy, g, part, long long M, long long ldy, long long ldg, int CV,
     int TW, long long rows_per_block)``. Raises KeyError for another dtype."""
-    return (_SOURCE.replace("MASK", _MASK[dtype]).replace("STORE_T", _STORE_T[dtype])
+    return (_SOURCE.replace("BLOCK_PARTIALS\n", BLOCK_PARTIALS).replace("MASK", _MASK[dtype]).replace("STORE_T", _STORE_T[dtype])
             .replace("LANES", str(LANES[dtype])).replace("THREADS", str(THREADS)))
 
 

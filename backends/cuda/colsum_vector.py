@@ -62,6 +62,24 @@ _UNPACK = {
 }
 _STORE = {"bfloat16": ("unsigned short", "opgraph_bf16_bits(s)"), "float32": ("float", "s")}
 
+#: the end of a pass-1 kernel: each thread's V sums into shared memory, then thread row 0 adds the
+#: thread rows' in order and writes the block's row of the float32 partials (``colsum_relu`` ends
+#: its pass 1 the same way)
+BLOCK_PARTIALS = r"""    #pragma unroll
+    for (int k = 0; k < V; ++k) red[t * V + k] = acc[k];
+    __syncthreads();
+    if (ty == 0 && cv < CV) {
+        for (int j = 1; j < RP; ++j) {
+            #pragma unroll
+            for (int k = 0; k < V; ++k) acc[k] += red[(j * TW + tx) * V + k];
+        }
+        float* out = part + (long long)blockIdx.x * ((long long)CV * V) + (long long)cv * V;
+        #pragma unroll
+        for (int k = 0; k < V; ++k) out[k] = acc[k];
+    }
+}
+"""
+
 _SOURCE = r"""
 constexpr int V = LANES;
 typedef STORE_T ST;
@@ -85,19 +103,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) opgraph_colsum_vec_part(
 UNPACK
         }
     }
-    #pragma unroll
-    for (int k = 0; k < V; ++k) red[t * V + k] = acc[k];
-    __syncthreads();
-    if (ty == 0 && cv < CV) {
-        for (int j = 1; j < RP; ++j) {
-            #pragma unroll
-            for (int k = 0; k < V; ++k) acc[k] += red[(j * TW + tx) * V + k];
-        }
-        float* out = part + (long long)blockIdx.x * ((long long)CV * V) + (long long)cv * V;
-        #pragma unroll
-        for (int k = 0; k < V; ++k) out[k] = acc[k];
-    }
-}
+BLOCK_PARTIALS
 
 extern "C" __global__ void __launch_bounds__(1024) opgraph_colsum_vec_final(
         const float* __restrict__ part, ST* __restrict__ dst, long long G, long long C) {
@@ -125,7 +131,7 @@ def source(dtype: str) -> str:
     ``opgraph_colsum_vec_final(part, dst, long long G, long long C)``. Raises KeyError for
     another dtype."""
     store_t, store_expr = _STORE[dtype]
-    return (BF16_DEVICE + _SOURCE.replace("UNPACK", _UNPACK[dtype]).replace("STORE_T", store_t)
+    return (BF16_DEVICE + _SOURCE.replace("BLOCK_PARTIALS\n", BLOCK_PARTIALS).replace("UNPACK", _UNPACK[dtype]).replace("STORE_T", store_t)
             .replace("STORE_EXPR", store_expr).replace("LANES", str(LANES[dtype]))
             .replace("THREADS", str(THREADS)))
 
@@ -214,5 +220,5 @@ def finish(xp, part, out, dtype: str) -> None:
     _kernels(dtype)[1]((-(-c // FINAL_BLOCK[0]),), FINAL_BLOCK, (part, out, xp.int64(g), xp.int64(c)))
 
 
-__all__ = ["FINAL_BLOCK", "LANES", "LOADS_PER_THREAD", "MAX_BLOCKS", "REVISION", "THREADS", "column_sums", "declines",
+__all__ = ["BLOCK_PARTIALS", "FINAL_BLOCK", "LANES", "LOADS_PER_THREAD", "MAX_BLOCKS", "REVISION", "THREADS", "column_sums", "declines",
            "finish", "grid", "source"]

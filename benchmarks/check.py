@@ -95,7 +95,7 @@ from opgraph.ops import Add, BatchNorm, ReluBackward, ThresholdBackward, of_fami
 from opgraph.ops.activation import ActivationBackward
 from opgraph.ops.conv_fused import activation_of, epilogue_steps
 from opgraph.passes.autotune import relative_error, tolerance
-from opgraph.passes.autotune_accuracy import filled_error
+from opgraph.passes.autotune_accuracy import filled_error, poisoned_copy
 from opgraph.types import FLOAT_DTYPES, as_dtype, is_float, run_type, to_layout
 
 from .protocol import LAYER_FAMILIES, TrainingGraph
@@ -103,7 +103,7 @@ from .protocol import LAYER_FAMILIES, TrainingGraph
 #: Abstract ops whose steps the per-node check runs (see the module docstring).
 CHECKED_OPS = frozenset({t.__name__ for f in LAYER_FAMILIES for t in of_family(f)}
                         | {"Pad", "PadBackward", "BiasAddBackward", "FusedElementwise", "MaxPool2dScan",
-                   "ReluBackwardSums"})
+                           "ReluBackwardSums"})
 #: (lowered op, abstract op at the same node id) pairs computing the same value.
 _SAME_VALUE = {("PadBackward", "Conv2dBackwardData"), ("MaxPool2dTake", "MaxPool2d"), ("MaxPool2dScan", "MaxPool2d"),
                ("ReluBackwardSums", "ReluBackward"), ("ReluBackwardSumsSlot", "BiasAddBackward"),
@@ -353,8 +353,7 @@ def check_lowering(exe: Executable, ref: Reference) -> CheckResult:
         view = g.node(st.node)
         ins = [operand(a) for a in st.args]
         for k in op.fills:  # the step writes these: a poisoned copy, checked below like the output
-            ins[k] = ins[k].copy(order="K")
-            ins[k].fill(255 if ins[k].dtype.kind in "ui" else float("nan"))
+            ins[k] = poisoned_copy(ins[k])
         out = st.kernel(st.ctx, st.op.op, *ins)
         if recomputes_a_gradient_input(st.op.op):  # on the operands it was fed (module docstring)
             kctx = KernelContext(xp, ref.device, {}, run_type(view.type, "float64"))

@@ -32,6 +32,15 @@ def tolerance(algorithm: str, precision: str = "fp32", dtype: str = "float32") -
     return 1e-4 if algorithm in EXACT_ALGORITHMS else 1e-3
 
 
+def poisoned_copy(a):
+    """A copy of ``a`` (its strides kept) for a kernel to fill (``Op.fills``), every element 255
+    (an integer array) or NaN (a float one): what the kernel leaves unwritten fails
+    :func:`filled_error`, and ``a`` itself, shared with other checks, is never written."""
+    out = a.copy(order="K")
+    out.fill(255 if out.dtype.kind in "ui" else float("nan"))
+    return out
+
+
 def filled_error(xp, got, want) -> float:
     """The error of what a kernel wrote into an input it fills (``Op.fills``): 0 or inf for
     integers (window indices: one misrouted window is a wrong gradient, whatever the norm),
@@ -60,4 +69,4 @@ def relative_error(xp, out, ref) -> float:
     return err if math.isfinite(err) else math.nan
 
 
-__all__ = ["filled_error", "EXACT_ALGORITHMS", "tolerance", "relative_error"]
+__all__ = ["poisoned_copy", "filled_error", "EXACT_ALGORITHMS", "tolerance", "relative_error"]

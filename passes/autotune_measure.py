@@ -35,7 +35,7 @@ from opgraph.backends.registry import KernelContext, Rule
 from opgraph.buffer_views import copy_into
 from opgraph.types import numpy_dtype
 
-from .autotune_accuracy import filled_error, relative_error, tolerance
+from .autotune_accuracy import filled_error, poisoned_copy, relative_error, tolerance
 from .autotune_clock import NodeClock
 from .autotune_inputs import InputPool, consistent_inputs
 from .autotune_inputs import reference_output as _reference
@@ -92,17 +92,10 @@ def _poison(root) -> None:
 
 
 def _with_filled_copies(op, arrays: list) -> list:
-    """``arrays`` with each input ``op`` fills (``Op.fills``) replaced by a copy
-    (its strides kept) poisoned with 255 or NaN: the candidate writes the copy, so
-    the shared input stays the reference's value, and a kernel that leaves
-    part of it unwritten fails the check (255 in an integer array, NaN in a float one)."""
-    if not op.fills:
-        return arrays
-    called = list(arrays)
-    for k in op.fills:
-        called[k] = arrays[k].copy(order="K")
-        called[k].fill(255 if called[k].dtype.kind in "ui" else float("nan"))
-    return called
+    """``arrays`` with each input ``op`` fills (``Op.fills``) replaced by a
+    :func:`~.autotune_accuracy.poisoned_copy`: the candidate writes the copy, so the shared
+    input stays the reference's value, and what it leaves unwritten fails the check."""
+    return [poisoned_copy(a) if k in op.fills else a for k, a in enumerate(arrays)]
 
 
 def measure_candidates(op, types, cands, s, ctx: PassContext, timer, view, out_type, run_in,

@@ -62,7 +62,8 @@ def slot_problems(graph: Graph, outputs) -> list[str]:
         if not op.filled_by_reader:
             continue
         readers = [u for u in graph.users(node) if u in nodes]
-        fillers = [u for u in readers if any(graph.input_ids(u)[k] == node for k in abstract_of(graph.node(u).op).fills)]
+        fillers = [u for u in readers
+                   if any(graph.input_ids(u)[k] == node for k in abstract_of(graph.node(u).op).fills)]
         if len(fillers) != 1:
             out.append(f"{view.name} ({op.name}) is a slot with {len(fillers)} readers filling it, not 1")
             continue

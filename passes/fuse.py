@@ -298,9 +298,11 @@ class FusePass(Pass):
             ctx.report.note(f"fuse: {rule}: not applied: {'; '.join(sorted(whys))}")
         # exclude=['fused'] turns every rule off through its fused ops' tag: each then declines
         every = "fused" in ctx.policy.exclude
+        # an opt-in rule (FusionRule.opt_in) the policy did not include did not run: {'opt_in': True}
         ctx.report.fusion = {rule.name: ({"excluded": True} if every or rule.name in ctx.policy.exclude else
-                                         {"applied": scope.applied.get(rule.name, 0),
-                                          "declined": scope.declined.get(rule.name, 0)})
+                                         {"opt_in": True} if rule.opt_in and rule.name not in ctx.policy.include
+                                         else {"applied": scope.applied.get(rule.name, 0),
+                                               "declined": scope.declined.get(rule.name, 0)})
                              for rule in self.table}
         return graph
 

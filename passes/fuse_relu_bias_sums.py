@@ -16,11 +16,17 @@ It applies when
 
 * ``g``'s op is a ``ReluBackward`` (not absorbed into a generated chain: the rule runs after
   ``elementwise``, so a ReLU gradient that a chain fused with its producer stays in it);
-  ``b`` sums it;
-* every reader of ``b`` descends from ``g`` (``passes/verify.py``'s condition: none reads the
-  sums before they are written);
-* an algorithm has rules for both new ops that the policy does not exclude or decline: the
-  ReLU gradient's own, else ``cuda``; the policy forces neither node elsewhere;
+  ``b`` sums it, and ``g`` is an output or has another reader (else nothing would read the
+  node that writes the sums);
+* every reader of ``b`` descends from ``g`` by a path that does not pass through ``b``
+  (``passes/verify.py``'s condition: none reads the sums before they are written); a graph
+  that reads a bias gradient elsewhere (an optimiser step inside the graph reading it beside
+  the weights) keeps that pair unfused;
+* an algorithm has rules for both new ops that the policy does not exclude and that do not
+  decline (the ``cuda`` rule declines values its fused path can never take: not 2-D or
+  channels-last 4-D, a dtype without 16-byte lanes, channels not a multiple of the lanes;
+  ``colsum_relu.declines_types``), the ReLU gradient's own first, then ``cuda``, and the
+  policy forces neither node elsewhere;
 * the policy opts in, ``include=['relu-bias-sums']``: the CUDA kernel
   (``backends/cuda/colsum_relu.py``) was checked on the CPU's emulator only, in a session whose
   device loans were paused; and on the CPU's oracles ``include=['fused-reference']`` too.
@@ -36,9 +42,10 @@ import networkx as nx
 from opgraph.graph import Graph, NodeView
 from opgraph.op import abstract_of
 from opgraph.ops import BiasAddBackward, ReluBackward, ReluBackwardSums, ReluBackwardSumsSlot
+from opgraph.types import run_type
 
 from .base import PassContext
-from .fuse_pool_argmax import _oracle_without_opt_in
+from .fuse_elementwise import OPT_IN, ORACLE_ALGORITHMS
 from .pattern import FusionRule, Match, Scope, forced_elsewhere, lowered_for, report_rewrite
 
 NAME = "relu-bias-sums"
@@ -56,9 +63,13 @@ def match_relu_bias_sums(scope: Scope, view: NodeView) -> Match | None:
     (g,) = scope.graph.input_ids(view.id)
     if type(scope.op(g)) is not ReluBackward or scope.algorithm(g) is None:
         return None
-    why = _oracle_without_opt_in(scope.algorithm(g), scope.ctx)
-    if why:
-        scope.note(NAME, why)
+    if scope.algorithm(g) in ORACLE_ALGORITHMS and OPT_IN not in scope.ctx.policy.include:
+        scope.note(NAME, f"on {scope.algorithm(g)} the sums in the ReLU gradient save no pass; "
+                         f"opt in with include=[{OPT_IN!r}]")
+        return None
+    if not scope.is_output(g) and scope.readers(g) == [view.id]:  # the bias gradient alone reads g
+        scope.note(NAME, "a ReLU gradient read by its bias gradient alone: fused, nothing would read "
+                         f"the ReLU gradient that writes the sums ({scope.graph.node(g).name})")
         return None
     # after the rewrite b reads y and gy, not g: a reader of b must descend from g by another path
     without_b = nx.restricted_view(scope.graph.nx, [view.id], [])
@@ -71,15 +82,17 @@ def match_relu_bias_sums(scope: Scope, view: NodeView) -> Match | None:
     return Match(view.id, (), LABEL, g, rewired=(g,))
 
 
-def _lowered_pair(y, gy, bias_type, algorithms, ctx: PassContext):
-    """``(slot, sums)`` lowered to the first of ``algorithms`` with rules for both, or why not."""
+def _lowered_pair(graph: Graph, relu, bias, algorithms, ctx: PassContext):
+    """``(slot, sums)`` lowered to the first of ``algorithms`` with rules for both that the
+    policy forces neither node away from, or why not (the last algorithm's reason)."""
+    # the values as they run (compile(dtype=...) applied): what the cuda rule's check reads
+    y, gy, b = (run_type(v.type, ctx.dtype) for v in (*relu.inputs, bias))
     why = None
     for algorithm in algorithms:
-        slot = lowered_for(ReluBackwardSumsSlot(), (y.type, gy.type), algorithm, ctx, {},
-                           what="bias gradient slot")
-        sums = lowered_for(ReluBackwardSums(), (y.type, gy.type, bias_type), algorithm, ctx, {},
-                           what="ReLU gradient writing its sums")
-        why = next((w for w in (slot, sums) if isinstance(w, str)), None)
+        slot = lowered_for(ReluBackwardSumsSlot(), (y, gy), algorithm, ctx, {}, what="bias gradient slot")
+        sums = lowered_for(ReluBackwardSums(), (y, gy, b), algorithm, ctx, {}, what="ReLU gradient writing its sums")
+        why = next((w for w in (slot, sums) if isinstance(w, str)), None) \
+            or forced_elsewhere(graph, relu.id, [relu.id, bias.id], algorithm, ctx)
         if why is None:
             return slot, sums
     return why
@@ -90,14 +103,10 @@ def fuse_relu_bias_sums(graph: Graph, m: Match, ctx: PassContext) -> str | None:
     None when done, else why not (then nothing changed)."""
     bias, relu = graph.node(m.root), graph.node(m.data)
     y, gy = relu.inputs
-    algorithm = relu.op.algorithm
-    pair = _lowered_pair(y, gy, bias.type, dict.fromkeys((algorithm, "cuda")), ctx)
+    pair = _lowered_pair(graph, relu, bias, dict.fromkeys((relu.op.algorithm, "cuda")), ctx)
     if isinstance(pair, str):
         return pair
     slot, sums = pair
-    why = forced_elsewhere(graph, relu.id, [relu.id, bias.id], slot.algorithm, ctx)
-    if why:
-        return why
     graph.rewrite(bias.id, slot, [y, gy])
     report_rewrite(ctx, bias.name, slot)
     graph.rewrite(relu.id, sums, [y, gy, graph.value(bias.id)])

@@ -126,6 +126,20 @@ def rows(a):
     return None
 
 
+def declines_types(y, gy) -> str | None:
+    """Why no array of the types ``y`` and ``gy`` (``TensorType``: the values as they run) can
+    take the fused path, or None (the arrays' strides and alignment are checked when they run,
+    :func:`declines`): the fallback is a ReLU gradient, a bias gradient and a copy, more than
+    the two nodes unfused, so the fuse pass leaves such a pair alone."""
+    if y.dtype not in LANES:
+        return f"{y.dtype} has no 16-byte lanes here (the fused kernel takes {', '.join(LANES)})"
+    if not (len(y.shape) == 2 or (len(y.shape) == 4 and y.layout == "NHWC" and gy.layout == "NHWC")):
+        return f"{len(y.shape)}-D {y.layout} values: the fused kernel reads 2-D or channels-last 4-D rows"
+    if y.shape[1] % LANES[y.dtype]:
+        return f"{y.shape[1]} channels are not a multiple of the {LANES[y.dtype]} lanes of a 16-byte load"
+    return None
+
+
 def declines(y, gy) -> str | None:
     """Why :func:`relu_backward_sums` does not take ``(y, gy)``, or None: shapes or dtypes that
     differ, a dtype without 16-byte lanes (:data:`~.colsum_vector.LANES`: float16 and float64
@@ -233,5 +247,5 @@ def relu_backward_sums_kernel(ctx, op, y, gy, sums):
     return g
 
 
-__all__ = ["REVISION", "declines", "relu_backward_sums", "relu_backward_sums_kernel",
+__all__ = ["declines_types", "REVISION", "declines", "relu_backward_sums", "relu_backward_sums_kernel",
            "relu_backward_sums_slot_kernel", "rows", "source"]

@@ -205,6 +205,16 @@ def check(op, in_types, device):
 INPLACE = {ops.Relu: 0, ops.ReluBackward: 1}
 
 
+def _relu_backward_sums_check(op, in_types, device):
+    """The dtype check, then ``colsum_relu.declines_types``: where the fused path can never run,
+    the fuse pass keeps the ReLU gradient and the bias gradient apart (``relu-bias-sums``)."""
+    return check(op, in_types, device) or colsum_relu.declines_types(*in_types[:2])
+
+
+#: op type -> its rule's ``check`` where it is not :func:`check`
+CHECKS = {ops.ReluBackwardSums: _relu_backward_sums_check}
+
+
 def register_rules() -> None:
     """Register one ``cuda`` rule per entry of :data:`NODE_KERNELS` and
     :data:`CUDA_KERNELS` (idempotent). Every kernel returns a new array, never
@@ -218,8 +228,8 @@ def register_rules() -> None:
     for op_type, kernel in kernels.items():
         variants = OPTIONS.get(op_type, ((), None))[1]
         blocker = VARIANT_CAPTURE_BLOCKERS.get(op_type)
-        register(Rule(op_type, "cuda", kernel, devices={"cuda"}, check=check, tags={"cuda", "gpu"},
-                      inplace=INPLACE.get(op_type), fresh_output=True, capturable=True,
+        register(Rule(op_type, "cuda", kernel, devices={"cuda"}, check=CHECKS.get(op_type, check),
+                      tags={"cuda", "gpu"}, inplace=INPLACE.get(op_type), fresh_output=True, capturable=True,
                       **({"variants": variants} if variants else {}),
                       **({"variant_capture_blocker": blocker} if blocker else {})))
     # a candidate beside cuDNN's engines for depthwise backward-data (it declines every other convolution);

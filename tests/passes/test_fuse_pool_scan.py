@@ -88,10 +88,10 @@ def test_the_rule_waits_for_its_opt_in():
     on the CPU's oracle it waits for ``fused-reference`` too."""
     y, params, _ = pooled_convnet()
     outs = [y, *og.grad(y, params, grad_outputs=[y])]
-    for include in (["fused-reference"], ["pool-scan"]):
+    for include, said in ((["fused-reference"], {"opt_in": True}), (["pool-scan"], {"applied": 0, "declined": 0})):
         exe = og.compile(outs, device="cpu", policy={"include": include})
         assert not _kinds(exe)["MaxPool2dScan"]
-        assert exe.report.fusion["pool-scan"] == {"applied": 0, "declined": 0}
+        assert exe.report.fusion["pool-scan"] == said
     exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference"]})
     assert any("pool-scan: not applied" in n and "include=['pool-scan']" in n for n in exe.report.notes)
 

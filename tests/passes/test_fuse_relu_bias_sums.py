@@ -11,6 +11,7 @@ import collections
 
 import attrs
 import numpy as np
+import pytest
 
 import opgraph as og
 from opgraph.backends.registry import rules_for
@@ -18,7 +19,7 @@ from opgraph.op import Lowered
 from opgraph.passes.policy import LoweringPolicy
 
 from fused_training_steps import rule_on_and_off, step_errors, training_step
-from passes_stubs import StubTimer, install_rule
+from passes_stubs import StubTimer, compile_for_cuda, cudnn_accepts, install_rule
 
 OPT_IN = ("relu-bias-sums",)
 
@@ -29,9 +30,9 @@ def branches():
     ``dgrad-relu``), and the last one reads the output gradient."""
     g = og.Graph("branches")
     x = g.input("x", (2, 3, 9, 9))
-    wa, ba = g.param("wa", (4, 3, 3, 3)), g.param("ba", (4,))
-    wb, bb = g.param("wb", (8, 3, 1, 1)), g.param("bb", (8,))
-    wc, bc = g.param("wc", (5, 12, 3, 3)), g.param("bc", (5,))
+    wa, ba = g.param("wa", (8, 3, 3, 3)), g.param("ba", (8,))  # channels: whole 16-byte bfloat16 loads
+    wb, bb = g.param("wb", (16, 3, 1, 1)), g.param("bb", (16,))
+    wc, bc = g.param("wc", (8, 24, 3, 3)), g.param("bc", (8,))
     a = og.relu(og.conv2d(x, wa, ba, padding=1))
     b = og.relu(og.conv2d(x, wb, bb))
     y = og.relu(og.conv2d(og.concat([a, b], dim=1), wc, bc, stride=2))
@@ -85,10 +86,10 @@ def test_the_bias_gradients_are_what_the_relu_gradient_wrote_not_what_the_slot_s
 def test_the_rule_waits_for_its_opt_in():
     y, params, _ = branches()
     outs = [y, *og.grad(y, params, grad_outputs=[y])]
-    for include in (["fused-reference"], list(OPT_IN)):
+    for include, said in ((["fused-reference"], {"opt_in": True}), (list(OPT_IN), {"applied": 0, "declined": 0})):
         exe = og.compile(outs, device="cpu", policy={"include": include})
         assert not _kinds(exe)["ReluBackwardSums"]
-        assert exe.report.fusion["relu-bias-sums"] == {"applied": 0, "declined": 0}
+        assert exe.report.fusion["relu-bias-sums"] == said
     exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference"]})
     assert any("relu-bias-sums: not applied" in n and "include=['relu-bias-sums']" in n for n in exe.report.notes)
     exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference", *OPT_IN]})
@@ -134,3 +135,38 @@ def test_autotune_checks_the_sums_as_a_second_result(monkeypatch, tmp_path):
     for rec in recs:
         status = {c.label: c.status for c in rec.candidates}
         assert status["reference[fill=False]"] == "wrong" and status["reference[fill=True]"] == "chosen"
+
+
+def test_a_relu_gradient_read_by_its_bias_gradient_alone_is_left_alone():
+    """Fine-tuning the bias only: the ReLU gradient feeds nothing but its bias gradient. Fused,
+    nothing would read the node that writes the sums (not an ancestor of the outputs, so the
+    slot would have no filler): the rule declines, the compile does not fail."""
+    g = og.Graph("bias only")
+    y = g.input("y", (2, 3, 5, 5))
+    gy = g.input("gy", (2, 3, 5, 5))
+    bias_grad = g.apply(og.ops.BiasAddBackward, {}, [g.apply(og.ops.ReluBackward, {}, [y, gy])])
+    exe = og.compile([bias_grad], device="cpu",
+                     policy={"include": ["fused-reference", *OPT_IN], "exclude": ["elementwise"]})
+    assert not _kinds(exe)["ReluBackwardSums"]
+    assert any("read by its bias gradient alone" in n for n in exe.report.notes)
+
+
+@pytest.mark.parametrize("layout, dtype, why", [("NCHW", None, "channels-last 4-D rows"),
+                                                ("NHWC", "float16", "no 16-byte lanes")])
+def test_on_cuda_the_rule_leaves_values_the_fused_kernel_can_never_take(monkeypatch, layout, dtype, why):
+    """NCHW values or float16 storage would always take the fallback (a ReLU gradient, a bias
+    gradient and a copy: more than the two nodes unfused): the cuda rule declines by type, and
+    the pair stays apart."""
+    cudnn_accepts(monkeypatch)
+    y, params, _ = branches()
+    outs = [y, *og.grad(y, params, grad_outputs=[y])]
+    graph, louts, report = compile_for_cuda(outs, og.LoweringPolicy(layout=layout, include=list(OPT_IN)),
+                                            dtype=dtype)
+    kinds = collections.Counter(v.op.op.name for v in graph.nodes_in_order(louts) if isinstance(v.op, Lowered))
+    assert not kinds["ReluBackwardSums"] and kinds["BiasAddBackward"] >= 2
+    assert report.fusion["relu-bias-sums"]["applied"] == 0 and report.fusion["relu-bias-sums"]["declined"] >= 2
+    assert any("bias gradient(s) written by the ReLU gradient" in n and why in n for n in report.notes)
+    # and channels-last bfloat16 takes it
+    graph, louts, report = compile_for_cuda(outs, og.LoweringPolicy(layout="NHWC", include=list(OPT_IN)),
+                                            dtype="bfloat16")
+    assert report.fusion["relu-bias-sums"] == {"applied": 3, "declined": 0}

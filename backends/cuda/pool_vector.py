@@ -407,5 +407,5 @@ def avg_pool2d_backward(xp, gy, g: PoolGeometry, count_include_pad: bool, shape)
 
 __all__ = ["DTYPES", "DIVISOR", "MASKED", "MAX_CELLS", "REVISION", "PIXELS", "TileShape", "tile_declines",
            "tile_extent", "tile_shape", "lanes", "pixel_pitch", "declines", "applies", "indices_apply", "max_pool2d",
-           "max_pool2d_backward", "max_pool2d_argmax", "max_pool2d_scan", "max_pool2d_take", "max_pool2d_backward_indices",
-           "avg_pool2d", "avg_pool2d_backward"]
+           "max_pool2d_backward", "max_pool2d_argmax", "max_pool2d_scan", "max_pool2d_take",
+           "max_pool2d_backward_indices", "avg_pool2d", "avg_pool2d_backward"]

@@ -354,7 +354,8 @@ def _average_backward(st, v: int) -> list[str]:
 def _source(kind: str, dtype: str, wide: bool, window: tuple, relu: bool = False,
             pixels: int = 1, masked: bool = True) -> tuple[str, str]:
     """``(name, source)`` of one kernel: ``fwd`` (y), ``arg`` (window indices),
-    ``scan`` (both from one scan: ``MaxPool2dScan``), ``bwd`` (the gather), ``take`` (x at the saved winners; ``masked`` for
+    ``scan`` (both from one scan: ``MaxPool2dScan``), ``bwd`` (the gather),
+    ``take`` (x at the saved winners; ``masked`` for
     both: what a marked index means, :func:`_take`, :func:`_gather`), ``avg``
     or ``avg_bwd`` (average pooling), for the
     window ``(kh, kw, sh, sw, mh, mw)`` (compile-time constants: the loops

@@ -359,7 +359,8 @@ def _gather_tile(masked: bool, window: tuple, t: TileShape) -> list[str]:
 def _tile_source(kind: str, wide: bool, window: tuple, t: TileShape, relu: bool = False,
                  masked: bool = True) -> tuple[str, str]:
     """``(name, source)`` of a ``tile`` kernel: ``arg`` (:func:`_scan_tile`),
-    ``scan`` (the same, storing the maxima too: ``MaxPool2dScan``), ``take`` (:func:`_take_tile`) or ``bwd`` (:func:`_gather_tile`) of bfloat16, for the window ``(kh, kw, sh, sw)``
+    ``scan`` (the same, storing the maxima too: ``MaxPool2dScan``), ``take``
+    (:func:`_take_tile`) or ``bwd`` (:func:`_gather_tile`) of bfloat16, for the window ``(kh, kw, sh, sw)``
     and the tile ``t`` (compile-time constants: every loop unrolls). One block per
     tile (no grid-stride loop: blocks that finish make room for others)."""
     kh, kw, sh, sw = window

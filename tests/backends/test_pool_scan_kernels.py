@@ -157,7 +157,8 @@ def test_the_scan_kernels_are_new_names_beside_the_old_ones():
     assert len(set(names.values())) == 3 and "opgraph_pool_vec_scan_relu_" in names["scan"]
     t = pool_vector.TileShape(4, 8, 2)
     scan, text = _tile_source("scan", False, window[:4], t, True)
-    assert scan.startswith("opgraph_pool_tile_scan_relu_") and scan != _tile_source("arg", False, window[:4], t, True)[0]
+    assert scan.startswith("opgraph_pool_tile_scan_relu_")
+    assert scan != _tile_source("arg", False, window[:4], t, True)[0]
     assert "unsigned short* __restrict__ y, unsigned char* __restrict__ arg" in text
 
 

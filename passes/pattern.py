@@ -233,13 +233,24 @@ def apply_table(rules: Sequence[FusionRule], graph: Graph, outputs: Sequence[Val
                 scope.note(rule.name, f"excluded by policy (exclude=[{rule.name!r}])")
                 continue
             if rule.opt_in and rule.name not in ctx.policy.include:
-                scope.note(rule.name, rule.opt_in)
+                left = _matches(rule, graph, scope)
+                if left:  # said only where it would have done something
+                    scope.note(rule.name, f"{left} match(es) left: {rule.opt_in}")
                 continue
             while _sweep(rule, graph, scope, ctx, tallies, refused):
                 changed = True
         if not changed:
             break
     return tallies, scope
+
+
+def _matches(rule, graph, scope) -> int:
+    """How many nodes ``rule`` matches, nothing rewritten (its match's notes dropped: they
+    would say why a rule that does not run declined)."""
+    notes = {k: set(v) for k, v in scope.notes.items()}
+    found = sum(rule.match(scope, graph.node(n)) is not None for n in scope.order(rule.consumers_first))
+    scope.notes = notes
+    return found
 
 
 def _sweep(rule, graph, scope, ctx, tallies, refused) -> bool:

@@ -19,6 +19,7 @@ from opgraph.backends.registry import rules_for
 from opgraph.errors import LoweringError
 from opgraph.op import Lowered
 
+from opgraph.passes import fuse_pool_scan as passes_fuse_pool_scan
 from opgraph.passes.policy import LoweringPolicy
 
 from fused_training_steps import rule_on_and_off, step_errors, training_step
@@ -197,3 +198,18 @@ def test_a_slot_of_another_window_or_mark_is_refused():
     y = g.apply(og.ops.MaxPool2dScan, dict(WINDOW, relu=False), [x, slot])
     with pytest.raises(LoweringError, match=r"reading its inputs \[0\]"):
         og.compile([y], device="cpu")
+
+
+def test_an_opt_in_rule_left_out_is_noted_only_where_it_would_match():
+    """A graph with no max pooling gets no pool-scan note; one with two gets the count."""
+    g = og.Graph("no pools")
+    x = g.input("x", (1, 2, 5, 5))
+    w = g.param("w", (2, 2, 3, 3))
+    y = og.relu(og.conv2d(x, w, padding=1))
+    exe = og.compile([y, *og.grad(y, [w], grad_outputs=[y])], device="cpu", policy={"include": ["fused-reference"]})
+    assert not [n for n in exe.report.notes if "pool-scan" in n]
+    assert exe.report.fusion["pool-scan"] == {"opt_in": True}
+    y, params, _ = pooled_convnet()
+    exe = og.compile([y, *og.grad(y, params, grad_outputs=[y])], device="cpu", policy={"include": ["fused-reference"]})
+    assert [n for n in exe.report.notes if "pool-scan" in n] == [
+        "fuse: pool-scan: not applied: 2 match(es) left: " + passes_fuse_pool_scan.OPT_IN_NOTE]

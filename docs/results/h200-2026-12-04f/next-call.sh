@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Prepared in the twentieth session for the next device call (never run: device loans were paused).
+# Carry [".whl", ".gl"] with the cache at .gl/cache.json.gz (gunzip-able copy of
+# docs/results/h200-2026-12-04f/autotune-cache.json.gz). Checks the two opt-in rules' kernels on the
+# GPU, then times GoogLeNet and AlexNet in bf16 with and without them beside torch-compile+graph.
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
+export PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+[ -f /tmp/og-cache.json ] || gunzip -c .gl/cache.json.gz > /tmp/og-cache.json
+export OPGRAPH_CACHE=/tmp/og-cache.json
+R=$OUT/r; mkdir -p $R
+(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv; date) > $R/device.txt
+for f in pool_scan_gpu relu_bias_sums_gpu; do
+  timeout 120 python3 -m pytest tests/gpu/test_$f.py -m gpu -q -rf -p no:cacheprovider --durations=3 > $R/t-$f.log 2>&1
+  echo "$f rc=$? SECONDS=$SECONDS" >> $R/device.txt
+done
+B="opgraph-bench --device cuda --warmup 5 --repeat 10 --cuda-graph --no-per-layer --precision bf16 --dtype bfloat16 --layout nhwc --compare torch-compile+graph --model googlenet,alexnet"
+left=$((560 - SECONDS)); timeout $left $B --lowering auto,include=pool-scan+relu-bias-sums --json $R/a-with.json > $R/a.log 2>&1
+echo "a rc=$? SECONDS=$SECONDS" >> $R/device.txt
+left=$((560 - SECONDS)); [ $left -gt 60 ] && { timeout $left $B --lowering auto --json $R/b-without.json > $R/b.log 2>&1; echo "b rc=$? SECONDS=$SECONDS" >> $R/device.txt; }
+gzip -c /tmp/og-cache.json > $OUT/autotune-cache.json.gz
+tar czf $OUT/call.tgz -C $R .

@@ -189,6 +189,11 @@ def relu_backward_sums(xp, y, gy, sums=None, loads_per_thread: int = LOADS_PER_T
     why = declines(y, gy)
     if why is not None:
         raise ShapeError(f"colsum_relu.relu_backward_sums: {why}")
+    return _fused(xp, y, gy, sums, loads_per_thread)
+
+
+def _fused(xp, y, gy, sums, loads_per_thread: int = LOADS_PER_THREAD):
+    """:func:`relu_backward_sums` on arrays :func:`declines` has taken (asked once per call)."""
     dtype = dtype_name(gy.dtype)
     v = LANES[dtype]
     yr, gr = bits(xp, rows(y)), bits(xp, rows(gy))
@@ -237,7 +242,7 @@ def relu_backward_sums_kernel(ctx, op, y, gy, sums):
         raise ShapeError(f"relu_backward_sums: sums {tuple(sums.shape)} is not ({c},) for gy {tuple(gy.shape)}")
     xp = ctx.xp
     if declines(y, gy) is None and sums.dtype == gy.dtype and sums.flags.c_contiguous:
-        return relu_backward_sums(xp, y, gy, sums)[0]
+        return _fused(xp, y, gy, sums)[0]
     g = relu.relu_backward(xp, y, gy)
     s = colsum.bias_add_backward(xp, g)
     if s.dtype == sums.dtype:

@@ -131,7 +131,8 @@ def source(dtype: str) -> str:
     ``opgraph_colsum_vec_final(part, dst, long long G, long long C)``. Raises KeyError for
     another dtype."""
     store_t, store_expr = _STORE[dtype]
-    return (BF16_DEVICE + _SOURCE.replace("BLOCK_PARTIALS\n", BLOCK_PARTIALS).replace("UNPACK", _UNPACK[dtype]).replace("STORE_T", store_t)
+    return (BF16_DEVICE + _SOURCE.replace("BLOCK_PARTIALS\n", BLOCK_PARTIALS).replace("UNPACK", _UNPACK[dtype])
+            .replace("STORE_T", store_t)
             .replace("STORE_EXPR", store_expr).replace("LANES", str(LANES[dtype]))
             .replace("THREADS", str(THREADS)))
 
@@ -220,5 +221,6 @@ def finish(xp, part, out, dtype: str) -> None:
     _kernels(dtype)[1]((-(-c // FINAL_BLOCK[0]),), FINAL_BLOCK, (part, out, xp.int64(g), xp.int64(c)))
 
 
-__all__ = ["BLOCK_PARTIALS", "FINAL_BLOCK", "LANES", "LOADS_PER_THREAD", "MAX_BLOCKS", "REVISION", "THREADS", "column_sums", "declines",
+__all__ = ["BLOCK_PARTIALS", "FINAL_BLOCK", "LANES", "LOADS_PER_THREAD", "MAX_BLOCKS", "REVISION", "THREADS",
+           "column_sums", "declines",
            "finish", "grid", "source"]

@@ -153,23 +153,21 @@ def max_pool2d_backward_indices(xp, idx, gy, g: PoolGeometry, input_shape, maske
 
 @reference_node(ops.MaxPool2dArgmax)
 def max_pool2d_argmax_kernel(ctx, op, x):
-    """``MaxPool2dArgmax`` node: the index of :func:`max_pool2d_with_indices`."""
+    """``MaxPool2dArgmax`` node: the index of :func:`max_pool2d_with_indices`. Also the
+    ``MaxPool2dArgmaxSlot`` node's: the slot's value is the argmax's (the reference
+    computes it; a device step only allocates, and its ``MaxPool2dScan`` fills it)."""
     g = node_geometry(op, x.shape[2:], ctx.out_shape(op, x)[2:])
     return max_pool2d_with_indices(ctx.xp, x, g, op.relu)[1]
 
 
-@reference_node(ops.MaxPool2dArgmaxSlot)
-def max_pool2d_argmax_slot_kernel(ctx, op, x):
-    """``MaxPool2dArgmaxSlot`` node: its value, the argmax's (the reference computes
-    it here; a device step only allocates, and its ``MaxPool2dScan`` fills it)."""
-    g = node_geometry(op, x.shape[2:], ctx.out_shape(op, x)[2:])
-    return max_pool2d_with_indices(ctx.xp, x, g, op.relu)[1]
+max_pool2d_argmax_slot_kernel = reference_node(ops.MaxPool2dArgmaxSlot)(max_pool2d_argmax_kernel)
 
 
 @reference_node(ops.MaxPool2dScan)
 def max_pool2d_scan_kernel(ctx, op, x, slot):
     """``MaxPool2dScan`` node: writes the argmax of x into ``slot`` in place (its
-    layout kept) and returns :func:`max_pool2d_take` of x at it (``MaxPool2d(x)``)."""
+    layout kept) and returns :func:`max_pool2d_take` of x at it: the winner's own
+    bits (a +0.0 / -0.0 tie keeps the first), which the maximum's may not be."""
     g = node_geometry(op, x.shape[2:], slot.shape[2:])
     idx = max_pool2d_with_indices(ctx.xp, x, g, op.relu)[1]
     slot[...] = idx

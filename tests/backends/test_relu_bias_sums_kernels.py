@@ -68,12 +68,12 @@ def _rows(a):
 def _check_sums(got, g):
     """got against the float64 column sums of ``g``: the worst case of float32 accumulation of M
     terms (M * 2^-24 of the sum of magnitudes), then one rounding to the storage dtype (half a
-    bfloat16 ulp); NaN exactly where a NaN (or inf - inf) enters the column."""
+    bfloat16 or float16 ulp); NaN exactly where a NaN (or inf - inf) enters the column."""
     r = _rows(g).astype(np.float64)
     with np.errstate(invalid="ignore"):
         exact = r.sum(axis=0)
     scale = np.abs(r).sum(axis=0)
-    rounding = 2.0 ** -8 if g.dtype == BF16 else 0.0
+    rounding = {BF16: 2.0 ** -8, np.dtype(np.float16): 2.0 ** -11}.get(g.dtype, 0.0)
     got64 = got.astype(np.float64)
     assert got.dtype == g.dtype and got.shape == (g.shape[1],)
     np.testing.assert_array_equal(np.isnan(got64), np.isnan(exact))
@@ -252,13 +252,10 @@ def test_the_node_kernels_equal_the_reference_rules(emu, monkeypatch, dtype, cas
     fused = dtype != "float16" and case in ("NHWC", "2-D")
     assert ("opgraph_colsum_relu_part" in names) == fused, names
     assert standin in ([], [shape]) and not (fused and standin)
-    if dtype != "float16":  # the emulator's float16 sums are checked against the reference's below
-        _check_sums(sums, want_g)
-    else:
-        np.testing.assert_array_equal(np.isnan(sums), np.isnan(want_sums))
-        finite = np.isfinite(want_sums)
-        np.testing.assert_allclose(sums[finite].astype(np.float64), want_sums[finite].astype(np.float64),
-                                   rtol=2 ** -10, atol=1e-3)
+    # against the float64 sums of g, never the reference rule's own sums: where the emulator cannot
+    # run the bias gradient's kernels the stand-in is that rule, and would be compared with itself
+    _check_sums(sums, want_g)
+    assert want_sums.shape == sums.shape
 
 
 def test_the_slot_allocates_without_a_kernel(emu):

@@ -12,6 +12,17 @@ parameters compare and hash equal. Each op knows
 
 Abstract ops are not executable. ``Lowered`` wraps an abstract op with the
 algorithm and device chosen by the lowering pass; only lowered nodes run.
+
+Every node has one output. A kernel that gives a second result (a max-pool
+scan's winners beside the pooled value, a ReLU gradient's per-channel sums)
+writes it into a *slot*: an input whose op is ``filled_by_reader`` (its step
+only allocates) and whose position the filler lists in ``fills``. So the memory
+plan, the CUDA-graph replay and autodiff, which all assume one array per node,
+need nothing new; the slot's one invariant (one filler, the expected slot op on
+the filler's own inputs, every other reader after the filler) is checked in one
+place, ``passes/verify.py``'s ``slot_problems``, and autotune and the benchmark
+check a slot's value like a second output. We chose this over multi-output
+nodes, which would have touched every pass.
 """
 
 from __future__ import annotations

@@ -25,67 +25,65 @@ def _check_axis(t: TensorType, axis: int) -> None:
 
 
 @attrs.frozen
-class Softmax(Op):
-    """``exp(x - max) / sum(exp(x - max))`` along ``axis``."""
+class _AlongAxis(Op):
+    """A softmax-family forward op: ``x`` -> same type, along ``axis``."""
 
     axis: int = F.axis(1)
-    kind: ClassVar[str] = "softmax"
     family: ClassVar[str] = "softmax"
+    #: the backward op, which takes the forward *output* and its gradient
+    backward: ClassVar[type[Op]]
 
     def infer(self, x):
         _check_axis(x, self.axis)
         return x
 
     def vjp(self, node, gy, wanted):
-        return (node.graph.apply(SoftmaxBackward, {"axis": self.axis}, [node.output, gy]),)
+        return (node.graph.apply(self.backward, {"axis": self.axis}, [node.output, gy]),)
 
 
 @attrs.frozen
-class SoftmaxBackward(Op):
+class _AlongAxisBackward(Op):
+    """A softmax-family backward op: ``(y, gy)`` -> ``y``'s type, along ``axis``."""
+
+    axis: int = F.axis(1)
+    arity: ClassVar = (2, 2)
+    family: ClassVar[str] = "softmax"
+
+    def infer(self, y, gy):
+        _check_axis(y, self.axis)
+        if y.shape != gy.shape:
+            raise ShapeError(f"gradient shape {gy.shape} != output shape {y.shape}")
+        return y
+
+
+@attrs.frozen
+class SoftmaxBackward(_AlongAxisBackward):
     """``y * (gy - sum(gy * y, axis))`` from the softmax output y."""
 
-    axis: int = F.axis(1)
-    arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "softmax_backward"
-    family: ClassVar[str] = "softmax"
-
-    def infer(self, y, gy):
-        _check_axis(y, self.axis)
-        if y.shape != gy.shape:
-            raise ShapeError(f"gradient shape {gy.shape} != output shape {y.shape}")
-        return y
 
 
 @attrs.frozen
-class LogSoftmax(Op):
-    """``x - max - log(sum(exp(x - max)))`` along ``axis``."""
+class Softmax(_AlongAxis):
+    """``exp(x - max) / sum(exp(x - max))`` along ``axis``."""
 
-    axis: int = F.axis(1)
-    kind: ClassVar[str] = "log_softmax"
-    family: ClassVar[str] = "softmax"
-
-    def infer(self, x):
-        _check_axis(x, self.axis)
-        return x
-
-    def vjp(self, node, gy, wanted):
-        return (node.graph.apply(LogSoftmaxBackward, {"axis": self.axis}, [node.output, gy]),)
+    kind: ClassVar[str] = "softmax"
+    backward: ClassVar[type[Op]] = SoftmaxBackward
 
 
 @attrs.frozen
-class LogSoftmaxBackward(Op):
+class LogSoftmaxBackward(_AlongAxisBackward):
     """``gy - exp(y) * sum(gy, axis)`` from the log-softmax output y."""
 
-    axis: int = F.axis(1)
-    arity: ClassVar = (2, 2)
     kind: ClassVar[str] = "log_softmax_backward"
-    family: ClassVar[str] = "softmax"
 
-    def infer(self, y, gy):
-        _check_axis(y, self.axis)
-        if y.shape != gy.shape:
-            raise ShapeError(f"gradient shape {gy.shape} != output shape {y.shape}")
-        return y
+
+@attrs.frozen
+class LogSoftmax(_AlongAxis):
+    """``x - max - log(sum(exp(x - max)))`` along ``axis``."""
+
+    kind: ClassVar[str] = "log_softmax"
+    backward: ClassVar[type[Op]] = LogSoftmaxBackward
 
 
 def _reduction(v):

@@ -51,6 +51,10 @@ SPECIAL = {
 }
 #: Algorithms that are other names of one already listed (not a column of their own by default).
 ALIASES = {"reference": "direct"}
+#: Algorithms that are no column of their own by default either: ``fft-chunked`` takes only the
+#: nodes whose whole-channel spectra are large (``fft.CHUNKED_FROM``); elsewhere its column would
+#: time its fallbacks. ``auto`` times it where it applies, ``--lowering fft-chunked`` asks for it.
+PARTIAL = ("fft-chunked",)
 #: Lowerings a CPU run gets without --lowering (see driver.CPU_DEFAULT_NOTE for why).
 CPU_DEFAULT = ("gemm",)
 #: Left out of autotune's candidates on cuda (module docstring). A tag: the two
@@ -188,7 +192,7 @@ def default_lowerings(device: str) -> list[Lowering]:
     once) plus ``auto`` on a GPU; :data:`CPU_DEFAULT` on the CPU."""
     if device == "cpu":
         return [Lowering(n) for n in CPU_DEFAULT]
-    names = [a for a in conv_algorithms() if a not in ALIASES
+    names = [a for a in conv_algorithms() if a not in ALIASES and a not in PARTIAL
              and all(device in rules_for(t)[a].devices for t in CONV_TYPES)]
     first = [n for n in ("cudnn", "gemm", "fft", "winograd") if n in names]
     return [Lowering(n) for n in first + [n for n in names if n not in first]] + [Lowering("auto")]

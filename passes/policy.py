@@ -129,8 +129,8 @@ CONV_OPS = ALIASES["conv"]
 #: cuBLAS for the matrix products (capturable through nvmath-python), and the
 #: xp reference last (no step of a benchmark model reaches it on a GPU).
 DEFAULT_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
-    "cpu": {"conv": ("gemm", "direct", "winograd", "fft"), "*": ("reference",)},
-    "cuda": {"conv": ("cudnn", "cuda", "unfold", "gemm", "fft", "winograd", "direct"),
+    "cpu": {"conv": ("gemm", "direct", "winograd", "fft", "fft-chunked"), "*": ("reference",)},
+    "cuda": {"conv": ("cudnn", "cuda", "unfold", "gemm", "fft", "fft-chunked", "winograd", "direct"),
              "*": ("codegen", "cuda", "cublas", "reference")},
 }
 

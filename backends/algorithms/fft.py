@@ -31,6 +31,20 @@ Choices (``check`` declines none of these):
 The per-frequency channel sums are batched complex matmuls (frequencies are a
 batch axis, groups another), so BLAS / cuBLAS does the reduction.
 
+Workspace and the ``fft-chunked`` rule: the spectra of every plane are held at
+once, ``N C + O C/G + N O`` of them; OverFeat's conv5 backward-data at batch 128
+needs 2.4 GB, which the memory-aware autotune choice (``peak_tolerance``) traded
+for a slower cuDNN engine (docs/results-h200.md, sixteenth session). With the
+option ``chunks = k`` the channels that are not summed over (the output channels
+forward and backward-filter, the input channels backward-data) are done ``k``
+runs at a time: the operand transformed whole (x, or gy backward-data) once, then
+per run the weights' and the result's spectra of those channels only, so the
+spectra fall to ``whole + (O C/G + result) / k``. The transforms are the same
+ones, the products the same sums split into ``k`` matmuls; the rule
+``fft-chunked`` (tags ``fft``, ``fast``) offers ``k`` = 2, 4, 8 on nodes whose
+whole-channel workspace reaches :data:`CHUNKED_FROM`, so the cached decisions of
+every smaller node keep their key (``passes/autotune_contenders.py``).
+
 Accuracy: float32 inputs are transformed in single precision (NumPy >= 2 and CuPy
 keep complex64); relative error vs the float64 reference is ~1e-6, within the
 1e-3 SEMANTICS.md allows for FFT. Written against ``xp`` (``xp.fft.rfft2/irfft2``).
@@ -93,7 +107,7 @@ def _upsample(xp, gy, geom):
     return out
 
 
-def conv2d_forward(xp, x, w, *, stride=1, padding=0, dilation=1, groups=1):
+def conv2d_forward(xp, x, w, *, stride=1, padding=0, dilation=1, groups=1, chunks=1):
     """FFT convolution (cross-correlation) ``(N, C, H, W) * (O, C/G, kH, kW) -> (N, O, Ho, Wo)``
     of arrays outside a graph (validated by :func:`conv_geometry`); :func:`forward`
     runs a node on its geometry.
@@ -102,26 +116,39 @@ def conv2d_forward(xp, x, w, *, stride=1, padding=0, dilation=1, groups=1):
         ParameterError, ShapeError: bad parameters or shapes (see :func:`conv_geometry`).
     """
     g = conv_geometry(x.shape, w.shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
-    return forward(xp, x, w, g)
+    return forward(xp, x, w, g, chunks)
 
 
-def forward(xp, x, w, g):
-    """:func:`conv2d_forward` with the geometry ``g`` (``ConvGeometry``), which it trusts."""
+def pieces(size: int, chunks: int) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]``: ``size`` channels in ``min(chunks, size)`` runs of
+    ``ceil(size / chunks)`` (the last shorter); one run for ``chunks <= 1``."""
+    step = -(-size // max(1, min(int(chunks), max(size, 1))))
+    return [(i, min(i + step, size)) for i in range(0, max(size, 1), step)]
+
+
+def forward(xp, x, w, g, chunks=1):
+    """:func:`conv2d_forward` with the geometry ``g`` (``ConvGeometry``), which it trusts;
+    ``chunks`` (the ``fft-chunked`` rule's option) transforms the weights and the output
+    ``ceil(O/G / chunks)`` channels of each group at a time (module docstring)."""
     dt = result_dtype(xp, x, w)
     s = fft_shape(g)
     G = g.groups
     xf = xp.fft.rfft2(pad_spatial(xp, x.astype(dt, copy=False), g.padding), s=s)
-    wf = xp.fft.rfft2(_dilate(xp, w.astype(dt, copy=False), g.dilation), s=s)
     F = xf.shape[-2] * xf.shape[-1]
     a = xf.reshape(g.n, G, g.cg, F).transpose(1, 0, 2, 3)  # (G, N, Cg, F)
-    b = xp.conj(wf).reshape(G, g.og, g.cg, F).transpose(0, 2, 1, 3)  # (G, Cg, Og, F)
-    yf = _freq_matmul(xp, a, b).transpose(1, 0, 2, 3).reshape(g.n, g.o, *xf.shape[-2:])
+    wg = _dilate(xp, w.astype(dt, copy=False), g.dilation)
+    wg = wg.reshape(G, g.og, *wg.shape[1:])
     eh, ew = g.kernel_extent
-    y = xp.fft.irfft2(yf, s=s)[..., :g.hp - eh + 1:g.stride[0], :g.wp - ew + 1:g.stride[1]]
-    return xp.ascontiguousarray(y).astype(dt, copy=False)
+    y = xp.empty((g.n, G, g.og, g.ho, g.wo), dtype=dt)
+    for o0, o1 in pieces(g.og, chunks):
+        wf = xp.fft.rfft2(wg[:, o0:o1], s=s)  # (G, ok, Cg, Fh, Fw)
+        b = xp.conj(wf).reshape(G, o1 - o0, g.cg, F).transpose(0, 2, 1, 3)  # (G, Cg, ok, F)
+        yf = _freq_matmul(xp, a, b).transpose(1, 0, 2, 3).reshape(g.n, G, o1 - o0, *xf.shape[-2:])
+        y[:, :, o0:o1] = xp.fft.irfft2(yf, s=s)[..., :g.hp - eh + 1:g.stride[0], :g.wp - ew + 1:g.stride[1]]
+    return y.reshape(g.n, g.o, g.ho, g.wo)
 
 
-def conv2d_backward_data(xp, gy, w, *, stride=1, padding=0, dilation=1, groups=1, input_shape):
+def conv2d_backward_data(xp, gy, w, *, stride=1, padding=0, dilation=1, groups=1, input_shape, chunks=1):
     """FFT input gradient: full convolution of the zero-upsampled ``gy`` with the
     dilated kernel, then the padding border cropped; shape ``input_shape``
     (arrays outside a graph; :func:`backward_data` runs a node).
@@ -131,27 +158,33 @@ def conv2d_backward_data(xp, gy, w, *, stride=1, padding=0, dilation=1, groups=1
     """
     g = conv_geometry(input_shape, w.shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
     check_gy(g, gy.shape)
-    return backward_data(xp, gy, w, g)
+    return backward_data(xp, gy, w, g, chunks)
 
 
-def backward_data(xp, gy, w, g):
-    """:func:`conv2d_backward_data` with the geometry ``g``, which it trusts."""
+def backward_data(xp, gy, w, g, chunks=1):
+    """:func:`conv2d_backward_data` with the geometry ``g``, which it trusts; ``chunks``
+    transforms the weights and the input gradient ``ceil(C/G / chunks)`` channels of each
+    group at a time (module docstring)."""
     dt = result_dtype(xp, gy, w)
     s = fft_shape(g)
     G = g.groups
     gf = xp.fft.rfft2(_upsample(xp, gy.astype(dt, copy=False), g), s=s)
-    wf = xp.fft.rfft2(_dilate(xp, w.astype(dt, copy=False), g.dilation), s=s)
     F = gf.shape[-2] * gf.shape[-1]
     a = gf.reshape(g.n, G, g.og, F).transpose(1, 0, 2, 3)  # (G, N, Og, F)
-    b = wf.reshape(G, g.og, g.cg, F)  # (G, Og, Cg, F)
-    xf = _freq_matmul(xp, a, b).transpose(1, 0, 2, 3).reshape(g.n, g.c, *gf.shape[-2:])
+    wg = _dilate(xp, w.astype(dt, copy=False), g.dilation)
+    wg = wg.reshape(G, g.og, *wg.shape[1:])
     # The full convolution has (Ho-1)*s + d*(k-1) + 1 <= Hp rows; rows past it are 0.
     (t, _), (l, _) = g.padding
-    gx = xp.fft.irfft2(xf, s=s)[..., t:t + g.h, l:l + g.w]
-    return xp.ascontiguousarray(gx).astype(dt, copy=False)
+    gx = xp.empty((g.n, G, g.cg, g.h, g.w), dtype=dt)
+    for c0, c1 in pieces(g.cg, chunks):
+        wf = xp.fft.rfft2(wg[:, :, c0:c1], s=s)  # (G, Og, ck, Fh, Fw)
+        b = wf.reshape(G, g.og, c1 - c0, F)  # (G, Og, ck, F)
+        xf = _freq_matmul(xp, a, b).transpose(1, 0, 2, 3).reshape(g.n, G, c1 - c0, *gf.shape[-2:])
+        gx[:, :, c0:c1] = xp.fft.irfft2(xf, s=s)[..., t:t + g.h, l:l + g.w]
+    return gx.reshape(g.n, g.c, g.h, g.w)
 
 
-def conv2d_backward_filter(xp, x, gy, *, stride=1, padding=0, dilation=1, groups=1, weight_shape):
+def conv2d_backward_filter(xp, x, gy, *, stride=1, padding=0, dilation=1, groups=1, weight_shape, chunks=1):
     """FFT weight gradient: correlation of the padded input with the zero-upsampled
     ``gy`` summed over the batch, read at the dilated taps; shape ``weight_shape``.
     Batch 0 gives zeros. Arrays outside a graph; :func:`backward_filter` runs a node.
@@ -161,25 +194,31 @@ def conv2d_backward_filter(xp, x, gy, *, stride=1, padding=0, dilation=1, groups
     """
     g = conv_geometry(x.shape, weight_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
     check_gy(g, gy.shape)
-    return backward_filter(xp, x, gy, g)
+    return backward_filter(xp, x, gy, g, chunks)
 
 
-def backward_filter(xp, x, gy, g):
-    """:func:`conv2d_backward_filter` with the geometry ``g``, which it trusts."""
+def backward_filter(xp, x, gy, g, chunks=1):
+    """:func:`conv2d_backward_filter` with the geometry ``g``, which it trusts; ``chunks``
+    transforms the output gradient and the weight gradient ``ceil(O/G / chunks)`` channels of
+    each group at a time (module docstring)."""
     dt = result_dtype(xp, x, gy)
     s = fft_shape(g)
     G = g.groups
     xf = xp.fft.rfft2(pad_spatial(xp, x.astype(dt, copy=False), g.padding), s=s)
-    gf = xp.fft.rfft2(_upsample(xp, gy.astype(dt, copy=False), g), s=s)
     F = xf.shape[-2] * xf.shape[-1]
-    a = xp.conj(gf).reshape(g.n, G, g.og, F).transpose(1, 2, 0, 3)  # (G, Og, N, F)
     b = xf.reshape(g.n, G, g.cg, F).transpose(1, 0, 2, 3)  # (G, N, Cg, F)
-    wf = _freq_matmul(xp, a, b).reshape(g.o, g.cg, *xf.shape[-2:])
+    up = _upsample(xp, gy.astype(dt, copy=False), g)
+    up = up.reshape(g.n, G, g.og, *up.shape[2:])
     eh, ew = g.kernel_extent
-    gw = xp.fft.irfft2(wf, s=s)[..., :eh:g.dilation[0], :ew:g.dilation[1]]
-    # a copy, always: a 1x1 kernel's crop is already contiguous, and a view would keep
-    # the whole inverse transform (O*C/G*Hf*Wf values) alive for a weight-sized result
-    return gw.astype(dt, copy=True)
+    # written piece by piece into a fresh array: a 1x1 kernel's crop of the inverse transform is
+    # contiguous, and a view would keep the whole transform (O*C/G*Hf*Wf values) alive
+    gw = xp.empty((G, g.og, g.cg, g.kh, g.kw), dtype=dt)
+    for o0, o1 in pieces(g.og, chunks):
+        gf = xp.fft.rfft2(up[:, :, o0:o1], s=s)  # (N, G, ok, Fh, Fw)
+        a = xp.conj(gf).reshape(g.n, G, o1 - o0, F).transpose(1, 2, 0, 3)  # (G, ok, N, F)
+        wf = _freq_matmul(xp, a, b).reshape(G, o1 - o0, g.cg, *xf.shape[-2:])
+        gw[:, o0:o1] = xp.fft.irfft2(wf, s=s)[..., :eh:g.dilation[0], :ew:g.dilation[1]]
+    return gw.reshape(g.o, g.cg, g.kh, g.kw)
 
 
 def check(direction: str, op, in_types, device: str) -> str | None:
@@ -192,15 +231,60 @@ def check(direction: str, op, in_types, device: str) -> str | None:
     return None
 
 
+#: The ``fft-chunked`` rule applies where the whole-channel transform's workspace
+#: (:func:`workspace` with one chunk) reaches this many bytes: below it the spectra
+#: are small beside the step's activations, and chunking only adds launches.
+CHUNKED_FROM = 256 * 2**20
+#: The chunk counts the ``fft-chunked`` rule offers the autotuner (those up to the
+#: number of channels chunked; module docstring).
+CHUNKS = (2, 4, 8)
+
+
+def _chunked_channels(direction: str, g) -> int:
+    """Channels per group that ``direction`` transforms ``chunks`` runs at a time: the output
+    channels (forward, backward-filter), the input channels (backward-data)."""
+    return g.cg if direction == "backward_data" else g.og
+
+
 def workspace(direction: str, op, in_types, options) -> int:
-    """Scratch bytes: the complex spectra of the input, weight and output (each
-    also copied once for the per-frequency matmul)."""
+    """Scratch bytes: the complex spectra of the operand transformed whole (x, or gy for
+    backward-data), and of one chunk's weights and result (``options['chunks']``, default 1:
+    all channels at once), each also copied once for the per-frequency matmul."""
     g = geometry_of(direction, op, in_types)
     lh, lw = fft_shape(g)
     itemsize = 8 if in_types[0].dtype == "float64" else 4
-    planes = g.n * g.c + g.o * g.cg + g.n * g.o
+    chunks = int(dict(options).get("chunks", 1))
+    size = _chunked_channels(direction, g)
+    piece = max(b - a for a, b in pieces(size, chunks))
+    whole = g.n * g.o if direction == "backward_data" else g.n * g.c
+    other = g.n * g.groups * (g.cg if direction == "backward_data" else g.og)  # the result's planes, whole
+    planes = whole + (g.o * g.cg + other) * piece // size
     return 2 * planes * lh * (lw // 2 + 1) * 2 * itemsize
 
 
+def check_chunked(direction: str, op, in_types, device: str) -> str | None:
+    """The ``fft-chunked`` rule: :func:`check`'s plane limit, and only where chunking saves
+    memory that matters (whole-channel workspace of at least :data:`CHUNKED_FROM` bytes) and
+    there are channels to chunk (at least 2 per group)."""
+    why = check(direction, op, in_types, device)
+    if why is not None:
+        return why
+    g = geometry_of(direction, op, in_types)
+    if _chunked_channels(direction, g) < 2:
+        return f"fft-chunked: one {'input' if direction == 'backward_data' else 'output'} channel per group"
+    whole = workspace(direction, op, in_types, {})
+    if whole < CHUNKED_FROM:
+        return (f"fft-chunked: the whole-channel transform needs {whole / 2**20:.0f} MiB of workspace, "
+                f"under the {CHUNKED_FROM // 2**20} MiB where chunking starts to matter")
+    return None
+
+
+def chunk_variants(direction: str, op, in_types, device: str) -> list[dict]:
+    """One candidate per chunk count of :data:`CHUNKS` up to the channels chunked."""
+    size = _chunked_channels(direction, geometry_of(direction, op, in_types))
+    return [{"chunks": k} for k in CHUNKS if k <= size]
+
+
 __all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "forward", "backward_data",
-           "backward_filter", "check", "workspace", "fft_shape"]
+           "backward_filter", "check", "check_chunked", "chunk_variants", "workspace", "fft_shape", "pieces",
+           "CHUNKED_FROM", "CHUNKS"]

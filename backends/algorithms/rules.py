@@ -26,15 +26,16 @@ CPU, where the GEMM result is a temporary; the copy the concat no longer makes).
 
 Registered at import (the names are the policy's algorithm names):
 
-===========  ===================================================  ===========================
-algorithm    functions                                            declines
-===========  ===================================================  ===========================
-direct       :mod:`opgraph.backends.reference.conv` (the oracle)  nothing
-reference    same functions as ``direct``                         nothing
-gemm         :mod:`.gemm` (im2col + GEMM)                         a GEMM dim >= 2^31
-fft          :mod:`.fft` (real FFTs)                              a transform plane >= 2^31
-winograd     :mod:`.winograd` (F(2x2|4x4, 3x3))                   not 3x3, stride/dilation != 1
-===========  ===================================================  ===========================
+============  ===================================================  ===============================
+algorithm     functions                                            declines
+============  ===================================================  ===============================
+direct        :mod:`opgraph.backends.reference.conv` (the oracle)  nothing
+reference     same functions as ``direct``                         nothing
+gemm          :mod:`.gemm` (im2col + GEMM)                         a GEMM dim >= 2^31
+fft           :mod:`.fft` (real FFTs)                              a transform plane >= 2^31
+fft-chunked   the same, a few channels at a time (``chunks``)      as fft; workspace < 256 MiB
+winograd      :mod:`.winograd` (F(2x2|4x4, 3x3))                   not 3x3, stride/dilation != 1
+============  ===================================================  ===============================
 
 ``docs/algorithms.md`` describes each algorithm's trade-offs.
 """
@@ -178,6 +179,15 @@ register_conv_algorithm("gemm", gemm.forward, gemm.backward_data, gemm.backward_
 
 register_conv_algorithm("fft", fft.forward, fft.backward_data, fft.backward_filter, check=fft.check,
                         devices=ALL_DEVICES, workspace=fft.workspace, tags=("fft", "fast"),
+                        capturable="cuFFT plans come from CuPy's evicting plan cache: a capture "
+                                   "would create and destroy plans, and its graph outlive them")
+
+# the same functions a few channels at a time (fft.py's docstring), a rule of its own so that
+# only the nodes it applies to (whole-channel workspace >= fft.CHUNKED_FROM) have a new
+# candidate set in their autotune cache key
+register_conv_algorithm("fft-chunked", fft.forward, fft.backward_data, fft.backward_filter,
+                        check=fft.check_chunked, devices=ALL_DEVICES, variants=fft.chunk_variants,
+                        workspace=fft.workspace, tags=("fft", "fast"),
                         capturable="cuFFT plans come from CuPy's evicting plan cache: a capture "
                                    "would create and destroy plans, and its graph outlive them")
 

@@ -39,6 +39,8 @@ ALGORITHMS = {
     "gemm": (gemm, {}),
     "gemm_chunked": (gemm, {"workspace_limit": 1}),  # one image per chunk
     "fft": (fft, {}),
+    "fft_chunks2": (fft, {"chunks": 2}),  # the fft-chunked rule's option: channels in runs
+    "fft_chunks3": (fft, {"chunks": 3}),  # runs of unequal length (6 channels: 2+2+2; 4: 2+2; 3: 1+1+1)
     "winograd2": (winograd, {"tile": 2}),
     "winograd4": (winograd, {"tile": 4}),
 }
@@ -333,6 +335,52 @@ def test_fft_products_are_one_batched_product(monkeypatch, direction):
     got = run(fft, direction, arrays, CASES["groups2"][:2], CASES["groups2"][2], {})
     assert rel_err(got, expect) < TOLERANCE[("fft", "float64")]
     assert len(calls) == 1 and len(calls[0][0]) == len(calls[0][1]) == 3
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_fft_chunks_split_the_products_not_the_sums(monkeypatch, direction, chunks):
+    """``chunks = k``: k products, each over every channel summed (the input channels forward,
+    the output channels backward-data, the batch backward-filter) and a run of the others."""
+    calls = []
+
+    def recording(xp, a, b, **kw):
+        calls.append((a.shape, b.shape))
+        return np.matmul(a, b)
+    monkeypatch.setattr(fft, "matmul", recording)
+    xs, ws, params = CASES["groups2"]  # 2 groups of 2 input, 3 output channels
+    arrays, expect = inputs("groups2", direction, "float64")
+    got = run(fft, direction, arrays, (xs, ws), params, {"chunks": chunks})
+    assert rel_err(got, expect) < TOLERANCE[("fft", "float64")]
+    chunked = 2 if direction == "backward_data" else 3
+    assert len(calls) == min(chunks, chunked)
+    summed = {"forward": 2, "backward_data": 3, "backward_filter": xs[0]}[direction]
+    assert all(a[-1] == summed and b[-2] == summed for a, b in calls)
+
+
+def test_fft_chunked_rule_applies_where_the_spectra_are_large():
+    """``fft-chunked`` declines nodes whose whole-channel spectra are under CHUNKED_FROM (their
+    cache keys stay), offers chunks up to the channels chunked, and its workspace falls with
+    them: one chunk is fft's own workspace, k chunks hold the whole operand and 1/k of the rest."""
+    small, small_types = node("basic", "backward_data")
+    rule = lookup(Conv2dBackwardData, "fft-chunked")
+    assert "under the 256 MiB" in rule.decline_reason(small, small_types, "cpu")
+    # OverFeat's conv5 backward-data at batch 128: gy (128, 1024, 12, 12), w (1024, 1024, 3, 3)
+    big = Conv2dBackwardData(stride=1, padding=1, dilation=1, groups=1, input_shape=(128, 1024, 12, 12))
+    big_types = (TensorType((128, 1024, 12, 12), "float32"), TensorType((1024, 1024, 3, 3), "float32"))
+    assert rule.decline_reason(big, big_types, "cuda") is None
+    assert rule.variants(big, big_types, "cuda") == [{"chunks": 2}, {"chunks": 4}, {"chunks": 8}]
+    whole = lookup(Conv2dBackwardData, "fft").workspace(big, big_types, {})
+    assert rule.workspace(big, big_types, {"chunks": 1}) == whole > 2 * 2**30
+    spectra = [rule.workspace(big, big_types, {"chunks": k}) for k in (2, 4, 8)]
+    assert whole > spectra[0] > spectra[1] > spectra[2]
+    g = ref.conv_geometry((128, 1024, 12, 12), (1024, 1024, 3, 3), padding=1)
+    plane = 2 * 2 * 4 * fft.fft_shape(g)[0] * (fft.fft_shape(g)[1] // 2 + 1)  # two copies of complex64
+    assert spectra[1] == plane * (128 * 1024 + (1024 * 1024 + 128 * 1024) // 4)
+    depthwise = Conv2d(stride=1, padding=1, dilation=1, groups=1024)  # one output channel per group
+    dw_types = (TensorType((128, 1024, 56, 56), "float32"), TensorType((1024, 1, 3, 3), "float32"))
+    assert "one output channel per group" in lookup(Conv2d, "fft-chunked").decline_reason(depthwise, dw_types, "cpu")
+    assert {"fft", "fast", "conv"} <= rule.tags
 
 
 def test_fft_weight_gradient_owns_its_memory():

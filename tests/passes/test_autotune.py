@@ -264,6 +264,36 @@ def test_unwritable_cache_warns(monkeypatch, tmp_path):
     assert report.node("s0").algorithm in ("fast", "reference")
 
 
+def test_fft_chunked_variants_compete_where_they_apply(tmp_path, monkeypatch):
+    """With the threshold lowered so that a small layer qualifies, autotune checks and times
+    ``fft-chunked`` at each chunk count up to the chunked channels, beside ``fft``, and the
+    compiled graph computes the float64 reference's numbers whatever it chose."""
+    from opgraph.backends.algorithms import fft
+    monkeypatch.setattr(fft, "CHUNKED_FROM", 0)
+    g = og.Graph()
+    x, w = g.input("x", (2, 4, 8, 8)), g.param("w", (6, 4, 3, 3))
+    y = og.conv2d(x, w, padding=1, name="conv")
+    outs = [y, *og.grad(y, [x, w])]
+    exe = og.compile(outs, policy=LoweringPolicy(autotune=True, cache=str(tmp_path / "c.json")))
+    tuned = [r for r in exe.report.nodes.values() if r.how == "autotune"]
+    assert len(tuned) == 3
+    for r in tuned:
+        labels = {c.label: c for c in r.candidates}
+        chunked = 4 if r.op.startswith("Conv2dBackwardData") else 6
+        want = {f"fft-chunked[chunks={k}]" for k in fft.CHUNKS if k <= chunked}
+        assert want <= set(labels) and "fft" in labels
+        assert all(labels[k].status in ("ok", "chosen") and labels[k].rel_error < labels[k].tolerance for k in want)
+    rng = np.random.default_rng(1)
+    feeds = dict(x=rng.standard_normal((2, 4, 8, 8)), w=rng.standard_normal((6, 4, 3, 3)))
+    gy = rng.standard_normal(y.shape)
+    ref = og.compile(outs, pipeline="reference", dtype="float64")(grad_outputs={y: gy}, **feeds)
+    forced = og.compile(outs, policy={"prefer": {"conv": ["fft-chunked"]}, "cache": "off"})
+    assert {r.algorithm for r in forced.report.nodes.values() if r.op.startswith("Conv2d")} == {"fft-chunked"}
+    for got in (exe(grad_outputs={y: gy}, **feeds), forced(grad_outputs={y: gy}, **feeds)):
+        for a, b in zip(got, ref):
+            assert np.linalg.norm(a - b) <= 1e-4 * np.linalg.norm(b)  # float32 transforms: ~1e-6
+
+
 def test_tolerances_and_relative_error():
     assert tolerance("gemm") == 1e-4 and tolerance("fft") == 1e-3 and tolerance("winograd") == 1e-3
     assert tolerance("cudnn", "tf32") == 5e-3 and tolerance("gemm", "bf16") == 1e-2

@@ -52,7 +52,7 @@ SPECIAL = {
 #: Algorithms that are other names of one already listed (not a column of their own by default).
 ALIASES = {"reference": "direct"}
 #: Algorithms that are no column of their own by default either: ``fft-chunked`` takes only the
-#: nodes whose whole-channel spectra are large (``fft.CHUNKED_FROM``); elsewhere its column would
+#: nodes whose weight and result spectra are large (``fft.CHUNKED_FROM``); elsewhere its column would
 #: time its fallbacks. ``auto`` times it where it applies, ``--lowering fft-chunked`` asks for it.
 PARTIAL = ("fft-chunked",)
 #: Lowerings a CPU run gets without --lowering (see driver.CPU_DEFAULT_NOTE for why).

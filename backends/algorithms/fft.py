@@ -42,7 +42,7 @@ per run the weights' and the result's spectra of those channels only, so the
 spectra fall to ``whole + (O C/G + result) / k``. The transforms are the same
 ones, the products the same sums split into ``k`` matmuls; the rule
 ``fft-chunked`` (tags ``fft``, ``fast``) offers ``k`` = 2, 4, 8 on nodes whose
-whole-channel workspace reaches :data:`CHUNKED_FROM`, so the cached decisions of
+weight and result spectra reach :data:`CHUNKED_FROM`, so the cached decisions of
 every smaller node keep their key (``passes/autotune_contenders.py``).
 
 Accuracy: float32 inputs are transformed in single precision (NumPy >= 2 and CuPy
@@ -231,10 +231,11 @@ def check(direction: str, op, in_types, device: str) -> str | None:
     return None
 
 
-#: The ``fft-chunked`` rule applies where the whole-channel transform's workspace
-#: (:func:`workspace` with one chunk) reaches this many bytes: below it the spectra
-#: are small beside the step's activations, and chunking only adds launches.
-CHUNKED_FROM = 256 * 2**20
+#: The ``fft-chunked`` rule applies where the spectra chunking can shed (the weights' and the
+#: result's) reach this many bytes: below it they are small beside a step's activations at the
+#: batch sizes benchmarked, and every node the rule applies to has a new autotune cache key
+#: (1 GiB: 2-30 convolution nodes per built-in model at their benchmark batch).
+CHUNKED_FROM = 2**30
 #: The chunk counts the ``fft-chunked`` rule offers the autotuner (those up to the
 #: number of channels chunked; module docstring).
 CHUNKS = (2, 4, 8)
@@ -246,36 +247,43 @@ def _chunked_channels(direction: str, g) -> int:
     return g.cg if direction == "backward_data" else g.og
 
 
+def _spectra(direction: str, g) -> tuple[int, int, int]:
+    """``(whole, chunkable, plane_bytes)``: the planes transformed whole (x, or gy for
+    backward-data), the planes that go one run at a time (the weights' and the result's), and
+    the bytes one complex plane takes in :func:`workspace` (two copies)."""
+    lh, lw = fft_shape(g)
+    whole = g.n * g.o if direction == "backward_data" else g.n * g.c
+    result = g.n * g.groups * _chunked_channels(direction, g)
+    return whole, g.o * g.cg + result, 2 * lh * (lw // 2 + 1) * 2
+
+
 def workspace(direction: str, op, in_types, options) -> int:
     """Scratch bytes: the complex spectra of the operand transformed whole (x, or gy for
     backward-data), and of one chunk's weights and result (``options['chunks']``, default 1:
     all channels at once), each also copied once for the per-frequency matmul."""
     g = geometry_of(direction, op, in_types)
-    lh, lw = fft_shape(g)
     itemsize = 8 if in_types[0].dtype == "float64" else 4
-    chunks = int(dict(options).get("chunks", 1))
     size = _chunked_channels(direction, g)
-    piece = max(b - a for a, b in pieces(size, chunks))
-    whole = g.n * g.o if direction == "backward_data" else g.n * g.c
-    other = g.n * g.groups * (g.cg if direction == "backward_data" else g.og)  # the result's planes, whole
-    planes = whole + (g.o * g.cg + other) * piece // size
-    return 2 * planes * lh * (lw // 2 + 1) * 2 * itemsize
+    piece = max(b - a for a, b in pieces(size, int(dict(options).get("chunks", 1))))
+    whole, chunkable, plane = _spectra(direction, g)
+    return (whole + chunkable * piece // size) * plane * itemsize
 
 
 def check_chunked(direction: str, op, in_types, device: str) -> str | None:
-    """The ``fft-chunked`` rule: :func:`check`'s plane limit, and only where chunking saves
-    memory that matters (whole-channel workspace of at least :data:`CHUNKED_FROM` bytes) and
-    there are channels to chunk (at least 2 per group)."""
+    """The ``fft-chunked`` rule: :func:`check`'s plane limit, and only where there are channels
+    to chunk (at least 2 per group) and the spectra chunking can shed (the weights' and the
+    result's) take at least :data:`CHUNKED_FROM` bytes."""
     why = check(direction, op, in_types, device)
     if why is not None:
         return why
     g = geometry_of(direction, op, in_types)
     if _chunked_channels(direction, g) < 2:
         return f"fft-chunked: one {'input' if direction == 'backward_data' else 'output'} channel per group"
-    whole = workspace(direction, op, in_types, {})
-    if whole < CHUNKED_FROM:
-        return (f"fft-chunked: the whole-channel transform needs {whole / 2**20:.0f} MiB of workspace, "
-                f"under the {CHUNKED_FROM // 2**20} MiB where chunking starts to matter")
+    _, chunkable, plane = _spectra(direction, g)
+    shed = chunkable * plane * (8 if in_types[0].dtype == "float64" else 4)
+    if shed < CHUNKED_FROM:
+        return (f"fft-chunked: the weight and result spectra chunking would split take {shed / 2**20:.0f} MiB, "
+                f"under the {CHUNKED_FROM // 2**20} MiB where it starts to matter")
     return None
 
 

@@ -33,7 +33,7 @@ direct        :mod:`opgraph.backends.reference.conv` (the oracle)  nothing
 reference     same functions as ``direct``                         nothing
 gemm          :mod:`.gemm` (im2col + GEMM)                         a GEMM dim >= 2^31
 fft           :mod:`.fft` (real FFTs)                              a transform plane >= 2^31
-fft-chunked   the same, a few channels at a time (``chunks``)      as fft; workspace < 256 MiB
+fft-chunked   the same, a few channels at a time (``chunks``)      as fft; shed spectra < 1 GiB
 winograd      :mod:`.winograd` (F(2x2|4x4, 3x3))                   not 3x3, stride/dilation != 1
 ============  ===================================================  ===============================
 
@@ -183,7 +183,7 @@ register_conv_algorithm("fft", fft.forward, fft.backward_data, fft.backward_filt
                                    "would create and destroy plans, and its graph outlive them")
 
 # the same functions a few channels at a time (fft.py's docstring), a rule of its own so that
-# only the nodes it applies to (whole-channel workspace >= fft.CHUNKED_FROM) have a new
+# only the nodes it applies to (weight and result spectra >= fft.CHUNKED_FROM) have a new
 # candidate set in their autotune cache key
 register_conv_algorithm("fft-chunked", fft.forward, fft.backward_data, fft.backward_filter,
                         check=fft.check_chunked, devices=ALL_DEVICES, variants=fft.chunk_variants,

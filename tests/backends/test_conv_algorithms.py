@@ -359,12 +359,12 @@ def test_fft_chunks_split_the_products_not_the_sums(monkeypatch, direction, chun
 
 
 def test_fft_chunked_rule_applies_where_the_spectra_are_large():
-    """``fft-chunked`` declines nodes whose whole-channel spectra are under CHUNKED_FROM (their
+    """``fft-chunked`` declines nodes whose weight and result spectra are under CHUNKED_FROM (their
     cache keys stay), offers chunks up to the channels chunked, and its workspace falls with
     them: one chunk is fft's own workspace, k chunks hold the whole operand and 1/k of the rest."""
     small, small_types = node("basic", "backward_data")
     rule = lookup(Conv2dBackwardData, "fft-chunked")
-    assert "under the 256 MiB" in rule.decline_reason(small, small_types, "cpu")
+    assert "under the 1024 MiB" in rule.decline_reason(small, small_types, "cpu")
     # OverFeat's conv5 backward-data at batch 128: gy (128, 1024, 12, 12), w (1024, 1024, 3, 3)
     big = Conv2dBackwardData(stride=1, padding=1, dilation=1, groups=1, input_shape=(128, 1024, 12, 12))
     big_types = (TensorType((128, 1024, 12, 12), "float32"), TensorType((1024, 1024, 3, 3), "float32"))

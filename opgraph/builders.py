@@ -94,7 +94,17 @@ def threshold(x: Value, threshold: float, value: float, *, name: str | None = No
 
 def local_response_norm(x: Value, size: int, alpha: float = 1e-4, beta: float = 0.75,
                         k: float = 1.0, *, name: str | None = None) -> Value:
-    """Across-channel LRN, ``x / (k + alpha/size * sum_window x^2)^beta`` (Krizhevsky 2012)."""
+    """Across-channel LRN, ``x / (k + alpha/size * sum_window x^2)^beta`` (Krizhevsky 2012;
+    AlexNet, Caffe and cuDNN's form): ``(N, C, ...)`` -> the same shape.
+
+    The window of channel ``c`` is ``c - floor((size-1)/2) .. c + ceil((size-1)/2)``, clipped
+    to the valid channels. For an odd ``size`` that is ``torch.nn.functional.local_response_norm``'s
+    window; for an even ``size`` it follows ONNX ``LRN`` (the extra channel on the high side),
+    where PyTorch puts it on the low side, so the two differ (SEMANTICS.md).
+
+    Raises:
+        ParameterError: ``size`` not an int >= 1, or a NaN or infinite ``alpha``,
+            ``beta`` or ``k`` (``opgraph/ops/lrn.py``)."""
     return x.graph.apply(ops.LocalResponseNorm, dict(size=size, alpha=alpha, beta=beta, k=k), [x], name)
 
 

@@ -276,7 +276,7 @@ def survey(name: str, op: Op, in_types, device: str, policy: LoweringPolicy, *,
     rules = rules_for(type(op))
     storage = storage_dtype(in_types, dtype)
     options = {algo: policy_options(rule, policy, storage) for algo, rule in rules.items()}
-    forced = None if force_name is None else policy.forced(force_name or name, op.direction)
+    forced = None if force_name is None else policy.forced(force_name or name, op.direction, rules.__contains__)
     if forced is not None:
         if forced not in rules:
             raise LoweringError(f"node {name} ({op.name}): forced algorithm {forced!r} has no rule "

@@ -19,13 +19,15 @@ When several keys match a node, the most specific wins: a key equal to the
 node's full name, then a pattern of its full name
 (``conv2.grad/*filter``), then a layer key narrowed to the node's direction,
 then a layer key for every direction (exact names before patterns each
-time, then the order of the ``force`` table).
+time, then the order of the ``force`` table). A pattern passes over the nodes
+whose op its algorithm has no rule for (``conv*`` = ``fft`` leaves the bias
+gradients ``conv1.grad/bias_add_backward`` alone); an exact name does not.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from opgraph.op import DIRECTION_NAMES
 
@@ -53,14 +55,22 @@ def _matches(pattern: str, name: str) -> bool:
     return pattern == name or fnmatch.fnmatchcase(name, pattern)
 
 
-def forced_algorithm(force: Mapping[str, str], node_name: str, direction: str | None = None) -> str | None:
+def forced_algorithm(force: Mapping[str, str], node_name: str, direction: str | None = None,
+                     lowers: Callable[[str], bool] | None = None) -> str | None:
     """The algorithm ``force`` gives node ``node_name`` whose op has
     ``direction`` (``Op.direction``; None for an op without one), by the
-    precedence of the module docstring; None if no key matches."""
+    precedence of the module docstring; None if no key matches.
+
+    ``lowers(algorithm)``: whether the algorithm has a rule for the node's op. A
+    *pattern* (``conv*``) skips the nodes it matches whose op the algorithm cannot
+    lower: ``conv*`` = ``fft`` means the convolutions, not also the bias gradient
+    named ``conv1.grad/bias_add_backward``. A key naming the node or its layer
+    exactly still forces it, and the survey reports the missing rule."""
     if node_name in force:
         return force[node_name]
+    usable = (lambda algo: True) if lowers is None else lowers
     for key, algo in force.items():
-        if split_key(key)[1] is None and fnmatch.fnmatchcase(node_name, key):
+        if split_key(key)[1] is None and fnmatch.fnmatchcase(node_name, key) and usable(algo):
             return algo
     word = DIRECTIONS.get(direction)
     if word is None:
@@ -69,7 +79,7 @@ def forced_algorithm(force: Mapping[str, str], node_name: str, direction: str | 
     ranked = []
     for i, (key, algo) in enumerate(force.items()):
         name, narrow = split_key(key)
-        if narrow not in (None, word) or not _matches(name, layer):
+        if narrow not in (None, word) or not _matches(name, layer) or (name != layer and not usable(algo)):
             continue
         ranked.append(((narrow is None, name != layer, i), algo))
     return min(ranked)[1] if ranked else None

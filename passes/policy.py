@@ -403,12 +403,13 @@ class LoweringPolicy:
         default = table["conv"] if op_type in CONV_OPS else table["*"]
         return _dedupe((*self.preferred(op_type), *default))
 
-    def forced(self, node_name: str, direction: str | None = None) -> str | None:
+    def forced(self, node_name: str, direction: str | None = None, lowers=None) -> str | None:
         """The algorithm forced for ``node_name``, whose op has ``direction``
         (``Op.direction``): a key names a node, or a layer in all its
         directions or one (``conv2``, ``conv2:backward_data``); an exact key
-        wins over patterns (``passes/force.py``)."""
-        return forced_algorithm(self.force, node_name, direction)
+        wins over patterns, and a pattern skips the nodes whose op the
+        algorithm has no rule for (``lowers(algorithm)``; ``passes/force.py``)."""
+        return forced_algorithm(self.force, node_name, direction, lowers)
 
     def exclusion(self, algorithm: str, tags) -> str | None:
         """Why the policy keeps rule (``algorithm``, ``tags``) out, or None."""

@@ -139,6 +139,37 @@ def test_a_layer_key_leaves_the_layers_non_convolution_backward_nodes_alone():
     assert {r.algorithm for r in exe.report.nodes.values() if r.op_type.startswith("Conv2d")} == {"fft"}
 
 
+@pytest.mark.parametrize("key", ["conv*", "conv?", "*"])
+def test_a_pattern_leaves_the_nodes_its_algorithm_cannot_lower_alone(key):
+    """fresh-user report: ``conv*`` = ``fft`` matched ``conv2.grad/bias_add_backward`` by its full
+    name and failed the compile (fft has no rule for a bias gradient); a pattern now forces only
+    the nodes whose op the algorithm lowers, and their numbers are the reference's."""
+    g = og.Graph()
+    x, w, b = g.input("x", (1, 2, 6, 6)), g.param("w", (3, 2, 3, 3)), g.param("b", (3,))
+    y = og.conv2d(x, w, b, padding=1, name="conv2")
+    outs = [y, *og.grad(y, [x, w, b])]
+    exe = og.compile(outs, policy=LoweringPolicy(force={key: "fft"}, exclude=["fused"]))
+    conv = {r.algorithm for r in exe.report.nodes.values() if r.op_type.startswith("Conv2d")}
+    assert conv == {"fft"}
+    bias = next(r for r in exe.report.nodes.values() if r.op_type == "BiasAddBackward")
+    assert bias.how != "forced" and bias.algorithm == "reference"
+    rng = np.random.default_rng(0)
+    feeds = dict(x=rng.standard_normal((1, 2, 6, 6)), w=rng.standard_normal((3, 2, 3, 3)), b=rng.standard_normal(3))
+    gy = {y: rng.standard_normal((1, 3, 6, 6))}
+    ref = og.compile(outs, pipeline="reference", dtype="float64")(grad_outputs=gy, **feeds)
+    for got, want in zip(exe(grad_outputs=gy, **feeds), ref):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_an_exact_name_still_forces_an_algorithm_without_a_rule():
+    g = og.Graph()
+    x, w, b = g.input("x", (1, 2, 6, 6)), g.param("w", (3, 2, 3, 3)), g.param("b", (3,))
+    y = og.conv2d(x, w, b, padding=1, name="conv2")
+    outs = [y, *og.grad(y, [x, w, b])]
+    with pytest.raises(LoweringError, match=r"conv2.grad/bias_add_backward.*'fft' has no rule for BiasAddBackward"):
+        og.compile(outs, policy=LoweringPolicy(force={"conv2.grad/bias_add_backward": "fft"}, exclude=["fused"]))
+
+
 def test_a_narrowed_key_that_names_no_layer_warns():
     g, outs = conv_grads()
     with pytest.warns(UserWarning, match="'conv9:backward_data' matches no node"):
@@ -255,7 +286,7 @@ def test_cuda_order_puts_cudnn_first_and_declines_cpu_only_rules(monkeypatch):
     s = survey("c", op, types, "cuda", LoweringPolicy(prefer={"conv": ["cpuonly"]}))
     assert s.declined()["cpuonly"] == "cpuonly has no cuda implementation"
     order = [a for a in s.order if a != "cpuonly"]
-    expected = [a for a in ("cudnn", "cuda", "unfold", "gemm", "fft", "winograd", "direct") if a in order]
+    expected = [a for a in ("cudnn", "cuda", "unfold", "gemm", "fft", "fft-chunked", "winograd", "direct") if a in order]
     assert order[:len(expected)] == expected
     cpu = survey("c", op, types, "cpu", LoweringPolicy(prefer={"conv": ["cpuonly"]}))
     assert cpu.applicable()[0].rule.algorithm == "cpuonly"

@@ -129,7 +129,7 @@ def test_op_keys_are_case_insensitive():
 
 def test_order_appends_the_device_default():
     p = LoweringPolicy(prefer={"conv": ["winograd"]})
-    assert p.order("Conv2d", "cpu") == ("winograd", "gemm", "direct", "fft")
+    assert p.order("Conv2d", "cpu") == ("winograd", "gemm", "direct", "fft", "fft-chunked")
     assert p.order("Relu", "cpu") == ("reference",)
     assert p.order("Conv2d", "cuda")[:2] == ("winograd", "cudnn")
     assert LoweringPolicy().order("Relu", "cuda") == ("codegen", "cuda", "cublas", "reference")

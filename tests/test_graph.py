@@ -326,6 +326,29 @@ def test_grad_checks_its_arguments():
     assert gw.shape == (2, 3)
 
 
+def test_grad_names_an_array_given_as_grad_outputs_by_shape_and_dtype():
+    """Arrays are fed at run time; the message names one by shape and dtype
+    instead of printing its elements (list() split a (2, 3) array into two
+    rows: "2 grad_outputs for 1 outputs")."""
+    g = og.Graph()
+    x, w = g.input("x", (2, 3)), g.param("w", (2, 3))
+    y = og.add(x, w, name="y")
+    gy = np.full((2, 3), 0.123456789)
+    for given in (gy, gy[:1]):
+        with pytest.raises(OpgraphError, match=r"grad_outputs must be values of the graph .*got ndarray of shape "
+                                               rf"\({given.shape[0]}, 3\) and dtype float64; arrays are fed when "
+                                               r"the compiled graph runs: run\(..., grad_outputs=\{y: array\}\)"
+                                               ) as err:
+            og.grad(y, [w], grad_outputs=given)
+        assert "0.123" not in str(err.value)
+    with pytest.raises(OpgraphError, match=r"a cotangent must be a value of the outputs' graph, got ndarray of "
+                                           r"shape \(2, 3\) and dtype float64; arrays are fed") as err:
+        og.grad(y, [w], grad_outputs=[gy])
+    assert "0.123" not in str(err.value)
+    with pytest.raises(OpgraphError, match=r"outputs must be a value or a list of values .*got ndarray of shape"):
+        og.grad(gy, [w])
+
+
 def test_rewrite_swaps_op_and_inputs_at_once_keeping_id_and_layout():
     """A padding moved into an explicit Pad node: neither the new op on the old
     input nor the old op on the new input has the node's type, both at once do."""

@@ -229,6 +229,23 @@ def test_source_shapes_and_dtypes_are_validated_naming_the_node():
     assert g.input("empty_batch", (0, 3, 4, 4)).shape == (0, 3, 4, 4)  # batch 0 is valid
 
 
+def test_a_source_shape_of_one_int_is_1d_and_other_non_sequences_are_named():
+    """As torch.empty(5) (and layer_norm(x, 5) here): one int is a 1-D shape;
+    anything else that is not a sequence was "'float' object is not iterable"."""
+    g = og.Graph()
+    assert g.input("c", 5).shape == (5,)
+    assert g.param("p", np.int64(3)).shape == (3,)
+    assert g.buffer("b", 2, value=1.0).shape == (2,)
+    with pytest.raises(og.ShapeError, match=r"node d: shape 5.0 is not a sequence of dimensions"):
+        g.input("d", 5.0)
+    with pytest.raises(og.ShapeError, match=r"node e: shape True is not a sequence of dimensions"):
+        g.input("e", True)  # a bool is no dimension
+    with pytest.raises(og.ShapeError, match=r"node f: shape \(2, None\): every dimension must be an int >= 0"):
+        g.input("f", (2, None))
+    with pytest.raises(og.ShapeError, match=r"node n: shape \(-1,\): every dimension must be an int >= 0"):
+        g.input("n", -1)
+
+
 def test_rewiring_is_checked_before_anything_changes():
     """rewrite validates count and shapes first (naming the node) and keeps
     the graph intact when it refuses; replace_op refuses a changed dtype."""

@@ -23,20 +23,30 @@ from .op import Source
 from .ops import Add, Zeros
 
 
+def _describe(obj) -> str:
+    """``obj`` for an error message: an array (NumPy, CuPy, torch) by its
+    type, shape and dtype, not its repr, which prints up to a thousand
+    elements; anything else by its type and repr."""
+    if hasattr(obj, "shape") and hasattr(obj, "dtype") and not isinstance(obj, Value):
+        return f"{type(obj).__name__} of shape {tuple(obj.shape)} and dtype {obj.dtype}"
+    return f"{type(obj).__name__} {obj!r}"
+
+
 def _as_list(v, what: str) -> tuple[list, bool]:
     """``([v], True)`` for one value, ``(list(v), False)`` for a sequence of
     values; anything else (a name, None) is an error naming ``what``."""
     if isinstance(v, Value):
         return [v], True
-    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+    # an array is iterable too, but its rows are no more values than it is
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__") or hasattr(v, "shape"):
         raise OpgraphError(f"grad: {what} must be a value or a list of values (opgraph.Value), "
-                           f"got {type(v).__name__} {v!r}")
+                           f"got {_describe(v)}")
     items = list(v)
     for item in items:
         if not isinstance(item, Value):
             hint = f" (look it up with graph[{item!r}])" if isinstance(item, str) else ""
             raise OpgraphError(f"grad: {what} must hold values (opgraph.Value), got "
-                               f"{type(item).__name__} {item!r}{hint}")
+                               f"{_describe(item)}{hint}")
     return items, False
 
 
@@ -121,6 +131,10 @@ def _seed_cotangents(g: Graph, outs: list[Value], grad_outputs) -> list[Value]:
             raise OpgraphError(f"grad: grad_outputs keys must be the outputs being differentiated "
                                f"({', '.join(o.name for o in outs)}); got {stray!r}")
         given = [grad_outputs.get(o) for o in outs]
+    elif hasattr(grad_outputs, "shape"):  # an array: list() would split it into rows
+        raise OpgraphError(f"grad: grad_outputs must be values of the graph (a list in output order or a "
+                           f"dict output -> value), got {_describe(grad_outputs)}; arrays are fed when the "
+                           f"compiled graph runs: run(..., grad_outputs={{{outs[0].name}: array}})")
     else:
         given = list(grad_outputs)
         if len(given) != len(outs):
@@ -128,7 +142,9 @@ def _seed_cotangents(g: Graph, outs: list[Value], grad_outputs) -> list[Value]:
                                "(give one per output, None for a placeholder)")
     for gv in given:
         if gv is not None and (not isinstance(gv, Value) or gv.graph is not g):
-            raise OpgraphError(f"grad: a cotangent must be a value of the outputs' graph, got {gv!r}")
+            hint = "; arrays are fed when the compiled graph runs: run(..., grad_outputs={output: array})"
+            raise OpgraphError(f"grad: a cotangent must be a value of the outputs' graph, got {_describe(gv)}"
+                               f"{hint if hasattr(gv, 'shape') and not isinstance(gv, Value) else ''}")
     seeds = []
     for out, gv in zip(outs, given):
         if gv is None:

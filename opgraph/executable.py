@@ -35,7 +35,7 @@ import attrs
 import numpy as np
 
 from .buffer_views import StepView, step_views
-from .errors import ExecutionError, NotLoweredError
+from .errors import ExecutionError, NotLoweredError, did_you_mean
 from .graph import Graph, Value
 from .op import Lowered, Source
 from .types import TensorType, is_float, numpy_dtype, to_layout
@@ -137,6 +137,9 @@ class Executable:
         xp: the array module (``numpy`` or ``cupy``).
         dtype: if set (e.g. ``'float64'`` for the reference oracle), floating
             feeds are cast to it instead of their declared dtype.
+        source_graph: the user's graph that ``graph`` was compiled from
+            (``opgraph.compile`` lowers a copy, which fusion rewrites), so that
+            its values and names work as ``grad_outputs`` keys; default ``graph``.
 
     Attributes:
         types: node id -> the type its value runs in (``dtype`` applied), for
@@ -147,8 +150,9 @@ class Executable:
     """
 
     def __init__(self, graph: Graph, outputs: Sequence[Value], resolve: Resolver, *,
-                 xp=np, device: str = "cpu", dtype: str | None = None):
+                 xp=np, device: str = "cpu", dtype: str | None = None, source_graph: Graph | None = None):
         self.graph, self.xp, self.device, self.dtype = graph, xp, device, dtype
+        self.source_graph = graph if source_graph is None else source_graph
         self.outputs = [graph.value(v.node) for v in outputs]
         order = graph.topological(graph.ancestors(self.outputs))
         self.sources = [graph.node(n) for n in order if isinstance(graph.node(n).op, Source)]
@@ -216,11 +220,19 @@ class Executable:
         """``grad_outputs`` ({output Value or its node name: gradient}) by the
         node id of each output's gradient placeholder.
 
+        A key is a value (or the name of a node) of the graph this executable
+        was compiled from, or of the compiled graph (``exe.outputs``); the
+        compiled graph is a rewritten copy (fusion deletes nodes, passes add
+        nodes with new ids), so node ids alone identify nothing: a key is
+        resolved in its own graph, through that graph's ``grad_inputs``.
+
         Raises:
             TypeError: not a mapping (a list of arrays, say).
-            ExecutionError: a key naming no node, a source (feeds are keyword
-                arguments: ``run({"x": X})`` reads the dict as grad_outputs),
-                or an output without a gradient placeholder.
+            ExecutionError: a key naming no node, a value of another graph, a
+                source (feeds are keyword arguments: ``run({"x": X})`` reads
+                the dict as grad_outputs), an output without a gradient
+                placeholder in the compiled graph, or two keys naming the
+                same output.
         """
         if grad_outputs is None:
             return {}
@@ -228,36 +240,96 @@ class Executable:
             raise TypeError(f"grad_outputs must be a dict {{output Value or name: gradient array}}, got "
                             f"{type(grad_outputs).__name__}; feeds are keyword arguments: run(x=..., "
                             "grad_outputs={y: gy})")
-        by_grad = {}
+        by_grad, key_of = {}, {}
         for key, arr in grad_outputs.items():
-            if isinstance(key, Value):
-                node = key.node
-            elif isinstance(key, str) and key in self.graph:
-                node = self.graph[key].node
-            else:
-                raise ExecutionError(f"grad_outputs key {key!r} is neither an output Value nor the name "
-                                     f"of a node of graph {self.graph.name!r}")
-            view = self.graph.node(node)
-            if isinstance(view.op, Source):
-                raise ExecutionError(
-                    f"grad_outputs key {view.name!r} is a source ({view.op.role}), not an output: feed "
-                    f"sources as keyword arguments, run({view.name}=...) or run(**feeds) (a dict "
-                    "passed positionally is read as grad_outputs)")
-            if node not in self.graph.grad_inputs:
-                raise ExecutionError(f"no gradient placeholder for output {view.name}; "
-                                     "call opgraph.grad on it first")
-            by_grad[self.graph.grad_inputs[node]] = arr
+            placeholder, output = self._grad_placeholder(key)
+            if placeholder in key_of:  # {y: gy, "y": gy2}: which one is meant would be a guess
+                raise ExecutionError(f"grad_outputs keys {key_of[placeholder]!r} and {key!r} both name "
+                                     f"output {output!r}; give one gradient per output")
+            key_of[placeholder] = key
+            by_grad[placeholder] = arr
         return by_grad
+
+    def _grad_placeholder(self, key) -> tuple[int, str]:
+        """The node id, in the compiled graph, of the gradient placeholder of
+        the output that the ``grad_outputs`` key ``key`` names (see
+        :meth:`_grad_feeds`), and that output's name."""
+        graph = None
+        if isinstance(key, Value):
+            # by identity: a graph built the same way (or named the same) has the same node ids
+            graph = next((g for g in (self.source_graph, self.graph) if key.graph is g), None)
+            if graph is None:
+                which = (f"another Graph object, also named {key.graph.name!r}"
+                         if key.graph.name == self.source_graph.name else f"graph {key.graph.name!r}")
+                raise ExecutionError(f"grad_outputs key {key!r} is a value of {which}, not of the graph "
+                                     f"{self.source_graph.name!r} this executable was compiled from; "
+                                     f"{self._grad_outputs_known()}")
+            node = key.node
+        elif isinstance(key, str):  # the user's names first: a pass's new node may reuse a later one
+            graph = next((g for g in (self.source_graph, self.graph) if key in g), None)
+            node = graph[key].node if graph is not None else None
+        if graph is None or node not in graph.nx:
+            known = set(self.source_graph._by_name) | set(self.graph._by_name)
+            raise ExecutionError(f"grad_outputs key {key!r} is neither an output Value nor the name "
+                                 f"of a node of graph {self.source_graph.name!r}"
+                                 f"{did_you_mean(key, known)}; {self._grad_outputs_known()}")
+        view = graph.node(node)
+        if isinstance(view.op, Source):
+            raise ExecutionError(
+                f"grad_outputs key {view.name!r} is a source ({view.op.role}), not an output: feed "
+                f"sources as keyword arguments, run({view.name}=...) or run(**feeds) (a dict "
+                "passed positionally is read as grad_outputs)")
+        placeholder = graph.grad_inputs.get(node)
+        if placeholder is None:
+            raise ExecutionError(f"grad_outputs key {view.name!r} is not an output with a gradient "
+                                 f"placeholder (opgraph.grad made none for {view.name}: call it on that "
+                                 f"output before compiling); {self._grad_outputs_known()}")
+        # one opgraph.grad made after compile is not in the compiled graph, or a pass's new
+        # node holds its id there: the names tell
+        if not self._same_node(graph, placeholder):
+            raise ExecutionError(f"grad_outputs key {view.name!r}: the gradient placeholder of "
+                                 f"{view.name} is not in the compiled graph (opgraph.grad made it after "
+                                 f"compiling: compile again); {self._grad_outputs_known()}")
+        return placeholder, view.name
+
+    def _same_node(self, graph: Graph, node: int) -> bool:
+        """Whether ``node`` of ``graph`` (the source graph or the compiled one)
+        is the compiled graph's node of that id."""
+        return node in self.graph.nx and self.graph.node(node).name == graph.node(node).name
+
+    def _grad_outputs_known(self) -> str:
+        """The end of a bad ``grad_outputs`` key's message: the compiled
+        outputs and the outputs whose gradient they read, named as in the
+        user's graph (an output that fusion absorbed has a new name in the
+        compiled one)."""
+        names = []
+        for s in self.sources:
+            if s.op.role != "grad":
+                continue
+            for g in (self.source_graph, self.graph):
+                out = next((o for o, p in g.grad_inputs.items() if p == s.id), None)
+                if out is not None and self._same_node(g, s.id):
+                    names.append(g.node(out).name)
+                    break
+        outs = [v.name for v in self.outputs]
+        reads = f"they read the gradient of {sorted(names)}" if names else "they read no output gradient"
+        return f"this executable was compiled for outputs {outs}; {reads}"
 
     def _to_array(self, source, arr):
         want = source.type.dtype
         if self.dtype is not None and is_float(want):
             want = self.dtype
+        given = _given_dtype(arr)
+        if getattr(given, "kind", None) == "c" or getattr(given, "is_complex", False):  # torch's dtypes
+            # NumPy's cast keeps the real part and only warns (ComplexWarning)
+            raise ExecutionError(f"{source.op.role} {source.name!r} is {want}: got complex values "
+                                 f"({given}); a cast would drop their imaginary part (feed .real if "
+                                 "that is meant)")
         if np.dtype(numpy_dtype(want)).kind in "iu":
-            _check_integral(self.xp, source, arr, want)
+            _check_integral(self.xp, source, arr, want, given)
         try:
             out = self.xp.asarray(arr, dtype=numpy_dtype(want))
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError) as e:  # OverflowError: a Python int past int64
             raise ExecutionError(f"{source.op.role} {source.name!r}: cannot be read as {want} "
                                  f"{source.type.shape} ({e})") from None
         if tuple(out.shape) != source.type.shape:
@@ -297,27 +369,54 @@ class Executable:
                          + (f"  [{st.view.describe()}]" if st.view is not None else "") for st in self.steps)
 
 
-def _check_integral(xp, source, arr, want: str) -> None:
-    """Refuse floating data fed to an integer source unless every value is a
-    whole number in ``want``'s range: the cast would truncate 1.7 to class 1
-    (PyTorch's cross-entropy refuses float targets outright).
+def _given_dtype(arr):
+    """The dtype of the feed ``arr``: its own (an array's, a NumPy or CuPy
+    one, or a torch tensor's), else NumPy's reading of it (a list, a
+    number); None where NumPy cannot read it (the cast reports that)."""
+    if hasattr(arr, "dtype"):
+        return arr.dtype
+    try:
+        return np.asarray(arr).dtype
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _check_integral(xp, source, arr, want: str, given_dtype) -> None:
+    """Refuse data fed to an integer source that the cast to ``want`` would
+    change: floating values unless every one is a whole number in ``want``'s
+    range (the cast would truncate 1.7 to class 1; PyTorch's cross-entropy
+    refuses float targets outright), and integers outside that range (a
+    uint64 2**63 + 1 would wrap to a negative class). ``given_dtype``:
+    ``arr``'s (:func:`_given_dtype`).
 
     Raises:
         ExecutionError: naming the source and the first bad value.
     """
-    given = arr if hasattr(arr, "dtype") else np.asarray(arr)
-    if getattr(given.dtype, "kind", "i") != "f":
+    kind = getattr(given_dtype, "kind", None)
+    if kind not in ("f", "i", "u"):
         return
-    given = xp.asarray(given)
+    info = np.iinfo(numpy_dtype(want))
+    if kind != "f":
+        have = np.iinfo(given_dtype)
+        if have.min >= info.min and have.max <= info.max:  # every value fits: nothing to look at
+            return
+    given = xp.asarray(arr)
     if given.ndim == 0:
         given = given.reshape(1)
-    info = np.iinfo(numpy_dtype(want))
-    bad = ~xp.isfinite(given) | (given != xp.trunc(given)) | (given < info.min) | (given > info.max)
+    if kind == "f":
+        bad = ~xp.isfinite(given) | (given != xp.trunc(given)) | (given < info.min) | (given > info.max)
+    elif kind == "u":  # never below a minimum <= 0 (a negative bound would not fit an unsigned compare)
+        bad = given > info.max
+    else:
+        bad = (given < info.min) | (given > info.max)
     if bool(bad.any()):
         value = given[bad].ravel()[0].item()
-        raise ExecutionError(f"{source.op.role} {source.name!r} is {want}: got floating values such as "
-                             f"{value!r}, which are not whole numbers in its range (class indices "
-                             "are integers; round them yourself if that is meant)")
+        if kind == "f":
+            raise ExecutionError(f"{source.op.role} {source.name!r} is {want}: got floating values such as "
+                                 f"{value!r}, which are not whole numbers in its range (class indices "
+                                 "are integers; round them yourself if that is meant)")
+        raise ExecutionError(f"{source.op.role} {source.name!r} is {want}: got {given.dtype} values such as "
+                             f"{value!r}, outside its range {info.min}..{info.max}")
 
 
 def _stored_channels_last(kernel: Callable, xp) -> Callable:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import numbers
 from typing import Iterable, Iterator, Sequence
 
 import attrs
@@ -124,8 +125,10 @@ class Graph:
         self.inplace_plan = None
 
     # ---- construction -------------------------------------------------
-    def input(self, name: str, shape: Sequence[int], dtype: str = "float32") -> Value:
-        """Add a graph input (fed at run time by ``name``).
+    def input(self, name: str, shape: Sequence[int] | int, dtype: str = "float32") -> Value:
+        """Add a graph input (fed at run time by ``name``). ``shape``: a
+        sequence of dimensions, or one int for a 1-D shape (``torch.empty(5)``);
+        the same holds for :meth:`param` and :meth:`buffer`.
 
         Raises:
             ShapeError: a negative or non-integer dimension, or an unknown dtype.
@@ -152,9 +155,16 @@ class Graph:
 
         Raises:
             ShapeError: ``value`` is an array of another shape.
+            ParameterError: ``value`` is a single thing that is not a real
+                number (a string, a complex number), naming the buffer.
         """
         t = _source_type(name, shape, dtype)
         if value is not None and np.ndim(value) == 0:
+            # np.full would raise a bare "could not convert string to float" for 'a', and drop
+            # the imaginary part of 1j with only a warning
+            if np.asarray(value).dtype.kind not in "biuf":
+                raise ParameterError("value", value, f"must be a real number filling the buffer or an array "
+                                     f"of shape {t.shape}", f"{name} (buffer {t})")
             value = np.full(t.shape, value, dtype=numpy_dtype(t.dtype))
         return self._state_source("buffer", name, t, value)
 
@@ -420,6 +430,8 @@ class Graph:
 
 
 def _source_type(name: str, shape, dtype) -> TensorType:
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        shape = (int(shape),)  # as torch.empty(5) and layer_norm(x, 5): one int is a 1-D shape
     try:
         t = TensorType(shape, dtype)
     except (TypeError, ValueError) as e:

@@ -16,9 +16,17 @@ LAYOUTS = ("NCHW", "NHWC")
 
 
 def _canon_shape(shape) -> tuple[int, ...]:
-    out = tuple(int(s) for s in shape)
-    if any(s < 0 for s in out) or any(int(s) != s for s in shape):
-        raise ValueError(f"shape {tuple(shape)}: every dimension must be an int >= 0")
+    try:
+        dims = tuple(shape)
+    except TypeError:  # not "'float' object is not iterable", which names neither shape nor value
+        raise TypeError(f"shape {shape!r} is not a sequence of dimensions (a tuple of ints)") from None
+    try:
+        out = tuple(int(s) for s in dims)
+        whole = all(int(s) == s for s in dims)
+    except (TypeError, ValueError):  # None, 'a'
+        whole = False
+    if not whole or any(s < 0 for s in out):
+        raise ValueError(f"shape {dims}: every dimension must be an int >= 0")
     return out
 
 

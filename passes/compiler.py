@@ -138,7 +138,8 @@ def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
         blocker = rule.declared_capture_blocker(options) if dev_name == "cuda" else None
         return rule.kernel, KernelContext(xp, dev_name, options, out_type, blocker)  # run type
 
-    exe = Executable(lowered, louts, resolve, xp=xp, device=dev_name, dtype=dtype)
+    # source_graph: the user's values name grad_outputs (the lowered copy lost nodes fusion absorbed)
+    exe = Executable(lowered, louts, resolve, xp=xp, device=dev_name, dtype=dtype, source_graph=g)
     for st in exe.steps:  # the zero-copy steps, marked in the report's table
         if st.view is not None and st.name in ctx.report.nodes:
             ctx.report.nodes[st.name].buffer = st.view.describe()

@@ -229,6 +229,23 @@ def test_source_shapes_and_dtypes_are_validated_naming_the_node():
     assert g.input("empty_batch", (0, 3, 4, 4)).shape == (0, 3, 4, 4)  # batch 0 is valid
 
 
+def test_a_source_shape_of_one_int_is_1d_and_other_non_sequences_are_named():
+    """As torch.empty(5) (and layer_norm(x, 5) here): one int is a 1-D shape;
+    anything else that is not a sequence was "'float' object is not iterable"."""
+    g = og.Graph()
+    assert g.input("c", 5).shape == (5,)
+    assert g.param("p", np.int64(3)).shape == (3,)
+    assert g.buffer("b", 2, value=1.0).shape == (2,)
+    with pytest.raises(og.ShapeError, match=r"node d: shape 5.0 is not a sequence of dimensions"):
+        g.input("d", 5.0)
+    with pytest.raises(og.ShapeError, match=r"node e: shape True is not a sequence of dimensions"):
+        g.input("e", True)  # a bool is no dimension
+    with pytest.raises(og.ShapeError, match=r"node f: shape \(2, None\): every dimension must be an int >= 0"):
+        g.input("f", (2, None))
+    with pytest.raises(og.ShapeError, match=r"node n: shape \(-1,\): every dimension must be an int >= 0"):
+        g.input("n", -1)
+
+
 def test_rewiring_is_checked_before_anything_changes():
     """rewrite validates count and shapes first (naming the node) and keeps
     the graph intact when it refuses; replace_op refuses a changed dtype."""
@@ -324,6 +341,29 @@ def test_grad_checks_its_arguments():
         og.grad(y, [w], grad_outputs=["z"])
     (gw,) = og.grad(y, [w], grad_outputs={y: x})  # a proper cotangent still works
     assert gw.shape == (2, 3)
+
+
+def test_grad_names_an_array_given_as_grad_outputs_by_shape_and_dtype():
+    """Arrays are fed at run time; the message names one by shape and dtype
+    instead of printing its elements (list() split a (2, 3) array into two
+    rows: "2 grad_outputs for 1 outputs")."""
+    g = og.Graph()
+    x, w = g.input("x", (2, 3)), g.param("w", (2, 3))
+    y = og.add(x, w, name="y")
+    gy = np.full((2, 3), 0.123456789)
+    for given in (gy, gy[:1]):
+        with pytest.raises(OpgraphError, match=r"grad_outputs must be values of the graph .*got ndarray of shape "
+                                               rf"\({given.shape[0]}, 3\) and dtype float64; arrays are fed when "
+                                               r"the compiled graph runs: run\(..., grad_outputs=\{y: array\}\)"
+                                               ) as err:
+            og.grad(y, [w], grad_outputs=given)
+        assert "0.123" not in str(err.value)
+    with pytest.raises(OpgraphError, match=r"a cotangent must be a value of the outputs' graph, got ndarray of "
+                                           r"shape \(2, 3\) and dtype float64; arrays are fed") as err:
+        og.grad(y, [w], grad_outputs=[gy])
+    assert "0.123" not in str(err.value)
+    with pytest.raises(OpgraphError, match=r"outputs must be a value or a list of values .*got ndarray of shape"):
+        og.grad(gy, [w])
 
 
 def test_rewrite_swaps_op_and_inputs_at_once_keeping_id_and_layout():

@@ -6,7 +6,7 @@ import pytest
 
 import opgraph as og
 from opgraph.analysis import summarize, totals
-from opgraph.errors import NotDifferentiableError, ShapeError
+from opgraph.errors import NotDifferentiableError, ParameterError, ShapeError
 
 
 def _bn_net():
@@ -34,6 +34,17 @@ def test_buffer_value_of_another_shape_is_an_error():
     g = og.Graph()
     with pytest.raises(ShapeError, match=r"node rm: buffer value shape \(4,\) != \(3,\)"):
         g.buffer("rm", (3,), value=np.zeros(4))
+
+
+@pytest.mark.parametrize("value", ["a", 1j])
+def test_buffer_value_that_is_no_real_number_names_the_buffer(value):
+    """np.full raised a bare "could not convert string to float" for 'a' and
+    dropped the imaginary part of 1j with a warning."""
+    g = og.Graph()
+    with pytest.raises(ParameterError, match=rf"node rm \(buffer float32\[3\]\): parameter value={value!r}: "
+                                             r"must be a real number filling the buffer or an array of shape \(3,\)"):
+        g.buffer("rm", (3,), value=value)
+    assert "rm" not in g
 
 
 def test_parameter_counts_leave_buffers_out():

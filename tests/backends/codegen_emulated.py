@@ -89,7 +89,8 @@ def emulated_cuda_executable(outputs, policy, dtype: str | None):
     a kernel storing that type and accumulating in float32 would."""
     policy = LoweringPolicy.from_mapping(policy)
     ctx = PassContext(device="cuda", policy=policy, dtype=dtype)
-    graph, outs = default(policy).run(graph_of(*outputs), list(outputs), ctx)
+    source = graph_of(*outputs)
+    graph, outs = default(policy).run(source, list(outputs), ctx)
 
     def resolve(op, out_type):
         if op.algorithm == "codegen":
@@ -108,7 +109,8 @@ def emulated_cuda_executable(outputs, policy, dtype: str | None):
 
         return run, KernelContext(np, "cpu", {}, wide)
 
-    return Executable(graph, outs, resolve, xp=np, device="cuda", dtype=dtype)
+    # source_graph: grad_outputs keyed by the caller's values, as compile's executables take them
+    return Executable(graph, outs, resolve, xp=np, device="cuda", dtype=dtype, source_graph=source)
 
 
 __all__ = ["needs_gxx", "emu", "seeded", "run_case", "launched", "emulated_cuda_executable"]

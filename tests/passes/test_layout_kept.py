@@ -66,7 +66,7 @@ def test_every_4d_step_output_is_channels_last_and_values_are_unchanged():
     def resolve(op, out_type):
         return rules_for(type(op.op))[op.algorithm].kernel, KernelContext(np, "cpu", op.option_dict, out_type)
 
-    nhwc = Executable(graph, exe.outputs, resolve, xp=np)
+    nhwc = Executable(graph, exe.outputs, resolve, xp=np, source_graph=g)  # grad_outputs keyed by g's y
     rng = np.random.default_rng(0)
     feeds = {s.name: rng.standard_normal(s.type.shape).astype(np.float32) for s in exe.sources
              if s.op.role != "grad"}

@@ -116,7 +116,11 @@ def run_timing(names: list[str], args) -> dict:
     models = build_models(names, args, device, notes)
     lowerings = args.lowering
     cuda_graph = args.cuda_graph
-    if lowerings is None:
+    from_file = lw.policy_file_default(args.policy) if lowerings is None else None
+    if from_file is not None:  # the file's preference, not a default column's algorithm put before it
+        lowerings, note = from_file
+        notes.append(note)
+    elif lowerings is None:
         lowerings = lw.default_lowerings(device)
         if device == "cpu":
             notes.append(driver.CPU_DEFAULT_NOTE)
@@ -125,6 +129,7 @@ def run_timing(names: list[str], args) -> dict:
             notes.append(f"default lowerings on {device}: auto+graph too (--cuda-graph: a +graph "
                          "column for every lowering)")
     base = base_policy(args, lowerings, device)
+    notes += filter(None, [lw.displaced_preference(lowerings, base, device)])
     if args.lowering_policy and not any(isinstance(lo, PolicyColumn) for lo in lowerings):
         # the columns are named by their lowering alone: say what else shapes every one of them
         notes.append(f"--lowering policy items {args.lowering_policy}: applied to every column")

@@ -335,6 +335,10 @@ def run_profile(names: list[str], args) -> dict:
              f"profile: each step {warmup} warm-up + {repeat} timed calls, median"]
     models = build_models(names, args, device, notes)
     lowerings = args.lowering or [lw.Lowering("auto" if device == "cuda" else lw.CPU_DEFAULT[0])]
+    from_file = None if args.lowering else lw.policy_file_default(args.policy)  # as a benchmark's columns
+    if from_file is not None:
+        lowerings, note = from_file
+        notes.append(note)
     base = base_policy(args, lowerings, device)  # the benchmark's: a column of either compiles alike
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
     check_forces(tgs, args, device)

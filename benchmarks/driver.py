@@ -53,14 +53,14 @@ from opgraph.passes.policy import LoweringPolicy
 from . import check as chk
 from . import lowerings as lw
 from . import stability
-from .environment import environment, git_commit  # noqa: F401  (re-exported)
+from .environment import environment, git_commit, thread_counts  # noqa: F401  (re-exported)
 from .forward import ForwardTiming, lowering_summary, time_calls, time_forward  # noqa: F401
 from .graph_column import (changed_choices, graph_column, graph_failed, graph_placeholder, recompile_note,
                            replay_policy)
 from .memory import memory_record, run_and_measure
 from .models import LAYERS, Model
 from .peak import measure_peaks
-from .peer_column import add_ratios, peer_records
+from .peer_column import add_ratios, peer_records, threads_note
 from .protocol import (PHASES, PhaseRunner, TrainingGraph, applied_layout, random_feeds, schedule,  # noqa: F401
                        training_graph)
 from .records import (error_fields, fill_throughput, forced_nodes, layer_records, model_flops, new_record,
@@ -328,12 +328,15 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
                       batch={m.key: m.batch for m in models}, warmup=s.warmup,
                       repeat="auto" if s.adaptive else s.repeat,
                       lowerings=[lo.name for lo in s.lowerings], compare=list(s.compare),
-                      seed=s.seed, policy=policy.to_dict())
+                      seed=s.seed, policy=policy.to_dict(),
+                      threads=thread_counts(torch=bool(s.compare)))  # the peers import PyTorch anyway
     doc = {"tool": "opgraph-bench", "mode": "benchmark", "schema_version": SCHEMA_VERSION,
            "environment": env, "protocol": s.protocol(timer.clock), "peak": peak,
            "stability": stability.run_stability(peak, s.device, env.get("device_name")),
            "lowerings": {lo.name: lo.describe() for lo in s.lowerings},
            "notes": list(notes), "models": [], "results": []}
+    if s.compare and s.device == "cpu":  # the peers' threads aligned to NumPy's BLAS, or why not
+        doc["notes"] += filter(None, [threads_note(env["threads"])])
     doc["lowerings"].update({lo.name + "+graph": lo.describe() + "; each phase replayed as CUDA "
                              "graphs (steps that cannot be captured run eagerly between them)"
                              for lo in s.lowerings if s.graphed(lo.name)})

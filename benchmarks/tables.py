@@ -259,6 +259,11 @@ def environment_table(doc: dict) -> Table:
              ["batch", ", ".join(f"{k} {v}" for k, v in (env.get("batch") or {}).items())],
              ["protocol", f"{proto.get('warmup')} warm-up + {proto.get('repeat')} timed calls per "
                           f"loop; {proto.get('clock')}"]]
+    threads = env.get("threads") or {}
+    if env.get("device") == "cpu" and threads:  # what a CPU comparison with PyTorch depends on
+        blas, own = threads.get("blas"), threads.get("torch")
+        rows.append(["threads", (f"NumPy BLAS {blas} ({threads.get('blas_source')})" if blas else "NumPy BLAS unknown")
+                     + (f", PyTorch {own}" if own else "")])
     return Table("environment", ["", ""], rows)
 
 

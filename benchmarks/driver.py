@@ -52,7 +52,7 @@ from opgraph.passes.policy import LoweringPolicy
 
 from . import check as chk
 from . import lowerings as lw
-from . import stability
+from . import report, stability
 from .environment import environment, git_commit, thread_counts  # noqa: F401  (re-exported)
 from .forward import ForwardTiming, lowering_summary, time_calls, time_forward  # noqa: F401
 from .graph_column import (changed_choices, graph_column, graph_failed, graph_placeholder, recompile_note,
@@ -83,7 +83,8 @@ CPU_DEFAULT_NOTE = (f"CPU default lowerings: {', '.join(lw.CPU_DEFAULT)} only (o
                     "10-30x slower than GEMM and autotuning times every candidate of every node, so "
                     "all lowerings plus auto would take far more than a few minutes); "
                     "ask for others with --lowering")
-SCHEMA_VERSION = 1
+#: The document's ``schema_version`` (defined beside the schema, in report.py, which ``compare`` reads).
+SCHEMA_VERSION = report.SCHEMA_VERSION
 
 
 def cuda_status() -> tuple[bool, str]:

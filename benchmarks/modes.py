@@ -314,7 +314,7 @@ def run_summary(names: list[str], args) -> dict:
     batch = (f"batch {args.batch} (set with --batch)" if args.batch is not None
              else "the seed benchmark's (or the modern suite's) batch of each model")
     onnx_notes = [] if args.batch is not None else [file_batch_note(m) for m in built if m.spec_key == "onnx"]
-    return {"tool": "opgraph-bench", "mode": "summary",
+    return {"tool": "opgraph-bench", "mode": "summary", "schema_version": report.SUMMARY_SCHEMA_VERSION,
             "environment": environment("none", batch=args.batch, dtype=args.dtype),
             "notes": [f"static summary at {batch}; forward FLOPs from each op's rule, a "
                       "multiply-add counted as 2 (convolution and linear exclude the bias add)", *onnx_notes],

@@ -146,3 +146,25 @@ def test_a_suffix_that_fits_or_names_no_format_is_written(capsys, tmp_path, argv
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     status, _, err = run_cli(capsys, "--model", "L5", "--summary", *argv)
     assert status == 0, err
+
+
+def test_every_mode_writes_the_schema_version_readme_gives(capsys, tmp_path):
+    """README said the --profile document is schema 2 while it wrote 3, and the
+    --summary document had no schema_version at all (user report)."""
+    import re
+    from pathlib import Path
+
+    from opgraph.benchmarks import driver, profile, report
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    said = {mode: int(re.search(pattern, readme).group(1)) for mode, pattern in (
+        ("benchmark", r"JSON schema \(`schema_version` (\d+)\)"),
+        ("profile", r'"mode": "profile", "schema_version":\s*(\d+)'),
+        ("summary", r'"mode":\s*"summary", "schema_version": (\d+)'))}
+    assert said == {"benchmark": driver.SCHEMA_VERSION, "profile": profile.PROFILE_SCHEMA_VERSION,
+                    "summary": report.SUMMARY_SCHEMA_VERSION}
+    status, out, err = run_cli(capsys, "--model", "L5", "--summary", "--format", "json")
+    assert status == 0, err
+    doc = json.loads(out)
+    assert (doc["mode"], doc["schema_version"]) == ("summary", said["summary"])
+    assert list(doc) == ["tool", "mode", "schema_version", "environment", "notes", "models"]

@@ -14,7 +14,7 @@ Examples::
     opgraph-bench --model all --summary             # static shapes, params, GFLOP; nothing runs
 
 Exit status: 0 on success; 2 on a usage error (unknown flag, model, lowering,
-precision; a negative --seed or --time-limit; an --output or --json file whose
+precision; a negative --seed or --time-limit; an --output, --json or --trace file whose
 suffix names another format than the one written (:func:`.usage.check_suffixes`); a flag the mode cannot use,
 such as --plot with --summary (:mod:`.usage`); an --onnx file that does not
 exist; a lowering that applies to no convolution of the selected models; a

@@ -139,6 +139,17 @@ def test_a_file_whose_suffix_names_another_format_is_refused(capsys, tmp_path, a
     assert err == f"opgraph-bench: error: {said.replace('{tmp}', str(tmp_path))}\n"
 
 
+@pytest.mark.parametrize("suffix, named", [(".csv", "csv"), (".MD", "markdown")])
+def test_a_trace_whose_suffix_names_another_format_is_refused(capsys, tmp_path, suffix, named):
+    """``--trace t.csv`` was taken (and JSON trace events written into it)
+    while ``--json x.csv`` was refused (user report)."""
+    path = tmp_path / f"t{suffix}"
+    status, out, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--trace", str(path))
+    assert status == 2 and out == "" and not list(tmp_path.iterdir())
+    assert err == (f"opgraph-bench: error: --trace {path}: its {suffix.lower()} suffix names {named}, but --trace "
+                   "writes json (Chrome trace events): end the file name in .json\n")
+
+
 @pytest.mark.parametrize("argv", [["--format", "csv", "--output", "{tmp}/x.txt"],   # no format's suffix
                                   ["--format", "csv", "--output", "{tmp}/x.csv"],
                                   ["--output", "{tmp}/x.json", "--json", "{tmp}/y.JSON"]])

@@ -64,7 +64,7 @@ from .peer_column import add_ratios, peer_records, threads_note
 from .protocol import (PHASES, PhaseRunner, TrainingGraph, applied_layout, random_feeds, schedule,  # noqa: F401
                        training_graph)
 from .records import (error_fields, fill_throughput, forced_nodes, layer_records, model_flops, new_record,
-                      phase_totals, release_device)
+                      phase_totals, release_device, warnings_noted)
 from .timer import AUTO_ROUND, AdaptiveTimer, Timer, make_timer
 from .whole_step import opgraph_step
 
@@ -216,7 +216,8 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
     exe = runner = None
     try:
         t0 = time.perf_counter()
-        exe = og.compile(tg.outputs, device=s.device, policy=policy)
+        with warnings_noted(rec["notes"]):  # a corrupt autotune cache: said in the record, not only on stderr
+            exe = og.compile(tg.outputs, device=s.device, policy=policy)
         rec["compile_s"] = time.perf_counter() - t0
         rec["autotune"] = exe.report.autotune or None  # where compile_s went, when autotune ran
         rec["fusion"] = exe.report.fusion or None  # which fusion rules rewrote how many matches
@@ -273,11 +274,14 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
                     runner = None  # the eager column's arrays go before the replay's are made
                     release_device(s.device)
                     t0 = time.perf_counter()
-                    exe = og.compile(tg.outputs, device=s.device, policy=replay_pol)
+                    warned: list[str] = []
+                    with warnings_noted(warned):
+                        exe = og.compile(tg.outputs, device=s.device, policy=replay_pol)
                     changed = changed_choices(eager_exe, exe)
                     eager_exe = None
                     recompiled = {"policy": replay_pol.to_dict(), "compile_s": time.perf_counter() - t0,
-                                  "algorithms": lw.algorithm_counts(exe), "notes": [recompile_note(changed)]}
+                                  "algorithms": lw.algorithm_counts(exe),
+                                  "notes": [recompile_note(changed), *warned]}
                     sched = schedule(exe, tg)
                     na = _declined(exe, lowering, rec["forced"])
                     runner = PhaseRunner(sched, exe.feed(feeds), timer)

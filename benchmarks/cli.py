@@ -236,10 +236,19 @@ EXIT_INTERRUPTED = 130
 EXIT_NOTHING_TIMED = 4
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """``warnings.showwarning`` of the command: one line naming the tool, as a
-    user of the command has no use for the library's file, line and source."""
-    print(f"opgraph-bench: warning: {message}", file=sys.stderr, flush=True)
+def _warning_printer():
+    """``warnings.showwarning`` of one command: one line naming the tool, as a
+    user of the command has no use for the library's file, line and source;
+    each message once (the columns' compiles record their warnings,
+    ``records.warnings_noted``, which resets Python's once-per-place memory)."""
+    said: set[str] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if str(message) not in said:
+            said.add(str(message))
+            print(f"opgraph-bench: warning: {message}", file=sys.stderr, flush=True)
+
+    return show
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         from .compare import main as compare_main
 
         return compare_main(argv[1:])
-    saved, warnings.showwarning = warnings.showwarning, _show_warning
+    saved, warnings.showwarning = warnings.showwarning, _warning_printer()
     try:
         return _main(argv)
     finally:

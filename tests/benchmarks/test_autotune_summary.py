@@ -156,3 +156,21 @@ def test_the_profile_notes_the_warnings_of_its_compile(tmp_path, recwarn):
                            make_timer("cpu"), {"matmul": {}, "copy": {}}, warmup=0, repeat=1)
     assert any(n.startswith(f"warning: autotune cache {cache} is corrupt: not UTF-8") for n in rec["notes"])
     assert any("is corrupt" in str(w.message) for w in recwarn.list)  # issued again for the caller
+
+
+def test_a_warning_every_column_raises_is_printed_once(tmp_path, capsys):
+    """The command prints a warning that each column's compile raises once, as
+    before the compiles recorded their warnings (``records.warnings_noted``
+    resets Python's once-per-place memory)."""
+    import json
+
+    from opgraph.benchmarks import cli
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[force]\nL5 = "direct"\nconv99 = "fft"\n')
+    status = cli.main(["--model", "L5", "--batch", "1", "--device", "cpu", "--warmup", "0", "--repeat", "1",
+                       "--no-check", "--no-per-layer", "--lowering", "gemm,direct", "--policy", str(policy),
+                       "--format", "json", "--quiet"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    assert err == "opgraph-bench: warning: policy.force key 'conv99' matches no node of graph 'L5'\n"

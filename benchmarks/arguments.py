@@ -253,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="layout the policy asks for (default: the --policy file's, else nchw); "
                         "NHWC applies on cuda only, to opgraph and the peer (channels_last) alike, "
                         "and results record the layout applied")
-    p.add_argument("--policy", metavar="TOML", help="a base LoweringPolicy file (passes/policy.py)")
+    p.add_argument("--policy", metavar="TOML", help="a base LoweringPolicy file (passes/policy.py); without "
+                   "--lowering, one whose prefer covers the convolutions makes the one column default")
     p.add_argument("--workspace-limit", default=None, metavar="BYTES",
                    help="scratch budget per node, e.g. 512MiB (policy workspace_limit)")
     p.add_argument("--workspace-tolerance", default=None, metavar="FRACTION",

@@ -14,7 +14,7 @@ Examples::
     opgraph-bench --model all --summary             # static shapes, params, GFLOP; nothing runs
 
 Exit status: 0 on success; 2 on a usage error (unknown flag, model, lowering,
-precision; a negative --seed or --time-limit; an --output or --json file whose
+precision; a negative --seed or --time-limit; an --output, --json or --trace file whose
 suffix names another format than the one written (:func:`.usage.check_suffixes`); a flag the mode cannot use,
 such as --plot with --summary (:mod:`.usage`); an --onnx file that does not
 exist; a lowering that applies to no convolution of the selected models; a
@@ -116,7 +116,11 @@ def run_timing(names: list[str], args) -> dict:
     models = build_models(names, args, device, notes)
     lowerings = args.lowering
     cuda_graph = args.cuda_graph
-    if lowerings is None:
+    from_file = lw.policy_file_default(args.policy) if lowerings is None else None
+    if from_file is not None:  # the file's preference, not a default column's algorithm put before it
+        lowerings, note = from_file
+        notes.append(note)
+    elif lowerings is None:
         lowerings = lw.default_lowerings(device)
         if device == "cpu":
             notes.append(driver.CPU_DEFAULT_NOTE)
@@ -125,6 +129,7 @@ def run_timing(names: list[str], args) -> dict:
             notes.append(f"default lowerings on {device}: auto+graph too (--cuda-graph: a +graph "
                          "column for every lowering)")
     base = base_policy(args, lowerings, device)
+    notes += filter(None, [lw.displaced_preference(lowerings, base, device)])
     if args.lowering_policy and not any(isinstance(lo, PolicyColumn) for lo in lowerings):
         # the columns are named by their lowering alone: say what else shapes every one of them
         notes.append(f"--lowering policy items {args.lowering_policy}: applied to every column")
@@ -231,10 +236,19 @@ EXIT_INTERRUPTED = 130
 EXIT_NOTHING_TIMED = 4
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """``warnings.showwarning`` of the command: one line naming the tool, as a
-    user of the command has no use for the library's file, line and source."""
-    print(f"opgraph-bench: warning: {message}", file=sys.stderr, flush=True)
+def _warning_printer():
+    """``warnings.showwarning`` of one command: one line naming the tool, as a
+    user of the command has no use for the library's file, line and source;
+    each message once (the columns' compiles record their warnings,
+    ``records.warnings_noted``, which resets Python's once-per-place memory)."""
+    said: set[str] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if str(message) not in said:
+            said.add(str(message))
+            print(f"opgraph-bench: warning: {message}", file=sys.stderr, flush=True)
+
+    return show
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         from .compare import main as compare_main
 
         return compare_main(argv[1:])
-    saved, warnings.showwarning = warnings.showwarning, _show_warning
+    saved, warnings.showwarning = warnings.showwarning, _warning_printer()
     try:
         return _main(argv)
     finally:

@@ -17,7 +17,12 @@ compare`` mark only the changes their statistics support:
   a loop of one call has no spread, and its change is ``?``.
 
 Columns in one file only are listed in a note. Exit status 0, or 2 when a
-file cannot be read or is not an ``opgraph-bench`` benchmark document.
+file cannot be read, is not an ``opgraph-bench`` benchmark document, has
+another ``schema_version`` than the one timing runs write
+(:data:`.report.SCHEMA_VERSION`), or a field this comparison reads has a
+value of the wrong kind (a hand edit: ``median_ms = "x"``, ``results =
+"oops"``): one line naming the file, the field and the value
+(:func:`check_document`).
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ import argparse
 import csv
 import io
 import json
+import math
 import sys
 
 from .flag_values import BriefUsageParser, one_of
-from .report import write_tables
+from .report import SCHEMA_VERSION, write_tables
 from .stability import spread, total_spread
 from .tables import Table, fmt_ms, precision_label
 
@@ -52,7 +58,90 @@ def load(path: str) -> dict:
         raise ValueError(f"{path}: is not JSON ({e})") from None
     if not isinstance(doc, dict) or doc.get("tool") != "opgraph-bench" or doc.get("mode") != "benchmark":
         raise ValueError(f"{path}: is not an opgraph-bench benchmark document (--format json of a timing run)")
+    check_document(doc, path)
     return doc
+
+
+def _shown(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Field:
+    """Checks of the fields of one document, each failure a ``ValueError``
+    naming the file, the field's path and the value."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def fail(self, where: str, value, what: str):
+        raise ValueError(f"{self.path}: {where} = {_shown(value)}: {what}")
+
+    def kind(self, where: str, value, types, what: str, optional: bool = False):
+        if value is None and optional:
+            return value
+        if isinstance(value, bool) or not isinstance(value, types):
+            self.fail(where, value, what)
+        return value
+
+    def number(self, where: str, value, optional: bool = False):
+        self.kind(where, value, (int, float), "must be a number of milliseconds", optional)
+        if value is not None and not math.isfinite(value):
+            self.fail(where, value, "must be a finite number of milliseconds")
+        return value
+
+    def loop(self, where: str, t) -> None:
+        """One timed loop: ``times_ms`` (a non-empty list of numbers) and ``median_ms``."""
+        self.kind(where, t, dict, "must be an object (a timed loop) or null", optional=True)
+        if not t or t.get("times_ms") is None:  # no calls recorded: the comparison skips it
+            return
+        times = self.kind(f"{where}.times_ms", t["times_ms"], list, "must be a list of milliseconds")
+        if not times:
+            self.fail(f"{where}.times_ms", times, "must list at least one call")
+        for i, x in enumerate(times):
+            self.number(f"{where}.times_ms[{i}]", x)
+        self.number(f"{where}.median_ms", t.get("median_ms"))
+
+
+def check_document(doc: dict, path: str) -> None:
+    """Refuse a benchmark document whose ``schema_version`` is not
+    :data:`.report.SCHEMA_VERSION` or whose fields :func:`compare` reads
+    have values of the wrong kind: ``results`` a list of objects, and in each
+    timed (``status: ok``) one the key fields (``model``, ``lowering``,
+    ``precision``: strings; ``layout``, ``dtype``: strings or null;
+    ``batch``: an integer or null), each loop of ``times`` and ``step``
+    (``times_ms``: numbers, ``median_ms``: a number) and, where a phase was
+    timed, ``totals.total_ms``.
+
+    Raises:
+        ValueError: ``'B.json: results[0].times.forward.median_ms = "x": must
+            be a number of milliseconds'``.
+    """
+    f = _Field(path)
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION:
+        f.fail("schema_version", version, f"this opgraph-bench compares schema_version {SCHEMA_VERSION}, "
+                                          "the version its timing runs write")
+    results = f.kind("results", doc.get("results"), list, "must be a list of results (one per column)")
+    for i, r in enumerate(results):
+        where = f"results[{i}]"
+        f.kind(where, r, dict, "must be an object (one column's result)")
+        f.kind(f"{where}.status", r.get("status"), str, "must be a status string (ok, n/a, error, ...)")
+        if r["status"] != "ok":
+            continue
+        for key in ("model", "lowering", "precision"):
+            f.kind(f"{where}.{key}", r.get(key), str, "must be a string")
+        for key in ("layout", "dtype"):
+            f.kind(f"{where}.{key}", r.get(key), str, "must be a string or null", optional=True)
+        f.kind(f"{where}.batch", r.get("batch"), int, "must be an integer or null", optional=True)
+        times = f.kind(f"{where}.times", r.get("times"), dict, "must be an object (phase -> loop) or null",
+                       optional=True) or {}
+        for phase, t in times.items():
+            f.loop(f"{where}.times.{phase}", t)
+        f.loop(f"{where}.step", r.get("step"))
+        if any(t and t.get("times_ms") for t in times.values()):
+            totals = f.kind(f"{where}.totals", r.get("totals"), dict, "must be an object with total_ms")
+            f.number(f"{where}.totals.total_ms", totals.get("total_ms"))
 
 
 def _key(r: dict) -> tuple:
@@ -180,4 +269,4 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["load", "compare", "change", "comparison_table", "build_parser", "main"]
+__all__ = ["load", "check_document", "compare", "change", "comparison_table", "build_parser", "main"]

@@ -52,19 +52,19 @@ from opgraph.passes.policy import LoweringPolicy
 
 from . import check as chk
 from . import lowerings as lw
-from . import stability
-from .environment import environment, git_commit  # noqa: F401  (re-exported)
+from . import report, stability
+from .environment import environment, git_commit, thread_counts  # noqa: F401  (re-exported)
 from .forward import ForwardTiming, lowering_summary, time_calls, time_forward  # noqa: F401
 from .graph_column import (changed_choices, graph_column, graph_failed, graph_placeholder, recompile_note,
                            replay_policy)
 from .memory import memory_record, run_and_measure
 from .models import LAYERS, Model
 from .peak import measure_peaks
-from .peer_column import add_ratios, peer_records
+from .peer_column import add_ratios, peer_records, threads_note
 from .protocol import (PHASES, PhaseRunner, TrainingGraph, applied_layout, random_feeds, schedule,  # noqa: F401
                        training_graph)
 from .records import (error_fields, fill_throughput, forced_nodes, layer_records, model_flops, new_record,
-                      phase_totals, release_device)
+                      phase_totals, release_device, warnings_noted)
 from .timer import AUTO_ROUND, AdaptiveTimer, Timer, make_timer
 from .whole_step import opgraph_step
 
@@ -83,7 +83,8 @@ CPU_DEFAULT_NOTE = (f"CPU default lowerings: {', '.join(lw.CPU_DEFAULT)} only (o
                     "10-30x slower than GEMM and autotuning times every candidate of every node, so "
                     "all lowerings plus auto would take far more than a few minutes); "
                     "ask for others with --lowering")
-SCHEMA_VERSION = 1
+#: The document's ``schema_version`` (defined beside the schema, in report.py, which ``compare`` reads).
+SCHEMA_VERSION = report.SCHEMA_VERSION
 
 
 def cuda_status() -> tuple[bool, str]:
@@ -215,7 +216,8 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
     exe = runner = None
     try:
         t0 = time.perf_counter()
-        exe = og.compile(tg.outputs, device=s.device, policy=policy)
+        with warnings_noted(rec["notes"]):  # a corrupt autotune cache: said in the record, not only on stderr
+            exe = og.compile(tg.outputs, device=s.device, policy=policy)
         rec["compile_s"] = time.perf_counter() - t0
         rec["autotune"] = exe.report.autotune or None  # where compile_s went, when autotune ran
         rec["fusion"] = exe.report.fusion or None  # which fusion rules rewrote how many matches
@@ -272,11 +274,14 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
                     runner = None  # the eager column's arrays go before the replay's are made
                     release_device(s.device)
                     t0 = time.perf_counter()
-                    exe = og.compile(tg.outputs, device=s.device, policy=replay_pol)
+                    warned: list[str] = []
+                    with warnings_noted(warned):
+                        exe = og.compile(tg.outputs, device=s.device, policy=replay_pol)
                     changed = changed_choices(eager_exe, exe)
                     eager_exe = None
                     recompiled = {"policy": replay_pol.to_dict(), "compile_s": time.perf_counter() - t0,
-                                  "algorithms": lw.algorithm_counts(exe), "notes": [recompile_note(changed)]}
+                                  "algorithms": lw.algorithm_counts(exe),
+                                  "notes": [recompile_note(changed), *warned]}
                     sched = schedule(exe, tg)
                     na = _declined(exe, lowering, rec["forced"])
                     runner = PhaseRunner(sched, exe.feed(feeds), timer)
@@ -328,12 +333,15 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
                       batch={m.key: m.batch for m in models}, warmup=s.warmup,
                       repeat="auto" if s.adaptive else s.repeat,
                       lowerings=[lo.name for lo in s.lowerings], compare=list(s.compare),
-                      seed=s.seed, policy=policy.to_dict())
+                      seed=s.seed, policy=policy.to_dict(),
+                      threads=thread_counts(torch=bool(s.compare)))  # the peers import PyTorch anyway
     doc = {"tool": "opgraph-bench", "mode": "benchmark", "schema_version": SCHEMA_VERSION,
            "environment": env, "protocol": s.protocol(timer.clock), "peak": peak,
            "stability": stability.run_stability(peak, s.device, env.get("device_name")),
            "lowerings": {lo.name: lo.describe() for lo in s.lowerings},
            "notes": list(notes), "models": [], "results": []}
+    if s.compare and s.device == "cpu":  # the peers' threads aligned to NumPy's BLAS, or why not
+        doc["notes"] += filter(None, [threads_note(env["threads"])])
     doc["lowerings"].update({lo.name + "+graph": lo.describe() + "; each phase replayed as CUDA "
                              "graphs (steps that cannot be captured run eagerly between them)"
                              for lo in s.lowerings if s.graphed(lo.name)})

@@ -4,10 +4,14 @@ Time stamp, device and its name, the NVIDIA driver, CUDA runtime and driver
 API, cuDNN (backend and frontend), CuPy, NumPy, PyTorch (and its cuDNN when
 the peer ran), Python, platform, CPU count, the git commit of the checkout
 (``+dirty`` with uncommitted changes) and the command line; the caller adds
-precision, layout, batch and protocol settings.
+precision, layout, batch and protocol settings, and the thread counts
+(:func:`thread_counts`: NumPy's BLAS threads, PyTorch's, and the variables
+that set them), which a CPU comparison with PyTorch depends on.
 
-Nothing here imports PyTorch (its version comes from package metadata) and
-nothing raises: an absent library or a failed query is ``None``.
+Nothing here imports PyTorch unless asked (:func:`thread_counts` of a run
+that compares with it, which imports it anyway; its version comes from
+package metadata) and nothing raises: an absent library or a failed query is
+``None``.
 """
 
 from __future__ import annotations
@@ -61,6 +65,73 @@ def nvidia_driver() -> str | None:
     return line or None
 
 
+#: The environment variables the BLAS libraries (and PyTorch's OpenMP) read their thread counts from.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+#: The variables each BLAS reads, in its order of precedence (the first set one wins).
+_BLAS_VARIABLES = {"openblas": ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"),
+                   "mkl": ("MKL_NUM_THREADS", "OMP_NUM_THREADS")}
+
+
+def numpy_blas() -> str | None:
+    """``'openblas'`` or ``'mkl'``: the BLAS NumPy was built with (its build
+    configuration), or None when it cannot tell."""
+    try:
+        name = str(np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]).lower()
+    except Exception:  # NumPy < 1.26 prints its configuration only
+        return None
+    return next((k for k in _BLAS_VARIABLES if k in name), None)
+
+
+def _positive(text) -> int | None:
+    try:
+        n = int(str(text).strip())
+    except (TypeError, ValueError):
+        return None
+    return n if n > 0 else None
+
+
+def blas_threads() -> tuple[int | None, str]:
+    """The number of threads NumPy's BLAS runs with, and where it was read:
+    the library's own count through ``threadpoolctl`` when that is installed,
+    else the environment variable the library reads (``OPENBLAS_NUM_THREADS``,
+    ``MKL_NUM_THREADS``, ``OMP_NUM_THREADS``: :data:`_BLAS_VARIABLES`); None
+    when neither tells (the library's default, one thread per CPU for OpenBLAS)."""
+    try:
+        from threadpoolctl import threadpool_info
+
+        blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    except Exception:  # not installed, or it failed: the variables say what they set
+        blas = []
+    if blas and _positive(blas[0].get("num_threads")):
+        return int(blas[0]["num_threads"]), f"threadpoolctl ({blas[0].get('internal_api')})"
+    name = numpy_blas()
+    for var in _BLAS_VARIABLES.get(name, ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")):
+        n = _positive(os.environ.get(var))
+        if n is not None:
+            return n, var
+    return None, (f"unknown: no threadpoolctl, and none of {', '.join(THREAD_VARIABLES)} set "
+                  f"({name or 'the BLAS'}'s default{', one thread per CPU' if name == 'openblas' else ''})")
+
+
+def thread_counts(torch: bool = False) -> dict:
+    """``{"blas", "blas_source", "torch", OMP_NUM_THREADS, OPENBLAS_NUM_THREADS,
+    MKL_NUM_THREADS}``: NumPy's BLAS threads (:func:`blas_threads`),
+    ``torch.get_num_threads()`` (PyTorch's own intra-op count; None unless
+    ``torch`` is asked for or already imported, and when it is not installed)
+    and the variables as set (None: unset)."""
+    blas, source = blas_threads()
+    own = None
+    try:
+        if torch or "torch" in sys.modules:
+            import torch as _torch
+
+            own = _torch.get_num_threads()
+    except Exception:  # not installed: no peer to compare with
+        own = None
+    return {"blas": blas, "blas_source": source, "torch": own,
+            **{var: os.environ.get(var) for var in THREAD_VARIABLES}}
+
+
 def environment(device: str, **extra) -> dict:
     """The environment record (module docstring) plus ``extra``."""
     env = {
@@ -75,6 +146,7 @@ def environment(device: str, **extra) -> dict:
         "torch": package_version("torch"),
         "git_commit": git_commit(),
         "argv": sys.argv[1:],
+        "threads": thread_counts(),
     }
     env.update({k: v for k, v in dev.versions().items() if v is not None})
     if device in dev.DEVICES:
@@ -88,7 +160,8 @@ def environment(device: str, **extra) -> dict:
     return env
 
 
-__all__ = ["git_commit", "package_version", "nvidia_driver", "environment"]
+__all__ = ["git_commit", "package_version", "nvidia_driver", "environment", "THREAD_VARIABLES", "numpy_blas",
+           "blas_threads", "thread_counts"]
 
 
 def missing_gpu_libraries(device: str) -> list[str]:

@@ -13,7 +13,11 @@ A *lowering* is one column of the benchmark:
   the ``direct``/``reference`` oracle is left out of its candidates (the
   float64 oracle's code, never the fastest there, and slow to time at model
   sizes); a ``--policy`` file can say otherwise;
-* ``default``: the device's default order, no preference.
+* ``default``: the base policy as it is: a ``--policy`` file's or the
+  ``--lowering`` policy items' preferences, then the device's default order.
+  A run without ``--lowering`` whose ``--policy`` file prefers algorithms for
+  the convolutions gets this one column (:func:`policy_file_default`): an
+  algorithm column puts its algorithm before the file's preference.
 
 A lowering spec may add a workspace limit, ``<lowering>@ws=<bytes>``
 (``cudnn@ws=0``, ``auto@ws=64MiB``; bytes as the policy's
@@ -47,7 +51,8 @@ from .protocol import TrainingGraph
 CONV_TYPES = tuple(t for t in of_family("conv") if not t.fused)
 SPECIAL = {
     "auto": "autotune: every applicable candidate of each node checked and timed, fastest kept",
-    "default": "the device's default order (no preference)",
+    "default": "the base policy as it is: its preferences (a --policy file's, --lowering's items), "
+               "then the device's default order",
 }
 #: Algorithms that are other names of one already listed (not a column of their own by default).
 ALIASES = {"reference": "direct"}
@@ -198,6 +203,60 @@ def default_lowerings(device: str) -> list[Lowering]:
     return [Lowering(n) for n in first + [n for n in names if n not in first]] + [Lowering("auto")]
 
 
+def conv_preference(policy: LoweringPolicy) -> str | None:
+    """What ``policy``'s ``prefer`` says of the convolution ops, for a note:
+    ``'fft, gemm'`` when every direction has that order, else each order with
+    the ops it covers (``'fft, gemm (Conv2d, Conv2dBackwardData); gemm, fft
+    (Conv2dBackwardFilter)'``); None when it prefers nothing for them."""
+    orders: dict[tuple, list[str]] = {}
+    for t in CONV_TYPES:
+        orders.setdefault(policy.preferred(t.__name__), []).append(t.__name__)
+    if set(orders) == {()}:
+        return None
+    if len(orders) == 1:
+        return ", ".join(next(iter(orders)))
+    return "; ".join(f"{', '.join(order) or 'none'} ({', '.join(types)})" for order, types in orders.items())
+
+
+def policy_file_default(policy_file: str | None) -> tuple[list[Lowering], str] | None:
+    """The lowerings of a run (or a profile) without ``--lowering`` whose
+    ``--policy`` file prefers algorithms for the convolutions, and the note
+    saying so: the one column ``default``, the file's policy as it is (an
+    algorithm column, as the device's default columns are, would put its own
+    algorithm before the file's preference: a user who wrote ``conv = ["fft",
+    "gemm"]`` ran no FFT). None without a file or a convolution preference in it.
+
+    Raises:
+        PolicyError: the file cannot be read or is invalid (``--policy`` named).
+    """
+    if not policy_file:
+        return None
+    preference = conv_preference(LoweringPolicy.from_toml(policy_file, flag="--policy"))
+    if preference is None:
+        return None
+    return [Lowering("default")], (
+        f"--policy {policy_file} prefers {preference} for the convolutions: without --lowering the one "
+        "lowering is default, that policy as it is (an algorithm column such as gemm would put its "
+        "algorithm first; --lowering default,gemm,fft times both)")
+
+
+def displaced_preference(lowerings, base: LoweringPolicy, device: str) -> str | None:
+    """A note when some of ``lowerings`` (columns naming an algorithm) put it
+    before the convolution preference of ``base`` (a ``--policy`` file's or
+    the ``--lowering`` policy items'), so that the column does not run what
+    the preference says first; None when no column does."""
+    preference = conv_preference(base)
+    if preference is None:
+        return None
+    names = [lo.name for lo in lowerings if lo.algorithm is not None and any(
+        base.preferred(t.__name__) and lo.policy(base, device).preferred(t.__name__)[0]
+        != base.preferred(t.__name__)[0] for t in CONV_TYPES)]
+    if not names:
+        return None
+    return (f"the policy prefers {preference} for the convolutions; column(s) {', '.join(names)} put their "
+            "own algorithm first, as an algorithm column does (the column default follows the policy as it is)")
+
+
 def unused_autotune_flags(flags: dict, lowerings, base: LoweringPolicy, device: str) -> str | None:
     """Why flags that only steer autotune (``flags``: flag name -> value, None
     when not given, e.g. ``{'--engine-limit': '3'}``) would be silently
@@ -312,7 +371,7 @@ def requested_notes(exe: Executable, precision: str, layout: str, dtype: str) ->
     return notes
 
 
-__all__ = ["inapplicable", "requested_notes", "Lowering", "SPECIAL", "unused_autotune_flags", "CPU_DEFAULT", "WORKSPACE_OPTION", "conv_algorithms", "parse_lowering",
+__all__ = ["conv_preference", "policy_file_default", "displaced_preference", "inapplicable", "requested_notes", "Lowering", "SPECIAL", "unused_autotune_flags", "CPU_DEFAULT", "WORKSPACE_OPTION", "conv_algorithms", "parse_lowering",
            "parse_lowerings",
            "default_lowerings", "conv_nodes", "applicability", "not_applicable",
            "algorithm_counts", "precision_applied"]

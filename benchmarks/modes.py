@@ -314,7 +314,7 @@ def run_summary(names: list[str], args) -> dict:
     batch = (f"batch {args.batch} (set with --batch)" if args.batch is not None
              else "the seed benchmark's (or the modern suite's) batch of each model")
     onnx_notes = [] if args.batch is not None else [file_batch_note(m) for m in built if m.spec_key == "onnx"]
-    return {"tool": "opgraph-bench", "mode": "summary",
+    return {"tool": "opgraph-bench", "mode": "summary", "schema_version": report.SUMMARY_SCHEMA_VERSION,
             "environment": environment("none", batch=args.batch, dtype=args.dtype),
             "notes": [f"static summary at {batch}; forward FLOPs from each op's rule, a "
                       "multiply-add counted as 2 (convolution and linear exclude the bias add)", *onnx_notes],
@@ -335,6 +335,10 @@ def run_profile(names: list[str], args) -> dict:
              f"profile: each step {warmup} warm-up + {repeat} timed calls, median"]
     models = build_models(names, args, device, notes)
     lowerings = args.lowering or [lw.Lowering("auto" if device == "cuda" else lw.CPU_DEFAULT[0])]
+    from_file = None if args.lowering else lw.policy_file_default(args.policy)  # as a benchmark's columns
+    if from_file is not None:
+        lowerings, note = from_file
+        notes.append(note)
     base = base_policy(args, lowerings, device)  # the benchmark's: a column of either compiles alike
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
     check_forces(tgs, args, device)

@@ -11,10 +11,22 @@ model and precision, measured in the same run:
   per-phase medians, where the peer has phases (a ``+graph`` peer has not);
 * ``vs_best_peer``: ``ratio`` is opgraph's whole step over the fastest
   peer's (``peer``, ``peer_step_ms``) among those timed in the run.
+
+Threads (:func:`aligned_threads`): on the CPU opgraph's convolutions and
+matrix products run on NumPy's BLAS, whose thread count
+``OPENBLAS_NUM_THREADS`` (or ``MKL_NUM_THREADS``, ``OMP_NUM_THREADS``) may
+limit, while PyTorch runs its own OpenMP thread count, which those variables
+do not all reach (README advises ``OPENBLAS_NUM_THREADS=1`` on a busy
+machine: one thread for opgraph, every core for PyTorch, a ratio off by the
+core count). Where the BLAS's count is known
+(:func:`.environment.blas_threads`) and differs from PyTorch's, the peers run
+with ``torch.set_num_threads`` of it, PyTorch's own count restored after;
+their records say so (``threads``, a note), and so does the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 from .peer_run import PEERS, VARIANTS
@@ -35,17 +47,65 @@ def ratio_key(peer: str) -> str:
     return "vs_" + peer.replace("-", "_").replace("+", "_")
 
 
+def threads_note(threads: dict) -> str | None:
+    """The run's note on the PyTorch peers' threads on the CPU (``threads``:
+    :func:`.environment.thread_counts`): aligned to NumPy's BLAS where the
+    two counts differ (:func:`aligned_threads`), or why they could not be
+    compared; None where they agree."""
+    blas, own = threads.get("blas"), threads.get("torch")
+    if own is None or blas == own:
+        return None
+    if blas is None:
+        return (f"threads: NumPy's BLAS thread count is {threads.get('blas_source')}, so the PyTorch peers run "
+                f"with PyTorch's own {own}: the ratios may compare different thread counts (set "
+                "OPENBLAS_NUM_THREADS, or install threadpoolctl, to have them aligned)")
+    return (f"threads: NumPy's BLAS runs {blas} thread(s) ({threads.get('blas_source')}), PyTorch {own} by "
+            f"default: the PyTorch peers run with torch.set_num_threads({blas}), so that the ratios compare "
+            "like thread counts")
+
+
+@contextlib.contextmanager
+def aligned_threads(device: str):
+    """On the CPU, PyTorch's intra-op thread count set to NumPy's BLAS's
+    (module docstring) while the peers run, restored after; yields the count
+    the peers run with and a note when it was changed (None, None on a GPU).
+
+    Raises:
+        PeerError: PyTorch is not installed.
+    """
+    if device != "cpu":
+        yield None, None
+        return
+    from .environment import blas_threads
+    from .peer_torch import import_torch
+
+    torch = import_torch()
+    own = torch.get_num_threads()
+    blas, source = blas_threads()
+    if blas is None or blas == own:
+        yield own, None
+        return
+    torch.set_num_threads(blas)
+    try:
+        yield blas, (f"ran with torch.set_num_threads({blas}), NumPy's BLAS thread count ({source}), "
+                     f"not PyTorch's own {own}: like thread counts")
+    finally:
+        torch.set_num_threads(own)
+
+
 def peer_records(tg, feeds: dict, ref, names, precision: str, s: Settings, peak: dict | None) -> list[dict]:
     """The records of the peers ``names`` for one model and precision, in that order."""
     from .peer_run import run_peers
     from .peer_torch import PeerError
 
     recs = {n: new_record(tg.model, precision, s, n, n) for n in names}
+    threads = note = None
     try:
         # the layout opgraph applied, so that the ratios compare like with like
-        outs = run_peers(tg.model, feeds, names, device=s.device, precision=precision,
-                         layout=s.applied_layout, warmup=s.warmup, repeat=s.repeat, reference=ref,
-                         input_grad=tg.input_grad is not None)
+        with aligned_threads(s.device) as (threads, note):
+            outs = run_peers(tg.model, feeds, names, device=s.device, precision=precision,
+                             layout=s.applied_layout, warmup=s.warmup, repeat=s.repeat, reference=ref,
+                             input_grad=tg.input_grad is not None)
     except PeerError as e:
         outs = {n: {"status": "unavailable", "reason": str(e)} for n in names}
     except Exception as e:
@@ -54,6 +114,10 @@ def peer_records(tg, feeds: dict, ref, names, precision: str, s: Settings, peak:
         release_device(s.device)
     for name, rec in recs.items():
         _fill(rec, outs[name], tg, peak)
+        if threads is not None:
+            rec["threads"] = threads  # PyTorch's intra-op threads while the peers ran (CPU)
+        if note is not None:
+            rec["notes"].append(note)
     return list(recs.values())
 
 
@@ -124,4 +188,5 @@ def add_ratios(results: list[dict]) -> None:
             r["vs_best_peer"] = {"ratio": _quotient(mine, best[1]), "peer": best[0], "peer_step_ms": best[1]}
 
 
-__all__ = ["ONE_PASS_NOTE", "GRAPH_NOTE", "ratio_key", "peer_records", "add_ratios"]
+__all__ = ["ONE_PASS_NOTE", "GRAPH_NOTE", "ratio_key", "threads_note", "aligned_threads", "peer_records",
+           "add_ratios"]

@@ -70,6 +70,7 @@ from opgraph.types import numpy_dtype
 from .peak import measure_peaks
 from .lowerings import requested_notes
 from .protocol import applied_layout, random_feeds, schedule
+from .records import warnings_noted
 from .step_clock import median_ms, step_clock, timing_summary
 from .tables import cache_note
 
@@ -192,10 +193,12 @@ def profile_steps(tg, feeds: dict, device: str, policy, timer, *, warmup: int, r
 
     clock = clock if clock is not None else step_clock(device, timer)
     t0 = time.perf_counter()
-    exe = og.compile(tg.outputs, device=device, policy=policy)
+    warned: list[str] = []
+    with warnings_noted(warned):  # a corrupt autotune cache: in the notes, as a benchmark column's
+        exe = og.compile(tg.outputs, device=device, policy=policy)
     compile_s = time.perf_counter() - t0
     asked = policy if isinstance(policy, LoweringPolicy) else LoweringPolicy.from_mapping(policy or {})
-    notes = requested_notes(exe, asked.precision, asked.layout, tg.model.dtype)
+    notes = warned + requested_notes(exe, asked.precision, asked.layout, tg.model.dtype)
     notes += filter(None, [profile_cache_note(exe.report.autotune)])
     sched = schedule(exe, tg)
     phase = {st.node: p for p, sts in sched.phases.items() for st in sts}

@@ -4,6 +4,8 @@ record's skeleton, phase totals, FLOPs, throughput and the per-layer rows
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from typing import TYPE_CHECKING
 
 from .protocol import main_step
@@ -35,6 +37,30 @@ def new_record(model: Model, precision: str, s: Settings, lowering: str, kind: s
             "layout": s.applied_layout, "layout_requested": s.layout, "device": s.device,
             "lowering": lowering, "kind": kind,
             "status": "ok", "reason": None, "notes": []}
+
+
+#: What a column's note says before a warning raised while compiling it (:func:`warnings_noted`).
+WARNING_NOTE = "warning: "
+
+
+@contextlib.contextmanager
+def warnings_noted(notes: list[str]):
+    """Each ``RuntimeWarning`` raised inside (compiling a column: a corrupt or
+    unwritable autotune cache, a hand edit of it not used, a variants function
+    that failed: ``passes/autotune_cache.py``) appended to ``notes`` as
+    ``'warning: MESSAGE'`` (once), so that the column's JSON record says what
+    only standard error said; every warning is then issued again as it came,
+    under the filters in force (the command prints it as one line)."""
+    caught: list = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # every one, even where an earlier column raised it
+            yield
+    finally:  # a compile that failed still notes what it warned of
+        for w in caught:
+            if issubclass(w.category, RuntimeWarning) and WARNING_NOTE + str(w.message) not in notes:
+                notes.append(WARNING_NOTE + str(w.message))
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 
 def forced_nodes(report) -> dict[str, str]:
@@ -167,5 +193,5 @@ def layer_records(tg, sched, layer_times: dict, na: dict, report) -> list[dict]:
     return rows
 
 
-__all__ = ["release_device", "new_record", "forced_nodes", "error_record", "error_reason", "error_fields", "ERROR_FRAMES",
+__all__ = ["WARNING_NOTE", "warnings_noted", "release_device", "new_record", "forced_nodes", "error_record", "error_reason", "error_fields", "ERROR_FRAMES",
            "phase_totals", "fill_throughput", "model_flops", "layer_records"]

@@ -2,7 +2,7 @@
 
 A result is a plain dict (a *document*) so that it round-trips through JSON:
 
-* ``{"tool", "mode": "summary", "environment", "notes", "models": [...]}``
+* ``{"tool", "mode": "summary", "schema_version", "environment", "notes", "models": [...]}``
   (``--summary``) where each model holds ``layers`` (one dict per node:
   ``name``, ``op``, ``output_shape``, ``params``, ``flops``, ``gflop``,
   ``out_bytes``, ``detail``) and ``totals``;
@@ -28,6 +28,12 @@ from opgraph.analysis import LayerRow, Totals
 from .tables import Table, all_tables
 
 FORMATS = ("table", "json", "csv", "markdown")
+#: ``schema_version`` of a timing run's document (``driver.run_benchmark``; README "JSON schema"),
+#: the one ``opgraph-bench compare`` reads.
+SCHEMA_VERSION = 1
+#: ``schema_version`` of a ``--summary`` document (README, "opgraph-bench"; ``--profile``'s:
+#: ``profile.PROFILE_SCHEMA_VERSION``).
+SUMMARY_SCHEMA_VERSION = 1
 
 #: Keys of every benchmark result (timed ones add the optional keys).
 RESULT_KEYS = ("model", "batch", "dtype", "precision", "layout", "layout_requested", "device",

@@ -229,6 +229,14 @@ def column_cache_note(r: dict) -> str | None:
     return f"{r['model']} / {r['lowering']}: {said}" if said else None
 
 
+def warning_notes(r: dict) -> list[str]:
+    """``'alexnet / auto: warning: autotune cache ... is corrupt ...'``: the
+    warnings raised while compiling a column (``records.warnings_noted``), named
+    by the column (a ``+graph`` column by its eager column, whose notes it starts from)."""
+    name = r["lowering"].removesuffix("+graph")
+    return [f"{r['model']} / {name}: {n}" for n in r.get("notes", ()) if n.startswith("warning: ")]
+
+
 def fusion_note(r: dict) -> str | None:
     """``'densenet121 / auto: fusion rules: bn-backward-sums 121, elementwise 312'``:
     which rules of the fuse pass's table rewrote (or declined) how many matches
@@ -259,6 +267,11 @@ def environment_table(doc: dict) -> Table:
              ["batch", ", ".join(f"{k} {v}" for k, v in (env.get("batch") or {}).items())],
              ["protocol", f"{proto.get('warmup')} warm-up + {proto.get('repeat')} timed calls per "
                           f"loop; {proto.get('clock')}"]]
+    threads = env.get("threads") or {}
+    if env.get("device") == "cpu" and threads:  # what a CPU comparison with PyTorch depends on
+        blas, own = threads.get("blas"), threads.get("torch")
+        rows.append(["threads", (f"NumPy BLAS {blas} ({threads.get('blas_source')})" if blas else "NumPy BLAS unknown")
+                     + (f", PyTorch {own}" if own else "")])
     return Table("environment", ["", ""], rows)
 
 
@@ -316,6 +329,9 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
         for r in ordered(doc, prec):
             # a mismatch or error after the compile has these too
             extra += filter(None, [autotune_note(r), column_cache_note(r)])
+            for note in warning_notes(r):  # a +graph column starts from its eager column's notes
+                if note not in extra:
+                    extra.append(note)
             if r["status"] != "ok":
                 rows.append([r["model"], r["lowering"], _status_cell(r, columns)] + [""] * 14)
                 continue
@@ -490,4 +506,5 @@ __all__ = ["Table", "ordered", "precision_label", "fmt_ms", "fmt_num", "fmt_rate
            "layout_label", "environment_table", "peak_table", "end_to_end_tables", "layer_tables", "memory_tables",
            "all_tables", "step_gap", "step_gap_note", "PEER_KINDS", "MARK", "FORCED_MARK", "UNSTABLE_MARK", "forced_note", "spread_cell",
            "run_stability_notes", "AUTOTUNE_NOTE_SECONDS", "autotune_note", "cache_note", "column_cache_note",
+           "warning_notes",
            "fusion_note"]

@@ -131,8 +131,10 @@ def check_suffixes(args, format_given: bool) -> None:
     """Refuse a file whose suffix names another format than the one written
     into it (fresh-user report: ``--format csv --output x.json`` wrote CSV into
     ``x.json`` without a word): ``--output`` with ``--format`` given, and
-    ``--json``, which writes JSON whatever its name. A suffix that names no
-    format (``.txt``, none) is taken as the user's choice.
+    ``--json``, which writes JSON whatever its name, and ``--trace``, which
+    writes JSON trace events (``--trace t.csv`` was taken while ``--json
+    x.csv`` was refused). A suffix that names no format (``.txt``, none) is
+    taken as the user's choice.
 
     Raises:
         UsageError: the flag, the path, the format its suffix names, the one
@@ -150,6 +152,11 @@ def check_suffixes(args, format_given: bool) -> None:
     if named not in (None, "json"):
         raise UsageError(f"--json {args.json}: its {json_suffix} suffix names {named}, but --json writes json: "
                          f"end the file name in .json" + ("" if args.output else f", or give --output {args.json}"))
+    trace_suffix = os.path.splitext(getattr(args, "trace", None) or "")[1].lower()
+    named = SUFFIX_FORMATS.get(trace_suffix)
+    if named not in (None, "json"):  # trace.py: the JSON trace-event format, whatever the name
+        raise UsageError(f"--trace {args.trace}: its {trace_suffix} suffix names {named}, but --trace writes json "
+                         "(Chrome trace events): end the file name in .json")
 
 
 def check_output_paths(args) -> None:

@@ -117,3 +117,60 @@ def test_a_benchmark_whose_choices_came_from_the_autotune_cache_says_so_naming_i
     assert tables.column_cache_note({**_column(second, "auto"), "lowering": "auto+graph"}) is None
     assert pf.profile_cache_note(summary) == tables.cache_note(
         summary, "node choices (and their tuned_ms)", "this profile's compile")
+
+
+def test_a_corrupt_autotune_cache_is_in_the_column_notes_not_only_on_stderr(tmp_path, capsys):
+    """A corrupt autotune cache was reported by a RuntimeWarning on standard
+    error alone: neither the run's nor the column's JSON notes said it (user
+    report). The warnings raised while compiling a column are its notes
+    (``warning: ...``), the end-to-end table's notes name the column, and the
+    warning is still printed by the command."""
+    import json
+
+    from opgraph.benchmarks import cli
+
+    cache = tmp_path / "tune.json"
+    cache.write_text("{ not json")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'cache = "{cache}"\n')
+    status = cli.main(["--model", "L5", "--batch", "1", "--device", "cpu", "--warmup", "0", "--repeat", "1",
+                       "--no-check", "--no-per-layer", "--lowering", "gemm,auto", "--policy", str(policy),
+                       "--format", "json", "--quiet"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    doc = json.loads(out)
+    gemm, auto = doc["results"]
+    (note,) = [n for n in auto["notes"] if n.startswith("warning: ")]
+    assert note.startswith(f"warning: autotune cache {cache} is corrupt: not JSON") and "rebuilt" in note
+    assert not any(n.startswith("warning: ") for n in gemm["notes"])  # gemm does not read the cache
+    assert f"opgraph-bench: warning: {note.removeprefix('warning: ')}" in err  # still said as it happens
+    (table,) = tables.end_to_end_tables(doc)
+    assert f"L5 / auto: {note}" in table.notes
+
+
+def test_the_profile_notes_the_warnings_of_its_compile(tmp_path, recwarn):
+    cache = tmp_path / "tune.json"
+    cache.write_bytes(b"\xff\xfe")
+    m = tiny_convnet(batch=2)
+    rec = pf.profile_model(training_graph(m), lw.Lowering("auto"), LoweringPolicy(cache=str(cache)), "cpu",
+                           make_timer("cpu"), {"matmul": {}, "copy": {}}, warmup=0, repeat=1)
+    assert any(n.startswith(f"warning: autotune cache {cache} is corrupt: not UTF-8") for n in rec["notes"])
+    assert any("is corrupt" in str(w.message) for w in recwarn.list)  # issued again for the caller
+
+
+def test_a_warning_every_column_raises_is_printed_once(tmp_path, capsys):
+    """The command prints a warning that each column's compile raises once, as
+    before the compiles recorded their warnings (``records.warnings_noted``
+    resets Python's once-per-place memory)."""
+    import json
+
+    from opgraph.benchmarks import cli
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[force]\nL5 = "direct"\nconv99 = "fft"\n')
+    status = cli.main(["--model", "L5", "--batch", "1", "--device", "cpu", "--warmup", "0", "--repeat", "1",
+                       "--no-check", "--no-per-layer", "--lowering", "gemm,direct", "--policy", str(policy),
+                       "--format", "json", "--quiet"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    assert err == "opgraph-bench: warning: policy.force key 'conv99' matches no node of graph 'L5'\n"

@@ -139,6 +139,17 @@ def test_a_file_whose_suffix_names_another_format_is_refused(capsys, tmp_path, a
     assert err == f"opgraph-bench: error: {said.replace('{tmp}', str(tmp_path))}\n"
 
 
+@pytest.mark.parametrize("suffix, named", [(".csv", "csv"), (".MD", "markdown")])
+def test_a_trace_whose_suffix_names_another_format_is_refused(capsys, tmp_path, suffix, named):
+    """``--trace t.csv`` was taken (and JSON trace events written into it)
+    while ``--json x.csv`` was refused (user report)."""
+    path = tmp_path / f"t{suffix}"
+    status, out, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--trace", str(path))
+    assert status == 2 and out == "" and not list(tmp_path.iterdir())
+    assert err == (f"opgraph-bench: error: --trace {path}: its {suffix.lower()} suffix names {named}, but --trace "
+                   "writes json (Chrome trace events): end the file name in .json\n")
+
+
 @pytest.mark.parametrize("argv", [["--format", "csv", "--output", "{tmp}/x.txt"],   # no format's suffix
                                   ["--format", "csv", "--output", "{tmp}/x.csv"],
                                   ["--output", "{tmp}/x.json", "--json", "{tmp}/y.JSON"]])
@@ -146,3 +157,25 @@ def test_a_suffix_that_fits_or_names_no_format_is_written(capsys, tmp_path, argv
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     status, _, err = run_cli(capsys, "--model", "L5", "--summary", *argv)
     assert status == 0, err
+
+
+def test_every_mode_writes_the_schema_version_readme_gives(capsys, tmp_path):
+    """README said the --profile document is schema 2 while it wrote 3, and the
+    --summary document had no schema_version at all (user report)."""
+    import re
+    from pathlib import Path
+
+    from opgraph.benchmarks import driver, profile, report
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    said = {mode: int(re.search(pattern, readme).group(1)) for mode, pattern in (
+        ("benchmark", r"JSON schema \(`schema_version` (\d+)\)"),
+        ("profile", r'"mode": "profile", "schema_version":\s*(\d+)'),
+        ("summary", r'"mode":\s*"summary", "schema_version": (\d+)'))}
+    assert said == {"benchmark": driver.SCHEMA_VERSION, "profile": profile.PROFILE_SCHEMA_VERSION,
+                    "summary": report.SUMMARY_SCHEMA_VERSION}
+    status, out, err = run_cli(capsys, "--model", "L5", "--summary", "--format", "json")
+    assert status == 0, err
+    doc = json.loads(out)
+    assert (doc["mode"], doc["schema_version"]) == ("summary", said["summary"])
+    assert list(doc) == ["tool", "mode", "schema_version", "environment", "notes", "models"]

@@ -68,3 +68,62 @@ def test_profile_refuses_a_lowering_that_runs_no_convolution_as_the_benchmark_do
                                    "--repeat", "1", "--lowering", "winograd", *mode)
         assert status == 2 and out == "", err
         assert "lowering 'winograd' cannot run any convolution of the selected models on cpu" in err
+
+
+POLICY = """
+[prefer]
+conv = ["fft", "gemm"]
+"""
+
+
+def test_a_policy_file_preference_is_honoured_without_lowering(capsys, tmp_path, no_cache):
+    """A --policy file with ``prefer.conv = ["fft", "gemm"]`` (docs/policy.md's
+    example) ran no FFT step: the CPU's default column gemm put gemm first, and
+    nothing said so (fresh-user report). Without --lowering the run has one
+    column, default, that compiles with the file's policy as it is, and a note."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    status, out, err = run_cli(capsys, *FAST, "--no-check", "--no-per-layer", "--format", "json",
+                               "--policy", str(policy))
+    assert status == 0, err
+    doc = json.loads(out)
+    (column,) = doc["results"]
+    assert column["lowering"] == "default" and column["policy"]["prefer"] == {"conv": ["fft", "gemm"]}
+    assert column["algorithms"] == {"Conv2d": {"fft": 1}, "Conv2dBackwardData": {"fft": 1},
+                                    "Conv2dBackwardFilter": {"fft": 1}}
+    note = next(n for n in doc["notes"] if n.startswith(f"--policy {policy} prefers fft, gemm"))
+    assert "one lowering is default" in note and note in err  # said before the run, too
+    assert not any("CPU default lowerings" in n for n in doc["notes"])
+
+
+def test_a_column_that_puts_its_algorithm_before_the_policy_file_says_so(capsys, tmp_path, no_cache):
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY + 'conv_wgrad = "gemm"\n')
+    status, out, err = run_cli(capsys, *FAST, "--no-check", "--no-per-layer", "--format", "json",
+                               "--policy", str(policy), "--lowering", "fft,gemm,default")
+    assert status == 0, err
+    doc = json.loads(out)
+    (note,) = [n for n in doc["notes"] if n.startswith("the policy prefers")]
+    assert "fft, gemm (Conv2d, Conv2dBackwardData); gemm, fft (Conv2dBackwardFilter)" in note
+    assert "column(s) gemm put their own algorithm first" in note  # fft is the file's first choice already
+    ran = {r["lowering"]: r["algorithms"] for r in doc["results"]}
+    assert ran["default"]["Conv2d"] == {"fft": 1} and ran["default"]["Conv2dBackwardFilter"] == {"gemm": 1}
+
+
+def test_a_profile_without_lowering_honours_the_policy_file_too(capsys, tmp_path, quick_limits, no_cache):
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    path = tmp_path / "profile.json"
+    status, _, err = run_cli(capsys, *FAST, "--profile", "--policy", str(policy), "--json", str(path), "--quiet")
+    assert status == 0, err
+    doc = json.loads(path.read_text())
+    (profiled,) = doc["models"]
+    assert profiled["lowering"] == "default"
+    assert {n["algorithm"] for n in profiled["nodes"] if n["op"].startswith("Conv2d")} == {"fft"}
+    assert any(n.startswith(f"--policy {policy} prefers fft, gemm") for n in doc["notes"])
+
+
+def test_a_policy_file_without_a_convolution_preference_keeps_the_default_columns(tmp_path):
+    policy = tmp_path / "policy.toml"
+    policy.write_text('exclude = ["winograd"]\n[prefer]\nlinear = "reference"\n')
+    assert lw.policy_file_default(str(policy)) is None and lw.policy_file_default(None) is None

@@ -115,3 +115,38 @@ def test_a_file_that_is_no_benchmark_document_exits_2(tmp_path, capsys):
     assert "is not an opgraph-bench benchmark document" in capsys.readouterr().err
     assert cli.main(["compare", str(tmp_path / "none.json"), str(bad)]) == 2
     assert "cannot be read" in capsys.readouterr().err
+
+
+def _edited(edit):
+    doc = json.loads(json.dumps({**A, "schema_version": driver.SCHEMA_VERSION}))
+    edit(doc)
+    return doc
+
+
+@pytest.mark.parametrize("edit,field,value,what", [
+    (lambda d: d["results"][0]["times"]["forward"].update(median_ms="x"),
+     "results[0].times.forward.median_ms", '"x"', "must be a number of milliseconds"),
+    (lambda d: d.update(results="oops"), "results", '"oops"', "must be a list of results (one per column)"),
+    (lambda d: d.update(schema_version=2), "schema_version", "2",
+     f"this opgraph-bench compares schema_version {driver.SCHEMA_VERSION}, the version its timing runs write"),
+    (lambda d: d.pop("schema_version"), "schema_version", "null", "this opgraph-bench compares schema_version"),
+    (lambda d: d["results"].__setitem__(1, 5), "results[1]", "5", "must be an object (one column's result)"),
+    (lambda d: d["results"][1]["times"]["backward_data"]["times_ms"].append("a"),
+     "results[1].times.backward_data.times_ms[3]", '"a"', "must be a number of milliseconds"),
+    (lambda d: d["results"][2].update(batch=[1]), "results[2].batch", "[1]", "must be an integer or null"),
+    (lambda d: d["results"][0]["totals"].update(total_ms=None), "results[0].totals.total_ms", "null",
+     "must be a number of milliseconds"),
+])
+def test_a_hand_edited_document_is_one_line_naming_file_and_field(tmp_path, capsys, edit, field, value, what):
+    """``median_ms = "x"`` raised a TypeError, ``results = "oops"`` an
+    AttributeError (a traceback, exit 1), and a schema_version the writer does
+    not write was accepted (user report): one line, exit 2, as other usage errors."""
+    good, bad = tmp_path / "a.json", tmp_path / "b.json"
+    good.write_text(json.dumps({**A, "schema_version": driver.SCHEMA_VERSION}))
+    bad.write_text(json.dumps(_edited(edit)))
+    assert cli.main(["compare", str(good), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"opgraph-bench compare: error: {bad}: {field} = {value}: {what}"), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert cli.main(["compare", str(good), str(good)]) == 0  # the unedited document compares
+    capsys.readouterr()

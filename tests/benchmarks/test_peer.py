@@ -132,3 +132,76 @@ def test_a_parameter_the_output_does_not_read_gets_a_zero_gradient(tiny):
     grads = tm.grads(tm.forward())
     assert len(grads) == len(tiny.params) and not grads[-1].any() and not want[-1].any()
     np.testing.assert_allclose(grads[0].numpy(), want[1], rtol=1e-10)
+
+
+@pytest.fixture
+def blas_env(monkeypatch):
+    """The BLAS thread count read from the variables alone (threadpoolctl, where
+    installed, would read the loaded library's own count instead)."""
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "GOTO_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def test_the_cpu_peer_runs_with_the_blas_thread_count(blas_env, tiny):
+    """README advises OPENBLAS_NUM_THREADS=1 on a busy machine: opgraph's BLAS
+    then ran one thread and PyTorch every core, and the ratio compared them
+    without a word; the environment had no thread count (user report)."""
+    torch = pytest.importorskip("torch")
+    from opgraph.benchmarks import peer_run
+
+    own = torch.get_num_threads()
+    want = 1 if own > 1 else 2
+    blas_env.setenv("OPENBLAS_NUM_THREADS", str(want))
+    seen = []
+    real = peer_run.run_peers
+
+    def run_peers(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    blas_env.setattr(peer_run, "run_peers", run_peers)
+    s = driver.Settings(device="cpu", lowerings=[lw.Lowering("gemm")], warmup=0, repeat=1,
+                        compare=["torch"], per_layer=False, check=False)
+    doc = driver.run_benchmark([tiny], s)
+    assert seen == [want] and torch.get_num_threads() == own  # aligned while the peers ran, restored
+    threads = doc["environment"]["threads"]
+    assert (threads["blas"], threads["blas_source"], threads["torch"]) == (want, "OPENBLAS_NUM_THREADS", own)
+    assert threads["OPENBLAS_NUM_THREADS"] == str(want) and threads["OMP_NUM_THREADS"] is None
+    peer = doc["results"][0]
+    assert peer["status"] == "ok" and peer["threads"] == want
+    assert any(f"torch.set_num_threads({want})" in n and f"PyTorch's own {own}" in n for n in peer["notes"])
+    assert any(n.startswith(f"threads: NumPy's BLAS runs {want} thread(s)") for n in doc["notes"])
+    from opgraph.benchmarks.tables import environment_table
+
+    rows = dict(environment_table(doc).rows)
+    assert rows["threads"] == f"NumPy BLAS {want} (OPENBLAS_NUM_THREADS), PyTorch {own}"
+
+
+def test_equal_or_unknown_thread_counts(blas_env, tiny):
+    torch = pytest.importorskip("torch")
+    from opgraph.benchmarks.peer_column import threads_note
+
+    own = torch.get_num_threads()
+    blas_env.setenv("OMP_NUM_THREADS", str(own))
+    s = driver.Settings(device="cpu", lowerings=[lw.Lowering("gemm")], warmup=0, repeat=1,
+                        compare=["torch"], per_layer=False, check=False)
+    doc = driver.run_benchmark([tiny], s)
+    assert doc["results"][0]["threads"] == own and not any(n.startswith("threads:") for n in doc["notes"])
+    assert not any("set_num_threads" in n for n in doc["results"][0]["notes"])
+    unknown = threads_note({"blas": None, "blas_source": "unknown: no threadpoolctl", "torch": own})
+    assert unknown.startswith("threads: NumPy's BLAS thread count is unknown") and f"own {own}" in unknown
+
+
+def test_threadpoolctl_gives_the_blas_count_where_installed(monkeypatch):
+    import types
+
+    from opgraph.benchmarks.environment import blas_threads
+
+    fake = types.ModuleType("threadpoolctl")
+    fake.threadpool_info = lambda: [{"user_api": "openmp", "num_threads": 8},
+                                    {"user_api": "blas", "internal_api": "openblas", "num_threads": 3}]
+    monkeypatch.setitem(sys.modules, "threadpoolctl", fake)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")  # the library's own count wins
+    assert blas_threads() == (3, "threadpoolctl (openblas)")

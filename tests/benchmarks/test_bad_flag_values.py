@@ -186,6 +186,9 @@ def test_a_switch_may_repeat():
     (("--device", "gpu"), r"argument --device: unknown device 'gpu' \(did you mean 'cuda'\?\)"),
     # the value as written, not the Python list it was split into
     (("--lowering", "@L4=ftt"), r"parameter --lowering @L4='ftt': unknown algorithm 'ftt' \(did you mean 'fft'\?\)"),
+    # a misspelt key, not an unknown algorithm 'fused-reference'
+    (("--lowering", "auto,includ=fused-reference"), r"includ='fused-reference': unknown key 'includ' "
+                                                    r"\(did you mean 'include'\?\); known keys: include, exclude"),
 ])
 def test_more_values_a_fresh_user_mistyped(capsys, argv, message):
     import re

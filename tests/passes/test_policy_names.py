@@ -105,3 +105,38 @@ def test_the_cli_suggests_the_close_name_naming_the_flag(capsys):
     assert main(["--model", "L4", "--batch", "1", "--device", "cpu", "--lowering", "auto,exclude=winogard"]) == 2
     err = capsys.readouterr().err
     assert "--lowering" in err and "exclude='winogard'" in err and "did you mean 'winograd'" in err
+
+
+@pytest.mark.parametrize("include, exclude, by", [
+    (["fused-reference"], ["fused"], ["fused"]),       # 'fused' turns every fusion rule off
+    (["pool-scan"], ["fused"], ["fused"]),             # an opt-in fusion rule
+    (["gemm"], ["im2col"], ["im2col"]),                # a tag of every gemm rule
+    (["fast"], ["fft", "winograd"], ["fft", "winograd"])])  # a tag's rules, excluded by name
+def test_an_include_that_exclude_covers_through_other_names_is_refused(include, exclude, by):
+    """Fresh-user report: ``include=fused-reference`` beside ``exclude=fused``
+    was accepted and exclude won, silently; the same name in both was already
+    refused (``LoweringPolicy``). Both errors name both keys."""
+    with pytest.raises(PolicyError) as e:
+        og.compile([_conv()], policy={"include": include, "exclude": exclude})
+    msg = str(e.value)
+    assert msg.startswith(f"parameter exclude={by!r}: covers include={include!r}: it turns off every rule"), msg
+    assert msg.endswith("and exclude would win: a rule may be in one of them")
+    with pytest.raises(PolicyError, match=rf"exclude={include!r}: also in include={include!r}".replace("[", r"\[")):
+        LoweringPolicy(include=include, exclude=include)
+
+
+@pytest.mark.parametrize("include, exclude", [(["im2col"], ["gemm"]),  # unfold is left
+                                              (["fused-reference"], ["elementwise"]),  # pool-argmax is left
+                                              (["cudnn"], ["fused"])])  # the unfused convolutions are left
+def test_an_exclude_that_leaves_a_rule_of_the_include_is_no_contradiction(include, exclude):
+    og.compile([_conv()], policy={"include": include, "exclude": exclude})
+
+
+def test_the_cli_refuses_an_include_its_policy_file_excludes(tmp_path, capsys):
+    from opgraph.benchmarks.cli import main
+    path = tmp_path / "policy.toml"
+    path.write_text('exclude = ["fused"]\n')
+    assert main(["--model", "L4", "--batch", "1", "--device", "cpu", "--policy", str(path),
+                 "--lowering", "gemm,include=fused-reference", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"--policy {path}: exclude=['fused']: covers include=['fused-reference']" in err, err

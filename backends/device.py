@@ -84,7 +84,8 @@ def resolve_device(device: str = "auto") -> ResolvedDevice:
     """
     name = str(device).lower()
     if name == "cpu":
-        return ResolvedDevice("cpu", "cpu: the device asked for (opgraph.compile's default)")
+        # asked for by name: whether it was the caller's default is the caller's to say (passes/compiler.py)
+        return ResolvedDevice("cpu", "cpu: the device asked for")
     if name in ("cuda", "gpu"):
         ok, why = cuda_status()
         if not ok:

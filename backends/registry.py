@@ -314,6 +314,12 @@ def opt_in_names() -> set[str]:
             for n in (rule.algorithm, *rule.tags)}
 
 
+def registered_rules() -> list[Rule]:
+    """Every registered rule, of every op type."""
+    _load_backends()
+    return [rule for rules in _RULES.values() for rule in rules.values()]
+
+
 def registered_tags() -> set[str]:
     """Every tag some rule carries (what a policy's include / exclude may name)."""
     _load_backends()

@@ -12,6 +12,7 @@ import attrs
 
 from opgraph.errors import ParameterError, did_you_mean
 from opgraph.passes.policy import PRECISIONS, LoweringPolicy
+from opgraph.passes.policy_names import check_names
 
 from . import driver, lowerings as lw, report
 from .flag_values import BriefUsageParser, one_of, unknown_value
@@ -123,8 +124,10 @@ class LoweringAction(argparse.Action):
     one :class:`PolicyColumn`.
 
     Raises:
-        argparse.ArgumentError: an unknown column name or a bad policy item
-            (argparse exits with 2, naming the flag).
+        argparse.ArgumentError: an unknown column name, a bad policy item or
+            an include / exclude name that names nothing or that the other
+            covers (``passes/policy_names.py``), said once
+            (:func:`policy_item_error`; argparse exits with 2, naming the flag).
     """
 
     def __call__(self, parser, namespace, text, option_string=None):
@@ -135,12 +138,23 @@ class LoweringAction(argparse.Action):
         policy = ",".join(i for i in items if is_policy_item(i))
         columns = ",".join(i for i in items if not is_policy_item(i))
         try:
-            if policy:
-                LoweringPolicy.from_cli(lowering=policy)  # a bad item fails here, before any work
+            if policy:  # a bad item or include / exclude name fails here, before any work
+                check_names(LoweringPolicy.from_cli(lowering=policy))
             lowerings = lw.parse_lowerings(columns) if columns or not policy else [PolicyColumn(policy)]
-        except (ValueError, ParameterError) as e:
+        except ParameterError as e:
+            raise argparse.ArgumentError(self, policy_item_error(e)) from None
+        except ValueError as e:
             raise argparse.ArgumentError(self, str(e)) from None
         namespace.lowering, namespace.lowering_policy = lowerings, policy or None
+
+
+def policy_item_error(e: ParameterError) -> str:
+    """The error of a ``--lowering`` policy item as argparse's ``argument
+    --lowering:`` ends: the key and the value once, ``include='pool-scann':
+    names no ...`` (``LoweringPolicy.from_cli`` names its errors' parameter
+    ``--lowering KEY``, which argparse's prefix would repeat)."""
+    key = e.param.removeprefix("--lowering").lstrip(": ")
+    return f"{key}={e.value!r}: {e.why}" if key else f"{e.value!r}: {e.why}"
 
 
 def _count(minimum: int):
@@ -330,4 +344,4 @@ def model_names(args) -> list[str]:
 
 __all__ = ["GROUPS", "DEVICES", "DTYPES", "LAYOUTS", "BriefUsageParser", "entries", "parse_models", "build_parser",
            "model_names", "is_policy_item",
-           "PolicyColumn", "LoweringAction"]
+           "PolicyColumn", "LoweringAction", "policy_item_error"]

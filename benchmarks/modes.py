@@ -145,12 +145,13 @@ def check_policy_flags(args) -> None:
                             peak_tolerance=args.peak_tolerance, engine_limit=args.engine_limit)
 
 
-def _source_of(args, key: str, name: str) -> str:
-    """Which of the flags gave ``name`` under ``key`` (``include``/``exclude``):
+def _source_of(args, key: str, value) -> str:
+    """Which of the flags gave ``value`` (a name, or a list of names: the
+    exclude names covering an include) under ``key`` (``include``/``exclude``):
     the ``--lowering`` policy items or the ``--policy`` file."""
     if args.lowering_policy:
         items = LoweringPolicy.from_cli(lowering=args.lowering_policy)
-        if name in getattr(items, key):
+        if set([value] if isinstance(value, str) else value) <= set(getattr(items, key)):
             return f"--lowering {args.lowering_policy}"
     return f"--policy {args.policy}" if args.policy else "the policy"
 

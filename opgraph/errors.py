@@ -63,23 +63,23 @@ class ExecutionError(OpgraphError):
     """Bad run-time feed: a missing input, a wrong shape, an unknown name."""
 
 
-def did_you_mean(name: str, known: Iterable[str], key: Callable[[str], str] | None = None) -> str:
+def did_you_mean(name: str, known: Iterable[str], key: Callable[[str], str] | None = None, n: int = 3) -> str:
     """``" (did you mean 'winograd'?)"``: the suffix of an error about the
     unknown ``name``, offering the names of ``known`` close to it
-    (``difflib.get_close_matches``: at most three, closest first), or ``""``
-    when none is close. ``key``: what is compared of each name (``str.lower``
-    for units read in any case; the name without its dashes for a flag, so
-    that ``--`` alone makes no two flags close); the names offered are the
-    ``known`` spellings."""
+    (``difflib.get_close_matches``: at most ``n``, three by default, closest
+    first), or ``""`` when none is close. ``key``: what is compared of each
+    name (``str.lower`` for units read in any case; the name without its
+    dashes for a flag, so that ``--`` alone makes no two flags close); the
+    names offered are the ``known`` spellings."""
     if not isinstance(name, str):  # a key of a mapping built in Python may be anything
         return ""
     if key is None:
-        close = difflib.get_close_matches(name, sorted(set(known)), n=3)
+        close = difflib.get_close_matches(name, sorted(set(known)), n=n)
     else:
         keyed: dict[str, str] = {}
         for k in sorted(set(known)):
             keyed.setdefault(key(k), k)
-        close = [keyed[c] for c in difflib.get_close_matches(key(name), list(keyed), n=3)]
+        close = [keyed[c] for c in difflib.get_close_matches(key(name), list(keyed), n=n)]
     return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
 
 

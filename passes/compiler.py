@@ -61,30 +61,40 @@ def _float_dtype_name(dtype) -> str:
     return name
 
 
-def make_context(device: str, policy: LoweringPolicy, dtype: str | None, timer=None) -> PassContext:
+#: The device of a compile that names none: the CPU, said as the default in the report.
+DEFAULT_DEVICE = "cpu"
+
+
+def make_context(device: str | None, policy: LoweringPolicy, dtype: str | None, timer=None) -> PassContext:
     """The pass context for ``device`` (array module, and on cuda the device
-    backend's ``versions``/``device_name`` for autotune keys)."""
+    backend's ``versions``/``device_name`` for autotune keys); None is
+    :data:`DEFAULT_DEVICE`, whose note says it was the default (a device asked
+    for by name is never called a default)."""
     devices = device_support()
-    name = devices.resolve(device)
+    name = devices.resolve(DEFAULT_DEVICE if device is None else device)
+    # why the device is this one, in the report ('auto' says what it found)
+    why = (f"{name}: opgraph.compile's default, no device given" if device is None
+           else getattr(name, "reason", None))
     xp = devices.array_module(name)
     extra = {}
     if name == "cuda":
         extra = dict(versions=lambda: {**host_versions(), **devices.versions()},
                      device_name=lambda: devices.device_name("cuda"))
     ctx = PassContext(device=str(name), policy=policy, dtype=dtype, xp=xp, timer=timer, **extra)
-    if getattr(name, "reason", None):  # why 'auto' (or 'cuda') resolved as it did, in the report
-        ctx.report.note(f"device: {name} ({name.reason})")
+    if why:
+        ctx.report.note(f"device: {name} ({why})")
     return ctx
 
 
-def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
+def compile(outputs: Value | Sequence[Value], device: str | None = None, policy=None,
             dtype: str | None = None, pipeline: str | Pipeline = "default", *,
             timer=None) -> Executable:
     """Lower the graph of ``outputs`` for ``device`` and return a callable.
 
     Args:
         outputs: one value or a list of values to compute.
-        device: ``'cpu'`` (NumPy), ``'cuda'`` (CuPy) or ``'auto'``.
+        device: ``'cpu'`` (NumPy), ``'cuda'`` (CuPy) or ``'auto'``; None
+            (not given): ``'cpu'``, noted in the report as the default.
         policy: a ``LoweringPolicy``, a dict of its TOML keys, a TOML path,
             or None (default policy).
         dtype: override the floating dtype of every feed (``'float64'`` runs
@@ -147,4 +157,4 @@ def compile(outputs: Value | Sequence[Value], device: str = "cpu", policy=None,
     return exe
 
 
-__all__ = ["compile", "as_policy", "make_context"]
+__all__ = ["compile", "as_policy", "make_context", "DEFAULT_DEVICE"]

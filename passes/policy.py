@@ -510,7 +510,8 @@ class LoweringPolicy:
         * ``exclude=ALGO+ALGO`` / ``include=...``.
 
         Raises:
-            PolicyError: a malformed item (named) or a bad value.
+            PolicyError: a malformed item (named), an unknown key (``includ=``)
+                or a bad value.
         """
         base = cls.from_toml(policy_file, flag="--policy") if policy_file else cls()
         prefer = {k: list(v) for k, v in base.prefer.items()}
@@ -528,6 +529,7 @@ class LoweringPolicy:
                 else:
                     cli_prefer.setdefault("*", []).extend(_algo_list("--lowering", key))
                 continue
+            _cli_key(key, value)  # the key before its value: 'includ=fused-reference' is a misspelt key
             algos = list(_algo_list(f"--lowering {key}", [a.strip() for a in value.split("+")],
                                     registered_only=key not in ("include", "exclude"), shown=value))
             if key.startswith("@"):
@@ -556,6 +558,28 @@ class LoweringPolicy:
                     "peak_tolerance": "--peak-tolerance", "engine_limit": "--engine-limit",
                     "precision": "--precision"}.get(e.param, "--lowering")
             raise _err(e.param, e.value, e.why, flag) from None
+
+
+#: The keys of a ``KEY=VALUE`` item of ``--lowering`` besides the op keys of prefer and ``@NODE``.
+CLI_KEYS = ("include", "exclude")
+
+
+def _cli_key(key: str, value: str) -> None:
+    """Refuse the key of a ``--lowering`` item ``KEY=VALUE`` that is none of
+    ``@NODE`` (force), ``include``, ``exclude`` or an op key of prefer (an op
+    name or alias): checked before the value, which would otherwise be read
+    as prefer's algorithms and refused as an unknown algorithm.
+
+    Raises:
+        PolicyError: names the item, the key, the close keys and the known ones.
+    """
+    if key.startswith("@") or key in CLI_KEYS or _types_of(key) is not None:
+        return
+    # 'includ' is close to exclude too: the closest of the two keys alone, else the close op keys
+    hint = did_you_mean(key, CLI_KEYS, n=1) or did_you_mean(key, [*ALIASES, *OP_TYPES], key=str.lower)
+    raise _err(f"--lowering {key}", value, f"unknown key {key!r}{hint}; known keys: {', '.join(CLI_KEYS)}, "
+               f"@NODE (force), or for prefer an op name ({', '.join(OP_TYPES[:4])}, ...) or one of "
+               f"{', '.join(sorted(ALIASES))}")
 
 
 def _dedupe(items) -> tuple[str, ...]:

@@ -12,12 +12,16 @@ running; ``prefer`` and ``force`` already refused unknown algorithms.
 
 The check runs when a policy is used (``opgraph.compile``, ``opgraph-bench``),
 not when it is built: ``passes/policy.py`` sits below the passes and the
-backends' registries that know these names.
+backends' registries that know these names. So does the refusal of an
+``include`` name that ``exclude`` covers through other names (``fused``
+beside ``fused-reference``): exclude would win, and the include do nothing;
+the same name in both is refused when the policy is built.
 """
 
 from __future__ import annotations
 
-from opgraph.backends.registry import algorithm_devices, algorithms, opt_in_names, registered_tags
+from opgraph.backends.registry import (algorithm_devices, algorithms, opt_in_names, registered_rules,
+                                       registered_tags)
 from opgraph.errors import did_you_mean
 
 from .candidates import CONTRACT_TAGS
@@ -41,11 +45,14 @@ def listed_names() -> set[str]:
 
 
 def check_names(policy: LoweringPolicy) -> None:
-    """Refuse an ``include`` / ``exclude`` entry that names nothing.
+    """Refuse an ``include`` / ``exclude`` entry that names nothing, and an
+    ``include`` entry that ``exclude`` covers through other names
+    (:func:`excluded_include`).
 
     Raises:
         PolicyError: names the key, the unknown entry, the close known names
-            (did you mean ...) and the known names (:func:`listed_names`).
+            (did you mean ...) and the known names (:func:`listed_names`); or
+            both keys, the covering exclude names and the include entry.
     """
     known = known_names()
     for key in ("include", "exclude"):
@@ -54,6 +61,51 @@ def check_names(policy: LoweringPolicy) -> None:
             listed = listed_names()
             raise PolicyError(key, unknown[0], f"names no algorithm, rule tag or fusion rule"
                               f"{did_you_mean(unknown[0], listed)}; known: {', '.join(sorted(listed))}")
+    covered = excluded_include(policy)
+    if covered:
+        name, by, rules = covered
+        shown = ", ".join(rules) if len(rules) <= 3 else f"{len(rules)}: {', '.join(rules[:3])}, ..."
+        raise PolicyError("exclude", by, f"covers include=[{name!r}]: it turns off every rule {name!r} stands "
+                          f"for ({shown}), and exclude would win: a rule may be in one of them")
+
+
+def _rules_named(name: str) -> dict[str, set[str]]:
+    """What ``name`` stands for in ``include`` / ``exclude``, each with the names
+    that exclude it: ``'Conv2d gemm'`` (a lowering rule: its algorithm and tags),
+    ``'fusion rule pool-scan'`` (a rule of the fuse pass's table: its name, and
+    ``fused``, which turns every one off). An algorithm or a tag stands for
+    the lowering rules carrying it (and ``fused`` for every fusion rule too),
+    a fusion rule's name for that rule, ``fused-reference`` for the fusion
+    rules (it lets some of them fuse on the CPU's oracle kernels)."""
+    out = {}
+    for rule in registered_rules():
+        if name == rule.algorithm or name in rule.tags:
+            out[f"{rule.op_type.__name__} {rule.algorithm}"] = {rule.algorithm, *rule.tags}
+    for rule in TABLE:
+        if name in (rule.name, "fused", OPT_IN):
+            out[f"fusion rule {rule.name}"] = {rule.name, "fused"}
+    return out
+
+
+def excluded_include(policy: LoweringPolicy) -> tuple[str, list[str], list[str]] | None:
+    """The first ``include`` entry every rule of which ``exclude`` turns off
+    through other names (``include=['fused-reference']`` beside
+    ``exclude=['fused']``, ``include=['gemm']`` beside ``exclude=['im2col']``):
+    ``(entry, the exclude names that cover it, its rules)``, or None. Exclude
+    wins, so such an include would do nothing; the same name in both is
+    refused when the policy is built (``LoweringPolicy``), this when it is
+    used, since the names' rules are the registries' (module docstring). An
+    include that keeps a rule (``include=['im2col']`` beside
+    ``exclude=['gemm']``: ``unfold``) is no contradiction."""
+    exclude = set(policy.exclude)
+    if not exclude:
+        return None
+    for name in sorted(policy.include):
+        rules = _rules_named(name)
+        hits = [exclude & names for names in rules.values()]
+        if rules and all(hits):
+            return name, sorted(set().union(*hits)), sorted(rules)
+    return None
 
 
 def preferences_elsewhere(policy: LoweringPolicy, device: str) -> list[str]:
@@ -80,4 +132,4 @@ def idle_includes(policy: LoweringPolicy) -> list[str]:
     return sorted(set(policy.include) - opt_in_names() - {OPT_IN} - {r.name for r in TABLE if r.opt_in})
 
 
-__all__ = ["known_names", "listed_names", "check_names", "preferences_elsewhere", "idle_includes"]
+__all__ = ["known_names", "listed_names", "check_names", "excluded_include", "preferences_elsewhere", "idle_includes"]

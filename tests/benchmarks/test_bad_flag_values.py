@@ -185,10 +185,29 @@ def test_a_switch_may_repeat():
     (("--engine-limit", "alll"), r"--engine-limit: .*\(did you mean 'all'\?\)"),
     (("--device", "gpu"), r"argument --device: unknown device 'gpu' \(did you mean 'cuda'\?\)"),
     # the value as written, not the Python list it was split into
-    (("--lowering", "@L4=ftt"), r"parameter --lowering @L4='ftt': unknown algorithm 'ftt' \(did you mean 'fft'\?\)"),
+    (("--lowering", "@L4=ftt"), r"argument --lowering: @L4='ftt': unknown algorithm 'ftt' \(did you mean 'fft'\?\)"),
+    # a misspelt key, not an unknown algorithm 'fused-reference'
+    (("--lowering", "auto,includ=fused-reference"), r"argument --lowering: includ='fused-reference': unknown key 'includ' "
+                                                    r"\(did you mean 'include'\?\); known keys: include, exclude"),
 ])
 def test_more_values_a_fresh_user_mistyped(capsys, argv, message):
     import re
 
     status, err = error_of(capsys, "--model", "L4", *argv)
     assert status == 2 and re.search(message, err[-1]), err
+
+
+@pytest.mark.parametrize("value, said", [
+    ("auto,include=pool-scann", "include='pool-scann': names no algorithm, rule tag or fusion rule "
+                                "(did you mean 'pool-scan'?); known: "),
+    ("auto,include=fused-reference,exclude=fused", "exclude=['fused']: covers include=['fused-reference']: "),
+    ("gemm,include=gemm,exclude=gemm", "exclude=['gemm']: also in include=['gemm']: ")])
+def test_a_bad_include_or_exclude_name_is_a_usage_error_said_once(capsys, value, said):
+    """Fresh-user report: ``--lowering auto,include=pool-scann`` said
+    ``error: parameter --lowering include=pool-scann: include='pool-scann': ...``,
+    the item twice and no usage line, unlike the other bad flag values: the
+    names are checked as the flag is parsed, an argparse error like theirs."""
+    status, err = error_of(capsys, "--model", "L4", "--batch", "1", "--device", "cpu", "--lowering", value)
+    assert status == 2 and err[0] == USAGE_LINE and len(err) == 2, err
+    assert err[1].startswith(f"opgraph-bench: error: argument --lowering: {said}"), err
+    assert err[1].count("--lowering") == 1 and "parameter" not in err[1]

@@ -46,3 +46,11 @@ def test_quiet_says_no_note(capsys, monkeypatch, quiet):
     cli.main([*FAST, "--layout", "nhwc", *(["--quiet"] if quiet else [])])
     err = capsys.readouterr().err
     assert (LAYOUT_NOTE in err) is not quiet, err
+
+
+def test_a_device_asked_for_is_not_called_the_default(capsys, monkeypatch):
+    """Fresh-user report: ``--device cpu`` printed "(opgraph.compile's default)"."""
+    monkeypatch.setattr(cli.driver, "run_benchmark", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert cli.main(list(FAST)) == cli.EXIT_INTERRUPTED
+    (line,) = [n for n in capsys.readouterr().err.splitlines() if n.startswith("# device:")]
+    assert line == "# device: cpu (cpu: the device asked for)" and "default" not in line

@@ -55,3 +55,16 @@ def test_compile_uses_the_registered_interface():
     assert asked == ["somewhere"]
     (y,) = run(x=np.array([[-1.0, 2.0, 0.5], [3.0, -4.0, 0.0]], np.float32))
     np.testing.assert_array_equal(y, [[0.0, 2.0, 0.5], [3.0, 0.0, 0.0]])
+
+
+def test_only_a_device_not_given_is_called_the_default():
+    """Fresh-user report: ``--device cpu`` said "cpu: the device asked for
+    (opgraph.compile's default)"; a device asked for by name is no default,
+    and a compile given none says that it took the CPU by default."""
+    g = og.Graph()
+    x = g.input("x", (2, 3))
+    asked = og.compile(og.relu(x), device="cpu").report.notes[0]
+    assert asked == "device: cpu (cpu: the device asked for)"
+    defaulted = og.compile(og.relu(x)).report
+    assert defaulted.notes[0] == "device: cpu (cpu: opgraph.compile's default, no device given)"
+    assert make_context(None, LoweringPolicy(), None).device == "cpu"

@@ -13,6 +13,7 @@ import pytest
 
 import opgraph as og
 from opgraph.op import Lowered
+from opgraph.passes.policy import PolicyError
 
 from fused_training_steps import rule_on_and_off
 
@@ -73,10 +74,15 @@ def test_on_the_oracle_the_rule_waits_for_the_opt_in():
 
 
 def test_excluding_fused_turns_it_off():
+    """``exclude=['fused']`` turns it off; beside ``include=['fused-reference']``,
+    which it would make do nothing, it is refused (passes/policy_names.py)."""
     y, params, _ = pooled_convnet()
     outs = [y, *og.grad(y, params, grad_outputs=[y])]
-    exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference"], "exclude": ["fused"]})
+    exe = og.compile(outs, device="cpu", policy={"exclude": ["fused"]})
     assert not _kinds(exe)["MaxPool2dTake"] and _kinds(exe)["MaxPool2dBackward"] == 2
+    assert exe.report.fusion["pool-argmax"] == {"excluded": True}
+    with pytest.raises(PolicyError, match=r"exclude=\['fused'\]: covers include=\['fused-reference'\]"):
+        og.compile(outs, device="cpu", policy={"include": ["fused-reference"], "exclude": ["fused"]})
 
 
 @pytest.mark.parametrize("masked", [False, True])

@@ -170,6 +170,25 @@ def test_from_cli_errors_name_the_item(spec, needle):
     assert needle in str(e.value)
 
 
+@pytest.mark.parametrize("spec, key, close", [("auto,includ=fused-reference", "includ", "'include'"),
+                                              ("exlude=winograd", "exlude", "'exclude'"),
+                                              ("convv=fft", "convv", "'conv' or 'Conv2d'")])
+def test_a_misspelt_item_key_is_an_unknown_key_not_an_unknown_algorithm(spec, key, close):
+    """Fresh-user report: ``includ=fused-reference`` said "unknown algorithm
+    'fused-reference'": the misspelt key was read as prefer's op key and its
+    value as algorithms. The key is checked first, with the close known keys."""
+    with pytest.raises(PolicyError) as e:
+        LoweringPolicy.from_cli(spec)
+    msg = str(e.value)
+    assert f"unknown key {key!r} (did you mean {close}" in msg and "unknown algorithm" not in msg, msg
+    assert "known keys: include, exclude, @NODE (force), or for prefer an op name" in msg
+    # every key accepted before still is: op names in any case, aliases, '*', force, include / exclude
+    p = LoweringPolicy.from_cli("Conv2D=fft,pool=reference,*=gemm,@conv2:forward=fft,include=fused-reference,"
+                                "exclude=winograd,auto")
+    assert p.prefer["Conv2D"] == ("fft",) and p.prefer["*"] == ("gemm",) and dict(p.force) == {"conv2:forward": "fft"}
+    assert p.include == {"fused-reference"} and p.exclude == {"winograd"} and p.autotune
+
+
 def test_cli_flags_go_before_the_file(tmp_path):
     path = write(tmp_path, '[prefer]\nconv = ["gemm", "fft"]\n[force]\nconv1 = "direct"\n')
     p = LoweringPolicy.from_cli("conv=fft", policy_file=path, precision="fp16")

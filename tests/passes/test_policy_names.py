@@ -33,8 +33,9 @@ def test_algorithms_tags_and_fusion_rules_are_known(name):
 
 def test_the_cli_exits_2_naming_the_unknown_exclusion(capsys):
     from opgraph.benchmarks.cli import main
-    assert main(["--model", "L1", "--batch", "1", "--lowering", "exclude=nosuch", "--quiet"]) == 2
-    assert "nosuch" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # an argparse error, as the flag is parsed
+        main(["--model", "L1", "--batch", "1", "--lowering", "exclude=nosuch", "--quiet"])
+    assert e.value.code == 2 and "nosuch" in capsys.readouterr().err
 
 
 def test_a_preference_without_an_implementation_on_the_device_is_noted():
@@ -102,6 +103,43 @@ def test_an_unknown_name_suggests_close_names_and_lists_no_internal_tag():
 
 def test_the_cli_suggests_the_close_name_naming_the_flag(capsys):
     from opgraph.benchmarks.cli import main
-    assert main(["--model", "L4", "--batch", "1", "--device", "cpu", "--lowering", "auto,exclude=winogard"]) == 2
+    with pytest.raises(SystemExit) as e:
+        main(["--model", "L4", "--batch", "1", "--device", "cpu", "--lowering", "auto,exclude=winogard"])
+    assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--lowering" in err and "exclude='winogard'" in err and "did you mean 'winograd'" in err
+
+
+@pytest.mark.parametrize("include, exclude, by", [
+    (["fused-reference"], ["fused"], ["fused"]),       # 'fused' turns every fusion rule off
+    (["pool-scan"], ["fused"], ["fused"]),             # an opt-in fusion rule
+    (["gemm"], ["im2col"], ["im2col"]),                # a tag of every gemm rule
+    (["fast"], ["fft", "winograd"], ["fft", "winograd"])])  # a tag's rules, excluded by name
+def test_an_include_that_exclude_covers_through_other_names_is_refused(include, exclude, by):
+    """Fresh-user report: ``include=fused-reference`` beside ``exclude=fused``
+    was accepted and exclude won, silently; the same name in both was already
+    refused (``LoweringPolicy``). Both errors name both keys."""
+    with pytest.raises(PolicyError) as e:
+        og.compile([_conv()], policy={"include": include, "exclude": exclude})
+    msg = str(e.value)
+    assert msg.startswith(f"parameter exclude={by!r}: covers include={include!r}: it turns off every rule"), msg
+    assert msg.endswith("and exclude would win: a rule may be in one of them")
+    with pytest.raises(PolicyError, match=rf"exclude={include!r}: also in include={include!r}".replace("[", r"\[")):
+        LoweringPolicy(include=include, exclude=include)
+
+
+@pytest.mark.parametrize("include, exclude", [(["im2col"], ["gemm"]),  # unfold is left
+                                              (["fused-reference"], ["elementwise"]),  # pool-argmax is left
+                                              (["cudnn"], ["fused"])])  # the unfused convolutions are left
+def test_an_exclude_that_leaves_a_rule_of_the_include_is_no_contradiction(include, exclude):
+    og.compile([_conv()], policy={"include": include, "exclude": exclude})
+
+
+def test_the_cli_refuses_an_include_its_policy_file_excludes(tmp_path, capsys):
+    from opgraph.benchmarks.cli import main
+    path = tmp_path / "policy.toml"
+    path.write_text('exclude = ["fused"]\n')
+    assert main(["--model", "L4", "--batch", "1", "--device", "cpu", "--policy", str(path),
+                 "--lowering", "gemm,include=fused-reference", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"--policy {path}: exclude=['fused']: covers include=['fused-reference']" in err, err

@@ -96,25 +96,29 @@ def fit_headroom(near: list[Candidate], fastest: Candidate, chosen: Candidate, r
         return c.workspace or 0
 
     raised = room.held + workspace(chosen)  # the planned bytes this step sets with chosen
-    ceiling = f"{format_size(room.ceiling)} (the activations': {format_size(room.activation_peak)})"
+    sizes = (raised, room.ceiling, room.activation_peak, workspace(chosen))  # one unit per sentence
+
+    def size(nbytes: int) -> str:
+        return format_size(nbytes, *sizes)
+    ceiling = f"{size(room.ceiling)} (the activations': {size(room.activation_peak)})"
     fits = [c for c in near if workspace(c) <= room.headroom]
     if fits:
         best = min(fits, key=lambda c: c.time_ms)
-        gain = f"keeps its step under the reachable peak of {ceiling} instead of {format_size(raised)}"
+        gain = f"keeps its step under the reachable peak of {ceiling} instead of {size(raised)}"
         beaten = f"{best.label} is within {100 * tolerance:g} % of the fastest and fits"
     else:
         best = min(near, key=lambda c: (workspace(c), c.time_ms))
         if workspace(best) >= workspace(chosen):
             return chosen
-        lowered = format_size(room.held + workspace(best))
-        gain = f"lowers its step to {lowered} from {format_size(raised)} (the reachable peak: {ceiling})"
+        lowered = size(room.held + workspace(best))
+        gain = f"lowers its step to {lowered} from {size(raised)} (the reachable peak: {ceiling})"
         beaten = f"{best.label} is within {100 * tolerance:g} % of the fastest with less"
     best.reason = "; ".join(filter(None, [
         best.reason, f"within {100 * tolerance:g} % of the fastest {fastest.label} ({best.time_ms:.3f} vs "
                      f"{fastest.time_ms:.3f} ms), {gain} (peak_tolerance)"]))
     chosen.reason = "; ".join(filter(None, [
-        chosen.reason, f"its {format_size(workspace(chosen))} of workspace raises the planned peak to "
-                       f"{format_size(raised)}, above the reachable {ceiling}; {beaten}"]))
+        chosen.reason, f"its {size(workspace(chosen))} of workspace raises the planned peak to "
+                       f"{size(raised)}, above the reachable {ceiling}; {beaten}"]))
     return best
 
 

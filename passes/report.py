@@ -31,9 +31,11 @@ from .autotune_clock import describe as describe_autotune
 STATUSES = ("chosen", "ok", "wrong", "failed", "over budget", "declined", "excluded", "unverified")
 
 
-def format_size(nbytes: int) -> str:
-    """``'290.0 MiB'``; under 0.1 MiB, ``'4,096 B'`` (as the autotune rows' reasons write bytes)."""
-    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 / 10 else f"{nbytes:,d} B"
+def format_size(nbytes: int, *alongside: int) -> str:
+    """``'290.0 MiB'``; under 0.1 MiB, ``'4,096 B'`` (as the autotune rows' reasons write bytes).
+    ``alongside``: the other sizes of the same sentence, which decide the unit with ``nbytes``
+    so that one sentence never mixes ``0.1 MiB`` and ``68,164 B``."""
+    return f"{nbytes / 2**20:.1f} MiB" if max((nbytes, *alongside)) >= 2**20 / 10 else f"{nbytes:,d} B"
 
 
 @attrs.define

@@ -82,8 +82,11 @@ def match_pool_scan(scope: Scope, view: NodeView) -> Match | None:
         return None
     early = [r for r in scope.readers(idx) if r != view.id and not _descends_from(scope.graph, r, view.id)]
     if early:
-        scope.note(NAME, "a reader of the winners does not run after the pooling "
-                         f"({scope.graph.node(early[0]).name})")
+        # e.g. the pooling is an output whose gradient is fed at run time: the gather reads the
+        # fed gradient, not one computed from y, so nothing orders it after the scan
+        scope.note(NAME, f"a reader of the winners ({scope.graph.node(early[0]).name}) does not read the "
+                         "pooled value, directly or not (a pooling that is an output, its gradient fed), "
+                         "so it could run before the scan writes them")
         return None
     return Match(view.id, (), LABEL, idx)
 

@@ -213,3 +213,18 @@ def test_an_opt_in_rule_left_out_is_noted_only_where_it_would_match():
     exe = og.compile([y, *og.grad(y, params, grad_outputs=[y])], device="cpu", policy={"include": ["fused-reference"]})
     assert [n for n in exe.report.notes if "pool-scan" in n] == [
         "fuse: pool-scan: not applied: 2 match(es) left: " + passes_fuse_pool_scan.OPT_IN_NOTE]
+
+
+def test_a_pooling_whose_gradient_is_fed_says_why_it_keeps_its_pair():
+    """A pooling that is the output, its gradient fed at run time: the gather reads the fed
+    gradient, which nothing computes from the pooled value, so the pair stays (the scan could
+    run after the gather), and the note says that in those words (fresh-user report)."""
+    g = og.Graph("fed")
+    x = g.input("x", (1, 2, 6, 6))
+    w = g.param("w", (2, 2, 3, 3))
+    y = og.max_pool2d(og.conv2d(x, w, padding=1), 3, stride=2)
+    exe = og.compile([y, *og.grad(y, [w])], device="cpu", policy={"include": ["fused-reference", "pool-scan"]})
+    assert exe.report.fusion["pool-scan"] == {"applied": 0, "declined": 0}
+    said = [n for n in exe.report.notes if "pool-scan" in n]
+    assert len(said) == 1 and "does not read the pooled value" in said[0] and "gradient fed" in said[0]
+    assert not _kinds(exe)["MaxPool2dScan"] and _kinds(exe)["MaxPool2dTake"] == 1

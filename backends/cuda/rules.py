@@ -201,8 +201,9 @@ def check(op, in_types, device):
 
 
 #: op type -> the input its kernel may write its output into (``out=``,
-#: ``Rule.inplace``): ReLU into x, its gradient into gy.
-INPLACE = {ops.Relu: 0, ops.ReluBackward: 1}
+#: ``Rule.inplace``): ReLU into x, its gradient into gy, and so the gradient that also fills its
+#: sums (into gy, never into input 2, the slot it fills: a (C,) buffer of another type anyway)
+INPLACE = {ops.Relu: 0, ops.ReluBackward: 1, ops.ReluBackwardSums: 1}
 
 
 def _relu_backward_sums_check(op, in_types, device):
@@ -218,7 +219,7 @@ CHECKS = {ops.ReluBackwardSums: _relu_backward_sums_check}
 def register_rules() -> None:
     """Register one ``cuda`` rule per entry of :data:`NODE_KERNELS` and
     :data:`CUDA_KERNELS` (idempotent). Every kernel returns a new array, never
-    a view of an input (``fresh_output``); ReLU and its gradient may run in
+    a view of an input (``fresh_output``); ReLU and its gradients may run in
     place (:data:`INPLACE`). Every kernel is capturable into a CUDA graph: its
     constants are launch arguments or fill kernels, a ``Constant`` is uploaded
     once in its first (uncaptured) run, nothing synchronises; but for the

@@ -215,6 +215,11 @@ def _relu_backward_sums_check(op, in_types, device):
 #: op type -> its rule's ``check`` where it is not :func:`check`
 CHECKS = {ops.ReluBackwardSums: _relu_backward_sums_check}
 
+#: op type -> its rule's ``workspace`` (scratch bytes of one call) where the kernel allocates
+#: temporaries beside its output: the one-scan pooling's scalar path (float16 in float32, and
+#: the winners of a slot not dense in x's storage order: ``pool_indices.scan_workspace``)
+WORKSPACES = {ops.MaxPool2dScan: pool_indices.scan_workspace}
+
 
 def register_rules() -> None:
     """Register one ``cuda`` rule per entry of :data:`NODE_KERNELS` and
@@ -232,6 +237,7 @@ def register_rules() -> None:
         register(Rule(op_type, "cuda", kernel, devices={"cuda"}, check=CHECKS.get(op_type, check),
                       tags={"cuda", "gpu"}, inplace=INPLACE.get(op_type), fresh_output=True, capturable=True,
                       **({"variants": variants} if variants else {}),
+                      **({"workspace": WORKSPACES[op_type]} if op_type in WORKSPACES else {}),
                       **({"variant_capture_blocker": blocker} if blocker else {})))
     # a candidate beside cuDNN's engines for depthwise backward-data (it declines every other convolution);
     # its variants (thread tiles) carry the kernels' revision into the autotune cache key
@@ -256,6 +262,6 @@ def register_rules() -> None:
 
 register_rules()
 
-__all__ = ["CUDA_KERNELS", "NODE_KERNELS", "INPLACE", "INDEXED_CELLS", "OPTIONS", "SPECIALIZABLE", "VARIANT_CAPTURE_BLOCKERS",
-           "VECTOR_POOLS", "MAX_POOLS", "TILED_POOLS", "bias_variants", "check", "vector_pool_variants",
+__all__ = ["CUDA_KERNELS", "NODE_KERNELS", "INPLACE", "WORKSPACES", "INDEXED_CELLS", "OPTIONS", "SPECIALIZABLE",
+           "VARIANT_CAPTURE_BLOCKERS", "VECTOR_POOLS", "MAX_POOLS", "TILED_POOLS", "bias_variants", "check", "vector_pool_variants",
            "pool_variants", "register_rules"]

@@ -42,10 +42,9 @@ from .colsum_vector import BLOCK_PARTIALS, LANES, LOADS_PER_THREAD, THREADS
 from .pool_vector import pixel_pitch
 from .storage import bits, dtype_name, logical, unbits
 
-#: the pass-1 kernel's revision (pass 2 is colsum_vector's, under its own ``REVISION``); part of any
-#: autotune cache key that comes to depend on this kernel (2: g's row pitch an argument, and the
-#: source without ``__restrict__`` for an in-place step)
-REVISION = 2
+# No REVISION: the rule lists one variant, so autotune caches no decision of it; a variants
+# function offered for it would carry ``kernel_sources.fingerprinted(__name__)``, which keys the
+# decisions on this module's code (an edit tunes them again, no bump needed).
 
 # One 16-byte vector of each operand: the y words ``m`` mask the gy words ``q`` into ``o``, whose
 # lanes the thread adds to its V float sums. bfloat16 packs two lanes per 32-bit word (the low
@@ -270,5 +269,5 @@ def relu_backward_sums_kernel(ctx, op, y, gy, sums, *, out=None):
     return g
 
 
-__all__ = ["declines_types", "REVISION", "declines", "relu_backward_sums", "relu_backward_sums_kernel",
+__all__ = ["declines_types", "declines", "relu_backward_sums", "relu_backward_sums_kernel",
            "relu_backward_sums_slot_kernel", "rows", "source"]

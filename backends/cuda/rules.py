@@ -35,6 +35,7 @@ from . import (colsum, colsum_relu, colsum_vector, depthwise, depthwise_filter, 
                pool_vector, relu, unfold)
 from .cublas import capture_requirement
 from .codegen import movement
+from .kernel_sources import fingerprinted
 
 def zeros_node(ctx, op):
     """A ``Zeros`` node's memset in the type it runs in (``ctx.out_type``, compile's
@@ -137,8 +138,11 @@ def vector_pool_variants(op, in_types, device):
 
 #: part of the autotune cache key (``autotune_contenders._stable_name``): the vector kernels'
 #: revision (3: the max-pool scans' ``pixels``; 9: the ``tile`` variant; 10: its take), so decisions
-#: tuned against older ones are tuned again
+#: tuned against older ones are tuned again; and the source fingerprint of every pooling kernel
+#: (``kernel_sources``), so an edit of their text re-tunes them without a revision bump
 vector_pool_variants.revision = pool_vector.REVISION
+vector_pool_variants.fingerprint = fingerprinted(pool, pool_indices)
+pool_variants.fingerprint = fingerprinted(pool)
 
 
 def _vector_types(op, in_types) -> bool:
@@ -173,6 +177,7 @@ def bias_variants(op, in_types, device):
 #: part of the autotune cache key: the ``vector`` kernels' revision (1: ``method='vector'``
 #: added), so decisions tuned without it, or against an older one, are tuned again
 bias_variants.revision = colsum_vector.REVISION
+bias_variants.fingerprint = fingerprinted(colsum, colsum_vector)
 
 
 #: op type -> (kernel options an autotune variant may set, its ``variants``).

@@ -3,6 +3,9 @@
 # Carry [".whl", ".gl"] with the cache at .gl/cache.json.gz (gunzip-able copy of
 # docs/results/h200-2026-12-04f/autotune-cache.json.gz). Checks the two opt-in rules' kernels on the
 # GPU, then times GoogLeNet and AlexNet in bf16 with and without them beside torch-compile+graph.
+# The cache's decisions of our generated kernels (pooling, bias gradients) predate the kernels' source
+# fingerprint in the key (backends/cuda/kernel_sources.py): they are tuned again once, with a note
+# each ("tuned on other kernel code"), NVRTC compiles included; cuDNN's decisions are reused.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site

@@ -45,7 +45,10 @@ node separately, since their best algorithms differ):
 Nodes the policy forces, and nodes with a single candidate, are not timed.
 Decisions persist in :class:`~passes.autotune_cache.AutotuneCache` with every
 candidate's measurements; a cached decision is reused without running
-anything if its algorithm still applies, the winner chosen again from the
+anything if its algorithm still applies (its key holds the fingerprint of the
+code generating our kernels, ``backends/cuda/kernel_sources.py``: one tuned
+on other kernel code is not found, and the node is tuned and checked again,
+with a note), the winner chosen again from the
 cached measurements under the current ``workspace_tolerance``
 (:func:`rechoose`), unless the entry's top-level choice was edited by hand
 to another candidate its rows show correct: that one is used, and the
@@ -234,6 +237,9 @@ class AutotunePass(Pass):
                 if hit and not refused:
                     ctx.report.note(f"autotune: {view.name}: cached choice {hit['algorithm']} no longer "
                                     "applies; re-tuned")
+                elif cache.get(key) is None and cache.superseded(key) is not None:
+                    ctx.report.note(f"autotune: {view.name}: its cached decision was tuned on other kernel "
+                                    "code (the source fingerprint in its key differs); re-tuned")
                 rows, timed = measure_candidates(op, types, cands, s, ctx, timer, view, run[view.id],
                                                  tuple(run[i] for i in graph.input_ids(view.id)), node_clock,
                                                  pool, home)

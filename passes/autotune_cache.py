@@ -12,9 +12,15 @@ File format (``format`` guards against reading something else)::
 The key (:func:`cache_key`) spells out everything a decision depends on: the
 op and its parameters, input shapes and dtypes, layout, precision, workspace
 limit, device and device name, the competing rules and how each enumerates
-its variants, and every library version. A key written
+its variants, for our generated kernels the fingerprint of the code that
+writes them (``#`` and 12 hex digits: ``backends/cuda/kernel_sources.py``),
+and every library version. A key written
 under other versions is therefore never looked up again (stale entries stay
-in the file, harmless, until it is deleted). The workspace tie-break
+in the file, harmless, until it is deleted). A decision whose key differs from
+the node's only in those fingerprints (its kernels' code was edited since, or
+it was written before fingerprints were kept) is :meth:`AutotuneCache.superseded`:
+the node is tuned again, every candidate checked on the kernels as they are
+now (a filled input's value too, ``Op.fills``), and the report's notes say so. The workspace tie-break
 (``policy.workspace_tolerance``) is not in the key: an entry keeps every
 candidate's measurements, and the winner is chosen again from them under the
 current tolerance (``passes.autotune_reuse.rechoose``). Nor is the memory-aware
@@ -56,6 +62,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import warnings
 from pathlib import Path
@@ -63,6 +70,8 @@ from pathlib import Path
 from opgraph.atomic_file import write_atomic
 
 FORMAT = "opgraph-autotune/1"
+#: a generated kernel family's source fingerprint in a key (``autotune_contenders._stable_name``)
+FINGERPRINT = re.compile(r"#[0-9a-f]{12}")
 DEFAULT_PATH = "~/.cache/opgraph/autotune.json"
 ENV_VAR = "OPGRAPH_CACHE"
 
@@ -131,6 +140,11 @@ def entry_defect(entry) -> str | None:
     return None
 
 
+def unfingerprinted(key: str) -> str:
+    """``key`` without its kernel-source fingerprints (:data:`FINGERPRINT`)."""
+    return FINGERPRINT.sub("", key)
+
+
 def _json_kind(value) -> str:
     """What a JSON value is, in JSON's words: ``'an array'``, ``'a number'``, ..."""
     if isinstance(value, dict):
@@ -182,6 +196,7 @@ class AutotuneCache:
         #: on one reuses a decision timed by an earlier compile, not this one
         #: (``opgraph-bench --profile`` says so, naming the file).
         self.from_file: set[str] = set(self.entries)
+        self._bare: dict[str, set[str]] | None = None  # unfingerprinted key -> keys (superseded)
 
     @classmethod
     def for_policy(cls, policy) -> "AutotuneCache":
@@ -231,11 +246,26 @@ class AutotuneCache:
     def get(self, key: str) -> dict | None:
         return self.entries.get(key)
 
+    def superseded(self, key: str) -> str | None:
+        """The key of an entry that ``key`` replaces, or None: one equal to it but for the
+        kernel-source fingerprints (module docstring), so tuned on other kernel code; None for
+        a key without fingerprints (then only its own entry decides)."""
+        bare = unfingerprinted(key)
+        if bare == key:
+            return None
+        if self._bare is None:  # built on first use: most compiles hit or hold no fingerprint
+            self._bare = {}
+            for k in self.entries:
+                self._bare.setdefault(unfingerprinted(k), set()).add(k)
+        return min((k for k in self._bare.get(bare, ()) if k != key), default=None)
+
     def put(self, key: str, entry: dict) -> None:
         entry = json.loads(json.dumps(entry, default=str))  # what a reload would give back
         self.entries[key] = entry
         self.dirty[key] = entry
         self.from_file.discard(key)
+        if self._bare is not None:
+            self._bare.setdefault(unfingerprinted(key), set()).add(key)
 
     def checkpoint(self) -> None:
         """:meth:`save` when the last save is :data:`CHECKPOINT_SECONDS` old, so
@@ -260,5 +290,5 @@ class AutotuneCache:
             self.warn(f"autotune cache {self.path} cannot be written ({e}); decisions kept in memory")
 
 
-__all__ = ["entry_defect", "wrong_format", "AutotuneCache", "cache_key", "default_path", "FORMAT", "ENV_VAR",
-           "DEFAULT_PATH"]
+__all__ = ["entry_defect", "wrong_format", "unfingerprinted", "AutotuneCache", "cache_key", "default_path", "FORMAT",
+           "FINGERPRINT", "ENV_VAR", "DEFAULT_PATH"]

@@ -5,8 +5,9 @@ autotune pass times :func:`contenders`: one reference alias, and on ``cuda``
 no oracle kernel when another rule applies. The set of competing rules and
 the functions enumerating their variants are part of each decision's cache
 key (:func:`candidate_set`), named so that every process spells them the
-same and so that a kernel family's ``revision`` or a different
-``engine_limit`` makes the decision tuned again. Separate from
+same and so that a kernel family's ``revision``, an edit of the code that
+generates its kernels (its ``fingerprint``) or a different ``engine_limit``
+makes the decision tuned again. Separate from
 ``passes/candidates.py``, which answers the question every lowering pass
 asks (which rules could lower this node), where this is autotune's own
 narrowing of that answer.
@@ -37,13 +38,20 @@ def _stable_name(fn) -> str:
     function's with its bound arguments (``variants('forward')``); with
     ``@<revision>`` when the function has a ``revision`` attribute (a kernel
     family that changed how fast it runs bumps it, so the decisions tuned
-    against its old kernels are tuned again: ``rules.vector_pool_variants``)."""
+    against its old kernels are tuned again: ``rules.vector_pool_variants``);
+    with ``#<fingerprint>`` when it has a ``fingerprint`` (a zero-argument
+    callable: the hash of the code that generates the family's kernels,
+    ``backends/cuda/kernel_sources.py``), so an edit of that code has the
+    decisions tuned again with no revision bump, their checks (a filled
+    input's too) run on the kernels as they are now."""
     if isinstance(fn, functools.partial):
         args = ", ".join([*map(repr, fn.args), *(f"{k}={v!r}" for k, v in sorted(fn.keywords.items()))])
         return f"{_stable_name(fn.func)}({args})"
     name = getattr(fn, "__qualname__", type(fn).__qualname__)
     revision = getattr(fn, "revision", None)
-    return name if revision is None else f"{name}@{revision}"
+    fingerprint = getattr(fn, "fingerprint", None)
+    name = name if revision is None else f"{name}@{revision}"
+    return name if fingerprint is None else f"{name}#{fingerprint()}"
 
 
 def contenders(applicable, device: str):

@@ -10,8 +10,9 @@ right after its last reader (``opgraph.executable.last_readers``). This pass
    only when
 
    * ``R`` declares it can: ``k in R.inplace`` (its kernel takes ``out=``;
-     ReLU into x, ReLU-backward into gy, ``Add`` into either addend, threshold
-     and bias add into x);
+     ReLU into x, ReLU-backward into gy, and so the ReLU gradient that fills
+     its bias gradient (``ReluBackwardSums``: never into the slot it fills),
+     ``Add`` into either addend, threshold and bias add into x);
    * ``s`` is ``x``'s last reader and ``x`` is not a requested output;
    * ``x`` is not a source (input, parameter, gradient feed: the caller's arrays);
    * no other live value shares ``x``'s buffer. Some kernels may return a

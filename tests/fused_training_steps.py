@@ -58,6 +58,21 @@ def fan_out():
     return y, [x, *scales], []
 
 
+def pooled():
+    """conv + bias + ReLU, a 2x2 max pooling, conv + bias + ReLU: the first ReLU's gradient reads
+    the pooling's gradient, a buffer of its own that dies there (with ``pool-relu-backward``
+    excluded, which would route the ReLU's mask through the pooling's gather instead), so a
+    ReLU gradient may overwrite it in place; both bias gradients sum a ReLU gradient."""
+    g = og.Graph("pooled")
+    x = g.input("x", (2, 3, 8, 8))
+    w1, b1 = g.param("w1", (8, 3, 3, 3)), g.param("b1", (8,))  # 8 channels: whole 16-byte loads
+    w2, b2 = g.param("w2", (8, 8, 3, 3)), g.param("b2", (8,))
+    r1 = og.relu(og.conv2d(x, w1, b1, padding=1, name="conv1"), name="relu1")
+    p1 = og.max_pool2d(r1, 2, name="pool1")
+    y = og.relu(og.conv2d(p1, w2, b2, padding=1, name="conv2"), name="relu2")
+    return y, [x, w1, b1, w2, b2], []
+
+
 MAKERS = {"bottleneck": bottleneck, "mbconv": mbconv, "fan_out": fan_out, "dense_block": dense_block}
 
 
@@ -118,5 +133,5 @@ def step_failures(fused, unfused, ref, n_grads: int, dtype: str) -> list[str]:
     return bad
 
 
-__all__ = ["TOLERANCE", "BF16_GRADIENT_SLACK", "fan_out", "MAKERS", "training_step", "step_errors",
+__all__ = ["TOLERANCE", "BF16_GRADIENT_SLACK", "fan_out", "pooled", "MAKERS", "training_step", "step_errors",
            "rule_on_and_off", "step_failures"]

@@ -15,6 +15,11 @@ The mask is :data:`.relu.RELU_BWD_BODY`'s: gy's bits where ``y > 0`` (compared i
 :mod:`.colsum_vector`'s fixed order (deterministic; the same bits as ``colsum_vector.column_sums(g)``)
 in float32, rounded once to the storage dtype, as the bias gradient (SEMANTICS.md).
 
+In place (``out=gy``, the memory pass's step: ``rules.INPLACE``) g is written through gy's own row
+pitch by the pass-1 source without ``__restrict__`` (:func:`source`'s ``aliased``): each thread
+loads its vectors of y and gy before it stores g's at the same address, and the sums are added
+from the registers, so overwriting gy changes no bit of either result.
+
 Rows are channels-last: y and gy logical ``(N, C, H, W)`` stored NHWC (each dense or a channel
 slice of a wider buffer: its own pixel pitch) or 2-D ``(N, C)`` with unit column stride (each its own
 row pitch); :func:`declines` says why other arrays take the fallback (:func:`relu_backward_sums_kernel`:
@@ -37,9 +42,9 @@ from .colsum_vector import BLOCK_PARTIALS, LANES, LOADS_PER_THREAD, THREADS
 from .pool_vector import pixel_pitch
 from .storage import bits, dtype_name, logical, unbits
 
-#: the pass-1 kernel's revision (pass 2 is colsum_vector's, under its own ``REVISION``); part of any
-#: autotune cache key that comes to depend on this kernel
-REVISION = 1
+# No REVISION: the rule lists one variant, so autotune caches no decision of it; a variants
+# function offered for it would carry ``kernel_sources.fingerprinted(__name__)``, which keys the
+# decisions on this module's code (an edit tunes them again, no bump needed).
 
 # One 16-byte vector of each operand: the y words ``m`` mask the gy words ``q`` into ``o``, whose
 # lanes the thread adds to its V float sums. bfloat16 packs two lanes per 32-bit word (the low
@@ -67,14 +72,16 @@ _STORE_T = {"bfloat16": "unsigned short", "float32": "float"}
 
 # Block (b, t): vector columns [t*TW, (t+1)*TW) over rows [b*rows_per_block, ...), thread row ty
 # taking rows ty, ty+RP, ...; then thread row 0 adds the thread rows' sums in order (as
-# colsum_vector's pass 1, whose partials this writes). y and gy each have their own row pitch
-# (elements, a multiple of V); g is dense (pitch C = CV*V). 64-bit indices.
+# colsum_vector's pass 1, whose partials this writes). y, gy and g each have their own row pitch
+# (elements, a multiple of V; g's is C = CV*V when it is new, gy's when g is gy's buffer). 64-bit
+# indices. RESTRICT is __restrict__ unless g may be gy's (or y's) own buffer, an in-place step: each
+# thread reads its vectors before it stores to the same address, which is safe without the promise.
 _SOURCE = r"""
 constexpr int V = LANES;
 typedef STORE_T ST;
 extern "C" __global__ void __launch_bounds__(THREADS) opgraph_colsum_relu_part(
-        const ST* __restrict__ y, const ST* __restrict__ gy, ST* __restrict__ g, float* __restrict__ part,
-        long long M, long long ldy, long long ldg, int CV, int TW, long long rows_per_block) {
+        const ST* RESTRICT y, const ST* RESTRICT gy, ST* RESTRICT g, float* __restrict__ part,
+        long long M, long long ldy, long long ldg, long long ldo, int CV, int TW, long long rows_per_block) {
     __shared__ float red[THREADS * V];
     const int t = threadIdx.x, tx = t % TW, ty = t / TW, RP = THREADS / TW;
     const int cv = blockIdx.y * TW + tx;
@@ -84,11 +91,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) opgraph_colsum_relu_part(
     #pragma unroll
     for (int k = 0; k < V; ++k) acc[k] = 0.0f;
     if (ty < RP && cv < CV) {
-        const long long ldo = (long long)CV * V;
         const uint4* py = reinterpret_cast<const uint4*>(y + (r0 + ty) * ldy) + cv;
         const uint4* pg = reinterpret_cast<const uint4*>(gy + (r0 + ty) * ldg) + cv;
         uint4* po = reinterpret_cast<uint4*>(g + (r0 + ty) * ldo) + cv;
-        const long long sy = (long long)RP * (ldy / V), sg = (long long)RP * (ldg / V), so = (long long)RP * CV;
+        const long long sy = (long long)RP * (ldy / V), sg = (long long)RP * (ldg / V), so = (long long)RP * (ldo / V);
         #pragma unroll 4
         for (long long r = r0 + ty; r < r1; r += RP, py += sy, pg += sg, po += so) {
             const uint4 m = *py, q = *pg;
@@ -100,19 +106,22 @@ BLOCK_PARTIALS
 """
 
 
-def source(dtype: str) -> str:
+def source(dtype: str, aliased: bool = False) -> str:
     """CUDA source of pass 1 for ``dtype`` (a key of :data:`~.colsum_vector.LANES`):
-    ``opgraph_colsum_relu_part(y, gy, g, part, long long M, long long ldy, long long ldg, int CV,
-    int TW, long long rows_per_block)``. Raises KeyError for another dtype."""
-    return (_SOURCE.replace("BLOCK_PARTIALS\n", BLOCK_PARTIALS).replace("MASK", _MASK[dtype]).replace("STORE_T", _STORE_T[dtype])
+    ``opgraph_colsum_relu_part(y, gy, g, part, long long M, long long ldy, long long ldg,
+    long long ldo, int CV, int TW, long long rows_per_block)`` (row pitches in elements). With
+    ``aliased`` y, gy and g are not ``__restrict__``: g may be gy's buffer (an in-place step).
+    Raises KeyError for another dtype."""
+    return (_SOURCE.replace("BLOCK_PARTIALS\n", BLOCK_PARTIALS).replace("MASK", _MASK[dtype])
+            .replace("STORE_T", _STORE_T[dtype]).replace("RESTRICT", "" if aliased else "__restrict__")
             .replace("LANES", str(LANES[dtype])).replace("THREADS", str(THREADS)))
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(dtype: str):
-    """Pass 1 compiled for ``dtype`` (one NVRTC module per dtype, built on first use)."""
+def _kernel(dtype: str, aliased: bool = False):
+    """Pass 1 compiled for ``dtype`` (one NVRTC module per dtype and aliasing, built on first use)."""
     import cupy
-    return cupy.RawModule(code=source(dtype)).get_function("opgraph_colsum_relu_part")
+    return cupy.RawModule(code=source(dtype, aliased)).get_function("opgraph_colsum_relu_part")
 
 
 def rows(a):
@@ -171,7 +180,7 @@ def _new_output(xp, y, storage_dtype):
     return out, out
 
 
-def relu_backward_sums(xp, y, gy, sums=None, loads_per_thread: int = LOADS_PER_THREAD):
+def relu_backward_sums(xp, y, gy, sums=None, loads_per_thread: int = LOADS_PER_THREAD, out=None):
     """``(g, sums)``: ``g = ReluBackward(y, gy)`` (gy's bits where ``y > 0``, else +0.0; y's
     logical shape, dense channels-last, gy's dtype) and its per-channel sums ``(C,)`` in gy's
     dtype (float32 sums rounded once), in one read of y and gy.
@@ -181,18 +190,22 @@ def relu_backward_sums(xp, y, gy, sums=None, loads_per_thread: int = LOADS_PER_T
         sums: the ``(C,)`` array to write the sums into (contiguous, gy's dtype), or None for a
             new one.
         loads_per_thread: pass 1's geometry (``colsum_vector.grid``).
+        out: the array ``g`` is written into, through its own row pitch, and returned as ``g``: gy
+            itself (an in-place step: each thread reads its vectors of y and gy before it stores
+            to the same address) or an array overlapping neither; y's shape and gy's dtype, rows
+            :func:`declines` takes. None: a new dense channels-last array.
 
     Raises:
-        ShapeError: :func:`declines` gives a reason (the caller asks it first and falls back),
-        or ``sums`` is not a contiguous ``(C,)`` array of gy's dtype.
+        ShapeError: :func:`declines` gives a reason for ``(y, gy)`` or ``(y, out)`` (the caller
+        asks it first and falls back), or ``sums`` is not a contiguous ``(C,)`` array of gy's dtype.
     """
-    why = declines(y, gy)
+    why = declines(y, gy) or (None if out is None else declines(y, out))
     if why is not None:
         raise ShapeError(f"colsum_relu.relu_backward_sums: {why}")
-    return _fused(xp, y, gy, sums, loads_per_thread)
+    return _fused(xp, y, gy, sums, loads_per_thread, out)
 
 
-def _fused(xp, y, gy, sums, loads_per_thread: int = LOADS_PER_THREAD):
+def _fused(xp, y, gy, sums, loads_per_thread: int = LOADS_PER_THREAD, out=None):
     """:func:`relu_backward_sums` on arrays :func:`declines` has taken (asked once per call)."""
     dtype = dtype_name(gy.dtype)
     v = LANES[dtype]
@@ -203,16 +216,17 @@ def _fused(xp, y, gy, sums, loads_per_thread: int = LOADS_PER_THREAD):
     elif tuple(sums.shape) != (c,) or sums.dtype != gy.dtype or not sums.flags.c_contiguous:
         raise ShapeError(f"colsum_relu.relu_backward_sums: sums {sums.dtype} {tuple(sums.shape)} is not a "
                          f"contiguous ({c},) {dtype}")
-    g, g_rows = _new_output(xp, y, gr.dtype)
+    g, g_rows = _new_output(xp, y, gr.dtype) if out is None else (out, bits(xp, rows(out)))
     groups, tw, rows_per_block = colsum_vector.grid(m, c // v, loads_per_thread)
     part = xp.empty((groups, c), dtype=xp.float32)
     tiles = -(-(c // v) // tw)
-    _kernel(dtype)((groups, tiles), (THREADS,),
-                   (yr, gr, g_rows, part, xp.int64(m), xp.int64(yr.strides[0] // yr.itemsize),
-                    xp.int64(gr.strides[0] // gr.itemsize), xp.int32(c // v), xp.int32(tw),
-                    xp.int64(rows_per_block)))
+    _kernel(dtype, out is not None)(
+        (groups, tiles), (THREADS,),
+        (yr, gr, g_rows, part, xp.int64(m), xp.int64(yr.strides[0] // yr.itemsize),
+         xp.int64(gr.strides[0] // gr.itemsize), xp.int64(g_rows.strides[0] // g_rows.itemsize),
+         xp.int32(c // v), xp.int32(tw), xp.int64(rows_per_block)))
     colsum_vector.finish(xp, part, bits(xp, sums), dtype)
-    return unbits(g, gy.dtype), sums
+    return (g if out is not None else unbits(g, gy.dtype)), sums
 
 
 # ---- node kernels (ctx, op, *arrays) of opgraph/ops/relu_bias_sums.py
@@ -227,13 +241,15 @@ def relu_backward_sums_slot_kernel(ctx, op, y, gy):
     return unbits(ctx.xp.empty(c, dtype=ctx.xp.uint16 if dtype_name(dtype) == "bfloat16" else dtype), dtype)
 
 
-def relu_backward_sums_kernel(ctx, op, y, gy, sums):
+def relu_backward_sums_kernel(ctx, op, y, gy, sums, *, out=None):
     """``ReluBackwardSums`` node: ``g = ReluBackward(y, gy)`` returned and its per-channel sums
     written into ``sums`` in place (float32 rounded once to sums' dtype). The fused kernels
-    (:func:`relu_backward_sums`) where :func:`declines` gives no reason and ``sums`` is a
-    contiguous ``(C,)`` of gy's dtype; else ``relu.relu_backward`` then the bias gradient's column
-    sums (``colsum.bias_add_backward``) copied into ``sums`` (NCHW, float16, float64, an
-    unaligned slice, C not a multiple of the lanes).
+    (:func:`relu_backward_sums`) where :func:`declines` gives no reason (for ``out`` too) and
+    ``sums`` is a contiguous ``(C,)`` of gy's dtype; else ``relu.relu_backward`` then the bias
+    gradient's column sums (``colsum.bias_add_backward``) copied into ``sums`` (NCHW, float16,
+    float64, an unaligned slice, C not a multiple of the lanes). ``out``: gy itself for an
+    in-place step (``rules.INPLACE``: position 1, never the slot), written through its own
+    strides and returned; the sums are those of ``g`` as written either way.
 
     Raises:
         ShapeError: y and gy of different shapes, or sums not ``(C,)``."""
@@ -241,9 +257,10 @@ def relu_backward_sums_kernel(ctx, op, y, gy, sums):
     if tuple(sums.shape) != (c,):
         raise ShapeError(f"relu_backward_sums: sums {tuple(sums.shape)} is not ({c},) for gy {tuple(gy.shape)}")
     xp = ctx.xp
-    if declines(y, gy) is None and sums.dtype == gy.dtype and sums.flags.c_contiguous:
-        return _fused(xp, y, gy, sums)[0]
-    g = relu.relu_backward(xp, y, gy)
+    if (declines(y, gy) is None and (out is None or declines(y, out) is None) and sums.dtype == gy.dtype
+            and sums.flags.c_contiguous):
+        return _fused(xp, y, gy, sums, out=out)[0]
+    g = relu.relu_backward(xp, y, gy, out=out)
     s = colsum.bias_add_backward(xp, g)
     if s.dtype == sums.dtype:
         bits(xp, sums)[...] = bits(xp, s)  # bfloat16 copied as its bits (CuPy may not copy bfloat16)
@@ -252,5 +269,5 @@ def relu_backward_sums_kernel(ctx, op, y, gy, sums):
     return g
 
 
-__all__ = ["declines_types", "REVISION", "declines", "relu_backward_sums", "relu_backward_sums_kernel",
+__all__ = ["declines_types", "declines", "relu_backward_sums", "relu_backward_sums_kernel",
            "relu_backward_sums_slot_kernel", "rows", "source"]

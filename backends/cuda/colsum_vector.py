@@ -33,6 +33,7 @@ from .storage import BF16_DEVICE, bits, dtype_name, unbits
 
 #: the kernels' revision, part of the autotune cache key of the bias gradient's variants
 #: (``rules.bias_variants``): a change to the kernels or their geometry tunes again
+#: (an edit of the kernels' code needs no bump: its fingerprint is in the key too, ``kernel_sources``)
 REVISION = 1
 #: storage dtype -> lanes per 16-byte load. float16 is left to the ``columns`` method (its
 #: conversions need PTX this module does not carry); float64 too (it sums in float64).

@@ -72,11 +72,13 @@ from opgraph.types import is_float, numpy_dtype
 
 from .codegen.launch import address, compiled
 from .codegen.storage import DEVICE_HELPERS, storage_of, vector_load, vector_store
+from .kernel_sources import fingerprinted
 from .storage import dtype_name
 
 #: the kernels' revision, part of the autotune cache key (:func:`variants`):
 #: 1 one thread per element, run-time geometry; 2 vectors of channels, strips
 #: of pixels, geometry compiled in
+#: (an edit of the kernels' code needs no bump: its fingerprint is in the key too, ``kernel_sources``)
 REVISION = 2
 THREADS = 256
 #: the default strip width (dx pixels of one row per thread, rounded to a multiple of the column stride)
@@ -122,6 +124,8 @@ def variants(op, in_types, device):
 
 
 variants.revision = REVISION
+#: the kernels' source, part of the autotune cache key too: an edit re-tunes without a REVISION bump
+variants.fingerprint = fingerprinted(__name__)
 
 
 # ---------------------------------------------------------------- code generation

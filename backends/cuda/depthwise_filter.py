@@ -73,10 +73,12 @@ from opgraph.types import numpy_dtype
 
 from .codegen.launch import address, compiled
 from .codegen.storage import DEVICE_HELPERS, storage_of, vector_load
+from .kernel_sources import fingerprinted
 from .depthwise import declines, lanes, operand_dtypes
 from .storage import dtype_name
 
 #: the kernels' revision, part of the autotune cache key (:func:`variants`)
+#: (an edit of the kernels' code needs no bump: its fingerprint is in the key too, ``kernel_sources``)
 REVISION = 1
 THREADS = 256
 #: default strip width (output pixels of one row per worker and step)
@@ -102,6 +104,8 @@ def variants(op, in_types, device):
 
 
 variants.revision = REVISION
+#: the kernels' source, part of the autotune cache key too: an edit re-tunes without a REVISION bump
+variants.fingerprint = fingerprinted(__name__)
 
 
 # ---------------------------------------------------------------- planning

@@ -84,20 +84,35 @@ def _index_bits(masked: bool, g: PoolGeometry) -> str:
     return "0xff" if masked or g.kernel[0] * g.kernel[1] > MASKED else hex(MASKED - 1)
 
 
-def _indexed_scan(xp, x, g: PoolGeometry, specialize: bool, relu: bool, keep_max: bool, what: str):
+def _in_order(a, cl: bool):
+    """``a`` (logical ``(N, C, H, W)``) as the C-contiguous buffer the scalar kernels index in
+    storage order ``cl`` (NHWC when True), without a copy; None when its memory is not laid out
+    so."""
+    buf = a.transpose(0, 2, 3, 1) if cl else a
+    return buf if buf.flags.c_contiguous else None
+
+
+def _indexed_scan(xp, x, g: PoolGeometry, specialize: bool, relu: bool, keep_max: bool, what: str,
+                  slot=None):
     """``(y or None, idx, cl, dtype)``: the window scan writing each winner's index
-    (``relu``: marked where it is not > 0), and the maximum with ``keep_max``."""
+    (``relu``: marked where it is not > 0), and the maximum with ``keep_max``. ``slot``: a uint8
+    array of the pooled shape the indices go into (then ``idx`` is its buffer): written by the
+    kernel itself where its memory is dense in the scan's storage order (x's), else through a
+    temporary copied in (what :func:`scan_workspace` declares)."""
     check_window(g, relu)
     buf, cl, dtype = _prepare(xp, x, what)
     n, c = x.shape[:2]
     y = _out(xp, buf, n, c, g.out, cl) if keep_max else None
-    idx = _out(xp, buf, n, c, g.out, cl, xp.uint8)
+    direct = None if slot is None else _in_order(slot, cl)
+    idx = direct if direct is not None else _out(xp, buf, n, c, g.out, cl, xp.uint8)
     if idx.size:
         outs = [*([y.ravel()] if keep_max else []), idx.ravel()]
         _run(("maxpool_idx" if keep_max else "maxpool_argmax") + ("_relu" if relu else ""), "raw T x", [buf.ravel()],
              "raw T y, raw uint8 idx" if keep_max else "raw uint8 idx", outs,
              (_MAX_IDX if keep_max else _ARGMAX)[relu], _geo(c, g, cl, g.out), size=idx.size,
              arrays=(buf, idx), storage=_storage(dtype), specialize=specialize)
+    if slot is not None and direct is None:
+        slot[...] = logical(idx, cl)  # one copy kernel (a transpose where the orders differ)
     return y, idx, cl, dtype
 
 
@@ -112,6 +127,45 @@ def max_pool2d_with_indices(xp, x, g: PoolGeometry, specialize: bool = False, re
     """
     y, idx, cl, dtype = _indexed_scan(xp, x, g, specialize, relu, True, "max_pool2d_with_indices")
     return _finish(xp, y, cl, dtype), logical(idx, cl)
+
+
+def max_pool2d_scan(xp, x, slot, g: PoolGeometry, specialize: bool = False, relu: bool = False):
+    """:func:`max_pool2d_with_indices` writing its indices into ``slot`` (uint8, the pooled shape,
+    any layout) instead of a new array: returns the pooled maximum (x's dtype and layout). The
+    kernel stores into ``slot`` itself where it is dense in x's storage order (what the argmax
+    slot's step allocates for x's layout); otherwise, and for float16 (computed in float32),
+    the temporaries are those of :func:`scan_workspace`.
+
+    Raises:
+        ParameterError: a window of more than 256 cells (128 with ``relu``).
+        ShapeError: x not 4-D.
+    """
+    y, _, cl, dtype = _indexed_scan(xp, x, g, specialize, relu, True, "max_pool2d_scan", slot)
+    return _finish(xp, y, cl, dtype)
+
+
+def _scan_order(t) -> bool:
+    """Whether the scalar kernels index a value of type ``t`` in NHWC order: stored channels-last
+    with more than one channel and one pixel (``storage.physical``; ``is_channels_last`` counts
+    the others as NCHW, the same memory)."""
+    _, c, h, w = t.shape
+    return t.layout == "NHWC" and c > 1 and h * w > 1
+
+
+def scan_workspace(op, in_types, options) -> int:
+    """Scratch bytes of one ``MaxPool2dScan`` call (``Rule.workspace``; ``in_types`` x and the slot,
+    as they run): float16 x converted to float32 and the float32 maxima rounded into y (4 bytes
+    per element of each), and the winners' temporary when the slot is not dense in x's storage
+    order (its uint8 bytes: an NCHW slot beside channels-last x, or one of several pixels beside
+    a one-pixel x). The vector path writes the slot in place and allocates y only, so the bound
+    holds for every option. Not counted, as for every kernel (``Rule.contiguous_inputs``): the
+    dense copy of an x that is a view neither NCHW- nor NHWC-dense."""
+    x, slot = in_types[:2]
+    total = 4 * (x.size + slot.size) if x.dtype == "float16" else 0
+    one_order = slot.shape[1] == 1 or slot.shape[2] * slot.shape[3] == 1  # both orders are one memory
+    if not one_order and _scan_order(x) != (slot.layout == "NHWC"):
+        total += slot.size
+    return total
 
 
 def max_pool2d_argmax(xp, x, g: PoolGeometry, specialize: bool = False, relu: bool = False):
@@ -203,8 +257,10 @@ def max_pool2d_scan_kernel(ctx, op, x, slot):
     scan (``pool_vector.max_pool2d_scan``, options ``vector``, ``pixels``,
     ``tile``) where x qualifies and the slot is dense channels-last uint8
     (:func:`pool_vector.indices_apply`, as the slot kernel allocates NHWC);
-    else :func:`max_pool2d_with_indices`, its indices copied into the slot
-    (an NCHW slot, float16 or float64, an unaligned x).
+    else the scalar scan :func:`max_pool2d_scan`, which writes the slot
+    itself where it is dense in x's storage order (an NCHW slot beside NCHW
+    x, float16 or float64, an unaligned x) and declares what it allocates
+    otherwise (:func:`scan_workspace`, the rule's workspace).
 
     Raises:
         ShapeError: slot not the pooled shape, or x not 4-D.
@@ -215,9 +271,7 @@ def max_pool2d_scan_kernel(ctx, op, x, slot):
     g = node_geometry(op, x.shape[2:], slot.shape[2:])
     if _vector(ctx) and pool_vector.applies(g, x, max_cells=MASKED) is None and pool_vector.indices_apply(slot):
         return pool_vector.max_pool2d_scan(ctx.xp, x, slot, g, op.relu, _pixels(ctx), _tile(ctx))
-    y, idx = max_pool2d_with_indices(ctx.xp, x, g, _specialize(ctx), op.relu)
-    slot[...] = idx  # one copy kernel (a transpose where the layouts differ)
-    return y
+    return max_pool2d_scan(ctx.xp, x, slot, g, _specialize(ctx), op.relu)
 
 
 def max_pool2d_take_kernel(ctx, op, x, idx):
@@ -242,6 +296,7 @@ def max_pool2d_backward_indices_kernel(ctx, op, idx, gy):
     return max_pool2d_backward_indices(ctx.xp, idx, gy, g, shape, _specialize(ctx), op.masked, nhwc)
 
 
-__all__ = ["max_pool2d_with_indices", "max_pool2d_argmax", "max_pool2d_take", "max_pool2d_backward_indices",
+__all__ = ["max_pool2d_with_indices", "max_pool2d_scan", "scan_workspace", "max_pool2d_argmax", "max_pool2d_take",
+           "max_pool2d_backward_indices",
            "max_pool2d_argmax_kernel", "max_pool2d_argmax_slot_kernel", "max_pool2d_scan_kernel",
            "max_pool2d_take_kernel", "max_pool2d_backward_indices_kernel"]

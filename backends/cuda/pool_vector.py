@@ -85,6 +85,7 @@ from .storage import bits
 #: (``pool_vector_tile_kernels._scan_tile``, ``_gather_tile``), 10 the ``tile`` variant of the
 #: bfloat16 take (``_take_tile``: x staged as
 #: the tile scan stages it, ``_stage_tile``, each lane's winner read from shared memory)
+#: (an edit of the kernels' code needs no bump: its fingerprint is in the key too, ``kernel_sources``)
 REVISION = 10
 #: the output columns per thread that autotune tries for the max-pool window
 #: scans (``rules.vector_pool_variants``): neighbouring windows of a 3x3/1 pool

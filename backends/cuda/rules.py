@@ -35,6 +35,7 @@ from . import (colsum, colsum_relu, colsum_vector, depthwise, depthwise_filter, 
                pool_vector, relu, unfold)
 from .cublas import capture_requirement
 from .codegen import movement
+from .kernel_sources import fingerprinted
 
 def zeros_node(ctx, op):
     """A ``Zeros`` node's memset in the type it runs in (``ctx.out_type``, compile's
@@ -137,8 +138,11 @@ def vector_pool_variants(op, in_types, device):
 
 #: part of the autotune cache key (``autotune_contenders._stable_name``): the vector kernels'
 #: revision (3: the max-pool scans' ``pixels``; 9: the ``tile`` variant; 10: its take), so decisions
-#: tuned against older ones are tuned again
+#: tuned against older ones are tuned again; and the source fingerprint of every pooling kernel
+#: (``kernel_sources``), so an edit of their text re-tunes them without a revision bump
 vector_pool_variants.revision = pool_vector.REVISION
+vector_pool_variants.fingerprint = fingerprinted(pool, pool_indices)
+pool_variants.fingerprint = fingerprinted(pool)
 
 
 def _vector_types(op, in_types) -> bool:
@@ -173,6 +177,7 @@ def bias_variants(op, in_types, device):
 #: part of the autotune cache key: the ``vector`` kernels' revision (1: ``method='vector'``
 #: added), so decisions tuned without it, or against an older one, are tuned again
 bias_variants.revision = colsum_vector.REVISION
+bias_variants.fingerprint = fingerprinted(colsum, colsum_vector)
 
 
 #: op type -> (kernel options an autotune variant may set, its ``variants``).
@@ -201,8 +206,9 @@ def check(op, in_types, device):
 
 
 #: op type -> the input its kernel may write its output into (``out=``,
-#: ``Rule.inplace``): ReLU into x, its gradient into gy.
-INPLACE = {ops.Relu: 0, ops.ReluBackward: 1}
+#: ``Rule.inplace``): ReLU into x, its gradient into gy, and so the gradient that also fills its
+#: sums (into gy, never into input 2, the slot it fills: a (C,) buffer of another type anyway)
+INPLACE = {ops.Relu: 0, ops.ReluBackward: 1, ops.ReluBackwardSums: 1}
 
 
 def _relu_backward_sums_check(op, in_types, device):
@@ -214,11 +220,16 @@ def _relu_backward_sums_check(op, in_types, device):
 #: op type -> its rule's ``check`` where it is not :func:`check`
 CHECKS = {ops.ReluBackwardSums: _relu_backward_sums_check}
 
+#: op type -> its rule's ``workspace`` (scratch bytes of one call) where the kernel allocates
+#: temporaries beside its output: the one-scan pooling's scalar path (float16 in float32, and
+#: the winners of a slot not dense in x's storage order: ``pool_indices.scan_workspace``)
+WORKSPACES = {ops.MaxPool2dScan: pool_indices.scan_workspace}
+
 
 def register_rules() -> None:
     """Register one ``cuda`` rule per entry of :data:`NODE_KERNELS` and
     :data:`CUDA_KERNELS` (idempotent). Every kernel returns a new array, never
-    a view of an input (``fresh_output``); ReLU and its gradient may run in
+    a view of an input (``fresh_output``); ReLU and its gradients may run in
     place (:data:`INPLACE`). Every kernel is capturable into a CUDA graph: its
     constants are launch arguments or fill kernels, a ``Constant`` is uploaded
     once in its first (uncaptured) run, nothing synchronises; but for the
@@ -231,6 +242,7 @@ def register_rules() -> None:
         register(Rule(op_type, "cuda", kernel, devices={"cuda"}, check=CHECKS.get(op_type, check),
                       tags={"cuda", "gpu"}, inplace=INPLACE.get(op_type), fresh_output=True, capturable=True,
                       **({"variants": variants} if variants else {}),
+                      **({"workspace": WORKSPACES[op_type]} if op_type in WORKSPACES else {}),
                       **({"variant_capture_blocker": blocker} if blocker else {})))
     # a candidate beside cuDNN's engines for depthwise backward-data (it declines every other convolution);
     # its variants (thread tiles) carry the kernels' revision into the autotune cache key
@@ -255,6 +267,6 @@ def register_rules() -> None:
 
 register_rules()
 
-__all__ = ["CUDA_KERNELS", "NODE_KERNELS", "INPLACE", "INDEXED_CELLS", "OPTIONS", "SPECIALIZABLE", "VARIANT_CAPTURE_BLOCKERS",
-           "VECTOR_POOLS", "MAX_POOLS", "TILED_POOLS", "bias_variants", "check", "vector_pool_variants",
+__all__ = ["CUDA_KERNELS", "NODE_KERNELS", "INPLACE", "WORKSPACES", "INDEXED_CELLS", "OPTIONS", "SPECIALIZABLE",
+           "VARIANT_CAPTURE_BLOCKERS", "VECTOR_POOLS", "MAX_POOLS", "TILED_POOLS", "bias_variants", "check", "vector_pool_variants",
            "pool_variants", "register_rules"]

@@ -65,11 +65,13 @@ from ..reference.conv import conv_geometry, geometry_of
 from .codegen.launch import compiled
 from .codegen.storage import DEVICE_HELPERS, lit, storage_of
 from .cublas import gemm_ex_into
+from .kernel_sources import fingerprinted
 from .storage import dtype_name, like
 
 #: the kernels' revision, part of the autotune cache key (:func:`variants`); 3: the
 #: ``chunks`` variants are listed (revision 2's function did not take the ``precision``
 #: its rule's ``option:precision`` tag passes, so autotune had timed the default alone)
+#: (an edit of the kernels' code needs no bump: its fingerprint is in the key too, ``kernel_sources``)
 REVISION = 3
 THREADS = 256
 #: the storage dtypes the rule takes (float64 has no precision: the xp lowerings run it)
@@ -90,6 +92,8 @@ def variants(op, in_types, device, precision=None):
 
 
 variants.revision = REVISION
+#: the kernels' source, part of the autotune cache key too: an edit re-tunes without a REVISION bump
+variants.fingerprint = fingerprinted(__name__)
 
 
 def padded_k(k: int, bias: bool) -> int:

@@ -56,11 +56,12 @@ def reference(op_type: type, *, inplace=None):
     return deco
 
 
-def reference_node(op_type: type):
-    """Decorator: ``kernel(ctx, op, *arrays)`` is ``op_type``'s reference rule.
+def reference_node(op_type: type, *, inplace=None):
+    """Decorator: ``kernel(ctx, op, *arrays)`` is ``op_type``'s reference rule;
+    ``inplace`` as for :func:`reference` (the kernel then takes ``out=``).
     Returns ``kernel``."""
     def deco(kernel):
-        _register(op_type, kernel, None)
+        _register(op_type, kernel, inplace)
         return kernel
     return deco
 

@@ -3,8 +3,10 @@
 ``ReluBackwardSumsSlot(y, gy)``'s value is ``BiasAddBackward(ReluBackward(y, gy))`` (computed here:
 a device step only allocates, and its ``ReluBackwardSums`` reader fills it);
 ``ReluBackwardSums(y, gy, sums)`` returns ``ReluBackward(y, gy)`` and writes those same sums into
-``sums`` in place, in sums' dtype. Both are :mod:`.elementwise`'s kernels composed, so the values are
-theirs bit for bit (float32 sums of half storage rounded once: SEMANTICS.md).
+``sums`` in place, in sums' dtype; like ``ReluBackward`` it may write the gradient into gy's
+buffer (``out=``, an in-place step: ``Rule.inplace``), never into the slot. Both are
+:mod:`.elementwise`'s kernels composed, so the values are theirs bit for bit (float32 sums of half
+storage rounded once: SEMANTICS.md).
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ def relu_backward_sums_slot_kernel(ctx, op, y, gy):
     return bias_add_backward(ctx.xp, relu_backward(ctx.xp, y, gy))
 
 
-@reference_node(ops.ReluBackwardSums)
-def relu_backward_sums_kernel(ctx, op, y, gy, sums):
-    """``ReluBackwardSums`` node: ``ReluBackward(y, gy)`` returned (a new array), its channel sums
-    written into ``sums`` (the slot's value, sums' dtype kept)."""
-    g = relu_backward(ctx.xp, y, gy)
+@reference_node(ops.ReluBackwardSums, inplace=1)  # into gy, as ReluBackward; never the (C,) slot
+def relu_backward_sums_kernel(ctx, op, y, gy, sums, *, out=None):
+    """``ReluBackwardSums`` node: ``ReluBackward(y, gy)`` returned (a new array, or ``out``: gy
+    itself for an in-place step), its channel sums written into ``sums`` (the slot's value, sums'
+    dtype kept). The sums are taken of the gradient as written, so gy overwritten changes nothing."""
+    g = relu_backward(ctx.xp, y, gy, out=out)
     sums[...] = bias_add_backward(ctx.xp, g).astype(sums.dtype, copy=False)
     return g
 

@@ -11,7 +11,8 @@ the copy bandwidth, most of them a few microseconds at the launch floor). The fu
   step only allocates (``Op.filled_by_reader``); its value is ``BiasAddBackward(ReluBackward(y, gy))``;
 * ``g = ReluBackwardSums(y, gy, sums)``: ``ReluBackward(y, gy)``, and it fills ``sums`` with the
   per-channel sums of what it wrote (``Op.fills``), in float32 rounded once to the storage
-  dtype, as ``BiasAddBackward`` sums (SEMANTICS.md).
+  dtype, as ``BiasAddBackward`` sums (SEMANTICS.md). Its rules may write ``g`` into gy's buffer
+  where gy dies there, as ``ReluBackward``'s do (``Rule.inplace`` = input 1, never the slot).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ whole graph lowered for cuda run with them (:func:`emulated_cuda_executable`).""
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 
 import attrs
@@ -26,17 +27,26 @@ from opgraph.types import is_channels_last, is_float, numpy_dtype, to_layout
 needs_gxx = pytest.mark.skipif(GXX is None, reason="no g++: the kernels' CUDA text cannot run on the CPU")
 
 
+@contextlib.contextmanager
+def codegen_emulated(monkeypatch, standin, *caches):
+    """``standin`` (an :class:`EmulatedCupy`) as ``cupy`` for the generated kernels: their
+    compile and plan caches, and ``caches`` (other kernels' compile caches), start empty and
+    are emptied after."""
+    monkeypatch.setattr(launch, "_PLANS", {})
+    for name in ("_TICKET_OFFSETS", "_TICKET_BUFFERS", "_TICKET_VIEWS"):  # ticket counters start at zero
+        monkeypatch.setattr(launch, name, {})
+    monkeypatch.setattr(launch, "_RESERVED", [0])
+    with cupy_replaced(monkeypatch, standin, launch.compiled, copies._plan, *caches) as e:
+        yield e
+
+
 @pytest.fixture
 def emu(monkeypatch):
     """The emulated ``cupy``: generated kernels compile with g++ and run thread
     by thread; the compile and plan caches start empty and are emptied after."""
     if GXX is None:
         pytest.skip("no g++: the kernels' CUDA text cannot run on the CPU")
-    monkeypatch.setattr(launch, "_PLANS", {})
-    for name in ("_TICKET_OFFSETS", "_TICKET_BUFFERS", "_TICKET_VIEWS"):  # ticket counters start at zero
-        monkeypatch.setattr(launch, name, {})
-    monkeypatch.setattr(launch, "_RESERVED", [0])
-    with cupy_replaced(monkeypatch, EmulatedCupy(), launch.compiled, copies._plan) as e:
+    with codegen_emulated(monkeypatch, EmulatedCupy()) as e:
         yield e
 
 
@@ -79,12 +89,14 @@ def launched(emu) -> list[str]:
     return [x["name"].split("_")[2] for x in emu.raw_launches]
 
 
-def emulated_cuda_executable(outputs, policy, dtype: str | None):
+def emulated_cuda_executable(outputs, policy, dtype: str | None, kernels: tuple = ()):
     """``outputs`` through the default pipeline for device ``cuda`` (no GPU
     needed: the passes only ask the rules; cuDNN declines) under ``compile``'s
     ``dtype``, as an executable over host arrays: ``codegen`` steps run their
     generated kernels (inside the :func:`emu` fixture: through the emulator),
-    every other step (GEMM convolutions, cuBLAS) the op's reference kernel in
+    and so do the ``cuda`` steps of the op types ``kernels`` (their own CuPy
+    kernels: their compile caches must be the emulator's); every other step
+    (GEMM convolutions, cuBLAS) the op's reference kernel in
     float32 on its inputs, its result rounded once to the node's run type, as
     a kernel storing that type and accumulating in float32 would."""
     policy = LoweringPolicy.from_mapping(policy)
@@ -93,8 +105,9 @@ def emulated_cuda_executable(outputs, policy, dtype: str | None):
     graph, outs = default(policy).run(source, list(outputs), ctx)
 
     def resolve(op, out_type):
-        if op.algorithm == "codegen":
-            return rules_for(type(op.op))["codegen"].kernel, KernelContext(np, "cuda", op.option_dict, out_type)
+        if op.algorithm == "codegen" or (op.algorithm == "cuda" and isinstance(op.op, tuple(kernels))):
+            kernel = rules_for(type(op.op))[op.algorithm].kernel
+            return kernel, KernelContext(np, "cuda", op.option_dict, out_type)
         wide = attrs.evolve(out_type, dtype="float32") if is_float(out_type.dtype) else out_type
         reference = rules_for(type(op.op))["reference"].kernel
 
@@ -113,4 +126,4 @@ def emulated_cuda_executable(outputs, policy, dtype: str | None):
     return Executable(graph, outs, resolve, xp=np, device="cuda", dtype=dtype, source_graph=source)
 
 
-__all__ = ["needs_gxx", "emu", "seeded", "run_case", "launched", "emulated_cuda_executable"]
+__all__ = ["needs_gxx", "emu", "codegen_emulated", "seeded", "run_case", "launched", "emulated_cuda_executable"]

@@ -294,5 +294,6 @@ def test_autotune_enumerates_the_methods_as_candidates(dtype, channels, vector):
     cands = [(r.algorithm, {**o, **v}) for r, o in applicable for v in rule_variants(r, op, types, "cuda", o)]
     assert ("cuda", {}) in cands and ("cuda", {"method": "gemv"}) in cands
     assert (("cuda", {"method": "vector"}) in cands) == vector
-    # part of the autotune cache key, with the vector kernels' revision
-    assert f"cuda:bias_variants@{colsum_vector.REVISION}" in candidate_set(applicable).split(",")
+    # part of the autotune cache key, with the vector kernels' revision and their code's fingerprint
+    fingerprint = cuda_rules.bias_variants.fingerprint()
+    assert f"cuda:bias_variants@{colsum_vector.REVISION}#{fingerprint}" in candidate_set(applicable).split(",")

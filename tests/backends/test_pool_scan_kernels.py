@@ -13,6 +13,8 @@ is not what the vector path writes."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -21,6 +23,7 @@ from cuda_cpu_emulator import GXX, EmulatedCupy
 from cupy_standin import cupy_replaced
 from opgraph import ops
 from opgraph.backends.cuda import pool, pool_vector, rules
+from opgraph.backends.cuda.storage import empty_in_layout
 from opgraph.backends.cuda.codegen import launch
 from opgraph.backends.reference import pool as ref_pool, pool_indices as ref_idx
 from opgraph.backends.registry import KernelContext, rules_for
@@ -260,6 +263,60 @@ def test_a_slot_the_vector_path_does_not_take_gets_the_scalar_indices(emu):
         assert names and not any("pool_vec" in n for n in names), names
         np.testing.assert_array_equal(slot, want)
         np.testing.assert_array_equal(_bits(y), _bits(pool_vector.max_pool2d(np, x, g)))
+
+
+#: Bytes of Python objects the emulator makes per launch (the kernel's text, its argument
+#: arrays): well under the temporaries the cases below would show (256 KiB of winners at least)
+EMULATOR_BYTES = 64 * 1024
+ONE_PIXEL = dict(kernel_size=(2, 2), stride=(1, 1), padding=((1, 1), (1, 1)), ceil_mode=False)
+#: case -> (dtype, x's layout, the slot's layout, x's shape, window): the scalar scan (no
+#: ``vector`` option) of 256 KiB of winners or more, into a slot its kernel writes itself (the
+#: first three, as the slot's step allocates it for x's layout) or through a temporary (an NCHW
+#: slot beside channels-last x; a slot of four pixels in the node's NHWC beside a one-pixel x,
+#: which the kernels index in NCHW order, the same memory)
+SCRATCH_CASES = {
+    "float32-NHWC": ("float32", "NHWC", "NHWC", (2, 32, 128, 128), _params("3x3s2-ceil")),
+    "bfloat16-NCHW": ("bfloat16", "NCHW", "NCHW", (2, 32, 128, 128), _params("3x3s2-ceil")),
+    "float16-NHWC": ("float16", "NHWC", "NHWC", (2, 32, 64, 64), _params("2x2s2")),
+    "NCHW-slot": ("float32", "NHWC", "NCHW", (2, 32, 128, 128), _params("3x3s2-ceil")),
+    "one-pixel-x": ("float32", "NHWC", "NHWC", (64, 1024, 1, 1), ONE_PIXEL),
+}
+
+
+@pytest.mark.parametrize("case", list(SCRATCH_CASES))
+def test_the_scalar_scan_allocates_what_its_rule_declares(emu, case):
+    """What a ``MaxPool2dScan`` call allocates beside its output (host memory traced through the
+    emulated kernels, the slot allocated before: the slot step's) is its rule's workspace
+    (``pool_indices.scan_workspace``), within the emulator's own few kilobytes: nothing where the
+    scan writes the slot itself, float16's float32 copies, the winners' temporary where the slot
+    is not dense in x's storage order. The slot holds the reference argmax either way."""
+    dtype, x_layout, slot_layout, shape, params = SCRATCH_CASES[case]
+    op = ops.MaxPool2dScan(relu=True, **params)
+    x = np.random.default_rng(7).standard_normal(shape).astype(numpy_dtype(dtype))
+    x = channels_last(x) if x_layout == "NHWC" else x
+    pooled = op.output_shape(shape)
+    xt, st = TensorType(shape, dtype, x_layout), TensorType(pooled, "uint8", slot_layout)
+    declared = rules_for(ops.MaxPool2dScan)["cuda"].workspace(op, (xt, st), {})
+    kernel, ctx = rules.POOL_KERNELS[ops.MaxPool2dScan], _ctx({}, TensorType(pooled, dtype, x_layout))
+
+    def new_slot():
+        return empty_in_layout(np, pooled, np.uint8, slot_layout == "NHWC")
+
+    kernel(ctx, op, x, new_slot())  # the kernel text compiled by g++ outside the measurement
+    slot = new_slot()
+    tracemalloc.start()
+    try:
+        y = kernel(ctx, op, x, slot)
+        scratch = tracemalloc.get_traced_memory()[1] - y.nbytes
+    finally:
+        tracemalloc.stop()
+    assert abs(scratch - declared) <= EMULATOR_BYTES, (scratch, declared)
+    assert (declared > 0) == (case in ("float16-NHWC", "NCHW-slot", "one-pixel-x"))
+    assert is_channels_last(slot) == (slot_layout == "NHWC")
+    assert is_channels_last(x) == (x_layout == "NHWC" and case != "one-pixel-x")  # one pixel: NCHW order
+    g = ref_pool.node_geometry(op, shape[2:], pooled[2:])
+    _, want = ref_idx.max_pool2d_with_indices(np, np.asarray(x, np.float64), g, relu=True)
+    np.testing.assert_array_equal(slot, want)
 
 
 def test_the_slot_allocates_in_the_nodes_layout_without_a_kernel(emu):

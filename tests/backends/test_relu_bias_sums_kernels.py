@@ -10,15 +10,20 @@ one after another, so scheduling is checked on the GPU (tests/gpu/test_relu_bias
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 
+import opgraph as og
+from codegen_emulated import codegen_emulated, emulated_cuda_executable
 from cuda_cpu_emulator import GXX, NVCC, EmulatedCupy, nvcc_check
 from cupy_standin import cupy_replaced
+from fused_training_steps import pooled, step_failures, training_step
 from opgraph import ops
 from opgraph.backends.cuda import colsum, colsum_relu, colsum_vector, relu, rules, storage
 from opgraph.backends.reference import elementwise as ref_elementwise
 from opgraph.backends.registry import KernelContext, rules_for
+from opgraph.executable import Executable
 from opgraph.types import TensorType, is_channels_last, numpy_dtype
 
 needs_gxx = pytest.mark.skipif(GXX is None, reason="no g++: the kernels' CUDA text cannot run on the CPU")
@@ -32,6 +37,14 @@ def emu(monkeypatch):
     with cupy_replaced(monkeypatch, EmulatedCupy(), colsum_relu._kernel, colsum_vector._kernels,
                        colsum._colsum_kernels, colsum._rowsum_kernel, storage.elementwise_kernel) as e:
         yield e
+
+
+def out_of_place(exe):
+    """The same executable with every step allocating its output (``Step.inplace`` None)."""
+    copy = Executable.__new__(Executable)
+    copy.__dict__.update(exe.__dict__)
+    copy.steps = [attrs.evolve(st, inplace=None) for st in exe.steps]
+    return copy
 
 
 def _values(shape, dtype, seed, special=False):
@@ -159,6 +172,43 @@ def test_two_dimensional_rows(emu, dtype):
     _check_fused(emu, _values((300, 32), dt, 11), wide[:, 16:48])
 
 
+def _check_in_place(emu, y, gy):
+    """The fused path with ``out=gy`` (an in-place step): g is gy's array, its bits and the sums'
+    those of the same call out of place on copies; pass 1 ran the source without
+    ``__restrict__`` (g is gy's buffer: ``colsum_relu.source(aliased=True)``)."""
+    want_g, want_sums = colsum_relu.relu_backward_sums(np, y.copy(order="K"), gy.copy(order="K"))
+    dtype = storage.dtype_name(gy.dtype)
+    before = len(emu.raw_launches)
+    g, sums = colsum_relu.relu_backward_sums(np, y, gy, out=gy)
+    part = emu.raw_launches[before]
+    assert part["name"] == "opgraph_colsum_relu_part" and part["source"] == colsum_relu.source(dtype, aliased=True)
+    assert "__restrict__ y" not in part["source"] and "__restrict__ y" in colsum_relu.source(dtype)
+    assert g is gy
+    np.testing.assert_array_equal(_bits(g), _bits(want_g))
+    np.testing.assert_array_equal(_bits(sums), _bits(want_sums))
+    _check_sums(sums, want_g)
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_in_place_into_gy_gives_the_same_bits(emu, dtype):
+    """gy overwritten by g (``out=gy``): dense NHWC with NaN, infinities and signed zeros, 2-D,
+    a pitched gy (g written through gy's row pitch, the channels beside it untouched) and y
+    itself as gy (``ReluBackward(y, y)``: a ReLU output passed back as its own gradient)."""
+    dt = numpy_dtype(dtype)
+    v = colsum_vector.LANES[dtype]
+    _check_in_place(emu, _nhwc((2, 24, 5, 3), dt, 20, special=True), _nhwc((2, 24, 5, 3), dt, 21, special=True))
+    _check_in_place(emu, _values((37, 16), dt, 22), _values((37, 16), dt, 23))
+    wide = _nhwc((2, 9 * v, 5, 3), dt, 24, channels=(0, 9 * v, 9 * v))
+    gy = wide[:, 2 * v:6 * v]
+    outside = _bits(wide[:, :2 * v]).copy(), _bits(wide[:, 6 * v:]).copy()
+    _check_in_place(emu, _nhwc((2, 4 * v, 5, 3), dt, 25), gy)
+    np.testing.assert_array_equal(_bits(wide[:, :2 * v]), outside[0])
+    np.testing.assert_array_equal(_bits(wide[:, 6 * v:]), outside[1])
+    y = _nhwc((2, 16, 4, 4), dt, 26, special=True)
+    _check_in_place(emu, y, y)
+
+
 def test_declines_what_it_cannot_load():
     v = colsum_vector.LANES["bfloat16"]
     y = _nhwc((2, 2 * v, 3, 3), BF16, 0)
@@ -258,6 +308,69 @@ def test_the_node_kernels_equal_the_reference_rules(emu, monkeypatch, dtype, cas
     assert want_sums.shape == sums.shape
 
 
+@needs_gxx
+@pytest.mark.parametrize("case", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_node_kernel_writes_into_gy_when_asked(emu, monkeypatch, dtype, case):
+    """``out=gy`` (the in-place step the memory pass plans, ``rules.INPLACE``), on the fused path
+    and on the fallback (NCHW, float16): gy's own array returned, holding the reference's g bit
+    for bit, and the sums within the bias gradient's tolerance of float64 (of g as written)."""
+    shape, layout = CASES[case]
+    dt = numpy_dtype(dtype)
+    make = (lambda s: _nhwc(shape, dt, s, special=True)) if layout == "NHWC" else (
+        lambda s: np.ascontiguousarray(_values(shape, dt, s, special=True)))
+    y, gy = make(30), make(31)
+    standin = _emulable_bias_gradient(monkeypatch, dtype, case)
+    with np.errstate(invalid="ignore"):
+        want_g, _ = _reference_pair(y, gy.copy(order="K"))
+    slot_op, op = ops.ReluBackwardSumsSlot(), ops.ReluBackwardSums()
+    yt = gt = TensorType(y.shape, dtype, layout)
+    st = slot_op.infer(yt, gt)
+    sums = np.full(st.shape, np.nan, dt)
+    before = len(emu.raw_launches)
+    with np.errstate(invalid="ignore"):
+        g = rules.NODE_KERNELS[ops.ReluBackwardSums](_ctx(op.infer(yt, gt, st)), op, y, gy, sums, out=gy)
+    assert g is gy and standin in ([], [shape])
+    fused = [r["source"] for r in emu.raw_launches[before:] if r["name"] == "opgraph_colsum_relu_part"]
+    assert fused == ([colsum_relu.source(dtype, aliased=True)] if dtype != "float16" and case == "NHWC" else [])
+    np.testing.assert_array_equal(_bits(g), _bits(want_g))
+    _check_sums(sums, want_g)
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_training_step_lowered_for_cuda_runs_the_sums_in_place_with_the_same_results(emu, monkeypatch, dtype):
+    """``pooled`` lowered for cuda (NHWC, ``relu-bias-sums`` included), the two fused nodes
+    through their own kernels on the emulator, every other step as the reference rounded to the
+    run type: the memory pass has the first ReLU gradient overwrite the pooling's gradient (gy),
+    as ``ReluBackward`` would; the run equals the same steps out of place bit for bit and passes
+    the training-step criterion against the float64 reference and the unfused compile."""
+    outs, feeds, n_grads = training_step(pooled, np.random.default_rng(0))
+    ref = og.compile(outs, pipeline="reference", dtype="float64")(**feeds)
+    policy = {"layout": "NHWC", "include": ["relu-bias-sums"], "exclude": ["pool-relu-backward"]}
+    fused = (ops.ReluBackwardSums, ops.ReluBackwardSumsSlot)
+    with codegen_emulated(monkeypatch, emu, colsum_relu._kernel, colsum_vector._kernels):
+        exe = emulated_cuda_executable(outs, policy, dtype, kernels=fused)
+        off = emulated_cuda_executable(outs, {"layout": "NHWC", "exclude": ["pool-relu-backward"]}, dtype)
+        names = {st.node: st.name for st in exe.steps}
+        in_place = {st.name: names[st.writes_into] for st in exe.steps
+                    if st.writes_into is not None and st.op.op.name == "ReluBackwardSums"}
+        assert in_place == {"relu1.grad/relu_backward": "pool1.grad/max_pool2d_backward"}
+        assert all(st.inplace in (None, 1) for st in exe.steps if st.op.op.name == "ReluBackwardSums")
+        # no in-place step lost to the fusion: the unfused ReLU gradient overwrote the same gy
+        assert sum(st.writes_into is not None for st in exe.steps) == sum(st.writes_into is not None
+                                                                         for st in off.steps)
+        before = len(emu.raw_launches)
+        got = exe(**feeds)
+        parts = [r["source"] for r in emu.raw_launches[before:] if r["name"] == "opgraph_colsum_relu_part"]
+        assert sorted(parts) == sorted([colsum_relu.source(dtype), colsum_relu.source(dtype, aliased=True)])
+        apart = out_of_place(exe)(**feeds)
+        unfused = off(**feeds)
+    for a, b in zip(got, apart):
+        np.testing.assert_array_equal(_bits(a), _bits(b))
+    assert not step_failures(got, unfused, ref, n_grads, dtype)
+
+
 def test_the_slot_allocates_without_a_kernel(emu):
     y = _nhwc((2, 16, 3, 3), BF16, 0)
     op = ops.ReluBackwardSumsSlot()
@@ -272,12 +385,18 @@ def test_the_slot_allocates_without_a_kernel(emu):
 def test_the_rules_register_both_ops_capturable_and_fused():
     for op_type in (ops.ReluBackwardSumsSlot, ops.ReluBackwardSums):
         cuda, ref = rules_for(op_type)["cuda"], rules_for(op_type)["reference"]
-        assert cuda.capturable is True and cuda.fresh_output and cuda.inplace == ()
+        # the ReLU gradient may write into gy (input 1), as ReluBackward does; never into its slot
+        want = (1,) if op_type is ops.ReluBackwardSums else ()
+        assert cuda.inplace == ref.inplace == want == rules_for(ops.ReluBackward)["cuda"].inplace[:len(want)]
+        assert cuda.capturable is True and cuda.fresh_output
         assert {"fused", "cuda", "gpu"} <= cuda.tags and "fused" in ref.tags
         assert op_type not in rules.OPTIONS
-    assert colsum_relu.REVISION >= 1 and rules.bias_variants.revision == colsum_vector.REVISION == 1
+    assert rules.bias_variants.revision == colsum_vector.REVISION == 1
+    # one variant: autotune caches no decision of the fused node, so no key needs its code's fingerprint
+    op, t = ops.ReluBackwardSums(), TensorType((2, 16, 4, 4), "bfloat16", "NHWC")
+    assert rules_for(ops.ReluBackwardSums)["cuda"].variants(op, [t, t, TensorType((16,), "bfloat16")], "cuda") == [{}]
 
 
 @pytest.mark.skipif(NVCC is None, reason="no nvcc")
 def test_sources_compile_with_nvcc():
-    nvcc_check([colsum_relu.source(d) for d in colsum_vector.LANES])
+    nvcc_check([colsum_relu.source(d, aliased) for d in colsum_vector.LANES for aliased in (False, True)])

@@ -5,7 +5,7 @@ additions, whatever the scheduling) and as ``colsum_vector.column_sums(g)``'s; b
 NHWC on GoogLeNet-like shapes (C of one vector, C=1000, C over one column tile), a pitched gy (a
 channel slice of a concatenated gradient), 2-D ``(N, C)``, NaN and -0.0 in y and gy; the node
 kernels against the reference rules (the NCHW fallback included) and inside a CUDA-graph replay on
-new input. Nothing is timed here."""
+new input; in place into gy (``out=gy``) bit for bit the out-of-place call. Nothing is timed here."""
 
 from __future__ import annotations
 
@@ -112,6 +112,23 @@ def test_pitched_gy_and_two_dimensional_rows(cp, rng, dtype):
     gy = wide[:, 64:192]
     _fused(cp, _device(cp, _host(gy.shape, dtype, rng)), gy)
     _fused(cp, _device(cp, _host((512, 1000), dtype, rng, True)), _device(cp, _host((512, 1000), dtype, rng, True)))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_in_place_into_gy(cp, rng, dtype, shape):
+    """``out=gy`` (the memory pass's in-place step): pass 1 without ``__restrict__`` overwrites gy,
+    g and the sums bit for bit those of the same call out of place (every thread reads its
+    vectors before it stores to the same address, whatever the scheduling); then a pitched gy."""
+    from opgraph.backends.cuda import colsum_relu
+    for y, gy in ((_device(cp, _host(shape, dtype, rng, True)), _device(cp, _host(shape, dtype, rng, True))),
+                  (_device(cp, _host((8, 128, 28, 28), dtype, rng)),
+                   _device(cp, _host((8, 256, 28, 28), dtype, rng))[:, 64:192])):
+        want_g, want_sums = colsum_relu.relu_backward_sums(cp, y, gy.copy(order="K"))
+        g, sums = colsum_relu.relu_backward_sums(cp, y, gy, out=gy)
+        assert g is gy
+        np.testing.assert_array_equal(_bits(cp, g), _bits(cp, want_g))
+        np.testing.assert_array_equal(_bits(cp, sums), _bits(cp, want_sums))
 
 
 def _node_pair(cp, y, gy, layout):

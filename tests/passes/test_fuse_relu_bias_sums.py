@@ -18,8 +18,9 @@ from opgraph.backends.registry import rules_for
 from opgraph.op import Lowered
 from opgraph.passes.policy import LoweringPolicy
 
-from fused_training_steps import rule_on_and_off, step_errors, training_step
+from fused_training_steps import pooled, rule_on_and_off, step_errors, training_step
 from passes_stubs import StubTimer, compile_for_cuda, cudnn_accepts, install_rule
+from test_inplace import out_of_place
 
 OPT_IN = ("relu-bias-sums",)
 
@@ -81,6 +82,36 @@ def test_the_bias_gradients_are_what_the_relu_gradient_wrote_not_what_the_slot_s
                     for st in broken.steps]
     errors = step_errors(broken(**feeds), off(**feeds), ref)
     assert max(e[0] for e in errors[1:]) > 1e-3  # a bias gradient of 77s
+
+
+def _in_place(exe) -> dict[str, str]:
+    """Step name -> the name of the input whose buffer it overwrites (``Step.writes_into``)."""
+    names = {st.node: st.name for st in exe.steps}
+    return {st.name: names[st.writes_into] for st in exe.steps if st.writes_into is not None}
+
+
+def test_the_relu_gradient_that_writes_the_sums_overwrites_gy_in_place_as_relu_backward_does():
+    """The memory pass lets ``ReluBackwardSums`` write its gradient into gy where gy dies there
+    (the pooling's gradient; ``pool-relu-backward`` excluded, else the mask goes through the
+    gather): the same in-place steps and bytes as the unfused graph, never the slot (input 2);
+    the results equal the same executable run out of place exactly, and the float64 reference."""
+    outs, feeds, _ = training_step(pooled, np.random.default_rng(2))
+    ref = og.compile(outs, pipeline="reference", dtype="float64")(**feeds)
+    include, exclude = ["fused-reference", *OPT_IN], ["pool-relu-backward"]
+    on = og.compile(outs, device="cpu", policy={"include": include, "exclude": exclude})
+    off = og.compile(outs, device="cpu", policy={"include": ["fused-reference"], "exclude": exclude})
+    assert _kinds(on)["ReluBackwardSums"] == 2 and not _kinds(off)["ReluBackwardSums"]
+    assert _in_place(on)["relu1.grad/relu_backward"] == "pool1.grad/max_pool2d_backward"
+    assert _in_place(on) == _in_place(off)  # ReluBackward wrote into the same gy
+    assert {k: on.report.memory[k] for k in ("inplace", "inplace_bytes")} == \
+        {k: off.report.memory[k] for k in ("inplace", "inplace_bytes")}
+    assert all(st.inplace == 1 for st in on.steps if st.op.op.name == "ReluBackwardSums" and st.inplace is not None)
+    got = on(**feeds)
+    apart = out_of_place(on)(**feeds)
+    for a, b in zip(got, apart):
+        np.testing.assert_array_equal(a, b)
+    for fused, unfused, between in step_errors(got, off(**feeds), ref):
+        assert fused < 1e-6 and unfused < 1e-6 and between < 1e-6
 
 
 def test_the_rule_waits_for_its_opt_in():

@@ -348,9 +348,11 @@ def inapplicable(tg: TrainingGraph, lowering: "Lowering", device: str, policy: L
 
 
 #: the compile's notes a record or a profile repeats, by what they say: the
-#: memory-aware re-choice (what ``peak_tolerance`` changed) and a policy key
-#: only autotune reads, set while autotune is off (``passes/compiler.py``)
-_REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads")
+#: memory-aware re-choice (what ``peak_tolerance`` changed), a policy key
+#: only autotune reads, set while autotune is off (``passes/compiler.py``),
+#: and an opt-in fusion rule included that rewrote nothing (``passes/fuse.py``'s
+#: ``idle_opt_in``: ``include=pool-scan`` alone on the CPU)
+_REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads", ": included, but no ")
 
 
 def requested_notes(exe: Executable, precision: str, layout: str, dtype: str) -> list[str]:

@@ -60,6 +60,12 @@ def test_reference_pipeline_lowers_everything_to_the_oracle():
         build("fastest", LoweringPolicy())
 
 
+def test_a_misspelt_pipeline_name_suggests_the_close_one():
+    g, y = small_model()
+    with pytest.raises(ParameterError, match=r"pipeline='refrence': .*\(did you mean 'reference'\?\)"):
+        og.compile(y, pipeline="refrence")
+
+
 def test_the_reference_pipeline_notes_the_policy_keys_it_ignores():
     """Fresh-user report: ``pipeline='reference'`` with ``prefer`` or autotune
     compiled silently; it runs the oracle whatever the policy says."""

@@ -34,14 +34,15 @@ from __future__ import annotations
 
 import attrs
 
+from opgraph import precision as precisions
 from opgraph.backends.registry import lookup, rules_for
 from opgraph.errors import did_you_mean
 from opgraph.executable import Executable
 from opgraph.op import abstract_of
 from opgraph.ops import of_family
 from opgraph.passes.candidates import decline_reason, policy_options, storage_dtype
+from opgraph.passes.compiler import precision_applied  # re-exported: the driver records it
 from opgraph.passes.policy import LoweringPolicy, parse_bytes
-from opgraph.types import HALF_DTYPES
 
 from .protocol import TrainingGraph
 
@@ -325,17 +326,6 @@ def algorithm_counts(exe: Executable) -> dict[str, dict[str, int]]:
     return out
 
 
-def precision_applied(exe: Executable) -> dict[str, int]:
-    """Precision option -> number of steps that took it (the policy's
-    precision reaches only rules tagged ``option:precision``)."""
-    out: dict[str, int] = {}
-    for st in exe.steps:
-        p = st.op.option_dict.get("precision")
-        if p is not None:
-            out[p] = out.get(p, 0) + 1
-    return out
-
-
 def inapplicable(tg: TrainingGraph, lowering: "Lowering", device: str, policy: LoweringPolicy) -> str | None:
     """Why ``lowering`` (under its ``policy``) runs no convolution of ``tg``'s
     model, or None: its column (or profile) would only repeat the fallback."""
@@ -348,9 +338,11 @@ def inapplicable(tg: TrainingGraph, lowering: "Lowering", device: str, policy: L
 
 
 #: the compile's notes a record or a profile repeats, by what they say: the
-#: memory-aware re-choice (what ``peak_tolerance`` changed) and a policy key
-#: only autotune reads, set while autotune is off (``passes/compiler.py``)
-_REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads")
+#: memory-aware re-choice (what ``peak_tolerance`` changed), a policy key
+#: only autotune reads, set while autotune is off (``passes/compiler.py``),
+#: and an opt-in fusion rule included that rewrote nothing (``passes/fuse.py``'s
+#: ``idle_opt_in``: ``include=pool-scan`` alone on the CPU)
+_REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads", ": included, but no ")
 
 
 def requested_notes(exe: Executable, precision: str, layout: str, dtype: str) -> list[str]:
@@ -359,12 +351,7 @@ def requested_notes(exe: Executable, precision: str, layout: str, dtype: str) ->
     NHWC ``layout`` the layout pass kept NCHW (its note), so that neither
     shows as applied in a record or a profile; and the compile's notes on
     the memory-aware re-choice and on autotune keys without effect."""
-    notes = []
-    if precision != "fp32" and precision not in precision_applied(exe):
-        computed = "float32" if dtype in HALF_DTYPES else dtype
-        storage = f" from {dtype} storage" if computed != dtype else ""
-        notes.append(f"precision {precision} requested, but no kernel of this lowering takes a precision "
-                     f"option: it computed in {computed}{storage}")
+    notes = list(filter(None, [precisions.unapplied_note(precision, precision_applied(exe), dtype, exe.device)]))
     if layout != "NCHW":
         notes += [n for n in exe.report.notes if n.startswith("layout:")]
     notes += [n for n in exe.report.notes if any(k in n for k in _REPEATED_NOTES)]

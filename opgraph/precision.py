@@ -77,4 +77,28 @@ def resolve(precision: str, storage: str | None) -> str:
     return precision
 
 
-__all__ = ["PRECISIONS", "IO_DTYPE", "COMPUTE_DTYPE", "DEFAULT_PRECISION", "check", "resolve"]
+def unapplied_note(precision: str, applied, storage: str, device: str | None = None) -> str | None:
+    """The note for a ``precision`` that no kernel of a compiled graph took, or
+    None: ``fp32`` (the default, and on half storage the storage's own), or a
+    precision some step took. Only the rules tagged ``option:precision``
+    take one (cuDNN's, cuBLAS's, ``unfold``); the CPU has none, so there
+    ``tf32`` or ``bf16`` changes nothing: every kernel computes as for its
+    storage (float32 for half storage, ``opgraph.types.compute_dtype``).
+    ``opgraph.compile`` and ``opgraph-bench`` say it in these words.
+
+    Args:
+        precision: the policy's precision.
+        applied: the precisions the compiled steps took (a collection).
+        storage: the floating storage dtype name the graph runs in.
+        device: the compile's device (``'cpu'`` says that no kernel there takes one).
+    """
+    if precision == "fp32" or precision in applied:
+        return None
+    computed = "float32" if storage in HALF_DTYPES else storage
+    source = f" from {storage} storage" if computed != storage else ""
+    where = " (none on the CPU does)" if device == "cpu" else ""
+    return (f"precision {precision} requested, but no kernel of this lowering takes a precision option{where}: "
+            f"it computed in {computed}{source}")
+
+
+__all__ = ["PRECISIONS", "IO_DTYPE", "COMPUTE_DTYPE", "DEFAULT_PRECISION", "check", "resolve", "unapplied_note"]

@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 from typing import Mapping, Sequence
 
+from opgraph import precision as precisions
 from opgraph.errors import ParameterError
 from opgraph.executable import Executable
 from opgraph.graph import Value, graph_of
 from opgraph.op import Lowered
-from opgraph.types import FLOAT_DTYPES, TensorType  # FLOAT_DTYPES: what compile(dtype=...) accepts
+from opgraph.types import FLOAT_DTYPES, TensorType, is_float  # FLOAT_DTYPES: what compile(dtype=...) accepts
 from opgraph.backends.registry import KernelContext, device_support, lookup
 
 from .base import PassContext, Pipeline, host_versions
@@ -63,6 +64,32 @@ def _float_dtype_name(dtype) -> str:
 
 #: The device of a compile that names none: the CPU, said as the default in the report.
 DEFAULT_DEVICE = "cpu"
+
+
+def precision_applied(exe: Executable) -> dict[str, int]:
+    """Precision option -> number of steps that took it (the policy's
+    precision reaches only rules tagged ``option:precision``)."""
+    out: dict[str, int] = {}
+    for st in exe.steps:
+        p = st.op.option_dict.get("precision")
+        if p is not None:
+            out[p] = out.get(p, 0) + 1
+    return out
+
+
+def _storage(g, dtype: str | None) -> str:
+    """The floating storage a graph runs in: ``compile(dtype=...)``, else its
+    first floating source's dtype (float32 without one)."""
+    return dtype or next((v.type.dtype for v in g.sources() if is_float(v.type.dtype)), "float32")
+
+
+def reference_ignores(policy: LoweringPolicy) -> list[str]:
+    """The keys of ``policy`` set away from their defaults, which the
+    ``reference`` pipeline ignores: it lowers every node to the oracle
+    under its own policy (``pipelines.REFERENCE_POLICY``), without the
+    layout, fuse and autotune passes."""
+    default = LoweringPolicy().to_dict()
+    return [k for k, v in policy.to_dict().items() if default.get(k) != v]
 
 
 def make_context(device: str | None, policy: LoweringPolicy, dtype: str | None, timer=None) -> PassContext:
@@ -122,20 +149,14 @@ def compile(outputs: Value | Sequence[Value], device: str | None = None, policy=
     pol = as_policy(policy)
     check_names(pol)  # include / exclude name something (passes/policy_names.py)
     ctx = make_context(device, pol, dtype, timer)
-    idle = pol.idle_autotune_keys()
-    if idle:
-        ctx.report.note(f"policy {', '.join(idle)}: only autotune reads {'it' if len(idle) == 1 else 'them'} "
-                        "and the policy's autotune is off (the lowering 'auto' turns it on): no effect unless "
-                        "the pipeline has its own autotune pass")
-    idle_in = idle_includes(pol)
-    if idle_in:
-        ctx.report.note(f"policy include {idle_in}: no opt-in rule carries {'it' if len(idle_in) == 1 else 'them'} "
-                        "(include turns on rules tagged 'optional', 'fused-reference' and the opt-in fusion rules): "
-                        "no effect")
-    elsewhere = preferences_elsewhere(pol, ctx.device)
-    if elsewhere:
-        ctx.report.note(f"policy prefer {', '.join(elsewhere)}: no implementation on {ctx.device}, "
-                        "so never a candidate here")
+    if pipeline == "reference":
+        ignored = reference_ignores(pol)
+        if ignored:  # every key below would only say the same: the oracle runs, whatever the policy
+            ctx.report.note(f"pipeline 'reference': every node runs the oracle kernels, so the policy's "
+                            f"{', '.join(ignored)} {'has' if len(ignored) == 1 else 'have'} no effect "
+                            "(pipeline='default' reads them)")
+    else:
+        _policy_notes(pol, ctx)
     pipe = pipeline if isinstance(pipeline, Pipeline) else build(pipeline, pol)
     lowered, louts = pipe.run(g, outs, ctx)
     xp, dev_name = ctx.xp, ctx.device
@@ -153,8 +174,32 @@ def compile(outputs: Value | Sequence[Value], device: str | None = None, policy=
     for st in exe.steps:  # the zero-copy steps, marked in the report's table
         if st.view is not None and st.name in ctx.report.nodes:
             ctx.report.nodes[st.name].buffer = st.view.describe()
+    if pipeline != "reference":  # (its note names the precision among the keys it ignores)
+        unused = precisions.unapplied_note(pol.precision, precision_applied(exe), _storage(g, dtype), dev_name)
+        if unused:
+            ctx.report.note(unused)
     exe.report = ctx.report  # callable: exe.report() still gives the text table
     return exe
 
 
-__all__ = ["compile", "as_policy", "make_context", "DEFAULT_DEVICE"]
+def _policy_notes(pol: LoweringPolicy, ctx: PassContext) -> None:
+    """The compile's notes on policy keys that can have no effect (autotune's
+    keys with autotune off, an include that turns nothing on, a preference
+    for an algorithm the device has not)."""
+    idle = pol.idle_autotune_keys()
+    if idle:
+        ctx.report.note(f"policy {', '.join(idle)}: only autotune reads {'it' if len(idle) == 1 else 'them'} "
+                        "and the policy's autotune is off (the lowering 'auto' turns it on): no effect unless "
+                        "the pipeline has its own autotune pass")
+    idle_in = idle_includes(pol)
+    if idle_in:
+        ctx.report.note(f"policy include {idle_in}: no opt-in rule carries {'it' if len(idle_in) == 1 else 'them'} "
+                        "(include turns on rules tagged 'optional', 'fused-reference' and the opt-in fusion rules): "
+                        "no effect")
+    elsewhere = preferences_elsewhere(pol, ctx.device)
+    if elsewhere:
+        ctx.report.note(f"policy prefer {', '.join(elsewhere)}: no implementation on {ctx.device}, "
+                        "so never a candidate here")
+
+
+__all__ = ["compile", "as_policy", "make_context", "precision_applied", "reference_ignores", "DEFAULT_DEVICE"]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import fnmatch
 from typing import Callable, Iterable, Mapping
 
+from opgraph.errors import did_you_mean
 from opgraph.op import DIRECTION_NAMES
 
 #: ``Op.direction`` -> the word a force key narrows with (the benchmark's phase names).
@@ -43,6 +44,22 @@ def split_key(key: str) -> tuple[str, str | None]:
     if sep and word in DIRECTIONS.values() and layer:
         return layer, word
     return key, None
+
+
+def misspelt_direction(key: str) -> tuple[str, str] | None:
+    """``(word, ' (did you mean ...?)')`` when force key ``key`` ends in
+    ``:word`` close to a direction but none (``conv2:forwards``,
+    ``conv2:Forward``, ``conv2:fwd``, ``Op.direction``'s own word), else None.
+    Such a key used to name a node that does not exist, with a warning at
+    compile time; a ``:`` is left to a node's name (ONNX's ``conv1:0``) when
+    the word is close to no direction."""
+    layer, sep, word = key.rpartition(":")
+    if not sep or not layer or word in DIRECTIONS.values():
+        return None
+    if word.lower() in DIRECTIONS:  # fwd, dgrad, wgrad: the op's words for the directions
+        return word, f" (did you mean {DIRECTIONS[word.lower()]!r}?)"
+    close = did_you_mean(word, DIRECTIONS.values(), key=str.lower)
+    return (word, close) if close else None
 
 
 def layer_of(node_name: str) -> str:
@@ -93,4 +110,4 @@ def matches_a_node(key: str, nodes: Iterable[tuple[str, str | None]]) -> bool:
     return any(forced_algorithm({key: key}, name, direction) is not None for name, direction in nodes)
 
 
-__all__ = ["DIRECTIONS", "split_key", "layer_of", "forced_algorithm", "matches_a_node"]
+__all__ = ["DIRECTIONS", "split_key", "misspelt_direction", "layer_of", "forced_algorithm", "matches_a_node"]

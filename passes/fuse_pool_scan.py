@@ -50,7 +50,8 @@ from opgraph.ops import MaxPool2dArgmax, MaxPool2dArgmaxSlot, MaxPool2dScan, Max
 from opgraph.ops.pool_indices import window_params
 
 from .base import PassContext
-from .fuse_pool_argmax import _oracle_without_opt_in
+from .fuse_elementwise import OPT_IN
+from .fuse_pool_argmax import NAME as POOL_ARGMAX_NAME, _oracle_without_opt_in
 from .pattern import FusionRule, Match, Scope, forced_elsewhere, lowered_for, report_rewrite
 
 NAME = "pool-scan"
@@ -78,7 +79,7 @@ def match_pool_scan(scope: Scope, view: NodeView) -> Match | None:
         return None
     why = _oracle_without_opt_in(algorithm, scope.ctx)
     if why:
-        scope.note(NAME, why)
+        scope.note(NAME, why, waits_for=OPT_IN)
         return None
     early = [r for r in scope.readers(idx) if r != view.id and not _descends_from(scope.graph, r, view.id)]
     if early:
@@ -115,6 +116,7 @@ def fuse_pool_scan(graph: Graph, m: Match, ctx: PassContext) -> str | None:
     return None
 
 
-POOL_SCAN = FusionRule(NAME, match_pool_scan, fuse_pool_scan, opt_in=OPT_IN_NOTE)
+POOL_SCAN = FusionRule(NAME, match_pool_scan, fuse_pool_scan, opt_in=OPT_IN_NOTE,
+                       subject="saved-winners max pooling", after=POOL_ARGMAX_NAME)
 
 __all__ = ["NAME", "LABEL", "OPT_IN_NOTE", "match_pool_scan", "fuse_pool_scan", "POOL_SCAN"]

@@ -65,7 +65,7 @@ def match_relu_bias_sums(scope: Scope, view: NodeView) -> Match | None:
         return None
     if scope.algorithm(g) in ORACLE_ALGORITHMS and OPT_IN not in scope.ctx.policy.include:
         scope.note(NAME, f"on {scope.algorithm(g)} the sums in the ReLU gradient save no pass; "
-                         f"opt in with include=[{OPT_IN!r}]")
+                         f"opt in with include=[{OPT_IN!r}]", waits_for=OPT_IN)
         return None
     if not scope.is_output(g) and scope.readers(g) == [view.id]:  # the bias gradient alone reads g
         scope.note(NAME, "a ReLU gradient read by its bias gradient alone: fused, nothing would read "
@@ -114,6 +114,7 @@ def fuse_relu_bias_sums(graph: Graph, m: Match, ctx: PassContext) -> str | None:
     return None
 
 
-RELU_BIAS_SUMS = FusionRule(NAME, match_relu_bias_sums, fuse_relu_bias_sums, opt_in=OPT_IN_NOTE)
+RELU_BIAS_SUMS = FusionRule(NAME, match_relu_bias_sums, fuse_relu_bias_sums, opt_in=OPT_IN_NOTE,
+                            subject="bias gradient of a ReLU gradient")
 
 __all__ = ["NAME", "LABEL", "OPT_IN_NOTE", "match_relu_bias_sums", "fuse_relu_bias_sums", "RELU_BIAS_SUMS"]

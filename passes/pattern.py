@@ -82,6 +82,11 @@ class FusionRule:
             so that a chain is matched at its last node (maximal chains).
         opt_in: None, or why the rule runs only when the policy names it in
             ``include`` (said in the compile's notes when it does not).
+        subject: what the rule rewrites, for the note on an included opt-in
+            rule that found nothing to rewrite (``'saved-winners max pooling'``).
+        after: the rule whose rewrites this one matches (``pool-scan``
+            rewrites what ``pool-argmax`` made), named in that note when it
+            rewrote nothing.
     """
 
     name: str
@@ -89,6 +94,8 @@ class FusionRule:
     rewrite: Callable[[Graph, Match, PassContext], str | None]
     consumers_first: bool = False
     opt_in: str | None = None
+    subject: str | None = None
+    after: str | None = None
 
 
 class Scope:
@@ -105,6 +112,8 @@ class Scope:
         self.outputs = frozenset(v.node for v in outputs)
         self.nodes = graph.ancestors(outputs)
         self.notes: dict[str, set[str]] = {}
+        #: rule name -> the ``include`` name its matches waited for (``fused-reference`` on the oracles)
+        self.waiting: dict[str, str] = {}
         #: rule name -> rewrites it made / matches whose rewrite declined
         self.applied: dict[str, int] = {}
         self.declined: dict[str, int] = {}
@@ -198,9 +207,12 @@ class Scope:
         """Whether ``node`` is no output and read by ``readers`` only (in the scope)."""
         return not self.is_output(node) and set(self.readers(node)) <= set(readers)
 
-    def note(self, rule: str, why: str) -> None:
-        """Remember, once, why ``rule`` passed nodes over (reported by the pass)."""
+    def note(self, rule: str, why: str, waits_for: str | None = None) -> None:
+        """Remember, once, why ``rule`` passed nodes over (reported by the pass);
+        ``waits_for``: the ``include`` name that would have let it match."""
         self.notes.setdefault(rule, set()).add(why)
+        if waits_for is not None:
+            self.waiting[rule] = waits_for
 
     def removed(self, nodes: Iterable[int]) -> None:
         self.nodes -= set(nodes)
@@ -247,9 +259,9 @@ def apply_table(rules: Sequence[FusionRule], graph: Graph, outputs: Sequence[Val
 def _matches(rule, graph, scope) -> int:
     """How many nodes ``rule`` matches, nothing rewritten (its match's notes dropped: they
     would say why a rule that does not run declined)."""
-    notes = {k: set(v) for k, v in scope.notes.items()}
+    notes, waiting = {k: set(v) for k, v in scope.notes.items()}, dict(scope.waiting)
     found = sum(rule.match(scope, graph.node(n)) is not None for n in scope.order(rule.consumers_first))
-    scope.notes = notes
+    scope.notes, scope.waiting = notes, waiting
     return found
 
 

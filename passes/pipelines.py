@@ -75,12 +75,13 @@ def build(name: str, policy: LoweringPolicy) -> Pipeline:
     """The pipeline called ``name`` for ``policy``.
 
     Raises:
-        ParameterError: unknown name (lists the known ones).
+        ParameterError: unknown name (lists the known ones, and the close ones).
     """
-    from opgraph.errors import ParameterError
+    from opgraph.errors import ParameterError, did_you_mean
 
-    if name not in PIPELINES:
-        raise ParameterError("pipeline", name, f"must be one of {sorted(PIPELINES)}")
+    if not isinstance(name, str) or name not in PIPELINES:
+        raise ParameterError("pipeline", name, f"must be a Pipeline or one of {', '.join(map(repr, sorted(PIPELINES)))}"
+                                               f"{did_you_mean(name, PIPELINES)}")
     return PIPELINES[name](policy)
 
 

@@ -31,7 +31,7 @@ specific first (op name, then direction alias, then family, then ``*``).
 TOML schema (``LoweringPolicy.from_toml``; every key optional)::
 
     autotune = false              # bool: time candidates (passes/autotune.py)
-    workspace_limit = "512MiB"    # int bytes, or a string with B/KB/MB/GB/KiB/MiB/GiB
+    workspace_limit = "512MiB"    # whole bytes, or a string with B/KB/MB/GB/KiB/MiB/GiB
     workspace_tolerance = 0.03    # 0..1 or "3%": autotune keeps the smallest workspace
                                   # among candidates within 3 % of the fastest; 0 = off
     peak_tolerance = 0.20         # 0..1 or "20%": a node whose workspace raises the planned
@@ -47,7 +47,7 @@ TOML schema (``LoweringPolicy.from_toml``; every key optional)::
     layout = "NCHW"               # NCHW | NHWC (NHWC only acted on for cuda)
     include = ["fused-reference"] # algorithm names, rule tags or fusion rules (passes/policy_names.py)
     exclude = ["winograd"]
-    explicit_padding = ["fft"]    # algorithms given explicit Pad nodes ("*" = all)
+    explicit_padding = ["fft"]    # registered algorithms given explicit Pad nodes ("*" = all)
     cache = "~/.cache/opgraph/autotune.json"
     cuda_graph = false            # bool: the step is replayed as CUDA graphs, so autotune
                                   # picks a capturable candidate unless an uncapturable one saves
@@ -83,7 +83,7 @@ from opgraph.errors import ParameterError, did_you_mean
 from opgraph.precision import PRECISIONS  # re-exported: the CLI lists them
 from opgraph.types import LAYOUTS  # the layout key's choices; kept in __all__ for callers of this module
 
-from .force import forced_algorithm
+from .force import DIRECTIONS, forced_algorithm, misspelt_direction
 
 #: What autotune's clock measures (``LoweringPolicy.tune_clock``).
 TUNE_CLOCKS = ("device", "launch")
@@ -198,6 +198,12 @@ def _force(value) -> Mapping[str, str]:
         if not isinstance(key, str) or not key or not isinstance(algo, str) or not algo:
             raise _err(f"force.{key}", algo, "node name and algorithm must be non-empty strings")
         _algo_list(f"force.{key}", algo)  # a typo is a policy error, not a column's failure later
+        typo = misspelt_direction(key)
+        if typo:  # else the key named a node 'conv2:forwards', which forces nothing
+            word, close = typo
+            forward, *rest = (f":{d}" for d in DIRECTIONS.values())
+            raise _err(f"force.{key}", algo, f"unknown direction {word!r}{close}; a key narrows a layer to one "
+                                             f"direction with {', '.join([forward, *rest[:-1]])} or {rest[-1]}")
     return MappingProxyType(dict(value))
 
 
@@ -211,6 +217,20 @@ def _names(param: str):
     return convert
 
 
+def _padding_algorithms(value) -> frozenset:
+    """``explicit_padding``: registered algorithm names, or ``"*"`` for all of them.
+
+    Raises:
+        PolicyError: not a list of names, or an unknown algorithm (with the close ones),
+            as ``prefer`` and ``force`` refuse one: a typo would pad nothing, silently.
+    """
+    names = _names("explicit_padding")(value)
+    named = sorted(names - {"*"})
+    if named:
+        _algo_list("explicit_padding", named, shown=value)
+    return names
+
+
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 #: The units as an error lists them: spelt as people write them (any case is read).
@@ -219,12 +239,14 @@ _UNIT_NAMES = "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB"
 
 def parse_bytes(value, key: str = "workspace_limit") -> int | None:
     """Bytes from an int, ``None`` (no limit) or a string like ``'512MiB'``, ``'2GB'``,
-    ``'1.5e9'`` (a fractional count of bytes is rounded down).
+    ``'1.5e9'``. A count in bytes must be whole (``1.5`` or ``'1.5'`` is refused:
+    ``1.5`` meant as gigabytes would otherwise be a limit of 1 byte); one with a
+    larger unit is rounded down to whole bytes (``'1.1KiB'`` = 1126).
 
     Raises:
         PolicyError: naming ``key``: a negative, NaN or infinite number (1e400
-            is infinite), a malformed number (``'1.2.3MiB'``), an unknown unit
-            or another type.
+            is infinite), a fraction of a byte, a malformed number
+            (``'1.2.3MiB'``), an unknown unit or another type.
     """
     if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
         return None
@@ -240,15 +262,20 @@ def parse_bytes(value, key: str = "workspace_limit") -> int | None:
             hint = f"; unknown unit {unit!r}{close}" if unit else ""
             raise _err(key, value, f"must be bytes, e.g. 1073741824, '512MiB' or '2GB'{hint} "
                                    f"(units {_UNIT_NAMES})")
-        number = float(m.group(1)) * _UNITS[m.group(2).lower()]
+        unit = _UNITS[m.group(2).lower()]
+        number = float(m.group(1)) * unit
     elif isinstance(value, Real):  # NumPy numbers too
-        number = value
+        number, unit = value, 1
     else:
         raise _err(key, value, "must be a byte count or a string such as '512MiB'")
     if number != number or number in (math.inf, -math.inf):  # NaN, or 1e400 read as a float
         raise _err(key, value, "must be a finite number of bytes (leave it unset for no limit)")
     if number < 0:
         raise _err(key, value, "must be >= 0")
+    if unit == 1 and number != math.floor(number):  # 1.5 meant as 1.5 GiB would be a limit of 1 byte
+        count = m.group(1) if isinstance(value, str) else value
+        raise _err(key, value, f"must be a whole number of bytes; a size in a larger unit takes it, "
+                               f"e.g. '{count}GiB' (units {_UNIT_NAMES})")
     return int(number)
 
 
@@ -374,7 +401,7 @@ class LoweringPolicy:
     precision: str = attrs.field(default="fp32", validator=_precision)
     layout: str = attrs.field(default="NCHW", validator=_choice("layout", LAYOUTS),
                               converter=lambda v: v.upper() if isinstance(v, str) else v)  # nhwc = NHWC
-    explicit_padding: frozenset = attrs.field(default=frozenset(), converter=_names("explicit_padding"))
+    explicit_padding: frozenset = attrs.field(default=frozenset(), converter=_padding_algorithms)
     cache: str | None = attrs.field(default=None, converter=_path)
     #: The step will be replayed as CUDA graphs: autotune chooses among the
     #: correct candidates whose rule and variant do not declare themselves

@@ -5,6 +5,7 @@ same field."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from opgraph.benchmarks import driver, lowerings as lw, tables
@@ -67,3 +68,16 @@ def test_the_peer_hint_is_one_that_runs_on_the_runs_device(doc):
     (hint,) = [n for n in table.notes if n.startswith("vs torch:")]
     assert hint.endswith("-: no peer in this run, --compare torch,torch-compile+graph adds them)")
     assert any(n.startswith("TFLOP/s: the step's FLOPs over its total time") for n in table.notes)
+
+
+def test_an_included_opt_in_rule_that_rewrote_nothing_is_said_in_the_column_notes():
+    """``--lowering gemm,include=pool-scan`` on the CPU: the compile's note that the
+    rule rewrote nothing (pool-argmax waits for fused-reference there) reaches the
+    column's record, as the other compile notes a record repeats do."""
+    base = LoweringPolicy.from_cli(lowering="include=pool-scan")  # the flag's policy items (benchmarks/modes.py)
+    s = driver.Settings(device="cpu", lowerings=lw.parse_lowerings("gemm"), warmup=0, repeat=1, per_layer=False,
+                        base_policy=attrs.evolve(base, cache="off"))
+    (rec,) = driver.run_benchmark([tiny_convnet()], s)["results"]
+    assert rec["status"] == "ok" and rec["fusion"]["pool-scan"] == {"applied": 0, "declined": 0}
+    assert any(n.startswith("fuse: pool-scan: included, but no saved-winners max pooling")
+               and "include=['fused-reference']" in n for n in rec["notes"]), rec["notes"]

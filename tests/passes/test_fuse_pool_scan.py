@@ -97,6 +97,30 @@ def test_the_rule_waits_for_its_opt_in():
     assert any("pool-scan: not applied" in n and "include=['pool-scan']" in n for n in exe.report.notes)
 
 
+def test_an_included_scan_that_rewrote_nothing_says_why():
+    """Fresh-user report: ``include=['pool-scan']`` alone on the CPU did nothing
+    (``{'applied': 0, 'declined': 0}``) and no note said why: it rewrites what
+    ``pool-argmax`` made, which on the CPU's oracle waits for ``fused-reference``."""
+    y, params, _ = pooled_convnet()
+    outs = [y, *og.grad(y, params, grad_outputs=[y])]
+    exe = og.compile(outs, device="cpu", policy={"include": ["pool-scan"]})
+    assert exe.report.fusion["pool-scan"] == {"applied": 0, "declined": 0}
+    assert ("fuse: pool-scan: included, but no saved-winners max pooling to rewrite: pool-argmax rewrote none "
+            "(on the CPU it needs include=['fused-reference'])") in exe.report.notes
+    # pool-argmax turned off by name: said so
+    exe = og.compile(outs, device="cpu", policy={"include": ["pool-scan", "fused-reference"],
+                                                 "exclude": ["pool-argmax"]})
+    assert any(n.endswith("pool-argmax rewrote none (exclude=['pool-argmax'])") for n in exe.report.notes)
+    # an inference graph: no gradient, so no saved winners
+    exe = og.compile([y], device="cpu", policy={"include": ["pool-scan", "fused-reference"]})
+    assert any(n.endswith("pool-argmax rewrote none (no max pooling with its gradient in the graph)")
+               for n in exe.report.notes), exe.report.notes
+    # where it rewrote something, nothing of the kind is said
+    exe = og.compile(outs, device="cpu", policy={"include": ["pool-scan", "fused-reference"]})
+    assert exe.report.fusion["pool-scan"]["applied"] == 2
+    assert not any("included, but" in n for n in exe.report.notes)
+
+
 def _hand_built(readers_first: bool):
     """A slot read by a gather: with ``readers_first`` the gather reads it and
     nothing fills it; else the scan fills it, and a gather that reads its

@@ -127,6 +127,23 @@ def test_the_rule_waits_for_its_opt_in():
     assert not any("no opt-in rule carries" in n for n in exe.report.notes)  # include names it: it has an effect
 
 
+def test_an_included_rule_that_found_nothing_to_rewrite_says_so():
+    """As ``pool-scan`` (``idle_opt_in``): an opt-in rule the policy includes that
+    rewrote nothing says why in the notes, unless a note of its own does."""
+    g = og.Graph("no bias")
+    x, w = g.input("x", (1, 3, 6, 6)), g.param("w", (4, 3, 3, 3))
+    y = og.relu(og.conv2d(x, w))  # no bias: no bias gradient to fill
+    outs = [y, *og.grad(y, [w], grad_outputs=[y])]
+    exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference", *OPT_IN]})
+    assert exe.report.fusion["relu-bias-sums"] == {"applied": 0, "declined": 0}
+    assert "fuse: relu-bias-sums: included, but no bias gradient of a ReLU gradient to rewrite" in exe.report.notes
+    y, params, _ = branches()  # pairs on the oracle without fused-reference: its own note says what to do
+    exe = og.compile([y, *og.grad(y, params, grad_outputs=[y])], device="cpu", policy={"include": list(OPT_IN)})
+    assert any(n.startswith("fuse: relu-bias-sums: not applied:") and "include=['fused-reference']" in n
+               for n in exe.report.notes)
+    assert not any("included, but" in n for n in exe.report.notes)
+
+
 def test_a_bias_gradient_read_before_the_relu_gradient_could_fill_it_is_left_alone():
     """A reader of the bias gradient that does not descend from the ReLU gradient by another
     path would read the slot before it is filled: the rule declines (verify would refuse)."""

@@ -60,6 +60,39 @@ def test_reference_pipeline_lowers_everything_to_the_oracle():
         build("fastest", LoweringPolicy())
 
 
+def test_a_misspelt_pipeline_name_suggests_the_close_one():
+    g, y = small_model()
+    with pytest.raises(ParameterError, match=r"pipeline='refrence': .*\(did you mean 'reference'\?\)"):
+        og.compile(y, pipeline="refrence")
+
+
+def test_the_reference_pipeline_notes_the_policy_keys_it_ignores():
+    """Fresh-user report: ``pipeline='reference'`` with ``prefer`` or autotune
+    compiled silently; it runs the oracle whatever the policy says."""
+    g, y = small_model()
+    exe = og.compile(y, pipeline="reference", policy={"prefer": {"conv": "fft"}, "autotune": True, "cache": "off"})
+    assert ("pipeline 'reference': every node runs the oracle kernels, so the policy's prefer, autotune, cache "
+            "have no effect (pipeline='default' reads them)") in exe.report.notes
+    assert "autotune" not in [n for n, _ in exe.report.passes]
+    assert not any("pipeline 'reference'" in n for n in og.compile(y, pipeline="reference").report.notes)
+
+
+@pytest.mark.parametrize("precision, dtype, computed", [
+    ("tf32", None, "float32"), ("bf16", None, "float32"), ("bf16", "bfloat16", "float32 from bfloat16 storage"),
+    ("fp16", "float64", "float64")])
+def test_a_precision_no_cpu_kernel_takes_is_noted(precision, dtype, computed):
+    """Fresh-user report: ``precision='tf32'`` or ``'bf16'`` on the CPU was ignored
+    without a word by ``compile`` (the benchmark said it): no CPU kernel takes a
+    precision, each computes as for its storage. The words are the benchmark's
+    (``opgraph.precision.unapplied_note``)."""
+    g, y = small_model()
+    exe = og.compile(y, device="cpu", policy={"precision": precision}, dtype=dtype)
+    assert (f"precision {precision} requested, but no kernel of this lowering takes a precision option "
+            f"(none on the CPU does): it computed in {computed}") in exe.report.notes
+    exe = og.compile(y, device="cpu", dtype="bfloat16")  # fp32 on half storage is the storage's own: nothing to say
+    assert not any(n.startswith("precision") for n in exe.report.notes)
+
+
 def test_verify_catches_a_pipeline_without_lower():
     g, y = small_model()
     with pytest.raises(LoweringError, match="conv1 .*abstract"):

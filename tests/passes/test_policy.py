@@ -334,3 +334,44 @@ def test_off_and_json_paths_stay_cache_values(value):
 def test_a_near_unit_is_suggested_and_a_negative_size_named(value, message):
     with pytest.raises(PolicyError, match=message):
         parse_bytes(value)
+
+
+@pytest.mark.parametrize("make, named, close", [
+    (lambda: LoweringPolicy(explicit_padding=["gemmm"]), "explicit_padding", "gemm"),
+    (lambda: LoweringPolicy.from_mapping({"explicit_padding": ["*", "fftt"]}), "policy: explicit_padding", "fft"),
+])
+def test_an_unknown_explicit_padding_algorithm_is_refused(make, named, close):
+    """Fresh-user report: ``explicit_padding=['gemmm']`` was accepted (and padded
+    nothing) while ``prefer`` and ``force`` refuse an unknown algorithm."""
+    with pytest.raises(PolicyError, match="unknown algorithm") as e:
+        make()
+    assert str(e.value).startswith(f"parameter {named}=") and f"(did you mean {close!r}" in str(e.value)
+    assert LoweringPolicy(explicit_padding=["*", "gemm"]).explicit_padding == {"*", "gemm"}
+
+
+@pytest.mark.parametrize("value", [1.5, np.float64(0.25), "1.5", "2.5B"])
+def test_a_fraction_of_a_byte_is_refused(value):
+    """Fresh-user report: ``workspace_limit=1.5`` was accepted as a limit of 1 byte
+    (1.5 GiB was meant); a size with a larger unit is still rounded down to bytes."""
+    with pytest.raises(PolicyError, match=r"workspace_limit=.*: must be a whole number of bytes.*'[0-9.]+GiB'"):
+        LoweringPolicy(workspace_limit=value)
+    assert parse_bytes(2.0) == 2 and parse_bytes("1.5GiB") == 3 * 2**29 and parse_bytes("1.1KiB") == 1126
+
+
+@pytest.mark.parametrize("key, word, close", [
+    ("c:forwards", "forwards", "'forward'"), ("conv2:Forward", "Forward", "'forward'"),
+    ("conv2:fwd", "fwd", "'forward'"), ("conv2:dgrad", "dgrad", "'backward_data'"),
+    ("conv2:backward_filtr", "backward_filtr", "'backward_filter'")])
+def test_a_misspelt_force_direction_is_refused(key, word, close):
+    """Fresh-user report: ``force={'c:forwards': ...}`` only warned at compile time
+    that the key matched no node: it read as a node named ``c:forwards``."""
+    with pytest.raises(PolicyError, match=rf"force\.{key}='fft': unknown direction '{word}' \(did you mean {close}"):
+        LoweringPolicy(force={key: "fft"})
+
+
+def test_a_colon_far_from_any_direction_is_left_to_node_names():
+    """A node's name may hold ``:`` (ONNX's ``conv1:0``): only a word close to a
+    direction is refused; on the command line the flag is named."""
+    assert LoweringPolicy(force={"conv1:0": "gemm", "c:backward_data": "gemm"}).force["conv1:0"] == "gemm"
+    with pytest.raises(PolicyError, match=r"^parameter --lowering: force\.conv2:forwrd='fft': unknown direction"):
+        LoweringPolicy.from_cli("@conv2:forwrd=fft")

@@ -70,7 +70,10 @@ is reported (``warnings.warn`` naming it and what is wrong, in JSON's terms) and
 rebuilt, never a crash; an unwritable location is reported the same way; an
 entry whose options its rule refuses (a hand-edited Winograd ``tile = 7``:
 not one of the rule's variants for the node) is reported and re-tuned
-(``passes.autotune_reuse.refused_options``).
+(``passes.autotune_reuse.refused_options``), as is one with a row that
+contradicts itself (``passes.autotune_reuse.row_problems``: a ``status``
+missing or unknown, or an ``ok`` row whose own ``rel_error`` is above its own
+``tolerance`` or NaN, or whose ``time_ms`` is not > 0).
 """
 
 from __future__ import annotations
@@ -195,7 +198,11 @@ def entry_defect(entry) -> str | None:
     and, if present, ``candidates`` as an array of rows, each with string
     ``algorithm`` / ``status`` / ``reason``, an object of ``options`` and numbers
     (or null) for the measurements (the tuner chooses again from those rows:
-    ``passes.autotune_reuse.rechoose``)."""
+    ``passes.autotune_reuse.rechoose``). What the values say is checked when
+    a node looks the entry up (``passes.autotune_reuse.row_problems``: a
+    status unknown or missing, an ``ok`` row whose own ``rel_error`` is above
+    its own ``tolerance``, a time that is not one), which reports it naming
+    the node and the field, and re-tunes the node."""
     if not isinstance(entry, dict):
         return f"the entry is {_json_kind(entry)}, not an object"
     if not isinstance(entry.get("algorithm"), str):

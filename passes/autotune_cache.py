@@ -35,7 +35,8 @@ Hand edits: ``tuned`` is the tuner's own choice, written beside the top-level
 report's notes say so; one whose row is wrong, failed or over budget, that
 has no row, or that cannot be captured when ``cuda_graph`` needs it, is not
 used: a ``RuntimeWarning`` names the node, the edited choice, the choice
-used instead and why (``passes.autotune_hand_edit.hand_edit``). An entry written
+used instead (the one that runs, after the memory-aware re-choice) and why
+(``passes.autotune_hand_edit.hand_edit``). An entry written
 without ``tuned`` cannot tell an edit from a choice made under another
 tolerance: its rows decide, and a top-level choice they override is
 reported the same way.

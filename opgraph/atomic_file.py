@@ -53,14 +53,15 @@ def _what_is(path: str) -> tuple:
         return None, None
 
 
-def write_atomic(path: str | os.PathLike, text: str, *, prefix: str = ".opgraph-") -> None:
+def write_atomic(path: str | os.PathLike, text: str | bytes, *, prefix: str = ".opgraph-") -> None:
     """Replace the file at ``path`` (or the file a symbolic link there points
     to) by ``text``, UTF-8, atomically; write ``text`` into a device, FIFO
     or socket there instead (module docstring).
 
     Args:
         path: the file; its folder must exist.
-        text: the new content; newlines are written as given.
+        text: the new content; newlines are written as given. Bytes are
+            written as they are (a gzip-compressed autotune cache).
         prefix: the name prefix of the temporary file beside the target.
 
     Raises:
@@ -71,22 +72,23 @@ def write_atomic(path: str | os.PathLike, text: str, *, prefix: str = ".opgraph-
             path: the descriptor is not open for writing (``EBADF``).
     """
     path = os.fspath(path)
+    data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
     fd, st = _what_is(path)
     if fd is not None:
-        _write_descriptor(fd, text)
+        _write_descriptor(fd, data)
         return
     if st is not None and _written_into(st):
-        _write_into(path, text)
+        _write_into(path, data)
         return
     target = os.path.realpath(path)
     folder = os.path.dirname(target)
     mode = None if st is None else stat.S_IMODE(st.st_mode)  # None: os.open's 0o666 less the umask
     fd, tmp = _create_beside(folder, prefix)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+        with os.fdopen(fd, "wb") as f:
             if mode is not None:
                 os.chmod(tmp, mode)
-            f.write(text)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -196,8 +198,8 @@ def _check_descriptor(fd: int, path: str) -> None:
         raise OSError(errno.EBADF, f"descriptor {fd} is open for reading only", path)
 
 
-def _write_descriptor(fd: int, text: str) -> None:
-    """Write ``text``, UTF-8, into descriptor ``fd`` at its offset (the end,
+def _write_descriptor(fd: int, data: bytes) -> None:
+    """Write ``data`` into descriptor ``fd`` at its offset (the end,
     for one opened to append), after what ``sys.stdout`` / ``sys.stderr``
     buffered for it; the descriptor stays open."""
     for stream in (sys.stdout, sys.stderr):
@@ -206,7 +208,7 @@ def _write_descriptor(fd: int, text: str) -> None:
                 stream.flush()
         except (AttributeError, OSError, ValueError):  # replaced by a stream without a descriptor
             pass
-    data = memoryview(text.encode("utf-8"))
+    data = memoryview(data)
     while data:
         data = data[os.write(fd, data):]
 
@@ -216,12 +218,12 @@ def _written_into(st: os.stat_result) -> bool:
     return not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode)
 
 
-def _write_into(path: str, text: str) -> None:
-    """Write ``text``, UTF-8, into the device, FIFO or socket at ``path``
-    without truncating or replacing it (a FIFO's open waits for a reader)."""
+def _write_into(path: str, data: bytes) -> None:
+    """Write ``data`` into the device, FIFO or socket at ``path`` without
+    truncating or replacing it (a FIFO's open waits for a reader)."""
     fd = os.open(path, os.O_WRONLY)
     with os.fdopen(fd, "wb") as f:
-        f.write(text.encode("utf-8"))
+        f.write(data)
 
 
 def _create_beside(folder: str, prefix: str) -> tuple[int, str]:

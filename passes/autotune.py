@@ -53,7 +53,9 @@ cached measurements under the current ``workspace_tolerance``
 (:func:`rechoose`), unless the entry's top-level choice was edited by hand
 to another candidate its rows show correct: that one is used, and the
 report's notes say so; an edit that is not used is a ``RuntimeWarning``
-saying why (:func:`hand_edit`). Each node's seconds by part: ``autotune_clock``.
+saying why and naming the choice that runs (warned once the memory-aware
+re-choice is made: :func:`hand_edit`, ``HandEdit.instead_of_rows``). Each
+node's seconds by part: ``autotune_clock``.
 
 This module holds the pass itself: the loop over the nodes (cache lookup,
 reuse or measurement, lowering, the cache write) and the memory-aware
@@ -162,6 +164,9 @@ class AutotunePass(Pass):
         pool = InputPool(ctx.xp, ctx.seed)  # candidates' inputs, drawn once per type for the whole run
         waits: dict[str, list[str]] = {}  # node -> candidates the launch clock timed (HeldStreamTimer)
         decided: dict[int, _Measured] = {}  # node id -> what the memory-aware re-choice may choose from
+        # node id -> a hand edit not used: warned after the memory-aware re-choice, which may
+        # replace the choice its warning names as used instead (HandEdit.instead_of_rows)
+        unused_edits: dict[int, HandEdit] = {}
         file_hits = 0  # cache hits on decisions read from the file (not timed by this compile)
         # where the zero-copy plan (run by the memory pass on these edges) will put
         # each concat input: candidates are timed writing there (zero_copy.predict_homes)
@@ -211,9 +216,10 @@ class AutotunePass(Pass):
             if refused:  # a hand-edited or stale entry: a kernel would raise on every run
                 cache.warn(f"autotune cache {cache.path}: node {view.name}: {refused}; re-tuned")
                 entry = None
+            elif edit is not None and entry is not None and edit.used:
+                ctx.report.note(f"autotune cache {cache.path}: node {view.name}: {edit.message}")
             elif edit is not None and entry is not None:
-                say = ctx.report.note if edit.used else cache.warn
-                say(f"autotune cache {cache.path}: node {view.name}: {edit.message}")
+                unused_edits[view.id] = edit
             if entry is not None:  # reuse: nothing is timed
                 rule, opts = entry.rule, {**entry.options, **cached_opts}
                 rec.how, rec.candidates = "cache", rows
@@ -264,7 +270,15 @@ class AutotunePass(Pass):
                 decided[view.id] = _Measured(measured, blocker, by_algorithm, cached=False, home=home)
             _lower(graph, view.id, rec, rule, opts, ctx.device)
             rec.tune_seconds = clock.done(node_clock, "cache" if rec.how == "cache" else "tuned")
-        self._fit_peak(graph, outputs, ctx, decided, cache)
+        moved = self._fit_peak(graph, outputs, ctx, decided, cache)
+        for n, edit in unused_edits.items():
+            name = graph.node(n).name
+            message = edit.message
+            if n in moved:  # the warning names the choice that runs, not the rows' it replaced
+                label = next(c.label for c in ctx.report.nodes[name].candidates if c.status == "chosen")
+                message = edit.instead_of_rows(label, f"chosen for the memory peak (peak_tolerance "
+                                                      f"{100 * policy.peak_tolerance:g} %)")
+            cache.warn(f"autotune cache {cache.path}: node {name}: {message}")
         cache.save()
         for w in cache.messages:
             ctx.report.note(w)
@@ -283,16 +297,17 @@ class AutotunePass(Pass):
         return graph
 
     def _fit_peak(self, graph: Graph, outputs, ctx: PassContext, decided: dict[int, _Measured],
-                  cache: AutotuneCache) -> None:
+                  cache: AutotuneCache) -> list[int]:
         """Choose again, from its measured rows, each node of ``decided`` whose
         step raises the planned peak above the lowest one reachable
         (``passes/autotune_memory.py``, ``policy.peak_tolerance``; 0: nothing
-        to do), and note how many were and the planned peak before and after.
-        The cache keeps the measurements, not this choice: it depends on the
-        whole schedule, and the next compile makes it again from the rows."""
+        to do), and note how many were and the planned peak before and after;
+        returns the ids of the nodes chosen again. The cache keeps the
+        measurements, not this choice: it depends on the whole schedule, and
+        the next compile makes it again from the rows."""
         policy = ctx.policy
         if policy.peak_tolerance == 0 or not decided:
-            return
+            return []
         plan = plan_inplace(graph, outputs, zero_copy=True)  # as the memory pass will plan it
         steps = step_bytes(graph, outputs, ctx.dtype, plan)
 
@@ -346,6 +361,7 @@ class AutotunePass(Pass):
                 f"{100 * policy.peak_tolerance:g} %): {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}; "
                 f"planned peak {format_size(before)} -> {format_size(after)} (the activations' "
                 f"{format_size(activations)})")
+        return moved
 
 
 #: The pass, and the names of its parts that tests, benchmarks and scripts import

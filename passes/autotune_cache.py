@@ -35,37 +35,59 @@ Hand edits: ``tuned`` is the tuner's own choice, written beside the top-level
 report's notes say so; one whose row is wrong, failed or over budget, that
 has no row, or that cannot be captured when ``cuda_graph`` needs it, is not
 used: a ``RuntimeWarning`` names the node, the edited choice, the choice
-used instead and why (``passes.autotune_hand_edit.hand_edit``). An entry written
+used instead (the one that runs, after the memory-aware re-choice) and why
+(``passes.autotune_hand_edit.hand_edit``). An entry written
 without ``tuned`` cannot tell an edit from a choice made under another
 tolerance: its rows decide, and a top-level choice they override is
 reported the same way.
 
-Location: ``policy.cache``, else the environment variable ``OPGRAPH_CACHE``
-(a ``.json`` file, or a folder that gets ``autotune.json``), else
-``~/.cache/opgraph/autotune.json``; ``off`` keeps decisions in memory only.
-An empty ``OPGRAPH_CACHE`` is the same as an unset one.
+Location: ``policy.cache``, else the environment variable ``OPGRAPH_CACHE``,
+else ``~/.cache/opgraph/autotune.json``; ``off`` (or ``none``) keeps decisions
+in memory only. An empty ``OPGRAPH_CACHE`` is the same as an unset one. Both
+settings mean the same by one rule (:func:`locate`), the suffix compared in
+any case:
+
+* ``*.json``: that file, plain JSON;
+* ``*.json.gz``: that file, gzip-compressed (read and written as such: the
+  form a cache is carried between machines in, ``autotune-cache.json.gz``);
+* a path ending in ``/``, an existing folder, or a name without a suffix
+  (``~/.cache/opgraph``): a folder, whose ``autotune.json`` is the cache (a
+  folder already there under a ``.json`` or ``.json.gz`` name is taken as a
+  folder too, with a warning: an earlier opgraph made such folders from
+  ``OPGRAPH_CACHE``);
+* any other suffix (``cache.txt``, ``cache.gz``), or a name without a suffix
+  where a file is already there: that file, plain JSON, with a
+  ``RuntimeWarning`` saying so.
 
 Robustness: writes are atomic (``opgraph.atomic_file.write_atomic``: a
 temporary file in the same folder, then ``os.replace``; the file keeps its
 permission bits, or gets the umask's when new, and a symbolic link is
-followed to the file it names, which is replaced), merged with whatever
+followed to the file it names, which is replaced; a ``.json.gz`` file is
+compressed whole, then written the same way), merged with whatever
 another process wrote meanwhile; a
-corrupt or foreign file, or valid JSON of the wrong shape (``[]``: :func:`wrong_format`),
+corrupt or foreign file (a ``.json.gz`` one that is not gzip data, or is cut
+short; a plain one holding gzip data), or valid JSON of the wrong shape (``[]``: :func:`wrong_format`),
 is reported (``warnings.warn`` naming it and what is wrong, in JSON's terms) and
 rebuilt, never a crash; an unwritable location is reported the same way; an
 entry whose options its rule refuses (a hand-edited Winograd ``tile = 7``:
 not one of the rule's variants for the node) is reported and re-tuned
-(``passes.autotune_reuse.refused_options``).
+(``passes.autotune_reuse.refused_options``), as is one with a row that
+contradicts itself (``passes.autotune_reuse.row_problems``: a ``status``
+missing or unknown, or an ``ok`` row whose own ``rel_error`` is above its own
+``tolerance`` or NaN, or whose ``time_ms`` is not > 0).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
 import time
 import warnings
+import zlib
 from pathlib import Path
+from typing import NamedTuple
 
 from opgraph.atomic_file import write_atomic
 
@@ -74,17 +96,80 @@ FORMAT = "opgraph-autotune/1"
 FINGERPRINT = re.compile(r"#[0-9a-f]{12}")
 DEFAULT_PATH = "~/.cache/opgraph/autotune.json"
 ENV_VAR = "OPGRAPH_CACHE"
+#: the name of a gzip-compressed cache file ends so (compared in any case)
+GZIP_SUFFIX = ".json.gz"
+#: the cache file in a folder that a location names
+FOLDER_FILE = "autotune.json"
+_GZIP_MAGIC = b"\x1f\x8b"
+#: gzip's default level: a third of level 9's time on a 24 MB cache, 8 % larger
+_GZIP_LEVEL = 6
+
+
+class Location(NamedTuple):
+    """Where a cache setting puts the cache (:func:`locate`).
+
+    Attributes:
+        path: the cache file; None keeps decisions in memory only.
+        warning: what a setting of no known kind was taken as (reported as a
+            ``RuntimeWarning`` by :meth:`AutotuneCache.for_policy`), or None.
+    """
+
+    path: str | None
+    warning: str | None = None
+
+
+def gzipped(path: str | os.PathLike) -> bool:
+    """Whether the cache file ``path`` is gzip-compressed: its name (not that
+    of a symbolic link's target) ends in ``.json.gz``, in any case."""
+    return os.fspath(path).lower().endswith(GZIP_SUFFIX)
+
+
+def locate(value: str | os.PathLike, source: str) -> Location:
+    """The cache file a setting names: the one rule for ``policy.cache`` and
+    ``OPGRAPH_CACHE`` (module docstring, "Location"), so a path means the same
+    from either. ``source`` names the setting in the warning
+    (``'OPGRAPH_CACHE'``, ``'policy cache'``); blanks around ``value`` are
+    dropped. A ``.json.gz`` path was a folder from ``OPGRAPH_CACHE`` and a
+    plain-JSON file from the policy: both now read and write it gzipped."""
+    text = os.fspath(value).strip()
+    if text.lower() in ("off", "none"):
+        return Location(None)
+    path = os.path.expanduser(text)
+    said = f"autotune cache: {source}={text!r}"
+    inside = os.path.join(path, FOLDER_FILE)
+    if path.endswith(("/", os.sep)):  # the user wrote a folder
+        return Location(inside)
+    name = os.path.basename(path).lower()
+    if name.endswith((".json", GZIP_SUFFIX)):
+        if not os.path.isdir(path):
+            return Location(path)
+        # an OPGRAPH_CACHE that did not end in .json made a folder of that name: keep its decisions
+        gz = name.endswith(GZIP_SUFFIX)
+        made = " (earlier opgraph versions made one of such an OPGRAPH_CACHE)" if gz else ""
+        return Location(inside, f"{said} names a {'gzip-compressed' if gz else 'plain-JSON'} cache file by its "
+                                f"suffix, but a folder is there{made}; taken as that folder: the cache is {inside}")
+    suffix = os.path.splitext(name)[1]  # '' for '.cache' too: a dot file's name is no suffix
+    if os.path.isdir(path) or not (suffix or os.path.exists(path)):
+        return Location(inside)
+    how = (f"has the suffix {suffix!r}, neither .json nor {GZIP_SUFFIX}" if suffix
+           else "has no suffix, which names a folder, but a file is there")
+    return Location(path, f"{said} {how}: taken as the plain-JSON cache file {path} (a name ending in "
+                          f"{GZIP_SUFFIX} is a gzip-compressed one; a path ending in '/', or a name without "
+                          f"a suffix, a folder that gets {FOLDER_FILE})")
+
+
+def env_location() -> Location:
+    """Where ``OPGRAPH_CACHE`` puts the cache (:func:`locate`), or the default
+    file. An empty or blank ``OPGRAPH_CACHE`` counts as unset, as
+    ``OPGRAPH_CACHE= cmd`` usually means "no override"."""
+    env = (os.environ.get(ENV_VAR) or "").strip()
+    return locate(env or DEFAULT_PATH, ENV_VAR)
 
 
 def default_path() -> str | None:
     """The cache file from ``OPGRAPH_CACHE`` or the default (None for ``off``
-    or ``none``). An empty or blank ``OPGRAPH_CACHE`` counts as unset (the
-    default file), as ``OPGRAPH_CACHE= cmd`` usually means "no override"."""
-    env = (os.environ.get(ENV_VAR) or "").strip()
-    if env.lower() in ("off", "none"):
-        return None
-    path = os.path.expanduser(env or DEFAULT_PATH)
-    return path if path.endswith(".json") else os.path.join(path, "autotune.json")
+    or ``none``): :func:`env_location`'s path."""
+    return env_location().path
 
 
 def cache_key(op, in_types, dtype, layout, policy, device, device_name, versions,
@@ -114,7 +199,11 @@ def entry_defect(entry) -> str | None:
     and, if present, ``candidates`` as an array of rows, each with string
     ``algorithm`` / ``status`` / ``reason``, an object of ``options`` and numbers
     (or null) for the measurements (the tuner chooses again from those rows:
-    ``passes.autotune_reuse.rechoose``)."""
+    ``passes.autotune_reuse.rechoose``). What the values say is checked when
+    a node looks the entry up (``passes.autotune_reuse.row_problems``: a
+    status unknown or missing, an ``ok`` row whose own ``rel_error`` is above
+    its own ``tolerance``, a time that is not one), which reports it naming
+    the node and the field, and re-tunes the node."""
     if not isinstance(entry, dict):
         return f"the entry is {_json_kind(entry)}, not an object"
     if not isinstance(entry.get("algorithm"), str):
@@ -175,6 +264,39 @@ def wrong_format(data) -> str | None:
     return None
 
 
+def _parse(raw: bytes) -> tuple[object, str | None]:
+    """``(data, None)``: the cache file's JSON, of the right shape; else
+    ``(None, problem)``, in JSON's words (``'is corrupt: not JSON (...)'``)."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return None, f"is corrupt: not UTF-8 text ({e.reason} at byte {e.start})"
+    except ValueError as e:  # json.JSONDecodeError
+        return None, f"is corrupt: not JSON ({e})"
+    except RecursionError:
+        return None, "is corrupt: JSON nested too deep to read"
+    problem = wrong_format(data)
+    return (None, problem) if problem is not None else (data, None)
+
+
+def _gunzip(raw: bytes) -> tuple[bytes, str | None]:
+    """``(text, None)``: the JSON bytes of a ``.json.gz`` cache file's ``raw``
+    content; ``(b"", problem)`` where it is not gzip data, in words rather
+    than Python's exception names (the file is then rebuilt)."""
+    if raw[:2] != _GZIP_MAGIC:
+        if raw.lstrip()[:1] in (b"{", b"["):
+            return b"", (f"is corrupt: plain JSON text, where a name ending in {GZIP_SUFFIX} is read as "
+                         "gzip-compressed (gzip the file, or name it *.json)")
+        return b"", f"is corrupt: not gzip-compressed data, where a name ending in {GZIP_SUFFIX} is read as gzip"
+    try:
+        return gzip.decompress(raw), None
+    except EOFError:
+        return b"", "is corrupt: its gzip data end early (cut short, as by an interrupted copy)"
+    except (OSError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+        words = str(e).split(": ", 1)[-1] if isinstance(e, zlib.error) else str(e)  # no 'Error -3 while ...'
+        return b"", f"is corrupt: damaged gzip data ({words})"
+
+
 class AutotuneCache:
     """Decisions by key, loaded from ``path`` (``None``: memory only).
 
@@ -184,12 +306,16 @@ class AutotuneCache:
     #: Seconds between the saves a long autotune makes on its way (:meth:`checkpoint`).
     CHECKPOINT_SECONDS = 30.0
 
-    def __init__(self, path: str | os.PathLike | None):
+    def __init__(self, path: str | os.PathLike | None, *, warning: str | None = None):
         self.path = None if path is None else Path(os.path.expanduser(str(path)))
+        #: a ``.json.gz`` file: read and written gzip-compressed (:func:`gzipped`)
+        self.compressed = self.path is not None and gzipped(self.path)
         self.messages: list[str] = []
         self.entries: dict[str, dict] = {}
         self.dirty: dict[str, dict] = {}
         self._saved_at = time.monotonic()
+        if warning is not None:  # what the setting was taken as: said before what reading the file finds
+            self.warn(warning)
         if self.path is not None:
             self.entries = self._read(report=True)
         #: The keys of the entries read from the file and not put since: a hit
@@ -200,9 +326,11 @@ class AutotuneCache:
 
     @classmethod
     def for_policy(cls, policy) -> "AutotuneCache":
-        if policy.cache is not None:
-            return cls(None if policy.cache.strip().lower() == "off" else policy.cache)
-        return cls(default_path())
+        """The cache ``policy.cache`` names, else ``OPGRAPH_CACHE`` or the default
+        file, by one rule (:func:`locate`); a setting of no known kind is
+        reported with what it was taken as."""
+        where = locate(policy.cache, "policy cache") if policy.cache is not None else env_location()
+        return cls(where.path, warning=where.warning)
 
     def warn(self, msg: str) -> None:
         """Report a problem with the file or an entry: a ``RuntimeWarning``, and
@@ -219,16 +347,14 @@ class AutotuneCache:
             if report:
                 self.warn(f"autotune cache {self.path} cannot be read ({e}); tuning from scratch")
             return {}
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            problem = f"is corrupt: not UTF-8 text ({e.reason} at byte {e.start})"
-        except ValueError as e:  # json.JSONDecodeError
-            problem = f"is corrupt: not JSON ({e})"
-        except RecursionError:
-            problem = "is corrupt: JSON nested too deep to read"
+        if self.compressed:
+            raw, problem = _gunzip(raw)
+        elif raw[:2] == _GZIP_MAGIC:
+            problem = (f"is corrupt: gzip-compressed data, where only a name ending in {GZIP_SUFFIX} is read "
+                       "as gzip (rename the file so, or gunzip it)")
         else:
-            problem = wrong_format(data)
+            problem = None
+        data, problem = (None, problem) if problem is not None else _parse(raw)
         if problem is not None:
             if report:
                 self.warn(f"autotune cache {self.path} {problem}; it will be rebuilt")
@@ -282,13 +408,16 @@ class AutotuneCache:
             return
         merged = {**self._read(report=False), **self.dirty}
         text = json.dumps({"format": FORMAT, "entries": merged}, indent=1, sort_keys=True)
+        # mtime=0: the same decisions give the same bytes (no time stamp in the gzip header)
+        data = gzip.compress(text.encode("utf-8"), _GZIP_LEVEL, mtime=0) if self.compressed else text
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.path, text, prefix=".autotune-")
+            write_atomic(self.path, data, prefix=".autotune-")
             self.dirty = {}
         except OSError as e:
             self.warn(f"autotune cache {self.path} cannot be written ({e}); decisions kept in memory")
 
 
 __all__ = ["entry_defect", "wrong_format", "unfingerprinted", "AutotuneCache", "cache_key", "default_path", "FORMAT",
-           "FINGERPRINT", "ENV_VAR", "DEFAULT_PATH"]
+           "FINGERPRINT", "ENV_VAR", "DEFAULT_PATH", "GZIP_SUFFIX", "FOLDER_FILE", "Location", "locate",
+           "env_location", "gzipped"]

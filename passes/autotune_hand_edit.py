@@ -6,8 +6,11 @@ field, so an edit is told from a choice made under another policy
 (:func:`hand_edit`): it is used when the entry's measured row of it is
 correct (and capturable where the step is replayed as CUDA graphs), the
 report's notes saying so; otherwise a ``RuntimeWarning`` says why not
-(:class:`HandEdit`'s ``message``). The memory-aware re-choice leaves such a
-node alone (:func:`pinned_by_hand`). Separate from the reuse of cached
+(:class:`HandEdit`'s ``message``) and names the choice used instead: the
+pass warns once the memory-aware re-choice is made, and where that replaced
+the rows' choice, the warning names the one that runs
+(:meth:`HandEdit.instead_of_rows`). The memory-aware re-choice leaves a node
+whose edit is used alone (:func:`pinned_by_hand`). Separate from the reuse of cached
 decisions (``autotune_reuse``), which it builds on: this is the user's
 override of that reuse, with its own messages.
 """
@@ -32,6 +35,9 @@ class HandEdit:
         measured: whether the entry has a row of it (checked and timed).
         message: what the report says (a note when ``used``; else a
             ``RuntimeWarning`` through ``AutotuneCache.warn``).
+        rows_choice: the label of the choice made from the measured rows.
+        instead: for an edit not used, the words of ``message`` naming
+            ``rows_choice`` as the choice used instead ('' when ``used``).
     """
 
     algorithm: str
@@ -39,6 +45,16 @@ class HandEdit:
     used: bool
     measured: bool
     message: str
+    rows_choice: str = ""
+    instead: str = ""
+
+    def instead_of_rows(self, label: str, how: str) -> str:
+        """``message`` for an edit not used whose node runs ``label`` rather
+        than :attr:`rows_choice`, ``how`` saying why (``'chosen for the memory
+        peak (peak_tolerance 20 %)'``): the warning names the choice that runs,
+        not one replaced after it was written."""
+        return self.message.replace(self.instead, f"{label} used instead, {how} over {self.rows_choice}, "
+                                                  "the measured candidates' own choice", 1)
 
 
 def hand_edit(entry: dict, rows: list[Candidate], algorithm: str | None, options: dict,
@@ -80,7 +96,7 @@ def hand_edit(entry: dict, rows: list[Candidate], algorithm: str | None, options
     instead = f"{b_label} chosen from the entry's measured candidates instead"
 
     def no(why: str) -> HandEdit:
-        return HandEdit(edited_alg, edited_opts, False, row is not None, why)
+        return HandEdit(edited_alg, edited_opts, False, row is not None, why, b_label, instead)
 
     if not valid:
         return no(f"the entry's choice {e_label} is not used: {instead} (workspace_tolerance "
@@ -111,7 +127,7 @@ def hand_edit(entry: dict, rows: list[Candidate], algorithm: str | None, options
     than = f" ({best.time_ms:.3f} ms)" if best is not None and best.time_ms is not None else ""
     return HandEdit(edited_alg, edited_opts, True, True,
                     f"hand-edited choice {e_label} used ({at}, checked correct when tuned); "
-                    f"the measurements alone choose {b_label}{than}")
+                    f"the measurements alone choose {b_label}{than}", b_label)
 
 
 def _tuned_choice(entry: dict) -> tuple[str, dict] | None:

@@ -6,7 +6,9 @@ it without running anything, choosing the winner again from those rows under
 the current policy (:func:`rechoose`, through ``autotune_choice.choose``),
 so changing ``workspace_tolerance`` or ``cuda_graph`` needs no re-tuning.
 Before that it asks whether the entry can decide at all: rows with a time
-that is no time (:func:`entry_problem`), or options that no longer name one
+that is no time, or that contradict themselves (a status unknown or missing;
+a correct one whose own rel_error is above its own tolerance, or NaN, or whose
+time is not positive: :func:`entry_problem`), or options that no longer name one
 of the rule's variants for the node (:func:`refused_options`: a hand-edited
 Winograd ``tile = 7`` would raise on every run) send the node back to be
 measured. Separate from the cache file's reading and writing, which knows
@@ -19,8 +21,12 @@ import math
 
 from .autotune_choice import CaptureBlocker, captures_all, choose
 from .candidates import ENGINE_LIMIT_TAG, rule_variants
-from .report import Candidate
+from .report import STATUSES, Candidate
 from .zero_copy import STRIDED_OUT
+
+#: the statuses of a row that may be chosen (``chosen``: entries written before
+#: :data:`RECHOOSE_VERSION` kept the winner's mark)
+CORRECT = ("ok", "unverified", "chosen")
 
 #: Cache entries written with this tag hold their rows as measured, before any
 #: choice (every check of :func:`~passes.autotune_measure.measure_candidates`
@@ -48,7 +54,9 @@ def rechoose(entry: dict, workspace_tolerance: float,
     (times and workspaces as measured) go through :func:`choose` again, so
     changing either needs no re-tuning. An entry without the :data:`RECHOOSE_VERSION` tag (written
     before the tie-break and the output-dtype check) keeps its algorithm and
-    options: its rows were not all checked as today's are."""
+    options: its rows were not all checked as today's are. ``entry`` is one
+    :func:`entry_problem` passed: its rows' statuses, errors and times are
+    trusted here (a row without a status would read as ``ok``)."""
     if entry.get("rechoose") != RECHOOSE_VERSION:
         rows = [Candidate.from_dict(c) for c in entry.get("candidates", [])]
         return rows, entry.get("algorithm"), dict(entry.get("options", {}))
@@ -60,28 +68,74 @@ def rechoose(entry: dict, workspace_tolerance: float,
 
 
 def entry_problem(entry: dict) -> str | None:
-    """Why a cache entry's rows cannot decide, or None: a measured time that is
-    not a finite number >= 0 (a hand edit: ``time_ms: -1e9`` would win every
-    comparison), or, in an entry :func:`rechoose` decides from, a correct row
-    without a time or no correct row (the tuner writes neither: it times every
-    correct candidate and raises when none is correct)."""
+    """Why a cache entry's rows cannot decide, or None: a row that contradicts
+    itself (:func:`row_problems`: a hand edit, ``time_ms: -1e9`` or an ``ok``
+    row with ``rel_error: 5``, would win or be trusted), or, in an entry
+    :func:`rechoose` decides from, a correct row without a time or no correct
+    row (the tuner writes neither: it times every correct candidate and
+    raises when none is correct). Every defective row's problems are said,
+    ``; ``-joined. The entry's shape (JSON types) is
+    ``autotune_cache.entry_defect``'s, checked when the file is read."""
     rows = entry.get("candidates", [])
-    for row in rows:
-        for field in ("time_ms", "min_ms"):
-            t = row.get(field)
-            if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool)
-                                      and math.isfinite(t) and t >= 0):
-                return f"row {row.get('algorithm')!r} has {field} {t!r}, not a finite time >= 0"
-    correct = [row for row in rows if row.get("status") in ("ok", "unverified", "chosen")]
+    problems = [p for row in rows for p in row_problems(row)]
+    if problems:
+        return "; ".join(problems)
+    correct = [row for row in rows if row.get("status") in CORRECT]
     if entry.get("rechoose") == RECHOOSE_VERSION:
         untimed = next((row for row in correct if row.get("time_ms") is None), None)
         if untimed is not None:  # choose compares the correct rows' times
-            return (f"row {untimed.get('algorithm')!r} is {untimed.get('status')} without a time_ms "
+            return (f"row {_row_label(untimed)!r} is {untimed.get('status')} without a time_ms "
                     "(the tuner times every correct row)")
     if entry.get("rechoose") == RECHOOSE_VERSION and rows and not correct:
         return "no row is correct (every row's status is " + ", ".join(
             sorted({str(row.get("status")) for row in rows})) + ")"
     return None
+
+
+def row_problems(row: dict) -> list[str]:
+    """What makes one cached candidate row (of the shape ``entry_defect``
+    accepts) contradict itself, each naming the row and the field, or []:
+
+    * a ``time_ms`` / ``min_ms`` that is not a finite number >= 0;
+    * no ``status``, or one not of :data:`~passes.report.STATUSES` (the tuner
+      writes one of them on every row; a missing one would read as ``ok``);
+    * a correct status (:data:`CORRECT`) with its own ``rel_error`` above its
+      own ``tolerance``, or NaN (the tuner marks such a row ``wrong``), or
+      with a ``time_ms`` that is not > 0 (a time of 0 would win every
+      comparison; a measured median is above 0: the fastest of 48,251 correct
+      rows in ``docs/results/h200-2026-12-04f/autotune-cache.json.gz`` is 3.5 us)."""
+    name = repr(_row_label(row))
+    out, no_time = [], set()
+    for field in ("time_ms", "min_ms"):
+        t = row.get(field)
+        if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool)
+                                  and math.isfinite(t) and t >= 0):
+            out.append(f"row {name} has {field} {t!r}, not a finite time >= 0")
+            no_time.add(field)
+    if "status" not in row:
+        return out + [f"row {name} has no status (every row the tuner writes has one: {', '.join(STATUSES)})"]
+    status = row["status"]
+    if status not in STATUSES:
+        return out + [f"row {name} has status {status!r}, not one of {', '.join(STATUSES)}"]
+    if status not in CORRECT:
+        return out
+    error, tol = row.get("rel_error"), row.get("tolerance")
+    if error is not None and math.isnan(error):
+        out.append(f"row {name} is {status} but its rel_error is NaN (the tuner marks such a row wrong)")
+    elif error is not None and tol is not None and not error <= tol:
+        out.append(f"row {name} is {status} but its rel_error {error:g} is above its tolerance {tol:g} "
+                   "(the tuner marks such a row wrong)")
+    t = row.get("time_ms")
+    if t is not None and "time_ms" not in no_time and not t > 0:  # not a time at all: said above
+        out.append(f"row {name} is {status} with time_ms {t!r}, not a finite time > 0")
+    return out
+
+
+def _row_label(row: dict) -> str:
+    """``'winograd[tile=2]'``: a cached row as the report names it (variants of
+    one algorithm differ by their options)."""
+    opts = row.get("options")
+    return Candidate(str(row.get("algorithm")), opts if isinstance(opts, dict) else {}).label
 
 
 def refused_options(entry, cached: dict, op, types, device, engine_limit: int | None = None,
@@ -125,4 +179,5 @@ def refused_options(entry, cached: dict, op, types, device, engine_limit: int | 
             f"node ({', '.join(map(str, allowed))})")
 
 
-__all__ = ["RECHOOSE_VERSION", "measured_rows", "rechoose", "entry_problem", "refused_options"]
+__all__ = ["RECHOOSE_VERSION", "CORRECT", "measured_rows", "rechoose", "entry_problem", "row_problems",
+           "refused_options"]

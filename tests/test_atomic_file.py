@@ -41,6 +41,16 @@ def test_an_existing_file_keeps_its_mode(tmp_path, umask_022):
         assert path.read_text() == "new" and mode(path) == bits
 
 
+def test_bytes_are_written_as_they_are_keeping_the_mode(tmp_path, umask_022):
+    """The gzip-compressed autotune cache (``*.json.gz``) is written as bytes."""
+    path = tmp_path / "c.json.gz"
+    write_atomic(path, b"\x1f\x8b\x00\xff")
+    assert path.read_bytes() == b"\x1f\x8b\x00\xff" and mode(path) == 0o644
+    os.chmod(path, 0o600)
+    write_atomic(path, b"\r\n")  # no newline translation either
+    assert path.read_bytes() == b"\r\n" and mode(path) == 0o600
+
+
 def test_a_symbolic_link_keeps_linking_to_the_rewritten_target(tmp_path):
     real = tmp_path / "store" / "cache.json"
     real.parent.mkdir()

@@ -266,3 +266,117 @@ def test_a_correct_row_without_a_time_is_reported_and_retuned(monkeypatch, tmp_p
     with pytest.warns(RuntimeWarning, match=r"node s0: row 'reference' is \w+ without a time_ms .*; re-tuned"):
         report = tune(path, timer)
     assert report.node("s0").how == "autotune" and timer.calls
+
+
+def set_wrong_row(**fields):
+    """``edit_rows``'s change: the ``wrong`` row (fastest, never timed) gets ``fields``."""
+    return lambda row: row.update(fields) if row["algorithm"] == "wrong" else None
+
+
+def set_reference_row(**fields):
+    return lambda row: row.update(fields) if row["algorithm"] == "reference" else None
+
+
+@pytest.mark.parametrize("change, said", [
+    # fresh-user report: an fft row edited so; it was chosen from the cache with no warning
+    (set_wrong_row(status="ok", rel_error=5.0, tolerance=1e-3, time_ms=0),
+     r"row 'wrong' is ok but its rel_error 5 is above its tolerance 0\.001 \(the tuner marks such a row wrong\); "
+     r"row 'wrong' is ok with time_ms 0, not a finite time > 0"),
+    (set_wrong_row(status="ok", time_ms=0.1),
+     r"row 'wrong' is ok but its rel_error [0-9.e+-]+ is above its tolerance 0\.001"),
+    (set_wrong_row(status="unverified", rel_error=float("nan"), time_ms=0.1),
+     r"row 'wrong' is unverified but its rel_error is NaN"),
+    (set_reference_row(time_ms=0.0), r"row 'reference' is ok with time_ms 0\.0, not a finite time > 0"),
+    # a row without a status read as ok; one of an unknown status was skipped silently
+    (lambda row: row.pop("status") if row["algorithm"] == "reference" else None,
+     r"row 'reference' has no status \(every row the tuner writes has one: chosen, ok, wrong, failed, "
+     r"over budget, declined, excluded, unverified\)"),
+    (set_reference_row(status="weird"), r"row 'reference' has status 'weird', not one of chosen, ok, wrong"),
+    (lambda row: row.update(status="Ok") if row["options"] == {"e": 1} else None,
+     r"row 'engine\[e=1\]' has status 'Ok', not one of"),
+], ids=["ok-wrong-and-untimed", "ok-above-tolerance", "nan-error", "zero-time", "no-status", "weird", "case"])
+def test_a_row_that_contradicts_itself_is_reported_and_retuned(monkeypatch, tmp_path, change, said):
+    install(monkeypatch, "wrong")
+    path = tmp_path / "c.json"
+    assert tune(path, StubTimer(TIMES)).node("s0").options == {"e": 1}
+    edit_rows(path, change)
+    timer = StubTimer(TIMES)
+    with pytest.warns(RuntimeWarning, match=rf"autotune cache {path}: node s0: {said}.*; re-tuned$"):
+        report = tune(path, timer)
+    rec = report.node("s0")
+    assert rec.how == "autotune" and (rec.algorithm, rec.options) == ("engine", {"e": 1}) and timer.calls
+    assert statuses(report)["wrong"] == "wrong"
+    # the re-tuned entry replaced the edited one: the next compile reuses it quietly
+    again = StubTimer({})
+    assert quiet_tune(path, again).node("s0").how == "cache" and again.calls == []
+
+
+def rows_of(path) -> list[dict]:
+    return [row for entry in json.loads(path.read_text())["entries"].values() for row in entry["candidates"]]
+
+
+def test_rows_as_the_tuner_writes_them_are_reused_without_a_report(monkeypatch, tmp_path):
+    """Every status the tuner writes (chosen rows excepted: it writes the rows
+    before choosing), pruned and untimed rows, unverified ones of an op
+    without a reference: saved, reloaded and reused, quietly, timing nothing."""
+    from opgraph.passes.autotune_reuse import entry_problem
+
+    picky = Rule(Scale, "picky", SCALE_RULES["fast"].kernel, check=lambda op, types, device: "needs a GPU")
+    install(monkeypatch, "wrong", "nan", "boom", "big", "slow", "extra", picky)
+    path = tmp_path / "c.json"
+    times = {**TIMES, "slow": 50.0}  # pruned after one run
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tune(path, StubTimer(times), workspace_limit=100 * MIB, exclude=["extra"])
+    written = {row["status"] for row in rows_of(path)}
+    assert written == {"ok", "wrong", "failed", "over budget", "excluded", "declined"}, written
+    assert any("pruned" in row["reason"] for row in rows_of(path))
+
+    def reused_quietly(p):
+        assert all(entry_problem(e) is None for e in json.loads(p.read_text())["entries"].values())
+        timer = StubTimer({})
+        report = quiet_tune(p, timer, workspace_limit=100 * MIB, exclude=["extra"])
+        return report.node("s0").how == "cache" and timer.calls == []
+
+    assert reused_quietly(path)
+    # an op without a reference rule: its rows are unverified
+    monkeypatch.setitem(registry._RULES, Scale, {k: v for k, v in registry._RULES[Scale].items() if k != "reference"})
+    bare = tmp_path / "bare.json"
+    quiet_tune(bare, StubTimer(times), workspace_limit=100 * MIB, exclude=["extra"])
+    assert "unverified" in {row["status"] for row in rows_of(bare)}
+    assert reused_quietly(bare)
+
+
+def test_a_real_convolutions_rows_are_reused_without_a_report(tmp_path):
+    """The rows the tuner writes with the real timer and reference (relative
+    errors and tolerances of gemm, fft, winograd): reused quietly."""
+    g = og.Graph()
+    x, w = g.input("x", (2, 3, 8, 8)), g.param("w", (4, 3, 3, 3))
+    y = og.conv2d(x, w, padding=1, name="conv")
+    outs = [y, *og.grad(y, [x, w])]
+    policy = LoweringPolicy(autotune=True, cache=str(tmp_path / "c.json"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        og.compile(outs, policy=policy)
+        counter = StubTimer({})
+        again = og.compile(outs, policy=policy, timer=counter)
+    assert counter.calls == [] and {r.how for r in again.report.nodes.values() if r.candidates} == {"cache"}
+    assert any(row.get("rel_error") for row in rows_of(tmp_path / "c.json"))
+
+
+def test_the_h200_cache_in_the_results_passes_every_check():
+    """48,251 correct rows the tuner wrote on the H200 (docs/results): not one
+    is taken for a contradiction, so no GPU run re-tunes a node for it."""
+    import gzip
+    from pathlib import Path
+
+    from opgraph.passes.autotune_cache import entry_defect
+    from opgraph.passes.autotune_reuse import entry_problem
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "results" / "h200-2026-12-04f" / "autotune-cache.json.gz"
+    if not path.is_file():
+        pytest.skip(f"{path} is not in this checkout")
+    entries = json.loads(gzip.decompress(path.read_bytes()))["entries"]
+    assert len(entries) > 5000
+    bad = {k: why for k, e in entries.items() if (why := entry_defect(e) or entry_problem(e))}
+    assert not bad, next(iter(bad.items()))

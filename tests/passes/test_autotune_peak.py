@@ -261,6 +261,34 @@ def test_a_hand_edit_the_rows_agree_with_is_never_changed(monkeypatch, tmp_path)
     assert report.memory["planned_peak_bytes"] == MIB + ENGINE_WS[0]
 
 
+@pytest.mark.parametrize("drop_tuned", [False, True])
+def test_a_hand_edit_not_used_names_the_choice_the_memory_re_choice_made(monkeypatch, tmp_path, drop_tuned):
+    """Fresh-user report: the warning said 'gemm chosen ... instead' where the
+    memory-aware re-choice then ran 'direct'. It names the choice that runs."""
+    install(monkeypatch)
+    monkeypatch.setitem(registry._RULES[Scale], "wrong", SCALE_RULES["wrong"])
+    path = tmp_path / "c.json"
+    assert compile_chain(path, StubTimer(times(wrong=0.5))).node("s0").options == {"e": 1}  # the peak's choice
+    data = json.loads(path.read_text())
+    (entry,) = data["entries"].values()
+    assert entry["options"] == {"e": 0}  # the cache keeps the time-based choice
+    entry.update(algorithm="wrong", options={})  # edited to the row that is wrong
+    if drop_tuned:
+        entry.pop("tuned")
+    path.write_text(json.dumps(data))
+    with pytest.warns(RuntimeWarning) as caught:
+        report = compile_chain(path, StubTimer({}))
+    (message,) = [str(w.message) for w in caught if "is not used" in str(w.message)]
+    assert report.node("s0").options == {"e": 1} and rows(report)["engine[e=1]"].status == "chosen"
+    used = ("engine[e=1] used instead, chosen for the memory peak (peak_tolerance 20 %) over engine[e=0], the "
+            "measured candidates' own choice")
+    assert used in message and "engine[e=0] chosen from the entry's measured candidates instead" not in message
+    assert message in report.notes
+    # peak_tolerance 0: nothing moves, and the warning names the measurements' choice as before
+    with pytest.warns(RuntimeWarning, match=r"engine\[e=0\] chosen from the entry's measured candidates instead"):
+        assert compile_chain(path, StubTimer({}), peak_tolerance=0).node("s0").options == {"e": 0}
+
+
 def test_pruned_and_uncapturable_rows_do_not_compete_for_the_peak():
     room = StepRoom(held=MIB, ceiling=ACTIVATIONS, activation_peak=ACTIVATIONS)
 

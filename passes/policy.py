@@ -343,8 +343,9 @@ def _path(value) -> str | None:
     text = str(value)
     # "of" or "of f" meant "off": as a path it would quietly start a cache file in the working folder
     hint = did_you_mean(text.strip().lower(), ["off"])
-    if hint and text.strip().lower() != "off" and not text.endswith(".json") and not os.path.exists(text):
-        raise _err("cache", value, f"not 'off' and no existing file or *.json path{hint}")
+    named_file = text.lower().endswith((".json", ".json.gz"))  # autotune_cache.locate's file suffixes
+    if hint and text.strip().lower() != "off" and not named_file and not os.path.exists(text):
+        raise _err("cache", value, f"not 'off' and no existing file or *.json / *.json.gz path{hint}")
     return text
 
 

@@ -318,7 +318,7 @@ def test_a_cache_value_a_letter_from_off_is_a_policy_error(typo):
         LoweringPolicy(cache=typo)
 
 
-@pytest.mark.parametrize("value", ["off", "OFF", "tuned.json", "cache-dir/of.json"])
+@pytest.mark.parametrize("value", ["off", "OFF", "tuned.json", "cache-dir/of.json", "of.json.gz", "OF.JSON"])
 def test_off_and_json_paths_stay_cache_values(value):
     assert LoweringPolicy(cache=value).cache == value
 

@@ -39,7 +39,8 @@ option ``chunks = k`` the channels that are not summed over (the output channels
 forward and backward-filter, the input channels backward-data) are done ``k``
 runs at a time: the operand transformed whole (x, or gy backward-data) once, then
 per run the weights' and the result's spectra of those channels only, so the
-spectra fall to ``whole + (O C/G + result) / k``. The transforms are the same
+spectra fall to ``whole + (O C/G + result) / k`` (:func:`workspace` counts the copies the
+transforms and products make of each). The transforms are the same
 ones, the products the same sums split into ``k`` matmuls; the rule
 ``fft-chunked`` (tags ``fft``, ``fast``) offers ``k`` = 2, 4, 8 on nodes whose
 weight and result spectra reach :data:`CHUNKED_FROM`, so the cached decisions of
@@ -53,8 +54,11 @@ keep complex64); relative error vs the float64 reference is ~1e-6, within the
 from __future__ import annotations
 
 import math
+import numbers
 
 import scipy.fft
+
+from opgraph.errors import ParameterError
 
 from .products import matmul
 from ..reference.conv import check_gy, conv_geometry, geometry_of, pad_spatial, result_dtype
@@ -67,22 +71,25 @@ def fft_shape(geom) -> tuple[int, int]:
     return (scipy.fft.next_fast_len(geom.hp, real=True), scipy.fft.next_fast_len(geom.wp, real=True))
 
 
-def _freq_matmul(xp, a, b):
-    """``out[..., m, p, f] = sum_k a[..., m, k, f] * b[..., k, p, f]``.
+def _by_frequency(xp, a):
+    """``a[..., m, k, f]`` as the contiguous frequency-major operand ``(F, ..., m, k)`` of
+    :func:`_products` (a copy: NumPy's matmul falls back to a non-BLAS loop for arbitrarily
+    strided operands); made once for an operand every chunk reads."""
+    return xp.ascontiguousarray(xp.moveaxis(a, -1, 0))
 
-    Frequencies ``f`` move to the front as a batch axis of one complex matmul
-    (:func:`.products.matmul`: on CuPy our own cuBLAS handle, which a CUDA
-    graph can capture). The operands are made contiguous first: NumPy's matmul
-    falls back to a non-BLAS loop for arbitrarily strided operands.
+
+def _products(xp, af, bf):
+    """``out[..., m, p, f] = sum_k a[..., m, k, f] * b[..., k, p, f]`` from the frequency-major
+    operands of :func:`_by_frequency`; a view with the frequencies last again.
+
+    Frequencies and the other batch axes (groups) are one batch of one complex matmul
+    (:func:`.products.matmul`: on CuPy our own cuBLAS handle, which a CUDA graph can capture).
     """
-    a = xp.ascontiguousarray(xp.moveaxis(a, -1, 0))
-    b = xp.ascontiguousarray(xp.moveaxis(b, -1, 0))
-    batch = a.shape[:-2]
-    if b.shape[:-2] != batch:
-        raise ValueError(f"fft products: batch axes {a.shape[:-2]} and {b.shape[:-2]} differ")
-    # frequencies x groups as one strided batch: one cuBLAS call on CuPy (products.matmul)
+    batch = af.shape[:-2]
+    if bf.shape[:-2] != batch:
+        raise ValueError(f"fft products: batch axes {af.shape[:-2]} and {bf.shape[:-2]} differ")
     k = math.prod(batch)
-    out = matmul(xp, a.reshape(k, *a.shape[-2:]), b.reshape(k, *b.shape[-2:]))
+    out = matmul(xp, af.reshape(k, *af.shape[-2:]), bf.reshape(k, *bf.shape[-2:]))
     return xp.moveaxis(out.reshape(*batch, *out.shape[-2:]), 0, -1)
 
 
@@ -119,11 +126,18 @@ def conv2d_forward(xp, x, w, *, stride=1, padding=0, dilation=1, groups=1, chunk
     return forward(xp, x, w, g, chunks)
 
 
-def pieces(size: int, chunks: int) -> list[tuple[int, int]]:
-    """``[(start, stop), ...]``: ``size`` channels in ``min(chunks, size)`` runs of
-    ``ceil(size / chunks)`` (the last shorter); one run for ``chunks <= 1``."""
-    step = -(-size // max(1, min(int(chunks), max(size, 1))))
-    return [(i, min(i + step, size)) for i in range(0, max(size, 1), step)]
+def pieces(size: int, chunks) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]``: ``size`` channels in runs of ``ceil(size / chunks)`` (the last
+    shorter; so ``pieces(10, 8)`` is 5 runs of 2), one run for ``chunks = 1`` or no channels.
+
+    Raises:
+        ParameterError: ``chunks`` not an int >= 1 (the ``fft-chunked`` rule's option)."""
+    if isinstance(chunks, bool) or not isinstance(chunks, numbers.Integral) or chunks < 1:
+        raise ParameterError("chunks", chunks, "must be an int >= 1 (channels are transformed in that many runs)")
+    if size <= 0:
+        return [(0, size)]
+    step = -(-size // min(int(chunks), size))
+    return [(i, min(i + step, size)) for i in range(0, size, step)]
 
 
 def forward(xp, x, w, g, chunks=1):
@@ -134,17 +148,24 @@ def forward(xp, x, w, g, chunks=1):
     s = fft_shape(g)
     G = g.groups
     xf = xp.fft.rfft2(pad_spatial(xp, x.astype(dt, copy=False), g.padding), s=s)
-    F = xf.shape[-2] * xf.shape[-1]
-    a = xf.reshape(g.n, G, g.cg, F).transpose(1, 0, 2, 3)  # (G, N, Cg, F)
+    planes, F = xf.shape[-2:], xf.shape[-2] * xf.shape[-1]
+    af = _by_frequency(xp, xf.reshape(g.n, G, g.cg, F).transpose(1, 0, 2, 3))  # (F, G, N, Cg)
+    del xf  # each chunk's arrays are dropped as soon as used: the workspace counts one chunk
     wg = _dilate(xp, w.astype(dt, copy=False), g.dilation)
     wg = wg.reshape(G, g.og, *wg.shape[1:])
     eh, ew = g.kernel_extent
     y = xp.empty((g.n, G, g.og, g.ho, g.wo), dtype=dt)
     for o0, o1 in pieces(g.og, chunks):
         wf = xp.fft.rfft2(wg[:, o0:o1], s=s)  # (G, ok, Cg, Fh, Fw)
-        b = xp.conj(wf).reshape(G, o1 - o0, g.cg, F).transpose(0, 2, 1, 3)  # (G, Cg, ok, F)
-        yf = _freq_matmul(xp, a, b).transpose(1, 0, 2, 3).reshape(g.n, G, o1 - o0, *xf.shape[-2:])
+        bf = _by_frequency(xp, wf.reshape(G, o1 - o0, g.cg, F).transpose(0, 2, 1, 3))  # (F, G, Cg, ok)
+        del wf
+        xp.conjugate(bf, out=bf)  # cross-correlation: X * conj(W)
+        product = _products(xp, af, bf)  # (G, N, ok, F)
+        del bf
+        yf = product.transpose(1, 0, 2, 3).reshape(g.n, G, o1 - o0, *planes)
+        del product
         y[:, :, o0:o1] = xp.fft.irfft2(yf, s=s)[..., :g.hp - eh + 1:g.stride[0], :g.wp - ew + 1:g.stride[1]]
+        del yf
     return y.reshape(g.n, g.o, g.ho, g.wo)
 
 
@@ -169,8 +190,9 @@ def backward_data(xp, gy, w, g, chunks=1):
     s = fft_shape(g)
     G = g.groups
     gf = xp.fft.rfft2(_upsample(xp, gy.astype(dt, copy=False), g), s=s)
-    F = gf.shape[-2] * gf.shape[-1]
-    a = gf.reshape(g.n, G, g.og, F).transpose(1, 0, 2, 3)  # (G, N, Og, F)
+    planes, F = gf.shape[-2:], gf.shape[-2] * gf.shape[-1]
+    af = _by_frequency(xp, gf.reshape(g.n, G, g.og, F).transpose(1, 0, 2, 3))  # (F, G, N, Og)
+    del gf  # each chunk's arrays are dropped as soon as used: the workspace counts one chunk
     wg = _dilate(xp, w.astype(dt, copy=False), g.dilation)
     wg = wg.reshape(G, g.og, *wg.shape[1:])
     # The full convolution has (Ho-1)*s + d*(k-1) + 1 <= Hp rows; rows past it are 0.
@@ -178,9 +200,14 @@ def backward_data(xp, gy, w, g, chunks=1):
     gx = xp.empty((g.n, G, g.cg, g.h, g.w), dtype=dt)
     for c0, c1 in pieces(g.cg, chunks):
         wf = xp.fft.rfft2(wg[:, :, c0:c1], s=s)  # (G, Og, ck, Fh, Fw)
-        b = wf.reshape(G, g.og, c1 - c0, F)  # (G, Og, ck, F)
-        xf = _freq_matmul(xp, a, b).transpose(1, 0, 2, 3).reshape(g.n, G, c1 - c0, *gf.shape[-2:])
+        bf = _by_frequency(xp, wf.reshape(G, g.og, c1 - c0, F))  # (F, G, Og, ck)
+        del wf
+        product = _products(xp, af, bf)  # (G, N, ck, F)
+        del bf
+        xf = product.transpose(1, 0, 2, 3).reshape(g.n, G, c1 - c0, *planes)
+        del product
         gx[:, :, c0:c1] = xp.fft.irfft2(xf, s=s)[..., t:t + g.h, l:l + g.w]
+        del xf
     return gx.reshape(g.n, g.c, g.h, g.w)
 
 
@@ -205,8 +232,9 @@ def backward_filter(xp, x, gy, g, chunks=1):
     s = fft_shape(g)
     G = g.groups
     xf = xp.fft.rfft2(pad_spatial(xp, x.astype(dt, copy=False), g.padding), s=s)
-    F = xf.shape[-2] * xf.shape[-1]
-    b = xf.reshape(g.n, G, g.cg, F).transpose(1, 0, 2, 3)  # (G, N, Cg, F)
+    planes, F = xf.shape[-2:], xf.shape[-2] * xf.shape[-1]
+    bf = _by_frequency(xp, xf.reshape(g.n, G, g.cg, F).transpose(1, 0, 2, 3))  # (F, G, N, Cg)
+    del xf  # each chunk's arrays are dropped as soon as used: the workspace counts one chunk
     up = _upsample(xp, gy.astype(dt, copy=False), g)
     up = up.reshape(g.n, G, g.og, *up.shape[2:])
     eh, ew = g.kernel_extent
@@ -215,9 +243,15 @@ def backward_filter(xp, x, gy, g, chunks=1):
     gw = xp.empty((G, g.og, g.cg, g.kh, g.kw), dtype=dt)
     for o0, o1 in pieces(g.og, chunks):
         gf = xp.fft.rfft2(up[:, :, o0:o1], s=s)  # (N, G, ok, Fh, Fw)
-        a = xp.conj(gf).reshape(g.n, G, o1 - o0, F).transpose(1, 2, 0, 3)  # (G, ok, N, F)
-        wf = _freq_matmul(xp, a, b).reshape(G, o1 - o0, g.cg, *xf.shape[-2:])
+        af = _by_frequency(xp, gf.reshape(g.n, G, o1 - o0, F).transpose(1, 2, 0, 3))  # (F, G, ok, N)
+        del gf
+        xp.conjugate(af, out=af)  # correlation: X * conj(GY)
+        product = _products(xp, af, bf)  # (G, ok, Cg, F)
+        del af
+        wf = product.reshape(G, o1 - o0, g.cg, *planes)
+        del product
         gw[:, o0:o1] = xp.fft.irfft2(wf, s=s)[..., :eh:g.dilation[0], :ew:g.dilation[1]]
+        del wf
     return gw.reshape(g.o, g.cg, g.kh, g.kw)
 
 
@@ -231,11 +265,12 @@ def check(direction: str, op, in_types, device: str) -> str | None:
     return None
 
 
-#: The ``fft-chunked`` rule applies where the spectra chunking can shed (the weights' and the
-#: result's) reach this many bytes: below it they are small beside a step's activations at the
-#: batch sizes benchmarked, and every node the rule applies to has a new autotune cache key
-#: (1 GiB: 2-30 convolution nodes per built-in model at their benchmark batch).
-CHUNKED_FROM = 2**30
+#: The ``fft-chunked`` rule applies where the spectra chunking can split (the weights' and the
+#: result's, as :func:`workspace` counts them for one run) reach this many bytes: below it they
+#: are small beside a step's activations at the batch sizes benchmarked, and every node the rule
+#: applies to has a new autotune cache key (2 GiB: 2-25 convolution nodes per built-in model at
+#: its benchmark batch).
+CHUNKED_FROM = 2**31
 #: The chunk counts the ``fft-chunked`` rule offers the autotuner (those up to the
 #: number of channels chunked; module docstring).
 CHUNKS = (2, 4, 8)
@@ -247,26 +282,35 @@ def _chunked_channels(direction: str, g) -> int:
     return g.cg if direction == "backward_data" else g.og
 
 
-def _spectra(direction: str, g) -> tuple[int, int, int]:
+def _spectra(direction: str, g, dtype: str) -> tuple[int, int, int]:
     """``(whole, chunkable, plane_bytes)``: the planes transformed whole (x, or gy for
     backward-data), the planes that go one run at a time (the weights' and the result's), and
-    the bytes one complex plane takes in :func:`workspace` (two copies)."""
+    the bytes of one complex plane of a ``dtype`` input (complex128 for float64, else
+    complex64)."""
     lh, lw = fft_shape(g)
     whole = g.n * g.o if direction == "backward_data" else g.n * g.c
     result = g.n * g.groups * _chunked_channels(direction, g)
-    return whole, g.o * g.cg + result, 2 * lh * (lw // 2 + 1) * 2
+    itemsize = 8 if dtype == "float64" else 4
+    return whole, g.o * g.cg + result, lh * (lw // 2 + 1) * 2 * itemsize
+
+
+#: Copies counted per plane in :func:`workspace`, an upper bound of what NumPy's FFTs hold at
+#: once (measured with tracemalloc: ``tests/backends/test_conv_algorithms.py``): the operand
+#: transformed whole is padded (a real copy), transformed (the last axis, then a copy along the
+#: other) and made frequency-major; a run's weights or result are transformed the same way, or
+#: multiplied and reshaped, and inverse-transformed through a copy.
+WHOLE_COPIES, RUN_COPIES = 4, 3
 
 
 def workspace(direction: str, op, in_types, options) -> int:
-    """Scratch bytes: the complex spectra of the operand transformed whole (x, or gy for
-    backward-data), and of one chunk's weights and result (``options['chunks']``, default 1:
-    all channels at once), each also copied once for the per-frequency matmul."""
+    """Scratch bytes, an upper bound: :data:`WHOLE_COPIES` of the spectra of the operand
+    transformed whole (x, or gy for backward-data) and :data:`RUN_COPIES` of one run's weight
+    and result spectra (``options['chunks']`` runs, default 1: all channels at once)."""
     g = geometry_of(direction, op, in_types)
-    itemsize = 8 if in_types[0].dtype == "float64" else 4
     size = _chunked_channels(direction, g)
-    piece = max(b - a for a, b in pieces(size, int(dict(options).get("chunks", 1))))
-    whole, chunkable, plane = _spectra(direction, g)
-    return (whole + chunkable * piece // size) * plane * itemsize
+    piece = max(b - a for a, b in pieces(size, dict(options).get("chunks", 1)))
+    whole, chunkable, plane = _spectra(direction, g, in_types[0].dtype)
+    return (WHOLE_COPIES * whole + RUN_COPIES * chunkable * piece // max(size, 1)) * plane
 
 
 def check_chunked(direction: str, op, in_types, device: str) -> str | None:
@@ -279,8 +323,8 @@ def check_chunked(direction: str, op, in_types, device: str) -> str | None:
     g = geometry_of(direction, op, in_types)
     if _chunked_channels(direction, g) < 2:
         return f"fft-chunked: one {'input' if direction == 'backward_data' else 'output'} channel per group"
-    _, chunkable, plane = _spectra(direction, g)
-    shed = chunkable * plane * (8 if in_types[0].dtype == "float64" else 4)
+    _, chunkable, plane = _spectra(direction, g, in_types[0].dtype)
+    shed = RUN_COPIES * chunkable * plane  # what workspace() counts for them, all in one run
     if shed < CHUNKED_FROM:
         return (f"fft-chunked: the weight and result spectra chunking would split take {shed / 2**20:.0f} MiB, "
                 f"under the {CHUNKED_FROM // 2**20} MiB where it starts to matter")
@@ -295,4 +339,4 @@ def chunk_variants(direction: str, op, in_types, device: str) -> list[dict]:
 
 __all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter", "forward", "backward_data",
            "backward_filter", "check", "check_chunked", "chunk_variants", "workspace", "fft_shape", "pieces",
-           "CHUNKED_FROM", "CHUNKS"]
+           "CHUNKED_FROM", "CHUNKS", "WHOLE_COPIES", "RUN_COPIES"]

@@ -33,7 +33,7 @@ direct        :mod:`opgraph.backends.reference.conv` (the oracle)  nothing
 reference     same functions as ``direct``                         nothing
 gemm          :mod:`.gemm` (im2col + GEMM)                         a GEMM dim >= 2^31
 fft           :mod:`.fft` (real FFTs)                              a transform plane >= 2^31
-fft-chunked   the same, a few channels at a time (``chunks``)      as fft; shed spectra < 1 GiB
+fft-chunked   the same, a few channels at a time (``chunks``)      as fft; split spectra < 2 GiB
 winograd      :mod:`.winograd` (F(2x2|4x4, 3x3))                   not 3x3, stride/dilation != 1
 ============  ===================================================  ===============================
 

@@ -49,18 +49,39 @@ def warnings_noted(notes: list[str]):
     unwritable autotune cache, a hand edit of it not used, a variants function
     that failed: ``passes/autotune_cache.py``) appended to ``notes`` as
     ``'warning: MESSAGE'`` (once), so that the column's JSON record says what
-    only standard error said; every warning is then issued again as it came,
-    under the filters in force (the command prints it as one line)."""
-    caught: list = []
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")  # every one, even where an earlier column raised it
-            yield
-    finally:  # a compile that failed still notes what it warned of
-        for w in caught:
-            if issubclass(w.category, RuntimeWarning) and WARNING_NOTE + str(w.message) not in notes:
-                notes.append(WARNING_NOTE + str(w.message))
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    only standard error said. Every warning is also issued again the moment it
+    is raised, under the filters and the ``warnings.showwarning`` in force on
+    entry (the command prints it as one line, each message once: ``cli.py``),
+    not when the compile returns, which an autotune may take minutes to do.
+
+    Every warning reaches the record, even one an earlier column raised (a
+    ``'default'`` filter would show it once per place). One that the filters in
+    force turn into an error (``python -W error``) does not stop the compile:
+    the first is raised once the block ends, unless the block raised an
+    exception of its own, which then goes on unmasked (the note is kept)."""
+    show_outside, filters_outside = warnings.showwarning, list(warnings.filters)
+    errors: list[Warning] = []  # warnings the filters in force make errors: raised after the block
+
+    def note_and_show(message, category, filename, lineno, file=None, line=None) -> None:
+        if issubclass(category, RuntimeWarning) and WARNING_NOTE + str(message) not in notes:
+            notes.append(WARNING_NOTE + str(message))
+        # issued now, as it would have been without this block (swapped by hand: a
+        # catch_warnings here would reset the memory of a 'once' filter at each warning)
+        filters_inside, warnings.filters = warnings.filters, filters_outside
+        show_inside, warnings.showwarning = warnings.showwarning, show_outside
+        try:
+            warnings.warn_explicit(message, category, filename, lineno)
+        except Warning as e:  # an 'error' filter: not raised inside the compile
+            errors.append(e)
+        finally:
+            warnings.filters, warnings.showwarning = filters_inside, show_inside
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # every one, even where an earlier column raised it
+        warnings.showwarning = note_and_show
+        yield
+    if errors:  # only once the block has ended without an exception of its own
+        raise errors[0]
 
 
 def forced_nodes(report) -> dict[str, str]:

@@ -280,6 +280,12 @@ TABLE: tuple[FusionRule, ...] = (
 )
 
 
+#: What :func:`idle_opt_in`'s note says after the rule's name (``pool-scan: included, but no
+#: saved-winners max pooling to rewrite``); ``benchmarks/lowerings.py`` finds the note by it, to
+#: repeat it in a column's record.
+IDLE_OPT_IN = ": included, but no "
+
+
 def idle_opt_in(rule: FusionRule, scope: Scope, ctx: PassContext,
                 table: tuple[FusionRule, ...] = TABLE) -> str | None:
     """Why an opt-in rule the policy includes rewrote nothing, where no note of
@@ -294,7 +300,7 @@ def idle_opt_in(rule: FusionRule, scope: Scope, ctx: PassContext,
     if (not rule.opt_in or rule.name not in policy.include or {"fused", rule.name} & policy.exclude
             or scope.applied.get(rule.name) or scope.declined.get(rule.name) or rule.name in scope.notes):
         return None
-    why = f"{rule.name}: included, but no {rule.subject or 'match'} to rewrite"
+    why = f"{rule.name}{IDLE_OPT_IN}{rule.subject or 'match'} to rewrite"
     if rule.after is None or scope.applied.get(rule.after):
         return why
     why += f": {rule.after} rewrote none"
@@ -341,6 +347,6 @@ class FusePass(Pass):
         return graph
 
 
-__all__ = ["FusePass", "TABLE", "idle_opt_in", "EpilogueChain", "epilogue_chains", "fuse_epilogue", "match_epilogue",
+__all__ = ["FusePass", "TABLE", "IDLE_OPT_IN", "idle_opt_in", "EpilogueChain", "epilogue_chains", "fuse_epilogue", "match_epilogue",
            "dgrad_relu_pairs", "fuse_dgrad_relu", "match_dgrad_relu", "pool_relu_backward_pairs",
            "fuse_pool_relu_backward", "match_pool_relu_backward"]

@@ -18,7 +18,9 @@ in float32, rounded once to the storage dtype, as the bias gradient (SEMANTICS.m
 In place (``out=gy``, the memory pass's step: ``rules.INPLACE``) g is written through gy's own row
 pitch by the pass-1 source without ``__restrict__`` (:func:`source`'s ``aliased``): each thread
 loads its vectors of y and gy before it stores g's at the same address, and the sums are added
-from the registers, so overwriting gy changes no bit of either result.
+from the registers, so overwriting gy changes no bit of either result. Any other ``out`` must share
+no memory with y or gy (:func:`out_is_gy`: a partial overlap, at another pitch or offset, would
+have a thread store where another has yet to load).
 
 Rows are channels-last: y and gy logical ``(N, C, H, W)`` stored NHWC (each dense or a channel
 slice of a wider buffer: its own pixel pitch) or 2-D ``(N, C)`` with unit column stride (each its own
@@ -38,6 +40,7 @@ from opgraph.errors import ShapeError
 from opgraph.types import numpy_dtype
 
 from . import colsum, colsum_vector, relu
+from .codegen.launch import address
 from .colsum_vector import BLOCK_PARTIALS, LANES, LOADS_PER_THREAD, THREADS
 from .pool_vector import pixel_pitch
 from .storage import bits, dtype_name, logical, unbits
@@ -74,7 +77,7 @@ _STORE_T = {"bfloat16": "unsigned short", "float32": "float"}
 # taking rows ty, ty+RP, ...; then thread row 0 adds the thread rows' sums in order (as
 # colsum_vector's pass 1, whose partials this writes). y, gy and g each have their own row pitch
 # (elements, a multiple of V; g's is C = CV*V when it is new, gy's when g is gy's buffer). 64-bit
-# indices. RESTRICT is __restrict__ unless g may be gy's (or y's) own buffer, an in-place step: each
+# indices. RESTRICT is __restrict__ unless g is gy's own memory (out_is_gy), an in-place step: each
 # thread reads its vectors before it stores to the same address, which is safe without the promise.
 _SOURCE = r"""
 constexpr int V = LANES;
@@ -169,6 +172,40 @@ def declines(y, gy) -> str | None:
     return None
 
 
+def _same_memory(a, b) -> bool:
+    """``a`` and ``b`` are views of the same elements: one first element, shape and strides."""
+    return address(a) == address(b) and tuple(a.shape) == tuple(b.shape) and tuple(a.strides) == tuple(b.strides)
+
+
+def out_is_gy(xp, y, gy, out) -> bool:
+    """Whether ``out`` is gy's own memory (an in-place step: the pass-1 source without
+    ``__restrict__``), after checking that it may be written at all: True where ``out`` has gy's
+    first element and strides (and y is then gy's memory too or shares none of it), False where
+    ``out`` is None or shares no memory with y or gy (``xp.may_share_memory``: the bounds of the
+    two arrays, as CuPy computes it, so two interleaved channel slices of one buffer count as
+    sharing).
+
+    Raises:
+        ValueError: ``out`` overlaps y or gy otherwise (another pitch or offset, or y's memory
+        rather than gy's), or is gy's memory while y partly overlaps it: a thread would store
+        where another has yet to load, so the result would depend on scheduling."""
+    if out is None:
+        return False
+    where = "colsum_relu.relu_backward_sums: out"
+    if _same_memory(out, gy):
+        if not _same_memory(y, gy) and xp.may_share_memory(y, gy):
+            raise ValueError(f"{where} is gy's memory, which y partly overlaps: g would overwrite y "
+                             "before every thread has read it; pass y and gy as one array or apart")
+        return True
+    for name, a in (("y", y), ("gy", gy)):
+        if xp.may_share_memory(out, a):
+            raise ValueError(f"{where} overlaps {name} without being gy's own memory (its first element and "
+                             f"strides: out {tuple(out.strides)} at {address(out):#x}, {name} "
+                             f"{tuple(a.strides)} at {address(a):#x}): the kernel would race; pass gy itself "
+                             "(in place) or an array sharing no memory with y or gy")
+    return False
+
+
 def _new_output(xp, y, storage_dtype):
     """``(g, g_rows)``: a new dense channels-last array of y's logical shape (``(N, C, H, W)``
     view of an ``(N, H, W, C)`` buffer, or ``(N, C)``) in ``storage_dtype``, and its rows."""
@@ -190,23 +227,26 @@ def relu_backward_sums(xp, y, gy, sums=None, loads_per_thread: int = LOADS_PER_T
         sums: the ``(C,)`` array to write the sums into (contiguous, gy's dtype), or None for a
             new one.
         loads_per_thread: pass 1's geometry (``colsum_vector.grid``).
-        out: the array ``g`` is written into, through its own row pitch, and returned as ``g``: gy
-            itself (an in-place step: each thread reads its vectors of y and gy before it stores
-            to the same address) or an array overlapping neither; y's shape and gy's dtype, rows
-            :func:`declines` takes. None: a new dense channels-last array.
+        out: the array ``g`` is written into, through its own row pitch, and returned as ``g``:
+            gy's own memory (an in-place step: each thread reads its vectors of y and gy before it
+            stores to the same address; its first element and strides, :func:`out_is_gy`) or an
+            array sharing no memory with y or gy; y's shape and gy's dtype, rows :func:`declines`
+            takes. None: a new dense channels-last array.
 
     Raises:
         ShapeError: :func:`declines` gives a reason for ``(y, gy)`` or ``(y, out)`` (the caller
         asks it first and falls back), or ``sums`` is not a contiguous ``(C,)`` array of gy's dtype.
+        ValueError: ``out`` overlaps y or gy without being gy's memory (:func:`out_is_gy`).
     """
     why = declines(y, gy) or (None if out is None else declines(y, out))
     if why is not None:
         raise ShapeError(f"colsum_relu.relu_backward_sums: {why}")
-    return _fused(xp, y, gy, sums, loads_per_thread, out)
+    return _fused(xp, y, gy, sums, loads_per_thread, out, out_is_gy(xp, y, gy, out))
 
 
-def _fused(xp, y, gy, sums, loads_per_thread: int = LOADS_PER_THREAD, out=None):
-    """:func:`relu_backward_sums` on arrays :func:`declines` has taken (asked once per call)."""
+def _fused(xp, y, gy, sums, loads_per_thread: int = LOADS_PER_THREAD, out=None, aliased: bool = False):
+    """:func:`relu_backward_sums` on arrays :func:`declines` has taken (asked once per call);
+    ``aliased``: ``out`` is gy's memory (:func:`out_is_gy`, asked by the caller)."""
     dtype = dtype_name(gy.dtype)
     v = LANES[dtype]
     yr, gr = bits(xp, rows(y)), bits(xp, rows(gy))
@@ -220,7 +260,7 @@ def _fused(xp, y, gy, sums, loads_per_thread: int = LOADS_PER_THREAD, out=None):
     groups, tw, rows_per_block = colsum_vector.grid(m, c // v, loads_per_thread)
     part = xp.empty((groups, c), dtype=xp.float32)
     tiles = -(-(c // v) // tw)
-    _kernel(dtype, out is not None)(
+    _kernel(dtype, aliased)(
         (groups, tiles), (THREADS,),
         (yr, gr, g_rows, part, xp.int64(m), xp.int64(yr.strides[0] // yr.itemsize),
          xp.int64(gr.strides[0] // gr.itemsize), xp.int64(g_rows.strides[0] // g_rows.itemsize),
@@ -248,18 +288,21 @@ def relu_backward_sums_kernel(ctx, op, y, gy, sums, *, out=None):
     ``sums`` is a contiguous ``(C,)`` of gy's dtype; else ``relu.relu_backward`` then the bias
     gradient's column sums (``colsum.bias_add_backward``) copied into ``sums`` (NCHW, float16,
     float64, an unaligned slice, C not a multiple of the lanes). ``out``: gy itself for an
-    in-place step (``rules.INPLACE``: position 1, never the slot), written through its own
-    strides and returned; the sums are those of ``g`` as written either way.
+    in-place step (``rules.INPLACE``: position 1, never the slot), or an array sharing no memory
+    with y or gy (:func:`out_is_gy`), written through its own strides and returned; the sums are
+    those of ``g`` as written either way.
 
     Raises:
-        ShapeError: y and gy of different shapes, or sums not ``(C,)``."""
+        ShapeError: y and gy of different shapes, or sums not ``(C,)``.
+        ValueError: ``out`` overlaps y or gy without being gy's memory, on either path."""
     c = gy.shape[1] if gy.ndim >= 2 else None
     if tuple(sums.shape) != (c,):
         raise ShapeError(f"relu_backward_sums: sums {tuple(sums.shape)} is not ({c},) for gy {tuple(gy.shape)}")
     xp = ctx.xp
+    aliased = out_is_gy(xp, y, gy, out)  # the fallback's elementwise kernel would race as well
     if (declines(y, gy) is None and (out is None or declines(y, out) is None) and sums.dtype == gy.dtype
             and sums.flags.c_contiguous):
-        return _fused(xp, y, gy, sums, out=out)[0]
+        return _fused(xp, y, gy, sums, out=out, aliased=aliased)[0]
     g = relu.relu_backward(xp, y, gy, out=out)
     s = colsum.bias_add_backward(xp, g)
     if s.dtype == sums.dtype:
@@ -269,5 +312,5 @@ def relu_backward_sums_kernel(ctx, op, y, gy, sums, *, out=None):
     return g
 
 
-__all__ = ["declines_types", "declines", "relu_backward_sums", "relu_backward_sums_kernel",
+__all__ = ["declines_types", "declines", "out_is_gy", "relu_backward_sums", "relu_backward_sums_kernel",
            "relu_backward_sums_slot_kernel", "rows", "source"]

@@ -209,6 +209,85 @@ def test_in_place_into_gy_gives_the_same_bits(emu, dtype):
     _check_in_place(emu, y, y)
 
 
+@needs_gxx
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_separate_out_keeps_restrict_and_gy_as_a_new_view_is_in_place(emu, dtype):
+    """An ``out`` sharing no memory with y or gy is written through the ``__restrict__`` source
+    (``colsum_relu.source(aliased=False)``, no second module); gy's memory as another view
+    (``gy[:]``: its first element and strides) is still the in-place step."""
+    dt = numpy_dtype(dtype)
+    y, gy = _nhwc((2, 24, 5, 3), dt, 40, special=True), _nhwc((2, 24, 5, 3), dt, 41, special=True)
+    want_g, want_sums = colsum_relu.relu_backward_sums(np, y, gy)
+    out = _nhwc((2, 24, 5, 3), dt, 42)
+    before = len(emu.raw_launches)
+    g, sums = colsum_relu.relu_backward_sums(np, y, gy, out=out)
+    assert g is out and emu.raw_launches[before]["source"] == colsum_relu.source(dtype)
+    np.testing.assert_array_equal(_bits(g), _bits(want_g))
+    np.testing.assert_array_equal(_bits(sums), _bits(want_sums))
+    assert not colsum_relu.out_is_gy(np, y, gy, out) and not colsum_relu.out_is_gy(np, y, gy, None)
+    before = len(emu.raw_launches)
+    view = gy[:]
+    g, _ = colsum_relu.relu_backward_sums(np, y, gy, out=view)
+    assert g is view and emu.raw_launches[before]["source"] == colsum_relu.source(dtype, aliased=True)
+    np.testing.assert_array_equal(_bits(gy), _bits(want_g))
+
+
+def _rows_in(buf, offset, pitch, shape):
+    """``(M, C)`` rows of ``buf``'s flat elements from ``offset``, ``pitch`` elements apart."""
+    flat = buf.reshape(-1)[offset:]
+    return np.lib.stride_tricks.as_strided(flat, shape, (pitch * buf.itemsize, buf.itemsize))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_an_out_that_partly_overlaps_y_or_gy_is_refused(dtype):
+    """``out`` is gy's memory or shares none with y or gy: rows of gy's buffer at another pitch, gy's
+    rows one vector on, y's memory (not gy's), or gy's while y partly overlaps it, would race
+    (a thread storing where another has yet to load): a ValueError naming the array, before any
+    launch (no emulator here: a launch would fail on the missing cupy)."""
+    dt = numpy_dtype(dtype)
+    v = colsum_vector.LANES[dtype]
+    m, c = 12, 4 * v
+    buf = _values((4 * m * c,), dt, 43)
+    y = _values((m, c), dt, 44)
+    gy = _rows_in(buf, 0, c, (m, c))
+    for out, name in [(_rows_in(buf, 0, 2 * c, (m, c)), "gy"),  # gy's first row, then twice its pitch
+                      (_rows_in(buf, v, c, (m, c)), "gy"),  # gy's rows one 16-byte vector on
+                      (y, "y")]:  # y's own memory: only gy's is the in-place step
+        assert colsum_relu.declines(y, out) is None
+        with pytest.raises(ValueError, match=f"out overlaps {name} without being gy's own memory"):
+            colsum_relu.relu_backward_sums(np, y, gy, out=out)
+        if name == "gy":  # the same rows overlapping y, gy apart
+            with pytest.raises(ValueError, match="out overlaps y without"):
+                colsum_relu.relu_backward_sums(np, gy, y, out=out)
+    y_over_gy = _rows_in(buf, 2 * c, c, (m, c))  # gy's rows from its third on
+    with pytest.raises(ValueError, match="out is gy's memory, which y partly overlaps"):
+        colsum_relu.relu_backward_sums(np, y_over_gy, gy, out=gy)
+
+
+@pytest.mark.parametrize("case", ["NHWC", "NCHW"])
+def test_the_node_kernel_refuses_an_overlapping_out_on_either_path(case):
+    """The node kernel asks before it chooses: the fallback's elementwise kernel (NCHW) would race
+    on a partly overlapping ``out`` as the fused one would."""
+    shape, layout = CASES[case]
+    dt = numpy_dtype("float32")
+    n, c, h, w = shape
+    if layout == "NHWC":  # gy the first C channels of an (N, H, W, 2C) buffer, out the same rows a vector on
+        buf = _values((n, h, w, 2 * c), dt, 45)
+        gy = buf[..., :c].transpose(0, 3, 1, 2)
+        out = np.lib.stride_tricks.as_strided(buf.reshape(-1)[4:], gy.shape, gy.strides)
+    else:  # gy and out dense NCHW, out one vector on in the same buffer
+        buf = _values((2 * n * c * h * w,), dt, 45)
+        gy, out = buf[:n * c * h * w].reshape(shape), buf[4:4 + n * c * h * w].reshape(shape)
+    assert np.shares_memory(out, gy) and (layout == "NCHW" or colsum_relu.declines(gy, out) is None)
+    y = _values(shape, dt, 46) if layout == "NCHW" else _nhwc(shape, dt, 46)
+    slot_op, op = ops.ReluBackwardSumsSlot(), ops.ReluBackwardSums()
+    yt = gt = TensorType(y.shape, "float32", layout)
+    st = slot_op.infer(yt, gt)
+    sums = np.zeros(st.shape, dt)
+    with pytest.raises(ValueError, match="out overlaps gy without being gy's own memory"):
+        rules.NODE_KERNELS[ops.ReluBackwardSums](_ctx(op.infer(yt, gt, st)), op, y, gy, sums, out=out)
+
+
 def test_declines_what_it_cannot_load():
     v = colsum_vector.LANES["bfloat16"]
     y = _nhwc((2, 2 * v, 3, 3), BF16, 0)

@@ -81,3 +81,23 @@ def test_an_included_opt_in_rule_that_rewrote_nothing_is_said_in_the_column_note
     assert rec["status"] == "ok" and rec["fusion"]["pool-scan"] == {"applied": 0, "declined": 0}
     assert any(n.startswith("fuse: pool-scan: included, but no saved-winners max pooling")
                and "include=['fused-reference']" in n for n in rec["notes"]), rec["notes"]
+
+
+def test_the_record_finds_the_idle_opt_in_note_by_the_text_its_writer_uses():
+    """``benchmarks/lowerings.py`` picks the note of an included opt-in rule that rewrote nothing
+    by ``passes/fuse.py``'s own ``IDLE_OPT_IN`` (the text ``idle_opt_in`` writes), not a copy of
+    it that a rewording there would leave behind."""
+    from opgraph.passes import fuse
+
+    assert fuse.IDLE_OPT_IN in lw._REPEATED_NOTES
+    assert any(fuse.IDLE_OPT_IN in n for n in _idle_note_run())
+
+
+def _idle_note_run() -> list[str]:
+    """The compile notes of ``include=pool-scan`` alone on the CPU (no pool-argmax there)."""
+    import opgraph as og
+    from opgraph.benchmarks.protocol import training_graph
+
+    tg = training_graph(tiny_convnet())
+    policy = attrs.evolve(LoweringPolicy.from_cli(lowering="include=pool-scan"), cache="off")
+    return og.compile(tg.outputs, device="cpu", policy=policy).report.notes

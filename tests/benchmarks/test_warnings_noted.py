@@ -1,0 +1,124 @@
+"""``records.warnings_noted``: a warning raised while a column compiles is kept
+in the column's notes and shown the moment it is raised (not when the compile
+returns, which a long autotune may take minutes to do), each message once per
+command, and ``python -W error`` never masks the compile's own exception."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from opgraph.benchmarks import cli, driver
+from opgraph.benchmarks.records import warnings_noted
+
+
+def _shown_into(shown: list[str]):
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        shown.append(str(message))
+
+    return show
+
+
+def test_a_warning_is_shown_before_the_compile_returns():
+    shown: list[str] = []
+    notes: list[str] = []
+
+    def compile_stub():
+        warnings.warn("autotune cache x.json is corrupt", RuntimeWarning)
+        assert shown == ["autotune cache x.json is corrupt"], "not shown while the compile runs"
+        return "exe"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = _shown_into(shown)
+        with warnings_noted(notes):
+            assert compile_stub() == "exe"
+    assert shown == ["autotune cache x.json is corrupt"]  # once, not again at the end
+    assert notes == ["warning: autotune cache x.json is corrupt"]
+
+
+def test_every_compile_notes_a_warning_the_command_prints_once(capsys):
+    """Each column's record gets the warning, though the command's printer
+    (``cli._warning_printer``) shows each message once."""
+    first: list[str] = []
+    second: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = cli._warning_printer()
+        for notes in (first, second):
+            with warnings_noted(notes):
+                warnings.warn("hand edit not used", RuntimeWarning)
+                assert capsys.readouterr().err in ("opgraph-bench: warning: hand edit not used\n", "")
+    assert first == second == ["warning: hand edit not used"]
+
+
+def test_a_once_filter_shows_a_warning_raised_twice_in_one_compile_once():
+    shown: list[str] = []
+    notes: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("once")
+        warnings.showwarning = _shown_into(shown)
+        with warnings_noted(notes):
+            for _ in range(2):
+                warnings.warn("variants function failed", RuntimeWarning)
+    assert shown == ["variants function failed"] and notes == ["warning: variants function failed"]
+
+
+def test_an_ignored_warning_is_still_noted_but_not_shown():
+    shown: list[str] = []
+    notes: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        warnings.showwarning = _shown_into(shown)
+        with warnings_noted(notes):
+            warnings.warn("cache unwritable", RuntimeWarning)
+    assert notes == ["warning: cache unwritable"] and shown == []
+
+
+def test_under_w_error_the_compiles_own_exception_is_not_masked():
+    notes: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="the compile failed") as info:
+            with warnings_noted(notes):
+                warnings.warn("autotune cache x.json is corrupt", RuntimeWarning)
+                raise ValueError("the compile failed")
+    assert not isinstance(info.value.__context__, Warning)
+    assert notes == ["warning: autotune cache x.json is corrupt"]
+
+
+def test_under_w_error_a_warning_is_raised_once_the_compile_has_finished():
+    notes: list[str] = []
+    finished = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="is corrupt"):
+            with warnings_noted(notes):
+                warnings.warn("autotune cache x.json is corrupt", RuntimeWarning)
+                finished = True
+    assert finished and notes == ["warning: autotune cache x.json is corrupt"]
+
+
+def test_the_command_prints_a_compiles_warning_as_it_happens(monkeypatch, capsys):
+    """Through ``opgraph-bench``: the line is on standard error before the
+    column's compile returns, once for the command though every column warns."""
+    import json
+
+    compile_ = driver.og.compile
+    seen: list[str] = []
+
+    def compile_that_warns(*args, **kwargs):
+        warnings.warn("autotune cache tune.json is corrupt: not JSON", RuntimeWarning)
+        seen.append(capsys.readouterr().err)  # what the command had printed by now
+        return compile_(*args, **kwargs)
+
+    monkeypatch.setattr(driver.og, "compile", compile_that_warns)
+    status = cli.main(["--model", "L5", "--batch", "1", "--device", "cpu", "--warmup", "0", "--repeat", "1",
+                       "--no-check", "--no-per-layer", "--lowering", "gemm,direct", "--format", "json", "--quiet"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    line = "opgraph-bench: warning: autotune cache tune.json is corrupt: not JSON\n"
+    assert seen[0] == line and all(s == "" for s in seen[1:]) and len(seen) >= 2
+    for rec in json.loads(out)["results"]:
+        assert "warning: autotune cache tune.json is corrupt: not JSON" in rec["notes"]

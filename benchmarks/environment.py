@@ -90,26 +90,59 @@ def _positive(text) -> int | None:
     return n if n > 0 else None
 
 
+def numpy_library_dirs() -> tuple[Path, ...]:
+    """The folders NumPy's own shared libraries lie in: its package folder (a
+    macOS wheel's ``numpy/.dylibs``, a build's own links) and the ``numpy.libs``
+    folder beside it (the Linux and Windows wheels' bundled OpenBLAS), resolved."""
+    package = Path(np.__file__).resolve().parent
+    return package, package.parent / "numpy.libs"
+
+
+def numpy_blas_entry(info) -> dict | None:
+    """Of ``threadpoolctl.threadpool_info()``'s entries, the BLAS that NumPy
+    loaded: the one whose ``filepath`` lies under :func:`numpy_library_dirs`.
+    Not the first BLAS entry: SciPy's wheels bundle an OpenBLAS of their own
+    (``scipy.libs/libscipy_openblas...``), listed first once SciPy is imported
+    (opgraph imports it), and PyTorch may load another; each has its own thread
+    count. None when no entry lies there (a NumPy linked to a system BLAS)."""
+    dirs = numpy_library_dirs()
+    for entry in info:
+        path = entry.get("filepath")
+        if entry.get("user_api") != "blas" or not path:
+            continue
+        try:
+            where = Path(path).resolve()
+        except (OSError, RuntimeError, TypeError, ValueError):
+            continue
+        if any(where.is_relative_to(d) for d in dirs):
+            return entry
+    return None
+
+
 def blas_threads() -> tuple[int | None, str]:
     """The number of threads NumPy's BLAS runs with, and where it was read:
-    the library's own count through ``threadpoolctl`` when that is installed,
-    else the environment variable the library reads (``OPENBLAS_NUM_THREADS``,
+    the library's own count through ``threadpoolctl`` when that is installed
+    and lists NumPy's own BLAS (:func:`numpy_blas_entry`: by its file, never
+    SciPy's or PyTorch's, which the process may have loaded too), else the
+    environment variable the library reads (``OPENBLAS_NUM_THREADS``,
     ``MKL_NUM_THREADS``, ``OMP_NUM_THREADS``: :data:`_BLAS_VARIABLES`); None
     when neither tells (the library's default, one thread per CPU for OpenBLAS)."""
     try:
         from threadpoolctl import threadpool_info
 
-        blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+        info, listed = threadpool_info(), True
     except Exception:  # not installed, or it failed: the variables say what they set
-        blas = []
-    if blas and _positive(blas[0].get("num_threads")):
-        return int(blas[0]["num_threads"]), f"threadpoolctl ({blas[0].get('internal_api')})"
+        info, listed = [], False
+    entry = numpy_blas_entry(info)
+    if entry is not None and _positive(entry.get("num_threads")):
+        return int(entry["num_threads"]), f"threadpoolctl ({entry.get('internal_api')})"
     name = numpy_blas()
     for var in _BLAS_VARIABLES.get(name, ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")):
         n = _positive(os.environ.get(var))
         if n is not None:
             return n, var
-    return None, (f"unknown: no threadpoolctl, and none of {', '.join(THREAD_VARIABLES)} set "
+    why = "threadpoolctl lists no BLAS of NumPy's own" if listed else "no threadpoolctl"
+    return None, (f"unknown: {why}, and none of {', '.join(THREAD_VARIABLES)} set "
                   f"({name or 'the BLAS'}'s default{', one thread per CPU' if name == 'openblas' else ''})")
 
 
@@ -161,7 +194,7 @@ def environment(device: str, **extra) -> dict:
 
 
 __all__ = ["git_commit", "package_version", "nvidia_driver", "environment", "THREAD_VARIABLES", "numpy_blas",
-           "blas_threads", "thread_counts"]
+           "numpy_library_dirs", "numpy_blas_entry", "blas_threads", "thread_counts"]
 
 
 def missing_gpu_libraries(device: str) -> list[str]:

@@ -21,13 +21,15 @@ machine: one thread for opgraph, every core for PyTorch, a ratio off by the
 core count). Where the BLAS's count is known
 (:func:`.environment.blas_threads`) and differs from PyTorch's, the peers run
 with ``torch.set_num_threads`` of it, PyTorch's own count restored after;
-their records say so (``threads``, a note), and so does the run.
+their records say so (``threads``, a note), and so does the run, in one
+wording (:func:`thread_alignment`; where the BLAS's count is unknown, both say
+that the peers ran with PyTorch's own).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .peer_run import PEERS, VARIANTS
 from .records import error_fields, fill_throughput, model_flops, new_record, release_device
@@ -47,28 +49,46 @@ def ratio_key(peer: str) -> str:
     return "vs_" + peer.replace("-", "_").replace("+", "_")
 
 
+class ThreadAlignment(NamedTuple):
+    """What :func:`thread_alignment` decides: ``threads``, the intra-op count the PyTorch peers run
+    with (None: PyTorch's own is unknown); ``note``, why it is not PyTorch's own count, or why
+    the two could not be compared (None where they agree)."""
+
+    threads: int | None
+    note: str | None
+
+
+def thread_alignment(blas: int | None, source: str | None, own: int | None) -> ThreadAlignment:
+    """The one comparison of NumPy's BLAS threads (``blas``, read from ``source``:
+    :func:`.environment.blas_threads`) with PyTorch's own intra-op count ``own``, and its one
+    wording, for the run's note (:func:`threads_note`) and the peers' records
+    (:func:`aligned_threads`): the BLAS's count where it is known and differs, else PyTorch's."""
+    if own is None or blas == own:
+        return ThreadAlignment(own, None)
+    if blas is None:
+        return ThreadAlignment(own, (
+            f"threads: NumPy's BLAS thread count is {source}, so the PyTorch peers run with PyTorch's own "
+            f"{own}: the ratios may compare different thread counts (set OPENBLAS_NUM_THREADS, or install "
+            "threadpoolctl, to have them aligned)"))
+    return ThreadAlignment(blas, (
+        f"threads: NumPy's BLAS runs {blas} thread(s) ({source}), PyTorch's own {own}: the PyTorch peers "
+        f"run with torch.set_num_threads({blas}), so that the ratios compare like thread counts"))
+
+
 def threads_note(threads: dict) -> str | None:
     """The run's note on the PyTorch peers' threads on the CPU (``threads``:
-    :func:`.environment.thread_counts`): aligned to NumPy's BLAS where the
-    two counts differ (:func:`aligned_threads`), or why they could not be
-    compared; None where they agree."""
-    blas, own = threads.get("blas"), threads.get("torch")
-    if own is None or blas == own:
-        return None
-    if blas is None:
-        return (f"threads: NumPy's BLAS thread count is {threads.get('blas_source')}, so the PyTorch peers run "
-                f"with PyTorch's own {own}: the ratios may compare different thread counts (set "
-                "OPENBLAS_NUM_THREADS, or install threadpoolctl, to have them aligned)")
-    return (f"threads: NumPy's BLAS runs {blas} thread(s) ({threads.get('blas_source')}), PyTorch {own} by "
-            f"default: the PyTorch peers run with torch.set_num_threads({blas}), so that the ratios compare "
-            "like thread counts")
+    :func:`.environment.thread_counts`): :func:`thread_alignment`'s."""
+    return thread_alignment(threads.get("blas"), threads.get("blas_source"), threads.get("torch")).note
 
 
 @contextlib.contextmanager
 def aligned_threads(device: str):
     """On the CPU, PyTorch's intra-op thread count set to NumPy's BLAS's
-    (module docstring) while the peers run, restored after; yields the count
-    the peers run with and a note when it was changed (None, None on a GPU).
+    (module docstring, :func:`thread_alignment`) while the peers run, restored
+    after; yields the count the peers run with and the alignment's note (None,
+    None on a GPU). NumPy's count is read before PyTorch is imported; it is
+    NumPy's own library's in any case (:func:`.environment.numpy_blas_entry`),
+    not the first BLAS that threadpoolctl lists.
 
     Raises:
         PeerError: PyTorch is not installed.
@@ -79,16 +99,16 @@ def aligned_threads(device: str):
     from .environment import blas_threads
     from .peer_torch import import_torch
 
+    blas, source = blas_threads()
     torch = import_torch()
     own = torch.get_num_threads()
-    blas, source = blas_threads()
-    if blas is None or blas == own:
-        yield own, None
+    threads, note = thread_alignment(blas, source, own)
+    if threads == own:
+        yield own, note
         return
-    torch.set_num_threads(blas)
+    torch.set_num_threads(threads)
     try:
-        yield blas, (f"ran with torch.set_num_threads({blas}), NumPy's BLAS thread count ({source}), "
-                     f"not PyTorch's own {own}: like thread counts")
+        yield threads, note
     finally:
         torch.set_num_threads(own)
 
@@ -188,5 +208,5 @@ def add_ratios(results: list[dict]) -> None:
             r["vs_best_peer"] = {"ratio": _quotient(mine, best[1]), "peer": best[0], "peer_step_ms": best[1]}
 
 
-__all__ = ["ONE_PASS_NOTE", "GRAPH_NOTE", "ratio_key", "threads_note", "aligned_threads", "peer_records",
-           "add_ratios"]
+__all__ = ["ONE_PASS_NOTE", "GRAPH_NOTE", "ratio_key", "ThreadAlignment", "thread_alignment", "threads_note",
+           "aligned_threads", "peer_records", "add_ratios"]

@@ -18,7 +18,10 @@ The default cuda order tries ``codegen`` before our hand-written ``cuda``
 kernels (``passes/policy.py``): where both exist (ReLU, threshold and their
 gradients, the bias gradient), the generated kernel moves the same bytes
 with 16-byte accesses and stays capturable, and autotune may still pick the
-hand-written one. Importing this module needs neither CuPy nor a GPU.
+hand-written one. Those decisions are keyed on the ``cuda`` kernels' code (its
+fingerprint) but not on the generator's: it changes too often to re-tune every element-wise
+node after each edit (``kernel_sources``, module docstring). Importing this module needs
+neither CuPy nor a GPU.
 """
 
 from __future__ import annotations

@@ -45,9 +45,9 @@ from .colsum_vector import BLOCK_PARTIALS, LANES, LOADS_PER_THREAD, THREADS
 from .pool_vector import pixel_pitch
 from .storage import bits, dtype_name, logical, unbits
 
-# No REVISION: the rule lists one variant, so autotune caches no decision of it; a variants
-# function offered for it would carry ``kernel_sources.fingerprinted(__name__)``, which keys the
-# decisions on this module's code (an edit tunes them again, no bump needed).
+# No REVISION: the rule lists one variant (``kernel_sources.one_variant`` over this module,
+# ``rules.KERNEL_MODULES``), whose fingerprint keys any decision autotune caches for it on this
+# module's code and what it imports (an edit tunes them again, no bump needed).
 
 # One 16-byte vector of each operand: the y words ``m`` mask the gy words ``q`` into ``o``, whose
 # lanes the thread adds to its V float sums. bfloat16 packs two lanes per 32-bit word (the low

@@ -11,6 +11,39 @@ hex digits: an edit that changes what the family generates changes the key, and 
 runs are tuned again on the next compile (the report's notes say which; the old entries stay in
 the file, unread). No ``REVISION`` bump is needed for that any more.
 
+Which decisions carry one: every rule of algorithm ``cuda`` (``backends/cuda/rules.py``) and the
+``unfold`` rules. A family with variants of its own hangs the fingerprint on its variants function
+(pooling ``rules.pool_variants`` / ``vector_pool_variants``, the bias gradient's
+``rules.bias_variants``, ``depthwise.variants``, ``depthwise_filter.variants``,
+``unfold.variants``); every other ``cuda`` rule (ReLU, threshold and their gradients, LRN, the
+losses, the ReLU gradient that fills its bias sums, the argmax slot, ``Zeros``, ``Constant``)
+lists one variant through :func:`one_variant` over the module its kernel comes from
+(``rules.KERNEL_MODULES``). That matters wherever a ``cuda`` rule competes with another: on CUDA
+the reference is dropped, so a ReLU node times the ``cuda`` kernel against the ``codegen`` one
+and caches the winner; an edit of ``relu.py`` now tunes those nodes again. A rule alone on its
+node (the losses, LRN, ``Zeros``, ``Constant`` today) is never timed nor cached, so its fingerprint
+costs nothing (``Zeros`` and ``Constant`` run ``codegen.movement``, whose imports reach the
+generator: their keys change with it, unread).
+
+Not fingerprinted, on purpose:
+
+* the ``codegen`` rules (``codegen_rules``): the generator of the element-wise and fused
+  kernels (``codegen.plan``, ``emit``, ``expressions``, ...) is edited more often than any other
+  code here, and a fingerprint of it would tune every element-wise node of every cached model
+  again after each such edit, its candidates compiled and timed anew. Its key is the rule's name
+  (``codegen:_one_variant``) and the library versions, as before, so cached decisions do not see a
+  codegen edit: one that changes which candidate wins, or fixes a ``wrong`` one, needs a fresh
+  cache file (or the nodes' entries removed). The same reason stops the imports of the
+  :data:`LEAVES` at them;
+* the library rules (``cudnn`` of the convolutions, ``cudnn_rules``, and of training batch norm,
+  ``cudnn_norm_rules``; ``cublas``, ``cublas_rules``): they write no
+  kernel text; what autotune times there is cuDNN's engines and cuBLAS's products, whose versions
+  are in the key already. The only kernels of ours they launch are ``storage``'s dtype conversions
+  of operands (``storage.like``: bfloat16 bits to float32 and back, the same in every engine),
+  and a fingerprint over ``cudnn``, ``cudnn_graph`` and their helpers would re-time every
+  convolution's engines (the most expensive decisions of a cache) on edits of plan-building code
+  that moves no kernel's speed.
+
 Why a key and not a check on a cache hit: running the chosen candidate's (untimed) fill check on
 every hit would catch a chosen kernel that broke, but never give a candidate fixed since its
 ``wrong`` row a second chance, nor time a kernel made faster; it would also cost a run per node
@@ -162,7 +195,7 @@ def fingerprinted(*modules):
     :func:`source_fingerprint` of ``modules`` (the modules that write the family's kernels:
     module objects or names, e.g. a module's own ``__name__``), computed once per process, on
     first use (a compile that tunes nothing reads no file)."""
-    names = tuple(sorted(m if isinstance(m, str) else m.__name__ for m in modules))
+    names = _names(modules)
 
     def fingerprint() -> str:
         return _cached(names)
@@ -171,4 +204,30 @@ def fingerprinted(*modules):
     return fingerprint
 
 
-__all__ = ["PACKAGE", "DIGITS", "LEAVES", "hashed_code", "source_fingerprint", "fingerprinted"]
+def _names(modules) -> tuple:
+    return tuple(sorted(m if isinstance(m, str) else m.__name__ for m in modules))
+
+
+def one_variant(*modules):
+    """The variants function of a ``cuda`` rule with no variants of its own: one option set, as the
+    registry's default (``registry._one_variant``, whatever listing keywords its tags ask for),
+    with the ``fingerprint`` (:func:`fingerprinted`) of ``modules``, those its kernel comes from.
+
+    Named ``_one_variant`` as the default is: the cache key reads ``cuda:_one_variant#<12 hex>``,
+    which is the key written before the fingerprint but for it, so a decision of the old key is
+    found superseded (tuned again, with the note) rather than silently orphaned. The same
+    ``modules`` give the same function (one per family, however often the rules register)."""
+    return _one_variant_of(_names(modules))
+
+
+@functools.lru_cache(maxsize=None)
+def _one_variant_of(names: tuple):
+    def _one_variant(op, in_types, device, **listing):
+        return [{}]
+
+    _one_variant.__qualname__ = "_one_variant"  # the key's name (one_variant's docstring)
+    _one_variant.fingerprint = fingerprinted(*names)
+    return _one_variant
+
+
+__all__ = ["PACKAGE", "DIGITS", "LEAVES", "hashed_code", "source_fingerprint", "fingerprinted", "one_variant"]

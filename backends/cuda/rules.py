@@ -35,7 +35,7 @@ from . import (colsum, colsum_relu, colsum_vector, depthwise, depthwise_filter, 
                pool_vector, relu, unfold)
 from .cublas import capture_requirement
 from .codegen import movement
-from .kernel_sources import fingerprinted
+from .kernel_sources import fingerprinted, one_variant
 
 def zeros_node(ctx, op):
     """A ``Zeros`` node's memset in the type it runs in (``ctx.out_type``, compile's
@@ -188,6 +188,14 @@ OPTIONS = {**{op_type: (("specialize", "vector") + (("pixels",) if op_type in MA
            ops.BiasAddBackward: (("method",), bias_variants)}
 
 
+#: op type -> the modules its kernel comes from, for the ``fingerprint`` of a rule with no variants
+#: of its own (``kernel_sources.one_variant``): the module defining its kernel function, but for
+#: ``Zeros`` (:func:`zeros_node`, defined here, runs ``codegen.movement.zeros``); those of
+#: :data:`OPTIONS` carry their variants function's fingerprint instead
+KERNEL_MODULES = {**{t: (fn.__module__,) for t, fn in {**NODE_KERNELS, **CUDA_KERNELS}.items()},
+                  ops.Zeros: (movement.__name__,)}
+
+
 #: op type -> its rule's ``variant_capture_blocker``: the kernel options that
 #: call a library refusing CUDA-graph capture (the bias gradient's
 #: ``method='gemv'``), so that autotune leaves them out of a replayed step.
@@ -233,15 +241,18 @@ def register_rules() -> None:
     place (:data:`INPLACE`). Every kernel is capturable into a CUDA graph: its
     constants are launch arguments or fill kernels, a ``Constant`` is uploaded
     once in its first (uncaptured) run, nothing synchronises; but for the
-    variants of :data:`VARIANT_CAPTURE_BLOCKERS` (cuBLAS on CuPy's handle)."""
+    variants of :data:`VARIANT_CAPTURE_BLOCKERS` (cuBLAS on CuPy's handle). Every rule's
+    variants function carries the fingerprint of its kernels' code into the autotune cache key
+    (``kernel_sources``): its own (:data:`OPTIONS`), else one variant over
+    :data:`KERNEL_MODULES`."""
     kernels = dict(NODE_KERNELS)
     kernels.update((t, params_kernel(fn, "cuda", OPTIONS.get(t, ((), None))[0])) for t, fn in CUDA_KERNELS.items())
     for op_type, kernel in kernels.items():
-        variants = OPTIONS.get(op_type, ((), None))[1]
+        variants = OPTIONS.get(op_type, ((), None))[1] or one_variant(*KERNEL_MODULES[op_type])
         blocker = VARIANT_CAPTURE_BLOCKERS.get(op_type)
         register(Rule(op_type, "cuda", kernel, devices={"cuda"}, check=CHECKS.get(op_type, check),
                       tags={"cuda", "gpu"}, inplace=INPLACE.get(op_type), fresh_output=True, capturable=True,
-                      **({"variants": variants} if variants else {}),
+                      variants=variants,
                       **({"workspace": WORKSPACES[op_type]} if op_type in WORKSPACES else {}),
                       **({"variant_capture_blocker": blocker} if blocker else {})))
     # a candidate beside cuDNN's engines for depthwise backward-data (it declines every other convolution);
@@ -267,6 +278,6 @@ def register_rules() -> None:
 
 register_rules()
 
-__all__ = ["CUDA_KERNELS", "NODE_KERNELS", "INPLACE", "WORKSPACES", "INDEXED_CELLS", "OPTIONS", "SPECIALIZABLE",
+__all__ = ["CUDA_KERNELS", "NODE_KERNELS", "KERNEL_MODULES", "INPLACE", "WORKSPACES", "INDEXED_CELLS", "OPTIONS", "SPECIALIZABLE",
            "VARIANT_CAPTURE_BLOCKERS", "VECTOR_POOLS", "MAX_POOLS", "TILED_POOLS", "bias_variants", "check", "vector_pool_variants",
            "pool_variants", "register_rules"]

@@ -194,14 +194,93 @@ def test_equal_or_unknown_thread_counts(blas_env, tiny):
     assert unknown.startswith("threads: NumPy's BLAS thread count is unknown") and f"own {own}" in unknown
 
 
-def test_threadpoolctl_gives_the_blas_count_where_installed(monkeypatch):
+def _stand_in_threadpoolctl(monkeypatch, entries):
+    """``threadpoolctl`` replaced by a module whose ``threadpool_info()`` lists ``entries``."""
     import types
 
-    from opgraph.benchmarks.environment import blas_threads
-
     fake = types.ModuleType("threadpoolctl")
-    fake.threadpool_info = lambda: [{"user_api": "openmp", "num_threads": 8},
-                                    {"user_api": "blas", "internal_api": "openblas", "num_threads": 3}]
+    fake.threadpool_info = lambda: [dict(e) for e in entries]
     monkeypatch.setitem(sys.modules, "threadpoolctl", fake)
+
+
+def _blas(num_threads: int, filepath, internal_api: str = "openblas") -> dict:
+    return {"user_api": "blas", "internal_api": internal_api, "num_threads": num_threads, "filepath": str(filepath)}
+
+
+def test_threadpoolctl_gives_the_blas_count_where_installed(monkeypatch):
+    from opgraph.benchmarks.environment import blas_threads, numpy_library_dirs
+
+    package, libs = numpy_library_dirs()
+    _stand_in_threadpoolctl(monkeypatch, [{"user_api": "openmp", "num_threads": 8, "filepath": str(libs / "libgomp.so")},
+                                          _blas(3, libs / "libscipy_openblas64_-32a4b2a6.so")])
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")  # the library's own count wins
     assert blas_threads() == (3, "threadpoolctl (openblas)")
+    _stand_in_threadpoolctl(monkeypatch, [_blas(4, package / ".dylibs" / "libscipy_openblas64_.dylib")])  # macOS
+    assert blas_threads() == (4, "threadpoolctl (openblas)")
+
+
+def test_the_blas_count_is_numpys_own_where_threadpoolctl_lists_several(monkeypatch):
+    """SciPy's wheels bundle an OpenBLAS of their own, listed first once SciPy is imported (opgraph
+    imports it), and PyTorch may load another: the count read was the first BLAS's, SciPy's, not
+    the one opgraph's convolutions run on. NumPy's is found by its file; where none lies under
+    NumPy's install (a system BLAS), the variables say what they set."""
+    from opgraph.benchmarks.environment import blas_threads, numpy_library_dirs
+
+    package, libs = numpy_library_dirs()
+    site = package.parent
+    scipy_first = [_blas(7, site / "scipy.libs" / "libscipy_openblas-6cdc3b4a.so"),
+                   _blas(5, site / "torch" / "lib" / "libopenblas.so.0"),
+                   {"user_api": "openmp", "internal_api": "openmp", "num_threads": 8,
+                    "filepath": str(site / "torch" / "lib" / "libgomp.so.1")},
+                   _blas(3, libs / "libscipy_openblas64_-32a4b2a6.so")]
+    _stand_in_threadpoolctl(monkeypatch, scipy_first)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "GOTO_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    assert blas_threads() == (3, "threadpoolctl (openblas)")
+    _stand_in_threadpoolctl(monkeypatch, scipy_first[:3])  # NumPy's BLAS not among them
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    monkeypatch.setenv("MKL_NUM_THREADS", "2")
+    assert blas_threads()[0] == 2
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+    monkeypatch.delenv("MKL_NUM_THREADS")
+    count, source = blas_threads()
+    assert count is None and source.startswith("unknown: threadpoolctl lists no BLAS of NumPy's own")
+
+
+def test_the_blas_count_of_the_installed_libraries_is_numpys(monkeypatch):
+    """The same with the real threadpoolctl, where SciPy's wheel bundles its own OpenBLAS: SciPy's
+    set to one thread and NumPy's to two, the count read is two, whichever is listed first."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    pytest.importorskip("scipy.linalg")  # loads SciPy's BLAS
+    from opgraph.benchmarks.environment import blas_threads, numpy_blas_entry
+
+    numpy_entry = numpy_blas_entry(threadpoolctl.threadpool_info())
+    others = [i["filepath"] for i in threadpoolctl.threadpool_info()
+              if i["user_api"] == "blas" and i["filepath"] != (numpy_entry or {}).get("filepath")]
+    if numpy_entry is None or not others:
+        pytest.skip("needs NumPy's own bundled BLAS and another one (SciPy's) loaded")
+    controller = threadpoolctl.ThreadpoolController()
+    with controller.select(filepath=others).limit(limits=1), \
+            controller.select(filepath=numpy_entry["filepath"]).limit(limits=2):
+        assert blas_threads() == (2, f"threadpoolctl ({numpy_entry['internal_api']})")
+
+
+def test_the_run_and_the_peers_records_say_the_same_of_the_threads(monkeypatch):
+    """One comparison (``thread_alignment``) for the run's note and the peers' records, in one
+    wording."""
+    torch = pytest.importorskip("torch")
+    from opgraph.benchmarks import environment, peer_column
+
+    own = torch.get_num_threads()
+    want = 1 if own > 1 else 2
+    monkeypatch.setattr(environment, "blas_threads", lambda: (want, "threadpoolctl (openblas)"))
+    with peer_column.aligned_threads("cpu") as (threads, note):
+        assert threads == want == torch.get_num_threads()
+    assert torch.get_num_threads() == own
+    assert note == peer_column.threads_note({"blas": want, "blas_source": "threadpoolctl (openblas)", "torch": own})
+    assert note.startswith(f"threads: NumPy's BLAS runs {want} thread(s)") and f"set_num_threads({want})" in note
+    monkeypatch.setattr(environment, "blas_threads", lambda: (None, "unknown: no threadpoolctl"))
+    with peer_column.aligned_threads("cpu") as (threads, note):
+        assert threads == own
+    assert note == peer_column.threads_note({"blas": None, "blas_source": "unknown: no threadpoolctl", "torch": own})
+    assert peer_column.thread_alignment(own, "OMP_NUM_THREADS", own) == (own, None)

@@ -1,7 +1,8 @@
 """Cached autotune decisions keyed on the code that generates our kernels
 (``backends/cuda/kernel_sources.py``, ``autotune_contenders._stable_name``): the fingerprint
-follows the code that writes a kernel's text, not its comments or docstrings; every generated
-kernel family carries one into its key; a decision tuned on other kernel code (or written before
+follows the code that writes a kernel's text, not its comments or docstrings; every ``cuda``
+rule (variants of its own or one) and every ``unfold`` rule carries one into its key, the
+``codegen`` rules none; a decision tuned on other kernel code (or written before
 fingerprints were kept) is tuned again, with a note, never a crash; and the case that asked for
 it: a candidate whose filled input (``Op.fills``) was wrong when tuned, fixed since, is checked
 again and chosen, with no revision bump."""
@@ -20,11 +21,12 @@ import pytest
 import opgraph as og
 from opgraph import ops
 from opgraph.backends import registry
-from opgraph.backends.cuda import kernel_sources, pool, pool_indices, rules as cuda_rules
+from opgraph.backends.cuda import kernel_sources, pool, pool_indices, relu, rules as cuda_rules
+from opgraph.backends.reference.kernel import params_kernel
 from opgraph.backends.registry import Rule, rules_for
 from opgraph.op import Lowered
 from opgraph.passes.autotune import candidate_set
-from opgraph.passes.autotune_cache import FINGERPRINT, unfingerprinted
+from opgraph.passes.autotune_cache import FINGERPRINT, AutotuneCache, unfingerprinted
 from opgraph.passes.policy import LoweringPolicy
 
 from passes_stubs import SCALE_RULES, Scale, StubTimer, install_rule
@@ -100,23 +102,37 @@ def test_an_unknown_module_is_an_error_not_a_fingerprint():
 
 
 def _generated_rules():
-    """Every registered rule whose kernels this project generates (algorithms ``cuda``,
-    ``unfold``) and that lists variants: the decisions autotune caches."""
+    """Every registered rule whose kernels this project writes: every ``cuda`` rule, whether it
+    lists variants of its own or the one (a ReLU node's ``cuda`` kernel is timed against
+    ``codegen``'s on CUDA, the reference dropped, and the winner cached), and the ``unfold``
+    rules."""
     registry.rules_for(Scale)  # load the backends
     for op_type, table_ in registry._RULES.items():
         for rule in table_.values():
-            if rule.algorithm in ("cuda", "unfold") and rule.variants is not registry._one_variant:
+            if rule.algorithm in ("cuda", "unfold"):
                 yield op_type, rule
+
+
+def _kernel_module(op_type, rule) -> str:
+    """The module that defines ``rule``'s kernel function (through ``params_kernel``'s wrapper
+    for the ``fn(xp, *arrays, **fields)`` kernels); ``Zeros``' (``rules.zeros_node``) runs
+    ``codegen.movement.zeros``."""
+    fn = cuda_rules.CUDA_KERNELS[op_type] if rule.kernel.__module__ == params_kernel.__module__ else rule.kernel
+    return f"{CUDA}.codegen.movement" if fn.__module__ == cuda_rules.__name__ else fn.__module__
 
 
 def test_each_generated_kernel_family_keys_its_decisions_on_its_code():
     rules_ = list(_generated_rules())
     assert {op for op, _ in rules_} >= {ops.MaxPool2dScan, ops.MaxPool2d, ops.BiasAddBackward,
-                                       ops.Conv2dBackwardData, ops.Conv2dBackwardFilter, ops.Conv2d}
+                                       ops.Conv2dBackwardData, ops.Conv2dBackwardFilter, ops.Conv2d,
+                                       ops.Relu, ops.ReluBackward, ops.Threshold, ops.ThresholdBackward,
+                                       ops.LocalResponseNorm, ops.CrossEntropy, ops.ReluBackwardSums, ops.Zeros}
     for op_type, rule in rules_:
         fp = rule.variants.fingerprint()
         assert FINGERPRINT.fullmatch("#" + fp), (op_type, rule.algorithm)
         assert f"#{fp}" in candidate_set([(rule, {})]), (op_type, rule.algorithm)
+        assert _kernel_module(op_type, rule) in kernel_sources.hashed_code(rule.variants.fingerprint.modules), \
+            (op_type, rule.algorithm)
     # the pooling family: its text generators and helpers, not the fused chains' compiler
     hashed = kernel_sources.hashed_code(cuda_rules.vector_pool_variants.fingerprint.modules)
     assert {f"{CUDA}.{m}" for m in ("pool", "pool_indices", "pool_vector", "pool_vector_lanes",
@@ -125,6 +141,27 @@ def test_each_generated_kernel_family_keys_its_decisions_on_its_code():
     assert cuda_rules.vector_pool_variants.fingerprint.modules == (pool.__name__, pool_indices.__name__)
     # library engines and the CPU's NumPy algorithms: their versions are in the key instead
     assert "cudnn:variants," in candidate_set([(r, {}) for r in rules_for(ops.Conv2d).values()])
+    assert "cublas:_one_variant," in candidate_set([(r, {}) for r in rules_for(ops.Linear).values()])
+
+
+def _key(candidates: str) -> str:
+    """A cache key of a ReLU gradient (its shape as ``cache_key`` writes it) among ``candidates``."""
+    return f"ReluBackward() | in=(bfloat16[8x64x28x28], bfloat16[8x64x28x28]) | candidates={candidates} | cupy=14.2.0"
+
+
+def test_a_relu_decision_between_cuda_and_codegen_is_keyed_on_the_cuda_kernels_code_only():
+    """The nodes where a one-variant ``cuda`` rule competes (ReLU, threshold and their gradients,
+    against ``codegen``): the ``cuda`` side carries ``relu.py``'s fingerprint, ``codegen`` none (its
+    generator is not fingerprinted: ``kernel_sources``); a decision cached under the key of
+    before is found superseded, so the node is tuned again, with the note."""
+    for op_type in (ops.Relu, ops.ReluBackward, ops.Threshold, ops.ThresholdBackward):
+        rules_ = rules_for(op_type)
+        names = candidate_set([(rules_[a], {}) for a in ("codegen", "cuda")])
+        assert names == f"codegen:_one_variant,cuda:_one_variant#{kernel_sources.source_fingerprint([relu.__name__])}"
+        cache = AutotuneCache(None)
+        cache.put(_key("codegen:_one_variant,cuda:_one_variant"), {"algorithm": "codegen", "options": {}})
+        assert cache.get(_key(names)) is None
+        assert cache.superseded(_key(names)) == _key("codegen:_one_variant,cuda:_one_variant")
 
 
 def test_an_op_that_fills_an_input_is_never_cached_without_a_fingerprint():

@@ -5,9 +5,12 @@
 # GPU, then times GoogLeNet and AlexNet in bf16 with them beside torch-compile+graph, then without
 # them and without the peer (its ~150 s of compile is paid once; the rules' predicted saving, ~4 % of
 # GoogLeNet's step, is well above the 0.5 % drift between two runs of one session).
-# The cache's decisions of our generated kernels (pooling, bias gradients) predate the kernels' source
-# fingerprint in the key (backends/cuda/kernel_sources.py): they are tuned again once, with a note
-# each ("tuned on other kernel code"), NVRTC compiles included; cuDNN's decisions are reused.
+# The cache's decisions among which one of our `cuda` or `unfold` rules competes predate the kernels'
+# source fingerprint in the key (backends/cuda/kernel_sources.py): pooling, the bias gradients, ReLU,
+# threshold and their gradients (`cuda` against `codegen`: ~130 entries), and the convolutions where
+# the depthwise or stem-unfold kernels compete with cuDNN's engines. They are tuned again once, with a
+# note each ("tuned on other kernel code"), NVRTC compiles included. Decisions among cuDNN's engines
+# alone, or of `codegen` alone (batch statistics), are reused: neither is fingerprinted.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site

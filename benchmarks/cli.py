@@ -116,7 +116,7 @@ def run_timing(names: list[str], args) -> dict:
     models = build_models(names, args, device, notes)
     lowerings = args.lowering
     cuda_graph = args.cuda_graph
-    from_file = lw.policy_file_default(args.policy) if lowerings is None else None
+    from_file = lw.policy_file_default(args.policy, device) if lowerings is None else None
     if from_file is not None:  # the file's preference, not a default column's algorithm put before it
         lowerings, note = from_file
         notes.append(note)
@@ -124,10 +124,10 @@ def run_timing(names: list[str], args) -> dict:
         lowerings = lw.default_lowerings(device)
         if device == "cpu":
             notes.append(driver.CPU_DEFAULT_NOTE)
-        elif not cuda_graph:  # the whole step as CUDA graphs is part of the default GPU run
-            cuda_graph = ("auto",)
-            notes.append(f"default lowerings on {device}: auto+graph too (--cuda-graph: a +graph "
-                         "column for every lowering)")
+    if args.lowering is None and device != "cpu" and not cuda_graph:
+        cuda_graph = ("auto",)  # the whole step as CUDA graphs is part of the default GPU run
+        notes.append(f"default lowerings on {device}: auto+graph too (--cuda-graph: a +graph "
+                     "column for every lowering)")
     base = base_policy(args, lowerings, device)
     notes += filter(None, [lw.displaced_preference(lowerings, base, device)])
     if args.lowering_policy and not any(isinstance(lo, PolicyColumn) for lo in lowerings):

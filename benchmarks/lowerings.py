@@ -220,13 +220,15 @@ def conv_preference(policy: LoweringPolicy) -> str | None:
     return "; ".join(f"{', '.join(order) or 'none'} ({', '.join(types)})" for order, types in orders.items())
 
 
-def policy_file_default(policy_file: str | None) -> tuple[list[Lowering], str] | None:
-    """The lowerings of a run (or a profile) without ``--lowering`` whose
-    ``--policy`` file prefers algorithms for the convolutions, and the note
-    saying so: the one column ``default``, the file's policy as it is (an
-    algorithm column, as the device's default columns are, would put its own
-    algorithm before the file's preference: a user who wrote ``conv = ["fft",
-    "gemm"]`` ran no FFT). None without a file or a convolution preference in it.
+def policy_file_default(policy_file: str | None, device: str = "cpu") -> tuple[list[Lowering], str] | None:
+    """The lowerings of a run without ``--lowering`` whose ``--policy`` file
+    prefers algorithms for the convolutions, and the note saying so: the column
+    ``default``, the file's policy as it is (an algorithm column, as the
+    device's default columns are, would put its own algorithm before the file's
+    preference: a user who wrote ``conv = ["fft", "gemm"]`` ran no FFT), and on
+    a GPU ``auto`` too, as the default GPU run has it (autotune times every
+    candidate whatever the order, and the autotune flags need a column that
+    tunes). None without a file or a convolution preference in it.
 
     Raises:
         PolicyError: the file cannot be read or is invalid (``--policy`` named).
@@ -236,10 +238,11 @@ def policy_file_default(policy_file: str | None) -> tuple[list[Lowering], str] |
     preference = conv_preference(LoweringPolicy.from_toml(policy_file, flag="--policy"))
     if preference is None:
         return None
-    return [Lowering("default")], (
-        f"--policy {policy_file} prefers {preference} for the convolutions: without --lowering the one "
-        "lowering is default, that policy as it is (an algorithm column such as gemm would put its "
-        "algorithm first; --lowering default,gemm,fft times both)")
+    tuned = [Lowering("auto")] if device == "cuda" else []
+    return [Lowering("default"), *tuned], (
+        f"--policy {policy_file} prefers {preference} for the convolutions: without --lowering the "
+        f"lowerings are default, that policy as it is{', and auto' if tuned else ''} (an algorithm "
+        "column such as gemm would put its algorithm first; --lowering default,gemm,fft times both)")
 
 
 def displaced_preference(lowerings, base: LoweringPolicy, device: str) -> str | None:

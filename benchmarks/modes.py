@@ -336,7 +336,8 @@ def run_profile(names: list[str], args) -> dict:
              f"profile: each step {warmup} warm-up + {repeat} timed calls, median"]
     models = build_models(names, args, device, notes)
     lowerings = args.lowering or [lw.Lowering("auto" if device == "cuda" else lw.CPU_DEFAULT[0])]
-    from_file = None if args.lowering else lw.policy_file_default(args.policy)  # as a benchmark's columns
+    # as a benchmark's columns on the CPU; on a GPU the profile's auto already times every candidate
+    from_file = None if args.lowering or device == "cuda" else lw.policy_file_default(args.policy)
     if from_file is not None:
         lowerings, note = from_file
         notes.append(note)

@@ -92,7 +92,7 @@ def test_a_policy_file_preference_is_honoured_without_lowering(capsys, tmp_path,
     assert column["algorithms"] == {"Conv2d": {"fft": 1}, "Conv2dBackwardData": {"fft": 1},
                                     "Conv2dBackwardFilter": {"fft": 1}}
     note = next(n for n in doc["notes"] if n.startswith(f"--policy {policy} prefers fft, gemm"))
-    assert "one lowering is default" in note and note in err  # said before the run, too
+    assert "the lowerings are default, that policy as it is (" in note and note in err  # said before the run, too
     assert not any("CPU default lowerings" in n for n in doc["notes"])
 
 
@@ -127,3 +127,16 @@ def test_a_policy_file_without_a_convolution_preference_keeps_the_default_column
     policy = tmp_path / "policy.toml"
     policy.write_text('exclude = ["winograd"]\n[prefer]\nlinear = "reference"\n')
     assert lw.policy_file_default(str(policy)) is None and lw.policy_file_default(None) is None
+
+
+def test_on_a_gpu_a_policy_file_preference_keeps_the_autotuned_column(tmp_path):
+    """Review: a file preferring convolution algorithms left a GPU run one untuned column, and
+    --engine-limit / --peak-tolerance became usage errors; autotune times every candidate
+    whatever the order, so ``auto`` stays beside ``default`` there (and only there)."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[prefer]\nconv = ["cudnn", "fft"]\n')
+    cuda, note = lw.policy_file_default(str(policy), "cuda")
+    assert [lo.name for lo in cuda] == ["default", "auto"] and "and auto" in note
+    cpu, note = lw.policy_file_default(str(policy), "cpu")
+    assert [lo.name for lo in cpu] == ["default"] and "and auto" not in note
+    assert lw.unused_autotune_flags({"--engine-limit": "3"}, cuda, LoweringPolicy.from_toml(str(policy)), "cuda") is None

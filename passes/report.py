@@ -33,9 +33,14 @@ STATUSES = ("chosen", "ok", "wrong", "failed", "over budget", "declined", "exclu
 
 def format_size(nbytes: int, *alongside: int) -> str:
     """``'290.0 MiB'``; under 0.1 MiB, ``'4,096 B'`` (as the autotune rows' reasons write bytes).
-    ``alongside``: the other sizes of the same sentence, which decide the unit with ``nbytes``
-    so that one sentence never mixes ``0.1 MiB`` and ``68,164 B``."""
-    return f"{nbytes / 2**20:.1f} MiB" if max((nbytes, *alongside)) >= 2**20 / 10 else f"{nbytes:,d} B"
+    ``alongside``: the other sizes of the same sentence, which decide the unit with ``nbytes``:
+    one sentence never mixes ``0.1 MiB`` and ``68,164 B``, and writes bytes where two different
+    sizes would read the same in MiB."""
+    sizes = {nbytes, *alongside}
+    in_mib = {f"{n / 2**20:.1f}" for n in sizes}
+    if max(sizes) >= 2**20 / 10 and len(in_mib) == len(sizes):
+        return f"{nbytes / 2**20:.1f} MiB"
+    return f"{nbytes:,d} B"
 
 
 @attrs.define

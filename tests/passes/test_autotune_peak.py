@@ -166,13 +166,15 @@ def test_when_nothing_fits_the_least_workspace_within_the_tolerance_wins():
 
 def test_one_reason_writes_its_sizes_in_one_unit():
     """fresh-user report: "raises the planned peak to 0.1 MiB, above the reachable 68,164 B": the
-    sizes of one sentence straddled format_size's 0.1 MiB switch; they now share a unit."""
+    sizes of one sentence straddled format_size's 0.1 MiB switch; they now share a unit, bytes
+    where two of them would read the same in MiB (review: "0.1 MiB, above the reachable 0.1")."""
     room = StepRoom(held=60_000, ceiling=68_164, activation_peak=68_164)
     fast = Candidate("engine", {"e": 0}, time_ms=1.0, workspace=50_000)
     less = Candidate("engine", {"e": 2}, time_ms=1.04, workspace=0)
     assert choose([fast, less], [fast, less], 0.0, room=room, peak_tolerance=0.2) is less
-    assert "raises the planned peak to 0.1 MiB, above the reachable 0.1 MiB (the activations': 0.1 MiB)" in fast.reason
-    assert " B" not in fast.reason and " B" not in less.reason
+    assert ("its 50,000 B of workspace raises the planned peak to 110,000 B, above the reachable 68,164 B "
+            "(the activations': 68,164 B)") in fast.reason
+    assert "MiB" not in fast.reason and "MiB" not in less.reason
 
 
 def test_a_node_whose_workspace_fits_is_never_changed(monkeypatch, tmp_path):

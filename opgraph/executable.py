@@ -320,7 +320,7 @@ class Executable:
         if self.dtype is not None and is_float(want):
             want = self.dtype
         given = _given_dtype(arr)
-        if getattr(given, "kind", None) == "c" or getattr(given, "is_complex", False):  # torch's dtypes
+        if getattr(given, "kind", None) == "c":
             # NumPy's cast keeps the real part and only warns (ComplexWarning)
             raise ExecutionError(f"{source.op.role} {source.name!r} is {want}: got complex values "
                                  f"({given}); a cast would drop their imaginary part (feed .real if "
@@ -374,11 +374,25 @@ def _given_dtype(arr):
     one, or a torch tensor's), else NumPy's reading of it (a list, a
     number); None where NumPy cannot read it (the cast reports that)."""
     if hasattr(arr, "dtype"):
-        return arr.dtype
+        dtype = arr.dtype
+        if hasattr(dtype, "is_floating_point") and not isinstance(dtype, np.dtype):  # a torch dtype
+            return _numpy_kind_of_torch(dtype)
+        return dtype
     try:
         return np.asarray(arr).dtype
     except (TypeError, ValueError, OverflowError):
         return None
+
+
+def _numpy_kind_of_torch(dtype):
+    """The NumPy dtype of torch ``dtype`` (``torch.int64`` -> int64), or for one NumPy lacks
+    (``torch.bfloat16``) one of its kind, so the feed checks read every tensor as they read an
+    array (a float tensor fed to a class-index input was truncated: review)."""
+    name = str(dtype).removeprefix("torch.")
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return np.dtype("complex64" if dtype.is_complex else "float32" if dtype.is_floating_point else "int64")
 
 
 def _check_integral(xp, source, arr, want: str, given_dtype) -> None:
@@ -400,7 +414,11 @@ def _check_integral(xp, source, arr, want: str, given_dtype) -> None:
         have = np.iinfo(given_dtype)
         if have.min >= info.min and have.max <= info.max:  # every value fits: nothing to look at
             return
-    given = xp.asarray(arr)
+    try:
+        given = xp.asarray(arr)
+    except (TypeError, ValueError) as e:  # a torch bfloat16 tensor: NumPy has no such dtype
+        raise ExecutionError(f"{source.op.role} {source.name!r}: cannot be read as {want} "
+                             f"{source.type.shape} ({e})") from None
     if given.ndim == 0:
         given = given.reshape(1)
     if kind == "f":

@@ -177,3 +177,20 @@ def test_an_integer_target_past_int64_is_refused_before_the_cast_wraps_it():
     (got,) = run(x=x, t=np.array([0, 1, 2], np.uint64))  # uint64 in range is read as before
     want = torch.nn.functional.cross_entropy(torch.from_numpy(x), torch.tensor([0, 1, 2]))
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-5)
+
+
+def test_torch_tensors_are_checked_as_arrays_are():
+    """Review: a float torch tensor fed to a class-index input was truncated (1.7 -> class 1: torch
+    dtypes have no NumPy ``kind``, so the integral check passed them over); a complex tensor is
+    refused, a bfloat16 one is an error naming the input, whole-number tensors are read."""
+    loss, x = _loss()
+    run = og.compile([loss])
+    with pytest.raises(ExecutionError, match=r"input 't' is int64: got floating values such as 1.7"):
+        run(x=x, t=torch.tensor([0.0, 1.7, 2.0]))
+    with pytest.raises(ExecutionError, match=r"input 't' is int64: got complex values \(complex64\)"):
+        run(x=x, t=torch.tensor([0, 1j, 2]))
+    with pytest.raises(ExecutionError, match=r"input 't': cannot be read as int64"):
+        run(x=x, t=torch.tensor([0.0, 1.0, 2.0], dtype=torch.bfloat16))
+    want = torch.nn.functional.cross_entropy(torch.from_numpy(x), torch.tensor([0, 1, 2]))
+    for t in (torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2], dtype=torch.uint8), torch.tensor([0.0, 1.0, 2.0])):
+        np.testing.assert_allclose(run(x=x, t=t)[0], want.numpy(), rtol=1e-5)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from opgraph.errors import LoweringError, warn_from_caller
 from opgraph.graph import Graph
-from opgraph.op import Lowered, Op, Source
-from opgraph.backends.registry import Rule
+from opgraph.op import Lowered, Op, Source, abstract_of
+from opgraph.backends.registry import Rule, rules_for
 
 from .base import Pass, PassContext
 from .candidates import Survey, rule_workspace, survey_node
-from .force import matches_a_node
+from .force import forced_algorithm, matches_a_node
 from .policy import LoweringPolicy
 from .report import NodeReport
 
@@ -84,13 +84,25 @@ class LowerPass(Pass):
 
 
 def _check_forced_names(graph: Graph, policy: LoweringPolicy, ctx: PassContext) -> None:
-    """Note ``force`` keys that match no node (a typo would otherwise pass silently)."""
-    nodes = [(view.name, getattr(view.op, "direction", None)) for view in map(graph.node, graph.nx.nodes)]
-    for key in policy.force:
+    """Note ``force`` keys that match no node (a typo would otherwise pass silently), and
+    patterns that match only nodes whose ops their algorithm has no rule for (each passed over:
+    ``passes/force.py``), which then force nothing."""
+    views = [graph.node(v) for v in graph.nx.nodes]
+    nodes = [(view.name, getattr(view.op, "direction", None)) for view in views]
+    for key, algorithm in policy.force.items():
         if not matches_a_node(key, nodes):
             msg = f"policy.force key {key!r} matches no node of graph {graph.name!r}"
-            ctx.report.note(msg)
-            warn_from_caller(msg)  # at the user's compile call: a stacklevel of 2 named this file
+        else:
+            matched = [v for v, (name, direction) in zip(views, nodes)
+                       if forced_algorithm({key: algorithm}, name, direction)]
+            ops = [abstract_of(v.op) for v in matched]
+            if any(algorithm in rules_for(type(op)) for op in ops):
+                continue
+            msg = (f"policy.force key {key!r} = {algorithm!r} matches {len(matched)} node(s) of graph "
+                   f"{graph.name!r}, none of whose ops {algorithm!r} has a rule for (e.g. {matched[0].name}, "
+                   f"{ops[0].name}): it forces nothing")
+        ctx.report.note(msg)
+        warn_from_caller(msg)  # at the user's compile call: a stacklevel of 2 named this file
 
 
 __all__ = ["LowerPass", "choose", "is_abstract"]

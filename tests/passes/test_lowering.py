@@ -1,5 +1,7 @@
 """The lower pass: which algorithm a policy picks, declines, errors, golden graphs."""
 
+import re
+
 import attrs
 import numpy as np
 import pytest
@@ -168,6 +170,21 @@ def test_an_exact_name_still_forces_an_algorithm_without_a_rule():
     outs = [y, *og.grad(y, [x, w, b])]
     with pytest.raises(LoweringError, match=r"conv2.grad/bias_add_backward.*'fft' has no rule for BiasAddBackward"):
         og.compile(outs, policy=LoweringPolicy(force={"conv2.grad/bias_add_backward": "fft"}, exclude=["fused"]))
+
+
+@pytest.mark.parametrize("key", ["conv2.grad/bias*", "*bias_add_backward"])
+def test_a_pattern_whose_nodes_its_algorithm_cannot_lower_warns(key):
+    """Review: once patterns skipped the nodes their algorithm has no rule for, a pattern matching
+    only such nodes forced nothing and said nothing (before, the compile failed)."""
+    g = og.Graph("one conv")
+    x, w, b = g.input("x", (1, 2, 6, 6)), g.param("w", (3, 2, 3, 3)), g.param("b", (3,))
+    y = og.conv2d(x, w, b, padding=1, name="conv2")
+    outs = [y, *og.grad(y, [x, w, b])]
+    with pytest.warns(UserWarning, match=rf"force key {re.escape(repr(key))} = 'fft' matches 1 node\(s\) of graph "
+                                         r"'one conv', none of whose ops 'fft' has a rule for \(e.g. "
+                                         r"conv2.grad/bias_add_backward, BiasAddBackward\): it forces nothing"):
+        exe = og.compile(outs, policy=LoweringPolicy(force={key: "fft"}, exclude=["fused"]))
+    assert not [r for r in exe.report.nodes.values() if r.how == "forced"]
 
 
 def test_a_narrowed_key_that_names_no_layer_warns():

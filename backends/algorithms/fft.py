@@ -48,7 +48,9 @@ every smaller node keep their key (``passes/autotune_contenders.py``).
 
 Accuracy: float32 inputs are transformed in single precision (NumPy >= 2 and CuPy
 keep complex64); relative error vs the float64 reference is ~1e-6, within the
-1e-3 SEMANTICS.md allows for FFT. Written against ``xp`` (``xp.fft.rfft2/irfft2``).
+1e-3 SEMANTICS.md allows for FFT. Written against ``xp``; the transforms are
+``scipy.fft``'s on NumPy (single precision kept on every NumPy version, fewer temporaries than
+``numpy.fft``'s float64 loops) and ``cupy.fft``'s on CuPy.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
 import scipy.fft
 
 from opgraph.errors import ParameterError
@@ -64,6 +67,13 @@ from .products import matmul
 from ..reference.conv import check_gy, conv_geometry, geometry_of, pad_spatial, result_dtype
 
 FFT_SIZE_LIMIT = 2**31 - 1  # elements of one 2-D transform plane (32-bit plan sizes)
+
+
+def _fft(xp):
+    """The transforms for ``xp``: ``scipy.fft`` for NumPy arrays (``numpy.fft`` returns
+    complex128 for float32 on NumPy 1.x and keeps float64 temporaries on 2.x, several times the
+    spectra :func:`workspace` declares), else ``xp.fft`` (CuPy's cuFFT)."""
+    return scipy.fft if xp is np else xp.fft
 
 
 def fft_shape(geom) -> tuple[int, int]:
@@ -147,7 +157,7 @@ def forward(xp, x, w, g, chunks=1):
     dt = result_dtype(xp, x, w)
     s = fft_shape(g)
     G = g.groups
-    xf = xp.fft.rfft2(pad_spatial(xp, x.astype(dt, copy=False), g.padding), s=s)
+    xf = _fft(xp).rfft2(pad_spatial(xp, x.astype(dt, copy=False), g.padding), s=s)
     planes, F = xf.shape[-2:], xf.shape[-2] * xf.shape[-1]
     af = _by_frequency(xp, xf.reshape(g.n, G, g.cg, F).transpose(1, 0, 2, 3))  # (F, G, N, Cg)
     del xf  # each chunk's arrays are dropped as soon as used: the workspace counts one chunk
@@ -156,7 +166,7 @@ def forward(xp, x, w, g, chunks=1):
     eh, ew = g.kernel_extent
     y = xp.empty((g.n, G, g.og, g.ho, g.wo), dtype=dt)
     for o0, o1 in pieces(g.og, chunks):
-        wf = xp.fft.rfft2(wg[:, o0:o1], s=s)  # (G, ok, Cg, Fh, Fw)
+        wf = _fft(xp).rfft2(wg[:, o0:o1], s=s)  # (G, ok, Cg, Fh, Fw)
         bf = _by_frequency(xp, wf.reshape(G, o1 - o0, g.cg, F).transpose(0, 2, 1, 3))  # (F, G, Cg, ok)
         del wf
         xp.conjugate(bf, out=bf)  # cross-correlation: X * conj(W)
@@ -164,7 +174,7 @@ def forward(xp, x, w, g, chunks=1):
         del bf
         yf = product.transpose(1, 0, 2, 3).reshape(g.n, G, o1 - o0, *planes)
         del product
-        y[:, :, o0:o1] = xp.fft.irfft2(yf, s=s)[..., :g.hp - eh + 1:g.stride[0], :g.wp - ew + 1:g.stride[1]]
+        y[:, :, o0:o1] = _fft(xp).irfft2(yf, s=s)[..., :g.hp - eh + 1:g.stride[0], :g.wp - ew + 1:g.stride[1]]
         del yf
     return y.reshape(g.n, g.o, g.ho, g.wo)
 
@@ -189,7 +199,7 @@ def backward_data(xp, gy, w, g, chunks=1):
     dt = result_dtype(xp, gy, w)
     s = fft_shape(g)
     G = g.groups
-    gf = xp.fft.rfft2(_upsample(xp, gy.astype(dt, copy=False), g), s=s)
+    gf = _fft(xp).rfft2(_upsample(xp, gy.astype(dt, copy=False), g), s=s)
     planes, F = gf.shape[-2:], gf.shape[-2] * gf.shape[-1]
     af = _by_frequency(xp, gf.reshape(g.n, G, g.og, F).transpose(1, 0, 2, 3))  # (F, G, N, Og)
     del gf  # each chunk's arrays are dropped as soon as used: the workspace counts one chunk
@@ -199,14 +209,14 @@ def backward_data(xp, gy, w, g, chunks=1):
     (t, _), (l, _) = g.padding
     gx = xp.empty((g.n, G, g.cg, g.h, g.w), dtype=dt)
     for c0, c1 in pieces(g.cg, chunks):
-        wf = xp.fft.rfft2(wg[:, :, c0:c1], s=s)  # (G, Og, ck, Fh, Fw)
+        wf = _fft(xp).rfft2(wg[:, :, c0:c1], s=s)  # (G, Og, ck, Fh, Fw)
         bf = _by_frequency(xp, wf.reshape(G, g.og, c1 - c0, F))  # (F, G, Og, ck)
         del wf
         product = _products(xp, af, bf)  # (G, N, ck, F)
         del bf
         xf = product.transpose(1, 0, 2, 3).reshape(g.n, G, c1 - c0, *planes)
         del product
-        gx[:, :, c0:c1] = xp.fft.irfft2(xf, s=s)[..., t:t + g.h, l:l + g.w]
+        gx[:, :, c0:c1] = _fft(xp).irfft2(xf, s=s)[..., t:t + g.h, l:l + g.w]
         del xf
     return gx.reshape(g.n, g.c, g.h, g.w)
 
@@ -231,7 +241,7 @@ def backward_filter(xp, x, gy, g, chunks=1):
     dt = result_dtype(xp, x, gy)
     s = fft_shape(g)
     G = g.groups
-    xf = xp.fft.rfft2(pad_spatial(xp, x.astype(dt, copy=False), g.padding), s=s)
+    xf = _fft(xp).rfft2(pad_spatial(xp, x.astype(dt, copy=False), g.padding), s=s)
     planes, F = xf.shape[-2:], xf.shape[-2] * xf.shape[-1]
     bf = _by_frequency(xp, xf.reshape(g.n, G, g.cg, F).transpose(1, 0, 2, 3))  # (F, G, N, Cg)
     del xf  # each chunk's arrays are dropped as soon as used: the workspace counts one chunk
@@ -242,7 +252,7 @@ def backward_filter(xp, x, gy, g, chunks=1):
     # contiguous, and a view would keep the whole transform (O*C/G*Hf*Wf values) alive
     gw = xp.empty((G, g.og, g.cg, g.kh, g.kw), dtype=dt)
     for o0, o1 in pieces(g.og, chunks):
-        gf = xp.fft.rfft2(up[:, :, o0:o1], s=s)  # (N, G, ok, Fh, Fw)
+        gf = _fft(xp).rfft2(up[:, :, o0:o1], s=s)  # (N, G, ok, Fh, Fw)
         af = _by_frequency(xp, gf.reshape(g.n, G, o1 - o0, F).transpose(1, 2, 0, 3))  # (F, G, ok, N)
         del gf
         xp.conjugate(af, out=af)  # correlation: X * conj(GY)
@@ -250,7 +260,7 @@ def backward_filter(xp, x, gy, g, chunks=1):
         del af
         wf = product.reshape(G, o1 - o0, g.cg, *planes)
         del product
-        gw[:, o0:o1] = xp.fft.irfft2(wf, s=s)[..., :eh:g.dilation[0], :ew:g.dilation[1]]
+        gw[:, o0:o1] = _fft(xp).irfft2(wf, s=s)[..., :eh:g.dilation[0], :ew:g.dilation[1]]
         del wf
     return gw.reshape(g.o, g.cg, g.kh, g.kw)
 

@@ -383,19 +383,22 @@ def test_fft_chunked_rule_applies_where_the_spectra_are_large():
     assert {"fft", "fast", "conv"} <= rule.tags
 
 
+@pytest.mark.parametrize("shape", [(8, 32, 64, 30, 3, 1, 1), (4, 8, 64, 24, 3, 2, 1), (4, 32, 32, 20, 3, 1, 4),
+                                   (4, 16, 64, 20, 1, 1, 1)], ids=["3x3", "stride2-o8c", "groups4", "1x1"])
 @pytest.mark.parametrize("direction", DIRECTIONS)
-def test_fft_workspace_bounds_what_the_transforms_hold(direction):
+def test_fft_workspace_bounds_what_the_transforms_hold(direction, shape):
     """tracemalloc's peak over one call, less the result, stays under the declared workspace for
     every chunk count, and chunking lowers it: a run's spectra are dropped before the next run's
-    are made (review: chunk i's stayed referenced while chunk i+1's were made)."""
+    are made (review: chunk i's stayed referenced while chunk i+1's were made; numpy.fft's
+    float64 temporaries held up to 1.45x the count, hence scipy.fft on NumPy)."""
     import tracemalloc
-    n, c, o, hw = 8, 32, 64, 30
-    xs, ws = (n, c, hw, hw), (o, c, 3, 3)
-    g = ref.conv_geometry(xs, ws, padding=1)
+    n, c, o, hw, k, stride, groups = shape
+    xs, ws = (n, c, hw, hw), (o, c // groups, k, k)
+    g = ref.conv_geometry(xs, ws, padding=k // 2, stride=stride, groups=groups)
     rng = np.random.default_rng(5)
     x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
     gy = rng.standard_normal(g.y_shape).astype(np.float32)
-    p = dict(stride=g.stride, padding=g.padding, dilation=g.dilation, groups=1)
+    p = dict(stride=g.stride, padding=g.padding, dilation=g.dilation, groups=groups)
     op, types, call = {
         "forward": (Conv2d(**p), (TensorType(xs), TensorType(ws)), lambda k: fft.forward(np, x, w, g, k)),
         "backward_data": (Conv2dBackwardData(**p, input_shape=xs), (TensorType(g.y_shape), TensorType(ws)),
@@ -412,7 +415,8 @@ def test_fft_workspace_bounds_what_the_transforms_hold(direction):
         finally:
             tracemalloc.stop()
         assert held[k] <= fft.workspace(direction, op, types, {"chunks": k}), (k, held[k])
-    assert held[4] < 0.6 * held[1]
+    if shape[4] == 3 and shape[5] == 1 and shape[6] == 1:  # the chunked spectra dominate here
+        assert held[4] < 0.6 * held[1]
 
 
 def test_fft_chunks_is_an_int_of_runs_and_no_channels_is_one_run():

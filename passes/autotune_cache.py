@@ -65,10 +65,13 @@ permission bits, or gets the umask's when new, and a symbolic link is
 followed to the file it names, which is replaced; a ``.json.gz`` file is
 compressed whole, then written the same way), merged with whatever
 another process wrote meanwhile; a
-corrupt or foreign file (a ``.json.gz`` one that is not gzip data, or is cut
-short; a plain one holding gzip data), or valid JSON of the wrong shape (``[]``: :func:`wrong_format`),
+corrupt or foreign file (damaged or cut-short gzip data; not JSON), or valid JSON of the
+wrong shape (``[]``: :func:`wrong_format`),
 is reported (``warnings.warn`` naming it and what is wrong, in JSON's terms) and
-rebuilt, never a crash; an unwritable location is reported the same way; an
+rebuilt, never a crash (a file whose content is the other form than its name says, plain
+JSON under ``*.json.gz`` as an older version wrote a policy cache of that name, or gzip under
+``*.json``, is read by its content, said once, and written as its name says: never rebuilt as if
+corrupt); an unwritable location is reported the same way; an
 entry whose options its rule refuses (a hand-edited Winograd ``tile = 7``:
 not one of the rule's variants for the node) is reported and re-tuned
 (``passes.autotune_reuse.refused_options``), as is one with a row that
@@ -280,14 +283,9 @@ def _parse(raw: bytes) -> tuple[object, str | None]:
 
 
 def _gunzip(raw: bytes) -> tuple[bytes, str | None]:
-    """``(text, None)``: the JSON bytes of a ``.json.gz`` cache file's ``raw``
-    content; ``(b"", problem)`` where it is not gzip data, in words rather
-    than Python's exception names (the file is then rebuilt)."""
-    if raw[:2] != _GZIP_MAGIC:
-        if raw.lstrip()[:1] in (b"{", b"["):
-            return b"", (f"is corrupt: plain JSON text, where a name ending in {GZIP_SUFFIX} is read as "
-                         "gzip-compressed (gzip the file, or name it *.json)")
-        return b"", f"is corrupt: not gzip-compressed data, where a name ending in {GZIP_SUFFIX} is read as gzip"
+    """``(text, None)``: the JSON bytes of gzip-compressed ``raw`` (it starts with gzip's magic
+    bytes); ``(b"", problem)`` where the gzip data are damaged, in words rather than Python's
+    exception names (the file is then rebuilt)."""
     try:
         return gzip.decompress(raw), None
     except EOFError:
@@ -347,14 +345,16 @@ class AutotuneCache:
             if report:
                 self.warn(f"autotune cache {self.path} cannot be read ({e}); tuning from scratch")
             return {}
-        if self.compressed:
-            raw, problem = _gunzip(raw)
-        elif raw[:2] == _GZIP_MAGIC:
-            problem = (f"is corrupt: gzip-compressed data, where only a name ending in {GZIP_SUFFIX} is read "
-                       "as gzip (rename the file so, or gunzip it)")
-        else:
-            problem = None
+        # the content decides how it is read, the name how it is written: a file whose name and
+        # content disagree (a plain cache an older version wrote under *.json.gz, a renamed copy,
+        # a link named otherwise) is read as it is and said once, never rebuilt as if corrupt
+        gzipped = raw[:2] == _GZIP_MAGIC
+        raw, problem = _gunzip(raw) if gzipped else (raw, None)
         data, problem = (None, problem) if problem is not None else _parse(raw)
+        if problem is None and report and gzipped != self.compressed:
+            held, named = ("gzip-compressed", "plain JSON") if gzipped else ("plain JSON", "gzip-compressed")
+            self.warn(f"autotune cache {self.path} holds {held} data where its name says {named} "
+                      f"(*.json.gz: gzip): read as it is, and written as its name says from now on")
         if problem is not None:
             if report:
                 self.warn(f"autotune cache {self.path} {problem}; it will be rebuilt")

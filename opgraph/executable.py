@@ -388,11 +388,15 @@ def _numpy_kind_of_torch(dtype):
     """The NumPy dtype of torch ``dtype`` (``torch.int64`` -> int64), or for one NumPy lacks
     (``torch.bfloat16``) one of its kind, so the feed checks read every tensor as they read an
     array (a float tensor fed to a class-index input was truncated: review)."""
-    name = str(dtype).removeprefix("torch.")
+    # the kind first: with ml_dtypes imported, np.dtype('bfloat16') exists with kind 'V' (review)
+    if dtype.is_complex:
+        return np.dtype("complex64" if dtype.itemsize <= 8 else "complex128")
+    if dtype.is_floating_point:
+        return np.dtype("float64" if dtype.itemsize == 8 else "float32")
     try:
-        return np.dtype(name)
+        return np.dtype(str(dtype).removeprefix("torch."))
     except TypeError:
-        return np.dtype("complex64" if dtype.is_complex else "float32" if dtype.is_floating_point else "int64")
+        return np.dtype("int64")
 
 
 def _check_integral(xp, source, arr, want: str, given_dtype) -> None:

@@ -359,8 +359,9 @@ class AutotunePass(Pass):
             ctx.report.note(
                 f"autotune: {len(moved)} node(s) chosen again for the memory peak (peak_tolerance "
                 f"{100 * policy.peak_tolerance:g} %): {', '.join(names[:6])}{' ...' if len(names) > 6 else ''}; "
-                f"planned peak {format_size(before)} -> {format_size(after)} (the activations' "
-                f"{format_size(activations)})")
+                f"planned peak {format_size(before, after, activations)} -> "
+                f"{format_size(after, before, activations)} (the activations' "
+                f"{format_size(activations, before, after)})")
         return moved
 
 

@@ -96,7 +96,8 @@ def fit_headroom(near: list[Candidate], fastest: Candidate, chosen: Candidate, r
         return c.workspace or 0
 
     raised = room.held + workspace(chosen)  # the planned bytes this step sets with chosen
-    sizes = (raised, room.ceiling, room.activation_peak, workspace(chosen))  # one unit per sentence
+    sizes = (raised, room.ceiling, room.activation_peak, workspace(chosen),  # one unit per sentence
+             *(room.held + workspace(c) for c in near))
 
     def size(nbytes: int) -> str:
         return format_size(nbytes, *sizes)

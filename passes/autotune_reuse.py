@@ -138,6 +138,12 @@ def _row_label(row: dict) -> str:
     return Candidate(str(row.get("algorithm")), opts if isinstance(opts, dict) else {}).label
 
 
+def _same_options(a: dict, b: dict) -> bool:
+    """Equal options of equal types: a hand-edited ``chunks = 2.0`` equals ``2`` in Python, and the
+    kernel that takes an int refuses it on every call (review)."""
+    return a == b and all(type(a[k]) is type(b[k]) for k in a)
+
+
 def refused_options(entry, cached: dict, op, types, device, engine_limit: int | None = None,
                     strided_forms: bool = False) -> str | None:
     """Why a cached decision's options cannot run the node (``entry``: the
@@ -173,7 +179,7 @@ def refused_options(entry, cached: dict, op, types, device, engine_limit: int | 
         return None
     allowed = [{**entry.options, **v}
                for v in rule_variants(entry.rule, op, types, device, entry.options, engine_limit)]
-    if chosen in allowed:
+    if any(_same_options(chosen, a) for a in allowed):
         return None
     return (f"cached options {cached} of {entry.rule.algorithm} are not among its variants for this "
             f"node ({', '.join(map(str, allowed))})")

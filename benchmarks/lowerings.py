@@ -242,7 +242,7 @@ def policy_file_default(policy_file: str | None, device: str = "cpu") -> tuple[l
     return [Lowering("default"), *tuned], (
         f"--policy {policy_file} prefers {preference} for the convolutions: without --lowering the "
         f"lowerings are default, that policy as it is{', and auto' if tuned else ''} (an algorithm "
-        "column such as gemm would put its algorithm first; --lowering default,gemm,fft times both)")
+        "column such as gemm would put its algorithm first; --lowering default,gemm,fft times each)")
 
 
 def displaced_preference(lowerings, base: LoweringPolicy, device: str) -> str | None:

@@ -41,13 +41,18 @@ def new_record(model: Model, precision: str, s: Settings, lowering: str, kind: s
 
 #: What a column's note says before a warning raised while compiling it (:func:`warnings_noted`).
 WARNING_NOTE = "warning: "
+#: The warnings a column's record keeps: ours are RuntimeWarnings (the autotune cache) and
+#: UserWarnings (a force key that matches no node or forces nothing: ``passes/lower.py``);
+#: libraries' deprecation notices are only shown.
+NOTED = (RuntimeWarning, UserWarning)
 
 
 @contextlib.contextmanager
 def warnings_noted(notes: list[str]):
-    """Each ``RuntimeWarning`` raised inside (compiling a column: a corrupt or
+    """Each warning of :data:`NOTED` raised inside (compiling a column: a corrupt or
     unwritable autotune cache, a hand edit of it not used, a variants function
-    that failed: ``passes/autotune_cache.py``) appended to ``notes`` as
+    that failed: ``passes/autotune_cache.py``; a force key that forces nothing)
+    appended to ``notes`` as
     ``'warning: MESSAGE'`` (once), so that the column's JSON record says what
     only standard error said. Every warning is also issued again the moment it
     is raised, under the filters and the ``warnings.showwarning`` in force on
@@ -63,7 +68,7 @@ def warnings_noted(notes: list[str]):
     errors: list[Warning] = []  # warnings the filters in force make errors: raised after the block
 
     def note_and_show(message, category, filename, lineno, file=None, line=None) -> None:
-        if issubclass(category, RuntimeWarning) and WARNING_NOTE + str(message) not in notes:
+        if issubclass(category, NOTED) and WARNING_NOTE + str(message) not in notes:
             notes.append(WARNING_NOTE + str(message))
         # issued now, as it would have been without this block (swapped by hand: a
         # catch_warnings here would reset the memory of a 'once' filter at each warning)

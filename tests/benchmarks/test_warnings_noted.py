@@ -122,3 +122,16 @@ def test_the_command_prints_a_compiles_warning_as_it_happens(monkeypatch, capsys
     assert seen[0] == line and all(s == "" for s in seen[1:]) and len(seen) >= 2
     for rec in json.loads(out)["results"]:
         assert "warning: autotune cache tune.json is corrupt: not JSON" in rec["notes"]
+
+
+def test_a_force_key_that_forces_nothing_reaches_the_column_notes():
+    """Fresh-user report: ``policy.force key 'inception_*/3x3' matches no node`` (a UserWarning of
+    passes/lower.py) was printed but not kept in the column's JSON notes; deprecation notices of
+    libraries are still only shown."""
+    notes = []
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        with warnings_noted(notes):
+            warnings.warn("policy.force key 'inception_*/3x3' matches no node of graph 'alexnet'", UserWarning)
+            warnings.warn("old API", DeprecationWarning)
+    assert notes == ["warning: policy.force key 'inception_*/3x3' matches no node of graph 'alexnet'"]

@@ -16,7 +16,11 @@ compare`` mark only the changes their statistics support:
   exceeds both A's IQR and B's; otherwise it is within the noise (blank);
   a loop of one call has no spread, and its change is ``?``.
 
-Columns in one file only are listed in a note. Exit status 0, or 2 when a
+Columns in one file only are listed in a note, and so is a shared column
+whose two runs lowered some op type to other algorithms (its ``algorithms``
+counts differ: a cache re-tuned, an engine gone), since its ratio then
+compares two programs, not two timings of one; when the files share no
+timed column, the table says so instead of printing no rows. Exit status 0, or 2 when a
 file cannot be read, is not an ``opgraph-bench`` benchmark document, has
 another ``schema_version`` than the one timing runs write
 (:data:`.report.SCHEMA_VERSION`), or a field this comparison reads has a
@@ -186,23 +190,48 @@ def change(a: tuple[float, float | None], b: tuple[float, float | None]) -> str:
     return "slower" if delta > 0 else "faster"
 
 
+def algorithm_changes(a: dict, b: dict) -> list[str]:
+    """The op types two records of one column lowered differently, one
+    ``'Conv2dBackwardData: cudnn 37 -> cudnn 36, fft 1'`` each, from the
+    records' ``algorithms`` (op type -> algorithm -> node count); empty when
+    either record has none (a peer column, a file written before it was
+    recorded)."""
+    alg_a, alg_b = a.get("algorithms"), b.get("algorithms")
+    if not isinstance(alg_a, dict) or not isinstance(alg_b, dict):
+        return []
+
+    def counts(per_op) -> str:
+        return ", ".join(f"{name} {n}" for name, n in sorted(per_op.items())) if isinstance(per_op, dict) else "-"
+
+    return [f"{op}: {counts(alg_a.get(op))} -> {counts(alg_b.get(op))}"
+            for op in sorted(set(alg_a) | set(alg_b)) if alg_a.get(op) != alg_b.get(op)]
+
+
+def _label(k: tuple) -> str:
+    return f"{k[0]} / {k[1]} / {k[2]} (batch {k[4]}, {k[5]})"
+
+
 def compare(a: dict, b: dict) -> dict:
-    """``{rows, only_a, only_b}``: a row per shared timed column and phase
-    (``model``, ``lowering``, ``precision``, ``layout``, ``batch``, ``dtype``, ``phase``, ``a_ms``,
-    ``a_iqr_ms``, ``b_ms``, ``b_iqr_ms``, ``ratio`` = B / A, ``change``) and
-    the columns timed in one document only."""
+    """``{rows, only_a, only_b, algorithms_changed}``: a row per shared timed
+    column and phase (``model``, ``lowering``, ``precision``, ``layout``,
+    ``batch``, ``dtype``, ``phase``, ``a_ms``, ``a_iqr_ms``, ``b_ms``,
+    ``b_iqr_ms``, ``ratio`` = B / A, ``change``), the columns timed in one
+    document only, and per shared column whose runs chose other algorithms
+    its label -> :func:`algorithm_changes`."""
     ta, tb = _timed(a), _timed(b)
     rows = []
+    changed = {}
     for key in (k for k in ta if k in tb):
+        if differences := algorithm_changes(ta[key], tb[key]):
+            changed[_label(key)] = differences
         fa, fb = _figures(ta[key]), _figures(tb[key])
         for phase in (p for p in (*PHASES, "total", "step") if p in fa and p in fb):
             (ma, ia), (mb, ib) = fa[phase], fb[phase]
             rows.append(dict(zip(("model", "lowering", "precision", "layout", "batch", "dtype"), key),
                              phase=phase, a_ms=ma, a_iqr_ms=ia, b_ms=mb, b_iqr_ms=ib,
                              ratio=mb / ma if ma > 0 else None, change=change(fa[phase], fb[phase])))
-    label = lambda k: f"{k[0]} / {k[1]} / {k[2]} (batch {k[4]}, {k[5]})"  # noqa: E731
-    return {"rows": rows, "only_a": [label(k) for k in ta if k not in tb],
-            "only_b": [label(k) for k in tb if k not in ta]}
+    return {"rows": rows, "only_a": [_label(k) for k in ta if k not in tb],
+            "only_b": [_label(k) for k in tb if k not in ta], "algorithms_changed": changed}
 
 
 def _iqr(x) -> str:
@@ -222,6 +251,12 @@ def comparison_table(result: dict, name_a: str, name_b: str) -> Table:
              f"change: beyond both runs' IQR: {counts['slower']} slower, {counts['faster']} faster; "
              f"{counts['']} within the spread" + (f"; {counts['?']} without a spread (one call)"
                                                   if counts["?"] else "")]
+    if not result["rows"]:
+        notes.insert(0, "no column was timed in both files (same model, lowering, precision, layout, batch "
+                        "and storage dtype): nothing to compare")
+    for label, differences in result.get("algorithms_changed", {}).items():
+        notes.append(f"{label}: the runs lowered some op types differently, so B / A compares two programs: "
+                     + "; ".join(differences))
     if result["only_a"]:
         notes.append(f"timed in A only: {', '.join(result['only_a'])}")
     if result["only_b"]:
@@ -269,4 +304,4 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["load", "check_document", "compare", "change", "comparison_table", "build_parser", "main"]
+__all__ = ["load", "check_document", "compare", "algorithm_changes", "change", "comparison_table", "build_parser", "main"]

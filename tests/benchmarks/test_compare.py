@@ -150,3 +150,31 @@ def test_a_hand_edited_document_is_one_line_naming_file_and_field(tmp_path, caps
     assert err.count("\n") == 1 and "Traceback" not in err
     assert cli.main(["compare", str(good), str(good)]) == 0  # the unedited document compares
     capsys.readouterr()
+
+
+def test_a_column_whose_runs_chose_other_algorithms_is_named():
+    """Two runs of one column that lowered an op type differently (a re-tuned
+    cache) compare two programs; the comparison said nothing of it
+    (fresh-user report)."""
+    a, b = _rec("auto", [1, 1, 1], [1, 1, 1]), _rec("auto", [1, 1, 1], [1, 1, 1])
+    a["algorithms"] = {"Conv2d": {"cudnn": 5}, "Conv2dBackwardData": {"cudnn": 4}}
+    b["algorithms"] = {"Conv2d": {"cudnn": 5}, "Conv2dBackwardData": {"cudnn": 3, "fft-chunked": 1},
+                       "Linear": {"cublas": 1}}
+    got = compare.compare(_doc(a), _doc(b))
+    assert got["algorithms_changed"] == {"alexnet / auto / fp32 (batch 128, float32)": [
+        "Conv2dBackwardData: cudnn 4 -> cudnn 3, fft-chunked 1", "Linear: - -> cublas 1"]}
+    notes = " ".join(compare.comparison_table(got, "a.json", "b.json").notes)
+    assert "lowered some op types differently" in notes and "fft-chunked 1" in notes
+    same = compare.compare(_doc(a), _doc(dict(b, algorithms=a["algorithms"])))
+    assert same["algorithms_changed"] == {}
+    assert "differently" not in " ".join(compare.comparison_table(same, "a", "b").notes)
+
+
+def test_files_sharing_no_column_say_so(tmp_path, capsys):
+    a = tmp_path / "a.json"
+    b = tmp_path / "b.json"
+    a.write_text(json.dumps(dict(_doc(_rec("gemm", [1, 1, 1], [1, 1, 1])), schema_version=compare.SCHEMA_VERSION)))
+    b.write_text(json.dumps(dict(_doc(_rec("fft", [1, 1, 1], [1, 1, 1])), schema_version=compare.SCHEMA_VERSION)))
+    assert cli.main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "no column was timed in both files" in out and "timed in A only" in out

@@ -65,6 +65,7 @@ from .protocol import (PHASES, PhaseRunner, TrainingGraph, applied_layout, rando
                        training_graph)
 from .records import (error_fields, fill_throughput, forced_nodes, layer_records, model_flops, new_record,
                       phase_totals, release_device, warnings_noted)
+from .tables import cache_note
 from .timer import AUTO_ROUND, AdaptiveTimer, Timer, make_timer
 from .whole_step import opgraph_step
 
@@ -220,6 +221,7 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
             exe = og.compile(tg.outputs, device=s.device, policy=policy)
         rec["compile_s"] = time.perf_counter() - t0
         rec["autotune"] = exe.report.autotune or None  # where compile_s went, when autotune ran
+        rec["notes"] += filter(None, [cache_note(rec["autotune"])])  # the table says it, and so does the JSON
         rec["fusion"] = exe.report.fusion or None  # which fusion rules rewrote how many matches
         sched = schedule(exe, tg)
         rec["forced"] = forced_nodes(exe.report)  # the policy's choice, not a decline

@@ -115,6 +115,9 @@ def test_a_benchmark_whose_choices_came_from_the_autotune_cache_says_so_naming_i
                            f"choices were read from the autotune cache {cache}, timed when they were written "
                            "there, not by this run's compile")
     assert tables.column_cache_note({**_column(second, "auto"), "lowering": "auto+graph"}) is None
+    # the JSON says it too, in the column's notes (it reached the table only: fresh-user report)
+    assert tables.cache_note(summary) in _column(second, "auto")["notes"]
+    assert not any("autotune cache" in n for n in _column(first, "auto")["notes"])
     assert pf.profile_cache_note(summary) == tables.cache_note(
         summary, "node choices (and their tuned_ms)", "this profile's compile")
 

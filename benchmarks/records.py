@@ -5,6 +5,7 @@ record's skeleton, phase totals, FLOPs, throughput and the per-layer rows
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from typing import TYPE_CHECKING
 
@@ -47,6 +48,16 @@ WARNING_NOTE = "warning: "
 NOTED = (RuntimeWarning, UserWarning)
 
 
+def _module_of(filename: str):
+    """The imported module whose source is ``filename``, or None: what
+    ``warnings.showwarning`` is not told and ``warnings.warn_explicit`` needs
+    to honour a module-scoped filter and a ``'default'`` filter's memory."""
+    for module in list(sys.modules.values()):
+        if getattr(module, "__file__", None) == filename:
+            return module
+    return None
+
+
 @contextlib.contextmanager
 def warnings_noted(notes: list[str]):
     """Each warning of :data:`NOTED` raised inside (compiling a column: a corrupt or
@@ -74,8 +85,10 @@ def warnings_noted(notes: list[str]):
         # catch_warnings here would reset the memory of a 'once' filter at each warning)
         filters_inside, warnings.filters = warnings.filters, filters_outside
         show_inside, warnings.showwarning = warnings.showwarning, show_outside
+        module = _module_of(filename)  # a filter scoped to a module (-W ignore::UserWarning:opgraph.x) sees it
         try:
-            warnings.warn_explicit(message, category, filename, lineno)
+            warnings.warn_explicit(message, category, filename, lineno, module=module and module.__name__,
+                                   registry=module and vars(module).setdefault("__warningregistry__", {}))
         except Warning as e:  # an 'error' filter: not raised inside the compile
             errors.append(e)
         finally:

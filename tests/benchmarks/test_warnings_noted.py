@@ -135,3 +135,22 @@ def test_a_force_key_that_forces_nothing_reaches_the_column_notes():
             warnings.warn("policy.force key 'inception_*/3x3' matches no node of graph 'alexnet'", UserWarning)
             warnings.warn("old API", DeprecationWarning)
     assert notes == ["warning: policy.force key 'inception_*/3x3' matches no node of graph 'alexnet'"]
+
+
+def test_a_filter_scoped_to_the_warning_module_is_honoured():
+    """The warning was issued again without its module, so ``-W
+    ignore::RuntimeWarning:opgraph.passes.autotune_cache`` did not hide it
+    (and ``warnings.filterwarnings(module=...)`` matched nothing)."""
+    from opgraph.passes import autotune_cache
+
+    shown: list[str] = []
+    notes: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"opgraph\.passes\.autotune_cache")
+        warnings.showwarning = _shown_into(shown)
+        with warnings_noted(notes):
+            warnings.warn_explicit("cache unwritable", RuntimeWarning, autotune_cache.__file__, 1)
+            warnings.warn("from elsewhere", RuntimeWarning)
+    assert notes == ["warning: cache unwritable", "warning: from elsewhere"]
+    assert shown == ["from elsewhere"]

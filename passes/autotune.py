@@ -46,7 +46,8 @@ Nodes the policy forces, and nodes with a single candidate, are not timed.
 Decisions persist in :class:`~passes.autotune_cache.AutotuneCache` with every
 candidate's measurements; a cached decision is reused without running
 anything if its algorithm still applies (its key holds the fingerprint of the
-code generating our kernels, ``backends/cuda/kernel_sources.py``: one tuned
+code generating our kernels, ``backends/cuda/kernel_sources.py``, and of the
+kernels the generator emits for the node, ``codegen_sources.py``: one tuned
 on other kernel code is not found, and the node is tuned and checked again,
 with a note), the winner chosen again from the
 cached measurements under the current ``workspace_tolerance``
@@ -90,7 +91,7 @@ from .autotune_accuracy import EXACT_ALGORITHMS, relative_error, tolerance
 from .autotune_cache import AutotuneCache, cache_key
 from .autotune_choice import EAGER_STEP_MS, CaptureBlocker, captures_all, choose, declared_blocker
 from .autotune_clock import TuneClock
-from .autotune_contenders import candidate_set, contenders
+from .autotune_contenders import KeyNode, candidate_set, contenders
 from .autotune_hand_edit import HandEdit, hand_edit, pinned_by_hand
 from .autotune_inputs import REFERENCE_ALGORITHMS, InputPool, random_inputs
 from .autotune_measure import PRUNE_FACTOR, measure_candidates, out_forms
@@ -187,8 +188,16 @@ class AutotunePass(Pass):
             layout = getattr(types[0] if types else view.type, "layout", None) or "NCHW"
             # a concat homed in a larger one: its step is the executor's own, whatever its rule
             home = homes.get(view.id) if not isinstance(abstract_of(view.op), ops.Concat) else None
+            run_in = tuple(run[i] for i in graph.input_ids(view.id))
+            # the node a variants function's node_fingerprint hashes (codegen_sources: a plan of the
+            # node, ~0.4 ms), given only where the key can be written: two contenders or more, or a
+            # homed node (two output forms); a lone rule on a buffer of its own is timed only if it
+            # lists several variants, and the one variants function with a node_fingerprint lists one
+            keyed = (KeyNode(op, run_in, run[view.id], home.placement() if home is not None else None)
+                     if len(applicable) > 1 or home is not None else None)
             key = cache_key(op, types, ctx.dtype, layout, policy, ctx.device, device_name, versions,
-                            candidates=candidate_set(((e.rule, e.options) for e in applicable), policy.engine_limit),
+                            candidates=candidate_set(((e.rule, e.options) for e in applicable), policy.engine_limit,
+                                                     keyed),
                             out=home.describe() if home is not None else None)
             hit = cache.get(key)
             problem = entry_problem(hit) if hit else None
@@ -246,9 +255,8 @@ class AutotunePass(Pass):
                 elif cache.get(key) is None and cache.superseded(key) is not None:
                     ctx.report.note(f"autotune: {view.name}: its cached decision was tuned on other kernel "
                                     "code (the source fingerprint in its key differs); re-tuned")
-                rows, timed = measure_candidates(op, types, cands, s, ctx, timer, view, run[view.id],
-                                                 tuple(run[i] for i in graph.input_ids(view.id)), node_clock,
-                                                 pool, home)
+                rows, timed = measure_candidates(op, types, cands, s, ctx, timer, view, run[view.id], run_in,
+                                                 node_clock, pool, home)
                 waited = take_waits(timer)
                 if waited:
                     waits[view.name] = waited

@@ -13,8 +13,9 @@ The key (:func:`cache_key`) spells out everything a decision depends on: the
 op and its parameters, input shapes and dtypes, layout, precision, workspace
 limit, device and device name, the competing rules and how each enumerates
 its variants, for our generated kernels the fingerprint of the code that
-writes them (``#`` and 12 hex digits: ``backends/cuda/kernel_sources.py``),
-and every library version. A key written
+writes them (``#`` and 12 hex digits: ``backends/cuda/kernel_sources.py``) or,
+for the generator's element-wise and fused kernels, of the kernels it emits for
+the node (``backends/cuda/codegen_sources.py``), and every library version. A key written
 under other versions is therefore never looked up again (stale entries stay
 in the file, harmless, until it is deleted). A decision whose key differs from
 the node's only in those fingerprints (its kernels' code was edited since, or

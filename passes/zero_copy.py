@@ -201,6 +201,20 @@ class Home:
         return Region(self.root, tuple(self.shape), dtype, self.layout == "NHWC" and len(self.shape) == 4,
                       tuple(self.chain))
 
+    def placement(self) -> tuple[tuple, int]:
+        """``(strides, offset)``: the element strides of this home's view of the root buffer (the
+        root's, in its layout: slicing keeps them) and the element offset of its first element,
+        as :meth:`region`'s array has them (for cache keys: ``autotune_contenders.KeyNode``)."""
+        shape = tuple(self.shape)
+        strides = [1] * len(shape)
+        for a in range(len(shape) - 2, -1, -1):
+            strides[a] = strides[a + 1] * shape[a + 1]
+        if self.layout == "NHWC" and len(shape) == 4:
+            _, c, h, w = shape
+            strides = [h * w * c, 1, w * c, c]
+        _, bounds = self.region(None).bounds()
+        return tuple(strides), sum(start * s for (start, _), s in zip(bounds, strides))
+
     def describe(self) -> str:
         """``NHWC[2x64x28x28] 1:64:96``: the root buffer and the slice (axis,
         start, stop of each step), for cache keys and reports."""

@@ -19,9 +19,10 @@ kernels (``passes/policy.py``): where both exist (ReLU, threshold and their
 gradients, the bias gradient), the generated kernel moves the same bytes
 with 16-byte accesses and stays capturable, and autotune may still pick the
 hand-written one. Those decisions are keyed on the ``cuda`` kernels' code (its
-fingerprint) but not on the generator's: it changes too often to re-tune every element-wise
-node after each edit (``kernel_sources``, module docstring). Importing this module needs
-neither CuPy nor a GPU.
+fingerprint, ``kernel_sources``) and on the kernels the generator emits for the node, not on
+the generator's code: it changes too often to re-tune every element-wise node after each edit
+(the element-wise rules' variants function, ``codegen_sources.one_variant``). Importing this
+module needs neither CuPy nor a GPU.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from opgraph import ops
 from opgraph.types import TensorType
 
 from ..registry import Rule, register
+from . import codegen_sources
 from .codegen import launch, movement
 from .codegen.expressions import EXPRESSIONS
 from .codegen.ir import PlanError
@@ -121,8 +123,8 @@ def register_rules() -> None:
     (uncaptured) run, its shapes are launch arguments, a view is no launch."""
     for op_type in (*EXPRESSIONS, ops.FusedElementwise):
         register(Rule(op_type, "codegen", run_generated, devices={"cuda"}, check=check, tags=TAGS,
-                      inplace=INPLACE.get(op_type), fresh_output=True, capturable=True,
-                      writes_strided_out=op_type in STRIDED_OUT))
+                      variants=codegen_sources.one_variant(), inplace=INPLACE.get(op_type), fresh_output=True,
+                      capturable=True, writes_strided_out=op_type in STRIDED_OUT))
     for op_type, (kernel, fresh) in MOVEMENT.items():
         register(Rule(op_type, "codegen", kernel, devices={"cuda"}, check=movement_check, tags=TAGS,
                       fresh_output=fresh, capturable=True))

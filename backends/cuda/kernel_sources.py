@@ -25,16 +25,18 @@ node (the losses, LRN, ``Zeros``, ``Constant`` today) is never timed nor cached,
 costs nothing (``Zeros`` and ``Constant`` run ``codegen.movement``, whose imports reach the
 generator: their keys change with it, unread).
 
-Not fingerprinted, on purpose:
+Not fingerprinted here, on purpose:
 
-* the ``codegen`` rules (``codegen_rules``): the generator of the element-wise and fused
-  kernels (``codegen.plan``, ``emit``, ``expressions``, ...) is edited more often than any other
-  code here, and a fingerprint of it would tune every element-wise node of every cached model
-  again after each such edit, its candidates compiled and timed anew. Its key is the rule's name
-  (``codegen:_one_variant``) and the library versions, as before, so cached decisions do not see a
-  codegen edit: one that changes which candidate wins, or fixes a ``wrong`` one, needs a fresh
-  cache file (or the nodes' entries removed). The same reason stops the imports of the
-  :data:`LEAVES` at them;
+* the generator of the element-wise and fused kernels (``codegen.plan``, ``emit``,
+  ``expressions``, ...), behind the ``codegen`` rules (``codegen_rules``): it is edited more often
+  than any other code here, and a fingerprint of its modules would tune every element-wise node
+  of every cached model again after each such edit, its candidates compiled and timed anew. Those
+  rules carry a finer fingerprint instead (``codegen_sources``): of the kernels the generator
+  emits for the node the key is made for (their text, launch geometry and arguments), so an edit
+  re-tunes the nodes whose kernels it changed, with the same note, and no other; their key reads
+  ``codegen:_one_variant#<12 hex>``, a key of before it (``codegen:_one_variant``) is found
+  superseded. The data-movement ``codegen`` rules carry none (never timed: ``codegen_sources``).
+  The same reason stops the imports of the :data:`LEAVES` at the generator;
 * the library rules (``cudnn`` of the convolutions, ``cudnn_rules``, and of training batch norm,
   ``cudnn_norm_rules``; ``cublas``, ``cublas_rules``): they write no
   kernel text; what autotune times there is cuDNN's engines and cuBLAS's products, whose versions

@@ -2,7 +2,8 @@
 (``backends/cuda/kernel_sources.py``, ``autotune_contenders._stable_name``): the fingerprint
 follows the code that writes a kernel's text, not its comments or docstrings; every ``cuda``
 rule (variants of its own or one) and every ``unfold`` rule carries one into its key, the
-``codegen`` rules none; a decision tuned on other kernel code (or written before
+``codegen`` rules one of the kernels emitted for the node instead (``codegen_sources``;
+``test_autotune_codegen_fingerprint.py``); a decision tuned on other kernel code (or written before
 fingerprints were kept) is tuned again, with a note, never a crash; and the case that asked for
 it: a candidate whose filled input (``Op.fills``) was wrong when tuned, fixed since, is checked
 again and chosen, with no revision bump."""
@@ -21,12 +22,13 @@ import pytest
 import opgraph as og
 from opgraph import ops
 from opgraph.backends import registry
-from opgraph.backends.cuda import kernel_sources, pool, pool_indices, relu, rules as cuda_rules
+from opgraph.backends.cuda import codegen_sources, kernel_sources, pool, pool_indices, relu, rules as cuda_rules
 from opgraph.backends.reference.kernel import params_kernel
 from opgraph.backends.registry import Rule, rules_for
 from opgraph.op import Lowered
 from opgraph.passes.autotune import candidate_set
 from opgraph.passes.autotune_cache import FINGERPRINT, AutotuneCache, unfingerprinted
+from opgraph.passes.autotune_contenders import KeyNode
 from opgraph.passes.policy import LoweringPolicy
 
 from passes_stubs import SCALE_RULES, Scale, StubTimer, install_rule
@@ -149,19 +151,26 @@ def _key(candidates: str) -> str:
     return f"ReluBackward() | in=(bfloat16[8x64x28x28], bfloat16[8x64x28x28]) | candidates={candidates} | cupy=14.2.0"
 
 
-def test_a_relu_decision_between_cuda_and_codegen_is_keyed_on_the_cuda_kernels_code_only():
+def test_a_relu_decision_between_cuda_and_codegen_is_keyed_on_the_kernels_of_both():
     """The nodes where a one-variant ``cuda`` rule competes (ReLU, threshold and their gradients,
-    against ``codegen``): the ``cuda`` side carries ``relu.py``'s fingerprint, ``codegen`` none (its
-    generator is not fingerprinted: ``kernel_sources``); a decision cached under the key of
-    before is found superseded, so the node is tuned again, with the note."""
-    for op_type in (ops.Relu, ops.ReluBackward, ops.Threshold, ops.ThresholdBackward):
-        rules_ = rules_for(op_type)
-        names = candidate_set([(rules_[a], {}) for a in ("codegen", "cuda")])
-        assert names == f"codegen:_one_variant,cuda:_one_variant#{kernel_sources.source_fingerprint([relu.__name__])}"
-        cache = AutotuneCache(None)
-        cache.put(_key("codegen:_one_variant,cuda:_one_variant"), {"algorithm": "codegen", "options": {}})
-        assert cache.get(_key(names)) is None
-        assert cache.superseded(_key(names)) == _key("codegen:_one_variant,cuda:_one_variant")
+    against ``codegen``): the ``cuda`` side carries ``relu.py``'s fingerprint, ``codegen`` the
+    fingerprint of what the generator emits for the node (``codegen_sources``: the generator's
+    modules are not hashed); a decision cached under the key of before either is found
+    superseded, so the node is tuned again, with the note."""
+    t = og.TensorType((8, 64, 28, 28), "bfloat16", "NHWC")
+    for op, arity in ((ops.Relu(), 1), (ops.ReluBackward(), 2), (ops.Threshold(threshold=0.5, value=0.0), 1),
+                      (ops.ThresholdBackward(threshold=0.5), 2)):
+        rules_ = rules_for(type(op))
+        node = KeyNode(op, (t,) * arity, t)
+        names = candidate_set([(rules_[a], {}) for a in ("codegen", "cuda")], node=node)
+        emitted = codegen_sources.emitted_fingerprint(*node)
+        cuda = kernel_sources.source_fingerprint([relu.__name__])
+        assert names == f"codegen:_one_variant#{emitted},cuda:_one_variant#{cuda}"
+        for before in ("codegen:_one_variant,cuda:_one_variant", f"codegen:_one_variant,cuda:_one_variant#{cuda}"):
+            cache = AutotuneCache(None)
+            cache.put(_key(before), {"algorithm": "codegen", "options": {}})
+            assert cache.get(_key(names)) is None
+            assert cache.superseded(_key(names)) == _key(before)
 
 
 def test_an_op_that_fills_an_input_is_never_cached_without_a_fingerprint():

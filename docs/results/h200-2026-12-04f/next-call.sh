@@ -9,8 +9,10 @@
 # source fingerprint in the key (backends/cuda/kernel_sources.py): pooling, the bias gradients, ReLU,
 # threshold and their gradients (`cuda` against `codegen`: ~130 entries), and the convolutions where
 # the depthwise or stem-unfold kernels compete with cuDNN's engines. They are tuned again once, with a
-# note each ("tuned on other kernel code"), NVRTC compiles included. Decisions among cuDNN's engines
-# alone, or of `codegen` alone (batch statistics), are reused: neither is fingerprinted.
+# note each ("tuned on other kernel code"), NVRTC compiles included. So are the decisions of `codegen`
+# alone (batch statistics, ~124 entries): since, codegen's keys hold a fingerprint of the kernels the
+# generator emits for the node (backends/cuda/codegen_sources.py). Decisions among cuDNN's engines alone
+# are reused: they are not fingerprinted.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site

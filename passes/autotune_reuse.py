@@ -102,8 +102,8 @@ def row_problems(row: dict) -> list[str]:
     * a correct status (:data:`CORRECT`) with its own ``rel_error`` above its
       own ``tolerance``, or NaN (the tuner marks such a row ``wrong``), or
       with a ``time_ms`` that is not > 0 (a time of 0 would win every
-      comparison; a measured median is above 0: the fastest of 48,251 correct
-      rows in ``docs/results/h200-2026-12-04f/autotune-cache.json.gz`` is 3.5 us)."""
+      comparison; a measured median is above 0: the fastest of 49,668 correct
+      rows in ``docs/results/h200-2026-12-05/autotune-cache.json.gz`` is 3.4 us)."""
     name = repr(_row_label(row))
     out, no_time = [], set()
     for field in ("time_ms", "min_ms"):

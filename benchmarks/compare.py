@@ -17,8 +17,9 @@ compare`` mark only the changes their statistics support:
   a loop of one call has no spread, and its change is ``?``.
 
 Columns in one file only are listed in a note, and so is a shared column
-whose two runs lowered some op type to other algorithms (its ``algorithms``
-counts differ: a cache re-tuned, an engine gone), since its ratio then
+whose two runs lowered it differently (an op type's algorithms or a fusion
+rule's rewrites differ: a cache re-tuned, an engine gone, a rule added or
+excluded), since its ratio then
 compares two programs, not two timings of one; when the files share no
 timed column, the table says so instead of printing no rows. Exit status 0, or 2 when a
 file cannot be read, is not an ``opgraph-bench`` benchmark document, has
@@ -190,39 +191,50 @@ def change(a: tuple[float, float | None], b: tuple[float, float | None]) -> str:
     return "slower" if delta > 0 else "faster"
 
 
-def algorithm_changes(a: dict, b: dict) -> list[str]:
-    """The op types two records of one column lowered differently, one
-    ``'Conv2dBackwardData: cudnn 37 -> cudnn 36, fft 1'`` each, from the
-    records' ``algorithms`` (op type -> algorithm -> node count); empty when
-    either record has none (a peer column, a file written before it was
-    recorded)."""
-    alg_a, alg_b = a.get("algorithms"), b.get("algorithms")
-    if not isinstance(alg_a, dict) or not isinstance(alg_b, dict):
-        return []
+def lowering_changes(a: dict, b: dict) -> list[str]:
+    """What two records of one column lowered differently, one line each: an op type's
+    algorithms (``'Conv2dBackwardData: cudnn 37 -> cudnn 36, fft 1'``, from ``algorithms``:
+    op type -> algorithm -> node count) or a fusion rule's rewrites (``'fusion pool-scan: - ->
+    13'``, from ``fusion``: rule -> ``applied``); empty when the records agree or either lacks
+    both fields (a peer column, a file written before they were recorded)."""
+    lines = []
+    for field, label in (("algorithms", "{}"), ("fusion", "fusion {}")):
+        was, now = a.get(field), b.get(field)
+        if not isinstance(was, dict) or not isinstance(now, dict):
+            continue
+        if field == "fusion":  # what a rule rewrote, not how often it declined
+            was, now = ({rule: (n or {}).get("applied") if isinstance(n, dict) else n
+                         for rule, n in d.items() if not isinstance(n, dict) or n.get("applied")}
+                        for d in (was, now))
+        lines += [f"{label.format(key)}: {_counts(was.get(key))} -> {_counts(now.get(key))}"
+                  for key in sorted(set(was) | set(now)) if was.get(key) != now.get(key)]
+    return lines
 
-    def counts(per_op) -> str:
-        return ", ".join(f"{name} {n}" for name, n in sorted(per_op.items())) if isinstance(per_op, dict) else "-"
 
-    return [f"{op}: {counts(alg_a.get(op))} -> {counts(alg_b.get(op))}"
-            for op in sorted(set(alg_a) | set(alg_b)) if alg_a.get(op) != alg_b.get(op)]
+def _counts(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{name} {n}" for name, n in sorted(value.items()))
+    return str(value)
 
 
 def _label(k: tuple) -> str:
-    return f"{k[0]} / {k[1]} / {k[2]} (batch {k[4]}, {k[5]})"
+    return f"{k[0]} / {k[1]} / {k[2]} (batch {k[4]}, {k[5]}, {k[3]})"
 
 
 def compare(a: dict, b: dict) -> dict:
-    """``{rows, only_a, only_b, algorithms_changed}``: a row per shared timed
+    """``{rows, only_a, only_b, lowered_differently}``: a row per shared timed
     column and phase (``model``, ``lowering``, ``precision``, ``layout``,
     ``batch``, ``dtype``, ``phase``, ``a_ms``, ``a_iqr_ms``, ``b_ms``,
     ``b_iqr_ms``, ``ratio`` = B / A, ``change``), the columns timed in one
-    document only, and per shared column whose runs chose other algorithms
-    its label -> :func:`algorithm_changes`."""
+    document only, and per shared column whose runs lowered it differently
+    its label -> :func:`lowering_changes`."""
     ta, tb = _timed(a), _timed(b)
     rows = []
     changed = {}
     for key in (k for k in ta if k in tb):
-        if differences := algorithm_changes(ta[key], tb[key]):
+        if differences := lowering_changes(ta[key], tb[key]):
             changed[_label(key)] = differences
         fa, fb = _figures(ta[key]), _figures(tb[key])
         for phase in (p for p in (*PHASES, "total", "step") if p in fa and p in fb):
@@ -231,7 +243,7 @@ def compare(a: dict, b: dict) -> dict:
                              phase=phase, a_ms=ma, a_iqr_ms=ia, b_ms=mb, b_iqr_ms=ib,
                              ratio=mb / ma if ma > 0 else None, change=change(fa[phase], fb[phase])))
     return {"rows": rows, "only_a": [_label(k) for k in ta if k not in tb],
-            "only_b": [_label(k) for k in tb if k not in ta], "algorithms_changed": changed}
+            "only_b": [_label(k) for k in tb if k not in ta], "lowered_differently": changed}
 
 
 def _iqr(x) -> str:
@@ -254,8 +266,8 @@ def comparison_table(result: dict, name_a: str, name_b: str) -> Table:
     if not result["rows"]:
         notes.insert(0, "no column was timed in both files (same model, lowering, precision, layout, batch "
                         "and storage dtype): nothing to compare")
-    for label, differences in result.get("algorithms_changed", {}).items():
-        notes.append(f"{label}: the runs lowered some op types differently, so B / A compares two programs: "
+    for label, differences in result.get("lowered_differently", {}).items():
+        notes.append(f"{label}: the runs lowered it differently, so B / A compares two programs: "
                      + "; ".join(differences))
     if result["only_a"]:
         notes.append(f"timed in A only: {', '.join(result['only_a'])}")
@@ -304,4 +316,4 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["load", "check_document", "compare", "algorithm_changes", "change", "comparison_table", "build_parser", "main"]
+__all__ = ["load", "check_document", "compare", "lowering_changes", "change", "comparison_table", "build_parser", "main"]

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 
 from opgraph.types import TensorType, numpy_dtype
 
@@ -82,9 +83,16 @@ def _text(plan) -> str:
 
 def _emitted(op, in_types, out_type, **form) -> str:
     try:
-        return _text(lower(op, in_types, out_type, **form))
+        plan = lower(op, in_types, out_type, **form)
     except Exception as e:  # a PlanError, or a generator bug: the key must not raise where the
-        return f"{type(e).__name__}: {e}"  # candidate would only fail its row when run
+        # candidate would only fail its row when run; an object's address in the message would
+        # give every process another key
+        return f"{type(e).__name__}: " + _ADDRESS.sub("0x?", str(e))
+    return _text(plan)  # outside the try: a bug here must fail loudly, not hash one constant for all
+
+
+#: an object's address as ``repr`` writes it
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 
 
 def _strided_form(out_type, out) -> dict | str:

@@ -86,11 +86,20 @@ def integer(name: str, default=None, minimum: int = 0):
     return attrs.field(kw_only=True, converter=_int_at_least(name, minimum), **kw)
 
 
+def _signed(v: float) -> tuple:
+    """A float field's equality key: the value and its sign bit, so that ops differing only in
+    a signed zero (``Threshold(value=-0.0)``, whose output zeros are negative) are not equal and
+    hash apart; the plan and fingerprint caches keyed by op would otherwise run one's kernel for
+    the other."""
+    return v, math.copysign(1.0, v)
+
+
 def real(name: str, default=None, lo=None, hi=None, open_lo=False, infinite=False):
-    """A float field in [lo, hi]: finite unless ``infinite``, never NaN (:func:`_real`)."""
+    """A float field in [lo, hi]: finite unless ``infinite``, never NaN (:func:`_real`); -0.0
+    and 0.0 are different values of it (:func:`_signed`)."""
     kw = {} if default is None else {"default": default}
     return attrs.field(kw_only=True, converter=_real(name, lo, hi, open_lo=open_lo, infinite=infinite),
-                       **kw)
+                       eq=_signed, **kw)
 
 
 def flag(name: str, default: bool = False):

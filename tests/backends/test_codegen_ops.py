@@ -276,3 +276,20 @@ def test_batch_norm_sums_of_half_storage_are_float32_sums(emu, dtype, layout):
     out, ref, _ = run_case(case.make(shape), case.kinds, shape, dtype, layout, compare=False)
     assert out.dtype == np.float32
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def test_a_signed_zero_parameter_is_its_own_kernel(emu):
+    """``Threshold(value=-0.0)`` compared and hashed equal to ``value=0.0``, so the
+    plan cache (keyed by op) ran the first one's kernel for the second: its zeros
+    came out +0.0 (review). Each now gets its own plan, and its zeros their sign."""
+    from opgraph import ops
+
+    x = np.linspace(-1.0, 1.0, 2 * 4 * 3 * 3, dtype=np.float32).reshape(2, 4, 3, 3)
+    plus, minus = ops.Threshold(threshold=0.5, value=0.0), ops.Threshold(threshold=0.5, value=-0.0)
+    assert plus != minus and hash(plus) != hash(minus)
+    for op, negative in ((plus, False), (minus, True)):
+        out, ref, _ = run_case(op, ("any",), x.shape, "float32", "NCHW", exact=True, arrays=[x])
+        zeros = np.asarray(out)[x <= 0.5]
+        assert zeros.size and not zeros.any() and np.all(np.signbit(zeros) == negative), op
+        assert np.array_equal(np.signbit(np.asarray(out)), np.signbit(ref)), op
+    assert len(launch._PLANS) == 2

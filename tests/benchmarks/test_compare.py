@@ -49,8 +49,8 @@ def test_changes_beyond_both_spreads_are_marked():
     assert rows["fft", "forward"]["change"] == "faster"
     assert rows["gemm", "total"]["a_iqr_ms"] == pytest.approx(0.5 + 1.0)  # the phases' IQRs summed
     assert rows["fft", "backward_data"]["change"] == ""  # 5 -> 5 with no spread: no change
-    assert got["only_a"] == ["alexnet / winograd / fp32 (batch 128, float32)"]
-    assert got["only_b"] == ["alexnet / direct / fp32 (batch 128, float32)"]
+    assert got["only_a"] == ["alexnet / winograd / fp32 (batch 128, float32, NCHW)"]
+    assert got["only_b"] == ["alexnet / direct / fp32 (batch 128, float32, NCHW)"]
 
 
 def test_a_column_timed_as_a_whole_step_only_compares_by_its_step():
@@ -77,7 +77,7 @@ def test_precisions_and_storage_dtypes_are_separate_columns():
     a = _doc(_rec("gemm", [1, 1, 1], [1, 1, 1], precision="bf16", dtype="bfloat16"))
     b = _doc(_rec("gemm", [1, 1, 1], [1, 1, 1], precision="bf16", dtype="float32"))
     got = compare.compare(a, b)
-    assert got["rows"] == [] and got["only_a"] == ["alexnet / gemm / bf16, bfloat16 storage (batch 128, bfloat16)"]
+    assert got["rows"] == [] and got["only_a"] == ["alexnet / gemm / bf16, bfloat16 storage (batch 128, bfloat16, NCHW)"]
 
 
 @pytest.mark.parametrize("other", [{"batch": 64}, {"dtype": "float64"}])
@@ -152,22 +152,32 @@ def test_a_hand_edited_document_is_one_line_naming_file_and_field(tmp_path, caps
     capsys.readouterr()
 
 
-def test_a_column_whose_runs_chose_other_algorithms_is_named():
-    """Two runs of one column that lowered an op type differently (a re-tuned
-    cache) compare two programs; the comparison said nothing of it
-    (fresh-user report)."""
+def test_a_column_whose_runs_lowered_it_differently_is_named():
+    """Two runs of one column that lowered an op type to other algorithms (a
+    re-tuned cache) or rewrote it with other fusion rules (one included, or
+    excluded) compare two programs; the comparison said nothing of it
+    (fresh-user report; review: the fusion rules too)."""
     a, b = _rec("auto", [1, 1, 1], [1, 1, 1]), _rec("auto", [1, 1, 1], [1, 1, 1])
     a["algorithms"] = {"Conv2d": {"cudnn": 5}, "Conv2dBackwardData": {"cudnn": 4}}
     b["algorithms"] = {"Conv2d": {"cudnn": 5}, "Conv2dBackwardData": {"cudnn": 3, "fft-chunked": 1},
                        "Linear": {"cublas": 1}}
+    a["fusion"] = {"pool-argmax": {"applied": 3, "declined": 0}, "pool-scan": {"applied": 0, "declined": 0}}
+    b["fusion"] = {"pool-argmax": {"applied": 3, "declined": 1}, "pool-scan": {"applied": 3, "declined": 0}}
     got = compare.compare(_doc(a), _doc(b))
-    assert got["algorithms_changed"] == {"alexnet / auto / fp32 (batch 128, float32)": [
-        "Conv2dBackwardData: cudnn 4 -> cudnn 3, fft-chunked 1", "Linear: - -> cublas 1"]}
+    assert got["lowered_differently"] == {"alexnet / auto / fp32 (batch 128, float32, NCHW)": [
+        "Conv2dBackwardData: cudnn 4 -> cudnn 3, fft-chunked 1", "Linear: - -> cublas 1",
+        "fusion pool-scan: - -> 3"]}  # a decline more is no other program
     notes = " ".join(compare.comparison_table(got, "a.json", "b.json").notes)
-    assert "lowered some op types differently" in notes and "fft-chunked 1" in notes
-    same = compare.compare(_doc(a), _doc(dict(b, algorithms=a["algorithms"])))
-    assert same["algorithms_changed"] == {}
+    assert "lowered it differently" in notes and "fft-chunked 1" in notes and "pool-scan" in notes
+    same = compare.compare(_doc(a), _doc(dict(b, algorithms=a["algorithms"], fusion=a["fusion"])))
+    assert same["lowered_differently"] == {}
     assert "differently" not in " ".join(compare.comparison_table(same, "a", "b").notes)
+
+
+def test_columns_of_two_layouts_are_named_apart():
+    a = _doc(_rec("auto", [1, 1, 1], [1, 1, 1]), dict(_rec("auto", [1, 1, 1], [1, 1, 1]), layout="NHWC"))
+    got = compare.compare(a, _doc())
+    assert len(set(got["only_a"])) == 2
 
 
 def test_files_sharing_no_column_say_so(tmp_path, capsys):

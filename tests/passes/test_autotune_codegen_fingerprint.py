@@ -302,3 +302,22 @@ def test_a_nodes_fingerprint_is_the_same_in_every_process():
         found.append(json.loads(done.stdout.strip().splitlines()[-1]))
     assert found[0] == found[1]
     assert {"bn/stats", "relu", "bn.grad/batch_norm_training_backward_data"} <= set(found[0])  # relu: fused
+
+
+def test_a_planning_error_hashes_without_object_addresses_and_a_text_bug_raises(monkeypatch):
+    """The key of a node the generator refuses hashes the error's message, which must not carry
+    an object's address (another key in every process); a bug after planning (in the text the key
+    hashes) must raise, not hash one constant error for every node (review)."""
+    messages = iter(["no rule for <Op at 0x7f00aa> here", "no rule for <Op at 0x7f11bb> here"])
+
+    def refuse(*args, **kwargs):
+        raise PlanError(next(messages))
+
+    monkeypatch.setattr(codegen_sources, "lower", refuse)
+    first = codegen_sources.emitted_texts(ops.Relu(), (NHWC,), NHWC)
+    second = codegen_sources.emitted_texts(ops.Relu(), (NHWC,), NHWC)
+    assert first == second == ("PlanError: no rule for <Op at 0x?> here",)
+    monkeypatch.undo()
+    monkeypatch.setattr(codegen_sources, "_text", lambda plan: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        codegen_sources.emitted_texts(ops.Relu(), (NHWC,), NHWC)

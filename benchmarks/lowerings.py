@@ -42,7 +42,6 @@ from opgraph.op import abstract_of
 from opgraph.ops import of_family
 from opgraph.passes.candidates import decline_reason, policy_options, storage_dtype
 from opgraph.passes.compiler import precision_applied  # re-exported: the driver records it
-from opgraph.passes.fuse import IDLE_OPT_IN
 from opgraph.passes.policy import LoweringPolicy, parse_bytes
 
 from .protocol import TrainingGraph
@@ -342,11 +341,9 @@ def inapplicable(tg: TrainingGraph, lowering: "Lowering", device: str, policy: L
 
 
 #: the compile's notes a record or a profile repeats, by what they say: the
-#: memory-aware re-choice (what ``peak_tolerance`` changed), a policy key
-#: only autotune reads, set while autotune is off (``passes/compiler.py``),
-#: and an opt-in fusion rule included that rewrote nothing (``passes/fuse.py``'s
-#: ``idle_opt_in``, whose text it shares: ``include=pool-scan`` alone on the CPU)
-_REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads", IDLE_OPT_IN)
+#: memory-aware re-choice (what ``peak_tolerance`` changed) and a policy key
+#: only autotune reads, set while autotune is off (``passes/compiler.py``)
+_REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads")
 
 
 def requested_notes(exe: Executable, precision: str, layout: str, dtype: str) -> list[str]:

@@ -194,7 +194,7 @@ def _policy_notes(pol: LoweringPolicy, ctx: PassContext) -> None:
     idle_in = idle_includes(pol)
     if idle_in:
         ctx.report.note(f"policy include {idle_in}: no opt-in rule carries {'it' if len(idle_in) == 1 else 'them'} "
-                        "(include turns on rules tagged 'optional', 'fused-reference' and the opt-in fusion rules): "
+                        "(include turns on rules tagged 'optional' and 'fused-reference'): "
                         "no effect")
     elsewhere = preferences_elsewhere(pol, ctx.device)
     if elsewhere:

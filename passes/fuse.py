@@ -21,7 +21,7 @@ every one off, and nothing else (the fused ops' rules carry the tag
 4b. ``pool-scan``: such a pooling's scan and take -> one ``MaxPool2dScan``
    that writes the pooled value and fills the winners' buffer, a
    ``MaxPool2dArgmaxSlot`` whose step only allocates
-   (``passes/fuse_pool_scan.py``);
+   (``passes/fuse_pool_scan.py``; opt-in on the CPU's oracle kernels);
 5. ``bn-stats-parts``: the batch statistics of a channel concat -> the concat
    of its parts' statistics, each part's computed once and shared (DenseNet's
    dense layers; ``passes/share_bn_stats.py``);
@@ -45,7 +45,8 @@ every one off, and nothing else (the fused ops' rules carry the tag
    (``passes/fuse_elementwise.py``; opt-in on the CPU's oracle kernels);
 11. ``relu-bias-sums``: a bias gradient of a ReLU gradient left out of the chains -> the ReLU
    gradient fills the bias gradient's slot with its per-channel sums in the same pass
-   (``ReluBackwardSums``, ``ReluBackwardSumsSlot``; ``passes/fuse_relu_bias_sums.py``; opt-in).
+   (``ReluBackwardSums``, ``ReluBackwardSumsSlot``; ``passes/fuse_relu_bias_sums.py``; opt-in on
+   the CPU's oracle kernels).
 
 The epilogues come first so that a convolution's ReLU goes to cuDNN's fused
 graph, not to a generated kernel; the batch-norm rule before the element-wise
@@ -280,42 +281,6 @@ TABLE: tuple[FusionRule, ...] = (
 )
 
 
-#: What :func:`idle_opt_in`'s note says after the rule's name (``pool-scan: included, but no
-#: saved-winners max pooling to rewrite``); ``benchmarks/lowerings.py`` finds the note by it, to
-#: repeat it in a column's record.
-IDLE_OPT_IN = ": included, but no "
-
-
-def idle_opt_in(rule: FusionRule, scope: Scope, ctx: PassContext,
-                table: tuple[FusionRule, ...] = TABLE) -> str | None:
-    """Why an opt-in rule the policy includes rewrote nothing, where no note of
-    its own says so: it found no ``rule.subject``, and where it rewrites what
-    ``rule.after`` makes, that rule rewrote none, and why when the run knows
-    (excluded, waiting for an ``include`` name, nothing of its subject):
-    ``include=['pool-scan']`` alone on the CPU, whose ``pool-argmax`` waits
-    for ``fused-reference``, was silent. None when the rule is not such a
-    rule, is excluded, matched something or noted why not. ``table``: the
-    rules, where ``rule.after``'s subject is read."""
-    policy = ctx.policy
-    if (not rule.opt_in or rule.name not in policy.include or {"fused", rule.name} & policy.exclude
-            or scope.applied.get(rule.name) or scope.declined.get(rule.name) or rule.name in scope.notes):
-        return None
-    why = f"{rule.name}{IDLE_OPT_IN}{rule.subject or 'match'} to rewrite"
-    if rule.after is None or scope.applied.get(rule.after):
-        return why
-    why += f": {rule.after} rewrote none"
-    after = next((r for r in table if r.name == rule.after), None)
-    if rule.after in policy.exclude:
-        why += f" (exclude=[{rule.after!r}])"
-    elif rule.after in scope.waiting:
-        where = "the CPU" if ctx.device == "cpu" else "the oracle kernels"
-        why += f" (on {where} it needs include=[{scope.waiting[rule.after]!r}])"
-    elif (after is not None and after.subject and not scope.declined.get(rule.after)
-          and rule.after not in scope.notes):
-        why += f" (no {after.subject} in the graph)"
-    return why
-
-
 class FusePass(Pass):
     """Apply the fusion table (see the module docstring); one note per kind of
     match (how many fused, which not and why) and per rule passed over."""
@@ -332,21 +297,15 @@ class FusePass(Pass):
                             + (f"; not fused: {'; '.join(tally.skipped)}" if tally.skipped else ""))
         for rule, whys in scope.notes.items():
             ctx.report.note(f"fuse: {rule}: not applied: {'; '.join(sorted(whys))}")
-        for rule in self.table:
-            why = idle_opt_in(rule, scope, ctx, self.table)
-            if why:
-                ctx.report.note(f"fuse: {why}")
         # exclude=['fused'] turns every rule off through its fused ops' tag: each then declines
         every = "fused" in ctx.policy.exclude
-        # an opt-in rule (FusionRule.opt_in) the policy did not include did not run: {'opt_in': True}
         ctx.report.fusion = {rule.name: ({"excluded": True} if every or rule.name in ctx.policy.exclude else
-                                         {"opt_in": True} if rule.opt_in and rule.name not in ctx.policy.include
-                                         else {"applied": scope.applied.get(rule.name, 0),
-                                               "declined": scope.declined.get(rule.name, 0)})
+                                         {"applied": scope.applied.get(rule.name, 0),
+                                          "declined": scope.declined.get(rule.name, 0)})
                              for rule in self.table}
         return graph
 
 
-__all__ = ["FusePass", "TABLE", "IDLE_OPT_IN", "idle_opt_in", "EpilogueChain", "epilogue_chains", "fuse_epilogue", "match_epilogue",
+__all__ = ["FusePass", "TABLE", "EpilogueChain", "epilogue_chains", "fuse_epilogue", "match_epilogue",
            "dgrad_relu_pairs", "fuse_dgrad_relu", "match_dgrad_relu", "pool_relu_backward_pairs",
            "fuse_pool_relu_backward", "match_pool_relu_backward"]

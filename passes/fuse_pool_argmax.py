@@ -91,7 +91,7 @@ def match_pool_argmax(scope: Scope, view: NodeView) -> Match | None:
         return None
     why = _oracle_without_opt_in(scope.algorithm(view.id), scope.ctx)
     if why:  # no match rather than a declined one: a CPU run's fusion line would count every pooling
-        scope.note(NAME, why, waits_for=OPT_IN)
+        scope.note(NAME, why)
         return None
     found = _forward_of(scope, view.id)
     if found is None:
@@ -131,6 +131,6 @@ def fuse_pool_argmax(graph: Graph, m: Match, ctx: PassContext) -> str | None:
     return None
 
 
-POOL_ARGMAX = FusionRule(NAME, match_pool_argmax, fuse_pool_argmax, subject="max pooling with its gradient")
+POOL_ARGMAX = FusionRule(NAME, match_pool_argmax, fuse_pool_argmax)
 
 __all__ = ["NAME", "LABEL", "match_pool_argmax", "fuse_pool_argmax", "POOL_ARGMAX"]

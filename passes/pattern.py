@@ -80,22 +80,12 @@ class FusionRule:
         rewrite: ``(graph, match, ctx) -> None | str`` (why not).
         consumers_first: sweep from the graph's outputs towards its inputs,
             so that a chain is matched at its last node (maximal chains).
-        opt_in: None, or why the rule runs only when the policy names it in
-            ``include`` (said in the compile's notes when it does not).
-        subject: what the rule rewrites, for the note on an included opt-in
-            rule that found nothing to rewrite (``'saved-winners max pooling'``).
-        after: the rule whose rewrites this one matches (``pool-scan``
-            rewrites what ``pool-argmax`` made), named in that note when it
-            rewrote nothing.
     """
 
     name: str
     match: Callable[["Scope", NodeView], Match | None]
     rewrite: Callable[[Graph, Match, PassContext], str | None]
     consumers_first: bool = False
-    opt_in: str | None = None
-    subject: str | None = None
-    after: str | None = None
 
 
 class Scope:
@@ -112,8 +102,6 @@ class Scope:
         self.outputs = frozenset(v.node for v in outputs)
         self.nodes = graph.ancestors(outputs)
         self.notes: dict[str, set[str]] = {}
-        #: rule name -> the ``include`` name its matches waited for (``fused-reference`` on the oracles)
-        self.waiting: dict[str, str] = {}
         #: rule name -> rewrites it made / matches whose rewrite declined
         self.applied: dict[str, int] = {}
         self.declined: dict[str, int] = {}
@@ -207,12 +195,9 @@ class Scope:
         """Whether ``node`` is no output and read by ``readers`` only (in the scope)."""
         return not self.is_output(node) and set(self.readers(node)) <= set(readers)
 
-    def note(self, rule: str, why: str, waits_for: str | None = None) -> None:
-        """Remember, once, why ``rule`` passed nodes over (reported by the pass);
-        ``waits_for``: the ``include`` name that would have let it match."""
+    def note(self, rule: str, why: str) -> None:
+        """Remember, once, why ``rule`` passed nodes over (reported by the pass)."""
         self.notes.setdefault(rule, set()).add(why)
-        if waits_for is not None:
-            self.waiting[rule] = waits_for
 
     def removed(self, nodes: Iterable[int]) -> None:
         self.nodes -= set(nodes)
@@ -244,25 +229,11 @@ def apply_table(rules: Sequence[FusionRule], graph: Graph, outputs: Sequence[Val
             if rule.name in ctx.policy.exclude:
                 scope.note(rule.name, f"excluded by policy (exclude=[{rule.name!r}])")
                 continue
-            if rule.opt_in and rule.name not in ctx.policy.include:
-                left = _matches(rule, graph, scope)
-                if left:  # said only where it would have done something
-                    scope.note(rule.name, f"{left} match(es) left: {rule.opt_in}")
-                continue
             while _sweep(rule, graph, scope, ctx, tallies, refused):
                 changed = True
         if not changed:
             break
     return tallies, scope
-
-
-def _matches(rule, graph, scope) -> int:
-    """How many nodes ``rule`` matches, nothing rewritten (its match's notes dropped: they
-    would say why a rule that does not run declined)."""
-    notes, waiting = {k: set(v) for k, v in scope.notes.items()}, dict(scope.waiting)
-    found = sum(rule.match(scope, graph.node(n)) is not None for n in scope.order(rule.consumers_first))
-    scope.notes, scope.waiting = notes, waiting
-    return found
 
 
 def _sweep(rule, graph, scope, ctx, tallies, refused) -> bool:

@@ -124,12 +124,11 @@ def preferences_elsewhere(policy: LoweringPolicy, device: str) -> list[str]:
 
 def idle_includes(policy: LoweringPolicy) -> list[str]:
     """The ``include`` entries that turn nothing on: ``include`` enables the
-    rules tagged ``optional`` and the generated fusion on the CPU's oracle
-    (``fused-reference``) and the opt-in fusion rules (``FusionRule.opt_in``);
-    any other name (a rule that is a candidate already, another fusion rule)
-    has no effect, which the compile notes."""
-    from .fuse import TABLE  # the fusion table imports the policy: read it when asked
-    return sorted(set(policy.include) - opt_in_names() - {OPT_IN} - {r.name for r in TABLE if r.opt_in})
+    rules tagged ``optional`` and the fusion rules on the CPU's oracle
+    (``fused-reference``); any other name (a rule that is a candidate
+    already, a fusion rule: every one runs unless excluded) has no effect,
+    which the compile notes."""
+    return sorted(set(policy.include) - opt_in_names() - {OPT_IN})
 
 
 __all__ = ["known_names", "listed_names", "check_names", "excluded_include", "preferences_elsewhere", "idle_includes"]

@@ -101,19 +101,17 @@ def step_errors(fused, unfused, ref) -> list[tuple[float, float, float]]:
     return out
 
 
-def rule_on_and_off(make, rule: str, seed: int = 0, without: tuple = (), opt_in: tuple = ()):
+def rule_on_and_off(make, rule: str, seed: int = 0, without: tuple = ()):
     """``(on, off, errors)``: the training step of ``make()`` compiled on the
-    CPU's oracle with the fused chains opted in (``include=['fused-reference']``
-    and the rules ``opt_in``), with and without fusion rule ``rule`` (both
-    without the rules ``without``: a later rule that would rewrite what
-    ``rule`` makes), and :func:`step_errors` of their outputs against the
-    float64 reference."""
+    CPU's oracle with the fused chains opted in (``include=['fused-reference']``),
+    with and without fusion rule ``rule`` (both without the rules ``without``:
+    a later rule that would rewrite what ``rule`` makes), and
+    :func:`step_errors` of their outputs against the float64 reference."""
     outs, feeds, _ = training_step(make, np.random.default_rng(seed))
     ref = og.compile(outs, pipeline="reference", dtype="float64")(**feeds)
-    include = ["fused-reference", *opt_in]
+    include = ["fused-reference"]
     on = og.compile(outs, device="cpu", policy={"include": include, "exclude": list(without)})
-    off = og.compile(outs, device="cpu", policy={"include": [n for n in include if n != rule],
-                                                 "exclude": [rule, *without]})
+    off = og.compile(outs, device="cpu", policy={"include": include, "exclude": [rule, *without]})
     return on, off, step_errors(on(**feeds), off(**feeds), ref)
 
 

@@ -419,18 +419,19 @@ def test_the_node_kernel_writes_into_gy_when_asked(emu, monkeypatch, dtype, case
 @needs_gxx
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_training_step_lowered_for_cuda_runs_the_sums_in_place_with_the_same_results(emu, monkeypatch, dtype):
-    """``pooled`` lowered for cuda (NHWC, ``relu-bias-sums`` included), the two fused nodes
+    """``pooled`` lowered for cuda (NHWC, ``relu-bias-sums`` on by default), the two fused nodes
     through their own kernels on the emulator, every other step as the reference rounded to the
     run type: the memory pass has the first ReLU gradient overwrite the pooling's gradient (gy),
     as ``ReluBackward`` would; the run equals the same steps out of place bit for bit and passes
     the training-step criterion against the float64 reference and the unfused compile."""
     outs, feeds, n_grads = training_step(pooled, np.random.default_rng(0))
     ref = og.compile(outs, pipeline="reference", dtype="float64")(**feeds)
-    policy = {"layout": "NHWC", "include": ["relu-bias-sums"], "exclude": ["pool-relu-backward"]}
+    policy = {"layout": "NHWC", "exclude": ["pool-relu-backward"]}
     fused = (ops.ReluBackwardSums, ops.ReluBackwardSumsSlot)
     with codegen_emulated(monkeypatch, emu, colsum_relu._kernel, colsum_vector._kernels):
         exe = emulated_cuda_executable(outs, policy, dtype, kernels=fused)
-        off = emulated_cuda_executable(outs, {"layout": "NHWC", "exclude": ["pool-relu-backward"]}, dtype)
+        off = emulated_cuda_executable(outs, {"layout": "NHWC", "exclude": ["pool-relu-backward", "relu-bias-sums"]},
+                                       dtype)
         names = {st.node: st.name for st in exe.steps}
         in_place = {st.name: names[st.writes_into] for st in exe.steps
                     if st.writes_into is not None and st.op.op.name == "ReluBackwardSums"}

@@ -296,7 +296,7 @@ def test_a_fused_pool_relu_gradient_is_checked_against_the_reference_relu_gradie
 
 
 def test_the_saved_winner_ops_are_checked_against_the_reference_values_they_replace(setup):
-    # pool-argmax (opted in on the CPU): the take computes MaxPool2d's value, the masked
+    # pool-argmax (on the CPU with fused-reference; pool-scan excluded): the take computes MaxPool2d's value, the masked
     # gather the ReluBackward that MaxPool2dBackwardRelu had absorbed
     tg, feeds, ref = setup
     exe = og.compile(tg.outputs, policy={"include": ["fused-reference"], "exclude": ["pool-scan"]})
@@ -310,10 +310,11 @@ def test_the_saved_winner_ops_are_checked_against_the_reference_values_they_repl
 
 
 def test_the_one_scan_is_checked_with_the_winners_it_fills(setup):
-    # pool-scan (opted in on the CPU): the scan computes MaxPool2d's value and fills its slot;
-    # the slot's own step is not checked (it only allocates), what the scan writes into it is
+    # pool-scan (a default; on the CPU with fused-reference): the scan computes MaxPool2d's value
+    # and fills its slot; the slot's own step is not checked (it only allocates), what the scan
+    # writes into it is
     tg, feeds, ref = setup
-    exe = og.compile(tg.outputs, policy={"include": ["fused-reference", "pool-scan"]})
+    exe = og.compile(tg.outputs, policy={"include": ["fused-reference"]})
     kinds = {abstract_of(st.op).name: st.node for st in exe.steps}
     assert {"MaxPool2dArgmaxSlot", "MaxPool2dScan", "MaxPool2dBackwardIndices"} <= set(kinds)
     scan = check.abstract_twin(exe.graph, ref.graph, kinds["MaxPool2dScan"])
@@ -333,9 +334,10 @@ def test_the_one_scan_is_checked_with_the_winners_it_fills(setup):
 
 
 def test_the_relu_gradient_is_checked_with_the_bias_gradient_it_fills(setup):
-    # relu-bias-sums (opted in on the CPU): the ReLU gradient's sums are the bias gradient's value
+    # relu-bias-sums (a default; on the CPU with fused-reference): the ReLU gradient's sums are the
+    # bias gradient's value
     tg, feeds, ref = setup
-    exe = og.compile(tg.outputs, policy={"include": ["fused-reference", "relu-bias-sums"]})
+    exe = og.compile(tg.outputs, policy={"include": ["fused-reference"]})
     kinds = {abstract_of(st.op).name: st.node for st in exe.steps}
     assert {"ReluBackwardSumsSlot", "ReluBackwardSums"} <= set(kinds)
     slot = check.abstract_twin(exe.graph, ref.graph, kinds["ReluBackwardSumsSlot"])

@@ -29,9 +29,7 @@ def test_every_column_records_each_rule_of_the_table(doc, lowering):
     (rec,) = [r for r in doc["results"] if r["lowering"] == lowering]
     assert rec["status"] == "ok"
     assert list(rec["fusion"]) == [r.name for r in TABLE]
-    opt_in = {r.name for r in TABLE if r.opt_in}  # not included by the column's policy: they did not run
-    assert all(v == {"opt_in": True} if k in opt_in else set(v) == {"applied", "declined"}
-               for k, v in rec["fusion"].items())
+    assert all(set(v) == {"applied", "declined"} for v in rec["fusion"].values())  # every rule ran
 
 
 def test_the_table_has_a_line_for_a_column_that_fused():
@@ -70,34 +68,14 @@ def test_the_peer_hint_is_one_that_runs_on_the_runs_device(doc):
     assert any(n.startswith("TFLOP/s: the step's FLOPs over its total time") for n in table.notes)
 
 
-def test_an_included_opt_in_rule_that_rewrote_nothing_is_said_in_the_column_notes():
-    """``--lowering gemm,include=pool-scan`` on the CPU: the compile's note that the
-    rule rewrote nothing (pool-argmax waits for fused-reference there) reaches the
-    column's record, as the other compile notes a record repeats do."""
-    base = LoweringPolicy.from_cli(lowering="include=pool-scan")  # the flag's policy items (benchmarks/modes.py)
+def test_a_column_whose_policy_excludes_the_slot_rules_records_them_excluded():
+    """``--lowering gemm,exclude=pool-scan+relu-bias-sums``: the two rules that run by default
+    since 2026-12-05 are off in that column, and its record says so; the others ran."""
+    base = LoweringPolicy.from_cli(lowering="exclude=pool-scan+relu-bias-sums")  # the flag's policy items
     s = driver.Settings(device="cpu", lowerings=lw.parse_lowerings("gemm"), warmup=0, repeat=1, per_layer=False,
                         base_policy=attrs.evolve(base, cache="off"))
     (rec,) = driver.run_benchmark([tiny_convnet()], s)["results"]
-    assert rec["status"] == "ok" and rec["fusion"]["pool-scan"] == {"applied": 0, "declined": 0}
-    assert any(n.startswith("fuse: pool-scan: included, but no saved-winners max pooling")
-               and "include=['fused-reference']" in n for n in rec["notes"]), rec["notes"]
-
-
-def test_the_record_finds_the_idle_opt_in_note_by_the_text_its_writer_uses():
-    """``benchmarks/lowerings.py`` picks the note of an included opt-in rule that rewrote nothing
-    by ``passes/fuse.py``'s own ``IDLE_OPT_IN`` (the text ``idle_opt_in`` writes), not a copy of
-    it that a rewording there would leave behind."""
-    from opgraph.passes import fuse
-
-    assert fuse.IDLE_OPT_IN in lw._REPEATED_NOTES
-    assert any(fuse.IDLE_OPT_IN in n for n in _idle_note_run())
-
-
-def _idle_note_run() -> list[str]:
-    """The compile notes of ``include=pool-scan`` alone on the CPU (no pool-argmax there)."""
-    import opgraph as og
-    from opgraph.benchmarks.protocol import training_graph
-
-    tg = training_graph(tiny_convnet())
-    policy = attrs.evolve(LoweringPolicy.from_cli(lowering="include=pool-scan"), cache="off")
-    return og.compile(tg.outputs, device="cpu", policy=policy).report.notes
+    assert rec["status"] == "ok"
+    assert rec["fusion"]["pool-scan"] == rec["fusion"]["relu-bias-sums"] == {"excluded": True}
+    assert all(set(v) == {"applied", "declined"} for k, v in rec["fusion"].items()
+               if k not in ("pool-scan", "relu-bias-sums"))

@@ -67,7 +67,9 @@ def test_fusion_on_cuda_of_every_built_in_model(monkeypatch, key):
     assert report.fusion["pool-argmax"]["applied"] == fused_kinds["MaxPool2dBackwardIndices"] \
         == fused_kinds["MaxPool2dTake"] + fused_kinds["MaxPool2dScan"] \
         == fused_kinds["MaxPool2dArgmax"] + fused_kinds["MaxPool2dArgmaxSlot"]
-    assert report.fusion["pool-scan"] == {"opt_in": True} and not fused_kinds["MaxPool2dScan"]
+    assert report.fusion["pool-scan"]["applied"] == fused_kinds["MaxPool2dScan"] == fused_kinds["MaxPool2dArgmaxSlot"]
+    assert report.fusion["relu-bias-sums"]["applied"] == fused_kinds["ReluBackwardSums"] \
+        == fused_kinds["ReluBackwardSumsSlot"]
     # each chain or n-ary sum is one FusedElementwise, unless a later chain took an n-ary sum in
     chains = report.fusion["elementwise"]["applied"] + report.fusion["gradient-sum"]["applied"]
     assert (chains > 0) == (fused_kinds["FusedElementwise"] > 0) and fused_kinds["FusedElementwise"] <= chains
@@ -75,11 +77,6 @@ def test_fusion_on_cuda_of_every_built_in_model(monkeypatch, key):
     scope = Scope(graph, louts, PassContext(device="cuda", policy=policy))
     for rule in TABLE:
         left = [v.name for v in graph.nodes_in_order(louts) if rule.match(scope, v) is not None]
-        if rule.opt_in and rule.name not in policy.include:  # not run: the notes say so where it would match
-            said = [n for n in report.notes if n.startswith(f"fuse: {rule.name}: not applied: ")]
-            assert (said == [f"fuse: {rule.name}: not applied: {len(left)} match(es) left: {rule.opt_in}"]
-                    if left else not said), (rule.name, left[:3], said)
-            continue
         assert not left or any("not fused: " in n for n in report.notes), (rule.name, left[:5])
     # counts that follow from the structure of the abstract graph
     g = m.graph
@@ -103,25 +100,63 @@ def test_fusion_on_cuda_of_every_built_in_model(monkeypatch, key):
     if key in ("alexnet", "overfeat", "vgg_a", "googlenet"):  # conv + bias + ReLU everywhere
         convs = sum(v.op.name == "Conv2d" for v in abstract)
         assert kinds["Conv2dBiasRelu"] == convs
-    # every max pooling with its gradient saves its winners; none scans x in its gradient any more
+    # every max pooling with its gradient saves its winners, and by default (pool-scan,
+    # passes/fuse_pool_scan.py) its argmax + take is one scan filling a slot; none scans x in
+    # its gradient any more
     pools = sum(v.op.name == "MaxPool2d" for v in abstract)
-    assert kinds["MaxPool2dTake"] == pools
-    # the opt-in rules (passes/fuse_pool_scan.py, passes/fuse_relu_bias_sums.py): each argmax + take
-    # is one scan; each bias gradient of a ReLU gradient left out of the chains is written by it
-    opted = og.LoweringPolicy(layout="NHWC", include=["pool-scan", "relu-bias-sums"])
-    graph, outs_in, report = compile_for_cuda(outs, opted)
-    nodes_in = lowered(graph, outs_in)
-    opt = collections.Counter(v.op.op.name for v in nodes_in)
-    assert opt["MaxPool2dScan"] == opt["MaxPool2dArgmaxSlot"] == report.fusion["pool-scan"]["applied"] == pools
-    assert not (opt["MaxPool2dTake"] or opt["MaxPool2dArgmax"])
+    assert kinds["MaxPool2dScan"] == kinds["MaxPool2dArgmaxSlot"] == report.fusion["pool-scan"]["applied"] == pools
+    assert not (kinds["MaxPool2dTake"] or kinds["MaxPool2dArgmax"])
+    # by default (relu-bias-sums, passes/fuse_relu_bias_sums.py) each bias gradient of a ReLU
+    # gradient left out of the chains is written by it
     sums = report.fusion["relu-bias-sums"]["applied"]
-    assert opt["ReluBackwardSums"] == opt["ReluBackwardSumsSlot"] == sums
-    assert opt["BiasAddBackward"] == sum(v.op.op.name == "BiasAddBackward" for v in nodes) - sums
-    assert not [v.name for v in nodes_in if v.op.op.name == "BiasAddBackward"
+    assert not [v.name for v in nodes if v.op.op.name == "BiasAddBackward"
                 and v.inputs[0].op.op.name == "ReluBackward"]
     if key == "googlenet":  # the inception branches' ReLU gradients read slices of the concat's gradient
-        assert sums == 37
+        assert (pools, sums) == (13, 37)
+    if key == "alexnet":
+        assert pools == 3
     assert not [v.name for v in nodes if v.op.op.name in ("MaxPool2dBackward", "MaxPool2dBackwardRelu")]
+    # exclude=['fused'] turns both off with the others (no pooling saves winners at all)
+    off_kinds = collections.Counter(v.op.op.name for v in lowered(off_graph, off_outs))
+    assert not (off_kinds["MaxPool2dScan"] or off_kinds["MaxPool2dArgmaxSlot"] or off_kinds["MaxPool2dTake"]
+                or off_kinds["ReluBackwardSums"] or off_kinds["ReluBackwardSumsSlot"])
+    # excluded by name: each argmax + take stays a pair, each bias gradient a node of its own,
+    # and the other rules do what they did
+    both = og.LoweringPolicy(layout="NHWC", exclude=["pool-scan", "relu-bias-sums"])
+    graph, outs_ex, report_ex = compile_for_cuda(outs, both)
+    ex = collections.Counter(v.op.op.name for v in lowered(graph, outs_ex))
+    assert report_ex.fusion["pool-scan"] == report_ex.fusion["relu-bias-sums"] == {"excluded": True}
+    assert ex["MaxPool2dTake"] == ex["MaxPool2dArgmax"] == pools and not (ex["MaxPool2dScan"] or ex["MaxPool2dArgmaxSlot"])
+    assert not (ex["ReluBackwardSums"] or ex["ReluBackwardSumsSlot"])
+    assert ex["BiasAddBackward"] == sum(v.op.op.name == "BiasAddBackward" for v in nodes) + sums
+    assert {k: v for k, v in report_ex.fusion.items() if k not in ("pool-scan", "relu-bias-sums")} \
+        == {k: v for k, v in report.fusion.items() if k not in ("pool-scan", "relu-bias-sums")}
+
+
+@pytest.mark.parametrize("key, pools, sums", [("googlenet", 13, 37), ("alexnet", 3, None)])
+def test_each_default_slot_rule_turns_off_alone_by_name(monkeypatch, key, pools, sums):
+    """``pool-scan`` and ``relu-bias-sums`` run by default (their kernels ran on the H200,
+    2026-12-05); ``exclude=[name]`` turns that rule off and leaves the other applied."""
+    cudnn_accepts(monkeypatch)
+    _, outs = training_step(key)
+
+    def compiled(**policy):
+        graph, louts, report = compile_for_cuda(outs, og.LoweringPolicy(layout="NHWC", **policy))
+        return collections.Counter(v.op.op.name for v in lowered(graph, louts)), report
+
+    kinds, report = compiled()
+    assert report.fusion["pool-scan"] == {"applied": pools, "declined": 0} and kinds["MaxPool2dScan"] == pools
+    if sums is not None:
+        assert report.fusion["relu-bias-sums"]["applied"] == kinds["ReluBackwardSums"] == sums
+    default_sums = report.fusion["relu-bias-sums"]["applied"]
+    kinds, report = compiled(exclude=["pool-scan"])
+    assert report.fusion["pool-scan"] == {"excluded": True}
+    assert not kinds["MaxPool2dScan"] and kinds["MaxPool2dTake"] == kinds["MaxPool2dArgmax"] == pools
+    assert report.fusion["relu-bias-sums"]["applied"] == kinds["ReluBackwardSums"] == default_sums
+    kinds, report = compiled(exclude=["relu-bias-sums"])
+    assert report.fusion["relu-bias-sums"] == {"excluded": True} and not kinds["ReluBackwardSums"]
+    assert report.fusion["pool-scan"]["applied"] == kinds["MaxPool2dScan"] == pools
+    assert report.fusion_summary().endswith("; excluded: relu-bias-sums")
 
 
 def test_the_report_names_a_rule_the_policy_excluded(monkeypatch):

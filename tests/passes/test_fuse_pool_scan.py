@@ -2,7 +2,8 @@
 argmax and take become a slot (its step allocates) and one scan that writes
 the pooled value and fills the slot; the training step equals the unfused one
 and the float64 reference, also when the slot's step leaves garbage (the scan
-fills it); the rule turns off by name; the graph invariants of ``Op.fills``
+fills it); the rule is a default and turns off by name (and with ``fused``);
+the graph invariants of ``Op.fills``
 (``passes/verify.py``); autotune and the per-node check read the filled input
 as a second result, so a kernel that does not fill it is wrong."""
 
@@ -18,8 +19,6 @@ import opgraph as og
 from opgraph.backends.registry import rules_for
 from opgraph.errors import LoweringError
 from opgraph.op import Lowered
-
-from opgraph.passes import fuse_pool_scan as passes_fuse_pool_scan
 from opgraph.passes.policy import LoweringPolicy
 
 from fused_training_steps import rule_on_and_off, step_errors, training_step
@@ -44,7 +43,7 @@ def _garbage_slots(exe):
 
 
 def test_the_training_step_through_one_scan_equals_the_unfused_one():
-    on, off, errors = rule_on_and_off(pooled_convnet, "pool-scan", opt_in=("pool-scan",))
+    on, off, errors = rule_on_and_off(pooled_convnet, "pool-scan")
     kinds = _kinds(on)
     assert kinds["MaxPool2dScan"] == kinds["MaxPool2dArgmaxSlot"] == kinds["MaxPool2dBackwardIndices"] == 2
     assert not (kinds["MaxPool2dTake"] or kinds["MaxPool2dArgmax"] or kinds["MaxPool2d"])
@@ -63,9 +62,9 @@ def test_the_training_step_through_one_scan_equals_the_unfused_one():
 def test_the_gathers_read_what_the_scan_wrote_not_what_the_slot_step_left():
     outs, feeds, _ = training_step(pooled_convnet, np.random.default_rng(1))
     ref = og.compile(outs, pipeline="reference", dtype="float64")(**feeds)
-    policy = {"include": ["fused-reference", "pool-scan"]}
+    policy = {"include": ["fused-reference"]}
     on = _garbage_slots(og.compile(outs, device="cpu", policy=policy))
-    off = og.compile(outs, device="cpu", policy={"include": ["fused-reference"]})
+    off = og.compile(outs, device="cpu", policy={"include": ["fused-reference"], "exclude": ["pool-scan"]})
     assert _kinds(on)["MaxPool2dArgmaxSlot"] == 2
     for fused, unfused, between in step_errors(on(**feeds), off(**feeds), ref):
         assert fused < 1e-6 and between < 1e-6
@@ -83,42 +82,46 @@ def _take_only(ctx, op, x, slot):
         k: getattr(op, k) for k in ("kernel_size", "stride", "padding", "ceil_mode")}), x)
 
 
-def test_the_rule_waits_for_its_opt_in():
-    """Opt-in until its kernels have run on a GPU (the module docstring): without
-    ``include=['pool-scan']`` nothing changes, and the report says how to opt in;
-    on the CPU's oracle it waits for ``fused-reference`` too."""
+def test_the_rule_is_a_default_and_turns_off_by_name():
+    """A default since its kernels ran on the H200 (2026-12-05; the module docstring): it
+    rewrites without being named in ``include``; ``exclude=['pool-scan']`` turns it off alone,
+    ``exclude=['fused']`` with every other rule; naming it in ``include`` has no effect (noted)."""
     y, params, _ = pooled_convnet()
     outs = [y, *og.grad(y, params, grad_outputs=[y])]
-    for include, said in ((["fused-reference"], {"opt_in": True}), (["pool-scan"], {"applied": 0, "declined": 0})):
-        exe = og.compile(outs, device="cpu", policy={"include": include})
-        assert not _kinds(exe)["MaxPool2dScan"]
-        assert exe.report.fusion["pool-scan"] == said
     exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference"]})
-    assert any("pool-scan: not applied" in n and "include=['pool-scan']" in n for n in exe.report.notes)
+    assert exe.report.fusion["pool-scan"] == {"applied": 2, "declined": 0}
+    assert _kinds(exe)["MaxPool2dScan"] == 2 and not _kinds(exe)["MaxPool2dTake"]
+    assert not [n for n in exe.report.notes if "pool-scan" in n]
+    exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference"], "exclude": ["pool-scan"]})
+    assert exe.report.fusion["pool-scan"] == {"excluded": True}
+    assert exe.report.fusion["pool-argmax"] == {"applied": 2, "declined": 0}  # alone: the others still run
+    assert not _kinds(exe)["MaxPool2dScan"] and _kinds(exe)["MaxPool2dTake"] == 2
+    assert "fuse: pool-scan: not applied: excluded by policy (exclude=['pool-scan'])" in exe.report.notes
+    # (exclude=['fused'] beside include=['fused-reference'] is refused: tests/passes/test_policy_names.py;
+    # on cuda: tests/passes/test_fuse_models_cuda.py)
+    exe = og.compile(outs, device="cpu", policy={"exclude": ["fused"]})
+    assert exe.report.fusion["pool-scan"] == exe.report.fusion["pool-argmax"] == {"excluded": True}
+    assert not (_kinds(exe)["MaxPool2dScan"] or _kinds(exe)["MaxPool2dArgmaxSlot"] or _kinds(exe)["MaxPool2dTake"])
+    exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference", "pool-scan"]})
+    assert exe.report.fusion["pool-scan"] == {"applied": 2, "declined": 0}
+    assert any(n.startswith("policy include ['pool-scan']: no opt-in rule carries it") for n in exe.report.notes)
 
 
-def test_an_included_scan_that_rewrote_nothing_says_why():
-    """Fresh-user report: ``include=['pool-scan']`` alone on the CPU did nothing
-    (``{'applied': 0, 'declined': 0}``) and no note said why: it rewrites what
-    ``pool-argmax`` made, which on the CPU's oracle waits for ``fused-reference``."""
+def test_on_the_oracle_without_its_opt_in_nothing_is_rewritten_and_the_notes_say_why():
+    """On the CPU's oracle the rule, like ``pool-argmax`` whose pairs it rewrites, waits for
+    ``include=['fused-reference']`` (the oracle's opt-in, not the rule's): without it nothing
+    changes, and the notes say how to opt in; an inference graph (no gradient, no saved
+    winners) gets no pool-scan note."""
     y, params, _ = pooled_convnet()
     outs = [y, *og.grad(y, params, grad_outputs=[y])]
-    exe = og.compile(outs, device="cpu", policy={"include": ["pool-scan"]})
-    assert exe.report.fusion["pool-scan"] == {"applied": 0, "declined": 0}
-    assert ("fuse: pool-scan: included, but no saved-winners max pooling to rewrite: pool-argmax rewrote none "
-            "(on the CPU it needs include=['fused-reference'])") in exe.report.notes
-    # pool-argmax turned off by name: said so
-    exe = og.compile(outs, device="cpu", policy={"include": ["pool-scan", "fused-reference"],
-                                                 "exclude": ["pool-argmax"]})
-    assert any(n.endswith("pool-argmax rewrote none (exclude=['pool-argmax'])") for n in exe.report.notes)
-    # an inference graph: no gradient, so no saved winners
-    exe = og.compile([y], device="cpu", policy={"include": ["pool-scan", "fused-reference"]})
-    assert any(n.endswith("pool-argmax rewrote none (no max pooling with its gradient in the graph)")
+    exe = og.compile(outs, device="cpu")
+    assert exe.report.fusion["pool-scan"] == exe.report.fusion["pool-argmax"] == {"applied": 0, "declined": 0}
+    assert not (_kinds(exe)["MaxPool2dScan"] or _kinds(exe)["MaxPool2dArgmaxSlot"])
+    assert any(n.startswith("fuse: pool-argmax: not applied:") and "include=['fused-reference']" in n
                for n in exe.report.notes), exe.report.notes
-    # where it rewrote something, nothing of the kind is said
-    exe = og.compile(outs, device="cpu", policy={"include": ["pool-scan", "fused-reference"]})
-    assert exe.report.fusion["pool-scan"]["applied"] == 2
-    assert not any("included, but" in n for n in exe.report.notes)
+    exe = og.compile([y], device="cpu", policy={"include": ["fused-reference"]})
+    assert exe.report.fusion["pool-scan"] == {"applied": 0, "declined": 0}
+    assert not [n for n in exe.report.notes if "pool-scan" in n]
 
 
 def _hand_built(readers_first: bool):
@@ -194,7 +197,7 @@ def test_autotune_checks_the_filled_slot_as_a_second_result(monkeypatch, tmp_pat
     install_rule(monkeypatch, og.ops.MaxPool2dScan, attrs.evolve(rule, kernel=scan, variants=lambda *a: modes))
     y, params, _ = pooled_convnet()
     outs = [y, *og.grad(y, params, grad_outputs=[y])]
-    policy = LoweringPolicy(autotune=True, include=["fused-reference", "pool-scan"],
+    policy = LoweringPolicy(autotune=True, include=["fused-reference"],
                             cache=str(tmp_path / "c.json"))
     exe = og.compile(outs, policy=policy, timer=StubTimer({"reference[mode=none]": 0.1,
                                                            "reference[mode=sloppy]": 0.2}))
@@ -224,21 +227,6 @@ def test_a_slot_of_another_window_or_mark_is_refused():
         og.compile([y], device="cpu")
 
 
-def test_an_opt_in_rule_left_out_is_noted_only_where_it_would_match():
-    """A graph with no max pooling gets no pool-scan note; one with two gets the count."""
-    g = og.Graph("no pools")
-    x = g.input("x", (1, 2, 5, 5))
-    w = g.param("w", (2, 2, 3, 3))
-    y = og.relu(og.conv2d(x, w, padding=1))
-    exe = og.compile([y, *og.grad(y, [w], grad_outputs=[y])], device="cpu", policy={"include": ["fused-reference"]})
-    assert not [n for n in exe.report.notes if "pool-scan" in n]
-    assert exe.report.fusion["pool-scan"] == {"opt_in": True}
-    y, params, _ = pooled_convnet()
-    exe = og.compile([y, *og.grad(y, params, grad_outputs=[y])], device="cpu", policy={"include": ["fused-reference"]})
-    assert [n for n in exe.report.notes if "pool-scan" in n] == [
-        "fuse: pool-scan: not applied: 2 match(es) left: " + passes_fuse_pool_scan.OPT_IN_NOTE]
-
-
 def test_a_pooling_whose_gradient_is_fed_says_why_it_keeps_its_pair():
     """A pooling that is the output, its gradient fed at run time: the gather reads the fed
     gradient, which nothing computes from the pooled value, so the pair stays (the scan could
@@ -247,7 +235,7 @@ def test_a_pooling_whose_gradient_is_fed_says_why_it_keeps_its_pair():
     x = g.input("x", (1, 2, 6, 6))
     w = g.param("w", (2, 2, 3, 3))
     y = og.max_pool2d(og.conv2d(x, w, padding=1), 3, stride=2)
-    exe = og.compile([y, *og.grad(y, [w])], device="cpu", policy={"include": ["fused-reference", "pool-scan"]})
+    exe = og.compile([y, *og.grad(y, [w])], device="cpu", policy={"include": ["fused-reference"]})
     assert exe.report.fusion["pool-scan"] == {"applied": 0, "declined": 0}
     said = [n for n in exe.report.notes if "pool-scan" in n]
     assert len(said) == 1 and "does not read the pooled value" in said[0] and "gradient fed" in said[0]

@@ -1,7 +1,8 @@
 """The ``relu-bias-sums`` fusion rule (``passes/fuse_relu_bias_sums.py``): a bias gradient of a
 ReLU gradient becomes a slot that the ReLU gradient fills with its per-channel sums; the
 training step equals the unfused one and the float64 reference, also when the slot's step
-leaves garbage; the rule waits for its opt-in and turns off by name; a bias gradient read before
+leaves garbage; the rule is a default and turns off by name (and with ``fused``), on the CPU's
+oracle it waits for ``fused-reference``; a bias gradient read before
 the ReLU gradient could fill it is left alone; autotune and the per-node check read the sums
 as a second result, so a kernel that does not write them is wrong."""
 
@@ -21,9 +22,6 @@ from opgraph.passes.policy import LoweringPolicy
 from fused_training_steps import pooled, rule_on_and_off, step_errors, training_step
 from passes_stubs import StubTimer, compile_for_cuda, cudnn_accepts, install_rule
 from test_inplace import out_of_place
-
-OPT_IN = ("relu-bias-sums",)
-
 
 def branches():
     """Two conv + bias + ReLU branches concatenated, then a conv + bias + ReLU: the branches'
@@ -51,7 +49,7 @@ def _sums_only_dropped(ctx, op, y, gy, sums):
 
 
 def test_the_training_step_with_the_sums_written_by_the_relu_gradient_equals_the_unfused_one():
-    on, off, errors = rule_on_and_off(branches, "relu-bias-sums", opt_in=OPT_IN)
+    on, off, errors = rule_on_and_off(branches, "relu-bias-sums")
     kinds, off_kinds = _kinds(on), _kinds(off)
     fused = on.report.fusion["relu-bias-sums"]["applied"]
     assert fused >= 2 and kinds["ReluBackwardSums"] == kinds["ReluBackwardSumsSlot"] == fused
@@ -71,9 +69,9 @@ def _garbage_slots(exe):
 def test_the_bias_gradients_are_what_the_relu_gradient_wrote_not_what_the_slot_step_left():
     outs, feeds, _ = training_step(branches, np.random.default_rng(1))
     ref = og.compile(outs, pipeline="reference", dtype="float64")(**feeds)
-    policy = {"include": ["fused-reference", *OPT_IN]}
+    policy = {"include": ["fused-reference"]}
     on = _garbage_slots(og.compile(outs, device="cpu", policy=policy))
-    off = og.compile(outs, device="cpu", policy={"include": ["fused-reference"]})
+    off = og.compile(outs, device="cpu", policy={"include": ["fused-reference"], "exclude": ["relu-bias-sums"]})
     assert _kinds(on)["ReluBackwardSumsSlot"] >= 2
     for fused, _, between in step_errors(on(**feeds), off(**feeds), ref):
         assert fused < 1e-6 and between < 1e-6
@@ -97,9 +95,9 @@ def test_the_relu_gradient_that_writes_the_sums_overwrites_gy_in_place_as_relu_b
     the results equal the same executable run out of place exactly, and the float64 reference."""
     outs, feeds, _ = training_step(pooled, np.random.default_rng(2))
     ref = og.compile(outs, pipeline="reference", dtype="float64")(**feeds)
-    include, exclude = ["fused-reference", *OPT_IN], ["pool-relu-backward"]
+    include, exclude = ["fused-reference"], ["pool-relu-backward"]
     on = og.compile(outs, device="cpu", policy={"include": include, "exclude": exclude})
-    off = og.compile(outs, device="cpu", policy={"include": ["fused-reference"], "exclude": exclude})
+    off = og.compile(outs, device="cpu", policy={"include": include, "exclude": [*exclude, "relu-bias-sums"]})
     assert _kinds(on)["ReluBackwardSums"] == 2 and not _kinds(off)["ReluBackwardSums"]
     assert _in_place(on)["relu1.grad/relu_backward"] == "pool1.grad/max_pool2d_backward"
     assert _in_place(on) == _in_place(off)  # ReluBackward wrote into the same gy
@@ -114,34 +112,43 @@ def test_the_relu_gradient_that_writes_the_sums_overwrites_gy_in_place_as_relu_b
         assert fused < 1e-6 and unfused < 1e-6 and between < 1e-6
 
 
-def test_the_rule_waits_for_its_opt_in():
+def test_the_rule_is_a_default_and_turns_off_by_name():
+    """A default since its kernel ran on the H200 (2026-12-05; the module docstring): it
+    rewrites without being named in ``include``; ``exclude=['relu-bias-sums']`` turns it off
+    alone; naming it in ``include`` has no effect (noted)."""
     y, params, _ = branches()
     outs = [y, *og.grad(y, params, grad_outputs=[y])]
-    for include, said in ((["fused-reference"], {"opt_in": True}), (list(OPT_IN), {"applied": 0, "declined": 0})):
-        exe = og.compile(outs, device="cpu", policy={"include": include})
-        assert not _kinds(exe)["ReluBackwardSums"]
-        assert exe.report.fusion["relu-bias-sums"] == said
     exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference"]})
-    assert any("relu-bias-sums: not applied" in n and "include=['relu-bias-sums']" in n for n in exe.report.notes)
-    exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference", *OPT_IN]})
-    assert not any("no opt-in rule carries" in n for n in exe.report.notes)  # include names it: it has an effect
+    fused = exe.report.fusion["relu-bias-sums"]["applied"]
+    assert fused >= 2 and _kinds(exe)["ReluBackwardSums"] == fused
+    assert not [n for n in exe.report.notes if "relu-bias-sums" in n]
+    exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference"], "exclude": ["relu-bias-sums"]})
+    assert exe.report.fusion["relu-bias-sums"] == {"excluded": True} and not _kinds(exe)["ReluBackwardSums"]
+    assert exe.report.fusion["conv-epilogue"]["applied"] == 2  # alone: the others still run
+    assert "fuse: relu-bias-sums: not applied: excluded by policy (exclude=['relu-bias-sums'])" in exe.report.notes
+    exe = og.compile(outs, device="cpu", policy={"exclude": ["fused"]})
+    assert exe.report.fusion["relu-bias-sums"] == {"excluded": True} and not _kinds(exe)["ReluBackwardSums"]
+    exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference", "relu-bias-sums"]})
+    assert exe.report.fusion["relu-bias-sums"]["applied"] == fused
+    assert any(n.startswith("policy include ['relu-bias-sums']: no opt-in rule carries it") for n in exe.report.notes)
 
 
-def test_an_included_rule_that_found_nothing_to_rewrite_says_so():
-    """As ``pool-scan`` (``idle_opt_in``): an opt-in rule the policy includes that
-    rewrote nothing says why in the notes, unless a note of its own does."""
+def test_on_the_oracle_without_its_opt_in_the_rule_says_what_to_do():
+    """On the CPU's oracle the sums save no pass: the rule waits for ``include=['fused-reference']``
+    (the oracle's opt-in, not the rule's) and its note says so; a graph without a bias gradient
+    gets no relu-bias-sums note."""
+    y, params, _ = branches()
+    exe = og.compile([y, *og.grad(y, params, grad_outputs=[y])], device="cpu")
+    assert exe.report.fusion["relu-bias-sums"] == {"applied": 0, "declined": 0}
+    assert not _kinds(exe)["ReluBackwardSums"]
+    assert any(n.startswith("fuse: relu-bias-sums: not applied:") and "include=['fused-reference']" in n
+               for n in exe.report.notes)
     g = og.Graph("no bias")
     x, w = g.input("x", (1, 3, 6, 6)), g.param("w", (4, 3, 3, 3))
     y = og.relu(og.conv2d(x, w))  # no bias: no bias gradient to fill
-    outs = [y, *og.grad(y, [w], grad_outputs=[y])]
-    exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference", *OPT_IN]})
+    exe = og.compile([y, *og.grad(y, [w], grad_outputs=[y])], device="cpu", policy={"include": ["fused-reference"]})
     assert exe.report.fusion["relu-bias-sums"] == {"applied": 0, "declined": 0}
-    assert "fuse: relu-bias-sums: included, but no bias gradient of a ReLU gradient to rewrite" in exe.report.notes
-    y, params, _ = branches()  # pairs on the oracle without fused-reference: its own note says what to do
-    exe = og.compile([y, *og.grad(y, params, grad_outputs=[y])], device="cpu", policy={"include": list(OPT_IN)})
-    assert any(n.startswith("fuse: relu-bias-sums: not applied:") and "include=['fused-reference']" in n
-               for n in exe.report.notes)
-    assert not any("included, but" in n for n in exe.report.notes)
+    assert not [n for n in exe.report.notes if "relu-bias-sums" in n]
 
 
 def test_a_bias_gradient_read_before_the_relu_gradient_could_fill_it_is_left_alone():
@@ -153,7 +160,7 @@ def test_a_bias_gradient_read_before_the_relu_gradient_could_fill_it_is_left_alo
     relu_grad = g.apply(og.ops.ReluBackward, {}, [y, gy])
     bias_grad = g.apply(og.ops.BiasAddBackward, {}, [relu_grad])
     scaled = g.apply(og.ops.BiasAdd, {}, [gy, bias_grad])  # reads the sums, not the ReLU gradient
-    policy = {"include": ["fused-reference", *OPT_IN]}
+    policy = {"include": ["fused-reference"]}
     exe = og.compile([relu_grad, scaled, bias_grad], device="cpu", policy=policy)
     assert not _kinds(exe)["ReluBackwardSums"]
     assert any("does not run after the ReLU gradient" in n for n in exe.report.notes)
@@ -176,7 +183,7 @@ def test_autotune_checks_the_sums_as_a_second_result(monkeypatch, tmp_path):
                  attrs.evolve(rule, kernel=sums, variants=lambda op, types, dev: [{"fill": False}, {"fill": True}]))
     y, params, _ = branches()
     outs = [y, *og.grad(y, params, grad_outputs=[y])]
-    policy = LoweringPolicy(autotune=True, include=["fused-reference", *OPT_IN], cache=str(tmp_path / "c.json"))
+    policy = LoweringPolicy(autotune=True, include=["fused-reference"], cache=str(tmp_path / "c.json"))
     exe = og.compile(outs, policy=policy, timer=StubTimer({"reference[fill=False]": 0.1}))
     recs = [r for r in exe.report.nodes.values() if r.op_type == "ReluBackwardSums"]
     assert len(recs) >= 2
@@ -194,7 +201,7 @@ def test_a_relu_gradient_read_by_its_bias_gradient_alone_is_left_alone():
     gy = g.input("gy", (2, 3, 5, 5))
     bias_grad = g.apply(og.ops.BiasAddBackward, {}, [g.apply(og.ops.ReluBackward, {}, [y, gy])])
     exe = og.compile([bias_grad], device="cpu",
-                     policy={"include": ["fused-reference", *OPT_IN], "exclude": ["elementwise"]})
+                     policy={"include": ["fused-reference"], "exclude": ["elementwise"]})
     assert not _kinds(exe)["ReluBackwardSums"]
     assert any("read by its bias gradient alone" in n for n in exe.report.notes)
 
@@ -208,13 +215,13 @@ def test_on_cuda_the_rule_leaves_values_the_fused_kernel_can_never_take(monkeypa
     cudnn_accepts(monkeypatch)
     y, params, _ = branches()
     outs = [y, *og.grad(y, params, grad_outputs=[y])]
-    graph, louts, report = compile_for_cuda(outs, og.LoweringPolicy(layout=layout, include=list(OPT_IN)),
+    graph, louts, report = compile_for_cuda(outs, og.LoweringPolicy(layout=layout),
                                             dtype=dtype)
     kinds = collections.Counter(v.op.op.name for v in graph.nodes_in_order(louts) if isinstance(v.op, Lowered))
     assert not kinds["ReluBackwardSums"] and kinds["BiasAddBackward"] >= 2
     assert report.fusion["relu-bias-sums"]["applied"] == 0 and report.fusion["relu-bias-sums"]["declined"] >= 2
     assert any("bias gradient(s) written by the ReLU gradient" in n and why in n for n in report.notes)
     # and channels-last bfloat16 takes it
-    graph, louts, report = compile_for_cuda(outs, og.LoweringPolicy(layout="NHWC", include=list(OPT_IN)),
+    graph, louts, report = compile_for_cuda(outs, og.LoweringPolicy(layout="NHWC"),
                                             dtype="bfloat16")
     assert report.fusion["relu-bias-sums"] == {"applied": 3, "declined": 0}

@@ -56,8 +56,10 @@ def test_a_preference_without_an_implementation_on_the_device_is_noted():
 
 def test_an_include_that_turns_nothing_on_is_noted(monkeypatch):
     """No rule is opt-in today: ``include=['depthwise-wgrad']`` (opt-in until the
-    twelfth session) has no effect, which the compile says; ``fused-reference``
-    and the tag of an opt-in rule do something, and are not noted."""
+    twelfth session) has no effect, which the compile says, and so does a fusion
+    rule's name (``pool-scan`` and ``relu-bias-sums`` were opt-in until
+    2026-12-05; every fusion rule runs unless excluded); ``fused-reference`` and
+    the tag of an opt-in rule do something, and are not noted."""
     import attrs
 
     from opgraph.backends import registry
@@ -71,6 +73,8 @@ def test_an_include_that_turns_nothing_on_is_noted(monkeypatch):
     (line,) = [n for n in exe.report.notes if n.startswith("policy include")]
     assert "['depthwise-wgrad']" in line and "no effect" in line
     assert idle_includes(LoweringPolicy(include=["fused-reference"])) == []
+    assert idle_includes(LoweringPolicy(include=["relu-bias-sums", "pool-scan", "elementwise"])) == \
+        ["elementwise", "pool-scan", "relu-bias-sums"]
     rules = dict(registry._RULES[og.ops.Conv2d])
     rules["extra"] = attrs.evolve(rules["gemm"], algorithm="extra", tags={"optional", "xtag"})
     monkeypatch.setitem(registry._RULES, og.ops.Conv2d, rules)
@@ -112,7 +116,7 @@ def test_the_cli_suggests_the_close_name_naming_the_flag(capsys):
 
 @pytest.mark.parametrize("include, exclude, by", [
     (["fused-reference"], ["fused"], ["fused"]),       # 'fused' turns every fusion rule off
-    (["pool-scan"], ["fused"], ["fused"]),             # an opt-in fusion rule
+    (["pool-scan"], ["fused"], ["fused"]),             # a fusion rule's name
     (["gemm"], ["im2col"], ["im2col"]),                # a tag of every gemm rule
     (["fast"], ["fft", "winograd"], ["fft", "winograd"])])  # a tag's rules, excluded by name
 def test_an_include_that_exclude_covers_through_other_names_is_refused(include, exclude, by):

@@ -81,7 +81,7 @@ CPU_RUN_TIME = ("about 3 minutes on an otherwise idle 2-core machine, "
 CPU_WARMUP, CPU_REPEAT = 1, 3
 GPU_WARMUP, GPU_REPEAT = 10, 10
 CPU_DEFAULT_NOTE = (f"CPU default lowerings: {', '.join(lw.CPU_DEFAULT)} only (on 2 cores FFT runs "
-                    "10-30x slower than GEMM and autotuning times every candidate of every node, so "
+                    "3.6-96x slower than GEMM (L1-L5) and autotuning times every candidate of every node, so "
                     "all lowerings plus auto would take far more than a few minutes); "
                     "ask for others with --lowering")
 #: The document's ``schema_version`` (defined beside the schema, in report.py, which ``compare`` reads).

@@ -139,7 +139,8 @@ def _rich_write(stream: TextIO, tables: list[Table]) -> None:
     need = max((sum(max(len(str(c)) for c in col) + 3 for col in zip(t.headers, *t.rows)) + 4
                 for t in tables if t.rows), default=80)
     width = max(Console(file=stream).width if tty else 100, need)
-    console = Console(file=stream, width=width, highlight=False, color_system="auto" if tty else None)
+    # height too: on a TERM=dumb terminal rich ignores a width given alone (80 columns: every cell cut)
+    console = Console(file=stream, width=width, height=25, highlight=False, color_system="auto" if tty else None)
     # captions and notes are prose: wrapped at the terminal's width (the console above may be
     # wider, for the table), and in a file or pipe one line each, not cut at the table's width
     prose = Console(file=stream, highlight=False, color_system="auto") if tty else None

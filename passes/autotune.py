@@ -88,7 +88,7 @@ from opgraph.op import Lowered, abstract_of
 from opgraph.run_types import run_types
 
 from .autotune_accuracy import EXACT_ALGORITHMS, relative_error, tolerance
-from .autotune_cache import AutotuneCache, cache_key
+from .autotune_cache import AutotuneCache, cache_key, key_layout
 from .autotune_choice import EAGER_STEP_MS, CaptureBlocker, captures_all, choose, declared_blocker
 from .autotune_clock import TuneClock
 from .autotune_contenders import KeyNode, candidate_set, contenders
@@ -184,8 +184,9 @@ class AutotunePass(Pass):
             # without the workspace limit: an over-budget candidate is reported, not declined
             applicable = list(contenders(s.applicable(limited=False), ctx.device))
             by_algorithm = {e.rule.algorithm: e for e in applicable}  # one entry each: contenders
-            # a source such as a Constant (a stochastic-depth mask) has no input: its own layout
-            layout = getattr(types[0] if types else view.type, "layout", None) or "NCHW"
+            # every input's layout where they differ; a source such as a Constant (a
+            # stochastic-depth mask) has no input: its own layout
+            layout = key_layout(types, view.type.layout)
             # a concat homed in a larger one: its step is the executor's own, whatever its rule
             home = homes.get(view.id) if not isinstance(abstract_of(view.op), ops.Concat) else None
             run_in = tuple(run[i] for i in graph.input_ids(view.id))

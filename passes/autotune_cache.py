@@ -10,7 +10,8 @@ File format (``format`` guards against reading something else)::
                   "device": "NVIDIA H200", "versions": {"numpy": "2.4.0", ...}}}}
 
 The key (:func:`cache_key`) spells out everything a decision depends on: the
-op and its parameters, input shapes and dtypes, layout, precision, workspace
+op and its parameters, input shapes and dtypes, layout (the first input's, or
+each input's where they differ: :func:`key_layout`), precision, workspace
 limit, device and device name, the competing rules and how each enumerates
 its variants, for our generated kernels the fingerprint of the code that
 writes them (``#`` and 12 hex digits: ``backends/cuda/kernel_sources.py``) or,
@@ -176,16 +177,47 @@ def default_path() -> str | None:
     return env_location().path
 
 
+def key_layout(in_types, own: str | None = None) -> str:
+    """The ``layout=`` field of a node's key (:func:`cache_key`). When every input that has a
+    layout shares the first input's (the common case), that one: ``NHWC``, or ``NCHW`` when the
+    first has none (a 2-D value), or ``own`` (the node's output's) for a node without inputs;
+    the only form keys had before inputs could differ, so a carried cache's keys still hit.
+    Else each input's layout in order, comma-separated, ``-`` for one without (``NHWC,NCHW``,
+    ``-,NHWC,-``): two nodes differing only in a later input's layout never share a key, nor
+    a key but for their kernels' fingerprints (:meth:`AutotuneCache.superseded`)."""
+    if not in_types:
+        return own or "NCHW"
+    first = in_types[0].layout or "NCHW"
+    if all(t.layout in (None, first) for t in in_types[1:]):
+        return first
+    return ",".join(t.layout or "-" for t in in_types)
+
+
 def cache_key(op, in_types, dtype, layout, policy, device, device_name, versions,
               candidates: str = "", out: str | None = None) -> str:
-    """The key of one tuning decision (readable, order-stable). ``candidates``
-    names the rules that compete and how each enumerates its variants, so a
-    decision taken before a new candidate existed is not reused. ``out``: where
-    the output will live when that is not a buffer of its own, e.g. its slice
-    of a concat's buffer (``zero_copy.Home.describe()``: the candidates were
-    timed writing there, and a strided write does not run at a dense one's
-    speed), as ``| out=...``; None (a dense output) adds nothing, so the keys
-    of dense decisions are those they always were."""
+    """The key of one tuning decision (readable, order-stable)::
+
+        <op> | in=(<in>, ...) | dtype=<dtype> | layout=<layout> | [out=<out> | ]precision=<precision> |
+        workspace_limit=<limit> | device=<device>:<device name> | candidates=<candidates> | <name>=<version>;...
+
+    (one line, each `` | `` one space either side). ``<op>`` is ``op.describe()``;
+    each ``<in>`` an input's declared dtype and shape, ``float32[8x64x28x28]``
+    (``x``-joined; a 0-D input ``float32[]``); ``<dtype>`` compile's dtype
+    override, or ``declared``; ``<layout>`` :func:`key_layout` (the caller's:
+    ``NHWC``, or ``NHWC,NCHW`` where the inputs' layouts differ); ``<precision>``
+    and ``<limit>`` the policy's (``None`` for no limit); the versions sorted by
+    name (``versions``: the libraries', ``tune_clock``). The kernels' fingerprints
+    (``#`` and 12 hex digits, :data:`FINGERPRINT`) are inside ``<candidates>``;
+    the key without them is :func:`unfingerprinted`.
+
+    ``candidates`` names the rules that compete and how each enumerates its
+    variants, so a decision taken before a new candidate existed is not reused
+    (``autotune_contenders.candidate_set``). ``out``: where the output will
+    live when that is not a buffer of its own, e.g. its slice of a concat's
+    buffer (``zero_copy.Home.describe()``: the candidates were timed writing
+    there, and a strided write does not run at a dense one's speed), as
+    ``| out=...``; None (a dense output) adds nothing, so the keys of dense
+    decisions are those they always were."""
     ins = ", ".join(f"{t.dtype}[{'x'.join(map(str, t.shape))}]" for t in in_types)
     vers = ";".join(f"{k}={versions[k]}" for k in sorted(versions))
     into = "" if out is None else f"out={out} | "
@@ -419,6 +451,6 @@ class AutotuneCache:
             self.warn(f"autotune cache {self.path} cannot be written ({e}); decisions kept in memory")
 
 
-__all__ = ["entry_defect", "wrong_format", "unfingerprinted", "AutotuneCache", "cache_key", "default_path", "FORMAT",
+__all__ = ["entry_defect", "wrong_format", "unfingerprinted", "AutotuneCache", "cache_key", "key_layout", "default_path", "FORMAT",
            "FINGERPRINT", "ENV_VAR", "DEFAULT_PATH", "GZIP_SUFFIX", "FOLDER_FILE", "Location", "locate",
            "env_location", "gzipped"]

@@ -49,7 +49,7 @@ anything if its algorithm still applies (its key holds the fingerprint of the
 code generating our kernels, ``backends/cuda/kernel_sources.py``, and of the
 kernels the generator emits for the node, ``codegen_sources.py``: one tuned
 on other kernel code is not found, and the node is tuned and checked again,
-with a note), the winner chosen again from the
+with a note, its new entry replacing that one), the winner chosen again from the
 cached measurements under the current ``workspace_tolerance``
 (:func:`rechoose`), unless the entry's top-level choice was edited by hand
 to another candidate its rows show correct: that one is used, and the

@@ -22,7 +22,14 @@ in the file, harmless, until it is deleted). A decision whose key differs from
 the node's only in those fingerprints (its kernels' code was edited since, or
 it was written before fingerprints were kept) is :meth:`AutotuneCache.superseded`:
 the node is tuned again, every candidate checked on the kernels as they are
-now (a filled input's value too, ``Op.fills``), and the report's notes say so. The workspace tie-break
+now (a filled input's value too, ``Op.fills``), and the report's notes say so;
+storing its new decision drops the superseded entry, from the file too at the
+next save (:meth:`AutotuneCache.put`: with every input's layout in the key, a
+key but for its fingerprints is one node's, so an edit of a generator leaves
+no stale entries behind, though two checkouts of differing kernel code that share
+one cache re-tune those nodes at each switch; an entry this compile found or
+wrote is kept, and one another process wrote anew meanwhile survives the
+merge). The workspace tie-break
 (``policy.workspace_tolerance``) is not in the key: an entry keeps every
 candidate's measurements, and the winner is chosen again from them under the
 current tolerance (``passes.autotune_reuse.rechoose``). Nor is the memory-aware
@@ -328,6 +335,11 @@ def _gunzip(raw: bytes) -> tuple[bytes, str | None]:
         return b"", f"is corrupt: damaged gzip data ({words})"
 
 
+def _same(a, b) -> bool:
+    """Whether two entries are the same JSON (a NaN ``rel_error`` equals itself here)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 class AutotuneCache:
     """Decisions by key, loaded from ``path`` (``None``: memory only).
 
@@ -354,6 +366,12 @@ class AutotuneCache:
         #: (``opgraph-bench --profile`` says so, naming the file).
         self.from_file: set[str] = set(self.entries)
         self._bare: dict[str, set[str]] | None = None  # unfingerprinted key -> keys (superseded)
+        #: the keys this cache has put or found (:meth:`get`): never pruned as superseded, so two
+        #: nodes whose keys differ in their fingerprints alone both keep their entries
+        self._used: set[str] = set()
+        #: superseded entries :meth:`put` dropped, by key: dropped from the file too at the next
+        #: :meth:`save`, unless another process wrote that key anew meanwhile
+        self.pruned: dict[str, dict] = {}
 
     @classmethod
     def for_policy(cls, policy) -> "AutotuneCache":
@@ -403,7 +421,10 @@ class AutotuneCache:
         return {key: entry for key, entry in entries.items() if key not in bad}
 
     def get(self, key: str) -> dict | None:
-        return self.entries.get(key)
+        entry = self.entries.get(key)
+        if entry is not None:
+            self._used.add(key)
+        return entry
 
     def superseded(self, key: str) -> str | None:
         """The key of an entry that ``key`` replaces, or None: one equal to it but for the
@@ -412,19 +433,42 @@ class AutotuneCache:
         bare = unfingerprinted(key)
         if bare == key:
             return None
-        if self._bare is None:  # built on first use: most compiles hit or hold no fingerprint
+        return min((k for k in self._index().get(bare, ()) if k != key), default=None)
+
+    def _index(self) -> dict[str, set[str]]:
+        """Unfingerprinted key -> the keys of the entries held, built on first use (most
+        compiles hit, or hold no fingerprint)."""
+        if self._bare is None:
             self._bare = {}
             for k in self.entries:
                 self._bare.setdefault(unfingerprinted(k), set()).add(k)
-        return min((k for k in self._bare.get(bare, ()) if k != key), default=None)
+        return self._bare
 
     def put(self, key: str, entry: dict) -> None:
+        """Store ``entry`` under ``key``, and drop the entries it supersedes: those whose key
+        equals ``key`` but for the kernel-source fingerprints (:meth:`superseded`; with every
+        input's layout in the key, :func:`key_layout`, such a key is the same node's decision
+        tuned on other kernel code, never to be read again), except one this cache has put or
+        found since it was opened (another node of this compile whose key differs in its
+        fingerprints alone keeps its own). A key without fingerprints drops nothing. What is
+        dropped leaves the file at the next :meth:`save` (:attr:`pruned`)."""
         entry = json.loads(json.dumps(entry, default=str))  # what a reload would give back
+        bare = unfingerprinted(key)
+        if bare != key:
+            same = self._index().setdefault(bare, set())
+            for old in sorted(same - self._used - {key}):
+                self.pruned[old] = self.entries.pop(old)
+                self.dirty.pop(old, None)
+                self.from_file.discard(old)
+                same.discard(old)
+            same.add(key)
+        elif self._bare is not None:
+            self._bare.setdefault(bare, set()).add(key)
         self.entries[key] = entry
         self.dirty[key] = entry
+        self.pruned.pop(key, None)
         self.from_file.discard(key)
-        if self._bare is not None:
-            self._bare.setdefault(unfingerprinted(key), set()).add(key)
+        self._used.add(key)
 
     def checkpoint(self) -> None:
         """:meth:`save` when the last save is :data:`CHECKPOINT_SECONDS` old, so
@@ -436,17 +480,24 @@ class AutotuneCache:
             self._saved_at = time.monotonic()
 
     def save(self) -> None:
-        """Merge the new decisions into the file, atomically."""
+        """Merge the new decisions into the file, atomically: the file's entries as they are now
+        (another process may have written some since it was read), those :meth:`put` since
+        the last save over them, less the superseded entries :meth:`put` dropped. A dropped
+        key is removed only while the file holds the entry dropped: one another process wrote
+        anew meanwhile is its decision, and stays; so does every other key it wrote."""
         if self.path is None or not self.dirty:
             return
         merged = {**self._read(report=False), **self.dirty}
+        for key, entry in self.pruned.items():
+            if key in merged and _same(merged[key], entry):
+                del merged[key]
         text = json.dumps({"format": FORMAT, "entries": merged}, indent=1, sort_keys=True)
         # mtime=0: the same decisions give the same bytes (no time stamp in the gzip header)
         data = gzip.compress(text.encode("utf-8"), _GZIP_LEVEL, mtime=0) if self.compressed else text
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.path, data, prefix=".autotune-")
-            self.dirty = {}
+            self.dirty, self.pruned = {}, {}
         except OSError as e:
             self.warn(f"autotune cache {self.path} cannot be written ({e}); decisions kept in memory")
 

@@ -155,3 +155,72 @@ def test_nodes_differing_in_a_later_inputs_layout_do_not_supersede_each_other(pa
     assert set(json.loads(cache.read_text())["entries"]) == {k0, k1}
     _, again = tune(outs, cache, timer)
     assert {n: again.node(n).how for n in ("p0", "p1")} == {"p0": "cache", "p1": "cache"}
+
+
+# ---- superseded entries leave the file when the node's new decision is stored
+
+def _k(node: str, fp: str = "") -> str:
+    """A key of ``node`` whose candidates carry the fingerprint ``fp`` (none: '')."""
+    return f"Scale() | in=(float32[{node}]) | candidates=gen:variants{fp and '#' + fp * 12} | numpy=2.4.0"
+
+
+def _entry(algorithm="gen", **more):
+    return {"algorithm": algorithm, "options": {}, **more}
+
+
+def _write(path, entries):
+    path.write_text(json.dumps({"format": "opgraph-autotune/1", "entries": entries}))
+
+
+def _keys(path):
+    return set(json.loads(path.read_text())["entries"])
+
+
+def test_a_put_drops_the_entries_it_supersedes_from_memory_and_from_the_file(tmp_path):
+    path = tmp_path / "c.json"
+    nan_row = {"algorithm": "gen", "status": "wrong", "rel_error": float("nan")}  # equal to itself here
+    _write(path, {_k("4", "a"): _entry(), _k("4"): _entry(candidates=[nan_row]),  # node 4: two stale entries
+                  _k("5", "a"): _entry(), _k("6"): _entry()})  # other nodes
+    cache = AutotuneCache(path)
+    assert cache.superseded(_k("4", "b")) == _k("4")
+    cache.put(_k("4", "b"), _entry("reference"))
+    assert set(cache.entries) == {_k("4", "b"), _k("5", "a"), _k("6")}
+    assert set(cache.pruned) == {_k("4", "a"), _k("4")} and cache.from_file == {_k("5", "a"), _k("6")}
+    assert cache.superseded(_k("4", "b")) is None
+    cache.save()
+    assert _keys(path) == {_k("4", "b"), _k("5", "a"), _k("6")}
+    assert AutotuneCache(path).get(_k("4", "b"))["algorithm"] == "reference"
+
+
+def test_a_key_without_fingerprints_and_the_keys_in_use_drop_nothing(tmp_path):
+    path = tmp_path / "c.json"
+    _write(path, {_k("4", "a"): _entry(), _k("5", "a"): _entry()})
+    cache = AutotuneCache(path)
+    cache.put(_k("4"), _entry())  # no fingerprint: only its own entry is its decision
+    assert cache.get(_k("5", "a")) is not None  # found: another node of this compile reads it
+    cache.put(_k("5", "b"), _entry())
+    cache.put(_k("6", "a"), _entry())
+    cache.put(_k("6", "b"), _entry())  # put by this compile: another node's
+    cache.save()
+    assert _keys(path) == {_k(n, fp) for n, fp in (("4", "a"), ("4", ""), ("5", "a"), ("5", "b"), ("6", "a"),
+                                                   ("6", "b"))}
+
+
+def test_a_concurrent_writers_entries_survive_the_pruning_save(tmp_path):
+    """Another process wrote the file meanwhile: a key of its own, one equal to ours but for
+    another fingerprint, and one of the keys ours supersedes anew: all three are its decisions,
+    and stay; the superseded entry it left as it was is dropped, and no later save brings it back."""
+    path = tmp_path / "c.json"
+    _write(path, {_k("4", "a"): _entry(), _k("4", "c"): _entry(), _k("5"): _entry()})
+    cache = AutotuneCache(path)
+    cache.put(_k("4", "b"), _entry())
+    assert set(cache.pruned) == {_k("4", "a"), _k("4", "c")}
+    _write(path, {_k("4", "a"): _entry(), _k("4", "c"): _entry("reference"),  # the other process
+                  _k("4", "d"): _entry(), _k("5"): _entry(), _k("7", "a"): _entry()})
+    cache.save()
+    kept = json.loads(path.read_text())["entries"]
+    assert set(kept) == {_k("4", "b"), _k("4", "c"), _k("4", "d"), _k("5"), _k("7", "a")}
+    assert kept[_k("4", "c")]["algorithm"] == "reference"
+    cache.put(_k("8", "a"), _entry())
+    cache.save()
+    assert _keys(path) == {*kept, _k("8", "a")}

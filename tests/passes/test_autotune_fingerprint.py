@@ -223,7 +223,7 @@ def test_a_decision_tuned_on_other_kernel_code_is_tuned_again_and_said(monkeypat
     assert rec.how == "autotune" and rec.options == {"t": 2} and len(timer.calls) > calls
     assert _said(edited) and "#fedcba987654" in rec.cache_key
     keys = set(json.loads(cache.read_text())["entries"])
-    assert {unfingerprinted(k) for k in keys} == {unfingerprinted(rec.cache_key)} and len(keys) == 2
+    assert keys == {rec.cache_key}  # the entry tuned on the old code pruned: never read again
     _, last = tune(outs, cache, timer)
     assert last.node("s0").how == "cache" and last.node("s0").options == {"t": 2} and not _said(last)
 

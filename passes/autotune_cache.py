@@ -86,7 +86,7 @@ not one of the rule's variants for the node) is reported and re-tuned
 (``passes.autotune_reuse.refused_options``), as is one with a row that
 contradicts itself (``passes.autotune_reuse.row_problems``: a ``status``
 missing or unknown, or an ``ok`` row whose own ``rel_error`` is above its own
-``tolerance`` or NaN, or whose ``time_ms`` is not > 0).
+``tolerance`` or NaN; a ``time_ms`` of 0 is a time, a no-op step's).
 """
 
 from __future__ import annotations

@@ -502,6 +502,7 @@ class AutotuneCache:
             self.warn(f"autotune cache {self.path} cannot be written ({e}); decisions kept in memory")
 
 
-__all__ = ["entry_defect", "wrong_format", "unfingerprinted", "AutotuneCache", "cache_key", "key_layout", "default_path", "FORMAT",
+__all__ = ["entry_defect", "wrong_format", "unfingerprinted", "AutotuneCache", "cache_key", "key_layout",
+           "default_path", "FORMAT",
            "FINGERPRINT", "ENV_VAR", "DEFAULT_PATH", "GZIP_SUFFIX", "FOLDER_FILE", "Location", "locate",
            "env_location", "gzipped"]

@@ -128,11 +128,11 @@ def run_timing(names: list[str], args) -> dict:
         cuda_graph = ("auto",)  # the whole step as CUDA graphs is part of the default GPU run
         notes.append(f"default lowerings on {device}: auto+graph too (--cuda-graph: a +graph "
                      "column for every lowering)")
-    base = base_policy(args, lowerings, device)
-    notes += filter(None, [lw.displaced_preference(lowerings, base, device)])
     if args.lowering_policy and not any(isinstance(lo, PolicyColumn) for lo in lowerings):
         # the columns are named by their lowering alone: say what else shapes every one of them
         notes.append(f"--lowering policy items {args.lowering_policy}: applied to every column")
+    base = base_policy(args, lowerings, device, notes)
+    notes += filter(None, [lw.displaced_preference(lowerings, base, device)])
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
     if args.cuda_graph and device != "cuda":
         raise UsageError(f"--cuda-graph replays CUDA graphs: it needs --device cuda (this run: {device})")

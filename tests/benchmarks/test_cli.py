@@ -790,3 +790,19 @@ def test_policy_items_beside_a_column_are_said_in_the_output(capsys):
     status, out, err = run_cli(capsys, "--model", "L4", "--batch", "1", "--repeat", "1", "--warmup", "0",
                                "--no-per-layer", "--lowering", "gemm")
     assert status == 0 and "policy items" not in out
+
+
+@pytest.mark.parametrize("fmt", ["json", "table"])
+def test_an_include_with_no_effect_is_said_in_the_runs_notes(capsys, tmp_path, fmt):
+    """``include=pool-scan`` (a rule that runs by default since 2026-12-05) was
+    noted only in each compile's report, which no record repeats; beside
+    ``exclude=fused`` it was refused, though it does nothing there either."""
+    status, out, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--device", "cpu", "--repeat", "1",
+                               "--warmup", "0", "--no-per-layer", "--no-check", "--quiet", "--format", fmt,
+                               "--lowering", "gemm,include=pool-scan,exclude=fused")
+    assert status == 0, err
+    said = ("policy include ['pool-scan']: no effect: include turns on only the lowering rules tagged 'optional' "
+            "and, by the name 'fused-reference', the fusion rules on the CPU's oracle kernels")
+    notes = json.loads(out)["notes"] if fmt == "json" else out.splitlines()
+    (note,) = [n for n in notes if said in n]
+    assert note.endswith("; exclude=['fused'] turns pool-scan off")

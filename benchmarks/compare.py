@@ -43,7 +43,7 @@ import json
 import math
 import sys
 
-from .flag_values import BriefUsageParser, one_of
+from .flag_values import BriefUsageParser, ParagraphFormatter, one_of
 from .report import SCHEMA_VERSION, write_tables
 from .stability import spread, total_spread
 from .tables import Table, fmt_ms, precision_label
@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Speedups and regressions between two opgraph-bench JSON "
                                             "documents, by model, lowering, precision, layout and phase; a "
                                             "change is marked when it exceeds both runs' interquartile range.",
-                                epilog=EPILOG)
+                                epilog=EPILOG, formatter_class=ParagraphFormatter)
     p.add_argument("a", metavar="A.json", help="the baseline (--format json of a timing run)")
     p.add_argument("b", metavar="B.json", help="the run compared with it")
     p.add_argument("--format", choices=FORMATS, type=one_of(FORMATS, "format"), default="table",

@@ -221,6 +221,17 @@ def test_console_script_reports_unknown_model():
     assert "unknown model 'nope'" in proc.stderr and proc.stdout == ""
 
 
+def test_the_help_gives_the_compare_subcommands_usage():
+    """``opgraph-bench --help`` never mentioned ``compare``, and argparse cut
+    ``opgraph-bench`` at its hyphen when it wrapped a paragraph."""
+    from opgraph.benchmarks.arguments import COMPARE_USAGE, build_parser
+
+    text = build_parser().format_help()
+    assert COMPARE_USAGE == "opgraph-bench compare A.json B.json [--format table|markdown|json|csv]"
+    assert COMPARE_USAGE in " ".join(text.split()) and "opgraph-bench compare --help" in " ".join(text.split())
+    assert not [line for line in text.splitlines() if line.endswith(("opgraph-", " -"))]
+
+
 def test_a_lowering_that_applies_nowhere_is_a_usage_error(capsys):
     status, out, err = run_cli(capsys, "--model", "L1", "--lowering", "winograd", "--device", "cpu")
     assert status == 2 and out == ""

@@ -12,6 +12,8 @@ Examples::
     opgraph-bench --suite layers --lowering cudnn,fft,winograd --precision fp32,tf32
     opgraph-bench --format json --output run.json --plot run.png
     opgraph-bench --model all --summary             # static shapes, params, GFLOP; nothing runs
+    opgraph-bench compare before.json after.json    # two --format json runs: speedups, regressions
+    python -m opgraph.benchmarks --model L5         # the same command, without the console script
 
 Exit status: 0 on success; 2 on a usage error (unknown flag, model, lowering,
 precision; a negative --seed or --time-limit; an --output, --json or --trace file whose

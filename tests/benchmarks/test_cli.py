@@ -221,6 +221,22 @@ def test_console_script_reports_unknown_model():
     assert "unknown model 'nope'" in proc.stderr and proc.stdout == ""
 
 
+def test_python_dash_m_opgraph_benchmarks_is_the_command(tmp_path):
+    """``python -m opgraph.benchmarks`` said the package cannot be directly
+    executed; it is ``opgraph-bench``, its compare subcommand included."""
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "opgraph.benchmarks", *args], capture_output=True,
+                              text=True, timeout=60)
+
+    proc = run("--model", "nope", "--summary")
+    assert proc.returncode == 2 and "opgraph-bench: error: argument --model: unknown model 'nope'" in proc.stderr
+    proc = run("--help")
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: opgraph-bench [-h]")
+    doc = tmp_path / "none.json"
+    proc = run("compare", str(doc), str(doc))
+    assert proc.returncode == 2 and proc.stderr.startswith(f"opgraph-bench compare: error: {doc}: cannot be read")
+
+
 def test_the_help_gives_the_compare_subcommands_usage():
     """``opgraph-bench --help`` never mentioned ``compare``, and argparse cut
     ``opgraph-bench`` at its hyphen when it wrapped a paragraph."""

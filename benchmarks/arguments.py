@@ -15,7 +15,7 @@ from opgraph.passes.policy import PRECISIONS, LoweringPolicy
 from opgraph.passes.policy_names import check_names
 
 from . import driver, lowerings as lw, report
-from .flag_values import BriefUsageParser, one_of, unknown_value
+from .flag_values import BriefUsageParser, ParagraphFormatter, one_of, unknown_value
 from .models import ALIASES, LAYERS, MODELS, MODERN, WINNERS, resolve
 from .peer_run import PEERS
 from .timer import AUTO_MAX_SECONDS, AUTO_ROUND, AUTO_THRESHOLD
@@ -210,6 +210,10 @@ def output_format(args) -> str:
     return SUFFIX_FORMATS.get(suffix, "table")
 
 
+#: The ``compare`` subcommand's usage, as ``opgraph-bench --help`` gives it (``benchmarks/compare.py``).
+COMPARE_USAGE = "opgraph-bench compare A.json B.json [--format table|markdown|json|csv]"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = BriefUsageParser(
         prog="opgraph-bench",
@@ -221,7 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "--compare, the PyTorch peers on the same model in the same run. --profile: where "
                     "one training step's time goes, per op type and direction against the measured "
                     "limits; --summary: shapes, parameters and FLOPs, nothing run.",
-        epilog="Exit status: 0 ok; 2 usage error; 1 device or model failure; 3 some column is a "
+        formatter_class=ParagraphFormatter,
+        epilog=f"Two runs compared: {COMPARE_USAGE} (speedups and regressions between two runs written "
+               "with --format json, per column and phase, marked where beyond both runs' interquartile "
+               "range; opgraph-bench compare --help says more).\n\n"
+               "Exit status: 0 ok; 2 usage error; 1 device or model failure; 3 some column is a "
                "mismatch or an error (outputs written first); 4 --time-limit left nothing timed; "
                "130 Ctrl-C (the finished columns are written first).")
     what = p.add_mutually_exclusive_group()
@@ -342,6 +350,6 @@ def model_names(args) -> list[str]:
     return list(GROUPS[args.suite or "winners"])
 
 
-__all__ = ["GROUPS", "DEVICES", "DTYPES", "LAYOUTS", "BriefUsageParser", "entries", "parse_models", "build_parser",
+__all__ = ["GROUPS", "DEVICES", "DTYPES", "LAYOUTS", "BriefUsageParser", "COMPARE_USAGE", "entries", "parse_models", "build_parser",
            "model_names", "is_policy_item",
            "PolicyColumn", "LoweringAction", "policy_item_error"]

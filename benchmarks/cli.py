@@ -12,6 +12,8 @@ Examples::
     opgraph-bench --suite layers --lowering cudnn,fft,winograd --precision fp32,tf32
     opgraph-bench --format json --output run.json --plot run.png
     opgraph-bench --model all --summary             # static shapes, params, GFLOP; nothing runs
+    opgraph-bench compare before.json after.json    # two --format json runs: speedups, regressions
+    python -m opgraph.benchmarks --model L5         # the same command, without the console script
 
 Exit status: 0 on success; 2 on a usage error (unknown flag, model, lowering,
 precision; a negative --seed or --time-limit; an --output, --json or --trace file whose
@@ -128,11 +130,11 @@ def run_timing(names: list[str], args) -> dict:
         cuda_graph = ("auto",)  # the whole step as CUDA graphs is part of the default GPU run
         notes.append(f"default lowerings on {device}: auto+graph too (--cuda-graph: a +graph "
                      "column for every lowering)")
-    base = base_policy(args, lowerings, device)
-    notes += filter(None, [lw.displaced_preference(lowerings, base, device)])
     if args.lowering_policy and not any(isinstance(lo, PolicyColumn) for lo in lowerings):
         # the columns are named by their lowering alone: say what else shapes every one of them
         notes.append(f"--lowering policy items {args.lowering_policy}: applied to every column")
+    base = base_policy(args, lowerings, device, notes)
+    notes += filter(None, [lw.displaced_preference(lowerings, base, device)])
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
     if args.cuda_graph and device != "cuda":
         raise UsageError(f"--cuda-graph replays CUDA graphs: it needs --device cuda (this run: {device})")

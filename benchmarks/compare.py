@@ -20,8 +20,12 @@ Columns in one file only are listed in a note, and so is a shared column
 whose two runs lowered it differently (an op type's algorithms or a fusion
 rule's rewrites differ: a cache re-tuned, an engine gone, a rule added or
 excluded), since its ratio then
-compares two programs, not two timings of one; when the files share no
-timed column, the table says so instead of printing no rows. Exit status 0, or 2 when a
+compares two programs, not two timings of one (a fusion rule the policy
+turned off shows as ``excluded``). When the files share no timed column
+there are no rows to show: the table and Markdown forms print only the notes
+that say so (no empty table), the CSV form writes nothing to standard output
+and the notes to standard error (not a header alone), and JSON gives ``rows:
+[]`` beside ``only_a`` / ``only_b``. Exit status 0 (rows or none), or 2 when a
 file cannot be read, is not an ``opgraph-bench`` benchmark document, has
 another ``schema_version`` than the one timing runs write
 (:data:`.report.SCHEMA_VERSION`), or a field this comparison reads has a
@@ -39,13 +43,19 @@ import json
 import math
 import sys
 
-from .flag_values import BriefUsageParser, one_of
+from .flag_values import BriefUsageParser, ParagraphFormatter, one_of
 from .report import SCHEMA_VERSION, write_tables
 from .stability import spread, total_spread
 from .tables import Table, fmt_ms, precision_label
 
 PHASES = ("forward", "backward_data", "backward_filter", "backward")
 FORMATS = ("table", "markdown", "json", "csv")
+#: CSV columns, one row per shared column and phase (:func:`compare`'s rows)
+CSV_FIELDS = ("model", "lowering", "precision", "layout", "batch", "dtype", "phase", "a_ms", "a_iqr_ms",
+              "b_ms", "b_iqr_ms", "ratio", "change")
+#: The note of two files that share no timed column (:func:`comparison_table`)
+NOTHING_SHARED = ("no column was timed in both files (same model, lowering, precision, layout, batch and "
+                  "storage dtype): nothing to compare")
 
 
 def load(path: str) -> dict:
@@ -194,21 +204,39 @@ def change(a: tuple[float, float | None], b: tuple[float, float | None]) -> str:
 def lowering_changes(a: dict, b: dict) -> list[str]:
     """What two records of one column lowered differently, one line each: an op type's
     algorithms (``'Conv2dBackwardData: cudnn 37 -> cudnn 36, fft 1'``, from ``algorithms``:
-    op type -> algorithm -> node count) or a fusion rule's rewrites (``'fusion pool-scan: - ->
-    13'``, from ``fusion``: rule -> ``applied``); empty when the records agree or either lacks
-    both fields (a peer column, a file written before they were recorded)."""
+    op type -> algorithm -> node count; ``-``: no node of that type) or a fusion rule's
+    rewrites (``'fusion pool-scan: 13 -> excluded'``, from ``fusion``: rule -> ``applied``, or
+    ``excluded`` by the policy, or ``-`` when the record has no entry for the rule: a file
+    written before it existed); empty when the records agree or either lacks both fields (a
+    peer column, a file written before they were recorded). A rule compares by what it
+    rewrote: none, excluded or absent alike, and how often it declined not at all."""
     lines = []
-    for field, label in (("algorithms", "{}"), ("fusion", "fusion {}")):
-        was, now = a.get(field), b.get(field)
-        if not isinstance(was, dict) or not isinstance(now, dict):
-            continue
-        if field == "fusion":  # what a rule rewrote, not how often it declined
-            was, now = ({rule: (n or {}).get("applied") if isinstance(n, dict) else n
-                         for rule, n in d.items() if not isinstance(n, dict) or n.get("applied")}
-                        for d in (was, now))
-        lines += [f"{label.format(key)}: {_counts(was.get(key))} -> {_counts(now.get(key))}"
-                  for key in sorted(set(was) | set(now)) if was.get(key) != now.get(key)]
+    alg_a, alg_b = a.get("algorithms"), b.get("algorithms")
+    if isinstance(alg_a, dict) and isinstance(alg_b, dict):
+        lines += [f"{op}: {_counts(alg_a.get(op))} -> {_counts(alg_b.get(op))}"
+                  for op in sorted(set(alg_a) | set(alg_b)) if alg_a.get(op) != alg_b.get(op)]
+    fus_a, fus_b = a.get("fusion"), b.get("fusion")
+    if isinstance(fus_a, dict) and isinstance(fus_b, dict):
+        lines += [f"fusion {rule}: {_fusion(fus_a.get(rule))[1]} -> {_fusion(fus_b.get(rule))[1]}"
+                  for rule in sorted(set(fus_a) | set(fus_b))
+                  if _fusion(fus_a.get(rule))[0] != _fusion(fus_b.get(rule))[0]]
     return lines
+
+
+def _fusion(entry) -> tuple[int, str]:
+    """A fusion record's entry for one rule (``LoweringReport.fusion``) as
+    (rewrites, as shown): ``{'applied': 13, ...}`` -> ``(13, '13')``,
+    ``{'excluded': True}`` -> ``(0, 'excluded')``, ``{'opt_in': True}`` (a
+    file of before 2026-12-05: an opt-in rule not included) -> ``(0, 'not
+    included')``, none -> ``(0, '-')``."""
+    if not isinstance(entry, dict):
+        return (entry, str(entry)) if isinstance(entry, int) and not isinstance(entry, bool) else (0, "-")
+    if entry.get("excluded"):
+        return 0, "excluded"
+    if entry.get("opt_in"):
+        return 0, "not included"
+    applied = entry.get("applied")
+    return (applied, str(applied)) if isinstance(applied, int) and not isinstance(applied, bool) else (0, "-")
 
 
 def _counts(value) -> str:
@@ -251,10 +279,11 @@ def _iqr(x) -> str:
 
 
 def comparison_table(result: dict, name_a: str, name_b: str) -> Table:
-    """The rows of :func:`compare` as one table, with its notes."""
-    headers = ["model", "batch", "lowering", "precision", "phase", "A ms", "A IQR", "B ms", "B IQR", "B / A",
-               "change"]
-    rows = [[r["model"], r["batch"], r["lowering"], r["precision"], r["phase"], fmt_ms(r["a_ms"]),
+    """The rows of :func:`compare` as one table, with its notes; the layout in a
+    column of its own beside the precision, as in the CSV form."""
+    headers = ["model", "batch", "lowering", "precision", "layout", "phase", "A ms", "A IQR", "B ms", "B IQR",
+               "B / A", "change"]
+    rows = [[r["model"], r["batch"], r["lowering"], r["precision"], r["layout"], r["phase"], fmt_ms(r["a_ms"]),
              _iqr(r["a_iqr_ms"]), fmt_ms(r["b_ms"]), _iqr(r["b_iqr_ms"]), "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
              r["change"]] for r in result["rows"]]
     counts = {c: sum(r["change"] == c for r in result["rows"]) for c in ("slower", "faster", "", "?")}
@@ -263,9 +292,8 @@ def comparison_table(result: dict, name_a: str, name_b: str) -> Table:
              f"change: beyond both runs' IQR: {counts['slower']} slower, {counts['faster']} faster; "
              f"{counts['']} within the spread" + (f"; {counts['?']} without a spread (one call)"
                                                   if counts["?"] else "")]
-    if not result["rows"]:
-        notes.insert(0, "no column was timed in both files (same model, lowering, precision, layout, batch "
-                        "and storage dtype): nothing to compare")
+    if not result["rows"]:  # nothing the legend and the counts above describe
+        notes = [NOTHING_SHARED]
     for label, differences in result.get("lowered_differently", {}).items():
         notes.append(f"{label}: the runs lowered it differently, so B / A compares two programs: "
                      + "; ".join(differences))
@@ -277,14 +305,23 @@ def comparison_table(result: dict, name_a: str, name_b: str) -> Table:
                  right={"batch", "A ms", "A IQR", "B ms", "B IQR", "B / A"}, notes=notes)
 
 
+#: ``opgraph-bench compare --help``'s epilog: what it prints when nothing is shared, and its exit status.
+EPILOG = ("Files that share no timed column: table and markdown print only the notes saying so, csv "
+          "prints nothing to standard output (the notes go to standard error), json gives \"rows\": []. "
+          "Exit status 0, rows or none; 2: a file that is no opgraph-bench benchmark document (one line "
+          "naming the file and the field).")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = BriefUsageParser(prog="opgraph-bench compare",
                                 description="Speedups and regressions between two opgraph-bench JSON "
-                                            "documents, by model, lowering, precision and phase; a change "
-                                            "is marked when it exceeds both runs' interquartile range.")
+                                            "documents, by model, lowering, precision, layout and phase; a "
+                                            "change is marked when it exceeds both runs' interquartile range.",
+                                epilog=EPILOG, formatter_class=ParagraphFormatter)
     p.add_argument("a", metavar="A.json", help="the baseline (--format json of a timing run)")
     p.add_argument("b", metavar="B.json", help="the run compared with it")
-    p.add_argument("--format", choices=FORMATS, type=one_of(FORMATS, "format"), default="table")
+    p.add_argument("--format", choices=FORMATS, type=one_of(FORMATS, "format"), default="table",
+                   help="table (default), markdown, json or csv (one row per shared column and phase)")
     return p
 
 
@@ -299,21 +336,27 @@ def main(argv: list[str]) -> int:
     result = compare(a, b)
     if args.format == "json":
         sys.stdout.write(json.dumps({"a": args.a, "b": args.b, **result}, indent=1) + "\n")
+        return 0
+    table = comparison_table(result, args.a, args.b)
+    if args.format == "csv" and not result["rows"]:  # a header alone reads as a comparison of nothing
+        sys.stderr.write("".join(f"opgraph-bench compare: {n}\n" for n in table.notes))
     elif args.format == "csv":
         buf = io.StringIO()
-        fields = ["model", "lowering", "precision", "layout", "batch", "dtype", "phase", "a_ms", "a_iqr_ms",
-                  "b_ms", "b_iqr_ms", "ratio", "change"]
-        w = csv.DictWriter(buf, fields, lineterminator="\n")
+        w = csv.DictWriter(buf, CSV_FIELDS, lineterminator="\n")
         w.writeheader()
         w.writerows(result["rows"])
         sys.stdout.write(buf.getvalue())
+    elif not result["rows"]:  # the notes alone: an empty bordered table says nothing more
+        bullet = "- " if args.format == "markdown" else ""
+        sys.stdout.write("".join(f"{bullet}{n}\n" for n in table.notes))
     elif args.format == "markdown":
         from .markdown import table_markdown
 
-        sys.stdout.write(table_markdown(comparison_table(result, args.a, args.b)))
+        sys.stdout.write(table_markdown(table))
     else:
-        write_tables([comparison_table(result, args.a, args.b)], sys.stdout)
+        write_tables([table], sys.stdout)
     return 0
 
 
-__all__ = ["load", "check_document", "compare", "lowering_changes", "change", "comparison_table", "build_parser", "main"]
+__all__ = ["load", "check_document", "compare", "lowering_changes", "change", "comparison_table", "build_parser", "main",
+           "CSV_FIELDS", "NOTHING_SHARED", "EPILOG"]

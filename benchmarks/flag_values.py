@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 
 from opgraph.errors import did_you_mean
 
@@ -107,6 +108,17 @@ def _number(word: str) -> bool:
     return True
 
 
+class ParagraphFormatter(argparse.HelpFormatter):
+    """argparse's help layout, with the description and epilog filled paragraph
+    by paragraph (a blank line between them) and never broken at a hyphen:
+    argparse's own cut ``opgraph-bench`` and ``--format`` across lines."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n\n".join(textwrap.fill(" ".join(paragraph.split()), width, initial_indent=indent,
+                                          subsequent_indent=indent, break_on_hyphens=False)
+                            for paragraph in text.split("\n\n"))
+
+
 class BriefUsageParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage error is a short usage line and the
     error: argparse's own printed the whole usage (20 lines, every flag) above
@@ -139,4 +151,4 @@ class BriefUsageParser(argparse.ArgumentParser):
                      f"{self.prog}: error: {message}\n")
 
 
-__all__ = ["unknown_value", "one_of", "given_twice", "unknown_flags", "BriefUsageParser"]
+__all__ = ["unknown_value", "one_of", "given_twice", "unknown_flags", "BriefUsageParser", "ParagraphFormatter"]

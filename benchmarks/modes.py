@@ -24,7 +24,7 @@ from opgraph.backends.registry import algorithm_devices
 from opgraph.errors import ParameterError
 from opgraph.passes.force import DIRECTIONS, matches_a_node
 from opgraph.passes.policy import LoweringPolicy, PolicyError
-from opgraph.passes.policy_names import check_names
+from opgraph.passes.policy_names import check_names, idle_include_note
 
 from . import driver, lowerings as lw, report
 from .environment import environment
@@ -156,12 +156,15 @@ def _source_of(args, key: str, value) -> str:
     return f"--policy {args.policy}" if args.policy else "the policy"
 
 
-def base_policy(args, lowerings, device: str) -> LoweringPolicy:
+def base_policy(args, lowerings, device: str, notes: list[str] | None = None) -> LoweringPolicy:
     """The base policy of every column, a benchmark's or ``--profile``'s alike
     (each column puts its lowering's choice on top, :meth:`.lowerings.Lowering.policy`):
     the ``--policy`` file, then the policy items of ``--lowering``
     (``conv=fft+gemm``, ``@conv2=fft``, ``exclude=winograd``) and the policy
-    flags (``LoweringPolicy.from_cli``).
+    flags (``LoweringPolicy.from_cli``). An ``include`` entry that turns
+    nothing on (``include=pool-scan``: every fusion rule runs unless excluded)
+    is said in ``notes``, the run's (``policy_names.idle_include_note``; each
+    compile's report says it too, which no record repeated).
 
     Raises:
         PolicyError: a bad file, policy item, value or include / exclude name
@@ -180,6 +183,8 @@ def base_policy(args, lowerings, device: str) -> LoweringPolicy:
     unused = lw.unused_autotune_flags(autotune_flags(args), lowerings, base, device)
     if unused:
         raise UsageError(unused)
+    if notes is not None:
+        notes += filter(None, [idle_include_note(base)])
     return base
 
 
@@ -341,7 +346,7 @@ def run_profile(names: list[str], args) -> dict:
     if from_file is not None:
         lowerings, note = from_file
         notes.append(note)
-    base = base_policy(args, lowerings, device)  # the benchmark's: a column of either compiles alike
+    base = base_policy(args, lowerings, device, notes)  # the benchmark's: a column of either compiles alike
     tgs = [training_graph(m, input_grad=m.spec_key in LAYERS) for m in models]
     check_forces(tgs, args, device)
     problem = check_applicable(tgs, lowerings, device, base)

@@ -383,9 +383,17 @@ class AutotuneCache:
 
     def warn(self, msg: str) -> None:
         """Report a problem with the file or an entry: a ``RuntimeWarning``, and
-        kept in ``messages`` (the autotune pass copies them into its report)."""
+        kept in ``messages`` (the autotune pass copies them into its report).
+
+        Every one is issued from this module, whoever noticed (this file, the
+        autotune pass, a hand edit), so that one filter scoped to it hides or
+        shows them all: ``warnings.filterwarnings('ignore',
+        module='opgraph.passes.autotune_cache')``, ``-W
+        ignore::RuntimeWarning:opgraph.passes.autotune_cache`` (a stacklevel
+        of the caller's caller attributed the autotune pass's to
+        ``opgraph.passes.base`` and a failed save's to ``opgraph.passes.autotune``)."""
         self.messages.append(msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        warnings.warn(msg, RuntimeWarning, stacklevel=1)
 
     def _read(self, report: bool) -> dict[str, dict]:
         try:

@@ -22,7 +22,7 @@ from opgraph.backends.registry import KernelContext, device_support, lookup
 from .base import PassContext, Pipeline, host_versions
 from .pipelines import build
 from .policy import LoweringPolicy
-from .policy_names import check_names, idle_includes, preferences_elsewhere
+from .policy_names import check_names, idle_include_note, preferences_elsewhere
 from .zero_copy import kernel_options
 
 
@@ -191,11 +191,9 @@ def _policy_notes(pol: LoweringPolicy, ctx: PassContext) -> None:
         ctx.report.note(f"policy {', '.join(idle)}: only autotune reads {'it' if len(idle) == 1 else 'them'} "
                         "and the policy's autotune is off (the lowering 'auto' turns it on): no effect unless "
                         "the pipeline has its own autotune pass")
-    idle_in = idle_includes(pol)
+    idle_in = idle_include_note(pol)
     if idle_in:
-        ctx.report.note(f"policy include {idle_in}: no opt-in rule carries {'it' if len(idle_in) == 1 else 'them'} "
-                        "(include turns on rules tagged 'optional' and 'fused-reference'): "
-                        "no effect")
+        ctx.report.note(idle_in)
     elsewhere = preferences_elsewhere(pol, ctx.device)
     if elsewhere:
         ctx.report.note(f"policy prefer {', '.join(elsewhere)}: no implementation on {ctx.device}, "

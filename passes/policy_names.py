@@ -15,7 +15,12 @@ not when it is built: ``passes/policy.py`` sits below the passes and the
 backends' registries that know these names. So does the refusal of an
 ``include`` name that ``exclude`` covers through other names (``fused``
 beside ``fused-reference``): exclude would win, and the include do nothing;
-the same name in both is refused when the policy is built.
+the same name in both is refused when the policy is built. A fusion rule's
+name is exempt (``include=['pool-scan']`` beside ``exclude=['fused']``): every
+fusion rule runs unless excluded, so such an include does nothing whatever
+exclude says, and the compile notes that (:func:`idle_include_note`, which
+names the exclude that turns it off); ``pool-scan`` and ``relu-bias-sums``
+were opt-in until 2026-12-05, and a policy written then still runs.
 """
 
 from __future__ import annotations
@@ -96,11 +101,13 @@ def excluded_include(policy: LoweringPolicy) -> tuple[str, list[str], list[str]]
     refused when the policy is built (``LoweringPolicy``), this when it is
     used, since the names' rules are the registries' (module docstring). An
     include that keeps a rule (``include=['im2col']`` beside
-    ``exclude=['gemm']``: ``unfold``) is no contradiction."""
+    ``exclude=['gemm']``: ``unfold``) is no contradiction, nor is a fusion
+    rule's name, which include never turns on (:func:`idle_include_note`)."""
     exclude = set(policy.exclude)
     if not exclude:
         return None
-    for name in sorted(policy.include):
+    fusion_rules = {rule.name for rule in TABLE}  # exempt: such an include does nothing (module docstring)
+    for name in sorted(set(policy.include) - fusion_rules):
         rules = _rules_named(name)
         hits = [exclude & names for names in rules.values()]
         if rules and all(hits):
@@ -131,4 +138,28 @@ def idle_includes(policy: LoweringPolicy) -> list[str]:
     return sorted(set(policy.include) - opt_in_names() - {OPT_IN})
 
 
-__all__ = ["known_names", "listed_names", "check_names", "excluded_include", "preferences_elsewhere", "idle_includes"]
+def idle_include_note(policy: LoweringPolicy) -> str | None:
+    """The note on :func:`idle_includes`, or None when there are none: what
+    ``include`` turns on (the lowering rules tagged ``optional``; with the
+    name ``fused-reference``, not a tag, the fusion rules on the CPU's oracle
+    kernels), and for an entry that ``exclude`` turns off through other names
+    (a fusion rule's, beside ``exclude=['fused']``: :func:`excluded_include`
+    lets it through), which exclude names do. The compile puts it in its
+    report's notes, ``opgraph-bench`` in a run's notes."""
+    idle = idle_includes(policy)
+    if not idle:
+        return None
+    note = (f"policy include {idle}: no effect: include turns on only the lowering rules tagged 'optional' "
+            f"and, by the name {OPT_IN!r}, the fusion rules on the CPU's oracle kernels; every other rule, "
+            "every fusion rule among them, runs unless excluded")
+    exclude = set(policy.exclude)
+    for name in idle:
+        rules = _rules_named(name)
+        hits = [exclude & names for names in rules.values()]
+        if rules and all(hits):
+            note += f"; exclude={sorted(set().union(*hits))} turns {name} off"
+    return note
+
+
+__all__ = ["known_names", "listed_names", "check_names", "excluded_include", "preferences_elsewhere", "idle_includes",
+           "idle_include_note"]

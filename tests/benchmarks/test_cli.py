@@ -221,6 +221,33 @@ def test_console_script_reports_unknown_model():
     assert "unknown model 'nope'" in proc.stderr and proc.stdout == ""
 
 
+def test_python_dash_m_opgraph_benchmarks_is_the_command(tmp_path):
+    """``python -m opgraph.benchmarks`` said the package cannot be directly
+    executed; it is ``opgraph-bench``, its compare subcommand included."""
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "opgraph.benchmarks", *args], capture_output=True,
+                              text=True, timeout=60)
+
+    proc = run("--model", "nope", "--summary")
+    assert proc.returncode == 2 and "opgraph-bench: error: argument --model: unknown model 'nope'" in proc.stderr
+    proc = run("--help")
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: opgraph-bench [-h]")
+    doc = tmp_path / "none.json"
+    proc = run("compare", str(doc), str(doc))
+    assert proc.returncode == 2 and proc.stderr.startswith(f"opgraph-bench compare: error: {doc}: cannot be read")
+
+
+def test_the_help_gives_the_compare_subcommands_usage():
+    """``opgraph-bench --help`` never mentioned ``compare``, and argparse cut
+    ``opgraph-bench`` at its hyphen when it wrapped a paragraph."""
+    from opgraph.benchmarks.arguments import COMPARE_USAGE, build_parser
+
+    text = build_parser().format_help()
+    assert COMPARE_USAGE == "opgraph-bench compare A.json B.json [--format table|markdown|json|csv]"
+    assert COMPARE_USAGE in " ".join(text.split()) and "opgraph-bench compare --help" in " ".join(text.split())
+    assert not [line for line in text.splitlines() if line.endswith(("opgraph-", " -"))]
+
+
 def test_a_lowering_that_applies_nowhere_is_a_usage_error(capsys):
     status, out, err = run_cli(capsys, "--model", "L1", "--lowering", "winograd", "--device", "cpu")
     assert status == 2 and out == ""
@@ -790,3 +817,19 @@ def test_policy_items_beside_a_column_are_said_in_the_output(capsys):
     status, out, err = run_cli(capsys, "--model", "L4", "--batch", "1", "--repeat", "1", "--warmup", "0",
                                "--no-per-layer", "--lowering", "gemm")
     assert status == 0 and "policy items" not in out
+
+
+@pytest.mark.parametrize("fmt", ["json", "table"])
+def test_an_include_with_no_effect_is_said_in_the_runs_notes(capsys, tmp_path, fmt):
+    """``include=pool-scan`` (a rule that runs by default since 2026-12-05) was
+    noted only in each compile's report, which no record repeats; beside
+    ``exclude=fused`` it was refused, though it does nothing there either."""
+    status, out, err = run_cli(capsys, "--model", "L5", "--batch", "1", "--device", "cpu", "--repeat", "1",
+                               "--warmup", "0", "--no-per-layer", "--no-check", "--quiet", "--format", fmt,
+                               "--lowering", "gemm,include=pool-scan,exclude=fused")
+    assert status == 0, err
+    said = ("policy include ['pool-scan']: no effect: include turns on only the lowering rules tagged 'optional' "
+            "and, by the name 'fused-reference', the fusion rules on the CPU's oracle kernels")
+    notes = json.loads(out)["notes"] if fmt == "json" else out.splitlines()
+    (note,) = [n for n in notes if said in n]
+    assert note.endswith("; exclude=['fused'] turns pool-scan off")

@@ -166,7 +166,7 @@ def test_a_column_whose_runs_lowered_it_differently_is_named():
     got = compare.compare(_doc(a), _doc(b))
     assert got["lowered_differently"] == {"alexnet / auto / fp32 (batch 128, float32, NCHW)": [
         "Conv2dBackwardData: cudnn 4 -> cudnn 3, fft-chunked 1", "Linear: - -> cublas 1",
-        "fusion pool-scan: - -> 3"]}  # a decline more is no other program
+        "fusion pool-scan: 0 -> 3"]}  # a decline more is no other program
     notes = " ".join(compare.comparison_table(got, "a.json", "b.json").notes)
     assert "lowered it differently" in notes and "fft-chunked 1" in notes and "pool-scan" in notes
     same = compare.compare(_doc(a), _doc(dict(b, algorithms=a["algorithms"], fusion=a["fusion"])))
@@ -180,11 +180,58 @@ def test_columns_of_two_layouts_are_named_apart():
     assert len(set(got["only_a"])) == 2
 
 
-def test_files_sharing_no_column_say_so(tmp_path, capsys):
-    a = tmp_path / "a.json"
-    b = tmp_path / "b.json"
-    a.write_text(json.dumps(dict(_doc(_rec("gemm", [1, 1, 1], [1, 1, 1])), schema_version=compare.SCHEMA_VERSION)))
-    b.write_text(json.dumps(dict(_doc(_rec("fft", [1, 1, 1], [1, 1, 1])), schema_version=compare.SCHEMA_VERSION)))
-    assert cli.main(["compare", str(a), str(b)]) == 0
+def _files(tmp_path, a, b):
+    paths = tmp_path / "a.json", tmp_path / "b.json"
+    for path, rec in zip(paths, (a, b)):
+        path.write_text(json.dumps(dict(_doc(rec), schema_version=compare.SCHEMA_VERSION)))
+    return list(map(str, paths))
+
+
+def test_files_sharing_no_column_say_so_in_notes_alone(tmp_path, capsys):
+    """They printed an empty bordered table (Markdown: a header row) above the
+    notes, and in CSV a header alone, which reads as a comparison of nothing:
+    now the notes alone, in CSV on standard error with nothing on standard output."""
+    a, b = _files(tmp_path, _rec("gemm", [1, 1, 1], [1, 1, 1]), _rec("fft", [1, 1, 1], [1, 1, 1]))
+    only = ["timed in A only: alexnet / gemm / fp32 (batch 128, float32, NCHW)",
+            "timed in B only: alexnet / fft / fp32 (batch 128, float32, NCHW)"]
+    for fmt, bullet in (("table", ""), ("markdown", "- ")):
+        assert cli.main(["compare", a, b, "--format", fmt]) == 0
+        out, err = capsys.readouterr()
+        assert out.splitlines() == [bullet + n for n in (compare.NOTHING_SHARED, *only)] and err == "", out
+    assert cli.main(["compare", a, b, "--format", "csv"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [f"opgraph-bench compare: {n}" for n in (compare.NOTHING_SHARED, *only)]
+    assert cli.main(["compare", a, b, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["rows"] == [] and doc["only_a"] == [only[0].split(": ", 1)[1]]
+    assert "csv prints nothing to standard output" in " ".join(compare.build_parser().format_help().split())
+
+
+def test_the_layout_has_a_column_in_the_table_as_in_the_csv(tmp_path, capsys):
+    """Two NHWC runs compared: the layout was only in the labels of the notes."""
+    a, b = _files(tmp_path, dict(_rec("gemm", [1, 1, 1], [1, 1, 1]), layout="NHWC"),
+                  dict(_rec("gemm", [2, 2, 2], [1, 1, 1]), layout="NHWC"))
+    assert cli.main(["compare", a, b, "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert {r["layout"] for r in rows} == {"NHWC"} and len(rows) == 3
+    table = compare.comparison_table(compare.compare(*map(compare.load, (a, b))), a, b)
+    at = table.headers.index("layout")
+    assert table.headers[at - 1] == "precision" and {r[at] for r in table.rows} == {"NHWC"}
+    assert cli.main(["compare", a, b, "--format", "markdown"]) == 0
     out = capsys.readouterr().out
-    assert "no column was timed in both files" in out and "timed in A only" in out
+    assert "| precision | layout | phase |" in out and "| fp32 | NHWC | forward |" in out
+
+
+def test_an_excluded_fusion_rule_is_said_excluded():
+    """A rule the policy excluded in B showed as ``-``, as a rule the record
+    has no entry for; excluded, none rewritten and absent all rewrite nothing,
+    so they compare equal."""
+    a, b = _rec("auto", [1, 1, 1], [1, 1, 1]), _rec("auto", [1, 1, 1], [1, 1, 1])
+    a["fusion"] = {"pool-scan": {"applied": 13, "declined": 0}, "elementwise": {"applied": 0, "declined": 2},
+                   "bn-fold": {"excluded": True}}
+    b["fusion"] = {"pool-scan": {"excluded": True}, "elementwise": {"excluded": True}}
+    (label, lines), = compare.compare(_doc(a), _doc(b))["lowered_differently"].items()
+    assert lines == ["fusion pool-scan: 13 -> excluded"]
+    assert compare.compare(_doc(b), _doc(a))["lowered_differently"][label] == ["fusion pool-scan: excluded -> 13"]
+    b["fusion"]["relu-bias-sums"] = {"applied": 2, "declined": 0}  # a rule A's file has no entry for
+    assert compare.compare(_doc(a), _doc(b))["lowered_differently"][label][-1] == "fusion relu-bias-sums: - -> 2"

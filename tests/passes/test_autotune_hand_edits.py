@@ -396,3 +396,47 @@ def test_the_h200_cache_in_the_results_passes_every_check():
     assert len(entries) > 5000
     bad = {k: why for k, e in entries.items() if (why := entry_defect(e) or entry_problem(e))}
     assert not bad, next(iter(bad.items()))
+
+
+def _edit_to_wrong(path):
+    edit(path, "wrong", {})
+
+
+def _edit_to_refused_options(path):
+    edit(path, "engine", {"e": 7})
+
+
+def _blocked(path):
+    """A cache whose folder is a file: it cannot be read, and the pass's save at its end fails."""
+    path.write_text("")
+    return path / "c.json"
+
+
+@pytest.mark.parametrize("spoil, said", [
+    (_edit_to_wrong, "hand-edited choice wrong is not used"),  # the pass's, after the re-choice
+    (_edit_to_refused_options, "are not among its variants"),  # the pass's, while reading entries
+    (_blocked, "cannot be written"),  # the save at the pass's end
+])
+def test_every_cache_warning_obeys_a_filter_scoped_to_the_cache_module(monkeypatch, tmp_path, spoil, said):
+    """The pass's warnings were issued two frames up from ``AutotuneCache.warn``,
+    so attributed to ``passes/base.py`` (a failed save's to ``passes/autotune.py``):
+    ``filterwarnings('ignore', module='opgraph.passes.autotune_cache')`` hid the
+    corrupt-file warning but not these. The report keeps them all the same."""
+    from opgraph.passes import autotune_cache
+
+    install(monkeypatch, "wrong")
+    for scoped in (False, True):
+        path = tmp_path / f"c{int(scoped)}.json"
+        tune(path, StubTimer(TIMES))
+        path = spoil(path) or path  # spoiled again for each compile: a re-tune mends it
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if scoped:
+                warnings.filterwarnings("ignore", module=r"opgraph\.passes\.autotune_cache")
+            report = tune(path, StubTimer(TIMES))
+        assert any(said in n for n in report.notes)
+        if scoped:
+            assert [str(w.message) for w in caught] == []
+        else:
+            assert any(said in str(w.message) for w in caught)
+            assert {w.filename for w in caught} == {autotune_cache.__file__}

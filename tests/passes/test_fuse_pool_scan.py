@@ -102,9 +102,15 @@ def test_the_rule_is_a_default_and_turns_off_by_name():
     exe = og.compile(outs, device="cpu", policy={"exclude": ["fused"]})
     assert exe.report.fusion["pool-scan"] == exe.report.fusion["pool-argmax"] == {"excluded": True}
     assert not (_kinds(exe)["MaxPool2dScan"] or _kinds(exe)["MaxPool2dArgmaxSlot"] or _kinds(exe)["MaxPool2dTake"])
+    # beside the rule's name in include (opt-in until 2026-12-05: it does nothing now), exclude still
+    # wins, and the note says so (it was refused as a contradiction)
+    exe = og.compile(outs, device="cpu", policy={"include": ["pool-scan"], "exclude": ["fused"]})
+    assert exe.report.fusion["pool-scan"] == {"excluded": True} and not _kinds(exe)["MaxPool2dScan"]
+    (note,) = [n for n in exe.report.notes if n.startswith("policy include ['pool-scan']: no effect")]
+    assert note.endswith("; exclude=['fused'] turns pool-scan off")
     exe = og.compile(outs, device="cpu", policy={"include": ["fused-reference", "pool-scan"]})
     assert exe.report.fusion["pool-scan"] == {"applied": 2, "declined": 0}
-    assert any(n.startswith("policy include ['pool-scan']: no opt-in rule carries it") for n in exe.report.notes)
+    assert any(n.startswith("policy include ['pool-scan']: no effect") for n in exe.report.notes)
 
 
 def test_on_the_oracle_without_its_opt_in_nothing_is_rewritten_and_the_notes_say_why():

@@ -116,7 +116,7 @@ def test_the_cli_suggests_the_close_name_naming_the_flag(capsys):
 
 @pytest.mark.parametrize("include, exclude, by", [
     (["fused-reference"], ["fused"], ["fused"]),       # 'fused' turns every fusion rule off
-    (["pool-scan"], ["fused"], ["fused"]),             # a fusion rule's name
+    (["fused-reference", "pool-scan"], ["fused"], ["fused"]),  # the opt-in still, beside an idle name
     (["gemm"], ["im2col"], ["im2col"]),                # a tag of every gemm rule
     (["fast"], ["fft", "winograd"], ["fft", "winograd"])])  # a tag's rules, excluded by name
 def test_an_include_that_exclude_covers_through_other_names_is_refused(include, exclude, by):
@@ -126,10 +126,26 @@ def test_an_include_that_exclude_covers_through_other_names_is_refused(include, 
     with pytest.raises(PolicyError) as e:
         og.compile([_conv()], policy={"include": include, "exclude": exclude})
     msg = str(e.value)
-    assert msg.startswith(f"parameter exclude={by!r}: covers include={include!r}: it turns off every rule"), msg
+    refused = include[:1]
+    assert msg.startswith(f"parameter exclude={by!r}: covers include={refused!r}: it turns off every rule"), msg
     assert msg.endswith("and exclude would win: a rule may be in one of them")
     with pytest.raises(PolicyError, match=rf"exclude={include!r}: also in include={include!r}".replace("[", r"\[")):
         LoweringPolicy(include=include, exclude=include)
+
+
+@pytest.mark.parametrize("include, exclude", [(["pool-scan"], ["fused"]), (["relu-bias-sums"], ["fused"]),
+                                              (["pool-scan", "relu-bias-sums"], ["fused"])])
+def test_a_fusion_rules_name_beside_an_exclude_that_covers_it_is_noted_not_refused(include, exclude):
+    """``include=['pool-scan']`` was refused beside ``exclude=['fused']`` although
+    the include does nothing since the rule became a default (2026-12-05): every
+    fusion rule runs unless excluded. Exclude wins, as it would without the
+    include, and the note says which exclude turns the rule off."""
+    exe = og.compile([_conv()], device="cpu", policy={"include": include, "exclude": exclude})
+    (note,) = [n for n in exe.report.notes if n.startswith("policy include")]
+    assert note.startswith(f"policy include {include}: no effect: include turns on only the lowering rules "
+                           "tagged 'optional' and, by the name 'fused-reference', the fusion rules"), note
+    assert "tagged 'optional' and 'fused-reference'" not in note  # fused-reference is no tag
+    assert note.endswith("".join(f"; exclude=['fused'] turns {name} off" for name in include))
 
 
 @pytest.mark.parametrize("include, exclude", [(["im2col"], ["gemm"]),  # unfold is left

@@ -43,7 +43,8 @@ every one off, and nothing else (the fused ops' rules carry the tag
 10. ``elementwise``: maximal chains of memory-bound ops -> one
    ``FusedElementwise`` node, one generated kernel on cuda
    (``passes/fuse_elementwise.py``; opt-in on the CPU's oracle kernels);
-11. ``relu-bias-sums``: a bias gradient of a ReLU gradient left out of the chains -> the ReLU
+11. ``relu-bias-sums``: a bias gradient of a ReLU gradient (or of a threshold gradient at
+   threshold 0, the same mask) left out of the chains -> the ReLU
    gradient fills the bias gradient's slot with its per-channel sums in the same pass
    (``ReluBackwardSums``, ``ReluBackwardSumsSlot``; ``passes/fuse_relu_bias_sums.py``; opt-in on
    the CPU's oracle kernels).

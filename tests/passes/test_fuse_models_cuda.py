@@ -111,6 +111,9 @@ def test_fusion_on_cuda_of_every_built_in_model(monkeypatch, key):
     sums = report.fusion["relu-bias-sums"]["applied"]
     assert not [v.name for v in nodes if v.op.op.name == "BiasAddBackward"
                 and v.inputs[0].op.op.name == "ReluBackward"]
+    if key in ("alexnet", "overfeat", "vgg_a"):  # the classifier's Threshold(0, 1e-6) gradients, 2-D
+        assert not kinds["ThresholdBackward"]
+        assert sum(v.op.op.name == "ReluBackwardSums" and v.inputs[0].type.ndim == 2 for v in nodes) == 2
     if key == "googlenet":  # the inception branches' ReLU gradients read slices of the concat's gradient
         assert (pools, sums) == (13, 37)
     if key == "alexnet":

@@ -225,3 +225,40 @@ def test_on_cuda_the_rule_leaves_values_the_fused_kernel_can_never_take(monkeypa
     graph, louts, report = compile_for_cuda(outs, og.LoweringPolicy(layout="NHWC"),
                                             dtype="bfloat16")
     assert report.fusion["relu-bias-sums"] == {"applied": 3, "declined": 0}
+
+
+def classifier(threshold: float = 0.0):
+    """The AlexNet-style head (``benchmarks/models/common.py``): linear, ``threshold(t, 1e-6)``,
+    linear, ``threshold(t, 1e-6)``, linear; 2-D (N, features) values, 16 features a layer (whole
+    16-byte lanes)."""
+    g = og.Graph("classifier")
+    x = g.input("x", (6, 24))
+    params, y = [], x
+    for i, (fan_in, fan_out) in enumerate([(24, 16), (16, 16)]):
+        w, b = g.param(f"w{i}", (fan_out, fan_in)), g.param(f"b{i}", (fan_out,))
+        y = og.threshold(og.linear(y, w, b), threshold, 1e-6, name=f"thresh{i}")
+        params += [w, b]
+    w, b = g.param("w2", (8, 16)), g.param("b2", (8,))
+    return og.linear(y, w, b), [x, *params, w, b], []
+
+
+@pytest.mark.parametrize("threshold", [0.0, -0.0])
+def test_a_threshold_gradient_at_zero_writes_the_bias_sums_as_the_relu_gradient_does(threshold):
+    """``ThresholdBackward`` at threshold 0 is the ReLU gradient of its input bit for bit: its bias
+    gradient becomes the slot it fills (the two hidden layers; the last layer's has no threshold
+    gradient), and the step equals the unfused one and the float64 reference."""
+    on, off, errors = rule_on_and_off(lambda: classifier(threshold), "relu-bias-sums")
+    kinds, off_kinds = _kinds(on), _kinds(off)
+    assert on.report.fusion["relu-bias-sums"]["applied"] == 2
+    assert kinds["ReluBackwardSums"] == kinds["ReluBackwardSumsSlot"] == 2 and not kinds["ThresholdBackward"]
+    assert off_kinds["ThresholdBackward"] == 2 and kinds["BiasAddBackward"] == off_kinds["BiasAddBackward"] - 2
+    for fused_err, unfused_err, between in errors:
+        assert fused_err < 1e-6 and unfused_err < 1e-6 and between < 1e-6
+
+
+def test_a_threshold_gradient_at_another_threshold_is_left_alone():
+    """At threshold 0.1 the gradient masks ``x > 0.1``, not the ReLU's ``x > 0``: no rewrite."""
+    on, _, errors = rule_on_and_off(lambda: classifier(0.1), "relu-bias-sums")
+    assert not on.report.fusion["relu-bias-sums"].get("applied") and _kinds(on)["ThresholdBackward"] == 2
+    for fused_err, unfused_err, _ in errors:
+        assert fused_err < 1e-6 and unfused_err < 1e-6

@@ -74,7 +74,7 @@ def _is_tiled(dst, src, **kw) -> bool:
     return _plan_of(dst, src, **kw)[0].startswith("opgraph_gen_copy_t_")
 
 
-@pytest.mark.parametrize("shape", [(2, 40, 3, 5), (3, 33, 7, 7), (128, 1024, 6, 6), (1, 40, 3, 5), (2, 40, 1, 5)])
+@pytest.mark.parametrize("shape", [(2, 40, 3, 5), (3, 33, 7, 7), (128, 1024, 6, 6), (1, 40, 3, 5), (2, 40, 1, 9)])
 def test_the_flatten_of_an_nhwc_activation_and_its_gradient_are_tiled(shape):
     x = channels_last(np.zeros(shape, np.float32))
     c_order = np.zeros(shape, np.float32)
@@ -111,8 +111,17 @@ def test_copies_that_are_no_transpose_keep_the_element_kernel():
     one_channel = np.zeros((4, 1, 5, 6), np.float32)
     assert not _is_tiled(one_channel, channels_last(one_channel))
     # a negative stride (the element kernel takes none either): no tile
-    assert copies.transpose_form((4, 6), (6, 1), (-1, 4), (False, False)) is None
-    assert copies.transpose_form((4, 6), (6, 1), (1, 4), (False, False)) is not None
+    assert copies.transpose_form((8, 9), (9, 1), (-1, 8), (False, False)) is None
+    assert copies.transpose_form((8, 9), (9, 1), (1, 8), (False, False)) is not None
+
+
+@pytest.mark.parametrize("rows, cols", [(7, 100), (100, 7), (2, 5000)])
+def test_a_transposed_axis_shorter_than_min_run_keeps_the_element_kernel(rows, cols):
+    """(a warp of the tiled kernel would keep under a quarter of its lanes busy on that side)"""
+    a = np.zeros((rows, cols), np.float32)
+    assert min(rows, cols) < copies.MIN_RUN
+    assert not _is_tiled(np.zeros((cols, rows), np.float32), a.T)
+    assert _is_tiled(np.zeros((cols, 8), np.float32), np.zeros((8, cols), np.float32).T) == (cols >= 8)
 
 
 #: signatures of the element kernel (shape, dst strides, src shape, src strides, lo, itemsize,
@@ -171,7 +180,7 @@ def test_flatten_of_nhwc_and_the_reshape_back(emu, shape, itemsize):
 
 
 @needs_gxx
-@pytest.mark.parametrize("rows, cols", [(70, 45), (130, 3), (2, 200), (64, 64), (65, 1 + 64 * 2)])
+@pytest.mark.parametrize("rows, cols", [(70, 45), (130, 8), (8, 200), (64, 64), (65, 1 + 64 * 2)])
 def test_plain_2d_transposes_with_several_and_partial_tiles(emu, rows, cols):
     a = _values((rows, cols), "float32", 1)
     out = np.empty((cols, rows), np.float32)
@@ -184,13 +193,13 @@ def test_a_transpose_with_two_batch_axes(emu):
     """A crop of W of a C-ordered (N, C, H, W) copied to (N, H, W, C) in C order: H and W
     cannot merge in the source, so A = C, B = W and the batch axes are N and H; then a 5-D
     transpose with three batch axes."""
-    x = _values((2, 3, 4, 70), "bfloat16", 2)[:, :, :, 5:65]
+    x = _values((2, 12, 4, 70), "bfloat16", 2)[:, :, :, 5:65]
     src = x.transpose(0, 2, 3, 1)
     dst = np.empty(src.shape, src.dtype)
     form = copies.transpose_form(src.shape, copies._element_strides(dst), copies._element_strides(src), (False,) * 4)
-    assert form[0] == (2, 4, 60, 3) and form[3] == 2
+    assert form[0] == (2, 4, 60, 12) and form[3] == 2
     _copy(dst, src)
-    y = _values((2, 3, 5, 6, 7), "float32", 3)
+    y = _values((2, 3, 5, 9, 10), "float32", 3)
     src = y.transpose(0, 2, 1, 4, 3)
     dst = np.empty(src.shape, np.float32)
     assert len(copies.transpose_form(src.shape, copies._element_strides(dst), copies._element_strides(src),
@@ -225,8 +234,9 @@ def test_views_with_offsets_on_either_side(emu):
 @needs_gxx
 def test_extent_one_axes_are_dropped_before_the_tiles(emu):
     """N = 1 (no batch axis left) and H = 1 (W alone is A) are transposes; C = 1 or
-    H = W = 1 are not (both orders are the same memory): the element kernel, same bits."""
-    for shape, tiled in (((1, 40, 3, 5), True), ((2, 40, 1, 5), True), ((2, 1, 3, 5), False),
+    H = W = 1 are not (both orders are the same memory), nor W = 5 alone (under MIN_RUN):
+    the element kernel, same bits."""
+    for shape, tiled in (((1, 40, 3, 5), True), ((2, 40, 1, 9), True), ((2, 40, 1, 5), False), ((2, 1, 3, 5), False),
                          ((3, 40, 1, 1), False)):
         x = channels_last(_values(shape, "float32", 7))
         _copy(np.empty(shape, np.float32), x)
@@ -296,7 +306,8 @@ def test_the_tiled_kernels_compile_for_sm90():
     sources.append(copies._tiled_plan(*wide, 2)[1])
     assert "typedef long long IDX;" in sources[-1]
     ptx = nvcc_check(sources)
-    assert ptx.count(".maxntid 256, 1, 1") == 5 and ptx.count(".minnctapersm 8") == 4
+    assert ptx.count(".maxntid 256, 1, 1") == 5
+    assert [ptx.count(f".minnctapersm {k}") for k in (8, 6, 4)] == [3, 1, 1]  # 8-byte: 4; 64-bit: 6
     assert "ld.global.nc.u16" in ptx and "bar.sync" in ptx and "st.shared.u64" in ptx
 
 

@@ -22,20 +22,21 @@ the destination's order, end with one of destination stride 1 (A) while
 another (B) has source stride 1 reads the source at a large stride in that
 loop, one sector per element (the classifier's ``Flatten`` of an NHWC
 activation, ``(N, H*W, C) -> (N, C, H*W)``, and its gradient's ``Reshape``
-back ran at 16-21 % of the copy bandwidth on the H200, bf16). Such a copy
-runs a shared-memory tiled kernel instead: a block of 8 warps takes tiles of
-at most ``TILE x TILE`` elements (A and B each split evenly into runs of at
-most :data:`TILE`: an axis of 36 is one run, 100 two of 50), each warp reads
-rows of the tile along B (lanes along the source's contiguous axis: 32
-consecutive elements per access, up to ``TILE / 32`` per row), every load of
-the thread issued before the first is stored into the tile, then after
-``__syncthreads`` writes rows along A (the destination's contiguous axis)
-from the tile's columns. The tile's rows are padded (:func:`tile_pitch`) so
-that a warp reading a column hits 32 banks, for every element size. Edge
-tiles check their extents; the other (batch) axes come from the tile's
-number, a grid-stride loop over the tiles. Elements of 1, 2, 4 and 8 bytes,
-as bits; 64-bit indices when the reach needs them, as the element kernel.
-:data:`TILED` ``= False`` keeps the element kernel for them (benchmarks).
+back ran at 16-21 % of the copy bandwidth on the H200, bf16). Such a copy,
+both axes at least :data:`MIN_RUN` long, runs a shared-memory tiled kernel
+instead: a block of 8 warps takes tiles of at most ``TILE x TILE`` elements
+(A and B each split evenly into runs of at most :data:`TILE`: an axis of 36
+is one run, 100 two of 50), each warp reads rows of the tile along B (lanes
+along the source's contiguous axis: 32 consecutive elements per access, up
+to ``TILE / 32`` per row), every load of the thread issued before the first
+is stored into the tile, then after ``__syncthreads`` writes rows along A
+(the destination's contiguous axis) from the tile's columns. The tile's rows
+are padded (:func:`tile_pitch`) so that a warp reading a column hits 32
+banks, for every element size. Edge tiles check their extents; the other
+(batch) axes come from the tile's number, a grid-stride loop over the tiles.
+Elements of 1, 2, 4 and 8 bytes, as bits; 64-bit indices when the reach
+needs them, as the element kernel. :data:`TILED` ``= False`` keeps the
+element kernel for them (benchmarks).
 
 All sizes, strides and offsets are kernel arguments, so one compiled kernel
 serves every shape with the same rank, element size, bounds and vector form
@@ -72,12 +73,17 @@ TILED = True
 #: Largest tile extent along each of the two transposed axes (elements); the tile of one
 #: copy splits each axis evenly (``ceil(d / ceil(d / TILE))``: 36 stays 36, 100 is 2 x 50).
 TILE = 64
+#: Shortest extent of either transposed axis the tiled kernel takes (a guess, not timed): below
+#: it a warp of the tiled kernel keeps fewer than a quarter of its lanes busy on that side,
+#: while the element kernel's reads of 32 consecutive destination elements fall in runs of at
+#: least 4 source elements (or, the short axis being B, read a source of rows that short).
+MIN_RUN = 8
 #: Warps of a block: a warp moves rows of the tile, 32 lanes along a row.
 WARPS = THREADS // 32
 #: element size -> blocks per SM the tiled kernel is compiled for (``__launch_bounds__``): 8
 #: (the SM's 2,048 threads) holds it to 32 registers with its 16 loads in flight (no spill,
 #: nvcc 13 for sm_90); 8-byte elements need twice the registers for them and their tile takes
-#: 33 KB of shared memory, so 4.
+#: 33 KB of shared memory, so 4. 64-bit indices need 40 registers: 6.
 _MIN_BLOCKS = {1: 8, 2: 8, 4: 8, 8: 4}
 
 
@@ -184,7 +190,7 @@ def transpose_form(shape, dst_strides, src_strides, bounded):
     is a batched 2-D transpose, else None: its axes of extent > 1 in the
     destination's memory order, merged (:func:`collapse`), where the innermost
     has destination stride 1 and another, axis ``b``, has source stride 1
-    (every stride non-negative)."""
+    (every stride non-negative), both at least :data:`MIN_RUN` long."""
     if any(bounded):
         return None
     keep = [a for a in range(len(shape)) if shape[a] > 1]
@@ -195,7 +201,10 @@ def transpose_form(shape, dst_strides, src_strides, bounded):
                                                                         [0] * len(shape), [False] * len(shape))))
     if len(dims) < 2 or ds[-1] != 1 or ss[-1] == 1 or 1 not in ss[:-1]:
         return None
-    return tuple(dims), tuple(ds), tuple(ss), ss.index(1)
+    b = ss.index(1)
+    if min(dims[-1], dims[b]) < MIN_RUN:
+        return None
+    return tuple(dims), tuple(ds), tuple(ss), b
 
 
 def tile_pitch(itemsize: int, width: int = TILE) -> int:
@@ -278,7 +287,8 @@ def _tiled_plan(dims, ds, ss, b: int, itemsize: int):
     body = _tiled_kernel(len(batch), tile_pitch(itemsize), params)
     draft = f"typedef {_BITS[itemsize]} ELEM;\n" + source("KERNEL", "float", params, body)
     name = f"opgraph_gen_copy_t_{hashlib.sha1(draft.encode()).hexdigest()[:12]}"
-    text = draft.replace("void KERNEL(", f"void __launch_bounds__({THREADS}, {_MIN_BLOCKS[itemsize]}) {name}(")
+    blocks_per_sm = min(_MIN_BLOCKS[itemsize], 6 if params.wide else 8)
+    text = draft.replace("void KERNEL(", f"void __launch_bounds__({THREADS}, {blocks_per_sm}) {name}(")
     return name, text, params, max(1, min(tiles, COPY_BLOCKS))
 
 
@@ -314,4 +324,4 @@ def copy_into(xp, dst, src, lo=None, fill: float = 0.0):
     return dst
 
 
-__all__ = ["TILED", "TILE", "collapse", "transpose_form", "tile_pitch", "fill_bits", "copy_into"]
+__all__ = ["TILED", "TILE", "MIN_RUN", "collapse", "transpose_form", "tile_pitch", "fill_bits", "copy_into"]

@@ -112,7 +112,7 @@ MOVEMENT = {
     ops.Pad: (_movement(movement.pad), True),
     ops.PadBackward: (_movement(movement.pad_backward), True),
     ops.Transpose: (_movement(movement.transpose, layout=False), True),
-    ops.Reshape: (_movement(movement.reshape, layout=False), False),  # a view when it can be
+    ops.Reshape: (_movement(movement.reshape), False),  # a view when it can be (not into NHWC)
     ops.Flatten: (_movement(movement.flatten, layout=False), False),
 }
 

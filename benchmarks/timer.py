@@ -167,13 +167,14 @@ def time_calls(fn: Callable[[], object], *, warmup: int, repeat: int,
     return make_timer(device).measure(fn, repeat=repeat)
 
 
-def replayed_ms_per_call(fn: Callable[[], object], calls: int, *, warmup: int = 3, repeat: int = 20) -> float:
-    """Median milliseconds per call of ``fn`` on the GPU as a replayed CUDA graph runs it: ``fn``
-    once eagerly (compiled kernels, plans and pool blocks made outside the capture), then ``calls``
-    of it captured into one graph on a non-blocking stream, the graph replayed ``warmup`` times
-    untimed and ``repeat`` times between CUDA events (:func:`time_calls`), each replay's time
-    divided by ``calls``: a kernel's device time with the launch gaps of a graph, no Python
-    dispatch. What the kernel benchmarks of ``scripts/`` time.
+def replayed_times_per_call(fn: Callable[[], object], calls: int, *, warmup: int = 3,
+                            repeat: int = 20) -> list[float]:
+    """Milliseconds per call of ``fn`` on the GPU as a replayed CUDA graph runs it, one per timed
+    replay: ``fn`` once eagerly (compiled kernels, plans and pool blocks made outside the
+    capture), then ``calls`` of it captured into one graph on a non-blocking stream, the graph
+    replayed ``warmup`` times untimed and ``repeat`` times between CUDA events
+    (:func:`time_calls`), each replay's time divided by ``calls``: a kernel's device time with the
+    launch gaps of a graph, no Python dispatch. What the kernel benchmarks of ``scripts/`` time.
 
     Raises:
         ValueError: ``calls < 1``, ``warmup < 0`` or ``repeat < 1``.
@@ -190,7 +191,12 @@ def replayed_ms_per_call(fn: Callable[[], object], calls: int, *, warmup: int = 
             fn()
         graph = stream.end_capture()
         times = time_calls(lambda: graph.launch(stream), warmup=warmup, repeat=repeat, device="cuda")
-    return statistics.median(times) / calls
+    return [t / calls for t in times]
+
+
+def replayed_ms_per_call(fn: Callable[[], object], calls: int, *, warmup: int = 3, repeat: int = 20) -> float:
+    """The median of :func:`replayed_times_per_call` (same arguments, same errors)."""
+    return statistics.median(replayed_times_per_call(fn, calls, warmup=warmup, repeat=repeat))
 
 
 @attrs.frozen
@@ -231,4 +237,5 @@ class Timing:
 
 
 __all__ = ["Timer", "CpuTimer", "CudaEventTimer", "AdaptiveTimer", "AUTO_ROUND", "AUTO_THRESHOLD",
-           "AUTO_MAX_SECONDS", "AUTO_MAX_CALLS", "make_timer", "time_calls", "Timing"]
+           "AUTO_MAX_SECONDS", "AUTO_MAX_CALLS", "make_timer", "time_calls", "replayed_times_per_call",
+           "replayed_ms_per_call", "Timing"]

@@ -48,6 +48,8 @@ import sys
 
 import numpy as np
 
+from opgraph.benchmarks.timer import replayed_times_per_call
+
 #: model -> (Flatten input (N, C, H, W), profile ms of the flatten, of its gradient's reshape)
 SHAPES = {
     "alexnet": ((128, 256, 6, 6), 0.006299, 0.007128),
@@ -87,22 +89,6 @@ def quartiles(times) -> tuple[float, float, float]:
     """``(q1, median, q3)`` of ``times`` (inclusive method: within the samples' range)."""
     q1, q2, q3 = statistics.quantiles(times, n=4, method="inclusive")
     return q1, q2, q3
-
-
-def replayed_per_call(cp, fn, calls: int, warmup: int, repeat: int) -> list[float]:
-    """Milliseconds per call of each of ``repeat`` replays of a graph of ``calls`` calls of
-    ``fn`` (``fn`` once eagerly first: kernels compiled, plans made, outside the capture)."""
-    from opgraph.benchmarks.timer import time_calls
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        fn()
-        stream.synchronize()
-        stream.begin_capture()
-        for _ in range(calls):
-            fn()
-        graph = stream.end_capture()
-        times = time_calls(lambda: graph.launch(stream), warmup=warmup, repeat=repeat, device="cuda")
-    return [t / calls for t in times]
 
 
 def memcpy(cp, dst, src) -> None:
@@ -174,7 +160,8 @@ def main(argv=None) -> int:
                     fn()
                     good = bool((dst == logical).all())
                     ok &= good
-                results[way] = (good, quartiles(replayed_per_call(cp, fn, args.calls, args.warmup, args.repeat)))
+                times = replayed_times_per_call(fn, args.calls, warmup=args.warmup, repeat=args.repeat)
+                results[way] = (good, quartiles(times))
             memcpy_ms = results["memcpy"][1][1]
             for way, (good, (q1, ms, q3)) in results.items():
                 totals[way] += ms

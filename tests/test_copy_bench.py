@@ -99,11 +99,11 @@ def test_a_run_on_the_emulated_kernels(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(bench, "memcpy", lambda cp, dst, src: np.copyto(dst, src.reshape(-1)))
     calls = []
 
-    def replayed(cp, fn, n, warmup, repeat):
+    def replayed(fn, n, *, warmup, repeat):
         calls.append(n)
         fn()
         return [0.001 * (1 + k % 3) for k in range(repeat)]
-    monkeypatch.setattr(bench, "replayed_per_call", replayed)
+    monkeypatch.setattr(bench, "replayed_times_per_call", replayed)
     monkeypatch.setattr("opgraph.backends.copy_bandwidth.measure_copy_bandwidth", lambda device: {"gbps": 4000.0})
     monkeypatch.setattr("opgraph.backends.device.cuda_status", lambda: (True, "a stand-in"))
     with codegen_emulated(monkeypatch, StandIn()) as emu:

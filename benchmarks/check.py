@@ -106,7 +106,8 @@ CHECKED_OPS = frozenset({t.__name__ for f in LAYER_FAMILIES for t in of_family(f
                            "ReluBackwardSums"})
 #: (lowered op, abstract op at the same node id) pairs computing the same value.
 _SAME_VALUE = {("PadBackward", "Conv2dBackwardData"), ("MaxPool2dTake", "MaxPool2d"), ("MaxPool2dScan", "MaxPool2d"),
-               ("ReluBackwardSums", "ReluBackward"), ("ReluBackwardSumsSlot", "BiasAddBackward"),
+               ("ReluBackwardSums", "ReluBackward"), ("ReluBackwardSums", "ThresholdBackward"),  # at threshold 0
+               ("ReluBackwardSumsSlot", "BiasAddBackward"),
                ("BatchNormTrainingBackwardDataFromSums", "BatchNormTrainingBackwardData"),
                ("BatchNormBackwardSumsRow", "BatchNormTrainingBackwardScale"), ("BatchNormBackwardSumsRow", "BiasAddBackward")}
 _REFERENCE_ALGORITHMS = ("reference", "direct")

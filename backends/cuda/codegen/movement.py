@@ -92,11 +92,15 @@ def reshape(xp, x, *, shape, layout=None):
     ``Flatten``, ``(N, C*H*W) -> (N, C, H, W)``) is written so by one
     generated (tiled, transposing) copy; returned as a C-ordered view, the
     executor converted it with CuPy's own copy, at a sixth of the copy
-    bandwidth on the H200 (OverFeat bf16: 24 us for 18.9 MB)."""
+    bandwidth on the H200 (OverFeat bf16: 24 us for 18.9 MB). With one
+    channel or one pixel (``(N, C) -> (N, C, 1, 1)`` after a global pool)
+    both orders are the same memory: the view, no copy."""
     shape = tuple(shape)
     if math.prod(shape) != x.size:
         raise ShapeError(f"reshape: {x.shape} ({x.size} elements) cannot become {shape}")
-    if layout == "NHWC" and len(shape) == 4:
+    # one channel or one pixel (the gradient of a Flatten after a global pool): C order is
+    # channels-last memory too, so the view below is kept as it is (to_layout copies nothing)
+    if layout == "NHWC" and len(shape) == 4 and shape[1] > 1 and shape[2] * shape[3] > 1:
         src = x if x.shape == shape else reshape(xp, x, shape=shape)
         return copy_into(xp, empty(xp, shape, x.dtype, "NHWC"), src)
     if not x.flags.c_contiguous:

@@ -292,8 +292,8 @@ def comparison_table(result: dict, name_a: str, name_b: str) -> Table:
              f"change: beyond both runs' IQR: {counts['slower']} slower, {counts['faster']} faster; "
              f"{counts['']} within the spread" + (f"; {counts['?']} without a spread (one call)"
                                                   if counts["?"] else "")]
-    if not result["rows"]:  # nothing the legend and the counts above describe
-        notes = [NOTHING_SHARED]
+    if not result["rows"]:  # nothing the legend and the counts above describe; which file is A still is
+        notes = [f"{NOTHING_SHARED} (A: {name_a}; B: {name_b})"]
     for label, differences in result.get("lowered_differently", {}).items():
         notes.append(f"{label}: the runs lowered it differently, so B / A compares two programs: "
                      + "; ".join(differences))

@@ -194,13 +194,14 @@ def test_files_sharing_no_column_say_so_in_notes_alone(tmp_path, capsys):
     a, b = _files(tmp_path, _rec("gemm", [1, 1, 1], [1, 1, 1]), _rec("fft", [1, 1, 1], [1, 1, 1]))
     only = ["timed in A only: alexnet / gemm / fp32 (batch 128, float32, NCHW)",
             "timed in B only: alexnet / fft / fp32 (batch 128, float32, NCHW)"]
+    nothing = f"{compare.NOTHING_SHARED} (A: {a}; B: {b})"  # which file is A, without the table's title
     for fmt, bullet in (("table", ""), ("markdown", "- ")):
         assert cli.main(["compare", a, b, "--format", fmt]) == 0
         out, err = capsys.readouterr()
-        assert out.splitlines() == [bullet + n for n in (compare.NOTHING_SHARED, *only)] and err == "", out
+        assert out.splitlines() == [bullet + n for n in (nothing, *only)] and err == "", out
     assert cli.main(["compare", a, b, "--format", "csv"]) == 0
     out, err = capsys.readouterr()
-    assert out == "" and err.splitlines() == [f"opgraph-bench compare: {n}" for n in (compare.NOTHING_SHARED, *only)]
+    assert out == "" and err.splitlines() == [f"opgraph-bench compare: {n}" for n in (nothing, *only)]
     assert cli.main(["compare", a, b, "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["rows"] == [] and doc["only_a"] == [only[0].split(": ", 1)[1]]

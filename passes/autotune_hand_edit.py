@@ -17,6 +17,8 @@ override of that reuse, with its own messages.
 
 from __future__ import annotations
 
+import re
+
 import attrs
 
 from .autotune_choice import CaptureBlocker, captures_all
@@ -130,6 +132,18 @@ def hand_edit(entry: dict, rows: list[Candidate], algorithm: str | None, options
                     f"the measurements alone choose {b_label}{than}", b_label)
 
 
+#: The words of the compile-report note of a hand edit used (:func:`hand_edit`'s message): what
+#: :func:`used_edit_notes` finds, so that a benchmark's column says it (a used edit raises no warning).
+USED = re.compile(r"hand-edited choice .+ used \(")
+
+
+def used_edit_notes(notes) -> list[str]:
+    """The notes of ``notes`` (a compile's ``report.notes``) that say a cached choice edited by
+    hand was used instead of the measurements' (the run then times that choice, perhaps a
+    much slower one: ``opgraph-bench`` puts these in the column's notes)."""
+    return [n for n in notes if USED.search(n)]
+
+
 def _tuned_choice(entry: dict) -> tuple[str, dict] | None:
     """``(algorithm, options)`` of a cache entry's ``tuned`` record (the
     tuner's own choice), or None where it has no valid one (written before
@@ -152,4 +166,4 @@ def pinned_by_hand(entry: dict, algorithm: str | None, options: dict) -> bool:
     return tuned is not None and top != tuned and (algorithm, dict(options)) == top
 
 
-__all__ = ["HandEdit", "hand_edit", "pinned_by_hand"]
+__all__ = ["USED", "used_edit_notes", "HandEdit", "hand_edit", "pinned_by_hand"]

@@ -154,3 +154,28 @@ def test_a_filter_scoped_to_the_warning_module_is_honoured():
             warnings.warn("from elsewhere", RuntimeWarning)
     assert notes == ["warning: cache unwritable", "warning: from elsewhere"]
     assert shown == ["from elsewhere"]
+
+
+def test_a_hand_edited_cache_choice_that_is_used_is_in_the_column_notes(monkeypatch, capsys, tmp_path):
+    """A fresh user edited a cached choice to a 200x slower correct candidate: the column timed
+    it and said nothing (only ``exe.report.notes`` did; a used edit raises no warning)."""
+    import json
+
+    path = tmp_path / "tune.json"
+    monkeypatch.setenv("OPGRAPH_CACHE", str(path))
+    argv = ["--model", "L5", "--batch", "1", "--device", "cpu", "--warmup", "0", "--repeat", "1", "--no-check",
+            "--no-per-layer", "--lowering", "auto", "--format", "json", "--quiet"]
+    assert cli.main(argv) == 0
+    (first,) = json.loads(capsys.readouterr().out)["results"]
+    assert not [n for n in first["notes"] if "hand-edited" in n]
+    data = json.loads(path.read_text())
+    key, entry = next((k, e) for k, e in sorted(data["entries"].items())
+                      if any(c["status"] == "ok" and c["algorithm"] != e["algorithm"] for c in e["candidates"]))
+    other = next(c for c in entry["candidates"] if c["status"] == "ok" and c["algorithm"] != entry["algorithm"]
+                 and c["algorithm"] != entry.get("tuned", {}).get("algorithm"))
+    entry.update(algorithm=other["algorithm"], options=other["options"])
+    path.write_text(json.dumps(data))
+    assert cli.main(argv) == 0
+    (rec,) = json.loads(capsys.readouterr().out)["results"]
+    used = [n for n in rec["notes"] if "hand-edited choice" in n]
+    assert len(used) == 1 and f"hand-edited choice {other['algorithm']}" in used[0] and " used (" in used[0], rec["notes"]

@@ -24,7 +24,7 @@ compares two programs, not two timings of one (a fusion rule the policy
 turned off shows as ``excluded``). When the files share no timed column
 there are no rows to show: the table and Markdown forms print only the notes
 that say so (no empty table), the CSV form writes nothing to standard output
-and the notes to standard error (not a header alone), and JSON gives ``rows:
+(not a header alone); the CSV form's notes always go to standard error, and JSON gives ``rows:
 []`` beside ``only_a`` / ``only_b``. Exit status 0 (rows or none), or 2 when a
 file cannot be read, is not an ``opgraph-bench`` benchmark document, has
 another ``schema_version`` than the one timing runs write
@@ -306,14 +306,15 @@ def comparison_table(result: dict, name_a: str, name_b: str) -> Table:
 
 
 #: ``opgraph-bench compare --help``'s epilog: what it prints when nothing is shared, and its exit status.
-EPILOG = ("Files that share no timed column: table and markdown print only the notes saying so, csv "
-          "prints nothing to standard output (the notes go to standard error), json gives \"rows\": []. "
+EPILOG = ("csv: the rows on standard output, the notes on standard error. Files that share no timed column: "
+          "table and markdown print only the notes saying so, csv nothing on standard output, json "
+          "\"rows\": []. "
           "Exit status 0, rows or none; 2: a file that is no opgraph-bench benchmark document (one line "
           "naming the file and the field).")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = BriefUsageParser(prog="opgraph-bench compare",
+    p = BriefUsageParser(prog="opgraph-bench compare", brief=f"A.json B.json [--format {{{','.join(FORMATS)}}}]",
                                 description="Speedups and regressions between two opgraph-bench JSON "
                                             "documents, by model, lowering, precision, layout and phase; a "
                                             "change is marked when it exceeds both runs' interquartile range.",
@@ -338,14 +339,14 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(json.dumps({"a": args.a, "b": args.b, **result}, indent=1) + "\n")
         return 0
     table = comparison_table(result, args.a, args.b)
-    if args.format == "csv" and not result["rows"]:  # a header alone reads as a comparison of nothing
+    if args.format == "csv":  # rows on standard output (none: not even a header), the notes on standard error
+        if result["rows"]:
+            buf = io.StringIO()
+            w = csv.DictWriter(buf, CSV_FIELDS, lineterminator="\n")
+            w.writeheader()
+            w.writerows(result["rows"])
+            sys.stdout.write(buf.getvalue())
         sys.stderr.write("".join(f"opgraph-bench compare: {n}\n" for n in table.notes))
-    elif args.format == "csv":
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, CSV_FIELDS, lineterminator="\n")
-        w.writeheader()
-        w.writerows(result["rows"])
-        sys.stdout.write(buf.getvalue())
     elif not result["rows"]:  # the notes alone: an empty bordered table says nothing more
         bullet = "- " if args.format == "markdown" else ""
         sys.stdout.write("".join(f"{bullet}{n}\n" for n in table.notes))

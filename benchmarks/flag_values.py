@@ -123,7 +123,13 @@ class BriefUsageParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage error is a short usage line and the
     error: argparse's own printed the whole usage (20 lines, every flag) above
     the one line that said what was wrong. ``--help`` keeps the full usage.
-    An unknown flag is named with the closest known one (:func:`unknown_flags`)."""
+    An unknown flag is named with the closest known one (:func:`unknown_flags`).
+    ``brief``: what the short line shows after the program's name (default
+    ``[FLAGS ...]``; a command with required arguments names them)."""
+
+    def __init__(self, *args, brief: str = "[FLAGS ...]", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.brief = brief
 
     def parse_args(self, args=None, namespace=None):
         """argparse's ``parse_args``, an unknown flag's error offering the close one."""
@@ -141,13 +147,13 @@ class BriefUsageParser(argparse.ArgumentParser):
         return parsed, extras
 
     def error(self, message: str):
-        """Print ``usage: PROG [FLAGS ...]; PROG --help lists them`` and
+        """Print ``usage: PROG BRIEF; PROG --help lists them`` (``brief``) and
         ``PROG: error: MESSAGE`` to standard error.
 
         Raises:
             SystemExit: always, status 2 (argparse's status of a usage error).
         """
-        self.exit(2, f"usage: {self.prog} [FLAGS ...]; {self.prog} --help lists them\n"
+        self.exit(2, f"usage: {self.prog} {self.brief}; {self.prog} --help lists them\n"
                      f"{self.prog}: error: {message}\n")
 
 

@@ -205,7 +205,7 @@ def test_files_sharing_no_column_say_so_in_notes_alone(tmp_path, capsys):
     assert cli.main(["compare", a, b, "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["rows"] == [] and doc["only_a"] == [only[0].split(": ", 1)[1]]
-    assert "csv prints nothing to standard output" in " ".join(compare.build_parser().format_help().split())
+    assert "csv nothing on standard output" in " ".join(compare.build_parser().format_help().split())
 
 
 def test_the_layout_has_a_column_in_the_table_as_in_the_csv(tmp_path, capsys):
@@ -213,8 +213,11 @@ def test_the_layout_has_a_column_in_the_table_as_in_the_csv(tmp_path, capsys):
     a, b = _files(tmp_path, dict(_rec("gemm", [1, 1, 1], [1, 1, 1]), layout="NHWC"),
                   dict(_rec("gemm", [2, 2, 2], [1, 1, 1]), layout="NHWC"))
     assert cli.main(["compare", a, b, "--format", "csv"]) == 0
-    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    out, err = capsys.readouterr()
+    rows = list(csv.DictReader(io.StringIO(out)))
     assert {r["layout"] for r in rows} == {"NHWC"} and len(rows) == 3
+    # with rows too the notes go to standard error (they were dropped: fresh user)
+    assert err.startswith(f"opgraph-bench compare: A: {a}; B: {b}") and "change: beyond both runs' IQR" in err
     table = compare.comparison_table(compare.compare(*map(compare.load, (a, b))), a, b)
     at = table.headers.index("layout")
     assert table.headers[at - 1] == "precision" and {r[at] for r in table.rows} == {"NHWC"}
@@ -236,3 +239,13 @@ def test_an_excluded_fusion_rule_is_said_excluded():
     assert compare.compare(_doc(b), _doc(a))["lowered_differently"][label] == ["fusion pool-scan: excluded -> 13"]
     b["fusion"]["relu-bias-sums"] = {"applied": 2, "declined": 0}  # a rule A's file has no entry for
     assert compare.compare(_doc(a), _doc(b))["lowered_differently"][label][-1] == "fusion relu-bias-sums: - -> 2"
+
+
+def test_a_usage_error_names_the_two_files_compare_needs(capsys):
+    """The short usage line read ``opgraph-bench compare [FLAGS ...]``, hiding the
+    required A.json and B.json (fresh user)."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["compare", "only-one.json"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert err.startswith("usage: opgraph-bench compare A.json B.json [--format {table,markdown,json,csv}];"), err

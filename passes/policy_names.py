@@ -150,8 +150,9 @@ def idle_include_note(policy: LoweringPolicy) -> str | None:
     if not idle:
         return None
     note = (f"policy include {idle}: no effect: include turns on only the lowering rules tagged 'optional' "
-            f"and, by the name {OPT_IN!r}, the fusion rules on the CPU's oracle kernels; every other rule, "
-            "every fusion rule among them, runs unless excluded")
+            f"and, by the name {OPT_IN!r}, the fusion rules on the CPU's oracle kernels; every other rule "
+            f"runs unless excluded, every fusion rule among them on the GPU (on the CPU's oracle kernels, "
+            f"those only with include=[{OPT_IN!r}])")
     exclude = set(policy.exclude)
     for name in idle:
         rules = _rules_named(name)

@@ -19,7 +19,7 @@ compare`` mark only the changes their statistics support:
 Columns in one file only are listed in a note, and so is a shared column
 whose two runs lowered it differently (an op type's algorithms or a fusion
 rule's rewrites differ: a cache re-tuned, an engine gone, a rule added or
-excluded), since its ratio then
+excluded; or the policies they compiled with differ), since its ratio then
 compares two programs, not two timings of one (a fusion rule the policy
 turned off shows as ``excluded``). When the files share no timed column
 there are no rows to show: the table and Markdown forms print only the notes
@@ -209,8 +209,15 @@ def lowering_changes(a: dict, b: dict) -> list[str]:
     ``excluded`` by the policy, or ``-`` when the record has no entry for the rule: a file
     written before it existed); empty when the records agree or either lacks both fields (a
     peer column, a file written before they were recorded). A rule compares by what it
-    rewrote: none, excluded or absent alike, and how often it declined not at all."""
+    rewrote: none, excluded or absent alike, and how often it declined not at all; so the
+    records' ``policy`` fields are compared too (``'policy exclude: - -> ['relu-bias-sums']'``):
+    a policy that excludes a rule that rewrote nothing (on the CPU without ``fused-reference``)
+    still makes another program, if not another step."""
     lines = []
+    pol_a, pol_b = a.get("policy"), b.get("policy")
+    if isinstance(pol_a, dict) and isinstance(pol_b, dict):
+        lines += [f"policy {key}: {_setting(pol_a.get(key))} -> {_setting(pol_b.get(key))}"
+                  for key in sorted(set(pol_a) | set(pol_b)) if pol_a.get(key) != pol_b.get(key)]
     alg_a, alg_b = a.get("algorithms"), b.get("algorithms")
     if isinstance(alg_a, dict) and isinstance(alg_b, dict):
         lines += [f"{op}: {_counts(alg_a.get(op))} -> {_counts(alg_b.get(op))}"
@@ -221,6 +228,11 @@ def lowering_changes(a: dict, b: dict) -> list[str]:
                   for rule in sorted(set(fus_a) | set(fus_b))
                   if _fusion(fus_a.get(rule))[0] != _fusion(fus_b.get(rule))[0]]
     return lines
+
+
+def _setting(value) -> str:
+    """A policy setting as a note shows it: ``-`` for none (absent, None or empty)."""
+    return "-" if value in (None, [], {}, "") else str(value)
 
 
 def _fusion(entry) -> tuple[int, str]:

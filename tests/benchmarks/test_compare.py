@@ -249,3 +249,17 @@ def test_a_usage_error_names_the_two_files_compare_needs(capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2
     assert err.startswith("usage: opgraph-bench compare A.json B.json [--format {table,markdown,json,csv}];"), err
+
+
+def test_a_policy_difference_is_noted_though_the_rule_rewrote_nothing():
+    """``auto`` against ``auto,exclude=relu-bias-sums`` on the CPU, where the rule waits for
+    ``fused-reference`` and rewrites nothing: the two columns share a label and compared as one
+    program with no note (fresh user). The records' policies differ: that is noted."""
+    pol = {"autotune": True, "precision": "fp32", "layout": "NCHW"}
+    a = dict(_rec("auto", [1, 1, 1], [1, 1, 1]), policy=pol, fusion={"relu-bias-sums": {"applied": 0}})
+    b = dict(_rec("auto", [1, 1, 1], [1, 1, 1]), policy=dict(pol, exclude=["relu-bias-sums"]),
+             fusion={"relu-bias-sums": {"excluded": True}})
+    assert compare.lowering_changes(a, b) == ["policy exclude: - -> ['relu-bias-sums']"]
+    result = compare.compare(_doc(a), _doc(b))
+    assert list(result["lowered_differently"].values()) == [["policy exclude: - -> ['relu-bias-sums']"]]
+    assert compare.lowering_changes(a, dict(a)) == []

@@ -126,7 +126,21 @@ def bias_add(x: Value, b: Value, *, name: str | None = None) -> Value:
 
 
 def flatten(x: Value, start_dim: int = 1, *, name: str | None = None) -> Value:
-    """Merge axes ``start_dim..``: (N, C, H, W) -> (N, C*H*W)."""
+    """Merge axes ``start_dim`` to the last (``torch.flatten(x, start_dim)``, its
+    ``end_dim=-1``; no other end): (N, C, H, W) -> (N, C*H*W). ``start_dim``
+    defaults to 1, ``nn.Flatten``'s (the batch axis kept; ``torch.flatten``'s
+    default is 0); a negative one counts from the end, as torch's does.
+
+    Raises:
+        ParameterError: ``start_dim`` not an integer, or below ``-ndim``.
+        ShapeError: ``start_dim >= ndim`` (the op's check).
+    """
+    ndim = len(x.type.shape)
+    if isinstance(start_dim, int) and not isinstance(start_dim, bool) and start_dim < 0:
+        if start_dim < -ndim:
+            raise ParameterError("start_dim", start_dim, f"must be in [{-ndim}, {ndim}) for a {ndim}-D input",
+                                 name or "flatten")
+        start_dim += ndim
     return x.graph.apply(ops.Flatten, dict(start_dim=start_dim), [x], name)
 
 

@@ -105,7 +105,7 @@ from opgraph.ops.conv_fused import ACTIVATIONS, activation_of, fused_conv_forwar
 from .base import Pass, PassContext
 from .fold_bn import BN_FOLD
 from .fuse_bn_backward import BN_BACKWARD_SUMS
-from .fuse_elementwise import ELEMENTWISE, GRADIENT_SUM
+from .fuse_elementwise import ELEMENTWISE, GRADIENT_SUM, OPT_IN_HINT
 from .fuse_pool_argmax import POOL_ARGMAX
 from .fuse_pool_scan import POOL_SCAN
 from .fuse_relu_bias_sums import RELU_BIAS_SUMS
@@ -282,6 +282,17 @@ TABLE: tuple[FusionRule, ...] = (
 )
 
 
+def _outcome(rule: str, scope) -> dict:
+    """``{'applied', 'declined'}`` of a rule the policy left on, plus ``'opt_in': True`` where it
+    left nodes on the CPU's oracle kernels alone for want of ``include=['fused-reference']``
+    (its note says :data:`~.fuse_elementwise.OPT_IN_HINT`): 0 rewrites that say "not
+    included", not "nothing matched"."""
+    out = {"applied": scope.applied.get(rule, 0), "declined": scope.declined.get(rule, 0)}
+    if any(OPT_IN_HINT in why for why in scope.notes.get(rule, ())):
+        out["opt_in"] = True
+    return out
+
+
 class FusePass(Pass):
     """Apply the fusion table (see the module docstring); one note per kind of
     match (how many fused, which not and why) and per rule passed over."""
@@ -301,8 +312,7 @@ class FusePass(Pass):
         # exclude=['fused'] turns every rule off through its fused ops' tag: each then declines
         every = "fused" in ctx.policy.exclude
         ctx.report.fusion = {rule.name: ({"excluded": True} if every or rule.name in ctx.policy.exclude else
-                                         {"applied": scope.applied.get(rule.name, 0),
-                                          "declined": scope.declined.get(rule.name, 0)})
+                                         _outcome(rule.name, scope))
                              for rule in self.table}
         return graph
 

@@ -62,6 +62,9 @@ CHAIN_ENDS = frozenset({ops.BatchNormTrainingBackwardSums, ops.BatchNormTraining
 ORACLE_ALGORITHMS = REFERENCE_ALGORITHMS
 #: The ``include`` name that lets these rules fuse on the oracle algorithms.
 OPT_IN = "fused-reference"
+#: The words every fusion rule's note ends with where it leaves the CPU's oracle kernels alone
+#: for want of :data:`OPT_IN` (``FusePass`` marks such a rule ``opt_in`` in ``report.fusion``).
+OPT_IN_HINT = f"opt in with include=[{OPT_IN!r}]"
 
 
 def is_member(op) -> bool:
@@ -88,7 +91,7 @@ def fusable(ctx: PassContext, algorithm: str) -> str | None:
         return why
     if algorithm in ORACLE_ALGORITHMS and OPT_IN not in ctx.policy.include:
         return (f"a fused chain on {algorithm} runs the same kernels without their in-place writes "
-                f"(slower); opt in with include=[{OPT_IN!r}]")
+                f"(slower); {OPT_IN_HINT}")
     return None
 
 
@@ -209,6 +212,6 @@ ELEMENTWISE = FusionRule(
     rewrite_chain, consumers_first=True)
 
 
-__all__ = ["MEMBER_FAMILIES", "NORM_MEMBERS", "CHAIN_ENDS", "ORACLE_ALGORITHMS", "OPT_IN", "is_member",
+__all__ = ["MEMBER_FAMILIES", "NORM_MEMBERS", "CHAIN_ENDS", "ORACLE_ALGORITHMS", "OPT_IN", "OPT_IN_HINT", "is_member",
            "ends_chain", "fusable", "program_of", "declines", "grow", "rewrite_chain", "GRADIENT_SUM",
            "ELEMENTWISE", "LABELS"]

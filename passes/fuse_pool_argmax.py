@@ -41,7 +41,7 @@ from opgraph.ops import (MaxPool2d, MaxPool2dArgmax, MaxPool2dBackward, MaxPool2
 from opgraph.ops.pool_indices import MAX_CELLS, window_params
 
 from .base import PassContext
-from .fuse_elementwise import OPT_IN, ORACLE_ALGORITHMS
+from .fuse_elementwise import OPT_IN, OPT_IN_HINT, ORACLE_ALGORITHMS
 from .pattern import FusionRule, Match, Scope, add_lowered, lowered_for, report_rewrite
 
 NAME = "pool-argmax"
@@ -77,7 +77,7 @@ def _oracle_without_opt_in(algorithm: str, ctx: PassContext) -> str | None:
     """Why the rule leaves a pooling on ``algorithm`` alone (the CPU's oracle, not opted in), or None."""
     if algorithm in ORACLE_ALGORITHMS and OPT_IN not in ctx.policy.include:
         return (f"on {algorithm} the take and the gather are passes more than NumPy's one scan saves; "
-                f"opt in with include=[{OPT_IN!r}]")
+                f"{OPT_IN_HINT}")
     return None
 
 

@@ -55,7 +55,7 @@ from opgraph.ops import BiasAddBackward, ReluBackward, ReluBackwardSums, ReluBac
 from opgraph.types import run_type
 
 from .base import PassContext
-from .fuse_elementwise import OPT_IN, ORACLE_ALGORITHMS
+from .fuse_elementwise import OPT_IN, OPT_IN_HINT, ORACLE_ALGORITHMS
 from .pattern import FusionRule, Match, Scope, forced_elsewhere, lowered_for, report_rewrite
 
 NAME = "relu-bias-sums"
@@ -78,7 +78,7 @@ def match_relu_bias_sums(scope: Scope, view: NodeView) -> Match | None:
         return None
     if scope.algorithm(g) in ORACLE_ALGORITHMS and OPT_IN not in scope.ctx.policy.include:
         scope.note(NAME, f"on {scope.algorithm(g)} the sums in the ReLU gradient save no pass; "
-                         f"opt in with include=[{OPT_IN!r}]")
+                         f"{OPT_IN_HINT}")
         return None
     if not scope.is_output(g) and scope.readers(g) == [view.id]:  # the bias gradient alone reads g
         scope.note(NAME, "a ReLU gradient read by its bias gradient alone: fused, nothing would read "

@@ -162,8 +162,10 @@ class LoweringReport:
             autotune.
         fusion: what the fuse pass's table did, per rule name in table
             order: ``{'applied': rewrites made, 'declined': matches whose
-            rewrite declined}``, or ``{'excluded': True}`` for a rule the
-            policy turned off; empty when no fuse pass ran.
+            rewrite declined}`` (with ``'opt_in': True`` where the rule left
+            nodes on the CPU's oracle kernels alone for want of
+            ``include=['fused-reference']``), or ``{'excluded': True}`` for a
+            rule the policy turned off; empty when no fuse pass ran.
     """
 
     device: str = "cpu"

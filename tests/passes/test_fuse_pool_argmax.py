@@ -70,7 +70,7 @@ def test_on_the_oracle_the_rule_waits_for_the_opt_in():
     assert not _kinds(exe)["MaxPool2dTake"]
     assert any("pool-argmax: not applied" in n and "fused-reference" in n for n in exe.report.notes)
     # no match at all, so a CPU run's fusion line counts no declined rewrite per pooling
-    assert exe.report.fusion["pool-argmax"] == {"applied": 0, "declined": 0}
+    assert exe.report.fusion["pool-argmax"] == {"applied": 0, "declined": 0, "opt_in": True}  # it says why
 
 
 def test_excluding_fused_turns_it_off():

@@ -139,7 +139,7 @@ def test_on_the_oracle_without_its_opt_in_the_rule_says_what_to_do():
     gets no relu-bias-sums note."""
     y, params, _ = branches()
     exe = og.compile([y, *og.grad(y, params, grad_outputs=[y])], device="cpu")
-    assert exe.report.fusion["relu-bias-sums"] == {"applied": 0, "declined": 0}
+    assert exe.report.fusion["relu-bias-sums"] == {"applied": 0, "declined": 0, "opt_in": True}
     assert not _kinds(exe)["ReluBackwardSums"]
     assert any(n.startswith("fuse: relu-bias-sums: not applied:") and "include=['fused-reference']" in n
                for n in exe.report.notes)

@@ -340,6 +340,15 @@ def _same(a, b) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
+def _not_a_folder(path) -> str | None:
+    """``'/a/b.json is a file, not a folder'`` for the first of ``path``'s folders that is a file
+    (``mkdir(parents=True)`` then says ``[Errno 17] File exists``, which hides why), else None."""
+    for folder in reversed(path.parents):
+        if folder.exists() and not folder.is_dir():
+            return f"{folder} is a file, not a folder"
+    return None
+
+
 class AutotuneCache:
     """Decisions by key, loaded from ``path`` (``None``: memory only).
 
@@ -507,7 +516,8 @@ class AutotuneCache:
             write_atomic(self.path, data, prefix=".autotune-")
             self.dirty, self.pruned = {}, {}
         except OSError as e:
-            self.warn(f"autotune cache {self.path} cannot be written ({e}); decisions kept in memory")
+            self.warn(f"autotune cache {self.path} cannot be written ({_not_a_folder(self.path) or e}); "
+                      "decisions kept in memory")
 
 
 __all__ = ["entry_defect", "wrong_format", "unfingerprinted", "AutotuneCache", "cache_key", "key_layout",

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import stat
 
 import numpy as np
@@ -533,3 +534,16 @@ def test_a_stopped_autotune_keeps_the_nodes_it_finished(monkeypatch, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         tune(scale_graph(1)[1], path2, _StopAfter(times, limit=per_node - 1))
     assert not path2.exists()  # nothing finished, nothing written
+
+
+def test_a_cache_path_under_a_file_names_that_file(tmp_path):
+    """``OPGRAPH_CACHE=/tmp/fw/a.json/x.json.gz`` with a.json a file: the write warning said
+    ``[Errno 17] File exists`` (mkdir's), the read before it ``Not a directory`` (fresh user)."""
+    (tmp_path / "a.json").write_text("{}")
+    with pytest.warns(RuntimeWarning, match="cannot be read"):
+        cache = AutotuneCache(tmp_path / "a.json" / "x.json.gz")
+    cache.put("k", {"algorithm": "gemm", "options": {}})
+    with pytest.warns(RuntimeWarning, match=rf"cannot be written \({re.escape(str(tmp_path / 'a.json'))} is a "
+                                            r"file, not a folder\); decisions kept in memory"):
+        cache.save()
+    assert cache.dirty  # kept for a later save

@@ -108,11 +108,17 @@ def excluded_include(policy: LoweringPolicy) -> tuple[str, list[str], list[str]]
         return None
     fusion_rules = {rule.name for rule in TABLE}  # exempt: such an include does nothing (module docstring)
     for name in sorted(set(policy.include) - fusion_rules):
-        rules = _rules_named(name)
-        hits = [exclude & names for names in rules.values()]
-        if rules and all(hits):
-            return name, sorted(set().union(*hits)), sorted(rules)
+        covering = _covering_excludes(name, exclude)
+        if covering:
+            return name, covering, sorted(_rules_named(name))
     return None
+
+
+def _covering_excludes(name: str, exclude: set[str]) -> list[str]:
+    """The ``exclude`` names that together turn off every rule ``name`` stands for
+    (:func:`_rules_named`), sorted; empty when ``name`` stands for none, or one of them is left on."""
+    hits = [exclude & names for names in _rules_named(name).values()]
+    return sorted(set().union(*hits)) if hits and all(hits) else []
 
 
 def preferences_elsewhere(policy: LoweringPolicy, device: str) -> list[str]:
@@ -155,10 +161,9 @@ def idle_include_note(policy: LoweringPolicy) -> str | None:
             f"those only with include=[{OPT_IN!r}])")
     exclude = set(policy.exclude)
     for name in idle:
-        rules = _rules_named(name)
-        hits = [exclude & names for names in rules.values()]
-        if rules and all(hits):
-            note += f"; exclude={sorted(set().union(*hits))} turns {name} off"
+        covering = _covering_excludes(name, exclude)
+        if covering:
+            note += f"; exclude={covering} turns {name} off"
     return note
 
 

@@ -48,7 +48,6 @@ import attrs
 
 import opgraph as og
 from opgraph.backends import device as dev
-from opgraph.passes.autotune_hand_edit import used_edit_notes
 from opgraph.passes.policy import LoweringPolicy
 
 from . import check as chk
@@ -223,7 +222,6 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         rec["compile_s"] = time.perf_counter() - t0
         rec["autotune"] = exe.report.autotune or None  # where compile_s went, when autotune ran
         rec["notes"] += filter(None, [cache_note(rec["autotune"])])  # the table says it, and so does the JSON
-        rec["notes"] += used_edit_notes(exe.report.notes)  # a choice edited by hand is timed: say so
         rec["fusion"] = exe.report.fusion or None  # which fusion rules rewrote how many matches
         sched = schedule(exe, tg)
         rec["forced"] = forced_nodes(exe.report)  # the policy's choice, not a decline

@@ -40,6 +40,7 @@ from opgraph.errors import did_you_mean
 from opgraph.executable import Executable
 from opgraph.op import abstract_of
 from opgraph.ops import of_family
+from opgraph.passes.autotune_hand_edit import USED as USED_EDIT
 from opgraph.passes.candidates import decline_reason, policy_options, storage_dtype
 from opgraph.passes.compiler import precision_applied  # re-exported: the driver records it
 from opgraph.passes.policy import LoweringPolicy, parse_bytes
@@ -341,9 +342,11 @@ def inapplicable(tg: TrainingGraph, lowering: "Lowering", device: str, policy: L
 
 
 #: the compile's notes a record or a profile repeats, by what they say: the
-#: memory-aware re-choice (what ``peak_tolerance`` changed) and a policy key
-#: only autotune reads, set while autotune is off (``passes/compiler.py``)
-_REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads")
+#: memory-aware re-choice (what ``peak_tolerance`` changed), a policy key
+#: only autotune reads, set while autotune is off (``passes/compiler.py``),
+#: and a cached choice edited by hand that the compile used (``passes/autotune_hand_edit.py``:
+#: it raises no warning, and the column times it, perhaps 200x slower than the measurements' choice)
+_REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads", USED_EDIT)
 
 
 def requested_notes(exe: Executable, precision: str, layout: str, dtype: str) -> list[str]:

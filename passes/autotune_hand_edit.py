@@ -17,13 +17,15 @@ override of that reuse, with its own messages.
 
 from __future__ import annotations
 
-import re
-
 import attrs
 
 from .autotune_choice import CaptureBlocker, captures_all
 from .autotune_reuse import RECHOOSE_VERSION
 from .report import Candidate
+
+#: Words only the note of a hand edit used has (:func:`hand_edit`): an ``opgraph-bench`` column
+#: repeats that note (``benchmarks/lowerings.py``; a used edit raises no warning, and is timed).
+USED = "checked correct when tuned"
 
 
 @attrs.frozen
@@ -128,20 +130,8 @@ def hand_edit(entry: dict, rows: list[Candidate], algorithm: str | None, options
     at = f"{row.time_ms:.3f} ms" if row.time_ms is not None else "untimed"
     than = f" ({best.time_ms:.3f} ms)" if best is not None and best.time_ms is not None else ""
     return HandEdit(edited_alg, edited_opts, True, True,
-                    f"hand-edited choice {e_label} used ({at}, checked correct when tuned); "
+                    f"hand-edited choice {e_label} used ({at}, {USED}); "
                     f"the measurements alone choose {b_label}{than}", b_label)
-
-
-#: The words of the compile-report note of a hand edit used (:func:`hand_edit`'s message): what
-#: :func:`used_edit_notes` finds, so that a benchmark's column says it (a used edit raises no warning).
-USED = re.compile(r"hand-edited choice .+ used \(")
-
-
-def used_edit_notes(notes) -> list[str]:
-    """The notes of ``notes`` (a compile's ``report.notes``) that say a cached choice edited by
-    hand was used instead of the measurements' (the run then times that choice, perhaps a
-    much slower one: ``opgraph-bench`` puts these in the column's notes)."""
-    return [n for n in notes if USED.search(n)]
 
 
 def _tuned_choice(entry: dict) -> tuple[str, dict] | None:
@@ -166,4 +156,4 @@ def pinned_by_hand(entry: dict, algorithm: str | None, options: dict) -> bool:
     return tuned is not None and top != tuned and (algorithm, dict(options)) == top
 
 
-__all__ = ["USED", "used_edit_notes", "HandEdit", "hand_edit", "pinned_by_hand"]
+__all__ = ["USED", "HandEdit", "hand_edit", "pinned_by_hand"]

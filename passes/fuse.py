@@ -105,7 +105,7 @@ from opgraph.ops.conv_fused import ACTIVATIONS, activation_of, fused_conv_forwar
 from .base import Pass, PassContext
 from .fold_bn import BN_FOLD
 from .fuse_bn_backward import BN_BACKWARD_SUMS
-from .fuse_elementwise import ELEMENTWISE, GRADIENT_SUM, OPT_IN_HINT
+from .fuse_elementwise import ELEMENTWISE, GRADIENT_SUM
 from .fuse_pool_argmax import POOL_ARGMAX
 from .fuse_pool_scan import POOL_SCAN
 from .fuse_relu_bias_sums import RELU_BIAS_SUMS
@@ -285,10 +285,9 @@ TABLE: tuple[FusionRule, ...] = (
 def _outcome(rule: str, scope) -> dict:
     """``{'applied', 'declined'}`` of a rule the policy left on, plus ``'opt_in': True`` where it
     left nodes on the CPU's oracle kernels alone for want of ``include=['fused-reference']``
-    (its note says :data:`~.fuse_elementwise.OPT_IN_HINT`): 0 rewrites that say "not
-    included", not "nothing matched"."""
+    (``Scope.waiting``): 0 rewrites that say "not included", not "nothing matched"."""
     out = {"applied": scope.applied.get(rule, 0), "declined": scope.declined.get(rule, 0)}
-    if any(OPT_IN_HINT in why for why in scope.notes.get(rule, ())):
+    if rule in scope.waiting:
         out["opt_in"] = True
     return out
 

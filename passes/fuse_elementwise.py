@@ -63,7 +63,7 @@ ORACLE_ALGORITHMS = REFERENCE_ALGORITHMS
 #: The ``include`` name that lets these rules fuse on the oracle algorithms.
 OPT_IN = "fused-reference"
 #: The words every fusion rule's note ends with where it leaves the CPU's oracle kernels alone
-#: for want of :data:`OPT_IN` (``FusePass`` marks such a rule ``opt_in`` in ``report.fusion``).
+#: for want of :data:`OPT_IN` (:func:`oracle_waits`).
 OPT_IN_HINT = f"opt in with include=[{OPT_IN!r}]"
 
 
@@ -89,10 +89,16 @@ def fusable(ctx: PassContext, algorithm: str) -> str | None:
     why = ctx.policy.exclusion(algorithm, rule.tags)
     if why:
         return why
-    if algorithm in ORACLE_ALGORITHMS and OPT_IN not in ctx.policy.include:
+    if oracle_waits(ctx, algorithm):
         return (f"a fused chain on {algorithm} runs the same kernels without their in-place writes "
                 f"(slower); {OPT_IN_HINT}")
     return None
+
+
+def oracle_waits(ctx: PassContext, algorithm: str) -> bool:
+    """Whether a fusion rule leaves nodes on ``algorithm`` alone for want of :data:`OPT_IN`: one of
+    the CPU's oracles, and the policy does not include it (``Scope.note``'s ``waits_for``)."""
+    return algorithm in ORACLE_ALGORITHMS and OPT_IN not in ctx.policy.include
 
 
 def program_of(graph: Graph, members: Sequence[int]):
@@ -171,7 +177,7 @@ def grow(scope: Scope, root: int, rule: str, accept, minimum: int = 2, root_acce
         return None
     why = fusable(scope.ctx, algorithm)
     if why:
-        scope.note(rule, why)
+        scope.note(rule, why, waits_for=OPT_IN if oracle_waits(scope.ctx, algorithm) else None)
         return None
     group, rejected, changed = [root], set(), True
     while changed:  # a producer read by two members becomes private once both are in
@@ -212,6 +218,6 @@ ELEMENTWISE = FusionRule(
     rewrite_chain, consumers_first=True)
 
 
-__all__ = ["MEMBER_FAMILIES", "NORM_MEMBERS", "CHAIN_ENDS", "ORACLE_ALGORITHMS", "OPT_IN", "OPT_IN_HINT", "is_member",
+__all__ = ["MEMBER_FAMILIES", "NORM_MEMBERS", "CHAIN_ENDS", "ORACLE_ALGORITHMS", "OPT_IN", "OPT_IN_HINT", "oracle_waits", "is_member",
            "ends_chain", "fusable", "program_of", "declines", "grow", "rewrite_chain", "GRADIENT_SUM",
            "ELEMENTWISE", "LABELS"]

@@ -41,7 +41,7 @@ from opgraph.ops import (MaxPool2d, MaxPool2dArgmax, MaxPool2dBackward, MaxPool2
 from opgraph.ops.pool_indices import MAX_CELLS, window_params
 
 from .base import PassContext
-from .fuse_elementwise import OPT_IN, OPT_IN_HINT, ORACLE_ALGORITHMS
+from .fuse_elementwise import OPT_IN, OPT_IN_HINT, oracle_waits
 from .pattern import FusionRule, Match, Scope, add_lowered, lowered_for, report_rewrite
 
 NAME = "pool-argmax"
@@ -75,7 +75,7 @@ def _forward_of(scope: Scope, gradient: int) -> tuple[int, int | None] | None:
 
 def _oracle_without_opt_in(algorithm: str, ctx: PassContext) -> str | None:
     """Why the rule leaves a pooling on ``algorithm`` alone (the CPU's oracle, not opted in), or None."""
-    if algorithm in ORACLE_ALGORITHMS and OPT_IN not in ctx.policy.include:
+    if oracle_waits(ctx, algorithm):
         return (f"on {algorithm} the take and the gather are passes more than NumPy's one scan saves; "
                 f"{OPT_IN_HINT}")
     return None
@@ -91,7 +91,7 @@ def match_pool_argmax(scope: Scope, view: NodeView) -> Match | None:
         return None
     why = _oracle_without_opt_in(scope.algorithm(view.id), scope.ctx)
     if why:  # no match rather than a declined one: a CPU run's fusion line would count every pooling
-        scope.note(NAME, why)
+        scope.note(NAME, why, waits_for=OPT_IN)
         return None
     found = _forward_of(scope, view.id)
     if found is None:

@@ -52,6 +52,7 @@ from opgraph.ops import MaxPool2dArgmax, MaxPool2dArgmaxSlot, MaxPool2dScan, Max
 from opgraph.ops.pool_indices import window_params
 
 from .base import PassContext
+from .fuse_elementwise import OPT_IN
 from .fuse_pool_argmax import _oracle_without_opt_in
 from .pattern import FusionRule, Match, Scope, forced_elsewhere, lowered_for, report_rewrite
 
@@ -77,7 +78,7 @@ def match_pool_scan(scope: Scope, view: NodeView) -> Match | None:
         return None
     why = _oracle_without_opt_in(algorithm, scope.ctx)
     if why:
-        scope.note(NAME, why)
+        scope.note(NAME, why, waits_for=OPT_IN)
         return None
     early = [r for r in scope.readers(idx) if r != view.id and not _descends_from(scope.graph, r, view.id)]
     if early:

@@ -55,7 +55,7 @@ from opgraph.ops import BiasAddBackward, ReluBackward, ReluBackwardSums, ReluBac
 from opgraph.types import run_type
 
 from .base import PassContext
-from .fuse_elementwise import OPT_IN, OPT_IN_HINT, ORACLE_ALGORITHMS
+from .fuse_elementwise import OPT_IN, OPT_IN_HINT, oracle_waits
 from .pattern import FusionRule, Match, Scope, forced_elsewhere, lowered_for, report_rewrite
 
 NAME = "relu-bias-sums"
@@ -76,9 +76,9 @@ def match_relu_bias_sums(scope: Scope, view: NodeView) -> Match | None:
     (g,) = scope.graph.input_ids(view.id)
     if not is_relu_gradient(scope.op(g)) or scope.algorithm(g) is None:
         return None
-    if scope.algorithm(g) in ORACLE_ALGORITHMS and OPT_IN not in scope.ctx.policy.include:
+    if oracle_waits(scope.ctx, scope.algorithm(g)):
         scope.note(NAME, f"on {scope.algorithm(g)} the sums in the ReLU gradient save no pass; "
-                         f"{OPT_IN_HINT}")
+                         f"{OPT_IN_HINT}", waits_for=OPT_IN)
         return None
     if not scope.is_output(g) and scope.readers(g) == [view.id]:  # the bias gradient alone reads g
         scope.note(NAME, "a ReLU gradient read by its bias gradient alone: fused, nothing would read "

@@ -102,6 +102,8 @@ class Scope:
         self.outputs = frozenset(v.node for v in outputs)
         self.nodes = graph.ancestors(outputs)
         self.notes: dict[str, set[str]] = {}
+        #: rule name -> the ``include`` name its matches waited for (``fused-reference`` on the oracles)
+        self.waiting: dict[str, str] = {}
         #: rule name -> rewrites it made / matches whose rewrite declined
         self.applied: dict[str, int] = {}
         self.declined: dict[str, int] = {}
@@ -195,9 +197,12 @@ class Scope:
         """Whether ``node`` is no output and read by ``readers`` only (in the scope)."""
         return not self.is_output(node) and set(self.readers(node)) <= set(readers)
 
-    def note(self, rule: str, why: str) -> None:
-        """Remember, once, why ``rule`` passed nodes over (reported by the pass)."""
+    def note(self, rule: str, why: str, waits_for: str | None = None) -> None:
+        """Remember, once, why ``rule`` passed nodes over (reported by the pass);
+        ``waits_for``: the ``include`` name that would have let it match."""
         self.notes.setdefault(rule, set()).add(why)
+        if waits_for is not None:
+            self.waiting[rule] = waits_for
 
     def removed(self, nodes: Iterable[int]) -> None:
         self.nodes -= set(nodes)

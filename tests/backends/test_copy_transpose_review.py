@@ -149,3 +149,17 @@ def test_a_reshape_into_nhwc_of_one_pixel_or_one_channel_stays_a_view(emu, shape
     out = kernel(KernelContext(np, "cuda", {}, TensorType(shape, "float32", "NHWC")), ops.Reshape(shape=shape), flat)
     np.testing.assert_array_equal(out, flat.reshape(shape))
     assert np.shares_memory(out, flat) and not emu.raw_launches
+
+
+@needs_gxx
+def test_a_reshape_of_an_nhwc_value_to_its_own_shape_is_that_value(emu):
+    """Asked for NHWC, a 4-D value already stored NHWC at that shape was copied into a new
+    NHWC buffer (the same bytes, one launch); it is returned as it is."""
+    from opgraph.backends.cuda.codegen import movement
+    x = np.ascontiguousarray(np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 4, 5, 3)).transpose(0, 3, 1, 2)
+    out = movement.reshape(np, x, shape=(2, 3, 4, 5), layout="NHWC")
+    assert out is x and not emu.raw_launches
+    flat = np.ascontiguousarray(x).reshape(2, -1)  # another shape: the tiled copy into NHWC, as before
+    out = movement.reshape(np, flat, shape=(2, 3, 4, 5), layout="NHWC")
+    np.testing.assert_array_equal(out, x)
+    assert out.strides == x.strides and emu.raw_launches

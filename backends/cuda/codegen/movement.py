@@ -101,6 +101,8 @@ def reshape(xp, x, *, shape, layout=None):
     # one channel or one pixel (the gradient of a Flatten after a global pool): C order is
     # channels-last memory too, so the view below is kept as it is (to_layout copies nothing)
     if layout == "NHWC" and len(shape) == 4 and shape[1] > 1 and shape[2] * shape[3] > 1:
+        if x.shape == shape and storage_order(x) == "NHWC":
+            return x  # already so: a view, as for C order below
         src = x if x.shape == shape else reshape(xp, x, shape=shape)
         return copy_into(xp, empty(xp, shape, x.dtype, "NHWC"), src)
     if not x.flags.c_contiguous:

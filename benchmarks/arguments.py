@@ -14,7 +14,7 @@ from opgraph.errors import ParameterError, did_you_mean
 from opgraph.passes.policy import PRECISIONS, LoweringPolicy
 from opgraph.passes.policy_names import check_names
 
-from . import driver, lowerings as lw, report
+from . import compare, driver, lowerings as lw, report
 from .flag_values import BriefUsageParser, ParagraphFormatter, one_of, unknown_value
 from .models import ALIASES, LAYERS, MODELS, MODERN, WINNERS, resolve
 from .peer_run import PEERS
@@ -210,8 +210,8 @@ def output_format(args) -> str:
     return SUFFIX_FORMATS.get(suffix, "table")
 
 
-#: The ``compare`` subcommand's usage, as ``opgraph-bench --help`` gives it (``benchmarks/compare.py``).
-COMPARE_USAGE = "opgraph-bench compare A.json B.json [--format table|markdown|json|csv]"
+#: The ``compare`` subcommand's usage, as ``opgraph-bench --help`` gives it (``benchmarks/compare.py``'s).
+COMPARE_USAGE = compare.USAGE
 
 
 def build_parser() -> argparse.ArgumentParser:

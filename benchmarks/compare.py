@@ -50,6 +50,8 @@ from .tables import Table, fmt_ms, precision_label
 
 PHASES = ("forward", "backward_data", "backward_filter", "backward")
 FORMATS = ("table", "markdown", "json", "csv")
+#: The command's usage: its short usage-error line and ``opgraph-bench --help``'s epilog give it
+USAGE = f"opgraph-bench compare A.json B.json [--format {'|'.join(FORMATS)}]"
 #: CSV columns, one row per shared column and phase (:func:`compare`'s rows)
 CSV_FIELDS = ("model", "lowering", "precision", "layout", "batch", "dtype", "phase", "a_ms", "a_iqr_ms",
               "b_ms", "b_iqr_ms", "ratio", "change")
@@ -327,7 +329,7 @@ EPILOG = ("csv: the rows on standard output, the notes on standard error. Files 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = BriefUsageParser(prog="opgraph-bench compare", brief=f"A.json B.json [--format {{{','.join(FORMATS)}}}]",
+    p = BriefUsageParser(prog="opgraph-bench compare", brief=USAGE.removeprefix("opgraph-bench compare "),
                                 description="Speedups and regressions between two opgraph-bench JSON "
                                             "documents, by model, lowering, precision, layout and phase; a "
                                             "change is marked when it exceeds both runs' interquartile range.",
@@ -373,4 +375,4 @@ def main(argv: list[str]) -> int:
 
 
 __all__ = ["load", "check_document", "compare", "lowering_changes", "change", "comparison_table", "build_parser", "main",
-           "CSV_FIELDS", "NOTHING_SHARED", "EPILOG"]
+           "CSV_FIELDS", "NOTHING_SHARED", "EPILOG", "USAGE"]

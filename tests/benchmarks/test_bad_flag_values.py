@@ -148,7 +148,7 @@ def test_compares_format_is_named_the_same_way(capsys):
         compare.main(["a.json", "b.json", "--format", "jsn"])
     assert e.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
-        "usage: opgraph-bench compare A.json B.json [--format {table,markdown,json,csv}]; "
+        "usage: opgraph-bench compare A.json B.json [--format table|markdown|json|csv]; "
         "opgraph-bench compare --help lists them",
         "opgraph-bench compare: error: argument --format: unknown format 'jsn' (did you mean 'json'?); "
         "choose from table, markdown, json, csv"]

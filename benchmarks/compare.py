@@ -103,8 +103,8 @@ class _Field:
 
     def number(self, where: str, value, optional: bool = False):
         self.kind(where, value, (int, float), "must be a number of milliseconds", optional)
-        if value is not None and not math.isfinite(value):
-            self.fail(where, value, "must be a finite number of milliseconds")
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            self.fail(where, value, "must be a finite number of milliseconds >= 0")
         return value
 
     def loop(self, where: str, t) -> None:

@@ -119,12 +119,15 @@ def adaptive_avg_pool2d(input: Value, output_size, *, name: str | None = None) -
 
 
 def narrow(input: Value, dim: int, start: int, length: int, *, name: str | None = None) -> Value:
-    """``input`` restricted to ``start .. start + length - 1`` along ``dim`` (``torch.narrow``).
+    """``input`` restricted to ``start .. start + length - 1`` along ``dim`` (``torch.narrow``;
+    a negative ``start`` counts from the end of the axis, as there).
 
     Raises:
-        ParameterError: a bad dim; ShapeError: the range leaves the axis.
+        ParameterError: a bad dim, or a start before the axis; ShapeError: the range leaves the axis.
     """
     ax = _dim(name or "slice", "dim", dim, input.type.ndim)
+    if _int(start) and -input.shape[ax] <= start < 0:
+        start += input.shape[ax]
     return input.graph.apply(ops.Slice, dict(axis=ax, start=start, stop=start + length), [input], name)
 
 

@@ -233,13 +233,28 @@ class Importer:
 
     def _check_defined(self, defined: set[str]) -> None:
         """Every tensor a node reads is a graph input, an initializer or an
-        earlier node's output; else one error naming each missing tensor and its reader."""
+        earlier node's output; else one error naming each missing tensor and its reader.
+        Every tensor is defined once (ONNX graphs are in single static assignment form:
+        ``onnx.checker`` and onnxruntime refuse a name defined twice); else an error naming
+        each and its definitions, rather than reading whichever came last."""
         missing: dict[str, str] = {}
+        writers: dict[str, list[str]] = {t: [] for t in defined}
         for node in self.g.node:
+            label = f"ONNX node {node.name or node.output[0]!r} ({node.op_type})"
             for t in node.input:
                 if t and t not in defined and t not in missing:
-                    missing[t] = f"ONNX node {node.name or node.output[0]!r} ({node.op_type})"
+                    missing[t] = label
+            for o in node.output:
+                if o:
+                    writers.setdefault(o, []).append(label)
             defined.update(o for o in node.output if o)
+        twice = {t: who for t, who in writers.items() if len(who) > 1 or (who and t in self.env)}
+        if twice:
+            listed = "; ".join(f"{t!r} (" + ("a graph input or initializer, and by " if t in self.env else "by ")
+                               + " and ".join(who) + ")" for t, who in list(twice.items())[:10])
+            more = f"; and {len(twice) - 10} more" if len(twice) > 10 else ""
+            raise OnnxImportError(f"{len(twice)} tensor(s) are defined more than once (an ONNX graph defines "
+                                  f"each tensor once): {listed}{more}")
         if missing:
             listed = "; ".join(f"{t!r} (read by {who})" for t, who in list(missing.items())[:10])
             more = f"; and {len(missing) - 10} more" if len(missing) > 10 else ""

@@ -68,6 +68,21 @@ def test_narrow_matches_torch():
             _normal(x=(2, 6, 3, 3)), ["x"])
 
 
+@pytest.mark.parametrize("dim,start,length", [(1, -2, 2), (-1, -3, 1), (1, -6, 6)])
+def test_narrow_with_a_negative_start_matches_torch(dim, start, length):
+    """``torch.narrow``'s start may be negative, counted from the end of the axis;
+    ``og.narrow`` refused it."""
+    compare(lambda x: og.narrow(x, dim, start, length), lambda x: torch.narrow(x, dim, start, length),
+            _normal(x=(2, 6, 3, 3)), ["x"])
+
+
+def test_narrow_with_a_start_before_the_axis_names_the_parameter():
+    g = og.Graph("t")
+    x = g.input("x", (2, 6, 3, 3))
+    with pytest.raises(og.ParameterError, match="node cut.*parameter start=-7"):
+        og.narrow(x, 1, -7, 2, name="cut")
+
+
 @pytest.mark.parametrize("groups", [2, 3])
 def test_channel_shuffle_matches_torch(groups):
     """ShuffleNet's shuffle: reshape (N, g, C/g, H, W), transpose(1, 2), reshape back."""

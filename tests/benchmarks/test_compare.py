@@ -136,6 +136,11 @@ def _edited(edit):
     (lambda d: d["results"][2].update(batch=[1]), "results[2].batch", "[1]", "must be an integer or null"),
     (lambda d: d["results"][0]["totals"].update(total_ms=None), "results[0].totals.total_ms", "null",
      "must be a number of milliseconds"),
+    # a negative time was compared, as a ratio of "-1.00x"
+    (lambda d: d["results"][0]["times"]["forward"]["times_ms"].__setitem__(0, -2.5),
+     "results[0].times.forward.times_ms[0]", "-2.5", "must be a finite number of milliseconds >= 0"),
+    (lambda d: d["results"][0]["times"]["forward"].update(median_ms=-1), "results[0].times.forward.median_ms",
+     "-1", "must be a finite number of milliseconds >= 0"),
 ])
 def test_a_hand_edited_document_is_one_line_naming_file_and_field(tmp_path, capsys, edit, field, value, what):
     """``median_ms = "x"`` raised a TypeError, ``results = "oops"`` an

@@ -126,6 +126,24 @@ def test_undefined_tensors_are_all_named_with_their_readers():
     assert "'conv.bias' (read by ONNX node 'conv' (Conv))" in msg
 
 
+@pytest.mark.parametrize("nodes,written", [
+    # two nodes writing one tensor: onnxruntime refuses such a model; the importer read the last writer
+    ([helper.make_node("Relu", ["x"], ["y"], name="a"), helper.make_node("Sigmoid", ["x"], ["y"], name="b")],
+     "'y' (by ONNX node 'a' (Relu) and ONNX node 'b' (Sigmoid))"),
+    # a node writing over a graph input
+    ([helper.make_node("Relu", ["x"], ["x"], name="a"), helper.make_node("Sigmoid", ["x"], ["y"], name="b")],
+     "'x' (a graph input or initializer, and by ONNX node 'a' (Relu))"),
+])
+def test_a_tensor_written_twice_is_an_error_naming_it_and_its_writers(nodes, written):
+    """ONNX graphs are in single static assignment form (onnx.checker and onnxruntime refuse a
+    tensor name defined twice); the importer took whichever definition came last, silently."""
+    g = helper.make_graph(nodes, "t", [info("x", [2, 3])], [info("y", None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(oxi.OnnxImportError, match="defined more than once") as e:
+        oxi.load(m)
+    assert written in str(e.value)
+
+
 @pytest.mark.parametrize("dtype,tol", [("float64", 1e-6), ("float16", 1e-2), ("bfloat16", 2e-2)])
 def test_dtype_converts_every_floating_tensor(dtype, tol):
     m = weightless()

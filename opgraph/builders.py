@@ -254,8 +254,18 @@ def cross_entropy(logits: Value, target: Value, reduction: str = "mean", *,
 
 
 def add(a: Value, b: Value, *, name: str | None = None) -> Value:
-    """``a + b`` of equal shapes."""
-    return graph_of(a, b).apply(ops.Add, {}, [a, b], name)
+    """``a + b`` with NumPy broadcasting, as ``torch.add`` (without its ``alpha``).
+
+    Equal shapes give an ``Add`` node (the op gradient sums and the fusion rules
+    know); other shapes a ``BroadcastAdd``, whose gradient sums ``gy`` back to
+    each operand's shape (``SumTo``): (N, C, H, W) + (C, 1, 1) adds a per-channel
+    bias.
+
+    Raises:
+        ShapeError: shapes that do not broadcast (naming the node), or mixed dtypes.
+    """
+    op = ops.Add if a.shape == b.shape else ops.BroadcastAdd
+    return graph_of(a, b).apply(op, {}, [a, b], name)
 
 
 # The modern-convnet builders live in their own modules; one import surface.

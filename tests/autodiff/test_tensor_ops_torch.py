@@ -1,4 +1,4 @@
-"""Broadcasting mul/div, neg, mean, adaptive average pooling, split/narrow and
+"""Broadcasting add/mul/div, neg, mean, adaptive average pooling, split/narrow and
 permute/transpose (the channel shuffle) against PyTorch (CPU, float64):
 forward, gradients and double backward through ``og.compile``."""
 
@@ -23,6 +23,15 @@ def _normal(seed=3, **shapes):
 def test_mul_matches_torch(a_shape, b_shape):
     """The squeeze-and-excitation scale (N, C, H, W) * (N, C, 1, 1) and its mirror."""
     compare(og.mul, torch.mul, _normal(a=a_shape, b=b_shape), ["a", "b"])
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((2, 3, 4, 4), (3, 1, 1)), ((3, 1), (1, 4)), ((2, 5), (2, 5)),
+                                              ((4,), (2, 3, 4))])
+def test_add_broadcasts_as_torch_add(a_shape, b_shape):
+    """A per-channel bias (N, C, H, W) + (C, 1, 1), an outer sum and its mirror: values and
+    gradients (summed back to each operand's shape). No double backward: an operand of the
+    output's shape has gy itself as its gradient, which ``compare`` cannot feed a cotangent to."""
+    compare(og.add, torch.add, _normal(a=a_shape, b=b_shape), ["a", "b"], double=False)
 
 
 @pytest.mark.parametrize("a_shape, b_shape", [((2, 3, 4, 4), (2, 3, 1, 1)), ((3, 1), (1, 4))])

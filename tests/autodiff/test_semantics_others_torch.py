@@ -89,3 +89,22 @@ def test_concat_with_empty_inputs_matches_torch():
              "c": rng.standard_normal((2, 0, 3, 3)), "d": rng.standard_normal((2, 3, 3, 3))}
     compare(lambda a, b, c, d: og.concat([a, b, c, d]), lambda a, b, c, d: torch.cat([a, b, c, d], 1),
             feeds, ["a", "b", "c", "d"])
+
+
+@pytest.mark.parametrize("alg", ["direct", "gemm", "fft", "winograd"])
+def test_float16_storage_overflow_gives_inf_not_a_clamped_value(alg):
+    """Sums accumulate in float32 and round once to float16: 3 * 3 * 90000 > 65504 is inf
+    (PyTorch float64 gives the finite value; its float16 rounding is inf)."""
+    x = np.full((1, 1, 4, 4), 300.0, np.float16)
+    w = np.full((2, 1, 3, 3), 100.0, np.float16)
+    w[1] = 0.5  # 9 * 150 = 1350: finite
+    g = og.Graph()
+    xv, wv = g.input("x", x.shape, "float16"), g.param("w", w.shape, "float16")
+    y = og.conv2d(xv, wv, padding=1)
+    (got,) = og.compile([y], policy={"prefer": {"conv": [alg]}, "autotune": False})(x=x, w=w)
+    want = F.conv2d(torch.tensor(x, dtype=torch.float64), torch.tensor(w, dtype=torch.float64), padding=1)
+    want16 = want.numpy().astype(np.float16)
+    assert got.dtype == np.float16
+    assert np.isposinf(want16[0, 0]).any()
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want16))
+    np.testing.assert_allclose(got[0, 1].astype(np.float64), want.numpy()[0, 1], rtol=1e-3)

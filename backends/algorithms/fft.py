@@ -124,6 +124,16 @@ def _upsample(xp, gy, geom):
     return out
 
 
+def _untouched(size, out, k, s, d, begin) -> np.ndarray:
+    """Indices ``r`` in ``[0, size)`` of one axis that no window reads (no ``i < out``,
+    ``p < k`` with ``r = i*s + p*d - begin``): their input gradient is exactly 0
+    (SEMANTICS.md), where the transforms leave rounding noise."""
+    touched = np.zeros(size, bool)
+    taps = (np.arange(out)[:, None] * s + np.arange(k)[None, :] * d - begin).ravel()
+    touched[taps[(taps >= 0) & (taps < size)]] = True
+    return np.flatnonzero(~touched)
+
+
 def conv2d_forward(xp, x, w, *, stride=1, padding=0, dilation=1, groups=1, chunks=1):
     """FFT convolution (cross-correlation) ``(N, C, H, W) * (O, C/G, kH, kW) -> (N, O, Ho, Wo)``
     of arrays outside a graph (validated by :func:`conv_geometry`); :func:`forward`
@@ -205,7 +215,8 @@ def backward_data(xp, gy, w, g, chunks=1):
     del gf  # each chunk's arrays are dropped as soon as used: the workspace counts one chunk
     wg = _dilate(xp, w.astype(dt, copy=False), g.dilation)
     wg = wg.reshape(G, g.og, *wg.shape[1:])
-    # The full convolution has (Ho-1)*s + d*(k-1) + 1 <= Hp rows; rows past it are 0.
+    # The full convolution has (Ho-1)*s + d*(k-1) + 1 <= Hp rows; rows past it, and the rows
+    # between windows a stride skips, are 0 up to rounding: set exactly (_untouched).
     (t, _), (l, _) = g.padding
     gx = xp.empty((g.n, G, g.cg, g.h, g.w), dtype=dt)
     for c0, c1 in pieces(g.cg, chunks):
@@ -218,6 +229,12 @@ def backward_data(xp, gy, w, g, chunks=1):
         del product
         gx[:, :, c0:c1] = _fft(xp).irfft2(xf, s=s)[..., t:t + g.h, l:l + g.w]
         del xf
+    rows = _untouched(g.h, g.ho, g.kh, g.stride[0], g.dilation[0], t)
+    cols = _untouched(g.w, g.wo, g.kw, g.stride[1], g.dilation[1], l)
+    if rows.size:
+        gx[..., xp.asarray(rows), :] = 0
+    if cols.size:
+        gx[..., xp.asarray(cols)] = 0
     return gx.reshape(g.n, g.c, g.h, g.w)
 
 

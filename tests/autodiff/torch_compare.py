@@ -29,7 +29,7 @@ def _close(ours, theirs, what, rtol):
 
 
 def compare(build, torch_fn, feeds: dict, wrt, *, double: bool = True, seed: int = 0,
-            rtol: float = 1e-10) -> dict:
+            rtol: float = 1e-10, policy=None, choices=None) -> dict:
     """Assert that opgraph and PyTorch agree in float64 on ``build`` / ``torch_fn``.
 
     Args:
@@ -41,6 +41,9 @@ def compare(build, torch_fn, feeds: dict, wrt, *, double: bool = True, seed: int
         wrt: names of the inputs to differentiate with respect to.
         double: also compare second derivatives (w.r.t. ``wrt`` and the output
             gradient).
+        policy: the lowering policy ``og.compile`` gets (None: the default).
+        choices: if given, called with the executable's ``choices`` (node name
+            -> implementation) to assert which lowerings ran.
 
     Returns:
         name -> opgraph's first gradient, for further checks.
@@ -75,7 +78,9 @@ def compare(build, torch_fn, feeds: dict, wrt, *, double: bool = True, seed: int
         tsecond = (torch.autograd.grad([t for t, _ in linked], wanted, [torch.tensor(v) for _, v in linked],
                                        allow_unused=True) if linked else [None] * len(wanted))
         tsecond = [torch.zeros_like(w) if t is None else t for w, t in zip(wanted, tsecond)]
-    run = og.compile(outputs, device="cpu", dtype="float64")
+    run = og.compile(outputs, device="cpu", dtype="float64", policy=policy)
+    if choices is not None:
+        choices(run.choices)
     res = run(grad_outputs=feeds_go, **feeds)
     _close(res[0], ty, "forward", rtol)
     for i, (o, t) in enumerate(zip(res[1:1 + len(others)], tothers)):

@@ -86,9 +86,11 @@ def warnings_noted(notes: list[str]):
         filters_inside, warnings.filters = warnings.filters, filters_outside
         show_inside, warnings.showwarning = warnings.showwarning, show_outside
         module = _module_of(filename)  # a filter scoped to a module (-W ignore::UserWarning:opgraph.x) sees it
+        # no module found: none passed (warn_explicit drops a warning whose module is None, shown or not)
+        scope = {} if module is None else {"module": module.__name__,
+                                           "registry": vars(module).setdefault("__warningregistry__", {})}
         try:
-            warnings.warn_explicit(message, category, filename, lineno, module=module and module.__name__,
-                                   registry=module and vars(module).setdefault("__warningregistry__", {}))
+            warnings.warn_explicit(message, category, filename, lineno, **scope)
         except Warning as e:  # an 'error' filter: not raised inside the compile
             errors.append(e)
         finally:

@@ -179,3 +179,34 @@ def test_a_hand_edited_cache_choice_that_is_used_is_in_the_column_notes(monkeypa
     (rec,) = json.loads(capsys.readouterr().out)["results"]
     used = [n for n in rec["notes"] if "hand-edited choice" in n]
     assert len(used) == 1 and f"hand-edited choice {other['algorithm']}" in used[0] and " used (" in used[0], rec["notes"]
+
+
+def test_a_warning_from_a_file_no_module_was_imported_from_is_still_issued():
+    """A warning attributed to a file that is no imported module's (``warn_explicit`` with another
+    file, code run from a string) was issued again with ``module=None``, which ``warn_explicit``
+    drops without a word: never shown, and under ``-W error`` never raised. It is issued as
+    Python would without the block: shown, or raised under an error filter."""
+    def issue():
+        warnings.warn_explicit("from elsewhere", RuntimeWarning, "elsewhere.py", 7)
+
+    expected: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: \
+            expected.append((str(message), filename, lineno))
+        issue()
+        shown: list = []
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: \
+            shown.append((str(message), filename, lineno))
+        notes: list[str] = []
+        with warnings_noted(notes):
+            issue()
+    assert shown == expected == [("from elsewhere", "elsewhere.py", 7)]
+    assert notes == ["warning: from elsewhere"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="from elsewhere"):
+            issue()  # as Python raises it without the block
+        with pytest.raises(RuntimeWarning, match="from elsewhere"):
+            with warnings_noted([]):
+                issue()

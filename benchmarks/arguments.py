@@ -214,9 +214,12 @@ def output_format(args) -> str:
 COMPARE_USAGE = compare.USAGE
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = compare.COMMAND) -> argparse.ArgumentParser:
+    """The command's parser; ``prog`` is how it was invoked (the console
+    script ``opgraph-bench``, or ``python -m opgraph.benchmarks``): its usage,
+    its usage errors and the commands its epilog gives name it."""
     p = BriefUsageParser(
-        prog="opgraph-bench",
+        prog=prog,
         description="Time the ImageNet winners of convnet-benchmarks (AlexNet, OverFeat-fast, VGG-A, "
                     "GoogLeNet v1), its layers L1-L5 and the modern convnets (ResNet-50, DenseNet-121, "
                     "MobileNet-v2, EfficientNet-B0; --suite modern) built as opgraph graphs, or ONNX "
@@ -226,9 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "one training step's time goes, per op type and direction against the measured "
                     "limits; --summary: shapes, parameters and FLOPs, nothing run.",
         formatter_class=ParagraphFormatter,
-        epilog=f"Two runs compared: {COMPARE_USAGE} (speedups and regressions between two runs written "
+        epilog=f"Two runs compared: {compare.usage(prog)} (speedups and regressions between two runs written "
                "with --format json, per column and phase, marked where beyond both runs' interquartile "
-               "range; opgraph-bench compare --help says more).\n\n"
+               f"range; {prog} compare --help says more).\n\n"
                "Exit status: 0 ok; 2 usage error; 1 device or model failure; 3 some column is a "
                "mismatch or an error (outputs written first); 4 --time-limit left nothing timed; "
                "130 Ctrl-C (the finished columns are written first).")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import sys
 import time
 import warnings
@@ -42,6 +43,7 @@ from opgraph.errors import OpgraphError, ParameterError
 
 from . import driver, lowerings as lw, report, usage
 from .arguments import PolicyColumn, build_parser, model_names, output_format
+from .compare import COMMAND as PROG
 from .models import LAYERS
 # run_timing reads these as this module's names (tests stand in for build_models, check_applicable)
 from .modes import (base_policy, build_models, check_applicable, check_forces, check_policy_flags,
@@ -253,9 +255,22 @@ def _warning_printer():
     return show
 
 
-def main(argv: list[str] | None = None) -> int:
+def python_m(module: str) -> str:
+    """How ``python -m MODULE`` names itself in ``--help`` and usage errors:
+    the interpreter's name as it was run (``python``, ``python3``) and the
+    module (``opgraph.benchmarks``, not its ``__main__``), as Python 3.14's
+    argparse names a ``-m`` program by default."""
+    py = os.path.basename(sys.executable) or "python"
+    return f"{py} -m {module.removesuffix('.__main__')}"
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """Entry point of the ``opgraph-bench`` console script; returns the exit status.
     ``opgraph-bench compare A.json B.json`` compares two runs (:mod:`.compare`).
+    ``prog``: how the command was invoked, which its ``--help``, its usage
+    errors and its error lines name (``python -m opgraph.benchmarks`` passes
+    :func:`python_m`'s; a user without the console script cannot type
+    ``opgraph-bench --help``).
 
     Python warnings print as ``opgraph-bench: warning: MESSAGE`` while it runs
     (only here: a library user keeps the usual format).
@@ -267,16 +282,16 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["compare"]:  # opgraph-bench compare A.json B.json
         from .compare import main as compare_main
 
-        return compare_main(argv[1:])
+        return compare_main(argv[1:], prog)
     saved, warnings.showwarning = warnings.showwarning, _warning_printer()
     try:
-        return _main(argv)
+        return _main(argv, prog)
     finally:
         warnings.showwarning = saved
 
 
-def _main(argv: list[str] | None) -> int:
-    parser = build_parser()
+def _main(argv: list[str] | None, prog: str = PROG) -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     format_given = args.format is not None
     args.format = output_format(args)
@@ -292,10 +307,10 @@ def _main(argv: list[str] | None) -> int:
         else:
             doc = run_profile(names, args) if args.profile else run_timing(names, args)
     except (UsageError, ParameterError) as e:  # bad flags, policy files and values
-        print(f"opgraph-bench: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except (OpgraphError, ValueError, OSError, MemoryError, ImportError) as e:
-        print(f"opgraph-bench: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
     except Interrupted as e:
         return _interrupted(e.doc, args)
@@ -308,7 +323,7 @@ def _main(argv: list[str] | None) -> int:
                 log(f"wrote json to {args.json}")
         write_outputs(doc, args)
     except (ValueError, OSError, ImportError) as e:
-        print(f"opgraph-bench: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
     results = doc.get("results", ())
     bad = [r for r in results if r["status"] in ("mismatch", "error")]
@@ -384,4 +399,4 @@ def _interrupted(doc: dict | None, args) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(main(prog=python_m(__spec__.name if __spec__ else "opgraph.benchmarks.cli")))

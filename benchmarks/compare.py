@@ -50,8 +50,19 @@ from .tables import Table, fmt_ms, precision_label
 
 PHASES = ("forward", "backward_data", "backward_filter", "backward")
 FORMATS = ("table", "markdown", "json", "csv")
-#: The command's usage: its short usage-error line and ``opgraph-bench --help``'s epilog give it
-USAGE = f"opgraph-bench compare A.json B.json [--format {'|'.join(FORMATS)}]"
+#: The name of the command ``compare`` is a subcommand of, as the console script is called
+COMMAND = "opgraph-bench"
+
+
+def usage(command: str = COMMAND) -> str:
+    """The subcommand's usage as ``command`` (:data:`COMMAND`, or how it was
+    invoked: ``python -m opgraph.benchmarks``) is typed: its short usage-error
+    line and the main command's ``--help`` epilog give it."""
+    return f"{command} compare A.json B.json [--format {'|'.join(FORMATS)}]"
+
+
+#: The command's usage, as the ``opgraph-bench`` console script is typed (:func:`usage`)
+USAGE = usage()
 #: CSV columns, one row per shared column and phase (:func:`compare`'s rows)
 CSV_FIELDS = ("model", "lowering", "precision", "layout", "batch", "dtype", "phase", "a_ms", "a_iqr_ms",
               "b_ms", "b_iqr_ms", "ratio", "change")
@@ -328,8 +339,10 @@ EPILOG = ("csv: the rows on standard output, the notes on standard error. Files 
           "naming the file and the field).")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = BriefUsageParser(prog="opgraph-bench compare", brief=USAGE.removeprefix("opgraph-bench compare "),
+def build_parser(command: str = COMMAND) -> argparse.ArgumentParser:
+    """The parser of ``COMMAND compare``; ``command`` is how the main command
+    was invoked (its ``--help`` and usage errors name it)."""
+    p = BriefUsageParser(prog=f"{command} compare", brief=usage(command).removeprefix(f"{command} compare "),
                                 description="Speedups and regressions between two opgraph-bench JSON "
                                             "documents, by model, lowering, precision, layout and phase; a "
                                             "change is marked when it exceeds both runs' interquartile range.",
@@ -341,13 +354,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str]) -> int:
-    """``opgraph-bench compare``; returns the exit status (module docstring)."""
-    args = build_parser().parse_args(argv)
+def main(argv: list[str], command: str = COMMAND) -> int:
+    """``opgraph-bench compare``; returns the exit status (module docstring).
+    ``command``: how the main command was invoked (:func:`build_parser`)."""
+    args = build_parser(command).parse_args(argv)
     try:
         a, b = load(args.a), load(args.b)
     except ValueError as e:
-        print(f"opgraph-bench compare: error: {e}", file=sys.stderr)
+        print(f"{command} compare: error: {e}", file=sys.stderr)
         return 2
     result = compare(a, b)
     if args.format == "json":
@@ -375,4 +389,4 @@ def main(argv: list[str]) -> int:
 
 
 __all__ = ["load", "check_document", "compare", "lowering_changes", "change", "comparison_table", "build_parser", "main",
-           "CSV_FIELDS", "NOTHING_SHARED", "EPILOG", "USAGE"]
+           "CSV_FIELDS", "NOTHING_SHARED", "EPILOG", "USAGE", "COMMAND", "usage"]

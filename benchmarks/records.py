@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import types
 import warnings
 from typing import TYPE_CHECKING
 
@@ -58,6 +59,27 @@ def _module_of(filename: str):
     return None
 
 
+def _issue_traceback(filename: str, lineno: int, caller) -> types.TracebackType | None:
+    """The traceback an exception raised where a warning was issued would have had: the
+    frames below ``caller`` (the frame of the ``with`` block that is running) on this
+    thread's stack, from the block's body down to the frame the warning names
+    (``filename:lineno``: the one its ``stacklevel`` chose, ``AutotuneCache.warn`` for the
+    autotune cache's). None when that frame is not below ``caller`` (a warning of another
+    thread, or one attributed to a caller of the block: ``errors.warn_from_caller``)."""
+    stack, frame = [], sys._getframe(1)
+    while frame is not None and frame is not caller:
+        stack.append((frame, frame.f_lasti, frame.f_lineno))  # the line each frame is at now
+        frame = frame.f_back
+    issued = next((i for i, (f, _, line) in enumerate(stack)
+                   if f.f_code.co_filename == filename and line == lineno), None)
+    if frame is None or issued is None:
+        return None
+    tb = None
+    for f, lasti, line in stack[issued:]:  # innermost first: each wraps the one it called
+        tb = types.TracebackType(tb, f, lasti, line)
+    return tb
+
+
 @contextlib.contextmanager
 def warnings_noted(notes: list[str]):
     """Each warning of :data:`NOTED` raised inside (compiling a column: a corrupt or
@@ -74,9 +96,18 @@ def warnings_noted(notes: list[str]):
     ``'default'`` filter would show it once per place). One that the filters in
     force turn into an error (``python -W error``) does not stop the compile:
     the first is raised once the block ends, unless the block raised an
-    exception of its own, which then goes on unmasked (the note is kept)."""
+    exception of its own, which then goes on unmasked (the note is kept). It is
+    the warning's own exception (its category and message) with the traceback it
+    would have had had it been raised where it was issued (:func:`_issue_traceback`,
+    e.g. ``passes/autotune_cache.py`` in ``AutotuneCache.warn`` and its callers),
+    below this function's line that raises it: the innermost frame, which the column's
+    error record and its reason name (:func:`error_record`), is where it came from,
+    not this module. Those frames stay alive until then (only under such a filter)."""
     show_outside, filters_outside = warnings.showwarning, list(warnings.filters)
     errors: list[Warning] = []  # warnings the filters in force make errors: raised after the block
+    caller = sys._getframe(1)  # the with statement's frame, past contextlib's __enter__
+    while caller is not None and caller.f_code.co_filename == contextlib.__file__:
+        caller = caller.f_back
 
     def note_and_show(message, category, filename, lineno, file=None, line=None) -> None:
         if issubclass(category, NOTED) and WARNING_NOTE + str(message) not in notes:
@@ -86,11 +117,13 @@ def warnings_noted(notes: list[str]):
         filters_inside, warnings.filters = warnings.filters, filters_outside
         show_inside, warnings.showwarning = warnings.showwarning, show_outside
         module = _module_of(filename)  # a filter scoped to a module (-W ignore::UserWarning:opgraph.x) sees it
+        # no module found: none passed (warn_explicit drops a warning whose module is None, shown or not)
+        scope = {} if module is None else {"module": module.__name__,
+                                           "registry": vars(module).setdefault("__warningregistry__", {})}
         try:
-            warnings.warn_explicit(message, category, filename, lineno, module=module and module.__name__,
-                                   registry=module and vars(module).setdefault("__warningregistry__", {}))
+            warnings.warn_explicit(message, category, filename, lineno, **scope)
         except Warning as e:  # an 'error' filter: not raised inside the compile
-            errors.append(e)
+            errors.append(e.with_traceback(_issue_traceback(filename, lineno, caller) or e.__traceback__))
         finally:
             warnings.filters, warnings.showwarning = filters_inside, show_inside
 

@@ -240,8 +240,11 @@ def warning_notes(r: dict) -> list[str]:
 def fusion_note(r: dict) -> str | None:
     """``'densenet121 / auto: fusion rules: bn-backward-sums 121, elementwise 312'``:
     which rules of the fuse pass's table rewrote (or declined) how many matches
-    in a column (``r['fusion']``, ``LoweringReport.fusion``); None when no rule
-    matched, and for a ``+graph`` column (it replays its eager column's compile)."""
+    in a column (``r['fusion']``, ``LoweringReport.fusion``), which waited for the
+    ``fused-reference`` opt-in on the CPU's oracles (``opt_in: elementwise``, as the
+    record says ``'opt_in': True``) and which the policy excluded
+    (:func:`~opgraph.passes.report.describe_fusion`); None when no rule did any of
+    these, and for a ``+graph`` column (it replays its eager column's compile)."""
     if not r.get("fusion") or r["lowering"].endswith("+graph"):
         return None
     said = describe_fusion(r["fusion"])

@@ -184,8 +184,8 @@ class AutotunePass(Pass):
             # without the workspace limit: an over-budget candidate is reported, not declined
             applicable = list(contenders(s.applicable(limited=False), ctx.device))
             by_algorithm = {e.rule.algorithm: e for e in applicable}  # one entry each: contenders
-            # every input's layout where they differ; a source such as a Constant (a
-            # stochastic-depth mask) has no input: its own layout
+            # every input's layout where they differ; the output's where it differs from inputs
+            # that agree; a source such as a Constant (a stochastic-depth mask) has no input: its own layout
             layout = key_layout(types, view.type.layout)
             # a concat homed in a larger one: its step is the executor's own, whatever its rule
             home = homes.get(view.id) if not isinstance(abstract_of(view.op), ops.Concat) else None

@@ -11,7 +11,8 @@ File format (``format`` guards against reading something else)::
 
 The key (:func:`cache_key`) spells out everything a decision depends on: the
 op and its parameters, input shapes and dtypes, layout (the first input's, or
-each input's where they differ: :func:`key_layout`), precision, workspace
+each input's where they differ, and the output's where it differs from inputs
+that agree: :func:`key_layout`), precision, workspace
 limit, device and device name, the competing rules and how each enumerates
 its variants, for our generated kernels the fingerprint of the code that
 writes them (``#`` and 12 hex digits: ``backends/cuda/kernel_sources.py``) or,
@@ -185,10 +186,15 @@ def default_path() -> str | None:
 
 
 def key_layout(in_types, own: str | None = None) -> str:
-    """The ``layout=`` field of a node's key (:func:`cache_key`). When every input that has a
-    layout shares the first input's (the common case), that one: ``NHWC``, or ``NCHW`` when the
-    first has none (a 2-D value), or ``own`` (the node's output's) for a node without inputs;
-    the only form keys had before inputs could differ, so a carried cache's keys still hit.
+    """The ``layout=`` field of a node's key (:func:`cache_key`); ``own`` is the node's output's
+    layout (None for one without: not 4-D). When every input that has a layout shares the first
+    input's (the common case), that one: ``NHWC``, or ``NCHW`` when the first has none (a 2-D
+    value), or ``own`` for a node without inputs; the only form keys had before inputs could
+    differ, so a carried cache's keys still hit. If then the output has a layout unlike that
+    one, ``->`` and the output's (``NCHW->NHWC``: 2-D inputs reshaped into an NHWC value), so
+    that it shares no key with the node of the same inputs writing the other layout; a node
+    whose output has none or the inputs' (every node of a graph the layout pass stamped: all
+    its 4-D values share one layout) keeps the key it always had.
     Else each input's layout in order, comma-separated, ``-`` for one without (``NHWC,NCHW``,
     ``-,NHWC,-``): two nodes differing only in a later input's layout never share a key, nor
     a key but for their kernels' fingerprints (:meth:`AutotuneCache.superseded`)."""
@@ -196,7 +202,7 @@ def key_layout(in_types, own: str | None = None) -> str:
         return own or "NCHW"
     first = in_types[0].layout or "NCHW"
     if all(t.layout in (None, first) for t in in_types[1:]):
-        return first
+        return first if own in (None, first) else f"{first}->{own}"
     return ",".join(t.layout or "-" for t in in_types)
 
 
@@ -211,7 +217,8 @@ def cache_key(op, in_types, dtype, layout, policy, device, device_name, versions
     each ``<in>`` an input's declared dtype and shape, ``float32[8x64x28x28]``
     (``x``-joined; a 0-D input ``float32[]``); ``<dtype>`` compile's dtype
     override, or ``declared``; ``<layout>`` :func:`key_layout` (the caller's:
-    ``NHWC``, or ``NHWC,NCHW`` where the inputs' layouts differ); ``<precision>``
+    ``NHWC``, ``NHWC,NCHW`` where the inputs' layouts differ, ``NCHW->NHWC`` where
+    the inputs share one and the output has another); ``<precision>``
     and ``<limit>`` the policy's (``None`` for no limit); the versions sorted by
     name (``versions``: the libraries', ``tune_clock``). The kernels' fingerprints
     (``#`` and 12 hex digits, :data:`FINGERPRINT`) are inside ``<candidates>``;

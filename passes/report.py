@@ -133,15 +133,18 @@ class NodeReport:
 
 
 def describe_fusion(fusion: dict) -> str:
-    """``'bn-backward-sums 121, elementwise 312 (2 declined); excluded: dgrad-relu'``:
-    the fusion rules of ``fusion`` (``LoweringReport.fusion``) that matched
-    something, with how many rewrites (and declined matches: ``dgrad-relu 0 (50
-    declined)``), then those the policy excluded; '' when no rule matched."""
+    """``'bn-backward-sums 121, elementwise 312 (2 declined); opt_in: pool-argmax; excluded:
+    dgrad-relu'``: the fusion rules of ``fusion`` (``LoweringReport.fusion``) that matched
+    something, with how many rewrites (and declined matches: ``dgrad-relu 0 (50 declined)``),
+    then those that left nodes on the CPU's oracle kernels alone for want of
+    ``include=['fused-reference']`` (``'opt_in': True``, the word the JSON record uses), then
+    those the policy excluded; '' when no rule matched, waited or was excluded."""
     applied = [f"{k} {v['applied']}" + (f" ({v['declined']} declined)" if v.get("declined") else "")
                for k, v in fusion.items() if v.get("applied") or v.get("declined")]
+    opt_in = [k for k, v in fusion.items() if v.get("opt_in")]
     excluded = [k for k, v in fusion.items() if v.get("excluded")]
-    return ", ".join(applied) + ("; " if applied and excluded else "") + \
-        (f"excluded: {', '.join(excluded)}" if excluded else "")
+    return "; ".join(filter(None, [", ".join(applied), opt_in and f"opt_in: {', '.join(opt_in)}",
+                                   excluded and f"excluded: {', '.join(excluded)}"]))
 
 
 @attrs.define
@@ -164,7 +167,8 @@ class LoweringReport:
             order: ``{'applied': rewrites made, 'declined': matches whose
             rewrite declined}`` (with ``'opt_in': True`` where the rule left
             nodes on the CPU's oracle kernels alone for want of
-            ``include=['fused-reference']``), or ``{'excluded': True}`` for a
+            ``include=['fused-reference']``, which :func:`describe_fusion` lists as
+            ``opt_in: RULE, ...``), or ``{'excluded': True}`` for a
             rule the policy turned off; empty when no fuse pass ran.
     """
 

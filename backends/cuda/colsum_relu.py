@@ -20,7 +20,8 @@ pitch by the pass-1 source without ``__restrict__`` (:func:`source`'s ``aliased`
 loads its vectors of y and gy before it stores g's at the same address, and the sums are added
 from the registers, so overwriting gy changes no bit of either result. Any other ``out`` must share
 no memory with y or gy (:func:`out_is_gy`: a partial overlap, at another pitch or offset, would
-have a thread store where another has yet to load).
+have a thread store where another has yet to load); no byte, exactly (:func:`shares_memory`), so
+two channel slices of one buffer, whose byte ranges interleave, may be y or gy and ``out``.
 
 Rows are channels-last: y and gy logical ``(N, C, H, W)`` stored NHWC (each dense or a channel
 slice of a wider buffer: its own pixel pitch) or 2-D ``(N, C)`` with unit column stride (each its own
@@ -35,6 +36,9 @@ the sums, no launch) and :func:`relu_backward_sums_kernel` (fills them and retur
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
+
+import numpy as np
 
 from opgraph.errors import ShapeError
 from opgraph.types import numpy_dtype
@@ -172,6 +176,37 @@ def declines(y, gy) -> str | None:
     return None
 
 
+#: The steps ``numpy.shares_memory`` may take towards an exact answer (its ``max_work``) before
+#: :func:`shares_memory` gives the bounds' one; two channel slices of one buffer take one step,
+#: and 10 000 steps take well under a millisecond.
+MAX_WORK = 10_000
+_TOO_HARD = np.exceptions.TooHardError if hasattr(np, "exceptions") else np.TooHardError
+
+
+def _extent(a):
+    """A NumPy array over ``a``'s bytes as ``numpy.shares_memory`` sees them: its first element's
+    address (a CuPy array's device pointer alike), shape, strides and itemsize. Never read:
+    ``shares_memory`` only does arithmetic on addresses."""
+    return np.asarray(SimpleNamespace(__array_interface__={
+        "version": 3, "shape": tuple(a.shape), "strides": tuple(a.strides), "typestr": f"|V{a.itemsize}",
+        "data": (address(a), True)}))
+
+
+def shares_memory(xp, a, b, max_work: int = MAX_WORK) -> bool:
+    """Whether ``a`` and ``b`` (NumPy or CuPy arrays) share a byte: ``xp.may_share_memory``'s
+    bounds first (what was asked alone before, so that two interleaved channel slices of one
+    buffer counted as sharing), then ``numpy.shares_memory``'s exact answer on their addresses,
+    shapes and strides (:func:`_extent`; no device work: ``cupy.shares_memory``'s exact test
+    copies every element's address to the device and synchronises, which a captured step
+    cannot), within ``max_work`` steps; beyond them the bounds' answer, True (conservative)."""
+    if not xp.may_share_memory(a, b):
+        return False
+    try:
+        return bool(np.shares_memory(_extent(a), _extent(b), max_work=max_work))
+    except _TOO_HARD:
+        return True
+
+
 def _same_memory(a, b) -> bool:
     """``a`` and ``b`` are views of the same elements: one first element, shape and strides."""
     return address(a) == address(b) and tuple(a.shape) == tuple(b.shape) and tuple(a.strides) == tuple(b.strides)
@@ -181,9 +216,9 @@ def out_is_gy(xp, y, gy, out) -> bool:
     """Whether ``out`` is gy's own memory (an in-place step: the pass-1 source without
     ``__restrict__``), after checking that it may be written at all: True where ``out`` has gy's
     first element and strides (and y is then gy's memory too or shares none of it), False where
-    ``out`` is None or shares no memory with y or gy (``xp.may_share_memory``: the bounds of the
-    two arrays, as CuPy computes it, so two interleaved channel slices of one buffer count as
-    sharing).
+    ``out`` is None or shares no memory with y or gy (:func:`shares_memory`: exact, so a channel
+    slice of the buffer gy or y is another channel slice of may be ``out``; the bounds of the two
+    arrays alone refused it).
 
     Raises:
         ValueError: ``out`` overlaps y or gy otherwise (another pitch or offset, or y's memory
@@ -193,12 +228,12 @@ def out_is_gy(xp, y, gy, out) -> bool:
         return False
     where = "colsum_relu.relu_backward_sums: out"
     if _same_memory(out, gy):
-        if not _same_memory(y, gy) and xp.may_share_memory(y, gy):
+        if not _same_memory(y, gy) and shares_memory(xp, y, gy):
             raise ValueError(f"{where} is gy's memory, which y partly overlaps: g would overwrite y "
                              "before every thread has read it; pass y and gy as one array or apart")
         return True
     for name, a in (("y", y), ("gy", gy)):
-        if xp.may_share_memory(out, a):
+        if shares_memory(xp, out, a):
             raise ValueError(f"{where} overlaps {name} without being gy's own memory (its first element and "
                              f"strides: out {tuple(out.strides)} at {address(out):#x}, {name} "
                              f"{tuple(a.strides)} at {address(a):#x}): the kernel would race; pass gy itself "
@@ -312,5 +347,5 @@ def relu_backward_sums_kernel(ctx, op, y, gy, sums, *, out=None):
     return g
 
 
-__all__ = ["declines_types", "declines", "out_is_gy", "relu_backward_sums", "relu_backward_sums_kernel",
+__all__ = ["declines_types", "declines", "out_is_gy", "shares_memory", "MAX_WORK", "relu_backward_sums", "relu_backward_sums_kernel",
            "relu_backward_sums_slot_kernel", "rows", "source"]

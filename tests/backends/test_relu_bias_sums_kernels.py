@@ -10,6 +10,8 @@ one after another, so scheduling is checked on the GPU (tests/gpu/test_relu_bias
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import attrs
 import numpy as np
 import pytest
@@ -262,6 +264,92 @@ def test_an_out_that_partly_overlaps_y_or_gy_is_refused(dtype):
     y_over_gy = _rows_in(buf, 2 * c, c, (m, c))  # gy's rows from its third on
     with pytest.raises(ValueError, match="out is gy's memory, which y partly overlaps"):
         colsum_relu.relu_backward_sums(np, y_over_gy, gy, out=gy)
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_an_out_interleaved_with_y_or_gy_but_sharing_no_element_is_taken(emu, dtype):
+    """Two channel slices of one NHWC buffer share no element, though their byte ranges
+    interleave (each pixel holds both): ``out`` may be one while gy or y is the other, and gy
+    may be written in place while y is the other slice of its buffer. The bounds' test refused
+    them; g and the sums are those of copies, and the other slice is left as it was."""
+    dt = numpy_dtype(dtype)
+    v = colsum_vector.LANES[dtype]
+    shape = (2, 4 * v, 5, 3)
+    gy = _nhwc(shape, dt, 50, channels=(0, 4 * v, 8 * v))
+    beside = gy.base[..., 4 * v:].transpose(0, 3, 1, 2)  # the buffer's other channels
+    y = _nhwc(shape, dt, 51, special=True)
+    assert np.may_share_memory(gy, beside) and not np.shares_memory(gy, beside)
+    want_g, want_sums = colsum_relu.relu_backward_sums(np, y, gy.copy(order="K"))
+    kept = _bits(gy).copy()
+    g, sums = colsum_relu.relu_backward_sums(np, y, gy, out=beside)  # out beside gy
+    assert g is beside and not colsum_relu.out_is_gy(np, y, gy, beside)
+    np.testing.assert_array_equal(_bits(g), _bits(want_g))
+    np.testing.assert_array_equal(_bits(sums), _bits(want_sums))
+    np.testing.assert_array_equal(_bits(gy), kept)
+    want_g, want_sums = colsum_relu.relu_backward_sums(np, beside.copy(order="K"), y)
+    g, sums = colsum_relu.relu_backward_sums(np, beside, y, out=gy)  # out gy's slice, y the other one
+    assert g is gy
+    np.testing.assert_array_equal(_bits(g), _bits(want_g))
+    np.testing.assert_array_equal(_bits(sums), _bits(want_sums))
+    y2 = beside.copy(order="K")
+    want_g, want_sums = colsum_relu.relu_backward_sums(np, y2, gy.copy(order="K"))
+    g, sums = colsum_relu.relu_backward_sums(np, beside, gy, out=gy)  # in place, y the other slice
+    assert g is gy and colsum_relu.out_is_gy(np, beside, gy, gy)
+    assert emu.raw_launches[-2]["source"] == colsum_relu.source(dtype, aliased=True)
+    np.testing.assert_array_equal(_bits(g), _bits(want_g))
+    np.testing.assert_array_equal(_bits(sums), _bits(want_sums))
+    np.testing.assert_array_equal(_bits(beside), _bits(y2))
+
+
+def _random_view(rng, buf):
+    """A view of ``buf`` (1-D): reshaped, then sliced with random starts, stops and steps
+    (negative ones included), axes swapped, and now and then an axis of stride 0."""
+    a = buf[int(rng.integers(0, 3)):][:48].reshape(4, 3, 4)
+    a = a[tuple(slice(int(rng.integers(0, n)), None, int(rng.choice([-2, -1, 1, 2]))) for n in a.shape)]
+    a = a.transpose(rng.permutation(3))
+    if rng.random() < 0.3:
+        axis = int(rng.integers(0, 3))
+        a = np.lib.stride_tricks.as_strided(a, a.shape[:axis] + (3,) + a.shape[axis + 1:],
+                                            a.strides[:axis] + (0,) + a.strides[axis + 1:])
+    return a
+
+
+def test_shares_memory_is_numpys_exact_answer_on_numpy_and_device_views():
+    """``colsum_relu.shares_memory`` against ``numpy.shares_memory`` on random pairs of views of one
+    buffer (negative steps, stride 0, an offset of one element or one byte), on the arrays and on
+    stand-ins that give only what a CuPy array does (``data.ptr``, shape, strides, itemsize):
+    the same answer every time, including pairs whose bounds overlap and that share nothing."""
+    def device(host):  # what colsum_relu reads of a CuPy array
+        return SimpleNamespace(host=host, shape=host.shape, strides=host.strides, itemsize=host.itemsize,
+                               size=host.size, data=SimpleNamespace(ptr=host.__array_interface__["data"][0]))
+
+    device_xp = SimpleNamespace(may_share_memory=lambda a, b: np.may_share_memory(a.host, b.host))
+    rng = np.random.default_rng(0)
+    raw = np.zeros(260, np.uint8)
+    seen = set()
+    for trial in range(600):
+        shift = int(rng.integers(0, 2))  # 1: the second view one byte on, elements misaligned
+        a = _random_view(rng, raw[:256].view(np.float32))
+        b = _random_view(rng, raw[shift:256 + shift].view(np.float32))
+        want = bool(np.shares_memory(a, b))
+        assert colsum_relu.shares_memory(np, a, b) == want, (a.strides, b.strides)
+        assert colsum_relu.shares_memory(device_xp, device(a), device(b)) == want
+        seen.add((bool(np.may_share_memory(a, b)), want))
+    assert seen == {(True, True), (True, False), (False, False)}
+
+
+def test_shares_memory_falls_back_to_the_bounds_when_the_exact_answer_costs_too_much():
+    """Beyond ``max_work`` steps the answer is the bounds' (True: the call is refused, never
+    wrongly taken); with :data:`colsum_relu.MAX_WORK` this pair is solved, sharing nothing."""
+    buf = np.zeros(100_000, np.uint8)
+    a = np.lib.stride_tricks.as_strided(buf, (16, 2, 2), (393, 992, 1203))
+    b = np.lib.stride_tricks.as_strided(buf[44:], (29, 23, 9), (1032, 1498, 1770))
+    assert np.may_share_memory(a, b) and not np.shares_memory(a, b)
+    with pytest.raises(np.exceptions.TooHardError):
+        np.shares_memory(a, b, max_work=1)
+    assert colsum_relu.shares_memory(np, a, b, max_work=1)
+    assert not colsum_relu.shares_memory(np, a, b)
 
 
 @pytest.mark.parametrize("case", ["NHWC", "NCHW"])

@@ -223,18 +223,42 @@ def test_console_script_reports_unknown_model():
 
 def test_python_dash_m_opgraph_benchmarks_is_the_command(tmp_path):
     """``python -m opgraph.benchmarks`` said the package cannot be directly
-    executed; it is ``opgraph-bench``, its compare subcommand included."""
+    executed; it is ``opgraph-bench``, its compare subcommand included. It
+    names itself as it was invoked: its ``--help`` said ``usage:
+    opgraph-bench``, a command a user without the console script cannot type."""
+    prog = f"{Path(sys.executable).name} -m opgraph.benchmarks"  # as Python 3.14's argparse names it
+
     def run(*args):
         return subprocess.run([sys.executable, "-m", "opgraph.benchmarks", *args], capture_output=True,
                               text=True, timeout=60)
 
     proc = run("--model", "nope", "--summary")
-    assert proc.returncode == 2 and "opgraph-bench: error: argument --model: unknown model 'nope'" in proc.stderr
+    assert proc.returncode == 2 and f"{prog}: error: argument --model: unknown model 'nope'" in proc.stderr
+    proc = run("--mdoel", "L1")
+    assert proc.returncode == 2 and proc.stderr.startswith(f"usage: {prog} [FLAGS ...]; {prog} --help lists them\n")
     proc = run("--help")
-    assert proc.returncode == 0 and proc.stdout.startswith("usage: opgraph-bench [-h]")
+    assert proc.returncode == 0 and proc.stdout.startswith(f"usage: {prog} [-h]")
+    help_text = " ".join(proc.stdout.split())
+    assert f"{prog} compare A.json B.json" in help_text and f"{prog} compare --help says more" in help_text
+    assert "opgraph-bench compare" not in help_text
+    proc = run("compare", "--help")
+    assert proc.returncode == 0 and proc.stdout.startswith(f"usage: {prog} compare [-h]")
     doc = tmp_path / "none.json"
     proc = run("compare", str(doc), str(doc))
-    assert proc.returncode == 2 and proc.stderr.startswith(f"opgraph-bench compare: error: {doc}: cannot be read")
+    assert proc.returncode == 2 and proc.stderr.startswith(f"{prog} compare: error: {doc}: cannot be read")
+
+
+def test_the_console_script_keeps_its_name(capsys, tmp_path):
+    """``main()``, the ``opgraph-bench`` console script, still names itself
+    ``opgraph-bench`` (``python -m`` passes its own name)."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out.startswith("usage: opgraph-bench [-h]")
+    assert "opgraph-bench compare --help says more" in " ".join(out.split())
+    doc = tmp_path / "none.json"
+    assert cli.main(["compare", str(doc), str(doc)]) == 2
+    assert capsys.readouterr().err.startswith(f"opgraph-bench compare: error: {doc}: cannot be read")
 
 
 def test_the_help_gives_the_compare_subcommands_usage():

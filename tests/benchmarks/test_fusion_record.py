@@ -5,10 +5,12 @@ same field."""
 
 from __future__ import annotations
 
+import io
+
 import attrs
 import pytest
 
-from opgraph.benchmarks import driver, lowerings as lw, tables
+from opgraph.benchmarks import driver, lowerings as lw, report, tables
 from opgraph.passes.fuse import TABLE
 from opgraph.passes.policy import LoweringPolicy
 
@@ -54,6 +56,27 @@ def test_the_end_to_end_table_carries_the_line(doc):
         line = tables.fusion_note(rec)
         assert (line in table.notes) if line else not any(n.startswith(f"tiny / {rec['lowering']}: fusion")
                                                            for n in table.notes)
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown"])
+def test_the_printed_table_names_the_rules_waiting_for_the_opt_in(doc, fmt):
+    """On the CPU's oracles some rules wait for ``include=['fused-reference']``: the JSON record
+    says ``'opt_in': True`` (``opgraph-bench compare`` too), but the printed table had no line
+    for them (a column where only they were left had none at all). Its fusion line now lists
+    them, in the JSON's word, after the rules that rewrote something."""
+    out = io.StringIO()
+    report.write(doc, fmt, out)
+    printed = " ".join(out.getvalue().split())
+    for rec in doc["results"]:
+        waiting = [k for k, v in rec["fusion"].items() if v.get("opt_in")]
+        assert waiting, rec["fusion"]  # pool-argmax and relu-bias-sums at least (above)
+        line = tables.fusion_note(rec)
+        assert line is not None and f"opt_in: {', '.join(waiting)}" in line
+        assert line.startswith(f"tiny / {rec['lowering']}: fusion rules: ")
+        assert " ".join(line.split()) in printed
+    alone = {"model": "L5", "lowering": "gemm", "fusion": {"conv-epilogue": {"applied": 0, "declined": 0},
+                                                          "elementwise": {"applied": 0, "declined": 0, "opt_in": True}}}
+    assert tables.fusion_note(alone) == "L5 / gemm: fusion rules: opt_in: elementwise"
 
 
 def test_the_peer_hint_is_one_that_runs_on_the_runs_device(doc):

@@ -5,6 +5,7 @@ command, and ``python -W error`` never masks the compile's own exception."""
 
 from __future__ import annotations
 
+import traceback
 import warnings
 
 import pytest
@@ -179,3 +180,107 @@ def test_a_hand_edited_cache_choice_that_is_used_is_in_the_column_notes(monkeypa
     (rec,) = json.loads(capsys.readouterr().out)["results"]
     used = [n for n in rec["notes"] if "hand-edited choice" in n]
     assert len(used) == 1 and f"hand-edited choice {other['algorithm']}" in used[0] and " used (" in used[0], rec["notes"]
+
+
+def test_a_warning_from_a_file_no_module_was_imported_from_is_still_issued():
+    """A warning attributed to a file that is no imported module's (``warn_explicit`` with another
+    file, code run from a string) was issued again with ``module=None``, which ``warn_explicit``
+    drops without a word: never shown, and under ``-W error`` never raised. It is issued as
+    Python would without the block: shown, or raised under an error filter."""
+    def issue():
+        warnings.warn_explicit("from elsewhere", RuntimeWarning, "elsewhere.py", 7)
+
+    expected: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: \
+            expected.append((str(message), filename, lineno))
+        issue()
+        shown: list = []
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: \
+            shown.append((str(message), filename, lineno))
+        notes: list[str] = []
+        with warnings_noted(notes):
+            issue()
+    assert shown == expected == [("from elsewhere", "elsewhere.py", 7)]
+    assert notes == ["warning: from elsewhere"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="from elsewhere"):
+            issue()  # as Python raises it without the block
+        with pytest.raises(RuntimeWarning, match="from elsewhere"):
+            with warnings_noted([]):
+                issue()
+
+
+def _attribution(path) -> tuple[str, int, str]:
+    """Where Python attributes the corrupt cache's warning (file, line) and its message."""
+    from opgraph.passes.autotune_cache import AutotuneCache
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        AutotuneCache(path)
+    (w,) = caught
+    return w.filename, w.lineno, str(w.message)
+
+
+def test_under_w_error_the_raised_warning_names_where_it_was_issued(tmp_path):
+    """The warning raised once the compile has finished was the autotune cache's (category and
+    message), but its traceback, and so a column's error record, named ``benchmarks/records.py``
+    (where it was raised again), not the cache module that issued it: its innermost frames are now
+    those of the issue, down to the line Python attributes the warning to."""
+    from opgraph.benchmarks.records import error_reason, error_record
+    from opgraph.passes import autotune_cache
+
+    path = tmp_path / "tune.json"
+    path.write_text("not json")
+    filename, lineno, message = _attribution(path)
+    assert filename == autotune_cache.__file__
+    notes: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning) as info:
+            with warnings_noted(notes):
+                autotune_cache.AutotuneCache(path)
+    assert type(info.value) is RuntimeWarning and str(info.value) == message
+    assert notes == [f"warning: {message}"]
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert (frames[-1].filename, frames[-1].lineno) == (filename, lineno)
+    assert [f.name for f in frames[-3:]] == ["__init__", "_read", "warn"]  # AutotuneCache's, the caller's
+    assert frames[-4].name == "warnings_noted"  # raised there, once the block (the call above) had ended
+    err = error_record(info.value)
+    assert err["type"] == "RuntimeWarning" and err["frames"][-1] == f"passes/autotune_cache.py:{lineno} in warn"
+    assert error_reason(err).endswith(f"(at passes/autotune_cache.py:{lineno} in warn)")
+
+
+def test_under_w_error_a_warning_attributed_off_the_stack_is_raised_as_it_was():
+    """A warning whose file and line are no frame of the block's stack (``warn_explicit`` from
+    elsewhere, or a ``stacklevel`` reaching above the block) keeps the traceback it was raised with."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="from elsewhere") as info:
+            with warnings_noted([]):
+                warnings.warn_explicit("from elsewhere", RuntimeWarning, "elsewhere.py", 7)
+    assert traceback.extract_tb(info.value.__traceback__)[-1].name == "note_and_show"
+
+
+def test_under_w_error_a_columns_reason_names_the_cache_module(monkeypatch, capsys, tmp_path):
+    """Through ``opgraph-bench`` with ``-W error::RuntimeWarning:opgraph.passes.autotune_cache``: the
+    column that read a corrupt cache is an error whose reason names the cache module's line that
+    warned, where it named ``benchmarks/records.py``."""
+    import json
+
+    path = tmp_path / "tune.json"
+    path.write_text("not json")
+    filename, lineno, message = _attribution(path)
+    monkeypatch.setenv("OPGRAPH_CACHE", str(path))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", category=RuntimeWarning, module=r"opgraph\.passes\.autotune_cache")
+        status = cli.main(["--model", "L5", "--batch", "1", "--device", "cpu", "--warmup", "0", "--repeat", "1",
+                           "--no-check", "--no-per-layer", "--lowering", "auto", "--format", "json", "--quiet"])
+    out, err = capsys.readouterr()
+    (rec,) = json.loads(out)["results"]
+    assert status == 3 and rec["status"] == "error", err
+    assert rec["error"]["type"] == "RuntimeWarning" and rec["error"]["message"] == message
+    assert rec["reason"] == f"RuntimeWarning: {message} (at passes/autotune_cache.py:{lineno} in warn)"
+    assert rec["error"]["frames"][-2].startswith("passes/autotune_cache.py:")  # AutotuneCache's caller

@@ -30,7 +30,7 @@ from test_autotune import tune
 CARRIED = Path(__file__).resolve().parents[2] / "docs/results/h200-2026-12-05/autotune-cache.json.gz"
 
 #: the key's format, as ``cache_key``'s docstring writes it
-KEY = re.compile(r"(?P<op>.+?) \| in=\((?P<ins>[^)]*)\) \| dtype=(?P<dtype>[\w]+) \| layout=(?P<layout>[\w,-]+) \| "
+KEY = re.compile(r"(?P<op>.+?) \| in=\((?P<ins>[^)]*)\) \| dtype=(?P<dtype>[\w]+) \| layout=(?P<layout>[\w,>-]+) \| "
                  r"(?:out=(?P<out>[^|]+) \| )?precision=(?P<precision>\w+) \| workspace_limit=(?P<limit>\w+) \| "
                  r"device=(?P<device>\w+):(?P<name>[^|]+) \| candidates=(?P<candidates>.*?) \| "
                  r"(?P<versions>[^|]+)")
@@ -67,6 +67,14 @@ def test_a_key_whose_inputs_share_a_layout_is_the_one_written_before():
     (("NHWC", "NCHW"), None, "NHWC,NCHW"),
     (("NCHW", "NHWC"), None, "NCHW,NHWC"),
     ((None, "NHWC", None), None, "-,NHWC,-"),
+    # the output's layout: added only where it differs from the inputs', which agree
+    (("NHWC", "NHWC"), "NHWC", "NHWC"),  # the layout pass's every 4-D node: the key it always had
+    (("NHWC", None), None, "NHWC"),  # a reduction to a value without a layout
+    ((None, None), "NCHW", "NCHW"),  # 2-D inputs into an NCHW value
+    ((None, None), "NHWC", "NCHW->NHWC"),  # ... into an NHWC one
+    (("NCHW", "NCHW"), "NHWC", "NCHW->NHWC"),
+    (("NHWC", None), "NCHW", "NHWC->NCHW"),
+    (("NHWC", "NCHW"), "NHWC", "NHWC,NCHW"),  # inputs that differ: each input's, as before
 ])
 def test_the_layout_field_names_each_input_only_where_they_differ(layouts, own, field):
     types = tuple(t4(la) if la else og.TensorType((64,), "float32") for la in layouts)
@@ -152,6 +160,31 @@ def test_nodes_differing_in_a_later_inputs_layout_do_not_supersede_each_other(pa
     assert unfingerprinted(k0) != unfingerprinted(k1)
     assert not any("other kernel code" in n for n in report.notes), report.notes
     assert AutotuneCache(cache).superseded(k1) is None
+    assert set(json.loads(cache.read_text())["entries"]) == {k0, k1}
+    _, again = tune(outs, cache, timer)
+    assert {n: again.node(n).how for n in ("p0", "p1")} == {"p0": "cache", "p1": "cache"}
+
+
+def test_nodes_of_the_same_inputs_writing_other_layouts_have_keys_of_their_own(pair_rules, tmp_path):
+    """``p0 = x + z`` and ``p1 = x + z``, the inputs NCHW, p1's output stored NHWC: their keys
+    shared every field (the ``layout=`` field named only the inputs'), so p1 read p0's decision,
+    timed writing NCHW; now p1's field names its output's too and each node is tuned and cached
+    on its own. p0's key, inputs and output sharing one layout, is the one it always was."""
+    g = og.Graph()
+    x, z = (g.input(n, (2, 3, 4, 5)) for n in ("x", "z"))
+    for v in (x, z):
+        g.set_layout(v.node, "NCHW")
+    outs = [g.add_node(Pair(), [x, z], name="p0"), g.add_node(Pair(), [x, z], name="p1")]
+    g.set_layout(outs[0].node, "NCHW")
+    g.set_layout(outs[1].node, "NHWC")
+    timer = StubTimer({"reference": 3.0, "gen[t=1]": 1.0, "gen[t=2]": 2.0})
+    cache = tmp_path / "c.json"
+    _, report = tune(outs, cache, timer)
+    k0, k1 = report.node("p0").cache_key, report.node("p1").cache_key
+    assert {report.node(n).how for n in ("p0", "p1")} == {"autotune"}
+    assert "| layout=NCHW |" in k0 and "| layout=NCHW->NHWC |" in k1 and KEY.fullmatch(k1)
+    assert unfingerprinted(k0) != unfingerprinted(k1)
+    assert k0 == k1.replace("| layout=NCHW->NHWC |", "| layout=NCHW |")  # the one field differs
     assert set(json.loads(cache.read_text())["entries"]) == {k0, k1}
     _, again = tune(outs, cache, timer)
     assert {n: again.node(n).how for n in ("p0", "p1")} == {"p0": "cache", "p1": "cache"}

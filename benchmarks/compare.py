@@ -253,14 +253,14 @@ def _fusion(entry) -> tuple[int, str]:
     (rewrites, as shown): ``{'applied': 13, ...}`` -> ``(13, '13')``,
     ``{'excluded': True}`` -> ``(0, 'excluded')``, ``{'opt_in': True}`` with no rewrite (a
     rule waiting for ``include=['fused-reference']`` on the CPU's oracle kernels; in a file of
-    before 2026-12-05, an opt-in rule not included) -> ``(0, 'not included')``, none ->
-    ``(0, '-')``."""
+    before 2026-12-05, an opt-in rule not included) -> ``(0, 'opt_in')``, the record's word, as
+    the printed table and ``exe.report`` show it; none -> ``(0, '-')``."""
     if not isinstance(entry, dict):
         return (entry, str(entry)) if isinstance(entry, int) and not isinstance(entry, bool) else (0, "-")
     if entry.get("excluded"):
         return 0, "excluded"
     if entry.get("opt_in") and not entry.get("applied"):
-        return 0, "not included"
+        return 0, "opt_in"
     applied = entry.get("applied")
     return (applied, str(applied)) if isinstance(applied, int) and not isinstance(applied, bool) else (0, "-")
 

@@ -274,8 +274,8 @@ def test_a_rule_waiting_for_the_oracles_opt_in_shows_as_not_included():
     """A CPU column's rule that left the oracle kernels alone (``'opt_in': True``, 0 rewrites)
     against the same rule excluded: both rewrote nothing, so no difference is noted, but each
     reads as what it was, not as '-' or '0'."""
-    assert compare._fusion({"applied": 0, "declined": 0, "opt_in": True}) == (0, "not included")
+    assert compare._fusion({"applied": 0, "declined": 0, "opt_in": True}) == (0, "opt_in")
     assert compare._fusion({"applied": 3, "declined": 0}) == (3, "3")
     a = dict(_rec("gemm", [1, 1, 1], [1, 1, 1]), fusion={"pool-argmax": {"applied": 0, "declined": 0, "opt_in": True}})
     b = dict(a, fusion={"pool-argmax": {"applied": 2, "declined": 0}})
-    assert compare.lowering_changes(a, b) == ["fusion pool-argmax: not included -> 2"]
+    assert compare.lowering_changes(a, b) == ["fusion pool-argmax: opt_in -> 2"]

@@ -124,6 +124,25 @@ def _upsample(xp, gy, geom):
     return out
 
 
+def _progressions(indices) -> list[slice]:
+    """Sorted ``indices`` as the fewest slices of constant step found greedily (the cells a
+    stride skips repeat with the stride's period), so that zeroing them takes a few slice
+    assignments and no host-to-device copy of an index array on the GPU."""
+    out, i = [], 0
+    while i < len(indices):
+        start = int(indices[i])
+        if i + 1 == len(indices):
+            out.append(slice(start, start + 1))
+            break
+        step = int(indices[i + 1]) - start
+        j = i + 1
+        while j + 1 < len(indices) and int(indices[j + 1]) - int(indices[j]) == step:
+            j += 1
+        out.append(slice(start, int(indices[j]) + 1, step))
+        i = j + 1
+    return out
+
+
 def _untouched(size, out, k, s, d, begin) -> np.ndarray:
     """Indices ``r`` in ``[0, size)`` of one axis that no window reads (no ``i < out``,
     ``p < k`` with ``r = i*s + p*d - begin``): their input gradient is exactly 0
@@ -231,10 +250,10 @@ def backward_data(xp, gy, w, g, chunks=1):
         del xf
     rows = _untouched(g.h, g.ho, g.kh, g.stride[0], g.dilation[0], t)
     cols = _untouched(g.w, g.wo, g.kw, g.stride[1], g.dilation[1], l)
-    if rows.size:
-        gx[..., xp.asarray(rows), :] = 0
-    if cols.size:
-        gx[..., xp.asarray(cols)] = 0
+    for sl in _progressions(rows):
+        gx[..., sl, :] = 0
+    for sl in _progressions(cols):
+        gx[..., sl] = 0
     return gx.reshape(g.n, g.c, g.h, g.w)
 
 

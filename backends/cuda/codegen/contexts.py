@@ -440,5 +440,5 @@ def entries(geo: Geometry, target: str) -> int:
             "col": geo.row_len}[target]
 
 
-__all__ = ["entries", "Geometry", "Pitch", "pitch_of", "RowPitch", "row_pitch_of", "Context", "Sweep", "SpaceSweep", "Finish",
-           "Columns", "Rows"]
+__all__ = ["entries", "Geometry", "Pitch", "pitch_of", "RowPitch", "row_pitch_of", "Context", "Sweep", "SpaceSweep",
+           "Finish", "Columns", "Rows"]

@@ -323,5 +323,5 @@ def needed(nodes: list[Node], roots) -> set[int]:
     return seen
 
 
-__all__ = ["SPACES", "RANK", "SPLIT_SPACES", "TARGETS", "join", "within", "PlanError", "ViewError", "Load", "Node", "Val", "Stacked", "Ext", "classify", "Builder",
-           "depths", "needed"]
+__all__ = ["SPACES", "RANK", "SPLIT_SPACES", "TARGETS", "join", "within", "PlanError", "ViewError", "Load", "Node",
+           "Val", "Stacked", "Ext", "classify", "Builder", "depths", "needed"]

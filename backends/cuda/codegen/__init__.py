@@ -7,6 +7,7 @@ element-wise one, compiled by NVRTC through CuPy and cached. Modules, in the
 order a program goes through them:
 
 * ``expressions``: the table of op types -> IR (their reference formulas in CT;
+  ``table``: the table itself;
   ``layer_norm``: layer normalisation's ops);
 * ``ir``: the IR builder (spaces: full, plane, channel, scalar, and the rows and
   columns of a split at trailing axes; reductions);

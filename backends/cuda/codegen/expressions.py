@@ -28,9 +28,6 @@ cannot place, is declined (``ir.PlanError``).
 from __future__ import annotations
 
 import math
-from typing import Callable
-
-import attrs
 
 from opgraph import ops
 from opgraph.ops.batchnorm_sums import SUM_GY, SUM_GY_XHAT
@@ -39,24 +36,9 @@ from opgraph.types import rounded
 from ...reference.dropout import keep_threshold, seed_state
 from .ir import PlanError, Stacked
 from .storage import lit
+from .table import EXPRESSIONS, Expression, expression
 
 
-@attrs.frozen
-class Expression:
-    build: Callable
-    iterates: str | None = "out"
-
-
-EXPRESSIONS: dict[type, Expression] = {}
-
-
-def expression(*op_types, iterates="out"):
-    """Decorator: ``fn(b, op, types, *operands)`` is the IR of ``op_types``."""
-    def deco(fn):
-        for t in op_types:
-            EXPRESSIONS[t] = Expression(fn, iterates)
-        return fn
-    return deco
 
 
 def _clip(lo: str, hi: str) -> str:
@@ -480,4 +462,4 @@ def _batch_norm_running_update(b, op, types, stats, running):
 __all__ = ["EXPRESSIONS", "Expression", "expression", "reduction_target", "trailing_axes"]
 
 
-from . import layer_norm  # noqa: E402,F401  (registers layer norm's expressions: they use this table)
+from . import layer_norm  # noqa: E402,F401  (registers layer norm's expressions in the table)

@@ -28,8 +28,8 @@ import attrs
 
 from opgraph import ops
 
-from .expressions import expression
 from .storage import lit
+from .table import expression
 
 
 @attrs.frozen

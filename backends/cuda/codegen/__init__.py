@@ -6,8 +6,11 @@ program), becomes one kernel, or one kernel per reduction phase plus an
 element-wise one, compiled by NVRTC through CuPy and cached. Modules, in the
 order a program goes through them:
 
-* ``expressions``: the table of op types -> IR (their reference formulas in CT);
-* ``ir``: the IR builder (spaces: full, plane, channel, scalar; reductions);
+* ``expressions``: the table of op types -> IR (their reference formulas in CT;
+  ``table``: the table itself;
+  ``layer_norm``: layer normalisation's ops);
+* ``ir``: the IR builder (spaces: full, plane, channel, scalar, and the rows and
+  columns of a split at trailing axes; reductions);
 * ``plan``: phases, vector width, index width, launch geometry;
 * ``contexts``, ``emit``, ``kernels``: index arithmetic, statements, kernel text;
 * ``storage``: loads and stores of each storage dtype, 16 bytes at a time;

@@ -19,6 +19,12 @@ kind walks memory its own way and so knows some indices for free:
   contiguous runs);
 * :class:`Finish` (after a reduction, per kept entry ``o``).
 
+A program with a ``row`` / ``col`` split (``ir`` module docstring) runs over
+S in C order: the lane's row is ``i / K`` and its column ``i % K``
+(``K = Geometry.row_len``); a row reduction (:class:`Rows`, one block run per
+row) and a column one (:class:`Columns`, rows of ``K`` adjacent columns) know
+both without dividing.
+
 Whatever a context does not know directly it derives from the lane's physical
 index ``i`` by dividing through the physical extents (the logical index of
 dropout, the coordinates of a strided operand). All divisions by run-time
@@ -45,7 +51,8 @@ class Geometry:
     16-byte boundary, ``row_pitch`` the ``(K, C)`` row operands that are
     column slices of wider ones (input number -> :class:`RowPitch`),
     ``out_row_pitch`` the row pitch of a ``(K, C)`` output written into such a
-    slice (None: packed rows).
+    slice (None: packed rows), ``trailing`` the k of a ``row`` / ``col`` split
+    (0: none; the layout is then ``'NCHW'``).
     """
 
     full: tuple | None
@@ -57,6 +64,17 @@ class Geometry:
     aligned: bool = False
     row_pitch: dict = attrs.field(factory=dict, eq=False, hash=False)
     out_row_pitch: int | None = attrs.field(default=None, eq=False, hash=False)
+    trailing: int = 0
+
+    @property
+    def row_len(self) -> int:
+        """K: the elements of one row of the split (the product of the trailing axes)."""
+        return math.prod(self.full[len(self.full) - self.trailing:]) if self.trailing else 1
+
+    @property
+    def n_rows(self) -> int:
+        """R: the rows of the split (the product of the leading axes)."""
+        return math.prod(self.full[:len(self.full) - self.trailing]) if self.trailing else self.total
 
     @property
     def total(self) -> int:
@@ -162,12 +180,15 @@ class Context:
             return "1"
         if target == "plane":
             return self.params.scalar("NC", self.geo.batch * self.geo.channels)
+        if target == "row":
+            return self.params.scalar("NROW", self.geo.n_rows)
+        if target == "col":
+            return self.params.scalar("KROW", self.geo.row_len)
         return self.params.scalar("C", self.geo.channels)
 
     def reduced_count(self, target: str) -> int:
         """``max(n, 1)``: elements of S summed into each entry of ``target``."""
-        entries = {"scalar": 1, "plane": self.geo.batch * self.geo.channels, "channel": self.geo.channels}[target]
-        return max(self.geo.total // max(entries, 1), 1)
+        return max(self.geo.total // max(entries(self.geo, target), 1), 1)
 
     def stride(self, index: int, axis: int) -> int:
         return self.geo.strides[index][axis]
@@ -182,6 +203,8 @@ class Context:
         """Index of the lane's entry in ``target`` (channel c, plane n*C + c, scalar 0)."""
         if target == "scalar":
             return "0"
+        if target in ("row", "col"):
+            return self.index(em, target, lane)
         c = self.index(em, "c", lane)
         if target == "channel":
             return c
@@ -193,8 +216,9 @@ class Context:
         em.add(scope, f"const IDX {c} = {plane} - {n} * {self.space_size('channel')};")
 
     def index(self, em, what, lane: int) -> str:
-        """Code of index ``what`` (``'i0'``, ``'i'``, ``'c'``, ``'n'``, ``'L'`` or
-        ``('coord', axis)``) at ``lane``, emitting what it needs into ``em``."""
+        """Code of index ``what`` (``'i0'``, ``'i'``, ``'c'``, ``'n'``, ``'L'``,
+        ``'row'``, ``'col'`` or ``('coord', axis)``) at ``lane``, emitting what
+        it needs into ``em``."""
         key = ("idx", what, lane)
         if key not in em.memo:
             em.memo[key] = self._index(em, what, lane)
@@ -211,7 +235,19 @@ class Context:
             return self._coords(em, lane)[0] if len(self._coords(em, lane)) > 1 else "0"
         if what == "i0":
             return "i0"
+        if what in ("row", "col"):
+            return self._split(em, lane, self.index(em, "i", lane), "lane")[what]
         return self._coords(em, lane)[what[1]]
+
+    def _split(self, em, lane, i: str, scope: str, name: str | None = None) -> dict:
+        """``{'row': i / K, 'col': i % K}`` of the C-order index ``i`` (one division, in ``scope``)."""
+        key = ("split", i)
+        if key not in em.memo:
+            name = name or f"rw{lane}"
+            k = self.params.scalar("KROW", self.geo.row_len)
+            em.add(scope, f"const IDX {name} = {self.params.div(i, 'KDIV', self.geo.row_len)};")
+            em.memo[key] = {"row": name, "col": f"({i} - {name} * {k})"}
+        return em.memo[key]
 
     def _coords(self, em, lane: int) -> list[str]:
         """Logical coordinates of the lane's element, by division of its physical index."""
@@ -250,14 +286,25 @@ class Sweep(Context):
         self.mode = mode
 
     def scope(self, space):
+        if space == "row" and self._row_per_vector():
+            return ("vec", False)
+        if space in ("row", "col"):
+            return ("lane", True)
         if self.mode == "hoist":
             return ("pre", True) if space == "channel" else ("vec", True)
         if self.mode == "uniform":
             return ("vec", False)
         return ("lane", True)
 
+    def _row_per_vector(self) -> bool:
+        """Whether every vector lies in one row of the split (V divides K)."""
+        return self.geo.trailing > 0 and self.geo.row_len % self.lanes == 0
+
     def _index(self, em, what, lane):
         geo, p = self.geo, self.params
+        if what in ("row", "col") and self._row_per_vector():
+            parts = self._split(em, 0, "i0", "vec", "rwv")
+            return parts["row"] if what == "row" else f"({parts['col']} + {lane})"
         if what in ("c", "n") and self.mode == "hoist":
             if "cbase" not in em.memo:
                 groups = p.scalar("G", geo.channels // self.lanes)
@@ -293,6 +340,8 @@ class SpaceSweep(Context):
         return ("lane", True)
 
     def _index(self, em, what, lane):
+        if what in ("row", "col") and what == self.target:
+            return "i0"
         if what in ("c", "n"):
             if self.target == "channel":
                 return "i0" if what == "c" else "0"
@@ -322,14 +371,22 @@ class Columns(Context):
         self.target = target
 
     def scope(self, space):
+        if self.target == "col":  # a thread keeps its columns and walks the rows
+            return {"col": ("pre", True), "row": ("vec", False)}.get(space, ("lane", True))
         if space == "channel" or self.target == "plane":
             return ("pre", True)
         return ("vec", True)
 
     def channel_run(self, em):
-        return f"(g * {self.lanes})" if self.lanes > 1 else None
+        return f"(g * {self.lanes})" if self.lanes > 1 and self.target != "col" else None
 
     def _index(self, em, what, lane):
+        if self.target == "col":  # i0 = a * K + g * V: row a, column g * V + lane
+            if what == "row":
+                return "a"
+            if what == "col":
+                return f"(g * {self.lanes} + {lane})"
+            return super()._index(em, what, lane)
         if what == "c":
             return f"(g * {self.lanes} + {lane})"
         if what == "n":
@@ -355,6 +412,8 @@ class Rows(Context):
         self.target = target
 
     def scope(self, space):
+        if self.target == "row":  # a thread run keeps its row and walks its columns
+            return {"row": ("pre", False)}.get(space, ("lane", True))
         if self.target == "scalar":
             return ("lane", True)
         if space == "channel" or self.target == "plane":
@@ -362,6 +421,12 @@ class Rows(Context):
         return ("vec", False)
 
     def _index(self, em, what, lane):
+        if self.target == "row":  # i0 = k2 * K + j * V: row k2, column j * V + lane
+            if what == "row":
+                return "k2"
+            if what == "col":
+                return f"(i0 + {lane} - k2 * {self.params.scalar('KROW', self.geo.row_len)})"
+            return super()._index(em, what, lane)
         if self.target != "scalar" and what == "c":
             return "k2"
         if self.target != "scalar" and what == "n":
@@ -369,5 +434,11 @@ class Rows(Context):
         return super()._index(em, what, lane)
 
 
-__all__ = ["Geometry", "Pitch", "pitch_of", "RowPitch", "row_pitch_of", "Context", "Sweep", "SpaceSweep", "Finish",
-           "Columns", "Rows"]
+def entries(geo: Geometry, target: str) -> int:
+    """The kept entries of a reduction to ``target`` (its carried or output row length)."""
+    return {"scalar": 1, "channel": geo.channels, "plane": geo.batch * geo.channels, "row": geo.n_rows,
+            "col": geo.row_len}[target]
+
+
+__all__ = ["entries", "Geometry", "Pitch", "pitch_of", "RowPitch", "row_pitch_of", "Context", "Sweep", "SpaceSweep",
+           "Finish", "Columns", "Rows"]

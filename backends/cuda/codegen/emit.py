@@ -122,6 +122,8 @@ class Emitter:
             if node.kind == "load":
                 kind = node.load.kind
                 where = (("lane", True) if kind in ("full", "strided") else
+                         self.ctx.scope("col") if kind == "col" else
+                         self._row_sample_scope(node.load) if kind == "rowsample" else
                          self.ctx.scope("plane" if kind == "plane" else "channel") if kind != "scalar" else
                          ("pre", False))
             elif node.kind == "keep":
@@ -137,6 +139,11 @@ class Emitter:
                          any(v for _, v in inner))
             self._placement[k] = where
         return self._placement[k]
+
+    def _row_sample_scope(self, load) -> tuple[str, bool]:
+        """A row's first element: where the row is known, unless the operand is
+        read through its strides (then from the lane's own coordinates)."""
+        return ("lane", True) if load.input in self.ctx.geo.strides else self.ctx.scope("row")
 
     # ---- values ---------------------------------------------------------
     def ref(self, k: int, lane: int) -> str:
@@ -262,6 +269,10 @@ class Emitter:
                      f"{self.params.scalar(f'ST{load.input}_{a}', ctx.stride(load.input, a), 'long long')}"
                      for a in range(len(ctx.geo.full))]
             return st.load(f"{ptr}[{' + '.join(terms)}]")
+        if load.kind == "col":  # a packed trailing-shape operand
+            return st.load(f"{ptr}[{ctx.space_index(self, 'col', lane)}]")
+        if load.kind == "rowsample":
+            return self._row_sample(load, st, ptr, lane)
         c = ctx.space_index(self, "channel", lane)
         if load.kind == "sample":  # element (0, c, 0, 0): by the operand's own strides where it has them
             total = self.params.scalar("TOTAL", ctx.geo.total, "long long")
@@ -272,6 +283,21 @@ class Emitter:
                 step = self.params.scalar("CSTRIDE", ctx.geo.channel_stride)
             return f"({total} > 0 ? {st.load(f'{ptr}[{c} * {step}]')} : (CT)0)"
         return st.load(f"{ptr}[{self._row_start(load)}{c}]")
+
+    def _row_sample(self, load, st, ptr: str, lane: int) -> str:
+        """The first element of the lane's row of a full operand: ``row * K`` in C
+        order, else its leading coordinates times its strides (trailing ones 0)."""
+        ctx = self.ctx
+        total = self.params.scalar("TOTAL", ctx.geo.total, "long long")
+        if load.input not in ctx.geo.strides:
+            k = self.params.scalar("KROW", ctx.geo.row_len)
+            element = f"{ctx.space_index(self, 'row', lane)} * {k}"
+        else:
+            lead = len(ctx.geo.full) - ctx.geo.trailing
+            element = " + ".join([f"{ctx.index(self, ('coord', a), lane)} * "
+                                  f"{self.params.scalar(f'ST{load.input}_{a}', ctx.stride(load.input, a), 'long long')}"
+                                  for a in range(lead)] or ["0"])
+        return f"({total} > 0 ? {st.load(f'{ptr}[{element}]')} : (CT)0)"
 
     def _vector(self, k: int, node: Node) -> None:
         st = storage_of(self.dtypes[node.load.input])

@@ -28,9 +28,6 @@ cannot place, is declined (``ir.PlanError``).
 from __future__ import annotations
 
 import math
-from typing import Callable
-
-import attrs
 
 from opgraph import ops
 from opgraph.ops.batchnorm_sums import SUM_GY, SUM_GY_XHAT
@@ -39,24 +36,9 @@ from opgraph.types import rounded
 from ...reference.dropout import keep_threshold, seed_state
 from .ir import PlanError, Stacked
 from .storage import lit
+from .table import EXPRESSIONS, Expression, expression
 
 
-@attrs.frozen
-class Expression:
-    build: Callable
-    iterates: str | None = "out"
-
-
-EXPRESSIONS: dict[type, Expression] = {}
-
-
-def expression(*op_types, iterates="out"):
-    """Decorator: ``fn(b, op, types, *operands)`` is the IR of ``op_types``."""
-    def deco(fn):
-        for t in op_types:
-            EXPRESSIONS[t] = Expression(fn, iterates)
-        return fn
-    return deco
 
 
 def _clip(lo: str, hi: str) -> str:
@@ -235,11 +217,29 @@ def _broadcast_to(b, op, types, x):
     return b.value(x)
 
 
+def trailing_axes(in_shape, out_shape) -> int | None:
+    """k when summing ``in_shape`` to ``out_shape`` keeps exactly its trailing
+    ``k`` axes (``out_shape`` right-aligned, NumPy's rule: ``(C,)``, ``(1, W, C)``
+    of an ``(N, H, W, C)`` input) and sums over the others, else None (a
+    shape that is not a trailing block of ``in_shape``, or all ones). The one
+    place this split is read off shapes."""
+    in_shape, out_shape = tuple(in_shape), tuple(out_shape)
+    if len(out_shape) > len(in_shape):
+        return None
+    padded = (1,) * (len(in_shape) - len(out_shape)) + out_shape
+    lead = next((a for a, s in enumerate(padded) if s != 1), len(padded))
+    if lead == len(padded) or padded[lead:] != in_shape[lead:]:
+        return None
+    return len(in_shape) - lead
+
+
 def reduction_target(in_shape, out_shape) -> str | None:
     """The reduction that sums ``in_shape`` down to ``out_shape``: ``'plane'`` (the
     axes after 1: ``(N, C, 1, 1)`` or ``(N, C)``), ``'channel'`` (every axis
-    but 1: ``(C,)``, ``(1, C, 1, 1)``, ``(C, 1, 1)``), ``'scalar'`` (all), None
-    (none: the same shape); PlanError for another pattern. With N = 1 a
+    but 1: ``(C,)``, ``(1, C, 1, 1)``, ``(C, 1, 1)``), ``'scalar'`` (all),
+    ``'col'`` (the leading axes, keeping the trailing ones: :func:`trailing_axes`;
+    the bias gradient of a Linear layer on ``(N, H, W, C)``), None (none: the
+    same shape); PlanError for another pattern. With N = 1 a
     ``(1, C, 1, 1)`` result is per plane (the same sums). A result of the input's
     rank is read by position: ``(N, 1, 1, 1)`` is not per channel even when N = C."""
     in_shape, out_shape = tuple(in_shape), tuple(out_shape)
@@ -254,7 +254,10 @@ def reduction_target(in_shape, out_shape) -> str | None:
     if (len(in_shape) >= 2 and [s for s in out_shape if s != 1] == [in_shape[1]]
             and (not same_rank or out_shape[1] == in_shape[1])):
         return "channel"
-    raise PlanError(f"a sum from {in_shape} to {out_shape} is not per channel, per plane or total")
+    if trailing_axes(in_shape, out_shape) is not None:
+        return "col"
+    raise PlanError(f"a sum from {in_shape} to {out_shape} is not per channel, per plane, per trailing index "
+                    "or total")
 
 
 @expression(ops.SumTo, iterates="in")
@@ -264,6 +267,8 @@ def _sum_to(b, op, types, x):
     rank = len(types[0].shape)
     target = reduction_target(types[0].shape, (1,) * (rank - len(op.shape)) + tuple(op.shape))
     x = b.value(x)
+    if target == "col":
+        return b.reduce(x, target, trailing_axes(types[0].shape, op.shape))
     return x if target is None else b.reduce(x, target)
 
 
@@ -454,4 +459,7 @@ def _batch_norm_running_update(b, op, types, stats, running):
     return b.expr(f"({{0}} * {lit(1.0 - op.momentum)} + {{1}} * {lit(op.momentum)})", old, batch)
 
 
-__all__ = ["EXPRESSIONS", "Expression", "expression", "reduction_target"]
+__all__ = ["EXPRESSIONS", "Expression", "expression", "reduction_target", "trailing_axes"]
+
+
+from . import layer_norm  # noqa: E402,F401  (registers layer norm's expressions in the table)

@@ -12,12 +12,23 @@ full-size shape of the program):
   not an ``(N, 1, 1, 1)`` one: that is ``strided``);
 * ``channel``: one per channel c of axis 1 (a ``(C,)`` vector, a row of batch
   statistics, a per-channel sum);
-* ``scalar``: one value (a constant, a size-1 operand, a global sum).
+* ``scalar``: one value (a constant, a size-1 operand, a global sum);
+* ``row``: one per leading index of S when its trailing ``k`` axes are a
+  row (layer norm's statistics: :meth:`Builder.reduce` to ``'row'``);
+* ``col``: one per trailing index (a ``normalized_shape`` operand, a sum over
+  the leading axes to the trailing shape: a Linear bias gradient).
+
+``row`` and ``col`` split S at one axis, ``k`` axes from its end
+(:attr:`Builder.trailing`, fixed by the first operand or reduction that
+names it, the same for the whole program); a program using them iterates S
+in C order (``plan._layout``), so a row is a contiguous run of
+``K = prod(S[-k:])`` elements.
 
 An operand that broadcasts to S along other axes is ``strided``: a full-space
 load through its strides. Reductions sum a full value over every axis but 1
-(to ``channel``), over the axes after 1 (to ``plane``) or over all (to
-``scalar``), in CT (fp32, or fp64 for float64 storage), and are the phase
+(to ``channel``), over the axes after 1 (to ``plane``), over all (to
+``scalar``), over the trailing ``k`` axes (to ``row``) or over the others
+(to ``col``), in CT (fp32, or fp64 for float64 storage), and are the phase
 boundaries of ``plan.py``. Values are CT expressions; a node is emitted once
 per lane as ``const CT v<id>_<lane> = ...`` (``emit.py``), so a template may
 name an operand several times.
@@ -36,6 +47,28 @@ from opgraph.errors import OpgraphError
 
 SPACES = ("scalar", "channel", "plane", "full")
 RANK = {s: k for k, s in enumerate(SPACES)}
+#: the spaces of a split of S into leading and trailing axes (module docstring)
+SPLIT_SPACES = ("row", "col")
+TARGETS = ("scalar", "channel", "plane", *SPLIT_SPACES)
+
+
+def join(a: str, b: str) -> str:
+    """The space of a value computed from values in spaces ``a`` and ``b``: the
+    wider of two ranked spaces; a split space with itself or a scalar stays,
+    with anything else it varies over all of S (``full``)."""
+    if a == b or b == "scalar":
+        return a
+    if a == "scalar":
+        return b
+    if a in RANK and b in RANK:
+        return max(a, b, key=RANK.__getitem__)
+    return "full"
+
+
+def within(space: str, target: str) -> bool:
+    """Whether a value in ``space`` has one value per entry of ``target`` (an
+    output row of that target may hold it)."""
+    return join(space, target) == target
 
 
 class PlanError(OpgraphError):
@@ -52,8 +85,10 @@ class Load:
     """Where a load reads: ``input`` (the program input number) as ``kind``:
     ``full`` (flat physical index, the output's layout), ``channel`` (element
     ``row * C + c``), ``plane`` (``n * C + c``), ``scalar`` (element 0),
-    ``strided`` (the logical coordinates times the array's strides) or
-    ``sample`` (the element ``(0, c, 0, ...)`` of a full operand)."""
+    ``strided`` (the logical coordinates times the array's strides),
+    ``sample`` (the element ``(0, c, 0, ...)`` of a full operand), ``col``
+    (element ``col`` of a packed trailing-shape operand) or ``rowsample``
+    (the first element of the lane's row of a full operand)."""
 
     input: int
     kind: str
@@ -139,6 +174,8 @@ class Builder:
 
     def __init__(self, full: tuple | None, channels: int | None):
         self.full, self.channels = full, channels
+        #: k of the ``row`` / ``col`` split (module docstring), 0 until named
+        self.trailing = 0
         self.nodes: list[Node] = []
         self._memo: dict[Node, Val] = {}
 
@@ -174,7 +211,7 @@ class Builder:
             if extents != [self.channels]:  # (C,), (1, C, 1, 1), (C, 1, 1) all are
                 raise PlanError(f"channel operand {x.type.shape} is not ({self.channels},)")
             return self._add(Node("load", "channel", load=Load(x.index, "channel")))
-        if isinstance(x, Stacked) or RANK[x.space] > RANK["channel"]:
+        if isinstance(x, Stacked) or not within(x.space, "channel"):
             raise PlanError("a computed value used as a channel vector must be per channel")
         return x
 
@@ -195,18 +232,59 @@ class Builder:
             raise PlanError("a channel sample needs a full-size program input")
         return self._add(Node("load", "channel", load=Load(x.index, "sample")))
 
+    def split(self, k: int) -> None:
+        """Fix the ``row`` / ``col`` split at the trailing ``k`` axes of S.
+
+        Raises:
+            PlanError: no full-size value, ``k`` outside ``1..rank``, or
+                another ``k`` already named in this program.
+        """
+        if self.full is None or not 1 <= k <= len(self.full):
+            raise PlanError(f"a split at the trailing {k} axes of {self.full}")
+        if self.trailing not in (0, k):
+            raise PlanError(f"one program splits S={self.full} at its trailing {self.trailing} and {k} axes")
+        self.trailing = k
+
+    def trailing_operand(self, x, k: int) -> Val:
+        """Operand ``x`` of S's trailing ``k``-axis shape (a ``normalized_shape``
+        weight) as a ``col`` value, read packed (element ``col``)."""
+        self.split(k)
+        want = self.full[len(self.full) - k:]
+        if not isinstance(x, Ext):
+            if isinstance(x, Stacked) or not within(x.space, "col"):
+                raise PlanError(f"a {getattr(x, 'space', 'stacked')} value used as a trailing-shape operand")
+            return x
+        if tuple(x.type.shape) != want:
+            raise PlanError(f"trailing operand {x.type.shape} is not {want}")
+        return self._add(Node("load", "col", load=Load(x.index, "col")))
+
+    def row_sample(self, x, k: int) -> Val:
+        """The first element of each row (trailing ``k`` axes) of the full
+        operand ``x``: a shift that keeps one-pass row variances accurate."""
+        self.split(k)
+        if not isinstance(x, Ext) or tuple(x.type.shape) != self.full:
+            raise PlanError("a row sample needs a full-size program input")
+        return self._add(Node("load", "row", load=Load(x.index, "rowsample")))
+
     # ---- computation ----------------------------------------------------
     def expr(self, template: str, *args: Val) -> Val:
-        """A CT expression over ``args`` (``{0}``, ``{1}``...); its space is the widest."""
-        space = max((a.space for a in args), key=RANK.__getitem__, default="scalar")
+        """A CT expression over ``args`` (``{0}``, ``{1}``...); its space is their :func:`join`."""
+        space = "scalar"
+        for a in args:
+            space = join(space, a.space)
         return self._add(Node("expr", space, tuple(a.node for a in args), template))
 
-    def reduce(self, x: Val, target: str) -> Val:
-        """The sum of the full value ``x`` over the axes ``target`` drops."""
+    def reduce(self, x: Val, target: str, trailing: int | None = None) -> Val:
+        """The sum of the full value ``x`` over the axes ``target`` drops
+        (``row``/``col``: the split at the trailing ``trailing`` axes)."""
         if self.full is None or x.space != "full":
             raise PlanError(f"a reduction to {target} of a {x.space} value (only full-size values are reduced)")
         if target == "plane" and len(self.full) < 3:
             raise PlanError(f"a per-plane reduction of a {len(self.full)}-D value")
+        if target in SPLIT_SPACES:
+            if trailing is None:
+                raise PlanError(f"a reduction to {target} names no split")
+            self.split(trailing)
         return self._add(Node("reduce", target, (x.node,), target=target))
 
     def count(self, target: str) -> Val:
@@ -245,5 +323,5 @@ def needed(nodes: list[Node], roots) -> set[int]:
     return seen
 
 
-__all__ = ["SPACES", "RANK", "PlanError", "ViewError", "Load", "Node", "Val", "Stacked", "Ext", "classify", "Builder",
-           "depths", "needed"]
+__all__ = ["SPACES", "RANK", "SPLIT_SPACES", "TARGETS", "join", "within", "PlanError", "ViewError", "Load", "Node",
+           "Val", "Stacked", "Ext", "classify", "Builder", "depths", "needed"]

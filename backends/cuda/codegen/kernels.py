@@ -7,7 +7,8 @@ grid size is correct and the launch plan picks one for occupancy.
 
 * :func:`sweep` — element-wise over S: one vector of V lanes per iteration,
   16-byte loads and stores, then (``lane`` mode) a scalar tail.
-* :func:`space_sweep` — element-wise over the channels / planes / one value.
+* :func:`space_sweep` — element-wise over the channels / planes / rows /
+  columns of a split / one value.
 * :func:`columns` — reduction of channels-last data, kept entries (k1, k2)
   with k2 the contiguous channel axis: block ``(x, y, z)`` owns ``GB`` groups
   of V channels (threads ``tid % GB``), ``RB = 256 / GB`` rows at a time,
@@ -119,7 +120,7 @@ def space_sweep(name, program, geo, params, target: str, reduced: dict, rows, ou
     nodes, dtypes = program
     em = Emitter(nodes, dtypes, SpaceSweep(geo, params, target), reduced)
     _store_rows(em, rows, out_dtype, target)
-    count = {"scalar": "1", "channel": em.ctx.space_size("channel"), "plane": em.ctx.space_size("plane")}[target]
+    count = em.ctx.space_size(target)
     body = ("    const IDX gtid = (IDX)blockIdx.x * blockDim.x + threadIdx.x;\n"
             f"    for (IDX i0 = gtid; i0 < (IDX){count}; i0 += (IDX)gridDim.x * blockDim.x) {{\n"
             f"{_block(em)}\n    }}\n")

@@ -36,10 +36,10 @@ import attrs
 from opgraph.ops.fused import FusedElementwise, FusedStep, Program
 
 from . import kernels
-from .contexts import Geometry, Pitch, RowPitch, pitch_of, row_pitch_of
+from .contexts import Geometry, Pitch, RowPitch, entries, pitch_of, row_pitch_of
 from .emit import Params
-from .expressions import EXPRESSIONS, reduction_target
-from .ir import RANK, Builder, Ext, PlanError, Stacked, Val, ViewError, classify, depths, needed
+from .expressions import EXPRESSIONS, reduction_target, trailing_axes
+from .ir import TARGETS, Builder, Ext, PlanError, Stacked, Val, ViewError, classify, depths, needed, within
 from .storage import compute_type, storage_of
 
 #: Blocks a split reduction aims at: 4 per SM of an H200 (132 SMs). Half of
@@ -120,6 +120,7 @@ class Built:
     out_node: int | None     # the full-size output node, or None
     rows: tuple              # else the output rows (node ids) of ``target``
     target: str | None
+    trailing: int = 0        # k of the program's ``row`` / ``col`` split (``ir``), 0 if none
 
 
 def _iteration_shape(program: Program, types) -> tuple | None:
@@ -165,16 +166,22 @@ def build(op, types, out_type) -> Built:
         raise PlanError("an output that is a program input or stacked rows inside several outputs")
     dtypes = tuple(t.dtype for t in types)
     if len(outs) == 1 and full is not None and tuple(out_type.shape) == full:
-        return Built(b.nodes, dtypes, full, channels, outs[0].node, (), None)
+        return Built(b.nodes, dtypes, full, channels, outs[0].node, (), None, b.trailing)
     stacked = len(program.outputs) > 1 or isinstance(values[program.outputs[0]], Stacked)
     row_shape = tuple(out_type.shape[1:] if stacked else out_type.shape)
     if full is None:
         target = "channel" if row_shape == (channels,) else "scalar"
+    elif b.trailing and row_shape == full[len(full) - b.trailing:]:
+        # a split program's output of the trailing shape: per column (with K = 1, or
+        # an (R, K) S, the entries a total or per-channel sum would name)
+        target = "col"
     else:
         target = reduction_target(full, row_shape)
-    if target not in ("scalar", "channel", "plane") or any(RANK[v.space] > RANK[target] for v in outs):
+        if target == "col":
+            b.split(trailing_axes(full, row_shape))
+    if target not in TARGETS or any(not within(v.space, target) for v in outs):
         raise PlanError(f"an output of shape {tuple(out_type.shape)} for values over {full}")
-    return Built(b.nodes, dtypes, full, channels, None, tuple(v.node for v in outs), target)
+    return Built(b.nodes, dtypes, full, channels, None, tuple(v.node for v in outs), target, b.trailing)
 
 
 def _groups(built: Built) -> list[Group]:
@@ -243,8 +250,10 @@ def _named(make, kind: str):
 
 def _layout(built: Built, types, out_type) -> str:
     """The physical order of S: the output's (a full-size output), else the
-    first full-size input's; only 4-D values are ever channels-last."""
-    if built.full is None or len(built.full) != 4:
+    first full-size input's; only 4-D values are ever channels-last. A program
+    with a ``row`` / ``col`` split runs in C order (its rows contiguous: ``ir``);
+    operands stored otherwise are read through their strides."""
+    if built.full is None or len(built.full) != 4 or built.trailing:
         return "NCHW"
     if built.out_node is not None and out_type.layout in ("NCHW", "NHWC"):
         return out_type.layout
@@ -332,7 +341,7 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
                                         (types[load.input].layout or "NCHW") != layout):
             strided[load.input] = logical_strides(types[load.input], built.full)
     ct = compute_type([*built.dtypes, out_type.dtype])
-    geo = Geometry(built.full, layout, built.channels, strided, ct)
+    geo = Geometry(built.full, layout, built.channels, strided, ct, trailing=built.trailing)
     if out_row_pitch is not None and (built.out_node is not None or len(out_type.shape) != 2):
         raise PlanError(f"an output {out_type} written through a row pitch: only (K, C) rows can be")
     geo = attrs.evolve(geo, pitched=_pitched(built, geo, aligned_views), aligned=aligned, row_pitch=row_views,
@@ -344,7 +353,7 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
     writer = bool(groups) and built.out_node is None and groups[-1].target == built.target
     for g, group in enumerate(groups):
         rows = built.rows if writer and g == len(groups) - 1 else ()
-        temps[group.carry] = len(group.nodes) * _entries(geo, group.target)
+        temps[group.carry] = len(group.nodes) * entries(geo, group.target)
         launches += _reduction(built, geo, wide, group, dict(reduced), rows, out_type.dtype, aligned, temps,
                                tickets)
         reduced.update({k: ("carry", group.carry, r, group.target) for r, k in enumerate(group.nodes)})
@@ -356,7 +365,7 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
         params = Params(wide)
         name, text = _named(lambda n: kernels.space_sweep(n, program, geo, params, built.target, reduced,
                                                            built.rows, out_type.dtype), "space")
-        blocks = -(-_entries(geo, built.target) // kernels.THREADS)
+        blocks = -(-entries(geo, built.target) // kernels.THREADS)
         launches.append(Launch(name, text, params, (min(blocks, MAX_SWEEP_BLOCKS), 1, 1)))
     live = tuple(x for x in launches if all(d > 0 for d in x.grid))
     tickets = temps.pop("tickets", 0)  # counters, not a scratch buffer: launch.py keeps them zeroed
@@ -382,10 +391,6 @@ def _pitched(built: Built, geo: Geometry, aligned_views) -> dict:
         if form is not None:
             out[k] = Pitch(*form, aligned=k in aligned_views)
     return out
-
-
-def _entries(geo: Geometry, target: str) -> int:
-    return {"scalar": 1, "channel": geo.channels, "plane": geo.batch * geo.channels}[target]
 
 
 def _sweep(built, geo, wide, reduced, out_dtype, aligned, inplace) -> Launch:
@@ -433,9 +438,11 @@ def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps
     loads = _full_loads(built, [built.nodes[n].args[0] for n in group.nodes], geo)
     n, c, total = geo.batch, geo.channels, geo.total
     ct_bytes = 8 if geo.ct == "double" else 4
-    if group.target == "scalar" or not geo.channels_last:
+    # the split's targets in C order (``_layout``): a row is a run of K, a
+    # column reduction keeps K adjacent entries of each of the R rows
+    if group.target in ("scalar", "row") or (group.target in ("channel", "plane") and not geo.channels_last):
         k1, a, k2, b = {"scalar": (1, 1, 1, total), "channel": (1, n, c, geo.inner),
-                        "plane": (n, 1, c, geo.inner)}[group.target]
+                        "plane": (n, 1, c, geo.inner), "row": (1, 1, geo.n_rows, geo.row_len)}[group.target]
         lanes = _lanes(loads, aligned, b)
         s, per = _split(k1 * k2, a * (b // lanes), kernels.THREADS)
         te = min(kernels.THREADS, _pow2(-(-per // MIN_PER_THREAD)))
@@ -443,7 +450,8 @@ def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps
         tile = kernels.THREADS // te
         grid, make = (-(-k2 // tile), s, k1), kernels.rows
     else:
-        k1, a, k2 = (1, total // max(c, 1), c) if group.target == "channel" else (n, geo.inner, c)
+        k1, a, k2 = {"channel": (1, total // max(c, 1), c), "plane": (n, geo.inner, c),
+                     "col": (1, geo.n_rows, geo.row_len)}[group.target]
         lanes = _lanes(loads, aligned, k2)
         if k * lanes * kernels.THREADS * ct_bytes > SHARED_BYTES:
             lanes = 1  # too many sums per thread for one word each

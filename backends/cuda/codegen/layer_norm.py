@@ -1,0 +1,121 @@
+"""Layer normalisation's ops as IR (``opgraph/ops/layer_norm.py``; Ba et al.,
+"Layer Normalization", 2016), registered in the expression table.
+
+Each op splits its iteration shape S (x's shape) at the trailing
+``k = len(normalized_shape)`` axes (``ir``: ``row`` / ``col`` spaces): the
+statistics are ``row`` reductions (one per leading index, over ``K`` values),
+the weight and bias ``col`` operands, the weight gradient a ``col``
+reduction (over the rows). Every sum is in CT (fp32 for half storage).
+
+Statistics, as batch norm's (``expressions.py``): one pass of sums shifted by
+the row's first element, ``d = x - x[row, 0]``, ``m1 = <d>``, ``mean = shift +
+m1``, ``var = max(<d^2> - m1^2, 0)`` (Chan, Golub & LeVeque 1983), ``rstd =
+1 / sqrt(var + eps)``, ``xhat = (x - mean) rstd``. A mean against xhat is
+taken in the same pass, ``<a xhat> = rstd (<a d> - m1 <a>)`` (xhat = (d - m1)
+rstd), so the data gradients need one reduction kernel and one sweep.
+Formulas: ``backends/reference/normalization.py`` (the op docstrings):
+
+* ``LayerNorm``: ``xhat * weight + bias``;
+* ``LayerNormBackwardData``: ``rstd (g - <g> - xhat <g xhat>)``, ``g = gy weight``;
+* ``LayerNormBackwardScale``: ``sum(gy xhat)`` over the leading axes;
+* ``LayerNormDoubleBackward``: ``-rstd^2 (xhat (<v g> - <v><g> - 3 <v xhat><g
+  xhat>) + (v - <v>) <g xhat> + (g - <g>) <v xhat>)``.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from opgraph import ops
+
+from .storage import lit
+from .table import expression
+
+
+@attrs.frozen
+class RowStats:
+    """One row's statistics (``row`` values) of the full operand x: ``d = x -
+    shift``, ``m1 = <d>``, ``mean``, ``rstd`` and the count ``n``."""
+
+    d: object
+    m1: object
+    mean: object
+    rstd: object
+    n: object
+    k: int
+
+
+def row_stats(b, x, k: int, eps: float) -> RowStats:
+    """The statistics of x over its trailing ``k`` axes (module docstring)."""
+    shift = b.row_sample(x, k)
+    d = b.expr("({0} - {1})", b.value(x), shift)
+    n = b.count("row")
+    m1 = b.expr("({0} / {1})", b.reduce(d, "row", k), n)
+    m2 = b.expr("({0} / {1})", b.reduce(b.expr("({0} * {0})", d), "row", k), n)
+    var = b.expr("fmax({0} - {1} * {1}, (CT)0)", m2, m1)
+    rstd = b.expr(f"((CT)1 / sqrt({{0}} + {lit(eps)}))", var)
+    return RowStats(d, m1, b.expr("({0} + {1})", shift, m1), rstd, n, k)
+
+
+def xhat(b, s: RowStats):
+    return b.expr("(({0} - {1}) * {2})", s.d, s.m1, s.rstd)
+
+
+def row_mean(b, s: RowStats, a):
+    """``<a>``: the row mean of the full value ``a``."""
+    return b.expr("({0} / {1})", b.reduce(a, "row", s.k), s.n)
+
+
+def row_mean_xhat(b, s: RowStats, a, mean_a):
+    """``<a xhat> = rstd (<a d> - m1 <a>)``: in the statistics' pass."""
+    return b.expr("({0} * ({1} - {2} * {3}))", s.rstd, row_mean(b, s, b.expr("({0} * {1})", a, s.d)), s.m1,
+                  mean_a)
+
+
+def _scaled(b, k, gy, weight):
+    """``g = gy * weight`` (gy itself without a weight)."""
+    g = b.value(gy)
+    return b.expr("({0} * {1})", g, b.trailing_operand(weight[0], k)) if weight else g
+
+
+@expression(ops.LayerNorm)
+def _layer_norm(b, op, types, x, *affine):
+    k = len(op.normalized_shape)
+    y = xhat(b, row_stats(b, x, k, op.eps))
+    if affine:
+        y = b.expr("({0} * {1})", y, b.trailing_operand(affine[0], k))
+    if len(affine) > 1:
+        y = b.expr("({0} + {1})", y, b.trailing_operand(affine[1], k))
+    return y
+
+
+@expression(ops.LayerNormBackwardData)
+def _layer_norm_backward_data(b, op, types, gy, x, *weight):
+    k = len(op.normalized_shape)
+    s = row_stats(b, x, k, op.eps)
+    g = _scaled(b, k, gy, weight)
+    mean_g = row_mean(b, s, g)
+    mean_gx = row_mean_xhat(b, s, g, mean_g)
+    return b.expr("({0} * ({1} - {2} - {3} * {4}))", s.rstd, g, mean_g, xhat(b, s), mean_gx)
+
+
+@expression(ops.LayerNormBackwardScale, iterates="in")
+def _layer_norm_backward_scale(b, op, types, x, gy):
+    k = len(op.normalized_shape)
+    return b.reduce(b.expr("({0} * {1})", b.value(gy), xhat(b, row_stats(b, x, k, op.eps))), "col", k)
+
+
+@expression(ops.LayerNormDoubleBackward)
+def _layer_norm_double_backward(b, op, types, v, gy, x, *weight):
+    k = len(op.normalized_shape)
+    s = row_stats(b, x, k, op.eps)
+    v, g = b.value(v), _scaled(b, k, gy, weight)
+    mean_v, mean_g = row_mean(b, s, v), row_mean(b, s, g)
+    v_xhat, g_xhat = row_mean_xhat(b, s, v, mean_v), row_mean_xhat(b, s, g, mean_g)
+    cross = b.expr("({0} - {1} * {2} - (CT)3 * {3} * {4})", row_mean(b, s, b.expr("({0} * {1})", v, g)),
+                   mean_v, mean_g, v_xhat, g_xhat)
+    return b.expr("(-({0} * {0}) * ({1} * {2} + ({3} - {4}) * {5} + ({6} - {7}) * {8}))",
+                  s.rstd, xhat(b, s), cross, v, mean_v, g_xhat, g, mean_g, v_xhat)
+
+
+__all__ = ["RowStats", "row_stats", "xhat", "row_mean", "row_mean_xhat"]

@@ -1,0 +1,158 @@
+"""Layer normalisation's generated kernels (``backends/cuda/codegen/layer_norm.py``)
+and the sums over leading axes (``SumTo`` to a trailing shape: the ``col``
+target), on the CPU through the g++ emulator, against the float64 reference:
+fp32, bf16 and fp16 storage (and fp64), normalized shapes of one and two axes,
+row counts that are no multiple of a block, one row, K = 1, with and without
+weight and bias, inputs stored channels-last (as ConvNeXt's permuted values
+are under the NHWC layout), and the sums in CT for half storage."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from codegen_cases import TOLERANCE, channels_last, reference, rel_err
+from codegen_emulated import emu, launched, needs_gxx, seeded  # noqa: F401  (emu: fixture)
+from opgraph import ops
+from opgraph.backends.cuda.codegen.expressions import reduction_target, trailing_axes
+from opgraph.backends.cuda.codegen.ir import PlanError
+from opgraph.backends.registry import KernelContext, rules_for
+from opgraph.types import TensorType, numpy_dtype, storage_order
+
+pytestmark = needs_gxx
+
+#: (x's shape, k = len(normalized_shape)): rows R and row length K of each
+#: kind: K a multiple of 8 (vector rows), K odd and R not a multiple of a block's
+#: rows, two normalised axes, one row, K = 1, a 4-D ConvNeXt-like value
+SHAPES = [((3, 7, 24), 1), ((37, 5), 1), ((5, 3, 6, 10), 2), ((1, 40), 1), ((6, 1), 1), ((2, 3, 4, 16), 1)]
+DTYPES = ["float32", "bfloat16", "float16"]
+
+
+def _ids(shapes):
+    return [f"{'x'.join(map(str, s))}-k{k}" for s, k in shapes]
+
+
+def _array(rng, shape, dtype, offset=0.0, layout=None):
+    a = (rng.standard_normal(shape) + offset).astype(numpy_dtype(dtype))
+    return channels_last(a) if layout == "NHWC" and a.ndim == 4 else a
+
+
+def _run(op, arrays, dtype):
+    """``op``'s ``codegen`` kernel on ``arrays``: ``(out, its relative error)``
+    against the float64 reference, after the rule's check accepted the node."""
+    types = tuple(TensorType(a.shape, a.dtype.name, storage_order(a)) for a in arrays)
+    rule = rules_for(type(op))["codegen"]
+    assert rule.check(op, types, "cuda") is None
+    out = rule.kernel(KernelContext(np, "cuda", {}, op.infer(*types)), op, *arrays)
+    assert out.dtype.name == dtype and out.shape == op.infer(*types).shape
+    return out, rel_err(out, reference(op, arrays))
+
+
+def _inputs(kinds, shape, k, dtype, layout=None):
+    """Operands by kind: ``x`` (full, offset 3: the shift matters), ``g`` (full),
+    ``w`` (normalized_shape, around 1), ``b`` (normalized_shape)."""
+    rng = seeded(kinds, shape, k, dtype, layout)
+    ns = shape[len(shape) - k:]
+    made = {"x": lambda: _array(rng, shape, dtype, 3.0, layout), "g": lambda: _array(rng, shape, dtype, 0.0, layout),
+            "w": lambda: _array(rng, ns, dtype, 1.0), "b": lambda: _array(rng, ns, dtype)}
+    return [made[kind]() for kind in kinds]
+
+
+#: (op type, input kinds): each with and without its optional weight / bias
+LAYER_NORM_CASES = [(ops.LayerNorm, "x"), (ops.LayerNorm, "xw"), (ops.LayerNorm, "xwb"),
+                    (ops.LayerNormBackwardData, "gx"), (ops.LayerNormBackwardData, "gxw"),
+                    (ops.LayerNormBackwardScale, "xg"),
+                    (ops.LayerNormDoubleBackward, "ggx"), (ops.LayerNormDoubleBackward, "ggxw")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,k", SHAPES, ids=_ids(SHAPES))
+@pytest.mark.parametrize("op_type,kinds", LAYER_NORM_CASES, ids=[f"{t.__name__}-{k}" for t, k in LAYER_NORM_CASES])
+def test_layer_norm_ops_against_the_reference(emu, op_type, kinds, shape, k, dtype):
+    op = op_type(normalized_shape=shape[len(shape) - k:], eps=1e-5)
+    layout = "NHWC" if len(shape) == 4 and k == 1 else None
+    out, err = _run(op, _inputs(kinds, shape, k, dtype, layout), dtype)
+    assert err < TOLERANCE[dtype], (op, shape, dtype, err)
+    assert launched(emu)  # generated kernels ran
+    half = dtype != "float32"
+    assert all(("typedef float CT;" in x["source"]) for x in emu.raw_launches) or not half
+
+
+@pytest.mark.parametrize("op_type,kinds", LAYER_NORM_CASES[2:6], ids=lambda v: getattr(v, "__name__", v))
+def test_float64_storage_computes_in_double(emu, op_type, kinds):
+    shape, k = (4, 3, 16), 1
+    op = op_type(normalized_shape=(16,), eps=1e-5)
+    _, err = _run(op, _inputs(kinds, shape, k, "float64"), "float64")
+    assert err < TOLERANCE["float64"]
+    assert all("typedef double CT;" in x["source"] for x in emu.raw_launches)
+
+
+def test_the_data_gradient_is_one_reduction_and_one_sweep(emu):
+    """The statistics, <g> and <g xhat> in one pass (module docstring of ``layer_norm``)."""
+    op = ops.LayerNormBackwardData(normalized_shape=(24,))
+    _run(op, _inputs("gxw", (3, 7, 24), 1, "float32"), "float32")
+    assert launched(emu) == ["reduce", "sweep"]
+
+
+def test_a_large_offset_keeps_the_variance(emu):
+    """A row far from 0 (mean 1000, spread 1): the shifted sums keep var, which
+    E[x^2] - E[x]^2 in fp32 would lose entirely."""
+    rng = seeded("offset")
+    x = (1000.0 + rng.standard_normal((4, 64))).astype(np.float32)
+    _, err = _run(ops.LayerNorm(normalized_shape=(64,)), [x], "float32")
+    assert err < 1e-4
+
+
+SUM_SHAPES = [((3, 7, 24), (24,)), ((37, 5), (5,)), ((5, 3, 6, 10), (6, 10)), ((2, 3, 4, 16), (16,)),
+              ((2, 3, 4, 16), (1, 4, 16)), ((2, 1, 1, 40), (40,)), ((6, 1, 1), (1, 1)), ((1, 1, 9, 8), (8,))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,to", SUM_SHAPES, ids=[f"{s}->{t}" for s, t in SUM_SHAPES])
+def test_sums_over_the_leading_axes(emu, shape, to, dtype):
+    layout = "NHWC" if len(shape) == 4 else None
+    [x] = _inputs("g", shape, 1, dtype, layout)
+    out, err = _run(ops.SumTo(shape=to), [x], dtype)
+    assert err < TOLERANCE[dtype], (shape, to, dtype, err)
+
+
+def test_sums_of_half_storage_are_ct_sums(emu):
+    """4096 bf16 ones summed per column: exact in fp32 (a bf16 accumulator stops at 256)."""
+    x = np.ones((64, 64, 8), numpy_dtype("bfloat16"))
+    out, _ = _run(ops.SumTo(shape=(8,)), [x], "bfloat16")
+    assert np.all(np.asarray(out, np.float64) == 4096.0)
+
+
+def test_a_fused_gradient_sum_over_leading_axes(emu):
+    """GELU's gradient summed to a Linear bias (ConvNeXt's MLP): one program, the
+    sum over (N, H, W) of an NHWC-stored (N, H, W, C) value."""
+    from codegen_cases import program
+    op = program([(ops.GeluBackward(), (0, 1)), (ops.SumTo(shape=(16,)), (2,))], 2, 3)
+    x, g = _inputs("xg", (2, 3, 4, 16), 1, "bfloat16", "NHWC")
+    want = reference(ops.SumTo(shape=(16,)), [reference(ops.GeluBackward(), [x, g])])
+    types = tuple(TensorType(a.shape, a.dtype.name, storage_order(a)) for a in (x, g))
+    rule = rules_for(type(op))["codegen"]
+    assert rule.check(op, types, "cuda") is None
+    out = rule.kernel(KernelContext(np, "cuda", {}, TensorType((16,), "bfloat16")), op, x, g)
+    assert rel_err(out, want) < TOLERANCE["bfloat16"]
+
+
+def test_the_split_is_read_off_the_shapes_once():
+    assert trailing_axes((2, 14, 14, 384), (384,)) == 1
+    assert trailing_axes((2, 14, 14, 384), (1, 14, 384)) == 2
+    assert trailing_axes((2, 14, 14, 384), (14, 1)) is None
+    assert trailing_axes((2, 14), (1, 1)) is None
+    assert reduction_target((2, 14, 14, 384), (1, 1, 1, 384)) == "col"
+    assert reduction_target((8, 384), (1, 384)) == "channel"  # 2-D: the channel sums, as before
+    with pytest.raises(PlanError, match="per trailing index"):
+        reduction_target((2, 14, 14, 384), (1, 1, 14, 1))
+
+
+def test_one_program_has_one_split():
+    """Two layer norms over different trailing axes cannot share the row/col split."""
+    from codegen_cases import program
+    from opgraph.backends.cuda.codegen.plan import build
+    op = program([(ops.LayerNorm(normalized_shape=(4, 6)), (0,)), (ops.LayerNorm(normalized_shape=(6,)), (1,))],
+                 1, 2)
+    with pytest.raises(PlanError, match="trailing 2 and 1 axes"):
+        build(op, (TensorType((3, 4, 6), "float32"),), TensorType((3, 4, 6), "float32"))

@@ -124,23 +124,46 @@ def _upsample(xp, gy, geom):
     return out
 
 
-def _progressions(indices) -> list[slice]:
-    """Sorted ``indices`` as the fewest slices of constant step found greedily (the cells a
-    stride skips repeat with the stride's period), so that zeroing them takes a few slice
-    assignments and no host-to-device copy of an index array on the GPU."""
+def _runs(indices, step: int | None = None) -> list[slice]:
+    """Sorted ``indices`` as maximal runs of a constant step, found greedily from the left:
+    ``step`` itself where given, else each run's first difference."""
     out, i = [], 0
     while i < len(indices):
         start = int(indices[i])
         if i + 1 == len(indices):
             out.append(slice(start, start + 1))
             break
-        step = int(indices[i + 1]) - start
+        gap = int(indices[i + 1]) - start
+        if step is not None and gap != step:
+            out.append(slice(start, start + 1))
+            i += 1
+            continue
         j = i + 1
-        while j + 1 < len(indices) and int(indices[j + 1]) - int(indices[j]) == step:
+        while j + 1 < len(indices) and int(indices[j + 1]) - int(indices[j]) == gap:
             j += 1
-        out.append(slice(start, int(indices[j]) + 1, step))
+        out.append(slice(start, int(indices[j]) + 1, gap))
         i = j + 1
     return out
+
+
+def _progressions(indices, period: int = 1) -> list[slice]:
+    """Sorted ``indices`` as a few slices of constant step, so that zeroing them takes a few
+    slice assignments and no host-to-device copy of an index array on the GPU. Greedy runs
+    (:func:`_runs`), or where fewer, with ``period`` > 1 (the stride: the cells a stride
+    skips repeat with its period, e.g. rows 1 and 2 of every 3 for k=1, s=3), the trailing
+    contiguous run and then one run of step ``period`` per phase: a slice per skipped phase,
+    not one per period. Never more slices than the greedy runs."""
+    indices = np.asarray(indices, dtype=np.int64)
+    plain = _runs(indices)
+    if period <= 1 or len(plain) <= 2:
+        return plain
+    j = len(indices) - 1  # the trailing run of consecutive cells (past the last window)
+    while j > 0 and indices[j] - indices[j - 1] == 1:
+        j -= 1
+    rest = indices[:j]
+    phased = [s for c in range(period) for s in _runs(rest[rest % period == c], period)]
+    phased.append(slice(int(indices[j]), int(indices[-1]) + 1, 1))
+    return phased if len(phased) < len(plain) else plain
 
 
 def _untouched(size, out, k, s, d, begin) -> np.ndarray:
@@ -250,9 +273,9 @@ def backward_data(xp, gy, w, g, chunks=1):
         del xf
     rows = _untouched(g.h, g.ho, g.kh, g.stride[0], g.dilation[0], t)
     cols = _untouched(g.w, g.wo, g.kw, g.stride[1], g.dilation[1], l)
-    for sl in _progressions(rows):
+    for sl in _progressions(rows, g.stride[0]):
         gx[..., sl, :] = 0
-    for sl in _progressions(cols):
+    for sl in _progressions(cols, g.stride[1]):
         gx[..., sl] = 0
     return gx.reshape(g.n, g.c, g.h, g.w)
 

@@ -285,7 +285,7 @@ TABLE: tuple[FusionRule, ...] = (
 def _outcome(rule: str, scope) -> dict:
     """``{'applied', 'declined'}`` of a rule the policy left on, plus ``'opt_in': True`` where it
     left nodes on the CPU's oracle kernels alone for want of ``include=['fused-reference']``
-    (``Scope.waiting``): 0 rewrites that say "not included", not "nothing matched"."""
+    (``Scope.waiting``): 0 rewrites that say "opt_in" (waiting for the include), not "nothing matched"."""
     out = {"applied": scope.applied.get(rule, 0), "declined": scope.declined.get(rule, 0)}
     if rule in scope.waiting:
         out["opt_in"] = True

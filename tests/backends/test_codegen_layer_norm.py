@@ -11,8 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from codegen_cases import TOLERANCE, channels_last, reference, rel_err
+from codegen_cases import TOLERANCE, reference, rel_err
 from codegen_emulated import emu, launched, needs_gxx, seeded  # noqa: F401  (emu: fixture)
+from layer_norm_cases import (DTYPES, LAYER_NORM_CASES, SHAPES, SUM_SHAPES, case_ids, inputs, layout_of,
+                              shape_ids)
 from opgraph import ops
 from opgraph.backends.cuda.codegen.expressions import reduction_target, trailing_axes
 from opgraph.backends.cuda.codegen.ir import PlanError
@@ -20,21 +22,6 @@ from opgraph.backends.registry import KernelContext, rules_for
 from opgraph.types import TensorType, numpy_dtype, storage_order
 
 pytestmark = needs_gxx
-
-#: (x's shape, k = len(normalized_shape)): rows R and row length K of each
-#: kind: K a multiple of 8 (vector rows), K odd and R not a multiple of a block's
-#: rows, two normalised axes, one row, K = 1, a 4-D ConvNeXt-like value
-SHAPES = [((3, 7, 24), 1), ((37, 5), 1), ((5, 3, 6, 10), 2), ((1, 40), 1), ((6, 1), 1), ((2, 3, 4, 16), 1)]
-DTYPES = ["float32", "bfloat16", "float16"]
-
-
-def _ids(shapes):
-    return [f"{'x'.join(map(str, s))}-k{k}" for s, k in shapes]
-
-
-def _array(rng, shape, dtype, offset=0.0, layout=None):
-    a = (rng.standard_normal(shape) + offset).astype(numpy_dtype(dtype))
-    return channels_last(a) if layout == "NHWC" and a.ndim == 4 else a
 
 
 def _run(op, arrays, dtype):
@@ -49,29 +36,15 @@ def _run(op, arrays, dtype):
 
 
 def _inputs(kinds, shape, k, dtype, layout=None):
-    """Operands by kind: ``x`` (full, offset 3: the shift matters), ``g`` (full),
-    ``w`` (normalized_shape, around 1), ``b`` (normalized_shape)."""
-    rng = seeded(kinds, shape, k, dtype, layout)
-    ns = shape[len(shape) - k:]
-    made = {"x": lambda: _array(rng, shape, dtype, 3.0, layout), "g": lambda: _array(rng, shape, dtype, 0.0, layout),
-            "w": lambda: _array(rng, ns, dtype, 1.0), "b": lambda: _array(rng, ns, dtype)}
-    return [made[kind]() for kind in kinds]
-
-
-#: (op type, input kinds): each with and without its optional weight / bias
-LAYER_NORM_CASES = [(ops.LayerNorm, "x"), (ops.LayerNorm, "xw"), (ops.LayerNorm, "xwb"),
-                    (ops.LayerNormBackwardData, "gx"), (ops.LayerNormBackwardData, "gxw"),
-                    (ops.LayerNormBackwardScale, "xg"),
-                    (ops.LayerNormDoubleBackward, "ggx"), (ops.LayerNormDoubleBackward, "ggxw")]
+    return inputs(seeded(kinds, shape, k, dtype, layout), kinds, shape, k, dtype, layout)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape,k", SHAPES, ids=_ids(SHAPES))
-@pytest.mark.parametrize("op_type,kinds", LAYER_NORM_CASES, ids=[f"{t.__name__}-{k}" for t, k in LAYER_NORM_CASES])
+@pytest.mark.parametrize("shape,k", SHAPES, ids=shape_ids(SHAPES))
+@pytest.mark.parametrize("op_type,kinds", LAYER_NORM_CASES, ids=case_ids(LAYER_NORM_CASES))
 def test_layer_norm_ops_against_the_reference(emu, op_type, kinds, shape, k, dtype):
     op = op_type(normalized_shape=shape[len(shape) - k:], eps=1e-5)
-    layout = "NHWC" if len(shape) == 4 and k == 1 else None
-    out, err = _run(op, _inputs(kinds, shape, k, dtype, layout), dtype)
+    out, err = _run(op, _inputs(kinds, shape, k, dtype, layout_of(shape, k)), dtype)
     assert err < TOLERANCE[dtype], (op, shape, dtype, err)
     assert launched(emu)  # generated kernels ran
     half = dtype != "float32"
@@ -103,15 +76,10 @@ def test_a_large_offset_keeps_the_variance(emu):
     assert err < 1e-4
 
 
-SUM_SHAPES = [((3, 7, 24), (24,)), ((37, 5), (5,)), ((5, 3, 6, 10), (6, 10)), ((2, 3, 4, 16), (16,)),
-              ((2, 3, 4, 16), (1, 4, 16)), ((2, 1, 1, 40), (40,)), ((6, 1, 1), (1, 1)), ((1, 1, 9, 8), (8,))]
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,to", SUM_SHAPES, ids=[f"{s}->{t}" for s, t in SUM_SHAPES])
 def test_sums_over_the_leading_axes(emu, shape, to, dtype):
-    layout = "NHWC" if len(shape) == 4 else None
-    [x] = _inputs("g", shape, 1, dtype, layout)
+    [x] = _inputs("g", shape, 1, dtype, layout_of(shape))
     out, err = _run(ops.SumTo(shape=to), [x], dtype)
     assert err < TOLERANCE[dtype], (shape, to, dtype, err)
 

@@ -270,7 +270,7 @@ def test_a_policy_difference_is_noted_though_the_rule_rewrote_nothing():
     assert compare.lowering_changes(a, dict(a)) == []
 
 
-def test_a_rule_waiting_for_the_oracles_opt_in_shows_as_not_included():
+def test_a_rule_waiting_for_the_oracles_opt_in_shows_as_opt_in():
     """A CPU column's rule that left the oracle kernels alone (``'opt_in': True``, 0 rewrites)
     against the same rule excluded: both rewrote nothing, so no difference is noted, but each
     reads as what it was, not as '-' or '0'."""

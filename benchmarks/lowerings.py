@@ -346,7 +346,7 @@ def inapplicable(tg: TrainingGraph, lowering: "Lowering", device: str, policy: L
 #: only autotune reads, set while autotune is off (``passes/compiler.py``),
 #: and a cached choice edited by hand that the compile used (``passes/autotune_hand_edit.py``:
 #: it raises no warning, and the column times it, perhaps 200x slower than the measurements' choice)
-_REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads", USED_EDIT)
+_REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads", "policy engine_limits ", USED_EDIT)
 
 
 def requested_notes(exe: Executable, precision: str, layout: str, dtype: str) -> list[str]:

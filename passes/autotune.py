@@ -81,7 +81,7 @@ from __future__ import annotations
 
 import attrs
 
-from opgraph.errors import LoweringError
+from opgraph.errors import LoweringError, warn_from_caller
 from opgraph.graph import Graph
 from opgraph import ops
 from opgraph.op import Lowered, abstract_of
@@ -100,6 +100,7 @@ from .autotune_reuse import RECHOOSE_VERSION, entry_problem, measured_rows, rech
 from .autotune_timers import CudaEventTimer, PerfCounterTimer, Timer, default_timer, take_waits
 from .base import Pass, PassContext
 from .candidates import rule_variants, rule_workspace, survey_node
+from .force import matches_a_node
 from .memory import plan_inplace, plan_memory, step_bytes
 from .report import NodeReport, format_size
 from .zero_copy import Home, predict_homes
@@ -128,6 +129,24 @@ class _Measured:
     home: Home | None = None
 
 
+def _note_unmatched_engine_limits(graph: Graph, outputs, ctx: PassContext) -> None:
+    """Note and warn of each ``policy.engine_limits`` key that names no node (a typo would
+    otherwise leave every node at the default limit without a word), as ``force``'s are."""
+    nodes = [(ctx.aliases.get(v.name) or v.name, getattr(abstract_of(v.op), "direction", None))
+             for v in graph.nodes_in_order(outputs)]
+    for key in ctx.policy.engine_limits:
+        if not matches_a_node(key, nodes):
+            msg = f"policy.engine_limits key {key!r} matches no node of graph {graph.name!r}"
+            ctx.report.note(msg)
+            warn_from_caller(msg)
+
+
+def _engine_limit(policy, ctx: PassContext, name: str, op) -> int | None:
+    """Node ``name``'s cuDNN engine limit: ``policy.engine_limit_for`` under the name its force
+    keys match (``PassContext.aliases``: a legalized ``/unpadded`` node is its original's)."""
+    return policy.engine_limit_for(ctx.aliases.get(name) or name, op.direction)
+
+
 def _strided_forms(rule, home: Home | None, view) -> bool:
     """Whether ``rule``'s candidates on node ``view`` come in both output forms
     (``autotune_measure.out_forms``), so ``strided_out: False`` is an option."""
@@ -153,6 +172,7 @@ class AutotunePass(Pass):
 
     def run(self, graph: Graph, outputs, ctx: PassContext) -> Graph:
         policy = ctx.policy
+        _note_unmatched_engine_limits(graph, outputs, ctx)
         cache = AutotuneCache.for_policy(policy)
         timer = ctx.timer or default_timer(ctx.device, policy.tune_clock)
         versions = ctx.versions()
@@ -179,6 +199,9 @@ class AutotunePass(Pass):
             op, types = view.op.op, view.input_types
             s = survey_node(view, ctx, op=op)
             rec = ctx.report.nodes.get(view.name)
+            # this node's engine limit (policy.engine_limits: force's keys, the legalize pass's
+            # aliases too), in its key: a node given another limit is tuned afresh, the rest hit
+            engine_limit = _engine_limit(policy, ctx, view.name, op)
             if s.forced is not None or rec is None:
                 continue
             # without the workspace limit: an over-budget candidate is reported, not declined
@@ -197,7 +220,7 @@ class AutotunePass(Pass):
             keyed = (KeyNode(op, run_in, run[view.id], home.placement() if home is not None else None)
                      if len(applicable) > 1 or home is not None else None)
             key = cache_key(op, types, ctx.dtype, layout, policy, ctx.device, device_name, versions,
-                            candidates=candidate_set(((e.rule, e.options) for e in applicable), policy.engine_limit,
+                            candidates=candidate_set(((e.rule, e.options) for e in applicable), engine_limit,
                                                      keyed),
                             out=home.describe() if home is not None else None)
             hit = cache.get(key)
@@ -216,13 +239,13 @@ class AutotunePass(Pass):
                 algorithm, cached_opts = edit.algorithm, edit.options
             entry = next((e for e in applicable if e.rule.algorithm == algorithm), None)
             with node_clock.part("variants"):  # a cuDNN engine's plan is built here
-                refused = entry and refused_options(entry, cached_opts, op, types, ctx.device, policy.engine_limit,
+                refused = entry and refused_options(entry, cached_opts, op, types, ctx.device, engine_limit,
                                                     _strided_forms(entry.rule, home, view))
                 if not refused and edit is not None and not edit.used and not edit.measured:
                     # an edit to options no row has: the documented tile = 7 case is re-tuned
                     edited = next((e for e in applicable if e.rule.algorithm == edit.algorithm), None)
                     refused = edited and refused_options(edited, edit.options, op, types, ctx.device,
-                                                         policy.engine_limit, _strided_forms(edited.rule, home, view))
+                                                         engine_limit, _strided_forms(edited.rule, home, view))
             if refused:  # a hand-edited or stale entry: a kernel would raise on every run
                 cache.warn(f"autotune cache {cache.path}: node {view.name}: {refused}; re-tuned")
                 entry = None
@@ -244,7 +267,7 @@ class AutotunePass(Pass):
                 with node_clock.part("variants"):  # every cuDNN engine's plan is built here
                     cands = [(e.rule, {**e.options, **variant}) for e in applicable
                              for variant in rule_variants(e.rule, op, types, ctx.device, e.options,
-                                                          policy.engine_limit)]
+                                                          engine_limit)]
                     cands = out_forms(cands, home, view.type.layout)  # a homed node: strided, or dense + copy
                 if len(cands) < 2:
                     rec.tune_seconds = clock.done(node_clock, "untimed")
@@ -348,7 +371,8 @@ class AutotunePass(Pass):
                 continue
             if measured.cached:  # a row read from the file: its options must still run (refused_options)
                 refused = refused_options(entry, best.options, view.op.op, view.input_types, ctx.device,
-                                          policy.engine_limit, _strided_forms(entry.rule, measured.home, view))
+                                          _engine_limit(policy, ctx, view.name, view.op.op),
+                                          _strided_forms(entry.rule, measured.home, view))
                 if refused:
                     cache.warn(f"autotune cache {cache.path}: node {view.name}: {refused}; "
                                f"{rec.chosen} kept")

@@ -191,6 +191,9 @@ def _policy_notes(pol: LoweringPolicy, ctx: PassContext) -> None:
         ctx.report.note(f"policy {', '.join(idle)}: only autotune reads {'it' if len(idle) == 1 else 'them'} "
                         "and the policy's autotune is off (the lowering 'auto' turns it on): no effect unless "
                         "the pipeline has its own autotune pass")
+    if pol.engine_limits and pol.autotune and ctx.device != "cuda":  # (--engine-limit: the benchmark notes it)
+        ctx.report.note(f"policy engine_limits {pol.to_dict()['engine_limits']!r}: they limit the cuDNN engines "
+                        f"autotune times, and {ctx.device} has none: no effect")
     idle_in = idle_include_note(pol)
     if idle_in:
         ctx.report.note(idle_in)

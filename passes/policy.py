@@ -12,6 +12,9 @@ The user swaps implementations here, never in the model. A policy holds
 * ``include`` / ``exclude``: algorithm names or rule tags (Theano's
   ``optimizer_including`` / ``optimizer_excluding``): excluded rules are never
   candidates; rules tagged ``optional`` are candidates only when included;
+* ``engine_limits``: ``force``-style keys -> an ``engine_limit`` for the
+  nodes they name (every cuDNN engine on one layer while the rest keep the
+  default: the key of those nodes' autotune decisions alone changes);
 * ``autotune``, ``workspace_limit`` (bytes), ``workspace_tolerance`` (a
   fraction: autotune keeps the smallest-workspace candidate within it of the
   fastest), ``peak_tolerance`` (a fraction: autotune gives a node whose
@@ -60,6 +63,9 @@ TOML schema (``LoweringPolicy.from_toml``; every key optional)::
     [force]                       # node name or fnmatch pattern -> algorithm
     "conv2" = "fft"               # conv2 in all three directions
     "conv3:backward_filter" = "gemm"   # one direction
+
+    [engine_limits]               # node name or pattern (force's keys) -> engine_limit there
+    "conv1:backward_filter" = "all"    # every engine on one node, 10 elsewhere
 
 ``docs/policy.md`` has a commented example.
 """
@@ -205,6 +211,24 @@ def _force(value) -> Mapping[str, str]:
             raise _err(f"force.{key}", algo, f"unknown direction {word!r}{close}; a key narrows a layer to one "
                                              f"direction with {', '.join([forward, *rest[:-1]])} or {rest[-1]}")
     return MappingProxyType(dict(value))
+
+
+def _engine_limits(value) -> Mapping[str, int | None]:
+    """``engine_limits``: node keys as ``force``'s (a direction suffix checked the same
+    way) -> :func:`parse_engine_limit` values."""
+    if not isinstance(value, Mapping):
+        raise _err("engine_limits", value, 'must be a mapping of node name -> engine limit (e.g. '
+                   '{"conv1:backward_filter": "all"})')
+    out = {}
+    for key, limit in value.items():
+        if not isinstance(key, str) or not key:
+            raise _err(f"engine_limits.{key}", limit, "node names must be non-empty strings")
+        typo = misspelt_direction(key)
+        if typo:
+            word, close = typo
+            raise _err(f"engine_limits.{key}", limit, f"unknown direction {word!r}{close}")
+        out[key] = parse_engine_limit(limit, f"engine_limits.{key}")
+    return MappingProxyType(out)
 
 
 def _names(param: str):
@@ -390,6 +414,8 @@ class LoweringPolicy:
     #: Autotune times at most this many cuDNN engines per node, the first in
     #: cuDNN's heuristic order that build (None: all of them).
     engine_limit: int | None = attrs.field(default=10, converter=parse_engine_limit)
+    #: Per-node ``engine_limit`` (``force``'s keys and precedence: :meth:`engine_limit_for`).
+    engine_limits: Mapping[str, int | None] = attrs.field(factory=dict, converter=_engine_limits)
     #: What autotune's clock measures on the GPU: ``'device'``, each candidate's
     #: kernels alone (``backends/cuda/held_stream.py``: the step is replayed as
     #: CUDA graphs, with no host time between kernels), or ``'launch'``, two
@@ -439,6 +465,14 @@ class LoweringPolicy:
         algorithm has no rule for (``lowers(algorithm)``; ``passes/force.py``)."""
         return forced_algorithm(self.force, node_name, direction, lowers)
 
+    def engine_limit_for(self, node_name: str, direction: str | None = None) -> int | None:
+        """The ``engine_limit`` of node ``node_name`` (whose op has ``direction``): the value
+        of the ``engine_limits`` key that names it, by ``force``'s precedence
+        (``passes/force.py``: an exact name, a pattern, the layer in its direction, the
+        layer), else the policy's ``engine_limit``. None: every engine that builds."""
+        key = forced_algorithm({k: k for k in self.engine_limits}, node_name, direction)
+        return self.engine_limit if key is None else self.engine_limits[key]
+
     def exclusion(self, algorithm: str, tags) -> str | None:
         """Why the policy keeps rule (``algorithm``, ``tags``) out, or None."""
         names = {algorithm, *tags}
@@ -459,6 +493,7 @@ class LoweringPolicy:
              "autotune": self.autotune, "workspace_limit": self.workspace_limit,
              "workspace_tolerance": self.workspace_tolerance, "peak_tolerance": self.peak_tolerance,
              "engine_limit": "all" if self.engine_limit is None else self.engine_limit,
+             "engine_limits": {k: "all" if v is None else v for k, v in self.engine_limits.items()},
              "tune_clock": self.tune_clock,
              "precision": self.precision, "layout": self.layout,
              "explicit_padding": sorted(self.explicit_padding), "cache": self.cache,
@@ -466,7 +501,7 @@ class LoweringPolicy:
         return {k: v for k, v in d.items() if v not in (None, [], {})}
 
     def idle_autotune_keys(self) -> list[str]:
-        """The keys only autotune reads (``engine_limit``, ``tune_clock``,
+        """The keys only autotune reads (``engine_limit``, ``engine_limits``, ``tune_clock``,
         ``workspace_tolerance``, ``peak_tolerance``) that this policy sets away
         from their defaults while ``autotune`` is off, as ``'key=value'``: they
         have no effect, which the compile notes rather than ignoring them silently."""
@@ -475,7 +510,8 @@ class LoweringPolicy:
         defaults = {f.name: f.default for f in attrs.fields(type(self))}
         shown = self.to_dict()  # engine_limit None reads "all"
         keys = ("engine_limit", "tune_clock", "workspace_tolerance", "peak_tolerance")
-        return [f"{k}={shown[k]!r}" for k in keys if getattr(self, k) != defaults[k]]
+        idle = [f"{k}={shown[k]!r}" for k in keys if getattr(self, k) != defaults[k]]
+        return idle + ([f"engine_limits={shown['engine_limits']!r}"] if self.engine_limits else [])
 
     # ---- construction from files and flags -------------------------------
     @classmethod

@@ -147,3 +147,74 @@ def test_the_real_cudnn_rules_take_the_limit():
     rule = Rule(Scale, "cudnn", _twice, variants=conv_rules.variants, tags=conv_rules.TAGS)
     assert candidate_set([(rule, {})], 10) == "cudnn:variants[engines<=10]"
     assert candidate_set([(rule, {})], None) == "cudnn:variants"
+
+
+# ---- engine_limits: one node's limit ----------------------------------------
+
+def test_engine_limits_take_forces_keys_and_precedence():
+    """passes/force.py's matching: a layer narrowed to one direction, a pattern of full names."""
+    policy = LoweringPolicy(engine_limits={"conv1:backward_filter": "all", "fc*": 3, "conv2.grad/*data": 5})
+    assert policy.engine_limit_for("conv1.grad/conv2d_backward_filter", "wgrad") is None
+    assert policy.engine_limit_for("conv1", "fwd") == 10  # the key names conv1's backward-filter only
+    assert policy.engine_limit_for("fc6", "fwd") == 3
+    assert policy.engine_limit_for("conv2.grad/conv2d_backward_data", "dgrad") == 5
+    assert policy.engine_limit_for("conv3", "fwd") == 10  # no key: the policy's engine_limit
+    assert LoweringPolicy(engine_limit=2).engine_limit_for("conv3") == 2
+    again = LoweringPolicy.from_mapping(policy.to_dict())
+    assert dict(again.engine_limits) == dict(policy.engine_limits)
+
+
+@pytest.mark.parametrize("limits, match", [({"conv1": 0}, r"engine_limits\.conv1"),
+                                           ({"conv1:forwards": 2}, "unknown direction 'forwards'"),
+                                           (["conv1"], "mapping of node name"), ({"": 2}, "non-empty")])
+def test_a_bad_engine_limits_entry_names_the_key_and_the_value(limits, match):
+    with pytest.raises(PolicyError, match=match):
+        LoweringPolicy(engine_limits=limits)
+
+
+def test_engine_limits_are_read_from_toml(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text('autotune = true\n[engine_limits]\n"conv1:backward_filter" = "all"\n"conv2" = 4\n')
+    policy = LoweringPolicy.from_toml(path)
+    assert dict(policy.engine_limits) == {"conv1:backward_filter": None, "conv2": 4}
+
+
+def test_idle_engine_limits_are_noted_without_autotune():
+    assert LoweringPolicy(engine_limits={"conv1": 2}).idle_autotune_keys() == ["engine_limits={'conv1': 2}"]
+    assert LoweringPolicy(autotune=True, engine_limits={"conv1": 2}).idle_autotune_keys() == []
+
+
+def test_one_nodes_limit_changes_that_nodes_key_alone(monkeypatch, tmp_path):
+    """s1 gets every engine, s0 keeps the policy's 2: s0's cached decision is reused, s1 is
+    tuned afresh among all six and keyed by its own limit."""
+    install_scale_rules(monkeypatch, ["reference"])
+    calls = []
+    install_rule(monkeypatch, Scale, _engine_rule(calls))
+    timer = StubTimer({"eng[engine=0]": 3.0, "eng[engine=1]": 2.0, "eng[engine=5]": 0.5})
+    cache = tmp_path / "c.json"
+    tune(scale_graph(2)[1], cache, timer, engine_limit=2)
+    assert calls == [2]  # s1's key is s0's: one decision
+    _, report = tune(scale_graph(2)[1], cache, timer, engine_limit=2, engine_limits={"s1": "all"})
+    assert calls == [2, None]
+    assert report.node("s0").how == "cache" and report.node("s0").options == {"engine": 1}
+    assert report.node("s1").how == "autotune" and report.node("s1").options == {"engine": 5}
+    keys = json.loads(cache.read_text())["entries"]
+    assert sum("[engines<=2]" in k for k in keys) == 1 and sum("[engines<=" not in k for k in keys) == 1
+
+
+def test_an_engine_limits_key_naming_no_node_is_noted_and_warned(monkeypatch, tmp_path):
+    install_scale_rules(monkeypatch, ["reference"])
+    install_rule(monkeypatch, Scale, _engine_rule([]))
+    with pytest.warns(UserWarning, match="engine_limits key 'conv9' matches no node"):
+        _, report = tune(scale_graph()[1], tmp_path / "c.json", StubTimer({}), engine_limits={"conv9": 3})
+    assert any("engine_limits key 'conv9'" in n for n in report.notes)
+
+
+def test_engine_limits_on_the_cpu_are_noted_as_having_no_effect():
+    import opgraph as og
+    g = og.Graph()
+    y = og.relu(g.input("x", (2, 3)))
+    exe = og.compile(y, device="cpu", policy=LoweringPolicy(autotune=True, engine_limits={"*": 2}))
+    assert any("engine_limits {'*': 2}" in n and "no effect" in n for n in exe.report.notes)
+    exe = og.compile(y, device="cpu", policy=LoweringPolicy(autotune=True, engine_limits={"*": "all"}))
+    assert any("engine_limits {'*': 'all'}" in n for n in exe.report.notes)

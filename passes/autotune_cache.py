@@ -193,8 +193,9 @@ def key_layout(in_types, own: str | None = None) -> str:
     differ, so a carried cache's keys still hit. If then the output has a layout unlike that
     one, ``->`` and the output's (``NCHW->NHWC``: 2-D inputs reshaped into an NHWC value), so
     that it shares no key with the node of the same inputs writing the other layout; a node
-    whose output has none or the inputs' (every node of a graph the layout pass stamped: all
-    its 4-D values share one layout) keeps the key it always had.
+    whose output has none or the inputs' (every node of a graph the layout pass stamped alike:
+    all 4-D values of a graph without permutes, ConvNeXt's values between its permutes, all
+    NCHW) keeps the key it always had.
     Else each input's layout in order, comma-separated, ``-`` for one without (``NHWC,NCHW``,
     ``-,NHWC,-``): two nodes differing only in a later input's layout never share a key, nor
     a key but for their kernels' fingerprints (:meth:`AutotuneCache.superseded`)."""

@@ -111,7 +111,7 @@ MOVEMENT = {
     ops.SliceBackward: (_movement(movement.slice_backward), True),
     ops.Pad: (_movement(movement.pad), True),
     ops.PadBackward: (_movement(movement.pad_backward), True),
-    ops.Transpose: (_movement(movement.transpose, layout=False), True),
+    ops.Transpose: (_movement(movement.transpose), False),  # a view when it can be (passes/layout.py)
     ops.Reshape: (_movement(movement.reshape), False),  # a view when it can be (not into NHWC)
     ops.Flatten: (_movement(movement.flatten, layout=False), False),
 }

@@ -115,10 +115,24 @@ def flatten(xp, x, *, start_dim):
     return reshape(xp, x, shape=(*x.shape[:start_dim], math.prod(x.shape[start_dim:])))
 
 
-def transpose(xp, x, *, perm):
-    """``x.transpose(perm)`` as a new C-ordered array."""
+def transpose(xp, x, *, perm, layout=None):
+    """``x.transpose(perm)``: the view itself when it is stored as the output
+    is to be (``layout``, the layout pass's choice for a 4-D output; C order
+    otherwise): ConvNeXt's ``permute(0, 2, 3, 1)`` of an NHWC activation is
+    the C-ordered (N, H, W, C) buffer, and its permute back of that is NHWC
+    (``passes/layout.py``: no copy, no launch). Else one strided copy into
+    that order (a 4-D output stored channels-last is written so, not copied
+    into C order for the executor to transpose again)."""
     src = x.transpose(tuple(perm))
-    return copy_into(xp, empty(xp, src.shape, x.dtype), src)
+    want = layout if layout == "NHWC" and src.ndim == 4 else "NCHW"
+    if src.flags.c_contiguous if want == "NCHW" else _packed_nhwc(src):
+        return src
+    return copy_into(xp, empty(xp, src.shape, x.dtype, want if src.ndim == 4 else None), src)
+
+
+def _packed_nhwc(a) -> bool:
+    """Whether 4-D ``a`` is the NCHW-shaped view of a packed (N, H, W, C) buffer."""
+    return a.transpose(0, 2, 3, 1).flags.c_contiguous
 
 
 def zeros(xp, *, type, layout=None):

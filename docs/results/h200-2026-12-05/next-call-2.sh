@@ -8,14 +8,7 @@
 # torch-compile+graph (1.018x in the thirteenth session, the one time target missed). (4) GoogLeNet and
 # AlexNet bf16 with the final defaults beside torch-compile+graph.
 # Copy to .gl/ (the cache: the one next-call.sh returned, at .gl/cache.json.gz) and carry [".whl", ".gl"].
-set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
-export OPGRAPH_CACHE=/tmp/og-cache.json.gz
-[ -f $OPGRAPH_CACHE ] || cp .gl/cache.json.gz $OPGRAPH_CACHE
-R=$OUT/r; mkdir -p $R
-(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv; date) > $R/device.txt
+. docs/results/h200-2026-12-05/device-setup.sh  # wheels, package, cache, $R, device.txt
 timeout 60 python3 -m pytest tests/gpu/test_copy_transpose_gpu.py -m gpu -q -rf -p no:cacheprovider > $R/t-copy_transpose_gpu.log 2>&1
 echo "copy_transpose_gpu rc=$? $(tail -n 1 $R/t-copy_transpose_gpu.log) SECONDS=$SECONDS" >> $R/device.txt
 timeout 60 python3 scripts/copy_bench.py --json $R/a-copy-bench.jsonl > $R/a.log 2>&1

@@ -8,14 +8,7 @@
 # the layer-norm kernels. The files are the repository's tests/onnx/models/ exports (weightless; the
 # benchmark draws He-normal weights). Copy to .gl/ (cache: the latest returned, at .gl/cache.json.gz)
 # and carry [".whl", ".gl"].
-set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
-export OPGRAPH_CACHE=/tmp/og-cache.json.gz
-[ -f $OPGRAPH_CACHE ] || cp .gl/cache.json.gz $OPGRAPH_CACHE
-R=$OUT/r; mkdir -p $R
-(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv; date) > $R/device.txt
+. docs/results/h200-2026-12-05/device-setup.sh  # wheels, package, cache, $R, device.txt
 for f in tests/gpu/test_layer_norm_gpu.py; do
   [ -f "$f" ] || { echo "$f missing" >> $R/device.txt; continue; }
   timeout 90 python3 -m pytest "$f" -m gpu -q -rf -p no:cacheprovider > $R/t-$(basename $f .py).log 2>&1

@@ -5,14 +5,7 @@
 # decision is reused), beside torch-compile+graph, then its profile. What would close the 1.018x
 # (docs/results-h200.md, "where every target stands"): the stem's 0.697 ms against the peer's 0.48.
 # Copy to .gl/ (cache: the latest returned, at .gl/cache.json.gz) and carry [".whl", ".gl"].
-set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
-export OPGRAPH_CACHE=/tmp/og-cache.json.gz
-[ -f $OPGRAPH_CACHE ] || cp .gl/cache.json.gz $OPGRAPH_CACHE
-R=$OUT/r; mkdir -p $R
-(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv; date) > $R/device.txt
+. docs/results/h200-2026-12-05/device-setup.sh  # wheels, package, cache, $R, device.txt
 P=docs/results/h200-2026-12-05/stem-all-engines.toml
 B="opgraph-bench --device cuda --warmup 5 --repeat 10 --layout nhwc --lowering auto --precision tf32 --dtype float32 --model resnet50 --policy $P"
 timeout 300 $B --cuda-graph --no-per-layer --compare torch-compile+graph --json $R/a-tf32-resnet50-stem.json > $R/a.log 2>&1

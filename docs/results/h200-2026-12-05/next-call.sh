@@ -7,14 +7,7 @@
 # time left is listed in device.txt: run those in a later call).
 # Copy to .gl/ with the cache at .gl/cache.json.gz (docs/results/h200-2026-12-05/autotune-cache.json.gz)
 # and carry [".whl", ".gl"].
-set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
-export OPGRAPH_CACHE=/tmp/og-cache.json.gz
-[ -f $OPGRAPH_CACHE ] || cp .gl/cache.json.gz $OPGRAPH_CACHE
-R=$OUT/r; mkdir -p $R
-(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv; date) > $R/device.txt
+. docs/results/h200-2026-12-05/device-setup.sh  # wheels, package, cache, $R, device.txt
 B="opgraph-bench --device cuda --warmup 2 --repeat 3 --no-per-layer --precision bf16 --dtype bfloat16 --layout nhwc --model googlenet --lowering auto"
 for k in 1 2; do
   timeout 150 $B --json $R/k$k-googlenet.json > $R/k$k.log 2>&1

@@ -218,3 +218,19 @@ def test_engine_limits_on_the_cpu_are_noted_as_having_no_effect():
     assert any("engine_limits {'*': 2}" in n and "no effect" in n for n in exe.report.notes)
     exe = og.compile(y, device="cpu", policy=LoweringPolicy(autotune=True, engine_limits={"*": "all"}))
     assert any("engine_limits {'*': 'all'}" in n for n in exe.report.notes)
+
+
+def test_a_record_repeats_the_engine_limits_notes(tmp_path):
+    """Both compile notes on engine_limits reach a benchmark record (``requested_notes``): the
+    key naming no node (a typo in a device call's policy file would else leave only a warning
+    on stderr, and the record would read as if every engine had been timed) and no effect."""
+    import opgraph as og
+    from benchmarks.lowerings import requested_notes
+    g = og.Graph("g")
+    y = og.relu(g.input("x", (2, 3)))
+    policy = LoweringPolicy(autotune=True, cache=str(tmp_path / "c.json"), engine_limits={"conv9": "all"})
+    with pytest.warns(UserWarning, match="matches no node"):
+        exe = og.compile(y, device="cpu", policy=policy)
+    notes = requested_notes(exe, "fp32", "NCHW", "float32")
+    assert any("engine_limits key 'conv9' matches no node" in n for n in notes), notes
+    assert any("no effect" in n and "engine_limits" in n for n in notes), notes

@@ -132,8 +132,8 @@ class _Measured:
 def _note_unmatched_engine_limits(graph: Graph, outputs, ctx: PassContext) -> None:
     """Note and warn of each ``policy.engine_limits`` key that names no node (a typo would
     otherwise leave every node at the default limit without a word), as ``force``'s are."""
-    nodes = [(ctx.aliases.get(v.name) or v.name, getattr(abstract_of(v.op), "direction", None))
-             for v in graph.nodes_in_order(outputs)]
+    named = ((ctx.aliases.get(v.name, v.name), v) for v in graph.nodes_in_order(outputs))
+    nodes = [(alias, getattr(abstract_of(v.op), "direction", None)) for alias, v in named if alias is not None]
     for key in ctx.policy.engine_limits:
         if not matches_a_node(key, nodes):
             msg = f"policy.engine_limits key {key!r} matches no node of graph {graph.name!r}"
@@ -143,8 +143,11 @@ def _note_unmatched_engine_limits(graph: Graph, outputs, ctx: PassContext) -> No
 
 def _engine_limit(policy, ctx: PassContext, name: str, op) -> int | None:
     """Node ``name``'s cuDNN engine limit: ``policy.engine_limit_for`` under the name its force
-    keys match (``PassContext.aliases``: a legalized ``/unpadded`` node is its original's)."""
-    return policy.engine_limit_for(ctx.aliases.get(name) or name, op.direction)
+    keys match (``PassContext.aliases``: a legalized ``/unpadded`` node is its original's; a node
+    aliased to None, which no force key names, keeps the policy's ``engine_limit``)."""
+    alias = ctx.aliases.get(name, name)
+    # None: a copy no force key names (a fusion's rematerialised node): nor does an engine_limits key
+    return policy.engine_limit if alias is None else policy.engine_limit_for(alias, op.direction)
 
 
 def _strided_forms(rule, home: Home | None, view) -> bool:

@@ -234,3 +234,19 @@ def test_a_record_repeats_the_engine_limits_notes(tmp_path):
     notes = requested_notes(exe, "fp32", "NCHW", "float32")
     assert any("engine_limits key 'conv9' matches no node" in n for n in notes), notes
     assert any("no effect" in n and "engine_limits" in n for n in notes), notes
+
+
+def test_a_node_no_force_key_names_keeps_the_policys_limit():
+    """PassContext.aliases: a legalized node answers to its original's name; one aliased to None
+    (a fusion's rematerialised copy) is named by no force key, nor by an engine_limits key."""
+    from types import SimpleNamespace
+
+    from opgraph.passes.autotune import _engine_limit
+    from opgraph.passes.base import PassContext
+
+    policy = LoweringPolicy(autotune=True, engine_limit=4, engine_limits={"bn1*": "all", "conv1": 2})
+    ctx = PassContext(policy=policy, aliases={"bn1/remat": None, "conv1/unpadded": "conv1"})
+    op = SimpleNamespace(direction=None)
+    assert _engine_limit(policy, ctx, "bn1/remat", op) == 4
+    assert _engine_limit(policy, ctx, "bn1", op) is None
+    assert _engine_limit(policy, ctx, "conv1/unpadded", SimpleNamespace(direction="fwd")) == 2

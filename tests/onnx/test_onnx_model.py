@@ -116,3 +116,27 @@ def test_the_image_input_can_be_named(tmp_path):
     assert mod.input.name == "img" and [p.name for p in mod.params] == ["w"] and mod.output.shape == (2, 4, 6, 6)
     with pytest.raises(ParameterError, match="second.onnx has no graph input of that name; its graph inputs are w, img"):
         load_model(path, input_name="image")
+
+
+def test_a_matmul_with_a_parameter_is_a_layer_of_the_flop_counts():
+    """ConvNeXt-tiny's MLPs import as MatMul (nn.Linear on a channels-last 4-D value): each is a
+    layer as Linear is, so the model's FLOPs (records.model_flops: TFLOP/s, % of peak) are its
+    convolutions' and matrix products' (about 8.9 GFLOP at batch 1), not its 22 convolutions' and
+    classifier's 0.59."""
+    from opgraph.benchmarks.protocol import training_graph
+    from opgraph.op import abstract_of
+    from opgraph.analysis import node_flops
+
+    m = load_model(Path(__file__).parent / "models" / "convnext_tiny.onnx", batch=1)
+    tg = training_graph(m)
+    g = m.output.graph
+    kinds = {}
+    want = 0
+    for node in g.nodes_in_order([m.output]):
+        name = abstract_of(node.op).name
+        if name in ("Conv2d", "MatMul", "Linear"):
+            kinds[name] = kinds.get(name, 0) + 1
+            want += node_flops(node)
+    assert set(tg.layers.values()) == {"Conv2d", "MatMul", "Linear"}  # the classifier is a Gemm: Linear
+    assert len(tg.layers) == sum(kinds.values()) == 59 and kinds["MatMul"] == 36
+    assert sum(tg.layer_flops.values()) == want > 8e9

@@ -344,12 +344,12 @@ def inapplicable(tg: TrainingGraph, lowering: "Lowering", device: str, policy: L
 #: the compile's notes a record or a profile repeats, by what they say: the
 #: memory-aware re-choice (what ``peak_tolerance`` changed), a policy key
 #: only autotune reads, set while autotune is off (``passes/compiler.py``),
-#: ``policy.engine_limits``' notes (a key naming no node, ``passes/autotune.py``: its
+#: the engine limits' notes (an ``engine_limits`` key naming no node, ``passes/autotune.py``: its
 #: warning alone would leave a record reading as if the named node's engines were all
 #: timed; no effect on a device without cuDNN, ``passes/compiler.py``),
 #: and a cached choice edited by hand that the compile used (``passes/autotune_hand_edit.py``:
 #: it raises no warning, and the column times it, perhaps 200x slower than the measurements' choice)
-_REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads", "policy engine_limits ", "policy.engine_limits key ",
+_REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads", "they limit the cuDNN engines", "policy.engine_limits key ",
                    USED_EDIT)
 
 

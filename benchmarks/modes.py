@@ -119,13 +119,11 @@ def gpu_library_notes(device: str) -> list[str]:
 
 def device_flag_notes(args, device: str) -> list[str]:
     """Notes for flags given that ``device`` has nothing to apply to (a flag is
-    never silently ignored): ``--engine-limit`` counts cuDNN engines, which
-    exist on cuda only; ``--layout nhwc`` is acted on for cuda only (the
-    layout pass keeps NCHW elsewhere)."""
+    never silently ignored): ``--layout nhwc`` is acted on for cuda only (the
+    layout pass keeps NCHW elsewhere). ``--engine-limit`` (cuDNN engines, on cuda
+    only) is noted by the compile of each autotuned column, as a policy file's
+    ``engine_limit`` and ``engine_limits`` are (``passes/compiler.py``)."""
     notes = []
-    if args.engine_limit is not None and device != "cuda":
-        notes.append(f"--engine-limit {args.engine_limit}: it limits the cuDNN engines autotune times, and "
-                     f"{device} has none: no effect on this run")
     if args.layout == "nhwc" and device != "cuda":
         notes.append(f"--layout nhwc: the layout pass stores NHWC on cuda only; {device} runs NCHW")
     return notes

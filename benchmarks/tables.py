@@ -231,10 +231,13 @@ def column_cache_note(r: dict) -> str | None:
 
 def warning_notes(r: dict) -> list[str]:
     """``'alexnet / auto: warning: autotune cache ... is corrupt ...'``: the
-    warnings raised while compiling a column (``records.warnings_noted``), named
-    by the column (a ``+graph`` column by its eager column, whose notes it starts from)."""
+    warnings raised while compiling a column (``records.warnings_noted``) and its
+    notes on what a setting could not do (``...: no effect``: a policy key the
+    device or pipeline has no use for), named by the column (a ``+graph`` column
+    by its eager column, whose notes it starts from)."""
     name = r["lowering"].removesuffix("+graph")
-    return [f"{r['model']} / {name}: {n}" for n in r.get("notes", ()) if n.startswith("warning: ")]
+    return [f"{r['model']} / {name}: {n}" for n in r.get("notes", ())
+            if n.startswith("warning: ") or "no effect" in n]
 
 
 def fusion_note(r: dict) -> str | None:

@@ -21,7 +21,7 @@ from opgraph.backends.registry import KernelContext, device_support, lookup
 
 from .base import PassContext, Pipeline, host_versions
 from .pipelines import build
-from .policy import LoweringPolicy
+from .policy import DEFAULT_ENGINE_LIMIT, LoweringPolicy
 from .policy_names import check_names, idle_include_note, preferences_elsewhere
 from .zero_copy import kernel_options
 
@@ -191,9 +191,11 @@ def _policy_notes(pol: LoweringPolicy, ctx: PassContext) -> None:
         ctx.report.note(f"policy {', '.join(idle)}: only autotune reads {'it' if len(idle) == 1 else 'them'} "
                         "and the policy's autotune is off (the lowering 'auto' turns it on): no effect unless "
                         "the pipeline has its own autotune pass")
-    if pol.engine_limits and pol.autotune and ctx.device != "cuda":  # (--engine-limit: the benchmark notes it)
-        ctx.report.note(f"policy engine_limits {pol.to_dict()['engine_limits']!r}: they limit the cuDNN engines "
-                        f"autotune times, and {ctx.device} has none: no effect")
+    limits = [f"{k}={v!r}" for k, v in pol.to_dict().items()
+              if k == "engine_limits" or (k == "engine_limit" and pol.engine_limit != DEFAULT_ENGINE_LIMIT)]
+    if limits and pol.autotune and ctx.device != "cuda":
+        ctx.report.note(f"policy {', '.join(limits)}: they limit the cuDNN engines autotune times, and "
+                        f"{ctx.device} has none: no effect")
     idle_in = idle_include_note(pol)
     if idle_in:
         ctx.report.note(idle_in)

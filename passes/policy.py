@@ -320,6 +320,11 @@ def parse_fraction(value, key: str = "workspace_tolerance") -> float:
     return float(number)
 
 
+#: cuDNN engines autotune times per node unless the policy says otherwise (PyTorch's
+#: ``torch.backends.cudnn.benchmark_limit``: :func:`parse_engine_limit`).
+DEFAULT_ENGINE_LIMIT = 10
+
+
 def parse_engine_limit(value, key: str = "engine_limit") -> int | None:
     """How many cuDNN engines autotune times per node: an int >= 1, or
     ``"all"`` / ``None`` for every engine that builds.
@@ -413,7 +418,7 @@ class LoweringPolicy:
     peak_tolerance: float = attrs.field(default=0.20, converter=lambda v: parse_fraction(v, "peak_tolerance"))
     #: Autotune times at most this many cuDNN engines per node, the first in
     #: cuDNN's heuristic order that build (None: all of them).
-    engine_limit: int | None = attrs.field(default=10, converter=parse_engine_limit)
+    engine_limit: int | None = attrs.field(default=DEFAULT_ENGINE_LIMIT, converter=parse_engine_limit)
     #: Per-node ``engine_limit`` (``force``'s keys and precedence: :meth:`engine_limit_for`).
     engine_limits: Mapping[str, int | None] = attrs.field(factory=dict, converter=_engine_limits)
     #: What autotune's clock measures on the GPU: ``'device'``, each candidate's
@@ -651,4 +656,4 @@ def _dedupe(items) -> tuple[str, ...]:
 
 
 __all__ = ["LoweringPolicy", "PolicyError", "ALIASES", "DEFAULT_ORDER", "PRECISIONS", "LAYOUTS", "TUNE_CLOCKS",
-           "CONV_OPS", "parse_bytes", "parse_fraction", "parse_engine_limit"]
+           "CONV_OPS", "DEFAULT_ENGINE_LIMIT", "parse_bytes", "parse_fraction", "parse_engine_limit"]

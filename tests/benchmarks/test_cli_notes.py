@@ -54,3 +54,18 @@ def test_a_device_asked_for_is_not_called_the_default(capsys, monkeypatch):
     assert cli.main(list(FAST)) == cli.EXIT_INTERRUPTED
     (line,) = [n for n in capsys.readouterr().err.splitlines() if n.startswith("# device:")]
     assert line == "# device: cpu (cpu: the device asked for)" and "default" not in line
+
+
+def test_the_table_says_which_policy_keys_have_no_effect(capsys, monkeypatch, tmp_path):
+    """A policy file's engine limits on the CPU (no cuDNN engines there): the compile's 'no
+    effect' note is printed under the table, not only in the JSON; a key naming no node warns."""
+    policy = tmp_path / "p.toml"
+    policy.write_text('engine_limit = 4\n[engine_limits]\n"nosuchnode" = 2\n')
+    monkeypatch.setenv("OPGRAPH_CACHE", str(tmp_path / "c.json"))
+    status = cli.main(["--model", "L1", "--batch", "1", "--device", "cpu", "--lowering", "auto",
+                       "--policy", str(policy), "--warmup", "0", "--repeat", "1", "--no-per-layer"])
+    out = capsys.readouterr()
+    assert status == 0
+    assert "L1 / auto: policy engine_limit=4, engine_limits={'nosuchnode': 2}" in out.out
+    assert "no effect" in out.out
+    assert "engine_limits key 'nosuchnode' matches no node" in out.out + out.err

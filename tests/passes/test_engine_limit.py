@@ -215,9 +215,12 @@ def test_engine_limits_on_the_cpu_are_noted_as_having_no_effect():
     g = og.Graph()
     y = og.relu(g.input("x", (2, 3)))
     exe = og.compile(y, device="cpu", policy=LoweringPolicy(autotune=True, engine_limits={"*": 2}))
-    assert any("engine_limits {'*': 2}" in n and "no effect" in n for n in exe.report.notes)
-    exe = og.compile(y, device="cpu", policy=LoweringPolicy(autotune=True, engine_limits={"*": "all"}))
-    assert any("engine_limits {'*': 'all'}" in n for n in exe.report.notes)
+    assert any("engine_limits={'*': 2}" in n and "no effect" in n for n in exe.report.notes)
+    exe = og.compile(y, device="cpu", policy=LoweringPolicy(autotune=True, engine_limit=4,
+                                                            engine_limits={"*": "all"}))
+    assert any("engine_limit=4, engine_limits={'*': 'all'}" in n for n in exe.report.notes)
+    exe = og.compile(y, device="cpu", policy=LoweringPolicy(autotune=True))  # the default: nothing to say
+    assert not any("cuDNN engines" in n for n in exe.report.notes)
 
 
 def test_a_record_repeats_the_engine_limits_notes(tmp_path):

@@ -245,8 +245,9 @@ def build_parser(prog: str = compare.COMMAND) -> argparse.ArgumentParser:
                            "modern (ResNet-50, DenseNet-121, MobileNet-v2, EfficientNet-B0, "
                            "training-form batch norm), all")
     p.add_argument("--onnx", action="append", default=[], metavar="PATH",
-                   help="also benchmark an ONNX network (one image input, one output; every other graph "
-                        "input is a parameter, as in a weightless export); repeatable")
+                   help="benchmark an ONNX network (one image input, one output; every other graph "
+                        "input is a parameter, as in a weightless export), after the --model/--suite "
+                        "models when one is given, alone otherwise; repeatable")
     p.add_argument("--onnx-input", default=None, metavar="NAME",
                    help="the image input of the --onnx files (default: each file's first graph input)")
     p.add_argument("--batch", type=_count(1), default=None,

@@ -31,7 +31,7 @@ def onnx_module():
         import onnx.numpy_helper  # noqa: F401
     except ImportError:
         raise ImportError("opgraph.onnx needs the 'onnx' package: pip install 'opgraph[onnx]' "
-                          "(or pip install onnx)") from None
+                          "(in a source checkout: pip install -e '.[onnx]'; or pip install onnx)") from None
     return onnx
 
 

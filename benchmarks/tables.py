@@ -240,6 +240,12 @@ def warning_notes(r: dict) -> list[str]:
             if n.startswith("warning: ") or "no effect" in n]
 
 
+#: What a fusion line's ``opt_in:`` names, said once under a table that shows one.
+OPT_IN_NOTE = ("fusion rules: rewrites per rule of the fuse pass's table; opt_in: rules that on the CPU "
+               "wait for include=['fused-reference'] (their kernels there are the float64 oracles; "
+               "a lowering entry such as gemm,include=fused-reference turns them on)")
+
+
 def fusion_note(r: dict) -> str | None:
     """``'densenet121 / auto: fusion rules: bn-backward-sums 121, elementwise 312'``:
     which rules of the fuse pass's table rewrote (or declined) how many matches
@@ -366,7 +372,8 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
                          _ratio_cell(r.get("vs_best_peer"), "ratio", "peer"), _compile_cell(r),
                          fmt_mib(_mem(r)), fmt_err(err)])
         notes = _status_notes(columns, said, caption) + extra + run_stability_notes(doc)
-        notes += filter(None, [step_gap_note(gaps)])
+        notes += filter(None, [step_gap_note(gaps), OPT_IN_NOTE if any(": opt_in: " in n or "; opt_in: " in n
+                                                                      for n in extra) else None])
         notes += ["times: ms per mini-batch, median over the timed calls (total min: sum of minima); "
                   "backward = backward-data + backward-filter (PyTorch: one autograd pass; +graph "
                   "peers: the whole step only)",

@@ -104,3 +104,13 @@ def test_a_column_whose_policy_excludes_the_slot_rules_records_them_excluded():
     assert rec["fusion"]["pool-scan"] == rec["fusion"]["relu-bias-sums"] == {"excluded": True}
     assert all({"applied", "declined"} <= set(v) <= {"applied", "declined", "opt_in"} for k, v in rec["fusion"].items()
                if k not in ("pool-scan", "relu-bias-sums"))
+
+
+def test_a_table_with_an_opt_in_line_says_what_opt_in_means(doc):
+    """The fresh user found 'opt_in: elementwise' cryptic: a table that shows one says, once, what it means."""
+    (table,) = tables.end_to_end_tables(doc)
+    assert table.notes.count(tables.OPT_IN_NOTE) == 1  # both columns have opt_in rules on the CPU
+    applied = {k: {"applied": 1, "declined": 0} for k in doc["results"][0]["fusion"]}
+    fused = {**doc, "results": [{**r, "fusion": applied} for r in doc["results"]]}
+    (table,) = tables.end_to_end_tables(fused)
+    assert tables.OPT_IN_NOTE not in table.notes

@@ -35,6 +35,7 @@ from opgraph.types import rounded
 
 from ...reference.dropout import keep_threshold, seed_state
 from .ir import PlanError, Stacked
+from .moments import rstd as _rstd, shifted_moments
 from .storage import lit
 from .table import EXPRESSIONS, Expression, expression
 
@@ -353,10 +354,6 @@ def _dropout(b, op, types, x):
 
 # ------------------------------------------------------------------ batch norm, inference form
 
-def _rstd(b, var, eps):
-    return b.expr(f"((CT)1 / sqrt({{0}} + {lit(eps)}))", var)
-
-
 @expression(ops.BatchNorm)
 def _batch_norm(b, op, types, x, scale, bias, mean, var):
     rstd = _rstd(b, b.channel(var), op.eps)
@@ -381,11 +378,7 @@ def _batch_norm_backward_scale(b, op, types, x, mean, var, gy):
 @expression(ops.BatchNormStats, iterates="in")
 def _batch_norm_stats(b, op, types, x):
     shift = b.sample(x)
-    d = b.expr("({0} - {1})", b.value(x), shift)
-    n = b.count("channel")
-    m1 = b.expr("({0} / {1})", b.reduce(d, "channel"), n)
-    m2 = b.expr("({0} / {1})", b.reduce(b.expr("({0} * {0})", d), "channel"), n)
-    var = b.expr("fmax({0} - {1} * {1}, (CT)0)", m2, m1)
+    _, m1, var, _ = shifted_moments(b, x, shift, "channel")
     return Stacked((b.expr("({0} + {1})", shift, m1), var))
 
 

@@ -7,7 +7,7 @@ statistics are ``row`` reductions (one per leading index, over ``K`` values),
 the weight and bias ``col`` operands, the weight gradient a ``col``
 reduction (over the rows). Every sum is in CT (fp32 for half storage).
 
-Statistics, as batch norm's (``expressions.py``): one pass of sums shifted by
+Statistics, as batch norm's (``moments.py``): one pass of sums shifted by
 the row's first element, ``d = x - x[row, 0]``, ``m1 = <d>``, ``mean = shift +
 m1``, ``var = max(<d^2> - m1^2, 0)`` (Chan, Golub & LeVeque 1983), ``rstd =
 1 / sqrt(var + eps)``, ``xhat = (x - mean) rstd``. A mean against xhat is
@@ -28,7 +28,7 @@ import attrs
 
 from opgraph import ops
 
-from .storage import lit
+from .moments import rstd, shifted_moments
 from .table import expression
 
 
@@ -48,16 +48,12 @@ class RowStats:
 def row_stats(b, x, k: int, eps: float) -> RowStats:
     """The statistics of x over its trailing ``k`` axes (module docstring)."""
     shift = b.row_sample(x, k)
-    d = b.expr("({0} - {1})", b.value(x), shift)
-    n = b.count("row")
-    m1 = b.expr("({0} / {1})", b.reduce(d, "row", k), n)
-    m2 = b.expr("({0} / {1})", b.reduce(b.expr("({0} * {0})", d), "row", k), n)
-    var = b.expr("fmax({0} - {1} * {1}, (CT)0)", m2, m1)
-    rstd = b.expr(f"((CT)1 / sqrt({{0}} + {lit(eps)}))", var)
-    return RowStats(d, m1, b.expr("({0} + {1})", shift, m1), rstd, n, k)
+    d, m1, var, n = shifted_moments(b, x, shift, "row", k)
+    return RowStats(d, m1, b.expr("({0} + {1})", shift, m1), rstd(b, var, eps), n, k)
 
 
 def xhat(b, s: RowStats):
+    """``xhat = (d - m1) rstd`` of each element of the row (``(x - mean) / sqrt(var + eps)``)."""
     return b.expr("(({0} - {1}) * {2})", s.d, s.m1, s.rstd)
 
 

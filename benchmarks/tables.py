@@ -372,8 +372,9 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
                          _ratio_cell(r.get("vs_best_peer"), "ratio", "peer"), _compile_cell(r),
                          fmt_mib(_mem(r)), fmt_err(err)])
         notes = _status_notes(columns, said, caption) + extra + run_stability_notes(doc)
-        notes += filter(None, [step_gap_note(gaps), OPT_IN_NOTE if any(": opt_in: " in n or "; opt_in: " in n
-                                                                      for n in extra) else None])
+        waiting = any(isinstance(v, dict) and v.get("opt_in") for r in ordered(doc, prec) if fusion_note(r)
+                      for v in r["fusion"].values())  # a fusion line shows an opt_in rule
+        notes += filter(None, [step_gap_note(gaps), OPT_IN_NOTE if waiting else None])
         notes += ["times: ms per mini-batch, median over the timed calls (total min: sum of minima); "
                   "backward = backward-data + backward-filter (PyTorch: one autograd pass; +graph "
                   "peers: the whole step only)",

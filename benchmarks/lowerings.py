@@ -40,7 +40,9 @@ from opgraph.errors import did_you_mean
 from opgraph.executable import Executable
 from opgraph.op import abstract_of
 from opgraph.ops import of_family
+from opgraph.passes.autotune import UNMATCHED_ENGINE_LIMITS
 from opgraph.passes.autotune_hand_edit import USED as USED_EDIT
+from opgraph.passes.compiler import ENGINE_LIMITS_IDLE
 from opgraph.passes.candidates import decline_reason, policy_options, storage_dtype
 from opgraph.passes.compiler import precision_applied  # re-exported: the driver records it
 from opgraph.passes.policy import LoweringPolicy, parse_bytes
@@ -349,7 +351,7 @@ def inapplicable(tg: TrainingGraph, lowering: "Lowering", device: str, policy: L
 #: timed; no effect on a device without cuDNN, ``passes/compiler.py``),
 #: and a cached choice edited by hand that the compile used (``passes/autotune_hand_edit.py``:
 #: it raises no warning, and the column times it, perhaps 200x slower than the measurements' choice)
-_REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads", "they limit the cuDNN engines", "policy.engine_limits key ",
+_REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads", ENGINE_LIMITS_IDLE, UNMATCHED_ENGINE_LIMITS,
                    USED_EDIT)
 
 

@@ -129,6 +129,10 @@ class _Measured:
     home: Home | None = None
 
 
+#: How the note on an ``engine_limits`` key naming no node begins (a benchmark record repeats it).
+UNMATCHED_ENGINE_LIMITS = "policy.engine_limits key"
+
+
 def _note_unmatched_engine_limits(graph: Graph, outputs, ctx: PassContext) -> None:
     """Note and warn of each ``policy.engine_limits`` key that names no node (a typo would
     otherwise leave every node at the default limit without a word), as ``force``'s are."""
@@ -136,7 +140,7 @@ def _note_unmatched_engine_limits(graph: Graph, outputs, ctx: PassContext) -> No
     nodes = [(alias, getattr(abstract_of(v.op), "direction", None)) for alias, v in named if alias is not None]
     for key in ctx.policy.engine_limits:
         if not matches_a_node(key, nodes):
-            msg = f"policy.engine_limits key {key!r} matches no node of graph {graph.name!r}"
+            msg = f"{UNMATCHED_ENGINE_LIMITS} {key!r} matches no node of graph {graph.name!r}"
             ctx.report.note(msg)
             warn_from_caller(msg)
 

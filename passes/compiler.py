@@ -182,6 +182,10 @@ def compile(outputs: Value | Sequence[Value], device: str | None = None, policy=
     return exe
 
 
+#: What the note on engine limits set for a device without cuDNN says (a benchmark record repeats it).
+ENGINE_LIMITS_IDLE = "they limit the cuDNN engines autotune times"
+
+
 def _policy_notes(pol: LoweringPolicy, ctx: PassContext) -> None:
     """The compile's notes on policy keys that can have no effect (autotune's
     keys with autotune off, an include that turns nothing on, a preference
@@ -194,7 +198,7 @@ def _policy_notes(pol: LoweringPolicy, ctx: PassContext) -> None:
     limits = [f"{k}={v!r}" for k, v in pol.to_dict().items()
               if k == "engine_limits" or (k == "engine_limit" and pol.engine_limit != DEFAULT_ENGINE_LIMIT)]
     if limits and pol.autotune and ctx.device != "cuda":
-        ctx.report.note(f"policy {', '.join(limits)}: they limit the cuDNN engines autotune times, and "
+        ctx.report.note(f"policy {', '.join(limits)}: {ENGINE_LIMITS_IDLE}, and "
                         f"{ctx.device} has none: no effect")
     idle_in = idle_include_note(pol)
     if idle_in:

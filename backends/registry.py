@@ -15,6 +15,9 @@ algorithm)``. A rule holds
   in-place plan;
 * ``fresh_output``: whether the kernel's output is always a new buffer,
   never a view of (or the same array as) an input;
+* ``output_view(op, in_types, out_type)``: the input whose buffer the
+  output is a view of for these types, or None: the memory pass counts no
+  buffer for such an output;
 * ``capturable``, ``capture_requires`` and ``variant_capture_blocker``:
   whether the kernel on ``cuda`` (with a variant's options) can be captured
   into a CUDA graph (:meth:`Rule.capture_blocker`), which
@@ -92,6 +95,10 @@ def _no_workspace(op, in_types, options):
     return 0
 
 
+def _no_view(op, in_types, out_type):
+    return None
+
+
 def _nothing_required() -> str | None:
     return None
 
@@ -140,6 +147,15 @@ class Rule:
       in place) may be overwritten: a kernel returning a reshape, slice or
       transposed view of an input would leave two live values on one buffer.
       False unless declared (the safe default).
+    * ``output_view(op, in_types, out_type)``: for a kernel that returns a
+      view of an input when it can (a reshape of a C-ordered array, a
+      transpose already stored as its output is to be), the position of that
+      input when it does for these types (their shapes and layouts), else
+      None. The memory pass then counts the output in its input's buffer
+      (live until the last reader of either) instead of a buffer of its own.
+      It must decide from the types exactly as the kernel decides from the
+      arrays (None where the kernel returns a view overcounts the planned
+      peak; a position where it copies undercounts it). None unless declared.
 
     Three declarations serve CUDA-graph capture (``opgraph/graph_replay.py``),
     where a kernel may not synchronise with the host, copy from host memory,
@@ -195,6 +211,7 @@ class Rule:
     tags: frozenset = attrs.field(default=frozenset(), converter=frozenset)
     inplace: tuple = attrs.field(default=(), converter=_positions)
     fresh_output: bool = False
+    output_view: Callable[..., int | None] = _no_view
     capturable: bool | str | None = None
     capture_requires: Callable[[], str | None] = _nothing_required
     variant_capture_blocker: Callable[[Mapping[str, Any]], str | None] = _every_variant_captures

@@ -45,7 +45,9 @@ right after its last reader (``opgraph.executable.last_readers``). This pass
      concat's producers written into its buffer, a concat that is a slice of
      a larger one and a slice run as a view allocate nothing either (the
      zero-copy plan), and a concat's buffer is live from its first
-     producer's step;
+     producer's step; nor does a step whose kernel returns a view of its
+     input for these types (``Rule.output_view``: a reshape of a C-ordered
+     value, ConvNeXt's transposes that the layout pass made views);
    * during a step the node's scratch space (``Rule.workspace`` of the rule
      and options it was lowered to) is live on top, and so is the result of
      a step the zero-copy plan copies into its slice (``copied_in``);
@@ -57,7 +59,9 @@ workspace): what the executor allocates (no buffer reuse across different
 values is planned yet). ``inplace`` counts the in-place steps and
 ``inplace_bytes`` the output bytes they did not allocate; ``zero_copy``
 counts the values the zero-copy plan makes views and ``zero_copy_bytes``
-the output bytes they did not allocate. ``no_reuse_bytes``
+the output bytes they did not allocate; ``output_views`` and
+``output_view_bytes`` the same for the steps returning a view of their input.
+``no_reuse_bytes``
 is the sum of every output buffer, in place or not (a framework that never
 frees and never reuses).
 """
@@ -126,11 +130,29 @@ def plan_inplace(graph: Graph, outputs, zero_copy: bool = False) -> InplacePlan:
     return InplacePlan(keep, writes, homes, views, copied_in)
 
 
+def output_views(graph: Graph, order) -> dict[int, int]:
+    """Node id -> position of the input whose buffer its output is a view of,
+    for each step whose rule returns a view for these types
+    (``Rule.output_view``: a reshape of a C-ordered value, a transpose
+    already stored as its output is to be)."""
+    out = {}
+    for n in order:
+        rule = _rule(graph.node(n).op)
+        if rule is not None:
+            view = graph.node(n)
+            pos = rule.output_view(view.op.op, view.input_types, view.type)
+            if pos is not None:
+                out[n] = pos
+    return out
+
+
 def _buffers(graph: Graph, order, plan: InplacePlan) -> dict[int, int]:
     """Value node id -> the node id of the value owning its buffer: itself,
     or, for a value that allocates nothing, the owner of the buffer it is
     written into (in place, or its slice of a concat, whose owner is the
-    outermost concat: never written in place) or a view of."""
+    outermost concat: never written in place) or a view of (a zero-copy
+    slice, or a step returning a view: :func:`output_views`)."""
+    aliases = output_views(graph, order)
     owner: dict[int, int] = {}
     for n in order:  # inputs first, so their owners are known
         if n in plan.homes:
@@ -142,6 +164,8 @@ def _buffers(graph: Graph, order, plan: InplacePlan) -> dict[int, int]:
             owner[n] = owner[graph.input_ids(n)[plan.writes[n]]]
         elif n in plan.views:
             owner[n] = owner[graph.input_ids(n)[0]]
+        elif n in aliases:
+            owner[n] = owner[graph.input_ids(n)[aliases[n]]]
         else:
             owner[n] = n
     return owner
@@ -248,12 +272,13 @@ def plan_memory(graph: Graph, outputs, dtype: str | None = None,
         (a result copied into its concat slice counts as its step's workspace),
         ``source_bytes``, ``no_reuse_bytes``, ``peak_step`` (node name),
         ``inplace`` (steps), ``inplace_bytes``, ``zero_copy`` (values),
-        ``zero_copy_bytes``.
+        ``zero_copy_bytes``, ``output_views`` (steps), ``output_view_bytes``.
     """
     plan = plan_inplace(graph, outputs) if inplace is None else inplace
     order = graph.topological(graph.ancestors(outputs))
     nbytes = _run_bytes(graph, order, dtype)
     steps = _step_bytes(graph, order, plan, nbytes, {v.node for v in outputs})
+    aliases = output_views(graph, order)
     peak = act_peak = ws_peak = sources = total = saved = views = view_bytes = 0
     peak_step = None
     for n in order:
@@ -274,7 +299,8 @@ def plan_memory(graph: Graph, outputs, dtype: str | None = None,
     return {"planned_peak_bytes": peak, "activation_peak_bytes": act_peak,
             "workspace_peak_bytes": ws_peak, "source_bytes": sources, "no_reuse_bytes": total,
             "peak_step": peak_step, "inplace": len(plan.writes), "inplace_bytes": saved,
-            "zero_copy": views, "zero_copy_bytes": view_bytes}
+            "zero_copy": views, "zero_copy_bytes": view_bytes,
+            "output_views": len(aliases), "output_view_bytes": sum(nbytes[n] for n in aliases)}
 
 
 class MemoryPass(Pass):
@@ -295,4 +321,4 @@ class MemoryPass(Pass):
         return graph
 
 
-__all__ = ["MemoryPass", "plan_inplace", "plan_memory", "step_bytes", "StepBytes"]
+__all__ = ["MemoryPass", "plan_inplace", "plan_memory", "step_bytes", "StepBytes", "output_views"]

@@ -104,16 +104,18 @@ def _movement(fn, layout: bool = True):
 #: statistics homed in a zero-copy concat of statistics (``passes/share_bn_stats.py``),
 #: which would otherwise be copied there, one small copy per feature map
 STRIDED_OUT = frozenset({ops.BatchNormStats})
-#: data-movement op type -> (kernel, whether its output is always a new array).
+#: data-movement op type -> (kernel, ``Rule.output_view``): None for a kernel
+#: whose output is always a new array (``fresh_output``), else when it is a view
+#: of its input (decided from the types, as the kernel decides from the arrays)
 MOVEMENT = {
-    ops.Concat: (_movement(movement.concat), True),
-    ops.Slice: (_movement(movement.slice_), True),
-    ops.SliceBackward: (_movement(movement.slice_backward), True),
-    ops.Pad: (_movement(movement.pad), True),
-    ops.PadBackward: (_movement(movement.pad_backward), True),
-    ops.Transpose: (_movement(movement.transpose), False),  # a view when it can be (passes/layout.py)
-    ops.Reshape: (_movement(movement.reshape), False),  # a view when it can be (not into NHWC)
-    ops.Flatten: (_movement(movement.flatten, layout=False), False),
+    ops.Concat: (_movement(movement.concat), None),
+    ops.Slice: (_movement(movement.slice_), None),
+    ops.SliceBackward: (_movement(movement.slice_backward), None),
+    ops.Pad: (_movement(movement.pad), None),
+    ops.PadBackward: (_movement(movement.pad_backward), None),
+    ops.Transpose: (_movement(movement.transpose), movement.transpose_view),  # passes/layout.py
+    ops.Reshape: (_movement(movement.reshape), movement.reshape_view),
+    ops.Flatten: (_movement(movement.flatten, layout=False), movement.reshape_view),
 }
 
 
@@ -125,9 +127,9 @@ def register_rules() -> None:
         register(Rule(op_type, "codegen", run_generated, devices={"cuda"}, check=check, tags=TAGS,
                       variants=codegen_sources.one_variant(), inplace=INPLACE.get(op_type), fresh_output=True,
                       capturable=True, writes_strided_out=op_type in STRIDED_OUT))
-    for op_type, (kernel, fresh) in MOVEMENT.items():
+    for op_type, (kernel, view) in MOVEMENT.items():
         register(Rule(op_type, "codegen", kernel, devices={"cuda"}, check=movement_check, tags=TAGS,
-                      fresh_output=fresh, capturable=True))
+                      fresh_output=view is None, capturable=True, **({"output_view": view} if view else {})))
 
 
 register_rules()

@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from opgraph import ops
 from opgraph.errors import ShapeError
 from opgraph.types import numpy_dtype, storage_order
 
@@ -98,16 +102,27 @@ def reshape(xp, x, *, shape, layout=None):
     shape = tuple(shape)
     if math.prod(shape) != x.size:
         raise ShapeError(f"reshape: {x.shape} ({x.size} elements) cannot become {shape}")
-    # one channel or one pixel (the gradient of a Flatten after a global pool): C order is
-    # channels-last memory too, so the view below is kept as it is (to_layout copies nothing)
-    if layout == "NHWC" and len(shape) == 4 and shape[1] > 1 and shape[2] * shape[3] > 1:
-        if x.shape == shape and storage_order(x) == "NHWC":
-            return x  # already so: a view, as for C order below
+    if _reshape_is_view(x, shape, layout):
+        return x if x.shape == shape else x.reshape(shape)
+    if _into_nhwc(shape, layout):
         src = x if x.shape == shape else reshape(xp, x, shape=shape)
         return copy_into(xp, empty(xp, shape, x.dtype, "NHWC"), src)
-    if not x.flags.c_contiguous:
-        x = copy_into(xp, empty(xp, x.shape, x.dtype), x)
-    return x.reshape(shape)
+    return copy_into(xp, empty(xp, x.shape, x.dtype), x).reshape(shape)
+
+
+def _into_nhwc(shape, layout) -> bool:
+    """Whether a reshape's result is to be stored channels-last, which C order
+    is not: with one channel or one pixel (the gradient of a Flatten after a
+    global pool) both orders are the same memory, so C order is kept."""
+    return layout == "NHWC" and len(shape) == 4 and shape[1] > 1 and shape[2] * shape[3] > 1
+
+
+def _reshape_is_view(x, shape, layout) -> bool:
+    """Whether :func:`reshape` returns a view of ``x`` (no kernel): ``x`` already
+    stored as the result is to be, or a C-ordered ``x`` reshaped into C order."""
+    if _into_nhwc(shape, layout):
+        return x.shape == shape and storage_order(x) == "NHWC"
+    return bool(x.flags.c_contiguous)
 
 
 def flatten(xp, x, *, start_dim):
@@ -124,15 +139,45 @@ def transpose(xp, x, *, perm, layout=None):
     that order (a 4-D output stored channels-last is written so, not copied
     into C order for the executor to transpose again)."""
     src = x.transpose(tuple(perm))
-    want = layout if layout == "NHWC" and src.ndim == 4 else "NCHW"
-    if src.flags.c_contiguous if want == "NCHW" else _packed_nhwc(src):
+    if _stored_as(src, layout):
         return src
-    return copy_into(xp, empty(xp, src.shape, x.dtype, want if src.ndim == 4 else None), src)
+    nhwc = layout == "NHWC" and src.ndim == 4
+    return copy_into(xp, empty(xp, src.shape, x.dtype, "NHWC" if nhwc else None), src)
 
 
-def _packed_nhwc(a) -> bool:
-    """Whether 4-D ``a`` is the NCHW-shaped view of a packed (N, H, W, C) buffer."""
-    return a.transpose(0, 2, 3, 1).flags.c_contiguous
+def _stored_as(a, layout) -> bool:
+    """Whether ``a`` is dense in the order an output stored in ``layout`` is
+    written: the NCHW-shaped view of a packed (N, H, W, C) buffer for a 4-D
+    ``'NHWC'`` one, C order otherwise."""
+    if layout == "NHWC" and a.ndim == 4:
+        return bool(a.transpose(0, 2, 3, 1).flags.c_contiguous)
+    return bool(a.flags.c_contiguous)
+
+
+def stand_in(t):
+    """A zero-byte NumPy array with the shape of TensorType ``t`` and the
+    strides of its storage (packed NHWC for a 4-D value so stored, C order
+    otherwise): the view decisions below, made from types, read its flags."""
+    nhwc = t.layout == "NHWC" and len(t.shape) == 4
+    shape = (t.shape[0], *t.shape[2:], t.shape[1]) if nhwc else tuple(t.shape)
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * max(shape[i + 1], 1)
+    a = as_strided(np.zeros(1, np.uint8), shape, strides, writeable=False)
+    return a.transpose(0, 3, 1, 2) if nhwc else a
+
+
+def transpose_view(op, in_types, out_type) -> int | None:
+    """0 when :func:`transpose` of an input of ``in_types[0]`` returns a view of
+    it for an output of ``out_type`` (``Rule.output_view``), else None."""
+    return 0 if _stored_as(stand_in(in_types[0]).transpose(tuple(op.perm)), out_type.layout) else None
+
+
+def reshape_view(op, in_types, out_type) -> int | None:
+    """0 when :func:`reshape` (``Reshape``, or ``Flatten``, which asks for no
+    layout) returns a view of its input for these types, else None."""
+    layout = out_type.layout if isinstance(op, ops.Reshape) else None
+    return 0 if _reshape_is_view(stand_in(in_types[0]), tuple(out_type.shape), layout) else None
 
 
 def zeros(xp, *, type, layout=None):
@@ -164,4 +209,4 @@ def constant(xp, *, value):
 
 
 __all__ = ["layout_of", "concat", "slice_", "slice_backward", "pad", "pad_backward", "reshape",
-           "flatten", "transpose", "zeros", "constant"]
+           "flatten", "transpose", "zeros", "constant", "stand_in", "transpose_view", "reshape_view"]

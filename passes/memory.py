@@ -130,19 +130,25 @@ def plan_inplace(graph: Graph, outputs, zero_copy: bool = False) -> InplacePlan:
     return InplacePlan(keep, writes, homes, views, copied_in)
 
 
-def output_views(graph: Graph, order) -> dict[int, int]:
+def output_views(graph: Graph, order, plan: InplacePlan) -> dict[int, int]:
     """Node id -> position of the input whose buffer its output is a view of,
     for each step whose rule returns a view for these types
     (``Rule.output_view``: a reshape of a C-ordered value, a transpose
-    already stored as its output is to be)."""
+    already stored as its output is to be). The types describe packed
+    storage, so a step whose input is a strided view under ``plan`` (a
+    zero-copy slice, a region of a concat's buffer) is left out (its kernel
+    may copy: counting a buffer errs on the safe side), and so is a step the
+    plan already places (in place, or in its slice of a concat)."""
+    placed = plan.homes.keys() | plan.views | plan.writes.keys()
     out = {}
     for n in order:
         rule = _rule(graph.node(n).op)
-        if rule is not None:
-            view = graph.node(n)
-            pos = rule.output_view(view.op.op, view.input_types, view.type)
-            if pos is not None:
-                out[n] = pos
+        if rule is None or n in placed:
+            continue
+        view = graph.node(n)
+        pos = rule.output_view(view.op.op, view.input_types, view.type)
+        if pos is not None and graph.input_ids(n)[pos] not in plan.homes.keys() | plan.views:
+            out[n] = pos
     return out
 
 
@@ -152,7 +158,7 @@ def _buffers(graph: Graph, order, plan: InplacePlan) -> dict[int, int]:
     written into (in place, or its slice of a concat, whose owner is the
     outermost concat: never written in place) or a view of (a zero-copy
     slice, or a step returning a view: :func:`output_views`)."""
-    aliases = output_views(graph, order)
+    aliases = output_views(graph, order, plan)
     owner: dict[int, int] = {}
     for n in order:  # inputs first, so their owners are known
         if n in plan.homes:
@@ -278,7 +284,7 @@ def plan_memory(graph: Graph, outputs, dtype: str | None = None,
     order = graph.topological(graph.ancestors(outputs))
     nbytes = _run_bytes(graph, order, dtype)
     steps = _step_bytes(graph, order, plan, nbytes, {v.node for v in outputs})
-    aliases = output_views(graph, order)
+    aliases = output_views(graph, order, plan)
     peak = act_peak = ws_peak = sources = total = saved = views = view_bytes = 0
     peak_step = None
     for n in order:

@@ -21,7 +21,9 @@ import pytest
 from codegen_emulated import emu, emulated_cuda_executable, needs_gxx  # noqa: F401  (emu: fixture)
 from fused_training_steps import training_step
 from opgraph import ops
+import opgraph as og
 from opgraph.backends.registry import KernelContext, rules_for
+from opgraph.executable import run_step
 from opgraph.passes.memory import output_views, plan_memory
 from opgraph.types import TensorType, to_layout
 from test_layout_permute_views import convnext_block, _run_keeping
@@ -81,8 +83,39 @@ def test_the_memory_plan_counts_the_views_the_block_step_returns(emu):
     exe = emulated_cuda_executable(outs, {"layout": "NHWC"}, "float32")
     kept, _ = _run_keeping(exe, feeds)
     returned = {n for n, (stored, args) in kept.items() if any(np.shares_memory(stored, a) for a in args)}
-    declared = output_views(exe.graph, [st.node for st in exe.steps])
+    declared = output_views(exe.graph, [st.node for st in exe.steps], exe.graph.inplace_plan)
     assert set(declared) == returned and len(returned) >= 8  # 4 transposes, reshapes around 2 Linear layers
     memory = plan_memory(exe.graph, exe.outputs, "float32", exe.graph.inplace_plan)
     assert memory["output_views"] == len(returned)
     assert memory["output_view_bytes"] == sum(exe.graph.node(n).type.nbytes for n in returned)
+
+
+def _sliced_and_concatenated():
+    """Flattens whose input is a zero-copy slice (strided: the kernel copies) and
+    flattens homed in a zero-copy concat (the plan places them already)."""
+    g = og.Graph("views")
+    x = g.input("x", (2, 8, 4, 4))
+    w = g.param("w", (8, 8, 3, 3))
+    h = og.relu(og.conv2d(x, w, padding=1, name="c"), name="r")
+    sliced = og.flatten(og.narrow(h, 1, 0, 4, name="narrow"), 1, name="flat_slice")
+    homed = og.concat([og.flatten(h, 1, name="flat_h"), og.flatten(og.relu(x, name="r2"), 1, name="flat_x")],
+                      dim=1, name="cat")
+    return [sliced, og.relu(homed, name="out"), og.relu(h, name="keep")]
+
+
+def test_no_view_is_counted_where_the_plan_places_or_slices(emu):
+    """The executor's own steps (zero-copy slices and concat homes included): a
+    step counted as a view returned one, and none the plan places is counted twice."""
+    exe = emulated_cuda_executable(_sliced_and_concatenated(), {}, "float32")
+    graph, plan = exe.graph, exe.graph.inplace_plan
+    assert plan.views and plan.homes  # the cases this test is about
+    declared = output_views(graph, [st.node for st in exe.steps], plan)
+    rng = np.random.default_rng(2)
+    slots = exe.feed({"x": rng.standard_normal((2, 8, 4, 4)).astype(np.float32),
+                      "w": rng.standard_normal((8, 8, 3, 3)).astype(np.float32)})
+    for st in exe.steps:
+        slots[st.node] = run_step(st, slots)
+        if st.node in declared:
+            assert np.shares_memory(slots[st.node], slots[st.args[declared[st.node]]]), st.name
+    assert not declared.keys() & (plan.homes.keys() | plan.views | plan.writes.keys())
+    assert "flat_slice" not in {graph.node(n).name for n in declared}

@@ -16,10 +16,14 @@ direction (the convolution ops: ``Op.direction`` ``fwd``, ``dgrad``,
   layer in that direction only.
 
 When several keys match a node, the most specific wins: a key equal to the
-node's full name, then a pattern of its full name
-(``conv2.grad/*filter``), then a layer key narrowed to the node's direction,
-then a layer key for every direction (exact names before patterns each
-time, then the order of the ``force`` table). A pattern passes over the nodes
+node's full name, then a pattern of its full name that does not also match
+its layer's name (``conv2.grad/*filter``), then a layer key narrowed to the
+node's direction, then a layer key for every direction (exact names before
+patterns each time, then the order of the ``force`` table). A pattern that
+matches the layer's name too (``conv*`` of ``conv1.grad/...``) counts as a
+layer key: ``{"conv1:backward_filter": "fft", "conv*": "gemm"}`` gives
+``conv1``'s backward-filter ``fft`` (as a pattern of the full name, ``conv*``
+outranked it). A pattern passes over the nodes
 whose op its algorithm has no rule for (``conv*`` = ``fft`` leaves the bias
 gradients ``conv1.grad/bias_add_backward`` alone); an exact name does not.
 """
@@ -86,13 +90,15 @@ def forced_algorithm(force: Mapping[str, str], node_name: str, direction: str | 
     if node_name in force:
         return force[node_name]
     usable = (lambda algo: True) if lowers is None else lowers
-    for key, algo in force.items():
-        if split_key(key)[1] is None and fnmatch.fnmatchcase(node_name, key) and usable(algo):
-            return algo
     word = DIRECTIONS.get(direction)
+    layer = layer_of(node_name)
+    for key, algo in force.items():
+        # a pattern also naming the layer ranks as a layer key below (module docstring)
+        if split_key(key)[1] is None and fnmatch.fnmatchcase(node_name, key) and usable(algo) \
+                and (word is None or not _matches(key, layer)):
+            return algo
     if word is None:
         return None
-    layer = layer_of(node_name)
     ranked = []
     for i, (key, algo) in enumerate(force.items()):
         name, narrow = split_key(key)

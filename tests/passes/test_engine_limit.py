@@ -160,6 +160,10 @@ def test_engine_limits_take_forces_keys_and_precedence():
     assert policy.engine_limit_for("conv2.grad/conv2d_backward_data", "dgrad") == 5
     assert policy.engine_limit_for("conv3", "fwd") == 10  # no key: the policy's engine_limit
     assert LoweringPolicy(engine_limit=2).engine_limit_for("conv3") == 2
+    # the docs' use: every engine on one node, a pattern for the rest (review: the pattern won)
+    mixed = LoweringPolicy(engine_limits={"conv*": 3, "conv1:backward_filter": "all"})
+    assert mixed.engine_limit_for("conv1.grad/conv2d_backward_filter", "wgrad") is None
+    assert mixed.engine_limit_for("conv1", "fwd") == mixed.engine_limit_for("conv2.grad/x", "dgrad") == 3
     again = LoweringPolicy.from_mapping(policy.to_dict())
     assert dict(again.engine_limits) == dict(policy.engine_limits)
 

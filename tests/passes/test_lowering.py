@@ -122,6 +122,16 @@ def test_force_by_node_name_and_pattern():
     # a key of the backward node's full name beats the layer key
     ({"conv2": "fft", "conv2.grad/conv2d_backward_data": "direct"},
      {"Conv2d": "fft", "Conv2dBackwardData": "direct", "Conv2dBackwardFilter": "fft"}),
+    # a pattern that also names the layer is a layer key: the narrowed layer key beats it
+    # (review: as a pattern of the full names, conv* outranked conv2:backward_filter)
+    ({"conv*": "fft", "conv2:backward_filter": "direct", "conv2:forward": "gemm"},
+     {"Conv2d": "gemm", "Conv2dBackwardData": "fft", "Conv2dBackwardFilter": "direct"}),
+    # and an exact layer key beats it whatever the table's order
+    ({"conv*": "fft", "conv2": "direct"},
+     {"Conv2d": "direct", "Conv2dBackwardData": "direct", "Conv2dBackwardFilter": "direct"}),
+    # a pattern of full names only still beats every layer key
+    ({"conv2": "fft", "*filter": "direct"},
+     {"Conv2d": "fft", "Conv2dBackwardData": "fft", "Conv2dBackwardFilter": "direct"}),
 ])
 def test_a_layer_name_forces_every_direction_unless_narrowed(force, want):
     g, outs = conv_grads()

@@ -234,7 +234,7 @@ def run_lowering(tg, feeds: dict, ref, lowering: lw.Lowering, base: LoweringPoli
         rec["algorithms"] = lw.algorithm_counts(exe)
         rec["precision_applied"] = lw.precision_applied(exe)
         rec["not_applicable"] = na
-        rec["notes"] += lw.requested_notes(exe, base.precision, s.layout, model.dtype)
+        rec["notes"] += lw.requested_notes(exe, base.precision, s.layout, model.dtype, rec["notes"])
         rec["notes"] += filter(None, [lowering.policy_note(policy)])
         if ref is not None:
             result = chk.check_lowering(exe, ref)

@@ -48,6 +48,7 @@ from opgraph.passes.compiler import precision_applied  # re-exported: the driver
 from opgraph.passes.policy import LoweringPolicy, parse_bytes
 
 from .protocol import TrainingGraph
+from .records import WARNING_NOTE
 
 #: The convolution ops a lowering is an algorithm of (the ops of family
 #: ``conv``, less the fuse pass's: a compiled graph's fused
@@ -355,16 +356,18 @@ _REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads", EN
                    USED_EDIT)
 
 
-def requested_notes(exe: Executable, precision: str, layout: str, dtype: str) -> list[str]:
+def requested_notes(exe: Executable, precision: str, layout: str, dtype: str, noted=()) -> list[str]:
     """Notes for what a compile was asked and did not do: a ``precision`` no
     kernel took (the CPU's oracle and generated kernels take none) and an
     NHWC ``layout`` the layout pass kept NCHW (its note), so that neither
     shows as applied in a record or a profile; and the compile's notes on
-    the memory-aware re-choice and on autotune keys without effect."""
+    the memory-aware re-choice and on autotune keys without effect, but for
+    those that its warnings already put in ``noted`` (``records.warnings_noted``:
+    ``'warning: '`` and the same words; an unmatched ``engine_limits`` key is both)."""
     notes = list(filter(None, [precisions.unapplied_note(precision, precision_applied(exe), dtype, exe.device)]))
     if layout != "NCHW":
         notes += [n for n in exe.report.notes if n.startswith("layout:")]
-    notes += [n for n in exe.report.notes if any(k in n for k in _REPEATED_NOTES)]
+    notes += [n for n in exe.report.notes if any(k in n for k in _REPEATED_NOTES) and WARNING_NOTE + n not in noted]
     return notes
 
 

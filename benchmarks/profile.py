@@ -198,7 +198,7 @@ def profile_steps(tg, feeds: dict, device: str, policy, timer, *, warmup: int, r
         exe = og.compile(tg.outputs, device=device, policy=policy)
     compile_s = time.perf_counter() - t0
     asked = policy if isinstance(policy, LoweringPolicy) else LoweringPolicy.from_mapping(policy or {})
-    notes = warned + requested_notes(exe, asked.precision, asked.layout, tg.model.dtype)
+    notes = warned + requested_notes(exe, asked.precision, asked.layout, tg.model.dtype, warned)
     notes += filter(None, [profile_cache_note(exe.report.autotune)])
     sched = schedule(exe, tg)
     phase = {st.node: p for p, sts in sched.phases.items() for st in sts}

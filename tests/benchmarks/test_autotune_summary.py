@@ -177,3 +177,23 @@ def test_a_warning_every_column_raises_is_printed_once(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert status == 0, err
     assert err == "opgraph-bench: warning: policy.force key 'conv99' matches no node of graph 'L5'\n"
+
+
+def test_an_unmatched_engine_limits_key_is_one_note_of_the_record(tmp_path, capsys):
+    """The key naming no node is both a compile warning (noted as ``warning: ...``) and a
+    report note the record repeats (``lowerings.requested_notes``): one note, not the two
+    (review: the record held the same words twice)."""
+    import json
+
+    from opgraph.benchmarks import cli
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[engine_limits]\n"nosuchnode" = 2\n')
+    status = cli.main(["--model", "L5", "--batch", "1", "--device", "cpu", "--warmup", "0", "--repeat", "1",
+                       "--no-check", "--no-per-layer", "--lowering", "auto", "--policy", str(policy),
+                       "--format", "json", "--quiet"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    (auto,) = json.loads(out)["results"]
+    said = [n for n in auto["notes"] if "'nosuchnode' matches no node" in n]
+    assert said == ["warning: policy.engine_limits key 'nosuchnode' matches no node of graph 'L5'"], said

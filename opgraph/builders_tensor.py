@@ -123,12 +123,20 @@ def narrow(input: Value, dim: int, start: int, length: int, *, name: str | None 
     a negative ``start`` counts from the end of the axis, as there).
 
     Raises:
-        ParameterError: a bad dim, or a start before the axis; ShapeError: the range leaves the axis.
+        ParameterError: a bad ``dim``; a ``start`` that is not an int in ``[-size, size]``;
+            a ``length`` that is not an int >= 0 or runs past the axis (each named as given).
     """
-    ax = _dim(name or "slice", "dim", dim, input.type.ndim)
-    if _int(start) and -input.shape[ax] <= start < 0:
-        start += input.shape[ax]
-    return input.graph.apply(ops.Slice, dict(axis=ax, start=start, stop=start + length), [input], name)
+    node = name or "slice"
+    ax = _dim(node, "dim", dim, input.type.ndim)
+    size = input.shape[ax]
+    if not _int(start) or not -size <= start <= size:
+        raise ParameterError("start", start, f"must be an int in [-{size}, {size}] (axis {dim} has {size})", node)
+    first = start + size if start < 0 else start
+    if not _int(length) or length < 0 or first + length > size:
+        where = f"start {start}" + (f" ({first} from the axis' beginning)" if start < 0 else "")
+        raise ParameterError("length", length, f"must be an int >= 0 with {where} + length <= {size}, "
+                                               f"the size of axis {dim}", node)
+    return input.graph.apply(ops.Slice, dict(axis=ax, start=first, stop=first + length), [input], name)
 
 
 def split(input: Value, split_size_or_sections, dim: int = 1, *,

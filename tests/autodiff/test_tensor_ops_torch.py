@@ -92,6 +92,23 @@ def test_narrow_with_a_start_before_the_axis_names_the_parameter():
         og.narrow(x, 1, -7, 2, name="cut")
 
 
+@pytest.mark.parametrize("start,length,match", [
+    (-1, 2, r"parameter length=2.*start -1 \(5 from the axis' beginning\) \+ length <= 6"),
+    (4, 3, r"parameter length=3.*start 4 \+ length <= 6"),
+    (0, -1, r"parameter length=-1"),
+    (2.0, 1, r"parameter start=2\.0"),
+])
+def test_narrow_names_start_and_length_as_given(start, length, match):
+    """Review: the error showed the shifted start and a ``stop`` the caller never passed;
+    torch.narrow refuses the same calls."""
+    g = og.Graph("t")
+    x = g.input("x", (2, 6, 3, 3))
+    with pytest.raises(og.ParameterError, match="node cut.*" + match):
+        og.narrow(x, 1, start, length, name="cut")
+    with pytest.raises((RuntimeError, IndexError, TypeError)):
+        torch.narrow(torch.zeros(2, 6, 3, 3), 1, start, length)
+
+
 @pytest.mark.parametrize("groups", [2, 3])
 def test_channel_shuffle_matches_torch(groups):
     """ShuffleNet's shuffle: reshape (N, g, C/g, H, W), transpose(1, 2), reshape back."""

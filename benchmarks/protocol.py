@@ -153,7 +153,9 @@ def training_graph(model: Model, input_grad: bool = False) -> TrainingGraph:
         if name in LAYER_OPS or _matmul_layer(g, node, params):
             layers[node.name] = name
             flops[node.name] = node_flops(node)
-            if g.input_ids(node.id)[0] in depends:
+            # the data operand: the first that is not a parameter (a MatMul may take its weight first)
+            operand = next((i for i in g.input_ids(node.id) if i not in params), None)
+            if operand in depends:
                 data.add(node.name)
     n = len(model.params)
     return TrainingGraph(model, tuple(grads[:n]), grads[n] if input_grad else None, layers, flops,

@@ -99,7 +99,7 @@ from .autotune_memory import StepRoom, held_bytes, reachable_peak
 from .autotune_reuse import RECHOOSE_VERSION, entry_problem, measured_rows, rechoose, refused_options
 from .autotune_timers import CudaEventTimer, PerfCounterTimer, Timer, default_timer, take_waits
 from .base import Pass, PassContext
-from .candidates import rule_variants, rule_workspace, survey_node
+from .candidates import ENGINE_LIMIT_TAG, rule_variants, rule_workspace, survey_node
 from .force import matches_a_node
 from .memory import plan_inplace, plan_memory, step_bytes
 from .report import NodeReport, format_size
@@ -133,16 +133,31 @@ class _Measured:
 UNMATCHED_ENGINE_LIMITS = "policy.engine_limits key"
 
 
-def _note_unmatched_engine_limits(graph: Graph, outputs, ctx: PassContext) -> None:
+def _named(ctx: PassContext, view) -> tuple[str, str | None] | None:
+    """``(name, direction)`` under which ``engine_limits`` keys name node ``view`` (its
+    ``PassContext.aliases`` name), or None for a node no key names."""
+    alias = ctx.aliases.get(view.name, view.name)
+    return None if alias is None else (alias, getattr(abstract_of(view.op), "direction", None))
+
+
+def _note_engine_limits(graph: Graph, outputs, ctx: PassContext, limited: list) -> None:
     """Note and warn of each ``policy.engine_limits`` key that names no node (a typo would
-    otherwise leave every node at the default limit without a word), as ``force``'s are."""
-    named = ((ctx.aliases.get(v.name, v.name), v) for v in graph.nodes_in_order(outputs))
-    nodes = [(alias, getattr(abstract_of(v.op), "direction", None)) for alias, v in named if alias is not None]
+    otherwise leave every node at the default limit without a word), as ``force``'s are, and,
+    on cuda, of each key naming only nodes that no engine-limited rule is timed on
+    (``limited``: the ``(name, direction)`` of those that have one): a pooling layer, a
+    forced node, every node when cuDNN is missing. (Elsewhere the compile notes that
+    every key has no effect: ``compiler.ENGINE_LIMITS_IDLE``.)"""
+    nodes = list(filter(None, (_named(ctx, v) for v in graph.nodes_in_order(outputs))))
     for key in ctx.policy.engine_limits:
         if not matches_a_node(key, nodes):
             msg = f"{UNMATCHED_ENGINE_LIMITS} {key!r} matches no node of graph {graph.name!r}"
-            ctx.report.note(msg)
-            warn_from_caller(msg)
+        elif ctx.device == "cuda" and not matches_a_node(key, limited):
+            msg = (f"{UNMATCHED_ENGINE_LIMITS} {key!r} names no node of graph {graph.name!r} whose "
+                   "cuDNN engines autotune times (not a cuDNN node, forced, or cuDNN unavailable): no effect")
+        else:
+            continue
+        ctx.report.note(msg)
+        warn_from_caller(msg)
 
 
 def _engine_limit(policy, ctx: PassContext, name: str, op) -> int | None:
@@ -179,7 +194,7 @@ class AutotunePass(Pass):
 
     def run(self, graph: Graph, outputs, ctx: PassContext) -> Graph:
         policy = ctx.policy
-        _note_unmatched_engine_limits(graph, outputs, ctx)
+        limited: list[tuple] = []  # (name, direction) of the nodes timed over cuDNN engines
         cache = AutotuneCache.for_policy(policy)
         timer = ctx.timer or default_timer(ctx.device, policy.tune_clock)
         versions = ctx.versions()
@@ -213,6 +228,8 @@ class AutotunePass(Pass):
                 continue
             # without the workspace limit: an over-budget candidate is reported, not declined
             applicable = list(contenders(s.applicable(limited=False), ctx.device))
+            if any(ENGINE_LIMIT_TAG in e.rule.tags for e in applicable) and _named(ctx, view):
+                limited.append(_named(ctx, view))
             by_algorithm = {e.rule.algorithm: e for e in applicable}  # one entry each: contenders
             # every input's layout where they differ; the output's where it differs from inputs
             # that agree; a source such as a Constant (a stochastic-depth mask) has no input: its own layout
@@ -309,6 +326,7 @@ class AutotunePass(Pass):
                 decided[view.id] = _Measured(measured, blocker, by_algorithm, cached=False, home=home)
             _lower(graph, view.id, rec, rule, opts, ctx.device)
             rec.tune_seconds = clock.done(node_clock, "cache" if rec.how == "cache" else "tuned")
+        _note_engine_limits(graph, outputs, ctx, limited)
         moved = self._fit_peak(graph, outputs, ctx, decided, cache)
         for n, edit in unused_edits.items():
             name = graph.node(n).name

@@ -211,3 +211,25 @@ def test_a_slot_runs_in_its_fillers_phase_and_the_phase_loops_keep_what_it_wrote
     for v, w in zip(tg.outputs, want):
         node = exe.outputs[tg.outputs.index(v)].node
         np.testing.assert_allclose(runner.slots[node], w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("weight_first", [False, True])
+def test_a_matmul_layer_has_backward_data_only_when_its_data_operand_needs_it(weight_first):
+    """Review: a MatMul layer's data operand was taken to be its first input, so
+    ``MatMul(W, x)`` on the model input (nothing to differentiate) was flagged as having
+    a backward-data step, and a second such layer on a differentiated value was not."""
+    from opgraph.benchmarks.models import Model
+
+    g = og.Graph("mm")
+    x = g.input("data", (4, 4))
+    w1, w2 = g.param("w1", (4, 4)), g.param("w2", (4, 4))
+
+    def layer(a, w, name):
+        return og.matmul(w, a, name=name) if weight_first else og.matmul(a, w, name=name)
+
+    y = layer(og.relu(layer(x, w1, "mm1")), w2, "mm2")
+    m = Model(key="mm", spec_key="mm", title="", graph=g, input=x, output=y, params=[w1, w2],
+              first_conv_input=x, seed_batch=4, batch=4, dtype="float32")
+    tg = training_graph(m)
+    assert set(tg.layers) == {"mm1", "mm2"}
+    assert tg.data_grad_layers == {"mm2"}  # mm1 reads the model input: no data gradient

@@ -6,6 +6,7 @@ are the extra outputs, the parameters are what the protocol differentiates."""
 from __future__ import annotations
 
 import opgraph as og
+from opgraph import ops
 
 
 def training_bn(g, h, c: int, name: str, outs: list, params: list):
@@ -106,4 +107,34 @@ def dense_block():
     return y, params, outs
 
 
-__all__ = ["training_bn", "bottleneck", "mbconv", "dense_block"]
+def convnext_block(mixer: str = "dwconv", shape=(2, 8, 5, 6)):
+    """A ConvNeXt block, y = h + gamma * permute(fc2(gelu(fc1(LN(permute(h)))))), the Linear
+    layers as reshape -> MatMul -> reshape -> bias (as the ONNX import writes them). ``mixer``:
+    h is a depthwise 3x3 convolution of x (``'dwconv'``, as in ConvNeXt) or a per-channel
+    scale of x (``'scale'``: its gradient needs the layer norm's input gradient, with no
+    convolution in the step)."""
+    c = shape[1]
+    g = og.Graph("cnblock")
+    x = g.input("x", shape)
+    spec = [("ln.w", (c,)), ("ln.b", (c,)), ("fc1.w", (c, 2 * c)), ("fc1.b", (2 * c,)), ("fc2.w", (2 * c, c)),
+            ("fc2.b", (c,)), ("gamma", (c, 1, 1))]
+    spec += [("dw.w", (c, 1, 3, 3)), ("dw.b", (c,))] if mixer == "dwconv" else [("s", (c, 1, 1))]
+    p = {name: g.param(name, shape) for name, shape in spec}
+
+    def linear(h, w, b, cout):
+        flat = og.reshape(h, (-1, h.type.shape[-1]))
+        y = og.reshape(og.matmul(flat, w), (*h.type.shape[:-1], cout))
+        return g.apply(ops.BroadcastAdd, {}, [y, b])
+
+    if mixer == "dwconv":
+        h = og.conv2d(x, p["dw.w"], p["dw.b"], padding=1, groups=c, name="dw")
+        residual = x
+    else:
+        h = residual = og.mul(p["s"], x)
+    h = og.layer_norm(og.permute(h, (0, 2, 3, 1)), c, p["ln.w"], p["ln.b"], eps=1e-6)
+    h = linear(og.gelu(linear(h, p["fc1.w"], p["fc1.b"], 2 * c)), p["fc2.w"], p["fc2.b"], c)
+    y = og.add(residual, og.mul(p["gamma"], og.permute(h, (0, 3, 1, 2))))
+    return y, list(p.values()), []
+
+
+__all__ = ["training_bn", "bottleneck", "mbconv", "dense_block", "convnext_block"]

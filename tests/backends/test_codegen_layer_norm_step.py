@@ -13,32 +13,17 @@ import numpy as np
 import pytest
 
 import opgraph as og
-from opgraph import ops
 from codegen_emulated import emu, emulated_cuda_executable, needs_gxx  # noqa: F401  (emu: fixture)
 from fused_training_steps import step_failures, training_step
+import modern_blocks
 
 pytestmark = needs_gxx
 
 
 def convnext_block():
-    """x (2, 8, 3, 5), h = s * x -> h + gamma * permute(fc2(gelu(fc1(LN(permute(h)))))), biases
-    broadcast (the scale s stands for the depthwise convolution: its gradient needs LN's dx)."""
-    g = og.Graph("cnblock")
-    x = g.input("x", (2, 8, 3, 5))
-    p = {name: g.param(name, shape) for name, shape in [("ln.w", (8,)), ("ln.b", (8,)), ("fc1.w", (8, 16)),
-                                                        ("fc1.b", (16,)), ("fc2.w", (16, 8)), ("fc2.b", (8,)),
-                                                        ("gamma", (8, 1, 1)), ("s", (8, 1, 1))]}
-
-    def linear(h, w, b, cout):
-        flat = og.reshape(h, (-1, h.type.shape[-1]))
-        y = og.reshape(og.matmul(flat, w), (*h.type.shape[:-1], cout))
-        return g.apply(ops.BroadcastAdd, {}, [y, b])
-
-    x = og.mul(p["s"], x)
-    h = og.layer_norm(og.permute(x, (0, 2, 3, 1)), 8, p["ln.w"], p["ln.b"], eps=1e-6)
-    h = linear(og.gelu(linear(h, p["fc1.w"], p["fc1.b"], 16)), p["fc2.w"], p["fc2.b"], 8)
-    y = og.add(x, og.mul(p["gamma"], og.permute(h, (0, 3, 1, 2))))
-    return y, list(p.values()), []
+    """x (2, 8, 3, 5), h = s * x through a ConvNeXt block (``modern_blocks``): the scale stands for
+    the depthwise convolution (its gradient needs LN's dx)."""
+    return modern_blocks.convnext_block("scale", (2, 8, 3, 5))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -23,7 +23,7 @@ from opgraph.analysis import summarize, totals
 from opgraph.backends.registry import algorithm_devices
 from opgraph.errors import ParameterError
 from opgraph.passes.force import DIRECTIONS, matches_a_node
-from opgraph.passes.policy import LoweringPolicy, PolicyError
+from opgraph.passes.policy import DEFAULT_ENGINE_LIMIT, LoweringPolicy, PolicyError, parse_engine_limit
 from opgraph.passes.policy_names import check_names, idle_include_note
 
 from . import driver, lowerings as lw, report
@@ -122,10 +122,15 @@ def device_flag_notes(args, device: str) -> list[str]:
     never silently ignored): ``--layout nhwc`` is acted on for cuda only (the
     layout pass keeps NCHW elsewhere). ``--engine-limit`` (cuDNN engines, on cuda
     only) is noted by the compile of each autotuned column, as a policy file's
-    ``engine_limit`` and ``engine_limits`` are (``passes/compiler.py``)."""
+    ``engine_limit`` and ``engine_limits`` are (``passes/compiler.py``), unless it
+    gives the default, which a policy cannot tell from no flag: noted here then."""
     notes = []
     if args.layout == "nhwc" and device != "cuda":
         notes.append(f"--layout nhwc: the layout pass stores NHWC on cuda only; {device} runs NCHW")
+    given = getattr(args, "engine_limit", None)
+    if given is not None and device != "cuda" and parse_engine_limit(given, "--engine-limit") == DEFAULT_ENGINE_LIMIT:
+        notes.append(f"--engine-limit {given}: it limits the cuDNN engines autotune times, and {device} "
+                     "has none: no effect")
     return notes
 
 

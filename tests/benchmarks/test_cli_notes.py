@@ -69,3 +69,21 @@ def test_the_table_says_which_policy_keys_have_no_effect(capsys, monkeypatch, tm
     assert "L1 / auto: policy engine_limit=4, engine_limits={'nosuchnode': 2}" in out.out
     assert "no effect" in out.out
     assert "engine_limits key 'nosuchnode' matches no node" in out.out + out.err
+
+
+@pytest.mark.parametrize("value, said_by_run", [("10", True), ("all", False), ("4", False)])
+def test_engine_limit_on_the_cpu_is_noted_once_whatever_its_value(capsys, monkeypatch, tmp_path, value,
+                                                                  said_by_run):
+    """Review: ``--engine-limit 10`` (the default) on the CPU was said by no one: the compile
+    notes a policy's non-default limit only. The run notes the default; the compile the rest."""
+    monkeypatch.setenv("OPGRAPH_CACHE", str(tmp_path / "c.json"))
+    status = cli.main(["--model", "L1", "--batch", "1", "--device", "cpu", "--lowering", "auto",
+                       "--engine-limit", value, "--warmup", "0", "--repeat", "1", "--no-per-layer",
+                       "--format", "json"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    doc = json.loads(out)
+    run_notes = [n for n in doc["notes"] if "cuDNN engines" in n]
+    column_notes = [n for r in doc["results"] for n in r["notes"] if "cuDNN engines" in n]
+    assert len(run_notes + column_notes) == 1, (run_notes, column_notes)
+    assert bool(run_notes) is said_by_run

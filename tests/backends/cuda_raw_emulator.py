@@ -54,6 +54,9 @@ static inline unsigned int __umulhi(unsigned int a, unsigned int b) {
 }
 static inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
 static inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
+// rounded on their own, never contracted into an FMA (a test compiles with -ffp-contract=fast)
+static inline float __fmul_rn(float a, float b) { volatile float p = a * b; return p; }
+static inline double __dmul_rn(double a, double b) { volatile double p = a * b; return p; }
 static inline double __hiloint2double(int hi, int lo) {
     unsigned long long u = ((unsigned long long)(unsigned int)hi << 32) | (unsigned int)lo;
     double d; std::memcpy(&d, &u, 8); return d;

@@ -124,3 +124,37 @@ def test_one_program_has_one_split():
                  1, 2)
     with pytest.raises(PlanError, match="trailing 2 and 1 axes"):
         build(op, (TensorType((3, 4, 6), "float32"),), TensorType((3, 4, 6), "float32"))
+
+
+def _has_fma() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " fma " in f.read()
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def contracting_emu(emu, monkeypatch, tmp_path):
+    """The emulator compiling as NVRTC does by default: ``a * b + c`` contracted into an FMA
+    (g++ ``-O2 -mfma -ffp-contract=fast``: g++ forms FMAs from -O2), in a fresh folder and
+    library cache."""
+    import cuda_cpu_emulator as ce
+    if not _has_fma():
+        pytest.skip("this CPU has no FMA instruction")
+    monkeypatch.setattr(ce, "GXX_FLAGS", [*ce.GXX_FLAGS, "-O2", "-mfma", "-ffp-contract=fast"])
+    monkeypatch.setattr(ce, "_LIBS", {})
+    monkeypatch.setattr(ce, "_WORKDIR", str(tmp_path))
+    return emu
+
+
+def test_one_element_rows_give_exactly_zero_under_fma_contraction(contracting_emu):
+    """A row of one element normalises to 0 whatever its value: its input gradient is exactly
+    0. On the H200 it was 1.4e-5 for this case (2026-12-05, ``test_layer_norm_gpu``): NVRTC
+    contracted ``gy * weight - <g>`` into an FMA, leaving the product's rounding error times
+    1/sqrt(eps); the product is now rounded on its own (``layer_norm.MUL_RN``). The contracting
+    emulator gave 3e-6 here before that."""
+    op = ops.LayerNormBackwardData(normalized_shape=(1,), eps=1e-5)
+    out, _ = _run(op, _inputs("gxw", (6, 1), 1, "float32"), "float32")
+    assert launched(contracting_emu)
+    np.testing.assert_array_equal(out, np.zeros_like(out))

@@ -68,10 +68,18 @@ def row_mean_xhat(b, s: RowStats, a, mean_a):
                   mean_a)
 
 
+#: ``a * b`` rounded on its own (``__fmul_rn`` / ``__dmul_rn`` in CT): never contracted into
+#: a fused multiply-add with what it is added to, as NVRTC does by default (``--fmad=true``)
+MUL_RN = "((CT)(sizeof(CT) == 4 ? (double)__fmul_rn((float){0}, (float){1}) : __dmul_rn((double){0}, (double){1})))"
+
+
 def _scaled(b, k, gy, weight):
-    """``g = gy * weight`` (gy itself without a weight)."""
+    """``g = gy * weight`` (gy itself without a weight), rounded on its own (:data:`MUL_RN`), so
+    that the sweep's ``g - <g>`` is exactly 0 where a row has one element (``<g>`` = g): NVRTC
+    contracted ``gy * weight - <g>`` into an FMA, leaving the product's rounding error times
+    ``rstd = 1 / sqrt(eps)``, ~1e-5 on the H200 (2026-12-05) where the answer is 0."""
     g = b.value(gy)
-    return b.expr("({0} * {1})", g, b.trailing_operand(weight[0], k)) if weight else g
+    return b.expr(MUL_RN, g, b.trailing_operand(weight[0], k)) if weight else g
 
 
 @expression(ops.LayerNorm)

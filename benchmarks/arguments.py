@@ -10,6 +10,7 @@ import math
 
 import attrs
 
+import opgraph
 from opgraph.errors import ParameterError, did_you_mean
 from opgraph.passes.policy import PRECISIONS, LoweringPolicy
 from opgraph.passes.policy_names import check_names
@@ -235,6 +236,8 @@ def build_parser(prog: str = compare.COMMAND) -> argparse.ArgumentParser:
                "Exit status: 0 ok; 2 usage error; 1 device or model failure; 3 some column is a "
                "mismatch or an error (outputs written first); 4 --time-limit left nothing timed; "
                "130 Ctrl-C (the finished columns are written first).")
+    p.add_argument("--version", action="version", version=f"%(prog)s {opgraph.__version__}",
+                   help="print the installed opgraph's version and exit")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--model", type=parse_models, default=None, metavar="NAME[,NAME]",
                       help="alexnet, overfeat, vgg_a, googlenet, L1..L5, resnet50, densenet121, "

@@ -87,3 +87,12 @@ def test_engine_limit_on_the_cpu_is_noted_once_whatever_its_value(capsys, monkey
     column_notes = [n for r in doc["results"] for n in r["notes"] if "cuDNN engines" in n]
     assert len(run_notes + column_notes) == 1, (run_notes, column_notes)
     assert bool(run_notes) is said_by_run
+
+
+def test_version_prints_the_installed_version(capsys):
+    """Fresh-user report: ``--version`` was an unknown flag ("did you mean '--precision'?")."""
+    import opgraph
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip().endswith(f" {opgraph.__version__}")

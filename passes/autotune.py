@@ -101,6 +101,7 @@ from .autotune_timers import CudaEventTimer, PerfCounterTimer, Timer, default_ti
 from .base import Pass, PassContext
 from .candidates import ENGINE_LIMIT_TAG, rule_variants, rule_workspace, survey_node
 from .force import matches_a_node
+from .policy import DEFAULT_ENGINE_LIMIT
 from .memory import plan_inplace, plan_memory, step_bytes
 from .report import NodeReport, format_size
 from .zero_copy import Home, predict_homes
@@ -140,24 +141,36 @@ def _named(ctx: PassContext, view) -> tuple[str, str | None] | None:
     return None if alias is None else (alias, getattr(abstract_of(view.op), "direction", None))
 
 
-def _note_engine_limits(graph: Graph, outputs, ctx: PassContext, limited: list) -> None:
+def _note_unmatched_engine_limits(graph: Graph, outputs, ctx: PassContext) -> None:
     """Note and warn of each ``policy.engine_limits`` key that names no node (a typo would
-    otherwise leave every node at the default limit without a word), as ``force``'s are, and,
-    on cuda, of each key naming only nodes that no engine-limited rule is timed on
-    (``limited``: the ``(name, direction)`` of those that have one): a pooling layer, a
-    forced node, every node when cuDNN is missing. (Elsewhere the compile notes that
-    every key has no effect: ``compiler.ENGINE_LIMITS_IDLE``.)"""
+    otherwise leave every node at the default limit without a word), as ``force``'s are:
+    before any node is tuned, so that a typo is said before minutes of tuning."""
     nodes = list(filter(None, (_named(ctx, v) for v in graph.nodes_in_order(outputs))))
     for key in ctx.policy.engine_limits:
         if not matches_a_node(key, nodes):
-            msg = f"{UNMATCHED_ENGINE_LIMITS} {key!r} matches no node of graph {graph.name!r}"
-        elif ctx.device == "cuda" and not matches_a_node(key, limited):
-            msg = (f"{UNMATCHED_ENGINE_LIMITS} {key!r} names no node of graph {graph.name!r} whose "
-                   "cuDNN engines autotune times (not a cuDNN node, forced, or cuDNN unavailable): no effect")
-        else:
-            continue
-        ctx.report.note(msg)
-        warn_from_caller(msg)
+            _say(ctx, f"{UNMATCHED_ENGINE_LIMITS} {key!r} matches no node of graph {graph.name!r}")
+
+
+def _note_idle_engine_limits(graph: Graph, outputs, ctx: PassContext, limited: list) -> None:
+    """On cuda, note and warn of each ``policy.engine_limits`` key that names nodes but none
+    that autotune timed over cuDNN engines (``limited``: the ``(name, direction)`` of those it
+    did): a pooling layer, a forced node, every node when cuDNN is missing. (Elsewhere the
+    compile notes that every key has no effect: ``compiler.ENGINE_LIMITS_IDLE``.)"""
+    if ctx.device != "cuda":
+        return
+    if not limited and ctx.policy.engine_limit != DEFAULT_ENGINE_LIMIT:
+        _say(ctx, f"policy engine_limit={ctx.policy.engine_limit or 'all'}: no node of graph {graph.name!r} "
+                  f"had cuDNN engines to time (no cuDNN node, or cuDNN unavailable): no effect")
+    nodes = list(filter(None, (_named(ctx, v) for v in graph.nodes_in_order(outputs))))
+    for key in ctx.policy.engine_limits:
+        if matches_a_node(key, nodes) and not matches_a_node(key, limited):
+            _say(ctx, f"{UNMATCHED_ENGINE_LIMITS} {key!r} names no node of graph {graph.name!r} whose cuDNN "
+                      "engines autotune times (not a cuDNN node, forced, or cuDNN unavailable): no effect")
+
+
+def _say(ctx: PassContext, msg: str) -> None:
+    ctx.report.note(msg)
+    warn_from_caller(msg)
 
 
 def _engine_limit(policy, ctx: PassContext, name: str, op) -> int | None:
@@ -194,6 +207,7 @@ class AutotunePass(Pass):
 
     def run(self, graph: Graph, outputs, ctx: PassContext) -> Graph:
         policy = ctx.policy
+        _note_unmatched_engine_limits(graph, outputs, ctx)
         limited: list[tuple] = []  # (name, direction) of the nodes timed over cuDNN engines
         cache = AutotuneCache.for_policy(policy)
         timer = ctx.timer or default_timer(ctx.device, policy.tune_clock)
@@ -326,7 +340,7 @@ class AutotunePass(Pass):
                 decided[view.id] = _Measured(measured, blocker, by_algorithm, cached=False, home=home)
             _lower(graph, view.id, rec, rule, opts, ctx.device)
             rec.tune_seconds = clock.done(node_clock, "cache" if rec.how == "cache" else "tuned")
-        _note_engine_limits(graph, outputs, ctx, limited)
+        _note_idle_engine_limits(graph, outputs, ctx, limited)
         moved = self._fit_peak(graph, outputs, ctx, decided, cache)
         for n, edit in unused_edits.items():
             name = graph.node(n).name

@@ -15,15 +15,18 @@ direction (the convolution ops: ``Op.direction`` ``fwd``, ``dgrad``,
 * ``NAME:forward``, ``NAME:backward_data``, ``NAME:backward_filter``: that
   layer in that direction only.
 
-When several keys match a node, the most specific wins: a key equal to the
-node's full name, then a pattern of its full name that does not also match
-its layer's name (``conv2.grad/*filter``), then a layer key narrowed to the
-node's direction, then a layer key for every direction (exact names before
-patterns each time, then the order of the ``force`` table). A pattern that
-matches the layer's name too (``conv*`` of ``conv1.grad/...``) counts as a
-layer key: ``{"conv1:backward_filter": "fft", "conv*": "gemm"}`` gives
-``conv1``'s backward-filter ``fft`` (as a pattern of the full name, ``conv*``
-outranked it). A pattern passes over the nodes
+When several keys match a node, the most specific wins: a key naming it
+exactly before any pattern, and among each kind (then in the order of the
+``force`` table): the node's full name (``conv2.grad/conv2d_backward_data``,
+``*backward_filter``), the layer narrowed to the node's direction
+(``conv2:backward_filter``, ``conv*:backward_filter``), the layer for every
+direction (``conv2``, ``conv*``). A pattern that matches the layer's name
+too counts as a layer key for a node with a direction, so
+``{"conv*": "gemm", "conv*:backward_filter": "fft"}`` gives every
+backward-filter ``fft``, and ``{"*backward_filter": "gemm",
+"conv1:backward_filter": "fft"}`` gives ``conv1``'s ``fft``: an exact key
+names what its writer meant (review, twenty-fifth session: as a pattern of
+the full names ``conv*`` and ``*backward_filter`` outranked it). A pattern passes over the nodes
 whose op its algorithm has no rule for (``conv*`` = ``fft`` leaves the bias
 gradients ``conv1.grad/bias_add_backward`` alone); an exact name does not.
 """
@@ -92,20 +95,22 @@ def forced_algorithm(force: Mapping[str, str], node_name: str, direction: str | 
     usable = (lambda algo: True) if lowers is None else lowers
     word = DIRECTIONS.get(direction)
     layer = layer_of(node_name)
-    for key, algo in force.items():
-        # a pattern also naming the layer ranks as a layer key below (module docstring)
-        if split_key(key)[1] is None and fnmatch.fnmatchcase(node_name, key) and usable(algo) \
-                and (word is None or not _matches(key, layer)):
-            return algo
-    if word is None:
-        return None
-    ranked = []
+    ranked = []  # ((is a pattern, level: 0 full name, 1 narrowed layer, 2 layer), table order, algorithm)
     for i, (key, algo) in enumerate(force.items()):
         name, narrow = split_key(key)
-        if narrow not in (None, word) or not _matches(name, layer) or (name != layer and not usable(algo)):
+        names_layer = word is not None and narrow in (None, word)
+        if names_layer and name == layer:
+            rank = (False, 2 if narrow is None else 1)
+        elif not usable(algo):
+            continue  # a pattern passes over the nodes its algorithm cannot lower
+        elif narrow is None and fnmatch.fnmatchcase(node_name, name) and not (names_layer and _matches(name, layer)):
+            rank = (True, 0)
+        elif names_layer and fnmatch.fnmatchcase(layer, name):
+            rank = (True, 2 if narrow is None else 1)
+        else:
             continue
-        ranked.append(((narrow is None, name != layer, i), algo))
-    return min(ranked)[1] if ranked else None
+        ranked.append((rank, i, algo))
+    return min(ranked)[2] if ranked else None
 
 
 def matches_a_node(key: str, nodes: Iterable[tuple[str, str | None]]) -> bool:

@@ -135,11 +135,13 @@ def output_views(graph: Graph, order, plan: InplacePlan) -> dict[int, int]:
     for each step whose rule returns a view for these types
     (``Rule.output_view``: a reshape of a C-ordered value, a transpose
     already stored as its output is to be). The types describe packed
-    storage, so a step whose input is a strided view under ``plan`` (a
-    zero-copy slice, a region of a concat's buffer) is left out (its kernel
-    may copy: counting a buffer errs on the safe side), and so is a step the
-    plan already places (in place, or in its slice of a concat)."""
+    storage, so a step whose input may be strided is left out (its kernel
+    may copy: counting a buffer errs on the safe side): a zero-copy slice or
+    a region of a concat's buffer under ``plan``, or a source (the caller's
+    array, fed with its own strides); and so is a step the plan already
+    places (in place, or in its slice of a concat)."""
     placed = plan.homes.keys() | plan.views | plan.writes.keys()
+    strided = plan.homes.keys() | plan.views
     out = {}
     for n in order:
         rule = _rule(graph.node(n).op)
@@ -147,7 +149,10 @@ def output_views(graph: Graph, order, plan: InplacePlan) -> dict[int, int]:
             continue
         view = graph.node(n)
         pos = rule.output_view(view.op.op, view.input_types, view.type)
-        if pos is not None and graph.input_ids(n)[pos] not in plan.homes.keys() | plan.views:
+        if pos is None:
+            continue
+        x = graph.input_ids(n)[pos]
+        if x not in strided and not isinstance(graph.node(x).op, Source):
             out[n] = pos
     return out
 

@@ -89,11 +89,11 @@ def run_generated(ctx, op, *arrays, out=None):
     return launch.run(ctx.xp, op, arrays, out_type, out=out)
 
 
-def _movement(fn, layout: bool = True):
-    """A rule kernel calling ``fn(xp, *arrays, **op.params(), layout=...)``."""
+def _movement(fn):
+    """A rule kernel calling ``fn(xp, *arrays, **op.params(), layout=...)`` (the output's layout)."""
     def kernel(ctx, op, *arrays):
-        extra = {"layout": ctx.out_type.layout if ctx.out_type is not None else None} if layout else {}
-        return fn(ctx.xp, *arrays, **op.params(), **extra)
+        layout = ctx.out_type.layout if ctx.out_type is not None else None
+        return fn(ctx.xp, *arrays, **op.params(), layout=layout)
     kernel.__name__ = kernel.__qualname__ = f"codegen_{fn.__name__}"
     kernel.__doc__ = fn.__doc__
     return kernel
@@ -115,7 +115,7 @@ MOVEMENT = {
     ops.PadBackward: (_movement(movement.pad_backward), None),
     ops.Transpose: (_movement(movement.transpose), movement.transpose_view),  # passes/layout.py
     ops.Reshape: (_movement(movement.reshape), movement.reshape_view),
-    ops.Flatten: (_movement(movement.flatten, layout=False), movement.reshape_view),
+    ops.Flatten: (_movement(movement.flatten), movement.reshape_view),
 }
 
 

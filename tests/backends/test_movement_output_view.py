@@ -40,7 +40,9 @@ RESHAPES = [(SHAPE, lin, ops.Reshape(shape=(2, 60)), None) for lin in LAYOUTS] \
     + [((2, 60), None, ops.Reshape(shape=SHAPE), lout) for lout in LAYOUTS] \
     + [((2, 3), None, ops.Reshape(shape=(2, 3, 1, 1)), lout) for lout in LAYOUTS] \
     + [((2, 3, 1, 1), lin, ops.Flatten(start_dim=1), None) for lin in LAYOUTS] \
-    + [(SHAPE, lin, ops.Flatten(start_dim=1), None) for lin in LAYOUTS]
+    + [(SHAPE, lin, ops.Flatten(start_dim=1), None) for lin in LAYOUTS] \
+    + [((2, 3, 4, 5, 6), None, ops.Flatten(start_dim=3), lout) for lout in LAYOUTS] \
+    + [(SHAPE, lin, ops.Flatten(start_dim=3), lout) for lin in LAYOUTS for lout in LAYOUTS]  # review: into NHWC
 
 
 def _decision_and_result(op, in_type: TensorType, out_layout):
@@ -100,22 +102,42 @@ def _sliced_and_concatenated():
     sliced = og.flatten(og.narrow(h, 1, 0, 4, name="narrow"), 1, name="flat_slice")
     homed = og.concat([og.flatten(h, 1, name="flat_h"), og.flatten(og.relu(x, name="r2"), 1, name="flat_x")],
                       dim=1, name="cat")
-    return [sliced, og.relu(homed, name="out"), og.relu(h, name="keep")]
+    same = og.flatten(og.relu(h, name="r3"), 3, name="flat_same")  # 4-D to 4-D: stored as the layout says
+    # 5-D (C order) to 4-D, stored NHWC under that layout (review: planned as a view, copied by the executor)
+    five = og.flatten(og.relu(g.input("x5", (2, 3, 4, 5, 6)), name="r5"), 3, name="flat_five")
+    return [sliced, og.relu(homed, name="out"), og.relu(h, name="keep"), og.relu(same, name="out2"),
+            og.relu(five, name="out3")]
 
 
-def test_no_view_is_counted_where_the_plan_places_or_slices(emu):
-    """The executor's own steps (zero-copy slices and concat homes included): a
-    step counted as a view returned one, and none the plan places is counted twice."""
-    exe = emulated_cuda_executable(_sliced_and_concatenated(), {}, "float32")
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_no_view_is_counted_where_the_plan_places_or_slices(emu, layout):
+    """The executor's own steps (zero-copy slices and concat homes included, and its
+    conversion of an output into NHWC storage): a step counted as a view returned one,
+    and none the plan places is counted twice."""
+    exe = emulated_cuda_executable(_sliced_and_concatenated(), {"layout": layout}, "float32")
     graph, plan = exe.graph, exe.graph.inplace_plan
     assert plan.views and plan.homes  # the cases this test is about
     declared = output_views(graph, [st.node for st in exe.steps], plan)
     rng = np.random.default_rng(2)
     slots = exe.feed({"x": rng.standard_normal((2, 8, 4, 4)).astype(np.float32),
-                      "w": rng.standard_normal((8, 8, 3, 3)).astype(np.float32)})
+                      "w": rng.standard_normal((8, 8, 3, 3)).astype(np.float32),
+                      "x5": rng.standard_normal((2, 3, 4, 5, 6)).astype(np.float32)})
     for st in exe.steps:
         slots[st.node] = run_step(st, slots)
         if st.node in declared:
             assert np.shares_memory(slots[st.node], slots[st.args[declared[st.node]]]), st.name
     assert not declared.keys() & (plan.homes.keys() | plan.views | plan.writes.keys())
     assert "flat_slice" not in {graph.node(n).name for n in declared}
+
+
+def test_a_step_reading_a_source_is_not_counted_as_a_view(emu):
+    """Review: a graph input is fed with the caller's strides (an F-ordered host array stays
+    so), so its reshape may copy; the plan counts a buffer for it (the safe side)."""
+    g = og.Graph("fed")
+    x = g.input("x", (6, 8))
+    y = og.relu(og.reshape(x, (48,), name="flat"), name="out")
+    exe = emulated_cuda_executable([y], {}, "float32")
+    assert output_views(exe.graph, [st.node for st in exe.steps], exe.graph.inplace_plan) == {}
+    slots = exe.feed({"x": np.asfortranarray(np.arange(48, dtype=np.float32).reshape(6, 8))})
+    flat = next(st for st in exe.steps if st.name == "flat")
+    assert not np.shares_memory(run_step(flat, slots), slots[flat.args[0]])  # the premise: it copied

@@ -38,3 +38,16 @@ def test_a_key_naming_only_nodes_without_cudnn_engines_is_noted(monkeypatch, tmp
     assert not any(c.algorithm == "cudnn" for _, _, rec in steps.values() for c in rec.candidates)
     assert said == ["policy.engine_limits key 'bn*' names no node of graph 'graph' whose cuDNN engines "
                     "autotune times (not a cuDNN node, forced, or cuDNN unavailable): no effect"], said
+
+
+def test_a_scalar_engine_limit_with_no_cudnn_node_is_noted(monkeypatch, tmp_path):
+    """Review: on cuda with no node timed over cuDNN engines (cuDNN missing, or every such node
+    rewritten), a non-default ``engine_limit`` changed nothing and was said by no one."""
+    oracle_kernels_on_cuda(monkeypatch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tune_for_cuda(bn_relu_step(), og.LoweringPolicy(layout="NHWC", autotune=True, engine_limit=3,
+                                                        cache=str(tmp_path / "c.json")), "bfloat16")
+    said = [str(w.message) for w in caught if "engine_limit=3" in str(w.message)]
+    assert said == ["policy engine_limit=3: no node of graph 'graph' had cuDNN engines to time (no cuDNN "
+                    "node, or cuDNN unavailable): no effect"], said

@@ -129,8 +129,16 @@ def test_force_by_node_name_and_pattern():
     # and an exact layer key beats it whatever the table's order
     ({"conv*": "fft", "conv2": "direct"},
      {"Conv2d": "direct", "Conv2dBackwardData": "direct", "Conv2dBackwardFilter": "direct"}),
-    # a pattern of full names only still beats every layer key
-    ({"conv2": "fft", "*filter": "direct"},
+    # an exact key beats every pattern, a pattern of the full names too (review)
+    ({"*backward_filter": "direct", "conv2:backward_filter": "fft"},
+     {"Conv2d": "gemm", "Conv2dBackwardData": "gemm", "Conv2dBackwardFilter": "fft"}),
+    ({"*filter": "direct", "conv2": "fft"},
+     {"Conv2d": "fft", "Conv2dBackwardData": "fft", "Conv2dBackwardFilter": "fft"}),
+    # among patterns, the narrowed layer pattern beats the layer pattern
+    ({"conv*:backward_filter": "direct", "conv*": "fft"},
+     {"Conv2d": "fft", "Conv2dBackwardData": "fft", "Conv2dBackwardFilter": "direct"}),
+    # and a pattern of the full names only beats a layer pattern
+    ({"conv*": "fft", "*filter": "direct"},
      {"Conv2d": "fft", "Conv2dBackwardData": "fft", "Conv2dBackwardFilter": "direct"}),
 ])
 def test_a_layer_name_forces_every_direction_unless_narrowed(force, want):

@@ -20,7 +20,6 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from opgraph import ops
 from opgraph.errors import ShapeError
 from opgraph.types import numpy_dtype, storage_order
 
@@ -125,9 +124,10 @@ def _reshape_is_view(x, shape, layout) -> bool:
     return bool(x.flags.c_contiguous)
 
 
-def flatten(xp, x, *, start_dim):
-    """Axes ``start_dim..`` merged into one (:func:`reshape`)."""
-    return reshape(xp, x, shape=(*x.shape[:start_dim], math.prod(x.shape[start_dim:])))
+def flatten(xp, x, *, start_dim, layout=None):
+    """Axes ``start_dim..`` merged into one (:func:`reshape`, into ``layout``: a 4-D
+    result, of a 5-D value or of ``start_dim=3``, may be stored channels-last)."""
+    return reshape(xp, x, shape=(*x.shape[:start_dim], math.prod(x.shape[start_dim:])), layout=layout)
 
 
 def transpose(xp, x, *, perm, layout=None):
@@ -174,10 +174,9 @@ def transpose_view(op, in_types, out_type) -> int | None:
 
 
 def reshape_view(op, in_types, out_type) -> int | None:
-    """0 when :func:`reshape` (``Reshape``, or ``Flatten``, which asks for no
-    layout) returns a view of its input for these types, else None."""
-    layout = out_type.layout if isinstance(op, ops.Reshape) else None
-    return 0 if _reshape_is_view(stand_in(in_types[0]), tuple(out_type.shape), layout) else None
+    """0 when :func:`reshape` (``Reshape`` or ``Flatten``) returns a view of its input
+    for these types, else None."""
+    return 0 if _reshape_is_view(stand_in(in_types[0]), tuple(out_type.shape), out_type.layout) else None
 
 
 def zeros(xp, *, type, layout=None):

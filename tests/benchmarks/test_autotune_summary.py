@@ -165,17 +165,7 @@ def test_a_warning_every_column_raises_is_printed_once(tmp_path, capsys):
     """The command prints a warning that each column's compile raises once, as
     before the compiles recorded their warnings (``records.warnings_noted``
     resets Python's once-per-place memory)."""
-    import json
-
-    from opgraph.benchmarks import cli
-
-    policy = tmp_path / "policy.toml"
-    policy.write_text('[force]\nL5 = "direct"\nconv99 = "fft"\n')
-    status = cli.main(["--model", "L5", "--batch", "1", "--device", "cpu", "--warmup", "0", "--repeat", "1",
-                       "--no-check", "--no-per-layer", "--lowering", "gemm,direct", "--policy", str(policy),
-                       "--format", "json", "--quiet"])
-    out, err = capsys.readouterr()
-    assert status == 0, err
+    _, err = _l5_with_policy(capsys, tmp_path, '[force]\nL5 = "direct"\nconv99 = "fft"\n', "gemm,direct")
     assert err == "opgraph-bench: warning: policy.force key 'conv99' matches no node of graph 'L5'\n"
 
 
@@ -183,17 +173,24 @@ def test_an_unmatched_engine_limits_key_is_one_note_of_the_record(tmp_path, caps
     """The key naming no node is both a compile warning (noted as ``warning: ...``) and a
     report note the record repeats (``lowerings.requested_notes``): one note, not the two
     (review: the record held the same words twice)."""
+    doc, _ = _l5_with_policy(capsys, tmp_path, '[engine_limits]\n"nosuchnode" = 2\n', "auto")
+    (auto,) = doc["results"]
+    said = [n for n in auto["notes"] if "'nosuchnode' matches no node" in n]
+    assert said == ["warning: policy.engine_limits key 'nosuchnode' matches no node of graph 'L5'"], said
+
+
+def _l5_with_policy(capsys, tmp_path, policy_text: str, lowerings: str):
+    """``(JSON document, standard error)`` of a quiet CPU run of L5 at batch 1 under a policy
+    file holding ``policy_text``; the run must succeed."""
     import json
 
     from opgraph.benchmarks import cli
 
     policy = tmp_path / "policy.toml"
-    policy.write_text('[engine_limits]\n"nosuchnode" = 2\n')
+    policy.write_text(policy_text)
     status = cli.main(["--model", "L5", "--batch", "1", "--device", "cpu", "--warmup", "0", "--repeat", "1",
-                       "--no-check", "--no-per-layer", "--lowering", "auto", "--policy", str(policy),
+                       "--no-check", "--no-per-layer", "--lowering", lowerings, "--policy", str(policy),
                        "--format", "json", "--quiet"])
     out, err = capsys.readouterr()
     assert status == 0, err
-    (auto,) = json.loads(out)["results"]
-    said = [n for n in auto["notes"] if "'nosuchnode' matches no node" in n]
-    assert said == ["warning: policy.engine_limits key 'nosuchnode' matches no node of graph 'L5'"], said
+    return json.loads(out), err

@@ -127,7 +127,7 @@ def device_flag_notes(args, device: str) -> list[str]:
     notes = []
     if args.layout == "nhwc" and device != "cuda":
         notes.append(f"--layout nhwc: the layout pass stores NHWC on cuda only; {device} runs NCHW")
-    given = getattr(args, "engine_limit", None)
+    given = args.engine_limit
     if given is not None and device != "cuda" and parse_engine_limit(given, "--engine-limit") == DEFAULT_ENGINE_LIMIT:
         notes.append(f"--engine-limit {given}: it limits the cuDNN engines autotune times, and {device} "
                      "has none: no effect")

@@ -60,6 +60,10 @@ class InplacePlan:
         views: node ids of the ``Slice`` steps that return a view of their input.
         copied_in: the homed values whose step copies its kernel's result
             into its slice (the kernel cannot write a strided view).
+        output_views: node id -> position of the input whose buffer the
+            step's kernel returns a view of (``Rule.output_view``): nothing
+            the executor acts on (the kernel decides at run time); the memory
+            pass's replay counts no buffer for it.
     """
 
     outputs: frozenset = attrs.field(converter=frozenset)
@@ -67,6 +71,7 @@ class InplacePlan:
     homes: Mapping[int, tuple] = attrs.field(factory=dict, converter=lambda m: dict(sorted(m.items())))
     views: frozenset = attrs.field(factory=frozenset, converter=frozenset)
     copied_in: frozenset = attrs.field(factory=frozenset, converter=frozenset)
+    output_views: Mapping[int, int] = attrs.field(factory=dict, converter=lambda m: dict(sorted(m.items())))
 
 
 @attrs.frozen

@@ -141,27 +141,27 @@ def _named(ctx: PassContext, view) -> tuple[str, str | None] | None:
     return None if alias is None else (alias, getattr(abstract_of(view.op), "direction", None))
 
 
-def _note_unmatched_engine_limits(graph: Graph, outputs, ctx: PassContext) -> None:
-    """Note and warn of each ``policy.engine_limits`` key that names no node (a typo would
-    otherwise leave every node at the default limit without a word), as ``force``'s are:
-    before any node is tuned, so that a typo is said before minutes of tuning."""
-    nodes = list(filter(None, (_named(ctx, v) for v in graph.nodes_in_order(outputs))))
+def _note_unmatched_engine_limits(graph: Graph, nodes: list, ctx: PassContext) -> None:
+    """Note and warn of each ``policy.engine_limits`` key that names none of ``nodes`` (the
+    graph's :func:`_named` nodes; a typo would otherwise leave every node at the default limit
+    without a word), as ``force``'s are: before any node is tuned, so that a typo is said
+    before minutes of tuning."""
     for key in ctx.policy.engine_limits:
         if not matches_a_node(key, nodes):
             _say(ctx, f"{UNMATCHED_ENGINE_LIMITS} {key!r} matches no node of graph {graph.name!r}")
 
 
-def _note_idle_engine_limits(graph: Graph, outputs, ctx: PassContext, limited: list) -> None:
-    """On cuda, note and warn of each ``policy.engine_limits`` key that names nodes but none
-    that autotune timed over cuDNN engines (``limited``: the ``(name, direction)`` of those it
-    did): a pooling layer, a forced node, every node when cuDNN is missing. (Elsewhere the
-    compile notes that every key has no effect: ``compiler.ENGINE_LIMITS_IDLE``.)"""
+def _note_idle_engine_limits(graph: Graph, nodes: list, ctx: PassContext, limited: list) -> None:
+    """On cuda, note and warn of each ``policy.engine_limits`` key that names some of
+    ``nodes`` but none that autotune timed over cuDNN engines (``limited``: the ``(name,
+    direction)`` of those it did): a pooling layer, a forced node, every node when cuDNN is
+    missing; and of a non-default ``engine_limit`` when no node was. (Elsewhere the compile
+    notes that every key has no effect: ``compiler.ENGINE_LIMITS_IDLE``.)"""
     if ctx.device != "cuda":
         return
     if not limited and ctx.policy.engine_limit != DEFAULT_ENGINE_LIMIT:
         _say(ctx, f"policy engine_limit={ctx.policy.engine_limit or 'all'}: no node of graph {graph.name!r} "
                   f"had cuDNN engines to time (no cuDNN node, or cuDNN unavailable): no effect")
-    nodes = list(filter(None, (_named(ctx, v) for v in graph.nodes_in_order(outputs))))
     for key in ctx.policy.engine_limits:
         if matches_a_node(key, nodes) and not matches_a_node(key, limited):
             _say(ctx, f"{UNMATCHED_ENGINE_LIMITS} {key!r} names no node of graph {graph.name!r} whose cuDNN "
@@ -207,7 +207,9 @@ class AutotunePass(Pass):
 
     def run(self, graph: Graph, outputs, ctx: PassContext) -> Graph:
         policy = ctx.policy
-        _note_unmatched_engine_limits(graph, outputs, ctx)
+        # (name, direction) of every node engine_limits keys can name
+        named = list(filter(None, (_named(ctx, v) for v in graph.nodes_in_order(outputs))))
+        _note_unmatched_engine_limits(graph, named, ctx)
         limited: list[tuple] = []  # (name, direction) of the nodes timed over cuDNN engines
         cache = AutotuneCache.for_policy(policy)
         timer = ctx.timer or default_timer(ctx.device, policy.tune_clock)
@@ -242,8 +244,8 @@ class AutotunePass(Pass):
                 continue
             # without the workspace limit: an over-budget candidate is reported, not declined
             applicable = list(contenders(s.applicable(limited=False), ctx.device))
-            if any(ENGINE_LIMIT_TAG in e.rule.tags for e in applicable) and _named(ctx, view):
-                limited.append(_named(ctx, view))
+            if any(ENGINE_LIMIT_TAG in e.rule.tags for e in applicable) and (named_as := _named(ctx, view)):
+                limited.append(named_as)
             by_algorithm = {e.rule.algorithm: e for e in applicable}  # one entry each: contenders
             # every input's layout where they differ; the output's where it differs from inputs
             # that agree; a source such as a Constant (a stochastic-depth mask) has no input: its own layout
@@ -340,7 +342,7 @@ class AutotunePass(Pass):
                 decided[view.id] = _Measured(measured, blocker, by_algorithm, cached=False, home=home)
             _lower(graph, view.id, rec, rule, opts, ctx.device)
             rec.tune_seconds = clock.done(node_clock, "cache" if rec.how == "cache" else "tuned")
-        _note_idle_engine_limits(graph, outputs, ctx, limited)
+        _note_idle_engine_limits(graph, named, ctx, limited)
         moved = self._fit_peak(graph, outputs, ctx, decided, cache)
         for n, edit in unused_edits.items():
             name = graph.node(n).name

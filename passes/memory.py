@@ -100,7 +100,9 @@ def plan_inplace(graph: Graph, outputs, zero_copy: bool = False) -> InplacePlan:
     """The in-place steps of ``outputs``' schedule (conditions in the module
     docstring): node id -> position of the input whose buffer it overwrites;
     with ``zero_copy``, first the zero-copy plan (``passes/zero_copy.py``),
-    whose shared buffers the in-place steps then leave alone."""
+    whose shared buffers the in-place steps then leave alone; last, the steps
+    whose kernel returns a view of its input (:func:`output_views`), which the
+    replay counts in that input's buffer."""
     order = graph.topological(graph.ancestors(outputs))
     keep = {v.node for v in outputs}
     last = last_readers(graph, order)
@@ -127,7 +129,8 @@ def plan_inplace(graph: Graph, outputs, zero_copy: bool = False) -> InplacePlan:
                 break
         if rule.fresh_output or n in writes:
             owned.add(n)
-    return InplacePlan(keep, writes, homes, views, copied_in)
+    plan = InplacePlan(keep, writes, homes, views, copied_in)
+    return attrs.evolve(plan, output_views=output_views(graph, order, plan))
 
 
 def output_views(graph: Graph, order, plan: InplacePlan) -> dict[int, int]:
@@ -162,8 +165,8 @@ def _buffers(graph: Graph, order, plan: InplacePlan) -> dict[int, int]:
     or, for a value that allocates nothing, the owner of the buffer it is
     written into (in place, or its slice of a concat, whose owner is the
     outermost concat: never written in place) or a view of (a zero-copy
-    slice, or a step returning a view: :func:`output_views`)."""
-    aliases = output_views(graph, order, plan)
+    slice, or a step returning a view: ``plan.output_views``)."""
+    aliases = plan.output_views
     owner: dict[int, int] = {}
     for n in order:  # inputs first, so their owners are known
         if n in plan.homes:
@@ -289,7 +292,7 @@ def plan_memory(graph: Graph, outputs, dtype: str | None = None,
     order = graph.topological(graph.ancestors(outputs))
     nbytes = _run_bytes(graph, order, dtype)
     steps = _step_bytes(graph, order, plan, nbytes, {v.node for v in outputs})
-    aliases = output_views(graph, order, plan)
+    aliases = plan.output_views
     peak = act_peak = ws_peak = sources = total = saved = views = view_bytes = 0
     peak_step = None
     for n in order:

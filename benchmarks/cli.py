@@ -345,6 +345,16 @@ def _main(argv: list[str] | None, prog: str = PROG) -> int:
     return 0
 
 
+def _one_terminal() -> bool:
+    """Whether standard output and standard error are the same terminal (POSIX:
+    elsewhere a null device also says it is a terminal, so notes are kept)."""
+    try:
+        return (os.name == "posix" and sys.stdout.isatty() and sys.stderr.isatty()
+                and os.ttyname(sys.stdout.fileno()) == os.ttyname(sys.stderr.fileno()))
+    except (AttributeError, OSError, ValueError):  # replaced streams (tests, notebooks)
+        return False
+
+
 def write_outputs(doc: dict, args, *, quiet: bool | None = None) -> str:
     """Write ``doc`` where the flags say (``--output`` or standard output, in
     ``--format``; then ``--plot``); returns where the document went.
@@ -361,11 +371,15 @@ def write_outputs(doc: dict, args, *, quiet: bool | None = None) -> str:
         if not quiet:
             log(f"wrote {args.format} to {args.output}")
     else:
+        said = set(getattr(args, "notes_said", ()))  # before the run started (run_timing)
         if args.format != "table" and not quiet:
-            said = set(getattr(args, "notes_said", ()))  # before the run started (run_timing)
             for note in doc.get("notes", ()):
                 if note not in said:
                     log(f"# {note}")
+        elif args.format == "table" and said and _one_terminal():
+            # the notes said on stderr are on the screen already: not twice (a redirected
+            # stdout keeps them all, so the saved tables say how they were made)
+            doc = {**doc, "notes": [n for n in doc.get("notes", ()) if n not in said]}
         report.write(doc, args.format, sys.stdout)
     if args.plot:
         from .plot import plot

@@ -24,7 +24,7 @@ from .errors import (ExecutionError, LoweringError, NotDifferentiableError, NotL
 from .graph import Graph, NodeView, Value
 from .types import TensorType
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place it is written: setup.cfg reads it (version = attr:)
 
 _LAZY = {  # composed from the passes and backends packages, loaded on first use
     "compile": ("opgraph.passes.compiler", "compile"),

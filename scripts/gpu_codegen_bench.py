@@ -32,7 +32,10 @@ every combination of:
 * ``--tile-bytes`` (channels-last reductions): ``TILE_BYTES`` (the row bytes a
   block owns: 128 narrow tiles, 4096 the widest);
 * ``--finish-bytes`` (split reductions): ``FINISH_BYTES`` (a tile's partial
-  sums its last block adds itself; 0: always a ``finalize`` launch).
+  sums its last block adds itself; 0: always a ``finalize`` launch);
+* ``--row-bytes`` (reductions): ``ROW_LOAD_BYTES`` (the bytes of its run a
+  thread loads per iteration: rows of channels-last data, vectors of a C-order
+  run; 0: one step at a time).
 
 One JSON object per line on stdout (and ``--json`` writes them all).
 
@@ -161,6 +164,8 @@ def main(argv=None) -> int:
                     help="TILE_BYTES values to time the reductions with (default: plan.py's)")
     ap.add_argument("--finish-bytes", default=None,
                     help="FINISH_BYTES values to time the reductions with (default: plan.py's)")
+    ap.add_argument("--row-bytes", default=None,
+                    help="ROW_LOAD_BYTES values (codegen/plan.py) to time the reductions with (default: plan.py's)")
     ap.add_argument("--json", help="also write every result to this file")
     args = ap.parse_args(argv)
     batch, shapes = MODELS[args.model]
@@ -174,9 +179,9 @@ def main(argv=None) -> int:
 
     copy_gbps = measure_copy_bandwidth("cuda")["gbps"]
     knobs = ((plan, "TARGET_BLOCKS"), (plan, "MAX_SWEEP_BLOCKS"), (kernels, "UNROLL"), (plan, "TILE_BYTES"),
-             (plan, "FINISH_BYTES"))
+             (plan, "FINISH_BYTES"), (plan, "ROW_LOAD_BYTES"))
     defaults = tuple(getattr(m, name) for m, name in knobs)
-    default_blocks, default_sweep, default_unroll, default_tile, default_finish = defaults
+    default_blocks, default_sweep, default_unroll, default_tile, default_finish, default_rows = defaults
 
     def values(text, default):
         return [int(v) for v in text.split(",")] if text else [default]
@@ -192,11 +197,13 @@ def main(argv=None) -> int:
 
     emit({"copy_bandwidth_gbps": copy_gbps, "model": args.model, "dtype": args.dtype, "layout": args.layout,
           "batch": batch, "default_target_blocks": default_blocks, "default_sweep_blocks": default_sweep,
-          "default_unroll": default_unroll, "default_tile_bytes": default_tile, "default_finish_bytes": default_finish})
+          "default_unroll": default_unroll, "default_tile_bytes": default_tile, "default_finish_bytes": default_finish,
+          "default_row_bytes": default_rows})
     unrolls = [int(u) for u in args.unroll.split(",")]
-    reduce_variants = [(b, default_sweep, u, t, f) for u in unrolls for b in map(int, args.blocks.split(","))
-                       for t in values(args.tile_bytes, default_tile) for f in values(args.finish_bytes, default_finish)]
-    sweep_variants = [(default_blocks, b, u, default_tile, default_finish)
+    reduce_variants = [(b, default_sweep, u, t, f, r) for u in unrolls for b in map(int, args.blocks.split(","))
+                       for t in values(args.tile_bytes, default_tile) for f in values(args.finish_bytes, default_finish)
+                       for r in values(args.row_bytes, default_rows)]
+    sweep_variants = [(default_blocks, b, u, default_tile, default_finish, default_rows)
                       for u in unrolls for b in map(int, args.sweep_blocks.split(","))]
     for case in cases(batch, args.dtype, args.layout, shapes):
         arrays = _inputs(cp, case, seed=0)
@@ -204,7 +211,7 @@ def main(argv=None) -> int:
         ctx = KernelContext(cp, "cuda", {}, case["out"])
         moved = sum(_nbytes(t) for t in case["types"]) + _nbytes(case["out"])
         for variant in (reduce_variants if case["reduction"] else sweep_variants):
-            blocks, sweep_blocks, unroll, tile_bytes, finish_bytes = variant
+            blocks, sweep_blocks, unroll, tile_bytes, finish_bytes, row_bytes = variant
             set_knobs(variant)
             launch._PLANS.clear()
             try:
@@ -212,7 +219,7 @@ def main(argv=None) -> int:
                 p = launch.plan_for(case["op"], arrays, case["out"])
                 emit({"kernel": case["name"], "shape": case["shape"], "view_of": case["view_of"],
                       "target_blocks": blocks, "sweep_blocks": sweep_blocks, "unroll": unroll,
-                      "tile_bytes": tile_bytes, "finish_bytes": finish_bytes, "ms": ms,
+                      "tile_bytes": tile_bytes, "finish_bytes": finish_bytes, "row_bytes": row_bytes, "ms": ms,
                       "bytes": moved, "gbps": moved / ms / 1e6, "of_copy": moved / ms / 1e6 / copy_gbps,
                       "launches": [{"name": x.name.split("_")[2], "grid": list(x.grid)} for x in p.launches]})
             finally:

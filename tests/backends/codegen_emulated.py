@@ -89,6 +89,16 @@ def launched(emu) -> list[str]:
     return [x["name"].split("_")[2] for x in emu.raw_launches]
 
 
+def steps_per_thread() -> int:
+    """Steps of its run (rows of channels-last data, vectors of a C-order run) a
+    thread of the first split of the last reduction planned takes: ``PER`` over
+    the threads that share the run (``RB`` or ``TE``)."""
+    reductions = [x for p, *_ in launch._PLANS.values() for x in p.launches if x.name.split("_")[2] == "reduce"]
+    values = {name: int(value) for name, (_, _, value) in reductions[-1].params.items.items()
+              if name in ("PER", "RB", "TE")}
+    return values["PER"] // values.get("RB", values.get("TE"))
+
+
 def emulated_cuda_executable(outputs, policy, dtype: str | None, kernels: tuple = ()):
     """``outputs`` through the default pipeline for device ``cuda`` (no GPU
     needed: the passes only ask the rules; cuDNN declines) under ``compile``'s

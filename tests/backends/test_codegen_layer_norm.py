@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from codegen_cases import TOLERANCE, reference, rel_err
-from codegen_emulated import emu, launched, needs_gxx, seeded  # noqa: F401  (emu: fixture)
+from codegen_emulated import emu, launched, needs_gxx, seeded, steps_per_thread  # noqa: F401  (emu: fixture)
 from layer_norm_cases import (DTYPES, LAYER_NORM_CASES, SHAPES, SUM_SHAPES, case_ids, inputs, layout_of,
                               shape_ids)
 from opgraph import ops
@@ -49,6 +49,32 @@ def test_layer_norm_ops_against_the_reference(emu, op_type, kinds, shape, k, dty
     assert launched(emu)  # generated kernels ran
     half = dtype != "float32"
     assert all(("typedef float CT;" in x["source"]) for x in emu.raw_launches) or not half
+
+
+@pytest.mark.parametrize("shape,k", [((64, 42), 1), ((8, 9, 22), 1), ((4, 16, 7, 6), 2)], ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rows_loaded_per_iteration_read_their_own_rows_statistics(emu, monkeypatch, shape, k, dtype):
+    """The scale gradient's sums over leading axes read each row's mean and
+    rstd at that row: with several rows loaded per iteration
+    (``plan.ROW_LOAD_BYTES``; rows of 42 and 22 elements are read one element a
+    lane, so four rows an iteration) each row still reads its own (a draft read
+    the first row's statistics for all four: bf16 error 0.15), the same bits as
+    one row at a time."""
+    from opgraph.backends.cuda.codegen import launch, plan
+    monkeypatch.setattr(plan, "TARGET_BLOCKS", 1)
+    monkeypatch.setattr(plan, "MIN_PER_THREAD", 16)  # long runs: four rows at a time, then the last ones
+    op = ops.LayerNormBackwardScale(normalized_shape=shape[len(shape) - k:], eps=1e-5)
+    arrays = _inputs("xg", shape, k, dtype, layout_of(shape, k))
+    outs = []
+    for row_bytes in (0, plan.ROW_LOAD_BYTES):
+        monkeypatch.setattr(plan, "ROW_LOAD_BYTES", row_bytes)
+        launch._PLANS.clear()
+        out, err = _run(op, arrays, dtype)
+        assert err < TOLERANCE[dtype], (row_bytes, err)
+        outs.append(out)
+    assert any("ar += 4 * RB" in x["source"] for x in emu.raw_launches)
+    assert steps_per_thread() > plan.MAX_ROWS_PER_ITERATION
+    assert outs[0].tobytes() == outs[1].tobytes()
 
 
 @pytest.mark.parametrize("op_type,kinds", LAYER_NORM_CASES[2:6], ids=lambda v: getattr(v, "__name__", v))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from codegen_cases import CASES, ODD_SHAPE, SHAPES, channels_last, make_input
-from codegen_emulated import emu, launched, needs_gxx, run_case, seeded  # noqa: F401  (emu: fixture)
+from codegen_emulated import emu, launched, needs_gxx, run_case, seeded, steps_per_thread  # noqa: F401  (emu: fixture)
 from opgraph import ops
 from opgraph.backends.cuda import codegen_rules
 from opgraph.backends.cuda.codegen import launch, plan
@@ -119,6 +119,63 @@ def test_the_last_block_and_a_finalize_launch_add_in_the_same_order(emu, monkeyp
         outs.append(run_case(case.make(shape), case.kinds, shape, "float32", "NHWC", arrays=[x])[0])
     assert outs[0].tobytes() == outs[1].tobytes()
     assert "finalize" in launched(emu)
+
+
+@pytest.mark.parametrize("layout,dtype,shape,rows", [
+    ("NHWC", "float32", (3, 64, 7, 9), 2), ("NHWC", "bfloat16", (5, 72, 5, 7), 2), ("NHWC", "float32", (3, 62, 7, 9), 4),
+    ("NCHW", "float32", (3, 6, 8, 8), 2), ("NCHW", "bfloat16", (5, 4, 8, 8), 2), ("NCHW", "float32", (3, 6, 7, 9), 4)],
+    ids=["nhwc-f32-vectors", "nhwc-bf16-vectors", "nhwc-f32-scalars", "nchw-f32-vectors", "nchw-bf16-vectors",
+         "nchw-f32-scalars"])
+@pytest.mark.parametrize("case", _ops_by_id("BatchNormStats()", "BiasAddBackward()",
+                                            "BatchNormTrainingBackwardSums(eps=1e-05)"), ids=lambda c: c.id)
+def test_rows_loaded_per_iteration_do_not_change_the_bits(emu, monkeypatch, case, layout, dtype, shape, rows):
+    """A reduction's thread loads ``ROW_LOAD_BYTES`` of its run per iteration
+    (several rows of channels-last data, or vectors of a C-order run, where one
+    is a single 16-byte word), then the run's last ones one at a time: each sum
+    adds the same terms in the same order as one step per iteration, so the
+    output is the same bit for bit, for runs of every length (split so that
+    runs end mid-iteration)."""
+    monkeypatch.setattr(plan, "TARGET_BLOCKS", 2)
+    monkeypatch.setattr(plan, "MIN_PER_THREAD", 8)  # long runs: the steps taken together run, then the last ones
+    arrays = None
+    outs, sources = [], []
+    for row_bytes in (0, plan.ROW_LOAD_BYTES):
+        monkeypatch.setattr(plan, "ROW_LOAD_BYTES", row_bytes)
+        launch._PLANS.clear()
+        out, _, arrays = run_case(case.make(shape), case.kinds, shape, dtype, layout, arrays=arrays)
+        outs.append(out)
+        sources.append(next(x["source"] for x in emu.raw_launches[::-1] if "_reduce_" in x["name"]))
+    assert outs[0].tobytes() == outs[1].tobytes()
+    assert steps_per_thread() > plan.MAX_ROWS_PER_ITERATION  # at least one iteration of the most steps, then one alone
+    step = "ar += {} * RB" if layout == "NHWC" else "jr += {} * TE"
+    assert "r += " not in sources[0]
+    # 16-byte vectors: one word a step of each of x (and dy for the sums); 62
+    # channels or 63 pixels are read one element a lane: at most MAX_ROWS_PER_ITERATION
+    if rows == 2 and case.id.startswith("BatchNormTrainingBackwardSums"):
+        rows = 1  # two words a step already
+    assert (step.format(rows) in sources[1]) == (rows > 1) and (step.format(2) in sources[1]) == (rows == 2)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_steps_taken_together_load_first_and_declare_their_occupancy(layout, dtype):
+    """In an iteration of several steps every step's loads come before any value
+    computed from a load (ptxas issued a second load written after the first
+    step's arithmetic only once that arithmetic's load had returned), and the
+    kernel declares 4 blocks of 256 threads an SM (without it ptxas held 32
+    registers by issuing the loads one at a time: both seen in the SASS);
+    with one step an iteration the kernel is as before, undeclared."""
+    x = TensorType((128, 256, 56, 56), dtype, layout)
+    op = ops.BatchNormStats()
+    source = plan.lower(op, [x], op.infer(x)).launches[0].source
+    assert "__launch_bounds__(256, 4)" in source
+    loop = source[source.index("r += 2 * "):].split("\n        }\n", 1)[0].splitlines()
+    loads = [i for i, line in enumerate(loop) if "in0 + i0_s" in line]
+    computed = [i for i, line in enumerate(loop) if line.strip().startswith("const CT ")]
+    assert len(loads) == 2 and computed and max(loads) < min(computed), loop[:12]
+    sums = ops.BatchNormTrainingBackwardSums(eps=1e-5)
+    stats = TensorType((2, 256), "float32", None)
+    assert "__launch_bounds__" not in plan.lower(sums, [x, stats, x], sums.infer(x, stats, x)).launches[0].source
 
 
 def test_a_plan_made_while_a_stream_captures_adds_its_partial_sums_in_a_second_launch(emu, monkeypatch):

@@ -96,3 +96,51 @@ def test_version_prints_the_installed_version(capsys):
         cli.main(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out.strip().endswith(f" {opgraph.__version__}")
+
+
+def _run_in_terminal(argv, timeout: float = 120) -> str:
+    """What ``opgraph-bench argv`` writes to a pseudo-terminal that is both its
+    standard output and its standard error (read until the child closes it, or
+    ``timeout`` seconds)."""
+    import os
+    import select
+    import subprocess
+    import sys
+    import time
+
+    pty = pytest.importorskip("pty")
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "opgraph.benchmarks", *argv], stdin=subprocess.DEVNULL,
+                            stdout=follower, stderr=follower, close_fds=True)
+    os.close(follower)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not select.select([leader], [], [], 1.0)[0]:
+                continue
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        proc.wait(timeout=max(deadline - time.monotonic(), 1))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(leader)
+    text = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+    assert proc.returncode == 0, text
+    return text
+
+
+def test_a_terminal_shows_each_note_once_and_a_redirected_table_keeps_them(capsys):
+    """Fresh-user report: on a terminal the notes said before the run came again
+    above the tables. They are shown once there; tables written to a file or a
+    pipe still begin with every note, so they say how they were made."""
+    shown = _run_in_terminal([*FAST, "--layout", "nhwc"])
+    assert shown.count(LAYOUT_NOTE) == 1 and shown.count("# device: cpu") == 1, shown
+    assert cli.main([*FAST, "--layout", "nhwc"]) == 0
+    out, err = capsys.readouterr()  # captured: not a terminal
+    assert LAYOUT_NOTE in out.splitlines() and LAYOUT_NOTE in err.splitlines()

@@ -96,6 +96,29 @@ def test_reductions_on_model_sizes(cp, rng, case, shape, layout):
     check(cp, op, [make_input(rng, k, shape, "bfloat16", layout) for k in case.kinds], layout, "bfloat16")
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", [c for c in CASES if c.id in (
+    "BatchNormStats()", "BiasAddBackward()", "GlobalAvgPool2d()", "BatchNormTrainingBackwardSums(eps=1e-05)")],
+    ids=lambda c: c.id)
+@pytest.mark.parametrize("shape", [(32, 64, 56, 56), (8, 62, 28, 27)], ids=["vectors", "scalars"])
+def test_steps_loaded_per_iteration_do_not_change_the_bits(cp, rng, monkeypatch, case, dtype, layout, shape):
+    """Several steps of a thread's run loaded per iteration (``plan.ROW_LOAD_BYTES``)
+    against one at a time: the same bits as NVRTC compiles them (its products
+    may be fused into the sums' adds: the CPU emulator cannot show that), and
+    within tolerance of the float64 reference."""
+    from opgraph.backends.cuda.codegen import launch, plan
+    op = case.make(shape)
+    arrays = [make_input(rng, k, shape, dtype, layout) for k in case.kinds]
+    outs = []
+    for row_bytes in (0, plan.ROW_LOAD_BYTES):
+        monkeypatch.setattr(plan, "ROW_LOAD_BYTES", row_bytes)
+        monkeypatch.setattr(launch, "_PLANS", {})
+        outs.append(host(cp, run(cp, op, arrays, layout)))
+    assert outs[0].tobytes() == outs[1].tobytes()
+    assert rel_err(outs[1], reference(op, arrays)) < TOLERANCE[dtype]
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c.id in (
     "BatchNormStats()", "BatchNormTrainingBackwardData(eps=1e-05)")], ids=lambda c: c.id)
 @pytest.mark.parametrize("shape", [(64, 1024, 7, 7), (64, 200, 14, 14), (16, 72, 28, 28)])

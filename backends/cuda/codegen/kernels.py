@@ -22,6 +22,11 @@ grid size is correct and the launch plan picks one for occupancy.
 * :func:`finalize` — the ``S`` partial sums of each kept entry, added by
   :func:`combine` for a tile of entries per block.
 
+Where one step of a reduction's run (a row, a C-order vector) is a single
+16-byte word, a thread takes ``ROWS`` steps an iteration, all their loads
+written first, and the kernel declares its occupancy (:func:`_strided_loop`,
+``plan.ROW_LOAD_BYTES``): more loads in flight, the same sums.
+
 Partial sums are stored split-major, ``part[((k1 * S + split) * K + r) * K2 + k2]``
 (``r`` the reduce node), so a block writes its tile's sums as one contiguous
 run and the threads adding them read consecutive entries (both coalesced).
@@ -47,6 +52,9 @@ rows.
 
 from __future__ import annotations
 
+import functools
+import re
+
 from .contexts import Columns, Finish, Rows, SpaceSweep, Sweep
 from .emit import Emitter
 from .storage import DEVICE_HELPERS, storage_of, vector_store
@@ -66,10 +74,14 @@ def _unroll(indent: int) -> str:
     return f"#pragma unroll {UNROLL}\n{' ' * indent}" if UNROLL > 1 else ""
 
 
-def source(name: str, ct: str, params, body: str, restrict: bool = True) -> str:
-    """A whole NVRTC module: type aliases, device helpers, the kernel."""
+def source(name: str, ct: str, params, body: str, restrict: bool = True, min_blocks: int = 0) -> str:
+    """A whole NVRTC module: type aliases, device helpers, the kernel; with
+    ``min_blocks``, declared to run ``min_blocks`` blocks of :data:`THREADS`
+    per SM (``__launch_bounds__``: ptxas may use up to 65536 / (THREADS *
+    min_blocks) registers a thread)."""
+    bounds = f"__launch_bounds__({THREADS}, {min_blocks}) " if min_blocks else ""
     return (f"typedef {ct} CT;\ntypedef {params.idx} IDX;\n{DEVICE_HELPERS}\n"
-            f'extern "C" __global__ void {name}({params.signature(restrict)}) {{\n{body}}}\n')
+            f'extern "C" __global__ void {bounds}{name}({params.signature(restrict)}) {{\n{body}}}\n')
 
 
 def _block(em: Emitter) -> str:
@@ -227,12 +239,13 @@ def _last_block(params, ct: str, k: int, base: str, width: str, eb: int, finish_
 
 def columns(name, program, geo, params, lanes, group, reduced, split, finish_code) -> str:
     """Channels-last reduction kernel (module docstring); ``split``: the launch
-    geometry (``K1``, ``A``, ``K2``, ``GB``, ``RB``, ``S``, ``PER``, and
-    ``CEB`` with ``last``: the tile's last block adds the partial sums);
+    geometry (``K1``, ``A``, ``K2``, ``GB``, ``RB``, ``S``, ``PER``, ``ROWS``:
+    rows a thread loads per iteration, and ``CEB`` with ``last``: the tile's
+    last block adds the partial sums);
     ``finish_code(lane)``: the finishing block of the lane's channel."""
     nodes, dtypes = program
     em = Emitter(nodes, dtypes, Columns(geo, params, lanes, group.target), reduced)
-    acc = _accumulators(em, group, lanes, per_lane=True)
+    acc = _accumulators(em, group, lanes, per_lane=True)  # first: emits the values summed and what they use
     p = params
     k, slots = len(group.nodes), len(group.nodes) * lanes
     gb, rb, g = p.scalar("GB", split["GB"]), p.scalar("RB", split["RB"]), p.scalar("G", split["K2"] // lanes)
@@ -242,6 +255,8 @@ def columns(name, program, geo, params, lanes, group, reduced, split, finish_cod
     p.scalar("HALF", _half(split["RB"]))
     part = p.pointer("part", geo.ct, "part", const=False)
     direct = p.scalar("DIRECT", int(split["S"] == 1))
+    loop = _strided_loop(em, acc, split.get("ROWS", 1), "a", "a0 + r0", "a1", rb,
+                         [f"const IDX i0 = (k1 * {a_n} + a) * {k2} + g * {lanes};"])
     slot = {(r, j): (r * lanes + j) * THREADS for r in range(k) for j in range(lanes)}
     finishes = [f"{{ const IDX i0 = k1 * {k2} + g * {lanes} + {j};"
                 + "".join(f" const CT s{r} = red[{slot[r, j]} + gl];" for r in range(k))
@@ -265,12 +280,7 @@ def columns(name, program, geo, params, lanes, group, reduced, split, finish_cod
     {" ".join(f"CT acc{r}_{j} = 0;" for r in range(k) for j in range(lanes))}
     const IDX a0 = (IDX)blockIdx.y * {per}, a1 = a0 + {per} < {a_n} ? a0 + {per} : {a_n};
     if (active) {{
-        {_unroll(8)}for (IDX a = a0 + r0; a < a1; a += {rb}) {{
-            const IDX i0 = (k1 * {a_n} + a) * {k2} + g * {lanes};
-{em.body("vec")}
-{em.body("lane")}
-{_indent(acc, 12)}
-        }}
+{loop}
     }}
 {_indent([f"red[{slot[r, j]} + tid] = acc{r}_{j};" for r in range(k) for j in range(lanes)], 4)}
     __syncthreads();
@@ -282,7 +292,80 @@ def columns(name, program, geo, params, lanes, group, reduced, split, finish_cod
     }}
 {_indent(writes, 4)}
 {tail}"""
-    return source(name, geo.ct, params, body)
+    return source(name, geo.ct, params, body, min_blocks=_min_blocks(split))
+
+
+#: One statement of a loop body: ``const <type> <name> = <value>;`` (all the emitter writes there).
+_DECLARATION = re.compile(r"^const [\w ]+? (\w+) = (.*);$")
+#: A value read from an input buffer: ``in3[...]`` or ``(in3 + ...)`` (a 16-byte word).
+_LOAD = re.compile(r"\bin\d+(\[| \+)")
+
+
+def _strided_loop(em: Emitter, acc: list[str], rows: int, var: str, first: str, end: str, step: str,
+                  head: list[str]) -> str:
+    """A reduction kernel's main loop: ``for (var = first; var < end; var += step)``
+    over the thread's run, each iteration the ``head`` lines (its indices), the
+    loads and values (``em``'s bodies), then the sums ``acc``.
+
+    With ``rows`` > 1 (``plan.ROW_LOAD_BYTES`` says why) an iteration takes
+    ``rows`` steps of the run together (:func:`_steps_together`), then the
+    run's last steps are taken one at a time. Every sum adds the same terms,
+    written the same way, in the same order as with one step per iteration: the
+    same bits."""
+    lines = "\n".join(f"            {line}" for line in head)
+    body = [*head, *em.lines["vec"], *em.lines["lane"]]
+
+    def one(value: str) -> str:
+        declare = "" if value == var else f"            const IDX {var} = {value};\n"
+        return f"{declare}{lines}\n{em.body('vec')}\n{em.body('lane')}\n{_indent(acc, 12)}"
+    if rows == 1:
+        return f"        {_unroll(8)}for (IDX {var} = {first}; {var} < {end}; {var} += {step}) {{\n{one(var)}\n        }}"
+    run = f"{var}r"
+    steps = [[f"const IDX {var} = {run} + {q} * {step};" if q else f"const IDX {var} = {run};", *body]
+             for q in range(rows)]
+    together = _indent(_steps_together(steps, acc), 12)
+    return (f"        IDX {run} = {first};\n"
+            f"        {_unroll(8)}for (; {run} + {rows - 1} * {step} < {end}; {run} += {rows} * {step}) {{\n"
+            f"{together}\n        }}\n"
+            f"        for (; {run} < {end}; {run} += {step}) {{\n{one(run)}\n        }}")
+
+
+def _min_blocks(split: dict) -> int:
+    """The blocks per SM a reduction declares (:func:`source`): ``STEP_BLOCKS``
+    where it takes several steps an iteration (without the declaration ptxas
+    kept 32 registers, enough for 8 blocks an SM, by issuing the second step's
+    load only after the first step's arithmetic, which waits for the first
+    load: one load in flight again), none otherwise (the text stays as it was)."""
+    return split.get("STEP_BLOCKS", 0) if split.get("ROWS", 1) > 1 else 0
+
+
+def _steps_together(steps: list[list[str]], acc: list[str]) -> list[str]:
+    """The statements of several steps of a loop, each step's names suffixed
+    ``_s<q>``: first every step's loads and what they need (their indices), in
+    step order, then each step's values computed from its loads and its sums,
+    in step order. Loads written first are issued together: ptxas did not hoist
+    a second step's load above the first step's arithmetic, which waits for the
+    first load (checked in the SASS of the batch-norm statistics), so written
+    step after step the loads were still issued one at a time."""
+    early, late = [], []
+    for q, statements in enumerate(steps):
+        unknown = [s for s in statements if not _DECLARATION.match(s)]
+        assert not unknown, f"a loop statement that declares nothing: {unknown[0]}"
+        names = [_DECLARATION.match(s).group(1) for s in statements]
+        suffixed = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
+        rename = functools.partial(suffixed.sub, rf"\1_s{q}")
+        waits: set[str] = set()  # names computed from a load
+        for statement in statements:
+            name, value = _DECLARATION.match(statement).groups()
+            if waits & set(re.findall(r"\w+", value)):
+                waits.add(name)
+                late.append(rename(statement))
+            else:
+                if _LOAD.search(value):
+                    waits.add(name)
+                early.append(rename(statement))
+        late.extend(rename(line) for line in acc)
+    return early + late
 
 
 def _half(width: int) -> int:
@@ -293,7 +376,8 @@ def _half(width: int) -> int:
 def rows(name, program, geo, params, lanes, group, reduced, split, finish_code) -> str:
     """C-order reduction kernel (module docstring); ``split``: ``K1``, ``A``,
     ``K2``, ``B``, ``S``, ``PER`` (vectors per split), ``TE`` (threads per
-    entry, a power of two: a block sums ``256 / TE`` entries), and ``CEB``
+    entry, a power of two: a block sums ``256 / TE`` entries), ``ROWS``
+    (vectors a thread loads per iteration), and ``CEB``
     with ``last`` (the tile's last block adds the partial sums);
     ``finish_code``: the finishing block of an entry."""
     nodes, dtypes = program
@@ -310,6 +394,9 @@ def rows(name, program, geo, params, lanes, group, reduced, split, finish_code) 
     direct = p.scalar("DIRECT", int(split["S"] == 1))
     a_of_j = p.div("j", "BV", split["B"] // lanes)
     bvec = p.scalar("BVN", split["B"] // lanes)
+    loop = _strided_loop(em, acc, split.get("ROWS", 1), "j", "j0 + lt", "j1", te,
+                         [f"const IDX a = {a_of_j};",
+                          f"const IDX i0 = ((k1 * {a_n} + a) * {k2} + k2) * {b} + (j - a * {bvec}) * {lanes};"])
     finish_block = (f"const IDX i0 = k1 * {k2} + k2;" + "".join(f" const CT s{r} = red[{r * THREADS} + tid];"
                                                               for r in range(k)) + f"\n{finish_code(0)}")
     writes = [f"{part}[{_part_index(p, k, r, 'blockIdx.y', 'k2')}] = red[{r * THREADS} + tid];"
@@ -328,13 +415,7 @@ def rows(name, program, geo, params, lanes, group, reduced, split, finish_code) 
     {" ".join(f"CT acc{r} = 0;" for r in range(k))}
     const IDX j0 = (IDX)blockIdx.y * {per}, j1 = j0 + {per} < {jv} ? j0 + {per} : {jv};
     if (active) {{
-        {_unroll(8)}for (IDX j = j0 + lt; j < j1; j += {te}) {{
-            const IDX a = {a_of_j};
-            const IDX i0 = ((k1 * {a_n} + a) * {k2} + k2) * {b} + (j - a * {bvec}) * {lanes};
-{em.body("vec")}
-{em.body("lane")}
-{_indent(acc, 12)}
-        }}
+{loop}
     }}
 {_indent([f"red[{r * THREADS} + tid] = acc{r};" for r in range(k)], 4)}
     __syncthreads();
@@ -346,7 +427,7 @@ def rows(name, program, geo, params, lanes, group, reduced, split, finish_code) 
         }}
     }}
 {tail}"""
-    return source(name, geo.ct, params, body)
+    return source(name, geo.ct, params, body, min_blocks=_min_blocks(split))
 
 
 def finalize(name, ct, params, group, split, finish_code) -> str:

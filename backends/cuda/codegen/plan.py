@@ -72,6 +72,24 @@ TILE_BYTES = 128
 #: the partial sums after every other block has finished, a tail longer than
 #: the launch it saves inside a CUDA graph. Kept as a knob, off.
 FINISH_BYTES = 0
+#: Bytes of full-size loads a thread of a reduction issues per iteration of its
+#: main loop, at least: it loads ``ceil(ROW_LOAD_BYTES / its bytes per step)``
+#: steps of its run at a time (``kernels._strided_loop``: rows of channels-last
+#: data, vectors of a C-order run), at most :data:`MAX_ROWS_PER_ITERATION`.
+#: Why: at 4 blocks of 256 threads per SM, one 16-byte load in flight per
+#: thread is ~16 KiB per SM, under what the H200's copy bandwidth times its
+#: memory latency asks (~20-25 KiB: Little's law). The batch-norm statistics
+#: (x alone, one 16-byte word a row) ran at ~72 % of the copy bandwidth on
+#: ResNet-50's large shapes where the backward sums (x and dy: two words a
+#: row) ran at ~93 % (``gpu_codegen_bench.py``, eighth session). 0: one step
+#: per iteration, as before (the bench's ``--row-bytes``).
+ROW_LOAD_BYTES = 32
+MAX_ROWS_PER_ITERATION = 4
+#: Blocks of 256 threads per SM such a kernel declares it runs at
+#: (``__launch_bounds__``; :data:`TARGET_BLOCKS` aims at 4 per SM of an H200),
+#: so ptxas may give it up to 64 registers a thread to keep its steps' loads
+#: in flight together (``kernels._min_blocks``).
+STEP_BLOCKS = 4
 #: Vectors each thread of a split reduction sums at least.
 MIN_PER_THREAD = 4
 #: Shared memory a reduction block may use for its partial sums (bytes).
@@ -221,6 +239,16 @@ def _lanes(dtypes, aligned: bool, divides: int | None = None) -> int:
     return 1 if divides is not None and divides % v else v
 
 
+def _rows_per_iteration(loads, lanes: int) -> int:
+    """Steps (rows, or vectors of a C-order run) a reduction's thread loads per
+    iteration (:data:`ROW_LOAD_BYTES`): its full-size loads of one step are
+    ``lanes`` elements of each operand in ``loads``."""
+    row_bytes = lanes * sum(storage_of(d).itemsize for d in loads)
+    if ROW_LOAD_BYTES <= 0 or row_bytes <= 0:
+        return 1
+    return max(1, min(MAX_ROWS_PER_ITERATION, -(-ROW_LOAD_BYTES // row_bytes)))
+
+
 def _pow2(n: int) -> int:
     """The power of two at or above ``n`` (1 for n <= 1)."""
     return 1 << max(int(n) - 1, 0).bit_length()
@@ -245,7 +273,7 @@ def _named(make, kind: str):
     kernels share a name and a cache entry)."""
     draft = make("KERNEL")
     name = _name(draft, kind)
-    return name, draft.replace("void KERNEL(", f"void {name}(")
+    return name, draft.replace(" KERNEL(", f" {name}(")  # after "void" or its __launch_bounds__
 
 
 def _layout(built: Built, types, out_type) -> str:
@@ -446,7 +474,8 @@ def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps
         lanes = _lanes(loads, aligned, b)
         s, per = _split(k1 * k2, a * (b // lanes), kernels.THREADS)
         te = min(kernels.THREADS, _pow2(-(-per // MIN_PER_THREAD)))
-        split = dict(K1=k1, A=a, K2=k2, B=b, S=s, PER=per, TE=te)
+        split = dict(K1=k1, A=a, K2=k2, B=b, S=s, PER=per, TE=te, ROWS=_rows_per_iteration(loads, lanes),
+                     STEP_BLOCKS=STEP_BLOCKS)
         tile = kernels.THREADS // te
         grid, make = (-(-k2 // tile), s, k1), kernels.rows
     else:
@@ -460,7 +489,8 @@ def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps
         tiles = -(-(k2 // lanes) // gb)
         s, per = _split(tiles * k1, a, rb)
         tile = gb * lanes
-        split, grid, make = dict(K1=k1, A=a, K2=k2, GB=gb, RB=rb, S=s, PER=per), (tiles, s, k1), kernels.columns
+        split, grid, make = dict(K1=k1, A=a, K2=k2, GB=gb, RB=rb, S=s, PER=per, ROWS=_rows_per_iteration(loads, lanes),
+                                 STEP_BLOCKS=STEP_BLOCKS), (tiles, s, k1), kernels.columns
     # the tile's last block adds the partial sums when they are few (module docstring)
     split["last"] = tickets and s > 1 and s * k * tile * ct_bytes <= FINISH_BYTES
     # one CEB for both adders, so the partial sums are added in the same order
@@ -487,6 +517,8 @@ def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps
     return out
 
 
-__all__ = ["TARGET_BLOCKS", "MAX_SWEEP_BLOCKS", "TILE_BYTES", "FINISH_BYTES", "MIN_PER_THREAD", "SHARED_BYTES",
+__all__ = ["TARGET_BLOCKS", "MAX_SWEEP_BLOCKS", "TILE_BYTES", "FINISH_BYTES", "ROW_LOAD_BYTES", "MAX_ROWS_PER_ITERATION",
+           "STEP_BLOCKS",
+           "MIN_PER_THREAD", "SHARED_BYTES",
            "INT32_LIMIT", "as_program", "Group",
            "Launch", "Built", "Lowered", "build", "lower", "logical_strides"]

@@ -345,12 +345,13 @@ def _main(argv: list[str] | None, prog: str = PROG) -> int:
     return 0
 
 
-def _one_terminal() -> bool:
-    """Whether standard output and standard error are the same terminal (POSIX:
-    elsewhere a null device also says it is a terminal, so notes are kept)."""
+def _one_destination() -> bool:
+    """Whether standard output and standard error write to the same place: one
+    terminal, file or pipe (``> log 2>&1``, ``2>&1 | tee log``). POSIX only:
+    elsewhere a null device and a console both say they are terminals, so the
+    notes are kept."""
     try:
-        return (os.name == "posix" and sys.stdout.isatty() and sys.stderr.isatty()
-                and os.ttyname(sys.stdout.fileno()) == os.ttyname(sys.stderr.fileno()))
+        return os.name == "posix" and os.path.samestat(os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno()))
     except (AttributeError, OSError, ValueError):  # replaced streams (tests, notebooks)
         return False
 
@@ -376,9 +377,9 @@ def write_outputs(doc: dict, args, *, quiet: bool | None = None) -> str:
             for note in doc.get("notes", ()):
                 if note not in said:
                     log(f"# {note}")
-        elif args.format == "table" and said and _one_terminal():
-            # the notes said on stderr are on the screen already: not twice (a redirected
-            # stdout keeps them all, so the saved tables say how they were made)
+        elif args.format == "table" and said and _one_destination():
+            # the notes said on stderr are there already: not twice (a stdout of its own
+            # keeps them all, so the saved tables say how they were made)
             doc = {**doc, "notes": [n for n in doc.get("notes", ()) if n not in said]}
         report.write(doc, args.format, sys.stdout)
     if args.plot:

@@ -1,8 +1,8 @@
 """``scripts/kernel_sass.py``: its reading of a SASS listing (no tools needed),
 and, where NVIDIA's compiler wheels are installed (no GPU needed), what ptxas
 makes of the batch-norm statistics' loop: one 16-byte load in flight per
-iteration with one row a step, two with ``ROW_LOAD_BYTES`` (the twenty-sixth
-session's change, which ptxas first undid: docs/performance.md)."""
+iteration with one row a step, two with ``ROW_LOAD_BYTES`` (which ptxas at
+first undid: docs/performance.md, "rows in flight"); its arguments."""
 
 from __future__ import annotations
 
@@ -55,3 +55,11 @@ def test_the_statistics_loop_issues_its_rows_loads_together(monkeypatch):
             found[dtype, row_bytes] = (got["loads"], got["spill_bytes"])
     assert found == {("float32", 0): (1, 0), ("float32", 32): (2, 0),
                      ("bfloat16", 0): (1, 0), ("bfloat16", 32): (2, 0)}, found
+
+
+@pytest.mark.parametrize("text", ["abc", "", "0,,32", "-16"])
+def test_a_bad_row_bytes_value_is_a_usage_error(capsys, text):
+    script = load_script("kernel_sass")
+    with pytest.raises(SystemExit) as e:
+        script.main(["--row-bytes", text])
+    assert e.value.code == 2 and "--row-bytes" in capsys.readouterr().err

@@ -135,12 +135,23 @@ def _run_in_terminal(argv, timeout: float = 120) -> str:
     return text
 
 
-def test_a_terminal_shows_each_note_once_and_a_redirected_table_keeps_them(capsys):
-    """Fresh-user report: on a terminal the notes said before the run came again
-    above the tables. They are shown once there; tables written to a file or a
-    pipe still begin with every note, so they say how they were made."""
+def test_a_terminal_shows_each_note_once_and_a_redirected_table_keeps_them(capsys, tmp_path):
+    """Fresh-user reports: on a terminal, and in ``> log 2>&1`` or ``2>&1 | tee``,
+    the notes said before the run came again above the tables. They are written
+    once there; tables written to a file or pipe of their own still begin with
+    every note, so they say how they were made."""
+    import subprocess
+    import sys
+
     shown = _run_in_terminal([*FAST, "--layout", "nhwc"])
     assert shown.count(LAYOUT_NOTE) == 1 and shown.count("# device: cpu") == 1, shown
+    command = [sys.executable, "-m", "opgraph.benchmarks", *FAST, "--layout", "nhwc"]
+    log = tmp_path / "log"
+    with open(log, "w") as f:  # > log 2>&1
+        assert subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, timeout=120).returncode == 0
+    piped = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)  # 2>&1 | tee
+    for text in (log.read_text(), piped.stdout.decode()):
+        assert text.count(LAYOUT_NOTE) == 1 and text.count("# device: cpu") == 1, text
     assert cli.main([*FAST, "--layout", "nhwc"]) == 0
-    out, err = capsys.readouterr()  # captured: not a terminal
+    out, err = capsys.readouterr()  # two streams of their own
     assert LAYOUT_NOTE in out.splitlines() and LAYOUT_NOTE in err.splitlines()

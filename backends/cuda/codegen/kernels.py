@@ -240,8 +240,9 @@ def _last_block(params, ct: str, k: int, base: str, width: str, eb: int, finish_
 def columns(name, program, geo, params, lanes, group, reduced, split, finish_code) -> str:
     """Channels-last reduction kernel (module docstring); ``split``: the launch
     geometry (``K1``, ``A``, ``K2``, ``GB``, ``RB``, ``S``, ``PER``, ``ROWS``:
-    rows a thread loads per iteration, and ``CEB`` with ``last``: the tile's
-    last block adds the partial sums);
+    rows a thread loads per iteration, ``MIN_BLOCKS``: the blocks per SM the
+    kernel declares, 0 none, and ``CEB`` with ``last``: the tile's last block
+    adds the partial sums);
     ``finish_code(lane)``: the finishing block of the lane's channel."""
     nodes, dtypes = program
     em = Emitter(nodes, dtypes, Columns(geo, params, lanes, group.target), reduced)
@@ -292,7 +293,7 @@ def columns(name, program, geo, params, lanes, group, reduced, split, finish_cod
     }}
 {_indent(writes, 4)}
 {tail}"""
-    return source(name, geo.ct, params, body, min_blocks=_min_blocks(split))
+    return source(name, geo.ct, params, body, min_blocks=split.get("MIN_BLOCKS", 0))
 
 
 #: One statement of a loop body: ``const <type> <name> = <value>;`` (all the emitter writes there).
@@ -330,15 +331,6 @@ def _strided_loop(em: Emitter, acc: list[str], rows: int, var: str, first: str, 
             f"        for (; {run} < {end}; {run} += {step}) {{\n{one(run)}\n        }}")
 
 
-def _min_blocks(split: dict) -> int:
-    """The blocks per SM a reduction declares (:func:`source`): ``STEP_BLOCKS``
-    where it takes several steps an iteration (without the declaration ptxas
-    kept 32 registers, enough for 8 blocks an SM, by issuing the second step's
-    load only after the first step's arithmetic, which waits for the first
-    load: one load in flight again), none otherwise (the text stays as it was)."""
-    return split.get("STEP_BLOCKS", 0) if split.get("ROWS", 1) > 1 else 0
-
-
 def _steps_together(steps: list[list[str]], acc: list[str]) -> list[str]:
     """The statements of several steps of a loop, each step's names suffixed
     ``_s<q>``: first every step's loads and what they need (their indices), in
@@ -349,14 +341,13 @@ def _steps_together(steps: list[list[str]], acc: list[str]) -> list[str]:
     step after step the loads were still issued one at a time."""
     early, late = [], []
     for q, statements in enumerate(steps):
-        unknown = [s for s in statements if not _DECLARATION.match(s)]
-        assert not unknown, f"a loop statement that declares nothing: {unknown[0]}"
-        names = [_DECLARATION.match(s).group(1) for s in statements]
-        suffixed = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
+        parsed = [_DECLARATION.match(s) for s in statements]
+        assert all(parsed), f"a loop statement that declares nothing: {statements[parsed.index(None)]}"
+        suffixed = re.compile(r"\b(" + "|".join(re.escape(m.group(1)) for m in parsed) + r")\b")
         rename = functools.partial(suffixed.sub, rf"\1_s{q}")
         waits: set[str] = set()  # names computed from a load
-        for statement in statements:
-            name, value = _DECLARATION.match(statement).groups()
+        for statement, m in zip(statements, parsed):
+            name, value = m.groups()
             if waits & set(re.findall(r"\w+", value)):
                 waits.add(name)
                 late.append(rename(statement))
@@ -377,7 +368,8 @@ def rows(name, program, geo, params, lanes, group, reduced, split, finish_code) 
     """C-order reduction kernel (module docstring); ``split``: ``K1``, ``A``,
     ``K2``, ``B``, ``S``, ``PER`` (vectors per split), ``TE`` (threads per
     entry, a power of two: a block sums ``256 / TE`` entries), ``ROWS``
-    (vectors a thread loads per iteration), and ``CEB``
+    (vectors a thread loads per iteration), ``MIN_BLOCKS`` (as for
+    :func:`columns`), and ``CEB``
     with ``last`` (the tile's last block adds the partial sums);
     ``finish_code``: the finishing block of an entry."""
     nodes, dtypes = program
@@ -427,7 +419,7 @@ def rows(name, program, geo, params, lanes, group, reduced, split, finish_code) 
         }}
     }}
 {tail}"""
-    return source(name, geo.ct, params, body, min_blocks=_min_blocks(split))
+    return source(name, geo.ct, params, body, min_blocks=split.get("MIN_BLOCKS", 0))
 
 
 def finalize(name, ct, params, group, split, finish_code) -> str:

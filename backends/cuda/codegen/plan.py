@@ -85,10 +85,13 @@ FINISH_BYTES = 0
 #: per iteration, as before (the bench's ``--row-bytes``).
 ROW_LOAD_BYTES = 32
 MAX_ROWS_PER_ITERATION = 4
-#: Blocks of 256 threads per SM such a kernel declares it runs at
-#: (``__launch_bounds__``; :data:`TARGET_BLOCKS` aims at 4 per SM of an H200),
-#: so ptxas may give it up to 64 registers a thread to keep its steps' loads
-#: in flight together (``kernels._min_blocks``).
+#: Blocks of 256 threads per SM a kernel taking several steps an iteration
+#: declares it runs at (``__launch_bounds__``; :data:`TARGET_BLOCKS` aims at 4
+#: per SM of an H200), so ptxas may give it up to 64 registers a thread. Without
+#: it ptxas kept 32 (enough for 8 blocks an SM) by issuing the second step's
+#: load only after the first step's arithmetic, which waits for the first
+#: load: one load in flight again (seen in the SASS, ``scripts/kernel_sass.py``).
+#: Kernels taking one step keep their text, undeclared.
 STEP_BLOCKS = 4
 #: Vectors each thread of a split reduction sums at least.
 MIN_PER_THREAD = 4
@@ -246,7 +249,7 @@ def _rows_per_iteration(loads, lanes: int) -> int:
     row_bytes = lanes * sum(storage_of(d).itemsize for d in loads)
     if ROW_LOAD_BYTES <= 0 or row_bytes <= 0:
         return 1
-    return max(1, min(MAX_ROWS_PER_ITERATION, -(-ROW_LOAD_BYTES // row_bytes)))
+    return min(MAX_ROWS_PER_ITERATION, -(-ROW_LOAD_BYTES // row_bytes))
 
 
 def _pow2(n: int) -> int:
@@ -474,8 +477,7 @@ def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps
         lanes = _lanes(loads, aligned, b)
         s, per = _split(k1 * k2, a * (b // lanes), kernels.THREADS)
         te = min(kernels.THREADS, _pow2(-(-per // MIN_PER_THREAD)))
-        split = dict(K1=k1, A=a, K2=k2, B=b, S=s, PER=per, TE=te, ROWS=_rows_per_iteration(loads, lanes),
-                     STEP_BLOCKS=STEP_BLOCKS)
+        split = dict(K1=k1, A=a, K2=k2, B=b, S=s, PER=per, TE=te)
         tile = kernels.THREADS // te
         grid, make = (-(-k2 // tile), s, k1), kernels.rows
     else:
@@ -489,8 +491,10 @@ def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps
         tiles = -(-(k2 // lanes) // gb)
         s, per = _split(tiles * k1, a, rb)
         tile = gb * lanes
-        split, grid, make = dict(K1=k1, A=a, K2=k2, GB=gb, RB=rb, S=s, PER=per, ROWS=_rows_per_iteration(loads, lanes),
-                                 STEP_BLOCKS=STEP_BLOCKS), (tiles, s, k1), kernels.columns
+        split, grid, make = dict(K1=k1, A=a, K2=k2, GB=gb, RB=rb, S=s, PER=per), (tiles, s, k1), kernels.columns
+    # steps a thread loads an iteration, and the occupancy a kernel taking several declares
+    split["ROWS"] = _rows_per_iteration(loads, lanes)
+    split["MIN_BLOCKS"] = STEP_BLOCKS if split["ROWS"] > 1 else 0
     # the tile's last block adds the partial sums when they are few (module docstring)
     split["last"] = tickets and s > 1 and s * k * tile * ct_bytes <= FINISH_BYTES
     # one CEB for both adders, so the partial sums are added in the same order
@@ -517,8 +521,7 @@ def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps
     return out
 
 
-__all__ = ["TARGET_BLOCKS", "MAX_SWEEP_BLOCKS", "TILE_BYTES", "FINISH_BYTES", "ROW_LOAD_BYTES", "MAX_ROWS_PER_ITERATION",
-           "STEP_BLOCKS",
-           "MIN_PER_THREAD", "SHARED_BYTES",
+__all__ = ["TARGET_BLOCKS", "MAX_SWEEP_BLOCKS", "TILE_BYTES", "FINISH_BYTES", "ROW_LOAD_BYTES",
+           "MAX_ROWS_PER_ITERATION", "STEP_BLOCKS", "MIN_PER_THREAD", "SHARED_BYTES",
            "INT32_LIMIT", "as_program", "Group",
            "Launch", "Built", "Lowered", "build", "lower", "logical_strides"]

@@ -140,6 +140,15 @@ def synchronize(device: str) -> None:
         cupy.cuda.Device().synchronize()
 
 
+def device_memory_bytes(device: str) -> int | None:
+    """Total memory of the current CUDA device in bytes (``cudaMemGetInfo``);
+    None for ``'cpu'``."""
+    if resolve_device(device) == "cuda":
+        import cupy
+        return int(cupy.cuda.runtime.memGetInfo()[1])
+    return None
+
+
 def _gpu_name(cupy, index: int) -> str:
     name = cupy.cuda.runtime.getDeviceProperties(index)["name"]
     return name.decode() if isinstance(name, bytes) else str(name)
@@ -209,4 +218,4 @@ register_devices(DeviceSupport(resolve=resolve_device, array_module=array_module
 
 __all__ = ["DEVICES", "DeviceUnavailableError", "ResolvedDevice", "cuda_status", "resolve_device",
            "array_module", "is_device_array", "to_device", "to_host", "synchronize",
-           "device_name", "versions", "tune_timer"]
+           "device_memory_bytes", "device_name", "versions", "tune_timer"]

@@ -98,6 +98,7 @@ from opgraph.passes.autotune import relative_error, tolerance
 from opgraph.passes.autotune_accuracy import filled_error, poisoned_copy
 from opgraph.types import FLOAT_DTYPES, as_dtype, is_float, run_type, to_layout
 
+from . import reference_store as store
 from .protocol import LAYER_FAMILIES, TrainingGraph
 
 #: Abstract ops whose steps the per-node check runs (see the module docstring).
@@ -124,16 +125,25 @@ class Reference:
     Keeps the value of every node :func:`check_lowering` reads or compares
     (checked nodes, their inputs, the sources, the outputs) and frees the
     others as the run goes, so memory stays near the float64 size of those.
+    Each kept value goes to :attr:`values` when the run frees it: on the
+    device up to ``device_budget`` bytes, in host memory past them
+    (:mod:`.reference_store`).
+
+    Args:
+        device_budget: bytes of kept values the device may hold; None:
+            :func:`.reference_store.device_budget` (a share of a GPU's
+            memory, no limit on the CPU).
 
     Attributes:
-        values: abstract node id -> float64 array.
+        values: abstract node id -> float64 array (a
+            :class:`.reference_store.ValueStore`: read, a value is on the device).
         outputs: float64 output, parameter gradients and state updates,
             ``tg.outputs`` order.
         n_state: how many of ``outputs`` (the last ones) are state updates.
         seconds: wall time of compiling and running the reference.
     """
 
-    def __init__(self, tg: TrainingGraph, feeds: dict, device: str):
+    def __init__(self, tg: TrainingGraph, feeds: dict, device: str, device_budget: int | None = None):
         t0 = time.perf_counter()
         exe = og.compile(tg.outputs, device=device, pipeline="reference", dtype="float64")
         self.xp, self.device = exe.xp, exe.device
@@ -146,16 +156,22 @@ class Reference:
                 keep.update(g.input_ids(st.node))
             if abstract_of(st.op).family == "conv":  # what a fused convolution reads and is compared with
                 keep.update(_epilogue_nodes(g, st.node))
+        budget = store.device_budget(self.device) if device_budget is None else device_budget
+        self.values = store.ValueStore(self.device, budget)
         slots = exe.feed(feeds)
         keep.update(slots)  # the sources, in float64
         for st in exe.steps:
             slots[st.node] = st.kernel(st.ctx, st.op.op, *[slots[a] for a in st.args])
             for f in st.free:
-                if f not in keep:
-                    slots.pop(f, None)
-        self.values = {n: a for n, a in slots.items() if n in keep}
+                value = slots.pop(f, None)
+                if f in keep and value is not None:
+                    self.values.put(f, value)
+        outputs = {v.node for v in exe.outputs}
+        for n, value in slots.items():  # never freed: the outputs (and sources no step reads)
+            if n in keep:
+                self.values.put(n, value, on_device=n in outputs)
         self.graph = g
-        self.outputs = [slots[v.node] for v in exe.outputs]
+        self.outputs = [self.values[v.node] for v in exe.outputs]
         self.names = tg.output_names
         self.n_state = len(tg.state)
         self.seconds = time.perf_counter() - t0

@@ -47,9 +47,13 @@ PEAK_DRIFT = 0.2
 #: Runs shorter than this (seconds) are not measured again at the end: too short to drift.
 DRIFT_MIN_SECONDS = 60.0
 
-#: Quiet matmul peaks measured on GPUs (TFLOP/s; shared/design/GPU_NOTES.md, the H200:
-#: cuBLAS fp32 51, tf32 397-409, bf16 779-780). fp16 runs on the bf16 tensor-core rate.
-GPU_PEAKS = {"H200": {"fp32": 51.0, "tf32": 400.0, "bf16": 779.0, "fp16": 779.0}}
+#: Quiet matmul peaks measured on GPUs (TFLOP/s), by a part of the device's name:
+#: shared/design/GPU_NOTES.md for the H200 (cuBLAS fp32 51, tf32 397-409, bf16 779-780);
+#: docs/results/h100-2026-12-06 for the SXM H100 (tf32 408, bf16 765-767; fp32 not measured
+#: yet; "H100 80GB HBM3" leaves out the PCIe card's lower clocks). fp16 runs on the bf16
+#: tensor-core rate.
+GPU_PEAKS = {"H200": {"fp32": 51.0, "tf32": 400.0, "bf16": 779.0, "fp16": 779.0},
+             "H100 80GB HBM3": {"tf32": 408.0, "bf16": 766.0, "fp16": 766.0}}
 #: fp32 FLOPs per cycle and core of a CPU with AVX2 and FMA (two 8-lane FMA
 #: pipes; AVX-512 CPUs reach this or twice it, "avx512": two 16-lane pipes, a
 #: ceiling only named in the nominal figure's description), else of SSE (two

@@ -144,6 +144,16 @@ def test_the_cpu_reference_is_a_nominal_rate_an_avx512_core_exceeds(monkeypatch)
     assert stability.expected_peak("cpu", None, "fp32")[1].endswith("not a ceiling: a turbo clock goes above it")
 
 
+@pytest.mark.parametrize("name, precision, want", [
+    ("NVIDIA H200", "bf16", 779.0), ("NVIDIA H100 80GB HBM3", "tf32", 408.0),
+    ("NVIDIA H100 80GB HBM3", "fp32", None),  # not measured there: no basis
+    ("NVIDIA H100 PCIe", "bf16", None),       # the PCIe card's lower clocks: not the SXM figure
+    ("NVIDIA A100-SXM4-80GB", "bf16", None)])
+def test_a_gpu_is_held_against_its_own_model_s_quiet_peak(name, precision, want):
+    got = stability.expected_peak("cuda", name, precision)
+    assert (got and got[0]) == want
+
+
 def test_a_peak_that_moves_during_a_long_run_flags_it(monkeypatch):
     peaks = iter([{"fp32": {"tflops": 1.0}}, {"fp32": {"tflops": 0.5}}])
     monkeypatch.setattr(driver, "measure_peaks", lambda device, precisions: next(peaks))

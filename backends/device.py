@@ -142,7 +142,11 @@ def synchronize(device: str) -> None:
 
 def device_memory_bytes(device: str) -> int | None:
     """Total memory of the current CUDA device in bytes (``cudaMemGetInfo``);
-    None for ``'cpu'``."""
+    None for ``'cpu'``.
+
+    Raises:
+        DeviceUnavailableError: ``'cuda'`` asked for, no usable GPU.
+    """
     if resolve_device(device) == "cuda":
         import cupy
         return int(cupy.cuda.runtime.memGetInfo()[1])

@@ -127,7 +127,8 @@ class Reference:
     others as the run goes, so memory stays near the float64 size of those.
     Each kept value goes to :attr:`values` when the run frees it: on the
     device up to ``device_budget`` bytes, in host memory past them
-    (:mod:`.reference_store`).
+    (:mod:`.reference_store`); the outputs stay on the device whatever the
+    budget.
 
     Args:
         device_budget: bytes of kept values the device may hold; None:
@@ -403,7 +404,7 @@ def check_lowering(exe: Executable, ref: Reference) -> CheckResult:
                              "tolerance": tol,
                              **({"dtype": f"returns {got}, the node's type is {runs_in}"}
                                 if got != runs_in else {})})
-        del out, ins
+        del out, ins, want  # a host-held value read back is a copy: gone before the next step reads its own
     memo.clear()
     unfused.clear()
     return CheckResult(passed=not failures, nodes_checked=checked,

@@ -2,14 +2,18 @@
 of its memory, the rest in host memory.
 
 The reference (:class:`.check.Reference`) keeps, in float64, every value the
-per-node check reads or compares. ResNet-50 at batch 128 keeps 58.8 GB. That
-fit the H200's 139 GB; on an H100's 80 GB, with PyTorch's float64 converter
-check beside it (19 GB), both ResNet-50 runs of 2026-12-06 ran out of device
-memory before timing anything. So a value is stored on the device while the
-values stored there stay under :data:`DEVICE_SHARE` of the device's memory,
-and in host memory past that. A read of a host value copies it back to the
-device for the one check that reads it; nothing is cached, so the device
-holds at most the share plus the values one check is reading.
+per-node check reads or compares. ResNet-50 at batch 128 keeps 58.8 GB
+(decimal, as everywhere here). That fit the H200's 150.8 GB; on an H100's
+85.0 GB, with PyTorch's float64 converter check beside it (19 GB), both
+ResNet-50 runs of 2026-12-06 ran out of device memory before timing
+anything. So a value is stored on the device while the values stored there
+stay under :data:`DEVICE_SHARE` of the device's memory, and in host memory
+past that (the outputs, small and read by every column, stay on the device
+whatever the budget). Each read of a host value copies it to the device
+afresh and nothing keeps the copy, so the check adds to the share only the
+values of the step it is checking (a value is read about twice: as its
+step's output and as a later step's input). The reference's own run holds
+its live intermediates on top of the share while it runs.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from collections.abc import Iterator, Mapping
 
 from opgraph.backends import device as dev
 
-#: The share of the device's memory that the reference's stored values may
-#: take. Left for the rest: PyTorch's float64 converter check (19 GB on
-#: ResNet-50 at batch 128), a column's own run and its autotuning. 0.4 keeps
-#: ResNet-50's 58.8 GB on an H200 (55.6 GB share) but for its last 3 GB, and
-#: leaves 48 GB of an 80 GB H100 for the rest.
+#: The share of the device's total memory that the reference's stored values
+#: may take. Left for the rest: PyTorch's float64 converter check (19 GB on
+#: ResNet-50 at batch 128), a column's own run and its autotuning. 0.4 is
+#: 60.3 GB of an H200, all of ResNet-50's 58.8 GB, and 34.0 GB of an H100,
+#: leaving 51 GB there (ResNet-50 then holds 24.6 GB in host memory,
+#: EfficientNet-B0 0.4 GB, the other models none).
 DEVICE_SHARE = 0.4
 
 
@@ -37,7 +42,8 @@ def device_budget(device: str) -> int | None:
 class ValueStore(Mapping):
     """Node id -> float64 array, each on ``device`` or, past ``budget`` bytes
     stored there, in host memory (module docstring). Reading gives an array
-    on ``device`` either way.
+    on ``device`` either way: the stored one, or a fresh copy of a host
+    value (so no reader may write into what it reads; none does).
 
     Attributes:
         device_bytes: bytes stored on the device.
@@ -54,7 +60,13 @@ class ValueStore(Mapping):
         """Store ``array`` as ``node``'s value: on the device if it fits the
         budget or ``on_device`` (small values read on every column: the
         outputs), else a host copy (the device array is then the caller's to
-        drop)."""
+        drop).
+
+        Raises:
+            ValueError: ``node`` is stored already (its bytes would count twice).
+        """
+        if node in self:
+            raise ValueError(f"ValueStore.put: node {node} is stored already")
         if on_device or self.budget is None or self.device_bytes + array.nbytes <= self.budget:
             self._on_device[node] = array
             self.device_bytes += array.nbytes

@@ -44,6 +44,8 @@ def test_values_past_the_budget_go_to_the_host_and_come_back_on_reading(monkeypa
     assert vs.device_bytes == 8 * 130 and vs.host_bytes == 8 * 48
     with pytest.raises(KeyError):
         vs[99]
+    with pytest.raises(ValueError, match="node 2 is stored already"):
+        vs.put(2, arrays[2])
 
 
 def test_no_budget_keeps_everything_on_the_device():

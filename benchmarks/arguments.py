@@ -254,7 +254,7 @@ def build_parser(prog: str = compare.COMMAND) -> argparse.ArgumentParser:
     p.add_argument("--onnx-input", default=None, metavar="NAME",
                    help="the image input of the --onnx files (default: each file's first graph input)")
     p.add_argument("--batch", type=_count(1), default=None,
-                   help="mini-batch (default: the seed's 128 / VGG-A 64, the modern suite's 128 / "
+                   help="mini-batch (default: convnet-benchmarks' 128 / VGG-A 64, the modern suite's 128 / "
                         "DenseNet-121 64, on a GPU and for --summary; "
                         f"{driver.CPU_DEFAULT_BATCH} on the CPU, where the default run of the four "
                         f"winners takes {driver.CPU_RUN_TIME})")
@@ -305,7 +305,7 @@ def build_parser(prog: str = compare.COMMAND) -> argparse.ArgumentParser:
                         "(torch.compile(dynamic=False)), torch-compile+graph; the +graph ones need "
                         "a GPU")
     p.add_argument("--warmup", type=_count(0), default=None,
-                   help=f"untimed iterations (default {driver.GPU_WARMUP} on a GPU as the seed, "
+                   help=f"untimed iterations (default {driver.GPU_WARMUP} on a GPU as convnet-benchmarks, "
                         f"{driver.CPU_WARMUP} on the CPU)")
     p.add_argument("--repeat", type=_repeat, default=None, metavar="N|auto",
                    help=f"timed calls per loop (default {driver.GPU_REPEAT} on a GPU, "

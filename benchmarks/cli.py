@@ -159,7 +159,7 @@ def run_timing(names: list[str], args) -> dict:
             log(f"opgraph-bench: --compare {','.join(args.compare)}: {e}")
     if device == "cpu" and args.warmup is None and args.repeat is None:
         notes.append(f"protocol: {warmup} warm-up + {repeat} timed calls per loop (CPU defaults; "
-                     f"the seed's {driver.GPU_WARMUP} + {driver.GPU_REPEAT} on a GPU)")
+                     f"convnet-benchmarks' {driver.GPU_WARMUP} + {driver.GPU_REPEAT} on a GPU)")
     precisions, layout = precisions_and_layout(args, base)
     settings = driver.Settings(device=device, lowerings=lowerings, precisions=precisions,
                                layout=layout, warmup=warmup, repeat=repeat,

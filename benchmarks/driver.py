@@ -131,19 +131,19 @@ def default_batch(model_seed_batch: int, device: str, batch: int | None,
             f"CPU default: {seed_batch_words(seeds)} sized for a GPU; "
             f"{CPU_DEFAULT_BATCH} keeps a CPU run short (the four winners take {CPU_RUN_TIME}) "
             "(use --batch N to change it)")
-    return model_seed_batch, "the seed benchmark's batch (the modern suite's for the modern convnets)"
+    return model_seed_batch, "convnet-benchmarks' batch (the modern suite's for the modern convnets)"
 
 
 def seed_batch_words(seed_batches: Mapping[str, int]) -> str:
-    """``"the seed's batches (128; vgg_a 64) are"`` or ``"the seed's batch (64) is"``:
+    """``"convnet-benchmarks' batches (128; vgg_a 64) are"`` or ``"convnet-benchmarks' batch (64) is"``:
     the batch most models of ``seed_batches`` (model name -> seed batch) take,
     then each model that takes another, by name, so that only models of the
     run are named."""
     common = Counter(seed_batches.values()).most_common(1)[0][0]
     others = [f"{name} {b}" for name, b in seed_batches.items() if b != common]
     if not others:
-        return f"the seed's batch ({common}) is"
-    return f"the seed's batches ({common}; {', '.join(others)}) are"
+        return f"convnet-benchmarks' batch ({common}) is"
+    return f"convnet-benchmarks' batches ({common}; {', '.join(others)}) are"
 
 
 def protocol_defaults(device: str, warmup: int | None, repeat: int | str | None) -> tuple[int, int]:
@@ -198,7 +198,7 @@ class Settings:
                        "backward-data (L1-L5: the image too, as the layer-wise benchmark)",
                 "phases": list(PHASES), "per_layer": self.per_layer, "check": self.check,
                 "cuda_graph": [lo.name for lo in self.lowerings if self.graphed(lo.name)],
-                "statistics": "median and min over the repeat calls of each loop; mean = the seed's; "
+                "statistics": "median and min over the repeat calls of each loop; mean = convnet-benchmarks'; "
                               "spread: quartiles and IQR (benchmarks/stability.py)",
                 "source": "convnet-benchmarks torch7/imagenet_winners/benchmark.lua"}
 

@@ -315,6 +315,8 @@ def spread_cell(r: dict, notes: list[str]) -> str:
     st = r.get("stability") or {}
     rel = st.get("spread")
     cell = "-" if rel is None else f"±{rel:.0%}"
+    if rel is not None and rel > SPREAD_LIMIT and f"{rel:.0%}" == f"{SPREAD_LIMIT:.0%}":
+        cell = f"±{rel:.1%}"  # 10.2 % flagged "above 10 %" would read ±10%
     if st.get("unstable"):
         cell += " unstable"
         own = [why for why in st.get("reasons", ()) if not why.startswith("run: ")]
@@ -397,9 +399,12 @@ def end_to_end_tables(doc: dict) -> Iterable[Table]:
 
 def _peer_hint(doc: dict, prec: str) -> str:
     """How to add peers to a run of ``prec``: the strongest ones on a GPU; on the CPU (the CUDA-graph
-    peers need a GPU) eager PyTorch and the extra that installs it."""
+    peers need a GPU) eager PyTorch, and the extra that installs it where the run's environment
+    had no PyTorch."""
     if any(r.get("device") == "cuda" for r in ordered(doc, prec)):
         return "--compare torch,torch-compile+graph adds them"
+    if (doc.get("environment") or {}).get("torch"):
+        return "--compare torch adds PyTorch eager"
     return "--compare torch adds PyTorch eager, from the torch extra: pip install -e \".[torch]\""
 
 
@@ -465,10 +470,13 @@ def layer_tables(doc: dict, metric: str = "ms") -> Iterable[Table]:
                         notes.append(f"{FORCED_MARK} {name} {p} under {r['lowering']}: forced to {algo} "
                                      "by the policy")
                 rows.append(row)
+            if any(c == "-" for row in rows for cell in row[3:] for c in cell.split(" / ")):
+                notes.append("-: no step of that phase (a layer that reads the image: the training step "
+                             "computes no gradient of the image)")
             if any(x.get("fused_relu") for r in res for x in r["layers"]):
                 notes.append("a convolution fused with its epilogue by the fuse pass (the forward with "
-                             "its ReLU / ReLU6 and residual add, backward-data with the ReLU gradient) "
-                             "includes it")
+                             "the activation, and any residual add, it absorbed; backward-data with the "
+                             "ReLU gradient) includes it")
             if unstable:  # one line for the table: a loaded machine marks many cells, so the widest few
                 worst = [cell for _, cell in sorted(unstable, key=lambda u: -u[0])[:UNSTABLE_LISTED]]
                 more = f", and {len(unstable) - len(worst)} more" if len(unstable) > len(worst) else ""

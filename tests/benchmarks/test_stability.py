@@ -252,3 +252,21 @@ def test_an_unstable_run_is_said_under_each_per_layer_table(monkeypatch):
     (table,) = tables.layer_tables(doc)
     (note,) = [n for n in table.notes if "unstable run" in n]
     assert note.startswith("unstable run, every time here included: the measured fp32 matmul peak")
+
+
+def test_a_phase_without_a_step_is_explained_under_the_per_layer_table(monkeypatch):
+    """Fresh-user report: 'conv1 │ 20.1 / - / 21.4' had no legend (the image's gradient is not computed)."""
+    monkeypatch.setattr(driver, "measure_peaks", lambda device, precisions: QUIET_PEAK)
+    monkeypatch.setattr(stability, "expected_peak", lambda *a: (1.0, "test"))
+    (table,) = tables.layer_tables(_doc(LabelTimer({})))
+    dashes = [c for r in table.rows for c in r[3:] if "-" in c.split(" / ")]
+    assert dashes  # the first convolution reads the image
+    assert any(n.startswith("-: no step of that phase") for n in table.notes)
+
+
+@pytest.mark.parametrize("spread, cell", [(0.102, "±10.2% unstable"), (0.14, "±14% unstable"),
+                                          (0.04, "±4%")])
+def test_a_flagged_spread_never_reads_as_the_limit_itself(spread, cell):
+    """Fresh-user report: a spread of 10.2 %, flagged for exceeding 10 %, read '±10% unstable'."""
+    r = {"model": "m", "lowering": "x", "stability": {"spread": spread, "unstable": spread > 0.1, "reasons": []}}
+    assert tables.spread_cell(r, []) == cell

@@ -52,7 +52,7 @@ from opgraph.passes.policy import LoweringPolicy
 
 from . import check as chk
 from . import lowerings as lw
-from . import reference_store, report, stability
+from . import report, stability
 from .environment import environment, git_commit, thread_counts  # noqa: F401  (re-exported)
 from .forward import ForwardTiming, lowering_summary, time_calls, time_forward  # noqa: F401
 from .graph_column import (changed_choices, graph_column, graph_failed, graph_placeholder, recompile_note,
@@ -86,15 +86,6 @@ CPU_DEFAULT_NOTE = (f"CPU default lowerings: {', '.join(lw.CPU_DEFAULT)} only (o
                     "ask for others with --lowering")
 #: The document's ``schema_version`` (defined beside the schema, in report.py, which ``compare`` reads).
 SCHEMA_VERSION = report.SCHEMA_VERSION
-
-
-def reference_spill_note(model: str, values) -> str:
-    """The note of a float64 reference whose kept values (``values``, a
-    :class:`.reference_store.ValueStore`) did not all fit its device share."""
-    total = values.device_bytes + values.host_bytes
-    return (f"{model}: the float64 reference keeps {total / 1e9:.1f} GB for the per-node checks; "
-            f"{values.host_bytes / 1e9:.1f} GB of it past {reference_store.DEVICE_SHARE:.0%} of the device's "
-            "memory wait in host memory and are copied back as the checks read them")
 
 
 def cuda_status() -> tuple[bool, str]:
@@ -373,7 +364,7 @@ def run_benchmark(models: Sequence[Model | TrainingGraph], s: Settings, *, timer
                 entry["reference_s"] = ref.seconds
                 entry["reference_bytes"] = {"device": ref.values.device_bytes, "host": ref.values.host_bytes}
                 if ref.values.host_bytes:
-                    doc["notes"].append(reference_spill_note(model.key, ref.values))
+                    doc["notes"].append(ref.values.spill_note(model.key))
                 release_device(s.device)  # the run's freed float64 intermediates, for the peers' PyTorch
             except Exception as e:  # e.g. out of memory: no column of this model can be checked
                 ref_error = error_fields(e, "float64 reference failed, so nothing was timed: ")

@@ -34,7 +34,11 @@ DEVICE_SHARE = 0.4
 def device_budget(device: str) -> int | None:
     """Bytes of stored values the device may hold: :data:`DEVICE_SHARE` of the
     CUDA device's memory; None (no limit) on the CPU, where host and device
-    memory are one."""
+    memory are one.
+
+    Raises:
+        DeviceUnavailableError: ``'cuda'`` and no usable GPU.
+    """
     total = dev.device_memory_bytes(device)
     return None if total is None else int(DEVICE_SHARE * total)
 
@@ -88,6 +92,13 @@ class ValueStore(Mapping):
 
     def __len__(self) -> int:
         return len(self._on_device) + len(self._on_host)
+
+    def spill_note(self, model: str) -> str:
+        """The run's note on ``model``'s reference when part of it is in host memory."""
+        total = self.device_bytes + self.host_bytes
+        return (f"{model}: the float64 reference keeps {total / 1e9:.1f} GB for the per-node checks; "
+                f"{self.host_bytes / 1e9:.1f} GB of it past {DEVICE_SHARE:.0%} of the device's memory "
+                "wait in host memory and are copied back as the checks read them")
 
 
 __all__ = ["DEVICE_SHARE", "device_budget", "ValueStore"]

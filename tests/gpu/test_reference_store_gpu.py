@@ -34,5 +34,5 @@ def test_a_reference_spilled_to_the_host_checks_as_one_kept_on_the_device(cp):
     assert a.passed and b.passed, (a.failures[:2], b.failures[:2])
     assert a.nodes_checked == b.nodes_checked  # cuDNN's split reductions may differ in the last bits run to run
     assert b.max_rel_error == pytest.approx(a.max_rel_error, rel=0.1)
-    assert reference_store.device_budget("cuda") == int(
-        reference_store.DEVICE_SHARE * cp.cuda.runtime.memGetInfo()[1])
+    total = cp.cuda.runtime.memGetInfo()[1]
+    assert 0 < reference_store.device_budget("cuda") <= total // 2  # room left for the peers and the column

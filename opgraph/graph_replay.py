@@ -267,6 +267,10 @@ class GraphReplay:
                 slots[st.node] = run_step(st, slots)
 
         before = {st.node: slots.get(st.node) for st in seg.steps}
+        # the arrays earlier captures rebound sit idle in the default pool, which a private pool
+        # failing cudaMalloc does not free: fp32 ResNet-50's backward-data ran out of an H100's
+        # memory with the forward's 10.7 GB cached there (docs/results/h100-2026-12-06b)
+        release_cached()
         held = int(self.pool.total_bytes())
         try:
             seg.graph, _ = _captured(self.stream, body, self.pool)

@@ -27,6 +27,7 @@ Usage (on a GPU machine with PyTorch)::
 
     python scripts/gpu_peer_profile.py --model densenet121 --json out.json
     python scripts/gpu_peer_profile.py --model vgg_a --dtype float32 --precision tf32
+    python scripts/gpu_peer_profile.py --model tests/onnx/models/convnext_tiny.onnx --batch 128
 """
 
 from __future__ import annotations
@@ -96,21 +97,33 @@ def _kernel_rows(prof, torch):
     return out
 
 
-def profile_peer(name: str, dtype: str, precision: str, layout: str, warmup: int, steps: int) -> dict:
-    """The record of model ``name`` (opgraph-bench's names): the peer built,
+def build_model(name: str, dtype: str, batch: int | None):
+    """opgraph-bench's model ``name``, or, for a name ending in ``.onnx``, that
+    file imported as ``opgraph-bench --onnx`` imports it (``batch``: the
+    file's when None); ``batch`` also overrides a built-in model's."""
+    from opgraph.benchmarks.models import build
+    from opgraph.benchmarks.onnx_model import load_model
+
+    if name.endswith(".onnx"):
+        return load_model(name, batch=batch, dtype=dtype)
+    return build(name, batch=batch, dtype=dtype)
+
+
+def profile_peer(name: str, dtype: str, precision: str, layout: str, warmup: int, steps: int,
+                 batch: int | None = None) -> dict:
+    """The record of model ``name`` (:func:`build_model`): the peer built,
     compiled (its first call timed: ``first_call_s``, seconds), ``warmup`` steps,
     then ``steps`` steps profiled; :func:`summarise`'s fields (ms per step) and
     the versions. Needs CUDA and PyTorch (their errors propagate)."""
     import torch
 
-    from opgraph.benchmarks.models import build
     from opgraph.benchmarks.peer_device import peer_device
     from opgraph.benchmarks.peer_run import compile_function
     from opgraph.benchmarks.peer_torch import TorchModel, autocast, storage_dtype, tf32_flags
     from opgraph.benchmarks.protocol import random_feeds
 
     peer_device(torch, "cuda")  # configured as opgraph-bench's peers are (cudnn.benchmark on)
-    model = build(name, dtype=dtype)
+    model = build_model(name, dtype, batch)
     tm = TorchModel(model, random_feeds(model), "cuda", dtype=storage_dtype(torch, model.dtype),
                     channels_last=layout.upper() == "NHWC", outputs=model.forward_outputs)
 
@@ -145,7 +158,9 @@ def profile_peer(name: str, dtype: str, precision: str, layout: str, warmup: int
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="densenet121", help="comma-separated model names (opgraph-bench's)")
+    p.add_argument("--model", default="densenet121",
+                   help="comma-separated model names (opgraph-bench's) or ONNX files (ending in .onnx)")
+    p.add_argument("--batch", type=int, help="mini-batch (default: the model's; an ONNX file's own)")
     p.add_argument("--dtype", default="bfloat16", help="storage dtype (default bfloat16)")
     p.add_argument("--precision", default="bf16", help="bf16, fp16, tf32 or fp32 (default bf16)")
     p.add_argument("--layout", default="NHWC", choices=["NHWC", "NCHW", "nhwc", "nchw"])
@@ -158,7 +173,7 @@ def main(argv=None) -> int:
         p.error(f"--steps must be >= 1 and --warmup >= 0, got {a.steps} and {a.warmup}")
     records = []
     for name in a.model.split(","):
-        r = profile_peer(name, a.dtype, a.precision, a.layout, a.warmup, a.steps)
+        r = profile_peer(name, a.dtype, a.precision, a.layout, a.warmup, a.steps, a.batch)
         records.append(r)
         print(f"== {r['model']} b{r['batch']} {a.dtype} {a.precision} {r['layout']} torch-compile: "
               f"kernels {r['step_ms']:.3f} ms/step, first call {r['first_call_s']:.1f} s")

@@ -38,3 +38,10 @@ def test_summary_is_per_step(script):
 def test_no_steps_is_an_error(script):
     with pytest.raises(ValueError, match="steps must be at least 1, got 0"):
         script.summarise([], steps=0)
+
+
+@pytest.mark.parametrize("name, key", [("tests/onnx/models/alexnet.onnx", "alexnet"), ("alexnet", "alexnet")])
+def test_models_by_name_or_onnx_file_at_a_batch(script, name, key):
+    pytest.importorskip("onnx")
+    model = script.build_model(name, "float32", 3)
+    assert (model.key, model.batch) == (key, 3)

@@ -190,11 +190,15 @@ def _threads_per_image(c: int, v: int, h: int, w: int, pixels: int, rows: int) -
 
 
 @functools.lru_cache(maxsize=None)
-def _source(dtype: str, geo: tuple, v: int, pixels: int, rows: int, wide: bool) -> tuple[str, str, str]:
+def _source(dtype: str, geo: tuple, v: int, pixels: int, rows: int, wide: bool, flip: bool = False,
+            bias: bool = False) -> tuple[str, str, str]:
     """``(kernel name, weight-transpose kernel name, source)`` of one layer shape:
     ``geo`` = (C, H, W, HO, WO, KH, KW, SH, SW, PT, PL, DH, DW), ``v`` lanes per
     thread (``lanes(dtype)`` or 1), strips of ``pixels`` (a multiple of SW),
-    tiles of about ``rows`` rows (:func:`_tiles`), 64-bit indices if ``wide``."""
+    tiles of about ``rows`` rows (:func:`_tiles`), 64-bit indices if ``wide``.
+    ``flip``: the taps transposed in reverse order (kernel rows and columns
+    mirrored: the stride-1 forward, ``depthwise_forward``); ``bias``: a
+    float32 (float64) vector of C added first, before the taps."""
     c, h, w, ho, wo, kh, kw, sh, sw, pt, pl, dh, dw = geo
     st = storage_of(dtype)
     ct = "double" if dtype == "float64" else "float"
@@ -220,8 +224,11 @@ def _source(dtype: str, geo: tuple, v: int, pixels: int, rows: int, wide: bool) 
             "const IDX c0 = (IDX)cv * V;",
             f"const int w0 = s * P, owb = s * (P / SW) + ({e // sw});",
             "const int hp = h + PT;",
-            _row_start(sh, dh, kh),
-            *(f"CT {a} = 0;" for row in acc for a in row)]
+            _row_start(sh, dh, kh)]
+    if bias:
+        lines, vals = vector_load(wst, "bias", "c0", v, "b")
+        body += [*lines, *(f"const CT b{q} = {x};" for q, x in enumerate(vals))]
+    body += [f"CT {a} = {f'b{q}' if bias else 0};" for row in acc for q, a in enumerate(row)]
     for m in range(-(-kh // step_h)):
         weights = []
         for k in range(kw):
@@ -242,15 +249,20 @@ def _source(dtype: str, geo: tuple, v: int, pixels: int, rows: int, wide: bool) 
         store = vector_store(st, "dx", f"((n * H + h) * W + w0 + {p}) * C + c0", acc[p], f"d{p}")
         body += store if w % pixels == 0 else [f"if (w0 + {p} < W) {{", *store, "}"]
     tag = f"{dtype}_{'i64' if wide else 'i32'}_v{v}_k{kh}x{kw}s{sh}x{sw}_p{pixels}r{th}"
-    name, wname = f"opgraph_dw_dgrad_{tag}", f"opgraph_dw_weights_{tag}"
-    params = (f"const {st.ctype}* __restrict__ gy, const CT* __restrict__ wt, {st.ctype}* __restrict__ dx, "
-              "IDX TOTAL")
+    kind = ("fprop" if flip else "dgrad") + ("_bias" if bias else "")
+    name, wname = f"opgraph_dw_{kind}_{tag}", f"opgraph_dw_weights{'_flipped' if flip else ''}_{tag}"
+    params = (f"const {st.ctype}* __restrict__ gy, const CT* __restrict__ wt, "
+              + ("const CT* __restrict__ bias, " if bias else "") + f"{st.ctype}* __restrict__ dx, IDX TOTAL")
+    tap = "(KH * KW - 1 - k)" if flip else "k"
+    # the weights (and the bias) in the compute type, the taps transposed to (KH * KW, C)
     weights_kernel = (f'extern "C" __global__ void {wname}(const {st.ctype}* __restrict__ w, '
-                      "CT* __restrict__ wt) {\n"
+                      "CT* __restrict__ wt"
+                      + (f", const {st.ctype}* __restrict__ b, CT* __restrict__ bt" if bias else "") + ") {\n"
                       "    const int t = blockIdx.x * blockDim.x + threadIdx.x;\n"
                       "    if (t >= C * KH * KW) return;\n"
-                      "    const int c = t / (KH * KW), k = t - c * (KH * KW);\n"
-                      f"    wt[k * C + c] = {st.load('w[t]')};\n}}\n")
+                      + (f"    if (t < C) bt[t] = {st.load('b[t]')};\n" if bias else "")
+                      + "    const int c = t / (KH * KW), k = t - c * (KH * KW);\n"
+                      f"    wt[{tap} * C + c] = {st.load('w[t]')};\n}}\n")
     text = (f"typedef {ct} CT;\ntypedef {'long long' if wide else 'int'} IDX;\n"
             f"typedef {'unsigned long long' if wide else 'unsigned int'} UIDX;\n"
             + "".join(f"#define {k} {val}\n" for k, val in defines.items()) + DEVICE_HELPERS + "\n"
@@ -291,34 +303,49 @@ def conv2d_backward_data(xp, gy, w, *, stride, padding, dilation, groups, input_
         raise ShapeError(f"depthwise conv2d_backward_data: {why}")
     if w.dtype != gy.dtype:
         raise ShapeError(f"depthwise conv2d_backward_data: weight {w.dtype} and output gradient {gy.dtype} differ")
-    dtype = dtype_name(gy.dtype)
-    # the NHWC buffer: gy's own memory when channels-last (also where the layout is
+    (pt, _), (pl, _) = padding
+    return gather(xp, gy, w, None, out_shape=input_shape, stride=stride, top_left=(pt, pl), dilation=dilation,
+                  pixels=pixels, rows=rows, flip=False)
+
+
+def gather(xp, src, w, b, *, out_shape, stride, top_left, dilation, pixels, rows, flip):
+    """The generated gather (module docstring) of ``src`` ``(N, C, HO, WO)`` into
+    a new channels-last ``out_shape`` ``(N, C, H, W)`` in src's dtype:
+    ``out[n, c, i, j] = b[c] + sum of src[n, c, (i + PT - kh * DH) / SH, ...] *
+    w'[c, kh, kw]`` over the taps whose divisions are exact and in range, with
+    ``(PT, PL) = top_left`` and ``w'`` the filter ``w`` ``(C, 1, kH, kW)``, or it
+    mirrored when ``flip``; ``b`` a vector of C, or None. Operands already
+    checked by the caller; ``src`` is copied to channels-last unless it is."""
+    dtype = dtype_name(src.dtype)
+    # the NHWC buffer: src's own memory when channels-last (also where the layout is
     # ambiguous: a batch of 0, one channel, a 1 x 1 plane), else a copy
-    buf = xp.ascontiguousarray(_raw(xp, gy).transpose(0, 2, 3, 1))
-    n, c, h, wd = (int(v) for v in input_shape)
-    dx = xp.empty((n, h, wd, c), dtype=buf.dtype)
-    if dx.size:
-        (pt, _), (pl, _) = padding
+    buf = xp.ascontiguousarray(_raw(xp, src).transpose(0, 2, 3, 1))
+    n, c, h, wd = (int(v) for v in out_shape)
+    out = xp.empty((n, h, wd, c), dtype=buf.dtype)
+    if out.size:
+        pt, pl = (int(p) for p in top_left)
         kh, kw = (int(k) for k in w.shape[2:])
         sh, sw = (int(s) for s in stride)
-        geo = (c, h, wd, int(gy.shape[2]), int(gy.shape[3]), kh, kw, sh, sw, int(pt), int(pl),
+        geo = (c, h, wd, int(src.shape[2]), int(src.shape[3]), kh, kw, sh, sw, pt, pl,
                *(int(d) for d in dilation))
         v = lanes(dtype)
-        if c % v or address(buf) % 16:  # dx is a fresh allocation: aligned
+        if c % v or address(buf) % 16:  # out is a fresh allocation: aligned
             v = 1
         pixels = _pixels(int(pixels), sw, wd)
         total = n * _threads_per_image(c, v, h, wd, pixels, int(rows))
-        wide = max(dx.size, buf.size, total) >= _INT32_LIMIT
-        name, wname, text = _source(dtype, geo, v, pixels, int(rows), wide)
+        wide = max(out.size, buf.size, total) >= _INT32_LIMIT
+        name, wname, text = _source(dtype, geo, v, pixels, int(rows), wide, bool(flip), b is not None)
         idx = xp.int64 if wide else xp.int32
-        wt = xp.empty(c * kh * kw, dtype=xp.float64 if dtype == "float64" else xp.float32)
+        ct = xp.float64 if dtype == "float64" else xp.float32
+        wt = xp.empty(c * kh * kw, dtype=ct)
         # the filter taps of channel c at c * kH * kW + kh * kW + kw: OIHW and OHWI orders
         # agree when each filter has one input channel
         wbuf = xp.ascontiguousarray(_raw(xp, w)).reshape(-1)
-        compiled(text, wname)((-(-wt.size // THREADS),), (THREADS,), (wbuf, wt))
-        compiled(text, name)((-(-total // THREADS),), (THREADS,), (buf, wt, dx, idx(total)))
-    out = dx.view(numpy_dtype(dtype)) if dx.dtype.itemsize == 2 else dx
-    return out.transpose(0, 3, 1, 2)
+        bias = () if b is None else (xp.ascontiguousarray(_raw(xp, b)), xp.empty(c, dtype=ct))
+        compiled(text, wname)((-(-wt.size // THREADS),), (THREADS,), (wbuf, wt, *bias))
+        compiled(text, name)((-(-total // THREADS),), (THREADS,), (buf, wt, *bias[1:], out, idx(total)))
+    res = out.view(numpy_dtype(dtype)) if out.dtype.itemsize == 2 else out
+    return res.transpose(0, 3, 1, 2)
 
 
 def conv2d_backward_data_kernel(ctx, op, gy, w):
@@ -350,4 +377,4 @@ def check(op, in_types, device) -> str | None:
 
 
 __all__ = ["declines", "operand_dtypes", "conv2d_backward_data", "conv2d_backward_data_kernel", "check", "variants", "lanes",
-           "REVISION", "PIXELS"]
+           "gather", "REVISION", "PIXELS"]

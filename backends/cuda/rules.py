@@ -31,8 +31,8 @@ from opgraph.types import INDEX_DTYPES
 
 from ..reference.kernel import params_kernel
 from ..registry import Rule, register
-from . import (colsum, colsum_relu, colsum_vector, depthwise, depthwise_filter, loss, lrn, pool, pool_indices,
-               pool_vector, relu, unfold)
+from . import (colsum, colsum_relu, colsum_vector, depthwise, depthwise_filter, depthwise_forward, loss, lrn, pool,
+               pool_indices, pool_vector, relu, unfold)
 from .cublas import capture_requirement
 from .codegen import movement
 from .kernel_sources import fingerprinted, one_variant
@@ -255,6 +255,11 @@ def register_rules() -> None:
                       variants=variants,
                       **({"workspace": WORKSPACES[op_type]} if op_type in WORKSPACES else {}),
                       **({"variant_capture_blocker": blocker} if blocker else {})))
+    # a candidate beside cuDNN's engines for the stride-1 depthwise forward (the same gather, mirrored taps;
+    # cuDNN's 7x7 engines ran at 1.5 % of the copy bandwidth on ConvNeXt, depthwise_forward's docstring)
+    register(Rule(ops.Conv2d, "cuda", depthwise_forward.conv2d_kernel, devices={"cuda"},
+                  check=depthwise_forward.check, variants=depthwise_forward.variants, tags={"cuda", "gpu"},
+                  fresh_output=True, capturable=True))
     # a candidate beside cuDNN's engines for depthwise backward-data (it declines every other convolution);
     # its variants (thread tiles) carry the kernels' revision into the autotune cache key
     register(Rule(ops.Conv2dBackwardData, "cuda", depthwise.conv2d_backward_data_kernel, devices={"cuda"},

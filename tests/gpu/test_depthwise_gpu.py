@@ -58,3 +58,29 @@ def test_every_variant_is_bit_for_bit_the_default(cp, rng, case, dtype):
     want = to_host(cp, depthwise.conv2d_backward_data(cp, gy, wt, **kw))
     for options in depthwise.variants(None, None, "cuda")[1:]:
         assert np.array_equal(to_host(cp, depthwise.conv2d_backward_data(cp, gy, wt, **kw, **options)), want), options
+
+
+#: the stride-1 forward (``depthwise_forward``): ConvNeXt-tiny's 7x7 layers (stage 1 and 4), a 3x3 and a 5x5,
+#: and 27 channels (the scalar path)
+FORWARD_CASES = [((32, 96, 56, 56), (7, 7), ((3, 3), (3, 3))), ((32, 768, 7, 7), (7, 7), ((3, 3), (3, 3))),
+                 ((32, 144, 56, 56), (3, 3), ((1, 1), (1, 1))), ((32, 240, 28, 28), (5, 5), ((2, 2), (2, 2))),
+                 ((8, 27, 30, 30), (3, 3), ((1, 1), (1, 1)))]
+FORWARD_IDS = ["7x7-56", "7x7-7", "3x3", "5x5", "3x3-scalar"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("case", FORWARD_CASES, ids=FORWARD_IDS)
+def test_forward_matches_cudnn_and_the_reference_and_replays(cp, rng, case, dtype, captured_replay):
+    from opgraph.backends.cuda import cudnn, depthwise_forward
+    from opgraph.backends.reference import conv as ref_conv
+    shape, k, p = case
+    c = shape[1]
+    x_host, w_host, b_host = rng.standard_normal(shape), rng.standard_normal((c, 1, *k)), rng.standard_normal(c)
+    x, wt = to_device(cp, x_host, dtype), to_device(cp, w_host, dtype)
+    b = to_device(cp, b_host.reshape(1, c, 1, 1), dtype).reshape(c)
+    kw = dict(stride=(1, 1), padding=p, dilation=(1, 1), groups=c)
+    ref = ref_conv.conv2d_forward(np, to_host(cp, x), to_host(cp, wt), **kw)
+    ref = ref + to_host(cp, b.reshape(1, c, 1, 1)).reshape(1, c, 1, 1)
+    theirs = cudnn.conv2d(cp, x, wt, b, **kw, out_shape=ref.shape)
+    check_and_replay(cp, rng, lambda: depthwise_forward.conv2d(cp, x, wt, b, **kw), ref, theirs,
+                     1e-2 if dtype == "bfloat16" else 1e-5, x, dtype, captured_replay)

@@ -60,7 +60,8 @@ def declines_forward(x_shape, w_shape, groups: int, x_layout: str | None, stride
     channels-last depthwise convolutions of multiplier 1 and stride 1."""
     if tuple(stride) != (1, 1):
         return f"stride {tuple(stride)}: the depthwise forward kernel takes stride 1 (cuDNN's engines the others)"
-    out = forward_shape(x_shape, w_shape, padding, dilation)
+    # the gather's output in dx's place, with x's channel count (what the message names as input channels)
+    out = (x_shape[0], x_shape[1], *forward_shape(x_shape, w_shape, padding, dilation)[2:])
     why = declines(x_shape, w_shape, groups, out, x_layout, _mirrored_padding(w_shape, padding, dilation), dilation)
     return why and why.replace("the output gradient", "the input")
 

@@ -165,8 +165,8 @@ def test_the_rule_declines_what_it_does_not_take():
     assert "channels-last" in rule.check(dw, (TensorType((2, 16, 9, 9), "bfloat16"), w), "cuda")
     assert "the input is" in rule.check(dw, (TensorType((2, 16, 9, 9), "bfloat16"), w), "cuda")
     dense = ops.Conv2d(padding=((1, 1), (1, 1)))
-    assert "not a depthwise" in rule.check(dense, (TensorType((2, 16, 5, 5), "float32", "NHWC"),
-                                                   TensorType((8, 16, 3, 3))), "cuda")
+    assert "not a depthwise convolution of multiplier 1 (groups=1, input channels 16, weight (8, 16, 3, 3))" in \
+        rule.check(dense, (TensorType((2, 16, 5, 5), "float32", "NHWC"), TensorType((8, 16, 3, 3))), "cuda")
     assert "one dtype" in rule.check(dw, (x, TensorType((16, 1, 7, 7), "float32", "NHWC")), "cuda")
     assert "bias float32" in rule.check(dw, (x, w, TensorType((16,), "float32")), "cuda")
     grouped = ops.Conv2d(padding=((1, 1), (1, 1)), groups=8)

@@ -54,6 +54,8 @@ DRIFT_MIN_SECONDS = 60.0
 #: tensor-core rate.
 GPU_PEAKS = {"H200": {"fp32": 51.0, "tf32": 400.0, "bf16": 779.0, "fp16": 779.0},
              "H100 80GB HBM3": {"tf32": 408.0, "bf16": 766.0, "fp16": 766.0}}
+#: Where each of :data:`GPU_PEAKS` was measured (the reference's description names it).
+GPU_PEAK_SOURCES = {"H200": "GPU_NOTES", "H100 80GB HBM3": "docs/results/h100-2026-12-06"}
 #: fp32 FLOPs per cycle and core of a CPU with AVX2 and FMA (two 8-lane FMA
 #: pipes; AVX-512 CPUs reach this or twice it, "avx512": two 16-lane pipes, a
 #: ceiling only named in the nominal figure's description), else of SSE (two
@@ -145,7 +147,7 @@ def expected_peak(device: str, device_name: str | None, precision: str) -> tuple
     if device != "cpu":
         for model, peaks in GPU_PEAKS.items():
             if device_name and model in device_name and precision in peaks:
-                return peaks[precision], f"{model} {precision} quiet measurement (GPU_NOTES)"
+                return peaks[precision], f"{model} {precision} quiet measurement ({GPU_PEAK_SOURCES[model]})"
         return None
     info = _cpuinfo()
     try:
@@ -232,6 +234,6 @@ def column_stability(rec: dict, run_reasons: list[str]) -> dict:
     return out
 
 
-__all__ = ["SPREAD_LIMIT", "PEAK_FLOOR", "PEAK_DRIFT", "DRIFT_MIN_SECONDS", "GPU_PEAKS", "FLOPS_PER_CYCLE",
+__all__ = ["SPREAD_LIMIT", "PEAK_FLOOR", "PEAK_DRIFT", "DRIFT_MIN_SECONDS", "GPU_PEAKS", "GPU_PEAK_SOURCES", "FLOPS_PER_CYCLE",
            "spread", "total_spread", "unstable_phases", "expected_peak", "peak_check", "drift_check", "mark_columns",
            "run_stability", "column_stability"]

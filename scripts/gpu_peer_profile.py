@@ -156,23 +156,55 @@ def profile_peer(name: str, dtype: str, precision: str, layout: str, warmup: int
                                          "device": torch.cuda.get_device_name()}, **summary}
 
 
+def unusable(names, dtype: str, batch: int | None) -> str | None:
+    """Why ``names`` (``--model``'s items) cannot all be built at ``batch`` in
+    ``dtype``, or None: every model is built here, before the first is profiled,
+    so that a typo in the last one is not found after the others ran."""
+    for name in names:
+        try:
+            build_model(name, dtype, batch)
+        except Exception as e:  # an unknown name, an unreadable file, a dtype a model does not take
+            return f"--model {name}: {str(e).strip() or type(e).__name__}"
+    return None
+
+
+def no_cuda() -> str | None:
+    """Why PyTorch cannot profile on a GPU here, or None."""
+    try:
+        import torch
+    except ImportError:
+        return "needs PyTorch (with CUDA): it is not installed"
+    if not torch.cuda.is_available():
+        return f"needs a CUDA GPU and a CUDA build of PyTorch; torch {torch.__version__} sees none"
+    return None
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from opgraph.precision import PRECISIONS
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " Needs a CUDA GPU and PyTorch built for it.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="densenet121",
                    help="comma-separated model names (opgraph-bench's) or ONNX files (ending in .onnx)")
     p.add_argument("--batch", type=int, help="mini-batch (default: the model's; an ONNX file's own)")
-    p.add_argument("--dtype", default="bfloat16", help="storage dtype (default bfloat16)")
-    p.add_argument("--precision", default="bf16", help="bf16, fp16, tf32 or fp32 (default bf16)")
+    p.add_argument("--dtype", default="bfloat16", help="storage dtype")
+    p.add_argument("--precision", default="bf16", choices=PRECISIONS)
     p.add_argument("--layout", default="NHWC", choices=["NHWC", "NCHW", "nhwc", "nchw"])
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=5, help="profiled steps (default 5)")
-    p.add_argument("--top", type=int, default=25, help="kernels printed per model (default 25)")
+    p.add_argument("--warmup", type=int, default=3, help="steps run before the profiled ones")
+    p.add_argument("--steps", type=int, default=5, help="profiled steps")
+    p.add_argument("--top", type=int, default=25, help="kernels printed per model")
     p.add_argument("--json", help="write the records here")
     a = p.parse_args(argv)
     if a.steps < 1 or a.warmup < 0:
         p.error(f"--steps must be >= 1 and --warmup >= 0, got {a.steps} and {a.warmup}")
+    if a.batch is not None and a.batch < 1:
+        p.error(f"--batch must be >= 1, got {a.batch}")
+    names = a.model.split(",")
+    why = unusable(names, a.dtype, a.batch) or no_cuda()
+    if why:
+        p.error(why)
     records = []
-    for name in a.model.split(","):
+    for name in names:
         r = profile_peer(name, a.dtype, a.precision, a.layout, a.warmup, a.steps, a.batch)
         records.append(r)
         print(f"== {r['model']} b{r['batch']} {a.dtype} {a.precision} {r['layout']} torch-compile: "

@@ -45,3 +45,22 @@ def test_models_by_name_or_onnx_file_at_a_batch(script, name, key):
     pytest.importorskip("onnx")
     model = script.build_model(name, "float32", 3)
     assert (model.key, model.batch) == (key, 3)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch", "0"], "--batch must be >= 1, got 0"),
+    (["--model", "alexnet,nosuch"], "--model nosuch: "),
+    (["--model", "nosuch.onnx"], "--model nosuch.onnx: "),
+    (["--precision", "bogus"], "invalid choice: 'bogus'"),
+])
+def test_bad_arguments_are_usage_errors_before_anything_runs(script, capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        script.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_without_a_gpu_it_says_what_it_needs(script, capsys, monkeypatch):
+    monkeypatch.setattr(script, "no_cuda", lambda: "needs a CUDA GPU and a CUDA build of PyTorch; torch X sees none")
+    with pytest.raises(SystemExit) as e:
+        script.main(["--model", "alexnet", "--batch", "2"])
+    assert e.value.code == 2 and "needs a CUDA GPU" in capsys.readouterr().err

@@ -3,14 +3,21 @@ backward-data kernel's generated gather (:mod:`.depthwise`) with the taps mirror
 
 A depthwise convolution (``groups`` = input channels = output channels, one
 filter per channel) does ``kH * kW`` multiply-adds per element it reads, so
-it is memory-bound. cuDNN 9.19's engines for the 7x7 ones of ConvNeXt ran at
-1.5 % of the copy bandwidth in bf16 on an H100 (128 x 96 x 56 x 56: 4.17 ms
-a layer, 30.5 of a 56.7 ms training step; ``docs/results/h100-2026-12-06b``),
-where the backward-data gather of the same layers took 0.245 ms.
+it is memory-bound. On ConvNeXt-tiny's 7x7 ones (bf16, an H100,
+``docs/results/h100-2026-12-06b``) the engines cuDNN 9.19 built for the
+``cudnn`` lowering's graph (the convolution, then its bias: 5 engines) ran
+at 1.1-1.2 % of the copy bandwidth (128 x 96 x 56 x 56: 4.17 ms a layer; the
+18 layers 30.25 ms of the 56.2 ms the profiled steps summed to), where the
+backward-data gather of the same layers took 0.245 ms a layer. PyTorch's
+call on the same cuDNN, without the bias, ran the 18 in 2.32 ms, so cuDNN
+has a fast kernel the biased graph does not reach; ``scripts/depthwise_bench.py``
+times every engine both ways beside this kernel.
 
 A stride-1 convolution is the transpose of another stride-1 convolution with
-the kernel mirrored and the padding ``(k - 1) * d - p`` (Dumoulin & Visin, "A
-guide to convolution arithmetic for deep learning", 2016, section 4.1): with
+the kernel mirrored and the padding ``k - 1 - p`` (Dumoulin & Visin, "A guide
+to convolution arithmetic for deep learning", 2016, section 4.4; with
+dilation d the kernel's effective size is ``(k - 1) * d + 1``, section 5.1,
+so the padding ``(k - 1) * d - p``): with
 ``w'[c, kh, kw] = w[c, KH - 1 - kh, KW - 1 - kw]``::
 
     y[n, c, i, j] = b[c] + sum over kh, kw of x[n, c, i - PT + kh * DH, j - PL + kw * DW] * w[c, kh, kw]
@@ -22,7 +29,7 @@ bounds-checked), the taps outside x contributing nothing, as zero padding
 does. That is the backward-data gather with ``SH = SW = 1``, x in gy's place
 and the output in dx's, so the same generated code computes it: 16 bytes of
 channels of a strip of output pixels per thread, each input word of a kernel
-row loaded once for every pixel of the strip it feeds, float32 sums (float64
+row loaded once and added into every pixel of the strip it feeds, float32 sums (float64
 for float64) rounded once on the store, the bias the sums start from. A
 strided forward is not a gather of that form (its transpose is the strided
 backward-data), so the rule declines it and cuDNN's engines take it.
@@ -50,14 +57,16 @@ def _mirrored_padding(w_shape, padding, dilation) -> tuple:
 
 
 def forward_shape(x_shape, w_shape, padding, dilation) -> tuple:
-    """The stride-1 output ``(N, C, Ho, Wo)`` of input ``x_shape`` and filter ``w_shape``."""
+    """The stride-1 output ``(N, C, Ho, Wo)`` of input ``x_shape`` ``(N, C, H, W)``, filter ``w_shape``
+    ``(C, 1, kH, kW)``, ``padding`` ``((top, bottom), (left, right))`` and ``dilation`` ``(dh, dw)``."""
     return (x_shape[0], w_shape[0],
             *(n + p0 + p1 - d * (k - 1) for n, k, (p0, p1), d in zip(x_shape[2:], w_shape[2:], padding, dilation)))
 
 
 def declines_forward(x_shape, w_shape, groups: int, x_layout: str | None, stride, padding, dilation) -> str | None:
     """Why the ``cuda`` rule of ``Conv2d`` does not take this node, or None: it takes
-    channels-last depthwise convolutions of multiplier 1 and stride 1."""
+    channels-last depthwise convolutions of multiplier 1 and stride 1. Shapes as
+    :func:`forward_shape`; ``x_layout`` the input's declared layout (``'NHWC'``)."""
     if tuple(stride) != (1, 1):
         return f"stride {tuple(stride)}: the depthwise forward kernel takes stride 1 (cuDNN's engines the others)"
     # the gather's output in dx's place, with x's channel count (what the message names as input channels)

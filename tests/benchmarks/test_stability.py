@@ -154,6 +154,12 @@ def test_a_gpu_is_held_against_its_own_model_s_quiet_peak(name, precision, want)
     assert (got and got[0]) == want
 
 
+@pytest.mark.parametrize("name, source", [("NVIDIA H200", "(GPU_NOTES)"),
+                                          ("NVIDIA H100 80GB HBM3", "(docs/results/h100-2026-12-06)")])
+def test_a_gpu_peak_names_where_it_was_measured(name, source):
+    assert stability.expected_peak("cuda", name, "bf16")[1].endswith("bf16 quiet measurement " + source)
+
+
 def test_a_peak_that_moves_during_a_long_run_flags_it(monkeypatch):
     peaks = iter([{"fp32": {"tflops": 1.0}}, {"fp32": {"tflops": 0.5}}])
     monkeypatch.setattr(driver, "measure_peaks", lambda device, precisions: next(peaks))

@@ -46,7 +46,14 @@ Memory rules that keep a replay correct:
   pool). So the private pool lives as long as the replay object, which must
   live as long as anyone reads ``slots`` (``PhaseRunner`` keeps its replays);
   :meth:`GraphReplay.close` drops the graphs and the pool's unused blocks, not
-  the pool. The throw-away captures of :func:`capture_error` allocate from
+  the pool;
+* before each capture the default pool's idle blocks go back to the device
+  (:func:`release_cached`): the arrays earlier captures rebound sit there,
+  and a private pool whose ``cudaMalloc`` fails frees only its own idle
+  blocks (fp32 ResNet-50's backward-data ran out of an H100's memory with
+  the forward's 10.7 GB cached so). An idle block belongs to no array, and
+  the graphs never allocate from the default pool, so none of their scratch
+  is among them; hence the private pool may not be the default pool. The throw-away captures of :func:`capture_error` allocate from
   the default pool instead: a step may create a cached object there (a cuFFT
   plan's work area) that must outlive the trial;
 * an eagerly run step allocates a new output on every call, but a graph that
@@ -95,7 +102,9 @@ def capture_stream():
 
 def release_cached() -> None:
     """Give the default pool's unused cached blocks back to the device (the
-    eager arrays a build rebound), so that they are not counted twice."""
+    eager arrays a build rebound), so that they are not counted twice and a
+    capture's private pool can have that memory (:meth:`GraphReplay._capture`
+    calls it before each capture)."""
     _cupy().get_default_memory_pool().free_all_blocks()
 
 
@@ -206,6 +215,7 @@ class GraphReplay:
     Raises:
         ReleasedScratch: device memory ran out during a capture and the pool
             gave back blocks earlier graphs use (:meth:`_check_kept`).
+        ValueError: ``pool`` is CuPy's default memory pool.
 
     After the build, ``slots`` holds the arrays the graphs use (their values
     are those of one replay) and must not be rebound by anyone else.
@@ -218,6 +228,9 @@ class GraphReplay:
 
     def __init__(self, steps: Sequence, slots: dict, run_step: RunStep, stream, *,
                  eager: frozenset = frozenset(), pool=None):
+        if pool is not None and pool is _cupy().get_default_memory_pool():
+            raise ValueError("pool: the default memory pool cannot be a replay's private pool (its idle blocks "
+                             "are given back before each capture; module docstring)")
         self.slots, self.run_step, self.stream = slots, run_step, stream
         steps = _rerunnable(steps)
         for st in steps:  # a slot filled by an in-place run shares its input's array: part them
@@ -267,10 +280,7 @@ class GraphReplay:
                 slots[st.node] = run_step(st, slots)
 
         before = {st.node: slots.get(st.node) for st in seg.steps}
-        # the arrays earlier captures rebound sit idle in the default pool, which a private pool
-        # failing cudaMalloc does not free: fp32 ResNet-50's backward-data ran out of an H100's
-        # memory with the forward's 10.7 GB cached there (docs/results/h100-2026-12-06b)
-        release_cached()
+        release_cached()  # the arrays earlier captures rebound (module docstring)
         held = int(self.pool.total_bytes())
         try:
             seg.graph, _ = _captured(self.stream, body, self.pool)

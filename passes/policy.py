@@ -126,8 +126,9 @@ CONV_OPS = ALIASES["conv"]
 #: dimension >= 2^31; winograd (3x3 only) ran 1.5-4x slower than gemm and fft
 #: 2-30x slower (numpy's pocketfft, stride handled by subsampling). So both
 #: are reached on the CPU only through ``prefer``, ``force`` or autotune.
-#: CUDA: cuDNN first, then our depthwise backward-data (``cuda``, which
-#: declines any other convolution: an autotune candidate), the unfolded
+#: CUDA: cuDNN first, then our depthwise kernels (``cuda``: the stride-1
+#: forward, backward-data and backward-filter, which decline any other
+#: convolution: autotune candidates), the unfolded
 #: few-channel convolution on cuBLAS (``unfold``, an autotune candidate too),
 #: then the xp kernels; non-conv ops: generated kernels
 #: (``codegen``: memory-bound ops and fused chains, 16-byte accesses, capturable),

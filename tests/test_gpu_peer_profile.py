@@ -42,7 +42,8 @@ def test_no_steps_is_an_error(script):
 
 @pytest.mark.parametrize("name, key", [("tests/onnx/models/alexnet.onnx", "alexnet"), ("alexnet", "alexnet")])
 def test_models_by_name_or_onnx_file_at_a_batch(script, name, key):
-    pytest.importorskip("onnx")
+    if name.endswith(".onnx"):
+        pytest.importorskip("onnx")
     model = script.build_model(name, "float32", 3)
     assert (model.key, model.batch) == (key, 3)
 

@@ -93,16 +93,18 @@ def lanes(dtype: str) -> int:
 
 
 def declines(gy_shape, w_shape, groups: int, input_shape, gy_layout: str | None, padding=((0, 0), (0, 0)),
-             dilation=(1, 1)) -> str | None:
+             dilation=(1, 1), role: str = "output gradient") -> str | None:
     """Why the ``cuda`` rule does not take this node, or None: it takes
     channels-last depthwise convolutions of multiplier 1 (the kernel itself
-    takes any layout, copying others to channels-last first)."""
+    takes any layout, copying others to channels-last first). ``gy_shape``
+    is the gather's source (named ``role`` in the message: the forward's
+    source is its input), ``input_shape`` its output, both ``(N, C, H, W)``."""
     c = input_shape[1]
     if not (groups == c == w_shape[0] == gy_shape[1] and w_shape[1] == 1):
         return (f"not a depthwise convolution of multiplier 1 (groups={groups}, input channels {c}, "
                 f"weight {tuple(w_shape)})")
     if gy_layout != "NHWC":
-        return ("the depthwise kernel takes channels-last (NHWC) tensors, the output gradient is "
+        return (f"the depthwise kernel takes channels-last (NHWC) tensors, the {role} is "
                 + (gy_layout or "of no declared layout"))
     reach = [(k - 1) * d + p[0] + n for k, d, p, n in zip(w_shape[2:], dilation, padding, input_shape[2:])]
     if max(reach) >= _INT32_LIMIT:  # the tap arithmetic h + PT - kh * DH, whatever the tensors' sizes
@@ -315,7 +317,9 @@ def gather(xp, src, w, b, *, out_shape, stride, top_left, dilation, pixels, rows
     w'[c, kh, kw]`` over the taps whose divisions are exact and in range, with
     ``(PT, PL) = top_left`` and ``w'`` the filter ``w`` ``(C, 1, kH, kW)``, or it
     mirrored when ``flip``; ``b`` a vector of C, or None. Operands already
-    checked by the caller; ``src`` is copied to channels-last unless it is."""
+    checked by the caller; ``src`` is copied to channels-last unless it is.
+    (The generated code names the source ``gy`` and the output ``dx``, as the
+    backward-data it was first written for.)"""
     dtype = dtype_name(src.dtype)
     # the NHWC buffer: src's own memory when channels-last (also where the layout is
     # ambiguous: a batch of 0, one channel, a 1 x 1 plane), else a copy

@@ -36,14 +36,15 @@ backward-data), so the rule declines it and cuDNN's engines take it.
 
 The ``cuda`` rule of ``Conv2d`` offers this kernel to the autotuner beside
 cuDNN's engines (its variants: :func:`.depthwise.variants`), so it runs only
-where it is correct and faster.
+where it is correct and faster; tag ``depthwise-fprop``
+(``exclude=['depthwise-fprop']`` turns it alone off).
 """
 
 from __future__ import annotations
 
 from opgraph.errors import ShapeError
 
-from .depthwise import PIXELS, declines, gather, operand_dtypes
+from .depthwise import _INT32_LIMIT, PIXELS, declines, gather, operand_dtypes
 from .kernel_sources import fingerprinted
 from .depthwise import variants as _gather_variants
 
@@ -69,10 +70,14 @@ def declines_forward(x_shape, w_shape, groups: int, x_layout: str | None, stride
     :func:`forward_shape`; ``x_layout`` the input's declared layout (``'NHWC'``)."""
     if tuple(stride) != (1, 1):
         return f"stride {tuple(stride)}: the depthwise forward kernel takes stride 1 (cuDNN's engines the others)"
+    # the padded input's extent bounds every row and column index the kernel forms (32-bit ints)
+    if max(n + p0 + p1 + (k - 1) * d for n, k, (p0, p1), d in zip(x_shape[2:], w_shape[2:], padding, dilation)) \
+            >= _INT32_LIMIT:
+        return f"padding {tuple(padding)} and dilation {tuple(dilation)} reach beyond 32-bit tap arithmetic"
     # the gather's output in dx's place, with x's channel count (what the message names as input channels)
     out = (x_shape[0], x_shape[1], *forward_shape(x_shape, w_shape, padding, dilation)[2:])
-    why = declines(x_shape, w_shape, groups, out, x_layout, _mirrored_padding(w_shape, padding, dilation), dilation)
-    return why and why.replace("the output gradient", "the input")
+    return declines(x_shape, w_shape, groups, out, x_layout, _mirrored_padding(w_shape, padding, dilation), dilation,
+                    role="input")
 
 
 def variants(op, in_types, device):
@@ -94,17 +99,24 @@ def conv2d(xp, x, w, b=None, *, stride, padding, dilation, groups, pixels=PIXELS
 
     Raises:
         ShapeError: a stride other than 1, not a depthwise convolution of
-            multiplier 1, a geometry beyond 32-bit tap arithmetic, or operands
-            of different dtypes.
+            multiplier 1, a geometry beyond 32-bit tap arithmetic, a bias not
+            of shape ``(C,)``, a window larger than the padded input, or
+            operands of different dtypes.
     """
     why = declines_forward(x.shape, w.shape, groups, "NHWC", stride, padding, dilation)
     if why:
         raise ShapeError(f"depthwise conv2d: {why}")
-    if w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
-        raise ShapeError(f"depthwise conv2d: input {x.dtype}, weight {w.dtype}"
-                         + (f" and bias {b.dtype}" if b is not None else "") + " differ")
+    if b is not None and tuple(b.shape) != (x.shape[1],):
+        raise ShapeError(f"depthwise conv2d: bias shape {tuple(b.shape)} != (channels,) = ({x.shape[1]},)")
+    out_shape = forward_shape(x.shape, w.shape, padding, dilation)
+    if min(out_shape[2:]) < 1:
+        raise ShapeError(f"depthwise conv2d: kernel {tuple(w.shape[2:])} with dilation {tuple(dilation)} is larger "
+                         f"than the padded input of {tuple(x.shape[2:])} and padding {tuple(padding)}")
+    dtypes = [f"input {x.dtype}", f"weight {w.dtype}", *([f"bias {b.dtype}"] if b is not None else [])]
+    if len({x.dtype, w.dtype, *([b.dtype] if b is not None else [])}) > 1:
+        raise ShapeError(f"depthwise conv2d: {', '.join(dtypes[:-1])} and {dtypes[-1]} differ")
     top_left = tuple(p for p, _ in _mirrored_padding(w.shape, padding, dilation))
-    return gather(xp, x, w, b, out_shape=forward_shape(x.shape, w.shape, padding, dilation), stride=(1, 1),
+    return gather(xp, x, w, b, out_shape=out_shape, stride=(1, 1),
                   top_left=top_left, dilation=dilation, pixels=pixels, rows=rows, flip=True)
 
 

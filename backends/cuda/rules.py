@@ -12,10 +12,12 @@ Two kernel conventions, as in the reference backend:
   variant's ``specialize`` from ``ctx.options``; and ``Zeros``, a memset of
   the type the node runs in.
 
-A third: the depthwise convolution's backward-data (:mod:`.depthwise`) and
-backward-filter (:mod:`.depthwise_filter`), autotune candidates beside
-cuDNN's engines for the convolutions they take, each with its own variants
-(``depthwise.variants``, ``depthwise_filter.variants``, revisioned). A
+A third: the depthwise convolution's stride-1 forward (:mod:`.depthwise_forward`,
+tag ``depthwise-fprop``), backward-data (:mod:`.depthwise`) and
+backward-filter (:mod:`.depthwise_filter`, tag ``depthwise-wgrad``), autotune
+candidates beside cuDNN's engines for the convolutions they take, each with
+its own variants (``depthwise_forward.variants``, ``depthwise.variants``,
+``depthwise_filter.variants``, revisioned). A
 fourth: the ``unfold`` rules (:mod:`.unfold`) of the forward convolutions and
 backward-filter with few input channels (an ImageNet stem), unfolded and
 multiplied on cuBLAS.
@@ -258,7 +260,8 @@ def register_rules() -> None:
     # a candidate beside cuDNN's engines for the stride-1 depthwise forward (the same gather, mirrored taps;
     # the engines cuDNN built for ConvNeXt's biased 7x7 layers ran at 1.1-1.2 % of the copy bandwidth, depthwise_forward)
     register(Rule(ops.Conv2d, "cuda", depthwise_forward.conv2d_kernel, devices={"cuda"},
-                  check=depthwise_forward.check, variants=depthwise_forward.variants, tags={"cuda", "gpu"},
+                  check=depthwise_forward.check, variants=depthwise_forward.variants,
+                  tags={"cuda", "gpu", "depthwise-fprop"},
                   fresh_output=True, capturable=True))
     # a candidate beside cuDNN's engines for depthwise backward-data (it declines every other convolution);
     # its variants (thread tiles) carry the kernels' revision into the autotune cache key

@@ -174,11 +174,36 @@ def test_the_rule_declines_what_it_does_not_take():
                                                   TensorType((32, 2, 3, 3))), "cuda")
 
 
+def test_its_tag_turns_off_this_rule_alone():
+    from opgraph.passes.policy import LoweringPolicy
+    policy = LoweringPolicy(exclude=["depthwise-fprop"])
+    forward = rules_for(ops.Conv2d)["cuda"]
+    assert "depthwise-fprop" in (policy.exclusion(forward.algorithm, forward.tags) or "")
+    for op_type in (ops.Conv2dBackwardData, ops.Conv2dBackwardFilter):
+        other = rules_for(op_type)["cuda"]
+        assert policy.exclusion(other.algorithm, other.tags) is None
+
+
+def test_the_rule_declines_a_padded_input_beyond_32_bit_indices_naming_the_callers_padding():
+    rule = rules_for(ops.Conv2d)["cuda"]
+    far = ops.Conv2d(padding=((2 ** 31 + 5, 0), (1, 1)), groups=8)
+    why = rule.check(far, (TensorType((1, 8, 5, 5), "float32", "NHWC"), TensorType((8, 1, 3, 3), "float32", "NHWC")),
+                     "cuda")
+    assert why == f"padding (({2 ** 31 + 5}, 0), (1, 1)) and dilation (1, 1) reach beyond 32-bit tap arithmetic"
+
+
 def test_the_kernel_refuses_a_strided_call_and_mixed_dtypes():
     x = np.zeros((1, 8, 5, 5), np.float32)
     w = np.zeros((8, 1, 3, 3), np.float32)
     with pytest.raises(ShapeError, match=r"depthwise conv2d: stride \(2, 2\)"):
         depthwise_forward.conv2d(np, x, w, stride=(2, 2), padding=((1, 1), (1, 1)), dilation=(1, 1), groups=8)
-    with pytest.raises(ShapeError, match="bias float64 differ"):
-        depthwise_forward.conv2d(np, x, w, np.zeros(8), stride=(1, 1), padding=((1, 1), (1, 1)), dilation=(1, 1),
-                                 groups=8)
+    kw = dict(stride=(1, 1), padding=((1, 1), (1, 1)), dilation=(1, 1), groups=8)
+    with pytest.raises(ShapeError, match="input float32, weight float32 and bias float64 differ"):
+        depthwise_forward.conv2d(np, x, w, np.zeros(8), **kw)
+    with pytest.raises(ShapeError, match="input float32 and weight float64 differ"):
+        depthwise_forward.conv2d(np, x, w.astype(np.float64), **kw)
+    with pytest.raises(ShapeError, match=r"bias shape \(2,\) != \(channels,\) = \(8,\)"):
+        depthwise_forward.conv2d(np, x, w, np.zeros(2, np.float32), **kw)
+    with pytest.raises(ShapeError, match=r"kernel \(7, 7\) with dilation \(1, 1\) is larger than the padded input"):
+        depthwise_forward.conv2d(np, x, np.zeros((8, 1, 7, 7), np.float32), stride=(1, 1),
+                                 padding=((0, 0), (0, 0)), dilation=(1, 1), groups=8)

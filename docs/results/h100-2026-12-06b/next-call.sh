@@ -11,7 +11,9 @@
 # (2) ConvNeXt-tiny from ONNX beside torch-compile+graph; (3) MobileNet-v2 and EfficientNet-B0 (stride-1 3x3 and 5x5 depthwise layers), time permitting.
 . docs/results/h200-2026-12-05/device-setup.sh  # wheels, package, cache, $R, device.txt
 timeout 120 python3 -m pytest tests/gpu/test_depthwise_gpu.py -m gpu -q -rf -p no:cacheprovider > $R/t-depthwise_gpu.log 2>&1
-echo "depthwise_gpu rc=$? $(tail -n 1 $R/t-depthwise_gpu.log) SECONDS=$SECONDS" >> $R/device.txt
+rc=$?; echo "depthwise_gpu rc=$rc $(tail -n 1 $R/t-depthwise_gpu.log) SECONDS=$SECONDS" >> $R/device.txt
+# a kernel that faults on the device would end an autotune that times it: nothing more unless its tests pass
+[ $rc -eq 0 ] || { echo "depthwise tests failed: nothing else run" >> $R/device.txt; tar czf $OUT/call.tgz -C $R .; exit 0; }
 timeout 90 python3 scripts/depthwise_bench.py --warmup 2 --repeat 10 --json $R/d-depthwise-bench.jsonl > $R/d.log 2>&1
 echo "depthwise_bench rc=$? SECONDS=$SECONDS" >> $R/device.txt
 B="opgraph-bench --device cuda --warmup 5 --repeat 10 --cuda-graph --no-per-layer --layout nhwc --lowering auto --compare torch-compile+graph --precision bf16 --dtype bfloat16"

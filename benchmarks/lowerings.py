@@ -62,9 +62,10 @@ SPECIAL = {
 #: Algorithms that are other names of one already listed (not a column of their own by default).
 ALIASES = {"reference": "direct"}
 #: Algorithms that are no column of their own by default either: ``fft-chunked`` takes only the
-#: nodes whose weight and result spectra are large (``fft.CHUNKED_FROM``); elsewhere its column would
-#: time its fallbacks. ``auto`` times it where it applies, ``--lowering fft-chunked`` asks for it.
-PARTIAL = ("fft-chunked",)
+#: nodes whose weight and result spectra are large (``fft.CHUNKED_FROM``), the ``cuda`` kernels only
+#: depthwise convolutions (the forward of stride 1); elsewhere their columns would time their
+#: fallbacks. ``auto`` times them where they apply, ``--lowering fft-chunked`` or ``cuda`` asks for one.
+PARTIAL = ("fft-chunked", "cuda")
 #: Lowerings a CPU run gets without --lowering (see driver.CPU_DEFAULT_NOTE for why).
 CPU_DEFAULT = ("gemm",)
 #: Left out of autotune's candidates on cuda (module docstring). A tag: the two

@@ -43,7 +43,7 @@ def test_duplicates_are_the_same_lowering_and_limit():
     ("gemm@ws=1.2.3MiB", "lowering 'gemm@ws=1.2.3MiB': the workspace limit must be bytes"),
     ("gemm@ws=1e400", "lowering 'gemm@ws=1e400': the workspace limit must be a finite number"),
     ("gemm@ws=none", "needs a byte count"),
-    ("unfold", "lowering 'unfold' runs only Conv2d, Conv2dBackwardFilter"), ("cuda", "prefer it (conv=cuda)")])
+    ("unfold", "lowering 'unfold' runs only Conv2d, Conv2dBackwardFilter"), ("unfold", "prefer it (conv=unfold)")])
 def test_bad_specs_are_usage_errors_naming_the_flag(capsys, value, message):
     with pytest.raises(SystemExit) as e:
         cli.main(["--lowering", value, "--summary"])
@@ -116,3 +116,11 @@ def test_an_unknown_lowering_suggests_the_close_name(capsys, typo, close):
         cli.main(["--lowering", typo, "--summary"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"unknown lowering {typo!r} (did you mean {close!r}?)" in err, err
+
+
+def test_the_depthwise_cuda_kernels_are_a_column_only_when_asked_for():
+    """They take only depthwise convolutions (all three directions since the stride-1 forward):
+    a default GPU run has no column of theirs, ``--lowering cuda`` is one (cuDNN elsewhere)."""
+    from opgraph.benchmarks.lowerings import default_lowerings, parse_lowering
+    assert "cuda" not in [lo.name for lo in default_lowerings("cuda")]
+    assert parse_lowering("cuda").policy(LoweringPolicy(), "cuda").prefer["conv"][0] == "cuda"

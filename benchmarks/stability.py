@@ -234,6 +234,6 @@ def column_stability(rec: dict, run_reasons: list[str]) -> dict:
     return out
 
 
-__all__ = ["SPREAD_LIMIT", "PEAK_FLOOR", "PEAK_DRIFT", "DRIFT_MIN_SECONDS", "GPU_PEAKS", "GPU_PEAK_SOURCES", "FLOPS_PER_CYCLE",
-           "spread", "total_spread", "unstable_phases", "expected_peak", "peak_check", "drift_check", "mark_columns",
-           "run_stability", "column_stability"]
+__all__ = ["SPREAD_LIMIT", "PEAK_FLOOR", "PEAK_DRIFT", "DRIFT_MIN_SECONDS", "GPU_PEAKS", "GPU_PEAK_SOURCES",
+           "FLOPS_PER_CYCLE", "spread", "total_spread", "unstable_phases", "expected_peak", "peak_check",
+           "drift_check", "mark_columns", "run_stability", "column_stability"]

@@ -53,9 +53,10 @@ Memory rules that keep a replay correct:
   blocks (fp32 ResNet-50's backward-data ran out of an H100's memory with
   the forward's 10.7 GB cached so). An idle block belongs to no array, and
   the graphs never allocate from the default pool, so none of their scratch
-  is among them; hence the private pool may not be the default pool. The throw-away captures of :func:`capture_error` allocate from
-  the default pool instead: a step may create a cached object there (a cuFFT
-  plan's work area) that must outlive the trial;
+  is among them; hence the private pool may not be the default pool. The
+  throw-away captures of :func:`capture_error` allocate from the default
+  pool instead: a step may create a cached object there (a cuFFT plan's work
+  area) that must outlive the trial;
 * an eagerly run step allocates a new output on every call, but a graph that
   reads it captured one address: the eager step's result is copied into the
   array captured there (its *static* output), so ``slots`` never changes

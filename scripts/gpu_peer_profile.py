@@ -109,9 +109,8 @@ def build_model(name: str, dtype: str, batch: int | None):
     return build(name, batch=batch, dtype=dtype)
 
 
-def profile_peer(name: str, dtype: str, precision: str, layout: str, warmup: int, steps: int,
-                 batch: int | None = None) -> dict:
-    """The record of model ``name`` (:func:`build_model`): the peer built,
+def profile_peer(model, dtype: str, precision: str, layout: str, warmup: int, steps: int) -> dict:
+    """The record of ``model`` (:func:`build_model`'s, in ``dtype``): the peer built,
     compiled (its first call timed: ``first_call_s``, seconds), ``warmup`` steps,
     then ``steps`` steps profiled; :func:`summarise`'s fields (ms per step) and
     the versions. Needs CUDA and PyTorch (their errors propagate)."""
@@ -123,7 +122,6 @@ def profile_peer(name: str, dtype: str, precision: str, layout: str, warmup: int
     from opgraph.benchmarks.protocol import random_feeds
 
     peer_device(torch, "cuda")  # configured as opgraph-bench's peers are (cudnn.benchmark on)
-    model = build_model(name, dtype, batch)
     tm = TorchModel(model, random_feeds(model), "cuda", dtype=storage_dtype(torch, model.dtype),
                     channels_last=layout.upper() == "NHWC", outputs=model.forward_outputs)
 
@@ -156,16 +154,22 @@ def profile_peer(name: str, dtype: str, precision: str, layout: str, warmup: int
                                          "device": torch.cuda.get_device_name()}, **summary}
 
 
-def unusable(names, dtype: str, batch: int | None) -> str | None:
-    """Why ``names`` (``--model``'s items) cannot all be built at ``batch`` in
-    ``dtype``, or None: every model is built here, before the first is profiled,
-    so that a typo in the last one is not found after the others ran."""
+def build_models(names, dtype: str, batch: int | None) -> list:
+    """``names`` (``--model``'s items) built at ``batch`` in ``dtype``
+    (:func:`build_model`), all before the first is profiled, so that a typo in
+    the last one is not found after the others ran.
+
+    Raises:
+        ValueError: an item that does not build (an unknown name, an unreadable
+            file, a dtype a model does not take), named in the message.
+    """
+    models = []
     for name in names:
         try:
-            build_model(name, dtype, batch)
-        except Exception as e:  # an unknown name, an unreadable file, a dtype a model does not take
-            return f"--model {name}: {str(e).strip() or type(e).__name__}"
-    return None
+            models.append(build_model(name, dtype, batch))
+        except Exception as e:
+            raise ValueError(f"--model {name}: {str(e).strip() or type(e).__name__}") from None
+    return models
 
 
 def no_cuda() -> str | None:
@@ -199,13 +203,16 @@ def main(argv=None) -> int:
         p.error(f"--steps must be >= 1 and --warmup >= 0, got {a.steps} and {a.warmup}")
     if a.batch is not None and a.batch < 1:
         p.error(f"--batch must be >= 1, got {a.batch}")
-    names = a.model.split(",")
-    why = unusable(names, a.dtype, a.batch) or no_cuda()
+    try:
+        models = build_models(a.model.split(","), a.dtype, a.batch)
+    except ValueError as e:
+        p.error(str(e))
+    why = no_cuda()
     if why:
         p.error(why)
     records = []
-    for name in names:
-        r = profile_peer(name, a.dtype, a.precision, a.layout, a.warmup, a.steps, a.batch)
+    for model in models:
+        r = profile_peer(model, a.dtype, a.precision, a.layout, a.warmup, a.steps)
         records.append(r)
         print(f"== {r['model']} b{r['batch']} {a.dtype} {a.precision} {r['layout']} torch-compile: "
               f"kernels {r['step_ms']:.3f} ms/step, first call {r['first_call_s']:.1f} s")

@@ -43,10 +43,11 @@ where it is correct and faster; tag ``depthwise-fprop``
 from __future__ import annotations
 
 from opgraph.errors import ShapeError
+from opgraph.params import conv_out_size
 
-from .depthwise import _INT32_LIMIT, PIXELS, declines, gather, operand_dtypes
+from ..reference.conv import conv_geometry
+from .depthwise import _INT32_LIMIT, PIXELS, declines, gather, operand_dtypes, variants as _gather_variants
 from .kernel_sources import fingerprinted
-from .depthwise import variants as _gather_variants
 
 #: the kernels' revision, part of the autotune cache key (:func:`variants`)
 REVISION = 1
@@ -61,7 +62,7 @@ def forward_shape(x_shape, w_shape, padding, dilation) -> tuple:
     """The stride-1 output ``(N, C, Ho, Wo)`` of input ``x_shape`` ``(N, C, H, W)``, filter ``w_shape``
     ``(C, 1, kH, kW)``, ``padding`` ``((top, bottom), (left, right))`` and ``dilation`` ``(dh, dw)``."""
     return (x_shape[0], w_shape[0],
-            *(n + p0 + p1 - d * (k - 1) for n, k, (p0, p1), d in zip(x_shape[2:], w_shape[2:], padding, dilation)))
+            *(conv_out_size(n, k, 1, d, p) for n, k, p, d in zip(x_shape[2:], w_shape[2:], padding, dilation)))
 
 
 def declines_forward(x_shape, w_shape, groups: int, x_layout: str | None, stride, padding, dilation) -> str | None:
@@ -100,18 +101,17 @@ def conv2d(xp, x, w, b=None, *, stride, padding, dilation, groups, pixels=PIXELS
     Raises:
         ShapeError: a stride other than 1, not a depthwise convolution of
             multiplier 1, a geometry beyond 32-bit tap arithmetic, a bias not
-            of shape ``(C,)``, a window larger than the padded input, or
-            operands of different dtypes.
+            of shape ``(C,)``, a window larger than the padded input
+            (:func:`.reference.conv.conv_geometry`'s check), or operands of
+            different dtypes.
     """
     why = declines_forward(x.shape, w.shape, groups, "NHWC", stride, padding, dilation)
     if why:
         raise ShapeError(f"depthwise conv2d: {why}")
     if b is not None and tuple(b.shape) != (x.shape[1],):
         raise ShapeError(f"depthwise conv2d: bias shape {tuple(b.shape)} != (channels,) = ({x.shape[1]},)")
-    out_shape = forward_shape(x.shape, w.shape, padding, dilation)
-    if min(out_shape[2:]) < 1:
-        raise ShapeError(f"depthwise conv2d: kernel {tuple(w.shape[2:])} with dilation {tuple(dilation)} is larger "
-                         f"than the padded input of {tuple(x.shape[2:])} and padding {tuple(padding)}")
+    geo = conv_geometry(x.shape, w.shape, padding=padding, dilation=dilation, groups=groups)
+    out_shape = (geo.n, geo.o, geo.ho, geo.wo)
     dtypes = [f"input {x.dtype}", f"weight {w.dtype}", *([f"bias {b.dtype}"] if b is not None else [])]
     if len({x.dtype, w.dtype, *([b.dtype] if b is not None else [])}) > 1:
         raise ShapeError(f"depthwise conv2d: {', '.join(dtypes[:-1])} and {dtypes[-1]} differ")

@@ -258,7 +258,8 @@ def register_rules() -> None:
                       **({"workspace": WORKSPACES[op_type]} if op_type in WORKSPACES else {}),
                       **({"variant_capture_blocker": blocker} if blocker else {})))
     # a candidate beside cuDNN's engines for the stride-1 depthwise forward (the same gather, mirrored taps;
-    # the engines cuDNN built for ConvNeXt's biased 7x7 layers ran at 1.1-1.2 % of the copy bandwidth, depthwise_forward)
+    # the engines cuDNN built for ConvNeXt's biased 7x7 layers ran at 1.1-1.2 % of the copy bandwidth:
+    # depthwise_forward's docstring)
     register(Rule(ops.Conv2d, "cuda", depthwise_forward.conv2d_kernel, devices={"cuda"},
                   check=depthwise_forward.check, variants=depthwise_forward.variants,
                   tags={"cuda", "gpu", "depthwise-fprop"},

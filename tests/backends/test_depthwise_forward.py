@@ -135,7 +135,8 @@ def test_the_rule_runs_its_variants_on_a_node_with_a_bias(emu):
     types = (TensorType(x.shape, "bfloat16", "NHWC"), TensorType(w.shape, "bfloat16", "NHWC"),
              TensorType(b.shape, "bfloat16"))
     assert rule.check(op, types, "cuda") is None
-    outs = [rule.kernel(KernelContext(np, "cuda", options), op, x, w, b) for options in rule.variants(op, types, "cuda")]
+    outs = [rule.kernel(KernelContext(np, "cuda", options), op, x, w, b)
+            for options in rule.variants(op, types, "cuda")]
     assert len(outs) == 3
     for out in outs:
         _check(case, "bfloat16", x, w, b, out)
@@ -149,7 +150,8 @@ def test_the_sources_compile_with_nvcc():
     for dtype in DTYPES:
         for shape, k, p, d in (CASES[0], CASES[6]):
             out = depthwise_forward.forward_shape(shape, (shape[1], 1, *k), p, d)
-            geo = (shape[1], *out[2:], *shape[2:], *k, 1, 1, (k[0] - 1) * d[0] - p[0][0], (k[1] - 1) * d[1] - p[1][0], *d)
+            mirrored = ((k[0] - 1) * d[0] - p[0][0], (k[1] - 1) * d[1] - p[1][0])
+            geo = (shape[1], *out[2:], *shape[2:], *k, 1, 1, *mirrored, *d)
             for v, pixels, rows, wide in ((depthwise.lanes(dtype), 4, 1, False), (1, 8, 4, True)):
                 sources.append(depthwise._source(dtype, geo, v, pixels, rows, wide, True, True)[2])
     nvcc_check(sources)
@@ -204,6 +206,6 @@ def test_the_kernel_refuses_a_strided_call_and_mixed_dtypes():
         depthwise_forward.conv2d(np, x, w.astype(np.float64), **kw)
     with pytest.raises(ShapeError, match=r"bias shape \(2,\) != \(channels,\) = \(8,\)"):
         depthwise_forward.conv2d(np, x, w, np.zeros(2, np.float32), **kw)
-    with pytest.raises(ShapeError, match=r"kernel \(7, 7\) with dilation \(1, 1\) is larger than the padded input"):
+    with pytest.raises(ShapeError, match=r"the dilated kernel 7x7 \(dilation \(1, 1\)\) is larger than the padded"):
         depthwise_forward.conv2d(np, x, np.zeros((8, 1, 7, 7), np.float32), stride=(1, 1),
                                  padding=((0, 0), (0, 0)), dilation=(1, 1), groups=8)

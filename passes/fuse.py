@@ -38,6 +38,11 @@ every one off, and nothing else (the fused ops' rules carry the tag
    input, copied into each of the two passes of rule 6, so that the gradient
    is never written (``passes/remat_bn_gradient.py``; only where rule 10 then
    fuses both);
+8b. ``bias-remat``: a bias add (``BroadcastAdd``, ``BiasAdd``) read by several
+   element-wise nodes (ConvNeXt's linear bias before its GELU and the GELU's
+   gradient) gets a recomputed copy for each reader but the first, so that
+   every reader's chain fuses it and it is never written
+   (``passes/remat_bias_add.py``; only where rule 10 then fuses them all);
 9. ``gradient-sum``: a tree of ``Add`` nodes summing a fan-out's gradients ->
    one n-ary sum (``passes/fuse_elementwise.py``);
 10. ``elementwise``: maximal chains of memory-bound ops -> one
@@ -110,6 +115,7 @@ from .fuse_pool_argmax import POOL_ARGMAX
 from .fuse_pool_scan import POOL_SCAN
 from .fuse_relu_bias_sums import RELU_BIAS_SUMS
 from .pattern import FusionRule, Match, Scope, apply_table, rewrite_lowered
+from .remat_bias_add import BIAS_REMAT
 from .remat_bn_apply import BN_APPLY_REMAT
 from .remat_bn_gradient import BN_GRADIENT_REMAT
 from .share_bn_stats import BN_STATS_PARTS
@@ -276,6 +282,7 @@ TABLE: tuple[FusionRule, ...] = (
     BN_BACKWARD_SUMS,
     BN_APPLY_REMAT,
     BN_GRADIENT_REMAT,
+    BIAS_REMAT,
     GRADIENT_SUM,
     ELEMENTWISE,
     RELU_BIAS_SUMS,

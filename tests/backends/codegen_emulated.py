@@ -133,7 +133,9 @@ def emulated_cuda_executable(outputs, policy, dtype: str | None, kernels: tuple 
         return run, KernelContext(np, "cpu", {}, wide)
 
     # source_graph: grad_outputs keyed by the caller's values, as compile's executables take them
-    return Executable(graph, outs, resolve, xp=np, device="cuda", dtype=dtype, source_graph=source)
+    exe = Executable(graph, outs, resolve, xp=np, device="cuda", dtype=dtype, source_graph=source)
+    exe.report = ctx.report  # as compile's executables carry theirs (passes/compiler.py)
+    return exe
 
 
 __all__ = ["needs_gxx", "emu", "codegen_emulated", "seeded", "run_case", "launched", "emulated_cuda_executable"]

@@ -5,7 +5,8 @@ bfloat16 NHWC. Its layer-norm steps and the sums of its Linear biases are
 generated kernels (``codegen`` in the report), run through the g++ emulator
 in the whole graph (the executor's layout changes around them included), and
 the step matches the float64 reference pipeline by the criterion of the other
-emulated training steps (``tests/fused_training_steps.py``)."""
+emulated training steps (``tests/fused_training_steps.py``), with and without the
+first Linear's bias add recomputed for the GELU's gradient (``bias-remat``)."""
 
 from __future__ import annotations
 
@@ -40,4 +41,21 @@ def test_a_convnext_block_trains_on_the_generated_kernels(emu, dtype):
         assert not {st.op.algorithm for st in run.steps} & {"reference", "direct"}
     got = exe(**feeds)
     assert {a.dtype.name for a in got[:1 + n_grads]} == {dtype}
+    assert not step_failures(got, off(**feeds), ref, n_grads, dtype)
+
+
+def recomputed(notes) -> bool:
+    return any("recomputed for an element-wise reader fused" in n for n in notes)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_its_first_linear_bias_recomputed_for_the_gelu_gradient_matches_the_reference(emu, dtype):
+    """``bias-remat`` (``passes/remat_bias_add.py``) on and off: the GELU's gradient computes the bias
+    add again in its own chain, in fp32, where the unfused step read the stored bf16 sum."""
+    outs, feeds, n_grads = training_step(convnext_block, np.random.default_rng(0))
+    ref = og.compile(outs, pipeline="reference", dtype="float64")(**feeds)
+    exe = emulated_cuda_executable(outs, {"layout": "NHWC"}, dtype)
+    off = emulated_cuda_executable(outs, {"layout": "NHWC", "exclude": ["bias-remat"]}, dtype)
+    assert recomputed(exe.report.notes) and not recomputed(off.report.notes)
+    got = exe(**feeds)
     assert not step_failures(got, off(**feeds), ref, n_grads, dtype)

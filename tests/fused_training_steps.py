@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 import opgraph as og
-from modern_blocks import bottleneck, dense_block, mbconv
+from modern_blocks import bottleneck, convnext_block, dense_block, mbconv
 
 #: relative error allowed against the float64 reference (scaled as in :func:`step_errors`)
 TOLERANCE = {"float32": 1e-3, "bfloat16": 3e-2}
@@ -73,7 +73,14 @@ def pooled():
     return y, [x, w1, b1, w2, b2], []
 
 
-MAKERS = {"bottleneck": bottleneck, "mbconv": mbconv, "fan_out": fan_out, "dense_block": dense_block}
+def convnext():
+    """A small ConvNeXt block (``modern_blocks.convnext_block``, a per-channel scale for its
+    depthwise convolution): layer norm, the Linear layers' bias adds, GELU (``bias-remat``)."""
+    return convnext_block("scale", (2, 8, 3, 5))
+
+
+MAKERS = {"bottleneck": bottleneck, "mbconv": mbconv, "fan_out": fan_out, "dense_block": dense_block,
+          "convnext": convnext}
 
 
 def training_step(make, rng):

@@ -9,7 +9,10 @@ An input kind names how an operand is made for an iteration shape
 ``(2, C)`` mean and variance, float32 for half storage), ``sums`` (the
 ``(2, C)`` per-channel sums of the batch norm's backward, likewise), ``plane``
 (``(N, C, 1, 1)``), ``nc`` (``(N, C)``), ``bias4`` (``(1, C, 1, 1)``), ``mask``
-(``(N, 1, 1, 1)``: one factor per sample, as a stochastic-depth mask).
+(``(N, 1, 1, 1)``: one factor per sample, as a stochastic-depth mask), ``last``
+(``(W,)``) and ``hw`` (``(H, W)``): a trailing block of the shape, as a Linear's
+bias on channels-last activations (a packed column operand in C order, strided
+in a channels-last iteration).
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ CASES = [
     _f(ops.Gelu(), "x"), _f(ops.Gelu(approximate="tanh"), "x"), _f(ops.GeluBackward(), "x", "x"),
     _f(ops.GeluBackward(approximate="tanh", order=2), "x", "x"),
     _f(ops.Add(), "x", "x"), _f(ops.BroadcastAdd(), "x", "bias4"), _f(ops.Mul(), "x", "plane"),
+    _f(ops.BroadcastAdd(), "x", "last", name="BroadcastAdd(trailing W)"),
+    _f(ops.Mul(), "hw", "x", name="Mul(trailing HW)"),
     _f(ops.Div(), "x", "var4"), _f(ops.Neg(), "x", exact=True), _f(ops.BiasAdd(), "x", "c"),
     _f(ops.Dropout(p=0.3, training=True, seed=11), "x"), _f(ops.Dropout(p=1.0, training=True), "x", exact=True),
     _f(ops.BiasAddBackward(), "x"), _f(ops.Mean(axes=(0, 2, 3), keepdim=False), "x"),
@@ -119,6 +124,7 @@ def make_input(rng, kind: str, shape, dtype: str, layout: str):
             "plane": lambda: rng.standard_normal((n, c, 1, 1)), "nc": lambda: rng.standard_normal((n, c)),
             "bias4": lambda: rng.standard_normal((1, c, 1, 1)), "var4": lambda: rng.uniform(0.5, 2, (1, c, 1, 1)),
             "mask": lambda: rng.standard_normal((n, 1, 1, 1)),
+            "last": lambda: rng.standard_normal(shape[-1:]), "hw": lambda: rng.standard_normal(shape[-2:]),
             "c4": lambda: rng.standard_normal((c, 1, 1))}[kind]
     return made().astype(dt)
 
@@ -178,6 +184,12 @@ def fused_cases():
         # x + mask * BN(h), the mask one factor per sample
         ("stochastic_depth_residual", program([(ops.BatchNormTraining(), (0, 1, 2, 3)), (ops.Mul(), (6, 4)),
                                                (ops.Add(), (7, 5))], 6, 8), ("x", "stats", "c", "c", "mask", "x")),
+        # ConvNeXt's first Linear: its bias add recomputed in the GELU's gradient (bias-remat), and a
+        # per-channel sum after a trailing-axis bias (a split program reducing over other axes)
+        ("bias_gelu_backward", program([(ops.BroadcastAdd(), (0, 1)), (ops.GeluBackward(), (3, 2))], 3, 4),
+         ("x", "last", "x")),
+        ("bias_relu_channel_sums", program([(ops.BroadcastAdd(), (0, 1)), (ops.Relu(), (2,)),
+                                            (ops.BiasAddBackward(), (3,))], 2, 4), ("x", "last")),
     ]
 
 

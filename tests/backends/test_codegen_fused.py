@@ -25,7 +25,8 @@ CASES = fused_cases()
 #: kernels each program needs (its phases), before any split of a reduction
 PHASES = {"bn_relu": ["sweep"], "stats_bn_relu": ["reduce", "sweep"], "relu_bwd_bias_grad": ["reduce"],
           "silu_se_scale": ["reduce", "sweep"], "grad_sum_3": ["sweep"], "bn_backward_sums": ["reduce"],
-          "relu_bwd_bn_backward_data": ["reduce", "sweep"], "stochastic_depth_residual": ["sweep"]}
+          "relu_bwd_bn_backward_data": ["reduce", "sweep"], "stochastic_depth_residual": ["sweep"],
+          "bias_gelu_backward": ["sweep"], "bias_relu_channel_sums": ["reduce"]}
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
@@ -54,3 +55,30 @@ def test_the_reference_of_a_program_is_the_members_in_order():
     values = run_program(KernelContext(np), op.program, [y, gy])
     np.testing.assert_array_equal(values[2], np.where(y > 0, gy, 0))
     np.testing.assert_allclose(values[3], values[2].sum(axis=(0, 2, 3)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("layout,packed", [("NCHW", True), ("NHWC", False)])
+def test_a_trailing_bias_is_a_packed_column_in_c_order(layout, packed):
+    """ConvNeXt's bias add + GELU gradient: on a C-order S the ``(W,)`` bias is one packed column
+    (one division per vector), not a strided load dividing each lane's index into coordinates;
+    on a channels-last S its packed order is not the iteration's, so it stays strided."""
+    from opgraph.backends.cuda.codegen import plan
+    from opgraph.types import TensorType
+
+    op = dict((c[0], c[1]) for c in CASES)["bias_gelu_backward"]
+    full = TensorType((4, 6, 5, 16), "bfloat16", layout)
+    built = plan.build(op, (full, TensorType((16,), "bfloat16"), full), full)
+    loads = {n.load.input: n.load.kind for n in built.nodes if n.load is not None}
+    assert loads[1] == ("col" if packed else "strided") and built.trailing == (1 if packed else 0)
+
+
+def test_a_channel_reduction_after_a_trailing_bias_reads_it_strided():
+    """The channel-sum kernels index no columns: the program is built again without packing."""
+    from opgraph.backends.cuda.codegen import plan
+    from opgraph.types import TensorType
+
+    op = dict((c[0], c[1]) for c in CASES)["bias_relu_channel_sums"]
+    full = TensorType((4, 6, 5, 16), "float32", "NCHW")
+    built = plan.build(op, (full, TensorType((16,), "float32")), TensorType((6,), "float32"))
+    assert built.trailing == 0 and built.target == "channel"
+    assert {n.load.kind for n in built.nodes if n.load is not None and n.load.input == 1} == {"strided"}

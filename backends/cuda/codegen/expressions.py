@@ -34,7 +34,7 @@ from opgraph.ops.batchnorm_sums import SUM_GY, SUM_GY_XHAT
 from opgraph.types import rounded
 
 from ...reference.dropout import keep_threshold, seed_state
-from .ir import PlanError, Stacked
+from .ir import PlanError, Stacked, trailing_axes
 from .moments import rstd as _rstd, shifted_moments
 from .storage import lit
 from .table import EXPRESSIONS, Expression, expression
@@ -216,22 +216,6 @@ def _bias_add(b, op, types, x, bias):
 @expression(ops.BroadcastTo)
 def _broadcast_to(b, op, types, x):
     return b.value(x)
-
-
-def trailing_axes(in_shape, out_shape) -> int | None:
-    """k when summing ``in_shape`` to ``out_shape`` keeps exactly its trailing
-    ``k`` axes (``out_shape`` right-aligned, NumPy's rule: ``(C,)``, ``(1, W, C)``
-    of an ``(N, H, W, C)`` input) and sums over the others, else None (a
-    shape that is not a trailing block of ``in_shape``, or all ones). The one
-    place this split is read off shapes."""
-    in_shape, out_shape = tuple(in_shape), tuple(out_shape)
-    if len(out_shape) > len(in_shape):
-        return None
-    padded = (1,) * (len(in_shape) - len(out_shape)) + out_shape
-    lead = next((a for a, s in enumerate(padded) if s != 1), len(padded))
-    if lead == len(padded) or padded[lead:] != in_shape[lead:]:
-        return None
-    return len(in_shape) - lead
 
 
 def reduction_target(in_shape, out_shape) -> str | None:

@@ -39,7 +39,7 @@ from . import kernels
 from .contexts import Geometry, Pitch, RowPitch, entries, pitch_of, row_pitch_of
 from .emit import Params
 from .expressions import EXPRESSIONS, reduction_target, trailing_axes
-from .ir import TARGETS, Builder, Ext, PlanError, Stacked, Val, ViewError, classify, depths, needed, within
+from .ir import SPLIT_SPACES, TARGETS, Builder, Ext, PlanError, Stacked, Val, ViewError, classify, depths, needed, within
 from .storage import compute_type, storage_of
 
 #: Blocks a split reduction aims at: 4 per SM of an H200 (132 SMs). Half of
@@ -166,14 +166,28 @@ def _iteration_shape(program: Program, types) -> tuple | None:
 def build(op, types, out_type) -> Built:
     """The IR of ``op`` (a single op or a ``FusedElementwise``) on input ``types``.
 
+    A broadcast operand varying along a trailing block of a C-order S is read
+    as a packed column (``ir.Builder``) where the program allows it: one
+    reducing to channels, planes or one value (whose reduction kernels index
+    no columns), or splitting S elsewhere, is built again without.
+
     Raises:
         PlanError: an op without an expression, operands the generator cannot
             place, or an output it cannot write.
     """
+    try:
+        return _build(op, types, out_type, pack_columns=True)
+    except PlanError:
+        return _build(op, types, out_type, pack_columns=False)
+
+
+def _build(op, types, out_type, pack_columns: bool) -> Built:
     program = as_program(op, len(types))
     full = _iteration_shape(program, types)
     channels = (full[1] if len(full) >= 2 else full[0]) if full else out_type.shape[-1]
-    b = Builder(full, channels)
+    full_size = [t for t in (*types, out_type) if full is not None and tuple(t.shape) == full]
+    c_order = pack_columns and full is not None and (len(full) != 4 or all(t.layout != "NHWC" for t in full_size))
+    b = Builder(full, channels, c_order)
     values: list = [Ext(k, t) for k, t in enumerate(types)]
     member_types = program.value_types(types)
     for step in program.steps:
@@ -200,6 +214,8 @@ def build(op, types, out_type) -> Built:
         target = reduction_target(full, row_shape)
         if target == "col":
             b.split(trailing_axes(full, row_shape))
+    if b.packed and target not in SPLIT_SPACES:
+        raise PlanError(f"a {target} reduction after a packed column operand")
     if target not in TARGETS or any(not within(v.space, target) for v in outs):
         raise PlanError(f"an output of shape {tuple(out_type.shape)} for values over {full}")
     return Built(b.nodes, dtypes, full, channels, None, tuple(v.node for v in outs), target, b.trailing)

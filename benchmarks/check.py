@@ -406,7 +406,7 @@ def check_lowering(exe: Executable, ref: Reference) -> CheckResult:
                                 if got != runs_in else {})})
         del out, ins, want  # a host-held value read back is a copy: gone before the next step reads its own
         # Values the reference does not keep, computed for this step, go with it: kept for the whole
-        # check they held 42 GB of float64 on ConvNeXt-tiny at batch 128 (the bias adds, GELUs and
+        # check they held about 42 GB of float64 on ConvNeXt-tiny at batch 128 (the bias adds, GELUs and
         # GELU gradients of the chains bias-remat makes, which reshapes keep from any checked op) and
         # ran an 80 GB H100 out of memory. A later step reading one again recomputes it from kept
         # values (a short chain: the reference keeps every checked node and its inputs).

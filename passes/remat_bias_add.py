@@ -10,7 +10,7 @@ GELU in the forward and by ``GeluBackward(z, gy)`` in the backward. The
 ``elementwise`` rule fuses a chain only through values nobody else reads, so
 ``z`` was written by one kernel and read back by the GELU's: on the H100 in
 bf16 at batch 128 (2026-12-06, ``docs/results/h100-2026-12-06b/``) ConvNeXt-tiny's
-36 bias adds took 2.67 of its 56.2 ms of steps, 2.0 of them the 18 of the
+36 bias adds took 2.67 of its 56.2 ms of steps, 2.11 of them the 18 of the
 first linear layers (616 MB a step in stage 1).
 
 The rule gives each reader of ``z`` after the first (in the scope's order:

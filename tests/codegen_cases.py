@@ -190,6 +190,9 @@ def fused_cases():
          ("x", "last", "x")),
         ("bias_relu_channel_sums", program([(ops.BroadcastAdd(), (0, 1)), (ops.Relu(), (2,)),
                                             (ops.BiasAddBackward(), (3,))], 2, 4), ("x", "last")),
+        # a full-size output whose program also reduces to planes (a squeeze-and-excitation scale)
+        ("bias_se_scale", program([(ops.BroadcastAdd(), (0, 1)), (ops.Mean(axes=(2, 3), keepdim=True), (2,)),
+                                   (ops.Sigmoid(), (3,)), (ops.Mul(), (2, 4))], 2, 5), ("x", "last")),
     ]
 
 

@@ -26,7 +26,8 @@ CASES = fused_cases()
 PHASES = {"bn_relu": ["sweep"], "stats_bn_relu": ["reduce", "sweep"], "relu_bwd_bias_grad": ["reduce"],
           "silu_se_scale": ["reduce", "sweep"], "grad_sum_3": ["sweep"], "bn_backward_sums": ["reduce"],
           "relu_bwd_bn_backward_data": ["reduce", "sweep"], "stochastic_depth_residual": ["sweep"],
-          "bias_gelu_backward": ["sweep"], "bias_relu_channel_sums": ["reduce"]}
+          "bias_gelu_backward": ["sweep"], "bias_relu_channel_sums": ["reduce"],
+          "bias_se_scale": ["reduce", "sweep"]}
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
@@ -72,13 +73,28 @@ def test_a_trailing_bias_is_a_packed_column_in_c_order(layout, packed):
     assert loads[1] == ("col" if packed else "strided") and built.trailing == (1 if packed else 0)
 
 
-def test_a_channel_reduction_after_a_trailing_bias_reads_it_strided():
-    """The channel-sum kernels index no columns: the program is built again without packing."""
+@pytest.mark.parametrize("case,out_shape", [("bias_relu_channel_sums", (6,)), ("bias_se_scale", (4, 6, 5, 16))])
+def test_a_channel_or_plane_reduction_beside_a_trailing_bias_reads_it_strided(case, out_shape):
+    """The channel- and plane-sum kernels index no columns, whether the program's output is the
+    sums or a full-size value computed from them: built again without packing."""
     from opgraph.backends.cuda.codegen import plan
     from opgraph.types import TensorType
 
-    op = dict((c[0], c[1]) for c in CASES)["bias_relu_channel_sums"]
+    op = dict((c[0], c[1]) for c in CASES)[case]
     full = TensorType((4, 6, 5, 16), "float32", "NCHW")
-    built = plan.build(op, (full, TensorType((16,), "float32")), TensorType((6,), "float32"))
-    assert built.trailing == 0 and built.target == "channel"
+    built = plan.build(op, (full, TensorType((16,), "float32")), TensorType(out_shape, "float32", "NCHW"))
+    assert built.trailing == 0
     assert {n.load.kind for n in built.nodes if n.load is not None and n.load.input == 1} == {"strided"}
+
+
+def test_a_trailing_bias_that_is_a_strided_view_stays_strided():
+    """A packed load of a view would have the launch copy it first: a view is read through its strides."""
+    from opgraph.backends.cuda.codegen import plan
+    from opgraph.types import TensorType
+
+    op = dict((c[0], c[1]) for c in CASES)["bias_gelu_backward"]
+    full = TensorType((4, 6, 5, 16), "float32", "NCHW")
+    types = (full, TensorType((16,), "float32"), full)
+    kinds = {views: {n.load.kind for n in plan.build(op, types, full, views=views).nodes
+                     if n.load is not None and n.load.input == 1} for views in (frozenset(), frozenset({1}))}
+    assert kinds == {frozenset(): {"col"}, frozenset({1}): {"strided"}}

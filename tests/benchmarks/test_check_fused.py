@@ -129,9 +129,10 @@ def mlp_blocks_model(blocks: int, batch: int = 4) -> Model:
 
 
 def test_values_the_reference_does_not_keep_are_not_held_past_their_step():
-    """The products the recomputed bias adds read are computed for each step that reads them and
-    dropped after it: the check's peak does not grow with the depth (kept for the whole check,
-    they held 42 GB of float64 on ConvNeXt-tiny at batch 128 and ran an H100 out of memory)."""
+    """The fused chains' members the reference does not keep (bias adds, GELUs, their gradients)
+    are computed for the step that reads them and dropped after it: the check's peak does not
+    grow with the depth (kept for the whole check, they held about 42 GB of float64 on
+    ConvNeXt-tiny at batch 128 and ran an H100 out of memory)."""
     import tracemalloc
 
     peaks = []

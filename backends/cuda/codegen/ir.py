@@ -75,9 +75,18 @@ class PlanError(OpgraphError):
     """The generator does not cover this program or these shapes (the reason)."""
 
 
+class PackingError(PlanError):
+    """A packed column operand (``Builder._column_split``) that the rest of the
+    program cannot keep (another split, a reduction to channels, planes or
+    one value, whose kernels index no columns): the caller builds it again
+    with that operand strided."""
+
+
 class ViewError(PlanError):
     """A strided view among the operands is loaded as a packed row (a
-    per-channel or per-plane operand): the caller copies it and plans again."""
+    per-channel or per-plane operand, or a trailing-shape weight): the caller
+    copies it and plans again. (A broadcast operand that is a view is never
+    made a packed column: ``plan.build``'s ``views``.)"""
 
 
 @attrs.frozen
@@ -186,13 +195,15 @@ class Builder:
         full: the iteration shape S, or None for a program with no full-size
             value (it then runs over its channels).
         channels: C, the extent of axis 1 of S (or of the channel vectors).
-        c_order: S is stored in C order (no channels-last full-size operand or
-            output), so that a split of it costs no strided reads of those.
+        packable: the inputs a broadcast operand may be read from as a packed
+            column (:meth:`_column_split`): none unless S is stored in C order
+            (no channels-last full-size operand or output, so that a split of it
+            costs no strided reads of those), and no strided view.
     """
 
-    def __init__(self, full: tuple | None, channels: int | None, c_order: bool = False):
-        self.full, self.channels, self.c_order = full, channels, c_order
-        #: a packed column operand named the split (:meth:`_packed_columns`)
+    def __init__(self, full: tuple | None, channels: int | None, packable: frozenset = frozenset()):
+        self.full, self.channels, self.packable = full, channels, packable
+        #: a packed column operand named the split (:meth:`_column_split`)
         self.packed = False
         #: k of the ``row`` / ``col`` split (module docstring), 0 until named
         self.trailing = 0
@@ -221,28 +232,31 @@ class Builder:
                 return self._add(Node("load", "scalar", load=Load(x.index, "scalar")))
             raise PlanError(f"operand {x.type.shape} in a program with no full-size value")
         kind = classify(shape, self.full)
-        if kind == "strided" and self._packed_columns(x, shape):
+        k = self._column_split(x, shape) if kind == "strided" else None
+        if k is not None:
+            self.split(k)
+            self.packed = True
             return self._add(Node("load", "col", load=Load(x.index, "col")))
         space = "full" if kind == "strided" else kind
         return self._add(Node("load", space, load=Load(x.index, kind)))
 
-    def _packed_columns(self, x, shape) -> bool:
-        """Whether a broadcast operand of ``shape`` is read as a packed ``col``
-        operand (splitting S at its trailing axes): it varies along a trailing
-        block of S only (a Linear's bias ``(C,)`` on ``(N, H, W, C)``), S is in C
-        order, and no other split is named. A strided load divides each lane's
-        index into coordinates (ConvNeXt's bias add + GELU chain ran at 45 % of
-        the copy bandwidth on an H100 that way, the GELU alone at 82 %); a
-        column is one division per vector. A 4-D channels-last operand's
-        packed order is not its trailing block's unless that block is 1 axis."""
+    def _column_split(self, x, shape) -> int | None:
+        """k when broadcast operand ``x`` (read as ``shape``) may be a packed
+        ``col`` operand splitting S at its trailing k axes, else None: it
+        varies along a trailing block of S only (a Linear's bias ``(C,)`` on
+        ``(N, H, W, C)``), its input is :attr:`packable`, no other split is
+        named, and its memory holds that block in C order (a 4-D
+        channels-last operand does not when both its channel axis and a
+        spatial axis are in the block). A strided load divides each lane's
+        index into coordinates (ConvNeXt's bias add + GELU chain ran at 45 %
+        of the copy bandwidth on an H100 that way, the GELU alone at 82 %); a
+        column is one division per vector."""
         k = trailing_axes(self.full, shape)
-        if not self.c_order or k is None or self.trailing not in (0, k):
-            return False
-        if len(shape) == 4 and x.type.layout == "NHWC" and k > 1:
-            return False
-        self.split(k)
-        self.packed = True
-        return True
+        if x.index not in self.packable or k is None or self.trailing not in (0, k):
+            return None
+        if len(shape) == 4 and x.type.layout == "NHWC" and shape[1] > 1 and shape[2] * shape[3] > 1:
+            return None
+        return k
 
     def channel(self, x) -> Val:
         """Operand ``x`` as a ``(C,)`` channel vector."""
@@ -282,7 +296,8 @@ class Builder:
         if self.full is None or not 1 <= k <= len(self.full):
             raise PlanError(f"a split at the trailing {k} axes of {self.full}")
         if self.trailing not in (0, k):
-            raise PlanError(f"one program splits S={self.full} at its trailing {self.trailing} and {k} axes")
+            error = PackingError if self.packed else PlanError
+            raise error(f"one program splits S={self.full} at its trailing {self.trailing} and {k} axes")
         self.trailing = k
 
     def trailing_operand(self, x, k: int) -> Val:
@@ -363,5 +378,6 @@ def needed(nodes: list[Node], roots) -> set[int]:
     return seen
 
 
-__all__ = ["SPACES", "RANK", "SPLIT_SPACES", "TARGETS", "join", "within", "PlanError", "ViewError", "Load", "Node",
+__all__ = ["SPACES", "RANK", "SPLIT_SPACES", "TARGETS", "join", "within", "PlanError", "PackingError", "ViewError", "Load",
+           "Node",
            "Val", "Stacked", "Ext", "classify", "trailing_axes", "Builder", "depths", "needed"]

@@ -38,8 +38,9 @@ from opgraph.ops.fused import FusedElementwise, FusedStep, Program
 from . import kernels
 from .contexts import Geometry, Pitch, RowPitch, entries, pitch_of, row_pitch_of
 from .emit import Params
-from .expressions import EXPRESSIONS, reduction_target, trailing_axes
-from .ir import SPLIT_SPACES, TARGETS, Builder, Ext, PlanError, Stacked, Val, ViewError, classify, depths, needed, within
+from .expressions import EXPRESSIONS, reduction_target
+from .ir import (SPLIT_SPACES, TARGETS, Builder, Ext, PackingError, PlanError, Stacked, Val, ViewError, classify, depths,
+                 needed, trailing_axes, within)
 from .storage import compute_type, storage_of
 
 #: Blocks a split reduction aims at: 4 per SM of an H200 (132 SMs). Half of
@@ -163,31 +164,32 @@ def _iteration_shape(program: Program, types) -> tuple | None:
     return tuple(full)
 
 
-def build(op, types, out_type) -> Built:
+def build(op, types, out_type, views=frozenset()) -> Built:
     """The IR of ``op`` (a single op or a ``FusedElementwise``) on input ``types``.
 
     A broadcast operand varying along a trailing block of a C-order S is read
-    as a packed column (``ir.Builder``) where the program allows it: one
-    reducing to channels, planes or one value (whose reduction kernels index
-    no columns), or splitting S elsewhere, is built again without.
+    as a packed column (``ir.Builder``), unless its input is one of ``views``
+    (strided views: a packed load would copy them) or the program cannot keep
+    it (``PackingError``): then it is built again with that operand strided.
 
     Raises:
         PlanError: an op without an expression, operands the generator cannot
             place, or an output it cannot write.
     """
-    try:
-        return _build(op, types, out_type, pack_columns=True)
-    except PlanError:
-        return _build(op, types, out_type, pack_columns=False)
-
-
-def _build(op, types, out_type, pack_columns: bool) -> Built:
     program = as_program(op, len(types))
     full = _iteration_shape(program, types)
-    channels = (full[1] if len(full) >= 2 else full[0]) if full else out_type.shape[-1]
     full_size = [t for t in (*types, out_type) if full is not None and tuple(t.shape) == full]
-    c_order = pack_columns and full is not None and (len(full) != 4 or all(t.layout != "NHWC" for t in full_size))
-    b = Builder(full, channels, c_order)
+    c_order = full is not None and (len(full) != 4 or all(t.layout != "NHWC" for t in full_size))
+    packable = frozenset(range(len(types))) - frozenset(views) if c_order else frozenset()
+    try:
+        return _build(program, types, out_type, full, packable)
+    except PackingError:
+        return _build(program, types, out_type, full, frozenset())
+
+
+def _build(program, types, out_type, full, packable: frozenset) -> Built:
+    channels = (full[1] if len(full) >= 2 else full[0]) if full else out_type.shape[-1]
+    b = Builder(full, channels, packable)
     values: list = [Ext(k, t) for k, t in enumerate(types)]
     member_types = program.value_types(types)
     for step in program.steps:
@@ -200,6 +202,8 @@ def _build(op, types, out_type, pack_columns: bool) -> Built:
     if any(not isinstance(v, Val) for v in outs):
         raise PlanError("an output that is a program input or stacked rows inside several outputs")
     dtypes = tuple(t.dtype for t in types)
+    if b.packed and any(n.kind == "reduce" and n.target not in SPLIT_SPACES for n in b.nodes):
+        raise PackingError("a reduction to channels, planes or one value beside a packed column operand")
     if len(outs) == 1 and full is not None and tuple(out_type.shape) == full:
         return Built(b.nodes, dtypes, full, channels, outs[0].node, (), None, b.trailing)
     stacked = len(program.outputs) > 1 or isinstance(values[program.outputs[0]], Stacked)
@@ -215,7 +219,7 @@ def _build(op, types, out_type, pack_columns: bool) -> Built:
         if target == "col":
             b.split(trailing_axes(full, row_shape))
     if b.packed and target not in SPLIT_SPACES:
-        raise PlanError(f"a {target} reduction after a packed column operand")
+        raise PackingError(f"a {target} reduction beside a packed column operand")
     if target not in TARGETS or any(not within(v.space, target) for v in outs):
         raise PlanError(f"an output of shape {tuple(out_type.shape)} for values over {full}")
     return Built(b.nodes, dtypes, full, channels, None, tuple(v.node for v in outs), target, b.trailing)
@@ -369,7 +373,7 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
             at its row pitch instead: ``contexts.RowPitch``).
     """
     views = views or {}
-    built = build(op, types, out_type)
+    built = build(op, types, out_type, views=frozenset(views))
     layout = _layout(built, types, out_type)
     strided, row_views = {}, {}
     for node in built.nodes:

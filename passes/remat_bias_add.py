@@ -35,8 +35,10 @@ A reader ``g`` is rewritten when
   there are at least two, all on ``z``'s algorithm, and ``g`` is one of them,
   not the first and no output;
 * that algorithm's fused chains are made (``fuse_elementwise.fusable``:
-  ``codegen`` on cuda; the oracle only with ``include=['fused-reference']``),
-  the policy excludes neither this rule nor ``elementwise``, and its
+  ``codegen`` on cuda; the oracle only with ``include=['fused-reference']``,
+  without which the rule is reported as waiting for that opt-in, as the
+  element-wise rules are), the policy excludes neither this rule nor
+  ``elementwise`` (else the match is noted, not made), and its
   ``FusedElementwise`` rule accepts ``z`` with each of its readers: where one
   reader could not take it in, ``z`` would still be written, and its operand
   ``m`` kept beside it for the copies: more memory for the same traffic.
@@ -55,7 +57,7 @@ from opgraph.graph import Graph, NodeView
 from opgraph.ops import BiasAdd, BroadcastAdd
 
 from .base import PassContext
-from .fuse_elementwise import declines, ends_chain, fusable
+from .fuse_elementwise import OPT_IN, declines, ends_chain, fusable, oracle_waits
 from .pattern import FusionRule, Match, Scope, add_lowered
 
 NAME = "bias-remat"
@@ -85,8 +87,20 @@ def match_bias_remat(scope: Scope, view: NodeView) -> Match | None:
         if (len(readers) < 2 or readers[0] == view.id or algorithm is None
                 or any(scope.algorithm(u) != algorithm or not ends_chain(scope.op(u)) for u in readers)):
             continue
+        why = _no_chains(scope.ctx, algorithm)
+        if why:  # noted once for the rule, as the element-wise rules note it (the CPU's oracle: an opt-in)
+            scope.note(NAME, f"no fused chain would take the add in: {why}",
+                       waits_for=OPT_IN if oracle_waits(scope.ctx, algorithm) else None)
+            return None
         return Match(view.id, (), LABEL, (z, tuple(readers)))
     return None
+
+
+def _no_chains(ctx: PassContext, algorithm: str) -> str | None:
+    """Why no ``elementwise`` chain would be made on ``algorithm``, or None."""
+    if "elementwise" in ctx.policy.exclude:
+        return "the elementwise rule is excluded by policy"
+    return fusable(ctx, algorithm)
 
 
 def remat_bias_add(graph: Graph, m: Match, ctx: PassContext) -> str | None:
@@ -94,11 +108,6 @@ def remat_bias_add(graph: Graph, m: Match, ctx: PassContext) -> str | None:
     None when done, else why not (then nothing changed)."""
     z, readers = m.data
     node = graph.node(z)
-    why = fusable(ctx, node.op.algorithm)
-    if why is None and "elementwise" in ctx.policy.exclude:
-        why = "the elementwise rule is excluded by policy"
-    if why:
-        return f"no fused chain would take it: {why}"
     for reader in readers:
         why = declines(graph, [z, reader], node.op.algorithm, ctx)
         if why:

@@ -84,15 +84,18 @@ def test_with_the_chains_excluded_it_declines_saying_why(monkeypatch):
     cudnn_accepts(monkeypatch)
     graph, outs, report = compile_for_cuda(step(), og.LoweringPolicy(layout="NHWC", exclude=["elementwise"]))
     assert remats(report.notes) == 0 and members(graph, outs)["BroadcastAdd"] == 2
-    assert any("recomputed for an element-wise reader" in n and "elementwise rule is excluded" in n
+    assert any("bias-remat: not applied" in n and "elementwise rule is excluded" in n
                for n in report.notes), report.notes
 
 
-def test_on_the_oracle_without_the_opt_in_it_declines_saying_why():
+def test_on_the_oracle_without_the_opt_in_it_waits_for_it_saying_why():
+    """Listed as waiting for ``include=['fused-reference']`` (``opt_in``), as the element-wise
+    rules are, not as declined matches."""
     exe = og.compile(step(), device="cpu")
     assert remats(exe.report.notes) == 0
-    assert any("recomputed for an element-wise reader" in n and "no fused chain would take it" in n
-               for n in exe.report.notes), exe.report.notes
+    assert any("bias-remat: not applied" in n and "no fused chain would take the add in" in n
+               and "fused-reference" in n for n in exe.report.notes), exe.report.notes
+    assert exe.report.fusion["bias-remat"] == {"applied": 0, "declined": 0, "opt_in": True}
 
 
 def _add_graph(b_shape, reader):

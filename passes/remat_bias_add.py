@@ -76,7 +76,9 @@ def _cheap_to_recompute(scope: Scope, z: int) -> bool:
 
 def match_bias_remat(scope: Scope, view: NodeView) -> Match | None:
     """A reader ``view`` of a bias add that its first reader's chain could
-    otherwise take in (module docstring); ``data``: the add's node id."""
+    otherwise take in (module docstring); ``data``: the add's node id and its
+    readers in the scope's order. Where no chain would be made, the rule is
+    noted instead (on the CPU's oracle as waiting for the opt-in)."""
     if scope.is_output(view.id) or not ends_chain(scope.op(view.id)):
         return None
     for z in dict.fromkeys(scope.graph.input_ids(view.id)):

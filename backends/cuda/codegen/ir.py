@@ -378,6 +378,5 @@ def needed(nodes: list[Node], roots) -> set[int]:
     return seen
 
 
-__all__ = ["SPACES", "RANK", "SPLIT_SPACES", "TARGETS", "join", "within", "PlanError", "PackingError", "ViewError", "Load",
-           "Node",
-           "Val", "Stacked", "Ext", "classify", "trailing_axes", "Builder", "depths", "needed"]
+__all__ = ["SPACES", "RANK", "SPLIT_SPACES", "TARGETS", "join", "within", "PlanError", "PackingError", "ViewError",
+           "Load", "Node", "Val", "Stacked", "Ext", "classify", "trailing_axes", "Builder", "depths", "needed"]

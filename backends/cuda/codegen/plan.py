@@ -39,8 +39,8 @@ from . import kernels
 from .contexts import Geometry, Pitch, RowPitch, entries, pitch_of, row_pitch_of
 from .emit import Params
 from .expressions import EXPRESSIONS, reduction_target
-from .ir import (SPLIT_SPACES, TARGETS, Builder, Ext, PackingError, PlanError, Stacked, Val, ViewError, classify, depths,
-                 needed, trailing_axes, within)
+from .ir import (SPLIT_SPACES, TARGETS, Builder, Ext, PackingError, PlanError, Stacked, Val, ViewError, classify,
+                 depths, needed, trailing_axes, within)
 from .storage import compute_type, storage_of
 
 #: Blocks a split reduction aims at: 4 per SM of an H200 (132 SMs). Half of

@@ -95,6 +95,17 @@ def fusable(ctx: PassContext, algorithm: str) -> str | None:
     return None
 
 
+def chains_declined(ctx: PassContext, algorithm: str) -> str | None:
+    """Why the ``elementwise`` rule would make no chain on ``algorithm`` (:func:`fusable`'s
+    reason, or the rule excluded by name), or None: what a rule that copies a producer so
+    that chains take it in asks first (``bn-apply-remat``, ``bn-gradient-remat``,
+    ``bias-remat``), since without the chains a copy is a pass more, not one fewer."""
+    why = fusable(ctx, algorithm)
+    if why is None and "elementwise" in ctx.policy.exclude:
+        why = "the elementwise rule is excluded by policy"
+    return why
+
+
 def oracle_waits(ctx: PassContext, algorithm: str) -> bool:
     """Whether a fusion rule leaves nodes on ``algorithm`` alone for want of :data:`OPT_IN`: one of
     the CPU's oracles, and the policy does not include it (``Scope.note``'s ``waits_for``)."""
@@ -218,6 +229,6 @@ ELEMENTWISE = FusionRule(
     rewrite_chain, consumers_first=True)
 
 
-__all__ = ["MEMBER_FAMILIES", "NORM_MEMBERS", "CHAIN_ENDS", "ORACLE_ALGORITHMS", "OPT_IN", "OPT_IN_HINT", "oracle_waits", "is_member",
-           "ends_chain", "fusable", "program_of", "declines", "grow", "rewrite_chain", "GRADIENT_SUM",
+__all__ = ["MEMBER_FAMILIES", "NORM_MEMBERS", "CHAIN_ENDS", "ORACLE_ALGORITHMS", "OPT_IN", "OPT_IN_HINT", "oracle_waits",
+           "chains_declined", "is_member", "ends_chain", "fusable", "program_of", "declines", "grow", "rewrite_chain", "GRADIENT_SUM",
            "ELEMENTWISE", "LABELS"]

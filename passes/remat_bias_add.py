@@ -57,7 +57,7 @@ from opgraph.graph import Graph, NodeView
 from opgraph.ops import BiasAdd, BroadcastAdd
 
 from .base import PassContext
-from .fuse_elementwise import OPT_IN, declines, ends_chain, fusable, oracle_waits
+from .fuse_elementwise import OPT_IN, chains_declined, declines, ends_chain, oracle_waits
 from .pattern import FusionRule, Match, Scope, add_lowered
 
 NAME = "bias-remat"
@@ -89,20 +89,13 @@ def match_bias_remat(scope: Scope, view: NodeView) -> Match | None:
         if (len(readers) < 2 or readers[0] == view.id or algorithm is None
                 or any(scope.algorithm(u) != algorithm or not ends_chain(scope.op(u)) for u in readers)):
             continue
-        why = _no_chains(scope.ctx, algorithm)
+        why = chains_declined(scope.ctx, algorithm)
         if why:  # noted once for the rule, as the element-wise rules note it (the CPU's oracle: an opt-in)
             scope.note(NAME, f"no fused chain would take the add in: {why}",
                        waits_for=OPT_IN if oracle_waits(scope.ctx, algorithm) else None)
             return None
         return Match(view.id, (), LABEL, (z, tuple(readers)))
     return None
-
-
-def _no_chains(ctx: PassContext, algorithm: str) -> str | None:
-    """Why no ``elementwise`` chain would be made on ``algorithm``, or None."""
-    if "elementwise" in ctx.policy.exclude:
-        return "the elementwise rule is excluded by policy"
-    return fusable(ctx, algorithm)
 
 
 def remat_bias_add(graph: Graph, m: Match, ctx: PassContext) -> str | None:

@@ -48,7 +48,7 @@ from opgraph.ops import BatchNormTraining
 from opgraph.ops.activation import Activation, ActivationBackward
 
 from .base import PassContext
-from .fuse_elementwise import fusable
+from .fuse_elementwise import chains_declined
 from .pattern import FusionRule, Match, Scope, add_lowered
 
 NAME = "bn-apply-remat"
@@ -84,9 +84,7 @@ def remat_bn_apply(graph: Graph, m: Match, ctx: PassContext) -> str | None:
     """Give gradient ``m.root`` its own copy of batch norm ``m.data``; returns
     None when done, else why not (then nothing changed)."""
     z = graph.node(m.data)
-    why = fusable(ctx, z.op.algorithm)
-    if why is None and "elementwise" in ctx.policy.exclude:
-        why = "the elementwise rule is excluded by policy"
+    why = chains_declined(ctx, z.op.algorithm)
     if why:
         return f"no fused chain would take it: {why}"
     copy = add_lowered(graph, z.op, z.inputs, f"{z.name}/remat", ctx)

@@ -69,7 +69,7 @@ from opgraph.ops import (BatchNormTraining, BatchNormTrainingBackwardDataFromSum
                          Hardtanh, HardtanhBackward, Relu, ReluBackward)
 
 from .base import PassContext
-from .fuse_elementwise import declines, fusable
+from .fuse_elementwise import chains_declined, declines
 from .pattern import FusionRule, Match, Scope, add_lowered, forced_onto
 
 NAME = "bn-gradient-remat"
@@ -127,9 +127,7 @@ def remat_bn_gradient(graph: Graph, m: Match, ctx: PassContext) -> str | None:
     returns None when done, else why not (then nothing changed)."""
     plan: Plan = m.data
     algorithm = graph.node(m.root).op.algorithm
-    why = fusable(ctx, algorithm)
-    if why is None and "elementwise" in ctx.policy.exclude:
-        why = "the elementwise rule is excluded by policy"
+    why = chains_declined(ctx, algorithm)
     chain = [plan.bn, plan.activation, plan.gradient]
     for reader in (plan.sums, m.root):
         why = why or declines(graph, [*chain, reader], algorithm, ctx)

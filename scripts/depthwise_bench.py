@@ -28,31 +28,18 @@ KERNEL, PADDING = (7, 7), ((3, 3), (3, 3))
 ENGINES = range(12)
 
 
-def device_operand(cp, a, dtype):
-    """Host float64 ``a`` on the device in ``dtype``: a 4-D one stored channels-last (viewed NCHW);
-    bfloat16 through ml_dtypes' bits (CuPy does not convert to it)."""
-    import ml_dtypes
-    import numpy as np
-
-    host = np.ascontiguousarray(a.transpose(0, 2, 3, 1)) if a.ndim == 4 else a
-    if dtype == "bfloat16":
-        dev = cp.asarray(host.astype(ml_dtypes.bfloat16).view(np.uint16)).view(ml_dtypes.bfloat16)
-    else:
-        dev = cp.asarray(host.astype(np.float32))
-    return dev.transpose(0, 3, 1, 2) if a.ndim == 4 else dev
-
-
 def candidates(cp, shape, dtype):
     """``(name, call)`` of every candidate on one layer shape (module docstring), operands made once."""
     import numpy as np
 
     from opgraph.backends.cuda import cudnn, depthwise_forward
+    from opgraph.backends.cuda.storage import host_to_device
 
     rng = np.random.default_rng(0)
     c = shape[1]
-    x = device_operand(cp, rng.standard_normal(shape), dtype)
-    w = device_operand(cp, rng.standard_normal((c, 1, *KERNEL)), dtype)
-    b = device_operand(cp, rng.standard_normal(c), dtype)
+    x = host_to_device(cp, rng.standard_normal(shape), dtype)
+    w = host_to_device(cp, rng.standard_normal((c, 1, *KERNEL)), dtype)
+    b = host_to_device(cp, rng.standard_normal(c), dtype)
     kw = dict(stride=(1, 1), padding=PADDING, dilation=(1, 1), groups=c)
     rows = [("gather", lambda: depthwise_forward.conv2d(cp, x, w, b, **kw))]
     for e in ENGINES:  # the output has the input's shape: 7x7, padding 3, stride 1

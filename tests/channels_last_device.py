@@ -10,13 +10,10 @@ import numpy as np
 
 def to_device(cp, a, dtype):
     """``a`` (NCHW, float64 on the host) stored channels-last on the device in
-    ``dtype`` (``'bfloat16'`` through ml_dtypes' bits, else float32), viewed NCHW."""
-    import ml_dtypes
-    host = np.ascontiguousarray(a.transpose(0, 2, 3, 1))
-    if dtype == "bfloat16":
-        bits = cp.asarray(host.astype(ml_dtypes.bfloat16).view(np.uint16))
-        return bits.view(ml_dtypes.bfloat16).transpose(0, 3, 1, 2)
-    return cp.asarray(host.astype(np.float32)).transpose(0, 3, 1, 2)
+    ``dtype`` (``'bfloat16'`` through ml_dtypes' bits, else float32), viewed NCHW
+    (``backends/cuda/storage.host_to_device``)."""
+    from opgraph.backends.cuda.storage import host_to_device
+    return host_to_device(cp, a, dtype)
 
 
 def to_host(cp, a):

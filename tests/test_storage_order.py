@@ -53,3 +53,20 @@ def test_physical_copies_a_strided_nhwc_view_into_nhwc(a, view):
     buf, cl = physical(np, a[:, 1:5])
     assert not cl and buf.flags.c_contiguous
     np.testing.assert_array_equal(buf, a[:, 1:5])
+
+
+def test_host_to_device_stores_4d_channels_last_and_rounds_bfloat16():
+    """The GPU tests' and device scripts' operands (``storage.host_to_device``), with NumPy as
+    the device module: a 4-D array channels-last in memory, viewed NCHW, bf16 rounded to
+    nearest even against ml_dtypes; other ranks in C order, float32 otherwise."""
+    import ml_dtypes
+    from opgraph.backends.cuda.storage import host_to_device
+
+    a = np.random.default_rng(0).standard_normal((2, 3, 4, 5))
+    got = host_to_device(np, a, "bfloat16")
+    assert got.shape == a.shape and got.dtype == ml_dtypes.bfloat16
+    assert got.strides == tuple(s * 2 for s in (60, 1, 15, 3))  # N, C, H, W of an NHWC buffer
+    np.testing.assert_array_equal(got.astype(np.float64), a.astype(ml_dtypes.bfloat16).astype(np.float64))
+    v = host_to_device(np, a[0, :, 0, 0], "float32")
+    assert v.dtype == np.float32 and v.flags.c_contiguous
+    np.testing.assert_array_equal(v, a[0, :, 0, 0].astype(np.float32))

@@ -113,6 +113,23 @@ def unbits(a, dtype):
     return a.view(numpy_dtype(BF16)) if dtype_name(dtype) == BF16 else a
 
 
+def host_to_device(cp, a, dtype: str):
+    """Host array ``a`` (float64, any shape) on the device in storage ``dtype``
+    (``'bfloat16'``: rounded to nearest even by ml_dtypes and copied as its
+    bits, which CuPy cannot convert to; anything else: float32). A 4-D ``a``
+    (NCHW) is stored channels-last and returned viewed NCHW, as the channels-last
+    kernels take it; other ranks keep C order. For the GPU tests and device
+    scripts that feed those kernels."""
+    import ml_dtypes
+
+    host = np.ascontiguousarray(a.transpose(0, 2, 3, 1)) if a.ndim == 4 else np.ascontiguousarray(a)
+    if dtype_name(dtype) == BF16:
+        dev = cp.asarray(host.astype(ml_dtypes.bfloat16).view(np.uint16)).view(ml_dtypes.bfloat16)
+    else:
+        dev = cp.asarray(host.astype(np.float32))
+    return dev.transpose(0, 3, 1, 2) if a.ndim == 4 else dev
+
+
 def zeros(xp, shape, dtype):
     """``zeros(shape, dtype)``; bfloat16 allocated as uint16 zeros (+0.0) and viewed."""
     if dtype_name(dtype) == BF16:
@@ -201,5 +218,5 @@ def empty_in_layout(xp, shape, dtype, cl: bool):
 
 
 __all__ = ["BF16", "BF16_DEVICE", "elementwise_kernel", "storage_preamble", "kernel_tag", "dtype_name",
-           "is_bf16", "bits", "unbits", "zeros", "copy", "like", "same_shape", "float_to_bf16_bits",
+           "is_bf16", "bits", "unbits", "host_to_device", "zeros", "copy", "like", "same_shape", "float_to_bf16_bits",
            "bf16_bits_to_float", "physical", "in_layout", "logical", "dense_strides", "empty_in_layout"]

@@ -103,16 +103,18 @@ def _add_graph(b_shape, reader):
     training step's outputs."""
     g = og.Graph("add")
     x, b = g.input("x", (2, 4, 3, 8)), g.param("b", b_shape)
-    z = g.apply(ops.BroadcastAdd, {}, [x, b]) if b_shape != (2, 4, 3, 8) else og.add(x, b)
+    z = g.apply(ops.BroadcastAdd, {}, [x, b])  # a BroadcastAdd even for equal shapes (og.add makes an Add)
     y = og.add(og.relu(z), reader(z, g))
     return [y, *og.grad(y, [x, b], grad_outputs=[y])]
 
 
 def test_an_add_of_two_full_tensors_is_not_recomputed(monkeypatch):
-    """A copy would read both operands: twice the bytes of reading ``z``."""
+    """A copy would read both operands: twice the bytes of reading ``z`` (the same graph with a
+    ``(8,)`` bias is recomputed: ``test_a_bias_add_read_by_two_activations_is_recomputed``)."""
     cudnn_accepts(monkeypatch)
     graph, outs, report = compile_for_cuda(_add_graph((2, 4, 3, 8), lambda z, g: og.sigmoid(z)))
     assert remats(report.notes) == 0
+    assert members(graph, outs)["BroadcastAdd"] + members(graph, outs)["member:BroadcastAdd"] == 1
 
 
 def test_a_bias_add_read_by_two_activations_is_recomputed(monkeypatch):

@@ -24,6 +24,11 @@ from opgraph.types import TensorType, numpy_dtype, storage_order
 pytestmark = needs_gxx
 
 
+#: the ops whose reductions are row sums of one depth and whose output is full-size
+#: (``plan.ROW_SWEEP``); the scale gradient's column sums need the row sums first
+ONE_KERNEL = (ops.LayerNorm, ops.LayerNormBackwardData, ops.LayerNormDoubleBackward)
+
+
 def _run(op, arrays, dtype):
     """``op``'s ``codegen`` kernel on ``arrays``: ``(out, its relative error)``
     against the float64 reference, after the rule's check accepted the node."""
@@ -47,6 +52,8 @@ def test_layer_norm_ops_against_the_reference(emu, op_type, kinds, shape, k, dty
     out, err = _run(op, _inputs(kinds, shape, k, dtype, layout_of(shape, k)), dtype)
     assert err < TOLERANCE[dtype], (op, shape, dtype, err)
     assert launched(emu)  # generated kernels ran
+    if op_type in ONE_KERNEL:  # short rows, one block each: the reduction and the sweep in one kernel
+        assert launched(emu) == ["rowsweep"]
     half = dtype != "float32"
     assert all(("typedef float CT;" in x["source"]) for x in emu.raw_launches) or not half
 
@@ -84,13 +91,129 @@ def test_float64_storage_computes_in_double(emu, op_type, kinds):
     _, err = _run(op, _inputs(kinds, shape, k, "float64"), "float64")
     assert err < TOLERANCE["float64"]
     assert all("typedef double CT;" in x["source"] for x in emu.raw_launches)
+    assert (launched(emu) == ["rowsweep"]) == (op_type in ONE_KERNEL)
 
 
-def test_the_data_gradient_is_one_reduction_and_one_sweep(emu):
-    """The statistics, <g> and <g xhat> in one pass (module docstring of ``layer_norm``)."""
+def test_the_data_gradient_is_one_reduction_and_one_sweep(emu, monkeypatch):
+    """The statistics, <g> and <g xhat> in one pass (module docstring of ``layer_norm``): one kernel
+    (``plan.ROW_SWEEP``), or without it a reduction and a sweep."""
+    from opgraph.backends.cuda.codegen import launch, plan
     op = ops.LayerNormBackwardData(normalized_shape=(24,))
-    _run(op, _inputs("gxw", (3, 7, 24), 1, "float32"), "float32")
-    assert launched(emu) == ["reduce", "sweep"]
+    arrays = _inputs("gxw", (3, 7, 24), 1, "float32")
+    _run(op, arrays, "float32")
+    assert launched(emu) == ["rowsweep"]
+    monkeypatch.setattr(plan, "ROW_SWEEP", False)
+    launch._PLANS.clear()
+    _run(op, arrays, "float32")
+    assert launched(emu) == ["rowsweep", "reduce", "sweep"]
+
+
+def _plan_and_run(emu, monkeypatch, op, arrays, dtype, row_sweep: bool):
+    """``op`` on ``arrays`` with ``plan.ROW_SWEEP`` set: ``(out, err, kinds launched, launches planned)``."""
+    from opgraph.backends.cuda.codegen import launch, plan
+    monkeypatch.setattr(plan, "ROW_SWEEP", row_sweep)
+    launch._PLANS.clear()
+    before = len(emu.raw_launches)
+    out, err = _run(op, arrays, dtype)
+    [(p, *_)] = launch._PLANS.values()
+    return out, err, launched(emu)[before:], p.launches
+
+
+def _sizes(launch_) -> dict:
+    """A planned launch's scalar parameters by name."""
+    return {name: int(value) for name, (kind, _, value) in launch_.params.items.items() if kind == "scalar"}
+
+
+#: (op type, kinds, x's shape): rows of a multiple of V and not (K = 5: one lane a vector),
+#: row counts that are no multiple of a block's EB rows (inactive rows), one-element rows
+ROW_SWEEP_CASES = [(t, kinds, shape) for t, kinds in ((ops.LayerNorm, "xwb"), (ops.LayerNormBackwardData, "gxw"),
+                                                      (ops.LayerNormDoubleBackward, "ggxw"))
+                   for shape in ((37, 5), (3, 7, 24), (6, 1), (9, 96))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op_type,kinds,shape", ROW_SWEEP_CASES,
+                         ids=[f"{t.__name__}-{k}-{'x'.join(map(str, s))}" for t, k, s in ROW_SWEEP_CASES])
+def test_one_kernel_and_two_compute_the_same_rows(emu, monkeypatch, op_type, kinds, shape, dtype):
+    """The rows reduced and swept in one kernel (``kernels.row_sweep``) and by a reduction and a
+    sweep: both within the tolerance, and here the same bits (the same sums in the same order,
+    the same formulas; g++ without FMA contraction: on a GPU they need not be)."""
+    op = op_type(normalized_shape=shape[-1:], eps=1e-5)
+    arrays = _inputs(kinds, shape, 1, dtype)
+    one, err_one, kinds_one, _ = _plan_and_run(emu, monkeypatch, op, arrays, dtype, True)
+    two, err_two, kinds_two, _ = _plan_and_run(emu, monkeypatch, op, arrays, dtype, False)
+    assert kinds_one == ["rowsweep"] and kinds_two == ["reduce", "sweep"]
+    assert err_one < TOLERANCE[dtype] and err_two < TOLERANCE[dtype], (err_one, err_two)
+    assert one.tobytes() == two.tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rows,vectors,te", [(300, 1, 1), (37, 12, 4), (11, 96, 32), (3, 1024, 256)],
+                         ids=lambda v: str(v))
+def test_one_kernel_for_every_row_length_up_to_its_cut_off(emu, monkeypatch, rows, vectors, te, dtype):
+    """Rows of ``vectors`` 16-byte vectors: TE = 1 (300 rows of one vector: 256 rows a block,
+    212 threads of the second block inactive) up to 256 threads a row (1024 vectors: 4 a
+    thread, the cut-off ``plan.ROW_SWEEP_VECTORS``), the forward and the data gradient, against
+    the reference; the forward (x alone, 16 bytes a step) loads two vectors an iteration in its
+    sum and in its sweep."""
+    from opgraph.backends.cuda.codegen import plan
+    k = vectors * 16 // numpy_dtype(dtype).itemsize
+    for op, kinds in ((ops.LayerNorm(normalized_shape=(k,)), "xwb"),
+                      (ops.LayerNormBackwardData(normalized_shape=(k,)), "gxw")):
+        _, err, kinds_run, launches = _plan_and_run(emu, monkeypatch, op, _inputs(kinds, (rows, k), 1, dtype),
+                                                    dtype, True)
+        assert kinds_run == ["rowsweep"] and err < TOLERANCE[dtype], (op, err)
+        sizes = _sizes(launches[0])
+        assert sizes["TE"] == te and -(-sizes["PER"] // te) <= plan.ROW_SWEEP_VECTORS
+        assert launches[0].source.count("jr += 2 * TE") == (2 if kinds == "xwb" else 0)
+
+
+def test_longer_or_split_rows_keep_two_kernels(emu, monkeypatch):
+    """Past ``plan.ROW_SWEEP_VECTORS`` vectors a thread, or a row split over blocks (one row of
+    40,000), the reduction and the sweep stay separate launches, still within the tolerance."""
+    from opgraph.backends.cuda.codegen import plan
+    op = ops.LayerNorm(normalized_shape=(96,))
+    arrays = _inputs("xwb", (37, 96), 1, "bfloat16")
+    cut_off = plan.ROW_SWEEP_VECTORS
+    monkeypatch.setattr(plan, "ROW_SWEEP_VECTORS", 2)  # 12 vectors a row, TE = 4: 3 vectors a thread
+    _, err, kinds_run, _ = _plan_and_run(emu, monkeypatch, op, arrays, "bfloat16", True)
+    assert kinds_run == ["reduce", "sweep"] and err < TOLERANCE["bfloat16"]
+    monkeypatch.setattr(plan, "ROW_SWEEP_VECTORS", cut_off)
+    op = ops.LayerNorm(normalized_shape=(40000,))
+    _, err, kinds_run, launches = _plan_and_run(emu, monkeypatch, op, _inputs("x", (1, 40000), 1, "bfloat16"),
+                                                "bfloat16", True)
+    assert kinds_run == ["reduce", "finalize", "sweep"] and _sizes(launches[0])["S"] > 1
+    assert err < TOLERANCE["bfloat16"]
+
+
+def test_one_kernel_with_64_bit_indices(emu, monkeypatch):
+    """The one-kernel rows with 64-bit index arithmetic (``plan.INT32_LIMIT``)."""
+    from opgraph.backends.cuda.codegen import plan
+    monkeypatch.setattr(plan, "INT32_LIMIT", 100)
+    for op, kinds in ((ops.LayerNorm(normalized_shape=(24,)), "xwb"),
+                      (ops.LayerNormBackwardData(normalized_shape=(24,)), "gxw")):
+        _, err, kinds_run, launches = _plan_and_run(emu, monkeypatch, op, _inputs(kinds, (37, 24), 1, "bfloat16"),
+                                                    "bfloat16", True)
+        assert kinds_run == ["rowsweep"] and "typedef long long IDX;" in launches[0].source
+        assert err < TOLERANCE["bfloat16"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_one_kernel_in_place(emu, dtype):
+    """The output written into x's own buffer: each thread overwrites only the vectors it has
+    just read, and the row's first element (the moments' shift) is read once, before any thread
+    of the block stores (a second read in the sweep would find the first thread's output)."""
+    from codegen_cases import reference
+    from opgraph.backends.cuda.codegen import launch
+    op = ops.LayerNorm(normalized_shape=(96,))
+    arrays = _inputs("xwb", (37, 96), 1, dtype)
+    want = reference(op, arrays)
+    x = arrays[0].copy()
+    out_t = op.infer(*(TensorType(a.shape, a.dtype.name) for a in arrays))
+    got = launch.run(np, op, [x, *arrays[1:]], out_t, out=x)
+    assert got is x and launched(emu) == ["rowsweep"]
+    assert "__restrict__" not in emu.raw_launches[-1]["source"].split("extern")[-1]
+    assert rel_err(x, want) < TOLERANCE[dtype]
 
 
 def test_a_large_offset_keeps_the_variance(emu):
@@ -182,5 +305,5 @@ def test_one_element_rows_give_exactly_zero_under_fma_contraction(contracting_em
     emulator gave 3e-6 here before that."""
     op = ops.LayerNormBackwardData(normalized_shape=(1,), eps=1e-5)
     out, _ = _run(op, _inputs("gxw", (6, 1), 1, "float32"), "float32")
-    assert launched(contracting_emu)
+    assert launched(contracting_emu) == ["rowsweep"]
     np.testing.assert_array_equal(out, np.zeros_like(out))

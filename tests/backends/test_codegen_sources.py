@@ -19,6 +19,7 @@ from cuda_cpu_emulator import NVCC, EmulatedCupy, nvcc_check
 from cupy_standin import cupy_replaced
 from opgraph import ops
 from opgraph.backends.cuda.codegen import copies, launch, movement, plan
+from opgraph.types import TensorType
 
 DTYPES = ["float32", "bfloat16", "float16", "float64"]
 
@@ -41,11 +42,13 @@ def _record_everything(emu, monkeypatch):
             run(case.make(ODD_SHAPE), case.kinds, ODD_SHAPE, "bfloat16", layout)
     x = make_input(rng, "x", SHAPES["NHWC"], "bfloat16", "NHWC")
     launch.run(np, ops.Relu(), [x], out_type(ops.Relu(), [x], "NHWC"), out=x)  # in place: no __restrict__
+    _record_layer_norms(rng)
     monkeypatch.setattr(plan, "TARGET_BLOCKS", 8)
     monkeypatch.setattr(plan, "MIN_PER_THREAD", 1)
     monkeypatch.setattr(plan, "INT32_LIMIT", 100)
     monkeypatch.setattr(plan, "FINISH_BYTES", 32 * 1024)  # the last-block form too (off by default)
     launch._PLANS.clear()
+    _record_layer_norms(rng, dtypes=("bfloat16",))  # 64-bit indices
     for layout in ("NCHW", "NHWC"):
         for case in CASES:
             if case.id in ("BiasAddBackward()", "BatchNormStats()", "GlobalAvgPool2d()",
@@ -58,6 +61,21 @@ def _record_everything(emu, monkeypatch):
                                 input_shape=y.shape)
         movement.pad(np, xs[0], padding=((1, 0), (2, 1)), value=float("-inf"))
         movement.transpose(np, xs[1], perm=(0, 2, 3, 1))
+
+
+def _record_layer_norms(rng, dtypes=DTYPES):
+    """Layer norm's ops (``layer_norm_cases``) in ``dtypes``: row sums and their sweep in one
+    kernel (``kernels.row_sweep``, also in place) or two, the scale gradient's column sums."""
+    from layer_norm_cases import LAYER_NORM_CASES, inputs
+    for dtype in dtypes:
+        for op_type, kinds in LAYER_NORM_CASES:
+            for shape in ((3, 7, 24), (37, 5), (6, 1)):
+                op = op_type(normalized_shape=shape[-1:], eps=1e-5)
+                arrays = inputs(rng, kinds, shape, 1, dtype)
+                launch.run(np, op, arrays, op.infer(*(TensorType(a.shape, a.dtype.name) for a in arrays)))
+    x = inputs(rng, "x", (9, 96), 1, "bfloat16")[0]
+    op = ops.LayerNorm(normalized_shape=(96,))
+    launch.run(np, op, [x], op.infer(TensorType(x.shape, x.dtype.name)), out=x)
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +102,8 @@ def test_no_atomics_and_vector_accesses_where_planned(recorded):
     assert len(vectors) > len(sources) // 2
     assert any("typedef long long IDX;" in s for s in sources) and any("DIRECT" in s for s in sources)
     assert any("__restrict__" not in s.split("extern")[-1] for s in sources)  # the in-place sweep
+    rowsweeps = [s for s in sources if "opgraph_gen_rowsweep_" in s]  # layer norm's one-kernel rows
+    assert len(rowsweeps) > 20 and any("__restrict__" not in s.split("extern")[-1] for s in rowsweeps)
 
 
 def test_launch_arguments_match_the_signatures(recorded):

@@ -114,6 +114,16 @@ class Emitter:
     def add(self, scope: str, line: str) -> None:
         self.lines[scope].append(line)
 
+    def inherit(self, other: "Emitter") -> None:
+        """Take the values ``other`` (an Emitter of the same kernel, whose
+        statements come first) placed once per thread (``pre``) as emitted:
+        the kernel declares each once, and this Emitter's statements read them
+        where ``other`` computed them (``kernels.row_sweep``)."""
+        for key, name in other.memo.items():
+            if isinstance(key[0], int) and other.placement(key[0]) == self.placement(key[0]) \
+                    and self.placement(key[0])[0] == "pre":
+                self.memo[key] = name
+
     # ---- where a node lives ----------------------------------------------
     def placement(self, k: int) -> tuple[str, bool]:
         """``(scope, varies_by_lane)`` of node ``k``."""

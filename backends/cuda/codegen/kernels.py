@@ -19,6 +19,9 @@ grid size is correct and the launch plan picks one for occupancy.
 * :func:`rows` — reduction of C-order data: ``TE`` threads (a power of two)
   per kept (image, channel) run, ``256 / TE`` runs per block, each summing the
   vectors ``[y * PER, (y + 1) * PER)`` of its run, then a tree over the ``TE``.
+* :func:`row_sweep` — :func:`rows` of one split whose entries are rows, then
+  the same threads write the full-size output of each row from its sums, kept
+  on chip (a layer norm and its data gradient in one kernel).
 * :func:`finalize` — the ``S`` partial sums of each kept entry, added by
   :func:`combine` for a tile of entries per block.
 
@@ -364,41 +367,41 @@ def _half(width: int) -> int:
     return (1 << max(int(width) - 1, 0).bit_length()) // 2
 
 
-def rows(name, program, geo, params, lanes, group, reduced, split, finish_code) -> str:
-    """C-order reduction kernel (module docstring); ``split``: ``K1``, ``A``,
-    ``K2``, ``B``, ``S``, ``PER`` (vectors per split), ``TE`` (threads per
-    entry, a power of two: a block sums ``256 / TE`` entries), ``ROWS``
-    (vectors a thread loads per iteration), ``MIN_BLOCKS`` (as for
-    :func:`columns`), and ``CEB``
-    with ``last`` (the tile's last block adds the partial sums);
-    ``finish_code``: the finishing block of an entry."""
-    nodes, dtypes = program
-    em = Emitter(nodes, dtypes, Rows(geo, params, lanes, group.target), reduced)
-    acc = _accumulators(em, group, lanes, per_lane=False)
-    p = params
-    k = len(group.nodes)
-    a_n, k2, b, s = p.scalar("A", split["A"]), p.scalar("K2", split["K2"]), p.scalar("B", split["B"]), \
-        p.scalar("S", split["S"])
-    jv, per = p.scalar("JV", split["A"] * (split["B"] // lanes)), p.scalar("PER", split["PER"])
-    te, eb = p.scalar("TE", split["TE"]), p.scalar("EB", THREADS // split["TE"])
-    p.scalar("HALF", split["TE"] // 2)
-    part = p.pointer("part", geo.ct, "part", const=False)
-    direct = p.scalar("DIRECT", int(split["S"] == 1))
+def _run_step(p, split: dict, lanes: int) -> list[str]:
+    """The head of an iteration over vector ``j`` of a C-order run (``split`` as
+    for :func:`rows`): its image ``a`` and the element ``i0`` of its lane 0."""
+    a_n, k2, b = p.scalar("A", split["A"]), p.scalar("K2", split["K2"]), p.scalar("B", split["B"])
     a_of_j = p.div("j", "BV", split["B"] // lanes)
     bvec = p.scalar("BVN", split["B"] // lanes)
-    loop = _strided_loop(em, acc, split.get("ROWS", 1), "j", "j0 + lt", "j1", te,
-                         [f"const IDX a = {a_of_j};",
-                          f"const IDX i0 = ((k1 * {a_n} + a) * {k2} + k2) * {b} + (j - a * {bvec}) * {lanes};"])
-    finish_block = (f"const IDX i0 = k1 * {k2} + k2;" + "".join(f" const CT s{r} = red[{r * THREADS} + tid];"
-                                                              for r in range(k)) + f"\n{finish_code(0)}")
-    writes = [f"{part}[{_part_index(p, k, r, 'blockIdx.y', 'k2')}] = red[{r * THREADS} + tid];"
-              for r in range(k)]
-    tail = ""
-    if split.get("last"):
-        tail = _last_block(p, geo.ct, k, f"blockIdx.x * {eb}",
-                           f"({k2} - blockIdx.x * {eb} < {eb} ? {k2} - blockIdx.x * {eb} : {eb})",
-                           split["CEB"], finish_code)
-    body = f"""    __shared__ CT red[{k * THREADS}];
+    return [f"const IDX a = {a_of_j};",
+            f"const IDX i0 = ((k1 * {a_n} + a) * {k2} + k2) * {b} + (j - a * {bvec}) * {lanes};"]
+
+
+def _run_sizes(p, split: dict, lanes: int, splits: bool = True) -> dict:
+    """The size parameters of a C-order reduction (``split`` as for :func:`rows`;
+    ``S`` only with ``splits``), declared in the order the kernels always had
+    them (so their text, and what autotune keyed on it, stays): name by key."""
+    keys = ("A", "K2", "B", *(("S",) if splits else ()))
+    names = {key: p.scalar(key, split[key]) for key in keys}
+    names["JV"] = p.scalar("JV", split["A"] * (split["B"] // lanes))
+    names["PER"], names["TE"] = p.scalar("PER", split["PER"]), p.scalar("TE", split["TE"])
+    names["EB"] = p.scalar("EB", THREADS // split["TE"])
+    p.scalar("HALF", split["TE"] // 2)
+    return names
+
+
+def _run_sums(em: Emitter, group, acc: list[str], lanes: int, split: dict, sizes: dict) -> str:
+    """A C-order reduction kernel's body up to its tree (:func:`rows`): block
+    ``(x, y, k1)``'s ``EB = 256 / TE`` entries ``k2`` (``active``: within ``K2``),
+    each summed over the vectors ``[j0, j1)`` of split ``y`` by the ``TE``
+    threads ``lt`` of the entry, then added by a fixed tree: after it, sum
+    ``r`` of the thread's entry is ``red[r * 256 + tid - lt]``. ``em``: the
+    reduction's Emitter (a :class:`Rows` context), ``acc`` its sums
+    (:func:`_accumulators`), ``sizes``: :func:`_run_sizes`."""
+    p, k = em.params, len(group.nodes)
+    k2, jv, per, te, eb = (sizes[key] for key in ("K2", "JV", "PER", "TE", "EB"))
+    loop = _strided_loop(em, acc, split.get("ROWS", 1), "j", "j0 + lt", "j1", te, _run_step(p, split, lanes))
+    return f"""    __shared__ CT red[{k * THREADS}];
     const IDX tid = threadIdx.x, lt = tid % {te}, k1 = blockIdx.z;
     const IDX kraw = (IDX)blockIdx.x * {eb} + tid / {te};
     const bool active = kraw < {k2};
@@ -411,7 +414,36 @@ def rows(name, program, geo, params, lanes, group, reduced, split, finish_code) 
     }}
 {_indent([f"red[{r * THREADS} + tid] = acc{r};" for r in range(k)], 4)}
     __syncthreads();
-{_tree(k, "lt", te, "1", "active")}    if (active && lt == 0) {{
+{_tree(k, "lt", te, "1", "active")}"""
+
+
+def rows(name, program, geo, params, lanes, group, reduced, split, finish_code) -> str:
+    """C-order reduction kernel (module docstring); ``split``: ``K1``, ``A``,
+    ``K2``, ``B``, ``S``, ``PER`` (vectors per split), ``TE`` (threads per
+    entry, a power of two: a block sums ``256 / TE`` entries), ``ROWS``
+    (vectors a thread loads per iteration), ``MIN_BLOCKS`` (as for
+    :func:`columns`), and ``CEB``
+    with ``last`` (the tile's last block adds the partial sums);
+    ``finish_code``: the finishing block of an entry."""
+    nodes, dtypes = program
+    em = Emitter(nodes, dtypes, Rows(geo, params, lanes, group.target), reduced)
+    acc = _accumulators(em, group, lanes, per_lane=False)  # first: emits the values summed and what they use
+    p, k = params, len(group.nodes)
+    sizes = _run_sizes(p, split, lanes)
+    part = p.pointer("part", geo.ct, "part", const=False)
+    direct = p.scalar("DIRECT", int(split["S"] == 1))
+    sums = _run_sums(em, group, acc, lanes, split, sizes)
+    eb, k2 = sizes["EB"], sizes["K2"]
+    finish_block = (f"const IDX i0 = k1 * {k2} + k2;" + "".join(f" const CT s{r} = red[{r * THREADS} + tid];"
+                                                              for r in range(k)) + f"\n{finish_code(0)}")
+    writes = [f"{part}[{_part_index(p, k, r, 'blockIdx.y', 'k2')}] = red[{r * THREADS} + tid];"
+              for r in range(k)]
+    tail = ""
+    if split.get("last"):
+        tail = _last_block(p, geo.ct, k, f"blockIdx.x * {eb}",
+                           f"({k2} - blockIdx.x * {eb} < {eb} ? {k2} - blockIdx.x * {eb} : {eb})",
+                           split["CEB"], finish_code)
+    body = f"""{sums}    if (active && lt == 0) {{
         if ({direct}) {{
 {finish_block}
         }} else {{
@@ -420,6 +452,45 @@ def rows(name, program, geo, params, lanes, group, reduced, split, finish_code) 
     }}
 {tail}"""
     return source(name, geo.ct, params, body, min_blocks=split.get("MIN_BLOCKS", 0))
+
+
+def row_sweep(name, program, geo, params, lanes, group, split, out_node: int, out_dtype: str,
+              restrict: bool = True) -> str:
+    """One kernel for a program whose reductions are ``row`` sums of one depth
+    and whose output is full-size (``plan.ROW_SWEEP`` says when): each block
+    reduces its ``EB`` rows as :func:`rows` does with one split (``split``
+    likewise, ``S`` 1), keeps the row sums on chip instead of carrying them
+    through global memory, and then the same ``TE`` threads of each row walk
+    its vectors again (the vectors each summed, so the second read comes from
+    L1, or L2) writing node ``out_node``, as :func:`sweep` does, from the
+    reduced nodes bound to those sums (as :func:`finish` binds its own).
+
+    The sums are the same (same terms, same tree) as the two-kernel plan's;
+    the values computed from them per thread, not once per row in
+    :func:`finish`. The values the reduction computed once per thread (the
+    row's first element, the shift of its moments) are read where it computed
+    them, before any thread of the block stored: with ``restrict`` False (the
+    output is an input's buffer) every element is read before its own thread
+    overwrites it, and each thread writes only the vectors it re-read."""
+    nodes, dtypes = program
+    em = Emitter(nodes, dtypes, Rows(geo, params, lanes, group.target), {})
+    acc = _accumulators(em, group, lanes, per_lane=False)
+    sizes = _run_sizes(params, split, lanes, splits=False)
+    sums = _run_sums(em, group, acc, lanes, split, sizes)
+    local = {k: ("local", f"s{r}") for r, k in enumerate(group.nodes)}
+    out = Emitter(nodes, dtypes, Rows(geo, params, lanes, group.target), local)
+    out.inherit(em)
+    values = [out.ref(out_node, j) for j in range(lanes)]
+    stores = vector_store(storage_of(out_dtype), _out_pointer(params, out_dtype), "i0", values, "o")
+    loop = _strided_loop(out, stores, split.get("ROWS", 1), "j", "j0 + lt", "j1", sizes["TE"],
+                         _run_step(params, split, lanes))
+    body = f"""{sums}{_indent([f"const CT s{r} = red[{r * THREADS} + tid - lt];" for r in range(len(local))], 4)}
+    if (active) {{
+{out.body("pre")}
+{loop}
+    }}
+"""
+    return source(name, geo.ct, params, body, restrict, min_blocks=split.get("MIN_BLOCKS", 0))
 
 
 def finalize(name, ct, params, group, split, finish_code) -> str:
@@ -437,4 +508,5 @@ def finalize(name, ct, params, group, split, finish_code) -> str:
     return source(name, ct, params, body)
 
 
-__all__ = ["THREADS", "source", "sweep", "space_sweep", "finish", "combine", "columns", "rows", "finalize"]
+__all__ = ["THREADS", "source", "sweep", "space_sweep", "finish", "combine", "columns", "rows", "row_sweep",
+           "finalize"]

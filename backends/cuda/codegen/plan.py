@@ -10,6 +10,9 @@ planes) or, for a reduction's output, by the finishing code of the last
 reduction. A later phase reads the sums of earlier ones (``carry`` buffers,
 in CT) as per-channel or per-plane values and recomputes the element-wise
 values it needs from the inputs, so no full-size intermediate is written.
+A program of one phase of short ``row`` sums and a full-size output (a layer
+norm) runs as one kernel instead (``kernels.row_sweep``, :data:`ROW_SWEEP`):
+its rows' sums never leave the chip, and each row is read from DRAM once.
 
 Choices made here, per signature (``ProgramPlan`` is cached by the caller):
 
@@ -96,6 +99,26 @@ MAX_ROWS_PER_ITERATION = 4
 STEP_BLOCKS = 4
 #: Vectors each thread of a split reduction sums at least.
 MIN_PER_THREAD = 4
+#: A program whose reductions are unsplit ``row`` sums of one depth and whose
+#: output is full-size (a layer norm and its data gradient) runs as one kernel,
+#: ``kernels.row_sweep``: each block reduces its rows, then its threads write
+#: their rows' outputs from the sums kept on chip, re-reading the vectors they
+#: just summed (from L1, or L2) instead of reading them from DRAM in a second
+#: kernel. False: the reduction and the sweep as two launches (the bench's
+#: ``--row-sweep``). ConvNeXt-tiny's layer norms moved x three times (forward)
+#: and gy, x twice each (data gradient) at 75 and 86 % of the copy bandwidth
+#: (H100, docs/performance.md, thirtieth session).
+ROW_SWEEP = True
+#: The most vectors of its row a thread of ``kernels.row_sweep`` takes (longer
+#: rows, or rows split over blocks, keep the two-kernel plan). Why 4, as
+#: :data:`MIN_PER_THREAD`: TE is chosen so that a row of up to 1024 vectors
+#: (8192 bf16 elements) gives each thread at most 4, and then a block re-reads
+#: at most 256 x 4 x 16 B = 16 KiB per full-size operand, right after its tree:
+#: a wave of 4-8 blocks a SM on 132 SMs holds 8-17 MiB per operand, inside the
+#: H100's and H200's 50 MB of L2 even where L1 has let it go. Longer rows give
+#: each of the 256 threads more vectors, a wave more bytes to keep until the
+#: re-read (not measured: ConvNeXt's rows are 12-96 vectors, 3 a thread).
+ROW_SWEEP_VECTORS = 4
 #: Shared memory a reduction block may use for its partial sums (bytes).
 SHARED_BYTES = 48 * 1024
 #: Elements from which index arithmetic is 64-bit (the fast 32-bit division
@@ -400,6 +423,9 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
     spans = [geo.total // p.block * p.pitch for p in geo.pitched.values()]  # a pitched view's last row's start
     wide = max([geo.total, out_type.size, *(t.size for t in types), *spans]) >= INT32_LIMIT
     groups = _groups(built)
+    one = _row_sweep(built, geo, wide, groups, out_type.dtype, aligned, inplace)
+    if one is not None:
+        return Lowered((one,), {}, ct, layout)
     launches, temps, reduced = [], {}, {}
     writer = bool(groups) and built.out_node is None and groups[-1].target == built.target
     for g, group in enumerate(groups):
@@ -467,6 +493,46 @@ def _sweep(built, geo, wide, reduced, out_dtype, aligned, inplace) -> Launch:
     return Launch(name, text, params, (blocks, 1, 1))
 
 
+def _run_split(k1: int, a: int, k2: int, b: int, lanes: int) -> tuple[dict, tuple]:
+    """``(split, grid)`` of a C-order reduction (``kernels.rows``) keeping
+    ``k1 * k2`` entries, each summing ``a`` runs of ``b`` elements (``lanes``
+    a vector): its splits (``_split``) and TE, the threads sharing a run, as
+    few as give each thread about :data:`MIN_PER_THREAD` vectors."""
+    s, per = _split(k1 * k2, a * (b // lanes), kernels.THREADS)
+    te = min(kernels.THREADS, _pow2(-(-per // MIN_PER_THREAD)))
+    return dict(K1=k1, A=a, K2=k2, B=b, S=s, PER=per, TE=te), (-(-k2 // (kernels.THREADS // te)), s, k1)
+
+
+def _loads_per_iteration(split: dict, loads, lanes: int) -> None:
+    """``split``'s ``ROWS`` (steps a thread loads an iteration) and ``MIN_BLOCKS``
+    (the occupancy a kernel taking several declares: :data:`STEP_BLOCKS`)."""
+    split["ROWS"] = _rows_per_iteration(loads, lanes)
+    split["MIN_BLOCKS"] = STEP_BLOCKS if split["ROWS"] > 1 else 0
+
+
+def _row_sweep(built, geo, wide, groups, out_dtype, aligned, inplace) -> Launch | None:
+    """The single ``kernels.row_sweep`` launch of a program whose reductions are
+    all ``row`` sums of one depth (one group) and whose output is full-size,
+    where each row is reduced by one block (one split) and its threads take at
+    most :data:`ROW_SWEEP_VECTORS` vectors each; else None (the reduction and
+    the sweep: :data:`ROW_SWEEP`). V is one 16-byte word of the narrowest
+    full-size operand, the output's included, where it divides the row."""
+    if not ROW_SWEEP or built.out_node is None or len(groups) != 1 or groups[0].target != "row" or not geo.total:
+        return None
+    group = groups[0]
+    summed = _full_loads(built, [built.nodes[n].args[0] for n in group.nodes], geo)
+    lanes = _lanes(summed + _full_loads(built, [built.out_node], geo) + [out_dtype], aligned, geo.row_len)
+    split, grid = _run_split(1, 1, geo.n_rows, geo.row_len, lanes)
+    if split["S"] > 1 or -(-split["PER"] // split["TE"]) > ROW_SWEEP_VECTORS:
+        return None
+    _loads_per_iteration(split, summed, lanes)
+    params = Params(wide)
+    program = (built.nodes, built.dtypes)
+    name, text = _named(lambda n: kernels.row_sweep(n, program, geo, params, lanes, group, split, built.out_node,
+                                                    out_dtype, restrict=not inplace), "rowsweep")
+    return Launch(name, text, params, grid)
+
+
 def _tile_groups(loads, lanes: int, groups: int) -> int:
     """GB: the groups of V channels a channels-last reduction block owns, as few
     as keep a warp's reads of one row :data:`TILE_BYTES` long (a 128-byte line),
@@ -495,11 +561,8 @@ def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps
         k1, a, k2, b = {"scalar": (1, 1, 1, total), "channel": (1, n, c, geo.inner),
                         "plane": (n, 1, c, geo.inner), "row": (1, 1, geo.n_rows, geo.row_len)}[group.target]
         lanes = _lanes(loads, aligned, b)
-        s, per = _split(k1 * k2, a * (b // lanes), kernels.THREADS)
-        te = min(kernels.THREADS, _pow2(-(-per // MIN_PER_THREAD)))
-        split = dict(K1=k1, A=a, K2=k2, B=b, S=s, PER=per, TE=te)
-        tile = kernels.THREADS // te
-        grid, make = (-(-k2 // tile), s, k1), kernels.rows
+        split, grid = _run_split(k1, a, k2, b, lanes)
+        s, tile, make = split["S"], kernels.THREADS // split["TE"], kernels.rows
     else:
         k1, a, k2 = {"channel": (1, total // max(c, 1), c), "plane": (n, geo.inner, c),
                      "col": (1, geo.n_rows, geo.row_len)}[group.target]
@@ -512,9 +575,7 @@ def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps
         s, per = _split(tiles * k1, a, rb)
         tile = gb * lanes
         split, grid, make = dict(K1=k1, A=a, K2=k2, GB=gb, RB=rb, S=s, PER=per), (tiles, s, k1), kernels.columns
-    # steps a thread loads an iteration, and the occupancy a kernel taking several declares
-    split["ROWS"] = _rows_per_iteration(loads, lanes)
-    split["MIN_BLOCKS"] = STEP_BLOCKS if split["ROWS"] > 1 else 0
+    _loads_per_iteration(split, loads, lanes)
     # the tile's last block adds the partial sums when they are few (module docstring)
     split["last"] = tickets and s > 1 and s * k * tile * ct_bytes <= FINISH_BYTES
     # one CEB for both adders, so the partial sums are added in the same order
@@ -542,6 +603,6 @@ def _reduction(built, geo, wide, group, reduced, rows, out_dtype, aligned, temps
 
 
 __all__ = ["TARGET_BLOCKS", "MAX_SWEEP_BLOCKS", "TILE_BYTES", "FINISH_BYTES", "ROW_LOAD_BYTES",
-           "MAX_ROWS_PER_ITERATION", "STEP_BLOCKS", "MIN_PER_THREAD", "SHARED_BYTES",
-           "INT32_LIMIT", "as_program", "Group",
+           "MAX_ROWS_PER_ITERATION", "STEP_BLOCKS", "MIN_PER_THREAD", "ROW_SWEEP", "ROW_SWEEP_VECTORS",
+           "SHARED_BYTES", "INT32_LIMIT", "as_program", "Group",
            "Launch", "Built", "Lowered", "build", "lower", "logical_strides"]

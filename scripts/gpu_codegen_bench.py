@@ -17,6 +17,12 @@ batch-norm input shape of ResNet-50 (batch 128, NHWC, bf16 by default):
 dense layer's input both as it runs there, a channel prefix of its block's
 concat buffer (a strided view at a pitch: ``view_of`` > 0), and dense.
 
+``--model convnext_tiny`` (batch 128) times layer norm instead, over the
+``(N*H*W, C)`` rows of ConvNeXt-tiny's four stages (C = 96 ... 768, channels
+last): ``layer_norm`` (``LayerNorm(x, w, b)``), ``layer_norm_dx``
+(``LayerNormBackwardData(gy, x, w)``) and ``copy``; ``--row-sweep 0,1`` times
+each both as one kernel and as a reduction and a sweep (``plan.ROW_SWEEP``).
+
 Each is captured ``--calls`` times into one CUDA graph (no Python dispatch in the
 measurement), replayed ``--repeat`` times between CUDA events; the median
 per call, the bytes a perfect kernel moves (inputs read once, output written
@@ -35,11 +41,16 @@ every combination of:
   sums its last block adds itself; 0: always a ``finalize`` launch);
 * ``--row-bytes`` (reductions): ``ROW_LOAD_BYTES`` (the bytes of its run a
   thread loads per iteration: rows of channels-last data, vectors of a C-order
-  run; 0: one step at a time).
+  run; 0: one step at a time);
+* ``--row-sweep`` (layer norms): ``ROW_SWEEP`` (1: the row sums and the output
+  in one kernel where the rows are short; 0: a reduction, then a sweep).
+
+``--dtype`` takes several dtypes, comma-separated (``bfloat16,float32``).
 
 One JSON object per line on stdout (and ``--json`` writes them all).
 
     python scripts/gpu_codegen_bench.py [--model densenet121] [--dtype bfloat16] [--layout NHWC] [--json out.json]
+    python scripts/gpu_codegen_bench.py --model convnext_tiny --dtype bfloat16,float32 --row-sweep 0,1
 """
 
 from __future__ import annotations
@@ -71,6 +82,15 @@ DENSENET121_BN = [(64, 56, 56, 256), (160, 56, 56, 256), (224, 56, 56, 256), (12
 #: model -> (batch, shapes as (C, H, W, concat-buffer channels or 0))
 MODELS = {"resnet50": (128, [(*s, 0) for s in RESNET50_BN]), "densenet121": (64, DENSENET121_BN)}
 
+#: ConvNeXt-tiny's layer-norm inputs (C, H, W) at batch 128, one per stage: each
+#: block's, and the downsampling's before the stage's last (N*H*W rows of C)
+CONVNEXT_TINY_LN = [(96, 56, 56), (192, 28, 28), (384, 14, 14), (768, 7, 7)]
+
+#: model -> (batch, layer-norm input shapes as (C, H, W))
+LAYER_NORM_MODELS = {"convnext_tiny": (128, CONVNEXT_TINY_LN)}
+
+DTYPES = ("float32", "bfloat16", "float16")
+
 APPLY_RELU = FusedElementwise(Program(4, (FusedStep(ops.BatchNormTraining(), (0, 1, 2, 3)),
                                           FusedStep(ops.Relu(), (4,))), (5,)))
 
@@ -78,9 +98,11 @@ APPLY_RELU = FusedElementwise(Program(4, (FusedStep(ops.BatchNormTraining(), (0,
 def cases(batch: int, dtype: str, layout: str, shapes=None) -> list[dict]:
     """One dict per (op, shape): ``name``, ``shape``, ``op``, ``types`` (the
     inputs: ``'x'`` full size, ``'stats'``/``'sums'`` (2, C) float32 for half
-    storage, ``'c'`` (C,)), ``out`` (the output type), ``reduction`` and
-    ``view_of`` (x is channels ``[0, C)`` of a buffer of that many channels;
-    0: dense). ``shapes``: ``(C, H, W, view_of)``, ResNet-50's by default."""
+    storage, ``'c'`` (C,)), ``out`` (the output type), ``reduction``, ``family``
+    (the knobs it is timed over: ``reduce`` or ``sweep``), ``copy_of`` (the input
+    whose copy is timed after it, or None) and ``view_of`` (x is channels
+    ``[0, C)`` of a buffer of that many channels; 0: dense). ``shapes``:
+    ``(C, H, W, view_of)``, ResNet-50's by default."""
     from opgraph.ops.batchnorm_training import stats_dtype
 
     out = []
@@ -97,7 +119,26 @@ def cases(batch: int, dtype: str, layout: str, shapes=None) -> list[dict]:
             if result.shape == full.shape:
                 result = TensorType(result.shape, result.dtype, layout)
             out.append({"name": name, "shape": (batch, c, h, w), "op": op, "types": types, "out": result,
-                        "reduction": reduction, "view_of": view_of})
+                        "reduction": reduction, "family": "reduce" if reduction else "sweep",
+                        "copy_of": 0 if name == "stats" else None, "view_of": view_of})
+    return out
+
+
+def layer_norm_cases(batch: int, dtype: str, shapes=CONVNEXT_TINY_LN, eps: float = 1e-6) -> list[dict]:
+    """One dict per (op, shape), as :func:`cases` (``family`` ``rows``: timed over
+    ``--row-sweep``): ``layer_norm`` (x, weight, bias) and ``layer_norm_dx`` (gy,
+    x, weight) over the ``(N*H*W, C)`` rows of each ``(C, H, W)`` of ``shapes``
+    (a channels-last value normalised over its channels: C-order rows of C),
+    their weights ``(C,)`` in the same dtype (ConvNeXt's, eps 1e-6)."""
+    out = []
+    for c, h, w in shapes:
+        rows, vec = TensorType((batch * h * w, c), dtype), TensorType((c,), dtype)
+        for name, op, types in (("layer_norm", ops.LayerNorm(normalized_shape=(c,), eps=eps), (rows, vec, vec)),
+                                ("layer_norm_dx", ops.LayerNormBackwardData(normalized_shape=(c,), eps=eps),
+                                 (rows, rows, vec))):
+            out.append({"name": name, "shape": (batch, c, h, w), "op": op, "types": types, "out": op.infer(*types),
+                        "reduction": False, "family": "rows", "copy_of": 0 if name == "layer_norm" else None,
+                        "view_of": 0})
     return out
 
 
@@ -125,6 +166,8 @@ def _inputs(cp, case, seed: int):
     from opgraph.passes.autotune_inputs import InputPool
 
     arrays = InputPool(cp, seed).inputs(case["types"])
+    if case["family"] == "rows":  # layer norm: its operands alone
+        return arrays
     if case["view_of"]:
         k = 1 if case["name"] == "dx" else 0
         arrays[k] = _as_prefix(cp, arrays[k], case["view_of"])
@@ -145,12 +188,22 @@ def graph_ms(cp, fn, calls: int, repeat: int) -> float:
     return replayed_ms_per_call(fn, calls, repeat=repeat)
 
 
+def _dtypes(text: str) -> list[str]:
+    """``--dtype``'s comma-separated dtypes, each one of :data:`DTYPES`."""
+    out = text.split(",")
+    bad = [d for d in out if d not in DTYPES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"dtype {', '.join(bad)} not among {', '.join(DTYPES)}")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="resnet50", choices=sorted(MODELS),
-                    help="whose batch-norm shapes (default %(default)s)")
-    ap.add_argument("--batch", type=int, help="default: 128 (ResNet-50), 64 (DenseNet-121)")
-    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--model", default="resnet50", choices=sorted({**MODELS, **LAYER_NORM_MODELS}),
+                    help="whose batch-norm (or layer-norm) shapes (default %(default)s)")
+    ap.add_argument("--batch", type=int, help="default: 128 (ResNet-50, ConvNeXt-tiny), 64 (DenseNet-121)")
+    ap.add_argument("--dtype", default="bfloat16", type=_dtypes,
+                    help=f"one or more of {', '.join(DTYPES)}, comma-separated (default %(default)s)")
     ap.add_argument("--layout", default="NHWC", choices=["NCHW", "NHWC"])
     ap.add_argument("--calls", type=int, default=20, help="calls captured per graph (default 20)")
     ap.add_argument("--repeat", type=int, default=10, help="timed replays (default 10)")
@@ -166,9 +219,13 @@ def main(argv=None) -> int:
                     help="FINISH_BYTES values to time the reductions with (default: plan.py's)")
     ap.add_argument("--row-bytes", default=None,
                     help="ROW_LOAD_BYTES values (codegen/plan.py) to time the reductions with (default: plan.py's)")
+    ap.add_argument("--row-sweep", default=None,
+                    help="ROW_SWEEP values (codegen/plan.py; 1 one kernel, 0 two) to time the layer norms with "
+                         "(default: plan.py's)")
     ap.add_argument("--json", help="also write every result to this file")
     args = ap.parse_args(argv)
-    batch, shapes = MODELS[args.model]
+    layer_norm = args.model in LAYER_NORM_MODELS
+    batch, shapes = (LAYER_NORM_MODELS if layer_norm else MODELS)[args.model]
     batch = args.batch or batch
 
     import cupy as cp
@@ -179,9 +236,9 @@ def main(argv=None) -> int:
 
     copy_gbps = measure_copy_bandwidth("cuda")["gbps"]
     knobs = ((plan, "TARGET_BLOCKS"), (plan, "MAX_SWEEP_BLOCKS"), (kernels, "UNROLL"), (plan, "TILE_BYTES"),
-             (plan, "FINISH_BYTES"), (plan, "ROW_LOAD_BYTES"))
+             (plan, "FINISH_BYTES"), (plan, "ROW_LOAD_BYTES"), (plan, "ROW_SWEEP"))
     defaults = tuple(getattr(m, name) for m, name in knobs)
-    default_blocks, default_sweep, default_unroll, default_tile, default_finish, default_rows = defaults
+    default_blocks, default_sweep, default_unroll, default_tile, default_finish, default_rows, default_rs = defaults
 
     def values(text, default):
         return [int(v) for v in text.split(",")] if text else [default]
@@ -195,43 +252,49 @@ def main(argv=None) -> int:
         results.append(rec)
         print(json.dumps(rec), flush=True)
 
-    emit({"copy_bandwidth_gbps": copy_gbps, "model": args.model, "dtype": args.dtype, "layout": args.layout,
-          "batch": batch, "default_target_blocks": default_blocks, "default_sweep_blocks": default_sweep,
-          "default_unroll": default_unroll, "default_tile_bytes": default_tile, "default_finish_bytes": default_finish,
-          "default_row_bytes": default_rows})
+    emit({"copy_bandwidth_gbps": copy_gbps, "model": args.model, "dtype": ",".join(args.dtype),
+          "layout": args.layout, "batch": batch, "default_target_blocks": default_blocks,
+          "default_sweep_blocks": default_sweep, "default_unroll": default_unroll, "default_tile_bytes": default_tile,
+          "default_finish_bytes": default_finish, "default_row_bytes": default_rows, "default_row_sweep": default_rs})
     unrolls = [int(u) for u in args.unroll.split(",")]
-    reduce_variants = [(b, default_sweep, u, t, f, r) for u in unrolls for b in map(int, args.blocks.split(","))
-                       for t in values(args.tile_bytes, default_tile) for f in values(args.finish_bytes, default_finish)
-                       for r in values(args.row_bytes, default_rows)]
-    sweep_variants = [(default_blocks, b, u, default_tile, default_finish, default_rows)
-                      for u in unrolls for b in map(int, args.sweep_blocks.split(","))]
-    for case in cases(batch, args.dtype, args.layout, shapes):
-        arrays = _inputs(cp, case, seed=0)
-        rule = rules_for(type(case["op"]))["codegen"]
-        ctx = KernelContext(cp, "cuda", {}, case["out"])
-        moved = sum(_nbytes(t) for t in case["types"]) + _nbytes(case["out"])
-        for variant in (reduce_variants if case["reduction"] else sweep_variants):
-            blocks, sweep_blocks, unroll, tile_bytes, finish_bytes, row_bytes = variant
-            set_knobs(variant)
-            launch._PLANS.clear()
-            try:
-                ms = graph_ms(cp, lambda: rule.kernel(ctx, case["op"], *arrays), args.calls, args.repeat)
-                p = launch.plan_for(case["op"], arrays, case["out"])
-                emit({"kernel": case["name"], "shape": case["shape"], "view_of": case["view_of"],
-                      "target_blocks": blocks, "sweep_blocks": sweep_blocks, "unroll": unroll,
-                      "tile_bytes": tile_bytes, "finish_bytes": finish_bytes, "row_bytes": row_bytes, "ms": ms,
-                      "bytes": moved, "gbps": moved / ms / 1e6, "of_copy": moved / ms / 1e6 / copy_gbps,
-                      "launches": [{"name": x.name.split("_")[2], "grid": list(x.grid)} for x in p.launches]})
-            finally:
-                set_knobs(defaults)
+    variants = {
+        "reduce": [(b, default_sweep, u, t, f, r, default_rs) for u in unrolls for b in map(int, args.blocks.split(","))
+                   for t in values(args.tile_bytes, default_tile) for f in values(args.finish_bytes, default_finish)
+                   for r in values(args.row_bytes, default_rows)],
+        "sweep": [(default_blocks, b, u, default_tile, default_finish, default_rows, default_rs)
+                  for u in unrolls for b in map(int, args.sweep_blocks.split(","))],
+        "rows": [(default_blocks, default_sweep, u, default_tile, default_finish, r, bool(rs)) for u in unrolls
+                 for r in values(args.row_bytes, default_rows) for rs in values(args.row_sweep, int(default_rs))]}
+    for dtype in args.dtype:
+        for case in (layer_norm_cases(batch, dtype, shapes) if layer_norm else
+                     cases(batch, dtype, args.layout, shapes)):
+            arrays = _inputs(cp, case, seed=0)
+            rule = rules_for(type(case["op"]))["codegen"]
+            ctx = KernelContext(cp, "cuda", {}, case["out"])
+            moved = sum(_nbytes(t) for t in case["types"]) + _nbytes(case["out"])
+            for variant in variants[case["family"]]:
+                blocks, sweep_blocks, unroll, tile_bytes, finish_bytes, row_bytes, row_sweep = variant
+                set_knobs(variant)
                 launch._PLANS.clear()
-        x = arrays[1] if case["name"] == "dx" else arrays[0]
-        if case["name"] == "stats":  # the ceiling at this size: a copy of x
-            dst = cp.empty(x.nbytes, dtype=cp.uint8)  # bytes as x stores them: one memcpy
-            ms = graph_ms(cp, lambda: dst.data.copy_from_device_async(x.data, x.nbytes), args.calls, args.repeat)
-            emit({"kernel": "copy", "shape": case["shape"], "view_of": case["view_of"], "ms": ms,
-                  "bytes": 2 * x.nbytes,
-                  "gbps": 2 * x.nbytes / ms / 1e6, "of_copy": 2 * x.nbytes / ms / 1e6 / copy_gbps})
+                try:
+                    ms = graph_ms(cp, lambda: rule.kernel(ctx, case["op"], *arrays), args.calls, args.repeat)
+                    p = launch.plan_for(case["op"], arrays, case["out"])
+                    emit({"kernel": case["name"], "dtype": dtype, "shape": case["shape"], "view_of": case["view_of"],
+                          "target_blocks": blocks, "sweep_blocks": sweep_blocks, "unroll": unroll,
+                          "tile_bytes": tile_bytes, "finish_bytes": finish_bytes, "row_bytes": row_bytes,
+                          "row_sweep": int(row_sweep), "ms": ms, "bytes": moved, "gbps": moved / ms / 1e6,
+                          "of_copy": moved / ms / 1e6 / copy_gbps,
+                          "launches": [{"name": x.name.split("_")[2], "grid": list(x.grid)} for x in p.launches]})
+                finally:
+                    set_knobs(defaults)
+                    launch._PLANS.clear()
+            if case["copy_of"] is not None:  # the ceiling at this size: a copy of x
+                x = arrays[case["copy_of"]]
+                dst = cp.empty(x.nbytes, dtype=cp.uint8)  # bytes as x stores them: one memcpy
+                ms = graph_ms(cp, lambda: dst.data.copy_from_device_async(x.data, x.nbytes), args.calls, args.repeat)
+                emit({"kernel": "copy", "dtype": dtype, "shape": case["shape"], "view_of": case["view_of"], "ms": ms,
+                      "bytes": 2 * x.nbytes,
+                      "gbps": 2 * x.nbytes / ms / 1e6, "of_copy": 2 * x.nbytes / ms / 1e6 / copy_gbps})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

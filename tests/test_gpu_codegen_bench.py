@@ -53,3 +53,51 @@ def test_every_case_is_planned_by_the_generator(dtype, model):
     for case in cases:
         why = rules_for(type(case["op"]))["codegen"].check(case["op"], case["types"], "cuda")
         assert why is None, (case["name"], case["shape"], why)
+
+
+def test_the_layer_norm_shapes_are_convnext_tinys():
+    """Each (C, H, W) is the input of a ConvNeXt-tiny layer norm over its channels (read from
+    the ONNX file the benchmark imports), every stage's; the head's one (1 x 1) is left out."""
+    pytest.importorskip("onnx")
+    from opgraph import ops
+    from opgraph.benchmarks.onnx_model import load_model
+
+    script = _script()
+    batch, shapes = script.LAYER_NORM_MODELS["convnext_tiny"]
+    model = load_model("tests/onnx/models/convnext_tiny.onnx", batch=batch, dtype="bfloat16")
+    found = set()
+    for node in model.graph.nodes_in_order():
+        if isinstance(node.op, ops.LayerNorm):
+            n, h, w, c = node.inputs[0].type.shape
+            assert (n, node.op.normalized_shape) == (batch, (c,))
+            found.add((c, h, w))
+    assert found - {(768, 1, 1)} == set(shapes)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_layer_norm_cases_are_one_kernel_or_two(monkeypatch, dtype):
+    """Each layer-norm case is planned by the generator; with ``plan.ROW_SWEEP`` (what
+    ``--row-sweep 1`` sets) one ``row_sweep`` launch, without it a reduction and a sweep, so
+    ``--row-sweep 0,1`` times the two plans."""
+    from opgraph.backends.cuda.codegen import plan
+
+    script = _script()
+    batch, shapes = script.LAYER_NORM_MODELS["convnext_tiny"]
+    cases = script.layer_norm_cases(batch, dtype, shapes)
+    assert [c["name"] for c in cases] == ["layer_norm", "layer_norm_dx"] * len(shapes)
+    for case in cases:
+        rows = case["shape"][0] * case["shape"][2] * case["shape"][3]
+        assert case["types"][0].shape == (rows, case["shape"][1]) and case["out"].shape == (rows, case["shape"][1])
+        assert rules_for(type(case["op"]))["codegen"].check(case["op"], case["types"], "cuda") is None
+        for row_sweep, kinds in ((True, ["rowsweep"]), (False, ["reduce", "sweep"])):
+            monkeypatch.setattr(plan, "ROW_SWEEP", row_sweep)
+            lowered = plan.lower(case["op"], case["types"], case["out"])
+            assert [x.name.split("_")[2] for x in lowered.launches] == kinds, (case["name"], case["shape"])
+
+
+def test_dtypes_are_comma_separated():
+    import argparse
+    script = _script()
+    assert script._dtypes("bfloat16,float32") == ["bfloat16", "float32"]
+    with pytest.raises(argparse.ArgumentTypeError, match="float8"):
+        script._dtypes("bfloat16,float8")

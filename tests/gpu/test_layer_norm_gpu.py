@@ -2,7 +2,9 @@
 (``backends/cuda/codegen/layer_norm.py``, the ``row`` / ``col`` targets) on the GPU,
 against the float64 reference on the same stored inputs: the emulated tests'
 cases (``tests/layer_norm_cases.py``) in fp32, bf16 and fp16, then ConvNeXt's
-sizes (stage one's 56x56 rows of 96, its 384-wide MLP's bias sums). Nothing is timed here."""
+sizes (stage one's 56x56 rows of 96, its 384-wide MLP's bias sums), and the rows of
+every stage both as one kernel (``plan.ROW_SWEEP``) and as a reduction and a sweep.
+Nothing is timed here."""
 
 from __future__ import annotations
 
@@ -23,15 +25,18 @@ pytestmark = [pytest.mark.gpu,
 
 
 def check(cp, op, arrays, dtype):
-    """``op``'s ``codegen`` kernel on the device copies of host ``arrays``, within the tolerance."""
+    """``op``'s ``codegen`` kernel on the device copies of host ``arrays``, within the tolerance;
+    returns its output on the host."""
     types = tuple(TensorType(a.shape, a.dtype.name, storage_order(a)) for a in arrays)
     rule = rules_for(type(op))["codegen"]
     assert rule.check(op, types, "cuda") is None
     t = op.infer(*types)
     got = rule.kernel(KernelContext(cp, "cuda", {}, t), op, *(dev(cp, a) for a in arrays))
     assert got.dtype.name == dtype and tuple(got.shape) == t.shape
-    err = rel_err(host(cp, got), reference(op, arrays))
+    out = host(cp, got)
+    err = rel_err(out, reference(op, arrays))
     assert err < TOLERANCE[dtype], (op, [a.shape for a in arrays], dtype, err)
+    return out
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -64,3 +69,53 @@ def test_convnext_mlp_bias_sums(cp, rng):
 def test_float64_storage(cp, rng):
     op = ops.LayerNormBackwardData(normalized_shape=(16,))
     check(cp, op, inputs(rng, "gxw", (4, 3, 16), 1, "float64"), "float64")
+
+
+#: (rows, C): ConvNeXt-tiny's four stages at batch 8 (N*H*W rows of C channels), rows of 4096
+#: (fp32: 1024 vectors, 256 threads a row of 4 vectors each, the cut-off ``plan.ROW_SWEEP_VECTORS``),
+#: 300 rows of 8 (bf16: TE = 1, a block's 256 rows and an unfilled one), one-element rows
+ROW_SWEEP_SHAPES = [(25088, 96), (6272, 192), (1568, 384), (392, 768), (64, 4096), (300, 8), (6, 1)]
+
+
+def _kinds(cp, op, arrays, dtype) -> list[str]:
+    """The kernel kinds of ``op``'s cached plan on the device copies of ``arrays``."""
+    from opgraph.backends.cuda.codegen import launch
+    types = tuple(TensorType(a.shape, a.dtype.name, storage_order(a)) for a in arrays)
+    plan = launch.plan_for(op, [dev(cp, a) for a in arrays], op.infer(*types))
+    return [x.name.split("_")[2] for x in plan.launches]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("rows,c", ROW_SWEEP_SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("op_type,kinds", [(ops.LayerNorm, "xwb"), (ops.LayerNormBackwardData, "gxw")],
+                         ids=["LayerNorm", "LayerNormBackwardData"])
+def test_rows_in_one_kernel_and_in_two(cp, rng, monkeypatch, op_type, kinds, rows, c, dtype):
+    """Each shape's layer norm and data gradient as one kernel (``kernels.row_sweep``) and as a
+    reduction and a sweep (``plan.ROW_SWEEP`` off), each within the tolerance of the float64
+    reference; the one-element rows' gradient exactly 0 in both."""
+    from opgraph.backends.cuda.codegen import launch, plan
+    op = op_type(normalized_shape=(c,), eps=1e-6)
+    arrays = inputs(rng, kinds, (rows, c), 1, dtype)
+    outs = []
+    for row_sweep, want in ((True, ["rowsweep"]), (False, None)):
+        monkeypatch.setattr(plan, "ROW_SWEEP", row_sweep)
+        monkeypatch.setattr(launch, "_PLANS", {})
+        outs.append(check(cp, op, arrays, dtype))
+        got = _kinds(cp, op, arrays, dtype)
+        assert (got == want) if want else "rowsweep" not in got, (row_sweep, got)
+    if c == 1 and op_type is ops.LayerNormBackwardData:
+        assert not any(o.astype("float64").any() for o in outs)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_rows_in_one_kernel_in_place(cp, rng, dtype):
+    """The layer norm written over its own input (every element read before its thread writes it)."""
+    from opgraph.backends.cuda.codegen import launch
+    op = ops.LayerNorm(normalized_shape=(96,), eps=1e-6)
+    arrays = inputs(rng, "xwb", (25088, 96), 1, dtype)
+    want = reference(op, arrays)
+    d = [dev(cp, a) for a in arrays]
+    t = op.infer(*(TensorType(a.shape, a.dtype.name) for a in arrays))
+    got = launch.run(cp, op, d, t, out=d[0])
+    assert got is d[0] and _kinds(cp, op, arrays, dtype) == ["rowsweep"]
+    assert rel_err(host(cp, got), want) < TOLERANCE[dtype]

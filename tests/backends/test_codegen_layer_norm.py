@@ -307,3 +307,37 @@ def test_one_element_rows_give_exactly_zero_under_fma_contraction(contracting_em
     out, _ = _run(op, _inputs("gxw", (6, 1), 1, "float32"), "float32")
     assert launched(contracting_emu) == ["rowsweep"]
     np.testing.assert_array_equal(out, np.zeros_like(out))
+
+
+def _column_words(source: str, index: int) -> int:
+    """The 16-byte loads of input ``index`` in a kernel's source."""
+    return source.count(f"reinterpret_cast<const uint4*>(in{index} + ")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("row_sweep", [True, False])
+def test_weight_and_bias_read_as_whole_words(emu, monkeypatch, dtype, row_sweep):
+    """A layer norm's weight and bias (packed columns of C-order rows of 96) are loaded 16 bytes
+    at a time, a vector's V columns from a multiple of V (``emit._col_vector``), in the one-kernel
+    and the two-kernel plans, and the rows still match the reference; rows of 5 (one lane a
+    vector) and a weight off the 16-byte grid (then every operand lane by lane) still match it."""
+    from opgraph.backends.cuda.codegen import launch
+    for op, kinds, cols in ((ops.LayerNorm(normalized_shape=(96,), eps=1e-5), "xwb", (1, 2)),
+                            (ops.LayerNormBackwardData(normalized_shape=(96,), eps=1e-5), "gxw", (2,))):
+        arrays = _inputs(kinds, (9, 96), 1, dtype)
+        _, err, _, launches = _plan_and_run(emu, monkeypatch, op, arrays, dtype, row_sweep)
+        assert err < TOLERANCE[dtype], (op, err)
+        assert all(any(_column_words(x.source, c) for x in launches) for c in cols), op
+        # the same weight at an address 2 or 4 bytes past the grid: every load lane by lane
+        off = [a.copy() for a in arrays]
+        for c in cols:
+            grid = np.empty(off[c].size + 1, off[c].dtype)
+            grid[1:] = off[c]
+            off[c] = grid[1:]
+        _, err_off, _, launches = _plan_and_run(emu, monkeypatch, op, off, dtype, row_sweep)
+        assert not any(_column_words(x.source, c) for x in launches for c in cols)
+        assert err_off < TOLERANCE[dtype], (op, err_off)
+        launch._PLANS.clear()
+    short = ops.LayerNorm(normalized_shape=(5,))
+    _, err, _, launches = _plan_and_run(emu, monkeypatch, short, _inputs("xwb", (37, 5), 1, dtype), dtype, row_sweep)
+    assert err < TOLERANCE[dtype] and not any(_column_words(x.source, 1) for x in launches)

@@ -199,6 +199,12 @@ class Context:
         as whole vectors), else None."""
         return None
 
+    def col_run(self, em) -> str | None:
+        """The column of lane 0 of a C-order split (``row`` / ``col``) when lane
+        ``j`` is at column ``k0 + j`` with ``k0`` a multiple of the lane count (a
+        packed column operand is then read as whole vectors), else None."""
+        return None
+
     def space_index(self, em, target: str, lane: int) -> str:
         """Index of the lane's entry in ``target`` (channel c, plane n*C + c, scalar 0)."""
         if target == "scalar":
@@ -327,6 +333,12 @@ class Sweep(Context):
         self.index(em, "c", 0)  # defines cbase
         return "cbase"
 
+    def col_run(self, em):
+        # i0 is a multiple of V and V divides K, so the vector's first column is too
+        if self.lanes == 1 or not self._row_per_vector():
+            return None
+        return self._split(em, 0, "i0", "vec", "rwv")["col"]
+
 
 class SpaceSweep(Context):
     """The element-wise kernel over the channels, the planes (``o = n*C + c``)
@@ -380,6 +392,9 @@ class Columns(Context):
     def channel_run(self, em):
         return f"(g * {self.lanes})" if self.lanes > 1 and self.target != "col" else None
 
+    def col_run(self, em):
+        return f"(g * {self.lanes})" if self.lanes > 1 and self.target == "col" else None
+
     def _index(self, em, what, lane):
         if self.target == "col":  # i0 = a * K + g * V: row a, column g * V + lane
             if what == "row":
@@ -419,6 +434,12 @@ class Rows(Context):
         if space == "channel" or self.target == "plane":
             return ("pre", False)
         return ("vec", False)
+
+    def col_run(self, em):
+        # i0 = k2 * K + j * V: the vector's first column j * V, a multiple of V (V divides K)
+        if self.lanes == 1 or self.target != "row" or self.geo.row_len % self.lanes:
+            return None
+        return f"(i0 - k2 * {self.params.scalar('KROW', self.geo.row_len)})"
 
     def _index(self, em, what, lane):
         if self.target == "row":  # i0 = k2 * K + j * V: row k2, column j * V + lane

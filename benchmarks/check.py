@@ -19,7 +19,8 @@ forward with its epilogue, backward-data with its ReLU gradient, the
 generated element-wise chains), the
 ``Pad`` / ``PadBackward`` nodes legalize puts around
 convolutions, ``Linear``, ``MatMul``, ``BiasAddBackward``, the ``pool-scan``
-rule's ``MaxPool2dScan`` and the ``relu-bias-sums`` rule's ``ReluBackwardSums``, whose
+rule's ``MaxPool2dScan``, the ``relu-bias-sums`` rule's ``ReluBackwardSums`` and the
+``ln-backward-sums`` rule's ``LayerNormBackwardDataSums``, whose
 filled slots (``Op.fills``) are checked as a second result against their own values)
 on the float64
 reference values of its inputs, rounded to the graph's dtype and stored in
@@ -104,11 +105,13 @@ from .protocol import LAYER_FAMILIES, TrainingGraph
 #: Abstract ops whose steps the per-node check runs (see the module docstring).
 CHECKED_OPS = frozenset({t.__name__ for f in LAYER_FAMILIES for t in of_family(f)}
                         | {"Pad", "PadBackward", "BiasAddBackward", "FusedElementwise", "MaxPool2dScan",
-                           "ReluBackwardSums"})
+                           "ReluBackwardSums", "LayerNormBackwardDataSums"})
 #: (lowered op, abstract op at the same node id) pairs computing the same value.
 _SAME_VALUE = {("PadBackward", "Conv2dBackwardData"), ("MaxPool2dTake", "MaxPool2d"), ("MaxPool2dScan", "MaxPool2d"),
                ("ReluBackwardSums", "ReluBackward"), ("ReluBackwardSums", "ThresholdBackward"),  # at threshold 0
                ("ReluBackwardSumsSlot", "BiasAddBackward"),
+               ("LayerNormBackwardDataSums", "LayerNormBackwardData"),
+               ("LayerNormBackwardScaleSlot", "LayerNormBackwardScale"),
                ("BatchNormTrainingBackwardDataFromSums", "BatchNormTrainingBackwardData"),
                ("BatchNormBackwardSumsRow", "BatchNormTrainingBackwardScale"), ("BatchNormBackwardSumsRow", "BiasAddBackward")}
 _REFERENCE_ALGORITHMS = ("reference", "direct")

@@ -15,7 +15,8 @@ the saved window indices of a max pooling (``MaxPool2dArgmax``), which
 padding cell at the border and read -inf there; and for the slot a
 ``MaxPool2dScan`` fills (``MaxPool2dArgmaxSlot``), whose value is the
 argmax the candidate's own must equal; and for the bias gradient a
-``ReluBackwardSums`` fills (``ReluBackwardSumsSlot``).
+``ReluBackwardSums`` fills (``ReluBackwardSumsSlot``), and the layer-norm weight gradient a
+``LayerNormBackwardDataSums`` fills (``LayerNormBackwardScaleSlot``).
 
 One pass run draws each array once (:class:`InputPool`): the arrays are keyed
 by input position and type, so the many nodes of a model that read the same
@@ -42,7 +43,7 @@ REFERENCE_ALGORITHMS = ("reference", "direct")
 #: Producer op types whose output, read by a node together with the
 #: producer's own inputs, must be recomputed from them (module docstring).
 CONSISTENT_PRODUCERS = (ops.BatchNormStats, ops.MaxPool2dArgmax, ops.MaxPool2dArgmaxSlot,
-                        ops.ReluBackwardSumsSlot)
+                        ops.ReluBackwardSumsSlot, ops.LayerNormBackwardScaleSlot)
 
 
 def random_inputs(in_types, xp, seed: int, dtype: str | None = None) -> list:

@@ -52,7 +52,12 @@ every one off, and nothing else (the fused ops' rules carry the tag
    threshold 0, the same mask) left out of the chains -> the ReLU
    gradient fills the bias gradient's slot with its per-channel sums in the same pass
    (``ReluBackwardSums``, ``ReluBackwardSumsSlot``; ``passes/fuse_relu_bias_sums.py``; opt-in on
-   the CPU's oracle kernels).
+   the CPU's oracle kernels);
+12. ``ln-backward-sums``: a layer norm's weight gradient beside its data gradient (the same gy,
+   x, ``normalized_shape`` and ``eps``) -> the data gradient's one-kernel row sweep fills the
+   weight gradient's slot with its column sums (``LayerNormBackwardDataSums``,
+   ``LayerNormBackwardScaleSlot``; ``passes/fuse_ln_backward_sums.py``; opt-in on the CPU's
+   oracle kernels).
 
 The epilogues come first so that a convolution's ReLU goes to cuDNN's fused
 graph, not to a generated kernel; the batch-norm rule before the element-wise
@@ -111,6 +116,7 @@ from .base import Pass, PassContext
 from .fold_bn import BN_FOLD
 from .fuse_bn_backward import BN_BACKWARD_SUMS
 from .fuse_elementwise import ELEMENTWISE, GRADIENT_SUM
+from .fuse_ln_backward_sums import LN_BACKWARD_SUMS
 from .fuse_pool_argmax import POOL_ARGMAX
 from .fuse_pool_scan import POOL_SCAN
 from .fuse_relu_bias_sums import RELU_BIAS_SUMS
@@ -286,6 +292,7 @@ TABLE: tuple[FusionRule, ...] = (
     GRADIENT_SUM,
     ELEMENTWISE,
     RELU_BIAS_SUMS,
+    LN_BACKWARD_SUMS,
 )
 
 

@@ -31,7 +31,7 @@ from opgraph import ops
 from opgraph.types import TensorType
 
 from ..registry import Rule, register
-from . import codegen_sources
+from . import codegen_ln_sums, codegen_sources
 from .codegen import launch, movement
 from .codegen.expressions import EXPRESSIONS
 from .codegen.ir import PlanError
@@ -119,11 +119,27 @@ MOVEMENT = {
 }
 
 
+def _data_sums_check(op, in_types, device) -> str | None:
+    return codegen_ln_sums.data_sums_check(op, in_types, device, _storage_reason)
+
+
+#: op type -> (node kernel, check) of the generated kernels that fill a slot input or only
+#: allocate one (``ln-backward-sums``: ``codegen_ln_sums.py``), not :func:`run_generated`
+SLOT_KERNELS = {
+    ops.LayerNormBackwardDataSums: (codegen_ln_sums.data_sums_kernel, _data_sums_check),
+    ops.LayerNormBackwardScaleSlot: (codegen_ln_sums.scale_slot_kernel, lambda op, types, device:
+                                     _storage_reason(types)),
+}
+
+
 def register_rules() -> None:
     """Register every ``codegen`` rule (idempotent). All capture into CUDA
     graphs: a generated kernel's plan and scratch are made on its first
     (uncaptured) run, its shapes are launch arguments, a view is no launch."""
-    for op_type in (*EXPRESSIONS, ops.FusedElementwise):
+    for op_type, (kernel, op_check) in SLOT_KERNELS.items():
+        register(Rule(op_type, "codegen", kernel, devices={"cuda"}, check=op_check, tags=TAGS,
+                      variants=codegen_sources.one_variant(), fresh_output=True, capturable=True))
+    for op_type in (t for t in (*EXPRESSIONS, ops.FusedElementwise) if t not in SLOT_KERNELS):
         register(Rule(op_type, "codegen", run_generated, devices={"cuda"}, check=check, tags=TAGS,
                       variants=codegen_sources.one_variant(), inplace=INPLACE.get(op_type), fresh_output=True,
                       capturable=True, writes_strided_out=op_type in STRIDED_OUT))
@@ -134,4 +150,4 @@ def register_rules() -> None:
 
 register_rules()
 
-__all__ = ["TAGS", "INPLACE", "STRIDED_OUT", "MOVEMENT", "check", "movement_check", "run_generated", "register_rules"]
+__all__ = ["TAGS", "INPLACE", "STRIDED_OUT", "MOVEMENT", "SLOT_KERNELS", "check", "movement_check", "run_generated", "register_rules"]

@@ -104,16 +104,23 @@ class LayerNormBackwardData(_LayerNormFamily):
         return 14 * out.size
 
     def vjp(self, node, v, wanted):
-        # dx = rstd * P(gy * weight), P self-adjoint per row: <v, dx> = <rstd * P(v), gy * weight>.
-        gy, x, *weight = node.inputs
-        g, p = node.graph, self.params()
-        unit = g.apply(LayerNormBackwardData, p, [v, x]) if wanted[0] or (weight and wanted[2]) else None
-        d_gy = (g.apply(Mul, {}, [unit, weight[0]]) if weight else unit) if wanted[0] else None
-        d_x = g.apply(LayerNormDoubleBackward, p, [v, gy, x, *weight]) if wanted[1] else None
-        d_w = None
-        if weight and wanted[2]:
-            d_w = g.apply(SumTo, {"shape": self.normalized_shape}, [g.apply(Mul, {}, [gy, unit])])
-        return (d_gy, d_x, d_w)[:len(node.inputs)]
+        return data_gradient_vjp(self, node.graph, node.inputs, v, wanted)
+
+
+def data_gradient_vjp(op, g, inputs, v, wanted) -> tuple:
+    """The cotangents of ``LayerNormBackwardData``'s ``inputs`` (gy, x[, weight]) in graph ``g``
+    for the cotangent ``v`` of dx (``op``: its parameters); shared with the fused data gradient
+    that fills the weight gradient (``layer_norm_sums.py``)."""
+    # dx = rstd * P(gy * weight), P self-adjoint per row: <v, dx> = <rstd * P(v), gy * weight>
+    gy, x, *weight = inputs
+    p = op.params()
+    unit = g.apply(LayerNormBackwardData, p, [v, x]) if wanted[0] or (weight and wanted[2]) else None
+    d_gy = (g.apply(Mul, {}, [unit, weight[0]]) if weight else unit) if wanted[0] else None
+    d_x = g.apply(LayerNormDoubleBackward, p, [v, gy, x, *weight]) if wanted[1] else None
+    d_w = None
+    if weight and wanted[2]:
+        d_w = g.apply(SumTo, {"shape": op.normalized_shape}, [g.apply(Mul, {}, [gy, unit])])
+    return (d_gy, d_x, d_w)[:len(inputs)]
 
 
 @attrs.frozen
@@ -132,11 +139,17 @@ class LayerNormBackwardScale(_LayerNormFamily):
 
     def vjp(self, node, v, wanted):
         x, gy = node.inputs
-        g, p = node.graph, self.params()
-        # sum(gy * xhat * v): d/dx is the data gradient with weight v, d/dgy xhat * v.
-        d_x = g.apply(LayerNormBackwardData, p, [gy, x, v]) if wanted[0] else None
-        d_gy = g.apply(LayerNorm, p, [x, v]) if wanted[1] else None
-        return (d_x, d_gy)
+        return scale_vjp(self, node.graph, x, gy, v, wanted)
+
+
+def scale_vjp(op, g, x, gy, v, wanted) -> tuple:
+    """``(d_x, d_gy)`` of ``LayerNormBackwardScale(x, gy)`` for the cotangent ``v`` of the weight
+    gradient (``wanted``: for x, for gy); shared with its slot (``layer_norm_sums.py``).
+    sum(gy * xhat * v): d/dx is the data gradient with weight v, d/dgy xhat * v."""
+    p = op.params()
+    d_x = g.apply(LayerNormBackwardData, p, [gy, x, v]) if wanted[0] else None
+    d_gy = g.apply(LayerNorm, p, [x, v]) if wanted[1] else None
+    return (d_x, d_gy)
 
 
 @attrs.frozen

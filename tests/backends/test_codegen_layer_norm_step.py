@@ -6,7 +6,9 @@ generated kernels (``codegen`` in the report), run through the g++ emulator
 in the whole graph (the executor's layout changes around them included), and
 the step matches the float64 reference pipeline by the criterion of the other
 emulated training steps (``tests/fused_training_steps.py``), with and without the
-first Linear's bias add recomputed for the GELU's gradient (``bias-remat``)."""
+first Linear's bias add recomputed for the GELU's gradient (``bias-remat``), and with and
+without the layer norm's weight gradient filled by its data gradient's kernel
+(``ln-backward-sums``)."""
 
 from __future__ import annotations
 
@@ -33,15 +35,22 @@ def test_a_convnext_block_trains_on_the_generated_kernels(emu, dtype):
     ref = og.compile(outs, pipeline="reference", dtype="float64")(**feeds)
     exe = emulated_cuda_executable(outs, {"layout": "NHWC"}, dtype)
     off = emulated_cuda_executable(outs, {"layout": "NHWC", "exclude": ["fused"]}, dtype)
-    for run in (exe, off):
+    apart = emulated_cuda_executable(outs, {"layout": "NHWC", "exclude": ["ln-backward-sums"]}, dtype)
+    # ln-backward-sums: the weight gradient filled by the data gradient's kernel, unless excluded
+    fused = {"LayerNorm", "LayerNormBackwardDataSums", "LayerNormBackwardScaleSlot"}
+    pair = {"LayerNorm", "LayerNormBackwardData", "LayerNormBackwardScale"}
+    for run, ln_ops in ((exe, fused), (off, pair), (apart, pair)):
         algorithms = {st.op.op.name: st.op.algorithm for st in run.steps
                       if st.op.op.name.startswith("LayerNorm") or st.op.op.name == "SumTo"}
-        assert {"LayerNorm", "LayerNormBackwardData", "LayerNormBackwardScale"} <= set(algorithms)
+        assert ln_ops <= set(algorithms) and not (fused | pair) - ln_ops & set(algorithms), algorithms
         assert set(algorithms.values()) == {"codegen"}, algorithms
         assert not {st.op.algorithm for st in run.steps} & {"reference", "direct"}
+    assert exe.report.fusion["ln-backward-sums"] == {"applied": 1, "declined": 0}
+    assert apart.report.fusion["ln-backward-sums"] == off.report.fusion["ln-backward-sums"] == {"excluded": True}
     got = exe(**feeds)
     assert {a.dtype.name for a in got[:1 + n_grads]} == {dtype}
     assert not step_failures(got, off(**feeds), ref, n_grads, dtype)
+    assert not step_failures(apart(**feeds), off(**feeds), ref, n_grads, dtype)
 
 
 def recomputed(notes) -> bool:

@@ -209,12 +209,24 @@ class Builder:
         self.trailing = 0
         self.nodes: list[Node] = []
         self._memo: dict[Node, Val] = {}
+        #: ``(node, input)``: a full value also summed per column into program input ``input``
+        #: (:meth:`fill_columns`), else None
+        self.fill: tuple | None = None
 
     def _add(self, node: Node) -> Val:
         if node not in self._memo:  # equal nodes (the same load twice) are one value
             self.nodes.append(node)
             self._memo[node] = Val(len(self.nodes) - 1, node.space)
         return self._memo[node]
+
+    def fill_columns(self, x: Val, slot: Ext) -> None:
+        """Also sum the full value ``x`` over the rows (a ``col`` sum) into the buffer of input
+        ``slot``, which the program writes instead of reading (``Op.fills``: a layer norm's weight
+        gradient beside its data gradient). Only the one-kernel row sweep takes such a sum, while
+        each row is on chip (``plan.lower`` raises where it cannot run)."""
+        if x.space != "full" or not self.trailing or not isinstance(slot, Ext) or self.fill is not None:
+            raise PlanError("a column sum filled into an input: one full value of a row-split program")
+        self.fill = (x.node, slot.index)
 
     # ---- operands -------------------------------------------------------
     def value(self, x, as_shape=None) -> Val:

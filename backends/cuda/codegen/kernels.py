@@ -390,18 +390,19 @@ def _run_sizes(p, split: dict, lanes: int, splits: bool = True) -> dict:
     return names
 
 
-def _run_sums(em: Emitter, group, acc: list[str], lanes: int, split: dict, sizes: dict) -> str:
+def _run_sums(em: Emitter, group, acc: list[str], lanes: int, split: dict, sizes: dict, slots: int = 0) -> str:
     """A C-order reduction kernel's body up to its tree (:func:`rows`): block
     ``(x, y, k1)``'s ``EB = 256 / TE`` entries ``k2`` (``active``: within ``K2``),
     each summed over the vectors ``[j0, j1)`` of split ``y`` by the ``TE``
     threads ``lt`` of the entry, then added by a fixed tree: after it, sum
     ``r`` of the thread's entry is ``red[r * 256 + tid - lt]``. ``em``: the
     reduction's Emitter (a :class:`Rows` context), ``acc`` its sums
-    (:func:`_accumulators`), ``sizes``: :func:`_run_sizes`."""
+    (:func:`_accumulators`), ``sizes``: :func:`_run_sizes`; ``slots``: the sums a thread keeps in
+    ``red`` later, if more than ``k`` (:func:`row_sweep`'s column sums)."""
     p, k = em.params, len(group.nodes)
     k2, jv, per, te, eb = (sizes[key] for key in ("K2", "JV", "PER", "TE", "EB"))
     loop = _strided_loop(em, acc, split.get("ROWS", 1), "j", "j0 + lt", "j1", te, _run_step(p, split, lanes))
-    return f"""    __shared__ CT red[{k * THREADS}];
+    return f"""    __shared__ CT red[{max(k, slots) * THREADS}];
     const IDX tid = threadIdx.x, lt = tid % {te}, k1 = blockIdx.z;
     const IDX kraw = (IDX)blockIdx.x * {eb} + tid / {te};
     const bool active = kraw < {k2};
@@ -455,7 +456,7 @@ def rows(name, program, geo, params, lanes, group, reduced, split, finish_code) 
 
 
 def row_sweep(name, program, geo, params, lanes, group, split, out_node: int, out_dtype: str,
-              restrict: bool = True) -> str:
+              restrict: bool = True, fill: int | None = None) -> str:
     """One kernel for a program whose reductions are ``row`` sums of one depth
     and whose output is full-size (``plan.ROW_SWEEP`` says when): each block
     reduces its ``EB`` rows as :func:`rows` does with one split (``split``
@@ -471,26 +472,71 @@ def row_sweep(name, program, geo, params, lanes, group, split, out_node: int, ou
     row's first element, the shift of its moments) are read where it computed
     them, before any thread of the block stored: with ``restrict`` False (the
     output is an input's buffer) every element is read before its own thread
-    overwrites it, and each thread writes only the vectors it re-read."""
+    overwrites it, and each thread writes only the vectors it re-read.
+
+    ``fill``: a full node also summed per column over the block's rows (a layer norm's weight
+    gradient, ``plan._filled``): each thread keeps the value of each lane of each vector it
+    writes in its own slots of ``red`` (``VPT * V`` of them, VPT the most vectors a thread
+    takes; zero where it takes fewer, or its row is past the last), a fixed tree over the
+    block's ``EB`` rows adds the threads holding the same columns (``tid % TE`` alike), and the
+    row's first ``TE`` threads write the block's sums to ``part[blockIdx.x * K + column]``
+    (``K`` the row length: :func:`finalize`'s layout with one sum, ``S`` = the blocks)."""
     nodes, dtypes = program
     em = Emitter(nodes, dtypes, Rows(geo, params, lanes, group.target), {})
     acc = _accumulators(em, group, lanes, per_lane=False)
     sizes = _run_sizes(params, split, lanes, splits=False)
-    sums = _run_sums(em, group, acc, lanes, split, sizes)
+    vpt = -(-split["PER"] // split["TE"])
+    slots = vpt * lanes if fill is not None else 0
+    sums = _run_sums(em, group, acc, lanes, split, sizes, slots)
     local = {k: ("local", f"s{r}") for r, k in enumerate(group.nodes)}
     out = Emitter(nodes, dtypes, Rows(geo, params, lanes, group.target), local)
     out.inherit(em)
     values = [out.ref(out_node, j) for j in range(lanes)]
     stores = vector_store(storage_of(out_dtype), _out_pointer(params, out_dtype), "i0", values, "o")
-    loop = _strided_loop(out, stores, split.get("ROWS", 1), "j", "j0 + lt", "j1", sizes["TE"],
-                         _run_step(params, split, lanes))
-    body = f"""{sums}{_indent([f"const CT s{r} = red[{r * THREADS} + tid - lt];" for r in range(len(local))], 4)}
+    te = sizes["TE"]
+    if fill is not None:  # after the stores, as the sums' terms: the same loop keeps them
+        stores += [f"red[((j - lt) / {te} * {lanes} + {j}) * {THREADS} + tid] = {out.ref(fill, j)};"
+                   for j in range(lanes)]
+    loop = _strided_loop(out, stores, split.get("ROWS", 1), "j", "j0 + lt", "j1", te, _run_step(params, split, lanes))
+    keep = _indent([f"const CT s{r} = red[{r * THREADS} + tid - lt];" for r in range(len(local))], 4)
+    if fill is not None:  # every thread read its row's sums before red holds the column sums
+        keep += (f"\n    __syncthreads();\n    for (int q = 0; q < {slots}; ++q) red[q * {THREADS} + tid] = 0;")
+    body = f"""{sums}{keep}
     if (active) {{
 {out.body("pre")}
 {loop}
     }}
-"""
+{"" if fill is None else _block_columns(params, geo, split, lanes, slots, sizes)}"""
     return source(name, geo.ct, params, body, restrict, min_blocks=split.get("MIN_BLOCKS", 0))
+
+
+def _block_columns(params, geo, split: dict, lanes: int, slots: int, sizes: dict) -> str:
+    """:func:`row_sweep`'s column sums of its block: the tree over the block's rows (threads
+    ``tid % TE`` alike hold the same columns, in rows ``e = tid / TE``), then the block's sums
+    written by its first row's threads, vector ``j = lt + q * TE`` of the row (if the row has
+    it) at ``part[blockIdx.x * K + j * V + lane]``."""
+    te, eb, jv = sizes["TE"], sizes["EB"], sizes["JV"]
+    row = params.scalar("KROW", geo.row_len)
+    part = params.pointer("part", geo.ct, "part", const=False)
+    writes = " ".join(f"{part}[(IDX)blockIdx.x * {row} + j * {lanes} + {j}] = red[(q * {lanes} + {j}) * {THREADS} "
+                      f"+ tid];" for j in range(lanes))
+    return f"""    __syncthreads();
+    const IDX e = tid / {te};
+{_tree(slots, "e", eb, te, "true", str(_half(THREADS // split["TE"])))}    if (tid < {te}) {{
+        for (int q = 0; q < {slots // lanes}; ++q) {{
+            const IDX j = lt + q * {te};
+            if (j < {jv}) {{ {writes} }}
+        }}
+    }}
+"""
+
+
+def fill_finish(params, dtype: str, slot: int) -> str:
+    """:func:`finalize`'s finishing code of a filled input (``plan._filled``): the column's sum
+    ``s0`` rounded once into input ``slot``'s storage at the column ``i0``."""
+    st = storage_of(dtype)
+    fill = params.pointer("fill", st.ctype, ("in", slot), const=False)
+    return f"            {fill}[i0] = {st.store('s0')};"
 
 
 def finalize(name, ct, params, group, split, finish_code) -> str:
@@ -509,4 +555,4 @@ def finalize(name, ct, params, group, split, finish_code) -> str:
 
 
 __all__ = ["THREADS", "source", "sweep", "space_sweep", "finish", "combine", "columns", "rows", "row_sweep",
-           "finalize"]
+           "finalize", "fill_finish"]

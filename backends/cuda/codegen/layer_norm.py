@@ -18,6 +18,9 @@ Formulas: ``backends/reference/normalization.py`` (the op docstrings):
 * ``LayerNorm``: ``xhat * weight + bias``;
 * ``LayerNormBackwardData``: ``rstd (g - <g> - xhat <g xhat>)``, ``g = gy weight``;
 * ``LayerNormBackwardScale``: ``sum(gy xhat)`` over the leading axes;
+* ``LayerNormBackwardDataSums``: the data gradient, and the weight gradient's terms ``gy xhat``
+  summed per column into its slot input while the row sweep has each row on chip
+  (``Builder.fill_columns``, ``kernels.row_sweep``; ``opgraph/ops/layer_norm_sums.py``);
 * ``LayerNormDoubleBackward``: ``-rstd^2 (xhat (<v g> - <v><g> - 3 <v xhat><g
   xhat>) + (v - <v>) <g xhat> + (g - <g>) <v xhat>)``.
 """
@@ -103,10 +106,24 @@ def _layer_norm_backward_data(b, op, types, gy, x, *weight):
     return b.expr("({0} * ({1} - {2} - {3} * {4}))", s.rstd, g, mean_g, xhat(b, s), mean_gx)
 
 
+def _weight_gradient_terms(b, op, x, gy):
+    """``gy * xhat``: the terms of the weight gradient, each row's (``sum`` over the rows)."""
+    return b.expr("({0} * {1})", b.value(gy), xhat(b, row_stats(b, x, len(op.normalized_shape), op.eps)))
+
+
 @expression(ops.LayerNormBackwardScale, iterates="in")
 def _layer_norm_backward_scale(b, op, types, x, gy):
-    k = len(op.normalized_shape)
-    return b.reduce(b.expr("({0} * {1})", b.value(gy), xhat(b, row_stats(b, x, k, op.eps))), "col", k)
+    return b.reduce(_weight_gradient_terms(b, op, x, gy), "col", len(op.normalized_shape))
+
+
+@expression(ops.LayerNormBackwardDataSums)
+def _layer_norm_backward_data_sums(b, op, types, gy, x, weight, dw):
+    """The data gradient, its weight gradient's terms summed per column into ``dw`` by the
+    one-kernel row sweep (``Builder.fill_columns``; the terms share the data gradient's
+    statistics and xhat: equal nodes are one)."""
+    dx = _layer_norm_backward_data(b, op, types[:3], gy, x, weight)
+    b.fill_columns(_weight_gradient_terms(b, op, x, gy), dw)
+    return dx
 
 
 @expression(ops.LayerNormDoubleBackward)

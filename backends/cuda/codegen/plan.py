@@ -166,6 +166,7 @@ class Built:
     rows: tuple              # else the output rows (node ids) of ``target``
     target: str | None
     trailing: int = 0        # k of the program's ``row`` / ``col`` split (``ir``), 0 if none
+    fill: tuple | None = None  # (node, input): column sums filled into an input (``Builder.fill_columns``)
 
 
 def _iteration_shape(program: Program, types) -> tuple | None:
@@ -228,7 +229,9 @@ def _build(program, types, out_type, full, packable: frozenset) -> Built:
     if b.packed and any(n.kind == "reduce" and n.target not in SPLIT_SPACES for n in b.nodes):
         raise PackingError("a reduction to channels, planes or one value beside a packed column operand")
     if len(outs) == 1 and full is not None and tuple(out_type.shape) == full:
-        return Built(b.nodes, dtypes, full, channels, outs[0].node, (), None, b.trailing)
+        return Built(b.nodes, dtypes, full, channels, outs[0].node, (), None, b.trailing, b.fill)
+    if b.fill is not None:
+        raise PlanError("column sums filled into an input beside an output that is not full-size")
     stacked = len(program.outputs) > 1 or isinstance(values[program.outputs[0]], Stacked)
     row_shape = tuple(out_type.shape[1:] if stacked else out_type.shape)
     if full is None:
@@ -424,8 +427,13 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
     wide = max([geo.total, out_type.size, *(t.size for t in types), *spans]) >= INT32_LIMIT
     groups = _groups(built)
     one = _row_sweep(built, geo, wide, groups, out_type.dtype, aligned, inplace)
+    if one is not None and built.fill is not None:
+        return _filled(built, geo, wide, one, types[built.fill[1]].dtype, layout)
     if one is not None:
         return Lowered((one,), {}, ct, layout)
+    if built.fill is not None:
+        raise PlanError("column sums filled into an input need the one-kernel row sweep (ROW_SWEEP: an "
+                        f"unsplit row of at most {ROW_SWEEP_VECTORS} vectors a thread); not these rows")
     launches, temps, reduced = [], {}, {}
     writer = bool(groups) and built.out_node is None and groups[-1].target == built.target
     for g, group in enumerate(groups):
@@ -528,9 +536,27 @@ def _row_sweep(built, geo, wide, groups, out_dtype, aligned, inplace) -> Launch 
     _loads_per_iteration(split, summed, lanes)
     params = Params(wide)
     program = (built.nodes, built.dtypes)
+    fill = None if built.fill is None else built.fill[0]
     name, text = _named(lambda n: kernels.row_sweep(n, program, geo, params, lanes, group, split, built.out_node,
-                                                    out_dtype, restrict=not inplace), "rowsweep")
+                                                    out_dtype, restrict=not inplace, fill=fill), "rowsweep")
     return Launch(name, text, params, grid)
+
+
+def _filled(built, geo, wide, sweep: Launch, fill_dtype: str, layout) -> Lowered:
+    """The row sweep ``sweep`` that also wrote each block's column sums of ``built.fill``
+    (``kernels.row_sweep``), then a ``kernels.finalize`` launch adding the blocks' sums of each
+    column in a fixed order (the same bits whatever the timing), rounded once into the filled
+    input (``kernels.fill_finish``)."""
+    blocks, columns = sweep.grid[0], geo.row_len
+    split = dict(S=blocks, K2=columns, CEB=_combine_entries(columns, blocks))
+    params = Params(wide)
+    group = Group("col", (built.fill[0],), 0, "fill")
+
+    def finish(lane):
+        return kernels.fill_finish(params, fill_dtype, built.fill[1])
+    name, text = _named(lambda n: kernels.finalize(n, geo.ct, params, group, split, finish), "fillsums")
+    final = Launch(name, text, params, (-(-columns // split["CEB"]), 1, 1))
+    return Lowered((sweep, final), {"part": blocks * columns}, geo.ct, layout)
 
 
 def _tile_groups(loads, lanes: int, groups: int) -> int:

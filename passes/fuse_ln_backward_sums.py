@@ -37,8 +37,6 @@ candidate's weight gradient (a poisoned copy of the slot) against the float64
 
 from __future__ import annotations
 
-import networkx as nx
-
 from opgraph.graph import Graph, NodeView
 from opgraph.op import abstract_of
 from opgraph.ops import (LayerNormBackwardData, LayerNormBackwardDataSums, LayerNormBackwardScale,
@@ -47,7 +45,7 @@ from opgraph.types import run_type
 
 from .base import PassContext
 from .fuse_elementwise import OPT_IN, OPT_IN_HINT, oracle_waits
-from .pattern import FusionRule, Match, Scope, forced_elsewhere, lowered_for, report_rewrite
+from .pattern import FusionRule, Match, Scope, lowered_slot_pair, rewrite_slot_pair, slot_match
 
 NAME = "ln-backward-sums"
 LABEL = "layer-norm weight gradient(s) written by the data gradient"
@@ -79,15 +77,7 @@ def match_ln_backward_sums(scope: Scope, view: NodeView) -> Match | None:
         scope.note(NAME, f"on {scope.algorithm(dx)} the weight gradient in the data gradient saves no pass; "
                          f"{OPT_IN_HINT}", waits_for=OPT_IN)
         return None
-    # after the rewrite dx fills dw: a reader of dw must descend from dx by a path not through dw
-    without_dw = nx.restricted_view(scope.graph.nx, [view.id], [])
-    early = [r for r in scope.readers(view.id) if not nx.has_path(without_dw, dx, r)]
-    if early:
-        scope.note(NAME, f"a reader of the weight gradient does not run after the data gradient "
-                         f"({scope.graph.node(early[0]).name})")
-        return None
-    # dx comes to read the slot, which sits after it in the scope's order: re-placed after the rewrite
-    return Match(view.id, (), LABEL, dx, rewired=(dx,))
+    return slot_match(scope, NAME, LABEL, view.id, dx, ("weight gradient", "data gradient"))
 
 
 def _lowered_pair(graph: Graph, data, scale, algorithms, ctx: PassContext):
@@ -96,17 +86,11 @@ def _lowered_pair(graph: Graph, data, scale, algorithms, ctx: PassContext):
     op = abstract_of(data.op)
     gy, x, w = (run_type(v.type, ctx.dtype) for v in data.inputs)  # as they run (compile's dtype)
     dw = run_type(scale.type, ctx.dtype)
-    why = None
-    for algorithm in algorithms:
-        slot = lowered_for(LayerNormBackwardScaleSlot(**op.params()), (gy, x), algorithm, ctx, {},
-                           what="layer-norm weight gradient slot")
-        fused = lowered_for(LayerNormBackwardDataSums(**op.params()), (gy, x, w, dw), algorithm, ctx, {},
-                            what="layer-norm data gradient writing its weight gradient")
-        why = next((w for w in (slot, fused) if isinstance(w, str)), None) \
-            or forced_elsewhere(graph, data.id, [data.id, scale.id], algorithm, ctx)
-        if why is None:
-            return slot, fused
-    return why
+    return lowered_slot_pair(graph, (LayerNormBackwardScaleSlot(**op.params()), (gy, x),
+                                     "layer-norm weight gradient slot"),
+                             (LayerNormBackwardDataSums(**op.params()), (gy, x, w, dw),
+                              "layer-norm data gradient writing its weight gradient"),
+                             [data.id, scale.id], algorithms, ctx)
 
 
 def fuse_ln_backward_sums(graph: Graph, m: Match, ctx: PassContext) -> str | None:
@@ -115,14 +99,7 @@ def fuse_ln_backward_sums(graph: Graph, m: Match, ctx: PassContext) -> str | Non
     scale, data = graph.node(m.root), graph.node(m.data)
     gy, x, w = data.inputs
     pair = _lowered_pair(graph, data, scale, dict.fromkeys((data.op.algorithm, "codegen")), ctx)
-    if isinstance(pair, str):
-        return pair
-    slot, fused = pair
-    graph.rewrite(scale.id, slot, [gy, x])
-    report_rewrite(ctx, scale.name, slot)
-    graph.rewrite(data.id, fused, [gy, x, w, graph.value(scale.id)])
-    report_rewrite(ctx, data.name, fused)
-    return None
+    return rewrite_slot_pair(graph, ctx, pair, scale, [gy, x], data, [gy, x, w])
 
 
 LN_BACKWARD_SUMS = FusionRule(NAME, match_ln_backward_sums, fuse_ln_backward_sums)

@@ -47,8 +47,6 @@ Autotune checks each candidate's sums (a poisoned copy of the slot) against the 
 
 from __future__ import annotations
 
-import networkx as nx
-
 from opgraph.graph import Graph, NodeView
 from opgraph.op import abstract_of
 from opgraph.ops import BiasAddBackward, ReluBackward, ReluBackwardSums, ReluBackwardSumsSlot, ThresholdBackward
@@ -56,7 +54,7 @@ from opgraph.types import run_type
 
 from .base import PassContext
 from .fuse_elementwise import OPT_IN, OPT_IN_HINT, oracle_waits
-from .pattern import FusionRule, Match, Scope, forced_elsewhere, lowered_for, report_rewrite
+from .pattern import FusionRule, Match, Scope, lowered_slot_pair, rewrite_slot_pair, slot_match
 
 NAME = "relu-bias-sums"
 LABEL = "bias gradient(s) written by the ReLU gradient they sum"
@@ -84,15 +82,7 @@ def match_relu_bias_sums(scope: Scope, view: NodeView) -> Match | None:
         scope.note(NAME, "a ReLU gradient read by its bias gradient alone: fused, nothing would read "
                          f"the ReLU gradient that writes the sums ({scope.graph.node(g).name})")
         return None
-    # after the rewrite b reads y and gy, not g: a reader of b must descend from g by another path
-    without_b = nx.restricted_view(scope.graph.nx, [view.id], [])
-    early = [r for r in scope.readers(view.id) if not nx.has_path(without_b, g, r)]
-    if early:
-        scope.note(NAME, f"a reader of the bias gradient does not run after the ReLU gradient "
-                         f"({scope.graph.node(early[0]).name})")
-        return None
-    # g comes to read the slot, which sits after it in the scope's order: re-placed after the rewrite
-    return Match(view.id, (), LABEL, g, rewired=(g,))
+    return slot_match(scope, NAME, LABEL, view.id, g, ('bias gradient', 'ReLU gradient'))
 
 
 def _lowered_pair(graph: Graph, relu, bias, algorithms, ctx: PassContext):
@@ -100,15 +90,9 @@ def _lowered_pair(graph: Graph, relu, bias, algorithms, ctx: PassContext):
     policy forces neither node away from, or why not (the last algorithm's reason)."""
     # the values as they run (compile(dtype=...) applied): what the cuda rule's check reads
     y, gy, b = (run_type(v.type, ctx.dtype) for v in (*relu.inputs, bias))
-    why = None
-    for algorithm in algorithms:
-        slot = lowered_for(ReluBackwardSumsSlot(), (y, gy), algorithm, ctx, {}, what="bias gradient slot")
-        sums = lowered_for(ReluBackwardSums(), (y, gy, b), algorithm, ctx, {}, what="ReLU gradient writing its sums")
-        why = next((w for w in (slot, sums) if isinstance(w, str)), None) \
-            or forced_elsewhere(graph, relu.id, [relu.id, bias.id], algorithm, ctx)
-        if why is None:
-            return slot, sums
-    return why
+    return lowered_slot_pair(graph, (ReluBackwardSumsSlot(), (y, gy), "bias gradient slot"),
+                             (ReluBackwardSums(), (y, gy, b), "ReLU gradient writing its sums"),
+                             [relu.id, bias.id], algorithms, ctx)
 
 
 def fuse_relu_bias_sums(graph: Graph, m: Match, ctx: PassContext) -> str | None:
@@ -117,14 +101,7 @@ def fuse_relu_bias_sums(graph: Graph, m: Match, ctx: PassContext) -> str | None:
     bias, relu = graph.node(m.root), graph.node(m.data)
     y, gy = relu.inputs
     pair = _lowered_pair(graph, relu, bias, dict.fromkeys((relu.op.algorithm, "cuda")), ctx)
-    if isinstance(pair, str):
-        return pair
-    slot, sums = pair
-    graph.rewrite(bias.id, slot, [y, gy])
-    report_rewrite(ctx, bias.name, slot)
-    graph.rewrite(relu.id, sums, [y, gy, graph.value(bias.id)])
-    report_rewrite(ctx, relu.name, sums)
-    return None
+    return rewrite_slot_pair(graph, ctx, pair, bias, [y, gy], relu, [y, gy])
 
 
 RELU_BIAS_SUMS = FusionRule(NAME, match_relu_bias_sums, fuse_relu_bias_sums)

@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Sequence
 
 import attrs
+import networkx as nx
 
 from opgraph.backends.registry import rules_for
 from opgraph.graph import Graph, NodeView, Value
@@ -357,6 +358,54 @@ def lowered_for(fused: Op, types: Sequence, algorithm: str, ctx: PassContext, op
     return why or Lowered(fused, algorithm, ctx.device, options)
 
 
+def slot_match(scope: "Scope", rule: str, label: str, slot: int, filler: int,
+               what: tuple[str, str]) -> Match | None:
+    """The match of a rule making node ``slot`` a slot that ``filler`` fills (``Op.fills``; the
+    match's root and data), or None where a reader of ``slot`` does not descend from ``filler`` by
+    a path avoiding ``slot``: it would read the slot before it is written (``passes/verify.py``'s
+    condition), noted in the words ``what`` (the slot's value, the filler)."""
+    without = nx.restricted_view(scope.graph.nx, [slot], [])
+    early = next((r for r in scope.readers(slot) if not nx.has_path(without, filler, r)), None)
+    if early is not None:
+        scope.note(rule, f"a reader of the {what[0]} does not run after the {what[1]} "
+                         f"({scope.graph.node(early).name})")
+        return None
+    # the filler comes to read the slot, which sits after it in the scope's order: re-placed after
+    # the rewrite
+    return Match(slot, (), label, filler, rewired=(filler,))
+
+
+def lowered_slot_pair(graph: Graph, slot: tuple, filler: tuple, nodes: Sequence[int], algorithms,
+                      ctx: PassContext):
+    """``(slot, filler)`` lowered to the first of ``algorithms`` with rules for both (each an
+    ``(op, input types, what)``) that the policy forces none of ``nodes`` away from (the first
+    the root), or why not (the last algorithm's reason): the fusion rules whose kernel fills a
+    slot (``Op.fills``)."""
+    why = None
+    for algorithm in algorithms:
+        pair = [lowered_for(op, types, algorithm, ctx, {}, what=what) for op, types, what in (slot, filler)]
+        why = next((w for w in pair if isinstance(w, str)), None) \
+            or forced_elsewhere(graph, nodes[0], nodes, algorithm, ctx)
+        if why is None:
+            return tuple(pair)
+    return why
+
+
+def rewrite_slot_pair(graph: Graph, ctx: PassContext, pair, slot: NodeView, slot_inputs: Sequence[Value],
+                      filler: NodeView, filler_inputs: Sequence[Value]) -> str | None:
+    """Apply ``pair`` (:func:`lowered_slot_pair`'s answer): node ``slot`` becomes the slot op on
+    ``slot_inputs`` and node ``filler`` the op that fills it, on ``filler_inputs`` then the slot
+    (same nodes, names, readers); returns None when done, else why not (nothing changed)."""
+    if isinstance(pair, str):
+        return pair
+    new_slot, new_filler = pair
+    graph.rewrite(slot.id, new_slot, list(slot_inputs))
+    report_rewrite(ctx, slot.name, new_slot)
+    graph.rewrite(filler.id, new_filler, [*filler_inputs, graph.value(slot.id)])
+    report_rewrite(ctx, filler.name, new_filler)
+    return None
+
+
 def report_rewrite(ctx: PassContext, name: str, new: Lowered, names: Sequence[str] = (),
                    ops: dict | None = None) -> None:
     """The record of node ``name`` shows the fused op ``new`` and the nodes
@@ -376,4 +425,4 @@ def report_rewrite(ctx: PassContext, name: str, new: Lowered, names: Sequence[st
 
 __all__ = ["forced_onto", "Match", "FusionRule", "Scope", "Tally", "apply_table", "rewrite_lowered", "add_lowered",
            "forced_elsewhere",
-           "lowered_for", "report_rewrite"]
+           "lowered_for", "report_rewrite", "slot_match", "lowered_slot_pair", "rewrite_slot_pair"]

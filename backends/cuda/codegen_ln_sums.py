@@ -4,7 +4,8 @@
 ``LayerNormBackwardDataSums(gy, x, weight, dw)`` runs as the data gradient's one-kernel row sweep
 that also sums the weight gradient's terms per column over each block's rows, then a fixed-order
 finish over the blocks into ``dw`` (``codegen.plan._filled``, ``codegen.kernels.row_sweep``).
-Its rule's check declines the node where that plan cannot run on the node's types (rows past
+Its rule's check (``codegen_rules._data_sums_check``) declines the node where that plan cannot
+run on the node's types (rows past
 ``plan.ROW_SWEEP_VECTORS`` vectors a thread, a split row, ``plan.ROW_SWEEP`` off), so the fuse pass
 keeps the pair apart there; where it cannot run on the arrays of one call only (an unaligned
 buffer changing the vector width, a view), the kernel runs the two ops' own generated kernels
@@ -21,19 +22,6 @@ from opgraph.types import TensorType
 
 from .codegen import launch
 from .codegen.ir import PlanError
-from .codegen.plan import lower
-
-
-def data_sums_check(op, in_types, device, storage_reason) -> str | None:
-    """Why the fused plan cannot run on these types, or None (``storage_reason``: the codegen
-    rules' dtype check): its launches are planned on the node's types, buffers aligned."""
-    why = storage_reason(in_types)
-    if why is None:
-        try:
-            lower(op, tuple(in_types), op.infer(*in_types))
-        except PlanError as e:
-            why = str(e)
-    return why
 
 
 def data_sums_kernel(ctx, op, gy, x, weight, dw):
@@ -57,4 +45,4 @@ def scale_slot_kernel(ctx, op, gy, x):
     return launch.empty(xp=ctx.xp, shape=out_type.shape, dtype=out_type.dtype)
 
 
-__all__ = ["data_sums_check", "data_sums_kernel", "scale_slot_kernel"]
+__all__ = ["data_sums_kernel", "scale_slot_kernel"]

@@ -35,7 +35,7 @@ from . import codegen_ln_sums, codegen_sources
 from .codegen import launch, movement
 from .codegen.expressions import EXPRESSIONS
 from .codegen.ir import PlanError
-from .codegen.plan import build
+from .codegen.plan import build, lower
 from .codegen.storage import STORAGES
 
 TAGS = frozenset({"codegen", "generated", "gpu"})
@@ -70,13 +70,14 @@ def movement_check(op, in_types, device) -> str | None:
     return _storage_reason(in_types, (*STORAGES, "int64"))
 
 
-def check(op, in_types, device) -> str | None:
+def check(op, in_types, device, planner=build) -> str | None:
     """Why the generator cannot run this node, or None (the plan is built on
-    the node's types: cheap, no source is emitted)."""
+    the node's types: cheap, no source is emitted; ``planner``: ``plan.lower``
+    where the launches themselves decide, as for a filled slot)."""
     why = _storage_reason(in_types)
     if why is None:
         try:
-            build(op, tuple(in_types), op.infer(*in_types))
+            planner(op, tuple(in_types), op.infer(*in_types))
         except PlanError as e:
             why = str(e)
     return why
@@ -120,7 +121,8 @@ MOVEMENT = {
 
 
 def _data_sums_check(op, in_types, device) -> str | None:
-    return codegen_ln_sums.data_sums_check(op, in_types, device, _storage_reason)
+    """The fused plan's launches on the node's types, buffers aligned (``codegen_ln_sums``)."""
+    return check(op, in_types, device, planner=lower)
 
 
 #: op type -> (node kernel, check) of the generated kernels that fill a slot input or only
@@ -150,4 +152,5 @@ def register_rules() -> None:
 
 register_rules()
 
-__all__ = ["TAGS", "INPLACE", "STRIDED_OUT", "MOVEMENT", "SLOT_KERNELS", "check", "movement_check", "run_generated", "register_rules"]
+__all__ = ["TAGS", "INPLACE", "STRIDED_OUT", "MOVEMENT", "SLOT_KERNELS", "check", "movement_check", "run_generated",
+           "register_rules"]

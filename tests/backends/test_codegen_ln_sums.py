@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from codegen_cases import TOLERANCE, reference, rel_err
-from codegen_emulated import emu, launched, needs_gxx, seeded  # noqa: F401  (emu: fixture)
+from codegen_emulated import emu, launched, needs_gxx, seeded  # noqa: F401, F811  (emu: fixture)
 from layer_norm_cases import DTYPES, SHAPES, inputs, layout_of, shape_ids
 from opgraph import ops
 from opgraph.backends.cuda.codegen import kernels, launch, plan
@@ -132,7 +132,8 @@ def test_a_sabotaged_block_tree_is_caught(monkeypatch):
     block writes its first row's terms alone), the weight gradient is far off the reference while
     the data gradient (the row sums' own tree kept) stays right."""
     tree = kernels._tree
-    monkeypatch.setattr(kernels, "_tree", lambda slots, lane, *a, **k: "" if lane == "e" else tree(slots, lane, *a, **k))
+    monkeypatch.setattr(kernels, "_tree",
+                        lambda slots, lane, *a, **k: "" if lane == "e" else tree(slots, lane, *a, **k))
     launch._PLANS.clear()
     dx_err, dw_err, kinds = _run((70, 24), 1, "float32")
     assert kinds == ["rowsweep", "fillsums"] and dx_err < TOLERANCE["float32"] and dw_err > 0.1

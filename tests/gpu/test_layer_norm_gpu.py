@@ -119,3 +119,50 @@ def test_rows_in_one_kernel_in_place(cp, rng, dtype):
     got = launch.run(cp, op, d, t, out=d[0])
     assert got is d[0] and _kinds(cp, op, arrays, dtype) == ["rowsweep"]
     assert rel_err(host(cp, got), want) < TOLERANCE[dtype]
+
+
+# ---- ln-backward-sums: the data gradient that fills its weight gradient (backends/cuda/codegen_ln_sums.py)
+
+def check_sums(cp, arrays, dtype):
+    """``LayerNormBackwardDataSums``'s ``codegen`` kernel on the device copies of host ``(gy, x, w)``,
+    its slot allocated by the slot's rule and poisoned with NaN: dx and the weight gradient each
+    within the tolerance of their float64 references; returns the kinds of the launches planned."""
+    import numpy as np
+    from opgraph.backends.cuda.codegen import launch
+    gy, x, w = arrays
+    ns = w.shape
+    op, slot = ops.LayerNormBackwardDataSums(normalized_shape=ns, eps=1e-6), \
+        ops.LayerNormBackwardScaleSlot(normalized_shape=ns, eps=1e-6)
+    d = [dev(cp, a) for a in arrays]
+    dw = rules_for(type(slot))["codegen"].kernel(KernelContext(cp, "cuda", {}, TensorType(ns, dtype)), slot, d[0], d[1])
+    dw.view(cp.uint16 if dtype in ("bfloat16", "float16") else dw.dtype)[...] = \
+        dev(cp, np.full(ns, np.nan, dtype=w.dtype)).view(cp.uint16 if dtype in ("bfloat16", "float16") else dw.dtype)
+    types = tuple(TensorType(a.shape, a.dtype.name, storage_order(a)) for a in (*arrays, w))
+    rule = rules_for(type(op))["codegen"]
+    assert rule.check(op, types, "cuda") is None
+    dx = rule.kernel(KernelContext(cp, "cuda", {}, op.infer(*types)), op, *d, dw)
+    data, scale = ops.LayerNormBackwardData(**op.params()), ops.LayerNormBackwardScale(**op.params())
+    dx_err = rel_err(host(cp, dx), reference(data, list(arrays)))
+    dw_err = rel_err(host(cp, dw), reference(scale, [x, gy]))
+    assert dx_err < TOLERANCE[dtype] and dw_err < TOLERANCE[dtype], (gy.shape, dtype, dx_err, dw_err)
+    plan = launch.plan_for(op, [*d, dw], op.infer(*types))
+    return [x.name.split("_")[2] for x in plan.launches]
+
+
+@pytest.mark.parametrize("dtype", [*DTYPES, "float64"])
+@pytest.mark.parametrize("shape,k", SHAPES, ids=shape_ids(SHAPES))
+def test_data_gradient_filling_its_weight_gradient(cp, rng, shape, k, dtype):
+    assert check_sums(cp, inputs(rng, "gxw", shape, k, dtype, layout_of(shape, k)), dtype) == ["rowsweep", "fillsums"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("rows,c", ROW_SWEEP_SHAPES, ids=lambda v: str(v))
+def test_data_gradient_filling_its_weight_gradient_at_convnext_stage_widths(cp, rng, rows, c, dtype):
+    """Every stage's rows (thousands of blocks' partial sums added by the finish), the cut-off rows
+    of 4096, TE = 1, one-element rows."""
+    assert check_sums(cp, inputs(rng, "gxw", (rows, c), 1, dtype), dtype) == ["rowsweep", "fillsums"]
+
+
+def test_data_gradient_filling_its_weight_gradient_channels_last_stage_one(cp, rng):
+    """Batch 8 of stage one permuted channels-last, as the ConvNeXt step stores it."""
+    check_sums(cp, inputs(rng, "gxw", (8, 56, 56, 96), 1, "bfloat16", "NHWC"), "bfloat16")

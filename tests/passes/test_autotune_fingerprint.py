@@ -179,7 +179,9 @@ def test_an_op_that_fills_an_input_is_never_cached_without_a_fingerprint():
     nhwc = og.TensorType((8, 64, 28, 28), "bfloat16", "NHWC")
     k3 = dict(kernel_size=(3, 3), stride=(2, 2), padding=((0, 0), (0, 0)), ceil_mode=True)
     cases = {ops.MaxPool2dScan: (ops.MaxPool2dScan(**k3), [nhwc, og.TensorType((8, 64, 14, 14), "uint8", "NHWC")]),
-             ops.ReluBackwardSums: (ops.ReluBackwardSums(), [nhwc, nhwc, og.TensorType((64,), "bfloat16")])}
+             ops.ReluBackwardSums: (ops.ReluBackwardSums(), [nhwc, nhwc, og.TensorType((64,), "bfloat16")]),
+             ops.LayerNormBackwardDataSums: (ops.LayerNormBackwardDataSums(normalized_shape=(28,)),
+                                             [nhwc, nhwc, *[og.TensorType((28,), "bfloat16")] * 2])}
     assert {t for t in registry._RULES if t.fills} == set(cases)
     for op_type, (op, types) in cases.items():
         for rule in rules_for(op_type).values():

@@ -497,7 +497,8 @@ def row_sweep(name, program, geo, params, lanes, group, split, out_node: int, ou
     if fill is not None:  # after the stores, as the sums' terms: the same loop keeps them
         stores += [f"red[((j - lt) / {te} * {lanes} + {j}) * {THREADS} + tid] = {out.ref(fill, j)};"
                    for j in range(lanes)]
-    loop = _strided_loop(out, stores, split.get("ROWS", 1), "j", "j0 + lt", "j1", te, _run_step(params, split, lanes))
+    loop = _strided_loop(out, stores, split.get("ROWS", 1), "j", "j0 + lt", "j1", te,
+                         _run_step(params, split, lanes))
     keep = _indent([f"const CT s{r} = red[{r * THREADS} + tid - lt];" for r in range(len(local))], 4)
     if fill is not None:  # every thread read its row's sums before red holds the column sums
         keep += (f"\n    __syncthreads();\n    for (int q = 0; q < {slots}; ++q) red[q * {THREADS} + tid] = 0;")

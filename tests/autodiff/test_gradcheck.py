@@ -102,7 +102,8 @@ FD_CHECKED = {
                      "HardswishBackward", "Sigmoid", "SigmoidBackward", "Silu", "SiluBackward", "Gelu",
                      "GeluBackward", "Div", "Neg", "Mean", "MeanBackward"], "test_modern_op_gradients"),
     **dict.fromkeys(["BatchNormTraining", "BatchNormTrainingBackwardData", "BatchNormTrainingBackwardScale",
-                     "LayerNorm", "LayerNormBackwardData", "LayerNormBackwardScale"], "test_norm_op_gradients"),
+                     "LayerNorm", "LayerNormBackwardData", "LayerNormBackwardScale", "LayerNormBackwardDataSums",
+                     "LayerNormBackwardScaleSlot"], "test_norm_op_gradients"),
 }
 NO_INPUTS = {"Zeros", "Constant"}  # their rule returns nothing
 #: Rules that refuse with a reason (checked in test_norm_op_gradients): batch statistics are

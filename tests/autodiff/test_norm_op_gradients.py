@@ -112,3 +112,15 @@ def test_layer_norm_double_backward():
     feeds = _bn_feeds([x, w, b, r.output], seed=5)
     grads = check_grad(first, [x, w, r.output], feeds, seed=6)
     assert np.abs(grads["x"]).max() > 1e-2
+
+
+def test_layer_norm_data_gradient_filling_its_weight_gradient():
+    """``dx = LayerNormBackwardDataSums(gy, x, w, dw)`` and ``dw = LayerNormBackwardScaleSlot(gy, x)``
+    (the ln-backward-sums rule's pair) in gy, x and w: dx's rule is the data gradient's, the slot's
+    the weight gradient's (its filler passes nothing to the slot)."""
+    g = og.Graph()
+    gy, x, w = g.input("gy", (3, 2, 4)), g.input("x", (3, 2, 4)), g.param("w", (4,))
+    p = {"normalized_shape": (4,), "eps": 1e-2}
+    dw = g.apply(ops.LayerNormBackwardScaleSlot, p, [gy, x])
+    dx = g.apply(ops.LayerNormBackwardDataSums, p, [gy, x, w, dw])
+    check_grad([dx, dw], [gy, x, w], _bn_feeds([gy, x, w], seed=8))

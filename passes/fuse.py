@@ -296,6 +296,12 @@ TABLE: tuple[FusionRule, ...] = (
 )
 
 
+#: Fusion rules that run only when the policy's ``include`` names them: their kernels have not yet
+#: run on a GPU (each rule's ``OPT_IN_NOTE`` says so in the compile's notes), as ``relu-bias-sums`` and
+#: ``pool-scan`` were until 2026-12-05. ``passes/policy_names.py`` counts such an include as acting.
+OPT_IN_RULES = frozenset({LN_BACKWARD_SUMS.name})
+
+
 def _outcome(rule: str, scope) -> dict:
     """``{'applied', 'declined'}`` of a rule the policy left on, plus ``'opt_in': True`` where it
     left nodes on the CPU's oracle kernels alone for want of ``include=['fused-reference']``
@@ -330,6 +336,6 @@ class FusePass(Pass):
         return graph
 
 
-__all__ = ["FusePass", "TABLE", "EpilogueChain", "epilogue_chains", "fuse_epilogue", "match_epilogue",
+__all__ = ["FusePass", "TABLE", "OPT_IN_RULES", "EpilogueChain", "epilogue_chains", "fuse_epilogue", "match_epilogue",
            "dgrad_relu_pairs", "fuse_dgrad_relu", "match_dgrad_relu", "pool_relu_backward_pairs",
            "fuse_pool_relu_backward", "match_pool_relu_backward"]

@@ -28,9 +28,11 @@ It applies when
   policy forces neither node elsewhere;
 * on the CPU's oracles, the policy opts in there (``include=['fused-reference']``): no pass saved.
 
-The rule is a default (``exclude=['ln-backward-sums']`` turns it off alone, ``exclude=['fused']``
-with the others). Not yet run on a GPU (docs/performance.md, thirtieth session): its kernels are
-checked on the CPU's emulator (``tests/backends/test_codegen_ln_sums.py``). Autotune checks a
+The rule is opt-in, ``include=['ln-backward-sums']`` (``fuse.OPT_IN_RULES``), until its kernel has
+run on a GPU, as ``relu-bias-sums`` and ``pool-scan`` were: its kernels are checked on the CPU's
+emulator only (``tests/backends/test_codegen_ln_sums.py``; docs/performance.md, thirtieth session:
+the session's device time ran out first). ``exclude=['ln-backward-sums']`` or ``exclude=['fused']``
+keeps it off whatever include says. Autotune checks a
 candidate's weight gradient (a poisoned copy of the slot) against the float64
 ``LayerNormBackwardScale``, as it checks dx.
 """
@@ -49,6 +51,9 @@ from .pattern import FusionRule, Match, Scope, lowered_slot_pair, rewrite_slot_p
 
 NAME = "ln-backward-sums"
 LABEL = "layer-norm weight gradient(s) written by the data gradient"
+#: why the rule waits for ``include=[NAME]`` (``passes/fuse.py``'s ``OPT_IN_RULES``)
+OPT_IN_NOTE = (f"opt-in (include=[{NAME!r}]) until its kernel has run on a GPU: checked on the CPU's "
+               "emulator only (docs/performance.md, thirtieth session)")
 
 
 def _data_gradient(scope: Scope, view: NodeView) -> int | None:
@@ -72,6 +77,9 @@ def match_ln_backward_sums(scope: Scope, view: NodeView) -> Match | None:
         return None
     dx = _data_gradient(scope, view)
     if dx is None:
+        return None
+    if NAME not in scope.ctx.policy.include:
+        scope.note(NAME, OPT_IN_NOTE, waits_for=NAME)
         return None
     if oracle_waits(scope.ctx, scope.algorithm(dx)):
         scope.note(NAME, f"on {scope.algorithm(dx)} the weight gradient in the data gradient saves no pass; "
@@ -104,4 +112,4 @@ def fuse_ln_backward_sums(graph: Graph, m: Match, ctx: PassContext) -> str | Non
 
 LN_BACKWARD_SUMS = FusionRule(NAME, match_ln_backward_sums, fuse_ln_backward_sums)
 
-__all__ = ["NAME", "LABEL", "match_ln_backward_sums", "fuse_ln_backward_sums", "LN_BACKWARD_SUMS"]
+__all__ = ["NAME", "LABEL", "OPT_IN_NOTE", "match_ln_backward_sums", "fuse_ln_backward_sums", "LN_BACKWARD_SUMS"]

@@ -20,7 +20,10 @@ name is exempt (``include=['pool-scan']`` beside ``exclude=['fused']``): every
 fusion rule runs unless excluded, so such an include does nothing whatever
 exclude says, and the compile notes that (:func:`idle_include_note`, which
 names the exclude that turns it off); ``pool-scan`` and ``relu-bias-sums``
-were opt-in until 2026-12-05, and a policy written then still runs.
+were opt-in until 2026-12-05, and a policy written then still runs. The
+fusion rules of ``fuse.OPT_IN_RULES`` (kernels not yet run on a GPU:
+``ln-backward-sums``) are the exception: they run only when include names
+them.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from opgraph.backends.registry import (algorithm_devices, algorithms, opt_in_nam
 from opgraph.errors import did_you_mean
 
 from .candidates import CONTRACT_TAGS
-from .fuse import TABLE
+from .fuse import OPT_IN_RULES, TABLE
 from .fuse_elementwise import OPT_IN
 from .policy import LoweringPolicy, PolicyError
 
@@ -140,8 +143,8 @@ def idle_includes(policy: LoweringPolicy) -> list[str]:
     rules tagged ``optional`` and the fusion rules on the CPU's oracle
     (``fused-reference``); any other name (a rule that is a candidate
     already, a fusion rule: every one runs unless excluded) has no effect,
-    which the compile notes."""
-    return sorted(set(policy.include) - opt_in_names() - {OPT_IN})
+    which the compile notes; the fusion rules of ``fuse.OPT_IN_RULES`` run only when named."""
+    return sorted(set(policy.include) - opt_in_names() - {OPT_IN} - OPT_IN_RULES)
 
 
 def idle_include_note(policy: LoweringPolicy) -> str | None:
@@ -155,7 +158,8 @@ def idle_include_note(policy: LoweringPolicy) -> str | None:
     idle = idle_includes(policy)
     if not idle:
         return None
-    note = (f"policy include {idle}: no effect: include turns on only the lowering rules tagged 'optional' "
+    note = (f"policy include {idle}: no effect: include turns on only the lowering rules tagged 'optional', "
+            f"the fusion rules not yet run on a GPU ({', '.join(sorted(OPT_IN_RULES))}) by their names, "
             f"and, by the name {OPT_IN!r}, the fusion rules on the CPU's oracle kernels; every other rule "
             f"runs unless excluded, every fusion rule among them on the GPU (on the CPU's oracle kernels, "
             f"those only with include=[{OPT_IN!r}])")

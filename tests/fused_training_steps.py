@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 import opgraph as og
+from opgraph.passes.fuse import OPT_IN_RULES
 from modern_blocks import bottleneck, convnext_block, dense_block, mbconv
 
 #: relative error allowed against the float64 reference (scaled as in :func:`step_errors`)
@@ -113,11 +114,13 @@ def rule_on_and_off(make, rule: str, seed: int = 0, without: tuple = ()):
     CPU's oracle with the fused chains opted in (``include=['fused-reference']``),
     with and without fusion rule ``rule`` (both without the rules ``without``:
     a later rule that would rewrite what ``rule`` makes), and
-    :func:`step_errors` of their outputs against the float64 reference."""
+    :func:`step_errors` of their outputs against the float64 reference; a rule of
+    ``fuse.OPT_IN_RULES`` is named in the first compile's include."""
     outs, feeds, _ = training_step(make, np.random.default_rng(seed))
     ref = og.compile(outs, pipeline="reference", dtype="float64")(**feeds)
     include = ["fused-reference"]
-    on = og.compile(outs, device="cpu", policy={"include": include, "exclude": list(without)})
+    opt_in = [rule] if rule in OPT_IN_RULES else []  # a rule not yet run on a GPU runs when named
+    on = og.compile(outs, device="cpu", policy={"include": include + opt_in, "exclude": list(without)})
     off = og.compile(outs, device="cpu", policy={"include": include, "exclude": [rule, *without]})
     return on, off, step_errors(on(**feeds), off(**feeds), ref)
 

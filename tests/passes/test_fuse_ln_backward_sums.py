@@ -52,7 +52,7 @@ def test_on_the_oracle_the_fused_step_equals_the_unfused_one_and_the_reference()
 def test_the_weight_gradient_is_what_the_data_gradient_wrote_not_what_the_slot_step_left():
     outs, feeds, _ = training_step(block, np.random.default_rng(1))
     ref = og.compile(outs, pipeline="reference", dtype="float64")(**feeds)
-    on = og.compile(outs, device="cpu", policy={"include": ["fused-reference"]})
+    on = og.compile(outs, device="cpu", policy={"include": ["fused-reference", NAME]})
 
     def garbage(ctx, op, gy, x):
         return np.full(ctx.out_shape(op, gy, x), 77.0, dtype=np.dtype(ctx.out_type.dtype))
@@ -64,16 +64,36 @@ def test_the_weight_gradient_is_what_the_data_gradient_wrote_not_what_the_slot_s
 
 def test_on_the_oracle_without_its_opt_in_the_rule_says_what_to_do():
     y, params, _ = block()
-    exe = og.compile([y, *og.grad(y, params, grad_outputs=[y])], device="cpu")
+    exe = og.compile([y, *og.grad(y, params, grad_outputs=[y])], device="cpu", policy={"include": [NAME]})
     assert exe.report.fusion[NAME] == {"applied": 0, "declined": 0, "opt_in": True}
     assert any(n.startswith(f"fuse: {NAME}: not applied:") and "include=['fused-reference']" in n
                for n in exe.report.notes)
+    assert not any("no effect" in n for n in exe.report.notes)  # the include acts: the rule matched
 
 
-def _cuda(policy=None, dtype="bfloat16"):
+def test_until_its_kernel_has_run_on_a_gpu_the_rule_waits_for_its_name():
+    """``fuse.OPT_IN_RULES``: without ``include=['ln-backward-sums']`` the pair stays apart on cuda and
+    the report says why and what to include; the include is not reported as idle."""
+    from opgraph.passes.fuse import OPT_IN_RULES
+    from opgraph.passes.policy_names import idle_includes
+    assert NAME in OPT_IN_RULES
+    kinds, report, _, _ = _cuda(include=False)
+    assert report.fusion[NAME] == {"applied": 0, "declined": 0, "opt_in": True}
+    assert kinds["LayerNormBackwardScale"] == kinds["LayerNormBackwardData"] == 1
+    assert any(n.startswith(f"fuse: {NAME}: not applied:") and f"include=[{NAME!r}]" in n
+               and "GPU" in n for n in report.notes)
+    assert idle_includes(LoweringPolicy(include=[NAME])) == []
+
+
+def _cuda(policy=None, dtype="bfloat16", include=True):
+    """The block's step compiled for cuda (no GPU); ``include``: the rule opted in (``fuse.OPT_IN_RULES``)
+    unless the policy excludes it."""
     y, params, _ = block()
     outs = [y, *og.grad(y, params, grad_outputs=[y])]
-    graph, outputs, report = compile_for_cuda(outs, LoweringPolicy(layout="NHWC", **(policy or {})), dtype)
+    policy = dict(policy or {})
+    if include and not policy.get("exclude"):
+        policy["include"] = [NAME]
+    graph, outputs, report = compile_for_cuda(outs, LoweringPolicy(layout="NHWC", **policy), dtype)
     return _kinds(graph, outputs), report, graph, outputs
 
 
@@ -112,7 +132,7 @@ def _pair_graph(eps_scale=1e-5, early=False):
 
 
 def test_a_weight_gradient_read_before_the_data_gradient_or_of_another_eps_is_left_alone():
-    policy = {"include": ["fused-reference"]}
+    policy = {"include": ["fused-reference", NAME]}
     exe = og.compile(_pair_graph(), device="cpu", policy=policy)
     assert _exe_kinds(exe)["LayerNormBackwardDataSums"] == 1
     rng = np.random.default_rng(4)

@@ -42,10 +42,11 @@ from opgraph.op import abstract_of
 from opgraph.ops import of_family
 from opgraph.passes.autotune import UNMATCHED_ENGINE_LIMITS
 from opgraph.passes.autotune_hand_edit import USED as USED_EDIT
-from opgraph.passes.compiler import ENGINE_LIMITS_IDLE
+from opgraph.passes.compiler import ENGINE_LIMITS_IDLE, NEVER_A_CANDIDATE
 from opgraph.passes.candidates import decline_reason, policy_options, storage_dtype
 from opgraph.passes.compiler import precision_applied  # re-exported: the driver records it
 from opgraph.passes.policy import LoweringPolicy, parse_bytes
+from opgraph.passes.policy_names import IDLE_INCLUDE
 
 from .protocol import TrainingGraph
 from .records import WARNING_NOTE
@@ -352,9 +353,11 @@ def inapplicable(tg: TrainingGraph, lowering: "Lowering", device: str, policy: L
 #: warning alone would leave a record reading as if the named node's engines were all
 #: timed; no effect on a device without cuDNN, ``passes/compiler.py``),
 #: and a cached choice edited by hand that the compile used (``passes/autotune_hand_edit.py``:
-#: it raises no warning, and the column times it, perhaps 200x slower than the measurements' choice)
+#: it raises no warning, and the column times it, perhaps 200x slower than the measurements' choice),
+#: a ``prefer`` entry the device has no kernel of (``--lowering gemm,LayerNorm=codegen`` on the CPU said
+#: only "applied to every column") and an ``include`` that turns nothing on
 _REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads", ENGINE_LIMITS_IDLE, UNMATCHED_ENGINE_LIMITS,
-                   USED_EDIT)
+                   USED_EDIT, NEVER_A_CANDIDATE, IDLE_INCLUDE)
 
 
 def requested_notes(exe: Executable, precision: str, layout: str, dtype: str, noted=()) -> list[str]:

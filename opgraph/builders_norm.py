@@ -8,6 +8,9 @@ Re-exported by ``opgraph.builders`` and ``opgraph``. Semantics and sources:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from numbers import Integral
+
 import numpy as np
 
 from . import ops
@@ -122,6 +125,17 @@ def batch_norm(input: Value, running_mean: Value | None, running_var: Value | No
     return (y, *new)
 
 
+def _normalized_shape(value):
+    """``(n,)`` for an int ``n`` (NumPy's included), a tuple for any other sequence but a string;
+    anything else as given, for ``LayerNorm``'s field to refuse with the node's name (a float, a
+    string, None: ``tuple(16.0)`` raised a bare TypeError here, and ``'16'`` became ``('1', '6')``)."""
+    if isinstance(value, Integral) and not isinstance(value, bool):
+        return (int(value),)
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
+        return tuple(value)
+    return value
+
+
 def layer_norm(input: Value, normalized_shape, weight: Value | None = None, bias: Value | None = None,
                eps: float = 1e-5, *, name: str | None = None) -> Value:
     """Layer normalisation over the trailing ``normalized_shape`` axes
@@ -141,9 +155,9 @@ def layer_norm(input: Value, normalized_shape, weight: Value | None = None, bias
         ShapeError: normalized_shape not ending input's shape, weight or bias
             of another shape.
     """
-    ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    ns = _normalized_shape(normalized_shape)
     affine = [weight, bias] if bias is not None else [weight] if weight is not None else []
-    if affine and affine[0] is None:
+    if affine and affine[0] is None and isinstance(ns, tuple):  # else the op refuses ns, naming the node
         affine[0] = _filled(input, ns, 1.0, _part(name, "weight"))
     g = graph_of(input, *affine)
     return g.apply(ops.LayerNorm, dict(normalized_shape=ns, eps=eps), [input, *affine], name)

@@ -373,6 +373,9 @@ class AutotuneCache:
         self.messages: list[str] = []
         self.entries: dict[str, dict] = {}
         self.dirty: dict[str, dict] = {}
+        #: the file was found corrupt (whole, or some entries): :meth:`save` writes it again even with
+        #: nothing new, so that "it will be rebuilt" holds when every node had one candidate
+        self.rebuild = False
         self._saved_at = time.monotonic()
         if warning is not None:  # what the setting was taken as: said before what reading the file finds
             self.warn(warning)
@@ -434,11 +437,13 @@ class AutotuneCache:
         if problem is not None:
             if report:
                 self.warn(f"autotune cache {self.path} {problem}; it will be rebuilt")
+                self.rebuild = True
             return {}
         entries = data["entries"]
         # one bad entry (a hand edit, another version's) costs its own decision, not the file's
         bad = {key: why for key, entry in entries.items() if (why := entry_defect(entry)) is not None}
         if bad and report:
+            self.rebuild = True
             first = min(bad)
             self.warn(f"autotune cache {self.path}: {len(bad)} corrupt entr{'y' if len(bad) == 1 else 'ies'} "
                       f"dropped and tuned again (first: {first!r}: {bad[first]}); the other "
@@ -510,7 +515,7 @@ class AutotuneCache:
         the last save over them, less the superseded entries :meth:`put` dropped. A dropped
         key is removed only while the file holds the entry dropped: one another process wrote
         anew meanwhile is its decision, and stays; so does every other key it wrote."""
-        if self.path is None or not self.dirty:
+        if self.path is None or not (self.dirty or self.rebuild):
             return
         merged = {**self._read(report=False), **self.dirty}
         for key, entry in self.pruned.items():
@@ -522,7 +527,7 @@ class AutotuneCache:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.path, data, prefix=".autotune-")
-            self.dirty, self.pruned = {}, {}
+            self.dirty, self.pruned, self.rebuild = {}, {}, False
         except OSError as e:
             self.warn(f"autotune cache {self.path} cannot be written ({_not_a_folder(self.path) or e}); "
                       "decisions kept in memory")

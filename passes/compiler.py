@@ -64,6 +64,9 @@ def _float_dtype_name(dtype) -> str:
 
 #: The device of a compile that names none: the CPU, said as the default in the report.
 DEFAULT_DEVICE = "cpu"
+#: the end of the note on a ``prefer`` entry naming an algorithm the device has no kernel of
+#: (``policy_names.preferences_elsewhere``), which ``opgraph-bench`` repeats in its notes
+NEVER_A_CANDIDATE = "so never a candidate here: no effect"
 
 
 def precision_applied(exe: Executable) -> dict[str, int]:
@@ -206,7 +209,7 @@ def _policy_notes(pol: LoweringPolicy, ctx: PassContext) -> None:
     elsewhere = preferences_elsewhere(pol, ctx.device)
     if elsewhere:
         ctx.report.note(f"policy prefer {', '.join(elsewhere)}: no implementation on {ctx.device}, "
-                        "so never a candidate here")
+                        f"{NEVER_A_CANDIDATE}")
 
 
-__all__ = ["compile", "as_policy", "make_context", "precision_applied", "reference_ignores", "DEFAULT_DEVICE"]
+__all__ = ["NEVER_A_CANDIDATE", "compile", "as_policy", "make_context", "precision_applied", "reference_ignores", "DEFAULT_DEVICE"]

@@ -1,6 +1,7 @@
 """The generated batch-norm kernels of a ResNet-50 or DenseNet-121 training
-step, alone, against the copy bandwidth, with the reduction split and the
-loop unrolling swept: what to tune next.
+step, or ConvNeXt-tiny's layer norms, alone, against the copy bandwidth, with
+the reduction split and the loop unrolling swept: what to tune next. Needs a
+CUDA GPU and CuPy (exit status 2 without them, or on a bad argument).
 
 The H200 profile of 2026-12-02 puts ResNet-50's remaining gap to
 ``torch.compile`` + CUDA graphs in the training batch norm's passes, whose
@@ -197,36 +198,85 @@ def _dtypes(text: str) -> list[str]:
     return out
 
 
+def _ints(minimum: int, allowed=None):
+    """argparse type: comma-separated ints, each ``>= minimum`` (and in ``allowed`` where given)."""
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: comma-separated ints expected") from None
+        bad = [v for v in values if v < minimum or (allowed is not None and v not in allowed)]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{bad}: each must be {' or '.join(map(str, allowed))}" if allowed
+                                             else f"{bad}: each must be >= {minimum}")
+        return values
+    return parse
+
+
+def _positive(text: str) -> int:
+    """argparse type: one int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: an int >= 1 expected") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be >= 1")
+    return value
+
+
+#: the knobs each family of models has kernels for (the others would be silently ignored: refused)
+BATCH_NORM_ONLY = ("layout", "blocks", "sweep_blocks", "tile_bytes", "finish_bytes")
+LAYER_NORM_ONLY = ("row_sweep",)
+
+
+def _refuse_inapplicable(ap, args, layer_norm: bool) -> None:
+    """Exit 2 for a flag the chosen model's kernels do not read (``--row-sweep`` beside a batch-norm
+    model, ``--blocks`` ... beside a layer-norm one), rather than running without it."""
+    for name in (BATCH_NORM_ONLY if layer_norm else LAYER_NORM_ONLY):
+        if getattr(args, name) is not None:
+            flag = "--" + name.replace("_", "-")
+            ap.error(f"{flag}: the kernels of --model {args.model} do not read it "
+                     f"({'batch-norm models only' if layer_norm else 'layer-norm models only'})")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="resnet50", choices=sorted({**MODELS, **LAYER_NORM_MODELS}),
                     help="whose batch-norm (or layer-norm) shapes (default %(default)s)")
-    ap.add_argument("--batch", type=int, help="default: 128 (ResNet-50, ConvNeXt-tiny), 64 (DenseNet-121)")
+    ap.add_argument("--batch", type=_positive, help="default: 128 (ResNet-50, ConvNeXt-tiny), 64 (DenseNet-121)")
     ap.add_argument("--dtype", default="bfloat16", type=_dtypes,
                     help=f"one or more of {', '.join(DTYPES)}, comma-separated (default %(default)s)")
-    ap.add_argument("--layout", default="NHWC", choices=["NCHW", "NHWC"])
-    ap.add_argument("--calls", type=int, default=20, help="calls captured per graph (default 20)")
-    ap.add_argument("--repeat", type=int, default=10, help="timed replays (default 10)")
-    ap.add_argument("--blocks", default="264,528,1056,2112,4224",
-                    help="TARGET_BLOCKS values to time the reductions with (default %(default)s)")
-    ap.add_argument("--sweep-blocks", default="4224",
-                    help="MAX_SWEEP_BLOCKS values to time the element-wise kernels with (default %(default)s)")
-    ap.add_argument("--unroll", default="1,4",
-                    help="UNROLL values (codegen/kernels.py) to time every kernel with (default %(default)s)")
-    ap.add_argument("--tile-bytes", default=None,
-                    help="TILE_BYTES values to time the reductions with (default: plan.py's)")
-    ap.add_argument("--finish-bytes", default=None,
-                    help="FINISH_BYTES values to time the reductions with (default: plan.py's)")
-    ap.add_argument("--row-bytes", default=None,
+    ap.add_argument("--layout", default=None, choices=["NCHW", "NHWC"], help="batch-norm models (default NHWC)")
+    ap.add_argument("--calls", type=_positive, default=20, help="calls captured per graph (default 20)")
+    ap.add_argument("--repeat", type=_positive, default=10, help="timed replays (default 10)")
+    ap.add_argument("--blocks", type=_ints(1), default=None,
+                    help="TARGET_BLOCKS values to time the reductions with (batch-norm models; "
+                         "default 264,528,1056,2112,4224)")
+    ap.add_argument("--sweep-blocks", type=_ints(1), default=None,
+                    help="MAX_SWEEP_BLOCKS values to time the element-wise kernels with (batch-norm models; "
+                         "default 4224)")
+    ap.add_argument("--unroll", type=_ints(1), default=[1, 4],
+                    help="UNROLL values (codegen/kernels.py) to time every kernel with (default 1,4)")
+    ap.add_argument("--tile-bytes", type=_ints(1), default=None,
+                    help="TILE_BYTES values to time the reductions with (batch-norm models; default: plan.py's)")
+    ap.add_argument("--finish-bytes", type=_ints(0), default=None,
+                    help="FINISH_BYTES values to time the reductions with (batch-norm models; default: plan.py's)")
+    ap.add_argument("--row-bytes", type=_ints(0), default=None,
                     help="ROW_LOAD_BYTES values (codegen/plan.py) to time the reductions with (default: plan.py's)")
-    ap.add_argument("--row-sweep", default=None,
+    ap.add_argument("--row-sweep", type=_ints(0, allowed=(0, 1)), default=None,
                     help="ROW_SWEEP values (codegen/plan.py; 1 one kernel, 0 two) to time the layer norms with "
-                         "(default: plan.py's)")
+                         "(layer-norm models; default: plan.py's)")
     ap.add_argument("--json", help="also write every result to this file")
     args = ap.parse_args(argv)
     layer_norm = args.model in LAYER_NORM_MODELS
+    _refuse_inapplicable(ap, args, layer_norm)
     batch, shapes = (LAYER_NORM_MODELS if layer_norm else MODELS)[args.model]
     batch = args.batch or batch
+    layout = args.layout or "NHWC"
+    from opgraph.backends.device import cuda_status
+    ok, why = cuda_status()
+    if not ok:
+        ap.exit(2, f"{ap.prog}: error: it times CUDA kernels: it needs an NVIDIA GPU and CuPy; here: {why}\n")
 
     import cupy as cp
 
@@ -240,8 +290,8 @@ def main(argv=None) -> int:
     defaults = tuple(getattr(m, name) for m, name in knobs)
     default_blocks, default_sweep, default_unroll, default_tile, default_finish, default_rows, default_rs = defaults
 
-    def values(text, default):
-        return [int(v) for v in text.split(",")] if text else [default]
+    def values(given, default):
+        return given if given else [default]
 
     def set_knobs(variant):
         for (m, name), v in zip(knobs, variant):
@@ -253,21 +303,22 @@ def main(argv=None) -> int:
         print(json.dumps(rec), flush=True)
 
     emit({"copy_bandwidth_gbps": copy_gbps, "model": args.model, "dtype": ",".join(args.dtype),
-          "layout": args.layout, "batch": batch, "default_target_blocks": default_blocks,
+          "layout": None if layer_norm else layout, "batch": batch, "default_target_blocks": default_blocks,
           "default_sweep_blocks": default_sweep, "default_unroll": default_unroll, "default_tile_bytes": default_tile,
           "default_finish_bytes": default_finish, "default_row_bytes": default_rows, "default_row_sweep": default_rs})
-    unrolls = [int(u) for u in args.unroll.split(",")]
+    unrolls = args.unroll
     variants = {
-        "reduce": [(b, default_sweep, u, t, f, r, default_rs) for u in unrolls for b in map(int, args.blocks.split(","))
+        "reduce": [(b, default_sweep, u, t, f, r, default_rs) for u in unrolls
+                   for b in args.blocks or [264, 528, 1056, 2112, 4224]
                    for t in values(args.tile_bytes, default_tile) for f in values(args.finish_bytes, default_finish)
                    for r in values(args.row_bytes, default_rows)],
         "sweep": [(default_blocks, b, u, default_tile, default_finish, default_rows, default_rs)
-                  for u in unrolls for b in map(int, args.sweep_blocks.split(","))],
+                  for u in unrolls for b in args.sweep_blocks or [4224]],
         "rows": [(default_blocks, default_sweep, u, default_tile, default_finish, r, bool(rs)) for u in unrolls
                  for r in values(args.row_bytes, default_rows) for rs in values(args.row_sweep, int(default_rs))]}
     for dtype in args.dtype:
         for case in (layer_norm_cases(batch, dtype, shapes) if layer_norm else
-                     cases(batch, dtype, args.layout, shapes)):
+                     cases(batch, dtype, layout, shapes)):
             arrays = _inputs(cp, case, seed=0)
             rule = rules_for(type(case["op"]))["codegen"]
             ctx = KernelContext(cp, "cuda", {}, case["out"])
@@ -296,8 +347,8 @@ def main(argv=None) -> int:
                       "bytes": 2 * x.nbytes,
                       "gbps": 2 * x.nbytes / ms / 1e6, "of_copy": 2 * x.nbytes / ms / 1e6 / copy_gbps})
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+        from opgraph.atomic_file import write_atomic
+        write_atomic(args.json, json.dumps(results, indent=1))
     return 0
 
 

@@ -2,6 +2,7 @@
 defaults, the n = 1 error at graph-build time, and errors naming the node, the
 parameter and the value."""
 
+import numpy as np
 import pytest
 
 import opgraph as og
@@ -108,3 +109,16 @@ def test_layer_norm_builder():
         og.layer_norm(x, 7, name="ln")
     with pytest.raises(ShapeError, match=r"node ln2 .*weight shape \(8,\) != \(7, 8\)"):
         og.layer_norm(x, (7, 8), w, name="ln2")
+
+
+@pytest.mark.parametrize("given", [16.0, None, "8", object()])
+def test_layer_norm_refuses_a_normalized_shape_not_of_ints_naming_the_node(given):
+    """A float, None, a string or another object: a ParameterError naming the node and the parameter
+    (a bare TypeError from ``tuple(16.0)`` before); a NumPy int is an int."""
+    g = og.Graph()
+    x = g.input("x", (2, 7, 7, 8))
+    with pytest.raises(ParameterError, match=r"node ln \(LayerNorm\): parameter normalized_shape="):
+        og.layer_norm(x, given, name="ln")
+    with pytest.raises(ParameterError, match=r"node ln2 \(LayerNorm\): parameter normalized_shape="):
+        og.layer_norm(x, given, None, g.param("b", (8,)), name="ln2")  # the weight made of ns
+    assert og.layer_norm(x, np.int64(8)).op.normalized_shape == (8,)

@@ -101,3 +101,33 @@ def test_dtypes_are_comma_separated():
     assert script._dtypes("bfloat16,float32") == ["bfloat16", "float32"]
     with pytest.raises(argparse.ArgumentTypeError, match="float8"):
         script._dtypes("bfloat16,float8")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--row-sweep", "5"], r"argument --row-sweep: \[5\]: each must be 0 or 1"),
+    (["--blocks", "abc"], r"argument --blocks: 'abc': comma-separated ints expected"),
+    (["--calls", "0"], r"argument --calls: 0: must be >= 1"),
+    (["--batch", "-3"], r"argument --batch: -3: must be >= 1"),
+    (["--model", "convnext_tiny", "--blocks", "528"], r"--blocks: the kernels of --model convnext_tiny do not read it"),
+    (["--model", "convnext_tiny", "--layout", "NCHW"], r"--layout: the kernels of --model convnext_tiny"),
+    (["--model", "resnet50", "--row-sweep", "0,1"], r"--row-sweep: the kernels of --model resnet50 do not read it"),
+])
+def test_bad_or_inapplicable_flags_exit_2_before_any_gpu_work(capsys, argv, message):
+    """Every value is checked when parsed (a ``--blocks abc`` was a ValueError traceback after CuPy's
+    import, ``--row-sweep 5`` ran as 1), and a flag the model's kernels do not read is refused, not
+    run without: exit 2 with one line naming the flag, whether or not there is a GPU."""
+    import re
+    with pytest.raises(SystemExit) as e:
+        _script().main(argv)
+    assert e.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_without_a_gpu_it_says_what_it_needs(capsys, monkeypatch):
+    """No GPU (CuPy missing here, or no device): exit 2 with what it needs, no traceback."""
+    from opgraph.backends import device
+    monkeypatch.setattr(device, "cuda_status", lambda: (False, "CuPy cannot be imported (no module)"))
+    with pytest.raises(SystemExit) as e:
+        _script().main(["--model", "convnext_tiny"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "needs an NVIDIA GPU and CuPy; here: CuPy cannot be imported" in err

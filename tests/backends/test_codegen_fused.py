@@ -98,3 +98,17 @@ def test_a_trailing_bias_that_is_a_strided_view_stays_strided():
     kinds = {views: {n.load.kind for n in plan.build(op, types, full, views=views).nodes
                      if n.load is not None and n.load.input == 1} for views in (frozenset(), frozenset({1}))}
     assert kinds == {frozenset(): {"col"}, frozenset({1}): {"strided"}}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_trailing_bias_before_column_sums_is_read_as_words(emu, dtype):
+    """A linear layer's bias gradient over its biased output, ``SumTo(x + b, (W,))`` on C-order
+    ``(2, 3, 5, 16)``: the column reduction's thread keeps a group of V columns (``Columns.col_run``,
+    ``g * V``), so the ``(W,)`` bias is loaded as whole 16-byte words from that column, and the
+    sums match the reference (a wrong column base fails it)."""
+    from codegen_cases import program
+    from opgraph import ops
+    op = program([(ops.BroadcastAdd(), (0, 1)), (ops.SumTo(shape=(16,)), (2,))], 2, 3)
+    run_case(op, ("x", "last"), (2, 3, 5, 16), dtype, "NCHW")
+    assert launched(emu)[0] == "reduce"
+    assert emu.raw_launches[0]["source"].count("reinterpret_cast<const uint4*>(in1 + ") >= 1

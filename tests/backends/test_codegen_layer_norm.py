@@ -94,7 +94,7 @@ def test_float64_storage_computes_in_double(emu, op_type, kinds):
     assert (launched(emu) == ["rowsweep"]) == (op_type in ONE_KERNEL)
 
 
-def test_the_data_gradient_is_one_reduction_and_one_sweep(emu, monkeypatch):
+def test_the_data_gradient_is_one_kernel_or_a_reduction_and_a_sweep(emu, monkeypatch):
     """The statistics, <g> and <g xhat> in one pass (module docstring of ``layer_norm``): one kernel
     (``plan.ROW_SWEEP``), or without it a reduction and a sweep."""
     from opgraph.backends.cuda.codegen import launch, plan
@@ -214,6 +214,24 @@ def test_one_kernel_in_place(emu, dtype):
     assert got is x and launched(emu) == ["rowsweep"]
     assert "__restrict__" not in emu.raw_launches[-1]["source"].split("extern")[-1]
     assert rel_err(x, want) < TOLERANCE[dtype]
+
+
+def test_rows_too_long_for_one_kernel_are_not_written_in_place(emu):
+    """Rows of 8192 float32 (a split row: a reduction, a finish, a sweep): the separate sweep samples
+    each row's first element again, after its own thread may have overwritten it (a relative error
+    of 4.0 when it ran), so the plan refuses an in-place output there; a fresh output is right."""
+    from codegen_cases import reference
+    from opgraph.backends.cuda.codegen import launch
+    from opgraph.backends.cuda.codegen.ir import PlanError
+    op = ops.LayerNorm(normalized_shape=(8192,))
+    arrays = _inputs("xwb", (2, 8192), 1, "float32")
+    out_t = op.infer(*(TensorType(a.shape, a.dtype.name) for a in arrays))
+    x = arrays[0].copy()
+    with pytest.raises(PlanError, match="in place"):
+        launch.run(np, op, [x, *arrays[1:]], out_t, out=x)
+    got = launch.run(np, op, arrays, out_t)
+    assert launched(emu)[-3:] == ["reduce", "finalize", "sweep"]
+    assert rel_err(got, reference(op, arrays)) < TOLERANCE["float32"]
 
 
 def test_a_large_offset_keeps_the_variance(emu):

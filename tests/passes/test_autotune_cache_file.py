@@ -144,6 +144,21 @@ def test_a_corrupt_gzip_cache_is_reported_and_rebuilt(monkeypatch, tmp_path, con
     assert not list(tmp_path.glob(".autotune-*"))
 
 
+def test_a_corrupt_cache_is_rebuilt_when_nothing_was_tuned(monkeypatch, tmp_path):
+    """Every node with one candidate: nothing new to write, yet the corrupt file is written again
+    (empty and valid), as its warning says, so the next compile reads it without a warning (it
+    was left as garbage, and warned about on every compile)."""
+    install_scale_rules(monkeypatch, ["reference"])
+    path = tmp_path / "c.json.gz"
+    path.write_bytes(b"garbage")
+    with pytest.warns(RuntimeWarning, match="it will be rebuilt"):
+        compile_with(scale_graph()[1], StubTimer({}), path)
+    assert gunzipped(path) == {"format": FORMAT, "entries": {}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compile_with(scale_graph()[1], StubTimer({}), path)
+
+
 @pytest.mark.parametrize("name, write, held", [
     ("c.json", lambda text: gzip.compress(text), "gzip-compressed data where its name says plain JSON"),
     ("c.json.gz", lambda text: text, "plain JSON data where its name says gzip-compressed"),

@@ -166,3 +166,20 @@ def test_the_cli_refuses_an_include_its_policy_file_excludes(tmp_path, capsys):
                  "--lowering", "gemm,include=fused-reference", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert f"--policy {path}: exclude=['fused']: covers include=['fused-reference']" in err, err
+
+
+def test_a_record_repeats_the_notes_on_a_preference_or_include_that_does_nothing():
+    """``--lowering gemm,LayerNorm=codegen`` on the CPU said only "applied to every column": the
+    compile's note that codegen has no CPU kernel now reaches the benchmark record
+    (``requested_notes``) and the table's notes (``no effect``), as an idle include's does."""
+    from benchmarks.lowerings import requested_notes
+    from benchmarks.tables import warning_notes
+    g = og.Graph("g")
+    y = og.layer_norm(g.input("x", (2, 3, 8)), 8)
+    exe = og.compile(y, device="cpu", policy={"prefer": {"LayerNorm": ["codegen"]}, "include": ["gemm"]})
+    notes = requested_notes(exe, "fp32", "NCHW", "float32")
+    assert any(n.startswith("policy prefer LayerNorm=codegen (runs on cuda): no implementation on cpu")
+               for n in notes), notes
+    assert any(n.startswith("policy include ['gemm']: no effect") for n in notes), notes
+    shown = warning_notes({"model": "m", "lowering": "gemm", "notes": notes})
+    assert len(shown) == 2 and all(s.startswith("m / gemm: policy ") for s in shown)

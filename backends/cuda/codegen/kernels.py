@@ -466,7 +466,7 @@ def row_sweep(name, program, geo, params, lanes, group, split, out_node: int, ou
     L1, or L2) writing node ``out_node``, as :func:`sweep` does, from the
     reduced nodes bound to those sums (as :func:`finish` binds its own).
 
-    The sums are the same (same terms, same tree) as the two-kernel plan's;
+    The sums are the same (same terms, same tree, where both plans pick the same V) as the two-kernel plan's;
     the values computed from them per thread, not once per row in
     :func:`finish`. The values the reduction computed once per thread (the
     row's first element, the shift of its moments) are read where it computed

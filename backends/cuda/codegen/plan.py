@@ -434,6 +434,12 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
     if built.fill is not None:
         raise PlanError("column sums filled into an input need the one-kernel row sweep (ROW_SWEEP: an "
                         f"unsplit row of at most {ROW_SWEEP_VECTORS} vectors a thread); not these rows")
+    if inplace and any(node.load is not None and node.load.kind == "rowsample" for node in built.nodes):
+        # the separate sweep samples each row's first element again, which the thread writing
+        # that element may already have overwritten (row_sweep reads it before any store)
+        raise PlanError("an output in place of its input, whose row's first element (the statistics' "
+                        "shift) a separate sweep would read after another thread overwrote it: only the "
+                        "one-kernel row sweep writes in place")
     launches, temps, reduced = [], {}, {}
     writer = bool(groups) and built.out_node is None and groups[-1].target == built.target
     for g, group in enumerate(groups):

@@ -29,6 +29,7 @@ from typing import Iterable
 import attrs
 
 from opgraph.passes.autotune_clock import describe as describe_autotune
+from opgraph.passes.fuse import OPT_IN_RULES
 from opgraph.passes.report import describe_fusion
 
 from .peer_run import PEERS as PEER_KINDS
@@ -243,7 +244,9 @@ def warning_notes(r: dict) -> list[str]:
 #: What a fusion line's ``opt_in:`` names, said once under a table that shows one.
 OPT_IN_NOTE = ("fusion rules: rewrites per rule of the fuse pass's table; opt_in: rules that on the CPU "
                "wait for include=['fused-reference'] (their kernels there are the float64 oracles; "
-               "a lowering entry such as gemm,include=fused-reference turns them on)")
+               "a lowering entry such as gemm,include=fused-reference turns them on), or, on any device, "
+               "for their own name while their kernels have not yet run on a GPU ("
+               + ", ".join(f"{name}: auto,include={name}" for name in sorted(OPT_IN_RULES)) + ")")
 
 
 def fusion_note(r: dict) -> str | None:

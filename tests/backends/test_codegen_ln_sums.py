@@ -137,3 +137,24 @@ def test_a_sabotaged_block_tree_is_caught(monkeypatch):
     launch._PLANS.clear()
     dx_err, dw_err, kinds = _run((70, 24), 1, "float32")
     assert kinds == ["rowsweep", "fillsums"] and dx_err < TOLERANCE["float32"] and dw_err > 0.1
+
+
+def test_an_unaligned_call_falls_back_to_the_pairs_own_kernels(emu):
+    """Review: fp32 rows of 1032 with gy 4 bytes off the 16-byte grid take V = 1 at run time, 5
+    vectors a thread, past ``plan.ROW_SWEEP_VECTORS``: the kernel runs the pair's own kernels, the
+    weight gradient written into the slot (an output of its own, not in place: it raised PlanError
+    when any ``out=`` counted as in place), both within the tolerance."""
+    from opgraph.backends.cuda import codegen_ln_sums
+    rng = np.random.default_rng(3)
+    k = 1032
+    x, w = rng.standard_normal((7, k)).astype(np.float32), rng.standard_normal(k).astype(np.float32)
+    grid = np.empty(7 * k + 1, np.float32)
+    gy = grid[1:].reshape(7, k)  # 4 bytes past the grid
+    gy[...] = rng.standard_normal((7, k))
+    dw = np.full(k, np.nan, np.float32)
+    op = ops.LayerNormBackwardDataSums(normalized_shape=(k,))
+    dx = codegen_ln_sums.data_sums_kernel(KernelContext(np, "cuda", {}, TensorType((7, k), "float32")),
+                                          op, gy, x, w, dw)
+    want_dx = reference(ops.LayerNormBackwardData(normalized_shape=(k,)), [gy, x, w])
+    want_dw = reference(ops.LayerNormBackwardScale(normalized_shape=(k,)), [x, gy])
+    assert rel_err(dx, want_dx) < TOLERANCE["float32"] and rel_err(dw, want_dw) < TOLERANCE["float32"]

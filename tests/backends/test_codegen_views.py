@@ -196,3 +196,16 @@ def test_a_dense_blocks_training_step_reads_the_concat_buffers_in_place(emu, mon
     assert sum(v is not None for v in viewed) >= 4, "the generated kernels were handed no concat slice"
     assert not copied_full_size(), f"full-size views copied before the kernel: {copied_full_size()}"
     assert not step_failures(got, off(**feeds), ref, n_grads, dtype)
+
+
+def test_an_output_is_aliased_only_where_its_bytes_overlap_an_input():
+    """``launch.aliased``: x itself, or a view of it from its first byte, is an in-place output; a
+    buffer of its own, or the other columns of a concat's buffer (interleaved rows), are not (those
+    keep every plan: only an output in place of an input refuses a two-kernel layer norm)."""
+    import numpy as np
+    from opgraph.backends.cuda.codegen.launch import aliased
+    buf = np.zeros((4, 16), np.float32)
+    x = buf[:, :8]
+    assert aliased(x, [x]) and aliased(x[:, ::2], [x]) and aliased(buf, [x]) and aliased(x, [buf, x])
+    assert not aliased(np.zeros_like(x), [x]) and not aliased(None, [x])
+    assert not aliased(buf[:, 8:], [x]) and not aliased(buf[2:], [buf[:2]])

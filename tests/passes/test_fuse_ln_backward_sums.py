@@ -146,3 +146,19 @@ def test_a_weight_gradient_read_before_the_data_gradient_or_of_another_eps_is_le
     exe = og.compile(_pair_graph(eps_scale=1e-6), device="cpu", policy=policy)
     assert not _exe_kinds(exe)["LayerNormBackwardDataSums"]
     assert exe.report.fusion[NAME] == {"applied": 0, "declined": 0}
+
+
+def test_a_data_gradient_without_a_weight_or_over_other_axes_is_left_alone():
+    """Review: the pair fuses only when the data gradient has a weight and both ops normalise the same
+    axes with the same eps; a weightless data gradient, or a weight gradient over (5, 6) beside a data
+    gradient over (6,), keep their own kernels (and their values)."""
+    policy = {"include": ["fused-reference", NAME]}
+    for weighted, scale_shape in ((False, (6,)), (True, (5, 6))):
+        g = og.Graph("pair")
+        x, gy, w = g.input("x", (4, 5, 6)), g.input("gy", (4, 5, 6)), g.input("w", (6,))
+        dx = g.apply(og.ops.LayerNormBackwardData, {"normalized_shape": (6,), "eps": 1e-5},
+                     [gy, x, w] if weighted else [gy, x])
+        dw = g.apply(og.ops.LayerNormBackwardScale, {"normalized_shape": scale_shape, "eps": 1e-5}, [x, gy])
+        exe = og.compile([dx, dw], device="cpu", policy=policy)
+        assert not _exe_kinds(exe)["LayerNormBackwardDataSums"], (weighted, scale_shape)
+        assert exe.report.fusion[NAME] == {"applied": 0, "declined": 0}

@@ -105,12 +105,36 @@ def _dense(a) -> bool:
     return a.flags.c_contiguous or is_channels_last(a)
 
 
+def _span(a) -> tuple[int, int]:
+    """``[lo, hi)``: the bytes ``a``'s elements lie within (its strides may be negative or zero)."""
+    lo = hi = address(a)
+    for n, step in zip(a.shape, a.strides):
+        if n == 0:
+            return lo, lo
+        reach = (n - 1) * step
+        lo, hi = (lo + reach, hi) if reach < 0 else (lo, hi + reach)
+    return lo, hi + a.itemsize
+
+
+def aliased(out, arrays) -> bool:
+    """Whether ``out`` is an input's own buffer (an in-place step, :func:`run`'s contract: the
+    output given is an input of its type, or a buffer of its own, such as a slot or a concat's
+    slice): the same first byte, and their bytes overlap. Outputs that overlap an input only
+    partly are outside that contract for every generated kernel."""
+    if out is None:
+        return False
+    lo, hi = _span(out)
+    start = address(out)
+    return any(address(a) == start and a_lo < hi and lo < a_hi for a, (a_lo, a_hi) in zip(arrays, map(_span, arrays)))
+
+
 def _key(op, arrays, out_type: TensorType, out) -> tuple:
     """Everything a plan depends on, from attributes alone (the hot path: no
     layout test): each array's shape, strides, dtype and 16-byte alignment,
-    the output type and whether (and how aligned) an output buffer is given."""
+    the output type and whether (and how aligned) an output buffer is given,
+    and whether it overlaps an input (:func:`aliased`)."""
     return (op, tuple((a.shape, a.strides, a.dtype.name, address(a) % 16 == 0) for a in arrays), out_type,
-            None if out is None else (out.strides, address(out) % 16 == 0))
+            None if out is None else (out.strides, address(out) % 16 == 0, aliased(out, arrays)))
 
 
 def _entry(op, arrays, out_type: TensorType, out, tickets: bool = True) -> tuple:
@@ -142,8 +166,9 @@ def _entry(op, arrays, out_type: TensorType, out, tickets: bool = True) -> tuple
         aligned = all(address(a) % 16 == 0 for k, a in enumerate([*arrays, *dense_out])
                       if k not in read and k not in copied)
         aligned_views = {k for k in read if address(arrays[k]) % 16 == 0}
-        return (lower(op, types, out_type, aligned=aligned, inplace=out is not None, views=read,
-                      aligned_views=aligned_views, tickets=tickets, out_row_pitch=out_pitch), tuple(sorted(copied)))
+        return (lower(op, types, out_type, aligned=aligned, inplace=out is not None, aliased=aliased(out, arrays),
+                      views=read, aligned_views=aligned_views, tickets=tickets, out_row_pitch=out_pitch),
+                tuple(sorted(copied)))
 
     try:
         return planned(unreadable)
@@ -257,4 +282,4 @@ def run(xp, op, arrays, out_type: TensorType, out=None):
     return target
 
 
-__all__ = ["compiled", "address", "array_layout", "view_strides", "empty", "plan_for", "run"]
+__all__ = ["compiled", "address", "aliased", "array_layout", "view_strides", "empty", "plan_for", "run"]

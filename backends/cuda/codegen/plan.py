@@ -370,15 +370,17 @@ class Lowered:
     tickets: int = 0
 
 
-def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
+def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False, aliased: bool = False,
           views: dict | None = None, aligned_views=frozenset(), tickets: bool = True,
           out_row_pitch: int | None = None) -> Lowered:
     """The launches running ``op`` on inputs of ``types`` (TensorTypes whose
     ``layout`` says how each array is stored) into ``out_type``.
 
     ``aligned``: every full-size buffer starts on a 16-byte boundary (vector
-    access allowed); ``inplace``: the output buffer is one of the inputs
-    (no ``__restrict__``); ``views``: input number -> element strides of the
+    access allowed); ``inplace``: an output buffer is given (no
+    ``__restrict__``); ``aliased``: it is an input's own buffer (``launch.aliased``:
+    a program sampling a row's first element then takes one kernel or none);
+    ``views``: input number -> element strides of the
     inputs that are strided views (``launch.view_strides``), read through
     those strides wherever they are loaded as full-size or strided operands
     (or sampled at ``(0, c, 0, 0)``); ``aligned_views``: the inputs of
@@ -434,9 +436,10 @@ def lower(op, types, out_type, *, aligned: bool = True, inplace: bool = False,
     if built.fill is not None:
         raise PlanError("column sums filled into an input need the one-kernel row sweep (ROW_SWEEP: an "
                         f"unsplit row of at most {ROW_SWEEP_VECTORS} vectors a thread); not these rows")
-    if inplace and any(node.load is not None and node.load.kind == "rowsample" for node in built.nodes):
-        # the separate sweep samples each row's first element again, which the thread writing
-        # that element may already have overwritten (row_sweep reads it before any store)
+    if aliased and any(node.load is not None and node.load.kind == "rowsample" for node in built.nodes):
+        # the output is an input's buffer: the separate sweep samples each row's first element again,
+        # which the thread writing that element may already have overwritten (row_sweep reads it
+        # before any store); an output of its own (a slot, a concat's slice) is no such case
         raise PlanError("an output in place of its input, whose row's first element (the statistics' "
                         "shift) a separate sweep would read after another thread overwrote it: only the "
                         "one-kernel row sweep writes in place")

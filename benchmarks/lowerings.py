@@ -46,7 +46,6 @@ from opgraph.passes.compiler import ENGINE_LIMITS_IDLE, NEVER_A_CANDIDATE
 from opgraph.passes.candidates import decline_reason, policy_options, storage_dtype
 from opgraph.passes.compiler import precision_applied  # re-exported: the driver records it
 from opgraph.passes.policy import LoweringPolicy, parse_bytes
-from opgraph.passes.policy_names import IDLE_INCLUDE
 
 from .protocol import TrainingGraph
 from .records import WARNING_NOTE
@@ -354,10 +353,10 @@ def inapplicable(tg: TrainingGraph, lowering: "Lowering", device: str, policy: L
 #: timed; no effect on a device without cuDNN, ``passes/compiler.py``),
 #: and a cached choice edited by hand that the compile used (``passes/autotune_hand_edit.py``:
 #: it raises no warning, and the column times it, perhaps 200x slower than the measurements' choice),
-#: a ``prefer`` entry the device has no kernel of (``--lowering gemm,LayerNorm=codegen`` on the CPU said
-#: only "applied to every column") and an ``include`` that turns nothing on
+#: and a ``prefer`` entry the device has no kernel of (``--lowering gemm,LayerNorm=codegen`` on the CPU
+#: said only "applied to every column"; an include that turns nothing on is said in the run's notes)
 _REPEATED_NOTES = ("chosen again for the memory peak", "only autotune reads", ENGINE_LIMITS_IDLE, UNMATCHED_ENGINE_LIMITS,
-                   USED_EDIT, NEVER_A_CANDIDATE, IDLE_INCLUDE)
+                   USED_EDIT, NEVER_A_CANDIDATE)
 
 
 def requested_notes(exe: Executable, precision: str, layout: str, dtype: str, noted=()) -> list[str]:

@@ -38,10 +38,6 @@ from .fuse_elementwise import OPT_IN
 from .policy import LoweringPolicy, PolicyError
 
 
-#: the words of :func:`idle_include_note` after the names (``opgraph-bench`` repeats the note by them)
-IDLE_INCLUDE = "no effect: include turns on only"
-
-
 def known_names() -> set[str]:
     """Every name ``include`` / ``exclude`` can mean (module docstring)."""
     return algorithms() | registered_tags() | {rule.name for rule in TABLE} | {OPT_IN}
@@ -162,7 +158,7 @@ def idle_include_note(policy: LoweringPolicy) -> str | None:
     idle = idle_includes(policy)
     if not idle:
         return None
-    note = (f"policy include {idle}: {IDLE_INCLUDE} the lowering rules tagged 'optional', "
+    note = (f"policy include {idle}: no effect: include turns on only the lowering rules tagged 'optional', "
             f"the fusion rules not yet run on a GPU ({', '.join(sorted(OPT_IN_RULES))}) by their names, "
             f"and, by the name {OPT_IN!r}, the fusion rules on the CPU's oracle kernels; every other rule "
             f"runs unless excluded, every fusion rule among them on the GPU (on the CPU's oracle kernels, "
@@ -175,5 +171,5 @@ def idle_include_note(policy: LoweringPolicy) -> str | None:
     return note
 
 
-__all__ = ["IDLE_INCLUDE", "known_names", "listed_names", "check_names", "excluded_include", "preferences_elsewhere", "idle_includes",
+__all__ = ["known_names", "listed_names", "check_names", "excluded_include", "preferences_elsewhere", "idle_includes",
            "idle_include_note"]

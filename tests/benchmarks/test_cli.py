@@ -852,7 +852,8 @@ def test_an_include_with_no_effect_is_said_in_the_runs_notes(capsys, tmp_path, f
                                "--warmup", "0", "--no-per-layer", "--no-check", "--quiet", "--format", fmt,
                                "--lowering", "gemm,include=pool-scan,exclude=fused")
     assert status == 0, err
-    said = ("policy include ['pool-scan']: no effect: include turns on only the lowering rules tagged 'optional' "
+    said = ("policy include ['pool-scan']: no effect: include turns on only the lowering rules tagged 'optional', "
+            "the fusion rules not yet run on a GPU (ln-backward-sums) by their names, "
             "and, by the name 'fused-reference', the fusion rules on the CPU's oracle kernels")
     notes = json.loads(out)["notes"] if fmt == "json" else out.splitlines()
     (note,) = [n for n in notes if said in n]

@@ -83,7 +83,10 @@ class LayerNormBackwardDataSums(_LayerNormFamily):
         return LayerNormBackwardScaleSlot(**self.params()), (0, 1)
 
     def flops(self, types, out) -> int:
-        return (14 + 8) * out.size  # the data gradient's and the weight gradient's
+        """The data gradient's and the weight gradient's, as the two ops count them."""
+        gy, x, weight, dw = types
+        return (LayerNormBackwardData(**self.params()).flops((gy, x, weight), out)
+                + LayerNormBackwardScale(**self.params()).flops((x, gy), dw))
 
     def bytes_moved(self, types, out) -> int:
         """gy, x and weight read, dx and dw written."""

@@ -105,27 +105,15 @@ def _dense(a) -> bool:
     return a.flags.c_contiguous or is_channels_last(a)
 
 
-def _span(a) -> tuple[int, int]:
-    """``[lo, hi)``: the bytes ``a``'s elements lie within (its strides may be negative or zero)."""
-    lo = hi = address(a)
-    for n, step in zip(a.shape, a.strides):
-        if n == 0:
-            return lo, lo
-        reach = (n - 1) * step
-        lo, hi = (lo + reach, hi) if reach < 0 else (lo, hi + reach)
-    return lo, hi + a.itemsize
-
-
 def aliased(out, arrays) -> bool:
     """Whether ``out`` is an input's own buffer (an in-place step, :func:`run`'s contract: the
     output given is an input of its type, or a buffer of its own, such as a slot or a concat's
-    slice): the same first byte, and their bytes overlap. Outputs that overlap an input only
-    partly are outside that contract for every generated kernel."""
-    if out is None:
+    slice): a non-empty input starting at ``out``'s first byte. Outputs that overlap an input
+    only partly are outside that contract for every generated kernel."""
+    if out is None or not out.size:
         return False
-    lo, hi = _span(out)
     start = address(out)
-    return any(address(a) == start and a_lo < hi and lo < a_hi for a, (a_lo, a_hi) in zip(arrays, map(_span, arrays)))
+    return any(a.size and address(a) == start for a in arrays)
 
 
 def _key(op, arrays, out_type: TensorType, out) -> tuple:
